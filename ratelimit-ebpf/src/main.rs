@@ -1,0 +1,154 @@
+//! The ratelimit XDP program: parse, classify by longest source prefix, charge the source's token
+//! bucket, and pass or drop. Anything it cannot decide passes (fail open).
+#![no_std]
+#![no_main]
+#![feature(core_intrinsics)]
+#![expect(internal_features, reason = "core_intrinsics: the only 64-bit CAS the BPF target offers")]
+
+mod bucket;
+mod classify;
+mod maps;
+mod parse;
+mod stats;
+
+use aya_ebpf::{
+    bindings::{xdp_action, BPF_NOEXIST},
+    helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
+    macros::xdp,
+    programs::XdpContext,
+};
+use aya_log_ebpf::debug;
+use ratelimit_common::{
+    action, config_flags, family, global, rule_flags, verdict, Bucket, BucketKey, Rule,
+};
+
+use crate::{
+    maps::{BUCKETS, CONFIG},
+    parse::Packet,
+    stats::{bump_global, count_rule},
+};
+
+const EEXIST: i32 = 17;
+
+#[xdp]
+pub fn ratelimit(ctx: XdpContext) -> u32 {
+    match try_ratelimit(&ctx) {
+        Ok(action) => action,
+        Err(()) => {
+            bump_global(global::INTERNAL);
+            xdp_action::XDP_PASS
+        }
+    }
+}
+
+#[inline(always)]
+fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
+    bump_global(global::PACKETS);
+    let pkt = match parse::parse(ctx) {
+        Ok(pkt) => pkt,
+        Err(counter) => {
+            bump_global(counter);
+            return Ok(xdp_action::XDP_PASS);
+        }
+    };
+    let config = *CONFIG.get(0).ok_or(())?;
+    let Some((id, rule)) = classify::classify(&pkt, config.generation) else {
+        bump_global(global::NO_MATCH);
+        return Ok(xdp_action::XDP_PASS);
+    };
+    let len = (ctx.data_end() - ctx.data()) as u64;
+    let dry_run = rule.flags & rule_flags::DRY_RUN != 0 || config.flags & config_flags::DRY_RUN != 0;
+    let mut v = match rule.action {
+        action::ALLOW => verdict::ALLOWED,
+        action::DENY => verdict::DENIED,
+        _ => limit(&pkt, id, rule, len),
+    };
+    let mut xdp = xdp_action::XDP_PASS;
+    if v == verdict::DROPPED_RATE || v == verdict::DROPPED_BYTES || v == verdict::DENIED {
+        if dry_run {
+            v = verdict::DRY_RUN;
+        } else {
+            xdp = xdp_action::XDP_DROP;
+        }
+    }
+    count_rule(id, v, len);
+    if config.flags & config_flags::DEBUG_LOG != 0 {
+        log_verdict(ctx, &pkt, id, v);
+    }
+    Ok(xdp)
+}
+
+/// Charges the packet to its bucket, creating the bucket for a source not seen before.
+#[inline(always)]
+fn limit(pkt: &Packet, id: u32, rule: &Rule, len: u64) -> usize {
+    let masked = [
+        pkt.src[0] & rule.src_mask[0],
+        pkt.src[1] & rule.src_mask[1],
+        pkt.src[2] & rule.src_mask[2],
+        pkt.src[3] & rule.src_mask[3],
+    ];
+    // SAFETY: [u32; 4] and [u8; 16] have the same size and any bit pattern is valid for both.
+    let addr: [u8; 16] = unsafe { core::mem::transmute(masked) };
+    let key = BucketKey { rule: id, family: pkt.family, _pad: [0; 3], addr };
+    // The coarse clock costs a quarter of ktime_get_ns; the agent picks it only for buckets whose
+    // tolerance spans several jiffies, where a tick-old `now` changes nothing measurable.
+    // SAFETY: helpers without preconditions.
+    let now = unsafe {
+        if rule.flags & rule_flags::COARSE_CLOCK != 0 {
+            bpf_ktime_get_coarse_ns()
+        } else {
+            bpf_ktime_get_ns()
+        }
+    };
+    if let Some(b) = BUCKETS.get_ptr_mut(&key) {
+        let v = bucket::charge(b, rule, now, len);
+        bucket::count(b, v == verdict::PASSED, len);
+        return v;
+    }
+    let mut fresh = Bucket { created_ns: now, ..Bucket::default() };
+    let v = bucket::charge_fresh(&mut fresh, rule, now, len);
+    bucket::count(&raw mut fresh, v == verdict::PASSED, len);
+    match BUCKETS.insert(&key, &fresh, u64::from(BPF_NOEXIST)) {
+        Ok(()) => {
+            bump_global(global::NEW_BUCKETS);
+            v
+        }
+        // Another CPU created it between our lookup and insert: charge that one.
+        Err(e) if e == -EEXIST => match BUCKETS.get_ptr_mut(&key) {
+            Some(b) => {
+                let v = bucket::charge(b, rule, now, len);
+                bucket::count(b, v == verdict::PASSED, len);
+                v
+            }
+            None => no_bucket(),
+        },
+        Err(_) => no_bucket(),
+    }
+}
+
+#[inline(always)]
+fn no_bucket() -> usize {
+    bump_global(global::BUCKET_ERRORS);
+    verdict::NO_BUCKET
+}
+
+#[inline(never)]
+fn log_verdict(ctx: &XdpContext, pkt: &Packet, id: u32, v: usize) {
+    if pkt.family == family::V4 {
+        debug!(ctx, "src {:i} proto {} rule {} verdict {}", u32::from_be(pkt.src[0]), pkt.protocol, id, v);
+    } else {
+        // SAFETY: same size, any bit pattern valid.
+        let src: [u8; 16] = unsafe { core::mem::transmute(pkt.src) };
+        debug!(ctx, "src {:i} proto {} rule {} verdict {}", src, pkt.protocol, id, v);
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

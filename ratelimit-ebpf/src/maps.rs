@@ -1,0 +1,35 @@
+//! The program's maps. Names and record types come from `ratelimit-common`; every map is pinned by
+//! name so an agent restart (or crash) leaves rules, buckets and counters in place.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{lpm_trie::LpmTrie, Array, LruHashMap, PerCpuArray},
+};
+use ratelimit_common::{
+    Bucket, BucketKey, Config, GlobalStats, PrefixKey, Rule, RuleMeta, RuleSet, RuleStats,
+    DEFAULT_MAX_BUCKETS, MAX_PREFIXES, MAX_RULES,
+};
+
+#[map(name = "RL_CONFIG")]
+pub static CONFIG: Array<Config> = Array::pinned(1, 0);
+
+#[map(name = "RL_RULES")]
+pub static RULES: Array<Rule> = Array::pinned(MAX_RULES, 0);
+
+#[map(name = "RL_PREFIXES")]
+pub static PREFIXES: LpmTrie<PrefixKey, RuleSet> = LpmTrie::pinned(MAX_PREFIXES, 0);
+
+/// Capacity is replaced at load time by the agent's `max_buckets`.
+#[map(name = "RL_BUCKETS")]
+pub static BUCKETS: LruHashMap<BucketKey, Bucket> = LruHashMap::pinned(DEFAULT_MAX_BUCKETS, 0);
+
+#[map(name = "RL_RULE_STATS")]
+pub static RULE_STATS: PerCpuArray<RuleStats> = PerCpuArray::pinned(MAX_RULES, 0);
+
+#[map(name = "RL_GLOBAL_STATS")]
+pub static GLOBAL_STATS: PerCpuArray<GlobalStats> = PerCpuArray::pinned(1, 0);
+
+/// Never read here: user space keeps rule names in it (see `RuleMeta`); defined in the object so
+/// it is created and pinned with the rest.
+#[map(name = "RL_RULE_META")]
+pub static RULE_META: Array<RuleMeta> = Array::pinned(MAX_RULES, 0);

@@ -1,0 +1,1105 @@
+//! The TOML config file (`/etc/ratelimit/ratelimit.toml`): parsing and validation.
+//!
+//! Every error names the file, the 1-based line and the key it is about, e.g.
+//! `/etc/ratelimit/ratelimit.toml:14: rule "dns": field `dst_port`: only valid with protocol tcp or udp`.
+//!
+//! Parsing is two-staged. The text is first deserialized into private `Raw*` mirrors whose fields
+//! are [`toml::Spanned`], so that type errors come from the TOML deserializer with a span and
+//! semantic errors found afterwards can still point at the offending value. The raw form is then
+//! converted into the public typed form ([`Config`]), filling in defaults; cross-field rule checks
+//! live in [`RuleConfig::validate`] so that rules that do not come from a file (added over the
+//! control socket) go through exactly the same checks.
+//!
+//! The document is parsed with `toml_edit` rather than `toml::from_str` because its parsed tree
+//! keeps the position of every key: when the deserializer reports an error at some byte offset we
+//! walk that tree to find which key (and which `[[rule]]`) the offset belongs to, since the error
+//! itself only carries the span and a message.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fmt,
+    net::{IpAddr, Ipv6Addr, SocketAddr},
+    ops::Range,
+    path::{Path, PathBuf},
+    str::FromStr,
+};
+
+use ipnet::{IpNet, Ipv6Net};
+use serde::{Deserialize, Serialize};
+use toml::Spanned;
+
+/// Default control socket path (`[agent] socket`).
+pub const DEFAULT_SOCKET: &str = "/run/ratelimit/agent.sock";
+/// Default bpffs directory for pinned maps and links (`[agent] pin_path`).
+pub const DEFAULT_PIN_PATH: &str = "/sys/fs/bpf/ratelimit";
+/// Smallest accepted `[agent] max_buckets`.
+pub const MIN_MAX_BUCKETS: u32 = 16;
+/// Largest accepted `[agent] max_buckets` (2^26).
+pub const MAX_MAX_BUCKETS: u32 = 1 << 26;
+/// Largest `rate` (packets/s): one packet then costs 1 ns, the clock's resolution.
+pub const MAX_RATE: u64 = 1_000_000_000;
+/// Largest `bytes_rate` (bytes/s, 8 Tbit/s): keeps `byte_interval_fp` non-zero.
+pub const MAX_BYTES_RATE: u64 = 1_000_000_000_000;
+/// Largest time a full bucket takes to refill (`burst / rate`), in nanoseconds: one hour. Bounds
+/// the tolerances so that the kernel's `now + tolerance` arithmetic cannot overflow.
+pub const MAX_TOLERANCE_NS: u64 = 3_600_000_000_000;
+/// Smallest `bytes_burst`: one full Ethernet frame must be able to pass.
+pub const MIN_BYTES_BURST: u64 = 1514;
+/// Floor of the default `bytes_burst` (the default is `max(bytes_rate, 65536)`).
+pub const DEFAULT_BYTES_BURST_FLOOR: u64 = 65_536;
+/// Longest rule name.
+pub const MAX_NAME_LEN: usize = 64;
+
+const NS_PER_SEC: u64 = 1_000_000_000;
+
+/// A parsed and validated config file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Config {
+    /// `[agent]`: how the agent attaches and where it listens.
+    pub agent: AgentConfig,
+    /// `[[rule]]` tables, in file order. May be empty: then every packet passes.
+    pub rules: Vec<RuleConfig>,
+    /// `[cluster]`: peers sharing cluster-scoped budgets, if any.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// The `[agent]` table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AgentConfig {
+    /// Interfaces the XDP program attaches to.
+    pub interfaces: Vec<String>,
+    /// XDP attach mode.
+    pub mode: AttachMode,
+    /// Control API Unix socket.
+    pub socket: PathBuf,
+    /// Prometheus endpoint, if enabled.
+    pub metrics: Option<SocketAddr>,
+    /// Capacity of the bucket map (tracked sources).
+    pub max_buckets: u32,
+    /// bpffs directory where maps and links are pinned (absolute).
+    pub pin_path: PathBuf,
+    /// Count would-be drops but pass everything, for every rule.
+    pub dry_run: bool,
+    /// Emit debug records from the XDP program.
+    pub ebpf_log: bool,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            interfaces: Vec::new(),
+            mode: AttachMode::Auto,
+            socket: PathBuf::from(DEFAULT_SOCKET),
+            metrics: None,
+            max_buckets: ratelimit_common::DEFAULT_MAX_BUCKETS,
+            pin_path: PathBuf::from(DEFAULT_PIN_PATH),
+            dry_run: false,
+            ebpf_log: false,
+        }
+    }
+}
+
+/// XDP attach mode (`[agent] mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttachMode {
+    /// Native (driver) mode if the driver supports it, else generic (skb) mode.
+    #[default]
+    Auto,
+    /// Driver mode only; attaching fails if unsupported.
+    Native,
+    /// Generic mode (works everywhere, slower).
+    Skb,
+}
+
+/// The `[cluster]` table. Parsed and checked for shape only; the cluster sync consumes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ClusterConfig {
+    /// Address the gossip transport binds.
+    pub listen: SocketAddr,
+    /// Peers contacted at startup.
+    pub seeds: Vec<SocketAddr>,
+    /// Shared secret authenticating cluster messages.
+    pub key_file: PathBuf,
+    /// How often consumption is exchanged, in milliseconds (10..=10000).
+    pub sync_interval_ms: u64,
+    /// Name separating independent clusters on one network.
+    pub cluster_id: String,
+}
+
+/// What a rule does with the packets it matches (`action`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Token-bucket limit.
+    #[default]
+    Limit,
+    /// Always pass.
+    Allow,
+    /// Always drop.
+    Deny,
+}
+
+/// The L4 protocol a rule matches (`protocol`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// TCP (6).
+    Tcp,
+    /// UDP (17).
+    Udp,
+    /// ICMP (1) for an IPv4 rule, ICMPv6 (58) for an IPv6 rule.
+    Icmp,
+    /// Any protocol.
+    #[default]
+    Any,
+}
+
+/// Whose consumption a limit rule's budget counts (`scope`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// This host only.
+    #[default]
+    Local,
+    /// Shared with the cluster's peers.
+    Cluster,
+}
+
+/// Bucket granularity of a limit rule (`per`): which sources share one bucket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Per {
+    /// One bucket per source address (`"source"`).
+    #[default]
+    Source,
+    /// One bucket for the whole rule (`"rule"`).
+    Rule,
+    /// One bucket per source prefix of this length (`"/24"`).
+    Prefix(u8),
+}
+
+macro_rules! keyword_enum {
+    ($ty:ty, $what:literal, $($variant:ident => $text:literal),+) => {
+        impl $ty {
+            /// The spelling used in the config file.
+            pub const fn as_str(self) -> &'static str {
+                match self { $(Self::$variant => $text),+ }
+            }
+        }
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+        impl FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($text => Ok(Self::$variant),)+
+                    _ => Err(format!(
+                        concat!("unknown ", $what, " {:?}, expected one of: ", $($text, " "),+),
+                        s
+                    )),
+                }
+            }
+        }
+    };
+}
+keyword_enum!(AttachMode, "mode", Auto => "auto", Native => "native", Skb => "skb");
+keyword_enum!(Action, "action", Limit => "limit", Allow => "allow", Deny => "deny");
+keyword_enum!(Protocol, "protocol", Tcp => "tcp", Udp => "udp", Icmp => "icmp", Any => "any");
+keyword_enum!(Scope, "scope", Local => "local", Cluster => "cluster");
+
+impl fmt::Display for Per {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Per::Source => f.write_str("source"),
+            Per::Rule => f.write_str("rule"),
+            Per::Prefix(len) => write!(f, "/{len}"),
+        }
+    }
+}
+
+impl FromStr for Per {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?} is not \"source\", \"rule\" or a prefix length such as \"/24\"");
+        match s {
+            "source" => Ok(Per::Source),
+            "rule" => Ok(Per::Rule),
+            _ => {
+                let digits = s.strip_prefix('/').ok_or_else(bad)?;
+                // Only plain decimal digits: u8::from_str would accept "+24".
+                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad());
+                }
+                match digits.parse::<u8>() {
+                    Ok(len) if len <= 128 => Ok(Per::Prefix(len)),
+                    _ => Err(format!("prefix length in {s:?} must be 0..=32 (IPv4) or 0..=128 (IPv6)")),
+                }
+            }
+        }
+    }
+}
+
+impl Serialize for Per {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Per {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// One validated `[[rule]]`, with defaults filled in.
+///
+/// Serializes (e.g. to JSON for the CLI) with the config file's keys and spellings; keys that
+/// have no meaning for the rule's action are left out, so the output parses back as the same rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleConfig {
+    /// Unique name, `[A-Za-z0-9_.-]{1,64}`.
+    pub name: String,
+    /// Source prefix (host bits zero). A bare address in the file means /32 or /128.
+    pub source: IpNet,
+    /// What to do with matching packets.
+    pub action: Action,
+    /// Packets per second (limit rules).
+    pub rate: Option<u64>,
+    /// Packets; `Some(rate)` when the file gives `rate` but no `burst`.
+    pub burst: Option<u64>,
+    /// Bytes per second (limit rules).
+    pub bytes_rate: Option<u64>,
+    /// Bytes; when the file gives `bytes_rate` but no `bytes_burst`, `max(bytes_rate, 65536)`
+    /// capped at one hour's worth of `bytes_rate`.
+    pub bytes_burst: Option<u64>,
+    /// Bucket granularity (meaningful for limit rules only).
+    pub per: Per,
+    /// L4 protocol to match.
+    pub protocol: Protocol,
+    /// Destination port to match (TCP or UDP rules only).
+    pub dst_port: Option<u16>,
+    /// Local or cluster-wide budget (limit rules only).
+    pub scope: Scope,
+    /// Count would-be drops but pass the packets.
+    pub dry_run: bool,
+    /// 1-based line where the rule's table starts in its file; 0 if it did not come from a file.
+    pub line: usize,
+}
+
+/// Why a [`RuleConfig`] is invalid: the key at fault and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("field `{field}`: {message}")]
+pub struct RuleError {
+    /// The config key at fault.
+    pub field: &'static str,
+    /// What is wrong, for a human.
+    pub message: String,
+}
+
+fn rule_error(field: &'static str, message: impl Into<String>) -> RuleError {
+    RuleError { field, message: message.into() }
+}
+
+impl RuleConfig {
+    /// A rule with every optional key at its default: a limit rule with no limit yet (which
+    /// [`validate`](Self::validate) rejects until `rate` or `bytes_rate` is set).
+    pub fn new(name: impl Into<String>, source: IpNet) -> Self {
+        Self {
+            name: name.into(),
+            source,
+            action: Action::Limit,
+            rate: None,
+            burst: None,
+            bytes_rate: None,
+            bytes_burst: None,
+            per: Per::Source,
+            protocol: Protocol::Any,
+            dst_port: None,
+            scope: Scope::Local,
+            dry_run: false,
+            line: 0,
+        }
+    }
+
+    /// Checks everything that can be checked on one rule alone (not uniqueness across rules).
+    ///
+    /// Defaults are not filled in here: `burst` and `bytes_burst` must already be set when
+    /// `rate` and `bytes_rate` are (the config parser does that).
+    pub fn validate(&self) -> Result<(), RuleError> {
+        validate_name(&self.name).map_err(|m| rule_error("name", m))?;
+        validate_source(&self.source).map_err(|m| rule_error("source", m))?;
+        if let Some(port) = self.dst_port {
+            if port == 0 {
+                return Err(rule_error("dst_port", "must be between 1 and 65535"));
+            }
+            if !matches!(self.protocol, Protocol::Tcp | Protocol::Udp) {
+                return Err(rule_error(
+                    "dst_port",
+                    format!("only valid with protocol tcp or udp (this rule has protocol {})", self.protocol),
+                ));
+            }
+        }
+        if self.action != Action::Limit {
+            let stray = [
+                ("rate", self.rate.is_some()),
+                ("burst", self.burst.is_some()),
+                ("bytes_rate", self.bytes_rate.is_some()),
+                ("bytes_burst", self.bytes_burst.is_some()),
+                ("per", self.per != Per::Source),
+                ("scope", self.scope != Scope::Local),
+            ];
+            if let Some((field, _)) = stray.iter().find(|(_, set)| *set) {
+                return Err(no_meaning(field, self.action));
+            }
+            return Ok(());
+        }
+        if self.rate.is_none() && self.bytes_rate.is_none() {
+            return Err(rule_error(
+                "rate",
+                "a limit rule needs `rate` (packets/s) or `bytes_rate` (bytes/s), or both",
+            ));
+        }
+        check_limit(
+            ("rate", self.rate),
+            ("burst", self.burst),
+            (1, MAX_RATE, 1),
+            "packets",
+        )?;
+        check_limit(
+            ("bytes_rate", self.bytes_rate),
+            ("bytes_burst", self.bytes_burst),
+            (1, MAX_BYTES_RATE, MIN_BYTES_BURST),
+            "bytes",
+        )?;
+        if let Per::Prefix(len) = self.per {
+            let width = self.source.max_prefix_len();
+            if len > width {
+                return Err(rule_error(
+                    "per",
+                    format!("/{len} is longer than an {} address (at most /{width})", family_name(&self.source)),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn no_meaning(field: &'static str, action: Action) -> RuleError {
+    rule_error(
+        field,
+        format!("has no meaning for an {action} rule (only limit rules take rates, per and scope)"),
+    )
+}
+
+fn family_name(net: &IpNet) -> &'static str {
+    match net {
+        IpNet::V4(_) => "IPv4",
+        IpNet::V6(_) => "IPv6",
+    }
+}
+
+/// Checks one rate/burst pair. `bounds` is (min rate, max rate, min burst).
+fn check_limit(
+    (rate_key, rate): (&'static str, Option<u64>),
+    (burst_key, burst): (&'static str, Option<u64>),
+    (min_rate, max_rate, min_burst): (u64, u64, u64),
+    unit: &str,
+) -> Result<(), RuleError> {
+    let Some(rate) = rate else {
+        return match burst {
+            Some(_) => Err(rule_error(burst_key, format!("is set but `{rate_key}` is not"))),
+            None => Ok(()),
+        };
+    };
+    if !(min_rate..=max_rate).contains(&rate) {
+        return Err(rule_error(
+            rate_key,
+            format!("must be between {min_rate} and {max_rate} {unit}/s (got {rate})"),
+        ));
+    }
+    let burst = burst.ok_or_else(|| rule_error(burst_key, "must be set when the rate is"))?;
+    if burst < min_burst {
+        let why = if min_burst > 1 { " (one full-size Ethernet frame)" } else { "" };
+        return Err(rule_error(burst_key, format!("must be at least {min_burst}{why} (got {burst})")));
+    }
+    // The kernel stores burst/rate as a nanosecond tolerance; an hour bounds it far from overflow
+    // and nobody means a bucket that takes longer than that to refill.
+    let refill_ns = u128::from(burst) * u128::from(NS_PER_SEC) / u128::from(rate);
+    if refill_ns > u128::from(MAX_TOLERANCE_NS) {
+        return Err(rule_error(
+            burst_key,
+            format!(
+                "{burst} {unit} at {rate} {unit}/s take {} s to refill; at most 3600 s (one hour) is allowed: \
+                 raise `{rate_key}` or lower `{burst_key}` to at most {}",
+                refill_ns / u128::from(NS_PER_SEC),
+                rate.saturating_mul(3600),
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(format!("is {} characters long; at most {MAX_NAME_LEN} are allowed", name.len()));
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))) {
+        return Err(format!("{name:?} contains {c:?}; only letters, digits, '_', '.' and '-' are allowed"));
+    }
+    Ok(())
+}
+
+fn validate_source(net: &IpNet) -> Result<(), String> {
+    let network = net.trunc();
+    if network != *net {
+        return Err(format!(
+            "{net} has host bits set; did you mean \"{network}\" (or \"{}/{}\" for the single address)?",
+            net.addr(),
+            net.max_prefix_len()
+        ));
+    }
+    // The XDP program keys IPv4 packets as IPv4, so an IPv4-mapped IPv6 prefix would never match.
+    let mapped = Ipv6Net::new(Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96).expect("valid prefix");
+    if let IpNet::V6(v6) = net {
+        if v6.prefix_len() >= 96 && mapped.contains(v6) {
+            let v4 = v6.addr().to_ipv4_mapped().expect("inside ::ffff:0:0/96");
+            return Err(format!(
+                "{net} is an IPv4-mapped IPv6 prefix, which IPv4 packets never match; write \"{v4}/{}\"",
+                v6.prefix_len() - 96
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Parses a rule's `source`: a CIDR, or a bare address meaning a single host.
+fn parse_source(text: &str) -> Result<IpNet, String> {
+    if let Ok(net) = text.parse::<IpNet>() {
+        return Ok(net);
+    }
+    if let Ok(addr) = text.parse::<IpAddr>() {
+        return Ok(IpNet::from(addr));
+    }
+    Err(format!(
+        "{text:?} is not an IPv4 or IPv6 CIDR (such as \"10.0.0.0/8\" or \"2001:db8::/32\") or address"
+    ))
+}
+
+/// Serialized form of a rule: the config file's keys, without those meaningless for its action.
+#[derive(Serialize)]
+struct RuleView<'a> {
+    name: &'a str,
+    source: String,
+    action: Action,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    burst: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes_rate: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bytes_burst: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    per: Option<Per>,
+    protocol: Protocol,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dst_port: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scope: Option<Scope>,
+    dry_run: bool,
+}
+
+impl Serialize for RuleConfig {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let limit = self.action == Action::Limit;
+        RuleView {
+            name: &self.name,
+            source: self.source.to_string(),
+            action: self.action,
+            rate: self.rate,
+            burst: self.burst,
+            bytes_rate: self.bytes_rate,
+            bytes_burst: self.bytes_burst,
+            per: limit.then_some(self.per),
+            protocol: self.protocol,
+            dst_port: self.dst_port,
+            scope: limit.then_some(self.scope),
+            dry_run: self.dry_run,
+        }
+        .serialize(s)
+    }
+}
+
+/// Why a config file was rejected. Every variant's message starts with the file name, and those
+/// about the content with the line and the key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be opened or read (missing, permission denied, I/O error).
+    #[error("{}: cannot read config file: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The path names a directory, not a file.
+    #[error("{}: is a directory, expected a TOML config file", path.display())]
+    IsDirectory {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The file is not UTF-8 text.
+    #[error("{origin}:{line}: not valid UTF-8 text (TOML files must be UTF-8)")]
+    NotUtf8 {
+        /// The file.
+        origin: String,
+        /// Line of the first invalid byte.
+        line: usize,
+    },
+    /// The text is not TOML (unterminated string, missing `=`, duplicate key...).
+    #[error("{origin}:{line}:{column}: {}TOML syntax error: {message}", Where("", field.as_deref()))]
+    Syntax {
+        /// The file.
+        origin: String,
+        /// Line of the error.
+        line: usize,
+        /// Column (in characters, 1-based) of the error.
+        column: usize,
+        /// The key being defined on that line, if one could be made out.
+        field: Option<String>,
+        /// The TOML parser's message.
+        message: String,
+    },
+    /// A key is unknown or missing, or its value has the wrong type (reported by the TOML
+    /// deserializer).
+    #[error("{origin}:{line}: {}{message}", Where(section, field.as_deref()))]
+    Schema {
+        /// The file.
+        origin: String,
+        /// Line of the offending key or value.
+        line: usize,
+        /// Where: `[agent]`, `[cluster]`, `rule "name"` or `rule #N`; empty at the top level.
+        section: String,
+        /// The key at fault.
+        field: Option<String>,
+        /// What is wrong.
+        message: String,
+    },
+    /// A value is well-formed but unacceptable: out of range, or in conflict with another key or
+    /// another rule.
+    #[error("{origin}:{line}: {}{message}", Where(section, Some(field)))]
+    Invalid {
+        /// The file.
+        origin: String,
+        /// Line of the offending value (or of the rule's table when the problem is a missing key).
+        line: usize,
+        /// Where: `[agent]`, `[cluster]`, `rule "name"` or `rule #N`; empty at the top level.
+        section: String,
+        /// The key at fault.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Formats the `section: field `x`: ` part of an error message.
+struct Where<'a>(&'a str, Option<&'a str>);
+
+impl fmt::Display for Where<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.0.is_empty() {
+            write!(f, "{}: ", self.0)?;
+        }
+        if let Some(field) = self.1 {
+            write!(f, "field `{field}`: ")?;
+        }
+        Ok(())
+    }
+}
+
+impl ConfigError {
+    /// The 1-based line the error is about, if it is about the file's content.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            ConfigError::Read { .. } | ConfigError::IsDirectory { .. } => None,
+            ConfigError::NotUtf8 { line, .. }
+            | ConfigError::Syntax { line, .. }
+            | ConfigError::Schema { line, .. }
+            | ConfigError::Invalid { line, .. } => Some(*line),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw (as written) form.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    agent: Option<RawAgent>,
+    #[serde(default, rename = "rule")]
+    rules: Vec<Spanned<RawRule>>,
+    cluster: Option<RawCluster>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAgent {
+    interfaces: Option<Vec<Spanned<String>>>,
+    mode: Option<AttachMode>,
+    socket: Option<Spanned<PathBuf>>,
+    metrics: Option<SocketAddr>,
+    max_buckets: Option<Spanned<i64>>,
+    pin_path: Option<Spanned<PathBuf>>,
+    dry_run: Option<bool>,
+    ebpf_log: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCluster {
+    listen: SocketAddr,
+    seeds: Option<Vec<SocketAddr>>,
+    key_file: Spanned<PathBuf>,
+    sync_interval_ms: Option<Spanned<i64>>,
+    cluster_id: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    name: Spanned<String>,
+    source: Spanned<String>,
+    action: Option<Spanned<Action>>,
+    rate: Option<Spanned<i64>>,
+    burst: Option<Spanned<i64>>,
+    bytes_rate: Option<Spanned<i64>>,
+    bytes_burst: Option<Spanned<i64>>,
+    per: Option<Spanned<Per>>,
+    protocol: Option<Spanned<Protocol>>,
+    dst_port: Option<Spanned<i64>>,
+    scope: Option<Spanned<Scope>>,
+    dry_run: Option<Spanned<bool>>,
+}
+
+/// The text being parsed, for turning byte offsets into lines in error messages.
+struct Source<'a> {
+    origin: &'a str,
+    text: &'a str,
+}
+
+impl Source<'_> {
+    fn line(&self, offset: usize) -> usize {
+        line_of(self.text, offset)
+    }
+
+    fn invalid(&self, offset: usize, section: &str, field: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            origin: self.origin.to_owned(),
+            line: self.line(offset),
+            section: section.to_owned(),
+            field: field.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    let offset = offset.min(text.len());
+    text.as_bytes()[..offset].iter().filter(|&&b| b == b'\n').count() + 1
+}
+
+/// Converts a non-negative TOML integer (TOML integers are i64) to u64.
+fn non_negative(src: &Source, v: &Spanned<i64>, section: &str, field: &str) -> Result<u64, ConfigError> {
+    u64::try_from(*v.get_ref())
+        .map_err(|_| src.invalid(v.span().start, section, field, format!("must not be negative (got {})", v.get_ref())))
+}
+
+impl Config {
+    /// Reads and validates the config file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        // Checked first because reading a directory fails with a less helpful EISDIR.
+        if path.is_dir() {
+            return Err(ConfigError::IsDirectory { path: path.to_owned() });
+        }
+        let bytes = std::fs::read(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let origin = path.display().to_string();
+        let text = std::str::from_utf8(&bytes).map_err(|e| ConfigError::NotUtf8 {
+            line: bytes[..e.valid_up_to()].iter().filter(|&&b| b == b'\n').count() + 1,
+            origin: origin.clone(),
+        })?;
+        Config::parse(text, &origin)
+    }
+
+    /// Parses and validates config `text`; `origin` is the file name that error messages show.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let src = Source { origin, text };
+        let doc = toml_edit::ImDocument::parse(text).map_err(|e| syntax_error(&src, &e))?;
+        let raw = RawConfig::deserialize(toml_edit::de::Deserializer::from(doc.clone()))
+            .map_err(|e| schema_error(&src, doc.as_table(), &e))?;
+
+        let agent = match raw.agent {
+            Some(a) => agent_from_raw(&src, a)?,
+            None => AgentConfig::default(),
+        };
+        let cluster = raw.cluster.map(|c| cluster_from_raw(&src, c)).transpose()?;
+        if raw.rules.len() > ratelimit_common::MAX_RULES as usize {
+            let extra = &raw.rules[ratelimit_common::MAX_RULES as usize];
+            return Err(src.invalid(
+                extra.span().start,
+                &rule_section(extra.get_ref().name.get_ref(), ratelimit_common::MAX_RULES as usize),
+                "name",
+                format!("too many rules: at most {} are supported", ratelimit_common::MAX_RULES),
+            ));
+        }
+        let mut rules = Vec::with_capacity(raw.rules.len());
+        // Uniqueness, remembering the line that came first for the message.
+        let mut names: HashMap<String, usize> = HashMap::new();
+        let mut matches: HashMap<(IpNet, Protocol, Option<u16>), (String, usize)> = HashMap::new();
+        for (index, raw_rule) in raw.rules.into_iter().enumerate() {
+            let name_offset = raw_rule.get_ref().name.span().start;
+            let source_offset = raw_rule.get_ref().source.span().start;
+            let rule = rule_from_raw(&src, index, raw_rule)?;
+            let section = rule_section(&rule.name, index);
+            if let Some(first) = names.insert(rule.name.clone(), rule.line) {
+                return Err(src.invalid(
+                    name_offset,
+                    &section,
+                    "name",
+                    format!("duplicate rule name (first used by the rule at line {first})"),
+                ));
+            }
+            let key = (rule.source, rule.protocol, rule.dst_port);
+            if let Some((other, line)) = matches.get(&key) {
+                return Err(src.invalid(
+                    source_offset,
+                    &section,
+                    "source",
+                    format!(
+                        "rule {other:?} (line {line}) already matches source {}, protocol {}{}; \
+                         two rules cannot match the same traffic",
+                        rule.source,
+                        rule.protocol,
+                        rule.dst_port.map(|p| format!(", dst_port {p}")).unwrap_or_default(),
+                    ),
+                ));
+            }
+            matches.insert(key, (rule.name.clone(), rule.line));
+            rules.push(rule);
+        }
+        Ok(Config { agent, rules, cluster })
+    }
+}
+
+fn rule_section(name: &str, index: usize) -> String {
+    if name.is_empty() {
+        format!("rule #{}", index + 1)
+    } else {
+        format!("rule {name:?}")
+    }
+}
+
+fn agent_from_raw(src: &Source, raw: RawAgent) -> Result<AgentConfig, ConfigError> {
+    const S: &str = "[agent]";
+    let mut agent = AgentConfig::default();
+    let mut seen = HashSet::new();
+    for ifname in raw.interfaces.unwrap_or_default() {
+        let at = ifname.span().start;
+        let name = ifname.into_inner();
+        if let Err(why) = validate_ifname(&name) {
+            return Err(src.invalid(at, S, "interfaces", why));
+        }
+        if !seen.insert(name.clone()) {
+            return Err(src.invalid(at, S, "interfaces", format!("{name:?} is listed twice")));
+        }
+        agent.interfaces.push(name);
+    }
+    agent.mode = raw.mode.unwrap_or_default();
+    if let Some(socket) = raw.socket {
+        if socket.get_ref().as_os_str().is_empty() {
+            return Err(src.invalid(socket.span().start, S, "socket", "must not be empty"));
+        }
+        agent.socket = socket.into_inner();
+    }
+    agent.metrics = raw.metrics;
+    if let Some(v) = raw.max_buckets {
+        let n = *v.get_ref();
+        agent.max_buckets = u32::try_from(n)
+            .ok()
+            .filter(|n| (MIN_MAX_BUCKETS..=MAX_MAX_BUCKETS).contains(n))
+            .ok_or_else(|| {
+                src.invalid(
+                    v.span().start,
+                    S,
+                    "max_buckets",
+                    format!("must be between {MIN_MAX_BUCKETS} and {MAX_MAX_BUCKETS} (got {n})"),
+                )
+            })?;
+    }
+    if let Some(pin) = raw.pin_path {
+        if !pin.get_ref().is_absolute() {
+            return Err(src.invalid(
+                pin.span().start,
+                S,
+                "pin_path",
+                format!("{:?} must be an absolute path (under a bpffs mount)", pin.get_ref()),
+            ));
+        }
+        agent.pin_path = pin.into_inner();
+    }
+    agent.dry_run = raw.dry_run.unwrap_or(false);
+    agent.ebpf_log = raw.ebpf_log.unwrap_or(false);
+    Ok(agent)
+}
+
+/// Linux interface name rules (`dev_valid_name` in net/core/dev.c).
+fn validate_ifname(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 15 {
+        return Err(format!("{name:?} is not a valid interface name: must be 1 to 15 bytes long"));
+    }
+    if name == "." || name == ".." {
+        return Err(format!("{name:?} is not a valid interface name"));
+    }
+    if name.contains('/') || name.contains(':') || name.chars().any(char::is_whitespace) {
+        return Err(format!("{name:?} is not a valid interface name: no '/', ':' or whitespace allowed"));
+    }
+    Ok(())
+}
+
+fn cluster_from_raw(src: &Source, raw: RawCluster) -> Result<ClusterConfig, ConfigError> {
+    const S: &str = "[cluster]";
+    if raw.key_file.get_ref().as_os_str().is_empty() {
+        return Err(src.invalid(raw.key_file.span().start, S, "key_file", "must not be empty"));
+    }
+    let sync_interval_ms = match raw.sync_interval_ms {
+        None => 100,
+        Some(v) => {
+            let n = *v.get_ref();
+            if !(10..=10_000).contains(&n) {
+                return Err(src.invalid(
+                    v.span().start,
+                    S,
+                    "sync_interval_ms",
+                    format!("must be between 10 and 10000 milliseconds (got {n})"),
+                ));
+            }
+            n as u64
+        }
+    };
+    let cluster_id = match raw.cluster_id {
+        None => "ratelimit".to_owned(),
+        Some(id) => {
+            validate_name(id.get_ref()).map_err(|m| src.invalid(id.span().start, S, "cluster_id", m))?;
+            id.into_inner()
+        }
+    };
+    Ok(ClusterConfig {
+        listen: raw.listen,
+        seeds: raw.seeds.unwrap_or_default(),
+        key_file: raw.key_file.into_inner(),
+        sync_interval_ms,
+        cluster_id,
+    })
+}
+
+fn rule_from_raw(src: &Source, index: usize, raw: Spanned<RawRule>) -> Result<RuleConfig, ConfigError> {
+    let table_offset = raw.span().start;
+    let raw = raw.into_inner();
+    let section = rule_section(raw.name.get_ref(), index);
+    let source = parse_source(raw.source.get_ref())
+        .map_err(|m| src.invalid(raw.source.span().start, &section, "source", m))?;
+    let mut rule = RuleConfig::new(raw.name.get_ref().clone(), source);
+    rule.line = src.line(table_offset);
+    rule.action = raw.action.as_ref().map_or(Action::Limit, |a| *a.get_ref());
+
+    // Where each key was written, so that errors found on the typed rule point at it.
+    let mut offsets: HashMap<&'static str, usize> = HashMap::new();
+    offsets.insert("name", raw.name.span().start);
+    offsets.insert("source", raw.source.span().start);
+    let limit_keys = [
+        ("rate", raw.rate.as_ref().map(|v| v.span())),
+        ("burst", raw.burst.as_ref().map(|v| v.span())),
+        ("bytes_rate", raw.bytes_rate.as_ref().map(|v| v.span())),
+        ("bytes_burst", raw.bytes_burst.as_ref().map(|v| v.span())),
+        ("per", raw.per.as_ref().map(|v| v.span())),
+        ("scope", raw.scope.as_ref().map(|v| v.span())),
+    ];
+    for (key, span) in limit_keys {
+        if let Some(span) = span {
+            // Checked on the raw form: the typed form cannot tell `per = "source"` from no `per`.
+            if rule.action != Action::Limit {
+                let e = no_meaning(key, rule.action);
+                return Err(src.invalid(span.start, &section, key, e.message));
+            }
+            offsets.insert(key, span.start);
+        }
+    }
+    for (key, span) in [
+        ("action", raw.action.as_ref().map(|v| v.span())),
+        ("protocol", raw.protocol.as_ref().map(|v| v.span())),
+        ("dst_port", raw.dst_port.as_ref().map(|v| v.span())),
+    ] {
+        if let Some(span) = span {
+            offsets.insert(key, span.start);
+        }
+    }
+
+    let number = |v: &Option<Spanned<i64>>, key| v.as_ref().map(|v| non_negative(src, v, &section, key)).transpose();
+    rule.rate = number(&raw.rate, "rate")?;
+    rule.burst = number(&raw.burst, "burst")?.or(rule.rate);
+    rule.bytes_rate = number(&raw.bytes_rate, "bytes_rate")?;
+    rule.bytes_burst = number(&raw.bytes_burst, "bytes_burst")?.or_else(|| {
+        // An hour's worth caps the default so that a tiny bytes_rate does not turn the
+        // default burst into an error about a key the user never wrote.
+        rule.bytes_rate
+            .map(|r| r.max(DEFAULT_BYTES_BURST_FLOOR).min(r.saturating_mul(MAX_TOLERANCE_NS / NS_PER_SEC)))
+    });
+    rule.per = raw.per.map_or(Per::Source, Spanned::into_inner);
+    rule.protocol = raw.protocol.map_or(Protocol::Any, Spanned::into_inner);
+    if let Some(port) = raw.dst_port {
+        let n = *port.get_ref();
+        let p = u16::try_from(n).ok().filter(|&p| p != 0).ok_or_else(|| {
+            src.invalid(port.span().start, &section, "dst_port", format!("must be between 1 and 65535 (got {n})"))
+        })?;
+        rule.dst_port = Some(p);
+    }
+    rule.scope = raw.scope.map_or(Scope::Local, Spanned::into_inner);
+    rule.dry_run = raw.dry_run.is_some_and(Spanned::into_inner);
+
+    rule.validate().map_err(|e| {
+        // A key that was not written (e.g. the missing `rate`) is reported at the table's line.
+        let offset = offsets.get(e.field).copied().unwrap_or(table_offset);
+        src.invalid(offset, &section, e.field, e.message)
+    })?;
+    Ok(rule)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Locating TOML errors.
+
+fn syntax_error(src: &Source, e: &toml_edit::TomlError) -> ConfigError {
+    let offset = e.span().map_or(0, |s| s.start).min(src.text.len());
+    let line_start = src.text[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let line_text = src.text[line_start..].lines().next().unwrap_or("");
+    // Best effort: the key defined on the failing line, if it looks like `key = ...`.
+    let field = line_text.split_once('=').map(|(k, _)| k.trim()).filter(|k| {
+        !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"'))
+    });
+    ConfigError::Syntax {
+        origin: src.origin.to_owned(),
+        line: src.line(offset),
+        column: src.text[line_start..offset].chars().count() + 1,
+        field: field.map(str::to_owned),
+        message: one_line(e.message()),
+    }
+}
+
+fn one_line(message: &str) -> String {
+    message.trim().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
+}
+
+#[derive(Debug)]
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+fn schema_error(src: &Source, root: &toml_edit::Table, e: &toml_edit::de::Error) -> ConfigError {
+    let offset = e.span().map_or(0, |s| s.start);
+    let mut path = Vec::new();
+    locate_in_table(root, offset, &mut path);
+    let mut message = one_line(e.message());
+    let key = |i: usize| match path.get(i) {
+        Some(Seg::Key(k)) => Some(k.clone()),
+        _ => None,
+    };
+    let (section, mut field) = match (key(0).as_deref(), path.get(1)) {
+        (Some("rule"), Some(Seg::Index(i))) => {
+            let name = root
+                .get("rule")
+                .and_then(|r| r.get(*i))
+                .and_then(|t| t.get("name"))
+                .and_then(|n| n.as_str())
+                .unwrap_or("");
+            (rule_section(name, *i), key(2))
+        }
+        (Some(table @ ("agent" | "cluster")), _) => (format!("[{table}]"), key(1)),
+        (first, _) => (String::new(), first.map(str::to_owned)),
+    };
+    // serde says "missing field `x`" at the enclosing table: make `x` the field.
+    if let Some(missing) = message.strip_prefix("missing field `").and_then(|m| m.strip_suffix('`')) {
+        field = Some(missing.to_owned());
+        message = "required, but missing".to_owned();
+    }
+    ConfigError::Schema { origin: src.origin.to_owned(), line: src.line(offset), section, field, message }
+}
+
+fn contains(span: Option<Range<usize>>, offset: usize) -> bool {
+    // Empty spans (end of input) still claim their start.
+    span.is_some_and(|s| s.start <= offset && offset < s.end.max(s.start + 1))
+}
+
+/// Finds the path of keys/indices to the deepest item whose key or value span contains `offset`.
+/// Tables are searched whole because a `[table]`'s span covers only its header.
+fn locate_in_table(table: &toml_edit::Table, offset: usize, path: &mut Vec<Seg>) -> bool {
+    for (k, item) in table.iter() {
+        path.push(Seg::Key(k.to_owned()));
+        let key_span = table.key(k).and_then(toml_edit::Key::span);
+        if locate_in_item(item, offset, path) || contains(key_span, offset) {
+            return true;
+        }
+        path.pop();
+    }
+    false
+}
+
+fn locate_in_item(item: &toml_edit::Item, offset: usize, path: &mut Vec<Seg>) -> bool {
+    match item {
+        toml_edit::Item::None => false,
+        toml_edit::Item::Value(v) => locate_in_value(v, offset, path),
+        toml_edit::Item::Table(t) => locate_in_table(t, offset, path) || contains(t.span(), offset),
+        toml_edit::Item::ArrayOfTables(a) => {
+            for (i, t) in a.iter().enumerate() {
+                path.push(Seg::Index(i));
+                if locate_in_table(t, offset, path) || contains(t.span(), offset) {
+                    return true;
+                }
+                path.pop();
+            }
+            contains(a.span(), offset)
+        }
+    }
+}
+
+fn locate_in_value(value: &toml_edit::Value, offset: usize, path: &mut Vec<Seg>) -> bool {
+    match value {
+        toml_edit::Value::InlineTable(t) => {
+            for (k, v) in t.iter() {
+                path.push(Seg::Key(k.to_owned()));
+                if locate_in_value(v, offset, path) || contains(t.key(k).and_then(toml_edit::Key::span), offset) {
+                    return true;
+                }
+                path.pop();
+            }
+        }
+        toml_edit::Value::Array(a) => {
+            for (i, v) in a.iter().enumerate() {
+                path.push(Seg::Index(i));
+                if locate_in_value(v, offset, path) {
+                    return true;
+                }
+                path.pop();
+            }
+        }
+        _ => {}
+    }
+    contains(value.span(), offset)
+}

@@ -1,0 +1,366 @@
+//! The data plane: loads the XDP program with its maps pinned under bpffs, attaches it to
+//! interfaces, swaps rule sets in atomically and reads the counters back.
+//!
+//! A rule set is installed under the inactive *generation* of the prefix trie and then made live by
+//! flipping one word in the config map, so a packet sees either the old set or the new one whole.
+
+use std::{
+    collections::BTreeSet,
+    fs,
+    path::{Path, PathBuf},
+    thread,
+    time::Duration,
+};
+
+use aya::{
+    programs::{xdp::XdpLinkId, Xdp, XdpMode},
+    Ebpf, EbpfLoader,
+};
+use ratelimit_common::{
+    map_names, Config, PrefixKey, Rule, RuleSet, PREFIX_KEY_HEADER_BITS, PROGRAM_NAME,
+};
+
+pub use crate::config::AttachMode;
+use crate::maps::{self, MapsError, PinnedMaps};
+
+/// The compiled XDP object, built by build.rs.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ratelimit.bpf.o"));
+
+/// How long to wait after a generation flip before deleting the old generation: XDP programs run
+/// under RCU, so any packet that read the old generation number has finished well within this.
+const GRACE: Duration = Duration::from_millis(20);
+
+/// Errors from loading, attaching or updating the data plane.
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    /// The binary was built without the XDP object (`RATELIMIT_EBPF_SKIP=1`).
+    #[error("this binary was built without the XDP program (RATELIMIT_EBPF_SKIP=1); rebuild with `cargo xtask build`")]
+    NoObject,
+    /// bpffs is not mounted where the pin directory lives and could not be mounted.
+    #[error("bpffs is not mounted at {path} and mounting it failed: {source}")]
+    Bpffs {
+        /// Mount point tried.
+        path: PathBuf,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// A file system operation on the pin directory failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// Opening, checking or updating the pinned maps failed.
+    #[error(transparent)]
+    Maps(#[from] MapsError),
+    /// Loading the object or the program into the kernel failed.
+    #[error("loading the XDP program: {0}")]
+    Load(String),
+    /// The interface does not exist.
+    #[error("interface {0:?} does not exist")]
+    NoSuchInterface(String),
+    /// Attaching to an interface failed.
+    #[error("attaching XDP to {iface} in {mode} mode: {reason}")]
+    Attach {
+        /// Interface name.
+        iface: String,
+        /// Mode tried.
+        mode: &'static str,
+        /// Kernel or aya error.
+        reason: String,
+    },
+}
+
+type Result<T, E = DataplaneError> = std::result::Result<T, E>;
+
+/// One interface the program is attached to.
+#[derive(Debug)]
+pub struct Attachment {
+    /// Interface name.
+    pub iface: String,
+    /// The mode that took: "native" or "skb".
+    pub mode: &'static str,
+    link: XdpLinkId,
+}
+
+/// A rule record to install, with its name and id.
+#[derive(Clone, Debug)]
+pub struct InstallRule {
+    /// Rule id (index into the rules map).
+    pub id: u32,
+    /// Rule name (at most [`MAX_RULE_NAME`] bytes).
+    pub name: String,
+    /// Config line, 0 if unknown.
+    pub line: u32,
+    /// The compiled record.
+    pub rule: Rule,
+}
+
+/// A prefix entry to install.
+#[derive(Clone, Debug)]
+pub struct InstallPrefix {
+    /// `ratelimit_common::family` tag.
+    pub family: u8,
+    /// Network address, IPv4 in the first 4 bytes.
+    pub addr: [u8; 16],
+    /// CIDR prefix length.
+    pub cidr_len: u8,
+    /// Candidate rules.
+    pub set: RuleSet,
+}
+
+/// What [`Dataplane::load`] needs.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Directory under bpffs for the pinned maps.
+    pub pin_dir: PathBuf,
+    /// Capacity of the bucket map.
+    pub max_buckets: u32,
+}
+
+/// The loaded program, its maps and its attachments.
+pub struct Dataplane {
+    ebpf: Ebpf,
+    maps: PinnedMaps,
+    attachments: Vec<Attachment>,
+    /// Rule ids named in the rule set in force.
+    live_ids: BTreeSet<u32>,
+}
+
+impl Dataplane {
+    /// Loads the program, creating (or reusing) the pinned maps under `opts.pin_dir`.
+    pub fn load(opts: &LoadOptions) -> Result<Self> {
+        if OBJECT.is_empty() {
+            return Err(DataplaneError::NoObject);
+        }
+        ensure_bpffs(&opts.pin_dir)?;
+        fs::create_dir_all(&opts.pin_dir).map_err(|source| DataplaneError::Io {
+            what: "creating pin directory",
+            path: opts.pin_dir.clone(),
+            source,
+        })?;
+        maps::check_pinned(&opts.pin_dir, opts.max_buckets)?;
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(&opts.pin_dir)
+            .map_max_entries(map_names::BUCKETS, opts.max_buckets)
+            .load(OBJECT)
+            .map_err(|e| DataplaneError::Load(format!("{e:#}")))?;
+        let program = xdp_program(&mut ebpf)?;
+        program.load().map_err(|e| DataplaneError::Load(verifier_error(&e)))?;
+        let maps = PinnedMaps::open(&opts.pin_dir)?;
+        let live_ids = maps.named_rules()?.into_keys().collect();
+        Ok(Self { ebpf, maps, attachments: Vec::new(), live_ids })
+    }
+
+    /// The pin directory.
+    #[must_use]
+    pub fn pin_dir(&self) -> &Path {
+        self.maps.dir()
+    }
+
+    /// The pinned maps.
+    #[must_use]
+    pub fn maps(&self) -> &PinnedMaps {
+        &self.maps
+    }
+
+    /// Interfaces the program is attached to.
+    #[must_use]
+    pub fn attachments(&self) -> &[Attachment] {
+        &self.attachments
+    }
+
+    /// Mutable access to the loaded object (for the aya-log reader).
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
+    /// Attaches to `iface`. In [`AttachMode::Auto`], native mode is tried first and generic mode
+    /// used where the driver refuses.
+    pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<&Attachment> {
+        if iface.is_empty()
+            || iface.len() > 15
+            || iface.contains('/')
+            || !Path::new("/sys/class/net").join(iface).exists()
+        {
+            return Err(DataplaneError::NoSuchInterface(iface.to_string()));
+        }
+        let tries: &[(XdpMode, &'static str)] = match mode {
+            AttachMode::Auto => &[(XdpMode::Driver, "native"), (XdpMode::Skb, "skb")],
+            AttachMode::Native => &[(XdpMode::Driver, "native")],
+            AttachMode::Skb => &[(XdpMode::Skb, "skb")],
+        };
+        let program = xdp_program(&mut self.ebpf)?;
+        let mut last = None;
+        for &(xdp_mode, name) in tries {
+            match program.attach(iface, xdp_mode) {
+                Ok(link) => {
+                    self.attachments.push(Attachment { iface: iface.to_string(), mode: name, link });
+                    return Ok(self.attachments.last().expect("just pushed"));
+                }
+                Err(e) => {
+                    tracing::debug!(iface, mode = name, error = %e, "attach failed");
+                    last = Some(DataplaneError::Attach {
+                        iface: iface.to_string(),
+                        mode: name,
+                        reason: error_chain(&e),
+                    });
+                }
+            }
+        }
+        Err(last.expect("at least one mode tried"))
+    }
+
+    /// Detaches from `iface`; returns whether it was attached.
+    pub fn detach(&mut self, iface: &str) -> Result<bool> {
+        let Some(pos) = self.attachments.iter().position(|a| a.iface == iface) else {
+            return Ok(false);
+        };
+        let att = self.attachments.remove(pos);
+        xdp_program(&mut self.ebpf)?.detach(att.link).map_err(|e| DataplaneError::Attach {
+            iface: iface.to_string(),
+            mode: att.mode,
+            reason: format!("detach: {}", error_chain(&e)),
+        })?;
+        Ok(true)
+    }
+
+    /// Detaches from every interface.
+    pub fn detach_all(&mut self) -> Result<()> {
+        let ifaces: Vec<String> = self.attachments.iter().map(|a| a.iface.clone()).collect();
+        for iface in ifaces {
+            self.detach(&iface)?;
+        }
+        Ok(())
+    }
+
+    /// Detaches everything, unloads the program and removes the pinned maps.
+    pub fn remove(mut self) -> Result<()> {
+        self.detach_all()?;
+        let dir = self.pin_dir().to_path_buf();
+        drop(self);
+        maps::remove_pins(&dir).map_err(|source| DataplaneError::Io {
+            what: "removing pinned maps in",
+            path: dir,
+            source,
+        })
+    }
+
+    /// Makes `rules`/`prefixes` the rule set in force, atomically: written under the inactive
+    /// generation, then switched to with one word. Buckets of rules that left the set are deleted
+    /// so their ids can be reused with a clean slate; buckets of rules that stayed keep their level.
+    pub fn install(&mut self, rules: &[InstallRule], prefixes: &[InstallPrefix]) -> Result<()> {
+        let config = self.maps.config()?;
+        let next = 1 - (config.generation & 1);
+        let new_ids: BTreeSet<u32> = rules.iter().map(|r| r.id).collect();
+
+        // 1. Rule records. An id in force keeps its content (a changed rule gets a new id), so
+        //    rewriting it changes nothing a packet can see; a new id starts with zeroed counters.
+        for r in rules {
+            if !self.live_ids.contains(&r.id) {
+                self.maps.reset_rule_stats(r.id)?;
+            }
+            self.maps.set_rule(r.id, r.rule)?;
+            self.maps.set_rule_meta(r.id, Some((&r.name, r.line)))?;
+        }
+        // 2. The inactive generation: clear leftovers (say, of a crash mid-install), then fill.
+        self.maps.clear_generation(next)?;
+        for p in prefixes {
+            let (key, len) = prefix_key(next, p.family, p.addr, p.cidr_len);
+            self.maps.insert_prefix(key, len, p.set)?;
+        }
+        // 3. The switch.
+        self.maps.set_config(Config { generation: next, ..config })?;
+        // 4. Retire the old generation once no packet can still be reading it.
+        thread::sleep(GRACE);
+        self.maps.clear_generation(1 - next)?;
+        let gone: BTreeSet<u32> = self.live_ids.difference(&new_ids).copied().collect();
+        for &id in &gone {
+            self.maps.set_rule_meta(id, None)?;
+        }
+        if !gone.is_empty() {
+            self.maps.purge_buckets(&gone)?;
+        }
+        self.live_ids = new_ids;
+        Ok(())
+    }
+
+    /// Sets the global [`ratelimit_common::config_flags`].
+    pub fn set_flags(&mut self, flags: u32) -> Result<()> {
+        let config = self.maps.config()?;
+        self.maps.set_config(Config { flags, ..config })?;
+        Ok(())
+    }
+}
+
+/// The LPM key (and its prefix length in bits) of a CIDR under `generation`.
+#[must_use]
+pub fn prefix_key(generation: u32, family: u8, addr: [u8; 16], cidr_len: u8) -> (PrefixKey, u32) {
+    #[expect(clippy::cast_possible_truncation, reason = "generation is 0 or 1")]
+    let key = PrefixKey { generation: generation as u8, family, addr };
+    (key, PREFIX_KEY_HEADER_BITS + u32::from(cidr_len))
+}
+
+fn xdp_program(ebpf: &mut Ebpf) -> Result<&mut Xdp> {
+    ebpf.program_mut(PROGRAM_NAME)
+        .ok_or_else(|| DataplaneError::Load(format!("no program {PROGRAM_NAME} in the object")))?
+        .try_into()
+        .map_err(|e| DataplaneError::Load(format!("{e}")))
+}
+
+/// The error and its sources on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        src = s.source();
+    }
+    out
+}
+
+/// Program load errors carry the verifier log; keep its tail, which says what was rejected.
+fn verifier_error(e: &aya::programs::ProgramError) -> String {
+    let full = format!("{e:#}");
+    let lines: Vec<&str> = full.lines().collect();
+    if lines.len() <= 40 {
+        return full;
+    }
+    format!("{}\n...\n{}", lines[0], lines[lines.len() - 30..].join("\n"))
+}
+
+/// Makes sure bpffs is mounted at /sys/fs/bpf when the pin directory lives below it.
+fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
+    let root = Path::new("/sys/fs/bpf");
+    if !pin_dir.starts_with(root) || is_bpffs(root) {
+        return Ok(());
+    }
+    let status = std::process::Command::new("mount")
+        .args(["-t", "bpf", "bpf"])
+        .arg(root)
+        .status()
+        .map_err(|source| DataplaneError::Bpffs { path: root.into(), source })?;
+    if !status.success() || !is_bpffs(root) {
+        return Err(DataplaneError::Bpffs {
+            path: root.into(),
+            source: std::io::Error::other(format!("mount -t bpf exited with {status}")),
+        });
+    }
+    tracing::info!(path = %root.display(), "mounted bpffs");
+    Ok(())
+}
+
+fn is_bpffs(path: &Path) -> bool {
+    std::fs::read_to_string("/proc/mounts").is_ok_and(|m| {
+        m.lines().any(|l| {
+            let mut f = l.split_whitespace();
+            let (_, mnt, fstype) = (f.next(), f.next(), f.next());
+            mnt == path.to_str() && fstype == Some("bpf")
+        })
+    })
+}

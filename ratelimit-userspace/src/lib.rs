@@ -1,0 +1,10 @@
+//! ratelimit: the user-space half of the XDP rate limiter.
+//!
+//! # Layout
+//! - [`config`]: the TOML config file, parsed and validated with file/line/field errors.
+//! - [`compile`]: turns validated rules into the records the XDP program reads (rule ids, prefix
+//!   candidate lists), and a user-space reference classifier with the same semantics.
+//! - [`maps`]: typed access to the pinned maps (rules, prefixes, buckets, counters).
+//! - [`dataplane`]: loads and attaches the XDP program and swaps rule sets in atomically.
+pub mod dataplane;
+pub mod maps;

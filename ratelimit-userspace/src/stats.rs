@@ -1,0 +1,119 @@
+//! Counter reports: what `ratelimit stats` prints and `--json` emits.
+//!
+//! The JSON shape is part of the user-facing contract (documented in the README):
+//! `{"global": {"packets": N, "non_ip": N, ...}, "rules": [{"id", "name", "line", "packets":
+//! {"passed", "allowed", "dropped_rate", "dropped_bytes", "denied", "dry_run", "no_bucket"},
+//! "bytes": {...}}], "buckets": {"tracked": N, "capacity": N}}`.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use ratelimit_common::{global, verdict};
+use serde::Serialize;
+
+use crate::maps::{MapsError, PinnedMaps};
+
+/// Counters of one rule.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct RuleReport {
+    /// Rule id.
+    pub id: u32,
+    /// Rule name.
+    pub name: String,
+    /// Config line of the rule (0 if unknown).
+    pub line: u32,
+    /// Packets by verdict name.
+    pub packets: BTreeMap<&'static str, u64>,
+    /// Bytes by verdict name.
+    pub bytes: BTreeMap<&'static str, u64>,
+}
+
+/// Bucket map occupancy.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct BucketReport {
+    /// Buckets (sources) currently tracked.
+    pub tracked: u64,
+    /// Capacity of the bucket map.
+    pub capacity: u64,
+}
+
+/// Everything `stats` shows.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct StatsReport {
+    /// Program-wide counters by name.
+    pub global: BTreeMap<&'static str, u64>,
+    /// Per-rule counters, by rule id.
+    pub rules: Vec<RuleReport>,
+    /// Bucket map occupancy.
+    pub buckets: BucketReport,
+}
+
+impl StatsReport {
+    /// Reads the counters from the pinned maps.
+    pub fn read(maps: &PinnedMaps) -> Result<Self, MapsError> {
+        let g = maps.global_stats()?;
+        let global = global::NAMES
+            .iter()
+            .zip(g.counters)
+            .filter(|(name, _)| !name.is_empty())
+            .map(|(name, v)| (*name, v))
+            .collect();
+        let mut rules = Vec::new();
+        for (id, (name, line, _)) in maps.named_rules()? {
+            let s = maps.rule_stats(id)?;
+            rules.push(RuleReport {
+                id,
+                name,
+                line,
+                packets: verdict::NAMES.iter().copied().zip(s.pkts).collect(),
+                bytes: verdict::NAMES.iter().copied().zip(s.bytes).collect(),
+            });
+        }
+        let buckets = BucketReport {
+            tracked: maps.buckets()?.len() as u64,
+            capacity: u64::from(maps.bucket_capacity()?),
+        };
+        Ok(Self { global, rules, buckets })
+    }
+
+    /// Packets of rule `name` with verdict `verdict` (0 if either is unknown).
+    #[must_use]
+    pub fn rule_packets(&self, name: &str, verdict: &str) -> u64 {
+        self.rules
+            .iter()
+            .find(|r| r.name == name)
+            .and_then(|r| r.packets.get(verdict).copied())
+            .unwrap_or(0)
+    }
+
+    /// A human-readable table.
+    #[must_use]
+    pub fn to_table(&self) -> String {
+        let mut out = String::new();
+        let width = self.rules.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
+            "RULE", "PASSED", "ALLOWED", "DROP_RATE", "DROP_BYTES", "DENIED", "DRY_RUN"
+        );
+        for r in &self.rules {
+            let p = |v: &str| r.packets.get(v).copied().unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "{:<width$}  {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
+                r.name,
+                p("passed"),
+                p("allowed"),
+                p("dropped_rate"),
+                p("dropped_bytes"),
+                p("denied"),
+                p("dry_run"),
+            );
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(out, "buckets: {} tracked of {}", self.buckets.tracked, self.buckets.capacity);
+        let counters: Vec<String> =
+            self.global.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(out, "global: {}", counters.join(" "));
+        out
+    }
+}

@@ -1,0 +1,94 @@
+//! Test bed for `ratelimit`'s root-only integration tests and demo: throwaway network namespaces,
+//! veth pairs between them, and real, paced UDP traffic with per-source counting on the far side.
+//!
+//! # Layout
+//! - [`netns`]: [`Netns`] (created with a unique name, deleted on drop), [`in_netns`] to run code
+//!   (and create sockets) inside one, [`leftover_check`] to assert that a test cleaned up.
+//! - [`link`]: [`veth_pair`], [`add_addr`], static neighbours ([`neigh_to_peer`]), [`ifindex`].
+//! - [`traffic`]: [`send_udp`], a paced sender of numbered datagrams, and the sockets it uses.
+//! - [`receiver`]: [`Receiver`], counting datagrams per source address on a background thread.
+//! - [`packet`]: a frame builder for BPF_PROG_TEST_RUN cases (`eth().vlan(10).ipv4(..).udp(..)`).
+//! - [`xdp`]: [`TestDataplane`], the real XDP program loaded into the kernel under a throwaway pin
+//!   directory, for running frames through it with BPF_PROG_TEST_RUN.
+//! - [`wire`]: the header every test datagram carries (sender id, sequence number).
+//!
+//! Only addresses from the benchmarking range 198.18.0.0/15 and 2001:db8::/32 are meant to be used,
+//! and only between namespaces the test created.
+//!
+//! ```no_run
+//! use ratelimit_testbed::*;
+//! use std::time::Duration;
+//!
+//! if skip_unless_root() { return Ok(()); }
+//! let (tx, rx) = (Netns::new("rl-doc")?, Netns::new("rl-doc")?);
+//! let (tx_if, rx_if) = veth_pair(&tx, &rx, "doc")?;
+//! add_addr(&tx, &tx_if, "198.18.0.1/24")?;
+//! add_addr(&rx, &rx_if, "198.18.0.254/24")?;
+//! neigh_to_peer(&tx, &tx_if, "198.18.0.254".parse()?, &rx, &rx_if)?;
+//! let receiver = Receiver::bind(&rx, "198.18.0.254:9000".parse()?)?;
+//! let sent = send_udp_from(&tx, "198.18.0.1:0".parse()?, receiver.local_addr(), 1000,
+//!                          Duration::from_secs(1), 64)?;
+//! receiver.wait_idle(Duration::from_millis(100), Duration::from_secs(2));
+//! let got = receiver.stop()?.counts();
+//! assert_eq!(got[&"198.18.0.1".parse()?], sent.sent);
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+
+mod cmd;
+pub mod link;
+pub mod netns;
+pub mod packet;
+pub mod receiver;
+pub mod traffic;
+pub mod wire;
+pub mod xdp;
+
+#[cfg(test)]
+mod smoke;
+
+pub use link::{add_addr, add_neigh, ifindex, mac, neigh_to_peer, veth_pair};
+pub use netns::{in_netns, leftover_check, netns_exists, Netns};
+pub use receiver::{ReceiveReport, Receiver, SourceStats};
+pub use xdp::TestDataplane;
+pub use traffic::{bind_udp, bind_udp_transparent, send_udp, send_udp_from, SendReport};
+
+/// Whether this process runs as root (network namespaces and veth pairs need it).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// For the first line of a root-only test: prints "skipped: needs root" and returns true when not
+/// root, so the test can `return` and pass without doing anything.
+pub fn skip_unless_root() -> bool {
+    if is_root() {
+        return false;
+    }
+    println!("skipped: needs root");
+    true
+}
+
+/// `setsockopt` of an `int` option, for the few options socket2 does not wrap.
+fn set_int_opt(
+    socket: &socket2::Socket,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the fd is open for the borrow's duration; value and its size describe a valid c_int.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            std::ptr::from_ref(&value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}

@@ -1,0 +1,106 @@
+//! The real XDP program, loaded into the kernel under a throwaway pin directory, for running
+//! frames through it with BPF_PROG_TEST_RUN and reading its counters.
+
+use std::{
+    path::PathBuf,
+    sync::atomic::{AtomicU32, Ordering},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use aya::programs::{TestRun as _, TestRunOptions, Xdp};
+use ratelimit::dataplane::{Dataplane, InstallPrefix, InstallRule, LoadOptions};
+use ratelimit::maps::PinnedMaps;
+use ratelimit_common::{GlobalStats, RuleStats, PROGRAM_NAME};
+
+/// XDP_DROP.
+pub const XDP_DROP: u32 = 1;
+/// XDP_PASS.
+pub const XDP_PASS: u32 = 2;
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A loaded program with its own pin directory, removed (maps unpinned) on drop.
+pub struct TestDataplane {
+    dp: Option<Dataplane>,
+    pin_dir: PathBuf,
+}
+
+impl TestDataplane {
+    /// Loads the program with a bucket map of `max_buckets` under
+    /// `/sys/fs/bpf/rl-test-<name>-<pid>-<n>`.
+    pub fn new(name: &str, max_buckets: u32) -> Result<Self> {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/rl-test-{name}-{}-{n}", std::process::id()));
+        let dp = Dataplane::load(&LoadOptions { pin_dir: pin_dir.clone(), max_buckets })
+            .with_context(|| format!("loading the XDP program under {}", pin_dir.display()))?;
+        Ok(Self { dp: Some(dp), pin_dir })
+    }
+
+    /// The pin directory.
+    #[must_use]
+    pub fn pin_dir(&self) -> &std::path::Path {
+        &self.pin_dir
+    }
+
+    /// The data plane.
+    pub fn dataplane(&mut self) -> &mut Dataplane {
+        self.dp.as_mut().expect("present until drop")
+    }
+
+    /// The pinned maps.
+    #[must_use]
+    pub fn maps(&self) -> &PinnedMaps {
+        self.dp.as_ref().expect("present until drop").maps()
+    }
+
+    /// Installs a rule set.
+    pub fn install(&mut self, rules: &[InstallRule], prefixes: &[InstallPrefix]) -> Result<()> {
+        self.dataplane().install(rules, prefixes)?;
+        Ok(())
+    }
+
+    fn program(&mut self) -> &mut Xdp {
+        self.dataplane()
+            .ebpf_mut()
+            .program_mut(PROGRAM_NAME)
+            .expect("program in object")
+            .try_into()
+            .expect("an XDP program")
+    }
+
+    /// Runs `frame` through the program once and returns the XDP action.
+    pub fn run(&mut self, frame: &[u8]) -> u32 {
+        self.run_repeat(frame, 1).0
+    }
+
+    /// Runs `frame` `repeat` times (inside the kernel, on this CPU) and returns the last action
+    /// and the kernel's average time per run.
+    pub fn run_repeat(&mut self, frame: &[u8], repeat: u32) -> (u32, Duration) {
+        let opts = TestRunOptions { data_in: Some(frame), repeat, ..TestRunOptions::new() };
+        let res = self.program().test_run(opts).expect("BPF_PROG_TEST_RUN");
+        (res.return_value, res.duration)
+    }
+
+    /// Global counters summed over CPUs.
+    #[must_use]
+    pub fn global(&self) -> GlobalStats {
+        self.maps().global_stats().expect("global stats")
+    }
+
+    /// Counters of rule `id` summed over CPUs.
+    #[must_use]
+    pub fn rule(&self, id: u32) -> RuleStats {
+        self.maps().rule_stats(id).expect("rule stats")
+    }
+}
+
+impl Drop for TestDataplane {
+    fn drop(&mut self) {
+        if let Some(dp) = self.dp.take() {
+            if let Err(e) = dp.remove() {
+                eprintln!("removing test data plane {}: {e}", self.pin_dir.display());
+            }
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! `cargo xtask lint`: formatting, clippy on the user-space crates, and a separate clippy run on
+//! the eBPF crate for its own target with nightly. Runs all three and reports each.
+
+use anyhow::{bail, Result};
+
+use crate::{cmd, setup};
+
+/// The eBPF crate's flags, as ratelimit-userspace/build.rs passes them (keep the two in step), so
+/// clippy sees the code as it is built: `target-cpu=v3` selects the atomics the bucket update uses.
+const EBPF_RUSTFLAGS: [&str; 4] = [
+    "-Ctarget-cpu=v3",
+    "-Cdebuginfo=2",
+    "-Clink-arg=--btf",
+    "--cfg=bpf_target_arch=\"x86_64\"",
+];
+
+/// Check formatting and run clippy with warnings as errors.
+#[derive(Debug, clap::Args)]
+pub struct Options {}
+
+pub fn run(_opts: &Options) -> Result<()> {
+    setup::ensure()?;
+
+    let mut fmt = cmd::cargo();
+    fmt.args(["fmt", "--all", "--check"]);
+
+    let mut clippy = cmd::cargo();
+    clippy
+        .args([
+            "clippy",
+            "--workspace",
+            "--exclude",
+            "ratelimit-ebpf",
+            "--all-targets",
+        ])
+        .args(["--", "-D", "warnings"]);
+
+    // A target dir of its own: build-std and the bpf target share nothing with the host builds,
+    // and this keeps it apart from target/ebpf, which the build script uses.
+    let mut ebpf_clippy = cmd::nightly_cargo();
+    ebpf_clippy
+        .args(["clippy", "--package", "ratelimit-ebpf"])
+        .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+        .arg("--target-dir")
+        .arg(cmd::target_dir().join("ebpf-clippy"))
+        .args(["--", "-D", "warnings"])
+        .env("CARGO_ENCODED_RUSTFLAGS", EBPF_RUSTFLAGS.join("\x1f"));
+
+    let steps = [
+        ("Checking formatting (cargo fmt --check)", fmt),
+        ("Running clippy on the user-space crates", clippy),
+        (
+            "Running clippy on the eBPF crate (nightly, bpfel-unknown-none)",
+            ebpf_clippy,
+        ),
+    ];
+    let mut failed = Vec::new();
+    for (description, mut command) in steps {
+        if !cmd::run_step_status(description, &mut command)?.success() {
+            failed.push(description);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("lint failed: {}", failed.join("; "));
+    }
+    cmd::announce("lint: all passed");
+    Ok(())
+}

@@ -1,0 +1,67 @@
+//! `cargo xtask`: the one entry point for building, running, testing and benchmarking ratelimit,
+//! and for installing the toolchain the XDP program needs. Every subcommand runs `setup` first, so a
+//! fresh Debian 12 machine needs nothing but rustup (stable and nightly) before `cargo xtask test`.
+
+mod bench;
+mod build;
+mod cmd;
+mod demo;
+mod lint;
+mod run;
+mod setup;
+mod test;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Build, run, test and benchmark ratelimit; set up the eBPF toolchain.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Install what building and testing need, only what is missing (as root).
+    ///
+    /// apt packages (LLVM 22 for bpf-linker, iproute2, nftables, iptables), rust-src for the nightly
+    /// toolchain, bpf-linker 0.13 built against LLVM 22, and bpffs mounted at /sys/fs/bpf.
+    Setup(setup::Options),
+    /// Build the `ratelimit` binary with the XDP program inside it.
+    Build(build::Options),
+    /// Build, then run `ratelimit` with the given arguments, e.g. `cargo xtask run -- agent -c FILE`.
+    Run(run::Options),
+    /// Run the unit and integration tests (as root: they create network namespaces).
+    Test(test::Options),
+    /// Check formatting, and run clippy on the user-space crates and on the eBPF crate.
+    Lint(lint::Options),
+    /// Show the rate limiter at work in network namespaces.
+    Demo(demo::Options),
+    /// Measure the XDP program's per-packet cost and throughput.
+    Bench(bench::Options),
+}
+
+fn main() -> ExitCode {
+    let Cli { command } = Cli::parse();
+    let result = match command {
+        Command::Setup(opts) => setup::run(&opts),
+        Command::Build(opts) => build::run(&opts),
+        Command::Run(opts) => run::run(&opts),
+        Command::Test(opts) => test::run(&opts),
+        Command::Lint(opts) => lint::run(&opts),
+        Command::Demo(opts) => demo::run(&opts),
+        Command::Bench(opts) => bench::run(&opts),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // The context chain on one line; no backtrace (RUST_BACKTRACE is often set on these
+            // machines, and a failed step's own output already says where it went wrong).
+            eprintln!("Error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
