@@ -32,7 +32,7 @@ pub fn classify(pkt: &Packet, generation: u32) -> Option<(u32, &'static Rule)> {
         if rule.protocol != 0 && rule.protocol != pkt.protocol {
             continue;
         }
-        if rule.dst_port != 0 && pkt.dst_port != Some(rule.dst_port) {
+        if rule.dst_port != 0 && pkt.dst_port != rule.dst_port {
             continue;
         }
         return Some((id, rule));

@@ -34,9 +34,10 @@ pub struct Packet {
     pub family: u8,
     /// L4 protocol (the last next-header reached for IPv6).
     pub protocol: u8,
-    /// TCP/UDP destination port, host byte order; `None` for other protocols, non-first
-    /// fragments and truncated L4 headers.
-    pub dst_port: Option<u16>,
+    /// TCP/UDP destination port, host byte order; 0 for other protocols, non-first fragments and
+    /// truncated L4 headers. (Not an `Option`: its uninitialised payload bytes on the `None` path
+    /// get copied around and the verifier rejects reading them. No rule can name port 0.)
+    pub dst_port: u16,
     /// Source address as four words read straight from the packet (network byte order in memory);
     /// IPv4 uses the first word, the rest are zero.
     pub src: [u32; 4],
@@ -91,24 +92,22 @@ pub fn parse(ctx: &XdpContext) -> Result<Packet, usize> {
 
 #[inline(always)]
 fn parse_ipv4(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
-    // The fixed 20-byte header must be present before anything in it is trusted.
-    let vihl: u8 = read(ctx, off).ok_or(global::TRUNCATED_IPV4)?;
-    if ptr_at::<[u8; 20]>(ctx, off).is_none() {
-        return Err(global::TRUNCATED_IPV4);
-    }
-    let ihl = usize::from(vihl & 0x0f) * 4;
-    if vihl >> 4 != 4 || ihl < 20 {
+    // One read of the whole fixed header. Multi-byte reads also keep LLVM from turning a
+    // `p + 1 > end` bounds check into `p >= end`, which the verifier cannot use.
+    let h: [u8; 20] = read(ctx, off).ok_or(global::TRUNCATED_IPV4)?;
+    let ihl = usize::from(h[0] & 0x0f) * 4;
+    if h[0] >> 4 != 4 || ihl < 20 {
         return Err(global::BAD_IPV4);
     }
-    let frag = read_be16(ctx, off + 6).ok_or(global::TRUNCATED_IPV4)?;
-    let protocol: u8 = read(ctx, off + 9).ok_or(global::TRUNCATED_IPV4)?;
-    let src: u32 = read(ctx, off + 12).ok_or(global::TRUNCATED_IPV4)?;
+    let frag = u16::from_be_bytes([h[6], h[7]]);
+    let protocol = h[9];
+    let src = u32::from_ne_bytes([h[12], h[13], h[14], h[15]]);
     // Options: the header claims `ihl` bytes, all of which must be in the frame.
     let l4 = off + ihl;
     if l4 > ctx.data_end() - ctx.data() {
         return Err(global::BAD_IPV4);
     }
-    let mut pkt = Packet { family: family::V4, protocol, dst_port: None, src: [src, 0, 0, 0] };
+    let mut pkt = Packet { family: family::V4, protocol, dst_port: 0, src: [src, 0, 0, 0] };
     if frag & 0x1fff != 0 {
         // Non-first fragment: no L4 header here; classify on addresses and protocol only.
         bump_global(global::FRAGMENTS);
@@ -120,53 +119,44 @@ fn parse_ipv4(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
 
 #[inline(always)]
 fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
-    if ptr_at::<[u8; 40]>(ctx, off).is_none() {
+    // The whole fixed header must be there, though only the first 24 bytes are used.
+    let h: [u8; 40] = read(ctx, off).ok_or(global::BAD_IPV6)?;
+    let word = |i: usize| u32::from_ne_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+    let src = [word(8), word(12), word(16), word(20)];
+    if h[0] >> 4 != 6 {
         return Err(global::BAD_IPV6);
     }
-    let version: u8 = read(ctx, off).ok_or(global::BAD_IPV6)?;
-    if version >> 4 != 6 {
-        return Err(global::BAD_IPV6);
-    }
-    let mut next: u8 = read(ctx, off + 6).ok_or(global::BAD_IPV6)?;
-    let src: [u32; 4] = read(ctx, off + 8).ok_or(global::BAD_IPV6)?;
-    let mut pkt = Packet { family: family::V6, protocol: next, dst_port: None, src };
+    let mut next = h[6];
+    let mut pkt = Packet { family: family::V6, protocol: next, dst_port: 0, src };
     let mut hdr = off + 40;
     for _ in 0..MAX_IPV6_EXT {
+        if !matches!(
+            next,
+            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_AH | IPPROTO_FRAGMENT
+        ) {
+            pkt.protocol = next;
+            pkt.dst_port = l4_port(ctx, hdr, next);
+            return Ok(pkt);
+        }
+        // Every extension header is at least 8 bytes: next header, length, and (fragment) offset.
+        let Some(e) = read::<[u8; 8]>(ctx, hdr) else {
+            return truncated_l4(pkt);
+        };
         let len = match next {
-            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS => {
-                let Some(l) = read::<u8>(ctx, hdr + 1) else {
-                    return truncated_l4(pkt);
-                };
-                (usize::from(l) + 1) * 8
-            }
-            IPPROTO_AH => {
-                let Some(l) = read::<u8>(ctx, hdr + 1) else {
-                    return truncated_l4(pkt);
-                };
-                (usize::from(l) + 2) * 4
-            }
+            IPPROTO_AH => (usize::from(e[1]) + 2) * 4,
             IPPROTO_FRAGMENT => {
-                let Some(fo) = read_be16(ctx, hdr + 2) else {
-                    return truncated_l4(pkt);
-                };
-                if fo >> 3 != 0 {
-                    pkt.protocol = read::<u8>(ctx, hdr).unwrap_or(IPPROTO_FRAGMENT);
+                if u16::from_be_bytes([e[2], e[3]]) >> 3 != 0 {
+                    // Non-first fragment: the L4 header is in the first one.
+                    pkt.protocol = e[0];
                     bump_global(global::FRAGMENTS);
                     return Ok(pkt);
                 }
                 8
             }
-            _ => {
-                pkt.protocol = next;
-                pkt.dst_port = l4_port(ctx, hdr, next);
-                return Ok(pkt);
-            }
+            _ => (usize::from(e[1]) + 1) * 8,
         };
-        let Some(n) = read::<u8>(ctx, hdr) else {
-            return truncated_l4(pkt);
-        };
-        next = n;
-        pkt.protocol = n;
+        next = e[0];
+        pkt.protocol = next;
         hdr += len;
     }
     // Longer chain than we walk: classify without a port. Counted with the truncated ones.
@@ -180,20 +170,16 @@ fn truncated_l4(pkt: Packet) -> Result<Packet, usize> {
 }
 
 #[inline(always)]
-fn l4_port(ctx: &XdpContext, l4: usize, protocol: u8) -> Option<u16> {
+fn l4_port(ctx: &XdpContext, l4: usize, protocol: u8) -> u16 {
     if protocol != IPPROTO_TCP && protocol != IPPROTO_UDP {
-        return None;
+        return 0;
     }
     // TCP and UDP both keep the destination port at bytes 2..4; require the 8 bytes UDP has
     // (TCP's 20) so a header cut short is counted rather than half-read.
     let min = if protocol == IPPROTO_TCP { 20 } else { 8 };
     if l4 + min > ctx.data_end() - ctx.data() {
         bump_global(global::TRUNCATED_L4);
-        return None;
+        return 0;
     }
-    let port = read_be16(ctx, l4 + 2);
-    if port.is_none() {
-        bump_global(global::TRUNCATED_L4);
-    }
-    port
+    read_be16(ctx, l4 + 2).unwrap_or(0)
 }

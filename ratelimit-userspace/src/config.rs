@@ -141,7 +141,9 @@ pub enum Action {
 }
 
 /// The L4 protocol a rule matches (`protocol`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     /// TCP (6).
@@ -223,7 +225,8 @@ impl fmt::Display for Per {
 impl FromStr for Per {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("{s:?} is not \"source\", \"rule\" or a prefix length such as \"/24\"");
+        let bad =
+            || format!("{s:?} is not \"source\", \"rule\" or a prefix length such as \"/24\"");
         match s {
             "source" => Ok(Per::Source),
             "rule" => Ok(Per::Rule),
@@ -235,7 +238,9 @@ impl FromStr for Per {
                 }
                 match digits.parse::<u8>() {
                     Ok(len) if len <= 128 => Ok(Per::Prefix(len)),
-                    _ => Err(format!("prefix length in {s:?} must be 0..=32 (IPv4) or 0..=128 (IPv6)")),
+                    _ => Err(format!(
+                        "prefix length in {s:?} must be 0..=32 (IPv4) or 0..=128 (IPv6)"
+                    )),
                 }
             }
         }
@@ -301,7 +306,10 @@ pub struct RuleError {
 }
 
 fn rule_error(field: &'static str, message: impl Into<String>) -> RuleError {
-    RuleError { field, message: message.into() }
+    RuleError {
+        field,
+        message: message.into(),
+    }
 }
 
 impl RuleConfig {
@@ -339,7 +347,10 @@ impl RuleConfig {
             if !matches!(self.protocol, Protocol::Tcp | Protocol::Udp) {
                 return Err(rule_error(
                     "dst_port",
-                    format!("only valid with protocol tcp or udp (this rule has protocol {})", self.protocol),
+                    format!(
+                        "only valid with protocol tcp or udp (this rule has protocol {})",
+                        self.protocol
+                    ),
                 ));
             }
         }
@@ -380,7 +391,10 @@ impl RuleConfig {
             if len > width {
                 return Err(rule_error(
                     "per",
-                    format!("/{len} is longer than an {} address (at most /{width})", family_name(&self.source)),
+                    format!(
+                        "/{len} is longer than an {} address (at most /{width})",
+                        family_name(&self.source)
+                    ),
                 ));
             }
         }
@@ -411,7 +425,10 @@ fn check_limit(
 ) -> Result<(), RuleError> {
     let Some(rate) = rate else {
         return match burst {
-            Some(_) => Err(rule_error(burst_key, format!("is set but `{rate_key}` is not"))),
+            Some(_) => Err(rule_error(
+                burst_key,
+                format!("is set but `{rate_key}` is not"),
+            )),
             None => Ok(()),
         };
     };
@@ -423,8 +440,15 @@ fn check_limit(
     }
     let burst = burst.ok_or_else(|| rule_error(burst_key, "must be set when the rate is"))?;
     if burst < min_burst {
-        let why = if min_burst > 1 { " (one full-size Ethernet frame)" } else { "" };
-        return Err(rule_error(burst_key, format!("must be at least {min_burst}{why} (got {burst})")));
+        let why = if min_burst > 1 {
+            " (one full-size Ethernet frame)"
+        } else {
+            ""
+        };
+        return Err(rule_error(
+            burst_key,
+            format!("must be at least {min_burst}{why} (got {burst})"),
+        ));
     }
     // The kernel stores burst/rate as a nanosecond tolerance; an hour bounds it far from overflow
     // and nobody means a bucket that takes longer than that to refill.
@@ -448,10 +472,18 @@ fn validate_name(name: &str) -> Result<(), String> {
         return Err("must not be empty".into());
     }
     if name.len() > MAX_NAME_LEN {
-        return Err(format!("is {} characters long; at most {MAX_NAME_LEN} are allowed", name.len()));
+        return Err(format!(
+            "is {} characters long; at most {MAX_NAME_LEN} are allowed",
+            name.len()
+        ));
     }
-    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))) {
-        return Err(format!("{name:?} contains {c:?}; only letters, digits, '_', '.' and '-' are allowed"));
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
+    {
+        return Err(format!(
+            "{name:?} contains {c:?}; only letters, digits, '_', '.' and '-' are allowed"
+        ));
     }
     Ok(())
 }
@@ -466,7 +498,8 @@ fn validate_source(net: &IpNet) -> Result<(), String> {
         ));
     }
     // The XDP program keys IPv4 packets as IPv4, so an IPv4-mapped IPv6 prefix would never match.
-    let mapped = Ipv6Net::new(Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96).expect("valid prefix");
+    let mapped =
+        Ipv6Net::new(Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96).expect("valid prefix");
     if let IpNet::V6(v6) = net {
         if v6.prefix_len() >= 96 && mapped.contains(v6) {
             let v4 = v6.addr().to_ipv4_mapped().expect("inside ::ffff:0:0/96");
@@ -595,7 +628,7 @@ pub enum ConfigError {
     },
     /// A value is well-formed but unacceptable: out of range, or in conflict with another key or
     /// another rule.
-    #[error("{origin}:{line}: {}{message}", Where(section, Some(field)))]
+    #[error("{origin}:{line}: {}{message}", Where(section, Some(field.as_str())))]
     Invalid {
         /// The file.
         origin: String,
@@ -701,7 +734,13 @@ impl Source<'_> {
         line_of(self.text, offset)
     }
 
-    fn invalid(&self, offset: usize, section: &str, field: &str, message: impl Into<String>) -> ConfigError {
+    fn invalid(
+        &self,
+        offset: usize,
+        section: &str,
+        field: &str,
+        message: impl Into<String>,
+    ) -> ConfigError {
         ConfigError::Invalid {
             origin: self.origin.to_owned(),
             line: self.line(offset),
@@ -714,13 +753,28 @@ impl Source<'_> {
 
 fn line_of(text: &str, offset: usize) -> usize {
     let offset = offset.min(text.len());
-    text.as_bytes()[..offset].iter().filter(|&&b| b == b'\n').count() + 1
+    text.as_bytes()[..offset]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
 }
 
 /// Converts a non-negative TOML integer (TOML integers are i64) to u64.
-fn non_negative(src: &Source, v: &Spanned<i64>, section: &str, field: &str) -> Result<u64, ConfigError> {
-    u64::try_from(*v.get_ref())
-        .map_err(|_| src.invalid(v.span().start, section, field, format!("must not be negative (got {})", v.get_ref())))
+fn non_negative(
+    src: &Source,
+    v: &Spanned<i64>,
+    section: &str,
+    field: &str,
+) -> Result<u64, ConfigError> {
+    u64::try_from(*v.get_ref()).map_err(|_| {
+        src.invalid(
+            v.span().start,
+            section,
+            field,
+            format!("must not be negative (got {})", v.get_ref()),
+        )
+    })
 }
 
 impl Config {
@@ -728,12 +782,21 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         // Checked first because reading a directory fails with a less helpful EISDIR.
         if path.is_dir() {
-            return Err(ConfigError::IsDirectory { path: path.to_owned() });
+            return Err(ConfigError::IsDirectory {
+                path: path.to_owned(),
+            });
         }
-        let bytes = std::fs::read(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
         let origin = path.display().to_string();
         let text = std::str::from_utf8(&bytes).map_err(|e| ConfigError::NotUtf8 {
-            line: bytes[..e.valid_up_to()].iter().filter(|&&b| b == b'\n').count() + 1,
+            line: bytes[..e.valid_up_to()]
+                .iter()
+                .filter(|&&b| b == b'\n')
+                .count()
+                + 1,
             origin: origin.clone(),
         })?;
         Config::parse(text, &origin)
@@ -755,9 +818,15 @@ impl Config {
             let extra = &raw.rules[ratelimit_common::MAX_RULES as usize];
             return Err(src.invalid(
                 extra.span().start,
-                &rule_section(extra.get_ref().name.get_ref(), ratelimit_common::MAX_RULES as usize),
+                &rule_section(
+                    extra.get_ref().name.get_ref(),
+                    ratelimit_common::MAX_RULES as usize,
+                ),
                 "name",
-                format!("too many rules: at most {} are supported", ratelimit_common::MAX_RULES),
+                format!(
+                    "too many rules: at most {} are supported",
+                    ratelimit_common::MAX_RULES
+                ),
             ));
         }
         let mut rules = Vec::with_capacity(raw.rules.len());
@@ -788,14 +857,20 @@ impl Config {
                          two rules cannot match the same traffic",
                         rule.source,
                         rule.protocol,
-                        rule.dst_port.map(|p| format!(", dst_port {p}")).unwrap_or_default(),
+                        rule.dst_port
+                            .map(|p| format!(", dst_port {p}"))
+                            .unwrap_or_default(),
                     ),
                 ));
             }
             matches.insert(key, (rule.name.clone(), rule.line));
             rules.push(rule);
         }
-        Ok(Config { agent, rules, cluster })
+        Ok(Config {
+            agent,
+            rules,
+            cluster,
+        })
     }
 }
 
@@ -850,7 +925,10 @@ fn agent_from_raw(src: &Source, raw: RawAgent) -> Result<AgentConfig, ConfigErro
                 pin.span().start,
                 S,
                 "pin_path",
-                format!("{:?} must be an absolute path (under a bpffs mount)", pin.get_ref()),
+                format!(
+                    "{:?} must be an absolute path (under a bpffs mount)",
+                    pin.get_ref()
+                ),
             ));
         }
         agent.pin_path = pin.into_inner();
@@ -863,13 +941,17 @@ fn agent_from_raw(src: &Source, raw: RawAgent) -> Result<AgentConfig, ConfigErro
 /// Linux interface name rules (`dev_valid_name` in net/core/dev.c).
 fn validate_ifname(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 15 {
-        return Err(format!("{name:?} is not a valid interface name: must be 1 to 15 bytes long"));
+        return Err(format!(
+            "{name:?} is not a valid interface name: must be 1 to 15 bytes long"
+        ));
     }
     if name == "." || name == ".." {
         return Err(format!("{name:?} is not a valid interface name"));
     }
     if name.contains('/') || name.contains(':') || name.chars().any(char::is_whitespace) {
-        return Err(format!("{name:?} is not a valid interface name: no '/', ':' or whitespace allowed"));
+        return Err(format!(
+            "{name:?} is not a valid interface name: no '/', ':' or whitespace allowed"
+        ));
     }
     Ok(())
 }
@@ -877,7 +959,12 @@ fn validate_ifname(name: &str) -> Result<(), String> {
 fn cluster_from_raw(src: &Source, raw: RawCluster) -> Result<ClusterConfig, ConfigError> {
     const S: &str = "[cluster]";
     if raw.key_file.get_ref().as_os_str().is_empty() {
-        return Err(src.invalid(raw.key_file.span().start, S, "key_file", "must not be empty"));
+        return Err(src.invalid(
+            raw.key_file.span().start,
+            S,
+            "key_file",
+            "must not be empty",
+        ));
     }
     let sync_interval_ms = match raw.sync_interval_ms {
         None => 100,
@@ -897,7 +984,8 @@ fn cluster_from_raw(src: &Source, raw: RawCluster) -> Result<ClusterConfig, Conf
     let cluster_id = match raw.cluster_id {
         None => "ratelimit".to_owned(),
         Some(id) => {
-            validate_name(id.get_ref()).map_err(|m| src.invalid(id.span().start, S, "cluster_id", m))?;
+            validate_name(id.get_ref())
+                .map_err(|m| src.invalid(id.span().start, S, "cluster_id", m))?;
             id.into_inner()
         }
     };
@@ -910,7 +998,11 @@ fn cluster_from_raw(src: &Source, raw: RawCluster) -> Result<ClusterConfig, Conf
     })
 }
 
-fn rule_from_raw(src: &Source, index: usize, raw: Spanned<RawRule>) -> Result<RuleConfig, ConfigError> {
+fn rule_from_raw(
+    src: &Source,
+    index: usize,
+    raw: Spanned<RawRule>,
+) -> Result<RuleConfig, ConfigError> {
     let table_offset = raw.span().start;
     let raw = raw.into_inner();
     let section = rule_section(raw.name.get_ref(), index);
@@ -952,22 +1044,33 @@ fn rule_from_raw(src: &Source, index: usize, raw: Spanned<RawRule>) -> Result<Ru
         }
     }
 
-    let number = |v: &Option<Spanned<i64>>, key| v.as_ref().map(|v| non_negative(src, v, &section, key)).transpose();
+    let number = |v: &Option<Spanned<i64>>, key| {
+        v.as_ref()
+            .map(|v| non_negative(src, v, &section, key))
+            .transpose()
+    };
     rule.rate = number(&raw.rate, "rate")?;
     rule.burst = number(&raw.burst, "burst")?.or(rule.rate);
     rule.bytes_rate = number(&raw.bytes_rate, "bytes_rate")?;
     rule.bytes_burst = number(&raw.bytes_burst, "bytes_burst")?.or_else(|| {
         // An hour's worth caps the default so that a tiny bytes_rate does not turn the
         // default burst into an error about a key the user never wrote.
-        rule.bytes_rate
-            .map(|r| r.max(DEFAULT_BYTES_BURST_FLOOR).min(r.saturating_mul(MAX_TOLERANCE_NS / NS_PER_SEC)))
+        rule.bytes_rate.map(|r| {
+            r.max(DEFAULT_BYTES_BURST_FLOOR)
+                .min(r.saturating_mul(MAX_TOLERANCE_NS / NS_PER_SEC))
+        })
     });
     rule.per = raw.per.map_or(Per::Source, Spanned::into_inner);
     rule.protocol = raw.protocol.map_or(Protocol::Any, Spanned::into_inner);
     if let Some(port) = raw.dst_port {
         let n = *port.get_ref();
         let p = u16::try_from(n).ok().filter(|&p| p != 0).ok_or_else(|| {
-            src.invalid(port.span().start, &section, "dst_port", format!("must be between 1 and 65535 (got {n})"))
+            src.invalid(
+                port.span().start,
+                &section,
+                "dst_port",
+                format!("must be between 1 and 65535 (got {n})"),
+            )
         })?;
         rule.dst_port = Some(p);
     }
@@ -990,9 +1093,14 @@ fn syntax_error(src: &Source, e: &toml_edit::TomlError) -> ConfigError {
     let line_start = src.text[..offset].rfind('\n').map_or(0, |i| i + 1);
     let line_text = src.text[line_start..].lines().next().unwrap_or("");
     // Best effort: the key defined on the failing line, if it looks like `key = ...`.
-    let field = line_text.split_once('=').map(|(k, _)| k.trim()).filter(|k| {
-        !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"'))
-    });
+    let field = line_text
+        .split_once('=')
+        .map(|(k, _)| k.trim())
+        .filter(|k| {
+            !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '"'))
+        });
     ConfigError::Syntax {
         origin: src.origin.to_owned(),
         line: src.line(offset),
@@ -1003,7 +1111,13 @@ fn syntax_error(src: &Source, e: &toml_edit::TomlError) -> ConfigError {
 }
 
 fn one_line(message: &str) -> String {
-    message.trim().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
+    message
+        .trim()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 #[derive(Debug)]
@@ -1035,11 +1149,20 @@ fn schema_error(src: &Source, root: &toml_edit::Table, e: &toml_edit::de::Error)
         (first, _) => (String::new(), first.map(str::to_owned)),
     };
     // serde says "missing field `x`" at the enclosing table: make `x` the field.
-    if let Some(missing) = message.strip_prefix("missing field `").and_then(|m| m.strip_suffix('`')) {
+    if let Some(missing) = message
+        .strip_prefix("missing field `")
+        .and_then(|m| m.strip_suffix('`'))
+    {
         field = Some(missing.to_owned());
         message = "required, but missing".to_owned();
     }
-    ConfigError::Schema { origin: src.origin.to_owned(), line: src.line(offset), section, field, message }
+    ConfigError::Schema {
+        origin: src.origin.to_owned(),
+        line: src.line(offset),
+        section,
+        field,
+        message,
+    }
 }
 
 fn contains(span: Option<Range<usize>>, offset: usize) -> bool {
@@ -1084,7 +1207,9 @@ fn locate_in_value(value: &toml_edit::Value, offset: usize, path: &mut Vec<Seg>)
         toml_edit::Value::InlineTable(t) => {
             for (k, v) in t.iter() {
                 path.push(Seg::Key(k.to_owned()));
-                if locate_in_value(v, offset, path) || contains(t.key(k).and_then(toml_edit::Key::span), offset) {
+                if locate_in_value(v, offset, path)
+                    || contains(t.key(k).and_then(toml_edit::Key::span), offset)
+                {
                     return true;
                 }
                 path.pop();
@@ -1103,3 +1228,6 @@ fn locate_in_value(value: &toml_edit::Value, offset: usize, path: &mut Vec<Seg>)
     }
     contains(value.span(), offset)
 }
+
+#[cfg(test)]
+mod tests;

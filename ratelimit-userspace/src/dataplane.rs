@@ -16,11 +16,10 @@ use aya::{
     programs::{xdp::XdpLinkId, Xdp, XdpMode},
     Ebpf, EbpfLoader,
 };
-use ratelimit_common::{
-    map_names, Config, PrefixKey, Rule, RuleSet, PREFIX_KEY_HEADER_BITS, PROGRAM_NAME,
-};
+use ratelimit_common::{map_names, Config, PROGRAM_NAME};
 
 pub use crate::config::AttachMode;
+use crate::compile::CompiledRuleSet;
 use crate::maps::{self, MapsError, PinnedMaps};
 
 /// The compiled XDP object, built by build.rs.
@@ -87,32 +86,6 @@ pub struct Attachment {
     link: XdpLinkId,
 }
 
-/// A rule record to install, with its name and id.
-#[derive(Clone, Debug)]
-pub struct InstallRule {
-    /// Rule id (index into the rules map).
-    pub id: u32,
-    /// Rule name (at most [`MAX_RULE_NAME`] bytes).
-    pub name: String,
-    /// Config line, 0 if unknown.
-    pub line: u32,
-    /// The compiled record.
-    pub rule: Rule,
-}
-
-/// A prefix entry to install.
-#[derive(Clone, Debug)]
-pub struct InstallPrefix {
-    /// `ratelimit_common::family` tag.
-    pub family: u8,
-    /// Network address, IPv4 in the first 4 bytes.
-    pub addr: [u8; 16],
-    /// CIDR prefix length.
-    pub cidr_len: u8,
-    /// Candidate rules.
-    pub set: RuleSet,
-}
-
 /// What [`Dataplane::load`] needs.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -172,6 +145,12 @@ impl Dataplane {
     #[must_use]
     pub fn attachments(&self) -> &[Attachment] {
         &self.attachments
+    }
+
+    /// The loaded object.
+    #[must_use]
+    pub fn ebpf(&self) -> &Ebpf {
+        &self.ebpf
     }
 
     /// Mutable access to the loaded object (for the aya-log reader).
@@ -253,25 +232,26 @@ impl Dataplane {
     /// Makes `rules`/`prefixes` the rule set in force, atomically: written under the inactive
     /// generation, then switched to with one word. Buckets of rules that left the set are deleted
     /// so their ids can be reused with a clean slate; buckets of rules that stayed keep their level.
-    pub fn install(&mut self, rules: &[InstallRule], prefixes: &[InstallPrefix]) -> Result<()> {
+    pub fn install(&mut self, set: &CompiledRuleSet) -> Result<()> {
         let config = self.maps.config()?;
         let next = 1 - (config.generation & 1);
-        let new_ids: BTreeSet<u32> = rules.iter().map(|r| r.id).collect();
+        let new_ids: BTreeSet<u32> = set.rules.iter().map(|r| r.id).collect();
 
         // 1. Rule records. An id in force keeps its content (a changed rule gets a new id), so
         //    rewriting it changes nothing a packet can see; a new id starts with zeroed counters.
-        for r in rules {
+        for r in &set.rules {
             if !self.live_ids.contains(&r.id) {
                 self.maps.reset_rule_stats(r.id)?;
             }
             self.maps.set_rule(r.id, r.rule)?;
-            self.maps.set_rule_meta(r.id, Some((&r.name, r.line)))?;
+            let line = u32::try_from(r.line).unwrap_or(0);
+            self.maps.set_rule_meta(r.id, Some((&r.name, line)))?;
         }
         // 2. The inactive generation: clear leftovers (say, of a crash mid-install), then fill.
         self.maps.clear_generation(next)?;
-        for p in prefixes {
-            let (key, len) = prefix_key(next, p.family, p.addr, p.cidr_len);
-            self.maps.insert_prefix(key, len, p.set)?;
+        for p in &set.prefixes {
+            #[expect(clippy::cast_possible_truncation, reason = "generation is 0 or 1")]
+            self.maps.insert_prefix(p.key(next as u8), p.lpm_prefix_len(), p.rules)?;
         }
         // 3. The switch.
         self.maps.set_config(Config { generation: next, ..config })?;
@@ -295,14 +275,6 @@ impl Dataplane {
         self.maps.set_config(Config { flags, ..config })?;
         Ok(())
     }
-}
-
-/// The LPM key (and its prefix length in bits) of a CIDR under `generation`.
-#[must_use]
-pub fn prefix_key(generation: u32, family: u8, addr: [u8; 16], cidr_len: u8) -> (PrefixKey, u32) {
-    #[expect(clippy::cast_possible_truncation, reason = "generation is 0 or 1")]
-    let key = PrefixKey { generation: generation as u8, family, addr };
-    (key, PREFIX_KEY_HEADER_BITS + u32::from(cidr_len))
 }
 
 fn xdp_program(ebpf: &mut Ebpf) -> Result<&mut Xdp> {

@@ -1,10 +1,16 @@
 //! ratelimit: the user-space half of the XDP rate limiter.
 //!
 //! # Layout
+//! - [`agent`]: the agent's life cycle: validate, load, install, attach, detach on shutdown.
 //! - [`config`]: the TOML config file, parsed and validated with file/line/field errors.
 //! - [`compile`]: turns validated rules into the records the XDP program reads (rule ids, prefix
 //!   candidate lists), and a user-space reference classifier with the same semantics.
 //! - [`maps`]: typed access to the pinned maps (rules, prefixes, buckets, counters).
 //! - [`dataplane`]: loads and attaches the XDP program and swaps rule sets in atomically.
+//! - [`stats`]: counter reports for `ratelimit stats` (table and JSON).
+pub mod agent;
+pub mod compile;
+pub mod config;
 pub mod dataplane;
 pub mod maps;
+pub mod stats;

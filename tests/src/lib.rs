@@ -58,6 +58,12 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// For the first line of a root-only test that cannot mean anything without root (it loads XDP
+/// programs or creates namespaces): fails with a message saying so, rather than passing unseen.
+pub fn require_root() {
+    assert!(is_root(), "this test needs root (CAP_BPF, CAP_NET_ADMIN): run `cargo xtask test` as root");
+}
+
 /// For the first line of a root-only test: prints "skipped: needs root" and returns true when not
 /// root, so the test can `return` and pass without doing anything.
 pub fn skip_unless_root() -> bool {

@@ -17,6 +17,7 @@ pub struct Frame {
     l4: Option<usize>,
     truncate_to: Option<usize>,
     ihl_override: Option<u8>,
+    version_override: Option<u8>,
     payload: usize,
 }
 
@@ -78,7 +79,7 @@ impl Frame {
     /// Appends `n` bytes of IPv4 options (NOPs) and raises IHL accordingly.
     #[must_use]
     pub fn ipv4_options(mut self, n: usize) -> Self {
-        assert!(n % 4 == 0 && n <= 40, "options come in 4-byte words, at most 40 bytes");
+        assert!(n.is_multiple_of(4) && n <= 40, "options come in 4-byte words, at most 40 bytes");
         let l3 = self.l3.expect("ipv4 first");
         self.bytes.resize(self.bytes.len() + n, 1);
         #[expect(clippy::cast_possible_truncation, reason = "n <= 40")]
@@ -92,6 +93,13 @@ impl Frame {
     #[must_use]
     pub fn ihl(mut self, ihl: u8) -> Self {
         self.ihl_override = Some(ihl);
+        self
+    }
+
+    /// Overrides the IP version nibble (to build bad headers).
+    #[must_use]
+    pub fn version(mut self, version: u8) -> Self {
+        self.version_override = Some(version);
         self
     }
 
@@ -255,6 +263,9 @@ impl Frame {
                     b[l4 + 4..l4 + 6].copy_from_slice(&ulen.to_be_bytes());
                 }
             }
+        }
+        if let (Some(l3), Some(v)) = (self.l3, self.version_override) {
+            b[l3] = (v << 4) | (b[l3] & 0x0f);
         }
         if let Some(n) = self.truncate_to {
             b.truncate(n);

@@ -9,7 +9,9 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use aya::programs::{TestRun as _, TestRunOptions, Xdp};
-use ratelimit::dataplane::{Dataplane, InstallPrefix, InstallRule, LoadOptions};
+use ratelimit::compile::{compile, CompiledRuleSet, RuleIds};
+use ratelimit::config::Config;
+use ratelimit::dataplane::{Dataplane, LoadOptions};
 use ratelimit::maps::PinnedMaps;
 use ratelimit_common::{GlobalStats, RuleStats, PROGRAM_NAME};
 
@@ -23,6 +25,7 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 /// A loaded program with its own pin directory, removed (maps unpinned) on drop.
 pub struct TestDataplane {
     dp: Option<Dataplane>,
+    ids: RuleIds,
     pin_dir: PathBuf,
 }
 
@@ -34,7 +37,7 @@ impl TestDataplane {
         let pin_dir = PathBuf::from(format!("/sys/fs/bpf/rl-test-{name}-{}-{n}", std::process::id()));
         let dp = Dataplane::load(&LoadOptions { pin_dir: pin_dir.clone(), max_buckets })
             .with_context(|| format!("loading the XDP program under {}", pin_dir.display()))?;
-        Ok(Self { dp: Some(dp), pin_dir })
+        Ok(Self { dp: Some(dp), ids: RuleIds::new(), pin_dir })
     }
 
     /// The pin directory.
@@ -54,29 +57,45 @@ impl TestDataplane {
         self.dp.as_ref().expect("present until drop").maps()
     }
 
-    /// Installs a rule set.
-    pub fn install(&mut self, rules: &[InstallRule], prefixes: &[InstallPrefix]) -> Result<()> {
-        self.dataplane().install(rules, prefixes)?;
+    /// Installs a compiled rule set and commits its ids.
+    pub fn install(&mut self, set: &CompiledRuleSet) -> Result<()> {
+        self.dataplane().install(set)?;
+        self.ids.commit(set)?;
         Ok(())
     }
 
-    fn program(&mut self) -> &mut Xdp {
-        self.dataplane()
-            .ebpf_mut()
-            .program_mut(PROGRAM_NAME)
+    /// Compiles the `[[rule]]` tables in `toml` against the installed ids and installs them;
+    /// returns the compiled set (for rule ids by name and the reference classifier).
+    pub fn install_toml(&mut self, toml: &str) -> Result<CompiledRuleSet> {
+        let config = Config::parse(toml, "test.toml")?;
+        let set = compile(&config.rules, &self.ids)?;
+        self.install(&set)?;
+        Ok(set)
+    }
+
+    /// The loaded XDP program (shareable between threads: test runs only need `&`).
+    #[must_use]
+    pub fn program(&self) -> &Xdp {
+        self.dp
+            .as_ref()
+            .expect("present until drop")
+            .ebpf()
+            .program(PROGRAM_NAME)
             .expect("program in object")
             .try_into()
             .expect("an XDP program")
     }
 
     /// Runs `frame` through the program once and returns the XDP action.
-    pub fn run(&mut self, frame: &[u8]) -> u32 {
+    #[must_use]
+    pub fn run(&self, frame: &[u8]) -> u32 {
         self.run_repeat(frame, 1).0
     }
 
     /// Runs `frame` `repeat` times (inside the kernel, on this CPU) and returns the last action
     /// and the kernel's average time per run.
-    pub fn run_repeat(&mut self, frame: &[u8], repeat: u32) -> (u32, Duration) {
+    #[must_use]
+    pub fn run_repeat(&self, frame: &[u8], repeat: u32) -> (u32, Duration) {
         let opts = TestRunOptions { data_in: Some(frame), repeat, ..TestRunOptions::new() };
         let res = self.program().test_run(opts).expect("BPF_PROG_TEST_RUN");
         (res.return_value, res.duration)

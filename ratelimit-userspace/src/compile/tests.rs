@@ -1,0 +1,857 @@
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use super::*;
+
+const TCP: u8 = 6;
+const UDP: u8 = 17;
+const ICMP: u8 = 1;
+const ICMPV6: u8 = 58;
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn limit(name: &str, source: &str, rate: u64) -> RuleConfig {
+    RuleConfig {
+        rate: Some(rate),
+        burst: Some(rate),
+        ..RuleConfig::new(name, net(source))
+    }
+}
+
+fn with_action(name: &str, source: &str, action: Action) -> RuleConfig {
+    RuleConfig {
+        action,
+        ..RuleConfig::new(name, net(source))
+    }
+}
+
+fn proto(mut r: RuleConfig, protocol: Protocol, port: Option<u16>) -> RuleConfig {
+    r.protocol = protocol;
+    r.dst_port = port;
+    r
+}
+
+fn build(rules: &[RuleConfig]) -> CompiledRuleSet {
+    compile(rules, &RuleIds::new()).unwrap_or_else(|e| panic!("compile failed: {e}"))
+}
+
+fn name_of<'a>(
+    set: &'a CompiledRuleSet,
+    src: &str,
+    protocol: u8,
+    port: Option<u16>,
+) -> Option<&'a str> {
+    set.classify(ip(src), protocol, port)
+        .map(|r| r.name.as_str())
+}
+
+fn candidate_names(set: &CompiledRuleSet, prefix: &str) -> Vec<String> {
+    let p = set
+        .prefixes
+        .iter()
+        .find(|p| p.net() == net(prefix))
+        .expect("prefix compiled");
+    p.candidates()
+        .iter()
+        .map(|&id| set.rule(id).unwrap().name.clone())
+        .collect()
+}
+
+#[test]
+fn packet_limit_record() {
+    let r = RuleConfig {
+        burst: Some(20),
+        ..limit("a", "10.0.0.0/8", 3)
+    };
+    let rec = rule_record(&r);
+    assert_eq!(
+        (rec.action, rec.protocol, rec.dst_port),
+        (action::LIMIT, 0, 0)
+    );
+    assert_eq!(rec.pkt_interval_ns, 333_333_333);
+    assert_eq!(rec.pkt_tolerance_ns, 20 * 333_333_333);
+    assert_eq!((rec.byte_interval_fp, rec.byte_tolerance_ns), (0, 0));
+    assert_eq!(rec.flags, rule_flags::PKT_LIMIT | rule_flags::COARSE_CLOCK);
+    assert_eq!(rec.src_mask, [u32::MAX, 0, 0, 0]);
+}
+
+#[test]
+fn byte_limit_record() {
+    let r = RuleConfig {
+        bytes_rate: Some(1_000_000),
+        bytes_burst: Some(1_500_000),
+        ..RuleConfig::new("b", net("::/0"))
+    };
+    let rec = rule_record(&r);
+    assert_eq!(rec.flags, rule_flags::BYTE_LIMIT | rule_flags::COARSE_CLOCK);
+    assert_eq!(rec.byte_interval_fp, (1_000_000_000u64 << 16) / 1_000_000);
+    assert_eq!(rec.byte_tolerance_ns, 1_500_000_000);
+    assert_eq!(rec.src_mask, [u32::MAX; 4]);
+    // One full-size frame costs about 1514 us at 1 MB/s.
+    assert_eq!(
+        ratelimit_common::byte_cost_ns(1514, rec.byte_interval_fp),
+        1_514_000
+    );
+}
+
+#[test]
+fn coarse_clock_needs_every_tolerance_over_20ms() {
+    // 100 packets at 10 000/s: 10 ms of tolerance, too short for a 4 ms tick.
+    let fine = RuleConfig {
+        burst: Some(100),
+        ..limit("a", "10.0.0.0/8", 10_000)
+    };
+    assert_eq!(rule_record(&fine).flags & rule_flags::COARSE_CLOCK, 0);
+    let coarse = RuleConfig {
+        burst: Some(200),
+        ..fine.clone()
+    };
+    assert_ne!(rule_record(&coarse).flags & rule_flags::COARSE_CLOCK, 0);
+    // The byte limit's tolerance is 1514 B at 1 MB/s = 1.5 ms: no coarse clock for the rule.
+    let mixed = RuleConfig {
+        bytes_rate: Some(1_000_000),
+        bytes_burst: Some(1514),
+        ..coarse
+    };
+    let rec = rule_record(&mixed);
+    assert_eq!(rec.flags & rule_flags::COARSE_CLOCK, 0);
+    assert_eq!(
+        rec.flags & (rule_flags::PKT_LIMIT | rule_flags::BYTE_LIMIT),
+        rule_flags::PKT_LIMIT | rule_flags::BYTE_LIMIT
+    );
+}
+
+#[test]
+fn flags_and_masks() {
+    let r = RuleConfig {
+        dry_run: true,
+        scope: Scope::Cluster,
+        per: Per::Prefix(24),
+        ..limit("a", "10.0.0.0/8", 5)
+    };
+    let rec = rule_record(&r);
+    assert_ne!(rec.flags & rule_flags::DRY_RUN, 0);
+    assert_ne!(rec.flags & rule_flags::CLUSTER, 0);
+    assert_eq!(
+        rec.src_mask,
+        [u32::from_ne_bytes([255, 255, 255, 0]), 0, 0, 0]
+    );
+
+    let v6 = RuleConfig {
+        per: Per::Prefix(64),
+        ..limit("b", "2001:db8::/32", 5)
+    };
+    assert_eq!(rule_record(&v6).src_mask, [u32::MAX, u32::MAX, 0, 0]);
+    let v6 = RuleConfig {
+        per: Per::Prefix(68),
+        ..v6
+    };
+    assert_eq!(
+        rule_record(&v6).src_mask,
+        [u32::MAX, u32::MAX, u32::from_ne_bytes([0xf0, 0, 0, 0]), 0]
+    );
+    let shared = RuleConfig {
+        per: Per::Rule,
+        ..limit("c", "10.0.0.0/8", 5)
+    };
+    assert_eq!(rule_record(&shared).src_mask, [0; 4]);
+}
+
+#[test]
+fn protocols_per_family() {
+    let icmp4 = proto(limit("a", "10.0.0.0/8", 1), Protocol::Icmp, None);
+    let icmp6 = proto(limit("b", "::/0", 1), Protocol::Icmp, None);
+    let dns = proto(limit("c", "::/0", 1), Protocol::Udp, Some(53));
+    assert_eq!(rule_record(&icmp4).protocol, ICMP);
+    assert_eq!(rule_record(&icmp6).protocol, ICMPV6);
+    assert_eq!(
+        (rule_record(&dns).protocol, rule_record(&dns).dst_port),
+        (UDP, 53)
+    );
+    assert_eq!(
+        rule_record(&proto(limit("d", "::/0", 1), Protocol::Tcp, None)).protocol,
+        TCP
+    );
+}
+
+#[test]
+fn allow_and_deny_records_have_no_limits() {
+    for (a, code) in [(Action::Allow, action::ALLOW), (Action::Deny, action::DENY)] {
+        let rec = rule_record(&RuleConfig {
+            dry_run: true,
+            ..with_action("x", "10.0.0.0/8", a)
+        });
+        assert_eq!(
+            rec,
+            Rule {
+                action: code,
+                flags: rule_flags::DRY_RUN,
+                ..Rule::default()
+            }
+        );
+    }
+}
+
+#[test]
+fn lpm_keys() {
+    let set = build(&[
+        limit("a", "192.0.2.0/24", 1),
+        limit("b", "2001:db8::/32", 1),
+    ]);
+    let v4 = set
+        .prefixes
+        .iter()
+        .find(|p| p.family == family::V4)
+        .unwrap();
+    assert_eq!(v4.cidr_len, 24);
+    assert_eq!(v4.addr, [192, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(v4.lpm_prefix_len(), PREFIX_KEY_HEADER_BITS + 24);
+    assert_eq!(
+        v4.key(1),
+        PrefixKey {
+            generation: 1,
+            family: family::V4,
+            addr: v4.addr
+        }
+    );
+    let key = v4.lpm_key(1);
+    assert_eq!((key.prefix_len(), key.data()), (40, v4.key(1)));
+    assert_eq!(v4.net(), net("192.0.2.0/24"));
+    let v6 = set
+        .prefixes
+        .iter()
+        .find(|p| p.family == family::V6)
+        .unwrap();
+    assert_eq!(v6.addr, "2001:db8::".parse::<Ipv6Addr>().unwrap().octets());
+    assert_eq!(v6.net(), net("2001:db8::/32"));
+}
+
+#[test]
+fn longest_prefix_wins() {
+    let set = build(&[
+        limit("world", "0.0.0.0/0", 1000),
+        limit("corp", "10.0.0.0/8", 100),
+        with_action("office", "10.1.2.0/24", Action::Allow),
+        with_action("bad", "10.1.2.3/32", Action::Deny),
+    ]);
+    assert_eq!(name_of(&set, "192.0.2.1", TCP, Some(80)), Some("world"));
+    assert_eq!(name_of(&set, "10.9.9.9", UDP, Some(53)), Some("corp"));
+    assert_eq!(name_of(&set, "10.1.2.4", ICMP, None), Some("office"));
+    assert_eq!(name_of(&set, "10.1.2.3", TCP, Some(22)), Some("bad"));
+    // Each list ends with its own protocol-any rule: nothing after it is reachable.
+    assert_eq!(candidate_names(&set, "10.1.2.3/32"), ["bad"]);
+    assert_eq!(candidate_names(&set, "0.0.0.0/0"), ["world"]);
+}
+
+#[test]
+fn most_specific_rule_of_a_prefix_wins() {
+    let set = build(&[
+        limit("any", "10.0.0.0/8", 1000),
+        proto(limit("udp", "10.0.0.0/8", 100), Protocol::Udp, None),
+        proto(limit("dns", "10.0.0.0/8", 10), Protocol::Udp, Some(53)),
+        proto(limit("ssh", "10.0.0.0/8", 1), Protocol::Tcp, Some(22)),
+    ]);
+    assert_eq!(
+        candidate_names(&set, "10.0.0.0/8"),
+        ["ssh", "dns", "udp", "any"]
+    );
+    assert_eq!(name_of(&set, "10.0.0.1", UDP, Some(53)), Some("dns"));
+    assert_eq!(name_of(&set, "10.0.0.1", UDP, Some(54)), Some("udp"));
+    assert_eq!(name_of(&set, "10.0.0.1", UDP, None), Some("udp"));
+    assert_eq!(name_of(&set, "10.0.0.1", TCP, Some(22)), Some("ssh"));
+    assert_eq!(name_of(&set, "10.0.0.1", TCP, Some(23)), Some("any"));
+    // A port-specific rule needs the packet's port: a fragment without ports falls through.
+    assert_eq!(name_of(&set, "10.0.0.1", TCP, None), Some("any"));
+}
+
+#[test]
+fn falls_back_to_shorter_prefix() {
+    let set = build(&[
+        limit("default", "0.0.0.0/0", 1000),
+        proto(
+            limit("resolver-dns", "192.0.2.53/32", 10),
+            Protocol::Udp,
+            Some(53),
+        ),
+    ]);
+    assert_eq!(
+        candidate_names(&set, "192.0.2.53/32"),
+        ["resolver-dns", "default"]
+    );
+    assert_eq!(
+        name_of(&set, "192.0.2.53", UDP, Some(53)),
+        Some("resolver-dns")
+    );
+    assert_eq!(name_of(&set, "192.0.2.53", TCP, Some(53)), Some("default"));
+    assert_eq!(name_of(&set, "192.0.2.54", UDP, Some(53)), Some("default"));
+}
+
+#[test]
+fn shadowed_inherited_rules_are_dropped() {
+    let set = build(&[
+        proto(
+            limit("wide-dns", "10.0.0.0/8", 100),
+            Protocol::Udp,
+            Some(53),
+        ),
+        proto(
+            limit("wide-tcp80", "10.0.0.0/8", 100),
+            Protocol::Tcp,
+            Some(80),
+        ),
+        proto(limit("wide-icmp", "10.0.0.0/8", 100), Protocol::Icmp, None),
+        proto(
+            limit("narrow-dns", "10.1.0.0/16", 5),
+            Protocol::Udp,
+            Some(53),
+        ),
+        proto(limit("narrow-tcp", "10.1.0.0/16", 5), Protocol::Tcp, None),
+        limit("host", "10.1.0.7/32", 1),
+    ]);
+    // wide-dns is shadowed by narrow-dns (same protocol and port); wide-tcp80 by narrow-tcp
+    // (which covers every TCP port).
+    assert_eq!(
+        candidate_names(&set, "10.1.0.0/16"),
+        ["narrow-dns", "narrow-tcp", "wide-icmp"]
+    );
+    assert_eq!(candidate_names(&set, "10.1.0.7/32"), ["host"]);
+    assert_eq!(name_of(&set, "10.1.2.3", UDP, Some(53)), Some("narrow-dns"));
+    assert_eq!(name_of(&set, "10.1.2.3", TCP, Some(80)), Some("narrow-tcp"));
+    assert_eq!(name_of(&set, "10.1.2.3", ICMP, None), Some("wide-icmp"));
+    assert_eq!(name_of(&set, "10.1.2.3", UDP, Some(54)), None);
+    assert_eq!(name_of(&set, "10.2.0.0", TCP, Some(80)), Some("wide-tcp80"));
+    assert_eq!(name_of(&set, "10.1.0.7", UDP, Some(53)), Some("host"));
+}
+
+#[test]
+fn ipv6_rules() {
+    let set = build(&[
+        limit("v6-default", "::/0", 1000),
+        RuleConfig {
+            per: Per::Prefix(64),
+            ..limit("v6-net", "2001:db8::/32", 100)
+        },
+        proto(limit("v6-ping", "2001:db8:1::/48", 1), Protocol::Icmp, None),
+        limit("v4-default", "0.0.0.0/0", 10),
+    ]);
+    assert_eq!(
+        name_of(&set, "2001:db8:1::5", ICMPV6, None),
+        Some("v6-ping")
+    );
+    assert_eq!(
+        name_of(&set, "2001:db8:1::5", TCP, Some(443)),
+        Some("v6-net")
+    );
+    assert_eq!(name_of(&set, "2001:db8:2::5", ICMPV6, None), Some("v6-net"));
+    assert_eq!(
+        name_of(&set, "2001:db9::1", UDP, Some(53)),
+        Some("v6-default")
+    );
+    // Families do not mix: IPv4 packets never see ::/0, and IPv4-mapped sources are IPv6.
+    assert_eq!(
+        name_of(&set, "203.0.113.1", TCP, Some(80)),
+        Some("v4-default")
+    );
+    assert_eq!(
+        name_of(&set, "::ffff:203.0.113.1", TCP, Some(80)),
+        Some("v6-default")
+    );
+    let v6net = set.rules.iter().find(|r| r.name == "v6-net").unwrap();
+    assert_eq!(v6net.rule.src_mask, [u32::MAX, u32::MAX, 0, 0]);
+}
+
+#[test]
+fn no_match() {
+    assert!(build(&[]).classify(ip("10.0.0.1"), TCP, Some(80)).is_none());
+    assert!(build(&[]).prefixes.is_empty());
+    let set = build(&[
+        limit("corp", "10.0.0.0/8", 1),
+        proto(limit("v6dns", "::/0", 1), Protocol::Udp, Some(53)),
+    ]);
+    assert_eq!(name_of(&set, "11.0.0.1", TCP, Some(80)), None);
+    assert_eq!(name_of(&set, "2001:db8::1", TCP, Some(53)), None);
+    assert!(set.lookup(ip("11.0.0.1")).is_none());
+}
+
+#[test]
+fn same_match_twice_is_an_error() {
+    let mut b = proto(
+        with_action("b", "10.0.0.0/8", Action::Deny),
+        Protocol::Tcp,
+        Some(80),
+    );
+    b.line = 12;
+    let a = RuleConfig {
+        line: 3,
+        ..proto(limit("a", "10.0.0.0/8", 5), Protocol::Tcp, Some(80))
+    };
+    let msg = compile(&[a, b], &RuleIds::new()).unwrap_err().to_string();
+    assert!(
+        msg.contains("\"a\" (line 3)")
+            && msg.contains("\"b\" (line 12)")
+            && msg.contains("10.0.0.0/8"),
+        "{msg}"
+    );
+    let dup = compile(
+        &[limit("a", "10.0.0.0/8", 1), limit("a", "11.0.0.0/8", 1)],
+        &RuleIds::new(),
+    )
+    .unwrap_err();
+    assert!(matches!(dup, CompileError::DuplicateName { .. }), "{dup}");
+    let first = RuleConfig {
+        line: 3,
+        ..limit("a", "10.0.0.0/8", 1)
+    };
+    let second = RuleConfig {
+        line: 9,
+        ..limit("a", "11.0.0.0/8", 1)
+    };
+    let msg = compile(&[first, second], &RuleIds::new())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        msg,
+        "rule \"a\" (line 9): duplicate name (first used at line 3)"
+    );
+}
+
+#[test]
+fn invalid_rules_are_rejected() {
+    let bad = RuleConfig {
+        line: 7,
+        ..proto(limit("bad", "10.0.0.0/8", 1), Protocol::Any, Some(53))
+    };
+    let msg = compile(&[bad], &RuleIds::new()).unwrap_err().to_string();
+    assert!(
+        msg.starts_with("rule \"bad\" (line 7): field `dst_port`"),
+        "{msg}"
+    );
+    let host_bits = limit("h", "10.0.0.1/8", 1);
+    assert!(compile(&[host_bits], &RuleIds::new()).is_err());
+}
+
+#[test]
+fn too_many_candidates() {
+    let mut rules = vec![limit("all", "0.0.0.0/0", 1)];
+    for port in 1..=4 {
+        rules.push(proto(
+            limit(&format!("wide{port}"), "10.0.0.0/8", 1),
+            Protocol::Tcp,
+            Some(port),
+        ));
+        rules.push(proto(
+            limit(&format!("narrow{port}"), "10.1.0.0/16", 1),
+            Protocol::Udp,
+            Some(port),
+        ));
+    }
+    // 10.1.0.0/16 lists 4 + 4 + 1 = 9 rules.
+    let err = compile(&rules, &RuleIds::new()).unwrap_err();
+    let CompileError::TooManyCandidates {
+        prefix,
+        rules: involved,
+    } = &err
+    else {
+        panic!("{err}")
+    };
+    assert_eq!(*prefix, net("10.1.0.0/16"));
+    assert_eq!(involved.len(), 9);
+    assert!(
+        err.to_string().contains("\"narrow1\"") && err.to_string().contains("\"all\""),
+        "{err}"
+    );
+    rules.pop();
+    assert_eq!(build(&rules).prefixes.len(), 3);
+}
+
+#[test]
+fn too_many_rules() {
+    let rules: Vec<RuleConfig> = (0..=MAX_RULES)
+        .map(|i| {
+            limit(
+                &format!("r{i}"),
+                &format!("10.{}.{}.0/24", i >> 8, i & 255),
+                1,
+            )
+        })
+        .collect();
+    assert!(matches!(
+        compile(&rules, &RuleIds::new()),
+        Err(CompileError::TooManyRules { .. })
+    ));
+}
+
+#[test]
+fn ids_are_stable_across_reloads() {
+    let mut ids = RuleIds::new();
+    let v1 = vec![
+        limit("a", "10.0.0.0/8", 1),
+        limit("b", "11.0.0.0/8", 1),
+        limit("c", "12.0.0.0/8", 1),
+    ];
+    let set1 = compile(&v1, &ids).unwrap();
+    assert_eq!(
+        set1.rules
+            .iter()
+            .map(|r| (r.id, r.fresh))
+            .collect::<Vec<_>>(),
+        [(0, true), (1, true), (2, true)]
+    );
+    assert_eq!(ids.commit(&set1).unwrap(), Vec::<u32>::new());
+
+    // "a" unchanged (moving it in the file and a new source do not matter), "b" changed, "c"
+    // removed, "d" added.
+    let v2 = vec![
+        limit("d", "13.0.0.0/8", 1),
+        limit("b", "11.0.0.0/8", 2),
+        RuleConfig {
+            line: 40,
+            ..limit("a", "10.0.0.0/9", 1)
+        },
+    ];
+    let set2 = compile(&v2, &ids).unwrap();
+    let got: Vec<_> = set2
+        .rules
+        .iter()
+        .map(|r| (r.name.as_str(), r.id, r.fresh))
+        .collect();
+    // Fresh ids avoid 0..=2, which the active generation uses until the swap.
+    assert_eq!(got, [("d", 3, true), ("b", 4, true), ("a", 0, false)]);
+    assert_eq!(ids.commit(&set2).unwrap(), [1, 2]);
+    assert_eq!(
+        (ids.id_of("a"), ids.id_of("b"), ids.id_of("c")),
+        (Some(0), Some(4), None)
+    );
+
+    // Recompiling the same rules changes nothing.
+    let again = compile(&v2, &ids).unwrap();
+    assert!(again.rules.iter().all(|r| !r.fresh));
+    assert_eq!(
+        again.rules.iter().map(|r| r.id).collect::<Vec<_>>(),
+        [3, 4, 0]
+    );
+}
+
+#[test]
+fn commit_rejects_stale_sets_and_failed_swaps_change_nothing() {
+    let mut ids = RuleIds::new();
+    let first = compile(&[limit("a", "10.0.0.0/8", 1)], &ids).unwrap();
+    // The swap of `first` failed: no commit; the next compile assigns the same ids.
+    let second = compile(&[limit("a", "10.0.0.0/8", 1)], &ids).unwrap();
+    assert_eq!(first.rules[0].id, second.rules[0].id);
+    ids.commit(&second).unwrap();
+    assert_eq!(ids.commit(&first), Err(CompileError::StaleCompile));
+    assert_eq!(ids.len(), 1);
+}
+
+#[test]
+fn freed_ids_are_reused_oldest_first_after_unused_ones() {
+    let mut ids = RuleIds::from_installed((0..MAX_RULES - 2).map(|i| {
+        (
+            format!("r{i}"),
+            i,
+            rule_record(&limit(&format!("r{i}"), "10.0.0.0/8", 1)),
+        )
+    }))
+    .unwrap();
+    assert_eq!(ids.len(), (MAX_RULES - 2) as usize);
+    // Replace r5 then r9: fresh ids come from the two never used, then from the freed ones.
+    let mut rules: Vec<RuleConfig> = (0..MAX_RULES - 2)
+        .filter(|&i| i != 5)
+        .map(|i| {
+            limit(
+                &format!("r{i}"),
+                &format!("10.{}.{}.0/24", i >> 8, i & 255),
+                1,
+            )
+        })
+        .collect();
+    let set = compile(&rules, &ids).unwrap();
+    assert!(set.rules.iter().all(|r| !r.fresh));
+    assert_eq!(ids.commit(&set).unwrap(), [5]);
+
+    rules.push(limit("new1", "11.0.0.0/8", 1));
+    rules.push(limit("new2", "12.0.0.0/8", 1));
+    rules.push(limit("new3", "13.0.0.0/8", 1));
+    let set = compile(&rules, &ids).unwrap();
+    let fresh: Vec<u32> = set.rules.iter().filter(|r| r.fresh).map(|r| r.id).collect();
+    assert_eq!(fresh, [MAX_RULES - 2, MAX_RULES - 1, 5]);
+    ids.commit(&set).unwrap();
+
+    // Every id is in use: changing a rule needs a free id during the swap.
+    rules[0].rate = Some(7);
+    rules[0].burst = Some(7);
+    let err = compile(&rules, &ids).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CompileError::OutOfIds {
+                needed: 1,
+                available: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn rebuild_from_installed() {
+    let mut ids = RuleIds::new();
+    let rules = vec![
+        limit("a", "10.0.0.0/8", 1),
+        limit("b", "11.0.0.0/8", 1),
+        limit("c", "12.0.0.0/8", 1),
+    ];
+    let set = compile(&rules, &ids).unwrap();
+    ids.commit(&set).unwrap();
+    let set = compile(&rules[1..], &ids).unwrap();
+    ids.commit(&set).unwrap();
+
+    // A restarted agent reads (name, id, record) back from the maps.
+    let restored =
+        RuleIds::from_installed(set.rules.iter().map(|r| (r.name.clone(), r.id, r.rule))).unwrap();
+    let changed = vec![
+        limit("b", "11.0.0.0/8", 1),
+        limit("c", "12.0.0.0/8", 9),
+        limit("d", "14.0.0.0/8", 1),
+    ];
+    let next = compile(&changed, &restored).unwrap();
+    let got: Vec<_> = next
+        .rules
+        .iter()
+        .map(|r| (r.name.as_str(), r.id, r.fresh))
+        .collect();
+    // Ids never used (3, 4) come before the free id 0, whose leftover state may be recent.
+    assert_eq!(got, [("b", 1, false), ("c", 3, true), ("d", 4, true)]);
+    assert_eq!(restored.fresh_ids().take(3).collect::<Vec<_>>(), [3, 4, 5]);
+    assert_eq!(restored.fresh_ids().last(), Some(0));
+
+    let rec = Rule::default();
+    let dup_id =
+        RuleIds::from_installed([("a".to_owned(), 1, rec), ("b".to_owned(), 1, rec)]).unwrap_err();
+    assert!(dup_id.to_string().contains("\"b\" (id 1)"), "{dup_id}");
+    assert!(RuleIds::from_installed([("a".to_owned(), 1, rec), ("a".to_owned(), 2, rec)]).is_err());
+    assert!(RuleIds::from_installed([("a".to_owned(), MAX_RULES, rec)]).is_err());
+}
+
+/// Deterministic xorshift, so the tests need no extra crate.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[test]
+fn thousands_of_rules() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rules = vec![
+        limit("default", "0.0.0.0/0", 1000),
+        proto(limit("dns", "0.0.0.0/0", 100), Protocol::Udp, Some(53)),
+    ];
+    let mut seen = HashSet::new();
+    while rules.len() < MAX_RULES as usize {
+        let len = if rng.below(2) == 0 { 24 } else { 32 };
+        let p = IpNet::V4(
+            Ipv4Net::new(Ipv4Addr::from(rng.next() as u32), len)
+                .unwrap()
+                .trunc(),
+        );
+        if seen.insert(p) {
+            rules.push(RuleConfig {
+                action: Action::Deny,
+                ..RuleConfig::new(format!("block{}", rules.len()), p)
+            });
+        }
+    }
+    let set = build(&rules);
+    assert_eq!(set.prefixes.len(), rules.len() - 1); // "default" and "dns" share 0.0.0.0/0
+    let ids: HashSet<u32> = set.rules.iter().map(|r| r.id).collect();
+    assert_eq!(ids.len(), rules.len());
+    for r in rules.iter().skip(2).take(500) {
+        assert_eq!(
+            set.classify(r.source.network(), UDP, Some(53))
+                .unwrap()
+                .rule
+                .action,
+            action::DENY
+        );
+    }
+}
+
+/// 100 000 deny-listed /32 and /24 prefixes under a few broad rules, through the same code as
+/// `compile` (the prefixes share one deny rule: one rule per prefix would exceed MAX_RULES).
+#[test]
+fn hundred_thousand_prefixes() {
+    let mut rules = vec![
+        limit("default", "0.0.0.0/0", 1000),
+        proto(limit("dns", "0.0.0.0/0", 100), Protocol::Udp, Some(53)),
+        proto(limit("ten-tcp", "10.0.0.0/8", 100), Protocol::Tcp, None),
+        with_action("office", "192.168.0.0/16", Action::Allow),
+        with_action("upper", "128.0.0.0/1", Action::Deny),
+    ];
+    let deny_list = rules.len();
+    rules.push(proto(
+        with_action("deny-list", "0.0.0.0/32", Action::Deny),
+        Protocol::Udp,
+        None,
+    ));
+    let mut rng = Rng(42);
+    let mut listed = HashSet::new();
+    let mut sources: Vec<(IpNet, usize)> = rules
+        .iter()
+        .take(deny_list)
+        .enumerate()
+        .map(|(i, r)| (r.source, i))
+        .collect();
+    while listed.len() < 100_000 {
+        let len = if rng.below(2) == 0 { 24 } else { 32 };
+        let p = IpNet::V4(
+            Ipv4Net::new(Ipv4Addr::from(rng.next() as u32), len)
+                .unwrap()
+                .trunc(),
+        );
+        if listed.insert(p) {
+            sources.push((p, deny_list));
+        }
+    }
+    let compiled = assign_ids(&rules, &RuleIds::new()).unwrap();
+    let prefixes = build_prefixes(&rules, &compiled, &sources).unwrap();
+    let set = assemble(compiled, prefixes, 0);
+    assert_eq!(set.prefixes.len(), sources.len() - 1);
+
+    // Reference: the deny list (UDP only) wins inside a listed prefix, else the broad rules.
+    let broad = &rules[..deny_list];
+    let check = |src: Ipv4Addr, protocol: u8, port: Option<u16>| {
+        let s32 = IpNet::V4(Ipv4Net::new(src, 32).unwrap());
+        let s24 = IpNet::V4(Ipv4Net::new(src, 24).unwrap().trunc());
+        let expected = if protocol == UDP && (listed.contains(&s32) || listed.contains(&s24)) {
+            Some("deny-list")
+        } else {
+            reference(broad, IpAddr::V4(src), protocol, port)
+        };
+        assert_eq!(
+            set.classify(IpAddr::V4(src), protocol, port)
+                .map(|r| r.name.as_str()),
+            expected,
+            "{src}"
+        );
+    };
+    for p in listed.iter().take(2000) {
+        let IpNet::V4(p) = p else { unreachable!() };
+        check(p.network(), UDP, Some(53));
+        check(p.network(), TCP, Some(80));
+        check(p.broadcast(), UDP, None);
+    }
+    for _ in 0..20_000 {
+        let src = Ipv4Addr::from(rng.next() as u32);
+        check(src, UDP, Some(53));
+        check(src, TCP, Some(22));
+        check(src, ICMP, None);
+    }
+}
+
+/// The reference semantics, written independently of the candidate lists: among the rules whose
+/// source contains the address and whose protocol/port match the packet, the longest source
+/// prefix wins, then the most specific.
+fn reference(rules: &[RuleConfig], src: IpAddr, protocol: u8, port: Option<u16>) -> Option<&str> {
+    rules
+        .iter()
+        .filter(|r| r.source.contains(&src))
+        .filter(|r| {
+            let rec = rule_record(r);
+            (rec.protocol == 0 || rec.protocol == protocol)
+                && (rec.dst_port == 0 || Some(rec.dst_port) == port)
+        })
+        .max_by_key(|r| {
+            (
+                r.source.prefix_len(),
+                r.dst_port.is_some(),
+                r.protocol != Protocol::Any,
+            )
+        })
+        .map(|r| r.name.as_str())
+}
+
+#[test]
+fn classify_matches_reference_semantics() {
+    let mut rng = Rng(7);
+    let protocols = [Protocol::Any, Protocol::Tcp, Protocol::Udp, Protocol::Icmp];
+    let bases = ["10.0.0.0", "10.1.0.0", "10.1.2.0", "10.1.2.3", "192.0.2.0"];
+    for round in 0..200 {
+        let mut rules = Vec::new();
+        let mut taken = HashSet::new();
+        for i in 0..rng.below(12) + 1 {
+            let base: Ipv4Addr = bases[rng.below(bases.len() as u64) as usize]
+                .parse()
+                .unwrap();
+            let len = [0, 8, 16, 24, 32][rng.below(5) as usize];
+            let source = IpNet::V4(Ipv4Net::new(base, len).unwrap().trunc());
+            let protocol = protocols[rng.below(4) as usize];
+            let port = match protocol {
+                Protocol::Tcp | Protocol::Udp if rng.below(2) == 0 => {
+                    Some(53 + rng.below(2) as u16)
+                }
+                _ => None,
+            };
+            if !taken.insert((source, protocol, port)) {
+                continue;
+            }
+            let action = [Action::Limit, Action::Allow, Action::Deny][rng.below(3) as usize];
+            let r = match action {
+                Action::Limit => limit(&format!("r{i}"), &source.to_string(), 1 + rng.below(5)),
+                a => with_action(&format!("r{i}"), &source.to_string(), a),
+            };
+            rules.push(proto(r, protocol, port));
+        }
+        let set = match compile(&rules, &RuleIds::new()) {
+            Ok(set) => set,
+            Err(CompileError::TooManyCandidates { .. }) => continue,
+            Err(e) => panic!("round {round}: {e}"),
+        };
+        for _ in 0..50 {
+            let src = IpAddr::V4(Ipv4Addr::from(
+                u32::from(bases[rng.below(5) as usize].parse::<Ipv4Addr>().unwrap())
+                    + rng.below(4) as u32,
+            ));
+            let (protocol, port) = match rng.below(5) {
+                0 => (TCP, Some(53 + rng.below(3) as u16)),
+                1 => (UDP, Some(53 + rng.below(3) as u16)),
+                2 => (UDP, None),
+                3 => (ICMP, None),
+                _ => (47, None),
+            };
+            assert_eq!(
+                set.classify(src, protocol, port).map(|r| r.name.as_str()),
+                reference(&rules, src, protocol, port),
+                "round {round}: {src} {protocol} {port:?} with {rules:#?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn too_many_prefixes() {
+    let rules = vec![with_action("deny-list", "0.0.0.0/32", Action::Deny)];
+    let count = MAX_PREFIXES as usize / 2 + 1;
+    let sources: Vec<(IpNet, usize)> = (0..count as u32)
+        .map(|i| (IpNet::V4(Ipv4Net::new(Ipv4Addr::from(i), 32).unwrap()), 0))
+        .collect();
+    let compiled = assign_ids(&rules, &RuleIds::new()).unwrap();
+    let err = build_prefixes(&rules, &compiled, &sources).unwrap_err();
+    assert_eq!(err, CompileError::TooManyPrefixes { count });
+    assert!(build_prefixes(&rules, &compiled, &sources[1..]).is_ok());
+}

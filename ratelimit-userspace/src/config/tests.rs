@@ -1,0 +1,833 @@
+use super::*;
+
+const ORIGIN: &str = "/etc/ratelimit/ratelimit.toml";
+
+fn parse(text: &str) -> Config {
+    Config::parse(text, ORIGIN).unwrap_or_else(|e| panic!("unexpected error: {e}"))
+}
+
+/// Parses `text`, expects an error, and checks that its message has `file:line` and `field`.
+#[track_caller]
+fn assert_error(text: &str, line: usize, field: &str, contains: &str) -> ConfigError {
+    let err = Config::parse(text, ORIGIN).expect_err("config should be rejected");
+    let msg = err.to_string();
+    let at = format!("{ORIGIN}:{line}:");
+    assert!(msg.starts_with(&at), "{msg:?} does not start with {at:?}");
+    if !field.is_empty() {
+        let f = format!("field `{field}`");
+        assert!(msg.contains(&f), "{msg:?} does not name {f}");
+    }
+    assert!(
+        msg.contains(contains),
+        "{msg:?} does not contain {contains:?}"
+    );
+    assert_eq!(err.line(), Some(line));
+    err
+}
+
+fn rule(body: &str) -> String {
+    format!("[agent]\ninterfaces = [\"eth0\"]\n\n[[rule]]\n{body}\n")
+}
+/// Line of the first body line in `rule(body)`.
+const BODY: usize = 5;
+
+const EXAMPLE: &str = r#"
+[agent]
+interfaces = ["eth0"]            # where XDP attaches
+mode = "auto"                    # auto (native, else generic) | native | skb
+socket = "/run/ratelimit/agent.sock"
+metrics = "127.0.0.1:9477"       # optional Prometheus endpoint
+max_buckets = 1048576            # tracked sources (LRU capacity)
+
+[[rule]]
+name = "default"
+source = "0.0.0.0/0"             # IPv4 or IPv6 CIDR; longest prefix wins
+rate = 1000                      # packets per second
+burst = 2000                     # packets
+per = "source"                   # source | "/24" (group by prefix length) | rule (one shared bucket)
+
+[[rule]]
+name = "dns"
+source = "::/0"
+protocol = "udp"                 # tcp | udp | icmp | any (default)
+dst_port = 53
+rate = 100
+burst = 100
+bytes_rate = 1000000             # optional bytes/s limit, on top of or instead of packets/s
+scope = "cluster"                # local (default) | cluster: one budget shared by all peers
+
+[[rule]]
+name = "office"
+source = "198.51.100.0/24"
+action = "allow"                 # limit (default) | allow | deny
+
+[cluster]                        # optional
+listen = "0.0.0.0:7946"
+seeds = ["192.0.2.10:7946"]
+key_file = "/etc/ratelimit/cluster.key"
+sync_interval_ms = 100
+"#;
+
+#[test]
+fn design_example_parses() {
+    let c = parse(EXAMPLE);
+    assert_eq!(c.agent.interfaces, ["eth0"]);
+    assert_eq!(c.agent.mode, AttachMode::Auto);
+    assert_eq!(c.agent.metrics, Some("127.0.0.1:9477".parse().unwrap()));
+    assert_eq!(c.agent.max_buckets, 1_048_576);
+    assert_eq!(c.rules.len(), 3);
+
+    let d = &c.rules[0];
+    assert_eq!((d.name.as_str(), d.line), ("default", 9));
+    assert_eq!(d.source, "0.0.0.0/0".parse::<IpNet>().unwrap());
+    assert_eq!(
+        (d.rate, d.burst, d.per),
+        (Some(1000), Some(2000), Per::Source)
+    );
+
+    let dns = &c.rules[1];
+    assert_eq!(dns.line, 16);
+    assert_eq!(
+        (dns.protocol, dns.dst_port, dns.scope),
+        (Protocol::Udp, Some(53), Scope::Cluster)
+    );
+    assert_eq!(
+        (dns.bytes_rate, dns.bytes_burst),
+        (Some(1_000_000), Some(1_000_000))
+    );
+
+    let office = &c.rules[2];
+    assert_eq!(office.action, Action::Allow);
+    assert_eq!(
+        (office.rate, office.burst, office.bytes_rate),
+        (None, None, None)
+    );
+
+    let cl = c.cluster.unwrap();
+    assert_eq!(cl.listen, "0.0.0.0:7946".parse().unwrap());
+    assert_eq!(cl.seeds, ["192.0.2.10:7946".parse().unwrap()]);
+    assert_eq!(cl.key_file, PathBuf::from("/etc/ratelimit/cluster.key"));
+    assert_eq!(
+        (cl.sync_interval_ms, cl.cluster_id.as_str()),
+        (100, "ratelimit")
+    );
+}
+
+#[test]
+fn empty_file_is_all_defaults() {
+    for text in ["", "# nothing\n", "[agent]\n"] {
+        let c = parse(text);
+        assert_eq!(c.agent, AgentConfig::default());
+        assert!(c.rules.is_empty());
+        assert!(c.cluster.is_none());
+    }
+    let a = AgentConfig::default();
+    assert_eq!(a.socket, PathBuf::from("/run/ratelimit/agent.sock"));
+    assert_eq!(a.pin_path, PathBuf::from("/sys/fs/bpf/ratelimit"));
+    assert_eq!(a.max_buckets, ratelimit_common::DEFAULT_MAX_BUCKETS);
+    assert!(!a.dry_run && !a.ebpf_log && a.metrics.is_none() && a.interfaces.is_empty());
+}
+
+#[test]
+fn agent_keys() {
+    let c = parse(
+        "[agent]\ninterfaces = [\"eth0\", \"veth-a.10\"]\nmode = \"skb\"\nsocket = \"/tmp/x.sock\"\n\
+         max_buckets = 16\npin_path = \"/sys/fs/bpf/rl2\"\ndry_run = true\nebpf_log = true\n",
+    );
+    assert_eq!(c.agent.interfaces, ["eth0", "veth-a.10"]);
+    assert_eq!(c.agent.mode, AttachMode::Skb);
+    assert_eq!(c.agent.socket, PathBuf::from("/tmp/x.sock"));
+    assert_eq!(c.agent.max_buckets, 16);
+    assert_eq!(c.agent.pin_path, PathBuf::from("/sys/fs/bpf/rl2"));
+    assert!(c.agent.dry_run && c.agent.ebpf_log);
+    assert_eq!(
+        parse("[agent]\nmode = \"native\"\n").agent.mode,
+        AttachMode::Native
+    );
+}
+
+#[test]
+fn rule_defaults() {
+    let c = parse(&rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 50"));
+    let r = &c.rules[0];
+    assert_eq!(r.line, 4);
+    assert_eq!(
+        (r.action, r.rate, r.burst),
+        (Action::Limit, Some(50), Some(50))
+    );
+    assert_eq!((r.bytes_rate, r.bytes_burst), (None, None));
+    assert_eq!(
+        (r.per, r.protocol, r.dst_port, r.scope, r.dry_run),
+        (Per::Source, Protocol::Any, None, Scope::Local, false)
+    );
+
+    // bytes_burst defaults to max(bytes_rate, 65536)...
+    let r = &parse(&rule(
+        "name = \"a\"\nsource = \"10.0.0.0/8\"\nbytes_rate = 1000",
+    ))
+    .rules[0];
+    assert_eq!(
+        (r.rate, r.burst, r.bytes_rate, r.bytes_burst),
+        (None, None, Some(1000), Some(65_536))
+    );
+    let r = &parse(&rule(
+        "name = \"a\"\nsource = \"10.0.0.0/8\"\nbytes_rate = 100000",
+    ))
+    .rules[0];
+    assert_eq!(r.bytes_burst, Some(100_000));
+    // ...capped at one hour's worth, so a tiny rate does not make the default invalid.
+    let r = &parse(&rule(
+        "name = \"a\"\nsource = \"10.0.0.0/8\"\nbytes_rate = 10",
+    ))
+    .rules[0];
+    assert_eq!(r.bytes_burst, Some(36_000));
+}
+
+#[test]
+fn bare_address_is_a_host_prefix() {
+    let c = parse(&rule("name = \"a\"\nsource = \"192.0.2.7\"\nrate = 1\n[[rule]]\nname = \"b\"\nsource = \"2001:db8::1\"\nrate = 1"));
+    assert_eq!(c.rules[0].source, "192.0.2.7/32".parse::<IpNet>().unwrap());
+    assert_eq!(
+        c.rules[1].source,
+        "2001:db8::1/128".parse::<IpNet>().unwrap()
+    );
+}
+
+#[test]
+fn per_values() {
+    let per = |src: &str, per: &str| {
+        parse(&rule(&format!(
+            "name = \"a\"\nsource = \"{src}\"\nrate = 5\nper = \"{per}\""
+        )))
+        .rules[0]
+            .per
+    };
+    assert_eq!(per("10.0.0.0/8", "rule"), Per::Rule);
+    assert_eq!(per("10.0.0.0/8", "/24"), Per::Prefix(24));
+    assert_eq!(per("10.0.0.0/8", "/0"), Per::Prefix(0));
+    assert_eq!(per("10.0.0.0/8", "/32"), Per::Prefix(32));
+    assert_eq!(per("2001:db8::/32", "/64"), Per::Prefix(64));
+    assert_eq!(per("::/0", "/128"), Per::Prefix(128));
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 5\nper = \"/33\""),
+        BODY + 3,
+        "per",
+        "IPv4",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"::/0\"\nrate = 5\nper = \"/129\""),
+        BODY + 3,
+        "per",
+        "0..=128",
+    );
+    for bad in ["/", "/x", "24", "/+24", "/ 24", "sources", "/1000"] {
+        assert_error(
+            &rule(&format!(
+                "name = \"a\"\nsource = \"::/0\"\nrate = 5\nper = \"{bad}\""
+            )),
+            BODY + 3,
+            "per",
+            "",
+        );
+    }
+}
+
+#[test]
+fn all_rule_keys() {
+    let c = parse(&rule(
+        "name = \"web\"\nsource = \"2001:db8::/32\"\naction = \"limit\"\nrate = 10\nburst = 20\nbytes_rate = 3000\n\
+         bytes_burst = 1514\nper = \"/64\"\nprotocol = \"tcp\"\ndst_port = 443\nscope = \"cluster\"\ndry_run = true",
+    ));
+    let r = &c.rules[0];
+    assert_eq!(
+        (r.rate, r.burst, r.bytes_rate, r.bytes_burst),
+        (Some(10), Some(20), Some(3000), Some(1514))
+    );
+    assert_eq!(
+        (r.per, r.protocol, r.dst_port, r.scope, r.dry_run),
+        (
+            Per::Prefix(64),
+            Protocol::Tcp,
+            Some(443),
+            Scope::Cluster,
+            true
+        )
+    );
+    let r = &parse(&rule("name = \"d\"\nsource = \"10.0.0.0/8\"\naction = \"deny\"\nprotocol = \"icmp\"\ndry_run = true")).rules[0];
+    assert_eq!(
+        (r.action, r.protocol, r.dry_run),
+        (Action::Deny, Protocol::Icmp, true)
+    );
+}
+
+#[test]
+fn unknown_keys_are_named() {
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrtae = 5"),
+        BODY + 2,
+        "rtae",
+        "unknown field",
+    );
+    assert_error(
+        "[agent]\ninterface = [\"eth0\"]\n",
+        2,
+        "interface",
+        "unknown field",
+    );
+    assert_error("\n[agnet]\nmode = \"auto\"\n", 2, "agnet", "unknown field");
+    assert_error(
+        "[cluster]\nlisten = \"0.0.0.0:1\"\nkey_file = \"/k\"\npeers = []\n",
+        4,
+        "peers",
+        "unknown field",
+    );
+    // The rule is named in the message when it has a name.
+    let e = assert_error(
+        &rule("name = \"dns\"\nsource = \"10.0.0.0/8\"\nrate = 1\nport = 53"),
+        BODY + 3,
+        "port",
+        "rule \"dns\"",
+    );
+    assert!(matches!(e, ConfigError::Schema { .. }));
+}
+
+#[test]
+fn type_errors_are_named() {
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = \"fast\""),
+        BODY + 2,
+        "rate",
+        "invalid type",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 1.5"),
+        BODY + 2,
+        "rate",
+        "invalid type",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = 10\nrate = 1"),
+        BODY + 1,
+        "source",
+        "invalid type",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 1\ndry_run = \"yes\""),
+        BODY + 3,
+        "dry_run",
+        "invalid type",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 1\nprotocol = \"sctp\""),
+        BODY + 3,
+        "protocol",
+        "unknown variant",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\naction = \"drop\""),
+        BODY + 2,
+        "action",
+        "unknown variant",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 1\nscope = \"global\""),
+        BODY + 3,
+        "scope",
+        "unknown variant",
+    );
+    assert_error("[agent]\nmode = \"fast\"\n", 2, "mode", "unknown variant");
+    assert_error(
+        "[agent]\nmetrics = \"localhost\"\n",
+        2,
+        "metrics",
+        "socket address",
+    );
+    assert_error("[agent]\ndry_run = 1\n", 2, "dry_run", "invalid type");
+    assert_error(
+        "[agent]\ninterfaces = \"eth0\"\n",
+        2,
+        "interfaces",
+        "invalid type",
+    );
+    assert_error(
+        "[agent]\ninterfaces = [\n  \"eth0\",\n  7,\n]\n",
+        4,
+        "interfaces",
+        "invalid type",
+    );
+    assert_error("rule = 5\n", 1, "rule", "invalid type");
+    assert_error(
+        "[cluster]\nlisten = \"nowhere\"\nkey_file = \"/k\"\n",
+        2,
+        "listen",
+        "socket address",
+    );
+    assert_error(
+        "[cluster]\nlisten = \"0.0.0.0:1\"\nkey_file = \"/k\"\nseeds = [\"1.2.3.4\"]\n",
+        4,
+        "seeds",
+        "socket address",
+    );
+}
+
+#[test]
+fn missing_required_keys() {
+    let text = "[[rule]]\nname = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 1\n\n[[rule]]\nsource = \"10.0.0.0/8\"\nrate = 1\n";
+    assert_error(text, 6, "name", "rule #2");
+    assert_error(&rule("name = \"a\"\nrate = 1"), 4, "source", "missing");
+    assert_error(
+        "[cluster]\nlisten = \"0.0.0.0:1\"\n",
+        1,
+        "key_file",
+        "missing",
+    );
+    assert_error("[cluster]\nkey_file = \"/k\"\n", 1, "listen", "missing");
+}
+
+#[test]
+fn syntax_errors_have_line_and_column() {
+    let e = assert_error("[agent]\nmode = \"auto\n", 2, "mode", "TOML syntax error");
+    assert!(
+        matches!(e, ConfigError::Syntax { column, .. } if column > 1),
+        "{e:?}"
+    );
+    assert_error(
+        "[[rule]]\nname = \"a\"\nname = \"b\"\n",
+        3,
+        "",
+        "duplicate key",
+    );
+    assert_error("[agent\n", 1, "", "TOML syntax error");
+}
+
+#[test]
+fn source_errors() {
+    let e = assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.1/8\"\nrate = 1"),
+        BODY + 1,
+        "source",
+        "\"10.0.0.0/8\"",
+    );
+    assert!(e.to_string().contains("host bits"), "{e}");
+    assert_error(
+        &rule("name = \"a\"\nsource = \"2001:db8::1/32\"\nrate = 1"),
+        BODY + 1,
+        "source",
+        "\"2001:db8::/32\"",
+    );
+    for bad in ["10.0.0.0/33", "10.0.0/8", "example.com", "", "::/129"] {
+        assert_error(
+            &rule(&format!("name = \"a\"\nsource = \"{bad}\"\nrate = 1")),
+            BODY + 1,
+            "source",
+            "CIDR",
+        );
+    }
+    assert_error(
+        &rule("name = \"a\"\nsource = \"::ffff:10.0.0.0/104\"\nrate = 1"),
+        BODY + 1,
+        "source",
+        "\"10.0.0.0/8\"",
+    );
+}
+
+#[test]
+fn name_errors() {
+    assert_error(
+        &rule("name = \"\"\nsource = \"10.0.0.0/8\"\nrate = 1"),
+        BODY,
+        "name",
+        "empty",
+    );
+    assert_error(
+        &rule("name = \"a b\"\nsource = \"10.0.0.0/8\"\nrate = 1"),
+        BODY,
+        "name",
+        "' '",
+    );
+    assert_error(
+        &rule(&format!(
+            "name = \"{}\"\nsource = \"10.0.0.0/8\"\nrate = 1",
+            "x".repeat(65)
+        )),
+        BODY,
+        "name",
+        "64",
+    );
+    let text = "[[rule]]\nname = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 1\n\n[[rule]]\nname = \"a\"\nsource = \"11.0.0.0/8\"\nrate = 1\n";
+    assert_error(text, 7, "name", "line 1");
+}
+
+#[test]
+fn conflicting_rules() {
+    let text = "[[rule]]\nname = \"a\"\nsource = \"10.0.0.0/8\"\nprotocol = \"udp\"\ndst_port = 53\nrate = 1\n\n\
+                [[rule]]\nname = \"b\"\nsource = \"10.0.0.0/8\"\nprotocol = \"udp\"\ndst_port = 53\naction = \"deny\"\n";
+    let e = assert_error(text, 10, "source", "rule \"a\" (line 1)");
+    assert!(e.to_string().contains("rule \"b\""), "{e}");
+    // Same source, different port or protocol: fine.
+    let ok = text.replace("dst_port = 53\naction", "dst_port = 54\naction");
+    assert_eq!(parse(&ok).rules.len(), 2);
+}
+
+#[test]
+fn dst_port_errors() {
+    assert_error(
+        &rule("name = \"dns\"\nsource = \"10.0.0.0/8\"\nrate = 1\ndst_port = 53"),
+        BODY + 3,
+        "dst_port",
+        "only valid with protocol tcp or udp",
+    );
+    assert_error(
+        &rule(
+            "name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 1\nprotocol = \"icmp\"\ndst_port = 53",
+        ),
+        BODY + 4,
+        "dst_port",
+        "tcp or udp",
+    );
+    for bad in ["0", "65536", "-1"] {
+        assert_error(&rule(&format!("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 1\nprotocol = \"tcp\"\ndst_port = {bad}")), BODY + 4, "dst_port", "65535");
+    }
+    let msg = Config::parse(
+        &rule("name = \"dns\"\nsource = \"10.0.0.0/8\"\nrate = 1\ndst_port = 53"),
+        ORIGIN,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        msg.starts_with(&format!(
+            "{ORIGIN}:8: rule \"dns\": field `dst_port`: only valid with protocol tcp or udp"
+        )),
+        "{msg}"
+    );
+}
+
+#[test]
+fn limit_errors() {
+    // A limit rule without any limit is reported at the rule's table.
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\""),
+        4,
+        "rate",
+        "needs",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 0"),
+        BODY + 2,
+        "rate",
+        "between 1 and 1000000000",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = -5"),
+        BODY + 2,
+        "rate",
+        "negative",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 1000000001"),
+        BODY + 2,
+        "rate",
+        "1000000000",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 5\nburst = 0"),
+        BODY + 3,
+        "burst",
+        "at least 1",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 1\nburst = 3601"),
+        BODY + 3,
+        "burst",
+        "one hour",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 1\nburst = 9223372036854775807"),
+        BODY + 3,
+        "burst",
+        "one hour",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nbytes_rate = 1000\nburst = 5"),
+        BODY + 3,
+        "burst",
+        "`rate` is not",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 1\nbytes_burst = 5000"),
+        BODY + 3,
+        "bytes_burst",
+        "`bytes_rate` is not",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nbytes_rate = 0"),
+        BODY + 2,
+        "bytes_rate",
+        "between 1",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nbytes_rate = 1000000000001"),
+        BODY + 2,
+        "bytes_rate",
+        "1000000000000",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nbytes_rate = 1000\nbytes_burst = 1513"),
+        BODY + 3,
+        "bytes_burst",
+        "1514",
+    );
+    assert_error(
+        &rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nbytes_rate = 1\nbytes_burst = 3601"),
+        BODY + 3,
+        "bytes_burst",
+        "one hour",
+    );
+    // Right at the bounds is fine.
+    parse(&rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 1000000000\nburst = 3600000000000\nbytes_rate = 1000000000000\nbytes_burst = 1514"));
+    parse(&rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 1\nburst = 3600\nbytes_rate = 1\nbytes_burst = 3600"));
+}
+
+#[test]
+fn allow_and_deny_take_no_limits() {
+    for (key, value) in [
+        ("rate", "1"),
+        ("burst", "1"),
+        ("bytes_rate", "1"),
+        ("bytes_burst", "2000"),
+        ("per", "\"source\""),
+        ("scope", "\"local\""),
+    ] {
+        for action in ["allow", "deny"] {
+            let text = rule(&format!(
+                "name = \"a\"\nsource = \"10.0.0.0/8\"\naction = \"{action}\"\n{key} = {value}"
+            ));
+            assert_error(
+                &text,
+                BODY + 3,
+                key,
+                &format!("no meaning for an {action} rule"),
+            );
+        }
+    }
+}
+
+#[test]
+fn agent_errors() {
+    assert_error(
+        "[agent]\ninterfaces = [\"eth0\", \"eth0/1\"]\n",
+        2,
+        "interfaces",
+        "eth0/1",
+    );
+    assert_error(
+        "[agent]\ninterfaces = [\n  \"eth0\",\n  \"a-very-long-name0\",\n]\n",
+        4,
+        "interfaces",
+        "15 bytes",
+    );
+    for bad in ["", ".", "..", "eth 0", "eth0:1"] {
+        assert_error(
+            &format!("[agent]\ninterfaces = [\"{bad}\"]\n"),
+            2,
+            "interfaces",
+            "interface name",
+        );
+    }
+    assert_error(
+        "[agent]\ninterfaces = [\"eth0\", \"eth0\"]\n",
+        2,
+        "interfaces",
+        "twice",
+    );
+    assert_error(
+        "[agent]\nmax_buckets = 8\n",
+        2,
+        "max_buckets",
+        "between 16 and 67108864",
+    );
+    assert_error(
+        "[agent]\nmax_buckets = 67108865\n",
+        2,
+        "max_buckets",
+        "between",
+    );
+    assert_error("[agent]\nmax_buckets = -1\n", 2, "max_buckets", "between");
+    assert_error(
+        "[agent]\npin_path = \"bpf/ratelimit\"\n",
+        2,
+        "pin_path",
+        "absolute",
+    );
+    assert_error("[agent]\nsocket = \"\"\n", 2, "socket", "empty");
+}
+
+#[test]
+fn cluster_errors() {
+    let base = "[cluster]\nlisten = \"0.0.0.0:7946\"\nkey_file = \"/k\"\n";
+    assert_error(
+        &format!("{base}sync_interval_ms = 5\n"),
+        4,
+        "sync_interval_ms",
+        "between 10 and 10000",
+    );
+    assert_error(
+        &format!("{base}sync_interval_ms = 10001\n"),
+        4,
+        "sync_interval_ms",
+        "between 10 and 10000",
+    );
+    assert_error(
+        &format!("{base}cluster_id = \"\"\n"),
+        4,
+        "cluster_id",
+        "empty",
+    );
+    assert_error(
+        "[cluster]\nlisten = \"0.0.0.0:7946\"\nkey_file = \"\"\n",
+        3,
+        "key_file",
+        "empty",
+    );
+    let c = parse(&format!(
+        "{base}sync_interval_ms = 10\ncluster_id = \"prod-eu\"\n"
+    ))
+    .cluster
+    .unwrap();
+    assert_eq!(
+        (c.sync_interval_ms, c.cluster_id.as_str(), c.seeds.len()),
+        (10, "prod-eu", 0)
+    );
+}
+
+#[test]
+fn inline_rule_tables_are_located() {
+    let text = "rule = [\n  { name = \"a\", source = \"10.0.0.0/8\", rate = 1 },\n  { name = \"b\", source = \"10.0.0.0/8\", rate = \"x\" },\n]\n";
+    assert_error(text, 3, "rate", "rule \"b\"");
+    let text = "rule = [\n  { name = \"a\", source = \"10.0.0.0/8\", rate = 1 },\n  { name = \"b\", source = \"10.0.0.0/8\" },\n]\n";
+    assert_error(text, 3, "rate", "needs");
+}
+
+#[test]
+fn load_errors_name_the_file() {
+    let dir = std::env::temp_dir().join(format!("ratelimit-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    let missing = dir.join("missing.toml");
+    let e = Config::load(&missing).unwrap_err();
+    assert!(matches!(e, ConfigError::Read { .. }));
+    assert!(
+        e.to_string().starts_with(&missing.display().to_string()),
+        "{e}"
+    );
+
+    let e = Config::load(&dir).unwrap_err();
+    assert!(matches!(e, ConfigError::IsDirectory { .. }), "{e}");
+    assert!(e.to_string().contains("is a directory"), "{e}");
+
+    let latin1 = dir.join("latin1.toml");
+    std::fs::write(&latin1, b"[agent]\n# caf\xe9\n").unwrap();
+    let e = Config::load(&latin1).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with(&format!("{}:2: not valid UTF-8", latin1.display())),
+        "{e}"
+    );
+
+    let good = dir.join("good.toml");
+    std::fs::write(&good, EXAMPLE).unwrap();
+    assert_eq!(Config::load(&good).unwrap().rules.len(), 3);
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        rule("name = \"a\"\nsource = \"10.0.0.1/8\"\nrate = 1"),
+    )
+    .unwrap();
+    let e = Config::load(&bad).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with(&format!("{}:6: rule \"a\": field `source`", bad.display())),
+        "{e}"
+    );
+
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn rules_serialize_with_config_spellings() {
+    let c = parse(EXAMPLE);
+    let json = serde_json::to_value(&c.rules).unwrap();
+    assert_eq!(
+        json[1],
+        serde_json::json!({
+            "name": "dns", "source": "::/0", "action": "limit", "rate": 100, "burst": 100,
+            "bytes_rate": 1000000, "bytes_burst": 1000000, "per": "source", "protocol": "udp",
+            "dst_port": 53, "scope": "cluster", "dry_run": false
+        })
+    );
+    // Allow rules leave out the keys they may not have.
+    assert_eq!(
+        json[2],
+        serde_json::json!({
+            "name": "office", "source": "198.51.100.0/24", "action": "allow", "protocol": "any", "dry_run": false
+        })
+    );
+    let per24 = parse(&rule(
+        "name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 1\nper = \"/24\"",
+    ));
+    assert_eq!(serde_json::to_value(&per24.rules[0]).unwrap()["per"], "/24");
+}
+
+#[test]
+fn serialized_rules_parse_back() {
+    #[derive(Serialize)]
+    struct Doc<'a> {
+        rule: &'a [RuleConfig],
+    }
+    let c = parse(EXAMPLE);
+    let text = toml::to_string(&Doc { rule: &c.rules }).unwrap();
+    let again = parse(&text);
+    assert_eq!(again.rules.len(), c.rules.len());
+    for (a, b) in again.rules.iter().zip(&c.rules) {
+        assert_eq!(
+            RuleConfig {
+                line: 0,
+                ..a.clone()
+            },
+            RuleConfig {
+                line: 0,
+                ..b.clone()
+            }
+        );
+    }
+}
+
+#[test]
+fn keyword_from_str() {
+    assert_eq!("udp".parse::<Protocol>(), Ok(Protocol::Udp));
+    assert_eq!("deny".parse::<Action>(), Ok(Action::Deny));
+    assert_eq!("cluster".parse::<Scope>(), Ok(Scope::Cluster));
+    assert_eq!("skb".parse::<AttachMode>(), Ok(AttachMode::Skb));
+    assert!("UDP"
+        .parse::<Protocol>()
+        .unwrap_err()
+        .contains("tcp udp icmp any"));
+    assert_eq!("/24".parse::<Per>(), Ok(Per::Prefix(24)));
+    assert_eq!(Per::Prefix(64).to_string(), "/64");
+}
+
+#[test]
+fn validate_checks_programmatic_rules() {
+    let mut r = RuleConfig::new("x", "10.0.0.0/8".parse().unwrap());
+    assert_eq!(r.validate().unwrap_err().field, "rate");
+    r.rate = Some(10);
+    assert_eq!(r.validate().unwrap_err().field, "burst");
+    r.burst = Some(10);
+    r.validate().unwrap();
+    r.per = Per::Prefix(40);
+    assert_eq!(r.validate().unwrap_err().field, "per");
+    r.per = Per::Rule;
+    r.action = Action::Allow;
+    assert_eq!(r.validate().unwrap_err().field, "rate");
+}
