@@ -111,11 +111,21 @@ impl Dataplane {
             return Err(DataplaneError::NoObject);
         }
         ensure_bpffs(&opts.pin_dir)?;
+        let fresh = !opts.pin_dir.exists();
         fs::create_dir_all(&opts.pin_dir).map_err(|source| DataplaneError::Io {
             what: "creating pin directory",
             path: opts.pin_dir.clone(),
             source,
         })?;
+        let loaded = Self::load_pinned(opts);
+        if loaded.is_err() && fresh {
+            // We created the pins: a failed load leaves nothing behind.
+            let _ = maps::remove_pins(&opts.pin_dir);
+        }
+        loaded
+    }
+
+    fn load_pinned(opts: &LoadOptions) -> Result<Self> {
         maps::check_pinned(&opts.pin_dir, opts.max_buckets)?;
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&opts.pin_dir)

@@ -10,6 +10,7 @@
 //! - [`packet`]: a frame builder for BPF_PROG_TEST_RUN cases (`eth().vlan(10).ipv4(..).udp(..)`).
 //! - [`xdp`]: [`TestDataplane`], the real XDP program loaded into the kernel under a throwaway pin
 //!   directory, for running frames through it with BPF_PROG_TEST_RUN.
+//! - [`agent`]: where the real `ratelimit` binary is, for tests that run it as an agent.
 //! - [`wire`]: the header every test datagram carries (sender id, sequence number).
 //!
 //! Only addresses from the benchmarking range 198.18.0.0/15 and 2001:db8::/32 are meant to be used,
@@ -34,6 +35,7 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 
+pub mod agent;
 mod cmd;
 pub mod link;
 pub mod netns;
@@ -49,6 +51,7 @@ mod smoke;
 pub use link::{add_addr, add_neigh, ifindex, mac, neigh_to_peer, veth_pair};
 pub use netns::{in_netns, leftover_check, netns_exists, Netns};
 pub use receiver::{ReceiveReport, Receiver, SourceStats};
+pub use agent::agent_binary;
 pub use xdp::TestDataplane;
 pub use traffic::{bind_udp, bind_udp_transparent, send_udp, send_udp_from, SendReport};
 

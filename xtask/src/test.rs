@@ -30,6 +30,12 @@ pub fn run(opts: &Options) -> Result<()> {
     // No package flag: cargo takes the workspace's default-members, i.e. every crate but
     // ratelimit-ebpf, which only builds for bpfel-unknown-none (`--workspace` would include it).
     // ratelimit-userspace's build script builds and embeds the XDP program that the tests load.
+    // The end-to-end tests run the real `ratelimit` binary (target/debug/ratelimit) as an agent
+    // inside network namespaces; `cargo test` does not build binaries of other packages.
+    let mut build = cmd::cargo();
+    build.args(["build", "--package", "ratelimit-userspace", "--bin", "ratelimit"]);
+    cmd::run_step("Building the ratelimit binary the end-to-end tests run", &mut build)?;
+
     let mut cargo = cmd::cargo();
     cargo.args(["test", "--no-fail-fast"]).args(&opts.args);
     let status = cmd::run_step_status(
