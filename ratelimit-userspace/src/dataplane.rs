@@ -13,7 +13,11 @@ use std::{
 };
 
 use aya::{
-    programs::{xdp::XdpLinkId, Xdp, XdpMode},
+    programs::{
+        links::{FdLink, PinnedLink},
+        xdp::XdpLink,
+        Xdp, XdpMode,
+    },
     Ebpf, EbpfLoader,
 };
 use ratelimit_common::{map_names, Config, PROGRAM_NAME};
@@ -76,14 +80,22 @@ pub enum DataplaneError {
 
 type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
-/// One interface the program is attached to.
+/// One interface the program is attached to, through a bpf_link pinned at `pin_dir/link_<iface>`
+/// so the attachment outlives the agent process (crash, or exit with `--keep-attached`).
 #[derive(Debug)]
 pub struct Attachment {
     /// Interface name.
     pub iface: String,
-    /// The mode that took: "native" or "skb".
+    /// The mode that took: "native" or "skb" (or "adopted" for a link a previous agent pinned).
     pub mode: &'static str,
-    link: XdpLinkId,
+    link: FdLink,
+    pin: PathBuf,
+}
+
+/// File name of the pinned link for `iface` inside the pin directory.
+#[must_use]
+pub fn link_pin_name(iface: &str) -> String {
+    format!("link_{iface}")
 }
 
 /// What [`Dataplane::load`] needs.
@@ -169,7 +181,9 @@ impl Dataplane {
     }
 
     /// Attaches to `iface`. In [`AttachMode::Auto`], native mode is tried first and generic mode
-    /// used where the driver refuses.
+    /// used where the driver refuses. If a previous agent left a pinned link for `iface` in the
+    /// pin directory, that link is switched over to this program atomically instead (no packet
+    /// goes unlimited in between) and `mode` is ignored.
     pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<&Attachment> {
         if iface.is_empty()
             || iface.len() > 15
@@ -177,6 +191,10 @@ impl Dataplane {
             || !Path::new("/sys/class/net").join(iface).exists()
         {
             return Err(DataplaneError::NoSuchInterface(iface.to_string()));
+        }
+        let pin = self.pin_dir().join(link_pin_name(iface));
+        if pin.exists() {
+            return self.adopt(iface, pin);
         }
         let tries: &[(XdpMode, &'static str)] = match mode {
             AttachMode::Auto => &[(XdpMode::Driver, "native"), (XdpMode::Skb, "skb")],
@@ -186,35 +204,64 @@ impl Dataplane {
         let program = xdp_program(&mut self.ebpf)?;
         let mut last = None;
         for &(xdp_mode, name) in tries {
+            let attach_err = |reason: String| DataplaneError::Attach {
+                iface: iface.to_string(),
+                mode: name,
+                reason,
+            };
             match program.attach(iface, xdp_mode) {
-                Ok(link) => {
-                    self.attachments.push(Attachment { iface: iface.to_string(), mode: name, link });
+                Ok(id) => {
+                    let link = program.take_link(id).map_err(|e| attach_err(error_chain(&e)))?;
+                    // Only a bpf_link can be pinned; aya falls back to netlink on kernels without
+                    // XDP links (< 5.9), which this agent does not support.
+                    let link = FdLink::try_from(link).map_err(|e| {
+                        attach_err(format!("not a bpf_link (kernel too old?): {}", error_chain(&e)))
+                    })?;
+                    let pinned = link
+                        .pin(&pin)
+                        .map_err(|e| attach_err(format!("pinning the link at {}: {e}", pin.display())))?;
+                    let link = FdLink::from(pinned);
+                    self.attachments.push(Attachment { iface: iface.to_string(), mode: name, link, pin });
                     return Ok(self.attachments.last().expect("just pushed"));
                 }
                 Err(e) => {
                     tracing::debug!(iface, mode = name, error = %e, "attach failed");
-                    last = Some(DataplaneError::Attach {
-                        iface: iface.to_string(),
-                        mode: name,
-                        reason: error_chain(&e),
-                    });
+                    last = Some(attach_err(error_chain(&e)));
                 }
             }
         }
         Err(last.expect("at least one mode tried"))
     }
 
-    /// Detaches from `iface`; returns whether it was attached.
+    /// Switches the link a previous agent pinned for `iface` over to this program.
+    fn adopt(&mut self, iface: &str, pin: PathBuf) -> Result<&Attachment> {
+        let attach_err = |reason: String| DataplaneError::Attach {
+            iface: iface.to_string(),
+            mode: "adopted",
+            reason,
+        };
+        let old = PinnedLink::from_pin(&pin)
+            .map_err(|e| attach_err(format!("opening pinned link {}: {}", pin.display(), error_chain(&e))))?;
+        let link = XdpLink::try_from(FdLink::from(old))
+            .map_err(|e| attach_err(format!("pinned link {} is not an XDP link: {}", pin.display(), error_chain(&e))))?;
+        let program = xdp_program(&mut self.ebpf)?;
+        // bpf_link_update: the interface runs the old program until this call and ours after it.
+        let id = program.attach_to_link(link).map_err(|e| attach_err(error_chain(&e)))?;
+        let link = program.take_link(id).map_err(|e| attach_err(error_chain(&e)))?;
+        let link = FdLink::try_from(link).map_err(|e| attach_err(error_chain(&e)))?;
+        self.attachments.push(Attachment { iface: iface.to_string(), mode: "adopted", link, pin });
+        Ok(self.attachments.last().expect("just pushed"))
+    }
+
+    /// Detaches from `iface` (removes its pinned link); returns whether it was attached.
     pub fn detach(&mut self, iface: &str) -> Result<bool> {
         let Some(pos) = self.attachments.iter().position(|a| a.iface == iface) else {
             return Ok(false);
         };
         let att = self.attachments.remove(pos);
-        xdp_program(&mut self.ebpf)?.detach(att.link).map_err(|e| DataplaneError::Attach {
-            iface: iface.to_string(),
-            mode: att.mode,
-            reason: format!("detach: {}", error_chain(&e)),
-        })?;
+        remove_link_pin(&att.pin)?;
+        // Closing the last reference to an unpinned link detaches the program.
+        drop(att.link);
         Ok(true)
     }
 
@@ -227,11 +274,18 @@ impl Dataplane {
         Ok(())
     }
 
+    /// Leaves every attachment, map and pin in place and lets go of them: the limiter keeps
+    /// enforcing with the rules in force, and the next agent adopts it all.
+    pub fn keep_attached(self) {
+        drop(self);
+    }
+
     /// Detaches everything, unloads the program and removes the pinned maps.
     pub fn remove(mut self) -> Result<()> {
         self.detach_all()?;
         let dir = self.pin_dir().to_path_buf();
         drop(self);
+        remove_link_pins(&dir)?;
         maps::remove_pins(&dir).map_err(|source| DataplaneError::Io {
             what: "removing pinned maps in",
             path: dir,
@@ -285,6 +339,38 @@ impl Dataplane {
         self.maps.set_config(Config { flags, ..config })?;
         Ok(())
     }
+}
+
+fn remove_link_pin(pin: &Path) -> Result<()> {
+    match fs::remove_file(pin) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(DataplaneError::Io { what: "removing pinned link", path: pin.to_path_buf(), source }),
+    }
+}
+
+/// Removes every pinned link in `dir` (links of interfaces this agent did not attach to, left by
+/// an earlier agent): with no other reference, each link is released and its program detached.
+pub fn remove_link_pins(dir: &Path) -> Result<()> {
+    let Ok(entries) = fs::read_dir(dir) else { return Ok(()) };
+    for entry in entries.flatten() {
+        if entry.file_name().to_string_lossy().starts_with("link_") {
+            remove_link_pin(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// Detaches and removes everything a (possibly dead) agent left in `pin_dir`: pinned links (so
+/// the interfaces stop running the program) and pinned maps. For `ratelimit detach` without a
+/// running agent.
+pub fn remove_pin_dir(pin_dir: &Path) -> Result<()> {
+    remove_link_pins(pin_dir)?;
+    maps::remove_pins(pin_dir).map_err(|source| DataplaneError::Io {
+        what: "removing pinned maps in",
+        path: pin_dir.to_path_buf(),
+        source,
+    })
 }
 
 fn xdp_program(ebpf: &mut Ebpf) -> Result<&mut Xdp> {

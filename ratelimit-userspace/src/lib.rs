@@ -9,8 +9,10 @@
 //! - [`dataplane`]: loads and attaches the XDP program and swaps rule sets in atomically.
 //! - [`stats`]: counter reports for `ratelimit stats` (table and JSON).
 pub mod agent;
+pub mod api;
 pub mod compile;
 pub mod config;
 pub mod dataplane;
 pub mod maps;
+pub mod metrics;
 pub mod stats;

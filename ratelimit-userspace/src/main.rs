@@ -35,6 +35,10 @@ enum Command {
         /// XDP mode: auto (native, falling back to generic), native, or skb (generic).
         #[arg(long, value_parser = parse_mode)]
         mode: Option<AttachMode>,
+        /// On exit, leave the limiter attached and its state pinned, for a restart or upgrade:
+        /// the next agent adopts it without a gap.
+        #[arg(long)]
+        keep_attached: bool,
     },
     /// Validate a config file and print the compiled rules; changes nothing.
     Check {
@@ -85,17 +89,10 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Agent { config, ifaces, mode } => {
-            let opts = AgentOptions { config_path: config, interfaces: ifaces, mode };
+        Command::Agent { config, ifaces, mode, keep_attached } => {
+            let opts = AgentOptions { config_path: config, interfaces: ifaces, mode, keep_attached };
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-            rt.block_on(async {
-                let shutdown = async {
-                    if let Err(e) = agent::shutdown_signal().await {
-                        tracing::error!(error = %e, "signal handling");
-                    }
-                };
-                agent::run(opts, shutdown).await
-            })?;
+            rt.block_on(agent::run(opts))?;
             Ok(())
         }
         Command::Check { config } => {

@@ -268,6 +268,17 @@ impl PinnedMaps {
         Ok(map.iter().filter_map(std::result::Result::ok).collect())
     }
 
+    /// The bucket under `key`, if tracked.
+    pub fn bucket(&self, key: &BucketKey) -> Result<Option<Bucket>> {
+        let map: HashMap<_, BucketKey, Bucket> =
+            HashMap::try_from(&self.buckets).map_err(op(map_names::BUCKETS))?;
+        match map.get(key, 0) {
+            Ok(b) => Ok(Some(b)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(op(map_names::BUCKETS)(e)),
+        }
+    }
+
     /// Deletes the buckets of the given rule ids.
     pub fn purge_buckets(&mut self, ids: &std::collections::BTreeSet<u32>) -> Result<usize> {
         let mut map: HashMap<_, BucketKey, Bucket> =

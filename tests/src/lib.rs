@@ -36,6 +36,7 @@
 //! ```
 
 pub mod agent;
+pub mod agent_proc;
 mod cmd;
 pub mod link;
 pub mod netns;
@@ -52,6 +53,7 @@ pub use link::{add_addr, add_neigh, ifindex, mac, neigh_to_peer, veth_pair};
 pub use netns::{in_netns, leftover_check, netns_exists, Netns};
 pub use receiver::{ReceiveReport, Receiver, SourceStats};
 pub use agent::agent_binary;
+pub use agent_proc::AgentProcess;
 pub use xdp::TestDataplane;
 pub use traffic::{bind_udp, bind_udp_transparent, send_udp, send_udp_from, SendReport};
 
