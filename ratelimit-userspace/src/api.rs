@@ -1,13 +1,587 @@
-//! The control API: HTTP/1.1 with JSON bodies on a Unix socket (root-only), served to the
-//! `ratelimit` CLI (and `curl --unix-socket`).
+//! The control API: HTTP/1.1 with JSON bodies on a root-only Unix socket, served to the
+//! `ratelimit` CLI (see [`crate::client`]) and to `curl --unix-socket SOCKET http://agent/v1/...`.
+//!
+//! Every change is validated whole before anything in force changes; a refused request gets a
+//! 4xx status and `{"error": "..."}` naming the field at fault. The JSON shapes below are part of
+//! the user-facing contract: fields may be added, none renamed or removed.
+//!
+//! # Routes
+//! | route | answer |
+//! | --- | --- |
+//! | `GET /v1/status` | `{"version", "pid", "uptime_secs", "config", "pin_path", "socket", "interfaces": [{"iface", "mode"}], "rules", "prefixes", "generation", "dry_run", "buckets_tracked", "buckets_capacity", "reloads": {"ok", "failed", "last_error", "last_ok_unix", "restart_needed"}}` |
+//! | `GET /v1/rules` | `{"rules": [RULE, ...]}` in config order |
+//! | `POST /v1/rules` | body: one RULE; `201 {"added": RULE, "rules": N}` |
+//! | `DELETE /v1/rules/{name}` | `{"removed": "name", "rules": N}` |
+//! | `POST /v1/reload` | re-reads the config file: `{"reloaded": true, "rules": N, "restart_needed": [..]}` |
+//! | `GET /v1/stats` | the `ratelimit stats --json` report (see [`crate::stats`]) |
+//! | `GET /v1/top?n=N&interval_ms=M` | `{"interval_ms", "buckets_tracked", "active", "top": [TOP, ...]}` |
+//! | `GET /v1/explain?ip=IP&protocol=P&dst_port=N` | `{"ip", "protocol", "dst_port", "rule": {"name", "id", "line", "config": RULE} or null, "prefix", "candidates", "why", "bucket": BUCKET or null}` |
+//! | `POST /v1/detach` | optional body `{"iface": "eth0"}`; `{"detached": ["eth0"]}` |
+//!
+//! RULE is a rule with the config file's keys: `{"name", "source": "CIDR" or ["CIDR", ..],
+//! "action", "rate", "burst", "bytes_rate", "bytes_burst", "per", "protocol", "dst_port", "scope",
+//! "dry_run"}`; keys meaningless for the rule's action are left out, and sent rules take the
+//! config file's defaults and spellings (`burst` defaults to `rate`, `protocol` to `any`...).
+//!
+//! TOP is one bucket's use over the interval: `{"rule", "rule_id", "source" (the bucket's
+//! address masked to the rule's `per`, e.g. `"198.18.1.0/24"`), "pps" (packets passed per
+//! second), "drops_per_sec", "tokens" (packet tokens left now, negative in debt, null without a
+//! packet limit), "byte_tokens", "passed", "dropped" (totals since the bucket was created)}`,
+//! sorted by `pps + drops_per_sec`, highest first; buckets that saw no packet in the interval are
+//! left out. `n` defaults to 10, `interval_ms` to 1000 (10..=60000).
+//!
+//! BUCKET is `{"tokens", "byte_tokens", "passed", "dropped", "age_secs"}`. In `explain`,
+//! `protocol` is `tcp`, `udp`, `icmp` or a protocol number (answered as the number, 0 for none).
+//!
+//! Errors: 400 malformed or invalid request, 404 unknown route or rule, 409 a rule of that name
+//! exists or the rule set would not compile, 422 the config file is invalid (reload), 500 the data
+//! plane failed. Body `{"error": "message"}`.
 
-use std::path::Path;
+use std::{
+    collections::HashMap,
+    fs,
+    io::ErrorKind,
+    net::IpAddr,
+    os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, PermissionsExt as _},
+    path::Path,
+    str::FromStr,
+    time::Duration,
+};
 
-use crate::agent::{AgentError, SharedAgent};
+use axum::{
+    body::Bytes,
+    extract::{Path as UrlPath, Query, State},
+    http::{Method, StatusCode, Uri},
+    response::{IntoResponse, Response},
+    routing::{delete, get, post},
+    Json, Router,
+};
+use ipnet::IpNet;
+use ratelimit_common::{family, Bucket, BucketKey};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 
-/// Binds the control socket and serves the API until the task is aborted.
-pub async fn serve(socket: &Path, agent: SharedAgent) -> Result<tokio::task::JoinHandle<()>, AgentError> {
-    // TODO(api): routes.
-    let _ = (socket, agent);
-    Ok(tokio::spawn(std::future::pending()))
+use crate::{
+    agent::{bucket_addr, AgentError, BucketView, SharedAgent},
+    compile::CompiledRuleSet,
+    config::{
+        Action, Per, Protocol, RuleConfig, Scope, DEFAULT_BYTES_BURST_FLOOR, MAX_TOLERANCE_NS,
+    },
+};
+
+/// Default and bounds of `top`'s `interval_ms`.
+const TOP_INTERVAL_MS: (u64, u64, u64) = (1000, 10, 60_000);
+/// Default and largest `top` `n`.
+const TOP_N: (usize, usize) = (10, 100_000);
+
+/// Binds the control socket (see [`bind`]) and serves the API until the task is aborted.
+pub async fn serve(
+    socket: &Path,
+    agent: SharedAgent,
+) -> Result<tokio::task::JoinHandle<()>, AgentError> {
+    let listener = bind(socket)?;
+    let app = router(agent);
+    let path = socket.display().to_string();
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(socket = %path, error = %e, "control API stopped");
+        }
+    }))
 }
+
+/// Creates the socket's directory (0755) if missing, removes a stale socket left by a dead agent,
+/// refuses to start if a live agent answers on it, binds, and makes the socket root-only (0600).
+pub fn bind(socket: &Path) -> Result<tokio::net::UnixListener, AgentError> {
+    let err = |what: &str, e: std::io::Error| {
+        AgentError::Runtime(format!("control socket {}: {what}: {e}", socket.display()))
+    };
+    if let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.exists() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir)
+                .map_err(|e| err(&format!("creating {}", dir.display()), e))?;
+        }
+    }
+    match fs::symlink_metadata(socket) {
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(err("inspecting", e)),
+        Ok(meta) if !meta.file_type().is_socket() => {
+            return Err(AgentError::Runtime(format!(
+                "control socket {} exists and is not a socket: remove it or set another `socket` in [agent]",
+                socket.display()
+            )));
+        }
+        Ok(_) => match std::os::unix::net::UnixStream::connect(socket) {
+            Ok(_) => {
+                return Err(AgentError::Runtime(format!(
+                    "another agent is running on {}: stop it first (`ratelimit --socket {0} status` shows it), \
+                     or give this one another `socket` in [agent]",
+                    socket.display()
+                )));
+            }
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+                tracing::info!(socket = %socket.display(), "removing a stale control socket");
+                fs::remove_file(socket).map_err(|e| err("removing the stale socket", e))?;
+            }
+            Err(e) => return Err(err("checking for a running agent", e)),
+        },
+    }
+    // The umask keeps the socket private from the moment it exists (chmod after bind would leave
+    // a window in which anyone could connect); nothing else creates files while the agent starts.
+    // SAFETY: umask has no preconditions.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = tokio::net::UnixListener::bind(socket);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    let listener = bound.map_err(|e| err("binding", e))?;
+    fs::set_permissions(socket, fs::Permissions::from_mode(0o600))
+        .map_err(|e| err("setting permissions 0600", e))?;
+    Ok(listener)
+}
+
+/// The API's routes over `agent`.
+pub fn router(agent: SharedAgent) -> Router {
+    Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/rules", get(rules_list).post(rules_add))
+        .route("/v1/rules/{name}", delete(rules_remove))
+        .route("/v1/reload", post(reload))
+        .route("/v1/stats", get(stats))
+        .route("/v1/top", get(top))
+        .route("/v1/explain", get(explain))
+        .route("/v1/detach", post(detach))
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_method)
+        .with_state(agent)
+}
+
+/// A refused or failed request: its status and the message of `{"error": ...}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self { status: StatusCode::BAD_REQUEST, message: message.into() }
+    }
+}
+
+impl From<AgentError> for ApiError {
+    fn from(e: AgentError) -> Self {
+        let status = match &e {
+            AgentError::NoSuchRule(_) => StatusCode::NOT_FOUND,
+            AgentError::RuleExists(_) | AgentError::Compile { .. } => StatusCode::CONFLICT,
+            AgentError::Config(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            AgentError::BadRequest(_)
+            | AgentError::NoSuchInterface { .. }
+            | AgentError::NoInterfaces(_) => StatusCode::BAD_REQUEST,
+            AgentError::Dataplane(_) | AgentError::Maps(_) | AgentError::Runtime(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        Self { status, message: e.to_string() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(json!({ "error": self.message }))).into_response()
+    }
+}
+
+type ApiResult<T = Json<Value>> = Result<T, ApiError>;
+
+fn to_json(v: &impl Serialize) -> ApiResult {
+    serde_json::to_value(v).map(Json).map_err(|e| ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        message: format!("encoding the answer: {e}"),
+    })
+}
+
+async fn no_route(method: Method, uri: Uri) -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!(
+            "no route {method} {}: see the routes in `ratelimit --help` or the API docs",
+            uri.path()
+        ),
+    }
+}
+
+async fn no_method(method: Method, uri: Uri) -> ApiError {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: format!("{} does not take {method}", uri.path()),
+    }
+}
+
+async fn status(State(agent): State<SharedAgent>) -> ApiResult {
+    let status = agent.lock().await.status()?;
+    to_json(&status)
+}
+
+async fn rules_list(State(agent): State<SharedAgent>) -> ApiResult {
+    let guard = agent.lock().await;
+    to_json(&json!({ "rules": guard.config().rules }))
+}
+
+async fn rules_add(State(agent): State<SharedAgent>, body: Bytes) -> ApiResult<(StatusCode, Json<Value>)> {
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not JSON: {e}")))?;
+    let rule = rule_from_json(&value).map_err(ApiError::bad_request)?;
+    let mut guard = agent.lock().await;
+    guard.add_rule(rule.clone())?;
+    let added = guard.config().rules.iter().find(|r| r.name == rule.name).unwrap_or(&rule);
+    tracing::info!(rule = %rule.name, "rule added (API)");
+    let body = json!({ "added": added, "rules": guard.config().rules.len() });
+    Ok((StatusCode::CREATED, Json(body)))
+}
+
+async fn rules_remove(State(agent): State<SharedAgent>, UrlPath(name): UrlPath<String>) -> ApiResult {
+    let mut guard = agent.lock().await;
+    guard.remove_rule(&name)?;
+    tracing::info!(rule = %name, "rule removed (API)");
+    Ok(Json(json!({ "removed": name, "rules": guard.config().rules.len() })))
+}
+
+async fn reload(State(agent): State<SharedAgent>) -> ApiResult {
+    let mut guard = agent.lock().await;
+    guard.reload()?;
+    Ok(Json(json!({
+        "reloaded": true,
+        "rules": guard.config().rules.len(),
+        "restart_needed": guard.reload_state().restart_needed,
+    })))
+}
+
+async fn stats(State(agent): State<SharedAgent>) -> ApiResult {
+    let report = agent.lock().await.stats()?;
+    to_json(&report)
+}
+
+/// Query of `GET /v1/top`: strings, so that a bad value gets our message rather than a rejection.
+#[derive(Deserialize)]
+struct TopQuery {
+    n: Option<String>,
+    interval_ms: Option<String>,
+}
+
+async fn top(State(agent): State<SharedAgent>, Query(q): Query<TopQuery>) -> ApiResult {
+    let n = match q.n.as_deref() {
+        None => TOP_N.0,
+        Some(s) => s
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=TOP_N.1).contains(n))
+            .ok_or_else(|| ApiError::bad_request(format!("n: {s:?} is not a number between 1 and {}", TOP_N.1)))?,
+    };
+    let (default, min, max) = TOP_INTERVAL_MS;
+    let interval_ms = match q.interval_ms.as_deref() {
+        None => default,
+        Some(s) => s.parse::<u64>().ok().filter(|v| (min..=max).contains(v)).ok_or_else(|| {
+            ApiError::bad_request(format!("interval_ms: {s:?} is not a number between {min} and {max}"))
+        })?,
+    };
+    // Two snapshots apart, without holding the lock in between: changes go on meanwhile.
+    let (t0, first) = agent.lock().await.buckets()?;
+    tokio::time::sleep(Duration::from_millis(interval_ms)).await;
+    let guard = agent.lock().await;
+    let (t1, second) = guard.buckets()?;
+    let tracked = second.len();
+    let mut entries = top_entries(&first, t0, &second, t1, guard.rule_set());
+    drop(guard);
+    let active = entries.len();
+    entries.truncate(n);
+    to_json(&TopReport { interval_ms, buckets_tracked: tracked, active, top: entries })
+}
+
+/// `GET /v1/top`'s answer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TopReport {
+    /// Time between the two bucket snapshots.
+    pub interval_ms: u64,
+    /// Buckets tracked at the second snapshot.
+    pub buckets_tracked: usize,
+    /// Buckets that saw packets in the interval.
+    pub active: usize,
+    /// The busiest of them, busiest first.
+    pub top: Vec<TopEntry>,
+}
+
+/// One bucket's use over `top`'s interval.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TopEntry {
+    /// Rule name.
+    pub rule: String,
+    /// Rule id.
+    pub rule_id: u32,
+    /// The bucket's source: the address masked to the rule's `per`, as a prefix.
+    pub source: String,
+    /// Packets passed per second.
+    pub pps: f64,
+    /// Packets dropped (or counted as dry-run drops) per second.
+    pub drops_per_sec: f64,
+    /// Packet tokens left now (negative: in debt); `None` without a packet limit.
+    pub tokens: Option<f64>,
+    /// Byte tokens left now; `None` without a byte limit.
+    pub byte_tokens: Option<f64>,
+    /// Packets passed since the bucket was created.
+    pub passed: u64,
+    /// Packets dropped since the bucket was created.
+    pub dropped: u64,
+}
+
+/// The buckets of `second` (read at `t1`, `CLOCK_MONOTONIC` ns) that saw packets since `first`
+/// (read at `t0`), busiest first. A bucket absent from `first`, or created anew since (LRU
+/// eviction), counts from zero. Buckets of rules no longer in `set` are left out.
+#[must_use]
+pub fn top_entries(
+    first: &[(BucketKey, Bucket)],
+    t0: u64,
+    second: &[(BucketKey, Bucket)],
+    t1: u64,
+    set: &CompiledRuleSet,
+) -> Vec<TopEntry> {
+    let id = |k: &BucketKey| (k.rule, k.family, k.addr);
+    let before: HashMap<_, &Bucket> = first.iter().map(|(k, b)| (id(k), b)).collect();
+    #[expect(clippy::cast_precision_loss, reason = "nanoseconds and packet counts, display only")]
+    let secs = t1.saturating_sub(t0).max(1) as f64 / 1e9;
+    let mut out: Vec<TopEntry> = second
+        .iter()
+        .filter_map(|(k, b)| {
+            let rule = set.rule(k.rule)?;
+            let (p0, d0) = before
+                .get(&id(k))
+                .filter(|b0| b0.created_ns == b.created_ns)
+                .map_or((0, 0), |b0| (b0.passed_pkts, b0.dropped_pkts));
+            let (dp, dd) = (b.passed_pkts.saturating_sub(p0), b.dropped_pkts.saturating_sub(d0));
+            if dp == 0 && dd == 0 {
+                return None;
+            }
+            let view = BucketView::new(b, &rule.rule, t1);
+            #[expect(clippy::cast_precision_loss, reason = "display only")]
+            let (pps, drops) = (dp as f64 / secs, dd as f64 / secs);
+            Some(TopEntry {
+                rule: rule.name.clone(),
+                rule_id: rule.id,
+                source: bucket_source(k, &rule.rule),
+                pps,
+                drops_per_sec: drops,
+                tokens: view.tokens,
+                byte_tokens: view.byte_tokens,
+                passed: b.passed_pkts,
+                dropped: b.dropped_pkts,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        (b.pps + b.drops_per_sec)
+            .total_cmp(&(a.pps + a.drops_per_sec))
+            .then_with(|| a.source.cmp(&b.source))
+    });
+    out
+}
+
+/// The bucket's address as a prefix of the rule's granularity (`198.18.1.0/24`).
+fn bucket_source(key: &BucketKey, rule: &ratelimit_common::Rule) -> String {
+    let len = if key.family == family::V4 {
+        rule.src_mask[0].count_ones().min(32)
+    } else {
+        rule.src_mask.iter().map(|w| w.count_ones()).sum::<u32>().min(128)
+    };
+    let len = u8::try_from(len).unwrap_or(0);
+    IpNet::new(bucket_addr(key), len).map_or_else(|_| bucket_addr(key).to_string(), |n| n.trunc().to_string())
+}
+
+/// Query of `GET /v1/explain`.
+#[derive(Deserialize)]
+struct ExplainQuery {
+    ip: Option<String>,
+    protocol: Option<String>,
+    dst_port: Option<String>,
+}
+
+async fn explain(State(agent): State<SharedAgent>, Query(q): Query<ExplainQuery>) -> ApiResult {
+    let (ip, protocol, dst_port) =
+        explain_args(q.ip.as_deref(), q.protocol.as_deref(), q.dst_port.as_deref())
+            .map_err(ApiError::bad_request)?;
+    let answer = agent.lock().await.explain(ip, protocol, dst_port)?;
+    to_json(&answer)
+}
+
+/// Parses `explain`'s query: the address, the IP protocol number (`icmp` is ICMPv6 for an IPv6
+/// address) and the destination port.
+pub fn explain_args(
+    ip: Option<&str>,
+    protocol: Option<&str>,
+    dst_port: Option<&str>,
+) -> Result<(IpAddr, u8, Option<u16>), String> {
+    let ip = ip.ok_or("ip: missing (e.g. ?ip=198.51.100.7)")?;
+    let ip: IpAddr = ip
+        .parse()
+        .map_err(|_| format!("ip: {ip:?} is not an IPv4 or IPv6 address"))?;
+    let protocol = match protocol {
+        None => 0,
+        Some(p) => match Protocol::from_str(p) {
+            Ok(Protocol::Tcp) => 6,
+            Ok(Protocol::Udp) => 17,
+            Ok(Protocol::Icmp) => if ip.is_ipv4() { 1 } else { 58 },
+            Ok(Protocol::Any) => 0,
+            Err(e) => p.parse::<u8>().map_err(|_| format!("protocol: {e}, or a protocol number"))?,
+        },
+    };
+    let dst_port = dst_port
+        .map(|p| {
+            p.parse::<u16>()
+                .ok()
+                .filter(|&p| p != 0)
+                .ok_or_else(|| format!("dst_port: {p:?} is not a port between 1 and 65535"))
+        })
+        .transpose()?;
+    if dst_port.is_some() && !matches!(protocol, 6 | 17) {
+        return Err("dst_port: only meaningful with protocol tcp or udp".to_string());
+    }
+    Ok((ip, protocol, dst_port))
+}
+
+async fn detach(State(agent): State<SharedAgent>, body: Bytes) -> ApiResult {
+    let iface = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        let v: Value = serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("the request body is not JSON: {e}")))?;
+        match v.get("iface") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other) => return Err(ApiError::bad_request(format!("iface: expected a string, got {other}"))),
+        }
+    };
+    let done = agent.lock().await.detach(iface.as_deref())?;
+    Ok(Json(json!({ "detached": done })))
+}
+
+/// Keys a rule object may have.
+const RULE_KEYS: [&str; 12] = [
+    "name", "source", "action", "rate", "burst", "bytes_rate", "bytes_burst", "per", "protocol",
+    "dst_port", "scope", "dry_run",
+];
+
+/// Builds a rule from its JSON object (the config file's keys and spellings), filling in the
+/// config file's defaults, and validates it. The error names the rule and the key at fault.
+pub fn rule_from_json(v: &Value) -> Result<RuleConfig, String> {
+    let obj = v.as_object().ok_or_else(|| format!("a rule must be a JSON object, got {v}"))?;
+    let name = match obj.get("name") {
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => return Err(format!("field `name`: expected a string, got {other}")),
+        None => return Err("field `name`: required, but missing".to_string()),
+    };
+    let fail = |field: &str, message: String| format!("rule {name:?}: field `{field}`: {message}");
+    if let Some(key) = obj.keys().find(|k| !RULE_KEYS.contains(&k.as_str())) {
+        let hint = if key == "source_file" {
+            "list files can only be named in the config file; send `source` with the prefixes".to_string()
+        } else {
+            format!("unknown key; a rule takes {}", RULE_KEYS.join(", "))
+        };
+        return Err(fail(key, hint));
+    }
+    let sources = match obj.get("source") {
+        None => return Err(fail("source", "required, but missing".into())),
+        Some(Value::String(s)) => vec![parse_source(s).map_err(|m| fail("source", m))?],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|item| match item {
+                Value::String(s) => parse_source(s),
+                other => Err(format!("expected CIDR strings, got {other}")),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|m| fail("source", m))?,
+        Some(other) => return Err(fail("source", format!("expected a CIDR or an array of them, got {other}"))),
+    };
+    let mut rule = RuleConfig::with_sources(name.clone(), sources);
+    let keyword = |field: &'static str| -> Result<Option<&str>, String> {
+        match obj.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.as_str())),
+            Some(other) => Err(fail(field, format!("expected a string, got {other}"))),
+        }
+    };
+    let number = |field: &'static str| -> Result<Option<u64>, String> {
+        match obj.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(n) => n
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| fail(field, format!("must be a non-negative integer (got {n})"))),
+        }
+    };
+    fn parsed<T: FromStr<Err = String>>(s: Option<&str>, fail: impl Fn(String) -> String) -> Result<Option<T>, String> {
+        s.map(|s| T::from_str(s).map_err(&fail)).transpose()
+    }
+    rule.action = parsed(keyword("action")?, |m| fail("action", m))?.unwrap_or(Action::Limit);
+    rule.protocol = parsed(keyword("protocol")?, |m| fail("protocol", m))?.unwrap_or(Protocol::Any);
+    let per: Option<Per> = parsed(keyword("per")?, |m| fail("per", m))?;
+    let scope: Option<Scope> = parsed(keyword("scope")?, |m| fail("scope", m))?;
+    let (rate, burst) = (number("rate")?, number("burst")?);
+    let (bytes_rate, bytes_burst) = (number("bytes_rate")?, number("bytes_burst")?);
+    if rule.action != Action::Limit {
+        // Checked here because the typed rule cannot tell `per = "source"` from no `per`.
+        let given = [
+            ("rate", rate.is_some()),
+            ("burst", burst.is_some()),
+            ("bytes_rate", bytes_rate.is_some()),
+            ("bytes_burst", bytes_burst.is_some()),
+            ("per", per.is_some()),
+            ("scope", scope.is_some()),
+        ];
+        if let Some((field, _)) = given.iter().find(|(_, set)| *set) {
+            return Err(fail(
+                field,
+                format!(
+                    "has no meaning for an {} rule (only limit rules take rates, per and scope)",
+                    rule.action
+                ),
+            ));
+        }
+    }
+    rule.rate = rate;
+    rule.burst = burst.or(rate);
+    rule.bytes_rate = bytes_rate;
+    // The config file's default, capped at an hour's worth (see RuleConfig::bytes_burst).
+    rule.bytes_burst = bytes_burst.or_else(|| {
+        bytes_rate.map(|r| r.max(DEFAULT_BYTES_BURST_FLOOR).min(r.saturating_mul(MAX_TOLERANCE_NS / 1_000_000_000)))
+    });
+    rule.per = per.unwrap_or_default();
+    rule.scope = scope.unwrap_or_default();
+    if let Some(port) = number("dst_port")? {
+        let port = u16::try_from(port)
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or_else(|| fail("dst_port", format!("must be between 1 and 65535 (got {port})")))?;
+        rule.dst_port = Some(port);
+    }
+    rule.dry_run = match obj.get("dry_run") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => return Err(fail("dry_run", format!("expected true or false, got {other}"))),
+    };
+    rule.validate().map_err(|e| fail(e.field, e.message))?;
+    Ok(rule)
+}
+
+/// A rule's `source` entry: a CIDR, or a bare address meaning a single host (as in the file).
+fn parse_source(text: &str) -> Result<IpNet, String> {
+    text.parse::<IpNet>()
+        .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
+        .map_err(|_| {
+            format!(
+                "{text:?} is not an IPv4 or IPv6 CIDR (such as \"10.0.0.0/8\" or \"2001:db8::/32\") or address"
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests;

@@ -43,8 +43,8 @@ pub struct CompiledRule {
     pub id: u32,
     /// The kernel record.
     pub rule: Rule,
-    /// Source prefix the rule applies to.
-    pub source: IpNet,
+    /// Source prefixes the rule applies to.
+    pub sources: Vec<IpNet>,
     /// Line of the rule in its config file (0 if it did not come from a file).
     pub line: usize,
     /// The id was not in use by the installed rule set: the agent must reset the id's counters
@@ -421,25 +421,28 @@ fn mask(len: u8) -> u128 {
     }
 }
 
-fn ip_protocol(protocol: Protocol, source: &IpNet) -> u8 {
-    match (protocol, source) {
+/// The IP protocol number of `protocol` for a rule whose sources are all IPv6 (`v6_only`) or
+/// not (validation keeps `icmp` rules to one family).
+fn ip_protocol(protocol: Protocol, v6_only: bool) -> u8 {
+    match (protocol, v6_only) {
         (Protocol::Tcp, _) => 6,
         (Protocol::Udp, _) => 17,
-        (Protocol::Icmp, IpNet::V4(_)) => 1,
-        (Protocol::Icmp, IpNet::V6(_)) => 58,
+        (Protocol::Icmp, false) => 1,
+        (Protocol::Icmp, true) => 58,
         (Protocol::Any, _) => 0,
     }
 }
 
 /// The kernel record of a valid rule.
 pub fn rule_record(r: &RuleConfig) -> Rule {
+    let (has_v4, has_v6) = r.families();
     let mut rule = Rule {
         action: match r.action {
             Action::Limit => action::LIMIT,
             Action::Allow => action::ALLOW,
             Action::Deny => action::DENY,
         },
-        protocol: ip_protocol(r.protocol, &r.source),
+        protocol: ip_protocol(r.protocol, has_v6 && !has_v4),
         dst_port: r.dst_port.unwrap_or(0),
         flags: if r.dry_run { rule_flags::DRY_RUN } else { 0 },
         ..Rule::default()
@@ -448,7 +451,10 @@ pub fn rule_record(r: &RuleConfig) -> Rule {
         return rule;
     }
     let per_len = match r.per {
-        Per::Source => r.source.max_prefix_len(),
+        // An IPv4 address fills the first word of the key and the rest is zero, so a rule
+        // with IPv6 sources (IPv4 too or not) can mask every word.
+        Per::Source if has_v6 => 128,
+        Per::Source => 32,
         Per::Rule => 0,
         Per::Prefix(len) => len,
     };
@@ -535,16 +541,15 @@ pub fn compile(rules: &[RuleConfig], ids: &RuleIds) -> Result<CompiledRuleSet, C
     let sources: Vec<(IpNet, usize)> = rules
         .iter()
         .enumerate()
-        .map(|(i, r)| (r.source, i))
+        .flat_map(|(i, r)| r.sources.iter().map(move |&net| (net, i)))
         .collect();
     let prefixes = build_prefixes(rules, &compiled, &sources)?;
     Ok(assemble(compiled, prefixes, ids.version))
 }
 
-/// Builds the prefix entries from (source prefix, index of its rule) pairs.
-///
-/// Written for any number of prefixes per rule (the config gives each rule one `source` today;
-/// a deny list with many prefixes would be one rule with many), in O(n log n).
+/// Builds the prefix entries from (source prefix, index of its rule) pairs: any number of
+/// prefixes per rule, and one prefix may be listed by several rules. O(n log n) in the pairs.
+/// Pairs listed twice count once.
 fn build_prefixes(
     rules: &[RuleConfig],
     compiled: &[CompiledRule],
@@ -716,7 +721,7 @@ fn assign_ids(rules: &[RuleConfig], ids: &RuleIds) -> Result<Vec<CompiledRule>, 
             name: r.name.clone(),
             id,
             rule,
-            source: r.source,
+            sources: r.sources.clone(),
             line: r.line,
             fresh: is_fresh,
         });

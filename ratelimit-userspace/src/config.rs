@@ -49,6 +49,11 @@ pub const MIN_BYTES_BURST: u64 = 1514;
 pub const DEFAULT_BYTES_BURST_FLOOR: u64 = 65_536;
 /// Longest rule name.
 pub const MAX_NAME_LEN: usize = 64;
+/// Most source prefixes one rule may list (`source` array or `source_file`).
+pub const MAX_RULE_PREFIXES: usize = 250_000;
+/// Most distinct source prefixes over all rules: half the prefix trie, because the trie holds
+/// the installed and the next rule set during a swap.
+pub const MAX_TOTAL_PREFIXES: usize = ratelimit_common::MAX_PREFIXES as usize / 2;
 
 const NS_PER_SEC: u64 = 1_000_000_000;
 
@@ -268,8 +273,14 @@ impl<'de> Deserialize<'de> for Per {
 pub struct RuleConfig {
     /// Unique name, `[A-Za-z0-9_.-]{1,64}`.
     pub name: String,
-    /// Source prefix (host bits zero). A bare address in the file means /32 or /128.
-    pub source: IpNet,
+    /// Source prefixes (host bits zero, no duplicates), in the order written: from `source` (one
+    /// CIDR or an array of them; a bare address means /32 or /128) or read from `source_file`.
+    /// IPv4 and IPv6 prefixes may be mixed, except with `per = "/N"` or `protocol = "icmp"`.
+    pub sources: Vec<IpNet>,
+    /// The list file `sources` were read from (`source_file`), resolved against the config
+    /// file's directory; `None` when they are written inline (`source`). Writing the rules back
+    /// keeps the `source_file` key and never rewrites the list itself.
+    pub source_file: Option<PathBuf>,
     /// What to do with matching packets.
     pub action: Action,
     /// Packets per second (limit rules).
@@ -316,9 +327,15 @@ impl RuleConfig {
     /// A rule with every optional key at its default: a limit rule with no limit yet (which
     /// [`validate`](Self::validate) rejects until `rate` or `bytes_rate` is set).
     pub fn new(name: impl Into<String>, source: IpNet) -> Self {
+        Self::with_sources(name, vec![source])
+    }
+
+    /// Like [`new`](Self::new), for a rule with any number of source prefixes.
+    pub fn with_sources(name: impl Into<String>, sources: Vec<IpNet>) -> Self {
         Self {
             name: name.into(),
-            source,
+            sources,
+            source_file: None,
             action: Action::Limit,
             rate: None,
             burst: None,
@@ -339,7 +356,7 @@ impl RuleConfig {
     /// `rate` and `bytes_rate` are (the config parser does that).
     pub fn validate(&self) -> Result<(), RuleError> {
         validate_name(&self.name).map_err(|m| rule_error("name", m))?;
-        validate_source(&self.source).map_err(|m| rule_error("source", m))?;
+        self.validate_sources()?;
         if let Some(port) = self.dst_port {
             if port == 0 {
                 return Err(rule_error("dst_port", "must be between 1 and 65535"));
@@ -387,18 +404,117 @@ impl RuleConfig {
             "bytes",
         )?;
         if let Per::Prefix(len) = self.per {
-            let width = self.source.max_prefix_len();
+            let (width, family) = match self.families() {
+                (true, true) => {
+                    return Err(rule_error(
+                        "per",
+                        format!(
+                            "\"/{len}\" groups sources by a prefix length of one address family, \
+                             but this rule's sources mix IPv4 and IPv6 prefixes; use per = \"source\" \
+                             or \"rule\", or split the rule into one rule per family"
+                        ),
+                    ))
+                }
+                (false, true) => (128, "IPv6"),
+                _ => (32, "IPv4"),
+            };
             if len > width {
                 return Err(rule_error(
                     "per",
-                    format!(
-                        "/{len} is longer than an {} address (at most /{width})",
-                        family_name(&self.source)
-                    ),
+                    format!("/{len} is longer than an {family} address (at most /{width})"),
                 ));
             }
         }
         Ok(())
+    }
+
+    /// The checks on `sources` (and `protocol = "icmp"`, which depends on their family).
+    fn validate_sources(&self) -> Result<(), RuleError> {
+        let key = if self.source_file.is_some() {
+            "source_file"
+        } else {
+            "source"
+        };
+        if self.sources.is_empty() && self.source_file.is_none() {
+            return Err(rule_error(key, "must list at least one prefix"));
+        }
+        if self.sources.len() > MAX_RULE_PREFIXES {
+            return Err(rule_error(
+                key,
+                format!(
+                    "lists {} prefixes; one rule may list at most {MAX_RULE_PREFIXES}",
+                    self.sources.len()
+                ),
+            ));
+        }
+        for net in &self.sources {
+            validate_source(net).map_err(|m| rule_error(key, m))?;
+        }
+        if self.protocol == Protocol::Icmp && self.families() == (true, true) {
+            return Err(rule_error(
+                "protocol",
+                "\"icmp\" means ICMP for IPv4 sources and ICMPv6 for IPv6 sources, and one rule \
+                 cannot match both: this rule's sources mix IPv4 and IPv6 prefixes; split it into \
+                 one rule per family",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The rule's only source prefix, if it has exactly one (the common `source = "CIDR"`).
+    pub fn source(&self) -> Option<IpNet> {
+        match self.sources.as_slice() {
+            [one] => Some(*one),
+            _ => None,
+        }
+    }
+
+    /// Whether the rule has (IPv4, IPv6) source prefixes.
+    pub fn families(&self) -> (bool, bool) {
+        let (mut v4, mut v6) = (false, false);
+        for net in &self.sources {
+            match net {
+                IpNet::V4(_) => v4 = true,
+                IpNet::V6(_) => v6 = true,
+            }
+            if v4 && v6 {
+                break;
+            }
+        }
+        (v4, v6)
+    }
+
+    /// The sources for a human, short: `10.0.0.0/8`, `10.0.0.0/8, 2001:db8::/32`,
+    /// `5 prefixes (10.0.0.0/8, ...)` or `/etc/ratelimit/deny.txt (1234 prefixes)`.
+    pub fn source_summary(&self) -> String {
+        if let Some(file) = &self.source_file {
+            let n = self.sources.len();
+            return format!(
+                "{} ({n} prefix{})",
+                file.display(),
+                if n == 1 { "" } else { "es" }
+            );
+        }
+        match self.sources.as_slice() {
+            [] => "(none)".to_owned(),
+            list @ ([_] | [_, _] | [_, _, _]) => list
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            [first, ..] => format!("{} prefixes ({first}, ...)", self.sources.len()),
+        }
+    }
+
+    /// The rule as a `[[rule]]` table of the config file, with only the keys that differ from
+    /// their defaults (for `rules list` and the like). A `source_file` rule shows its file, not
+    /// the prefixes read from it.
+    pub fn to_toml(&self) -> String {
+        let mut doc = toml_edit::DocumentMut::new();
+        let mut tables = toml_edit::ArrayOfTables::new();
+        tables.push(new_rule_table(self));
+        doc.insert("rule", toml_edit::Item::ArrayOfTables(tables));
+        doc.to_string()
     }
 }
 
@@ -407,13 +523,6 @@ fn no_meaning(field: &'static str, action: Action) -> RuleError {
         field,
         format!("has no meaning for an {action} rule (only limit rules take rates, per and scope)"),
     )
-}
-
-fn family_name(net: &IpNet) -> &'static str {
-    match net {
-        IpNet::V4(_) => "IPv4",
-        IpNet::V6(_) => "IPv6",
-    }
 }
 
 /// Checks one rate/burst pair. `bounds` is (min rate, max rate, min burst).
@@ -529,7 +638,10 @@ fn parse_source(text: &str) -> Result<IpNet, String> {
 #[derive(Serialize)]
 struct RuleView<'a> {
     name: &'a str,
-    source: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<SourceView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source_file: Option<&'a Path>,
     action: Action,
     #[serde(skip_serializing_if = "Option::is_none")]
     rate: Option<u64>,
@@ -549,12 +661,28 @@ struct RuleView<'a> {
     dry_run: bool,
 }
 
+/// `source` as written: one CIDR, or an array of them.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum SourceView {
+    One(String),
+    Many(Vec<String>),
+}
+
 impl Serialize for RuleConfig {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let limit = self.action == Action::Limit;
+        let source = match (&self.source_file, self.source()) {
+            (Some(_), _) => None,
+            (None, Some(one)) => Some(SourceView::One(one.to_string())),
+            (None, None) => Some(SourceView::Many(
+                self.sources.iter().map(ToString::to_string).collect(),
+            )),
+        };
         RuleView {
             name: &self.name,
-            source: self.source.to_string(),
+            source,
+            source_file: self.source_file.as_deref(),
             action: self.action,
             rate: self.rate,
             burst: self.burst,
@@ -641,6 +769,57 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+    /// A rule's `source_file` could not be read (missing, a directory, permission denied...).
+    #[error("{}: cannot read source list: {source} (rule {rule:?}, {origin}:{line})", path.display())]
+    ListRead {
+        /// The list file.
+        path: PathBuf,
+        /// The rule naming it.
+        rule: String,
+        /// The config file.
+        origin: String,
+        /// Line of the `source_file` key in the config file.
+        line: usize,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An entry of a rule's `source_file` is invalid.
+    #[error("{}:{list_line}: {message} (rule {rule:?}, {origin}:{line})", path.display())]
+    List {
+        /// The list file.
+        path: PathBuf,
+        /// Line of the entry in the list file.
+        list_line: usize,
+        /// What is wrong.
+        message: String,
+        /// The rule naming the list.
+        rule: String,
+        /// The config file.
+        origin: String,
+        /// Line of the `source_file` key in the config file.
+        line: usize,
+    },
+    /// Writing the config file back failed. The file is unchanged, unless only the final sync
+    /// of its directory failed.
+    #[error("{}: cannot write config file: {source}", path.display())]
+    Write {
+        /// The config file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The rules were not written back because the file would not read back as them (for
+    /// example a `scope = "cluster"` rule while the file has no `[cluster]` table); the file is
+    /// unchanged.
+    #[error("{}: not written: {reason}", path.display())]
+    NotWritten {
+        /// The config file.
+        path: PathBuf,
+        /// Why, for a human.
+        reason: String,
+    },
 }
 
 /// Formats the `section: field `x`: ` part of an error message.
@@ -659,14 +838,21 @@ impl fmt::Display for Where<'_> {
 }
 
 impl ConfigError {
-    /// The 1-based line the error is about, if it is about the file's content.
+    /// The 1-based line the error is about, if it is about a file's content (for
+    /// [`ConfigError::List`], the line in the list file).
     pub fn line(&self) -> Option<usize> {
         match self {
-            ConfigError::Read { .. } | ConfigError::IsDirectory { .. } => None,
+            ConfigError::Read { .. }
+            | ConfigError::IsDirectory { .. }
+            | ConfigError::ListRead { .. }
+            | ConfigError::Write { .. }
+            | ConfigError::NotWritten { .. } => None,
             ConfigError::NotUtf8 { line, .. }
             | ConfigError::Syntax { line, .. }
             | ConfigError::Schema { line, .. }
             | ConfigError::Invalid { line, .. } => Some(*line),
+            // The line in the list file, which the message names first.
+            ConfigError::List { list_line, .. } => Some(*list_line),
         }
     }
 }
@@ -710,7 +896,8 @@ struct RawCluster {
 #[serde(deny_unknown_fields)]
 struct RawRule {
     name: Spanned<String>,
-    source: Spanned<String>,
+    source: Option<Spanned<RawSource>>,
+    source_file: Option<Spanned<PathBuf>>,
     action: Option<Spanned<Action>>,
     rate: Option<Spanned<i64>>,
     burst: Option<Spanned<i64>>,
@@ -723,10 +910,44 @@ struct RawRule {
     dry_run: Option<Spanned<bool>>,
 }
 
+/// A rule's `source` as written: one CIDR or an array of them.
+enum RawSource {
+    One(String),
+    Many(Vec<Spanned<String>>),
+}
+
+impl<'de> Deserialize<'de> for RawSource {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RawSource;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a CIDR string or an array of CIDR strings")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<RawSource, E> {
+                Ok(RawSource::One(s.to_owned()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<RawSource, A::Error> {
+                let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(item) = seq.next_element::<Spanned<String>>()? {
+                    list.push(item);
+                }
+                Ok(RawSource::Many(list))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
 /// The text being parsed, for turning byte offsets into lines in error messages.
 struct Source<'a> {
     origin: &'a str,
     text: &'a str,
+    /// Directory relative `source_file` paths are resolved against.
+    base: &'a Path,
 }
 
 impl Source<'_> {
@@ -777,34 +998,56 @@ fn non_negative(
     })
 }
 
-impl Config {
-    /// Reads and validates the config file at `path`.
-    pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        // Checked first because reading a directory fails with a less helpful EISDIR.
-        if path.is_dir() {
-            return Err(ConfigError::IsDirectory {
-                path: path.to_owned(),
-            });
-        }
-        let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
+/// The text of the config file at `path`.
+fn read_text(path: &Path) -> Result<String, ConfigError> {
+    // Checked first because reading a directory fails with a less helpful EISDIR.
+    if path.is_dir() {
+        return Err(ConfigError::IsDirectory {
             path: path.to_owned(),
-            source,
-        })?;
-        let origin = path.display().to_string();
-        let text = std::str::from_utf8(&bytes).map_err(|e| ConfigError::NotUtf8 {
-            line: bytes[..e.valid_up_to()]
-                .iter()
-                .filter(|&&b| b == b'\n')
-                .count()
-                + 1,
-            origin: origin.clone(),
-        })?;
-        Config::parse(text, &origin)
+        });
+    }
+    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    String::from_utf8(bytes).map_err(|e| {
+        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        ConfigError::NotUtf8 {
+            line: valid.iter().filter(|&&b| b == b'\n').count() + 1,
+            origin: path.display().to_string(),
+        }
+    })
+}
+
+/// The directory relative paths in the config file at `path` are resolved against.
+fn base_dir(path: &Path) -> &Path {
+    path.parent().unwrap_or(Path::new(""))
+}
+
+/// `path` as named in a config file in directory `base`.
+fn resolve(base: &Path, path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        path.to_owned()
+    } else {
+        base.join(path)
+    }
+}
+
+impl Config {
+    /// Reads and validates the config file at `path` (and the `source_file` lists it names).
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = read_text(path)?;
+        Config::parse_in(&text, &path.display().to_string(), base_dir(path))
     }
 
     /// Parses and validates config `text`; `origin` is the file name that error messages show.
+    /// Relative `source_file` paths are resolved against the directory part of `origin`.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-        let src = Source { origin, text };
+        Config::parse_in(text, origin, base_dir(Path::new(origin)))
+    }
+
+    fn parse_in(text: &str, origin: &str, base: &Path) -> Result<Config, ConfigError> {
+        let src = Source { origin, text, base };
         let doc = toml_edit::ImDocument::parse(text).map_err(|e| syntax_error(&src, &e))?;
         let raw = RawConfig::deserialize(toml_edit::de::Deserializer::from(doc.clone()))
             .map_err(|e| schema_error(&src, doc.as_table(), &e))?;
@@ -829,14 +1072,15 @@ impl Config {
                 ),
             ));
         }
-        let mut rules = Vec::with_capacity(raw.rules.len());
+        let mut rules: Vec<RuleConfig> = Vec::with_capacity(raw.rules.len());
         // Uniqueness, remembering the line that came first for the message.
         let mut names: HashMap<String, usize> = HashMap::new();
-        let mut matches: HashMap<(IpNet, Protocol, Option<u16>), (String, usize)> = HashMap::new();
+        // (prefix, protocol, port) -> index of the rule that matches it.
+        let mut matches: HashMap<(IpNet, Protocol, Option<u16>), usize> = HashMap::new();
+        let mut distinct: HashSet<IpNet> = HashSet::new();
         for (index, raw_rule) in raw.rules.into_iter().enumerate() {
             let name_offset = raw_rule.get_ref().name.span().start;
-            let source_offset = raw_rule.get_ref().source.span().start;
-            let rule = rule_from_raw(&src, index, raw_rule)?;
+            let (rule, from) = rule_from_raw(&src, index, raw_rule, cluster.is_some())?;
             let section = rule_section(&rule.name, index);
             if let Some(first) = names.insert(rule.name.clone(), rule.line) {
                 return Err(src.invalid(
@@ -846,24 +1090,42 @@ impl Config {
                     format!("duplicate rule name (first used by the rule at line {first})"),
                 ));
             }
-            let key = (rule.source, rule.protocol, rule.dst_port);
-            if let Some((other, line)) = matches.get(&key) {
+            matches.reserve(rule.sources.len());
+            for (i, &net) in rule.sources.iter().enumerate() {
+                match matches.entry((net, rule.protocol, rule.dst_port)) {
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(index);
+                    }
+                    std::collections::hash_map::Entry::Occupied(e) => {
+                        let other = &rules[*e.get()];
+                        let message = format!(
+                            "rule {:?} (line {}) already matches source {net}, protocol {}{}; \
+                             two rules cannot match the same traffic",
+                            other.name,
+                            other.line,
+                            rule.protocol,
+                            rule.dst_port
+                                .map(|p| format!(", dst_port {p}"))
+                                .unwrap_or_default(),
+                        );
+                        return Err(from.error_at(&src, &section, &rule.name, i, message));
+                    }
+                }
+            }
+            distinct.extend(rule.sources.iter().copied());
+            if distinct.len() > MAX_TOTAL_PREFIXES {
                 return Err(src.invalid(
-                    source_offset,
+                    from.key_offset(),
                     &section,
-                    "source",
+                    from.key(),
                     format!(
-                        "rule {other:?} (line {line}) already matches source {}, protocol {}{}; \
-                         two rules cannot match the same traffic",
-                        rule.source,
-                        rule.protocol,
-                        rule.dst_port
-                            .map(|p| format!(", dst_port {p}"))
-                            .unwrap_or_default(),
+                        "the rules up to this one list {} distinct source prefixes; at most \
+                         {MAX_TOTAL_PREFIXES} fit over all rules (the prefix trie holds two rule \
+                         sets during a swap)",
+                        distinct.len()
                     ),
                 ));
             }
-            matches.insert(key, (rule.name.clone(), rule.line));
             rules.push(rule);
         }
         Ok(Config {
@@ -872,6 +1134,112 @@ impl Config {
             cluster,
         })
     }
+}
+
+/// Where a rule's source prefixes were written, parallel to [`RuleConfig::sources`], so that
+/// errors about one prefix can point at it.
+enum SourcesFrom {
+    /// `source`: byte offsets of the key's value and of each prefix in the config text.
+    Inline { key_offset: usize, at: Vec<usize> },
+    /// `source_file`: offset of the key's value in the config text; the list file and the line
+    /// of each prefix in it.
+    List {
+        key_offset: usize,
+        path: PathBuf,
+        lines: Vec<usize>,
+    },
+}
+
+impl SourcesFrom {
+    fn key(&self) -> &'static str {
+        match self {
+            SourcesFrom::Inline { .. } => "source",
+            SourcesFrom::List { .. } => "source_file",
+        }
+    }
+
+    fn key_offset(&self) -> usize {
+        match self {
+            SourcesFrom::Inline { key_offset, .. } | SourcesFrom::List { key_offset, .. } => {
+                *key_offset
+            }
+        }
+    }
+
+    /// An error about the rule's `index`th prefix.
+    fn error_at(
+        &self,
+        src: &Source,
+        section: &str,
+        rule: &str,
+        index: usize,
+        message: String,
+    ) -> ConfigError {
+        match self {
+            SourcesFrom::Inline { at, .. } => src.invalid(at[index], section, "source", message),
+            SourcesFrom::List {
+                key_offset,
+                path,
+                lines,
+            } => ConfigError::List {
+                path: path.clone(),
+                list_line: lines[index],
+                message,
+                rule: rule.to_owned(),
+                origin: src.origin.to_owned(),
+                line: src.line(*key_offset),
+            },
+        }
+    }
+}
+
+/// Reads a `source_file`: one CIDR (or address) per line, `#` comments, blank lines ignored.
+/// Returns the distinct prefixes in file order with their 1-based lines, or the line and the
+/// message of the first bad entry.
+fn read_list(path: &Path) -> Result<(Vec<IpNet>, Vec<usize>), ListError> {
+    if std::fs::metadata(path).map_err(ListError::Io)?.is_dir() {
+        return Err(ListError::Io(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            "is a directory, expected a file with one CIDR per line",
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(ListError::Io)?;
+    let mut seen = HashSet::new();
+    let (mut nets, mut lines) = (Vec::new(), Vec::new());
+    for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
+        let content = match line.iter().position(|&b| b == b'#') {
+            Some(end) => &line[..end],
+            None => line,
+        };
+        let text = std::str::from_utf8(content)
+            .map_err(|_| ListError::At(i + 1, "not valid UTF-8 text".to_owned()))?
+            .trim();
+        if text.is_empty() {
+            continue;
+        }
+        let net = parse_source(text)
+            .map_err(|_| ListError::At(i + 1, format!("invalid CIDR {text:?}")))?;
+        validate_source(&net).map_err(|m| ListError::At(i + 1, m))?;
+        if seen.insert(net) {
+            if nets.len() == MAX_RULE_PREFIXES {
+                return Err(ListError::At(
+                    i + 1,
+                    format!(
+                        "more than {MAX_RULE_PREFIXES} prefixes: one rule may list at most \
+                         {MAX_RULE_PREFIXES}"
+                    ),
+                ));
+            }
+            nets.push(net);
+            lines.push(i + 1);
+        }
+    }
+    Ok((nets, lines))
+}
+
+enum ListError {
+    Io(std::io::Error),
+    At(usize, String),
 }
 
 fn rule_section(name: &str, index: usize) -> String {
@@ -1002,20 +1370,44 @@ fn rule_from_raw(
     src: &Source,
     index: usize,
     raw: Spanned<RawRule>,
-) -> Result<RuleConfig, ConfigError> {
+    has_cluster: bool,
+) -> Result<(RuleConfig, SourcesFrom), ConfigError> {
     let table_offset = raw.span().start;
-    let raw = raw.into_inner();
+    let mut raw = raw.into_inner();
     let section = rule_section(raw.name.get_ref(), index);
-    let source = parse_source(raw.source.get_ref())
-        .map_err(|m| src.invalid(raw.source.span().start, &section, "source", m))?;
-    let mut rule = RuleConfig::new(raw.name.get_ref().clone(), source);
+    let (sources, from) = match (raw.source.take(), raw.source_file.take()) {
+        (Some(_), Some(file)) => {
+            return Err(src.invalid(
+                file.span().start,
+                &section,
+                "source_file",
+                "cannot be combined with `source`: give the prefixes inline (`source`) or in a \
+                 file (`source_file`), not both",
+            ))
+        }
+        (None, None) => {
+            return Err(src.invalid(
+                table_offset,
+                &section,
+                "source",
+                "required, but missing: give `source` (a CIDR or an array of CIDRs) or \
+                 `source_file` (a file with one CIDR per line)",
+            ))
+        }
+        (Some(source), None) => inline_sources(src, &section, source)?,
+        (None, Some(file)) => list_sources(src, &section, raw.name.get_ref(), file)?,
+    };
+    let mut rule = RuleConfig::with_sources(raw.name.get_ref().clone(), sources);
+    if let SourcesFrom::List { path, .. } = &from {
+        rule.source_file = Some(path.clone());
+    }
     rule.line = src.line(table_offset);
     rule.action = raw.action.as_ref().map_or(Action::Limit, |a| *a.get_ref());
 
     // Where each key was written, so that errors found on the typed rule point at it.
     let mut offsets: HashMap<&'static str, usize> = HashMap::new();
     offsets.insert("name", raw.name.span().start);
-    offsets.insert("source", raw.source.span().start);
+    offsets.insert(from.key(), from.key_offset());
     let limit_keys = [
         ("rate", raw.rate.as_ref().map(|v| v.span())),
         ("burst", raw.burst.as_ref().map(|v| v.span())),
@@ -1052,14 +1444,8 @@ fn rule_from_raw(
     rule.rate = number(&raw.rate, "rate")?;
     rule.burst = number(&raw.burst, "burst")?.or(rule.rate);
     rule.bytes_rate = number(&raw.bytes_rate, "bytes_rate")?;
-    rule.bytes_burst = number(&raw.bytes_burst, "bytes_burst")?.or_else(|| {
-        // An hour's worth caps the default so that a tiny bytes_rate does not turn the
-        // default burst into an error about a key the user never wrote.
-        rule.bytes_rate.map(|r| {
-            r.max(DEFAULT_BYTES_BURST_FLOOR)
-                .min(r.saturating_mul(MAX_TOLERANCE_NS / NS_PER_SEC))
-        })
-    });
+    rule.bytes_burst =
+        number(&raw.bytes_burst, "bytes_burst")?.or_else(|| default_bytes_burst(rule.bytes_rate));
     rule.per = raw.per.map_or(Per::Source, Spanned::into_inner);
     rule.protocol = raw.protocol.map_or(Protocol::Any, Spanned::into_inner);
     if let Some(port) = raw.dst_port {
@@ -1074,7 +1460,18 @@ fn rule_from_raw(
         })?;
         rule.dst_port = Some(p);
     }
-    rule.scope = raw.scope.map_or(Scope::Local, Spanned::into_inner);
+    if let Some(scope) = raw.scope {
+        if *scope.get_ref() == Scope::Cluster && !has_cluster {
+            return Err(src.invalid(
+                scope.span().start,
+                &section,
+                "scope",
+                "scope = \"cluster\" needs a [cluster] table (the peers that share the budget); \
+                 add one, or use scope = \"local\"",
+            ));
+        }
+        rule.scope = scope.into_inner();
+    }
     rule.dry_run = raw.dry_run.is_some_and(Spanned::into_inner);
 
     rule.validate().map_err(|e| {
@@ -1082,7 +1479,432 @@ fn rule_from_raw(
         let offset = offsets.get(e.field).copied().unwrap_or(table_offset);
         src.invalid(offset, &section, e.field, e.message)
     })?;
-    Ok(rule)
+    Ok((rule, from))
+}
+
+/// The prefixes of an inline `source`, without duplicates.
+fn inline_sources(
+    src: &Source,
+    section: &str,
+    source: Spanned<RawSource>,
+) -> Result<(Vec<IpNet>, SourcesFrom), ConfigError> {
+    let key_offset = source.span().start;
+    let written: Vec<(String, usize)> = match source.into_inner() {
+        RawSource::One(text) => vec![(text, key_offset)],
+        RawSource::Many(list) => list
+            .into_iter()
+            .map(|s| {
+                let at = s.span().start;
+                (s.into_inner(), at)
+            })
+            .collect(),
+    };
+    let mut seen = HashSet::with_capacity(written.len());
+    let mut nets = Vec::with_capacity(written.len());
+    let mut at = Vec::with_capacity(written.len());
+    for (text, offset) in written {
+        let net = parse_source(&text)
+            .and_then(|net| validate_source(&net).map(|()| net))
+            .map_err(|m| src.invalid(offset, section, "source", m))?;
+        if seen.insert(net) {
+            nets.push(net);
+            at.push(offset);
+        }
+    }
+    Ok((nets, SourcesFrom::Inline { key_offset, at }))
+}
+
+/// The prefixes of a `source_file`, without duplicates.
+fn list_sources(
+    src: &Source,
+    section: &str,
+    rule: &str,
+    file: Spanned<PathBuf>,
+) -> Result<(Vec<IpNet>, SourcesFrom), ConfigError> {
+    let key_offset = file.span().start;
+    if file.get_ref().as_os_str().is_empty() {
+        return Err(src.invalid(key_offset, section, "source_file", "must not be empty"));
+    }
+    let path = resolve(src.base, file.get_ref());
+    let (nets, lines) = read_list(&path).map_err(|e| match e {
+        ListError::Io(source) => ConfigError::ListRead {
+            path: path.clone(),
+            rule: rule.to_owned(),
+            origin: src.origin.to_owned(),
+            line: src.line(key_offset),
+            source,
+        },
+        ListError::At(list_line, message) => ConfigError::List {
+            path: path.clone(),
+            list_line,
+            message,
+            rule: rule.to_owned(),
+            origin: src.origin.to_owned(),
+            line: src.line(key_offset),
+        },
+    })?;
+    Ok((
+        nets,
+        SourcesFrom::List {
+            key_offset,
+            path,
+            lines,
+        },
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing rules back.
+
+/// The keys of a `[[rule]]` table, in the order a new table gets them.
+const RULE_KEYS: [&str; 13] = [
+    "name",
+    "source",
+    "source_file",
+    "action",
+    "protocol",
+    "dst_port",
+    "rate",
+    "burst",
+    "bytes_rate",
+    "bytes_burst",
+    "per",
+    "scope",
+    "dry_run",
+];
+
+/// The default `bytes_burst` for `bytes_rate`: `max(bytes_rate, 65536)`, capped at one hour's
+/// worth so that a tiny rate does not make its own default invalid.
+fn default_bytes_burst(bytes_rate: Option<u64>) -> Option<u64> {
+    bytes_rate.map(|r| {
+        r.max(DEFAULT_BYTES_BURST_FLOOR)
+            .min(r.saturating_mul(MAX_TOLERANCE_NS / NS_PER_SEC))
+    })
+}
+
+fn int_value(n: u64) -> toml_edit::Value {
+    // Validated values are far below i64::MAX; anything else fails the read-back check.
+    i64::try_from(n).unwrap_or(i64::MAX).into()
+}
+
+/// `source` for `sources`: a string for one prefix, else an array (one prefix per line when
+/// there are more than three).
+fn sources_value(sources: &[IpNet]) -> toml_edit::Value {
+    if let [one] = sources {
+        return one.to_string().into();
+    }
+    let mut array = toml_edit::Array::new();
+    for net in sources {
+        array.push(net.to_string());
+    }
+    if sources.len() > 3 {
+        for v in array.iter_mut() {
+            v.decor_mut().set_prefix("\n    ");
+            v.decor_mut().set_suffix("");
+        }
+        array.set_trailing_comma(true);
+        array.set_trailing("\n");
+    }
+    toml_edit::Value::Array(array)
+}
+
+/// The value `key` needs in a table for `rule`; `None` when the key should be left out (its
+/// default, or meaningless for the rule).
+fn wanted_value(rule: &RuleConfig, key: &str) -> Option<toml_edit::Value> {
+    let limit = rule.action == Action::Limit;
+    match key {
+        "name" => Some(rule.name.as_str().into()),
+        "source" => rule
+            .source_file
+            .is_none()
+            .then(|| sources_value(&rule.sources)),
+        "source_file" => rule
+            .source_file
+            .as_ref()
+            .map(|p| p.to_string_lossy().into_owned().into()),
+        "action" => (rule.action != Action::Limit).then(|| rule.action.as_str().into()),
+        "protocol" => (rule.protocol != Protocol::Any).then(|| rule.protocol.as_str().into()),
+        "dst_port" => rule.dst_port.map(|p| i64::from(p).into()),
+        "rate" if limit => rule.rate.map(int_value),
+        "burst" if limit && rule.burst != rule.rate => rule.burst.map(int_value),
+        "bytes_rate" if limit => rule.bytes_rate.map(int_value),
+        "bytes_burst" if limit && rule.bytes_burst != default_bytes_burst(rule.bytes_rate) => {
+            rule.bytes_burst.map(int_value)
+        }
+        "per" if limit && rule.per != Per::Source => Some(rule.per.to_string().into()),
+        "scope" if limit && rule.scope != Scope::Local => Some(rule.scope.as_str().into()),
+        "dry_run" if rule.dry_run => Some(true.into()),
+        _ => None,
+    }
+}
+
+/// Whether `item`, written for `key` in a rule table of a config file in directory `base`,
+/// already says what `rule` has.
+fn written_as(rule: &RuleConfig, key: &str, item: &toml_edit::Item, base: &Path) -> bool {
+    let limit = rule.action == Action::Limit;
+    let Some(v) = item.as_value() else {
+        return false;
+    };
+    let int_is = |want: Option<u64>| {
+        want.is_some() && v.as_integer().and_then(|i| u64::try_from(i).ok()) == want
+    };
+    fn word<T: FromStr>(v: &toml_edit::Value) -> Option<T> {
+        v.as_str().and_then(|s| s.parse().ok())
+    }
+    match key {
+        "name" => v.as_str() == Some(rule.name.as_str()),
+        "source" => {
+            rule.source_file.is_none()
+                && written_sources(v).is_some_and(|nets| nets == rule.sources)
+        }
+        "source_file" => v.as_str().is_some_and(|p| {
+            !p.is_empty() && rule.source_file.as_deref() == Some(&*resolve(base, Path::new(p)))
+        }),
+        "action" => word(v) == Some(rule.action),
+        "protocol" => word(v) == Some(rule.protocol),
+        "dst_port" => int_is(rule.dst_port.map(u64::from)),
+        "rate" => limit && int_is(rule.rate),
+        "burst" => limit && int_is(rule.burst),
+        "bytes_rate" => limit && int_is(rule.bytes_rate),
+        "bytes_burst" => limit && int_is(rule.bytes_burst),
+        "per" => limit && word(v) == Some(rule.per),
+        "scope" => limit && word(v) == Some(rule.scope),
+        "dry_run" => v.as_bool() == Some(rule.dry_run),
+        _ => false,
+    }
+}
+
+/// The prefixes a `source` value stands for, as the parser reads them.
+fn written_sources(v: &toml_edit::Value) -> Option<Vec<IpNet>> {
+    let texts: Vec<&str> = match v {
+        toml_edit::Value::String(s) => vec![s.value().as_str()],
+        toml_edit::Value::Array(a) => a.iter().map(|e| e.as_str()).collect::<Option<_>>()?,
+        _ => return None,
+    };
+    let mut seen = HashSet::new();
+    let mut nets = Vec::new();
+    for text in texts {
+        let net = parse_source(text).ok()?;
+        if seen.insert(net) {
+            nets.push(net);
+        }
+    }
+    Some(nets)
+}
+
+/// A new `[[rule]]` table for `rule` with only the keys that differ from their defaults.
+fn new_rule_table(rule: &RuleConfig) -> toml_edit::Table {
+    let mut table = toml_edit::Table::new();
+    for key in RULE_KEYS {
+        if let Some(v) = wanted_value(rule, key) {
+            table.insert(key, toml_edit::Item::Value(v));
+        }
+    }
+    table
+}
+
+/// Makes an existing `[[rule]]` table say `rule`, leaving the keys that already do (their
+/// spelling, comments and order) alone. A changed value keeps the comment after it.
+fn update_rule_table(table: &mut toml_edit::Table, rule: &RuleConfig, base: &Path) {
+    for key in RULE_KEYS {
+        if table
+            .get(key)
+            .is_some_and(|item| written_as(rule, key, item, base))
+        {
+            continue;
+        }
+        match (wanted_value(rule, key), table.get_mut(key)) {
+            (None, _) => {
+                table.remove(key);
+            }
+            (Some(mut v), Some(item)) => {
+                if let Some(old) = item.as_value() {
+                    *v.decor_mut() = old.decor().clone();
+                }
+                // Assigning through the entry keeps the key's own decor (comment lines above it).
+                *item = toml_edit::Item::Value(v);
+            }
+            (Some(v), None) => {
+                table.insert(key, toml_edit::Item::Value(v));
+            }
+        }
+    }
+}
+
+/// The config file `text` with its rules replaced by `rules`, as [`write_rules`] writes it.
+/// `origin` is the file's path (relative `source_file` paths in it are resolved against its
+/// directory). Only fails if `text` is not TOML.
+pub fn render_rules(text: &str, origin: &str, rules: &[RuleConfig]) -> Result<String, ConfigError> {
+    let base = base_dir(Path::new(origin));
+    let mut doc: toml_edit::DocumentMut = text.parse().map_err(|e| {
+        syntax_error(
+            &Source {
+                origin,
+                text,
+                base,
+            },
+            &e,
+        )
+    })?;
+    let had_content = !text.trim().is_empty();
+    let root = doc.as_table_mut();
+    let old: Vec<toml_edit::Table> = match root.get_mut("rule").map(std::mem::take) {
+        Some(toml_edit::Item::ArrayOfTables(tables)) => tables.into_iter().collect(),
+        // `rule = [{ ... }, ...]`: becomes [[rule]] tables.
+        Some(toml_edit::Item::Value(toml_edit::Value::Array(values))) => values
+            .into_iter()
+            .filter_map(|v| match v {
+                toml_edit::Value::InlineTable(t) => Some(t.into_table()),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let mut by_name: HashMap<String, usize> = HashMap::new();
+    for (i, t) in old.iter().enumerate() {
+        if let Some(name) = t.get("name").and_then(toml_edit::Item::as_str) {
+            by_name.entry(name.to_owned()).or_insert(i);
+        }
+    }
+    let mut old: Vec<Option<toml_edit::Table>> = old.into_iter().map(Some).collect();
+    let mut tables = Vec::with_capacity(rules.len());
+    for rule in rules {
+        let kept = by_name.remove(&rule.name).and_then(|i| old[i].take());
+        let table = match kept {
+            Some(mut table) => {
+                update_rule_table(&mut table, rule, base);
+                table
+            }
+            None => {
+                let mut table = new_rule_table(rule);
+                if had_content || !tables.is_empty() {
+                    table.decor_mut().set_prefix("\n");
+                }
+                table
+            }
+        };
+        tables.push(table);
+    }
+    // Tables are printed in the order of their positions in the original document (new tables
+    // follow the table before them). Kept tables take the positions the kept tables had, in
+    // their new order, so that the file lists the rules in the order given.
+    let mut positions: Vec<usize> = tables.iter().filter_map(toml_edit::Table::position).collect();
+    positions.sort_unstable();
+    let mut positions = positions.into_iter();
+    for table in &mut tables {
+        if table.position().is_some() {
+            table.set_position(positions.next().expect("one position per kept table"));
+        }
+    }
+    if tables.is_empty() {
+        root.remove("rule");
+    } else {
+        let mut array = toml_edit::ArrayOfTables::new();
+        for table in tables {
+            array.push(table);
+        }
+        root.insert("rule", toml_edit::Item::ArrayOfTables(array));
+    }
+    Ok(doc.to_string())
+}
+
+/// Writes `rules` back to the config file at `path`, replacing its `[[rule]]` tables and keeping
+/// everything else as it is: comments, `[agent]`, `[cluster]`, and the text of the rules that did
+/// not change.
+///
+/// Rules are matched to the file's tables by name. A kept rule's table is updated in place: keys
+/// that already say the right thing (even a default spelled out) stay as written, changed values
+/// keep the comment after them, keys now at their default are removed. Tables of rules not in
+/// `rules` are removed; new rules are appended as new `[[rule]]` tables with only their
+/// non-default keys. A `source_file` rule keeps its `source_file` key; the list file itself is
+/// never written.
+///
+/// The new text must read back as exactly `rules` (ignoring [`RuleConfig::line`], and the
+/// prefixes of `source_file` rules, which come from their files), else nothing is written
+/// ([`ConfigError::NotWritten`]). The file is replaced atomically: `path.tmp-<pid>` is written in
+/// the same directory, synced, given the original's permissions (and owner, where allowed) and
+/// renamed over the file, then the directory is synced. A symlinked `path` stays a symlink: its
+/// target is replaced. Callers must not write the same file from two threads at once.
+pub fn write_rules(path: &Path, rules: &[RuleConfig]) -> Result<(), ConfigError> {
+    let text = read_text(path)?;
+    let origin = path.display().to_string();
+    let new_text = render_rules(&text, &origin, rules)?;
+    let not_written = |reason: String| ConfigError::NotWritten {
+        path: path.to_owned(),
+        reason,
+    };
+    let again = Config::parse_in(&new_text, &origin, base_dir(path))
+        .map_err(|e| not_written(format!("the rules would make the file invalid: {e}")))?;
+    if let Some(reason) = read_back_difference(rules, &again.rules) {
+        return Err(not_written(reason));
+    }
+    write_atomically(path, new_text.as_bytes()).map_err(|source| ConfigError::Write {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// How `read` (parsed back from the written text) differs from `rules`, if it does.
+fn read_back_difference(rules: &[RuleConfig], read: &[RuleConfig]) -> Option<String> {
+    if rules.len() != read.len() {
+        return Some(format!(
+            "{} rules given but {} would be read back",
+            rules.len(),
+            read.len()
+        ));
+    }
+    for (want, got) in rules.iter().zip(read) {
+        let mut got = got.clone();
+        got.line = want.line;
+        if want.source_file.is_some() && got.source_file == want.source_file {
+            got.sources.clone_from(&want.sources);
+        }
+        if got != *want {
+            return Some(format!(
+                "rule {:?} would read back differently (are its sources free of duplicates \
+                 and host bits?)",
+                want.name
+            ));
+        }
+    }
+    None
+}
+
+/// Replaces the file at `path` (or the target of a symlink there) with `contents`, atomically.
+fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::{
+        io::Write,
+        os::unix::fs::{MetadataExt, OpenOptionsExt},
+    };
+    let target = std::fs::canonicalize(path)?;
+    let meta = std::fs::metadata(&target)?;
+    let dir = base_dir(&target);
+    let mut tmp_name = target
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("not a file name"))?
+        .to_owned();
+    tmp_name.push(format!(".tmp-{}", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(contents)?;
+        // The owner matters when root edits a file someone else owns; only root may change it.
+        let _ = std::os::unix::fs::fchown(&file, Some(meta.uid()), Some(meta.gid()));
+        file.set_permissions(meta.permissions())?;
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(&tmp, &target)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 // ---------------------------------------------------------------------------------------------

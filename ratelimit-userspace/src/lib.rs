@@ -7,12 +7,16 @@
 //!   candidate lists), and a user-space reference classifier with the same semantics.
 //! - [`maps`]: typed access to the pinned maps (rules, prefixes, buckets, counters).
 //! - [`dataplane`]: loads and attaches the XDP program and swaps rule sets in atomically.
+//! - [`api`]: the control API (HTTP/JSON on a root-only Unix socket): routes and JSON shapes.
+//! - [`client`]: the API's client, used by the CLI; [`render`]: its human output (tables).
 //! - [`stats`]: counter reports for `ratelimit stats` (table and JSON).
 pub mod agent;
 pub mod api;
+pub mod client;
 pub mod compile;
 pub mod config;
 pub mod dataplane;
 pub mod maps;
 pub mod metrics;
+pub mod render;
 pub mod stats;

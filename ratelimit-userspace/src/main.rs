@@ -1,13 +1,20 @@
 //! `ratelimit`: the agent and its command-line client.
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use ratelimit::{
     agent::{self, AgentOptions},
-    config::{AttachMode, Config, DEFAULT_PIN_PATH, DEFAULT_SOCKET},
+    client::{Client, ClientError},
+    config::{AttachMode, Config, DEFAULT_SOCKET},
+    dataplane,
     maps::PinnedMaps,
+    render,
     stats::StatsReport,
 };
 
@@ -46,18 +53,185 @@ enum Command {
         #[arg(short, long, default_value = "/etc/ratelimit/ratelimit.toml")]
         config: PathBuf,
     },
-    /// Show per-rule and global counters, read from the pinned maps.
+    /// Show the running agent: interfaces, rules, buckets, reloads.
+    Status {
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List, add or remove the rules in force, or reload them from the config file.
+    Rules {
+        #[command(subcommand)]
+        command: RulesCommand,
+    },
+    /// Show per-rule and global counters.
     Stats {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
-        /// Refresh every second until interrupted.
+        /// Refresh every second until interrupted (with --json: one line per second).
         #[arg(long)]
         watch: bool,
-        /// Pin directory of the agent's maps.
-        #[arg(long, default_value = DEFAULT_PIN_PATH)]
-        pin_path: PathBuf,
+        /// Read the pinned maps in this directory directly instead of asking the agent (works
+        /// while no agent runs, e.g. `--pin-path /sys/fs/bpf/ratelimit`).
+        #[arg(long, value_name = "DIR")]
+        pin_path: Option<PathBuf>,
     },
+    /// The sources using the most right now: packets passed and dropped per second, bucket level.
+    Top {
+        /// How many buckets to show.
+        #[arg(short, default_value_t = 10)]
+        n: usize,
+        /// Measure over this many milliseconds.
+        #[arg(long, default_value_t = 1000, value_name = "MS")]
+        interval_ms: u64,
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Refresh until interrupted.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Which rule a packet from IP falls under and why, and its bucket's current level.
+    Explain {
+        /// Source address of the packet.
+        ip: String,
+        /// Its protocol: tcp, udp, icmp or a protocol number (default: none in particular).
+        #[arg(long)]
+        protocol: Option<String>,
+        /// Its destination port (with --protocol tcp or udp).
+        #[arg(long)]
+        dst_port: Option<u16>,
+        /// Print the API's JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove the XDP program from an interface (default: from every interface).
+    Detach {
+        /// Interface to detach from.
+        #[arg(long)]
+        iface: Option<String>,
+        /// If no agent answers, remove the pinned links (and, without --iface, the maps) a
+        /// stopped or killed agent left in this directory, which detaches its program.
+        #[arg(long, value_name = "DIR")]
+        pin_path: Option<PathBuf>,
+        /// Print the API's JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum RulesCommand {
+    /// List the rules in force, with the config file's keys.
+    List {
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a rule: validated with the rules in force, applied whole, written to the config file.
+    Add(AddArgs),
+    /// Remove the rule named NAME.
+    Remove {
+        /// Rule name.
+        name: String,
+        /// Print the API's JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-read the config file and apply it (refused whole if anything in it is invalid).
+    Reload {
+        /// Print the API's JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// A rule's keys, as in a `[[rule]]` table of the config file; keys left out take its defaults.
+#[derive(clap::Args, Debug)]
+struct AddArgs {
+    /// Unique name: letters, digits, '_', '.', '-'.
+    #[arg(long)]
+    name: String,
+    /// Source CIDR (or address); repeat for several prefixes.
+    #[arg(long, required = true, value_name = "CIDR")]
+    source: Vec<String>,
+    /// Packets per second (limit rules).
+    #[arg(long)]
+    rate: Option<u64>,
+    /// Packets (default: the rate).
+    #[arg(long)]
+    burst: Option<u64>,
+    /// Bucket granularity: source, rule, or a prefix length such as /24.
+    #[arg(long)]
+    per: Option<String>,
+    /// tcp, udp, icmp or any (default).
+    #[arg(long)]
+    protocol: Option<String>,
+    /// Destination port (with --protocol tcp or udp).
+    #[arg(long, value_name = "PORT")]
+    dst_port: Option<u64>,
+    /// limit (default), allow or deny.
+    #[arg(long)]
+    action: Option<String>,
+    /// local (default) or cluster.
+    #[arg(long)]
+    scope: Option<String>,
+    /// Bytes per second (limit rules).
+    #[arg(long)]
+    bytes_rate: Option<u64>,
+    /// Bytes (default: max(bytes rate, 65536)).
+    #[arg(long)]
+    bytes_burst: Option<u64>,
+    /// Count the would-be drops but pass the packets.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print the API's JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+impl AddArgs {
+    /// The rule object of `POST /v1/rules`: only the keys given, so the agent fills in defaults.
+    fn to_json(&self) -> serde_json::Value {
+        let mut rule = serde_json::Map::new();
+        let mut put = |key: &str, v: serde_json::Value| {
+            rule.insert(key.to_string(), v);
+        };
+        put("name", self.name.clone().into());
+        put(
+            "source",
+            match self.source.as_slice() {
+                [one] => one.clone().into(),
+                many => many.to_vec().into(),
+            },
+        );
+        for (key, v) in [
+            ("rate", self.rate),
+            ("burst", self.burst),
+            ("dst_port", self.dst_port),
+            ("bytes_rate", self.bytes_rate),
+            ("bytes_burst", self.bytes_burst),
+        ] {
+            if let Some(v) = v {
+                put(key, v.into());
+            }
+        }
+        for (key, v) in [
+            ("per", &self.per),
+            ("protocol", &self.protocol),
+            ("action", &self.action),
+            ("scope", &self.scope),
+        ] {
+            if let Some(v) = v {
+                put(key, v.clone().into());
+            }
+        }
+        if self.dry_run {
+            put("dry_run", true.into());
+        }
+        serde_json::Value::Object(rule)
+    }
 }
 
 fn parse_mode(s: &str) -> Result<AttachMode, String> {
@@ -107,21 +281,123 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Stats { json, watch, pin_path } => loop {
-            let maps = PinnedMaps::open(&pin_path)?;
-            let report = StatsReport::read(&maps)?;
-            if json {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                if watch {
-                    print!("\x1b[2J\x1b[H");
-                }
-                print!("{}", report.to_table());
-            }
+        Command::Stats { json, watch, pin_path: Some(dir) } => loop {
+            let report = StatsReport::read(&PinnedMaps::open(&dir)?)?;
+            print_stats(&serde_json::to_value(&report)?, json, watch);
             if !watch {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_secs(1));
         },
+        Command::Detach { iface, pin_path, json } => {
+            let client = Client::new(&cli.socket);
+            match block_on(client.detach(iface.as_deref())) {
+                Err(e) if e.is_unreachable() && pin_path.is_some() => {
+                    let dir = pin_path.expect("checked");
+                    detach_offline(&dir, iface.as_deref(), &e)
+                }
+                answer => {
+                    let v = answer?;
+                    print_answer(&v, json, render::detached);
+                    Ok(())
+                }
+            }
+        }
+        client_command => block_on(run_client(&Client::new(&cli.socket), client_command)),
     }
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime starts")
+        .block_on(f)
+}
+
+fn print_answer(v: &serde_json::Value, json: bool, human: fn(&serde_json::Value) -> String) {
+    if json {
+        println!("{v}");
+    } else {
+        print!("{}", human(v));
+    }
+}
+
+fn print_stats(v: &serde_json::Value, json: bool, watch: bool) {
+    if json {
+        println!("{v}");
+    } else {
+        if watch {
+            print!("\x1b[2J\x1b[H");
+        }
+        print!("{}", render::stats(v));
+    }
+}
+
+/// The commands answered by the agent over its socket.
+async fn run_client(client: &Client, command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Status { json } => print_answer(&client.status().await?, json, render::status),
+        Command::Rules { command } => match command {
+            RulesCommand::List { json } => print_answer(&client.rules().await?, json, render::rules),
+            RulesCommand::Add(args) => {
+                print_answer(&client.add_rule(&args.to_json()).await?, args.json, render::added);
+            }
+            RulesCommand::Remove { name, json } => {
+                print_answer(&client.remove_rule(&name).await?, json, render::removed);
+            }
+            RulesCommand::Reload { json } => print_answer(&client.reload().await?, json, render::reloaded),
+        },
+        Command::Stats { json, watch, .. } => loop {
+            print_stats(&client.stats().await?, json, watch);
+            if !watch {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        },
+        Command::Top { n, interval_ms, json, watch } => loop {
+            let v = client.top(n, interval_ms).await?;
+            if watch && !json {
+                print!("\x1b[2J\x1b[H");
+            }
+            print_answer(&v, json, render::top);
+            if !watch {
+                break;
+            }
+        },
+        Command::Explain { ip, protocol, dst_port, json } => {
+            let v = client.explain(&ip, protocol.as_deref(), dst_port).await?;
+            print_answer(&v, json, render::explain);
+        }
+        Command::Agent { .. } | Command::Check { .. } | Command::Detach { .. } => {
+            unreachable!("handled by run()")
+        }
+    }
+    Ok(())
+}
+
+/// `detach --pin-path DIR` with no agent running: removing a pinned link releases it, which
+/// detaches the program from its interface; without --iface the maps go too.
+fn detach_offline(dir: &Path, iface: Option<&str>, unreachable: &ClientError) -> anyhow::Result<()> {
+    eprintln!("{unreachable}");
+    if !dir.exists() {
+        anyhow::bail!("nothing to detach: {} does not exist", dir.display());
+    }
+    match iface {
+        Some(iface) => {
+            let link = dir.join(dataplane::link_pin_name(iface));
+            std::fs::remove_file(&link).with_context(|| {
+                format!("removing {} (the pinned XDP link of {iface})", link.display())
+            })?;
+            println!("no agent running: removed {}, detaching XDP from {iface}", link.display());
+        }
+        None => {
+            dataplane::remove_pin_dir(dir)?;
+            println!(
+                "no agent running: removed the pinned links and maps in {}, detaching XDP",
+                dir.display()
+            );
+        }
+    }
+    Ok(())
 }

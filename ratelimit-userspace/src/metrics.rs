@@ -1,12 +1,501 @@
-//! The Prometheus metrics endpoint.
+//! The Prometheus metrics endpoint: `GET /metrics` on the `[agent] metrics` address, in the
+//! OpenMetrics text format (which Prometheus negotiates by default).
+//!
+//! Nothing is kept between scrapes: each scrape takes a [`Snapshot`] of the agent (its counters
+//! from the pinned maps, its attachments and reload bookkeeping) under the agent lock, on a
+//! blocking thread, releases the lock, reads the kernel's interface counters from sysfs and
+//! encodes the snapshot through a `prometheus-client` collector. So the numbers are the maps'
+//! own, with no drift between the endpoint and `ratelimit stats`, and a slow or stuck client never
+//! holds the lock: the lock is held only while the maps are read, never across network I/O.
+//!
+//! The metric names and labels are part of the user-facing contract (documented in the README):
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `ratelimit_rule_packets_total`, `ratelimit_rule_bytes_total` | counter | `rule`, `verdict` |
+//! | `ratelimit_packets_total` | counter | |
+//! | `ratelimit_parse_failures_total` | counter | `reason` |
+//! | `ratelimit_non_ip_packets_total`, `ratelimit_fragments_total`, `ratelimit_unmatched_packets_total`, `ratelimit_new_buckets_total`, `ratelimit_bucket_errors_total`, `ratelimit_internal_errors_total` | counter | |
+//! | `ratelimit_buckets_tracked`, `ratelimit_buckets_capacity` | gauge | |
+//! | `ratelimit_reloads_total` | counter | `result` (`ok`, `failed`) |
+//! | `ratelimit_build_info` | info | `version` |
+//! | `ratelimit_interface_attached` | gauge | `interface`, `mode` |
+//! | `ratelimit_interface_rx_packets_total`, `ratelimit_interface_rx_dropped_total` | counter | `interface` |
 
-use std::net::SocketAddr;
+use std::{fmt, net::SocketAddr, path::Path};
 
-use crate::agent::{AgentError, SharedAgent};
+use axum::{
+    http::{header, StatusCode},
+    response::{IntoResponse, Response},
+    routing::get,
+    Router,
+};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{counter::ConstCounter, gauge::ConstGauge, info::Info},
+    registry::Registry,
+};
+use ratelimit_common::{global, verdict};
 
-/// Serves `/metrics` on `addr` until the task is aborted.
-pub async fn serve(addr: SocketAddr, agent: SharedAgent) -> Result<tokio::task::JoinHandle<()>, AgentError> {
-    // TODO(metrics): prometheus-client registry.
-    let _ = (addr, agent);
-    Ok(tokio::spawn(std::future::pending()))
+use crate::{
+    agent::{Agent, AgentError, SharedAgent},
+    stats::StatsReport,
+};
+
+/// Content type of the OpenMetrics text format, which `prometheus-client` writes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Global counters exported as `ratelimit_parse_failures_total{reason}`: frames the program could
+/// not parse (passed unclassified, or for `truncated_l4` classified without ports).
+const PARSE_FAILURES: [usize; 6] = [
+    global::TRUNCATED_ETH,
+    global::BAD_VLAN,
+    global::TRUNCATED_IPV4,
+    global::BAD_IPV4,
+    global::BAD_IPV6,
+    global::TRUNCATED_L4,
+];
+
+/// Global counters exported as a metric of their own: (index, metric name without `_total`, help).
+const GLOBAL_COUNTERS: [(usize, &str, &str); 7] = [
+    (global::PACKETS, "ratelimit_packets", "Packets the XDP program saw, on every attached interface."),
+    (global::NON_IP, "ratelimit_non_ip_packets", "Packets that were neither IPv4 nor IPv6 (ARP, LLDP...): passed."),
+    (
+        global::FRAGMENTS,
+        "ratelimit_fragments",
+        "IP fragments other than the first: classified without ports.",
+    ),
+    (global::NO_MATCH, "ratelimit_unmatched_packets", "IP packets that matched no rule: passed."),
+    (global::NEW_BUCKETS, "ratelimit_new_buckets", "Token buckets created (one per new source and rule)."),
+    (
+        global::BUCKET_ERRORS,
+        "ratelimit_bucket_errors",
+        "Bucket creations that failed: the packet passed (fail open) and counts as verdict no_bucket.",
+    ),
+    (
+        global::INTERNAL,
+        "ratelimit_internal_errors",
+        "Internal errors of the XDP program (a map lookup that cannot fail did): the packet passed.",
+    ),
+];
+
+/// Binds `addr` and serves `GET /metrics` there until the task is aborted.
+///
+/// Fails (naming the address) if the address cannot be bound, e.g. because it is in use.
+pub async fn serve(
+    addr: SocketAddr,
+    agent: SharedAgent,
+) -> Result<tokio::task::JoinHandle<()>, AgentError> {
+    let listener = bind(addr).await?;
+    let local = listener.local_addr().unwrap_or(addr);
+    let app = Router::new()
+        .route("/metrics", get(scrape))
+        .with_state(agent);
+    tracing::info!(addr = %local, "serving metrics at http://{local}/metrics");
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(addr = %local, error = %e, "metrics endpoint stopped");
+        }
+    }))
+}
+
+async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, AgentError> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        AgentError::Runtime(format!(
+            "metrics endpoint: cannot listen on {addr} (`metrics` in [agent]): {e}"
+        ))
+    })
+}
+
+async fn scrape(axum::extract::State(agent): axum::extract::State<SharedAgent>) -> Response {
+    // The map reads are blocking syscalls (and many of them with a large bucket map): they run on
+    // a blocking thread holding the lock, which is released before anything goes to the client.
+    let guard = agent.lock_owned().await;
+    let result = tokio::task::spawn_blocking(move || {
+        let snapshot = Snapshot::take(&guard);
+        drop(guard);
+        snapshot.map(|mut s| {
+            s.read_interface_counters(Path::new("/sys/class/net"));
+            s.encode()
+        })
+    })
+    .await;
+    match result {
+        Ok(Ok(Ok(text))) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+        Ok(Ok(Err(e))) => error_response(&format!("encoding the metrics: {e}")),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "metrics scrape: reading the counters failed");
+            error_response(&format!("reading the counters: {e}"))
+        }
+        Err(e) => error_response(&format!("metrics scrape task failed: {e}")),
+    }
+}
+
+fn error_response(message: &str) -> Response {
+    (StatusCode::INTERNAL_SERVER_ERROR, format!("{message}\n")).into_response()
+}
+
+/// Everything one scrape reports, read from the agent at one moment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Agent version (`ratelimit_build_info`).
+    pub version: String,
+    /// Counters and bucket occupancy from the pinned maps.
+    pub stats: StatsReport,
+    /// Rule-set changes applied.
+    pub reloads_ok: u64,
+    /// Rule-set changes refused.
+    pub reloads_failed: u64,
+    /// Attached interfaces.
+    pub interfaces: Vec<InterfaceSnapshot>,
+}
+
+/// One attached interface.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InterfaceSnapshot {
+    /// Interface name.
+    pub name: String,
+    /// Attach mode: native, skb or adopted.
+    pub mode: String,
+    /// The kernel's `rx_packets` for the interface, if readable.
+    pub rx_packets: Option<u64>,
+    /// The kernel's `rx_dropped` for the interface, if readable.
+    pub rx_dropped: Option<u64>,
+}
+
+impl Snapshot {
+    /// Reads the agent's counters, attachments and reload counts (not the sysfs counters: see
+    /// [`Snapshot::read_interface_counters`], which needs no lock).
+    pub fn take(agent: &Agent) -> Result<Self, AgentError> {
+        let reload = agent.reload_state();
+        Ok(Self {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            stats: agent.stats()?,
+            reloads_ok: reload.ok,
+            reloads_failed: reload.failed,
+            interfaces: agent
+                .dataplane()
+                .attachments()
+                .iter()
+                .map(|a| InterfaceSnapshot {
+                    name: a.iface.clone(),
+                    mode: a.mode.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+        })
+    }
+
+    /// Fills in each interface's kernel counters from `sys_class_net/IF/statistics/`; an
+    /// unreadable counter (the interface just went away) is left out of the scrape.
+    pub fn read_interface_counters(&mut self, sys_class_net: &Path) {
+        for i in &mut self.interfaces {
+            let read = |name: &str| {
+                std::fs::read_to_string(sys_class_net.join(&i.name).join("statistics").join(name))
+                    .ok()
+                    .and_then(|s| s.trim().parse().ok())
+            };
+            i.rx_packets = read("rx_packets");
+            i.rx_dropped = read("rx_dropped");
+        }
+    }
+
+    /// The snapshot in the OpenMetrics text format.
+    pub fn encode(self) -> Result<String, fmt::Error> {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(self));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry)?;
+        Ok(out)
+    }
+}
+
+/// Writes one metric family: its descriptor, then one sample per label set.
+fn family<L, M>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (L, M)>,
+) -> Result<(), fmt::Error>
+where
+    L: prometheus_client::encoding::EncodeLabelSet,
+    M: EncodeMetric,
+{
+    let mut samples = samples.into_iter().peekable();
+    let Some((_, first)) = samples.peek() else {
+        return Ok(());
+    };
+    let mut metric = encoder.encode_descriptor(name, help, None, first.metric_type())?;
+    for (labels, value) in samples {
+        value.encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// Writes one metric without labels.
+fn single(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: &impl EncodeMetric,
+) -> Result<(), fmt::Error> {
+    value.encode(encoder.encode_descriptor(name, help, None, value.metric_type())?)
+}
+
+type Labels<'a> = Vec<(&'static str, &'a str)>;
+
+impl Collector for Snapshot {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let s = &self.stats;
+        let per_rule = |pick: fn(
+            &crate::stats::RuleReport,
+        ) -> &std::collections::BTreeMap<&'static str, u64>| {
+            s.rules.iter().flat_map(move |r| {
+                verdict::NAMES.iter().map(move |v| {
+                    let labels: Labels = vec![("rule", r.name.as_str()), ("verdict", v)];
+                    (
+                        labels,
+                        ConstCounter::new(pick(r).get(v).copied().unwrap_or(0)),
+                    )
+                })
+            })
+        };
+        family(
+            &mut enc,
+            "ratelimit_rule_packets",
+            "Packets that matched each rule, by verdict: passed (within the limit), allowed (allow \
+             rule), dropped_rate, dropped_bytes, denied (deny rule), dry_run (would have been dropped; \
+             passed), no_bucket (no bucket could be created; passed). The XDP program counts per \
+             rule, not per interface.",
+            per_rule(|r| &r.packets),
+        )?;
+        family(
+            &mut enc,
+            "ratelimit_rule_bytes",
+            "Bytes (whole frames, Ethernet header included) that matched each rule, by verdict (see ratelimit_rule_packets).",
+            per_rule(|r| &r.bytes),
+        )?;
+
+        let g = |i: usize| s.global.get(global::NAMES[i]).copied().unwrap_or(0);
+        let (packets, name, help) = GLOBAL_COUNTERS[0];
+        single(&mut enc, name, help, &ConstCounter::new(g(packets)))?;
+        family(
+            &mut enc,
+            "ratelimit_parse_failures",
+            "Frames the XDP program could not parse, by reason: passed unclassified (truncated_l4: \
+             classified without ports).",
+            PARSE_FAILURES.iter().map(|&i| (vec![("reason", global::NAMES[i])], ConstCounter::new(g(i)))),
+        )?;
+        for &(i, name, help) in &GLOBAL_COUNTERS[1..] {
+            single(&mut enc, name, help, &ConstCounter::new(g(i)))?;
+        }
+
+        single(
+            &mut enc,
+            "ratelimit_buckets_tracked",
+            "Token buckets (source, rule) currently tracked.",
+            &ConstGauge::new(s.buckets.tracked),
+        )?;
+        single(
+            &mut enc,
+            "ratelimit_buckets_capacity",
+            "Capacity of the bucket map (max_buckets); when full, the least recently used bucket is evicted.",
+            &ConstGauge::new(s.buckets.capacity),
+        )?;
+        family(
+            &mut enc,
+            "ratelimit_reloads",
+            "Rule-set changes (config file reloads, SIGHUP, API) by result: ok (applied) or failed \
+             (refused; the rules in force stayed).",
+            [("ok", self.reloads_ok), ("failed", self.reloads_failed)]
+                .map(|(result, n)| (vec![("result", result)], ConstCounter::new(n))),
+        )?;
+        let info = Info::new(vec![("version", self.version.as_str())]);
+        single(
+            &mut enc,
+            "ratelimit_build",
+            "Agent build information.",
+            &info,
+        )?;
+
+        family(
+            &mut enc,
+            "ratelimit_interface_attached",
+            "Interfaces the XDP program is attached to, with the attach mode (native, skb, or \
+             adopted from a previous agent).",
+            self.interfaces.iter().map(|i| {
+                let labels: Labels =
+                    vec![("interface", i.name.as_str()), ("mode", i.mode.as_str())];
+                (labels, ConstGauge::new(1_i64))
+            }),
+        )?;
+        let kernel_note =
+            "as the kernel reports it in /sys/class/net/IF/statistics (whether packets \
+                           the XDP program dropped are included depends on the driver). The XDP \
+                           program's own counters are per rule, not per interface: counting per \
+                           interface in the fast path would cost a map lookup per packet.";
+        let iface_counter = |pick: fn(&InterfaceSnapshot) -> Option<u64>| {
+            self.interfaces.iter().filter_map(move |i| {
+                pick(i).map(|n| (vec![("interface", i.name.as_str())], ConstCounter::new(n)))
+            })
+        };
+        family(
+            &mut enc,
+            "ratelimit_interface_rx_packets",
+            &format!("Packets received on each attached interface, {kernel_note}"),
+            iface_counter(|i| i.rx_packets),
+        )?;
+        family(
+            &mut enc,
+            "ratelimit_interface_rx_dropped",
+            &format!("Received packets dropped on each attached interface, {kernel_note}"),
+            iface_counter(|i| i.rx_dropped),
+        )?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::stats::{BucketReport, RuleReport};
+
+    fn snapshot() -> Snapshot {
+        let mut packets: BTreeMap<&'static str, u64> =
+            verdict::NAMES.iter().map(|v| (*v, 0)).collect();
+        packets.insert("passed", 100);
+        packets.insert("dropped_rate", 200);
+        let mut bytes: BTreeMap<&'static str, u64> =
+            verdict::NAMES.iter().map(|v| (*v, 0)).collect();
+        bytes.insert("passed", 10_600);
+        let global = global::NAMES
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| !n.is_empty())
+            .map(|(i, n)| (*n, i as u64 * 10))
+            .collect();
+        Snapshot {
+            version: "1.2.3".into(),
+            stats: StatsReport {
+                global,
+                rules: vec![RuleReport {
+                    id: 3,
+                    name: "web \"edge\"".into(),
+                    line: 7,
+                    packets,
+                    bytes,
+                }],
+                buckets: BucketReport {
+                    tracked: 5,
+                    capacity: 4096,
+                },
+            },
+            reloads_ok: 2,
+            reloads_failed: 1,
+            interfaces: vec![
+                InterfaceSnapshot {
+                    name: "eth0".into(),
+                    mode: "native".into(),
+                    rx_packets: Some(42),
+                    rx_dropped: Some(0),
+                },
+                InterfaceSnapshot {
+                    name: "gone".into(),
+                    mode: "skb".into(),
+                    rx_packets: None,
+                    rx_dropped: None,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn encodes_the_documented_names() {
+        let text = snapshot().encode().unwrap();
+        for line in [
+            r#"ratelimit_rule_packets_total{rule="web \"edge\"",verdict="passed"} 100"#,
+            r#"ratelimit_rule_packets_total{rule="web \"edge\"",verdict="dropped_rate"} 200"#,
+            r#"ratelimit_rule_packets_total{rule="web \"edge\"",verdict="no_bucket"} 0"#,
+            r#"ratelimit_rule_bytes_total{rule="web \"edge\"",verdict="passed"} 10600"#,
+            "ratelimit_packets_total 0",
+            "ratelimit_non_ip_packets_total 10",
+            r#"ratelimit_parse_failures_total{reason="truncated_eth"} 20"#,
+            r#"ratelimit_parse_failures_total{reason="truncated_l4"} 70"#,
+            "ratelimit_fragments_total 80",
+            "ratelimit_unmatched_packets_total 90",
+            "ratelimit_new_buckets_total 100",
+            "ratelimit_bucket_errors_total 110",
+            "ratelimit_internal_errors_total 120",
+            "ratelimit_buckets_tracked 5",
+            "ratelimit_buckets_capacity 4096",
+            r#"ratelimit_reloads_total{result="ok"} 2"#,
+            r#"ratelimit_reloads_total{result="failed"} 1"#,
+            r#"ratelimit_build_info{version="1.2.3"} 1"#,
+            r#"ratelimit_interface_attached{interface="eth0",mode="native"} 1"#,
+            r#"ratelimit_interface_attached{interface="gone",mode="skb"} 1"#,
+            r#"ratelimit_interface_rx_packets_total{interface="eth0"} 42"#,
+            r#"ratelimit_interface_rx_dropped_total{interface="eth0"} 0"#,
+            "# TYPE ratelimit_rule_packets counter",
+            "# TYPE ratelimit_buckets_tracked gauge",
+            "# TYPE ratelimit_build info",
+            "# EOF",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in:\n{text}"
+            );
+        }
+        assert!(
+            !text.contains(r#"interface="gone"} "#),
+            "unreadable counters are left out:\n{text}"
+        );
+        assert_eq!(
+            text.matches("ratelimit_rule_packets_total{").count(),
+            verdict::COUNT
+        );
+    }
+
+    #[test]
+    fn empty_families_are_left_out() {
+        let text = Snapshot::default().encode().unwrap();
+        assert!(!text.contains("ratelimit_rule_packets"), "{text}");
+        assert!(!text.contains("ratelimit_interface_attached"), "{text}");
+        assert!(text.contains("ratelimit_buckets_tracked 0"), "{text}");
+        assert!(
+            text.contains(r#"ratelimit_reloads_total{result="failed"} 0"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn interface_counters_from_sysfs() {
+        let dir = std::env::temp_dir().join(format!("rl-metrics-sysfs-{}", std::process::id()));
+        let stats = dir.join("eth0").join("statistics");
+        std::fs::create_dir_all(&stats).unwrap();
+        std::fs::write(stats.join("rx_packets"), "1234\n").unwrap();
+        std::fs::write(stats.join("rx_dropped"), "5\n").unwrap();
+        let mut s = snapshot();
+        s.read_interface_counters(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            (s.interfaces[0].rx_packets, s.interfaces[0].rx_dropped),
+            (Some(1234), Some(5))
+        );
+        assert_eq!(
+            (s.interfaces[1].rx_packets, s.interfaces[1].rx_dropped),
+            (None, None)
+        );
+    }
+
+    #[tokio::test]
+    async fn bind_failure_names_the_address() {
+        let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = taken.local_addr().unwrap();
+        let err = bind(addr).await.unwrap_err().to_string();
+        assert!(err.contains(&addr.to_string()), "{err}");
+        assert!(err.contains("in use"), "{err}");
+    }
 }

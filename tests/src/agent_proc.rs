@@ -15,6 +15,7 @@
 
 use std::fs::{self, File};
 use std::io::Read as _;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
@@ -45,8 +46,9 @@ exec ip netns exec "$ns" sh -c 'mount --bind "$0" /sys/fs/bpf || exit 125; exec 
 /// A running (or exited) `ratelimit agent` child process with its own temp directory (config,
 /// log) and pin directory `/sys/fs/bpf/rl-e2e-<pid>-<n>`.
 ///
-/// Dropping it kills the agent (SIGKILL) if it still runs and removes the pin directory and the
-/// temp directory, so a failed test leaves nothing behind.
+/// Dropping it kills the agent (SIGKILL) if it still runs and removes the pin directory (pinned
+/// links first, which detaches the program) and the temp directory, so a failed test leaves
+/// nothing behind.
 pub struct AgentProcess {
     child: Option<Child>,
     ns_name: String,
@@ -54,6 +56,7 @@ pub struct AgentProcess {
     config: PathBuf,
     log: PathBuf,
     pin_path: PathBuf,
+    socket: PathBuf,
     interfaces: Vec<String>,
 }
 
@@ -62,9 +65,10 @@ impl AgentProcess {
     /// logged "attached" for every interface (the config's `interfaces`, or the `--iface`
     /// arguments). Fails with the agent's log if it exits or times out first.
     ///
-    /// `config_toml` is written to a fresh temp file. Unless it sets `pin_path` itself (use
-    /// [`AgentProcess::unique_pin_path`]), `pin_path = "/sys/fs/bpf/rl-e2e-<pid>-<n>"` is inserted
-    /// on the line after `[agent]`, which moves every later line down by one.
+    /// `config_toml` is written to a fresh temp file. Unless it sets them itself (see
+    /// [`AgentProcess::unique_pin_path`]), `pin_path = "/sys/fs/bpf/rl-e2e-<pid>-<n>"` and
+    /// `socket = "<temp dir>/agent.sock"` are inserted on the lines after `[agent]`, which moves
+    /// every later line down.
     pub fn start(ns: &Netns, config_toml: &str, extra_args: &[&str]) -> Result<AgentProcess> {
         let mut agent = Self::spawn(ns, config_toml, extra_args)?;
         agent.wait_attached()?;
@@ -76,10 +80,9 @@ impl AgentProcess {
     pub fn spawn(ns: &Netns, config_toml: &str, extra_args: &[&str]) -> Result<AgentProcess> {
         ensure_host_bpffs()?;
         let id = format!("{}-{}", std::process::id(), next_id());
-        let (text, pin_path) = with_pin_path(config_toml, &id)?;
-        let interfaces = expected_interfaces(&text, extra_args);
-
         let dir = std::env::temp_dir().join(format!("rl-e2e-{id}"));
+        let (text, pin_path, socket) = with_own_paths(config_toml, &id, &dir)?;
+        let interfaces = expected_interfaces(&text, extra_args);
         fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
         // From here on, `agent` owns the directory and removes it on drop, even on error.
         let mut agent = AgentProcess {
@@ -89,6 +92,7 @@ impl AgentProcess {
             log: dir.join("agent.log"),
             dir,
             pin_path,
+            socket,
             interfaces,
         };
         let bpffs_mnt = agent.dir.join("bpffs");
@@ -100,27 +104,55 @@ impl AgentProcess {
 
         let binary = agent_binary();
         let mut cmd = Command::new("unshare");
-        cmd.args(["--mount", "--propagation", "slave", "--", "sh", "-c", LAUNCH, "sh"])
-            .arg(ns.name())
-            .arg(&bpffs_mnt)
-            .arg(&binary)
-            .arg("agent")
-            .arg("-c")
-            .arg(&agent.config)
-            .args(extra_args)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
+        cmd.args([
+            "--mount",
+            "--propagation",
+            "slave",
+            "--",
+            "sh",
+            "-c",
+            LAUNCH,
+            "sh",
+        ])
+        .arg(ns.name())
+        .arg(&bpffs_mnt)
+        .arg(&binary)
+        .arg("agent")
+        .arg("-c")
+        .arg(&agent.config)
+        .args(extra_args)
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+        let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+        // SAFETY: the closure only makes async-signal-safe system calls (prctl, getppid).
+        unsafe {
+            cmd.pre_exec(move || {
+                // If the test process dies (Ctrl-C, a killed runner), the agent dies with it
+                // instead of enforcing forever. (Tied to the spawning thread: a test's agent lives
+                // on its test's thread.)
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
+                    || libc::getppid() != parent
+                {
+                    return Err(std::io::Error::other("parent gone or prctl failed"));
+                }
+                Ok(())
+            });
+        }
         agent.child = Some(cmd.spawn().with_context(|| {
-            format!("starting {} agent in namespace {}", binary.display(), ns.name())
+            format!(
+                "starting {} agent in namespace {}",
+                binary.display(),
+                ns.name()
+            )
         })?);
         Ok(agent)
     }
 
-    /// A pin directory no other test uses, for a config that sets `pin_path` itself (so that
-    /// [`AgentProcess::start`] inserts nothing and line numbers stay as written).
+    /// A pin directory no other test uses, for a config that sets `pin_path` (and `socket`)
+    /// itself, so that [`AgentProcess::start`] inserts nothing and line numbers stay as written.
     #[must_use]
     pub fn unique_pin_path() -> PathBuf {
         PathBuf::from(format!(
@@ -134,6 +166,12 @@ impl AgentProcess {
     #[must_use]
     pub fn pin_path(&self) -> &Path {
         &self.pin_path
+    }
+
+    /// The agent's control socket (for `ratelimit --socket P ...`).
+    #[must_use]
+    pub fn socket_path(&self) -> &Path {
+        &self.socket
     }
 
     /// The config file the agent was started with.
@@ -223,6 +261,20 @@ impl AgentProcess {
         }
     }
 
+    /// Kills the agent with SIGKILL, as a crash would, and reaps it: what it pinned (maps, the
+    /// XDP links) stays until [`Drop`] removes it.
+    pub fn crash(&mut self) -> Result<ExitStatus> {
+        match self.child.as_mut() {
+            Some(child) => {
+                if matches!(child.try_wait(), Ok(None)) {
+                    child.kill()?;
+                }
+                Ok(child.wait()?)
+            }
+            None => bail!("the agent was never started"),
+        }
+    }
+
     /// Whether the agent process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.try_wait(), Ok(None))
@@ -259,7 +311,7 @@ impl AgentProcess {
         loop {
             let log = self.log();
             let done = if self.interfaces.is_empty() {
-                log.contains("running; SIGINT")
+                log.contains(": running;")
             } else {
                 self.interfaces.iter().all(|i| attached(&log, i))
             };
@@ -295,9 +347,11 @@ impl AgentProcess {
         }
     }
 
+    /// Removes what the agent pinned: its links (which detaches the program from the
+    /// interfaces) and its maps.
     fn remove_pins(&self) {
         if self.pin_path.exists() {
-            if let Err(e) = ratelimit::maps::remove_pins(&self.pin_path) {
+            if let Err(e) = ratelimit::dataplane::remove_pin_dir(&self.pin_path) {
                 eprintln!(
                     "ratelimit-testbed: removing {}: {e}",
                     self.pin_path.display()
@@ -378,39 +432,53 @@ fn attached(log: &str, iface: &str) -> bool {
     })
 }
 
-/// The config with `pin_path` set (inserted after `[agent]`, or a new `[agent]` table first)
-/// unless it already sets one, and the pin path in force.
-fn with_pin_path(config: &str, id: &str) -> Result<(String, PathBuf)> {
-    if let Some(line) = config
-        .lines()
-        .find(|l| l.trim_start().starts_with("pin_path"))
-    {
-        let value = line
-            .split_once('=')
-            .map(|(_, v)| v.trim().trim_matches('"'))
-            .filter(|v| v.starts_with(BPFFS) && v.len() > BPFFS.len() + 1)
-            .with_context(|| {
-                format!("config line {line:?}: want pin_path = \"{BPFFS}/<unique name>\"")
-            })?;
-        return Ok((config.to_owned(), PathBuf::from(value)));
+/// The config with `pin_path` and `socket` set (inserted after `[agent]`, or in a new `[agent]`
+/// table first) unless it sets them itself, and the pin path and socket in force.
+fn with_own_paths(config: &str, id: &str, dir: &Path) -> Result<(String, PathBuf, PathBuf)> {
+    let pin = match setting(config, "pin_path") {
+        Some(value) if value.starts_with(BPFFS) && value.len() > BPFFS.len() + 1 => {
+            Some(PathBuf::from(value))
+        }
+        Some(value) => bail!("config sets pin_path = {value:?}: want \"{BPFFS}/<unique name>\""),
+        None => None,
+    };
+    let socket = setting(config, "socket").map(PathBuf::from);
+    let mut lines = Vec::new();
+    if pin.is_none() {
+        lines.push(format!("pin_path = \"{BPFFS}/rl-e2e-{id}\""));
     }
-    let pin = PathBuf::from(format!("{BPFFS}/rl-e2e-{id}"));
-    let line = format!("pin_path = \"{}\"", pin.display());
-    let mut out = String::with_capacity(config.len() + line.len() + 16);
+    if socket.is_none() {
+        lines.push(format!("socket = \"{}\"", dir.join("agent.sock").display()));
+    }
+    let pin = pin.unwrap_or_else(|| PathBuf::from(format!("{BPFFS}/rl-e2e-{id}")));
+    let socket = socket.unwrap_or_else(|| dir.join("agent.sock"));
+    if lines.is_empty() {
+        return Ok((config.to_owned(), pin, socket));
+    }
+    let insert = lines.join("\n");
+    let mut out = String::with_capacity(config.len() + insert.len() + 16);
     let mut inserted = false;
     for l in config.lines() {
         out.push_str(l);
         out.push('\n');
         if !inserted && l.trim() == "[agent]" {
-            out.push_str(&line);
+            out.push_str(&insert);
             out.push('\n');
             inserted = true;
         }
     }
     if !inserted {
-        out = format!("[agent]\n{line}\n\n{out}");
+        out = format!("[agent]\n{insert}\n\n{out}");
     }
-    Ok((out, pin))
+    Ok((out, pin, socket))
+}
+
+/// The string value of `key = "..."` if some line sets it (good enough for the test configs).
+fn setting<'a>(config: &'a str, key: &str) -> Option<&'a str> {
+    config.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim() == key).then(|| v.trim().trim_matches('"'))
+    })
 }
 
 /// The interfaces the agent will attach to: the `--iface` arguments, else the config's (none if
@@ -483,19 +551,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pin_path_goes_after_the_agent_table() {
-        let (text, pin) = with_pin_path("[agent]\ninterfaces = [\"x\"]\n", "t-1").unwrap();
+    fn own_paths_go_after_the_agent_table() {
+        let dir = Path::new("/tmp/d");
+        let (text, pin, socket) =
+            with_own_paths("[agent]\ninterfaces = [\"x\"]\n", "t-1", dir).unwrap();
         assert_eq!(pin, PathBuf::from("/sys/fs/bpf/rl-e2e-t-1"));
+        assert_eq!(socket, PathBuf::from("/tmp/d/agent.sock"));
         assert_eq!(
             text,
-            "[agent]\npin_path = \"/sys/fs/bpf/rl-e2e-t-1\"\ninterfaces = [\"x\"]\n"
+            "[agent]\npin_path = \"/sys/fs/bpf/rl-e2e-t-1\"\nsocket = \"/tmp/d/agent.sock\"\n\
+             interfaces = [\"x\"]\n"
         );
-        let (text, _) = with_pin_path("[[rule]]\nname = \"a\"\n", "t-2").unwrap();
+        let (text, _, _) = with_own_paths("[[rule]]\nname = \"a\"\n", "t-2", dir).unwrap();
         assert!(text.starts_with("[agent]\npin_path = "), "{text}");
-        let own = "[agent]\npin_path = \"/sys/fs/bpf/rl-e2e-own\"\n";
-        let (text, pin) = with_pin_path(own, "t-3").unwrap();
-        assert_eq!((text.as_str(), pin), (own, PathBuf::from("/sys/fs/bpf/rl-e2e-own")));
-        assert!(with_pin_path("[agent]\npin_path = \"/tmp/x\"\n", "t-4").is_err());
+        let own = "[agent]\npin_path = \"/sys/fs/bpf/rl-e2e-own\"\nsocket = \"/tmp/s\"\n";
+        let (text, pin, socket) = with_own_paths(own, "t-3", dir).unwrap();
+        assert_eq!(
+            (text.as_str(), pin, socket),
+            (
+                own,
+                PathBuf::from("/sys/fs/bpf/rl-e2e-own"),
+                PathBuf::from("/tmp/s")
+            )
+        );
+        assert!(with_own_paths("[agent]\npin_path = \"/tmp/x\"\n", "t-4", dir).is_err());
     }
 
     #[test]

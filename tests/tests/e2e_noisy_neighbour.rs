@@ -36,6 +36,18 @@ struct Family {
     receiver: IpAddr,
 }
 
+/// Packets the veth pair itself dropped (both ends, both directions): a loss that is neither the
+/// limiter's nor the receiver's, reported so that a failure can be told apart.
+fn veth_drops(ns: &Netns, ifname: &str) -> u64 {
+    let out = ns.ip(&["-s", "-j", "link", "show", "dev", ifname]).unwrap();
+    let link: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let stats = &link[0]["stats64"];
+    ["rx", "tx"]
+        .iter()
+        .map(|dir| stats[dir]["dropped"].as_u64().unwrap_or(0))
+        .sum()
+}
+
 fn config(rx_if: &str, prefix: &str) -> String {
     format!(
         r#"[agent]
@@ -96,6 +108,7 @@ fn noisy_neighbour(f: &Family) {
     let expected = BURST as f64 + RATE as f64 * t;
     let ratio = a_got as f64 / expected;
     let passed = rule_packets(&stats, "e2e", "passed");
+    let link_drops = veth_drops(&tx, &tx_if) + veth_drops(&rx, &rx_if);
     let dropped = rule_packets(&stats, "e2e", "dropped_rate");
     println!(
         "IPv{}: flooder sent {} ({:.0} pps over {t:.3} s, {} skipped, {} errors), admitted {a_got}, \
@@ -108,7 +121,7 @@ fn noisy_neighbour(f: &Family) {
     );
     println!(
         "IPv{}: polite sent {} ({:.0} pps), received {b_got}, lost {}; socket drops {:?}; agent \
-         counted passed {passed} dropped_rate {dropped}; global {}",
+         counted passed {passed} dropped_rate {dropped}; veth drops {link_drops}; global {}",
         f.tag,
         polite.sent,
         polite.achieved_pps(),
@@ -126,7 +139,10 @@ fn noisy_neighbour(f: &Family) {
          the limit (CPU starved?)",
         flood.sent
     );
-    assert_eq!(b_got, polite.sent, "the polite source lost packets");
+    assert_eq!(
+        b_got, polite.sent,
+        "the polite source lost packets (veth drops: {link_drops})"
+    );
     assert!(
         (ratio - 1.0).abs() <= TOLERANCE,
         "flooder admitted {a_got}, expected {expected:.0} +- {:.0}%",
@@ -150,7 +166,11 @@ fn noisy_neighbour(f: &Family) {
         flood.sent - a_got
     );
     assert_eq!(rule_packets(&stats, "e2e", "dry_run"), 0);
-    assert_eq!(global_counter(&stats, "new_buckets"), 2, "one bucket per source");
+    assert_eq!(
+        global_counter(&stats, "new_buckets"),
+        2,
+        "one bucket per source"
+    );
 
     let status = agent.stop().unwrap();
     assert!(status.success(), "agent exited with {status}");
@@ -160,7 +180,11 @@ fn noisy_neighbour(f: &Family) {
         None,
         "XDP still attached to {rx_if} after the agent stopped"
     );
-    println!("IPv{}: test took {:.1} s", f.tag, started.elapsed().as_secs_f64());
+    println!(
+        "IPv{}: test took {:.1} s",
+        f.tag,
+        started.elapsed().as_secs_f64()
+    );
 }
 
 #[test]

@@ -683,7 +683,7 @@ fn thousands_of_rules() {
     assert_eq!(ids.len(), rules.len());
     for r in rules.iter().skip(2).take(500) {
         assert_eq!(
-            set.classify(r.source.network(), UDP, Some(53))
+            set.classify(r.sources[0].network(), UDP, Some(53))
                 .unwrap()
                 .rule
                 .action,
@@ -692,8 +692,9 @@ fn thousands_of_rules() {
     }
 }
 
-/// 100 000 deny-listed /32 and /24 prefixes under a few broad rules, through the same code as
-/// `compile` (the prefixes share one deny rule: one rule per prefix would exceed MAX_RULES).
+/// 100 000 deny-listed /32 and /24 prefixes in one rule (a `source_file` list) under a few broad
+/// rules. Prints how long `compile` takes (run with `--release --nocapture` to measure); asserts
+/// only correctness.
 #[test]
 fn hundred_thousand_prefixes() {
     let mut rules = vec![
@@ -704,19 +705,9 @@ fn hundred_thousand_prefixes() {
         with_action("upper", "128.0.0.0/1", Action::Deny),
     ];
     let deny_list = rules.len();
-    rules.push(proto(
-        with_action("deny-list", "0.0.0.0/32", Action::Deny),
-        Protocol::Udp,
-        None,
-    ));
     let mut rng = Rng(42);
     let mut listed = HashSet::new();
-    let mut sources: Vec<(IpNet, usize)> = rules
-        .iter()
-        .take(deny_list)
-        .enumerate()
-        .map(|(i, r)| (r.source, i))
-        .collect();
+    let mut list = Vec::new();
     while listed.len() < 100_000 {
         let len = if rng.below(2) == 0 { 24 } else { 32 };
         let p = IpNet::V4(
@@ -725,13 +716,39 @@ fn hundred_thousand_prefixes() {
                 .trunc(),
         );
         if listed.insert(p) {
-            sources.push((p, deny_list));
+            list.push(p);
         }
     }
-    let compiled = assign_ids(&rules, &RuleIds::new()).unwrap();
-    let prefixes = build_prefixes(&rules, &compiled, &sources).unwrap();
-    let set = assemble(compiled, prefixes, 0);
-    assert_eq!(set.prefixes.len(), sources.len() - 1);
+    rules.push(proto(
+        RuleConfig {
+            action: Action::Deny,
+            ..RuleConfig::with_sources("deny-list", list)
+        },
+        Protocol::Udp,
+        None,
+    ));
+    let start = std::time::Instant::now();
+    let set = build(&rules);
+    println!(
+        "compile: {} rules, {} prefixes in {:?}",
+        set.rules.len(),
+        set.prefixes.len(),
+        start.elapsed()
+    );
+    // Every listed prefix, plus 0.0.0.0/0, 10.0.0.0/8, 192.168.0.0/16 and 128.0.0.0/1 unless
+    // listed too.
+    let broad_nets: HashSet<IpNet> = rules[..deny_list]
+        .iter()
+        .map(|r| r.sources[0])
+        .collect();
+    assert_eq!(
+        set.prefixes.len(),
+        listed.len() + broad_nets.difference(&listed).count()
+    );
+    assert_eq!(
+        set.rule(set.rules[deny_list].id).unwrap().sources.len(),
+        100_000
+    );
 
     // Reference: the deny list (UDP only) wins inside a listed prefix, else the broad rules.
     let broad = &rules[..deny_list];
@@ -764,26 +781,26 @@ fn hundred_thousand_prefixes() {
     }
 }
 
-/// The reference semantics, written independently of the candidate lists: among the rules whose
-/// source contains the address and whose protocol/port match the packet, the longest source
-/// prefix wins, then the most specific.
+/// The reference semantics, written independently of the candidate lists: among the rules with
+/// a source prefix containing the address and whose protocol/port match the packet, the one
+/// with the longest such prefix wins, then the most specific.
 fn reference(rules: &[RuleConfig], src: IpAddr, protocol: u8, port: Option<u16>) -> Option<&str> {
     rules
         .iter()
-        .filter(|r| r.source.contains(&src))
-        .filter(|r| {
+        .filter_map(|r| {
+            let len = r
+                .sources
+                .iter()
+                .filter(|s| s.contains(&src))
+                .map(IpNet::prefix_len)
+                .max()?;
             let rec = rule_record(r);
-            (rec.protocol == 0 || rec.protocol == protocol)
-                && (rec.dst_port == 0 || Some(rec.dst_port) == port)
+            ((rec.protocol == 0 || rec.protocol == protocol)
+                && (rec.dst_port == 0 || Some(rec.dst_port) == port))
+                .then_some((len, r))
         })
-        .max_by_key(|r| {
-            (
-                r.source.prefix_len(),
-                r.dst_port.is_some(),
-                r.protocol != Protocol::Any,
-            )
-        })
-        .map(|r| r.name.as_str())
+        .max_by_key(|&(len, r)| (len, r.dst_port.is_some(), r.protocol != Protocol::Any))
+        .map(|(_, r)| r.name.as_str())
 }
 
 #[test]
@@ -854,4 +871,328 @@ fn too_many_prefixes() {
     let err = build_prefixes(&rules, &compiled, &sources).unwrap_err();
     assert_eq!(err, CompileError::TooManyPrefixes { count });
     assert!(build_prefixes(&rules, &compiled, &sources[1..]).is_ok());
+}
+
+fn nets(list: &[&str]) -> Vec<IpNet> {
+    list.iter().map(|s| net(s)).collect()
+}
+
+fn multi(name: &str, sources: &[&str], action: Action) -> RuleConfig {
+    let mut r = RuleConfig {
+        action,
+        ..RuleConfig::with_sources(name, nets(sources))
+    };
+    if action == Action::Limit {
+        r.rate = Some(10);
+        r.burst = Some(10);
+    }
+    r
+}
+
+#[test]
+fn one_rule_many_prefixes() {
+    let set = build(&[
+        limit("default", "0.0.0.0/0", 1000),
+        // Nested prefixes of one rule: the inner one lists the rule once.
+        multi(
+            "blocklist",
+            &["10.0.0.0/8", "10.1.0.0/16", "192.0.2.7/32", "2001:db8::/32"],
+            Action::Deny,
+        ),
+        with_action("office", "10.1.2.0/24", Action::Allow),
+    ]);
+    let block = set.rules.iter().find(|r| r.name == "blocklist").unwrap();
+    assert_eq!(block.sources.len(), 4);
+    // One rule id for every prefix.
+    for p in ["10.0.0.0/8", "10.1.0.0/16", "192.0.2.7/32", "2001:db8::/32"] {
+        assert_eq!(candidate_names(&set, p), ["blocklist"]);
+    }
+    assert_eq!(candidate_names(&set, "10.1.2.0/24"), ["office"]);
+    assert_eq!(set.prefixes.len(), 6);
+    assert_eq!(name_of(&set, "10.200.0.1", TCP, Some(80)), Some("blocklist"));
+    assert_eq!(name_of(&set, "10.1.9.9", UDP, None), Some("blocklist"));
+    assert_eq!(name_of(&set, "10.1.2.9", UDP, None), Some("office"));
+    assert_eq!(name_of(&set, "192.0.2.7", ICMP, None), Some("blocklist"));
+    assert_eq!(name_of(&set, "192.0.2.8", ICMP, None), Some("default"));
+    assert_eq!(
+        name_of(&set, "2001:db8::1", ICMPV6, None),
+        Some("blocklist")
+    );
+    assert_eq!(name_of(&set, "2001:db9::1", ICMPV6, None), None);
+
+    // Listed twice in one rule: merged.
+    let dup = build(&[multi("d", &["10.0.0.0/8", "10.0.0.0/8"], Action::Deny)]);
+    assert_eq!(dup.prefixes.len(), 1);
+    assert_eq!(candidate_names(&dup, "10.0.0.0/8"), ["d"]);
+}
+
+#[test]
+fn two_rules_listing_one_prefix() {
+    let tcp = proto(
+        multi("tcp", &["10.0.0.0/8", "11.0.0.0/8"], Action::Limit),
+        Protocol::Tcp,
+        None,
+    );
+    let udp = proto(
+        multi("udp", &["12.0.0.0/8", "11.0.0.0/8"], Action::Deny),
+        Protocol::Udp,
+        Some(53),
+    );
+    let set = build(&[tcp.clone(), udp.clone()]);
+    assert_eq!(candidate_names(&set, "11.0.0.0/8"), ["udp", "tcp"]);
+    assert_eq!(name_of(&set, "11.1.1.1", UDP, Some(53)), Some("udp"));
+    assert_eq!(name_of(&set, "11.1.1.1", TCP, Some(53)), Some("tcp"));
+    assert_eq!(name_of(&set, "10.1.1.1", UDP, Some(53)), None);
+    assert_eq!(name_of(&set, "12.1.1.1", UDP, Some(53)), Some("udp"));
+
+    // The same protocol and port: the shared prefix is a conflict, named.
+    let mut clash = proto(udp, Protocol::Tcp, None);
+    clash.line = 30;
+    let tcp = RuleConfig { line: 10, ..tcp };
+    let err = compile(&[tcp, clash], &RuleIds::new()).unwrap_err();
+    assert_eq!(
+        err,
+        CompileError::Conflict {
+            first: "tcp".into(),
+            first_line: 10,
+            second: "udp".into(),
+            second_line: 30,
+            prefix: net("11.0.0.0/8"),
+            protocol: Protocol::Tcp,
+            dst_port: None,
+        }
+    );
+    assert!(
+        err.to_string()
+            .contains("rules \"tcp\" (line 10) and \"udp\" (line 30) both match source 11.0.0.0/8"),
+        "{err}"
+    );
+}
+
+#[test]
+fn candidates_count_rules_not_prefixes() {
+    // One rule listing a prefix and prefixes inside it is one candidate wherever it applies.
+    let mut rules = vec![multi(
+        "wide",
+        &["10.0.0.0/8", "10.1.0.0/16", "10.1.2.0/24", "10.1.2.3/32"],
+        Action::Limit,
+    )];
+    for port in 1..=7 {
+        rules.push(proto(
+            multi(&format!("p{port}"), &["10.0.0.0/8", "10.1.2.0/24"], Action::Deny),
+            Protocol::Tcp,
+            Some(port),
+        ));
+    }
+    let set = build(&rules);
+    assert_eq!(candidate_names(&set, "10.1.2.3/32"), ["wide"]);
+    assert_eq!(candidate_names(&set, "10.1.2.0/24").len(), 8);
+    // 10.1.0.0/16 lists only "wide": its own protocol-any entry covers all it would inherit.
+    assert_eq!(candidate_names(&set, "10.1.0.0/16"), ["wide"]);
+    assert_eq!(name_of(&set, "10.1.9.9", TCP, Some(3)), Some("wide"));
+    assert_eq!(name_of(&set, "10.9.9.9", TCP, Some(3)), Some("p3"));
+    assert_eq!(name_of(&set, "10.1.2.9", TCP, Some(3)), Some("p3"));
+
+    // An eighth port rule makes 10.0.0.0/8 and 10.1.2.0/24 list nine.
+    rules.push(proto(
+        multi("p8", &["10.1.2.0/24"], Action::Deny),
+        Protocol::Tcp,
+        Some(8),
+    ));
+    let err = compile(&rules, &RuleIds::new()).unwrap_err();
+    assert!(
+        matches!(&err, CompileError::TooManyCandidates { prefix, rules } if *prefix == net("10.1.2.0/24") && rules.len() == 9),
+        "{err}"
+    );
+}
+
+#[test]
+fn mixed_families() {
+    let both = RuleConfig {
+        per: Per::Source,
+        ..multi("both", &["10.0.0.0/8", "2001:db8::/32"], Action::Limit)
+    };
+    let rec = rule_record(&both);
+    // IPv4 keys are zero past the first word, so masking all four words keeps them.
+    assert_eq!(rec.src_mask, [u32::MAX; 4]);
+    let shared = RuleConfig {
+        per: Per::Rule,
+        ..both.clone()
+    };
+    assert_eq!(rule_record(&shared).src_mask, [0; 4]);
+    let set = build(std::slice::from_ref(&both));
+    assert_eq!(name_of(&set, "10.0.0.1", UDP, None), Some("both"));
+    assert_eq!(name_of(&set, "2001:db8::1", UDP, None), Some("both"));
+    let v4_only = multi("v4", &["10.0.0.0/8", "11.0.0.0/8"], Action::Limit);
+    assert_eq!(rule_record(&v4_only).src_mask, [u32::MAX, 0, 0, 0]);
+
+    // "/24" and "icmp" are family specific.
+    let per24 = RuleConfig {
+        per: Per::Prefix(24),
+        line: 4,
+        ..both.clone()
+    };
+    let err = compile(&[per24], &RuleIds::new()).unwrap_err().to_string();
+    assert!(
+        err.starts_with("rule \"both\" (line 4): field `per`") && err.contains("mix IPv4 and IPv6"),
+        "{err}"
+    );
+    let icmp = proto(both, Protocol::Icmp, None);
+    let err = compile(&[icmp], &RuleIds::new()).unwrap_err().to_string();
+    assert!(
+        err.contains("field `protocol`") && err.contains("one rule per family"),
+        "{err}"
+    );
+    let icmp6 = proto(
+        multi("v6", &["2001:db8::/32", "2001:db9::/32"], Action::Deny),
+        Protocol::Icmp,
+        None,
+    );
+    assert_eq!(rule_record(&icmp6).protocol, ICMPV6);
+}
+
+#[test]
+fn rule_prefix_bounds() {
+    let too_many: Vec<IpNet> = (0..=crate::config::MAX_RULE_PREFIXES as u32)
+        .map(|i| IpNet::V4(Ipv4Net::new(Ipv4Addr::from(i << 8), 24).unwrap()))
+        .collect();
+    let rule = RuleConfig {
+        action: Action::Deny,
+        ..RuleConfig::with_sources("big", too_many)
+    };
+    let err = compile(std::slice::from_ref(&rule), &RuleIds::new()).unwrap_err();
+    assert!(
+        err.to_string().contains("at most 250000"),
+        "{err}"
+    );
+    // 250 000 in one rule and 12 145 in another: one more than half the trie.
+    let mut first = rule;
+    first.sources.truncate(crate::config::MAX_RULE_PREFIXES);
+    let second = RuleConfig {
+        action: Action::Deny,
+        ..RuleConfig::with_sources(
+            "second",
+            (0..(MAX_PREFIXES as usize / 2 - crate::config::MAX_RULE_PREFIXES + 1) as u32)
+                .map(|i| IpNet::V4(Ipv4Net::new(Ipv4Addr::from(i), 32).unwrap()))
+                .collect(),
+        )
+    };
+    let err = compile(&[first.clone(), second.clone()], &RuleIds::new()).unwrap_err();
+    assert_eq!(
+        err,
+        CompileError::TooManyPrefixes {
+            count: MAX_PREFIXES as usize / 2 + 1
+        }
+    );
+    assert!(err.to_string().contains("at most 262144"), "{err}");
+    let mut fits = second;
+    fits.sources.pop();
+    assert_eq!(
+        build(&[first, fits]).prefixes.len(),
+        MAX_PREFIXES as usize / 2
+    );
+}
+
+/// Random rule sets with many prefixes per rule (nested, shared between rules, both families)
+/// against the brute-force reference.
+#[test]
+fn classify_matches_reference_with_prefix_lists() {
+    let mut rng = Rng(0x5eed);
+    // A pool of nested prefixes, so that rules overlap a lot.
+    let mut pool: Vec<IpNet> = Vec::new();
+    for _ in 0..120 {
+        let region = [0x0a00_0000u32, 0x0a01_0000, 0xc000_0200][rng.below(3) as usize];
+        let addr = region | (rng.below(1 << 12) as u32);
+        let len = [0, 8, 12, 16, 20, 24, 28, 30, 32][rng.below(9) as usize];
+        pool.push(IpNet::V4(
+            Ipv4Net::new(Ipv4Addr::from(addr), len).unwrap().trunc(),
+        ));
+    }
+    for _ in 0..60 {
+        let region: u128 = [0x2001_0db8 << 96, (0x2001_0db8 << 96) | (1 << 80)][rng.below(2) as usize];
+        let addr = region | u128::from(rng.below(1 << 12));
+        let len = [0, 16, 32, 48, 64, 120, 124, 128][rng.below(8) as usize];
+        pool.push(IpNet::V6(
+            Ipv6Net::new(Ipv6Addr::from(addr), len).unwrap().trunc(),
+        ));
+    }
+    let combos = [
+        (Protocol::Any, None),
+        (Protocol::Tcp, None),
+        (Protocol::Udp, None),
+        (Protocol::Icmp, None),
+        (Protocol::Tcp, Some(80)),
+        (Protocol::Udp, Some(53)),
+        (Protocol::Tcp, Some(443)),
+    ];
+    let (mut checked, mut conflicts) = (0, 0);
+    for round in 0..300 {
+        let mut rules = Vec::new();
+        for i in 0..rng.below(8) + 1 {
+            let count = rng.below(40) as usize + 1;
+            // Duplicates within a rule are fine: they are merged.
+            let sources: Vec<IpNet> = (0..count)
+                .map(|_| pool[rng.below(pool.len() as u64) as usize])
+                .collect();
+            let (mut protocol, port) = combos[rng.below(combos.len() as u64) as usize];
+            let r = RuleConfig::with_sources(format!("r{i}"), sources);
+            if protocol == Protocol::Icmp && r.families() == (true, true) {
+                protocol = Protocol::Any;
+            }
+            let action = [Action::Limit, Action::Allow, Action::Deny][rng.below(3) as usize];
+            let mut r = RuleConfig { action, ..r };
+            if action == Action::Limit {
+                r.rate = Some(1);
+                r.burst = Some(1);
+            }
+            rules.push(proto(r, protocol, port));
+        }
+        // Brute force: two rules sharing a prefix with the same protocol and port conflict.
+        let expect_conflict = rules.iter().enumerate().any(|(i, a)| {
+            rules[i + 1..].iter().any(|b| {
+                (a.protocol, a.dst_port) == (b.protocol, b.dst_port)
+                    && a.sources.iter().any(|s| b.sources.contains(s))
+            })
+        });
+        let set = match compile(&rules, &RuleIds::new()) {
+            Ok(set) => set,
+            Err(CompileError::Conflict { .. }) if expect_conflict => {
+                conflicts += 1;
+                continue;
+            }
+            Err(CompileError::TooManyCandidates { .. }) if !expect_conflict => continue,
+            Err(e) => panic!("round {round}: {e}"),
+        };
+        assert!(!expect_conflict, "round {round}: conflict not detected");
+        checked += 1;
+        let used: Vec<IpNet> = rules.iter().flat_map(|r| r.sources.clone()).collect();
+        for _ in 0..200 {
+            let src = match used[rng.below(used.len() as u64) as usize] {
+                IpNet::V4(p) => {
+                    let host = (rng.next() as u32) & !u32::from(p.netmask());
+                    IpAddr::V4(Ipv4Addr::from(u32::from(p.network()) | host))
+                }
+                IpNet::V6(p) => {
+                    let host = u128::from(rng.next()) & !u128::from(p.netmask());
+                    IpAddr::V6(Ipv6Addr::from(u128::from(p.network()) | host))
+                }
+            };
+            let (protocol, port) = match rng.below(7) {
+                0 => (TCP, Some(80)),
+                1 => (TCP, Some(443 + rng.below(2) as u16)),
+                2 => (UDP, Some(53)),
+                3 => (UDP, None),
+                4 => (ICMP, None),
+                5 => (ICMPV6, None),
+                _ => (47, None),
+            };
+            assert_eq!(
+                set.classify(src, protocol, port).map(|r| r.name.as_str()),
+                reference(&rules, src, protocol, port),
+                "round {round}: {src} {protocol} {port:?}"
+            );
+        }
+    }
+    // The generator must exercise both outcomes.
+    assert!(checked >= 100 && conflicts >= 10, "{checked} checked, {conflicts} conflicts");
 }

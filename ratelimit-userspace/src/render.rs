@@ -1,0 +1,390 @@
+//! Human output of the client commands: the API's JSON answers (see [`crate::api`]) as readable
+//! tables and lines. `--json` prints the answers themselves; this is only for people.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use ratelimit_common::{global, verdict};
+use serde_json::Value;
+
+use crate::stats::{BucketReport, RuleReport, StatsReport};
+
+/// A value for a cell: strings bare, numbers as written, absent or null as `-`.
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_string(),
+        Value::String(s) => s.clone(),
+        Value::Bool(b) => if *b { "yes" } else { "no" }.to_string(),
+        other => other.to_string(),
+    }
+}
+
+fn text<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or("?")
+}
+
+fn num(v: &Value, key: &str) -> u64 {
+    v.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// Left-aligned columns separated by two spaces; numeric-looking columns right-aligned.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut width: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, c) in width.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let numeric: Vec<bool> = (0..header.len())
+        .map(|i| {
+            rows.iter().all(|r| {
+                let c = &r[i];
+                c == "-" || c.parse::<f64>().is_ok()
+            }) && !rows.is_empty()
+        })
+        .collect();
+    let mut out = String::new();
+    let mut line = |cells: Vec<String>| {
+        let mut l = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i > 0 {
+                l.push_str("  ");
+            }
+            let pad = width[i].saturating_sub(c.chars().count());
+            if numeric[i] {
+                l.push_str(&" ".repeat(pad));
+                l.push_str(c);
+            } else {
+                l.push_str(c);
+                if i + 1 < cells.len() {
+                    l.push_str(&" ".repeat(pad));
+                }
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(header.iter().map(|h| (*h).to_string()).collect());
+    for row in rows {
+        line(row.clone());
+    }
+    out
+}
+
+fn duration(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m{s:02}s"),
+        (0, _, _) => format!("{h}h{m:02}m{s:02}s"),
+        _ => format!("{d}d{h:02}h{m:02}m"),
+    }
+}
+
+/// `ratelimit status`.
+#[must_use]
+pub fn status(v: &Value) -> String {
+    let mut out = String::new();
+    let ifaces: Vec<String> = v["interfaces"]
+        .as_array()
+        .map(|a| a.iter().map(|i| format!("{} ({})", text(i, "iface"), text(i, "mode"))).collect())
+        .unwrap_or_default();
+    let r = &v["reloads"];
+    let mut rows = vec![
+        ("agent", format!(
+            "running, pid {}, version {}, up {}",
+            num(v, "pid"),
+            text(v, "version"),
+            duration(num(v, "uptime_secs"))
+        )),
+        ("config", text(v, "config").to_string()),
+        ("socket", text(v, "socket").to_string()),
+        ("pin path", text(v, "pin_path").to_string()),
+        ("interfaces", if ifaces.is_empty() { "none (detached)".to_string() } else { ifaces.join(", ") }),
+        ("rules", format!(
+            "{} over {} source prefixes (generation {})",
+            num(v, "rules"),
+            num(v, "prefixes"),
+            num(v, "generation")
+        )),
+        ("dry run", cell(&v["dry_run"])),
+        ("buckets", format!("{} tracked of {}", num(v, "buckets_tracked"), num(v, "buckets_capacity"))),
+        ("changes", format!("{} applied, {} refused", num(r, "ok"), num(r, "failed"))),
+    ];
+    if let Some(e) = r["last_error"].as_str() {
+        rows.push(("last refusal", e.to_string()));
+    }
+    if let Some(list) = r["restart_needed"].as_array().filter(|a| !a.is_empty()) {
+        let keys: Vec<String> = list.iter().map(cell).collect();
+        rows.push(("restart", format!("needed to apply: {}", keys.join(", "))));
+    }
+    for (k, val) in rows {
+        let _ = writeln!(out, "{k:<12} {val}");
+    }
+    out
+}
+
+/// A rule's `source` for a table cell.
+fn sources(rule: &Value) -> String {
+    match (&rule["source"], rule.get("source_file")) {
+        (Value::String(s), _) => s.clone(),
+        (Value::Array(list), _) if list.len() <= 3 => list.iter().map(cell).collect::<Vec<_>>().join(","),
+        (Value::Array(list), _) => format!("{} prefixes ({},...)", list.len(), cell(&list[0])),
+        (_, Some(file)) => format!("file {}", cell(file)),
+        _ => "-".to_string(),
+    }
+}
+
+/// `ratelimit rules list`.
+#[must_use]
+pub fn rules(v: &Value) -> String {
+    let empty = Vec::new();
+    let rules = v["rules"].as_array().unwrap_or(&empty);
+    if rules.is_empty() {
+        return "no rules: every packet passes\n".to_string();
+    }
+    let keys = ["rate", "burst", "per", "bytes_rate", "bytes_burst", "scope"];
+    let rows: Vec<Vec<String>> = rules
+        .iter()
+        .map(|r| {
+            let mut row = vec![
+                cell(&r["name"]),
+                sources(r),
+                cell(&r["action"]),
+                cell(&r["protocol"]),
+                cell(&r["dst_port"]),
+            ];
+            row.extend(keys.iter().map(|k| cell(&r[*k])));
+            row.push(cell(&r["dry_run"]));
+            row
+        })
+        .collect();
+    table(
+        &["NAME", "SOURCE", "ACTION", "PROTOCOL", "DST_PORT", "RATE", "BURST", "PER", "BYTES_RATE", "BYTES_BURST", "SCOPE", "DRY_RUN"],
+        &rows,
+    )
+}
+
+/// The answer to `ratelimit rules add`.
+#[must_use]
+pub fn added(v: &Value) -> String {
+    format!("added rule {} ({} rules in force)\n", v["added"]["name"], num(v, "rules"))
+}
+
+/// The answer to `ratelimit rules remove`.
+#[must_use]
+pub fn removed(v: &Value) -> String {
+    format!("removed rule {} ({} rules in force)\n", v["removed"], num(v, "rules"))
+}
+
+/// The answer to `ratelimit rules reload`.
+#[must_use]
+pub fn reloaded(v: &Value) -> String {
+    let mut out = format!("reloaded the config file: {} rules in force\n", num(v, "rules"));
+    if let Some(list) = v["restart_needed"].as_array().filter(|a| !a.is_empty()) {
+        let keys: Vec<String> = list.iter().map(cell).collect();
+        let _ = writeln!(out, "changed settings that take effect on restart: {}", keys.join(", "));
+    }
+    out
+}
+
+/// The answer to `ratelimit detach`.
+#[must_use]
+pub fn detached(v: &Value) -> String {
+    let list: Vec<String> = v["detached"].as_array().map(|a| a.iter().map(cell).collect()).unwrap_or_default();
+    if list.is_empty() {
+        "was not attached to any interface\n".to_string()
+    } else {
+        format!("detached from {}\n", list.join(", "))
+    }
+}
+
+fn rate(v: &Value) -> String {
+    v.as_f64().map_or_else(|| "-".to_string(), |f| format!("{f:.1}"))
+}
+
+/// `ratelimit top`.
+#[must_use]
+pub fn top(v: &Value) -> String {
+    let empty = Vec::new();
+    let entries = v["top"].as_array().unwrap_or(&empty);
+    let rows: Vec<Vec<String>> = entries
+        .iter()
+        .map(|e| {
+            vec![
+                cell(&e["rule"]),
+                cell(&e["source"]),
+                rate(&e["pps"]),
+                rate(&e["drops_per_sec"]),
+                rate(&e["tokens"]),
+                cell(&e["passed"]),
+                cell(&e["dropped"]),
+            ]
+        })
+        .collect();
+    let mut out = if rows.is_empty() {
+        String::new()
+    } else {
+        table(&["RULE", "SOURCE", "PPS", "DROPS/S", "TOKENS", "PASSED", "DROPPED"], &rows)
+    };
+    let _ = writeln!(
+        out,
+        "{} of {} tracked buckets saw packets in the last {} ms",
+        num(v, "active"),
+        num(v, "buckets_tracked"),
+        num(v, "interval_ms")
+    );
+    out
+}
+
+fn protocol_name(n: u64) -> String {
+    match n {
+        0 => "any".to_string(),
+        1 | 58 => "icmp".to_string(),
+        6 => "tcp".to_string(),
+        17 => "udp".to_string(),
+        n => format!("{n}"),
+    }
+}
+
+/// `ratelimit explain`.
+#[must_use]
+pub fn explain(v: &Value) -> String {
+    let mut out = String::new();
+    let mut asked = format!("{} protocol {}", text(v, "ip"), protocol_name(num(v, "protocol")));
+    if let Some(p) = v["dst_port"].as_u64() {
+        let _ = write!(asked, " dst_port {p}");
+    }
+    let mut rows = vec![("packet", asked)];
+    match v["rule"].as_object() {
+        None => rows.push(("rule", "none: the packet passes".to_string())),
+        Some(rule) => {
+            let line = rule.get("line").and_then(Value::as_u64).unwrap_or(0);
+            let place = if line > 0 { format!(", line {line}") } else { String::new() };
+            rows.push(("rule", format!("{} (id {}{place})", cell(&rule["name"]), cell(&rule["id"]))));
+            if let Some(c) = rule.get("config").filter(|c| c.is_object()) {
+                let keys = ["action", "rate", "burst", "per", "bytes_rate", "bytes_burst", "protocol", "dst_port", "scope"];
+                let settings: Vec<String> = keys
+                    .iter()
+                    .filter(|k| !c[**k].is_null())
+                    .map(|k| format!("{k}={}", cell(&c[*k])))
+                    .chain(c["dry_run"].as_bool().filter(|d| *d).map(|_| "dry_run".to_string()))
+                    .collect();
+                rows.push(("settings", settings.join(" ")));
+            }
+        }
+    }
+    if let Some(p) = v["prefix"].as_str() {
+        rows.push(("prefix", p.to_string()));
+        let c: Vec<String> = v["candidates"].as_array().map(|a| a.iter().map(cell).collect()).unwrap_or_default();
+        rows.push(("candidates", c.join(", ")));
+    }
+    rows.push(("why", text(v, "why").to_string()));
+    if v["rule"].is_object() {
+        let b = &v["bucket"];
+        let bucket = if b.is_object() {
+            let mut parts = Vec::new();
+            if !b["tokens"].is_null() {
+                parts.push(format!("{} tokens", rate(&b["tokens"])));
+            }
+            if !b["byte_tokens"].is_null() {
+                parts.push(format!("{} byte tokens", rate(&b["byte_tokens"])));
+            }
+            parts.push(format!("passed {}", num(b, "passed")));
+            parts.push(format!("dropped {}", num(b, "dropped")));
+            parts.push(format!("age {} s", rate(&b["age_secs"])));
+            parts.join(", ")
+        } else {
+            "none tracked (no recent packet from this source under this rule: a full bucket)".to_string()
+        };
+        rows.push(("bucket", bucket));
+    }
+    for (k, val) in rows {
+        let _ = writeln!(out, "{k:<11} {val}");
+    }
+    out
+}
+
+/// `ratelimit stats`: the report from its JSON, as [`StatsReport::to_table`] prints it.
+/// Counters this build does not know (a newer agent) are left out.
+#[must_use]
+pub fn stats(v: &Value) -> String {
+    let known = |names: &[&'static str], m: &Value| -> BTreeMap<&'static str, u64> {
+        names
+            .iter()
+            .filter(|n| !n.is_empty())
+            .filter_map(|n| m.get(*n).and_then(Value::as_u64).map(|c| (*n, c)))
+            .collect()
+    };
+    let empty = Vec::new();
+    let report = StatsReport {
+        global: known(&global::NAMES, &v["global"]),
+        rules: v["rules"]
+            .as_array()
+            .unwrap_or(&empty)
+            .iter()
+            .map(|r| RuleReport {
+                id: u32::try_from(num(r, "id")).unwrap_or(0),
+                name: text(r, "name").to_string(),
+                line: u32::try_from(num(r, "line")).unwrap_or(0),
+                packets: known(&verdict::NAMES, &r["packets"]),
+                bytes: known(&verdict::NAMES, &r["bytes"]),
+            })
+            .collect(),
+        buckets: BucketReport { tracked: num(&v["buckets"], "tracked"), capacity: num(&v["buckets"], "capacity") },
+    };
+    report.to_table()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn tables_align() {
+        let out = table(&["NAME", "RATE"], &[vec!["a".into(), "5".into()], vec!["long-name".into(), "1000".into()]]);
+        assert_eq!(out, "NAME       RATE\na             5\nlong-name  1000\n");
+    }
+
+    #[test]
+    fn rules_table() {
+        let v = json!({"rules": [
+            {"name": "dns", "source": "::/0", "action": "limit", "rate": 100, "burst": 100, "per": "source",
+             "protocol": "udp", "dst_port": 53, "scope": "local", "dry_run": false},
+            {"name": "office", "source": ["198.51.100.0/24", "2001:db8::/32"], "action": "allow", "protocol": "any", "dry_run": false},
+        ]});
+        let out = rules(&v);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("NAME    SOURCE"), "{out}");
+        assert!(lines[1].starts_with("dns     ::/0 "), "{out}");
+        assert!(lines[2].contains("198.51.100.0/24,2001:db8::/32  allow"), "{out}");
+        assert_eq!(rules(&json!({"rules": []})), "no rules: every packet passes\n");
+    }
+
+    #[test]
+    fn stats_table_matches_the_offline_one() {
+        let mut report = StatsReport::default();
+        report.global.insert("packets", 10);
+        report.rules.push(RuleReport {
+            id: 1,
+            name: "r".into(),
+            line: 3,
+            packets: verdict::NAMES.iter().map(|n| (*n, 2)).collect(),
+            bytes: verdict::NAMES.iter().map(|n| (*n, 200)).collect(),
+        });
+        report.buckets = BucketReport { tracked: 1, capacity: 16 };
+        assert_eq!(stats(&serde_json::to_value(&report).unwrap()), report.to_table());
+    }
+
+    #[test]
+    fn explain_lines() {
+        let v = json!({"ip": "198.18.1.5", "protocol": 17, "dst_port": 53, "rule": null, "prefix": null,
+                       "candidates": [], "why": "no rule's source prefix contains this address: the packet passes", "bucket": null});
+        assert_eq!(
+            explain(&v),
+            "packet      198.18.1.5 protocol udp dst_port 53\nrule        none: the packet passes\n\
+             why         no rule's source prefix contains this address: the packet passes\n"
+        );
+    }
+}

@@ -1,0 +1,388 @@
+//! The Prometheus endpoint of the real `ratelimit agent`, end to end: real packets over a veth
+//! pair, then a plain HTTP scrape of `/metrics` from inside the agent's namespace (its
+//! `127.0.0.1` is the namespace's own loopback). The scrape must show exactly what the receiver
+//! saw and what `ratelimit stats` reports, count good and refused reloads, keep the rules working
+//! after a refused reload, and a taken address must stop the agent with an error naming it.
+
+use std::fs;
+use std::io::{Read as _, Write as _};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ratelimit_testbed::agent_proc::rule_packets;
+use ratelimit_testbed::{
+    add_addr, in_netns, neigh_to_peer, require_root, send_udp_from, veth_pair, AgentProcess, Netns,
+    Receiver,
+};
+
+const SOURCE: &str = "198.18.0.1";
+const RECEIVER: &str = "198.18.0.254";
+/// The rule: packets per second and burst per source. One token a second, so the ~100 ms bursts
+/// below get exactly `BURST` through (plus one token per second the test has been waiting).
+const RATE: u64 = 1;
+const BURST: u64 = 100;
+const MAX_BUCKETS: u64 = 4096;
+/// Each burst: 300 packets in 100 ms.
+const BURST_PPS: u64 = 3000;
+const BURST_TIME: Duration = Duration::from_millis(100);
+const PAYLOAD: usize = 64;
+/// How long the agent's 250 ms config watcher may take to notice a change.
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(5);
+const RULE: &str = "metrics";
+/// Where the test's control sockets live.
+const SOCKET_DIR: &str = "/run/ratelimit-test";
+
+/// Pin directory and control socket of one test, removed (if anything is left) on drop.
+struct Paths {
+    pin: PathBuf,
+    socket: PathBuf,
+}
+
+impl Paths {
+    fn new(tag: &str) -> Paths {
+        fs::create_dir_all(SOCKET_DIR).unwrap();
+        let pid = std::process::id();
+        Paths {
+            pin: PathBuf::from(format!("/sys/fs/bpf/rl-metrics-{pid}-{tag}")),
+            socket: PathBuf::from(format!("{SOCKET_DIR}/metrics-{pid}-{tag}.sock")),
+        }
+    }
+}
+
+impl Drop for Paths {
+    fn drop(&mut self) {
+        if self.pin.exists() {
+            let _ = ratelimit::dataplane::remove_pin_dir(&self.pin);
+        }
+        let _ = fs::remove_file(&self.socket);
+        // Only if empty: another test may be using it.
+        let _ = fs::remove_dir(SOCKET_DIR);
+    }
+}
+
+fn config(paths: &Paths, iface: &str, metrics: SocketAddr) -> String {
+    format!(
+        r#"[agent]
+interfaces = ["{iface}"]
+mode = "auto"
+pin_path = "{}"
+socket = "{}"
+metrics = "{metrics}"
+max_buckets = {MAX_BUCKETS}
+
+[[rule]]
+name = "{RULE}"
+source = "{SOURCE}/32"
+rate = {RATE}
+burst = {BURST}
+per = "source"
+"#,
+        paths.pin.display(),
+        paths.socket.display(),
+    )
+}
+
+/// A port nothing listens on in `ns` (a fresh namespace: any, but ask the kernel anyway).
+fn free_port(ns: &Netns) -> u16 {
+    in_netns(ns, || {
+        TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+    })
+    .unwrap()
+}
+
+/// `GET /metrics` at `addr` in `ns` over plain HTTP/1.1; checks the status and content type and
+/// returns the body.
+fn scrape(ns: &Netns, addr: SocketAddr) -> String {
+    let response = in_netns(ns, || -> std::io::Result<String> {
+        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text)?;
+        Ok(text)
+    })
+    .unwrap_or_else(|e| panic!("scraping http://{addr}/metrics in {}: {e}", ns.name()));
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "scrape failed:\n{response}"
+    );
+    assert!(
+        head.lines().any(|l| {
+            let l = l.to_ascii_lowercase();
+            l.starts_with("content-type:") && l.contains("application/openmetrics-text")
+        }),
+        "unexpected content type:\n{head}"
+    );
+    assert!(body.ends_with("# EOF\n"), "truncated scrape:\n{body}");
+    body.to_owned()
+}
+
+/// The value of the sample `series` (name with its labels as encoded, e.g.
+/// `ratelimit_reloads_total{result="ok"}`) in a scrape.
+fn sample(text: &str, series: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| {
+            v.trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("{series} = {v:?}: {e}"))
+        })
+}
+
+/// [`sample`] that must be there.
+fn value(text: &str, series: &str) -> u64 {
+    sample(text, series).unwrap_or_else(|| panic!("no {series} in the scrape:\n{text}"))
+}
+
+fn rule_series(verdict: &str) -> String {
+    format!(r#"ratelimit_rule_packets_total{{rule="{RULE}",verdict="{verdict}"}}"#)
+}
+
+/// Scrapes until `series` reaches `want` (the config watcher works on its own time).
+fn wait_for(ns: &Netns, addr: SocketAddr, series: &str, want: u64, agent: &AgentProcess) -> String {
+    let deadline = Instant::now() + RELOAD_TIMEOUT;
+    loop {
+        let text = scrape(ns, addr);
+        if sample(&text, series) == Some(want) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{series} did not reach {want} within {RELOAD_TIMEOUT:?}; scrape:\n{text}\nagent log:\n{}",
+            agent.log()
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "small positive times"
+)]
+fn scrape_matches_the_packets_sent() {
+    require_root();
+    let tx = Netns::new("rl-e2e-met-tx").unwrap();
+    let rx = Netns::new("rl-e2e-met-rx").unwrap();
+    let (tx_if, rx_if) = veth_pair(&tx, &rx, "mt").unwrap();
+    add_addr(&tx, &tx_if, &format!("{SOURCE}/24")).unwrap();
+    add_addr(&rx, &rx_if, &format!("{RECEIVER}/24")).unwrap();
+    neigh_to_peer(&tx, &tx_if, RECEIVER.parse().unwrap(), &rx, &rx_if).unwrap();
+
+    let paths = Paths::new("scrape");
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port(&rx)));
+    let agent = AgentProcess::start(&rx, &config(&paths, &rx_if, addr), &[]).unwrap();
+    assert_eq!(agent.pin_path(), paths.pin);
+
+    // Before any traffic: the endpoint is up, the rule is there with nothing counted.
+    let text = scrape(&rx, addr);
+    println!("first scrape:\n{text}");
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        value(
+            &text,
+            &format!(r#"ratelimit_build_info{{version="{version}"}}"#)
+        ),
+        1
+    );
+    assert_eq!(
+        value(
+            &text,
+            &format!(r#"ratelimit_interface_attached{{interface="{rx_if}",mode="native"}}"#)
+        ),
+        1
+    );
+    assert_eq!(value(&text, &rule_series("passed")), 0);
+    assert_eq!(value(&text, "ratelimit_buckets_capacity"), MAX_BUCKETS);
+    assert_eq!(value(&text, r#"ratelimit_reloads_total{result="ok"}"#), 0);
+    assert_eq!(
+        value(&text, r#"ratelimit_reloads_total{result="failed"}"#),
+        0
+    );
+    let rx_before = value(
+        &text,
+        &format!(r#"ratelimit_interface_rx_packets_total{{interface="{rx_if}"}}"#),
+    );
+
+    // 300 packets in 100 ms from one source against a burst of 100.
+    let src = SocketAddr::new(SOURCE.parse().unwrap(), 0);
+    let source: IpAddr = SOURCE.parse().unwrap();
+    let receiver = Receiver::bind(&rx, SocketAddr::new(RECEIVER.parse().unwrap(), 0)).unwrap();
+    let first_burst = Instant::now();
+    let sent = send_udp_from(
+        &tx,
+        src,
+        receiver.local_addr(),
+        BURST_PPS,
+        BURST_TIME,
+        PAYLOAD,
+    )
+    .unwrap();
+    receiver.wait_idle(Duration::from_millis(300), Duration::from_secs(5));
+    let received = receiver.counts().get(&source).copied().unwrap_or(0);
+    let text = scrape(&rx, addr);
+    let stats = agent.stats();
+    let (passed, dropped) = (
+        value(&text, &rule_series("passed")),
+        value(&text, &rule_series("dropped_rate")),
+    );
+    let t = (sent.last - sent.first).as_secs_f64();
+    println!(
+        "burst 1: sent {} in {t:.3} s ({} skipped, {} errors), received {received}; scrape: passed \
+         {passed} dropped_rate {dropped}",
+        sent.sent, sent.skipped, sent.errors
+    );
+    assert!(
+        sent.sent >= 200,
+        "sent only {} packets: too few to exceed the burst",
+        sent.sent
+    );
+    assert_eq!(
+        passed, received,
+        "scrape's passed against what the receiver got"
+    );
+    assert_eq!(
+        passed + dropped,
+        sent.sent,
+        "scrape's passed + dropped_rate against what was sent"
+    );
+    let refill = (t * RATE as f64).ceil() as u64;
+    assert!(
+        (BURST..=BURST + refill).contains(&passed),
+        "passed {passed}: want the burst of {BURST} (+ {refill} refilled in {t:.3} s)"
+    );
+    // The same numbers `ratelimit stats` reads.
+    assert_eq!(passed, rule_packets(&stats, RULE, "passed"));
+    assert_eq!(dropped, rule_packets(&stats, RULE, "dropped_rate"));
+    for verdict in ["allowed", "dropped_bytes", "denied", "dry_run", "no_bucket"] {
+        assert_eq!(value(&text, &rule_series(verdict)), 0, "verdict {verdict}");
+    }
+    assert!(
+        value(
+            &text,
+            &format!(r#"ratelimit_rule_bytes_total{{rule="{RULE}",verdict="passed"}}"#)
+        ) >= passed * PAYLOAD as u64
+    );
+    assert!(value(&text, "ratelimit_packets_total") >= sent.sent);
+    assert!(value(&text, "ratelimit_buckets_tracked") >= 1);
+    assert_eq!(value(&text, "ratelimit_new_buckets_total"), 1);
+    assert_eq!(
+        value(
+            &text,
+            r#"ratelimit_parse_failures_total{reason="bad_ipv4"}"#
+        ),
+        0
+    );
+    let rx_after = value(
+        &text,
+        &format!(r#"ratelimit_interface_rx_packets_total{{interface="{rx_if}"}}"#),
+    );
+    assert!(
+        rx_after >= rx_before + passed,
+        "rx_packets {rx_before} -> {rx_after}, passed {passed}"
+    );
+
+    // A good reload (a comment added: the file changed, the rules did not) counts as ok.
+    let config_path = agent.config_path().to_owned();
+    let good = fs::read_to_string(&config_path).unwrap();
+    fs::write(&config_path, format!("{good}\n# touched by the test\n")).unwrap();
+    wait_for(
+        &rx,
+        addr,
+        r#"ratelimit_reloads_total{result="ok"}"#,
+        1,
+        &agent,
+    );
+
+    // A refused one counts as failed; the rules in force stay.
+    fs::write(&config_path, "this is [not toml\n").unwrap();
+    let text = wait_for(
+        &rx,
+        addr,
+        r#"ratelimit_reloads_total{result="failed"}"#,
+        1,
+        &agent,
+    );
+    assert_eq!(value(&text, r#"ratelimit_reloads_total{result="ok"}"#), 1);
+
+    // The rule still limits: the bucket was spent by the first burst and has refilled one token
+    // a second since.
+    let sent2 = send_udp_from(
+        &tx,
+        src,
+        receiver.local_addr(),
+        BURST_PPS,
+        BURST_TIME,
+        PAYLOAD,
+    )
+    .unwrap();
+    let waited = first_burst.elapsed().as_secs_f64();
+    receiver.wait_idle(Duration::from_millis(300), Duration::from_secs(5));
+    let received2 = receiver.counts().get(&source).copied().unwrap_or(0) - received;
+    let text = scrape(&rx, addr);
+    let passed2 = value(&text, &rule_series("passed")) - passed;
+    let dropped2 = value(&text, &rule_series("dropped_rate")) - dropped;
+    println!(
+        "burst 2 (after a refused reload, {waited:.1} s after the first): sent {}, received \
+         {received2}; scrape: passed +{passed2} dropped_rate +{dropped2}",
+        sent2.sent
+    );
+    assert_eq!(passed2, received2);
+    assert_eq!(passed2 + dropped2, sent2.sent);
+    assert!(
+        passed2 <= (waited * RATE as f64).ceil() as u64 + 1,
+        "passed {passed2} after a refused reload: the rule no longer limits"
+    );
+    assert_eq!(
+        value(&text, "ratelimit_new_buckets_total"),
+        1,
+        "the bucket was kept"
+    );
+    assert_eq!(
+        value(&text, r#"ratelimit_reloads_total{result="failed"}"#),
+        1
+    );
+    drop(receiver.stop().unwrap());
+
+    let status = agent.stop().unwrap();
+    assert!(status.success(), "agent exited with {status}");
+    assert!(!paths.pin.exists(), "{} left behind", paths.pin.display());
+}
+
+#[test]
+fn metrics_address_in_use_is_a_clear_error() {
+    require_root();
+    let tx = Netns::new("rl-e2e-metb-tx").unwrap();
+    let rx = Netns::new("rl-e2e-metb-rx").unwrap();
+    let (_tx_if, rx_if) = veth_pair(&tx, &rx, "mb").unwrap();
+    let paths = Paths::new("bind");
+    // Something else already listens on the address (in the agent's namespace).
+    let taken = in_netns(&rx, || TcpListener::bind("127.0.0.1:0")).unwrap();
+    let addr = taken.local_addr().unwrap();
+
+    let agent = AgentProcess::spawn(&rx, &config(&paths, &rx_if, addr), &[]).unwrap();
+    let (status, log) = agent.wait_exit(Duration::from_secs(30)).unwrap();
+    println!("agent exited with {status}; log:\n{log}");
+    assert!(
+        !status.success(),
+        "agent ran with its metrics address taken"
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("metrics") && l.contains(&addr.to_string()))
+        .unwrap_or_else(|| panic!("no error naming {addr} in the log:\n{log}"));
+    assert!(line.to_ascii_lowercase().contains("in use"), "{line}");
+    assert!(!paths.pin.exists(), "{} left behind", paths.pin.display());
+    drop(taken);
+}
