@@ -111,7 +111,7 @@ pub fn prepare(opts: &AgentOptions) -> Result<Config, AgentError> {
 
 fn check_interfaces(names: &[String], origin: &str) -> Result<(), AgentError> {
     for name in names {
-        if name.is_empty() || name.contains('/') || !Path::new("/sys/class/net").join(name).exists() {
+        if !crate::dataplane::interface_exists(name) {
             return Err(AgentError::NoSuchInterface { name: name.clone(), origin: origin.to_string() });
         }
     }
@@ -221,9 +221,18 @@ impl Agent {
     /// Replaces the rule set (from the API): validated whole, swapped in atomically, then written
     /// back to the config file. Counts as a reload.
     pub fn replace_rules(&mut self, rules: Vec<RuleConfig>, origin: &str) -> Result<(), AgentError> {
-        let result = self.install_rules(&rules, origin).and_then(|()| {
-            write_back(&self.opts.config_path, &rules)
-        });
+        let previous = self.config.rules.clone();
+        let mut result = self.install_rules(&rules, origin);
+        if result.is_ok() {
+            if let Err(e) = write_back(&self.opts.config_path, &rules) {
+                // A change the file cannot record would be lost on the next reload: undo it, so
+                // that a refused change leaves the rules in force as they were.
+                if let Err(undo) = self.install_rules(&previous, "restoring the rules in force") {
+                    tracing::error!(error = %undo, "restoring the rules after a failed write-back");
+                }
+                result = Err(e);
+            }
+        }
         self.count_reload(&result);
         result
     }
@@ -475,9 +484,7 @@ impl Agent {
 
 /// Writes the rules in force back to the config file (atomically, keeping comments).
 fn write_back(path: &Path, rules: &[RuleConfig]) -> Result<(), AgentError> {
-    // TODO(lead): config::write_rules lands with the large-lists change.
-    let _ = (path, rules);
-    Ok(())
+    Ok(crate::config::write_rules(path, rules)?)
 }
 
 fn flags_of(config: &Config) -> u32 {
@@ -659,26 +666,30 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         (sig(SignalKind::interrupt(), "SIGINT")?, sig(SignalKind::terminate(), "SIGTERM")?, sig(SignalKind::hangup(), "SIGHUP")?);
 
     let config_path = opts.config_path.clone();
-    let agent = Agent::start(opts)?;
-    let (socket, metrics_addr, ebpf_log) =
-        (agent.config.agent.socket.clone(), agent.config.agent.metrics, agent.config.agent.ebpf_log);
+    // The control socket is bound before anything is loaded: if another agent answers on it,
+    // this one stops here, before it could adopt and then tear down the other's pinned state.
+    let socket = prepare(&opts)?.agent.socket;
+    let listener = crate::api::bind(&socket)?;
+    let agent = match Agent::start(opts) {
+        Ok(agent) => agent,
+        Err(e) => {
+            let _ = std::fs::remove_file(&socket);
+            return Err(e);
+        }
+    };
+    let (metrics_addr, ebpf_log) = (agent.config.agent.metrics, agent.config.agent.ebpf_log);
     let agent: SharedAgent = Arc::new(Mutex::new(agent));
 
     let mut tasks = Vec::new();
     if ebpf_log {
         tasks.push(spawn_ebpf_log_reader(&agent).await?);
     }
-    match crate::api::serve(&socket, agent.clone()).await {
-        Ok(task) => tasks.push(task),
-        Err(e) => {
-            shutdown_shared(agent).await?;
-            return Err(e);
-        }
-    }
+    tasks.push(crate::api::serve(listener, agent.clone()));
     if let Some(addr) = metrics_addr {
         match crate::metrics::serve(addr, agent.clone()).await {
             Ok(task) => tasks.push(task),
             Err(e) => {
+                let _ = std::fs::remove_file(&socket);
                 shutdown_shared(agent).await?;
                 return Err(e);
             }

@@ -33,9 +33,20 @@
 //! BUCKET is `{"tokens", "byte_tokens", "passed", "dropped", "age_secs"}`. In `explain`,
 //! `protocol` is `tcp`, `udp`, `icmp` or a protocol number (answered as the number, 0 for none).
 //!
+//! A rule read from a list file shows `"source_file": "PATH"` instead of `source`; list files can
+//! only be named in the config file, not sent.
+//!
 //! Errors: 400 malformed or invalid request, 404 unknown route or rule, 409 a rule of that name
 //! exists or the rule set would not compile, 422 the config file is invalid (reload), 500 the data
 //! plane failed. Body `{"error": "message"}`.
+//!
+//! ```text
+//! curl --unix-socket /run/ratelimit/agent.sock http://agent/v1/status
+//! curl --unix-socket /run/ratelimit/agent.sock http://agent/v1/rules \
+//!      -d '{"name": "dns", "source": "::/0", "protocol": "udp", "dst_port": 53, "rate": 100}'
+//! curl --unix-socket /run/ratelimit/agent.sock -X DELETE http://agent/v1/rules/dns
+//! curl --unix-socket /run/ratelimit/agent.sock 'http://agent/v1/top?n=5&interval_ms=500'
+//! ```
 
 use std::{
     collections::HashMap,
@@ -74,23 +85,23 @@ const TOP_INTERVAL_MS: (u64, u64, u64) = (1000, 10, 60_000);
 /// Default and largest `top` `n`.
 const TOP_N: (usize, usize) = (10, 100_000);
 
-/// Binds the control socket (see [`bind`]) and serves the API until the task is aborted.
-pub async fn serve(
-    socket: &Path,
+/// Serves the API on `listener` (from [`bind`]) until the task is aborted.
+pub fn serve(
+    listener: tokio::net::UnixListener,
     agent: SharedAgent,
-) -> Result<tokio::task::JoinHandle<()>, AgentError> {
-    let listener = bind(socket)?;
+) -> tokio::task::JoinHandle<()> {
     let app = router(agent);
-    let path = socket.display().to_string();
-    Ok(tokio::spawn(async move {
+    tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(socket = %path, error = %e, "control API stopped");
+            tracing::error!(error = %e, "control API stopped");
         }
-    }))
+    })
 }
 
 /// Creates the socket's directory (0755) if missing, removes a stale socket left by a dead agent,
 /// refuses to start if a live agent answers on it, binds, and makes the socket root-only (0600).
+/// The agent binds before it loads anything, so a second agent started by mistake stops before
+/// touching the first one's interfaces and pinned state.
 pub fn bind(socket: &Path) -> Result<tokio::net::UnixListener, AgentError> {
     let err = |what: &str, e: std::io::Error| {
         AgentError::Runtime(format!("control socket {}: {what}: {e}", socket.display()))
@@ -166,7 +177,10 @@ pub struct ApiError {
 
 impl ApiError {
     fn bad_request(message: impl Into<String>) -> Self {
-        Self { status: StatusCode::BAD_REQUEST, message: message.into() }
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
     }
 }
 
@@ -183,7 +197,10 @@ impl From<AgentError> for ApiError {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
         };
-        Self { status, message: e.to_string() }
+        Self {
+            status,
+            message: e.to_string(),
+        }
     }
 }
 
@@ -206,7 +223,7 @@ async fn no_route(method: Method, uri: Uri) -> ApiError {
     ApiError {
         status: StatusCode::NOT_FOUND,
         message: format!(
-            "no route {method} {}: see the routes in `ratelimit --help` or the API docs",
+            "no route {method} {}: the routes are /v1/status, /v1/rules, /v1/rules/NAME, /v1/reload, /v1/stats, /v1/top, /v1/explain, /v1/detach",
             uri.path()
         ),
     }
@@ -229,23 +246,36 @@ async fn rules_list(State(agent): State<SharedAgent>) -> ApiResult {
     to_json(&json!({ "rules": guard.config().rules }))
 }
 
-async fn rules_add(State(agent): State<SharedAgent>, body: Bytes) -> ApiResult<(StatusCode, Json<Value>)> {
+async fn rules_add(
+    State(agent): State<SharedAgent>,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<Value>)> {
     let value: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("the request body is not JSON: {e}")))?;
     let rule = rule_from_json(&value).map_err(ApiError::bad_request)?;
     let mut guard = agent.lock().await;
     guard.add_rule(rule.clone())?;
-    let added = guard.config().rules.iter().find(|r| r.name == rule.name).unwrap_or(&rule);
+    let added = guard
+        .config()
+        .rules
+        .iter()
+        .find(|r| r.name == rule.name)
+        .unwrap_or(&rule);
     tracing::info!(rule = %rule.name, "rule added (API)");
     let body = json!({ "added": added, "rules": guard.config().rules.len() });
     Ok((StatusCode::CREATED, Json(body)))
 }
 
-async fn rules_remove(State(agent): State<SharedAgent>, UrlPath(name): UrlPath<String>) -> ApiResult {
+async fn rules_remove(
+    State(agent): State<SharedAgent>,
+    UrlPath(name): UrlPath<String>,
+) -> ApiResult {
     let mut guard = agent.lock().await;
     guard.remove_rule(&name)?;
     tracing::info!(rule = %name, "rule removed (API)");
-    Ok(Json(json!({ "removed": name, "rules": guard.config().rules.len() })))
+    Ok(Json(
+        json!({ "removed": name, "rules": guard.config().rules.len() }),
+    ))
 }
 
 async fn reload(State(agent): State<SharedAgent>) -> ApiResult {
@@ -277,14 +307,25 @@ async fn top(State(agent): State<SharedAgent>, Query(q): Query<TopQuery>) -> Api
             .parse::<usize>()
             .ok()
             .filter(|n| (1..=TOP_N.1).contains(n))
-            .ok_or_else(|| ApiError::bad_request(format!("n: {s:?} is not a number between 1 and {}", TOP_N.1)))?,
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "n: {s:?} is not a number between 1 and {}",
+                    TOP_N.1
+                ))
+            })?,
     };
     let (default, min, max) = TOP_INTERVAL_MS;
     let interval_ms = match q.interval_ms.as_deref() {
         None => default,
-        Some(s) => s.parse::<u64>().ok().filter(|v| (min..=max).contains(v)).ok_or_else(|| {
-            ApiError::bad_request(format!("interval_ms: {s:?} is not a number between {min} and {max}"))
-        })?,
+        Some(s) => s
+            .parse::<u64>()
+            .ok()
+            .filter(|v| (min..=max).contains(v))
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "interval_ms: {s:?} is not a number between {min} and {max}"
+                ))
+            })?,
     };
     // Two snapshots apart, without holding the lock in between: changes go on meanwhile.
     let (t0, first) = agent.lock().await.buckets()?;
@@ -296,7 +337,12 @@ async fn top(State(agent): State<SharedAgent>, Query(q): Query<TopQuery>) -> Api
     drop(guard);
     let active = entries.len();
     entries.truncate(n);
-    to_json(&TopReport { interval_ms, buckets_tracked: tracked, active, top: entries })
+    to_json(&TopReport {
+        interval_ms,
+        buckets_tracked: tracked,
+        active,
+        top: entries,
+    })
 }
 
 /// `GET /v1/top`'s answer.
@@ -348,7 +394,10 @@ pub fn top_entries(
 ) -> Vec<TopEntry> {
     let id = |k: &BucketKey| (k.rule, k.family, k.addr);
     let before: HashMap<_, &Bucket> = first.iter().map(|(k, b)| (id(k), b)).collect();
-    #[expect(clippy::cast_precision_loss, reason = "nanoseconds and packet counts, display only")]
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "nanoseconds and packet counts, display only"
+    )]
     let secs = t1.saturating_sub(t0).max(1) as f64 / 1e9;
     let mut out: Vec<TopEntry> = second
         .iter()
@@ -358,7 +407,10 @@ pub fn top_entries(
                 .get(&id(k))
                 .filter(|b0| b0.created_ns == b.created_ns)
                 .map_or((0, 0), |b0| (b0.passed_pkts, b0.dropped_pkts));
-            let (dp, dd) = (b.passed_pkts.saturating_sub(p0), b.dropped_pkts.saturating_sub(d0));
+            let (dp, dd) = (
+                b.passed_pkts.saturating_sub(p0),
+                b.dropped_pkts.saturating_sub(d0),
+            );
             if dp == 0 && dd == 0 {
                 return None;
             }
@@ -391,10 +443,15 @@ fn bucket_source(key: &BucketKey, rule: &ratelimit_common::Rule) -> String {
     let len = if key.family == family::V4 {
         rule.src_mask[0].count_ones().min(32)
     } else {
-        rule.src_mask.iter().map(|w| w.count_ones()).sum::<u32>().min(128)
+        rule.src_mask
+            .iter()
+            .map(|w| w.count_ones())
+            .sum::<u32>()
+            .min(128)
     };
     let len = u8::try_from(len).unwrap_or(0);
-    IpNet::new(bucket_addr(key), len).map_or_else(|_| bucket_addr(key).to_string(), |n| n.trunc().to_string())
+    IpNet::new(bucket_addr(key), len)
+        .map_or_else(|_| bucket_addr(key).to_string(), |n| n.trunc().to_string())
 }
 
 /// Query of `GET /v1/explain`.
@@ -406,9 +463,12 @@ struct ExplainQuery {
 }
 
 async fn explain(State(agent): State<SharedAgent>, Query(q): Query<ExplainQuery>) -> ApiResult {
-    let (ip, protocol, dst_port) =
-        explain_args(q.ip.as_deref(), q.protocol.as_deref(), q.dst_port.as_deref())
-            .map_err(ApiError::bad_request)?;
+    let (ip, protocol, dst_port) = explain_args(
+        q.ip.as_deref(),
+        q.protocol.as_deref(),
+        q.dst_port.as_deref(),
+    )
+    .map_err(ApiError::bad_request)?;
     let answer = agent.lock().await.explain(ip, protocol, dst_port)?;
     to_json(&answer)
 }
@@ -429,9 +489,17 @@ pub fn explain_args(
         Some(p) => match Protocol::from_str(p) {
             Ok(Protocol::Tcp) => 6,
             Ok(Protocol::Udp) => 17,
-            Ok(Protocol::Icmp) => if ip.is_ipv4() { 1 } else { 58 },
+            Ok(Protocol::Icmp) => {
+                if ip.is_ipv4() {
+                    1
+                } else {
+                    58
+                }
+            }
             Ok(Protocol::Any) => 0,
-            Err(e) => p.parse::<u8>().map_err(|_| format!("protocol: {e}, or a protocol number"))?,
+            Err(e) => p
+                .parse::<u8>()
+                .map_err(|_| format!("protocol: {e}, or a protocol number"))?,
         },
     };
     let dst_port = dst_port
@@ -457,7 +525,11 @@ async fn detach(State(agent): State<SharedAgent>, body: Bytes) -> ApiResult {
         match v.get("iface") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s.clone()),
-            Some(other) => return Err(ApiError::bad_request(format!("iface: expected a string, got {other}"))),
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "iface: expected a string, got {other}"
+                )))
+            }
         }
     };
     let done = agent.lock().await.detach(iface.as_deref())?;
@@ -466,14 +538,26 @@ async fn detach(State(agent): State<SharedAgent>, body: Bytes) -> ApiResult {
 
 /// Keys a rule object may have.
 const RULE_KEYS: [&str; 12] = [
-    "name", "source", "action", "rate", "burst", "bytes_rate", "bytes_burst", "per", "protocol",
-    "dst_port", "scope", "dry_run",
+    "name",
+    "source",
+    "action",
+    "rate",
+    "burst",
+    "bytes_rate",
+    "bytes_burst",
+    "per",
+    "protocol",
+    "dst_port",
+    "scope",
+    "dry_run",
 ];
 
 /// Builds a rule from its JSON object (the config file's keys and spellings), filling in the
 /// config file's defaults, and validates it. The error names the rule and the key at fault.
 pub fn rule_from_json(v: &Value) -> Result<RuleConfig, String> {
-    let obj = v.as_object().ok_or_else(|| format!("a rule must be a JSON object, got {v}"))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| format!("a rule must be a JSON object, got {v}"))?;
     let name = match obj.get("name") {
         Some(Value::String(s)) => s.clone(),
         Some(other) => return Err(format!("field `name`: expected a string, got {other}")),
@@ -482,7 +566,8 @@ pub fn rule_from_json(v: &Value) -> Result<RuleConfig, String> {
     let fail = |field: &str, message: String| format!("rule {name:?}: field `{field}`: {message}");
     if let Some(key) = obj.keys().find(|k| !RULE_KEYS.contains(&k.as_str())) {
         let hint = if key == "source_file" {
-            "list files can only be named in the config file; send `source` with the prefixes".to_string()
+            "list files can only be named in the config file; send `source` with the prefixes"
+                .to_string()
         } else {
             format!("unknown key; a rule takes {}", RULE_KEYS.join(", "))
         };
@@ -499,8 +584,16 @@ pub fn rule_from_json(v: &Value) -> Result<RuleConfig, String> {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(|m| fail("source", m))?,
-        Some(other) => return Err(fail("source", format!("expected a CIDR or an array of them, got {other}"))),
+        Some(other) => {
+            return Err(fail(
+                "source",
+                format!("expected a CIDR or an array of them, got {other}"),
+            ))
+        }
     };
+    // As in the file: a prefix listed twice counts once.
+    let mut seen = std::collections::HashSet::new();
+    let sources: Vec<IpNet> = sources.into_iter().filter(|n| seen.insert(*n)).collect();
     let mut rule = RuleConfig::with_sources(name.clone(), sources);
     let keyword = |field: &'static str| -> Result<Option<&str>, String> {
         match obj.get(field) {
@@ -518,7 +611,10 @@ pub fn rule_from_json(v: &Value) -> Result<RuleConfig, String> {
                 .ok_or_else(|| fail(field, format!("must be a non-negative integer (got {n})"))),
         }
     };
-    fn parsed<T: FromStr<Err = String>>(s: Option<&str>, fail: impl Fn(String) -> String) -> Result<Option<T>, String> {
+    fn parsed<T: FromStr<Err = String>>(
+        s: Option<&str>,
+        fail: impl Fn(String) -> String,
+    ) -> Result<Option<T>, String> {
         s.map(|s| T::from_str(s).map_err(&fail)).transpose()
     }
     rule.action = parsed(keyword("action")?, |m| fail("action", m))?.unwrap_or(Action::Limit);
@@ -552,7 +648,10 @@ pub fn rule_from_json(v: &Value) -> Result<RuleConfig, String> {
     rule.bytes_rate = bytes_rate;
     // The config file's default, capped at an hour's worth (see RuleConfig::bytes_burst).
     rule.bytes_burst = bytes_burst.or_else(|| {
-        bytes_rate.map(|r| r.max(DEFAULT_BYTES_BURST_FLOOR).min(r.saturating_mul(MAX_TOLERANCE_NS / 1_000_000_000)))
+        bytes_rate.map(|r| {
+            r.max(DEFAULT_BYTES_BURST_FLOOR)
+                .min(r.saturating_mul(MAX_TOLERANCE_NS / 1_000_000_000))
+        })
     });
     rule.per = per.unwrap_or_default();
     rule.scope = scope.unwrap_or_default();
@@ -560,13 +659,23 @@ pub fn rule_from_json(v: &Value) -> Result<RuleConfig, String> {
         let port = u16::try_from(port)
             .ok()
             .filter(|&p| p != 0)
-            .ok_or_else(|| fail("dst_port", format!("must be between 1 and 65535 (got {port})")))?;
+            .ok_or_else(|| {
+                fail(
+                    "dst_port",
+                    format!("must be between 1 and 65535 (got {port})"),
+                )
+            })?;
         rule.dst_port = Some(port);
     }
     rule.dry_run = match obj.get("dry_run") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
-        Some(other) => return Err(fail("dry_run", format!("expected true or false, got {other}"))),
+        Some(other) => {
+            return Err(fail(
+                "dry_run",
+                format!("expected true or false, got {other}"),
+            ))
+        }
     };
     rule.validate().map_err(|e| fail(e.field, e.message))?;
     Ok(rule)

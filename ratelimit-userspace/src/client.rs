@@ -19,12 +19,12 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// Nothing listens on the socket (no such file, connection refused, no permission).
-    #[error("cannot reach the agent at {} ({}): {}", socket.display(), os_message(source), hint(source))]
+    #[error("cannot reach the agent at {} ({}): {}", socket.display(), os_message(error), hint(error))]
     Unreachable {
         /// The socket tried.
         socket: PathBuf,
-        /// Why connecting failed.
-        source: std::io::Error,
+        /// Why connecting failed (part of the message, so not a `source`).
+        error: std::io::Error,
     },
     /// The agent refused the request; the message says why.
     #[error("{message}")]
@@ -49,6 +49,15 @@ impl ClientError {
     #[must_use]
     pub fn is_unreachable(&self) -> bool {
         matches!(self, Self::Unreachable { .. })
+    }
+
+    /// Why connecting failed, for an unreachable agent: "No such file or directory" etc.
+    #[must_use]
+    pub fn unreachable_reason(&self) -> Option<String> {
+        match self {
+            Self::Unreachable { error, .. } => Some(os_message(error)),
+            _ => None,
+        }
     }
 }
 
@@ -78,7 +87,9 @@ pub struct Client {
 impl Client {
     /// A client of the agent at `socket` (nothing is connected until a request).
     pub fn new(socket: impl Into<PathBuf>) -> Self {
-        Self { socket: socket.into() }
+        Self {
+            socket: socket.into(),
+        }
     }
 
     /// The socket.
@@ -104,7 +115,8 @@ impl Client {
 
     /// `DELETE /v1/rules/{name}`.
     pub async fn remove_rule(&self, name: &str) -> Result<Value, ClientError> {
-        self.request(Method::DELETE, &format!("/v1/rules/{}", encode(name)), None).await
+        self.request(Method::DELETE, &format!("/v1/rules/{}", encode(name)), None)
+            .await
     }
 
     /// `POST /v1/reload`: the agent re-reads its config file.
@@ -144,7 +156,8 @@ impl Client {
     /// `POST /v1/detach`: from `iface`, or from every interface.
     pub async fn detach(&self, iface: Option<&str>) -> Result<Value, ClientError> {
         let body = iface.map(|i| json!({ "iface": i }));
-        self.request(Method::POST, "/v1/detach", body.as_ref()).await
+        self.request(Method::POST, "/v1/detach", body.as_ref())
+            .await
     }
 
     /// Sends one request and returns the answer's JSON; a 4xx/5xx answer becomes
@@ -155,7 +168,8 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, ClientError> {
-        self.request_within(method, path, body, ANSWER_TIMEOUT).await
+        self.request_within(method, path, body, ANSWER_TIMEOUT)
+            .await
     }
 
     async fn request_within(
@@ -167,11 +181,16 @@ impl Client {
     ) -> Result<Value, ClientError> {
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
-            .map_err(|source| ClientError::Unreachable { socket: self.socket.clone(), source })?;
+            .map_err(|error| ClientError::Unreachable {
+                socket: self.socket.clone(),
+                error,
+            })?;
         let exchange = self.exchange(stream, method, path, body);
-        tokio::time::timeout(timeout, exchange).await.unwrap_or_else(|_| {
-            Err(self.protocol(format!("no answer within {} s", timeout.as_secs())))
-        })
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .unwrap_or_else(|_| {
+                Err(self.protocol(format!("no answer within {} s", timeout.as_secs())))
+            })
     }
 
     async fn exchange(
@@ -195,8 +214,13 @@ impl Client {
         if body.is_some() {
             req = req.header(header::CONTENT_TYPE, "application/json");
         }
-        let req = req.body(Full::new(bytes)).map_err(|e| fail("building the request", &e))?;
-        let res = sender.send_request(req).await.map_err(|e| fail("sending the request", &e))?;
+        let req = req
+            .body(Full::new(bytes))
+            .map_err(|e| fail("building the request", &e))?;
+        let res = sender
+            .send_request(req)
+            .await
+            .map_err(|e| fail("sending the request", &e))?;
         let status = res.status();
         let body = res
             .into_body()
@@ -216,11 +240,17 @@ impl Client {
                 .map_or_else(|| v.to_string(), str::to_string),
             Err(_) => String::from_utf8_lossy(&body).trim().to_string(),
         };
-        Err(ClientError::Refused { status: status.as_u16(), message })
+        Err(ClientError::Refused {
+            status: status.as_u16(),
+            message,
+        })
     }
 
     fn protocol(&self, message: String) -> ClientError {
-        ClientError::Protocol { socket: self.socket.clone(), message }
+        ClientError::Protocol {
+            socket: self.socket.clone(),
+            message,
+        }
     }
 }
 
@@ -250,7 +280,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_missing_agent_says_how_to_start_it() {
-        let socket = std::env::temp_dir().join(format!("rl-client-{}-missing.sock", std::process::id()));
+        let socket =
+            std::env::temp_dir().join(format!("rl-client-{}-missing.sock", std::process::id()));
         let e = Client::new(&socket).status().await.unwrap_err();
         assert!(e.is_unreachable());
         assert_eq!(

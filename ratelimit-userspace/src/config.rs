@@ -521,7 +521,10 @@ impl RuleConfig {
 fn no_meaning(field: &'static str, action: Action) -> RuleError {
     rule_error(
         field,
-        format!("has no meaning for an {action} rule (only limit rules take rates, per and scope)"),
+        format!(
+            "has no meaning for {} {action} rule (only limit rules take rates, per and scope)",
+            if matches!(action, Action::Allow) { "an" } else { "a" }
+        ),
     )
 }
 
@@ -1375,28 +1378,27 @@ fn rule_from_raw(
     let table_offset = raw.span().start;
     let mut raw = raw.into_inner();
     let section = rule_section(raw.name.get_ref(), index);
-    let (sources, from) = match (raw.source.take(), raw.source_file.take()) {
-        (Some(_), Some(file)) => {
-            return Err(src.invalid(
+    let (sources, from) =
+        match (raw.source.take(), raw.source_file.take()) {
+            (Some(_), Some(file)) => return Err(src.invalid(
                 file.span().start,
                 &section,
                 "source_file",
                 "cannot be combined with `source`: give the prefixes inline (`source`) or in a \
                  file (`source_file`), not both",
-            ))
-        }
-        (None, None) => {
-            return Err(src.invalid(
-                table_offset,
-                &section,
-                "source",
-                "required, but missing: give `source` (a CIDR or an array of CIDRs) or \
+            )),
+            (None, None) => {
+                return Err(src.invalid(
+                    table_offset,
+                    &section,
+                    "source",
+                    "required, but missing: give `source` (a CIDR or an array of CIDRs) or \
                  `source_file` (a file with one CIDR per line)",
-            ))
-        }
-        (Some(source), None) => inline_sources(src, &section, source)?,
-        (None, Some(file)) => list_sources(src, &section, raw.name.get_ref(), file)?,
-    };
+                ))
+            }
+            (Some(source), None) => inline_sources(src, &section, source)?,
+            (None, Some(file)) => list_sources(src, &section, raw.name.get_ref(), file)?,
+        };
     let mut rule = RuleConfig::with_sources(raw.name.get_ref().clone(), sources);
     if let SourcesFrom::List { path, .. } = &from {
         rule.source_file = Some(path.clone());
@@ -1736,28 +1738,41 @@ fn update_rule_table(table: &mut toml_edit::Table, rule: &RuleConfig, base: &Pat
 /// directory). Only fails if `text` is not TOML.
 pub fn render_rules(text: &str, origin: &str, rules: &[RuleConfig]) -> Result<String, ConfigError> {
     let base = base_dir(Path::new(origin));
-    let mut doc: toml_edit::DocumentMut = text.parse().map_err(|e| {
-        syntax_error(
-            &Source {
-                origin,
-                text,
-                base,
-            },
-            &e,
-        )
-    })?;
+    let mut doc: toml_edit::DocumentMut = text
+        .parse()
+        .map_err(|e| syntax_error(&Source { origin, text, base }, &e))?;
     let had_content = !text.trim().is_empty();
     let root = doc.as_table_mut();
     let old: Vec<toml_edit::Table> = match root.get_mut("rule").map(std::mem::take) {
         Some(toml_edit::Item::ArrayOfTables(tables)) => tables.into_iter().collect(),
-        // `rule = [{ ... }, ...]`: becomes [[rule]] tables.
-        Some(toml_edit::Item::Value(toml_edit::Value::Array(values))) => values
-            .into_iter()
-            .filter_map(|v| match v {
-                toml_edit::Value::InlineTable(t) => Some(t.into_table()),
-                _ => None,
-            })
-            .collect(),
+        // `rule = [{ ... }, ...]`: becomes [[rule]] tables; the comments above the key go
+        // above the first table.
+        Some(toml_edit::Item::Value(toml_edit::Value::Array(values))) => {
+            let above = root
+                .key("rule")
+                .and_then(|k| k.leaf_decor().prefix())
+                .and_then(toml_edit::RawString::as_str)
+                .map(str::to_owned);
+            // A table header prints its key with the key's decor: reset it.
+            if let Some(mut key) = root.key_mut("rule") {
+                key.fmt();
+            }
+            let mut tables: Vec<toml_edit::Table> = values
+                .into_iter()
+                .filter_map(|v| match v {
+                    toml_edit::Value::InlineTable(t) => Some(t.into_table()),
+                    _ => None,
+                })
+                .collect();
+            for (i, t) in tables.iter_mut().enumerate() {
+                match (i, &above) {
+                    (0, Some(above)) => t.decor_mut().set_prefix(above.clone()),
+                    (0, None) => {}
+                    _ => t.decor_mut().set_prefix("\n"),
+                }
+            }
+            tables
+        }
         _ => Vec::new(),
     };
     let mut by_name: HashMap<String, usize> = HashMap::new();
@@ -1788,7 +1803,10 @@ pub fn render_rules(text: &str, origin: &str, rules: &[RuleConfig]) -> Result<St
     // Tables are printed in the order of their positions in the original document (new tables
     // follow the table before them). Kept tables take the positions the kept tables had, in
     // their new order, so that the file lists the rules in the order given.
-    let mut positions: Vec<usize> = tables.iter().filter_map(toml_edit::Table::position).collect();
+    let mut positions: Vec<usize> = tables
+        .iter()
+        .filter_map(toml_edit::Table::position)
+        .collect();
     positions.sort_unstable();
     let mut positions = positions.into_iter();
     for table in &mut tables {
@@ -1803,7 +1821,15 @@ pub fn render_rules(text: &str, origin: &str, rules: &[RuleConfig]) -> Result<St
         for table in tables {
             array.push(table);
         }
-        root.insert("rule", toml_edit::Item::ArrayOfTables(array));
+        // Through the entry: `insert` would reset the key's formatting.
+        match root.entry("rule") {
+            toml_edit::Entry::Occupied(mut e) => {
+                e.insert(toml_edit::Item::ArrayOfTables(array));
+            }
+            toml_edit::Entry::Vacant(e) => {
+                e.insert(toml_edit::Item::ArrayOfTables(array));
+            }
+        }
     }
     Ok(doc.to_string())
 }

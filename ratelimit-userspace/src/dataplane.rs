@@ -185,11 +185,7 @@ impl Dataplane {
     /// pin directory, that link is switched over to this program atomically instead (no packet
     /// goes unlimited in between) and `mode` is ignored.
     pub fn attach(&mut self, iface: &str, mode: AttachMode) -> Result<&Attachment> {
-        if iface.is_empty()
-            || iface.len() > 15
-            || iface.contains('/')
-            || !Path::new("/sys/class/net").join(iface).exists()
-        {
+        if !interface_exists(iface) {
             return Err(DataplaneError::NoSuchInterface(iface.to_string()));
         }
         let pin = self.pin_dir().join(link_pin_name(iface));
@@ -341,6 +337,19 @@ impl Dataplane {
     }
 }
 
+/// Whether `name` is an interface of this process's network namespace. (Not a look at
+/// /sys/class/net: that shows the namespace of whoever mounted sysfs, which differs under
+/// `nsenter --net` or in a container that was given the host's /sys.)
+#[must_use]
+pub fn interface_exists(name: &str) -> bool {
+    if name.is_empty() || name.len() > 15 {
+        return false;
+    }
+    let Ok(c) = std::ffi::CString::new(name) else { return false };
+    // SAFETY: a valid NUL-terminated string; if_nametoindex has no other precondition.
+    unsafe { libc::if_nametoindex(c.as_ptr()) != 0 }
+}
+
 fn remove_link_pin(pin: &Path) -> Result<()> {
     match fs::remove_file(pin) {
         Ok(()) => Ok(()),
@@ -408,6 +417,16 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
     if !pin_dir.starts_with(root) || is_bpffs(root) {
         return Ok(());
     }
+    if !in_host_mount_namespace() {
+        // E.g. under `ip netns exec`, which gives its command a private mount namespace with a
+        // fresh /sys: a bpffs mounted here is private to this process tree, so the pins (and the
+        // attachment) would not outlive the agent and `ratelimit stats` elsewhere cannot see them.
+        tracing::warn!(
+            "bpffs is not mounted at /sys/fs/bpf in this (private) mount namespace; mounting a \
+             private one: pinned state will not survive this agent. Bind-mount the host's bpffs \
+             at /sys/fs/bpf, or run the agent in the host's mount namespace"
+        );
+    }
     let status = std::process::Command::new("mount")
         .args(["-t", "bpf", "bpf"])
         .arg(root)
@@ -421,6 +440,13 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
     }
     tracing::info!(path = %root.display(), "mounted bpffs");
     Ok(())
+}
+
+fn in_host_mount_namespace() -> bool {
+    match (fs::read_link("/proc/self/ns/mnt"), fs::read_link("/proc/1/ns/mnt")) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => true,
+    }
 }
 
 fn is_bpffs(path: &Path) -> bool {

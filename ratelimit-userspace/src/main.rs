@@ -130,7 +130,7 @@ enum RulesCommand {
         json: bool,
     },
     /// Add a rule: validated with the rules in force, applied whole, written to the config file.
-    Add(AddArgs),
+    Add(Box<AddArgs>),
     /// Remove the rule named NAME.
     Remove {
         /// Rule name.
@@ -263,8 +263,18 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Agent { config, ifaces, mode, keep_attached } => {
-            let opts = AgentOptions { config_path: config, interfaces: ifaces, mode, keep_attached };
+        Command::Agent {
+            config,
+            ifaces,
+            mode,
+            keep_attached,
+        } => {
+            let opts = AgentOptions {
+                config_path: config,
+                interfaces: ifaces,
+                mode,
+                keep_attached,
+            };
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             rt.block_on(agent::run(opts))?;
             Ok(())
@@ -281,7 +291,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Stats { json, watch, pin_path: Some(dir) } => loop {
+        Command::Stats {
+            json,
+            watch,
+            pin_path: Some(dir),
+        } => loop {
             let report = StatsReport::read(&PinnedMaps::open(&dir)?)?;
             print_stats(&serde_json::to_value(&report)?, json, watch);
             if !watch {
@@ -289,7 +303,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             std::thread::sleep(Duration::from_secs(1));
         },
-        Command::Detach { iface, pin_path, json } => {
+        Command::Detach {
+            iface,
+            pin_path,
+            json,
+        } => {
             let client = Client::new(&cli.socket);
             match block_on(client.detach(iface.as_deref())) {
                 Err(e) if e.is_unreachable() && pin_path.is_some() => {
@@ -339,14 +357,22 @@ async fn run_client(client: &Client, command: Command) -> anyhow::Result<()> {
     match command {
         Command::Status { json } => print_answer(&client.status().await?, json, render::status),
         Command::Rules { command } => match command {
-            RulesCommand::List { json } => print_answer(&client.rules().await?, json, render::rules),
+            RulesCommand::List { json } => {
+                print_answer(&client.rules().await?, json, render::rules)
+            }
             RulesCommand::Add(args) => {
-                print_answer(&client.add_rule(&args.to_json()).await?, args.json, render::added);
+                print_answer(
+                    &client.add_rule(&args.to_json()).await?,
+                    args.json,
+                    render::added,
+                );
             }
             RulesCommand::Remove { name, json } => {
                 print_answer(&client.remove_rule(&name).await?, json, render::removed);
             }
-            RulesCommand::Reload { json } => print_answer(&client.reload().await?, json, render::reloaded),
+            RulesCommand::Reload { json } => {
+                print_answer(&client.reload().await?, json, render::reloaded)
+            }
         },
         Command::Stats { json, watch, .. } => loop {
             print_stats(&client.stats().await?, json, watch);
@@ -355,7 +381,12 @@ async fn run_client(client: &Client, command: Command) -> anyhow::Result<()> {
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
         },
-        Command::Top { n, interval_ms, json, watch } => loop {
+        Command::Top {
+            n,
+            interval_ms,
+            json,
+            watch,
+        } => loop {
             let v = client.top(n, interval_ms).await?;
             if watch && !json {
                 print!("\x1b[2J\x1b[H");
@@ -365,7 +396,12 @@ async fn run_client(client: &Client, command: Command) -> anyhow::Result<()> {
                 break;
             }
         },
-        Command::Explain { ip, protocol, dst_port, json } => {
+        Command::Explain {
+            ip,
+            protocol,
+            dst_port,
+            json,
+        } => {
             let v = client.explain(&ip, protocol.as_deref(), dst_port).await?;
             print_answer(&v, json, render::explain);
         }
@@ -378,8 +414,19 @@ async fn run_client(client: &Client, command: Command) -> anyhow::Result<()> {
 
 /// `detach --pin-path DIR` with no agent running: removing a pinned link releases it, which
 /// detaches the program from its interface; without --iface the maps go too.
-fn detach_offline(dir: &Path, iface: Option<&str>, unreachable: &ClientError) -> anyhow::Result<()> {
-    eprintln!("{unreachable}");
+fn detach_offline(
+    dir: &Path,
+    iface: Option<&str>,
+    unreachable: &ClientError,
+) -> anyhow::Result<()> {
+    if let ClientError::Unreachable { socket, .. } = unreachable {
+        eprintln!(
+            "no agent answers at {} ({}): detaching with what is pinned in {}",
+            socket.display(),
+            unreachable.unreachable_reason().unwrap_or_default(),
+            dir.display()
+        );
+    }
     if !dir.exists() {
         anyhow::bail!("nothing to detach: {} does not exist", dir.display());
     }
@@ -387,14 +434,17 @@ fn detach_offline(dir: &Path, iface: Option<&str>, unreachable: &ClientError) ->
         Some(iface) => {
             let link = dir.join(dataplane::link_pin_name(iface));
             std::fs::remove_file(&link).with_context(|| {
-                format!("removing {} (the pinned XDP link of {iface})", link.display())
+                format!(
+                    "removing {} (the pinned XDP link of {iface})",
+                    link.display()
+                )
             })?;
-            println!("no agent running: removed {}, detaching XDP from {iface}", link.display());
+            println!("removed {}: XDP detached from {iface}", link.display());
         }
         None => {
             dataplane::remove_pin_dir(dir)?;
             println!(
-                "no agent running: removed the pinned links and maps in {}, detaching XDP",
+                "removed the pinned links and maps in {}: XDP detached",
                 dir.display()
             );
         }

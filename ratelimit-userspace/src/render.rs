@@ -86,29 +86,56 @@ pub fn status(v: &Value) -> String {
     let mut out = String::new();
     let ifaces: Vec<String> = v["interfaces"]
         .as_array()
-        .map(|a| a.iter().map(|i| format!("{} ({})", text(i, "iface"), text(i, "mode"))).collect())
+        .map(|a| {
+            a.iter()
+                .map(|i| format!("{} ({})", text(i, "iface"), text(i, "mode")))
+                .collect()
+        })
         .unwrap_or_default();
     let r = &v["reloads"];
     let mut rows = vec![
-        ("agent", format!(
-            "running, pid {}, version {}, up {}",
-            num(v, "pid"),
-            text(v, "version"),
-            duration(num(v, "uptime_secs"))
-        )),
+        (
+            "agent",
+            format!(
+                "running, pid {}, version {}, up {}",
+                num(v, "pid"),
+                text(v, "version"),
+                duration(num(v, "uptime_secs"))
+            ),
+        ),
         ("config", text(v, "config").to_string()),
         ("socket", text(v, "socket").to_string()),
         ("pin path", text(v, "pin_path").to_string()),
-        ("interfaces", if ifaces.is_empty() { "none (detached)".to_string() } else { ifaces.join(", ") }),
-        ("rules", format!(
-            "{} over {} source prefixes (generation {})",
-            num(v, "rules"),
-            num(v, "prefixes"),
-            num(v, "generation")
-        )),
+        (
+            "interfaces",
+            if ifaces.is_empty() {
+                "none (detached)".to_string()
+            } else {
+                ifaces.join(", ")
+            },
+        ),
+        (
+            "rules",
+            format!(
+                "{} over {} source prefixes (generation {})",
+                num(v, "rules"),
+                num(v, "prefixes"),
+                num(v, "generation")
+            ),
+        ),
         ("dry run", cell(&v["dry_run"])),
-        ("buckets", format!("{} tracked of {}", num(v, "buckets_tracked"), num(v, "buckets_capacity"))),
-        ("changes", format!("{} applied, {} refused", num(r, "ok"), num(r, "failed"))),
+        (
+            "buckets",
+            format!(
+                "{} tracked of {}",
+                num(v, "buckets_tracked"),
+                num(v, "buckets_capacity")
+            ),
+        ),
+        (
+            "changes",
+            format!("{} applied, {} refused", num(r, "ok"), num(r, "failed")),
+        ),
     ];
     if let Some(e) = r["last_error"].as_str() {
         rows.push(("last refusal", e.to_string()));
@@ -127,7 +154,9 @@ pub fn status(v: &Value) -> String {
 fn sources(rule: &Value) -> String {
     match (&rule["source"], rule.get("source_file")) {
         (Value::String(s), _) => s.clone(),
-        (Value::Array(list), _) if list.len() <= 3 => list.iter().map(cell).collect::<Vec<_>>().join(","),
+        (Value::Array(list), _) if list.len() <= 3 => {
+            list.iter().map(cell).collect::<Vec<_>>().join(",")
+        }
         (Value::Array(list), _) => format!("{} prefixes ({},...)", list.len(), cell(&list[0])),
         (_, Some(file)) => format!("file {}", cell(file)),
         _ => "-".to_string(),
@@ -159,30 +188,62 @@ pub fn rules(v: &Value) -> String {
         })
         .collect();
     table(
-        &["NAME", "SOURCE", "ACTION", "PROTOCOL", "DST_PORT", "RATE", "BURST", "PER", "BYTES_RATE", "BYTES_BURST", "SCOPE", "DRY_RUN"],
+        &[
+            "NAME",
+            "SOURCE",
+            "ACTION",
+            "PROTOCOL",
+            "DST_PORT",
+            "RATE",
+            "BURST",
+            "PER",
+            "BYTES_RATE",
+            "BYTES_BURST",
+            "SCOPE",
+            "DRY_RUN",
+        ],
         &rows,
     )
+}
+
+fn rules_count(n: u64) -> String {
+    format!("{n} rule{}", if n == 1 { "" } else { "s" })
 }
 
 /// The answer to `ratelimit rules add`.
 #[must_use]
 pub fn added(v: &Value) -> String {
-    format!("added rule {} ({} rules in force)\n", v["added"]["name"], num(v, "rules"))
+    format!(
+        "added rule {} ({} in force)\n",
+        v["added"]["name"],
+        rules_count(num(v, "rules"))
+    )
 }
 
 /// The answer to `ratelimit rules remove`.
 #[must_use]
 pub fn removed(v: &Value) -> String {
-    format!("removed rule {} ({} rules in force)\n", v["removed"], num(v, "rules"))
+    format!(
+        "removed rule {} ({} in force)\n",
+        v["removed"],
+        rules_count(num(v, "rules"))
+    )
 }
 
 /// The answer to `ratelimit rules reload`.
 #[must_use]
 pub fn reloaded(v: &Value) -> String {
-    let mut out = format!("reloaded the config file: {} rules in force\n", num(v, "rules"));
+    let mut out = format!(
+        "reloaded the config file: {} in force\n",
+        rules_count(num(v, "rules"))
+    );
     if let Some(list) = v["restart_needed"].as_array().filter(|a| !a.is_empty()) {
         let keys: Vec<String> = list.iter().map(cell).collect();
-        let _ = writeln!(out, "changed settings that take effect on restart: {}", keys.join(", "));
+        let _ = writeln!(
+            out,
+            "changed settings that take effect on restart: {}",
+            keys.join(", ")
+        );
     }
     out
 }
@@ -190,7 +251,10 @@ pub fn reloaded(v: &Value) -> String {
 /// The answer to `ratelimit detach`.
 #[must_use]
 pub fn detached(v: &Value) -> String {
-    let list: Vec<String> = v["detached"].as_array().map(|a| a.iter().map(cell).collect()).unwrap_or_default();
+    let list: Vec<String> = v["detached"]
+        .as_array()
+        .map(|a| a.iter().map(cell).collect())
+        .unwrap_or_default();
     if list.is_empty() {
         "was not attached to any interface\n".to_string()
     } else {
@@ -199,7 +263,8 @@ pub fn detached(v: &Value) -> String {
 }
 
 fn rate(v: &Value) -> String {
-    v.as_f64().map_or_else(|| "-".to_string(), |f| format!("{f:.1}"))
+    v.as_f64()
+        .map_or_else(|| "-".to_string(), |f| format!("{f:.1}"))
 }
 
 /// `ratelimit top`.
@@ -224,7 +289,12 @@ pub fn top(v: &Value) -> String {
     let mut out = if rows.is_empty() {
         String::new()
     } else {
-        table(&["RULE", "SOURCE", "PPS", "DROPS/S", "TOKENS", "PASSED", "DROPPED"], &rows)
+        table(
+            &[
+                "RULE", "SOURCE", "PPS", "DROPS/S", "TOKENS", "PASSED", "DROPPED",
+            ],
+            &rows,
+        )
     };
     let _ = writeln!(
         out,
@@ -250,7 +320,11 @@ fn protocol_name(n: u64) -> String {
 #[must_use]
 pub fn explain(v: &Value) -> String {
     let mut out = String::new();
-    let mut asked = format!("{} protocol {}", text(v, "ip"), protocol_name(num(v, "protocol")));
+    let mut asked = format!(
+        "{} protocol {}",
+        text(v, "ip"),
+        protocol_name(num(v, "protocol"))
+    );
     if let Some(p) = v["dst_port"].as_u64() {
         let _ = write!(asked, " dst_port {p}");
     }
@@ -259,15 +333,37 @@ pub fn explain(v: &Value) -> String {
         None => rows.push(("rule", "none: the packet passes".to_string())),
         Some(rule) => {
             let line = rule.get("line").and_then(Value::as_u64).unwrap_or(0);
-            let place = if line > 0 { format!(", line {line}") } else { String::new() };
-            rows.push(("rule", format!("{} (id {}{place})", cell(&rule["name"]), cell(&rule["id"]))));
+            let place = if line > 0 {
+                format!(", line {line}")
+            } else {
+                String::new()
+            };
+            rows.push((
+                "rule",
+                format!("{} (id {}{place})", cell(&rule["name"]), cell(&rule["id"])),
+            ));
             if let Some(c) = rule.get("config").filter(|c| c.is_object()) {
-                let keys = ["action", "rate", "burst", "per", "bytes_rate", "bytes_burst", "protocol", "dst_port", "scope"];
+                let keys = [
+                    "action",
+                    "rate",
+                    "burst",
+                    "per",
+                    "bytes_rate",
+                    "bytes_burst",
+                    "protocol",
+                    "dst_port",
+                    "scope",
+                ];
                 let settings: Vec<String> = keys
                     .iter()
                     .filter(|k| !c[**k].is_null())
                     .map(|k| format!("{k}={}", cell(&c[*k])))
-                    .chain(c["dry_run"].as_bool().filter(|d| *d).map(|_| "dry_run".to_string()))
+                    .chain(
+                        c["dry_run"]
+                            .as_bool()
+                            .filter(|d| *d)
+                            .map(|_| "dry_run".to_string()),
+                    )
                     .collect();
                 rows.push(("settings", settings.join(" ")));
             }
@@ -275,7 +371,10 @@ pub fn explain(v: &Value) -> String {
     }
     if let Some(p) = v["prefix"].as_str() {
         rows.push(("prefix", p.to_string()));
-        let c: Vec<String> = v["candidates"].as_array().map(|a| a.iter().map(cell).collect()).unwrap_or_default();
+        let c: Vec<String> = v["candidates"]
+            .as_array()
+            .map(|a| a.iter().map(cell).collect())
+            .unwrap_or_default();
         rows.push(("candidates", c.join(", ")));
     }
     rows.push(("why", text(v, "why").to_string()));
@@ -294,7 +393,8 @@ pub fn explain(v: &Value) -> String {
             parts.push(format!("age {} s", rate(&b["age_secs"])));
             parts.join(", ")
         } else {
-            "none tracked (no recent packet from this source under this rule: a full bucket)".to_string()
+            "none tracked (no recent packet from this source under this rule: a full bucket)"
+                .to_string()
         };
         rows.push(("bucket", bucket));
     }
@@ -330,7 +430,10 @@ pub fn stats(v: &Value) -> String {
                 bytes: known(&verdict::NAMES, &r["bytes"]),
             })
             .collect(),
-        buckets: BucketReport { tracked: num(&v["buckets"], "tracked"), capacity: num(&v["buckets"], "capacity") },
+        buckets: BucketReport {
+            tracked: num(&v["buckets"], "tracked"),
+            capacity: num(&v["buckets"], "capacity"),
+        },
     };
     report.to_table()
 }
@@ -343,7 +446,13 @@ mod tests {
 
     #[test]
     fn tables_align() {
-        let out = table(&["NAME", "RATE"], &[vec!["a".into(), "5".into()], vec!["long-name".into(), "1000".into()]]);
+        let out = table(
+            &["NAME", "RATE"],
+            &[
+                vec!["a".into(), "5".into()],
+                vec!["long-name".into(), "1000".into()],
+            ],
+        );
         assert_eq!(out, "NAME       RATE\na             5\nlong-name  1000\n");
     }
 
@@ -358,8 +467,14 @@ mod tests {
         let lines: Vec<&str> = out.lines().collect();
         assert!(lines[0].starts_with("NAME    SOURCE"), "{out}");
         assert!(lines[1].starts_with("dns     ::/0 "), "{out}");
-        assert!(lines[2].contains("198.51.100.0/24,2001:db8::/32  allow"), "{out}");
-        assert_eq!(rules(&json!({"rules": []})), "no rules: every packet passes\n");
+        assert!(
+            lines[2].contains("198.51.100.0/24,2001:db8::/32  allow"),
+            "{out}"
+        );
+        assert_eq!(
+            rules(&json!({"rules": []})),
+            "no rules: every packet passes\n"
+        );
     }
 
     #[test]
@@ -373,8 +488,14 @@ mod tests {
             packets: verdict::NAMES.iter().map(|n| (*n, 2)).collect(),
             bytes: verdict::NAMES.iter().map(|n| (*n, 200)).collect(),
         });
-        report.buckets = BucketReport { tracked: 1, capacity: 16 };
-        assert_eq!(stats(&serde_json::to_value(&report).unwrap()), report.to_table());
+        report.buckets = BucketReport {
+            tracked: 1,
+            capacity: 16,
+        };
+        assert_eq!(
+            stats(&serde_json::to_value(&report).unwrap()),
+            report.to_table()
+        );
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! # Why not plain `ip netns exec`
 //! `ip netns exec` gives the command a private mount namespace with a fresh sysfs on `/sys` (so
 //! `/sys/class/net` shows the namespace's interfaces), which also hides the host's bpffs at
-//! `/sys/fs/bpf`: the agent would mount a private bpffs of its own, invisible to the test and
-//! gone when the agent exits. So the agent runs the way a containerised agent does: its own
+//! `/sys/fs/bpf`: the agent would mount a private bpffs of its own, invisible to the test (and to
+//! `ratelimit stats`) and gone when the agent exits, taking the pinned XDP link with it. So the agent runs the way a containerised agent does: its own
 //! network namespace and sysfs, with the host's bpffs mounted in. `unshare --mount` makes a
 //! private mount namespace (a slave of the host's, so nothing leaks back), the host's bpffs is
 //! bind-mounted at a temporary directory there, `ip netns exec` switches namespace and sysfs, and
@@ -58,6 +58,8 @@ pub struct AgentProcess {
     pin_path: PathBuf,
     socket: PathBuf,
     interfaces: Vec<String>,
+    /// Set by [`AgentProcess::stop_keeping_pins`]: drop leaves the pin directory alone.
+    keep_pins: bool,
 }
 
 impl AgentProcess {
@@ -94,6 +96,7 @@ impl AgentProcess {
             pin_path,
             socket,
             interfaces,
+            keep_pins: false,
         };
         let bpffs_mnt = agent.dir.join("bpffs");
         fs::create_dir(&bpffs_mnt)?;
@@ -133,10 +136,12 @@ impl AgentProcess {
                 // If the test process dies (Ctrl-C, a killed runner), the agent dies with it
                 // instead of enforcing forever. (Tied to the spawning thread: a test's agent lives
                 // on its test's thread.)
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
-                    || libc::getppid() != parent
-                {
-                    return Err(std::io::Error::other("parent gone or prctl failed"));
+                // No allocation here (this runs between fork and exec): raw OS errors only.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != parent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                 }
                 Ok(())
             });
@@ -221,18 +226,7 @@ impl AgentProcess {
     /// pin directory. Fails with the log if it does not exit (it is then killed) or leaves the
     /// pin directory behind (which is then removed).
     pub fn stop(mut self) -> Result<ExitStatus> {
-        let pid = self.pid().context("the agent was never started")?;
-        if self.try_wait()?.is_none() {
-            // SAFETY: kill has no memory-safety preconditions; `pid` is our unreaped child.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
-        let Some(status) = self.wait_timeout(STOP_TIMEOUT)? else {
-            self.kill();
-            bail!(
-                "agent (pid {pid}) still running {STOP_TIMEOUT:?} after SIGTERM; killed it. Log:\n{}",
-                self.log()
-            );
-        };
+        let status = self.terminate()?;
         if self.pin_path.exists() {
             let listing = list_dir(&self.pin_path);
             self.remove_pins();
@@ -244,6 +238,39 @@ impl AgentProcess {
             );
         }
         Ok(status)
+    }
+
+    /// Like [`AgentProcess::stop`], for an agent run with `--keep-attached`: its pins (maps, XDP
+    /// links) are left for the next agent started with the same `pin_path` to adopt. The returned
+    /// [`KeptPins`] removes them when dropped, if they are still there then: keep it alive for
+    /// the rest of the test, declared before the next agent so that it is dropped after it.
+    pub fn stop_keeping_pins(mut self) -> Result<(ExitStatus, KeptPins)> {
+        self.keep_pins = true;
+        let kept = KeptPins {
+            path: self.pin_path.clone(),
+        };
+        Ok((self.terminate()?, kept))
+    }
+
+    /// SIGTERM, then waits up to [`STOP_TIMEOUT`]; kills the agent and fails if it is still
+    /// running then.
+    fn terminate(&mut self) -> Result<ExitStatus> {
+        let pid = self.pid().context("the agent was never started")?;
+        if self.try_wait()?.is_none() {
+            // SAFETY: kill has no memory-safety preconditions; `pid` is our unreaped child.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        match self.wait_timeout(STOP_TIMEOUT)? {
+            Some(status) => Ok(status),
+            None => {
+                self.kill();
+                bail!(
+                    "agent (pid {pid}) still running {STOP_TIMEOUT:?} after SIGTERM; killed it. \
+                     Log:\n{}",
+                    self.log()
+                )
+            }
+        }
     }
 
     /// Waits (up to `timeout`) for the agent to exit on its own and returns its status and log;
@@ -364,10 +391,37 @@ impl AgentProcess {
 impl Drop for AgentProcess {
     fn drop(&mut self) {
         self.kill();
-        self.remove_pins();
+        if !self.keep_pins {
+            self.remove_pins();
+        }
         // The bpffs bind mount lived in the agent's private mount namespace, gone with it.
         if let Err(e) = fs::remove_dir_all(&self.dir) {
             eprintln!("ratelimit-testbed: removing {}: {e}", self.dir.display());
+        }
+    }
+}
+
+/// A pin directory an agent left behind on purpose (`--keep-attached`), removed (links first,
+/// which detaches the program) when this is dropped, so a failed test leaves nothing behind.
+#[must_use = "dropping it removes the pins at once"]
+pub struct KeptPins {
+    path: PathBuf,
+}
+
+impl KeptPins {
+    /// The pin directory.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for KeptPins {
+    fn drop(&mut self) {
+        if self.path.exists() {
+            if let Err(e) = ratelimit::dataplane::remove_pin_dir(&self.path) {
+                eprintln!("ratelimit-testbed: removing {}: {e}", self.path.display());
+            }
         }
     }
 }

@@ -396,3 +396,66 @@ fn dry_run_delivers_everything_and_counts_would_be_drops() {
     );
     assert!(agent.stop().unwrap().success());
 }
+
+#[test]
+fn keep_attached_restart_keeps_enforcing_and_the_buckets() {
+    const RATE: u64 = 1;
+    const BURST: u64 = 5;
+    let src = "198.18.0.1";
+    let bed = bed("keep", &[src]);
+    // Both agents share the pin directory (and socket), so the second adopts the first's state.
+    let pin = AgentProcess::unique_pin_path();
+    let config = format!(
+        "{}[[rule]]\nname = \"r\"\nsource = \"198.18.0.0/24\"\nrate = {RATE}\nburst = {BURST}\n",
+        agent_table(&[&bed.rx_if], &pin)
+    );
+    let burst = |phase: &str| {
+        let receiver = bed.receiver();
+        let sent = bed.send(src, &receiver, 2000, Duration::from_millis(10));
+        let got = received(&finish(receiver), src);
+        println!("keep-attached, {phase}: sent {}, received {got}", sent.sent);
+        assert!(sent.sent >= 2 * BURST, "sent only {}", sent.sent);
+        (sent, got)
+    };
+
+    let first = AgentProcess::start(&bed.rx, &config, &["--keep-attached"]).unwrap();
+    let (s1, got1) = burst("first agent");
+    let (status, _kept) = first.stop_keeping_pins().unwrap();
+    assert!(status.success(), "exit {status}");
+    assert!(pin.is_dir(), "--keep-attached removed {}", pin.display());
+    assert!(
+        xdp_attachment(&bed.rx, &bed.rx_if).unwrap().is_some(),
+        "--keep-attached detached the program"
+    );
+    let (_, got2) = burst("no agent");
+
+    let second = AgentProcess::start(&bed.rx, &config, &[]).unwrap();
+    assert!(
+        second.log().contains("adopted"),
+        "second agent did not adopt the pinned link: {}",
+        second.log()
+    );
+    let (s3, got3) = burst("second agent");
+    // One bucket all along: what passed in all three bursts is one bucket's worth over the whole
+    // span (the gaps are far shorter than the burst / rate = 5 s it takes to refill). A bucket
+    // lost in the restart would have let another full burst through.
+    let total = got1 + got2 + got3;
+    let expected = bucket_expectation(
+        BURST,
+        RATE,
+        &SendReport {
+            last: s3.last,
+            ..s1
+        },
+    );
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let off = (total as f64 - expected).abs();
+    assert_eq!(got1, BURST, "first burst");
+    assert!(
+        off <= 1.0,
+        "received {got1} + {got2} + {got3} = {total}, expected {expected:.2} for one bucket"
+    );
+    assert_eq!(rule_packets(&second.stats(), "r", "passed"), total);
+    assert!(second.stop().unwrap().success());
+    bed.assert_no_xdp("after the second agent stopped");
+}

@@ -63,7 +63,6 @@ fn dst6() -> Ipv6Addr {
     v6(0xfe)
 }
 
-#[expect(clippy::too_many_lines, reason = "a table")]
 fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
     use Moves::{Both, Global, Rule};
     vec![

@@ -1,17 +1,31 @@
 //! `cargo xtask demo`: the rate limiter at work between two throwaway network namespaces, a
 //! flooding client and a polite one, with live counters; then everything it made is removed.
 //!
-//! This module sets up the toolchain, builds the agent, then builds and hands over to the demo
-//! driver (`src/bin/ratelimit-demo/`), which does the demo itself. The driver is a binary of its
+//! This module sets up the toolchain, builds the agent, then builds and runs the demo driver
+//! (`src/bin/ratelimit-demo/`), which does the demo itself, passing Ctrl-C on to it. The driver is a binary of its
 //! own, behind the `demo` feature, because it uses the test bed (crate `tests`), which depends on
 //! ratelimit-userspace and so on the eBPF toolchain: were xtask to depend on it, xtask could not
 //! be compiled on a fresh machine to run the setup that installs that toolchain.
 
-use std::{os::unix::process::CommandExt as _, process::Command};
+use std::{
+    os::unix::process::CommandExt as _,
+    process::Command,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    thread,
+    time::Duration,
+};
 
 use anyhow::{bail, Context as _, Result};
 
 use crate::{build, cmd, setup};
+
+/// Signals passed on to the driver: each makes it stop early and clean up.
+const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+/// The driver's exit code after an interruption (128 + SIGINT, as a shell reports it).
+const INTERRUPTED: i32 = 130;
 
 /// Show the rate limiter at work in throwaway network namespaces (needs root).
 ///
@@ -64,11 +78,38 @@ pub fn run(opts: &Options) -> Result<()> {
     demo.env("RATELIMIT_BIN", &agent)
         .args(["--seconds", &opts.seconds.to_string()])
         .args(["--flood-pps", &opts.flood_pps.to_string()])
-        .args(["--polite-pps", &opts.polite_pps.to_string()]);
+        .args(["--polite-pps", &opts.polite_pps.to_string()])
+        // A process group of its own, so that Ctrl-C (which the terminal sends to the whole
+        // foreground group) reaches only this process, which passes it on to the driver alone: the
+        // agent the driver starts must not see it, or it would detach while the clients still
+        // send. The driver stops the clients first, then the agent.
+        .process_group(0);
     cmd::announce("Running the demo (Ctrl-C stops it early and still cleans up)");
     eprintln!("    $ {}", cmd::display(&demo));
-    // exec, not spawn: the driver takes over this process, so Ctrl-C and `timeout -s INT` reach
-    // it directly, it cleans up, and its exit status is the command's.
-    let err = demo.exec();
-    Err(err).with_context(|| format!("starting the demo driver {}", driver.display()))
+    let signal = Arc::new(AtomicUsize::new(0));
+    for sig in FORWARDED {
+        signal_hook::flag::register_usize(sig, Arc::clone(&signal), sig as usize)
+            .with_context(|| format!("installing a handler for signal {sig}"))?;
+    }
+    let mut child = demo
+        .spawn()
+        .with_context(|| format!("starting the demo driver {}", driver.display()))?;
+    let pid = libc::pid_t::try_from(child.id()).context("child pid out of range")?;
+    let status = loop {
+        if let Some(status) = child.try_wait().context("waiting for the demo driver")? {
+            break status;
+        }
+        let sig = signal.swap(0, Ordering::SeqCst);
+        if sig != 0 {
+            // SAFETY: kill has no memory-safety preconditions; `pid` is our child, not yet reaped.
+            unsafe { libc::kill(pid, sig as libc::c_int) };
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    match status.code() {
+        Some(0) => Ok(()),
+        // Interrupted, and cleaned up: the driver said so. Exit as an interrupted command does.
+        Some(INTERRUPTED) => std::process::exit(INTERRUPTED),
+        _ => bail!("the demo failed ({status}); see above"),
+    }
 }

@@ -30,53 +30,138 @@ fn rule_from_json_takes_the_config_keys_and_defaults() {
     assert_eq!(rule, from_file);
     assert_eq!(rule.burst, Some(100));
 
-    let allow = rule_from_json(&json!({"name": "office", "source": ["198.51.100.7", "2001:db8::/32"], "action": "allow"})).unwrap();
+    let allow = rule_from_json(
+        &json!({"name": "office", "source": ["198.51.100.7", "2001:db8::/32"], "action": "allow"}),
+    )
+    .unwrap();
     assert_eq!(allow.action, Action::Allow);
     assert_eq!(allow.sources.len(), 2);
+    let twice = rule_from_json(
+        &json!({"name": "t", "source": ["10.0.0.0/8", "10.0.0.0/8"], "action": "deny"}),
+    )
+    .unwrap();
+    assert_eq!(twice.sources.len(), 1);
     assert_eq!(allow.sources[0].to_string(), "198.51.100.7/32");
     // Its JSON form parses back as the same rule.
-    assert_eq!(rule_from_json(&serde_json::to_value(&allow).unwrap()).unwrap(), allow);
-    assert_eq!(rule_from_json(&serde_json::to_value(&rule).unwrap()).unwrap(), rule);
+    assert_eq!(
+        rule_from_json(&serde_json::to_value(&allow).unwrap()).unwrap(),
+        allow
+    );
+    assert_eq!(
+        rule_from_json(&serde_json::to_value(&rule).unwrap()).unwrap(),
+        rule
+    );
 }
 
 #[test]
 fn rule_from_json_names_the_field_at_fault() {
     let cases = [
-        (json!({"name": "a", "source": "10.0.0.0/8", "rate": 5, "dst_port": 53}), "rule \"a\": field `dst_port`: only valid with protocol tcp or udp"),
-        (json!({"name": "a", "source": "10.0.0.300/8", "rate": 5}), "rule \"a\": field `source`: \"10.0.0.300/8\" is not an IPv4 or IPv6 CIDR"),
-        (json!({"name": "a", "source": "10.0.0.1/8", "rate": 5}), "rule \"a\": field `source`: 10.0.0.1/8 has host bits set"),
-        (json!({"name": "a", "source": "10.0.0.0/8"}), "rule \"a\": field `rate`: a limit rule needs"),
-        (json!({"name": "a", "source": "10.0.0.0/8", "rate": -1}), "rule \"a\": field `rate`: must be a non-negative integer (got -1)"),
-        (json!({"name": "a", "source": "10.0.0.0/8", "rate": 5, "protocol": "sctp"}), "rule \"a\": field `protocol`: unknown protocol \"sctp\""),
-        (json!({"name": "a", "source": "10.0.0.0/8", "rate": 5, "per": "/33"}), "rule \"a\": field `per`: /33 is longer than an IPv4 address"),
-        (json!({"name": "a", "source": "10.0.0.0/8", "action": "deny", "per": "source"}), "rule \"a\": field `per`: has no meaning for an deny rule"),
-        (json!({"name": "a", "source": "10.0.0.0/8", "rate": 5, "protocol": "udp", "dst_port": 70000}), "rule \"a\": field `dst_port`: must be between 1 and 65535 (got 70000)"),
-        (json!({"name": "a", "source": "10.0.0.0/8", "rate": 5, "colour": "red"}), "rule \"a\": field `colour`: unknown key"),
-        (json!({"name": "a", "source_file": "/etc/x"}), "rule \"a\": field `source_file`: list files"),
-        (json!({"name": "a b", "source": "10.0.0.0/8", "rate": 5}), "rule \"a b\": field `name`: \"a b\" contains ' '"),
+        (
+            json!({"name": "a", "source": "10.0.0.0/8", "rate": 5, "dst_port": 53}),
+            "rule \"a\": field `dst_port`: only valid with protocol tcp or udp",
+        ),
+        (
+            json!({"name": "a", "source": "10.0.0.300/8", "rate": 5}),
+            "rule \"a\": field `source`: \"10.0.0.300/8\" is not an IPv4 or IPv6 CIDR",
+        ),
+        (
+            json!({"name": "a", "source": "10.0.0.1/8", "rate": 5}),
+            "rule \"a\": field `source`: 10.0.0.1/8 has host bits set",
+        ),
+        (
+            json!({"name": "a", "source": "10.0.0.0/8"}),
+            "rule \"a\": field `rate`: a limit rule needs",
+        ),
+        (
+            json!({"name": "a", "source": "10.0.0.0/8", "rate": -1}),
+            "rule \"a\": field `rate`: must be a non-negative integer (got -1)",
+        ),
+        (
+            json!({"name": "a", "source": "10.0.0.0/8", "rate": 5, "protocol": "sctp"}),
+            "rule \"a\": field `protocol`: unknown protocol \"sctp\"",
+        ),
+        (
+            json!({"name": "a", "source": "10.0.0.0/8", "rate": 5, "per": "/33"}),
+            "rule \"a\": field `per`: /33 is longer than an IPv4 address",
+        ),
+        (
+            json!({"name": "a", "source": "10.0.0.0/8", "action": "deny", "per": "source"}),
+            "rule \"a\": field `per`: has no meaning for an deny rule",
+        ),
+        (
+            json!({"name": "a", "source": "10.0.0.0/8", "rate": 5, "protocol": "udp", "dst_port": 70000}),
+            "rule \"a\": field `dst_port`: must be between 1 and 65535 (got 70000)",
+        ),
+        (
+            json!({"name": "a", "source": "10.0.0.0/8", "rate": 5, "colour": "red"}),
+            "rule \"a\": field `colour`: unknown key",
+        ),
+        (
+            json!({"name": "a", "source_file": "/etc/x"}),
+            "rule \"a\": field `source_file`: list files",
+        ),
+        (
+            json!({"name": "a b", "source": "10.0.0.0/8", "rate": 5}),
+            "rule \"a b\": field `name`: \"a b\" contains ' '",
+        ),
         (json!({"source": "10.0.0.0/8"}), "field `name`: required"),
-        (json!({"name": "a", "rate": 5}), "rule \"a\": field `source`: required"),
+        (
+            json!({"name": "a", "rate": 5}),
+            "rule \"a\": field `source`: required",
+        ),
         (json!(["a"]), "a rule must be a JSON object"),
     ];
     for (body, want) in cases {
         let got = err(body.clone());
-        assert!(got.starts_with(want), "{body}: got {got:?}, want {want:?}...");
+        assert!(
+            got.starts_with(want),
+            "{body}: got {got:?}, want {want:?}..."
+        );
     }
 }
 
 #[test]
 fn explain_args_parse() {
     let ip4: IpAddr = "198.18.0.1".parse().unwrap();
-    assert_eq!(explain_args(Some("198.18.0.1"), None, None), Ok((ip4, 0, None)));
-    assert_eq!(explain_args(Some("198.18.0.1"), Some("udp"), Some("53")), Ok((ip4, 17, Some(53))));
-    assert_eq!(explain_args(Some("198.18.0.1"), Some("icmp"), None), Ok((ip4, 1, None)));
-    assert_eq!(explain_args(Some("2001:db8::1"), Some("icmp"), None).unwrap().1, 58);
-    assert_eq!(explain_args(Some("198.18.0.1"), Some("47"), None).unwrap().1, 47);
-    assert!(explain_args(None, None, None).unwrap_err().starts_with("ip: missing"));
-    assert!(explain_args(Some("x"), None, None).unwrap_err().starts_with("ip: \"x\" is not"));
-    assert!(explain_args(Some("198.18.0.1"), Some("sctp"), None).unwrap_err().starts_with("protocol: unknown protocol"));
-    assert!(explain_args(Some("198.18.0.1"), None, Some("53")).unwrap_err().starts_with("dst_port: only"));
-    assert!(explain_args(Some("198.18.0.1"), Some("udp"), Some("0")).unwrap_err().starts_with("dst_port: \"0\""));
+    assert_eq!(
+        explain_args(Some("198.18.0.1"), None, None),
+        Ok((ip4, 0, None))
+    );
+    assert_eq!(
+        explain_args(Some("198.18.0.1"), Some("udp"), Some("53")),
+        Ok((ip4, 17, Some(53)))
+    );
+    assert_eq!(
+        explain_args(Some("198.18.0.1"), Some("icmp"), None),
+        Ok((ip4, 1, None))
+    );
+    assert_eq!(
+        explain_args(Some("2001:db8::1"), Some("icmp"), None)
+            .unwrap()
+            .1,
+        58
+    );
+    assert_eq!(
+        explain_args(Some("198.18.0.1"), Some("47"), None)
+            .unwrap()
+            .1,
+        47
+    );
+    assert!(explain_args(None, None, None)
+        .unwrap_err()
+        .starts_with("ip: missing"));
+    assert!(explain_args(Some("x"), None, None)
+        .unwrap_err()
+        .starts_with("ip: \"x\" is not"));
+    assert!(explain_args(Some("198.18.0.1"), Some("sctp"), None)
+        .unwrap_err()
+        .starts_with("protocol: unknown protocol"));
+    assert!(explain_args(Some("198.18.0.1"), None, Some("53"))
+        .unwrap_err()
+        .starts_with("dst_port: only"));
+    assert!(explain_args(Some("198.18.0.1"), Some("udp"), Some("0"))
+        .unwrap_err()
+        .starts_with("dst_port: \"0\""));
 }
 
 #[test]
@@ -90,8 +175,14 @@ fn top_ranks_buckets_by_use_over_the_interval() {
     let set = compile(&config.rules, &RuleIds::new()).unwrap();
     let nets = set.rules.iter().find(|r| r.name == "nets").unwrap();
     let hosts = set.rules.iter().find(|r| r.name == "hosts").unwrap();
-    let key = |r: &crate::compile::CompiledRule, ip: &str| bucket_key(r.id, &r.rule, ip.parse().unwrap());
-    let b = |passed, dropped, created_ns| Bucket { passed_pkts: passed, dropped_pkts: dropped, created_ns, ..Bucket::default() };
+    let key =
+        |r: &crate::compile::CompiledRule, ip: &str| bucket_key(r.id, &r.rule, ip.parse().unwrap());
+    let b = |passed, dropped, created_ns| Bucket {
+        passed_pkts: passed,
+        dropped_pkts: dropped,
+        created_ns,
+        ..Bucket::default()
+    };
     let (t0, t1) = (10_000_000_000, 12_000_000_000); // two seconds apart
     let first = vec![
         (key(nets, "198.18.1.7"), b(100, 0, 1)),
@@ -106,8 +197,10 @@ fn top_ranks_buckets_by_use_over_the_interval() {
         (key(hosts, "2001:db8::6"), b(9, 0, 1)), // recreated (absent from first): counts from 0
     ];
     let top = top_entries(&first, t0, &second, t1, &set);
-    let got: Vec<(&str, &str, f64, f64)> =
-        top.iter().map(|e| (e.rule.as_str(), e.source.as_str(), e.pps, e.drops_per_sec)).collect();
+    let got: Vec<(&str, &str, f64, f64)> = top
+        .iter()
+        .map(|e| (e.rule.as_str(), e.source.as_str(), e.pps, e.drops_per_sec))
+        .collect();
     assert_eq!(
         got,
         [

@@ -737,10 +737,7 @@ fn hundred_thousand_prefixes() {
     );
     // Every listed prefix, plus 0.0.0.0/0, 10.0.0.0/8, 192.168.0.0/16 and 128.0.0.0/1 unless
     // listed too.
-    let broad_nets: HashSet<IpNet> = rules[..deny_list]
-        .iter()
-        .map(|r| r.sources[0])
-        .collect();
+    let broad_nets: HashSet<IpNet> = rules[..deny_list].iter().map(|r| r.sources[0]).collect();
     assert_eq!(
         set.prefixes.len(),
         listed.len() + broad_nets.difference(&listed).count()
@@ -909,7 +906,10 @@ fn one_rule_many_prefixes() {
     }
     assert_eq!(candidate_names(&set, "10.1.2.0/24"), ["office"]);
     assert_eq!(set.prefixes.len(), 6);
-    assert_eq!(name_of(&set, "10.200.0.1", TCP, Some(80)), Some("blocklist"));
+    assert_eq!(
+        name_of(&set, "10.200.0.1", TCP, Some(80)),
+        Some("blocklist")
+    );
     assert_eq!(name_of(&set, "10.1.9.9", UDP, None), Some("blocklist"));
     assert_eq!(name_of(&set, "10.1.2.9", UDP, None), Some("office"));
     assert_eq!(name_of(&set, "192.0.2.7", ICMP, None), Some("blocklist"));
@@ -979,7 +979,11 @@ fn candidates_count_rules_not_prefixes() {
     )];
     for port in 1..=7 {
         rules.push(proto(
-            multi(&format!("p{port}"), &["10.0.0.0/8", "10.1.2.0/24"], Action::Deny),
+            multi(
+                &format!("p{port}"),
+                &["10.0.0.0/8", "10.1.2.0/24"],
+                Action::Deny,
+            ),
             Protocol::Tcp,
             Some(port),
         ));
@@ -1061,10 +1065,7 @@ fn rule_prefix_bounds() {
         ..RuleConfig::with_sources("big", too_many)
     };
     let err = compile(std::slice::from_ref(&rule), &RuleIds::new()).unwrap_err();
-    assert!(
-        err.to_string().contains("at most 250000"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("at most 250000"), "{err}");
     // 250 000 in one rule and 12 145 in another: one more than half the trie.
     let mut first = rule;
     first.sources.truncate(crate::config::MAX_RULE_PREFIXES);
@@ -1109,7 +1110,8 @@ fn classify_matches_reference_with_prefix_lists() {
         ));
     }
     for _ in 0..60 {
-        let region: u128 = [0x2001_0db8 << 96, (0x2001_0db8 << 96) | (1 << 80)][rng.below(2) as usize];
+        let region: u128 =
+            [0x2001_0db8 << 96, (0x2001_0db8 << 96) | (1 << 80)][rng.below(2) as usize];
         let addr = region | u128::from(rng.below(1 << 12));
         let len = [0, 16, 32, 48, 64, 120, 124, 128][rng.below(8) as usize];
         pool.push(IpNet::V6(
@@ -1194,5 +1196,8 @@ fn classify_matches_reference_with_prefix_lists() {
         }
     }
     // The generator must exercise both outcomes.
-    assert!(checked >= 100 && conflicts >= 10, "{checked} checked, {conflicts} conflicts");
+    assert!(
+        checked >= 100 && conflicts >= 10,
+        "{checked} checked, {conflicts} conflicts"
+    );
 }

@@ -188,7 +188,10 @@ fn rule_defaults() {
 #[test]
 fn bare_address_is_a_host_prefix() {
     let c = parse(&rule("name = \"a\"\nsource = \"192.0.2.7\"\nrate = 1\n[[rule]]\nname = \"b\"\nsource = \"2001:db8::1\"\nrate = 1"));
-    assert_eq!(c.rules[0].source(), Some("192.0.2.7/32".parse::<IpNet>().unwrap()));
+    assert_eq!(
+        c.rules[0].source(),
+        Some("192.0.2.7/32".parse::<IpNet>().unwrap())
+    );
     assert_eq!(
         c.rules[1].source(),
         Some("2001:db8::1/128".parse::<IpNet>().unwrap())
@@ -609,7 +612,7 @@ fn allow_and_deny_take_no_limits() {
                 &text,
                 BODY + 3,
                 key,
-                &format!("no meaning for an {action} rule"),
+                &format!("no meaning for {} {action} rule", if action == "allow" { "an" } else { "a" }),
             );
         }
     }
@@ -837,10 +840,7 @@ fn validate_checks_programmatic_rules() {
 
 /// A fresh scratch directory for one test.
 fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "ratelimit-config-{tag}-{}",
-        std::process::id()
-    ));
+    let dir = std::env::temp_dir().join(format!("ratelimit-config-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -880,7 +880,12 @@ fn source_arrays() {
             "name = \"a\"\nsource = [\n  \"10.0.0.0/8\",\n  {bad},\n]\naction = \"deny\""
         ))
     };
-    let e = assert_error(&multi_line("\"10.0.0.1/8\""), BODY + 3, "source", "host bits");
+    let e = assert_error(
+        &multi_line("\"10.0.0.1/8\""),
+        BODY + 3,
+        "source",
+        "host bits",
+    );
     assert!(e.to_string().contains("\"10.0.0.0/8\""), "{e}");
     assert_error(&multi_line("\"10.0.0.300/8\""), BODY + 3, "source", "CIDR");
     assert_error(&multi_line("7"), BODY + 3, "source", "invalid type");
@@ -929,7 +934,12 @@ fn source_and_source_file_are_exclusive() {
         "source_file",
         "not both",
     );
-    let e = assert_error(&rule("name = \"a\"\naction = \"deny\""), 4, "source", "missing");
+    let e = assert_error(
+        &rule("name = \"a\"\naction = \"deny\""),
+        4,
+        "source",
+        "missing",
+    );
     assert!(e.to_string().contains("source_file"), "{e}");
     assert_error(
         &rule("name = \"a\"\nsource_file = \"\"\naction = \"deny\""),
@@ -1012,7 +1022,10 @@ fn source_file_lists() {
     );
     assert_eq!(e.line(), Some(1));
     // ...and fine with different protocols.
-    let tcp = text.replace("action = \"allow\"", "action = \"allow\"\nprotocol = \"tcp\"");
+    let tcp = text.replace(
+        "action = \"allow\"",
+        "action = \"allow\"\nprotocol = \"tcp\"",
+    );
     std::fs::write(&cfg, tcp).unwrap();
     assert_eq!(Config::load(&cfg).unwrap().rules.len(), 3);
     std::fs::remove_dir_all(&dir).unwrap();
@@ -1086,7 +1099,10 @@ fn scope_cluster_needs_a_cluster_table() {
         e.to_string().contains("rule \"dns\"") && e.to_string().contains("scope = \"cluster\""),
         "{e}"
     );
-    assert_eq!(parse(&format!("{text}\n{CLUSTER}")).rules[0].scope, Scope::Cluster);
+    assert_eq!(
+        parse(&format!("{text}\n{CLUSTER}")).rules[0].scope,
+        Scope::Cluster
+    );
 }
 
 /// Writes `count` distinct prefixes, one per line, with some comments and blank lines.
@@ -1165,7 +1181,10 @@ fn prefix_count_bounds() {
     let msg = e.to_string();
     // 250 comment lines and 250 blank lines come before the 250 001st prefix.
     assert!(
-        msg.starts_with(&format!("{}:250501: more than 250000 prefixes", big.display())),
+        msg.starts_with(&format!(
+            "{}:250501: more than 250000 prefixes",
+            big.display()
+        )),
         "{msg}"
     );
     // 250 000 + 12 145 distinct prefixes: one more than the 262 144 that fit.
@@ -1191,5 +1210,440 @@ fn prefix_count_bounds() {
         1 << 25,
     );
     assert_eq!(Config::load(&cfg).unwrap().rules[1].sources.len(), 12_144);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+const COMMENTED: &str = r#"# ratelimit config for host A
+# maintained by ops
+
+[agent]
+interfaces = ["eth0"]   # uplink
+mode = "auto"
+
+# --- rules ---
+
+# Everyone.
+[[rule]]
+name = "default"          # catch-all
+source = "0.0.0.0/0"
+# packets per second
+rate = 1000
+burst = 2000              # twice the rate
+
+[cluster]                 # peers
+listen = "0.0.0.0:7946"
+key_file = "/etc/ratelimit/cluster.key"
+
+# DNS resolvers
+[[rule]]
+name = "dns"
+source = [
+    "192.0.2.53",      # resolver 1
+    "192.0.2.54/32",   # resolver 2
+]
+protocol = "udp"
+dst_port = 53
+rate = 100
+scope = "cluster"         # shared
+
+# Blocklist, fed by automation.
+[[rule]]
+name = "blocklist"
+source_file = "deny.txt"  # relative to this file
+action = "deny"
+
+# trailing comment at the end
+"#;
+
+/// Every comment in [`COMMENTED`] but those of the `[[rule]]` tables named in `except` (the
+/// comment lines above a table belong to it).
+fn comments_kept(text: &str, except: &[&str]) {
+    let owned: &[(&str, &[&str])] = &[
+        (
+            "default",
+            &[
+                "# --- rules ---",
+                "# Everyone.",
+                "# catch-all",
+                "# packets per second",
+            ],
+        ),
+        (
+            "dns",
+            &[
+                "# DNS resolvers",
+                "# resolver 1",
+                "# resolver 2",
+                "# shared",
+            ],
+        ),
+        (
+            "blocklist",
+            &["# Blocklist, fed by automation.", "# relative to this file"],
+        ),
+    ];
+    for c in [
+        "# ratelimit config for host A\n# maintained by ops\n\n[agent]\n",
+        "interfaces = [\"eth0\"]   # uplink",
+        "[cluster]                 # peers",
+        "# trailing comment at the end\n",
+    ] {
+        assert!(text.contains(c), "lost {c:?}:\n{text}");
+    }
+    for (rule, comments) in owned {
+        for c in *comments {
+            assert_eq!(
+                text.contains(c),
+                !except.contains(rule),
+                "{c:?} of rule {rule}:\n{text}"
+            );
+        }
+    }
+}
+
+/// Rules equal but for their config lines.
+#[track_caller]
+fn same_rules(a: &[RuleConfig], b: &[RuleConfig]) {
+    let strip = |rules: &[RuleConfig]| {
+        rules
+            .iter()
+            .map(|r| RuleConfig {
+                line: 0,
+                ..r.clone()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(strip(a), strip(b));
+}
+
+fn commented_config(tag: &str) -> (PathBuf, PathBuf, Config) {
+    let dir = scratch(tag);
+    std::fs::write(dir.join("deny.txt"), "203.0.113.0/24\n198.51.100.7\n").unwrap();
+    let path = dir.join("ratelimit.toml");
+    std::fs::write(&path, COMMENTED).unwrap();
+    let config = Config::load(&path).unwrap();
+    (dir, path, config)
+}
+
+#[test]
+fn write_rules_unchanged_is_byte_identical() {
+    let (dir, path, c) = commented_config("write-same");
+    assert_eq!(c.rules.len(), 3);
+    write_rules(&path, &c.rules).unwrap();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), COMMENTED);
+    // Also when the list's content changed: the list is not the config's business.
+    std::fs::write(dir.join("deny.txt"), "10.0.0.0/8\n").unwrap();
+    write_rules(&path, &c.rules).unwrap();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), COMMENTED);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn write_rules_updates_in_place() {
+    let (dir, path, c) = commented_config("write-update");
+    let mut rules = c.rules.clone();
+    rules[0].burst = Some(3000);
+    rules[1].rate = Some(50);
+    rules[1].burst = Some(50);
+    rules[1].sources.push(net("2001:db8::53/128"));
+    rules.push(RuleConfig {
+        action: Action::Allow,
+        ..RuleConfig::with_sources("office", nets(&["198.18.0.0/15", "2001:db8:1::/48"]))
+    });
+    write_rules(&path, &rules).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    same_rules(&Config::load(&path).unwrap().rules, &rules);
+    // The changed value keeps its comment; the array was rewritten (its comments with it).
+    assert!(
+        text.contains("\nburst = 3000              # twice the rate\n"),
+        "{text}"
+    );
+    assert!(text.contains("\nrate = 50\n"), "{text}");
+    assert!(
+        text.contains(
+            "source = [\"192.0.2.53/32\", \"192.0.2.54/32\", \"2001:db8::53/128\"]\nprotocol"
+        ),
+        "{text}"
+    );
+    // New tables come last, before the comments that end the file.
+    assert!(
+        text.ends_with(
+            "\n\n[[rule]]\nname = \"office\"\n\
+             source = [\"198.18.0.0/15\", \"2001:db8:1::/48\"]\naction = \"allow\"\n\
+             \n# trailing comment at the end\n"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("resolver 1"), "{text}");
+    for c in ["# DNS resolvers", "# shared", "# Everyone.", "# catch-all"] {
+        assert!(text.contains(c), "lost {c:?}:\n{text}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn write_rules_removes_reorders_and_switches_kinds() {
+    let (dir, path, c) = commented_config("write-remove");
+    // dns removed; blocklist moved before default.
+    let rules = vec![c.rules[2].clone(), c.rules[0].clone()];
+    write_rules(&path, &rules).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    same_rules(&Config::load(&path).unwrap().rules, &rules);
+    comments_kept(&text, &["dns"]);
+    assert!(
+        text.find("name = \"blocklist\"").unwrap() < text.find("name = \"default\"").unwrap(),
+        "{text}"
+    );
+    assert!(
+        text.contains("source_file = \"deny.txt\"  # relative to this file"),
+        "{text}"
+    );
+
+    // default becomes a deny rule reading a list (its limit keys go, `source` gives way to
+    // `source_file`); blocklist becomes an inline limit rule.
+    std::fs::write(dir.join("more.txt"), "192.0.2.0/24\n").unwrap();
+    let mut default = c.rules[0].clone();
+    default.action = Action::Deny;
+    (default.rate, default.burst) = (None, None);
+    default.source_file = Some(dir.join("more.txt"));
+    default.sources = nets(&["192.0.2.0/24"]);
+    let mut block = c.rules[2].clone();
+    block.source_file = None;
+    block.sources = nets(&["10.0.0.0/8"]);
+    block.action = Action::Limit;
+    (block.rate, block.burst, block.per) = (Some(5), Some(5), Per::Prefix(24));
+    let rules = vec![block, default];
+    write_rules(&path, &rules).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    same_rules(&Config::load(&path).unwrap().rules, &rules);
+    assert!(
+        !text.contains("rate = 1000") && !text.contains("burst"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "source_file = \"{}\"\n",
+            dir.join("more.txt").display()
+        )),
+        "{text}"
+    );
+
+    // No rules at all: the rest of the file stays.
+    write_rules(&path, &[]).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(Config::load(&path).unwrap().rules.is_empty());
+    assert!(!text.contains("[[rule]]"), "{text}");
+    comments_kept(&text, &["default", "dns", "blocklist"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn write_rules_new_tables_have_only_non_default_keys() {
+    let dir = scratch("write-new");
+    let path = dir.join("ratelimit.toml");
+    std::fs::write(&path, "[agent]\ninterfaces = [\"eth0\"]\n").unwrap();
+    std::fs::write(dir.join("deny.txt"), "203.0.113.0/24\n").unwrap();
+    let web = RuleConfig {
+        rate: Some(10),
+        burst: Some(10),
+        per: Per::Prefix(24),
+        protocol: Protocol::Tcp,
+        dst_port: Some(80),
+        ..RuleConfig::new("web", net("10.0.0.0/8"))
+    };
+    let office = RuleConfig {
+        action: Action::Allow,
+        dry_run: true,
+        ..RuleConfig::with_sources(
+            "office",
+            nets(&[
+                "192.0.2.0/24",
+                "198.51.100.0/24",
+                "203.0.113.8/29",
+                "2001:db8::/32",
+            ]),
+        )
+    };
+    let bytes = RuleConfig {
+        bytes_rate: Some(1000),
+        bytes_burst: default_bytes_burst(Some(1000)),
+        ..RuleConfig::new("bytes", net("::/0"))
+    };
+    let deny = RuleConfig {
+        action: Action::Deny,
+        source_file: Some(dir.join("deny.txt")),
+        ..RuleConfig::with_sources("deny", nets(&["203.0.113.0/24"]))
+    };
+    let rules = vec![web, office, bytes, deny];
+    write_rules(&path, &rules).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(
+        text,
+        format!(
+            r#"[agent]
+interfaces = ["eth0"]
+
+[[rule]]
+name = "web"
+source = "10.0.0.0/8"
+protocol = "tcp"
+dst_port = 80
+rate = 10
+per = "/24"
+
+[[rule]]
+name = "office"
+source = [
+    "192.0.2.0/24",
+    "198.51.100.0/24",
+    "203.0.113.8/29",
+    "2001:db8::/32",
+]
+action = "allow"
+dry_run = true
+
+[[rule]]
+name = "bytes"
+source = "::/0"
+bytes_rate = 1000
+
+[[rule]]
+name = "deny"
+source_file = "{}"
+action = "deny"
+"#,
+            dir.join("deny.txt").display()
+        )
+    );
+    same_rules(&Config::load(&path).unwrap().rules, &rules);
+
+    // The same text, one rule at a time.
+    assert_eq!(
+        rules[0].to_toml(),
+        "[[rule]]\nname = \"web\"\nsource = \"10.0.0.0/8\"\nprotocol = \"tcp\"\ndst_port = 80\nrate = 10\nper = \"/24\"\n"
+    );
+    let shown: String = rules
+        .iter()
+        .map(|r| r.to_toml())
+        .collect::<Vec<_>>()
+        .join("\n");
+    same_rules(&parse(&shown).rules, &rules);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn write_rules_is_atomic_and_keeps_the_file_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let (dir, path, c) = commented_config("write-atomic");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let link = dir.join("link.toml");
+    std::os::unix::fs::symlink("ratelimit.toml", &link).unwrap();
+    let rules = &c.rules[..2];
+    write_rules(&link, rules).unwrap();
+    // Written through the symlink, which stays one.
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    same_rules(&Config::load(&path).unwrap().rules, rules);
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+    // Nothing left behind.
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["deny.txt", "link.toml", "ratelimit.toml"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn write_rules_refuses_what_would_not_read_back() {
+    let dir = scratch("write-refuse");
+    let path = dir.join("ratelimit.toml");
+    let original = "# no cluster here\n[agent]\ninterfaces = [\"eth0\"]\n";
+    std::fs::write(&path, original).unwrap();
+    let cluster = RuleConfig {
+        rate: Some(5),
+        burst: Some(5),
+        scope: Scope::Cluster,
+        ..RuleConfig::new("dns", net("::/0"))
+    };
+    let e = write_rules(&path, &[cluster]).unwrap_err();
+    assert!(matches!(e, ConfigError::NotWritten { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with(&format!("{}: not written: ", path.display()))
+            && msg.contains("needs a [cluster] table"),
+        "{msg}"
+    );
+    let dup = RuleConfig {
+        action: Action::Deny,
+        ..RuleConfig::with_sources("dup", nets(&["10.0.0.0/8", "10.0.0.0/8"]))
+    };
+    let msg = write_rules(&path, &[dup]).unwrap_err().to_string();
+    assert!(
+        msg.contains("rule \"dup\" would read back differently"),
+        "{msg}"
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), original);
+
+    // Unreadable or broken files are reported as by `Config::load`.
+    let e = write_rules(&dir.join("missing.toml"), &[]).unwrap_err();
+    assert!(matches!(e, ConfigError::Read { .. }), "{e:?}");
+    std::fs::write(&path, "[agent\n").unwrap();
+    let e = write_rules(&path, &[]).unwrap_err();
+    assert!(matches!(e, ConfigError::Syntax { line: 1, .. }), "{e:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn write_rules_converts_inline_rule_arrays() {
+    let dir = scratch("write-inline");
+    let path = dir.join("ratelimit.toml");
+    std::fs::write(
+        &path,
+        "# inline rules\nrule = [\n  { name = \"a\", source = \"10.0.0.0/8\", rate = 1 },\n  { name = \"b\", source = \"11.0.0.0/8\", action = \"deny\" },\n]\n\n[agent]\ninterfaces = [\"eth0\"]\n",
+    )
+    .unwrap();
+    let c = Config::load(&path).unwrap();
+    let mut rules = c.rules.clone();
+    rules[0].rate = Some(2);
+    rules[0].burst = Some(2);
+    write_rules(&path, &rules).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    same_rules(&Config::load(&path).unwrap().rules, &rules);
+    assert!(
+        text.starts_with(
+            "# inline rules\n[[rule]]\nname = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 2\n\n[[rule]]\n"
+        ),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn serialized_source_forms() {
+    let dir = scratch("serialize");
+    std::fs::write(dir.join("deny.txt"), "10.0.0.0/8\n").unwrap();
+    let path = dir.join("ratelimit.toml");
+    std::fs::write(
+        &path,
+        "[[rule]]\nname = \"a\"\nsource = [\"11.0.0.0/8\", \"::/0\"]\naction = \"deny\"\n\n\
+         [[rule]]\nname = \"b\"\nsource_file = \"deny.txt\"\naction = \"deny\"\n",
+    )
+    .unwrap();
+    let c = Config::load(&path).unwrap();
+    let json = serde_json::to_value(&c.rules).unwrap();
+    assert_eq!(json[0]["source"], serde_json::json!(["11.0.0.0/8", "::/0"]));
+    assert_eq!(
+        json[1],
+        serde_json::json!({
+            "name": "b", "source_file": dir.join("deny.txt"), "action": "deny",
+            "protocol": "any", "dry_run": false
+        })
+    );
+    assert_eq!(c.rules[0].source_summary(), "11.0.0.0/8, ::/0");
     std::fs::remove_dir_all(&dir).unwrap();
 }

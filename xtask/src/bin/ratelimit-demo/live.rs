@@ -78,7 +78,8 @@ fn agent_counters(pin_path: &Path, rule: &str) -> Result<AgentCounters> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    let stats: Value = serde_json::from_slice(&out.stdout).context("parsing `ratelimit stats --json`")?;
+    let stats: Value =
+        serde_json::from_slice(&out.stdout).context("parsing `ratelimit stats --json`")?;
     let counters = stats["rules"]
         .as_array()
         .and_then(|rules| rules.iter().find(|r| r["name"] == rule))
@@ -131,7 +132,13 @@ pub fn table(
 
 /// Prints one row per client and the agent's row. `before` (the previous sample) gives the
 /// receive rate; without it, the rate is over the time since `start`.
-pub fn print_rows(clients: &[&Client], now: &Sample, before: Option<&Sample>, start: Instant, end: bool) {
+pub fn print_rows(
+    clients: &[&Client],
+    now: &Sample,
+    before: Option<&Sample>,
+    start: Instant,
+    end: bool,
+) {
     let (since, before_counts) = match before {
         Some(b) => (b.at, b.counts.clone()),
         None => (start, vec![(0, 0); clients.len()]),
@@ -143,7 +150,12 @@ pub fn print_rows(clients: &[&Client], now: &Sample, before: Option<&Sample>, st
             (0, true) => "end".to_owned(),
             _ => String::new(),
         };
-        let rate = rate(got.saturating_sub(before_counts[i].1), secs);
+        // The end row comes a fraction of a second after the last: no rate worth showing.
+        let rate = if end {
+            String::new()
+        } else {
+            rate(got.saturating_sub(before_counts[i].1), secs).to_string()
+        };
         println!(
             "{time:>7}  {:<7} {:<12} {sent:>10} {got:>10} {:>10} {rate:>9}",
             client.label,
@@ -175,12 +187,7 @@ fn rate(packets: u64, secs: f64) -> u64 {
 
 /// Prints the summary: what each client sent and got, against the limit the rule implies for the
 /// flood's measured duration, and the agent's own account.
-#[allow(
-    clippy::cast_precision_loss,
-    clippy::cast_possible_truncation,
-    clippy::cast_sign_loss,
-    reason = "packet counts far below 2^52; the limit is rounded down and not negative"
-)]
+#[allow(clippy::cast_precision_loss, reason = "packet counts far below 2^52")]
 pub fn summary(
     clients: &[&Client; 2],
     totals: &[Totals; 2],
@@ -192,24 +199,27 @@ pub fn summary(
     let [flood, polite] = clients;
     let [(flood_sent, admitted), (polite_sent, polite_got)] = [end.counts[0], end.counts[1]];
     let t = totals[0].duration().as_secs_f64();
-    let allowed = limit.burst + (limit.rate as f64 * t).floor() as u64;
+    // What the bucket lets through in `t`: `burst` at once, then `rate` per second. `t` is timed
+    // at the sender, which the kernel's clock sees shifted by microseconds: a packet either way.
+    let allowed = limit.burst as f64 + limit.rate as f64 * t;
     println!();
     println!(
-        "Summary{} (all measured; the limit is burst + rate x the flood's {t:.2} s):",
-        if interrupted { ", interrupted early" } else { "" }
+        "Summary{} (all measured; the limit is burst + rate x the flood's duration):",
+        if interrupted {
+            ", interrupted early"
+        } else {
+            ""
+        }
     );
-    let verdict = if admitted <= allowed {
-        "within it".to_owned()
-    } else {
-        format!("OVER it by {}", admitted - allowed)
-    };
     println!(
-        "  {:<6} {}: sent {flood_sent} ({:.0} pps), admitted {admitted} (limit {} + {}/s x {t:.2} s = {allowed}: {verdict}), dropped {}",
+        "  {:<6} {}: sent {flood_sent} ({:.0} pps), admitted {admitted} (limit {} + {}/s x {t:.2} s = {:.0}; {:.1}%), dropped {}",
         flood.label,
         flood.addr,
         totals[0].achieved_pps(),
         limit.burst,
         limit.rate,
+        allowed,
+        if allowed > 0.0 { admitted as f64 * 100.0 / allowed } else { 0.0 },
         flood_sent.saturating_sub(admitted),
     );
     println!(

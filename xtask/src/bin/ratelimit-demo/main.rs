@@ -10,9 +10,10 @@
 //! from the rate and burst of the config the agent runs.
 //!
 //! Everything it makes is owned by a guard whose `Drop` removes it (the namespaces; the agent,
-//! with its config file and pin directory), so an error cleans up too. SIGINT and SIGTERM only set
-//! a flag that the loops check: Ctrl-C ends the run early and cleanup happens the same way. At the
-//! end the driver checks that nothing it made is left.
+//! with its config file and pin directory), so an error cleans up too. SIGINT, SIGTERM and SIGHUP
+//! only set a flag that the loops check: Ctrl-C (passed on by `cargo xtask demo`, which keeps this
+//! driver and the agent in a process group of their own) ends the run early, the clients stop, and
+//! cleanup happens the same way. At the end the driver checks that nothing it made is left.
 
 mod live;
 mod traffic;
@@ -33,7 +34,9 @@ use std::{
 use anyhow::{anyhow, Context as _, Result};
 use clap::Parser;
 use ratelimit::config::Config;
-use ratelimit_testbed::{add_addr, neigh_to_peer, netns_exists, veth_pair, AgentProcess, Netns, Receiver};
+use ratelimit_testbed::{
+    add_addr, neigh_to_peer, netns_exists, veth_pair, AgentProcess, Netns, Receiver,
+};
 
 use crate::{live::Limit, traffic::Client};
 
@@ -130,7 +133,11 @@ impl Made {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let interrupted = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+    for signal in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
         if let Err(e) = signal_hook::flag::register(signal, Arc::clone(&interrupted)) {
             eprintln!("error: installing a handler for signal {signal}: {e}");
             return ExitCode::FAILURE;
@@ -148,7 +155,14 @@ fn main() -> ExitCode {
     }
     let code = match result {
         Err(e) if e.is::<Interrupted>() || interrupted.load(Ordering::SeqCst) => {
-            eprintln!("==> demo: interrupted{}", if e.is::<Interrupted>() { String::new() } else { format!(" ({e:#})") });
+            eprintln!(
+                "==> demo: interrupted{}",
+                if e.is::<Interrupted>() {
+                    String::new()
+                } else {
+                    format!(" ({e:#})")
+                }
+            );
             ExitCode::from(130)
         }
         Err(e) => {
@@ -209,7 +223,10 @@ fn run(cli: &Cli, interrupted: &AtomicBool, made: &mut Made) -> Result<()> {
         .replace("{pin_path}", &pin_path.display().to_string());
     // The agent parses it again; parsing here gives the summary the rate and burst in force.
     let config = Config::parse(&config_text, "the demo's config")?;
-    let rule = config.rules.first().context("the demo's config has no rule")?;
+    let rule = config
+        .rules
+        .first()
+        .context("the demo's config has no rule")?;
     let limit = Limit {
         rule: rule.name.clone(),
         rate: rule.rate.context("the demo's rule has no rate")?,
@@ -246,7 +263,14 @@ fn run(cli: &Cli, interrupted: &AtomicBool, made: &mut Made) -> Result<()> {
     let start = Instant::now();
     let (last, totals) = thread::scope(|s| {
         let senders = clients.map(|c| s.spawn(|| c.run(dst, duration, &stopped)));
-        let last = live::table(&clients, &receiver, agent.pin_path(), &limit.rule, start, interrupted);
+        let last = live::table(
+            &clients,
+            &receiver,
+            agent.pin_path(),
+            &limit.rule,
+            start,
+            interrupted,
+        );
         // However the table ended, the senders stop now.
         stop.store(true, Ordering::SeqCst);
         let totals = senders.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
@@ -261,7 +285,14 @@ fn run(cli: &Cli, interrupted: &AtomicBool, made: &mut Made) -> Result<()> {
     let socket_drops = receiver.socket_drops().ok();
     drop(receiver);
     live::print_rows(&clients, &end, last.as_ref(), start, true);
-    live::summary(&clients, &totals, &end, &limit, socket_drops, interrupted.load(Ordering::SeqCst));
+    live::summary(
+        &clients,
+        &totals,
+        &end,
+        &limit,
+        socket_drops,
+        interrupted.load(Ordering::SeqCst),
+    );
 
     announce("Stopping the agent (SIGTERM)");
     let status = agent.stop()?;

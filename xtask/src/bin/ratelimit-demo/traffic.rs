@@ -54,7 +54,8 @@ pub struct Totals {
 impl Totals {
     /// Time from the first send to the last.
     pub fn duration(&self) -> Duration {
-        self.span.map_or(Duration::ZERO, |(first, last)| last - first)
+        self.span
+            .map_or(Duration::ZERO, |(first, last)| last - first)
     }
 
     /// Achieved packets per second between the first and the last send.
@@ -94,7 +95,12 @@ impl Client {
     }
 
     /// Sends numbered datagrams to `dst` at `self.pps` for `duration`, or until `stop()` says so.
-    pub fn run(&self, dst: SocketAddr, duration: Duration, stop: &dyn Fn() -> bool) -> Result<Totals> {
+    pub fn run(
+        &self,
+        dst: SocketAddr,
+        duration: Duration,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Totals> {
         struct Done<'a>(&'a AtomicBool);
         impl Drop for Done<'_> {
             fn drop(&mut self) {
@@ -125,7 +131,11 @@ impl Client {
                 slot = due - max_lag;
             }
             while slot < due {
-                Header { sender, seq: totals.sent }.write(&mut payload);
+                Header {
+                    sender,
+                    seq: totals.sent,
+                }
+                .write(&mut payload);
                 self.sent.fetch_add(1, Ordering::SeqCst);
                 match self.socket.send_to(&payload, dst) {
                     Ok(_) => {
@@ -137,7 +147,10 @@ impl Client {
                         self.sent.fetch_sub(1, Ordering::SeqCst);
                         if !is_transient(&e) {
                             return Err(e).with_context(|| {
-                                format!("{} client: sending from {} to {dst}", self.label, self.addr)
+                                format!(
+                                    "{} client: sending from {} to {dst}",
+                                    self.label, self.addr
+                                )
                             });
                         }
                         totals.errors += 1;

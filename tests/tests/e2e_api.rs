@@ -1,0 +1,670 @@
+//! The control API through its client, end to end: the real agent in a fresh namespace, the real
+//! `ratelimit` CLI talking to it over its Unix socket, and real UDP over a veth pair. A rule added
+//! with `ratelimit rules add` must limit packets as soon as the command returns, show in `rules
+//! list` and in the config file, and stop limiting once removed; a refused change must name the
+//! field at fault and leave the rules (and the packets) exactly as they were; `status`, `explain`
+//! and `top` must describe what the packets see; `detach` must take XDP off the interface, also
+//! for an agent that was killed; and a CLI with no agent to talk to must say how to start one.
+
+use std::fs;
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::thread;
+use std::time::Duration;
+
+use ratelimit_testbed::agent_proc::xdp_attachment;
+use ratelimit_testbed::{
+    add_addr, agent_binary, neigh_to_peer, require_root, send_udp_from, veth_pair, AgentProcess,
+    Netns, ReceiveReport, Receiver, SendReport,
+};
+use serde_json::Value;
+
+const PAYLOAD: usize = 64;
+const RECEIVER: &str = "198.18.0.254";
+const FLOODER: &str = "198.18.0.1";
+const POLITE: &str = "198.18.0.2";
+/// How long a refused agent may take to exit (a hang guard, not a speed test).
+const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Two namespaces joined by a veth pair: `tx` holds 198.18.0.1 and .2, `rx` the receiver
+/// 198.18.0.254 and the agent.
+struct Bed {
+    tx: Netns,
+    rx: Netns,
+    rx_if: String,
+}
+
+fn bed(tag: &str) -> Bed {
+    require_root();
+    let tx = Netns::new(&format!("rl-api-{tag}-tx")).unwrap();
+    let rx = Netns::new(&format!("rl-api-{tag}-rx")).unwrap();
+    let (tx_if, rx_if) = veth_pair(&tx, &rx, "api").unwrap();
+    for src in [FLOODER, POLITE] {
+        add_addr(&tx, &tx_if, &format!("{src}/24")).unwrap();
+    }
+    add_addr(&rx, &rx_if, &format!("{RECEIVER}/24")).unwrap();
+    neigh_to_peer(&tx, &tx_if, RECEIVER.parse().unwrap(), &rx, &rx_if).unwrap();
+    Bed { tx, rx, rx_if }
+}
+
+impl Bed {
+    fn receiver(&self) -> Receiver {
+        Receiver::bind(&self.rx, SocketAddr::new(RECEIVER.parse().unwrap(), 0)).unwrap()
+    }
+
+    /// Sends `pps` x `duration` datagrams from `src` to a fresh receiver; returns what was sent
+    /// and how many arrived.
+    fn flood(&self, src: &str, pps: u64, duration: Duration) -> (SendReport, u64) {
+        let receiver = self.receiver();
+        let sent = send(&self.tx, src, &receiver, pps, duration);
+        let report = finish(receiver);
+        (sent, received(&report, src))
+    }
+
+    fn xdp(&self) -> Option<(String, String)> {
+        xdp_attachment(&self.rx, &self.rx_if).unwrap()
+    }
+}
+
+fn send(tx: &Netns, src: &str, receiver: &Receiver, pps: u64, duration: Duration) -> SendReport {
+    let src = SocketAddr::new(src.parse().unwrap(), 0);
+    send_udp_from(tx, src, receiver.local_addr(), pps, duration, PAYLOAD).unwrap()
+}
+
+/// Waits for stragglers, stops the receiver and checks it dropped nothing itself.
+fn finish(receiver: Receiver) -> ReceiveReport {
+    receiver.wait_idle(Duration::from_millis(200), Duration::from_secs(5));
+    let report = receiver.stop().unwrap();
+    assert_eq!(report.socket_drops, Some(0), "receiver socket overflowed");
+    report
+}
+
+fn received(report: &ReceiveReport, src: &str) -> u64 {
+    let ip: IpAddr = src.parse().unwrap();
+    report.counts().get(&ip).copied().unwrap_or(0)
+}
+
+/// `ratelimit --socket SOCKET args...`.
+fn cli(socket: &Path, args: &[&str]) -> Output {
+    Command::new(agent_binary())
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("running the ratelimit CLI")
+}
+
+/// Runs the CLI, asserts it succeeded, returns its stdout.
+fn ok(agent: &AgentProcess, args: &[&str]) -> String {
+    let out = cli(agent.socket_path(), args);
+    assert!(
+        out.status.success(),
+        "`ratelimit {}` failed ({}): {}\nagent log:\n{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        agent.log()
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs the CLI with `--json`, asserts it succeeded, returns the parsed output.
+fn json(agent: &AgentProcess, args: &[&str]) -> Value {
+    let mut args = args.to_vec();
+    args.push("--json");
+    let out = ok(agent, &args);
+    serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("`{}` printed {out:?}: {e}", args.join(" ")))
+}
+
+/// Runs the CLI, asserts it failed, returns its stderr.
+fn refused(agent: &AgentProcess, args: &[&str]) -> String {
+    let out = cli(agent.socket_path(), args);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        !out.status.success(),
+        "`ratelimit {}` succeeded but should have been refused: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "a refused command printed {:?}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    stderr
+}
+
+fn config(rx_if: &str, rules: &str) -> String {
+    format!("[agent]\ninterfaces = [\"{rx_if}\"]\nmode = \"auto\"\n\n{rules}")
+}
+
+/// An unrelated rule, so that the rule set is never empty.
+const OTHER_RULE: &str = "[[rule]]\nname = \"other\"\nsource = \"2001:db8::/32\"\nrate = 1000\n";
+
+fn rule_names(list: &Value) -> Vec<String> {
+    list["rules"]
+        .as_array()
+        .expect("rules array")
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Received count within a token bucket's (burst, rate) over the send's duration: at most
+/// `burst + rate x t` (+10%), at least `rate x t` (-10%).
+#[expect(clippy::cast_precision_loss, reason = "small counts")]
+fn assert_limited(what: &str, sent: &SendReport, got: u64, rate: u64, burst: u64) {
+    let t = (sent.last - sent.first).as_secs_f64();
+    let (low, high) = (
+        0.9 * rate as f64 * t,
+        1.1 * (burst as f64 + rate as f64 * t) + 5.0,
+    );
+    println!(
+        "{what}: sent {}, received {got}, bucket allows {low:.0}..{high:.0}",
+        sent.sent
+    );
+    assert!(
+        sent.sent as f64 >= 2.0 * high,
+        "{what}: only {} sent against a bucket of {high:.0}: too slow to test the limit",
+        sent.sent
+    );
+    assert!(
+        (low..=high).contains(&(got as f64)),
+        "{what}: received {got} of {}, want {low:.0}..{high:.0} (burst {burst} + {rate}/s x {t:.2} s)",
+        sent.sent
+    );
+}
+
+fn assert_unlimited(what: &str, sent: &SendReport, got: u64) {
+    println!("{what}: sent {}, received {got}", sent.sent);
+    assert_eq!(got, sent.sent, "{what}: packets were dropped");
+}
+
+fn rules_in_file(agent: &AgentProcess) -> Vec<ratelimit::config::RuleConfig> {
+    ratelimit::config::Config::load(agent.config_path())
+        .unwrap_or_else(|e| panic!("config file after the change: {e}"))
+        .rules
+}
+
+#[test]
+fn rules_added_are_enforced_listed_and_written_refused_ones_change_nothing_removed_ones_lift() {
+    let bed = bed("rules");
+    let agent = AgentProcess::start(&bed.rx, &config(&bed.rx_if, OTHER_RULE), &[]).unwrap();
+    let second = Duration::from_millis(1500);
+
+    let (sent, got) = bed.flood(FLOODER, 2000, second);
+    assert_unlimited("before any rule", &sent, got);
+
+    let out = ok(
+        &agent,
+        &[
+            "rules",
+            "add",
+            "--name",
+            "flood",
+            "--source",
+            "198.18.0.0/24",
+            "--rate",
+            "200",
+            "--burst",
+            "50",
+        ],
+    );
+    assert_eq!(out, "added rule \"flood\" (2 rules in force)\n");
+    // In force as soon as the command returns.
+    let (sent, got) = bed.flood(FLOODER, 2000, second);
+    assert_limited("after rules add", &sent, got, 200, 50);
+
+    let list = json(&agent, &["rules", "list"]);
+    let flood = list["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "flood")
+        .cloned();
+    assert_eq!(
+        flood,
+        Some(serde_json::json!({
+            "name": "flood", "source": "198.18.0.0/24", "action": "limit", "rate": 200, "burst": 50,
+            "per": "source", "protocol": "any", "scope": "local", "dry_run": false,
+        })),
+        "{list}"
+    );
+    let in_file = rules_in_file(&agent);
+    let names: Vec<&str> = in_file.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["other", "flood"],
+        "rules in {}",
+        agent.config_path().display()
+    );
+    assert_eq!((in_file[1].rate, in_file[1].burst), (Some(200), Some(50)));
+    let human = ok(&agent, &["rules", "list"]);
+    assert!(
+        human
+            .lines()
+            .any(|l| l.starts_with("flood ") && l.contains("198.18.0.0/24")),
+        "{human}"
+    );
+
+    // Refused changes: the message names the field, the exit status is non-zero, and the rules
+    // in force, the file and the packets stay as they were.
+    let file_before = fs::read_to_string(agent.config_path()).unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--name", "dns", "--source", "198.18.0.0/25", "--rate", "5", "--dst-port", "53"],
+            "error: rule \"dns\": field `dst_port`: only valid with protocol tcp or udp (this rule has protocol any)",
+        ),
+        (
+            &["--name", "bad", "--source", "198.18.0.300/24", "--rate", "5"],
+            "error: rule \"bad\": field `source`: \"198.18.0.300/24\" is not an IPv4 or IPv6 CIDR",
+        ),
+        (&["--name", "bad", "--source", "198.18.0.0/24", "--rate", "5", "--per", "/40"], "error: rule \"bad\": field `per`: /40 is longer than an IPv4 address"),
+        (&["--name", "flood", "--source", "198.18.1.0/24", "--rate", "5"], "error: a rule named \"flood\" already exists"),
+        (&["--name", "twin", "--source", "198.18.0.0/24", "--rate", "5"], "both match source 198.18.0.0/24, protocol any: one of them would never apply"),
+    ];
+    for (args, want) in cases {
+        let mut full = vec!["rules", "add"];
+        full.extend_from_slice(args);
+        let stderr = refused(&agent, &full);
+        assert!(
+            stderr.contains(want),
+            "`{}`: stderr {stderr:?}, want {want:?}",
+            full.join(" ")
+        );
+        println!("refused as expected: {}", stderr.trim());
+    }
+    assert_eq!(
+        json(&agent, &["rules", "list"]),
+        list,
+        "a refused change altered the rules in force"
+    );
+    assert_eq!(
+        fs::read_to_string(agent.config_path()).unwrap(),
+        file_before,
+        "a refused change altered the file"
+    );
+    let (sent, got) = bed.flood(FLOODER, 2000, second);
+    assert_limited("after the refused changes", &sent, got, 200, 50);
+
+    // The API's counters saw the drops, as the pinned maps did.
+    let stats = json(&agent, &["stats"]);
+    let dropped = |s: &Value| {
+        s["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "flood")
+            .unwrap()["packets"]["dropped_rate"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(dropped(&stats) > 0, "{stats}");
+    assert_eq!(
+        dropped(&stats),
+        dropped(&agent.stats()),
+        "API and pinned maps disagree"
+    );
+
+    assert_eq!(
+        ok(&agent, &["rules", "remove", "flood"]),
+        "removed rule \"flood\" (1 rule in force)\n"
+    );
+    assert_eq!(rule_names(&json(&agent, &["rules", "list"])), ["other"]);
+    let names: Vec<String> = rules_in_file(&agent).into_iter().map(|r| r.name).collect();
+    assert_eq!(names, ["other"]);
+    let (sent, got) = bed.flood(FLOODER, 2000, second);
+    assert_unlimited("after rules remove", &sent, got);
+    let stderr = refused(&agent, &["rules", "remove", "flood"]);
+    assert_eq!(stderr, "error: no rule named \"flood\"\n");
+
+    let status = agent.stop().unwrap();
+    assert!(status.success(), "agent exited with {status}");
+    assert_eq!(bed.xdp(), None);
+}
+
+#[test]
+fn status_explain_and_top_describe_what_the_packets_see() {
+    let bed = bed("info");
+    let rules = "[[rule]]\nname = \"flood\"\nsource = \"198.18.0.0/24\"\nrate = 300\nburst = 100\n\n\
+                 [[rule]]\nname = \"dns\"\nsource = \"198.18.0.0/16\"\nprotocol = \"udp\"\ndst_port = 53\nrate = 50\n";
+    let agent = AgentProcess::start(&bed.rx, &config(&bed.rx_if, rules), &[]).unwrap();
+
+    let status = json(&agent, &["status"]);
+    println!("status: {status}");
+    assert_eq!(
+        status["interfaces"],
+        serde_json::json!([{"iface": bed.rx_if, "mode": "native"}])
+    );
+    assert_eq!(
+        (status["rules"].as_u64(), status["prefixes"].as_u64()),
+        (Some(2), Some(2))
+    );
+    assert_eq!(
+        status["socket"].as_str().map(PathBuf::from).as_deref(),
+        Some(agent.socket_path())
+    );
+    assert_eq!(
+        status["pin_path"].as_str().map(PathBuf::from).as_deref(),
+        Some(agent.pin_path())
+    );
+    assert_eq!(
+        status["config"].as_str().map(PathBuf::from).as_deref(),
+        Some(agent.config_path())
+    );
+    assert_eq!(status["version"], env!("CARGO_PKG_VERSION"));
+    assert!(status["pid"].as_u64().is_some_and(|p| p > 1), "{status}");
+    assert_eq!(status["dry_run"], false);
+    assert_eq!(status["buckets_tracked"], 0);
+    assert!(status["buckets_capacity"].as_u64().is_some_and(|c| c > 0));
+    assert_eq!(status["reloads"]["failed"], 0);
+    assert!(status["uptime_secs"].is_u64() && status["generation"].is_u64());
+    let human = ok(&agent, &["status"]);
+    assert!(
+        human.contains(&format!("{} (native)", bed.rx_if)),
+        "{human}"
+    );
+
+    // Explain: the longest prefix wins; a /16 UDP rule matches outside the /24; nothing matches
+    // outside both.
+    let e = json(
+        &agent,
+        &["explain", FLOODER, "--protocol", "udp", "--dst-port", "53"],
+    );
+    assert_eq!(
+        (e["rule"]["name"].as_str(), e["prefix"].as_str()),
+        (Some("flood"), Some("198.18.0.0/24")),
+        "{e}"
+    );
+    assert_eq!(e["bucket"], Value::Null, "no packet yet: {e}");
+    let e = json(
+        &agent,
+        &[
+            "explain",
+            "198.18.7.7",
+            "--protocol",
+            "udp",
+            "--dst-port",
+            "53",
+        ],
+    );
+    assert_eq!(
+        (e["rule"]["name"].as_str(), e["prefix"].as_str()),
+        (Some("dns"), Some("198.18.0.0/16")),
+        "{e}"
+    );
+    assert_eq!(e["rule"]["config"]["dst_port"], 53);
+    let e = json(&agent, &["explain", "198.18.7.7", "--protocol", "tcp"]);
+    assert_eq!(e["rule"], Value::Null, "{e}");
+    assert_eq!(e["candidates"], serde_json::json!(["dns"]));
+    assert!(
+        e["why"].as_str().unwrap().contains("none of which matches"),
+        "{e}"
+    );
+    let e = json(&agent, &["explain", "203.0.113.9"]);
+    assert_eq!(
+        (e["rule"].clone(), e["prefix"].clone()),
+        (Value::Null, Value::Null),
+        "{e}"
+    );
+    let human = ok(&agent, &["explain", "203.0.113.9"]);
+    assert!(
+        human.contains("rule        none: the packet passes"),
+        "{human}"
+    );
+    let stderr = refused(&agent, &["explain", "198.18.0.300"]);
+    assert!(
+        stderr.contains("ip: \"198.18.0.300\" is not an IPv4 or IPv6 address"),
+        "{stderr}"
+    );
+
+    // Top and explain while one source floods at 10x its rate and another stays polite.
+    let receiver = bed.receiver();
+    let (top, top_human, explained, (flood, polite)) = thread::scope(|s| {
+        let flood = s.spawn(|| send(&bed.tx, FLOODER, &receiver, 3000, Duration::from_secs(3)));
+        let polite = s.spawn(|| send(&bed.tx, POLITE, &receiver, 50, Duration::from_secs(3)));
+        thread::sleep(Duration::from_millis(700));
+        let top = json(&agent, &["top", "-n", "5"]);
+        let top_human = ok(&agent, &["top", "--interval-ms", "300"]);
+        let explained = json(&agent, &["explain", FLOODER]);
+        (
+            top,
+            top_human,
+            explained,
+            (flood.join().unwrap(), polite.join().unwrap()),
+        )
+    });
+    let report = finish(receiver);
+    println!(
+        "top: {top}\n{top_human}flooder sent {} ({:.0} pps)",
+        flood.sent,
+        flood.achieved_pps()
+    );
+    assert_eq!(
+        received(&report, POLITE),
+        polite.sent,
+        "the polite source lost packets"
+    );
+    assert!(
+        flood.achieved_pps() > 1000.0,
+        "the flooder managed only {:.0} pps",
+        flood.achieved_pps()
+    );
+    assert_eq!(top["interval_ms"], 1000);
+    let entries = top["top"].as_array().unwrap();
+    assert_eq!(entries.len(), 2, "{top}");
+    let first = &entries[0];
+    assert_eq!(
+        (first["rule"].as_str(), first["source"].as_str()),
+        (Some("flood"), Some("198.18.0.1/32")),
+        "{top}"
+    );
+    let pps = first["pps"].as_f64().unwrap();
+    assert!(
+        (225.0..=375.0).contains(&pps),
+        "flooder passed {pps} pps, its rate is 300: {top}"
+    );
+    assert!(first["drops_per_sec"].as_f64().unwrap() > 300.0, "{top}");
+    assert!(first["tokens"].as_f64().unwrap() <= 100.0, "{top}");
+    assert!(first["dropped"].as_u64().unwrap() > 0);
+    assert_eq!(entries[1]["source"], "198.18.0.2/32");
+    assert_eq!(entries[1]["drops_per_sec"], 0.0, "{top}");
+    assert!(
+        top_human
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("flood  198.18.0.1/32")),
+        "{top_human}"
+    );
+
+    assert_eq!(explained["rule"]["name"], "flood");
+    let bucket = &explained["bucket"];
+    assert!(
+        bucket["dropped"].as_u64().unwrap() > 0 && bucket["passed"].as_u64().unwrap() > 0,
+        "{explained}"
+    );
+    assert!(bucket["tokens"].as_f64().unwrap() <= 100.0, "{explained}");
+
+    let status = agent.stop().unwrap();
+    assert!(status.success(), "agent exited with {status}");
+}
+
+#[test]
+fn detach_takes_xdp_off_and_traffic_flows_unlimited() {
+    let bed = bed("det");
+    let rules = "[[rule]]\nname = \"flood\"\nsource = \"198.18.0.0/24\"\nrate = 100\nburst = 10\n";
+    let agent = AgentProcess::start(&bed.rx, &config(&bed.rx_if, rules), &[]).unwrap();
+    let (sent, got) = bed.flood(FLOODER, 1000, Duration::from_secs(1));
+    assert_limited("attached", &sent, got, 100, 10);
+
+    let stderr = refused(&agent, &["detach", "--iface", "eth99"]);
+    assert_eq!(stderr, "error: not attached to \"eth99\"\n");
+    assert!(bed.xdp().is_some());
+    assert_eq!(
+        json(&agent, &["detach", "--iface", &bed.rx_if]),
+        serde_json::json!({"detached": [bed.rx_if]})
+    );
+    assert_eq!(bed.xdp(), None, "XDP still attached after detach");
+    assert_eq!(
+        json(&agent, &["status"])["interfaces"],
+        serde_json::json!([])
+    );
+    let (sent, got) = bed.flood(FLOODER, 1000, Duration::from_secs(1));
+    assert_unlimited("detached", &sent, got);
+    assert_eq!(
+        ok(&agent, &["detach"]),
+        "was not attached to any interface\n"
+    );
+
+    let status = agent.stop().unwrap();
+    assert!(status.success(), "agent exited with {status}");
+}
+
+/// Removes a directory tree on drop (the socket directory a test made the agent create).
+struct RemoveDir(PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn socket_life_cycle_and_detach_of_a_killed_agent() {
+    let bed = bed("sock");
+    let dir = RemoveDir(PathBuf::from(format!(
+        "/run/ratelimit-test-api-{}",
+        std::process::id()
+    )));
+    let socket = dir.0.join("sub/agent.sock");
+    let rules = "[[rule]]\nname = \"flood\"\nsource = \"198.18.0.0/24\"\nrate = 100\nburst = 10\n";
+    let with_socket = format!(
+        "[agent]\ninterfaces = [\"{}\"]\nsocket = \"{}\"\n\n{rules}",
+        bed.rx_if,
+        socket.display()
+    );
+
+    // The agent creates the socket's directory and makes the socket root-only.
+    let mut agent = AgentProcess::start(&bed.rx, &with_socket, &[]).unwrap();
+    assert_eq!(agent.socket_path(), socket);
+    let meta = fs::symlink_metadata(&socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o600,
+        "socket permissions"
+    );
+    assert_eq!(
+        fs::metadata(socket.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o755
+    );
+
+    // A second agent on the same socket refuses to start and leaves the first one alone.
+    let second = AgentProcess::spawn(&bed.rx, &with_socket, &[]).unwrap();
+    let (status, log) = second.wait_exit(EXIT_TIMEOUT).unwrap();
+    assert!(!status.success());
+    assert!(
+        log.contains(&format!("another agent is running on {}", socket.display())),
+        "{log}"
+    );
+    assert_eq!(json(&agent, &["status"])["rules"], 1);
+    assert!(bed.xdp().is_some());
+
+    // Killed, the agent leaves its socket (stale) and its limiter (pinned) behind.
+    let pin = agent.pin_path().to_owned();
+    agent.crash().unwrap();
+    let stderr = refused(&agent, &["status"]);
+    assert_eq!(
+        stderr,
+        format!(
+            "error: cannot reach the agent at {} (Connection refused): is it running? start it with \
+             `ratelimit agent -c /etc/ratelimit/ratelimit.toml`\n",
+            socket.display()
+        )
+    );
+    assert!(bed.xdp().is_some(), "the pinned link keeps XDP attached");
+    let (sent, got) = bed.flood(FLOODER, 1000, Duration::from_secs(1));
+    assert_limited("after the crash", &sent, got, 100, 10);
+    // Offline stats read the pinned maps.
+    let offline = cli(
+        &socket,
+        &["stats", "--json", "--pin-path", pin.to_str().unwrap()],
+    );
+    assert!(offline.status.success());
+    let stats: Value = serde_json::from_slice(&offline.stdout).unwrap();
+    assert!(
+        stats["rules"][0]["packets"]["dropped_rate"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{stats}"
+    );
+
+    let out = cli(&socket, &["detach", "--pin-path", pin.to_str().unwrap()]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "detach --pin-path failed: {stderr}");
+    println!("{stderr}{stdout}");
+    assert!(stdout.contains("XDP detached"), "{stdout}");
+    assert_eq!(
+        bed.xdp(),
+        None,
+        "XDP still attached after detach --pin-path"
+    );
+    assert!(!pin.exists(), "{} left behind", pin.display());
+    let (sent, got) = bed.flood(FLOODER, 1000, Duration::from_secs(1));
+    assert_unlimited("after detach --pin-path", &sent, got);
+    drop(agent);
+
+    // A new agent replaces the stale socket.
+    let agent = AgentProcess::start(&bed.rx, &with_socket, &[]).unwrap();
+    assert!(
+        agent.log().contains("removing a stale control socket"),
+        "{}",
+        agent.log()
+    );
+    assert_eq!(json(&agent, &["status"])["rules"], 1);
+    let status = agent.stop().unwrap();
+    assert!(status.success());
+    assert!(!socket.exists(), "the agent left its socket behind");
+}
+
+#[test]
+fn without_an_agent_the_cli_says_how_to_start_one() {
+    let socket = std::env::temp_dir().join(format!("rl-api-nobody-{}.sock", std::process::id()));
+    for args in [
+        &["status"][..],
+        &["rules", "list", "--json"],
+        &["top"],
+        &["stats"],
+        &["explain", "198.18.0.1"],
+        &["detach"],
+    ] {
+        let out = cli(&socket, args);
+        assert!(
+            !out.status.success(),
+            "`{}` succeeded without an agent",
+            args.join(" ")
+        );
+        assert!(out.stdout.is_empty());
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            format!(
+                "error: cannot reach the agent at {} (No such file or directory): is it running? \
+                 start it with `ratelimit agent -c /etc/ratelimit/ratelimit.toml`\n",
+                socket.display()
+            ),
+            "`ratelimit {}`",
+            args.join(" ")
+        );
+    }
+}
