@@ -152,3 +152,23 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+
+/// Benchmark reference: passes everything (the floor a limiter's cost is measured against).
+/// Never attached by the agent.
+#[xdp]
+pub fn bench_pass(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}
+
+/// Benchmark reference: drops everything (the end-to-end floor on a receiving veth).
+#[xdp]
+pub fn bench_drop(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_DROP
+}
+
+/// Benchmark traffic generator: with BPF_PROG_TEST_RUN in live-frames mode and `ingress_ifindex`
+/// set to a veth, XDP_TX sends each frame to the veth's peer.
+#[xdp]
+pub fn bench_tx(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_TX
+}

@@ -634,13 +634,7 @@ pub fn rule_from_json(v: &Value) -> Result<RuleConfig, String> {
             ("scope", scope.is_some()),
         ];
         if let Some((field, _)) = given.iter().find(|(_, set)| *set) {
-            return Err(fail(
-                field,
-                format!(
-                    "has no meaning for an {} rule (only limit rules take rates, per and scope)",
-                    rule.action
-                ),
-            ));
+            return Err(fail(field, crate::config::no_meaning(field, rule.action).message));
         }
     }
     rule.rate = rate;

@@ -518,7 +518,8 @@ impl RuleConfig {
     }
 }
 
-fn no_meaning(field: &'static str, action: Action) -> RuleError {
+/// The error for a limit-only key (`field`) on an allow or deny rule.
+pub(crate) fn no_meaning(field: &'static str, action: Action) -> RuleError {
     rule_error(
         field,
         format!(

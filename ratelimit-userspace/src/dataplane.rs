@@ -29,6 +29,13 @@ use crate::maps::{self, MapsError, PinnedMaps};
 /// The compiled XDP object, built by build.rs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ratelimit.bpf.o"));
 
+/// The compiled XDP object (for benchmarks that load its reference programs `bench_pass`,
+/// `bench_drop` and `bench_tx`).
+#[must_use]
+pub fn object() -> &'static [u8] {
+    OBJECT
+}
+
 /// How long to wait after a generation flip before deleting the old generation: XDP programs run
 /// under RCU, so any packet that read the old generation number has finished well within this.
 const GRACE: Duration = Duration::from_millis(20);

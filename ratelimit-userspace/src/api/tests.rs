@@ -86,7 +86,7 @@ fn rule_from_json_names_the_field_at_fault() {
         ),
         (
             json!({"name": "a", "source": "10.0.0.0/8", "action": "deny", "per": "source"}),
-            "rule \"a\": field `per`: has no meaning for an deny rule",
+            "rule \"a\": field `per`: has no meaning for a deny rule",
         ),
         (
             json!({"name": "a", "source": "10.0.0.0/8", "rate": 5, "protocol": "udp", "dst_port": 70000}),

@@ -156,12 +156,13 @@ pub fn print_rows(
         } else {
             rate(got.saturating_sub(before_counts[i].1), secs).to_string()
         };
-        println!(
+        let row = format!(
             "{time:>7}  {:<7} {:<12} {sent:>10} {got:>10} {:>10} {rate:>9}",
             client.label,
             client.addr,
             sent.saturating_sub(got),
         );
+        println!("{}", row.trim_end());
     }
     match &now.agent {
         Ok(a) => println!(

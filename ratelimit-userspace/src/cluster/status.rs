@@ -1,0 +1,201 @@
+//! What the cluster sync shows: members with their state and lag, and counters, for
+//! `ratelimit peers`, `status`, `stats` and the metrics. The JSON shapes are part of the
+//! user-facing contract: fields may be added, none renamed or removed.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicU64, Ordering::Relaxed},
+        Mutex,
+    },
+};
+
+use serde::Serialize;
+
+/// The cluster as one agent sees it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ClusterStatus {
+    /// `[cluster] cluster_id`.
+    pub cluster_id: String,
+    /// This agent's node id (`hostname/advertise address`).
+    pub node_id: String,
+    /// This agent's incarnation (Unix milliseconds at start): a restarted agent is a new
+    /// incarnation, whose counters peers track apart from the old one's.
+    pub generation: u64,
+    /// Address the gossip socket is bound to.
+    pub listen: Option<SocketAddr>,
+    /// Address peers are told to reach this agent at.
+    pub advertise: Option<SocketAddr>,
+    /// `[cluster] sync_interval_ms`.
+    pub sync_interval_ms: u64,
+    /// Most keys published (and read from each peer) per sync.
+    pub max_keys: usize,
+    /// A peer not heard from for this long stops being counted.
+    pub peer_timeout_ms: u64,
+    /// Other members, by node id then generation.
+    pub peers: Vec<PeerStatus>,
+    /// Counters since the agent started.
+    pub counters: CounterValues,
+}
+
+/// One other member.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct PeerStatus {
+    /// The peer's node id.
+    pub node_id: String,
+    /// The peer's incarnation.
+    pub generation: u64,
+    /// Its gossip address.
+    pub addr: SocketAddr,
+    /// `alive` (heard within the timeout, its consumption is charged), `joining` (heard, but its
+    /// state has not fully arrived yet), `silent` (not heard within the timeout: not counted),
+    /// `dead` (the failure detector gave up on it, or a newer incarnation replaced it).
+    pub state: &'static str,
+    /// Whether its consumption is being charged to the local buckets.
+    pub counted: bool,
+    /// Milliseconds since its heartbeat last advanced (as seen here).
+    pub last_heard_ms: Option<u64>,
+    /// Age of the newest consumption data held from it: our clock minus the time it published
+    /// that data (needs clocks in sync; includes any offset between them).
+    pub lag_ms: Option<i64>,
+    /// Keys it publishes (as read here, after the cap).
+    pub keys: usize,
+    /// Packets of its consumption charged here so far.
+    pub charged_pkts: u64,
+    /// Bytes of its consumption charged here so far.
+    pub charged_bytes: u64,
+}
+
+/// Counter values (see [`Counters`]).
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct CounterValues {
+    /// Gossip datagrams accepted (authentic, fresh, well-formed).
+    pub messages_in: u64,
+    /// Gossip datagrams sent.
+    pub messages_out: u64,
+    /// Bytes of gossip received, every datagram counted (accepted or not).
+    pub bytes_in: u64,
+    /// Bytes of gossip sent.
+    pub bytes_out: u64,
+    /// Datagrams dropped because the tag did not verify (wrong key or cluster id, tampering).
+    pub rejected_auth: u64,
+    /// Authentic datagrams dropped as too old, from the future, or replayed.
+    pub rejected_stale: u64,
+    /// Datagrams dropped as not our format, or gossip from an unknown local address.
+    pub rejected_malformed: u64,
+    /// Sends that failed (peer unreachable, no route).
+    pub send_errors: u64,
+    /// Sync rounds run.
+    pub syncs: u64,
+    /// Keys this agent publishes now.
+    pub keys_published: u64,
+    /// Keys read from peers in the last sync (counted peers only).
+    pub keys_synced: u64,
+    /// Keys of peers ignored because a peer published more than `max_keys`, or peers beyond the
+    /// most that are tracked.
+    pub keys_dropped: u64,
+    /// Charges cut down because a peer reported more than its bucket could have admitted.
+    pub charges_clamped: u64,
+    /// Packets charged to local buckets for peers' consumption.
+    pub charged_pkts: u64,
+    /// Bytes charged to local buckets for peers' consumption.
+    pub charged_bytes: u64,
+    /// Bucket reads or writes that failed while charging.
+    pub charge_errors: u64,
+    /// Largest `lag_ms` among counted peers at the last sync (0 without peers).
+    pub sync_lag_ms: u64,
+    /// Microseconds the last sync round took.
+    pub last_sync_us: u64,
+}
+
+/// Live counters, shared by the transport and the sync task.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// See [`CounterValues::messages_in`].
+    pub messages_in: AtomicU64,
+    /// See [`CounterValues::messages_out`].
+    pub messages_out: AtomicU64,
+    /// See [`CounterValues::bytes_in`].
+    pub bytes_in: AtomicU64,
+    /// See [`CounterValues::bytes_out`].
+    pub bytes_out: AtomicU64,
+    /// See [`CounterValues::rejected_auth`].
+    pub rejected_auth: AtomicU64,
+    /// See [`CounterValues::rejected_stale`].
+    pub rejected_stale: AtomicU64,
+    /// See [`CounterValues::rejected_malformed`].
+    pub rejected_malformed: AtomicU64,
+    /// See [`CounterValues::send_errors`].
+    pub send_errors: AtomicU64,
+    /// See [`CounterValues::syncs`].
+    pub syncs: AtomicU64,
+    /// See [`CounterValues::keys_published`].
+    pub keys_published: AtomicU64,
+    /// See [`CounterValues::keys_synced`].
+    pub keys_synced: AtomicU64,
+    /// See [`CounterValues::keys_dropped`].
+    pub keys_dropped: AtomicU64,
+    /// See [`CounterValues::charges_clamped`].
+    pub charges_clamped: AtomicU64,
+    /// See [`CounterValues::charged_pkts`].
+    pub charged_pkts: AtomicU64,
+    /// See [`CounterValues::charged_bytes`].
+    pub charged_bytes: AtomicU64,
+    /// See [`CounterValues::charge_errors`].
+    pub charge_errors: AtomicU64,
+    /// See [`CounterValues::sync_lag_ms`].
+    pub sync_lag_ms: AtomicU64,
+    /// See [`CounterValues::last_sync_us`].
+    pub last_sync_us: AtomicU64,
+}
+
+impl Counters {
+    /// Adds `n` to `counter`.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+
+    /// The values now.
+    #[must_use]
+    pub fn values(&self) -> CounterValues {
+        CounterValues {
+            messages_in: self.messages_in.load(Relaxed),
+            messages_out: self.messages_out.load(Relaxed),
+            bytes_in: self.bytes_in.load(Relaxed),
+            bytes_out: self.bytes_out.load(Relaxed),
+            rejected_auth: self.rejected_auth.load(Relaxed),
+            rejected_stale: self.rejected_stale.load(Relaxed),
+            rejected_malformed: self.rejected_malformed.load(Relaxed),
+            send_errors: self.send_errors.load(Relaxed),
+            syncs: self.syncs.load(Relaxed),
+            keys_published: self.keys_published.load(Relaxed),
+            keys_synced: self.keys_synced.load(Relaxed),
+            keys_dropped: self.keys_dropped.load(Relaxed),
+            charges_clamped: self.charges_clamped.load(Relaxed),
+            charged_pkts: self.charged_pkts.load(Relaxed),
+            charged_bytes: self.charged_bytes.load(Relaxed),
+            charge_errors: self.charge_errors.load(Relaxed),
+            sync_lag_ms: self.sync_lag_ms.load(Relaxed),
+            last_sync_us: self.last_sync_us.load(Relaxed),
+        }
+    }
+}
+
+/// What the sync task shares with the agent (and so the API and metrics).
+#[derive(Debug, Default)]
+pub struct Shared {
+    /// Counters, updated as things happen.
+    pub counters: Counters,
+    /// Everything but the counters, replaced after every sync.
+    pub view: Mutex<ClusterStatus>,
+}
+
+impl Shared {
+    /// The status now.
+    #[must_use]
+    pub fn status(&self) -> ClusterStatus {
+        let mut status = self.view.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        status.counters = self.counters.values();
+        status
+    }
+}

@@ -1,0 +1,252 @@
+//! chitchat's [`Transport`] with every datagram sealed by the cluster key ([`super::wire`]).
+//!
+//! chitchat encodes its messages only inside its own UDP socket (the envelope's encoder is
+//! private to the crate), so the sealing cannot sit between encoder and wire in-process. Instead
+//! chitchat's own [`UdpSocket`] runs on a loopback address and every byte it sends or receives
+//! passes through this socket:
+//! - **send** to peer P: chitchat's socket sends the plaintext to P's *relay*, a loopback socket
+//!   connected to chitchat's (so it hears nothing else); we read it back at once (loopback
+//!   delivery is synchronous), seal it and send it to P from the public socket;
+//! - **receive** from P: the public socket's datagram is opened; only if it is authentic, fresh
+//!   and well formed is its plaintext handed to chitchat's socket through P's relay, and chitchat
+//!   is told it came from P (the relay's address maps back to P).
+//!
+//! chitchat therefore never sees a byte that did not verify. Its loopback socket is reachable by
+//! local processes, so whatever reaches it from an address that is not one of our relays is
+//! dropped and counted as malformed. Relays exist only for addresses chitchat sends to (members
+//! and seeds) or that sent an authentic datagram, at most [`MAX_RELAYS`] (least recently used
+//! ones are closed first).
+
+use std::{
+    collections::HashMap,
+    io,
+    net::{Ipv4Addr, SocketAddr},
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use async_trait::async_trait;
+use chitchat::{
+    transport::{RecvOutcome, SendOutcome, Socket, Transport, UdpSocket as ChitchatUdpSocket},
+    ChitchatEnvelope,
+};
+use tokio::net::UdpSocket;
+
+use super::{
+    key::ClusterKey,
+    status::{Counters, Shared},
+    wire::{Codec, Reject},
+};
+
+/// Most peer addresses with a relay socket at once.
+pub const MAX_RELAYS: usize = 256;
+/// How long to wait for chitchat's plaintext to come back through a relay (it is already queued
+/// when `send_to` on loopback returns; this only guards against the impossible).
+const RELAY_READ_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The sealing transport. `open` binds the public socket at the listen address.
+pub struct SecureTransport {
+    key: ClusterKey,
+    cluster_id: String,
+    shared: Arc<Shared>,
+}
+
+impl SecureTransport {
+    /// A transport sealing with `key` for `cluster_id`, counting into `shared`.
+    #[must_use]
+    pub fn new(key: ClusterKey, cluster_id: String, shared: Arc<Shared>) -> Self {
+        Self { key, cluster_id, shared }
+    }
+}
+
+#[async_trait]
+impl Transport for SecureTransport {
+    async fn open(&self, listen_addr: SocketAddr) -> anyhow::Result<Box<dyn Socket>> {
+        let public = UdpSocket::bind(listen_addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("binding the gossip socket to {listen_addr}: {e}"))?;
+        let inner = ChitchatUdpSocket::open((Ipv4Addr::LOCALHOST, 0).into()).await?;
+        let inner_addr = inner.local_addr()?;
+        Ok(Box::new(SecureSocket {
+            public,
+            inner,
+            inner_addr,
+            codec: Codec::new(&self.key, &self.cluster_id),
+            relays: HashMap::new(),
+            by_relay: HashMap::new(),
+            buf: vec![0; 65_536],
+            shared: self.shared.clone(),
+        }))
+    }
+}
+
+struct Relay {
+    socket: UdpSocket,
+    local: SocketAddr,
+    used: Instant,
+}
+
+struct SecureSocket {
+    public: UdpSocket,
+    inner: ChitchatUdpSocket,
+    inner_addr: SocketAddr,
+    codec: Codec,
+    relays: HashMap<SocketAddr, Relay>,
+    by_relay: HashMap<SocketAddr, SocketAddr>,
+    buf: Vec<u8>,
+    shared: Arc<Shared>,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn counters(shared: &Shared) -> &Counters {
+    &shared.counters
+}
+
+/// Errors a datagram socket reports for one send or receive that say nothing about the socket
+/// itself (an ICMP error from an earlier send, a full buffer, no route right now).
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ECONNREFUSED
+                | libc::ECONNRESET
+                | libc::ENOBUFS
+                | libc::EAGAIN
+                | libc::EHOSTUNREACH
+                | libc::ENETUNREACH
+                | libc::ENETDOWN
+                | libc::EHOSTDOWN
+                | libc::EPERM
+                | libc::EADDRNOTAVAIL
+                | libc::EMSGSIZE
+        )
+    )
+}
+
+impl SecureSocket {
+    /// The relay for `peer`, created (and the least recently used one closed) if needed.
+    async fn relay(&mut self, peer: SocketAddr) -> io::Result<&Relay> {
+        if !self.relays.contains_key(&peer) {
+            if self.relays.len() >= MAX_RELAYS {
+                if let Some(old) = self.relays.iter().min_by_key(|(_, r)| r.used).map(|(p, _)| *p) {
+                    if let Some(r) = self.relays.remove(&old) {
+                        self.by_relay.remove(&r.local);
+                    }
+                }
+            }
+            let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+            socket.connect(self.inner_addr).await?;
+            let local = socket.local_addr()?;
+            self.by_relay.insert(local, peer);
+            self.relays.insert(peer, Relay { socket, local, used: Instant::now() });
+        }
+        let relay = self.relays.get_mut(&peer).expect("just inserted");
+        relay.used = Instant::now();
+        Ok(relay)
+    }
+
+    /// Opens a datagram from the public socket and, if it completes an authentic message, hands
+    /// the plaintext to chitchat's socket through the sender's relay.
+    async fn accept(&mut self, len: usize, from: SocketAddr) -> anyhow::Result<()> {
+        let c = counters(&self.shared);
+        Counters::add(&c.bytes_in, len as u64);
+        let message = match self.codec.open(&self.buf[..len], from, unix_ms()) {
+            Ok(Some(message)) => message,
+            Ok(None) => return Ok(()),
+            Err(reject) => {
+                let (counter, what) = match reject {
+                    Reject::Auth => (&c.rejected_auth, "not authentic (wrong key or cluster id?)"),
+                    Reject::Stale => (&c.rejected_stale, "stale or replayed"),
+                    Reject::Malformed => (&c.rejected_malformed, "malformed"),
+                };
+                let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                // The first of each kind, then every 1000th: a flood of junk must not flood the log.
+                if n % 1000 == 0 {
+                    tracing::warn!(%from, bytes = len, total = n + 1, "gossip datagram dropped: {what}");
+                }
+                return Ok(());
+            }
+        };
+        Counters::add(&c.messages_in, 1);
+        let relay = self.relay(from).await?;
+        if let Err(e) = relay.socket.send(&message).await {
+            tracing::debug!(%from, error = %e, "handing a gossip message to chitchat");
+        }
+        Ok(())
+    }
+}
+
+enum Event {
+    Inner(anyhow::Result<RecvOutcome>),
+    Public(io::Result<(usize, SocketAddr)>),
+}
+
+#[async_trait]
+impl Socket for SecureSocket {
+    fn local_addr(&self) -> anyhow::Result<SocketAddr> {
+        Ok(self.public.local_addr()?)
+    }
+
+    async fn send(&mut self, to: SocketAddr, envelope: ChitchatEnvelope) -> anyhow::Result<SendOutcome> {
+        let relay_addr = self.relay(to).await?.local;
+        self.inner.send(relay_addr, envelope).await?;
+        let relay = &self.relays[&to];
+        let len = tokio::time::timeout(RELAY_READ_TIMEOUT, relay.socket.recv(&mut self.buf))
+            .await
+            .map_err(|_| anyhow::anyhow!("chitchat's message did not come through the relay"))??;
+        let c = counters(&self.shared);
+        let Some(datagrams) = self.codec.seal(&self.buf[..len], unix_ms()) else {
+            Counters::add(&c.send_errors, 1);
+            tracing::warn!(%to, bytes = len, "gossip message too large to send");
+            return Ok(SendOutcome { num_bytes_sent: 0 });
+        };
+        let mut sent = 0;
+        for d in &datagrams {
+            match self.public.send_to(d, to).await {
+                Ok(n) => {
+                    sent += n;
+                    Counters::add(&c.messages_out, 1);
+                    Counters::add(&c.bytes_out, n as u64);
+                }
+                // A peer that cannot be reached now (partition, link down) is the failure
+                // detector's business, not a broken transport: count it and carry on.
+                Err(e) if is_transient(&e) => {
+                    Counters::add(&c.send_errors, 1);
+                    tracing::debug!(%to, error = %e, "gossip send failed");
+                }
+                Err(e) => return Err(anyhow::anyhow!("sending gossip to {to}: {e}")),
+            }
+        }
+        Ok(SendOutcome { num_bytes_sent: sent })
+    }
+
+    async fn recv(&mut self) -> anyhow::Result<RecvOutcome> {
+        loop {
+            // Both reads are cancel safe: a datagram is either fully taken or left queued.
+            let event = tokio::select! {
+                r = self.inner.recv() => Event::Inner(r),
+                r = self.public.recv_from(&mut self.buf) => Event::Public(r),
+            };
+            match event {
+                Event::Inner(r) => {
+                    let outcome = r?;
+                    // Only our relays may talk to chitchat's socket: anything else on loopback
+                    // would bypass authentication.
+                    let Some(&peer) = self.by_relay.get(&outcome.from_addr) else {
+                        Counters::add(&counters(&self.shared).rejected_malformed, 1);
+                        continue;
+                    };
+                    return Ok(RecvOutcome { from_addr: peer, ..outcome });
+                }
+                Event::Public(Ok((len, from))) => self.accept(len, from).await?,
+                Event::Public(Err(e)) if is_transient(&e) => {}
+                Event::Public(Err(e)) => return Err(anyhow::anyhow!("gossip socket: {e}")),
+            }
+        }
+    }
+}
