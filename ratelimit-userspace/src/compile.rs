@@ -10,6 +10,9 @@
 //!    entries an earlier entry already covers: those could never be reached by the walk. Dropping
 //!    them keeps lists short, and implies cutting the list after the first protocol-any entry.
 //!
+//! A rule may list many prefixes (and several rules the same prefix): every (rule, prefix) pair
+//! is a candidate at that prefix, so a rule with nested prefixes appears once in a list.
+//!
 //! [`CompiledRuleSet::classify`] replays exactly that lookup and walk in user space.
 //!
 //! Rule ids index the rule and counter arrays and are part of every bucket key, so they are kept

@@ -14,6 +14,17 @@
 //! keeps the position of every key: when the deserializer reports an error at some byte offset we
 //! walk that tree to find which key (and which `[[rule]]`) the offset belongs to, since the error
 //! itself only carries the span and a message.
+//!
+//! A rule's sources are one CIDR (`source = "10.0.0.0/8"`), an array of them, or a list file
+//! (`source_file = "deny.txt"`, relative to the config file's directory): one CIDR per line, `#`
+//! comments, blank lines ignored. Errors in a list name the list file and its line, then the rule
+//! and the config line naming the list:
+//! `/etc/ratelimit/deny.txt:1234: invalid CIDR "10.0.0.300/8" (rule "blocklist", /etc/ratelimit/ratelimit.toml:20)`.
+//! A rule lists at most [`MAX_RULE_PREFIXES`], all rules together at most [`MAX_TOTAL_PREFIXES`]
+//! distinct prefixes.
+//!
+//! [`write_rules`] writes a changed rule set back into the file with `toml_edit`, keeping the
+//! rest of the document (comments, formatting, other tables) as it is.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -524,7 +535,11 @@ pub(crate) fn no_meaning(field: &'static str, action: Action) -> RuleError {
         field,
         format!(
             "has no meaning for {} {action} rule (only limit rules take rates, per and scope)",
-            if matches!(action, Action::Allow) { "an" } else { "a" }
+            if matches!(action, Action::Allow) {
+                "an"
+            } else {
+                "a"
+            }
         ),
     )
 }

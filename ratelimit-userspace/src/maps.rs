@@ -49,6 +49,11 @@ pub enum MapsError {
     },
 }
 
+/// `bpf_map_update_elem` flag: create only (from `linux/bpf.h`).
+pub const BPF_NOEXIST: u64 = 1;
+/// `bpf_map_update_elem` flag: replace only (from `linux/bpf.h`).
+pub const BPF_EXIST: u64 = 2;
+
 type Result<T, E = MapsError> = std::result::Result<T, E>;
 
 fn op(map: &'static str) -> impl Fn(MapError) -> MapsError {
@@ -275,6 +280,23 @@ impl PinnedMaps {
         match map.get(key, 0) {
             Ok(b) => Ok(Some(b)),
             Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(op(map_names::BUCKETS)(e)),
+        }
+    }
+
+    /// Writes the bucket under `key` (the cluster sync charging peers' consumption): `flags` is
+    /// [`BPF_EXIST`] (replace an existing bucket) or [`BPF_NOEXIST`] (create a missing one).
+    /// `Ok(false)` when the kernel refused because the bucket appeared or vanished meanwhile.
+    pub fn update_bucket(&mut self, key: &BucketKey, value: &Bucket, flags: u64) -> Result<bool> {
+        let mut map: HashMap<_, BucketKey, Bucket> =
+            HashMap::try_from(&mut self.buckets).map_err(op(map_names::BUCKETS))?;
+        match map.insert(key, value, flags) {
+            Ok(()) => Ok(true),
+            Err(MapError::SyscallError(e))
+                if matches!(e.io_error.raw_os_error(), Some(libc::ENOENT | libc::EEXIST)) =>
+            {
+                Ok(false)
+            }
             Err(e) => Err(op(map_names::BUCKETS)(e)),
         }
     }

@@ -612,7 +612,10 @@ fn allow_and_deny_take_no_limits() {
                 &text,
                 BODY + 3,
                 key,
-                &format!("no meaning for {} {action} rule", if action == "allow" { "an" } else { "a" }),
+                &format!(
+                    "no meaning for {} {action} rule",
+                    if action == "allow" { "an" } else { "a" }
+                ),
             );
         }
     }

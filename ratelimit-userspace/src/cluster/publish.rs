@@ -1,0 +1,356 @@
+//! What this host tells its peers: for the heaviest keys of cluster-scoped rules, the packets and
+//! bytes it admitted since it started publishing the key, as cumulative counters.
+//!
+//! The counters come from the buckets' own `passed_pkts`/`passed_bytes`, which the XDP program
+//! keeps per bucket. A bucket can vanish (LRU eviction) and come back with counters from zero; a
+//! bucket may predate this agent (adopted pinned state). So each published key keeps its own
+//! cumulative count in memory, advanced by what the bucket gained since the last look.
+//!
+//! Counters are per *epoch*: a key enters the published set with a new epoch number (increasing
+//! within this incarnation) and counts from zero; if it leaves (displaced by heavier keys, or idle)
+//! and comes back, it does so in a new epoch. Peers remember `(epoch, count)` per key, so a lost,
+//! repeated or reordered update can never charge anything twice.
+
+use std::{collections::HashMap, net::IpAddr};
+
+/// A key of a cluster-scoped rule: the rule's name (ids differ between hosts) and the source
+/// masked to the rule's granularity.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyName {
+    /// Rule name.
+    pub rule: String,
+    /// Masked source address.
+    pub addr: IpAddr,
+}
+
+/// Prefix of the chitchat keys that carry consumption: `c/RULE/ADDR`.
+pub const KEY_PREFIX: &str = "c/";
+/// The chitchat key carrying `SEQ:UNIX_MS:NEXT_EPOCH`, written last in every sync.
+pub const SYNC_KEY: &str = "s";
+
+impl KeyName {
+    /// The chitchat key.
+    #[must_use]
+    pub fn to_key(&self) -> String {
+        format!("{KEY_PREFIX}{}/{}", self.rule, self.addr)
+    }
+
+    /// Parses a chitchat key.
+    #[must_use]
+    pub fn parse(key: &str) -> Option<Self> {
+        let (rule, addr) = key.strip_prefix(KEY_PREFIX)?.rsplit_once('/')?;
+        if rule.is_empty() || rule.len() > ratelimit_common::MAX_RULE_NAME {
+            return None;
+        }
+        Some(Self { rule: rule.to_string(), addr: addr.parse().ok()? })
+    }
+}
+
+/// A published value: `EPOCH:PKTS:BYTES`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Count {
+    /// Epoch (see the module docs).
+    pub epoch: u64,
+    /// Packets admitted in this epoch.
+    pub pkts: u64,
+    /// Bytes admitted in this epoch.
+    pub bytes: u64,
+}
+
+impl Count {
+    /// The chitchat value.
+    #[must_use]
+    pub fn to_value(&self) -> String {
+        format!("{}:{}:{}", self.epoch, self.pkts, self.bytes)
+    }
+
+    /// Parses a chitchat value.
+    #[must_use]
+    pub fn parse(value: &str) -> Option<Self> {
+        let mut it = value.split(':');
+        let c = Self { epoch: it.next()?.parse().ok()?, pkts: it.next()?.parse().ok()?, bytes: it.next()?.parse().ok()? };
+        it.next().is_none().then_some(c)
+    }
+}
+
+/// One bucket as read from the map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BucketObs {
+    /// `created_ns` of the bucket (identifies this life of it).
+    pub created_ns: u64,
+    /// `passed_pkts`.
+    pub passed_pkts: u64,
+    /// `passed_bytes`.
+    pub passed_bytes: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Published {
+    count: Count,
+    /// The bucket life last seen (0: gone) and its counters then.
+    created_ns: u64,
+    last_pkts: u64,
+    last_bytes: u64,
+    last_ns: u64,
+    /// Packets per second, smoothed.
+    rate: f64,
+    /// Last time the count moved.
+    active_ns: u64,
+    dirty: bool,
+}
+
+/// Keys whose count did not move for this long leave the published set.
+pub const IDLE_NS: u64 = 30_000_000_000;
+/// Time constant of the rate estimate.
+const RATE_TAU_SECS: f64 = 2.0;
+/// A candidate displaces the lightest published key only if it is this much heavier, so keys of
+/// similar weight do not swap back and forth (each swap costs a new epoch).
+const HYSTERESIS: f64 = 1.25;
+
+/// The published set and its counters.
+#[derive(Debug)]
+pub struct LocalTracker {
+    max_keys: usize,
+    /// This incarnation's start (`CLOCK_MONOTONIC` ns): buckets created earlier carry counts from
+    /// a previous agent, which its peers already saw.
+    start_ns: u64,
+    last_full_ns: u64,
+    next_epoch: u64,
+    published: HashMap<KeyName, Published>,
+    retired: Vec<String>,
+}
+
+impl LocalTracker {
+    /// An empty tracker publishing at most `max_keys` keys, for an agent started at `start_ns`.
+    #[must_use]
+    pub fn new(max_keys: usize, start_ns: u64) -> Self {
+        Self { max_keys, start_ns, last_full_ns: start_ns, next_epoch: 1, published: HashMap::new(), retired: Vec::new() }
+    }
+
+    /// The epoch the next key to enter will get (peers treat keys with an epoch at least the value
+    /// they saw when they started counting us as new, and charge them from zero).
+    #[must_use]
+    pub fn next_epoch(&self) -> u64 {
+        self.next_epoch
+    }
+
+    /// Keys published now.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.published.len()
+    }
+
+    /// Whether nothing is published.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.published.is_empty()
+    }
+
+    /// The keys to look up for a partial update.
+    pub fn keys(&self) -> impl Iterator<Item = &KeyName> {
+        self.published.keys()
+    }
+
+    /// Folds in what the buckets show at `now`. `seen` holds the published keys' buckets (a
+    /// published key missing from it has no bucket now); after a `full` scan it holds every
+    /// bucket of a cluster-scoped rule, and the published set is chosen anew: the heaviest keys
+    /// first, at most `max_keys`.
+    pub fn update(&mut self, now: u64, seen: &HashMap<KeyName, BucketObs>, full: bool) {
+        for (name, p) in &mut self.published {
+            let (gained_pkts, gained_bytes, created) = match seen.get(name) {
+                // Same life of the bucket: what it gained since the last look.
+                Some(b) if b.created_ns == p.created_ns && b.passed_pkts >= p.last_pkts => {
+                    (b.passed_pkts - p.last_pkts, b.passed_bytes.saturating_sub(p.last_bytes), b.created_ns)
+                }
+                // A new life (the old one was evicted): everything it holds is new.
+                Some(b) => (b.passed_pkts, b.passed_bytes, b.created_ns),
+                None => (0, 0, 0),
+            };
+            if let Some(b) = seen.get(name) {
+                p.last_pkts = b.passed_pkts;
+                p.last_bytes = b.passed_bytes;
+            }
+            p.created_ns = created;
+            #[expect(clippy::cast_precision_loss, reason = "a rate estimate")]
+            let dt = (now.saturating_sub(p.last_ns) as f64 / 1e9).max(1e-3);
+            let alpha = 1.0 - (-dt / RATE_TAU_SECS).exp();
+            #[expect(clippy::cast_precision_loss, reason = "a rate estimate")]
+            let inst = gained_pkts as f64 / dt;
+            p.rate += alpha * (inst - p.rate);
+            p.last_ns = now;
+            if gained_pkts > 0 || gained_bytes > 0 {
+                p.count.pkts += gained_pkts;
+                p.count.bytes += gained_bytes;
+                p.active_ns = now;
+                p.dirty = true;
+            }
+        }
+        let idle: Vec<KeyName> =
+            self.published.iter().filter(|(_, p)| now.saturating_sub(p.active_ns) > IDLE_NS).map(|(k, _)| k.clone()).collect();
+        for k in idle {
+            self.retire(&k);
+        }
+        if full {
+            self.select(now, seen);
+            self.last_full_ns = now;
+        }
+    }
+
+    fn retire(&mut self, name: &KeyName) {
+        if self.published.remove(name).is_some() {
+            self.retired.push(name.to_key());
+        }
+    }
+
+    fn select(&mut self, now: u64, seen: &HashMap<KeyName, BucketObs>) {
+        // Candidates: buckets not published that admitted something, by their lifetime average
+        // rate (all there is without history).
+        let mut candidates: Vec<(f64, &KeyName, &BucketObs)> = seen
+            .iter()
+            .filter(|(k, b)| b.passed_pkts > 0 && !self.published.contains_key(*k))
+            .map(|(k, b)| {
+                #[expect(clippy::cast_precision_loss, reason = "a rate estimate")]
+                let age = (now.saturating_sub(b.created_ns) as f64 / 1e9).max(1.0);
+                #[expect(clippy::cast_precision_loss, reason = "a rate estimate")]
+                let rate = b.passed_pkts as f64 / age;
+                (rate, k, b)
+            })
+            .collect();
+        candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+        let mut lightest: Vec<(f64, KeyName)> = self.published.iter().map(|(k, p)| (p.rate, k.clone())).collect();
+        lightest.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| b.1.cmp(&a.1)));
+        for (rate, name, b) in candidates {
+            if self.published.len() >= self.max_keys {
+                match lightest.last() {
+                    Some((min, _)) if rate > min * HYSTERESIS => {
+                        let (_, out) = lightest.pop().expect("non-empty");
+                        self.retire(&out);
+                    }
+                    _ => break,
+                }
+            }
+            // A bucket born since the last full scan holds only consumption nobody has been told
+            // about: count all of it. An older one was looked at before (and was lighter than the
+            // published keys) or predates this agent: count from now on.
+            let fresh = b.created_ns > self.last_full_ns && b.created_ns >= self.start_ns;
+            let count = Count {
+                epoch: self.next_epoch,
+                pkts: if fresh { b.passed_pkts } else { 0 },
+                bytes: if fresh { b.passed_bytes } else { 0 },
+            };
+            self.next_epoch += 1;
+            self.published.insert(
+                name.clone(),
+                Published {
+                    count,
+                    created_ns: b.created_ns,
+                    last_pkts: b.passed_pkts,
+                    last_bytes: b.passed_bytes,
+                    last_ns: now,
+                    rate,
+                    active_ns: now,
+                    dirty: true,
+                },
+            );
+        }
+    }
+
+    /// What changed since the last call: keys to set (with their values) and keys to delete.
+    pub fn changes(&mut self) -> (Vec<(String, String)>, Vec<String>) {
+        let set = self
+            .published
+            .iter_mut()
+            .filter(|(_, p)| std::mem::take(&mut p.dirty))
+            .map(|(k, p)| (k.to_key(), p.count.to_value()))
+            .collect();
+        (set, std::mem::take(&mut self.retired))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn name(i: u8) -> KeyName {
+        KeyName { rule: "flood".into(), addr: IpAddr::from([198, 18, 0, i]) }
+    }
+
+    fn obs(created_ns: u64, pkts: u64) -> BucketObs {
+        BucketObs { created_ns, passed_pkts: pkts, passed_bytes: pkts * 100 }
+    }
+
+    #[test]
+    fn key_and_value_round_trip() {
+        let k = KeyName { rule: "dns.v6".into(), addr: "2001:db8::1".parse().unwrap() };
+        assert_eq!(KeyName::parse(&k.to_key()), Some(k));
+        assert_eq!(KeyName::parse("c/x/not-an-ip"), None);
+        assert_eq!(KeyName::parse("s"), None);
+        let c = Count { epoch: 3, pkts: 10, bytes: 1000 };
+        assert_eq!(Count::parse(&c.to_value()), Some(c));
+        assert_eq!(Count::parse("1:2"), None);
+        assert_eq!(Count::parse("1:2:3:4"), None);
+    }
+
+    #[test]
+    fn counts_are_cumulative_across_bucket_lives() {
+        let start = 10 * S;
+        let mut t = LocalTracker::new(10, start);
+        // Bucket born after start: counted from its first packet.
+        t.update(start + S, &HashMap::from([(name(1), obs(start + S / 2, 50))]), true);
+        let (set, del) = t.changes();
+        assert_eq!(set, vec![(name(1).to_key(), "1:50:5000".to_string())]);
+        assert!(del.is_empty());
+        t.update(start + 2 * S, &HashMap::from([(name(1), obs(start + S / 2, 80))]), false);
+        assert_eq!(t.changes().0, vec![(name(1).to_key(), "1:80:8000".to_string())]);
+        // Evicted: nothing gained, nothing to send.
+        t.update(start + 3 * S, &HashMap::new(), false);
+        assert!(t.changes().0.is_empty());
+        // Back with a new life: all of it is new.
+        t.update(start + 4 * S, &HashMap::from([(name(1), obs(start + 4 * S - 1, 7))]), false);
+        assert_eq!(t.changes().0, vec![(name(1).to_key(), "1:87:8700".to_string())]);
+    }
+
+    #[test]
+    fn adopted_buckets_count_from_now() {
+        let start = 10 * S;
+        let mut t = LocalTracker::new(10, start);
+        t.update(start + S, &HashMap::from([(name(1), obs(start - S, 1000))]), true);
+        assert_eq!(t.changes().0, vec![(name(1).to_key(), "1:0:0".to_string())]);
+        t.update(start + 2 * S, &HashMap::from([(name(1), obs(start - S, 1010))]), true);
+        assert_eq!(t.changes().0, vec![(name(1).to_key(), "1:10:1000".to_string())]);
+    }
+
+    #[test]
+    fn heaviest_first_capped_and_idle_keys_retire() {
+        let start = 0;
+        let mut t = LocalTracker::new(2, start);
+        let seen = HashMap::from([(name(1), obs(1, 10)), (name(2), obs(1, 1000)), (name(3), obs(1, 500))]);
+        t.update(S, &seen, true);
+        let mut keys: Vec<_> = t.keys().cloned().collect();
+        keys.sort();
+        assert_eq!(keys, vec![name(2), name(3)]);
+        t.changes();
+        // Key 1 becomes far heavier than key 3: it displaces it, in a new epoch.
+        let mut time = S;
+        let (mut p1, mut p2, mut p3) = (10, 1000, 500);
+        for _ in 0..20 {
+            time += S;
+            p1 += 5000;
+            p2 += 1000;
+            p3 += 10;
+            t.update(time, &HashMap::from([(name(1), obs(1, p1)), (name(2), obs(1, p2)), (name(3), obs(1, p3))]), true);
+        }
+        let mut keys: Vec<_> = t.keys().cloned().collect();
+        keys.sort();
+        assert_eq!(keys, vec![name(1), name(2)]);
+        let (_, deleted) = t.changes();
+        assert_eq!(deleted, vec![name(3).to_key()]);
+        assert_eq!(t.next_epoch(), 4);
+        // Nothing moves for longer than IDLE_NS: everything retires.
+        t.update(time + IDLE_NS + S, &HashMap::from([(name(1), obs(1, p1)), (name(2), obs(1, p2))]), false);
+        assert!(t.is_empty());
+        assert_eq!(t.changes().1.len(), 2);
+    }
+}

@@ -1,0 +1,337 @@
+//! The sync round, every `sync_interval_ms`: read the local buckets of cluster-scoped rules and
+//! publish the heaviest keys' counters; read the peers' counters from chitchat; charge the local
+//! buckets for what the peers admitted since the last round; refresh the status.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    net::SocketAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use chitchat::{ChitchatHandle, ChitchatId};
+use ratelimit_common::{action, rule_flags, Rule};
+
+use super::{
+    charge,
+    publish::{BucketObs, Count, KeyName, LocalTracker, KEY_PREFIX, SYNC_KEY},
+    remote::{Limits, PeerView, RemoteTracker, Round},
+    status::{Counters, PeerStatus, Shared},
+};
+use crate::{
+    agent::{bucket_addr, bucket_key, monotonic_ns, SharedAgent},
+    compile::CompiledRuleSet,
+    maps::PinnedMaps,
+};
+
+/// Most peer incarnations read per round; more are ignored (and their keys counted as dropped).
+pub const MAX_PEERS: usize = 64;
+
+/// The cluster-scoped limit rules in force here, by name.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterRules {
+    by_name: HashMap<String, (u32, Rule)>,
+    by_id: HashMap<u32, String>,
+}
+
+impl ClusterRules {
+    /// The cluster-scoped limit rules of `set`.
+    #[must_use]
+    pub fn of(set: &CompiledRuleSet) -> Self {
+        let mut rules = Self::default();
+        for r in &set.rules {
+            if r.rule.flags & rule_flags::CLUSTER != 0 && r.rule.action == action::LIMIT {
+                rules.by_name.insert(r.name.clone(), (r.id, r.rule));
+                rules.by_id.insert(r.id, r.name.clone());
+            }
+        }
+        rules
+    }
+
+    fn limits(&self) -> HashMap<String, Limits> {
+        self.by_name
+            .iter()
+            .map(|(name, (_, r))| {
+                let pkt = r.flags & rule_flags::PKT_LIMIT != 0;
+                let byte = r.flags & rule_flags::BYTE_LIMIT != 0;
+                (
+                    name.clone(),
+                    Limits {
+                        pkt_interval_ns: if pkt { r.pkt_interval_ns } else { 0 },
+                        pkt_tolerance_ns: r.pkt_tolerance_ns,
+                        byte_interval_fp: if byte { r.byte_interval_fp } else { 0 },
+                        byte_tolerance_ns: r.byte_tolerance_ns,
+                    },
+                )
+            })
+            .collect()
+    }
+}
+
+/// Everything the sync loop owns.
+pub struct SyncLoop {
+    /// The agent (for the rules in force).
+    pub agent: SharedAgent,
+    /// chitchat's server (dropping it stops gossip).
+    pub chitchat: ChitchatHandle,
+    /// Our own handles on the pinned maps (the agent's stay behind its lock).
+    pub maps: PinnedMaps,
+    /// Shared with the agent.
+    pub shared: Arc<Shared>,
+    /// Sync period.
+    pub interval: Duration,
+    /// Cap on published and read keys.
+    pub max_keys: usize,
+    /// Silence after which a peer stops being counted.
+    pub peer_timeout: Duration,
+}
+
+struct Blocking {
+    maps: PinnedMaps,
+    local: LocalTracker,
+    next_full_ns: u64,
+}
+
+impl SyncLoop {
+    /// Runs until the task is aborted.
+    pub async fn run(self) {
+        let Self { agent, chitchat, maps, shared, interval, max_keys, peer_timeout } = self;
+        let start_ns = monotonic_ns();
+        let mut blocking = Some(Blocking { maps, local: LocalTracker::new(max_keys, start_ns), next_full_ns: 0 });
+        let mut remote: RemoteTracker<ChitchatId> =
+            RemoteTracker::new(u64::try_from(peer_timeout.as_nanos()).unwrap_or(u64::MAX));
+        let self_id = chitchat.chitchat_id().clone();
+        let mut seq = 0u64;
+        let mut was_counted: HashSet<ChitchatId> = HashSet::new();
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
+        loop {
+            tick.tick().await;
+            let began = Instant::now();
+            let rules = ClusterRules::of(agent.lock().await.rule_set());
+
+            // 1. Local buckets -> published counters (map syscalls off the async threads).
+            let Some(mut b) = blocking.take() else { return };
+            let rules_for_scan = rules.clone();
+            let joined = tokio::task::spawn_blocking(move || {
+                let (set, deleted) = b.observe(&rules_for_scan, interval_ns);
+                (b, set, deleted)
+            })
+            .await;
+            let Ok((b, set, deleted)) = joined else {
+                tracing::error!("cluster sync: the bucket scan panicked; cluster sync stopped");
+                return;
+            };
+            let next_epoch = b.local.next_epoch();
+            let published = b.local.len();
+            blocking = Some(b);
+            seq += 1;
+            let unix_ms = super::unix_ms();
+
+            // 2. Publish, and read the peers.
+            let (views, dropped) = chitchat
+                .with_chitchat(|c| {
+                    let node = c.self_node_state();
+                    for (k, v) in &set {
+                        node.set(k, v);
+                    }
+                    for k in &deleted {
+                        node.delete(k);
+                    }
+                    // Last: a peer holding this sync key holds every key set before it.
+                    node.set(SYNC_KEY, format!("{seq}:{unix_ms}:{next_epoch}"));
+                    read_peers(c, &self_id, max_keys)
+                })
+                .await;
+            let c = &shared.counters;
+            Counters::add(&c.keys_dropped, dropped);
+            c.keys_published.store(published as u64, std::sync::atomic::Ordering::Relaxed);
+
+            // 3. Peers' gains -> charges.
+            let now = monotonic_ns();
+            let round = remote.round(now, &views, &rules.limits());
+            if !round.charges.is_empty() {
+                let Some(mut b) = blocking.take() else { return };
+                let charged = tokio::task::spawn_blocking(move || {
+                    let r = b.charge(&rules, &round);
+                    (b, r)
+                })
+                .await;
+                let Ok((b, (pkts, bytes, errors, clamped))) = charged else {
+                    tracing::error!("cluster sync: charging panicked; cluster sync stopped");
+                    return;
+                };
+                blocking = Some(b);
+                Counters::add(&c.charged_pkts, pkts);
+                Counters::add(&c.charged_bytes, bytes);
+                Counters::add(&c.charge_errors, errors);
+                Counters::add(&c.charges_clamped, clamped);
+            }
+            c.keys_synced.store(round.keys_synced, std::sync::atomic::Ordering::Relaxed);
+
+            // 4. Status.
+            let peers = peer_statuses(&remote, now, super::unix_ms());
+            log_membership(&peers, &mut was_counted);
+            let lag = peers.iter().filter(|p| p.counted).filter_map(|p| p.lag_ms).max().unwrap_or(0);
+            c.sync_lag_ms.store(u64::try_from(lag).unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+            Counters::add(&c.syncs, 1);
+            c.last_sync_us.store(
+                u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            shared.view.lock().unwrap_or_else(std::sync::PoisonError::into_inner).peers = peers;
+        }
+    }
+}
+
+impl Blocking {
+    /// Reads the buckets (all of them when a full scan is due, else the published keys') and
+    /// returns the keys to set and delete.
+    fn observe(&mut self, rules: &ClusterRules, interval_ns: u64) -> (Vec<(String, String)>, Vec<String>) {
+        let now = monotonic_ns();
+        let full = now >= self.next_full_ns;
+        let mut seen: HashMap<KeyName, BucketObs> = HashMap::new();
+        let obs = |b: &ratelimit_common::Bucket| BucketObs {
+            created_ns: b.created_ns,
+            passed_pkts: b.passed_pkts,
+            passed_bytes: b.passed_bytes,
+        };
+        if full {
+            match self.maps.buckets() {
+                Ok(all) => {
+                    for (key, b) in all {
+                        if let Some(name) = rules.by_id.get(&key.rule) {
+                            seen.insert(KeyName { rule: name.clone(), addr: bucket_addr(&key) }, obs(&b));
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cluster sync: reading the buckets"),
+            }
+            // A full scan costs one syscall pair per bucket: with a million buckets that is
+            // seconds, so it runs at most a tenth of the time; in between only the published keys
+            // are read (one lookup each).
+            let took = monotonic_ns().saturating_sub(now);
+            self.next_full_ns = now.saturating_add(interval_ns.max(took.saturating_mul(10)));
+        } else {
+            for name in self.local.keys() {
+                let Some((id, rule)) = rules.by_name.get(&name.rule) else { continue };
+                if let Ok(Some(b)) = self.maps.bucket(&bucket_key(*id, rule, name.addr)) {
+                    seen.insert(name.clone(), obs(&b));
+                }
+            }
+        }
+        self.local.update(monotonic_ns(), &seen, full);
+        self.local.changes()
+    }
+
+    /// Charges the round's consumption: (packets, bytes, errors, clamped).
+    fn charge(&mut self, rules: &ClusterRules, round: &Round) -> (u64, u64, u64, u64) {
+        let (mut pkts, mut bytes, mut errors) = (0, 0, 0);
+        let now = monotonic_ns();
+        for (name, &(p, b)) in &round.charges {
+            let Some((id, rule)) = rules.by_name.get(&name.rule) else { continue };
+            let key = bucket_key(*id, rule, name.addr);
+            match charge::charge(&mut self.maps, &key, rule, p, b, now) {
+                Ok(()) => {
+                    pkts += p;
+                    bytes += b;
+                }
+                Err(e) => {
+                    errors += 1;
+                    tracing::debug!(error = %e, rule = %name.rule, addr = %name.addr, "cluster sync: charging a bucket");
+                }
+            }
+        }
+        (pkts, bytes, errors, round.clamped)
+    }
+}
+
+/// The other members' views (at most [`MAX_PEERS`], each with at most `max_keys` keys) and the
+/// number of keys left out.
+fn read_peers(c: &chitchat::Chitchat, self_id: &ChitchatId, max_keys: usize) -> (Vec<PeerView<ChitchatId>>, u64) {
+    let live: HashSet<&ChitchatId> = c.live_nodes().collect();
+    let mut views = Vec::new();
+    let mut dropped = 0u64;
+    for (id, state) in c.node_states() {
+        if id == self_id {
+            continue;
+        }
+        let mut keys = Vec::new();
+        let mut extra = 0u64;
+        for (k, v) in state.iter_prefix(KEY_PREFIX) {
+            if views.len() >= MAX_PEERS || keys.len() >= max_keys {
+                extra += 1;
+                continue;
+            }
+            if let (Some(name), Some(count)) = (KeyName::parse(k), Count::parse(&v.value)) {
+                keys.push((name, count));
+            }
+        }
+        dropped += extra;
+        if views.len() >= MAX_PEERS {
+            continue;
+        }
+        let sync = state.get(SYNC_KEY).and_then(|s| {
+            let mut it = s.split(':').map(str::parse::<u64>);
+            Some((it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?))
+        });
+        views.push(PeerView { id: id.clone(), live: live.contains(id), heartbeat: u64::from(state.heartbeat()), sync, keys });
+    }
+    (views, dropped)
+}
+
+fn peer_statuses(remote: &RemoteTracker<ChitchatId>, now: u64, unix_ms: u64) -> Vec<PeerStatus> {
+    let mut peers: BTreeMap<(String, u64, SocketAddr), PeerStatus> = BTreeMap::new();
+    for (id, info) in remote.info(now) {
+        let state = if !info.live {
+            "dead"
+        } else if !info.heard {
+            "silent"
+        } else if !info.counted {
+            "joining"
+        } else {
+            "alive"
+        };
+        peers.insert(
+            (id.node_id.to_string(), id.generation_id, id.gossip_advertise_addr),
+            PeerStatus {
+                node_id: id.node_id.to_string(),
+                generation: id.generation_id,
+                addr: id.gossip_advertise_addr,
+                state,
+                counted: info.counted,
+                last_heard_ms: Some(info.silent_ns / 1_000_000),
+                lag_ms: info.published_unix_ms.map(|p| {
+                    i64::try_from(unix_ms).unwrap_or(i64::MAX) - i64::try_from(p).unwrap_or(i64::MAX)
+                }),
+                keys: info.keys,
+                charged_pkts: info.charged_pkts,
+                charged_bytes: info.charged_bytes,
+            },
+        );
+    }
+    peers.into_values().collect()
+}
+
+/// Logs peers that started or stopped being counted.
+fn log_membership(peers: &[PeerStatus], was: &mut HashSet<ChitchatId>) {
+    let mut now_counted = HashSet::new();
+    for p in peers {
+        let id = ChitchatId::new(p.node_id.as_str(), p.generation, p.addr);
+        if p.counted {
+            if !was.contains(&id) {
+                tracing::info!(peer = %p.node_id, generation = p.generation, addr = %p.addr, "cluster peer counted");
+            }
+            now_counted.insert(id);
+        } else if was.contains(&id) {
+            tracing::warn!(peer = %p.node_id, generation = p.generation, addr = %p.addr, state = p.state, "cluster peer no longer counted: enforcing without its consumption");
+        }
+    }
+    for gone in was.difference(&now_counted) {
+        if !peers.iter().any(|p| p.node_id == *gone.node_id && p.generation == gone.generation_id) {
+            tracing::warn!(peer = %gone.node_id, generation = gone.generation_id, "cluster peer left");
+        }
+    }
+    *was = now_counted;
+}
