@@ -20,7 +20,7 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use ratelimit_common::{map_names, Config, PROGRAM_NAME};
+use ratelimit_common::{map_names, Config, PrefixKey, PROGRAM_NAME};
 
 pub use crate::config::AttachMode;
 use crate::compile::CompiledRuleSet;
@@ -121,6 +121,13 @@ pub struct Dataplane {
     attachments: Vec<Attachment>,
     /// Rule ids named in the rule set in force.
     live_ids: BTreeSet<u32>,
+    /// Prefix keys (data, LPM prefix length) of the generation in force, so retiring it deletes
+    /// exactly those instead of walking the trie (an LPM walk of 200k keys takes seconds).
+    /// `None` until known: after an adoption, the first install walks the trie once.
+    live_keys: Option<Vec<(PrefixKey, u32)>>,
+    /// The inactive generation is known to be empty (false at start and while an install that
+    /// may fail half-way is writing it).
+    inactive_clean: bool,
 }
 
 impl Dataplane {
@@ -155,7 +162,7 @@ impl Dataplane {
         program.load().map_err(|e| DataplaneError::Load(verifier_error(&e)))?;
         let maps = PinnedMaps::open(&opts.pin_dir)?;
         let live_ids = maps.named_rules()?.into_keys().collect();
-        Ok(Self { ebpf, maps, attachments: Vec::new(), live_ids })
+        Ok(Self { ebpf, maps, attachments: Vec::new(), live_ids, live_keys: None, inactive_clean: false })
     }
 
     /// The pin directory.
@@ -315,7 +322,12 @@ impl Dataplane {
             self.maps.set_rule_meta(r.id, Some((&r.name, line)))?;
         }
         // 2. The inactive generation: clear leftovers (say, of a crash mid-install), then fill.
-        self.maps.clear_generation(next)?;
+        if !self.inactive_clean {
+            // Unknown contents (first install, pins left by another agent, or an install that
+            // failed half-way): clear whatever the inactive generation holds.
+            self.maps.clear_generation(next)?;
+        }
+        self.inactive_clean = false;
         for p in &set.prefixes {
             #[expect(clippy::cast_possible_truncation, reason = "generation is 0 or 1")]
             self.maps.insert_prefix(p.key(next as u8), p.lpm_prefix_len(), p.rules)?;
@@ -324,7 +336,19 @@ impl Dataplane {
         self.maps.set_config(Config { generation: next, ..config })?;
         // 4. Retire the old generation once no packet can still be reading it.
         thread::sleep(GRACE);
-        self.maps.clear_generation(1 - next)?;
+        let new_keys: Vec<(PrefixKey, u32)> = set
+            .prefixes
+            .iter()
+            .map(|p| {
+                #[expect(clippy::cast_possible_truncation, reason = "generation is 0 or 1")]
+                (p.key(next as u8), p.lpm_prefix_len())
+            })
+            .collect();
+        match self.live_keys.replace(new_keys) {
+            Some(old) => self.maps.remove_prefixes(&old)?,
+            None => self.maps.clear_generation(1 - next)?,
+        }
+        self.inactive_clean = true;
         let gone: BTreeSet<u32> = self.live_ids.difference(&new_ids).copied().collect();
         for &id in &gone {
             self.maps.set_rule_meta(id, None)?;

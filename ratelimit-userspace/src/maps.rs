@@ -250,6 +250,19 @@ impl PinnedMaps {
             .map_err(op(map_names::PREFIXES))
     }
 
+    /// Removes the given prefix entries (data, LPM prefix length); missing ones are skipped.
+    pub fn remove_prefixes(&mut self, keys: &[(PrefixKey, u32)]) -> Result<()> {
+        let mut trie: LpmTrie<_, PrefixKey, RuleSet> =
+            LpmTrie::try_from(&mut self.prefixes).map_err(op(map_names::PREFIXES))?;
+        for &(key, len) in keys {
+            match trie.remove(&aya::maps::lpm_trie::Key::new(len, key)) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(op(map_names::PREFIXES)(e)),
+            }
+        }
+        Ok(())
+    }
+
     /// Removes every prefix entry of `generation`.
     pub fn clear_generation(&mut self, generation: u32) -> Result<()> {
         let mut trie: LpmTrie<_, PrefixKey, RuleSet> =
