@@ -101,6 +101,9 @@ pub fn prepare(opts: &AgentOptions) -> Result<Config, AgentError> {
         return Err(AgentError::NoInterfaces(opts.config_path.clone()));
     }
     check_interfaces(&config.agent.interfaces, &origin)?;
+    if let Some(cluster) = &config.cluster {
+        crate::cluster::check(cluster)?;
+    }
     // Compile once against empty ids: proves the rule set is valid before anything is loaded.
     compile(&config.rules, &RuleIds::new()).map_err(|source| AgentError::Compile {
         origin: opts.config_path.display().to_string(),
@@ -143,6 +146,8 @@ pub struct Agent {
     dp: Dataplane,
     reload: ReloadState,
     started: Instant,
+    /// The cluster sync, when `[cluster]` is set and it runs.
+    cluster: Option<crate::cluster::ClusterHandle>,
 }
 
 /// The agent as the API and tasks share it.
@@ -175,6 +180,7 @@ impl Agent {
             dp,
             reload: ReloadState::default(),
             started: Instant::now(),
+            cluster: None,
         };
         if let Err(e) = agent.bring_up(&config, adopted) {
             if let Err(cleanup) = agent.dp.remove() {
@@ -339,6 +345,12 @@ impl Agent {
         }
     }
 
+    /// The list files (`source_file`) the rules in force were read from.
+    #[must_use]
+    pub fn list_files(&self) -> Vec<PathBuf> {
+        self.config.rules.iter().filter_map(|r| r.source_file.clone()).collect()
+    }
+
     /// The config in force.
     #[must_use]
     pub fn config(&self) -> &Config {
@@ -361,6 +373,12 @@ impl Agent {
     #[must_use]
     pub fn reload_state(&self) -> &ReloadState {
         &self.reload
+    }
+
+    /// The cluster's members and counters (`None` without `[cluster]`).
+    #[must_use]
+    pub fn cluster_status(&self) -> Option<crate::cluster::ClusterStatus> {
+        self.cluster.as_ref().map(crate::cluster::ClusterHandle::status)
     }
 
     /// What `ratelimit status` shows.
@@ -387,6 +405,7 @@ impl Agent {
             buckets_tracked: maps.buckets()?.len() as u64,
             buckets_capacity: u64::from(maps.bucket_capacity()?),
             reloads: self.reload.clone(),
+            cluster: self.cluster_status(),
         })
     }
 
@@ -610,6 +629,8 @@ pub struct Status {
     pub buckets_capacity: u64,
     /// Reload bookkeeping.
     pub reloads: ReloadState,
+    /// Cluster members and counters, when `[cluster]` is set.
+    pub cluster: Option<crate::cluster::ClusterStatus>,
 }
 
 /// One attached interface.
@@ -678,6 +699,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         }
     };
     let (metrics_addr, ebpf_log) = (agent.config.agent.metrics, agent.config.agent.ebpf_log);
+    let (cluster, pin_dir) = (agent.config.cluster.clone(), agent.dp.pin_dir().to_path_buf());
     let agent: SharedAgent = Arc::new(Mutex::new(agent));
 
     let mut tasks = Vec::new();
@@ -689,6 +711,22 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         match crate::metrics::serve(addr, agent.clone()).await {
             Ok(task) => tasks.push(task),
             Err(e) => {
+                let _ = std::fs::remove_file(&socket);
+                shutdown_shared(agent).await?;
+                return Err(e);
+            }
+        }
+    }
+    if let Some(cluster) = cluster {
+        match crate::cluster::spawn(&cluster, agent.clone(), &pin_dir).await {
+            Ok((handle, task)) => {
+                agent.lock().await.cluster = Some(handle);
+                tasks.push(task);
+            }
+            Err(e) => {
+                for task in tasks {
+                    task.abort();
+                }
                 let _ = std::fs::remove_file(&socket);
                 shutdown_shared(agent).await?;
                 return Err(e);
@@ -743,17 +781,28 @@ fn spawn_config_watcher(path: PathBuf, agent: SharedAgent) -> tokio::task::JoinH
             use std::os::unix::fs::MetadataExt as _;
             std::fs::metadata(p).ok().map(|m| (m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
         };
-        let mut last = stamp(&path);
+        // The config file and the list files (`source_file`) of the rules in force.
+        let watched = |lists: Vec<PathBuf>| {
+            std::iter::once(path.clone()).chain(lists).map(|p| (stamp(&p), p)).collect::<Vec<_>>()
+        };
+        let mut last = watched(agent.lock().await.list_files());
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         loop {
             tick.tick().await;
-            let now = stamp(&path);
+            let lists = agent.lock().await.list_files();
+            let now = watched(lists);
             if now != last {
-                last = now;
+                let changed: Vec<String> = now
+                    .iter()
+                    .filter(|n| !last.contains(n))
+                    .map(|(_, p)| p.display().to_string())
+                    .collect();
                 let mut guard = agent.lock().await;
                 // Our own write-back also changes the file: reloading it is harmless (same rules).
-                tracing::info!(path = %path.display(), "config file changed: reloading");
+                tracing::info!(changed = ?changed, "config or list file changed: reloading");
                 let _ = guard.reload();
+                // Stamp after the reload: the rules in force may name other list files now.
+                last = watched(guard.list_files());
             }
         }
     })

@@ -9,10 +9,13 @@
 //! - [`dataplane`]: loads and attaches the XDP program and swaps rule sets in atomically.
 //! - [`api`]: the control API (HTTP/JSON on a root-only Unix socket): routes and JSON shapes.
 //! - [`client`]: the API's client, used by the CLI; [`render`]: its human output (tables).
+//! - [`cluster`]: cluster-wide budgets: gossip (chitchat, authenticated) of heavy sources'
+//!   consumption, charged into the local buckets.
 //! - [`stats`]: counter reports for `ratelimit stats` (table and JSON).
 pub mod agent;
 pub mod api;
 pub mod client;
+pub mod cluster;
 pub mod compile;
 pub mod config;
 pub mod dataplane;

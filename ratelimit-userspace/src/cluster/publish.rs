@@ -260,8 +260,7 @@ impl LocalTracker {
         let set = self
             .published
             .iter_mut()
-            .filter(|(_, p)| std::mem::take(&mut p.dirty))
-            .map(|(k, p)| (k.to_key(), p.count.to_value()))
+            .filter_map(|(k, p)| std::mem::take(&mut p.dirty).then(|| (k.to_key(), p.count.to_value())))
             .collect();
         (set, std::mem::take(&mut self.retired))
     }

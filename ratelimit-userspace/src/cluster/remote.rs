@@ -169,7 +169,12 @@ impl<P: Clone + Eq + Hash> RemoteTracker<P> {
                     // baseline.
                     _ => (0, 0, now),
                 };
+                // The high-water mark never goes down (an older report of the same epoch).
                 let mut applied = Applied { count: *count, at_ns: now };
+                if let Some(a) = prev.filter(|a| a.count.epoch == count.epoch) {
+                    applied.count.pkts = applied.count.pkts.max(a.count.pkts);
+                    applied.count.bytes = applied.count.bytes.max(a.count.bytes);
+                }
                 if dp > 0 || db > 0 {
                     if let Some(l) = limits.get(&name.rule) {
                         let (dp, db, clamped) = clamp(l, dp, db, now.saturating_sub(since));

@@ -150,9 +150,11 @@ impl SyncLoop {
 
             // 3. Peers' gains -> charges.
             let now = monotonic_ns();
-            let round = remote.round(now, &views, &rules.limits());
+            let mut round = remote.round(now, &views, &rules.limits());
+            let keys_synced = round.keys_synced;
             if !round.charges.is_empty() {
                 let Some(mut b) = blocking.take() else { return };
+                let round = std::mem::take(&mut round);
                 let charged = tokio::task::spawn_blocking(move || {
                     let r = b.charge(&rules, &round);
                     (b, r)
@@ -168,7 +170,7 @@ impl SyncLoop {
                 Counters::add(&c.charge_errors, errors);
                 Counters::add(&c.charges_clamped, clamped);
             }
-            c.keys_synced.store(round.keys_synced, std::sync::atomic::Ordering::Relaxed);
+            c.keys_synced.store(keys_synced, std::sync::atomic::Ordering::Relaxed);
 
             // 4. Status.
             let peers = peer_statuses(&remote, now, super::unix_ms());

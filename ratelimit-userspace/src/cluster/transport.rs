@@ -22,7 +22,7 @@ use std::{
     io,
     net::{Ipv4Addr, SocketAddr},
     sync::Arc,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 use async_trait::async_trait;
@@ -34,6 +34,7 @@ use tokio::net::UdpSocket;
 
 use super::{
     key::ClusterKey,
+    unix_ms,
     status::{Counters, Shared},
     wire::{Codec, Reject},
 };
@@ -95,12 +96,6 @@ struct SecureSocket {
     by_relay: HashMap<SocketAddr, SocketAddr>,
     buf: Vec<u8>,
     shared: Arc<Shared>,
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn counters(shared: &Shared) -> &Counters {
@@ -247,6 +242,71 @@ impl Socket for SecureSocket {
                 Event::Public(Err(e)) if is_transient(&e) => {}
                 Event::Public(Err(e)) => return Err(anyhow::anyhow!("gossip socket: {e}")),
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use chitchat::{spawn_chitchat, ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, ProtocolVersion};
+
+    use super::*;
+
+    async fn node(port_hint: &str, secret: u8, seeds: &[SocketAddr]) -> (ChitchatHandle, Arc<Shared>, SocketAddr) {
+        // Bind port 0 first to find a free port, then give chitchat that address.
+        let probe = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let shared = Arc::new(Shared::default());
+        let key = ClusterKey::from_secret(&[secret; 32], "test").unwrap();
+        let config = ChitchatConfig {
+            chitchat_id: ChitchatId::new(format!("{port_hint}/{addr}"), 1, addr),
+            cluster_id: "test".into(),
+            gossip_interval: Duration::from_millis(50),
+            listen_addr: addr,
+            seed_nodes: seeds.iter().map(ToString::to_string).collect(),
+            failure_detector_config: FailureDetectorConfig {
+                initial_interval: Duration::from_millis(50),
+                ..FailureDetectorConfig::default()
+            },
+            marked_for_deletion_grace_period: Duration::from_secs(60),
+            catchup_callback: None,
+            extra_liveness_predicate: None,
+            protocol_version: ProtocolVersion::V1,
+        };
+        let transport = SecureTransport::new(key, "test".into(), shared.clone());
+        let handle = spawn_chitchat(config, vec![("hello".into(), port_hint.into())], &transport).await.unwrap();
+        (handle, shared, addr)
+    }
+
+    async fn sees(h: &ChitchatHandle, value: &str) -> bool {
+        h.with_chitchat(|c| c.node_states().values().any(|s| s.get("hello") == Some(value))).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sealed_gossip_converges_and_a_wrong_key_is_kept_out() {
+        let (a, a_shared, a_addr) = node("a", 1, &[]).await;
+        let (b, b_shared, _) = node("b", 1, &[a_addr]).await;
+        let (intruder, intruder_shared, _) = node("x", 2, &[a_addr]).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(sees(&a, "b").await && sees(&b, "a").await) {
+            assert!(Instant::now() < deadline, "a and b never exchanged state");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Let the intruder try for a while.
+        while a_shared.counters.rejected_auth.load(Relaxed) < 3 {
+            assert!(Instant::now() < deadline, "the intruder's datagrams were never rejected");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!sees(&a, "x").await && !sees(&b, "x").await, "the wrong key got into the cluster");
+        assert!(!sees(&intruder, "a").await, "the intruder learnt the cluster's state");
+        let (av, bv) = (a_shared.counters.values(), b_shared.counters.values());
+        assert!(av.messages_in > 0 && av.messages_out > 0 && av.bytes_out > 0 && bv.messages_in > 0, "{av:?} {bv:?}");
+        assert_eq!(intruder_shared.counters.values().messages_in, 0);
+        for h in [a, b, intruder] {
+            h.shutdown().await.unwrap();
         }
     }
 }

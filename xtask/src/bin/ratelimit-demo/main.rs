@@ -232,12 +232,6 @@ fn run(cli: &Cli, interrupted: &AtomicBool, made: &mut Made) -> Result<()> {
         rate: rule.rate.context("the demo's rule has no rate")?,
         burst: rule.burst.context("the demo's rule has no burst")?,
     };
-    println!("The agent's config:");
-    for line in config_text.lines() {
-        println!("    {line}");
-    }
-    println!();
-
     announce("Starting the agent in the server namespace and waiting until it has attached");
     made.pin_path = Some(pin_path.clone());
     let agent = AgentProcess::start(&server, &config_text, &[])?;
@@ -245,6 +239,14 @@ fn run(cli: &Cli, interrupted: &AtomicBool, made: &mut Made) -> Result<()> {
     for line in agent.log().lines() {
         eprintln!("    agent | {line}");
     }
+    // As the agent read it: the test bed adds a control socket of its own to the text above.
+    let in_force = std::fs::read_to_string(agent.config_path())
+        .with_context(|| format!("reading {}", agent.config_path().display()))?;
+    println!("The agent's config ({}):", agent.config_path().display());
+    for line in in_force.lines() {
+        println!("{}", format!("    {line}").trim_end());
+    }
+    println!();
     check()?;
 
     let receiver = Receiver::bind(&server, SocketAddr::new(SERVER, 0))?;

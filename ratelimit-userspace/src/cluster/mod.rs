@@ -1,0 +1,198 @@
+//! Cluster-wide budgets: agents gossip how much each heavy source of a `scope = "cluster"` rule
+//! consumed, and every agent charges its local bucket for what the others admitted, so N hosts
+//! together admit what one host with the rule would.
+//!
+//! Membership, failure detection and dissemination are chitchat's (Quickwit's scuttlebutt
+//! anti-entropy gossip with a phi-accrual failure detector): each agent publishes its counters as
+//! key-values of its own node state, and chitchat brings every peer's state to everyone. chitchat
+//! does not authenticate, so its datagrams go through [`transport`], which seals each one with
+//! ChaCha20-Poly1305 under a key derived from `[cluster] key_file` and the cluster id.
+//!
+//! # Layout
+//! - [`key`]: the key file, its checks, the derived key.
+//! - [`wire`]: the sealed datagram format (nonce, time, fragments, replay window).
+//! - [`transport`]: chitchat's transport over the sealed format.
+//! - [`publish`]: the local counters and the choice of the heaviest keys.
+//! - [`remote`]: the peers' counters and what is still to be charged, per peer incarnation.
+//! - [`charge`]: charging a pinned bucket from user space.
+//! - [`sync`]: the round that ties them together; [`status`]: what `peers`, `status` and the
+//!   metrics show.
+//!
+//! # Accuracy and failures
+//! Counters are cumulative and per epoch, so lost, repeated or reordered gossip charges nothing
+//! twice. A burst admitted everywhere at once is charged to every host afterwards and paid back
+//! (the bucket goes into debt). The overshoot is bounded by `hosts x burst` once, plus
+//! `rate x sync lag` while the load shifts. A peer not heard for [`peer_timeout`] stops being
+//! counted; when heard again its consumption meanwhile is not charged late: in a partition each
+//! side enforces the budget on its own (fail open). The XDP program enforces the local bucket
+//! whether or not the agent runs.
+
+pub mod charge;
+pub mod key;
+pub mod publish;
+pub mod remote;
+pub mod status;
+pub mod sync;
+pub mod transport;
+pub mod wire;
+
+use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
+
+use chitchat::{spawn_chitchat, ChitchatConfig, ChitchatId, FailureDetectorConfig, ProtocolVersion};
+
+pub use self::status::{ClusterStatus, CounterValues, PeerStatus};
+use self::{key::ClusterKey, status::Shared, transport::SecureTransport};
+use crate::{
+    agent::{AgentError, SharedAgent},
+    config::ClusterConfig,
+    maps::PinnedMaps,
+};
+
+/// Most keys each agent publishes, and reads from each peer, per sync: the heaviest first.
+/// Bounds message size, memory and CPU however many sources there are.
+pub const MAX_KEYS: usize = 1000;
+/// A peer is no longer counted after this long without news, unless 10 sync intervals are
+/// longer.
+pub const MIN_PEER_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long chitchat keeps a dead peer's state before forgetting it.
+const DEAD_NODE_GRACE: Duration = Duration::from_secs(600);
+/// How long chitchat keeps a deleted key's tombstone.
+const TOMBSTONE_GRACE: Duration = Duration::from_secs(60);
+
+/// The silence after which a peer stops being counted: 10 sync intervals, at least 3 s.
+#[must_use]
+pub fn peer_timeout(config: &ClusterConfig) -> Duration {
+    MIN_PEER_TIMEOUT.max(Duration::from_millis(config.sync_interval_ms.saturating_mul(10)))
+}
+
+/// Checks what can be checked before anything starts: the key file.
+pub fn check(config: &ClusterConfig) -> Result<(), AgentError> {
+    ClusterKey::load(&config.key_file, &config.cluster_id).map(|_| ()).map_err(|e| AgentError::Runtime(e.to_string()))
+}
+
+/// The running cluster sync, as the agent holds it.
+#[derive(Clone, Debug)]
+pub struct ClusterHandle {
+    shared: Arc<Shared>,
+}
+
+impl ClusterHandle {
+    /// Members and counters now.
+    #[must_use]
+    pub fn status(&self) -> ClusterStatus {
+        self.shared.status()
+    }
+}
+
+/// Starts gossip on `[cluster] listen` and the sync loop over the maps pinned in `pin_dir`.
+/// Returns the handle for the status and the task to abort at shutdown (which also stops gossip).
+pub async fn spawn(
+    config: &ClusterConfig,
+    agent: SharedAgent,
+    pin_dir: &Path,
+) -> Result<(ClusterHandle, tokio::task::JoinHandle<()>), AgentError> {
+    let err = |what: &str, e: &dyn std::fmt::Display| AgentError::Runtime(format!("[cluster] {what}: {e}"));
+    let key = ClusterKey::load(&config.key_file, &config.cluster_id).map_err(|e| AgentError::Runtime(e.to_string()))?;
+    let advertise = advertise_addr(config)?;
+    let generation = unix_ms();
+    let node_id = format!("{}/{advertise}", hostname());
+    let interval = Duration::from_millis(config.sync_interval_ms.max(1));
+    let timeout = peer_timeout(config);
+    let shared = Arc::new(Shared::default());
+    {
+        let mut view = shared.view.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *view = ClusterStatus {
+            cluster_id: config.cluster_id.clone(),
+            node_id: node_id.clone(),
+            generation,
+            listen: Some(config.listen),
+            advertise: Some(advertise),
+            sync_interval_ms: config.sync_interval_ms,
+            max_keys: MAX_KEYS,
+            peer_timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            ..ClusterStatus::default()
+        };
+    }
+    let chitchat_config = ChitchatConfig {
+        chitchat_id: ChitchatId::new(node_id.as_str(), generation, advertise),
+        cluster_id: config.cluster_id.clone(),
+        gossip_interval: interval,
+        listen_addr: config.listen,
+        seed_nodes: config.seeds.iter().map(ToString::to_string).collect(),
+        failure_detector_config: FailureDetectorConfig {
+            // chitchat's default threshold; the prior interval is the gossip interval (not its
+            // default 5 s), so a silent peer is declared dead within seconds, not a minute.
+            phi_threshold: 8.0,
+            sampling_window_size: 1000,
+            max_interval: Duration::from_secs(10),
+            initial_interval: interval,
+            dead_node_grace_period: DEAD_NODE_GRACE,
+        },
+        marked_for_deletion_grace_period: TOMBSTONE_GRACE,
+        catchup_callback: None,
+        extra_liveness_predicate: None,
+        // Every agent of this version decodes V1 (compressed digests).
+        protocol_version: ProtocolVersion::V1,
+    };
+    let transport = SecureTransport::new(key, config.cluster_id.clone(), shared.clone());
+    let maps = PinnedMaps::open(pin_dir).map_err(|e| err("opening the pinned maps", &e))?;
+    let chitchat = spawn_chitchat(chitchat_config, Vec::new(), &transport)
+        .await
+        .map_err(|e| err("starting gossip", &format!("{e:#}")))?;
+    tracing::info!(
+        node = %node_id,
+        generation,
+        listen = %config.listen,
+        seeds = ?config.seeds,
+        cluster_id = %config.cluster_id,
+        sync_interval_ms = config.sync_interval_ms,
+        "cluster gossip started"
+    );
+    let task = tokio::spawn(
+        sync::SyncLoop {
+            agent,
+            chitchat,
+            maps,
+            shared: shared.clone(),
+            interval,
+            max_keys: MAX_KEYS,
+            peer_timeout: timeout,
+        }
+        .run(),
+    );
+    Ok((ClusterHandle { shared }, task))
+}
+
+/// The address peers reach us at: `listen`, or when that is a wildcard, the local address the
+/// kernel would use towards the first seed.
+fn advertise_addr(config: &ClusterConfig) -> Result<SocketAddr, AgentError> {
+    if !config.listen.ip().is_unspecified() {
+        return Ok(config.listen);
+    }
+    for seed in &config.seeds {
+        let bind: SocketAddr = if seed.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { ([0u16; 8], 0).into() };
+        // connect() on UDP sends nothing: it only picks the route and source address.
+        let probe = std::net::UdpSocket::bind(bind).and_then(|s| s.connect(seed).and_then(|()| s.local_addr()));
+        if let Ok(local) = probe {
+            if !local.ip().is_unspecified() && !local.ip().is_loopback() {
+                return Ok(SocketAddr::new(local.ip(), config.listen.port()));
+            }
+        }
+    }
+    Err(AgentError::Runtime(format!(
+        "[cluster] listen = \"{}\" is a wildcard address and no seed is reachable to tell which address peers should use; \
+         set listen to this host's address",
+        config.listen
+    )))
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "localhost".to_string(), |h| h.trim().to_string())
+}
+
+/// Wall-clock Unix milliseconds.
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

@@ -1,0 +1,424 @@
+//! Cluster-wide budget, end to end: three real agents, each in its own namespace with the limiter
+//! attached, gossiping over their own addresses, share one `scope = "cluster"` budget. One sender
+//! spreads a single source's flood across them unevenly at 5x the budget; the cluster as a whole
+//! must admit the budget. Then the split changes, one host is cut off (each side of the partition
+//! then enforces the budget on its own: fail open), and the cut is healed. A fourth agent with the
+//! wrong key gossips at the others all along and must change nothing. A polite source loses
+//! nothing throughout.
+//!
+//! ```text
+//!            sw namespace: bridge "rlbd" (data, 198.18.0.0/24), bridge "rlbg" (gossip, 198.18.1.0/24)
+//!   tx  --data-- rlbd --data-- h0 h1 h2 (cluster, key A)   h3 (key B)
+//!               rlbg --gossip-- h0 h1 h2 h3
+//! ```
+//! Gossip has a link of its own so that a partition is one `ip link set down`, cutting gossip
+//! while the host keeps receiving its share of the flood.
+//!
+//! The measured figures (admitted/budget per phase, time to converge, gossip bytes per second per
+//! host) are printed; run with `--nocapture` to see them.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ratelimit_testbed::{
+    add_addr, agent_binary, bind_udp, leftover_check, mac, neigh_to_peer, require_root, send_udp,
+    veth_pair, AgentProcess, Netns, Receiver,
+};
+use serde_json::Value;
+
+/// The cluster rule: one source may send this many packets per second cluster-wide...
+const RATE: f64 = 1000.0;
+/// ... after a burst of this many.
+const BURST: u64 = 500;
+/// The flood: 5x the budget, in total.
+const FLOOD_PPS: u64 = 5000;
+/// The polite source, to each of the three hosts (300 pps cluster-wide, under the budget).
+const POLITE_PPS: u64 = 100;
+/// The wrong-key host's share of the flood: under its own (local) budget, so it admits all of it.
+const INTRUDER_PPS: u64 = 800;
+const PAYLOAD: usize = 64;
+const PORT: u16 = 9000;
+const GOSSIP_PORT: u16 = 7946;
+const SYNC_MS: u64 = 100;
+/// Allowed deviation of an admitted rate from what is expected.
+const TOLERANCE: f64 = 0.10;
+const FLOOD: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
+const POLITE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 101);
+const SAMPLE: Duration = Duration::from_millis(250);
+
+fn data_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(198, 18, 0, 1 + u8::try_from(i).unwrap())
+}
+
+fn gossip_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(198, 18, 1, 1 + u8::try_from(i).unwrap())
+}
+
+struct Host {
+    ns: Netns,
+    data_if: String,
+    gossip_if: String,
+}
+
+/// One phase of the run: how long, how the flood is split over h0..h2 (percent), and what
+/// happens to h0's gossip link at its start.
+struct Phase {
+    name: &'static str,
+    secs: f64,
+    split: [u64; 3],
+    h0_gossip: Option<bool>,
+    /// Seconds into the phase after which it is measured.
+    settle: f64,
+}
+
+const PHASES: [Phase; 4] = [
+    Phase { name: "70/20/10", secs: 8.0, split: [70, 20, 10], h0_gossip: None, settle: 2.0 },
+    Phase { name: "split changed to 10/20/70", secs: 7.0, split: [10, 20, 70], h0_gossip: None, settle: 2.0 },
+    Phase { name: "h0 cut off (70/20/10)", secs: 8.0, split: [70, 20, 10], h0_gossip: Some(false), settle: 3.0 },
+    Phase { name: "cut healed (70/20/10)", secs: 7.0, split: [70, 20, 10], h0_gossip: Some(true), settle: 3.0 },
+];
+
+/// Counts of the flood source at h0..h3, `t` seconds after the flood started.
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    t: f64,
+    flood: [u64; 4],
+}
+
+fn config(host: &Host, i: usize, key: &Path, cluster_hosts: usize) -> String {
+    let seeds: Vec<String> = (0..cluster_hosts).map(|j| format!("{}:{GOSSIP_PORT}", gossip_ip(j))).collect();
+    format!(
+        r#"[agent]
+interfaces = ["{}"]
+mode = "auto"
+
+[[rule]]
+name = "cluster-flood"
+source = "198.18.0.0/24"
+rate = {RATE}
+burst = {BURST}
+per = "source"
+scope = "cluster"
+
+[cluster]
+listen = "{}:{GOSSIP_PORT}"
+seeds = {seeds:?}
+key_file = "{}"
+sync_interval_ms = {SYNC_MS}
+cluster_id = "e2e-cluster"
+"#,
+        host.data_if,
+        gossip_ip(i),
+        key.display()
+    )
+}
+
+/// `ratelimit --socket S status --json`, parsed.
+fn status(agent: &AgentProcess) -> Value {
+    let out = Command::new(agent_binary())
+        .arg("--socket")
+        .arg(agent.socket_path())
+        .args(["status", "--json"])
+        .output()
+        .expect("running ratelimit status");
+    assert!(out.status.success(), "status failed: {}\n{}", String::from_utf8_lossy(&out.stderr), agent.log());
+    serde_json::from_slice(&out.stdout).expect("status JSON")
+}
+
+fn counted_peers(status: &Value) -> Vec<String> {
+    status["cluster"]["peers"]
+        .as_array()
+        .map(|ps| ps.iter().filter(|p| p["counted"] == true).map(|p| p["addr"].as_str().unwrap_or("").to_string()).collect())
+        .unwrap_or_default()
+}
+
+fn counter(status: &Value, name: &str) -> u64 {
+    status["cluster"]["counters"][name].as_u64().unwrap_or_else(|| panic!("no cluster counter {name}: {status}"))
+}
+
+fn tx_bytes(ns: &Netns, ifname: &str) -> u64 {
+    let out = ns.ip(&["-s", "-j", "link", "show", "dev", ifname]).unwrap();
+    let link: Value = serde_json::from_str(&out).unwrap();
+    link[0]["stats64"]["tx"]["bytes"].as_u64().unwrap_or(0)
+}
+
+/// Admitted packets per second from `hosts` between `t1` and `t2` (the samples nearest inside).
+fn rate(samples: &[Sample], hosts: &[usize], t1: f64, t2: f64) -> f64 {
+    let first = samples.iter().find(|s| s.t >= t1).expect("a sample after t1");
+    let last = samples.iter().rev().find(|s| s.t <= t2).expect("a sample before t2");
+    let sum = |s: &Sample| hosts.iter().map(|&h| s.flood[h]).sum::<u64>();
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let admitted = (sum(last) - sum(first)) as f64;
+    admitted / (last.t - first.t)
+}
+
+/// Seconds from `t0` until the cluster's admitted rate (over 1 s windows) stays within the
+/// tolerance of the budget up to `t1`; `None` if it never does.
+fn convergence(samples: &[Sample], t0: f64, t1: f64) -> Option<f64> {
+    let windows: Vec<(f64, f64)> = samples
+        .iter()
+        .filter(|s| s.t >= t0 + 1.0 && s.t <= t1)
+        .map(|s| (s.t, rate(samples, &[0, 1, 2], s.t - 1.0, s.t)))
+        .collect();
+    let bad = windows.iter().rposition(|(_, r)| (r / RATE - 1.0).abs() > TOLERANCE);
+    match bad {
+        None => windows.first().map(|(t, _)| t - 1.0 - t0),
+        Some(i) if i + 1 < windows.len() => Some(windows[i + 1].0 - 1.0 - t0),
+        Some(_) => None,
+    }
+}
+
+fn write_key(dir: &Path, name: &str, secret: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("{secret}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+fn assert_within(what: &str, got: f64, want: f64) {
+    let dev = got / want - 1.0;
+    assert!(dev.abs() <= TOLERANCE, "{what}: {got:.0} pps, expected {want:.0} +-{:.0}% (off by {:+.1}%)", TOLERANCE * 100.0, dev * 100.0);
+}
+
+#[test]
+#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
+fn cluster_enforces_one_budget_fails_open_on_partition_and_ignores_a_wrong_key() {
+    require_root();
+    let keys = std::env::temp_dir().join(format!("rl-cl-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&keys).unwrap();
+    let good = write_key(&keys, "cluster.key", "k8Qx2v9Lm4Tz7Rb1Nc6Yh3Wd5Gf0Ps8Ju2Ea4Ko7Ui1");
+    let wrong = write_key(&keys, "wrong.key", "Zq1Xw2Ce3Rv4Tb5Yn6Um7Ii8Oo9Pp0Aa1Ss2Dd3Ff4G");
+
+    // --- Network: a switch namespace with two bridges, the sender, four hosts. ---
+    let sw = Netns::new("rl-cl-sw").unwrap();
+    for br in ["rlbd", "rlbg"] {
+        sw.ip(&["link", "add", "name", br, "type", "bridge"]).unwrap();
+        sw.ip(&["link", "set", br, "up"]).unwrap();
+    }
+    let plug = |ns: &Netns, prefix: &str, bridge: &str| -> (String, String) {
+        let (inside, port) = veth_pair(ns, &sw, prefix).unwrap();
+        sw.ip(&["link", "set", &port, "master", bridge]).unwrap();
+        (inside, port)
+    };
+    let tx = Netns::new("rl-cl-tx").unwrap();
+    let (tx_if, _) = plug(&tx, "ct", "rlbd");
+    add_addr(&tx, &tx_if, &format!("{FLOOD}/24")).unwrap();
+    add_addr(&tx, &tx_if, &format!("{POLITE}/24")).unwrap();
+    let mut hosts = Vec::new();
+    for i in 0..4 {
+        let ns = Netns::new(&format!("rl-cl-h{i}")).unwrap();
+        let (data_if, data_port) = plug(&ns, "cd", "rlbd");
+        let (gossip_if, _) = plug(&ns, "cg", "rlbg");
+        add_addr(&ns, &data_if, &format!("{}/24", data_ip(i))).unwrap();
+        add_addr(&ns, &gossip_if, &format!("{}/24", gossip_ip(i))).unwrap();
+        // The hosts never send on the data link, so the bridge would never learn where their
+        // MACs are and would flood every frame to every host (whose XDP would count it): pin them.
+        sw.run(&["bridge", "fdb", "replace", &mac(&ns, &data_if).unwrap(), "dev", &data_port, "master", "static"]).unwrap();
+        neigh_to_peer(&tx, &tx_if, IpAddr::V4(data_ip(i)), &ns, &data_if).unwrap();
+        hosts.push(Host { ns, data_if, gossip_if });
+    }
+
+    // --- Agents: h0..h2 with the cluster key, h3 with another, all seeded with h0..h2. ---
+    let mut agents = Vec::new();
+    for (i, host) in hosts.iter().enumerate() {
+        let key = if i < 3 { &good } else { &wrong };
+        let agent = AgentProcess::start(&host.ns, &config(host, i, key, 3), &[])
+            .unwrap_or_else(|e| panic!("agent h{i}: {e:#}"));
+        agents.push(agent);
+    }
+    let receivers: Vec<Receiver> = (0..4)
+        .map(|i| Receiver::bind(&hosts[i].ns, SocketAddr::new(IpAddr::V4(data_ip(i)), PORT)).unwrap())
+        .collect();
+
+    // The cluster forms: each of h0..h2 counts the other two, and nobody counts h3.
+    let formed = Instant::now();
+    loop {
+        let statuses: Vec<Value> = agents.iter().map(status).collect();
+        let ok = (0..3).all(|i| counted_peers(&statuses[i]).len() == 2);
+        if ok {
+            println!("cluster formed in {:.1} s", formed.elapsed().as_secs_f64());
+            break;
+        }
+        assert!(
+            formed.elapsed() < Duration::from_secs(20),
+            "the cluster did not form within 20 s: {statuses:#?}\nh0 log:\n{}",
+            agents[0].log()
+        );
+        thread::sleep(Duration::from_millis(200));
+    }
+
+    // --- Traffic, phase by phase, sampled every 250 ms. ---
+    let dst = |i: usize| SocketAddr::new(IpAddr::V4(data_ip(i)), PORT);
+    let flood_ip = IpAddr::V4(FLOOD);
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut polite_sent = [0u64; 3];
+    let mut phase_bounds = Vec::new();
+    let mut gossip_bytes = Vec::new();
+    let mut statuses_after = Vec::new();
+    let start = Instant::now();
+    for phase in &PHASES {
+        if let Some(up) = phase.h0_gossip {
+            hosts[0].ns.ip(&["link", "set", &hosts[0].gossip_if, if up { "up" } else { "down" }]).unwrap();
+        }
+        let t0 = start.elapsed().as_secs_f64();
+        let before: Vec<(u64, u64)> = (0..3)
+            .map(|i| (counter(&status(&agents[i]), "bytes_out"), tx_bytes(&hosts[i].ns, &hosts[i].gossip_if)))
+            .collect();
+        let duration = Duration::from_secs_f64(phase.secs);
+        let polite = thread::scope(|s| {
+            let mut flood = Vec::new();
+            for (i, pct) in phase.split.iter().enumerate() {
+                let sock = bind_udp(&tx, SocketAddr::new(flood_ip, 0)).unwrap();
+                let pps = FLOOD_PPS * pct / 100;
+                flood.push(s.spawn(move || send_udp(&sock, dst(i), pps, duration, PAYLOAD).unwrap()));
+            }
+            let sock = bind_udp(&tx, SocketAddr::new(flood_ip, 0)).unwrap();
+            flood.push(s.spawn(move || send_udp(&sock, dst(3), INTRUDER_PPS, duration, PAYLOAD).unwrap()));
+            let polite: Vec<_> = (0..3)
+                .map(|i| {
+                    let sock = bind_udp(&tx, SocketAddr::new(IpAddr::V4(POLITE), 0)).unwrap();
+                    s.spawn(move || send_udp(&sock, dst(i), POLITE_PPS, duration, PAYLOAD).unwrap())
+                })
+                .collect();
+            while !flood.iter().all(thread::ScopedJoinHandle::is_finished) {
+                let t = start.elapsed().as_secs_f64();
+                let mut counts = [0; 4];
+                for (c, r) in counts.iter_mut().zip(&receivers) {
+                    *c = r.counts().get(&flood_ip).copied().unwrap_or(0);
+                }
+                samples.push(Sample { t, flood: counts });
+                thread::sleep(SAMPLE);
+            }
+            for h in flood {
+                let report = h.join().unwrap();
+                if report.skipped > 0 {
+                    println!("note: a flood sender fell behind and skipped {} packets", report.skipped);
+                }
+            }
+            polite.into_iter().map(|h| h.join().unwrap().sent).collect::<Vec<_>>()
+        });
+        for (sent, p) in polite_sent.iter_mut().zip(polite) {
+            *sent += p;
+        }
+        let t1 = start.elapsed().as_secs_f64();
+        phase_bounds.push((t0, t1));
+        let statuses: Vec<Value> = agents.iter().map(status).collect();
+        gossip_bytes.push(
+            (0..3)
+                .map(|i| {
+                    (
+                        counter(&statuses[i], "bytes_out") - before[i].0,
+                        tx_bytes(&hosts[i].ns, &hosts[i].gossip_if) - before[i].1,
+                    )
+                })
+                .collect::<Vec<_>>(),
+        );
+        statuses_after.push(statuses);
+    }
+    for r in &receivers {
+        r.wait_idle(Duration::from_millis(200), Duration::from_secs(5));
+    }
+
+    // --- Figures. ---
+    println!("\nbudget {RATE} pps (burst {BURST}) per source, cluster-wide; flood {FLOOD_PPS} pps; sync {SYNC_MS} ms");
+    let mut results = Vec::new();
+    for (phase, &(t0, t1)) in PHASES.iter().zip(&phase_bounds) {
+        let (m0, m1) = (t0 + phase.settle, t1);
+        let per_host: Vec<f64> = (0..4).map(|h| rate(&samples, &[h], m0, m1)).collect();
+        let cluster = rate(&samples, &[0, 1, 2], m0, m1);
+        let conv = convergence(&samples, t0, t1);
+        println!(
+            "{:<28} measured {:>4.1}-{:>4.1} s: cluster (h0+h1+h2) {:>6.0} pps = {:.3} x budget; h0 {:>5.0} h1 {:>5.0} h2 {:>5.0} | h3 (wrong key) {:>4.0}; \
+             converged {}",
+            phase.name,
+            m0,
+            m1,
+            cluster,
+            cluster / RATE,
+            per_host[0],
+            per_host[1],
+            per_host[2],
+            per_host[3],
+            conv.map_or_else(|| "never (see below)".to_string(), |c| format!("{c:.2} s after the phase began")),
+        );
+        results.push((per_host, cluster, conv));
+    }
+    let whole = |i: usize| {
+        let (t0, t1) = phase_bounds[i];
+        t1 - t0
+    };
+    for (i, bytes) in gossip_bytes.iter().enumerate() {
+        let line: Vec<String> = bytes
+            .iter()
+            .enumerate()
+            .map(|(h, (agent, link))| {
+                #[expect(clippy::cast_precision_loss, reason = "small counts")]
+                let (a, l) = (*agent as f64 / whole(i), *link as f64 / whole(i));
+                format!("h{h} {a:.0} B/s (link {l:.0} B/s)")
+            })
+            .collect();
+        println!("gossip sent during {:<28} {}", PHASES[i].name, line.join(", "));
+    }
+    let final_status: Vec<Value> = agents.iter().map(status).collect();
+    let rejected: Vec<u64> = final_status.iter().map(|s| counter(s, "rejected_auth")).collect();
+    println!("datagrams rejected as not authentic: h0 {} h1 {} h2 {} h3 {}", rejected[0], rejected[1], rejected[2], rejected[3]);
+    println!("sync lag (ms) at the end: {:?}", final_status.iter().map(|s| counter(s, "sync_lag_ms")).collect::<Vec<_>>());
+
+    // --- Assertions. ---
+    // 1. One budget for the cluster, whatever the split.
+    assert_within("phase 1 (70/20/10): cluster-wide admitted rate", results[0].1, RATE);
+    assert_within("phase 2 (10/20/70): cluster-wide admitted rate", results[1].1, RATE);
+    assert!(results[1].2.is_some(), "no convergence after the split changed");
+    // 2. Partition: each side enforces the budget on its own (fail open): h0 alone admits the
+    //    budget, h1 and h2 share one.
+    assert_within("phase 3 (h0 cut off): h0 alone", results[2].0[0], RATE);
+    assert_within("phase 3 (h0 cut off): h1 + h2", results[2].0[1] + results[2].0[2], RATE);
+    let during_cut = &statuses_after[2];
+    assert!(counted_peers(&during_cut[0]).is_empty(), "h0 still counts peers while cut off: {}", during_cut[0]["cluster"]);
+    for s in &during_cut[1..3] {
+        assert_eq!(counted_peers(s).len(), 1, "h1/h2 should count only each other during the cut: {}", s["cluster"]);
+    }
+    // 3. Healed: one budget again, without a blackout from the backlog.
+    assert_within("phase 4 (healed): cluster-wide admitted rate", results[3].1, RATE);
+    for (i, s) in final_status.iter().take(3).enumerate() {
+        assert_eq!(counted_peers(s).len(), 2, "h{i} should count both peers after the heal: {}", s["cluster"]);
+    }
+    // 4. The wrong key: rejected, never a peer, no effect (the cluster's figures above already
+    //    exclude any charge for h3's traffic, which h3 admits in full under its own budget).
+    assert!(rejected[..3].iter().sum::<u64>() > 0, "nobody rejected h3's gossip");
+    let h3 = format!("{}:{GOSSIP_PORT}", gossip_ip(3));
+    for s in &final_status[..3] {
+        let peers = s["cluster"]["peers"].as_array().unwrap();
+        assert!(peers.iter().all(|p| p["addr"] != h3.as_str()), "h3 became a peer: {}", s["cluster"]);
+    }
+    assert!(final_status[3]["cluster"]["peers"].as_array().unwrap().is_empty(), "h3 joined: {}", final_status[3]["cluster"]);
+    assert_eq!(counter(&final_status[3], "messages_in"), 0, "h3 accepted gossip from the cluster");
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let intruder_offered = INTRUDER_PPS as f64;
+    for (i, r) in results.iter().enumerate() {
+        assert_within(&format!("phase {}: h3 admits its whole (under-budget) share", i + 1), r.0[3], intruder_offered);
+    }
+    // 5. The polite source lost nothing anywhere.
+    let reports: Vec<_> = receivers.into_iter().map(|r| r.stop().unwrap()).collect();
+    for i in 0..3 {
+        let got = reports[i].counts().get(&IpAddr::V4(POLITE)).copied().unwrap_or(0);
+        assert_eq!(got, polite_sent[i], "h{i}: the polite source lost packets");
+        assert_eq!(reports[i].socket_drops, Some(0), "h{i}: receiver overflowed");
+    }
+
+    // --- Clean up: agents detach and unpin; namespaces go. ---
+    for (i, agent) in agents.into_iter().enumerate() {
+        agent.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+    }
+    drop(hosts);
+    drop(tx);
+    drop(sw);
+    std::fs::remove_dir_all(&keys).unwrap();
+    let ours = format!("-{}-", std::process::id());
+    let left: Vec<String> = leftover_check("rl-cl-").into_iter().filter(|n| n.contains(&ours)).collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
