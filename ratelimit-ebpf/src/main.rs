@@ -100,7 +100,7 @@ fn limit(pkt: &Packet, id: u32, rule: &Rule, len: u64) -> usize {
             bpf_ktime_get_ns()
         }
     };
-    if let Some(b) = BUCKETS.get_ptr_mut(&key) {
+    if let Some(b) = BUCKETS.get_ptr_mut(key) {
         let v = bucket::charge(b, rule, now, len);
         bucket::count(b, v == verdict::PASSED, len);
         return v;
@@ -108,13 +108,13 @@ fn limit(pkt: &Packet, id: u32, rule: &Rule, len: u64) -> usize {
     let mut fresh = Bucket { created_ns: now, ..Bucket::default() };
     let v = bucket::charge_fresh(&mut fresh, rule, now, len);
     bucket::count(&raw mut fresh, v == verdict::PASSED, len);
-    match BUCKETS.insert(&key, &fresh, u64::from(BPF_NOEXIST)) {
+    match BUCKETS.insert(key, fresh, u64::from(BPF_NOEXIST)) {
         Ok(()) => {
             bump_global(global::NEW_BUCKETS);
             v
         }
         // Another CPU created it between our lookup and insert: charge that one.
-        Err(e) if e == -EEXIST => match BUCKETS.get_ptr_mut(&key) {
+        Err(e) if e == -EEXIST => match BUCKETS.get_ptr_mut(key) {
             Some(b) => {
                 let v = bucket::charge(b, rule, now, len);
                 bucket::count(b, v == verdict::PASSED, len);

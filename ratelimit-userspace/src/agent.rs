@@ -748,6 +748,8 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     }
     for task in tasks {
         task.abort();
+        // Wait for it to go, so its reference to the agent is dropped before shutdown.
+        let _ = task.await;
     }
     let _ = std::fs::remove_file(&socket);
     shutdown_shared(agent).await

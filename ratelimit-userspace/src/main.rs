@@ -47,7 +47,8 @@ enum Command {
         #[arg(long)]
         keep_attached: bool,
     },
-    /// Validate a config file and print the compiled rules; changes nothing.
+    /// Validate a config file (and its list files) and print how many rules and prefixes it
+    /// compiles to; changes nothing.
     Check {
         /// Config file (TOML).
         #[arg(short, long, default_value = "/etc/ratelimit/ratelimit.toml")]
@@ -244,6 +245,10 @@ fn parse_mode(s: &str) -> Result<AttachMode, String> {
 }
 
 fn main() -> ExitCode {
+    // Like any Unix filter: a closed pipe (`ratelimit stats --json | head`) ends the process
+    // quietly instead of panicking in println!.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -363,6 +363,11 @@ fn cluster_enforces_one_budget_fails_open_on_partition_and_ignores_a_wrong_key()
             .collect();
         println!("gossip sent during {:<28} {}", PHASES[i].name, line.join(", "));
     }
+    if std::env::var_os("RL_CLUSTER_TRACE").is_some() {
+        for s in samples.iter().filter(|s| s.t >= 1.0) {
+            println!("t {:5.2} cluster 1s-rate {:6.0}", s.t, rate(&samples, &[0, 1, 2], s.t - 1.0, s.t));
+        }
+    }
     let final_status: Vec<Value> = agents.iter().map(status).collect();
     let rejected: Vec<u64> = final_status.iter().map(|s| counter(s, "rejected_auth")).collect();
     println!("datagrams rejected as not authentic: h0 {} h1 {} h2 {} h3 {}", rejected[0], rejected[1], rejected[2], rejected[3]);
