@@ -284,6 +284,12 @@ impl Agent {
         if let Some(mode) = self.opts.mode {
             new.agent.mode = mode;
         }
+        // Refused at start, so refused here too: otherwise a file emptied by accident (a config
+        // manager truncating it, a botched edit) would detach every interface and drop the rules.
+        // `ratelimit detach` is the way to stop enforcing on purpose.
+        if new.agent.interfaces.is_empty() {
+            return Err(AgentError::NoInterfaces(self.opts.config_path.clone()));
+        }
         let origin = self.opts.config_path.display().to_string();
         check_interfaces(&new.agent.interfaces, &format!("[agent] interfaces in {origin}"))?;
         // Everything validated: from here on each step is applied.

@@ -54,6 +54,12 @@ pub enum DataplaneError {
         /// Why it failed.
         source: std::io::Error,
     },
+    /// Another agent (or a process acting for one) holds the pin directory.
+    #[error(
+        "pin directory {0} is in use by another running agent: stop it first, or give this one \
+         another `pin_path` in [agent]"
+    )]
+    PinDirBusy(PathBuf),
     /// A file system operation on the pin directory failed.
     #[error("{what} {path}: {source}")]
     Io {
@@ -95,8 +101,24 @@ pub struct Attachment {
     pub iface: String,
     /// The mode that took: "native" or "skb" (or "adopted" for a link a previous agent pinned).
     pub mode: &'static str,
+    /// The interface's index when the program was attached: an interface deleted and created
+    /// anew under the same name gets another one (see [`Dataplane::link_health`]).
+    pub ifindex: u32,
     link: FdLink,
     pin: PathBuf,
+}
+
+/// Whether an attachment's interface is still the one the program was attached to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkHealth {
+    /// It is.
+    Attached,
+    /// No interface has the name any more: it was deleted, and the kernel detached the program
+    /// with it (the pinned link remains, defunct).
+    Missing,
+    /// An interface of that name exists, but it is another one (deleted and created again): the
+    /// program is not attached to it.
+    Replaced,
 }
 
 /// File name of the pinned link for `iface` inside the pin directory.
@@ -128,6 +150,9 @@ pub struct Dataplane {
     /// The inactive generation is known to be empty (false at start and while an install that
     /// may fail half-way is writing it).
     inactive_clean: bool,
+    /// The exclusive lock on the pin directory (see [`lock_pin_dir`]), held until the data plane
+    /// is dropped or removed.
+    lock: fs::File,
 }
 
 impl Dataplane {
@@ -143,7 +168,9 @@ impl Dataplane {
             path: opts.pin_dir.clone(),
             source,
         })?;
-        let loaded = Self::load_pinned(opts);
+        // Before anything in the directory is read or written: another agent's pins are its own.
+        let lock = lock_pin_dir(&opts.pin_dir)?;
+        let loaded = Self::load_pinned(opts, lock);
         if loaded.is_err() && fresh {
             // We created the pins: a failed load leaves nothing behind.
             let _ = maps::remove_pins(&opts.pin_dir);
@@ -151,7 +178,7 @@ impl Dataplane {
         loaded
     }
 
-    fn load_pinned(opts: &LoadOptions) -> Result<Self> {
+    fn load_pinned(opts: &LoadOptions, lock: fs::File) -> Result<Self> {
         maps::check_pinned(&opts.pin_dir, opts.max_buckets)?;
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&opts.pin_dir)
@@ -162,7 +189,7 @@ impl Dataplane {
         program.load().map_err(|e| DataplaneError::Load(verifier_error(&e)))?;
         let maps = PinnedMaps::open(&opts.pin_dir)?;
         let live_ids = maps.named_rules()?.into_keys().collect();
-        Ok(Self { ebpf, maps, attachments: Vec::new(), live_ids, live_keys: None, inactive_clean: false })
+        Ok(Self { ebpf, maps, attachments: Vec::new(), live_ids, live_keys: None, inactive_clean: false, lock })
     }
 
     /// The pin directory.
@@ -231,11 +258,22 @@ impl Dataplane {
                         .pin(&pin)
                         .map_err(|e| attach_err(format!("pinning the link at {}: {e}", pin.display())))?;
                     let link = FdLink::from(pinned);
-                    self.attachments.push(Attachment { iface: iface.to_string(), mode: name, link, pin });
+                    let ifindex = ifindex(iface);
+                    self.attachments.push(Attachment { iface: iface.to_string(), mode: name, ifindex, link, pin });
                     return Ok(self.attachments.last().expect("just pushed"));
                 }
                 Err(e) => {
                     tracing::debug!(iface, mode = name, error = %e, "attach failed");
+                    if matches!(os_error(&e), Some(libc::EBUSY | libc::EEXIST)) {
+                        // EBUSY: a program is attached in this mode; EEXIST: in the other mode.
+                        // Either way no other mode can help.
+                        return Err(attach_err(format!(
+                            "{iface} already has an XDP program attached (another ratelimit agent \
+                             with another pin_path, or another XDP tool; `ip link show dev {iface}` \
+                             shows it): detach it first ({})",
+                            error_chain(&e)
+                        )));
+                    }
                     last = Some(attach_err(error_chain(&e)));
                 }
             }
@@ -259,8 +297,30 @@ impl Dataplane {
         let id = program.attach_to_link(link).map_err(|e| attach_err(error_chain(&e)))?;
         let link = program.take_link(id).map_err(|e| attach_err(error_chain(&e)))?;
         let link = FdLink::try_from(link).map_err(|e| attach_err(error_chain(&e)))?;
-        self.attachments.push(Attachment { iface: iface.to_string(), mode: "adopted", link, pin });
+        let ifindex = ifindex(iface);
+        self.attachments.push(Attachment { iface: iface.to_string(), mode: "adopted", ifindex, link, pin });
         Ok(self.attachments.last().expect("just pushed"))
+    }
+
+    /// Whether the interface the program was attached to as `iface` is still there (`None`: not
+    /// attached to `iface`). By interface index: an interface created again in the same instant
+    /// with the same index would go unnoticed, which the kernel's cyclic index allocation makes
+    /// unlikely.
+    #[must_use]
+    pub fn link_health(&self, iface: &str) -> Option<LinkHealth> {
+        let att = self.attachments.iter().find(|a| a.iface == iface)?;
+        Some(match ifindex(iface) {
+            0 => LinkHealth::Missing,
+            now if now == att.ifindex => LinkHealth::Attached,
+            _ => LinkHealth::Replaced,
+        })
+    }
+
+    /// Attaches to `iface` afresh, after the interface it was attached to went away (see
+    /// [`Dataplane::link_health`]): the defunct link and its pin are dropped first.
+    pub fn reattach(&mut self, iface: &str, mode: AttachMode) -> Result<&Attachment> {
+        self.detach(iface)?;
+        self.attach(iface, mode)
     }
 
     /// Detaches from `iface` (removes its pinned link); returns whether it was attached.
@@ -294,13 +354,17 @@ impl Dataplane {
     pub fn remove(mut self) -> Result<()> {
         self.detach_all()?;
         let dir = self.pin_dir().to_path_buf();
-        drop(self);
+        // The lock goes last, so that no other agent adopts a directory being emptied.
+        let Self { ebpf, maps, attachments, lock, .. } = self;
+        drop((ebpf, maps, attachments));
         remove_link_pins(&dir)?;
-        maps::remove_pins(&dir).map_err(|source| DataplaneError::Io {
+        let removed = maps::remove_pins(&dir).map_err(|source| DataplaneError::Io {
             what: "removing pinned maps in",
             path: dir,
             source,
-        })
+        });
+        drop(lock);
+        removed
     }
 
     /// Makes `rules`/`prefixes` the rule set in force, atomically: written under the inactive
@@ -368,17 +432,42 @@ impl Dataplane {
     }
 }
 
+/// Takes an exclusive `flock` on the pin directory, so that one agent at a time uses it: a second
+/// agent started with the same `pin_path` (but another socket) would otherwise adopt the first's
+/// maps and links, replace its rules, and unpin everything when it exits. The kernel drops the
+/// lock when the holder exits, crash included, so a stale lock cannot block a restart.
+fn lock_pin_dir(dir: &Path) -> Result<fs::File> {
+    use std::os::fd::AsRawFd as _;
+    let io_err = |what, source| DataplaneError::Io { what, path: dir.to_path_buf(), source };
+    let file = fs::File::open(dir).map_err(|e| io_err("opening pin directory", e))?;
+    // SAFETY: flock on a file descriptor we own, open for the duration of the call.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(DataplaneError::PinDirBusy(dir.to_path_buf()));
+        }
+        return Err(io_err("locking pin directory", e));
+    }
+    Ok(file)
+}
+
+/// The index of interface `name` in this process's network namespace, 0 if there is none.
+#[must_use]
+pub fn ifindex(name: &str) -> u32 {
+    if name.is_empty() || name.len() > 15 {
+        return 0;
+    }
+    let Ok(c) = std::ffi::CString::new(name) else { return 0 };
+    // SAFETY: a valid NUL-terminated string; if_nametoindex has no other precondition.
+    unsafe { libc::if_nametoindex(c.as_ptr()) }
+}
+
 /// Whether `name` is an interface of this process's network namespace. (Not a look at
 /// /sys/class/net: that shows the namespace of whoever mounted sysfs, which differs under
 /// `nsenter --net` or in a container that was given the host's /sys.)
 #[must_use]
 pub fn interface_exists(name: &str) -> bool {
-    if name.is_empty() || name.len() > 15 {
-        return false;
-    }
-    let Ok(c) = std::ffi::CString::new(name) else { return false };
-    // SAFETY: a valid NUL-terminated string; if_nametoindex has no other precondition.
-    unsafe { libc::if_nametoindex(c.as_ptr()) != 0 }
+    ifindex(name) != 0
 }
 
 fn remove_link_pin(pin: &Path) -> Result<()> {
@@ -418,6 +507,18 @@ fn xdp_program(ebpf: &mut Ebpf) -> Result<&mut Xdp> {
         .ok_or_else(|| DataplaneError::Load(format!("no program {PROGRAM_NAME} in the object")))?
         .try_into()
         .map_err(|e| DataplaneError::Load(format!("{e}")))
+}
+
+/// The OS error number somewhere in the error's source chain.
+fn os_error(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(code) = err.downcast_ref::<std::io::Error>().and_then(std::io::Error::raw_os_error) {
+            return Some(code);
+        }
+        next = err.source();
+    }
+    None
 }
 
 /// The error and its sources on one line.

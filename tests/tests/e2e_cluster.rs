@@ -1,21 +1,23 @@
 //! Cluster-wide budget, end to end: three real agents, each in its own namespace with the limiter
 //! attached, gossiping over their own addresses, share one `scope = "cluster"` budget. One sender
 //! spreads a single source's flood across them unevenly at 5x the budget; the cluster as a whole
-//! must admit the budget. Then the split changes, one host is cut off (each side of the partition
-//! then enforces the budget on its own: fail open), and the cut is healed. A fourth agent with the
-//! wrong key gossips at the others all along and must change nothing. A polite source loses
-//! nothing throughout.
+//! must admit the budget (within 10%). Then the split changes; one host is cut off (each side of
+//! the partition then enforces the budget on its own: fail open); the cut is healed (one budget
+//! again); one host's agent is killed (that host keeps enforcing its local limit, the others stop
+//! counting it). A fourth agent with the wrong key gossips at the others all along and must change
+//! nothing. A polite source loses nothing throughout.
 //!
 //! ```text
-//!            sw namespace: bridge "rlbd" (data, 198.18.0.0/24), bridge "rlbg" (gossip, 198.18.1.0/24)
-//!   tx  --data-- rlbd --data-- h0 h1 h2 (cluster, key A)   h3 (key B)
+//!         sw namespace: bridge "rlbd" (data, 198.18.0.0/24), bridge "rlbg" (gossip, 198.18.1.0/24)
+//!   tx --data-- rlbd --data-- h0 h1 h2 (cluster, key A)   h3 (key B)
 //!               rlbg --gossip-- h0 h1 h2 h3
 //! ```
 //! Gossip has a link of its own so that a partition is one `ip link set down`, cutting gossip
 //! while the host keeps receiving its share of the flood.
 //!
-//! The measured figures (admitted/budget per phase, time to converge, gossip bytes per second per
-//! host) are printed; run with `--nocapture` to see them.
+//! The measured figures (admitted/budget per phase, time to converge after each change, gossip
+//! bytes per second per host) are printed; run with `--nocapture` to see them, and with
+//! `RL_CLUSTER_TRACE=1` for the rate second by second, the agents' cluster status and logs.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::fs::PermissionsExt as _;
@@ -25,8 +27,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ratelimit_testbed::{
-    add_addr, agent_binary, bind_udp, leftover_check, mac, neigh_to_peer, require_root, send_udp,
-    veth_pair, AgentProcess, Netns, Receiver,
+    add_addr, agent_binary, bind_udp, leftover_check, mac, neigh_to_peer, require_root, veth_pair,
+    AgentProcess, Netns, Receiver,
 };
 use serde_json::Value;
 
@@ -73,13 +75,58 @@ struct Phase {
     h0_gossip: Option<bool>,
     /// Seconds into the phase after which it is measured.
     settle: f64,
+    /// What h0..h2 together should admit, in budgets: 1, or 2 while the cluster is split in two.
+    expect: f64,
+    /// Kill h2's agent (SIGKILL, as a crash) at the start of the phase.
+    crash_h2: bool,
 }
 
-const PHASES: [Phase; 4] = [
-    Phase { name: "70/20/10", secs: 8.0, split: [70, 20, 10], h0_gossip: None, settle: 2.0 },
-    Phase { name: "split changed to 10/20/70", secs: 7.0, split: [10, 20, 70], h0_gossip: None, settle: 2.0 },
-    Phase { name: "h0 cut off (70/20/10)", secs: 8.0, split: [70, 20, 10], h0_gossip: Some(false), settle: 3.0 },
-    Phase { name: "cut healed (70/20/10)", secs: 7.0, split: [70, 20, 10], h0_gossip: Some(true), settle: 3.0 },
+const PHASES: [Phase; 5] = [
+    Phase {
+        name: "70/20/10",
+        secs: 8.0,
+        split: [70, 20, 10],
+        h0_gossip: None,
+        settle: 2.0,
+        expect: 1.0,
+        crash_h2: false,
+    },
+    Phase {
+        name: "split changed to 10/20/70",
+        secs: 7.0,
+        split: [10, 20, 70],
+        h0_gossip: None,
+        settle: 2.0,
+        expect: 1.0,
+        crash_h2: false,
+    },
+    Phase {
+        name: "h0 cut off (70/20/10)",
+        secs: 8.0,
+        split: [70, 20, 10],
+        h0_gossip: Some(false),
+        settle: 3.0,
+        expect: 2.0,
+        crash_h2: false,
+    },
+    Phase {
+        name: "cut healed (70/20/10)",
+        secs: 7.0,
+        split: [70, 20, 10],
+        h0_gossip: Some(true),
+        settle: 3.0,
+        expect: 1.0,
+        crash_h2: false,
+    },
+    Phase {
+        name: "h2's agent killed (10/20/70)",
+        secs: 7.0,
+        split: [10, 20, 70],
+        h0_gossip: None,
+        settle: 3.5,
+        expect: 2.0,
+        crash_h2: true,
+    },
 ];
 
 /// Counts of the flood source at h0..h3, `t` seconds after the flood started.
@@ -90,7 +137,9 @@ struct Sample {
 }
 
 fn config(host: &Host, i: usize, key: &Path, cluster_hosts: usize) -> String {
-    let seeds: Vec<String> = (0..cluster_hosts).map(|j| format!("{}:{GOSSIP_PORT}", gossip_ip(j))).collect();
+    let seeds: Vec<String> = (0..cluster_hosts)
+        .map(|j| format!("{}:{GOSSIP_PORT}", gossip_ip(j)))
+        .collect();
     format!(
         r#"[agent]
 interfaces = ["{}"]
@@ -125,19 +174,31 @@ fn status(agent: &AgentProcess) -> Value {
         .args(["status", "--json"])
         .output()
         .expect("running ratelimit status");
-    assert!(out.status.success(), "status failed: {}\n{}", String::from_utf8_lossy(&out.stderr), agent.log());
+    assert!(
+        out.status.success(),
+        "status failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        agent.log()
+    );
     serde_json::from_slice(&out.stdout).expect("status JSON")
 }
 
 fn counted_peers(status: &Value) -> Vec<String> {
     status["cluster"]["peers"]
         .as_array()
-        .map(|ps| ps.iter().filter(|p| p["counted"] == true).map(|p| p["addr"].as_str().unwrap_or("").to_string()).collect())
+        .map(|ps| {
+            ps.iter()
+                .filter(|p| p["counted"] == true)
+                .map(|p| p["addr"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 fn counter(status: &Value, name: &str) -> u64 {
-    status["cluster"]["counters"][name].as_u64().unwrap_or_else(|| panic!("no cluster counter {name}: {status}"))
+    status["cluster"]["counters"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no cluster counter {name}: {status}"))
 }
 
 fn tx_bytes(ns: &Netns, ifname: &str) -> u64 {
@@ -148,27 +209,79 @@ fn tx_bytes(ns: &Netns, ifname: &str) -> u64 {
 
 /// Admitted packets per second from `hosts` between `t1` and `t2` (the samples nearest inside).
 fn rate(samples: &[Sample], hosts: &[usize], t1: f64, t2: f64) -> f64 {
-    let first = samples.iter().find(|s| s.t >= t1).expect("a sample after t1");
-    let last = samples.iter().rev().find(|s| s.t <= t2).expect("a sample before t2");
+    let first = samples
+        .iter()
+        .find(|s| s.t >= t1)
+        .expect("a sample after t1");
+    let last = samples
+        .iter()
+        .rev()
+        .find(|s| s.t <= t2)
+        .expect("a sample before t2");
     let sum = |s: &Sample| hosts.iter().map(|&h| s.flood[h]).sum::<u64>();
     #[expect(clippy::cast_precision_loss, reason = "small counts")]
     let admitted = (sum(last) - sum(first)) as f64;
     admitted / (last.t - first.t)
 }
 
-/// Seconds from `t0` until the cluster's admitted rate (over 1 s windows) stays within the
-/// tolerance of the budget up to `t1`; `None` if it never does.
-fn convergence(samples: &[Sample], t0: f64, t1: f64) -> Option<f64> {
-    let windows: Vec<(f64, f64)> = samples
+/// Seconds after `t0` (a change) until the cluster's admitted rate over the last second is first
+/// within the tolerance of `want` (0 if the change did not move it out; `None` if it never gets
+/// there before `t1`). The windows reach back before `t0`, so right after a change they still
+/// show the old regime. A first entry, not "stays within": over one second, the sampling (every
+/// 250 ms) and the sync steps (every 100 ms) alone make the rate jitter by a few percent, and
+/// whether it then stays is what each phase's measurement over several seconds asserts.
+fn convergence(samples: &[Sample], t0: f64, t1: f64, want: f64) -> Option<f64> {
+    samples
         .iter()
-        .filter(|s| s.t >= t0 + 1.0 && s.t <= t1)
-        .map(|s| (s.t, rate(samples, &[0, 1, 2], s.t - 1.0, s.t)))
-        .collect();
-    let bad = windows.iter().rposition(|(_, r)| (r / RATE - 1.0).abs() > TOLERANCE);
-    match bad {
-        None => windows.first().map(|(t, _)| t - 1.0 - t0),
-        Some(i) if i + 1 < windows.len() => Some(windows[i + 1].0 - 1.0 - t0),
-        Some(_) => None,
+        .filter(|s| s.t >= t0 && s.t <= t1 && s.t >= 1.0)
+        .find(|s| (rate(samples, &[0, 1, 2], s.t - 1.0, s.t) / want - 1.0).abs() <= TOLERANCE)
+        .map(|s| (s.t - t0).max(0.0))
+}
+
+/// Sends `PAYLOAD`-byte datagrams from `sock` to `dst` following `schedule`, a list of (end in
+/// seconds after `start`, packets per second), until its last end. Falls at most 16 packets
+/// behind (after a preemption) rather than bursting to catch up. Returns the datagrams sent.
+fn paced(
+    sock: &std::net::UdpSocket,
+    dst: SocketAddr,
+    schedule: &[(f64, u64)],
+    start: Instant,
+) -> u64 {
+    let payload = [0u8; PAYLOAD];
+    let (mut sent, mut due, mut last) = (0u64, 0.0f64, start.elapsed().as_secs_f64());
+    loop {
+        let t = start.elapsed().as_secs_f64();
+        let Some(&(_, pps)) = schedule.iter().find(|(end, _)| t < *end) else {
+            return sent;
+        };
+        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+        let (pps, sent_f) = (pps as f64, sent as f64);
+        due = (due + (t - last) * pps).min(sent_f + 16.0);
+        last = t;
+        while (sent as f64) < due {
+            match sock.send_to(&payload, dst) {
+                Ok(_) => sent += 1,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::EAGAIN)) => {
+                    due -= 1.0
+                }
+                Err(e) => panic!("sending to {dst}: {e}"),
+            }
+        }
+        let wait = if pps > 0.0 {
+            ((sent as f64 + 1.0 - due) / pps).clamp(0.0, 0.005)
+        } else {
+            0.005
+        };
+        thread::sleep(Duration::from_secs_f64(wait));
+    }
+}
+
+/// A directory removed on drop, even when the test fails.
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -181,22 +294,36 @@ fn write_key(dir: &Path, name: &str, secret: &str) -> PathBuf {
 
 fn assert_within(what: &str, got: f64, want: f64) {
     let dev = got / want - 1.0;
-    assert!(dev.abs() <= TOLERANCE, "{what}: {got:.0} pps, expected {want:.0} +-{:.0}% (off by {:+.1}%)", TOLERANCE * 100.0, dev * 100.0);
+    assert!(
+        dev.abs() <= TOLERANCE,
+        "{what}: {got:.0} pps, expected {want:.0} +-{:.0}% (off by {:+.1}%)",
+        TOLERANCE * 100.0,
+        dev * 100.0
+    );
 }
 
 #[test]
 #[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
 fn cluster_enforces_one_budget_fails_open_on_partition_and_ignores_a_wrong_key() {
     require_root();
-    let keys = std::env::temp_dir().join(format!("rl-cl-keys-{}", std::process::id()));
-    std::fs::create_dir_all(&keys).unwrap();
-    let good = write_key(&keys, "cluster.key", "k8Qx2v9Lm4Tz7Rb1Nc6Yh3Wd5Gf0Ps8Ju2Ea4Ko7Ui1");
-    let wrong = write_key(&keys, "wrong.key", "Zq1Xw2Ce3Rv4Tb5Yn6Um7Ii8Oo9Pp0Aa1Ss2Dd3Ff4G");
+    let keys = TempDir(std::env::temp_dir().join(format!("rl-cl-keys-{}", std::process::id())));
+    std::fs::create_dir_all(&keys.0).unwrap();
+    let good = write_key(
+        &keys.0,
+        "cluster.key",
+        "k8Qx2v9Lm4Tz7Rb1Nc6Yh3Wd5Gf0Ps8Ju2Ea4Ko7Ui1",
+    );
+    let wrong = write_key(
+        &keys.0,
+        "wrong.key",
+        "Zq1Xw2Ce3Rv4Tb5Yn6Um7Ii8Oo9Pp0Aa1Ss2Dd3Ff4G",
+    );
 
     // --- Network: a switch namespace with two bridges, the sender, four hosts. ---
     let sw = Netns::new("rl-cl-sw").unwrap();
     for br in ["rlbd", "rlbg"] {
-        sw.ip(&["link", "add", "name", br, "type", "bridge"]).unwrap();
+        sw.ip(&["link", "add", "name", br, "type", "bridge"])
+            .unwrap();
         sw.ip(&["link", "set", br, "up"]).unwrap();
     }
     let plug = |ns: &Netns, prefix: &str, bridge: &str| -> (String, String) {
@@ -217,9 +344,23 @@ fn cluster_enforces_one_budget_fails_open_on_partition_and_ignores_a_wrong_key()
         add_addr(&ns, &gossip_if, &format!("{}/24", gossip_ip(i))).unwrap();
         // The hosts never send on the data link, so the bridge would never learn where their
         // MACs are and would flood every frame to every host (whose XDP would count it): pin them.
-        sw.run(&["bridge", "fdb", "replace", &mac(&ns, &data_if).unwrap(), "dev", &data_port, "master", "static"]).unwrap();
+        sw.run(&[
+            "bridge",
+            "fdb",
+            "replace",
+            &mac(&ns, &data_if).unwrap(),
+            "dev",
+            &data_port,
+            "master",
+            "static",
+        ])
+        .unwrap();
         neigh_to_peer(&tx, &tx_if, IpAddr::V4(data_ip(i)), &ns, &data_if).unwrap();
-        hosts.push(Host { ns, data_if, gossip_if });
+        hosts.push(Host {
+            ns,
+            data_if,
+            gossip_if,
+        });
     }
 
     // --- Agents: h0..h2 with the cluster key, h3 with another, all seeded with h0..h2. ---
@@ -231,7 +372,9 @@ fn cluster_enforces_one_budget_fails_open_on_partition_and_ignores_a_wrong_key()
         agents.push(agent);
     }
     let receivers: Vec<Receiver> = (0..4)
-        .map(|i| Receiver::bind(&hosts[i].ns, SocketAddr::new(IpAddr::V4(data_ip(i)), PORT)).unwrap())
+        .map(|i| {
+            Receiver::bind(&hosts[i].ns, SocketAddr::new(IpAddr::V4(data_ip(i)), PORT)).unwrap()
+        })
         .collect();
 
     // The cluster forms: each of h0..h2 counts the other two, and nobody counts h3.
@@ -251,74 +394,117 @@ fn cluster_enforces_one_budget_fails_open_on_partition_and_ignores_a_wrong_key()
         thread::sleep(Duration::from_millis(200));
     }
 
-    // --- Traffic, phase by phase, sampled every 250 ms. ---
+    // --- Traffic: one paced sender per destination for the whole run, following the phases'
+    // split without a gap; the main thread acts at the phase boundaries and samples every 250 ms.
     let dst = |i: usize| SocketAddr::new(IpAddr::V4(data_ip(i)), PORT);
     let flood_ip = IpAddr::V4(FLOOD);
+    let ends: Vec<f64> = PHASES
+        .iter()
+        .scan(0.0, |t, p| {
+            *t += p.secs;
+            Some(*t)
+        })
+        .collect();
     let mut samples: Vec<Sample> = Vec::new();
-    let mut polite_sent = [0u64; 3];
     let mut phase_bounds = Vec::new();
     let mut gossip_bytes = Vec::new();
     let mut statuses_after = Vec::new();
+    let mut down = [false; 4];
+    let mut intruder_sent = 0;
     let start = Instant::now();
-    for phase in &PHASES {
-        if let Some(up) = phase.h0_gossip {
-            hosts[0].ns.ip(&["link", "set", &hosts[0].gossip_if, if up { "up" } else { "down" }]).unwrap();
-        }
-        let t0 = start.elapsed().as_secs_f64();
-        let before: Vec<(u64, u64)> = (0..3)
-            .map(|i| (counter(&status(&agents[i]), "bytes_out"), tx_bytes(&hosts[i].ns, &hosts[i].gossip_if)))
-            .collect();
-        let duration = Duration::from_secs_f64(phase.secs);
-        let polite = thread::scope(|s| {
-            let mut flood = Vec::new();
-            for (i, pct) in phase.split.iter().enumerate() {
-                let sock = bind_udp(&tx, SocketAddr::new(flood_ip, 0)).unwrap();
-                let pps = FLOOD_PPS * pct / 100;
-                flood.push(s.spawn(move || send_udp(&sock, dst(i), pps, duration, PAYLOAD).unwrap()));
-            }
+    let polite_sent: Vec<u64> = thread::scope(|s| {
+        let flood_sender = |i: usize, schedule: Vec<(f64, u64)>| {
             let sock = bind_udp(&tx, SocketAddr::new(flood_ip, 0)).unwrap();
-            flood.push(s.spawn(move || send_udp(&sock, dst(3), INTRUDER_PPS, duration, PAYLOAD).unwrap()));
-            let polite: Vec<_> = (0..3)
+            s.spawn(move || paced(&sock, dst(i), &schedule, start))
+        };
+        let mut flood: Vec<_> = (0..3)
+            .map(|i| {
+                flood_sender(
+                    i,
+                    PHASES
+                        .iter()
+                        .zip(&ends)
+                        .map(|(p, &e)| (e, FLOOD_PPS * p.split[i] / 100))
+                        .collect(),
+                )
+            })
+            .collect();
+        flood.push(flood_sender(3, vec![(ends[ends.len() - 1], INTRUDER_PPS)]));
+        let polite: Vec<_> = (0..3)
+            .map(|i| {
+                let sock = bind_udp(&tx, SocketAddr::new(IpAddr::V4(POLITE), 0)).unwrap();
+                let schedule = vec![(ends[ends.len() - 1], POLITE_PPS)];
+                s.spawn(move || paced(&sock, dst(i), &schedule, start))
+            })
+            .collect();
+        let mut begin = 0.0;
+        for (phase, &end) in PHASES.iter().zip(&ends) {
+            if let Some(up) = phase.h0_gossip {
+                hosts[0]
+                    .ns
+                    .ip(&[
+                        "link",
+                        "set",
+                        &hosts[0].gossip_if,
+                        if up { "up" } else { "down" },
+                    ])
+                    .unwrap();
+            }
+            if phase.crash_h2 {
+                agents[2].crash().unwrap();
+                down[2] = true;
+            }
+            let before: Vec<(u64, u64)> = (0..3)
                 .map(|i| {
-                    let sock = bind_udp(&tx, SocketAddr::new(IpAddr::V4(POLITE), 0)).unwrap();
-                    s.spawn(move || send_udp(&sock, dst(i), POLITE_PPS, duration, PAYLOAD).unwrap())
+                    let sent = if down[i] {
+                        0
+                    } else {
+                        counter(&status(&agents[i]), "bytes_out")
+                    };
+                    (sent, tx_bytes(&hosts[i].ns, &hosts[i].gossip_if))
                 })
                 .collect();
-            while !flood.iter().all(thread::ScopedJoinHandle::is_finished) {
+            let t_before = start.elapsed().as_secs_f64();
+            while start.elapsed().as_secs_f64() < end {
                 let t = start.elapsed().as_secs_f64();
                 let mut counts = [0; 4];
                 for (c, r) in counts.iter_mut().zip(&receivers) {
                     *c = r.counts().get(&flood_ip).copied().unwrap_or(0);
                 }
                 samples.push(Sample { t, flood: counts });
-                thread::sleep(SAMPLE);
+                thread::sleep(SAMPLE.min(Duration::from_secs_f64((end - t).max(0.0))));
             }
-            for h in flood {
-                let report = h.join().unwrap();
-                if report.skipped > 0 {
-                    println!("note: a flood sender fell behind and skipped {} packets", report.skipped);
-                }
-            }
-            polite.into_iter().map(|h| h.join().unwrap().sent).collect::<Vec<_>>()
-        });
-        for (sent, p) in polite_sent.iter_mut().zip(polite) {
-            *sent += p;
+            let statuses: Vec<Value> = agents
+                .iter()
+                .zip(down)
+                .map(|(a, d)| if d { Value::Null } else { status(a) })
+                .collect();
+            let t_after = start.elapsed().as_secs_f64();
+            gossip_bytes.push(
+                (0..3)
+                    .map(|i| {
+                        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+                        let per_sec = |n: u64| n as f64 / (t_after - t_before);
+                        let sent = if down[i] {
+                            0
+                        } else {
+                            counter(&statuses[i], "bytes_out") - before[i].0
+                        };
+                        (
+                            per_sec(sent),
+                            per_sec(tx_bytes(&hosts[i].ns, &hosts[i].gossip_if) - before[i].1),
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+            );
+            statuses_after.push(statuses);
+            phase_bounds.push((begin, end));
+            begin = end;
         }
-        let t1 = start.elapsed().as_secs_f64();
-        phase_bounds.push((t0, t1));
-        let statuses: Vec<Value> = agents.iter().map(status).collect();
-        gossip_bytes.push(
-            (0..3)
-                .map(|i| {
-                    (
-                        counter(&statuses[i], "bytes_out") - before[i].0,
-                        tx_bytes(&hosts[i].ns, &hosts[i].gossip_if) - before[i].1,
-                    )
-                })
-                .collect::<Vec<_>>(),
-        );
-        statuses_after.push(statuses);
-    }
+        let flood_sent: Vec<u64> = flood.into_iter().map(|h| h.join().unwrap()).collect();
+        intruder_sent = flood_sent[3];
+        polite.into_iter().map(|h| h.join().unwrap()).collect()
+    });
     for r in &receivers {
         r.wait_idle(Duration::from_millis(200), Duration::from_secs(5));
     }
@@ -330,10 +516,10 @@ fn cluster_enforces_one_budget_fails_open_on_partition_and_ignores_a_wrong_key()
         let (m0, m1) = (t0 + phase.settle, t1);
         let per_host: Vec<f64> = (0..4).map(|h| rate(&samples, &[h], m0, m1)).collect();
         let cluster = rate(&samples, &[0, 1, 2], m0, m1);
-        let conv = convergence(&samples, t0, t1);
+        let conv = convergence(&samples, t0, t1, phase.expect * RATE);
         println!(
             "{:<28} measured {:>4.1}-{:>4.1} s: cluster (h0+h1+h2) {:>6.0} pps = {:.3} x budget; h0 {:>5.0} h1 {:>5.0} h2 {:>5.0} | h3 (wrong key) {:>4.0}; \
-             converged {}",
+             rate over the last second within 10% {}",
             phase.name,
             m0,
             m1,
@@ -343,87 +529,203 @@ fn cluster_enforces_one_budget_fails_open_on_partition_and_ignores_a_wrong_key()
             per_host[1],
             per_host[2],
             per_host[3],
-            conv.map_or_else(|| "never (see below)".to_string(), |c| format!("{c:.2} s after the phase began")),
+            conv.map_or_else(|| "never".to_string(), |c| format!("{c:.2} s after the change")),
         );
         results.push((per_host, cluster, conv));
     }
-    let whole = |i: usize| {
-        let (t0, t1) = phase_bounds[i];
-        t1 - t0
-    };
     for (i, bytes) in gossip_bytes.iter().enumerate() {
         let line: Vec<String> = bytes
             .iter()
             .enumerate()
-            .map(|(h, (agent, link))| {
-                #[expect(clippy::cast_precision_loss, reason = "small counts")]
-                let (a, l) = (*agent as f64 / whole(i), *link as f64 / whole(i));
-                format!("h{h} {a:.0} B/s (link {l:.0} B/s)")
-            })
+            .map(|(h, (agent, link))| format!("h{h} {agent:.0} B/s (link {link:.0} B/s)"))
             .collect();
-        println!("gossip sent during {:<28} {}", PHASES[i].name, line.join(", "));
+        println!(
+            "gossip sent during {:<28} {}",
+            PHASES[i].name,
+            line.join(", ")
+        );
     }
     if std::env::var_os("RL_CLUSTER_TRACE").is_some() {
         for s in samples.iter().filter(|s| s.t >= 1.0) {
-            println!("t {:5.2} cluster 1s-rate {:6.0}", s.t, rate(&samples, &[0, 1, 2], s.t - 1.0, s.t));
+            println!(
+                "t {:5.2} cluster rate over the last second {:6.0}",
+                s.t,
+                rate(&samples, &[0, 1, 2], s.t - 1.0, s.t)
+            );
         }
     }
-    let final_status: Vec<Value> = agents.iter().map(status).collect();
-    let rejected: Vec<u64> = final_status.iter().map(|s| counter(s, "rejected_auth")).collect();
-    println!("datagrams rejected as not authentic: h0 {} h1 {} h2 {} h3 {}", rejected[0], rejected[1], rejected[2], rejected[3]);
-    println!("sync lag (ms) at the end: {:?}", final_status.iter().map(|s| counter(s, "sync_lag_ms")).collect::<Vec<_>>());
+    // Before h2's agent was killed (the end of the heal phase), and at the end.
+    let healed = &statuses_after[3];
+    let final_status = &statuses_after[PHASES.len() - 1];
+    let rejected: Vec<u64> = healed.iter().map(|s| counter(s, "rejected_auth")).collect();
+    println!(
+        "datagrams rejected as not authentic: h0 {} h1 {} h2 {} h3 {}",
+        rejected[0], rejected[1], rejected[2], rejected[3]
+    );
+    println!(
+        "sync lag (ms) at the end of the heal phase: {:?}",
+        healed[..3]
+            .iter()
+            .map(|s| counter(s, "sync_lag_ms"))
+            .collect::<Vec<_>>()
+    );
 
     // --- Assertions. ---
     // 1. One budget for the cluster, whatever the split.
-    assert_within("phase 1 (70/20/10): cluster-wide admitted rate", results[0].1, RATE);
-    assert_within("phase 2 (10/20/70): cluster-wide admitted rate", results[1].1, RATE);
-    assert!(results[1].2.is_some(), "no convergence after the split changed");
+    assert_within(
+        "phase 1 (70/20/10): cluster-wide admitted rate",
+        results[0].1,
+        RATE,
+    );
+    assert_within(
+        "phase 2 (10/20/70): cluster-wide admitted rate",
+        results[1].1,
+        RATE,
+    );
+    assert!(
+        results[1].2.is_some(),
+        "no convergence after the split changed"
+    );
+    assert!(
+        results[2].2.is_some() && results[3].2.is_some(),
+        "no convergence after the cut or the heal"
+    );
     // 2. Partition: each side enforces the budget on its own (fail open): h0 alone admits the
     //    budget, h1 and h2 share one.
     assert_within("phase 3 (h0 cut off): h0 alone", results[2].0[0], RATE);
-    assert_within("phase 3 (h0 cut off): h1 + h2", results[2].0[1] + results[2].0[2], RATE);
+    assert_within(
+        "phase 3 (h0 cut off): h1 + h2",
+        results[2].0[1] + results[2].0[2],
+        RATE,
+    );
     let during_cut = &statuses_after[2];
-    assert!(counted_peers(&during_cut[0]).is_empty(), "h0 still counts peers while cut off: {}", during_cut[0]["cluster"]);
+    assert!(
+        counted_peers(&during_cut[0]).is_empty(),
+        "h0 still counts peers while cut off: {}",
+        during_cut[0]["cluster"]
+    );
     for s in &during_cut[1..3] {
-        assert_eq!(counted_peers(s).len(), 1, "h1/h2 should count only each other during the cut: {}", s["cluster"]);
+        assert_eq!(
+            counted_peers(s).len(),
+            1,
+            "h1/h2 should count only each other during the cut: {}",
+            s["cluster"]
+        );
     }
     // 3. Healed: one budget again, without a blackout from the backlog.
-    assert_within("phase 4 (healed): cluster-wide admitted rate", results[3].1, RATE);
-    for (i, s) in final_status.iter().take(3).enumerate() {
-        assert_eq!(counted_peers(s).len(), 2, "h{i} should count both peers after the heal: {}", s["cluster"]);
+    assert_within(
+        "phase 4 (healed): cluster-wide admitted rate",
+        results[3].1,
+        RATE,
+    );
+    for (i, s) in healed.iter().take(3).enumerate() {
+        assert_eq!(
+            counted_peers(s).len(),
+            2,
+            "h{i} should count both peers after the heal: {}",
+            s["cluster"]
+        );
     }
-    // 4. The wrong key: rejected, never a peer, no effect (the cluster's figures above already
+    // 4. An agent down: its host keeps enforcing its local limit (the program and the buckets
+    //    stay pinned), and the others stop counting it.
+    assert_within(
+        "phase 5 (h2's agent killed): h2 alone",
+        results[4].0[2],
+        RATE,
+    );
+    assert_within(
+        "phase 5 (h2's agent killed): h0 + h1",
+        results[4].0[0] + results[4].0[1],
+        RATE,
+    );
+    for s in &final_status[..2] {
+        assert_eq!(
+            counted_peers(s).len(),
+            1,
+            "h0/h1 should count only each other once h2's agent is gone: {}",
+            s["cluster"]
+        );
+    }
+    // 5. The wrong key: rejected, never a peer, no effect (the cluster's figures above already
     //    exclude any charge for h3's traffic, which h3 admits in full under its own budget).
-    assert!(rejected[..3].iter().sum::<u64>() > 0, "nobody rejected h3's gossip");
+    assert!(
+        rejected[..3].iter().sum::<u64>() > 0,
+        "nobody rejected h3's gossip"
+    );
     let h3 = format!("{}:{GOSSIP_PORT}", gossip_ip(3));
-    for s in &final_status[..3] {
+    for s in &healed[..3] {
         let peers = s["cluster"]["peers"].as_array().unwrap();
-        assert!(peers.iter().all(|p| p["addr"] != h3.as_str()), "h3 became a peer: {}", s["cluster"]);
+        assert!(
+            peers.iter().all(|p| p["addr"] != h3.as_str()),
+            "h3 became a peer: {}",
+            s["cluster"]
+        );
     }
-    assert!(final_status[3]["cluster"]["peers"].as_array().unwrap().is_empty(), "h3 joined: {}", final_status[3]["cluster"]);
-    assert_eq!(counter(&final_status[3], "messages_in"), 0, "h3 accepted gossip from the cluster");
-    #[expect(clippy::cast_precision_loss, reason = "small counts")]
-    let intruder_offered = INTRUDER_PPS as f64;
-    for (i, r) in results.iter().enumerate() {
-        assert_within(&format!("phase {}: h3 admits its whole (under-budget) share", i + 1), r.0[3], intruder_offered);
-    }
-    // 5. The polite source lost nothing anywhere.
+    assert!(
+        final_status[3]["cluster"]["peers"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "h3 joined: {}",
+        final_status[3]["cluster"]
+    );
+    assert_eq!(
+        counter(&final_status[3], "messages_in"),
+        0,
+        "h3 accepted gossip from the cluster"
+    );
+    // 6. The polite source lost nothing anywhere.
     let reports: Vec<_> = receivers.into_iter().map(|r| r.stop().unwrap()).collect();
+    // h3 admitted every packet of its flood, under its own local budget: nothing of the
+    // cluster's consumption was charged to it either.
+    let h3_got = reports[3].counts().get(&flood_ip).copied().unwrap_or(0);
+    assert_eq!(
+        h3_got, intruder_sent,
+        "h3 (wrong key) dropped part of its under-budget flood"
+    );
     for i in 0..3 {
-        let got = reports[i].counts().get(&IpAddr::V4(POLITE)).copied().unwrap_or(0);
+        let got = reports[i]
+            .counts()
+            .get(&IpAddr::V4(POLITE))
+            .copied()
+            .unwrap_or(0);
         assert_eq!(got, polite_sent[i], "h{i}: the polite source lost packets");
-        assert_eq!(reports[i].socket_drops, Some(0), "h{i}: receiver overflowed");
+        assert_eq!(
+            reports[i].socket_drops,
+            Some(0),
+            "h{i}: receiver overflowed"
+        );
+    }
+
+    if std::env::var_os("RL_CLUSTER_TRACE").is_some() {
+        for (i, a) in agents.iter().enumerate() {
+            println!(
+                "--- h{i} status ---\n{:#}\n--- h{i} log ---\n{}",
+                healed[i]["cluster"],
+                a.log()
+            );
+        }
     }
 
     // --- Clean up: agents detach and unpin; namespaces go. ---
     for (i, agent) in agents.into_iter().enumerate() {
-        agent.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+        if down[i] {
+            // Killed: its pins (and so the attached program) are removed by the drop.
+            drop(agent);
+        } else {
+            agent
+                .stop()
+                .unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+        }
     }
     drop(hosts);
     drop(tx);
     drop(sw);
-    std::fs::remove_dir_all(&keys).unwrap();
+    drop(keys);
     let ours = format!("-{}-", std::process::id());
-    let left: Vec<String> = leftover_check("rl-cl-").into_iter().filter(|n| n.contains(&ours)).collect();
+    let left: Vec<String> = leftover_check("rl-cl-")
+        .into_iter()
+        .filter(|n| n.contains(&ours))
+        .collect();
     assert!(left.is_empty(), "namespaces left behind: {left:?}");
 }

@@ -16,8 +16,10 @@ pub fn apply(b: &mut Bucket, rule: &Rule, pkts: u64, bytes: u64, now: u64) {
     }
     if rule.flags & rule_flags::BYTE_LIMIT != 0 && bytes > 0 {
         // `byte_cost_ns` in 128 bits: a sync's worth of bytes can overflow its 64-bit product.
-        let cost = u64::try_from((u128::from(bytes) * u128::from(rule.byte_interval_fp) + (1 << 15)) >> 16)
-            .unwrap_or(u64::MAX);
+        let cost = u64::try_from(
+            (u128::from(bytes) * u128::from(rule.byte_interval_fp) + (1 << 15)) >> 16,
+        )
+        .unwrap_or(u64::MAX);
         b.byte_tat_ns = b.byte_tat_ns.max(now).saturating_add(cost);
         b.remote_byte_applied_ns = b.remote_byte_applied_ns.wrapping_add(cost);
     }
@@ -31,19 +33,35 @@ pub fn apply(b: &mut Bucket, rule: &Rule, pkts: u64, bytes: u64, now: u64) {
 /// packets of those few microseconds go uncharged, negligible next to the sync lag (and an LRU
 /// update swaps in a new element, so a program still holding the old one charges that instead,
 /// with the same effect).
-pub fn charge(maps: &mut PinnedMaps, key: &BucketKey, rule: &Rule, pkts: u64, bytes: u64, now: u64) -> Result<(), MapsError> {
+pub fn charge(
+    maps: &mut PinnedMaps,
+    key: &BucketKey,
+    rule: &Rule,
+    pkts: u64,
+    bytes: u64,
+    now: u64,
+) -> Result<(), MapsError> {
     // Two tries: the bucket may appear (a packet) or vanish (LRU eviction) between read and write.
     for _ in 0..2 {
         let (mut b, flags) = match maps.bucket(key)? {
             Some(b) => (b, BPF_EXIST),
-            None => (Bucket { created_ns: now, ..Bucket::default() }, BPF_NOEXIST),
+            None => (
+                Bucket {
+                    created_ns: now,
+                    ..Bucket::default()
+                },
+                BPF_NOEXIST,
+            ),
         };
         apply(&mut b, rule, pkts, bytes, now);
         if maps.update_bucket(key, &b, flags)? {
             return Ok(());
         }
     }
-    Err(MapsError::Op { map: ratelimit_common::map_names::BUCKETS, reason: "bucket kept changing while being charged".into() })
+    Err(MapsError::Op {
+        map: ratelimit_common::map_names::BUCKETS,
+        reason: "bucket kept changing while being charged".into(),
+    })
 }
 
 #[cfg(test)]
@@ -64,7 +82,11 @@ mod tests {
         };
         let now = 1_000_000 * MS;
         // An idle bucket (TAT in the past) is charged from now.
-        let mut b = Bucket { tat_ns: now - 10_000 * MS, byte_tat_ns: 0, ..Bucket::default() };
+        let mut b = Bucket {
+            tat_ns: now - 10_000 * MS,
+            byte_tat_ns: 0,
+            ..Bucket::default()
+        };
         apply(&mut b, &rule, 100, 5000, now);
         assert_eq!(b.tat_ns, now + 100 * MS);
         assert_eq!(b.byte_tat_ns, now + 5000);
@@ -75,7 +97,17 @@ mod tests {
         assert_eq!(b.remote_byte_applied_ns, 5000);
         // No packet limit: packets are not charged.
         let mut b2 = Bucket::default();
-        apply(&mut b2, &Rule { flags: rule_flags::BYTE_LIMIT, byte_interval_fp: 1 << 16, ..Rule::default() }, 10, 10, now);
+        apply(
+            &mut b2,
+            &Rule {
+                flags: rule_flags::BYTE_LIMIT,
+                byte_interval_fp: 1 << 16,
+                ..Rule::default()
+            },
+            10,
+            10,
+            now,
+        );
         assert_eq!((b2.tat_ns, b2.byte_tat_ns), (0, now + 10));
     }
 }

@@ -63,13 +63,19 @@ impl ClusterKey {
     /// Reads and checks `path` and derives the key for `cluster_id`.
     pub fn load(path: &Path, cluster_id: &str) -> Result<Self, KeyError> {
         let shown = path.display().to_string();
-        let read_err = |reason: String| KeyError::Read { path: shown.clone(), reason };
+        let read_err = |reason: String| KeyError::Read {
+            path: shown.clone(),
+            reason,
+        };
         let meta = std::fs::metadata(path).map_err(|e| read_err(e.to_string()))?;
         if !meta.is_file() {
             return Err(read_err("not a regular file".into()));
         }
         if meta.len() > MAX_KEY_FILE {
-            return Err(read_err(format!("{} bytes; a key file holds at most {MAX_KEY_FILE}", meta.len())));
+            return Err(read_err(format!(
+                "{} bytes; a key file holds at most {MAX_KEY_FILE}",
+                meta.len()
+            )));
         }
         let mode = meta.permissions().mode() & 0o777;
         if mode & 0o007 != 0 {
@@ -95,7 +101,8 @@ impl ClusterKey {
         // different keys, so a datagram of one is rejected by the other.
         let hk = Hkdf::<Sha256>::new(Some(SALT), secret);
         let mut key = [0u8; 32];
-        hk.expand(cluster_id.as_bytes(), &mut key).expect("32 bytes is a valid HKDF-SHA256 length");
+        hk.expand(cluster_id.as_bytes(), &mut key)
+            .expect("32 bytes is a valid HKDF-SHA256 length");
         Ok(Self { key })
     }
 
@@ -117,7 +124,10 @@ mod tests {
         let c = ClusterKey::from_secret(&[b'k'; 32], "two").unwrap();
         assert_eq!(a.bytes(), b.bytes());
         assert_ne!(a.bytes(), c.bytes());
-        assert_eq!(ClusterKey::from_secret(&[&[b'k'; 31][..], b"\n"].concat(), "one").unwrap_err(), 31);
+        assert_eq!(
+            ClusterKey::from_secret(&[&[b'k'; 31][..], b"\n"].concat(), "one").unwrap_err(),
+            31
+        );
     }
 
     #[test]
@@ -128,12 +138,18 @@ mod tests {
         std::fs::write(&path, [b'x'; 40]).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = ClusterKey::load(&path, "c").unwrap_err();
-        assert!(matches!(e, KeyError::Permissions { mode: 0o644, .. }), "{e}");
+        assert!(
+            matches!(e, KeyError::Permissions { mode: 0o644, .. }),
+            "{e}"
+        );
         assert!(e.to_string().contains("chmod 600"), "{e}");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         ClusterKey::load(&path, "c").unwrap();
         std::fs::write(&path, b"short\n").unwrap();
-        assert!(matches!(ClusterKey::load(&path, "c").unwrap_err(), KeyError::TooShort { len: 5, .. }));
+        assert!(matches!(
+            ClusterKey::load(&path, "c").unwrap_err(),
+            KeyError::TooShort { len: 5, .. }
+        ));
         let missing = ClusterKey::load(&dir.join("missing"), "c").unwrap_err();
         assert!(missing.to_string().contains("missing"), "{missing}");
         std::fs::remove_dir_all(&dir).unwrap();

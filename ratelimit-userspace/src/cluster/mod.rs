@@ -38,7 +38,9 @@ pub mod wire;
 
 use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
-use chitchat::{spawn_chitchat, ChitchatConfig, ChitchatId, FailureDetectorConfig, ProtocolVersion};
+use chitchat::{
+    spawn_chitchat, ChitchatConfig, ChitchatId, FailureDetectorConfig, ProtocolVersion,
+};
 
 pub use self::status::{ClusterStatus, CounterValues, PeerStatus};
 use self::{key::ClusterKey, status::Shared, transport::SecureTransport};
@@ -62,12 +64,16 @@ const TOMBSTONE_GRACE: Duration = Duration::from_secs(60);
 /// The silence after which a peer stops being counted: 10 sync intervals, at least 3 s.
 #[must_use]
 pub fn peer_timeout(config: &ClusterConfig) -> Duration {
-    MIN_PEER_TIMEOUT.max(Duration::from_millis(config.sync_interval_ms.saturating_mul(10)))
+    MIN_PEER_TIMEOUT.max(Duration::from_millis(
+        config.sync_interval_ms.saturating_mul(10),
+    ))
 }
 
 /// Checks what can be checked before anything starts: the key file.
 pub fn check(config: &ClusterConfig) -> Result<(), AgentError> {
-    ClusterKey::load(&config.key_file, &config.cluster_id).map(|_| ()).map_err(|e| AgentError::Runtime(e.to_string()))
+    ClusterKey::load(&config.key_file, &config.cluster_id)
+        .map(|_| ())
+        .map_err(|e| AgentError::Runtime(e.to_string()))
 }
 
 /// The running cluster sync, as the agent holds it.
@@ -91,8 +97,11 @@ pub async fn spawn(
     agent: SharedAgent,
     pin_dir: &Path,
 ) -> Result<(ClusterHandle, tokio::task::JoinHandle<()>), AgentError> {
-    let err = |what: &str, e: &dyn std::fmt::Display| AgentError::Runtime(format!("[cluster] {what}: {e}"));
-    let key = ClusterKey::load(&config.key_file, &config.cluster_id).map_err(|e| AgentError::Runtime(e.to_string()))?;
+    let err = |what: &str, e: &dyn std::fmt::Display| {
+        AgentError::Runtime(format!("[cluster] {what}: {e}"))
+    };
+    let key = ClusterKey::load(&config.key_file, &config.cluster_id)
+        .map_err(|e| AgentError::Runtime(e.to_string()))?;
     let advertise = advertise_addr(config)?;
     let generation = unix_ms();
     let node_id = format!("{}/{advertise}", hostname());
@@ -100,7 +109,10 @@ pub async fn spawn(
     let timeout = peer_timeout(config);
     let shared = Arc::new(Shared::default());
     {
-        let mut view = shared.view.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut view = shared
+            .view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         *view = ClusterStatus {
             cluster_id: config.cluster_id.clone(),
             node_id: node_id.clone(),
@@ -170,9 +182,14 @@ fn advertise_addr(config: &ClusterConfig) -> Result<SocketAddr, AgentError> {
         return Ok(config.listen);
     }
     for seed in &config.seeds {
-        let bind: SocketAddr = if seed.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { ([0u16; 8], 0).into() };
+        let bind: SocketAddr = if seed.is_ipv4() {
+            ([0, 0, 0, 0], 0).into()
+        } else {
+            ([0u16; 8], 0).into()
+        };
         // connect() on UDP sends nothing: it only picks the route and source address.
-        let probe = std::net::UdpSocket::bind(bind).and_then(|s| s.connect(seed).and_then(|()| s.local_addr()));
+        let probe = std::net::UdpSocket::bind(bind)
+            .and_then(|s| s.connect(seed).and_then(|()| s.local_addr()));
         if let Ok(local) = probe {
             if !local.ip().is_unspecified() && !local.ip().is_loopback() {
                 return Ok(SocketAddr::new(local.ip(), config.listen.port()));
@@ -187,7 +204,8 @@ fn advertise_addr(config: &ClusterConfig) -> Result<SocketAddr, AgentError> {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "localhost".to_string(), |h| h.trim().to_string())
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map_or_else(|_| "localhost".to_string(), |h| h.trim().to_string())
 }
 
 /// Wall-clock Unix milliseconds.

@@ -42,7 +42,10 @@ impl KeyName {
         if rule.is_empty() || rule.len() > ratelimit_common::MAX_RULE_NAME {
             return None;
         }
-        Some(Self { rule: rule.to_string(), addr: addr.parse().ok()? })
+        Some(Self {
+            rule: rule.to_string(),
+            addr: addr.parse().ok()?,
+        })
     }
 }
 
@@ -68,7 +71,11 @@ impl Count {
     #[must_use]
     pub fn parse(value: &str) -> Option<Self> {
         let mut it = value.split(':');
-        let c = Self { epoch: it.next()?.parse().ok()?, pkts: it.next()?.parse().ok()?, bytes: it.next()?.parse().ok()? };
+        let c = Self {
+            epoch: it.next()?.parse().ok()?,
+            pkts: it.next()?.parse().ok()?,
+            bytes: it.next()?.parse().ok()?,
+        };
         it.next().is_none().then_some(c)
     }
 }
@@ -124,7 +131,14 @@ impl LocalTracker {
     /// An empty tracker publishing at most `max_keys` keys, for an agent started at `start_ns`.
     #[must_use]
     pub fn new(max_keys: usize, start_ns: u64) -> Self {
-        Self { max_keys, start_ns, last_full_ns: start_ns, next_epoch: 1, published: HashMap::new(), retired: Vec::new() }
+        Self {
+            max_keys,
+            start_ns,
+            last_full_ns: start_ns,
+            next_epoch: 1,
+            published: HashMap::new(),
+            retired: Vec::new(),
+        }
     }
 
     /// The epoch the next key to enter will get (peers treat keys with an epoch at least the value
@@ -159,9 +173,11 @@ impl LocalTracker {
         for (name, p) in &mut self.published {
             let (gained_pkts, gained_bytes, created) = match seen.get(name) {
                 // Same life of the bucket: what it gained since the last look.
-                Some(b) if b.created_ns == p.created_ns && b.passed_pkts >= p.last_pkts => {
-                    (b.passed_pkts - p.last_pkts, b.passed_bytes.saturating_sub(p.last_bytes), b.created_ns)
-                }
+                Some(b) if b.created_ns == p.created_ns && b.passed_pkts >= p.last_pkts => (
+                    b.passed_pkts - p.last_pkts,
+                    b.passed_bytes.saturating_sub(p.last_bytes),
+                    b.created_ns,
+                ),
                 // A new life (the old one was evicted): everything it holds is new.
                 Some(b) => (b.passed_pkts, b.passed_bytes, b.created_ns),
                 None => (0, 0, 0),
@@ -185,8 +201,12 @@ impl LocalTracker {
                 p.dirty = true;
             }
         }
-        let idle: Vec<KeyName> =
-            self.published.iter().filter(|(_, p)| now.saturating_sub(p.active_ns) > IDLE_NS).map(|(k, _)| k.clone()).collect();
+        let idle: Vec<KeyName> = self
+            .published
+            .iter()
+            .filter(|(_, p)| now.saturating_sub(p.active_ns) > IDLE_NS)
+            .map(|(k, _)| k.clone())
+            .collect();
         for k in idle {
             self.retire(&k);
         }
@@ -217,7 +237,11 @@ impl LocalTracker {
             })
             .collect();
         candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
-        let mut lightest: Vec<(f64, KeyName)> = self.published.iter().map(|(k, p)| (p.rate, k.clone())).collect();
+        let mut lightest: Vec<(f64, KeyName)> = self
+            .published
+            .iter()
+            .map(|(k, p)| (p.rate, k.clone()))
+            .collect();
         lightest.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| b.1.cmp(&a.1)));
         for (rate, name, b) in candidates {
             if self.published.len() >= self.max_keys {
@@ -260,7 +284,9 @@ impl LocalTracker {
         let set = self
             .published
             .iter_mut()
-            .filter_map(|(k, p)| std::mem::take(&mut p.dirty).then(|| (k.to_key(), p.count.to_value())))
+            .filter_map(|(k, p)| {
+                std::mem::take(&mut p.dirty).then(|| (k.to_key(), p.count.to_value()))
+            })
             .collect();
         (set, std::mem::take(&mut self.retired))
     }
@@ -273,20 +299,34 @@ mod tests {
     const S: u64 = 1_000_000_000;
 
     fn name(i: u8) -> KeyName {
-        KeyName { rule: "flood".into(), addr: IpAddr::from([198, 18, 0, i]) }
+        KeyName {
+            rule: "flood".into(),
+            addr: IpAddr::from([198, 18, 0, i]),
+        }
     }
 
     fn obs(created_ns: u64, pkts: u64) -> BucketObs {
-        BucketObs { created_ns, passed_pkts: pkts, passed_bytes: pkts * 100 }
+        BucketObs {
+            created_ns,
+            passed_pkts: pkts,
+            passed_bytes: pkts * 100,
+        }
     }
 
     #[test]
     fn key_and_value_round_trip() {
-        let k = KeyName { rule: "dns.v6".into(), addr: "2001:db8::1".parse().unwrap() };
+        let k = KeyName {
+            rule: "dns.v6".into(),
+            addr: "2001:db8::1".parse().unwrap(),
+        };
         assert_eq!(KeyName::parse(&k.to_key()), Some(k));
         assert_eq!(KeyName::parse("c/x/not-an-ip"), None);
         assert_eq!(KeyName::parse("s"), None);
-        let c = Count { epoch: 3, pkts: 10, bytes: 1000 };
+        let c = Count {
+            epoch: 3,
+            pkts: 10,
+            bytes: 1000,
+        };
         assert_eq!(Count::parse(&c.to_value()), Some(c));
         assert_eq!(Count::parse("1:2"), None);
         assert_eq!(Count::parse("1:2:3:4"), None);
@@ -297,35 +337,68 @@ mod tests {
         let start = 10 * S;
         let mut t = LocalTracker::new(10, start);
         // Bucket born after start: counted from its first packet.
-        t.update(start + S, &HashMap::from([(name(1), obs(start + S / 2, 50))]), true);
+        t.update(
+            start + S,
+            &HashMap::from([(name(1), obs(start + S / 2, 50))]),
+            true,
+        );
         let (set, del) = t.changes();
         assert_eq!(set, vec![(name(1).to_key(), "1:50:5000".to_string())]);
         assert!(del.is_empty());
-        t.update(start + 2 * S, &HashMap::from([(name(1), obs(start + S / 2, 80))]), false);
-        assert_eq!(t.changes().0, vec![(name(1).to_key(), "1:80:8000".to_string())]);
+        t.update(
+            start + 2 * S,
+            &HashMap::from([(name(1), obs(start + S / 2, 80))]),
+            false,
+        );
+        assert_eq!(
+            t.changes().0,
+            vec![(name(1).to_key(), "1:80:8000".to_string())]
+        );
         // Evicted: nothing gained, nothing to send.
         t.update(start + 3 * S, &HashMap::new(), false);
         assert!(t.changes().0.is_empty());
         // Back with a new life: all of it is new.
-        t.update(start + 4 * S, &HashMap::from([(name(1), obs(start + 4 * S - 1, 7))]), false);
-        assert_eq!(t.changes().0, vec![(name(1).to_key(), "1:87:8700".to_string())]);
+        t.update(
+            start + 4 * S,
+            &HashMap::from([(name(1), obs(start + 4 * S - 1, 7))]),
+            false,
+        );
+        assert_eq!(
+            t.changes().0,
+            vec![(name(1).to_key(), "1:87:8700".to_string())]
+        );
     }
 
     #[test]
     fn adopted_buckets_count_from_now() {
         let start = 10 * S;
         let mut t = LocalTracker::new(10, start);
-        t.update(start + S, &HashMap::from([(name(1), obs(start - S, 1000))]), true);
+        t.update(
+            start + S,
+            &HashMap::from([(name(1), obs(start - S, 1000))]),
+            true,
+        );
         assert_eq!(t.changes().0, vec![(name(1).to_key(), "1:0:0".to_string())]);
-        t.update(start + 2 * S, &HashMap::from([(name(1), obs(start - S, 1010))]), true);
-        assert_eq!(t.changes().0, vec![(name(1).to_key(), "1:10:1000".to_string())]);
+        t.update(
+            start + 2 * S,
+            &HashMap::from([(name(1), obs(start - S, 1010))]),
+            true,
+        );
+        assert_eq!(
+            t.changes().0,
+            vec![(name(1).to_key(), "1:10:1000".to_string())]
+        );
     }
 
     #[test]
     fn heaviest_first_capped_and_idle_keys_retire() {
         let start = 0;
         let mut t = LocalTracker::new(2, start);
-        let seen = HashMap::from([(name(1), obs(1, 10)), (name(2), obs(1, 1000)), (name(3), obs(1, 500))]);
+        let seen = HashMap::from([
+            (name(1), obs(1, 10)),
+            (name(2), obs(1, 1000)),
+            (name(3), obs(1, 500)),
+        ]);
         t.update(S, &seen, true);
         let mut keys: Vec<_> = t.keys().cloned().collect();
         keys.sort();
@@ -339,7 +412,15 @@ mod tests {
             p1 += 5000;
             p2 += 1000;
             p3 += 10;
-            t.update(time, &HashMap::from([(name(1), obs(1, p1)), (name(2), obs(1, p2)), (name(3), obs(1, p3))]), true);
+            t.update(
+                time,
+                &HashMap::from([
+                    (name(1), obs(1, p1)),
+                    (name(2), obs(1, p2)),
+                    (name(3), obs(1, p3)),
+                ]),
+                true,
+            );
         }
         let mut keys: Vec<_> = t.keys().cloned().collect();
         keys.sort();
@@ -348,7 +429,11 @@ mod tests {
         assert_eq!(deleted, vec![name(3).to_key()]);
         assert_eq!(t.next_epoch(), 4);
         // Nothing moves for longer than IDLE_NS: everything retires.
-        t.update(time + IDLE_NS + S, &HashMap::from([(name(1), obs(1, p1)), (name(2), obs(1, p2))]), false);
+        t.update(
+            time + IDLE_NS + S,
+            &HashMap::from([(name(1), obs(1, p1)), (name(2), obs(1, p2))]),
+            false,
+        );
         assert!(t.is_empty());
         assert_eq!(t.changes().1.len(), 2);
     }

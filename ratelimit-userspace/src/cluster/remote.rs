@@ -108,28 +108,39 @@ impl<P: Clone + Eq + Hash> RemoteTracker<P> {
     /// A tracker that stops counting a peer not heard for `timeout_ns`.
     #[must_use]
     pub fn new(timeout_ns: u64) -> Self {
-        Self { timeout_ns, peers: HashMap::new() }
+        Self {
+            timeout_ns,
+            peers: HashMap::new(),
+        }
     }
 
     /// Folds in the peers as read at `now` (`CLOCK_MONOTONIC` ns); `limits` gives the local
     /// cluster-scoped rules by name (keys of other rules are not charged). Peers no longer in
     /// `views` are forgotten.
-    pub fn round(&mut self, now: u64, views: &[PeerView<P>], limits: &HashMap<String, Limits>) -> Round {
+    pub fn round(
+        &mut self,
+        now: u64,
+        views: &[PeerView<P>],
+        limits: &HashMap<String, Limits>,
+    ) -> Round {
         let mut round = Round::default();
         self.peers.retain(|id, _| views.iter().any(|v| v.id == *id));
         for view in views {
-            let track = self.peers.entry(view.id.clone()).or_insert_with(|| PeerTrack {
-                heartbeat: view.heartbeat,
-                last_heard_ns: now,
-                counted: false,
-                baseline_epoch: 0,
-                sync: None,
-                keys: HashMap::new(),
-                published: 0,
-                charged_pkts: 0,
-                charged_bytes: 0,
-                live: view.live,
-            });
+            let track = self
+                .peers
+                .entry(view.id.clone())
+                .or_insert_with(|| PeerTrack {
+                    heartbeat: view.heartbeat,
+                    last_heard_ns: now,
+                    counted: false,
+                    baseline_epoch: 0,
+                    sync: None,
+                    keys: HashMap::new(),
+                    published: 0,
+                    charged_pkts: 0,
+                    charged_bytes: 0,
+                    live: view.live,
+                });
             if view.heartbeat != track.heartbeat {
                 track.heartbeat = view.heartbeat;
                 track.last_heard_ns = now;
@@ -146,7 +157,19 @@ impl<P: Clone + Eq + Hash> RemoteTracker<P> {
                 // (Re)joining: everything reported so far is the baseline.
                 track.counted = true;
                 track.baseline_epoch = sync.2;
-                track.keys = view.keys.iter().map(|(k, c)| (k.clone(), Applied { count: *c, at_ns: now })).collect();
+                track.keys = view
+                    .keys
+                    .iter()
+                    .map(|(k, c)| {
+                        (
+                            k.clone(),
+                            Applied {
+                                count: *c,
+                                at_ns: now,
+                            },
+                        )
+                    })
+                    .collect();
                 continue;
             }
             let mut keys = HashMap::with_capacity(view.keys.len());
@@ -154,9 +177,11 @@ impl<P: Clone + Eq + Hash> RemoteTracker<P> {
                 round.keys_synced += 1;
                 let prev = track.keys.get(name);
                 let (dp, db, since) = match prev {
-                    Some(a) if a.count.epoch == count.epoch => {
-                        (count.pkts.saturating_sub(a.count.pkts), count.bytes.saturating_sub(a.count.bytes), a.at_ns)
-                    }
+                    Some(a) if a.count.epoch == count.epoch => (
+                        count.pkts.saturating_sub(a.count.pkts),
+                        count.bytes.saturating_sub(a.count.bytes),
+                        a.at_ns,
+                    ),
                     // An older epoch than the one already seen: a stale report, nothing new.
                     Some(a) if a.count.epoch > count.epoch => {
                         keys.insert(name.clone(), *a);
@@ -164,13 +189,18 @@ impl<P: Clone + Eq + Hash> RemoteTracker<P> {
                     }
                     // A key (or a new epoch of it) that began while we counted the peer: all of
                     // it is consumption we have not charged.
-                    _ if count.epoch >= track.baseline_epoch => (count.pkts, count.bytes, prev.map_or(now, |a| a.at_ns)),
+                    _ if count.epoch >= track.baseline_epoch => {
+                        (count.pkts, count.bytes, prev.map_or(now, |a| a.at_ns))
+                    }
                     // A key older than our counting that we had not seen (state still arriving):
                     // baseline.
                     _ => (0, 0, now),
                 };
                 // The high-water mark never goes down (an older report of the same epoch).
-                let mut applied = Applied { count: *count, at_ns: now };
+                let mut applied = Applied {
+                    count: *count,
+                    at_ns: now,
+                };
                 if let Some(a) = prev.filter(|a| a.count.epoch == count.epoch) {
                     applied.count.pkts = applied.count.pkts.max(a.count.pkts);
                     applied.count.bytes = applied.count.bytes.max(a.count.bytes);
@@ -221,19 +251,27 @@ impl<P: Clone + Eq + Hash> RemoteTracker<P> {
 /// since reports arrive with jitter. This bounds what a faulty peer can charge; an honest one
 /// never comes near it.
 fn clamp(l: &Limits, pkts: u64, bytes: u64, dt_ns: u64) -> (u64, u64, bool) {
-    let allowed = |tolerance: u64| tolerance.saturating_mul(2).saturating_add(dt_ns).saturating_add(1_000_000_000);
+    let allowed = |tolerance: u64| {
+        tolerance
+            .saturating_mul(2)
+            .saturating_add(dt_ns)
+            .saturating_add(1_000_000_000)
+    };
     let mut clamped = false;
-    let pkts = if l.pkt_interval_ns > 0 {
-        let max = allowed(l.pkt_tolerance_ns) / l.pkt_interval_ns + 1;
-        clamped |= pkts > max;
-        pkts.min(max)
-    } else {
-        pkts
+    let pkts = match allowed(l.pkt_tolerance_ns).checked_div(l.pkt_interval_ns) {
+        Some(max) => {
+            let max = max + 1;
+            clamped |= pkts > max;
+            pkts.min(max)
+        }
+        None => pkts,
     };
     let bytes = if l.byte_interval_fp > 0 {
-        let max = u64::try_from((u128::from(allowed(l.byte_tolerance_ns)) << 16) / u128::from(l.byte_interval_fp))
-            .unwrap_or(u64::MAX)
-            .saturating_add(1);
+        let max = u64::try_from(
+            (u128::from(allowed(l.byte_tolerance_ns)) << 16) / u128::from(l.byte_interval_fp),
+        )
+        .unwrap_or(u64::MAX)
+        .saturating_add(1);
         clamped |= bytes > max;
         bytes.min(max)
     } else {
@@ -252,14 +290,22 @@ mod tests {
     const MS: u64 = 1_000_000;
 
     fn name() -> KeyName {
-        KeyName { rule: "flood".into(), addr: IpAddr::from([198, 18, 0, 100]) }
+        KeyName {
+            rule: "flood".into(),
+            addr: IpAddr::from([198, 18, 0, 100]),
+        }
     }
 
     fn limits() -> HashMap<String, Limits> {
         // 1000 pps, burst 500.
         HashMap::from([(
             "flood".to_string(),
-            Limits { pkt_interval_ns: MS, pkt_tolerance_ns: 500 * MS, byte_interval_fp: 0, byte_tolerance_ns: 0 },
+            Limits {
+                pkt_interval_ns: MS,
+                pkt_tolerance_ns: 500 * MS,
+                byte_interval_fp: 0,
+                byte_tolerance_ns: 0,
+            },
         )])
     }
 
@@ -269,7 +315,19 @@ mod tests {
             live: true,
             heartbeat: hb,
             sync: Some((hb, 0, epoch_next)),
-            keys: counts.iter().map(|&(epoch, pkts)| (name(), Count { epoch, pkts, bytes: pkts * 100 })).collect(),
+            keys: counts
+                .iter()
+                .map(|&(epoch, pkts)| {
+                    (
+                        name(),
+                        Count {
+                            epoch,
+                            pkts,
+                            bytes: pkts * 100,
+                        },
+                    )
+                })
+                .collect(),
         }
     }
 
@@ -283,17 +341,35 @@ mod tests {
         let l = limits();
         // First sight: baseline, nothing charged.
         assert_eq!(charged(&t.round(0, &[view("a", 1, 2, &[(1, 100)])], &l)), 0);
-        assert_eq!(charged(&t.round(100 * MS, &[view("a", 2, 2, &[(1, 150)])], &l)), 50);
+        assert_eq!(
+            charged(&t.round(100 * MS, &[view("a", 2, 2, &[(1, 150)])], &l)),
+            50
+        );
         // Same report again: nothing.
-        assert_eq!(charged(&t.round(200 * MS, &[view("a", 3, 2, &[(1, 150)])], &l)), 0);
+        assert_eq!(
+            charged(&t.round(200 * MS, &[view("a", 3, 2, &[(1, 150)])], &l)),
+            0
+        );
         // An older report (reordered): nothing, and it does not lower the mark.
-        assert_eq!(charged(&t.round(300 * MS, &[view("a", 4, 2, &[(1, 120)])], &l)), 0);
+        assert_eq!(
+            charged(&t.round(300 * MS, &[view("a", 4, 2, &[(1, 120)])], &l)),
+            0
+        );
         // Updates lost in between: caught up at once.
-        assert_eq!(charged(&t.round(400 * MS, &[view("a", 5, 2, &[(1, 400)])], &l)), 250);
+        assert_eq!(
+            charged(&t.round(400 * MS, &[view("a", 5, 2, &[(1, 400)])], &l)),
+            250
+        );
         // A new epoch of the key (it left and came back): counted from zero.
-        assert_eq!(charged(&t.round(500 * MS, &[view("a", 6, 3, &[(2, 30)])], &l)), 30);
+        assert_eq!(
+            charged(&t.round(500 * MS, &[view("a", 6, 3, &[(2, 30)])], &l)),
+            30
+        );
         // A stale report of the old epoch: nothing.
-        assert_eq!(charged(&t.round(600 * MS, &[view("a", 7, 3, &[(1, 500)])], &l)), 0);
+        assert_eq!(
+            charged(&t.round(600 * MS, &[view("a", 7, 3, &[(1, 500)])], &l)),
+            0
+        );
     }
 
     #[test]
@@ -301,12 +377,26 @@ mod tests {
         let mut t = RemoteTracker::new(3 * S);
         let l = limits();
         t.round(0, &[view("a@1", 1, 2, &[(1, 100)])], &l);
-        assert_eq!(charged(&t.round(100 * MS, &[view("a@1", 2, 2, &[(1, 200)])], &l)), 100);
+        assert_eq!(
+            charged(&t.round(100 * MS, &[view("a@1", 2, 2, &[(1, 200)])], &l)),
+            100
+        );
         // The peer restarts: generation 2 appears (baseline), generation 1 stops being heard.
-        let r = t.round(200 * MS, &[view("a@1", 2, 2, &[(1, 200)]), view("a@2", 1, 1, &[])], &l);
+        let r = t.round(
+            200 * MS,
+            &[view("a@1", 2, 2, &[(1, 200)]), view("a@2", 1, 1, &[])],
+            &l,
+        );
         assert_eq!(charged(&r), 0);
         // The new incarnation's first key started while we counted it: charged from zero.
-        let r = t.round(300 * MS, &[view("a@1", 2, 2, &[(1, 200)]), view("a@2", 2, 2, &[(1, 40)])], &l);
+        let r = t.round(
+            300 * MS,
+            &[
+                view("a@1", 2, 2, &[(1, 200)]),
+                view("a@2", 2, 2, &[(1, 40)]),
+            ],
+            &l,
+        );
         assert_eq!(charged(&r), 40);
         // The old one gone from chitchat: forgotten.
         t.round(400 * MS, &[view("a@2", 3, 2, &[(1, 60)])], &l);
@@ -318,16 +408,28 @@ mod tests {
         let mut t = RemoteTracker::new(3 * S);
         let l = limits();
         t.round(0, &[view("a", 1, 2, &[(1, 0)])], &l);
-        assert_eq!(charged(&t.round(100 * MS, &[view("a", 2, 2, &[(1, 100)])], &l)), 100);
+        assert_eq!(
+            charged(&t.round(100 * MS, &[view("a", 2, 2, &[(1, 100)])], &l)),
+            100
+        );
         // Heartbeat frozen (partition) for longer than the timeout, counters moving: not counted.
-        assert_eq!(charged(&t.round(2 * S, &[view("a", 2, 2, &[(1, 150)])], &l)), 50);
+        assert_eq!(
+            charged(&t.round(2 * S, &[view("a", 2, 2, &[(1, 150)])], &l)),
+            50
+        );
         let r = t.round(3 * S + 200 * MS, &[view("a", 2, 2, &[(1, 3000)])], &l);
         assert_eq!(charged(&r), 0);
         let info = t.info(3 * S + 200 * MS).next().unwrap().1;
         assert!(!info.heard && !info.counted);
         // Heard again: what it admitted meanwhile is the new baseline, not charged late.
-        assert_eq!(charged(&t.round(4 * S, &[view("a", 3, 2, &[(1, 4000)])], &l)), 0);
-        assert_eq!(charged(&t.round(4 * S + 100 * MS, &[view("a", 4, 2, &[(1, 4100)])], &l)), 100);
+        assert_eq!(
+            charged(&t.round(4 * S, &[view("a", 3, 2, &[(1, 4000)])], &l)),
+            0
+        );
+        assert_eq!(
+            charged(&t.round(4 * S + 100 * MS, &[view("a", 4, 2, &[(1, 4100)])], &l)),
+            100
+        );
         // Dead according to the failure detector: not counted either.
         let mut dead = view("a", 5, 2, &[(1, 4200)]);
         dead.live = false;
@@ -340,15 +442,31 @@ mod tests {
         let l = limits();
         t.round(0, &[view("a", 1, 5, &[])], &l);
         // A key of epoch 3 < 5 shows up late (state still arriving): baseline.
-        assert_eq!(charged(&t.round(100 * MS, &[view("a", 2, 5, &[(3, 100_000)])], &l)), 0);
-        assert_eq!(charged(&t.round(200 * MS, &[view("a", 3, 5, &[(3, 100_100)])], &l)), 100);
+        assert_eq!(
+            charged(&t.round(100 * MS, &[view("a", 2, 5, &[(3, 100_000)])], &l)),
+            0
+        );
+        assert_eq!(
+            charged(&t.round(200 * MS, &[view("a", 3, 5, &[(3, 100_100)])], &l)),
+            100
+        );
         // A gain no bucket could have admitted in 100 ms: cut to 2 x burst + 1.1 s of rate.
         let r = t.round(300 * MS, &[view("a", 4, 5, &[(3, 10_000_000)])], &l);
         assert_eq!(charged(&r), 2101);
         assert_eq!(r.clamped, 1);
         // Keys of rules that are not cluster-scoped here are not charged.
         let mut other = view("a", 5, 5, &[]);
-        other.keys.push((KeyName { rule: "other".into(), addr: IpAddr::from([1, 2, 3, 4]) }, Count { epoch: 9, pkts: 5, bytes: 0 }));
+        other.keys.push((
+            KeyName {
+                rule: "other".into(),
+                addr: IpAddr::from([1, 2, 3, 4]),
+            },
+            Count {
+                epoch: 9,
+                pkts: 5,
+                bytes: 0,
+            },
+        ));
         assert!(t.round(400 * MS, &[other], &l).charges.is_empty());
     }
 }

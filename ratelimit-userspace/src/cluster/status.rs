@@ -194,7 +194,11 @@ impl Shared {
     /// The status now.
     #[must_use]
     pub fn status(&self) -> ClusterStatus {
-        let mut status = self.view.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let mut status = self
+            .view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         status.counters = self.counters.values();
         status
     }

@@ -95,9 +95,21 @@ struct Blocking {
 impl SyncLoop {
     /// Runs until the task is aborted.
     pub async fn run(self) {
-        let Self { agent, chitchat, maps, shared, interval, max_keys, peer_timeout } = self;
+        let Self {
+            agent,
+            chitchat,
+            maps,
+            shared,
+            interval,
+            max_keys,
+            peer_timeout,
+        } = self;
         let start_ns = monotonic_ns();
-        let mut blocking = Some(Blocking { maps, local: LocalTracker::new(max_keys, start_ns), next_full_ns: 0 });
+        let mut blocking = Some(Blocking {
+            maps,
+            local: LocalTracker::new(max_keys, start_ns),
+            next_full_ns: 0,
+        });
         let mut remote: RemoteTracker<ChitchatId> =
             RemoteTracker::new(u64::try_from(peer_timeout.as_nanos()).unwrap_or(u64::MAX));
         let self_id = chitchat.chitchat_id().clone();
@@ -146,7 +158,8 @@ impl SyncLoop {
                 .await;
             let c = &shared.counters;
             Counters::add(&c.keys_dropped, dropped);
-            c.keys_published.store(published as u64, std::sync::atomic::Ordering::Relaxed);
+            c.keys_published
+                .store(published as u64, std::sync::atomic::Ordering::Relaxed);
 
             // 3. Peers' gains -> charges.
             let now = monotonic_ns();
@@ -170,19 +183,32 @@ impl SyncLoop {
                 Counters::add(&c.charge_errors, errors);
                 Counters::add(&c.charges_clamped, clamped);
             }
-            c.keys_synced.store(keys_synced, std::sync::atomic::Ordering::Relaxed);
+            c.keys_synced
+                .store(keys_synced, std::sync::atomic::Ordering::Relaxed);
 
             // 4. Status.
             let peers = peer_statuses(&remote, now, super::unix_ms());
             log_membership(&peers, &mut was_counted);
-            let lag = peers.iter().filter(|p| p.counted).filter_map(|p| p.lag_ms).max().unwrap_or(0);
-            c.sync_lag_ms.store(u64::try_from(lag).unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+            let lag = peers
+                .iter()
+                .filter(|p| p.counted)
+                .filter_map(|p| p.lag_ms)
+                .max()
+                .unwrap_or(0);
+            c.sync_lag_ms.store(
+                u64::try_from(lag).unwrap_or(0),
+                std::sync::atomic::Ordering::Relaxed,
+            );
             Counters::add(&c.syncs, 1);
             c.last_sync_us.store(
                 u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX),
                 std::sync::atomic::Ordering::Relaxed,
             );
-            shared.view.lock().unwrap_or_else(std::sync::PoisonError::into_inner).peers = peers;
+            shared
+                .view
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .peers = peers;
         }
     }
 }
@@ -190,7 +216,11 @@ impl SyncLoop {
 impl Blocking {
     /// Reads the buckets (all of them when a full scan is due, else the published keys') and
     /// returns the keys to set and delete.
-    fn observe(&mut self, rules: &ClusterRules, interval_ns: u64) -> (Vec<(String, String)>, Vec<String>) {
+    fn observe(
+        &mut self,
+        rules: &ClusterRules,
+        interval_ns: u64,
+    ) -> (Vec<(String, String)>, Vec<String>) {
         let now = monotonic_ns();
         let full = now >= self.next_full_ns;
         let mut seen: HashMap<KeyName, BucketObs> = HashMap::new();
@@ -204,7 +234,13 @@ impl Blocking {
                 Ok(all) => {
                     for (key, b) in all {
                         if let Some(name) = rules.by_id.get(&key.rule) {
-                            seen.insert(KeyName { rule: name.clone(), addr: bucket_addr(&key) }, obs(&b));
+                            seen.insert(
+                                KeyName {
+                                    rule: name.clone(),
+                                    addr: bucket_addr(&key),
+                                },
+                                obs(&b),
+                            );
                         }
                     }
                 }
@@ -217,7 +253,9 @@ impl Blocking {
             self.next_full_ns = now.saturating_add(interval_ns.max(took.saturating_mul(10)));
         } else {
             for name in self.local.keys() {
-                let Some((id, rule)) = rules.by_name.get(&name.rule) else { continue };
+                let Some((id, rule)) = rules.by_name.get(&name.rule) else {
+                    continue;
+                };
                 if let Ok(Some(b)) = self.maps.bucket(&bucket_key(*id, rule, name.addr)) {
                     seen.insert(name.clone(), obs(&b));
                 }
@@ -232,7 +270,9 @@ impl Blocking {
         let (mut pkts, mut bytes, mut errors) = (0, 0, 0);
         let now = monotonic_ns();
         for (name, &(p, b)) in &round.charges {
-            let Some((id, rule)) = rules.by_name.get(&name.rule) else { continue };
+            let Some((id, rule)) = rules.by_name.get(&name.rule) else {
+                continue;
+            };
             let key = bucket_key(*id, rule, name.addr);
             match charge::charge(&mut self.maps, &key, rule, p, b, now) {
                 Ok(()) => {
@@ -251,7 +291,11 @@ impl Blocking {
 
 /// The other members' views (at most [`MAX_PEERS`], each with at most `max_keys` keys) and the
 /// number of keys left out.
-fn read_peers(c: &chitchat::Chitchat, self_id: &ChitchatId, max_keys: usize) -> (Vec<PeerView<ChitchatId>>, u64) {
+fn read_peers(
+    c: &chitchat::Chitchat,
+    self_id: &ChitchatId,
+    max_keys: usize,
+) -> (Vec<PeerView<ChitchatId>>, u64) {
     let live: HashSet<&ChitchatId> = c.live_nodes().collect();
     let mut views = Vec::new();
     let mut dropped = 0u64;
@@ -278,7 +322,13 @@ fn read_peers(c: &chitchat::Chitchat, self_id: &ChitchatId, max_keys: usize) -> 
             let mut it = s.split(':').map(str::parse::<u64>);
             Some((it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?))
         });
-        views.push(PeerView { id: id.clone(), live: live.contains(id), heartbeat: u64::from(state.heartbeat()), sync, keys });
+        views.push(PeerView {
+            id: id.clone(),
+            live: live.contains(id),
+            heartbeat: u64::from(state.heartbeat()),
+            sync,
+            keys,
+        });
     }
     (views, dropped)
 }
@@ -296,7 +346,11 @@ fn peer_statuses(remote: &RemoteTracker<ChitchatId>, now: u64, unix_ms: u64) -> 
             "alive"
         };
         peers.insert(
-            (id.node_id.to_string(), id.generation_id, id.gossip_advertise_addr),
+            (
+                id.node_id.to_string(),
+                id.generation_id,
+                id.gossip_advertise_addr,
+            ),
             PeerStatus {
                 node_id: id.node_id.to_string(),
                 generation: id.generation_id,
@@ -305,7 +359,8 @@ fn peer_statuses(remote: &RemoteTracker<ChitchatId>, now: u64, unix_ms: u64) -> 
                 counted: info.counted,
                 last_heard_ms: Some(info.silent_ns / 1_000_000),
                 lag_ms: info.published_unix_ms.map(|p| {
-                    i64::try_from(unix_ms).unwrap_or(i64::MAX) - i64::try_from(p).unwrap_or(i64::MAX)
+                    i64::try_from(unix_ms).unwrap_or(i64::MAX)
+                        - i64::try_from(p).unwrap_or(i64::MAX)
                 }),
                 keys: info.keys,
                 charged_pkts: info.charged_pkts,
@@ -331,7 +386,10 @@ fn log_membership(peers: &[PeerStatus], was: &mut HashSet<ChitchatId>) {
         }
     }
     for gone in was.difference(&now_counted) {
-        if !peers.iter().any(|p| p.node_id == *gone.node_id && p.generation == gone.generation_id) {
+        if !peers
+            .iter()
+            .any(|p| p.node_id == *gone.node_id && p.generation == gone.generation_id)
+        {
             tracing::warn!(peer = %gone.node_id, generation = gone.generation_id, "cluster peer left");
         }
     }

@@ -34,8 +34,8 @@ use tokio::net::UdpSocket;
 
 use super::{
     key::ClusterKey,
-    unix_ms,
     status::{Counters, Shared},
+    unix_ms,
     wire::{Codec, Reject},
 };
 
@@ -56,7 +56,11 @@ impl SecureTransport {
     /// A transport sealing with `key` for `cluster_id`, counting into `shared`.
     #[must_use]
     pub fn new(key: ClusterKey, cluster_id: String, shared: Arc<Shared>) -> Self {
-        Self { key, cluster_id, shared }
+        Self {
+            key,
+            cluster_id,
+            shared,
+        }
     }
 }
 
@@ -128,7 +132,12 @@ impl SecureSocket {
     async fn relay(&mut self, peer: SocketAddr) -> io::Result<&Relay> {
         if !self.relays.contains_key(&peer) {
             if self.relays.len() >= MAX_RELAYS {
-                if let Some(old) = self.relays.iter().min_by_key(|(_, r)| r.used).map(|(p, _)| *p) {
+                if let Some(old) = self
+                    .relays
+                    .iter()
+                    .min_by_key(|(_, r)| r.used)
+                    .map(|(p, _)| *p)
+                {
                     if let Some(r) = self.relays.remove(&old) {
                         self.by_relay.remove(&r.local);
                     }
@@ -138,7 +147,14 @@ impl SecureSocket {
             socket.connect(self.inner_addr).await?;
             let local = socket.local_addr()?;
             self.by_relay.insert(local, peer);
-            self.relays.insert(peer, Relay { socket, local, used: Instant::now() });
+            self.relays.insert(
+                peer,
+                Relay {
+                    socket,
+                    local,
+                    used: Instant::now(),
+                },
+            );
         }
         let relay = self.relays.get_mut(&peer).expect("just inserted");
         relay.used = Instant::now();
@@ -187,7 +203,11 @@ impl Socket for SecureSocket {
         Ok(self.public.local_addr()?)
     }
 
-    async fn send(&mut self, to: SocketAddr, envelope: ChitchatEnvelope) -> anyhow::Result<SendOutcome> {
+    async fn send(
+        &mut self,
+        to: SocketAddr,
+        envelope: ChitchatEnvelope,
+    ) -> anyhow::Result<SendOutcome> {
         let relay_addr = self.relay(to).await?.local;
         self.inner.send(relay_addr, envelope).await?;
         let relay = &self.relays[&to];
@@ -217,7 +237,9 @@ impl Socket for SecureSocket {
                 Err(e) => return Err(anyhow::anyhow!("sending gossip to {to}: {e}")),
             }
         }
-        Ok(SendOutcome { num_bytes_sent: sent })
+        Ok(SendOutcome {
+            num_bytes_sent: sent,
+        })
     }
 
     async fn recv(&mut self) -> anyhow::Result<RecvOutcome> {
@@ -236,7 +258,10 @@ impl Socket for SecureSocket {
                         Counters::add(&counters(&self.shared).rejected_malformed, 1);
                         continue;
                     };
-                    return Ok(RecvOutcome { from_addr: peer, ..outcome });
+                    return Ok(RecvOutcome {
+                        from_addr: peer,
+                        ..outcome
+                    });
                 }
                 Event::Public(Ok((len, from))) => self.accept(len, from).await?,
                 Event::Public(Err(e)) if is_transient(&e) => {}
@@ -250,11 +275,18 @@ impl Socket for SecureSocket {
 mod tests {
     use std::sync::atomic::Ordering::Relaxed;
 
-    use chitchat::{spawn_chitchat, ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig, ProtocolVersion};
+    use chitchat::{
+        spawn_chitchat, ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig,
+        ProtocolVersion,
+    };
 
     use super::*;
 
-    async fn node(port_hint: &str, secret: u8, seeds: &[SocketAddr]) -> (ChitchatHandle, Arc<Shared>, SocketAddr) {
+    async fn node(
+        port_hint: &str,
+        secret: u8,
+        seeds: &[SocketAddr],
+    ) -> (ChitchatHandle, Arc<Shared>, SocketAddr) {
         // Bind port 0 first to find a free port, then give chitchat that address.
         let probe = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
         let addr = probe.local_addr().unwrap();
@@ -277,12 +309,19 @@ mod tests {
             protocol_version: ProtocolVersion::V1,
         };
         let transport = SecureTransport::new(key, "test".into(), shared.clone());
-        let handle = spawn_chitchat(config, vec![("hello".into(), port_hint.into())], &transport).await.unwrap();
+        let handle = spawn_chitchat(config, vec![("hello".into(), port_hint.into())], &transport)
+            .await
+            .unwrap();
         (handle, shared, addr)
     }
 
     async fn sees(h: &ChitchatHandle, value: &str) -> bool {
-        h.with_chitchat(|c| c.node_states().values().any(|s| s.get("hello") == Some(value))).await
+        h.with_chitchat(|c| {
+            c.node_states()
+                .values()
+                .any(|s| s.get("hello") == Some(value))
+        })
+        .await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -297,13 +336,25 @@ mod tests {
         }
         // Let the intruder try for a while.
         while a_shared.counters.rejected_auth.load(Relaxed) < 3 {
-            assert!(Instant::now() < deadline, "the intruder's datagrams were never rejected");
+            assert!(
+                Instant::now() < deadline,
+                "the intruder's datagrams were never rejected"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(!sees(&a, "x").await && !sees(&b, "x").await, "the wrong key got into the cluster");
-        assert!(!sees(&intruder, "a").await, "the intruder learnt the cluster's state");
+        assert!(
+            !sees(&a, "x").await && !sees(&b, "x").await,
+            "the wrong key got into the cluster"
+        );
+        assert!(
+            !sees(&intruder, "a").await,
+            "the intruder learnt the cluster's state"
+        );
         let (av, bv) = (a_shared.counters.values(), b_shared.counters.values());
-        assert!(av.messages_in > 0 && av.messages_out > 0 && av.bytes_out > 0 && bv.messages_in > 0, "{av:?} {bv:?}");
+        assert!(
+            av.messages_in > 0 && av.messages_out > 0 && av.bytes_out > 0 && bv.messages_in > 0,
+            "{av:?} {bv:?}"
+        );
         assert_eq!(intruder_shared.counters.values().messages_in, 0);
         for h in [a, b, intruder] {
             h.shutdown().await.unwrap();

@@ -105,7 +105,10 @@ impl Codec {
             let nonce = ChaCha20Poly1305::generate_nonce(&mut OsRng);
             let mut datagram = Vec::with_capacity(HEADER_LEN + chunk.len() + TAG_LEN);
             datagram.extend_from_slice(MAGIC);
-            #[expect(clippy::cast_possible_truncation, reason = "index < count <= MAX_PARTS = 4")]
+            #[expect(
+                clippy::cast_possible_truncation,
+                reason = "index < count <= MAX_PARTS = 4"
+            )]
             datagram.push(((index as u8) << 4) | count as u8);
             datagram.extend_from_slice(&msg_id.to_le_bytes());
             datagram.extend_from_slice(&now_ms.to_le_bytes());
@@ -113,7 +116,13 @@ impl Codec {
             let aad = self.aad(&datagram[..HEADER_LEN]);
             let sealed = self
                 .cipher
-                .encrypt(&nonce, Payload { msg: chunk, aad: &aad })
+                .encrypt(
+                    &nonce,
+                    Payload {
+                        msg: chunk,
+                        aad: &aad,
+                    },
+                )
                 .expect("ChaCha20-Poly1305 encryption cannot fail for in-range lengths");
             datagram.extend_from_slice(&sealed);
             out.push(datagram);
@@ -123,11 +132,19 @@ impl Codec {
 
     /// Opens a datagram from `from` received at `now_ms`: `Ok(Some(message))` when a whole
     /// message is complete, `Ok(None)` when a part was stored, `Err` when it is dropped.
-    pub fn open(&mut self, datagram: &[u8], from: SocketAddr, now_ms: u64) -> Result<Option<Vec<u8>>, Reject> {
+    pub fn open(
+        &mut self,
+        datagram: &[u8],
+        from: SocketAddr,
+        now_ms: u64,
+    ) -> Result<Option<Vec<u8>>, Reject> {
         if datagram.len() < HEADER_LEN + TAG_LEN || &datagram[..4] != MAGIC {
             return Err(Reject::Malformed);
         }
-        let (index, count) = (usize::from(datagram[4] >> 4), usize::from(datagram[4] & 0x0f));
+        let (index, count) = (
+            usize::from(datagram[4] >> 4),
+            usize::from(datagram[4] & 0x0f),
+        );
         if count == 0 || count > MAX_PARTS || index >= count {
             return Err(Reject::Malformed);
         }
@@ -137,7 +154,13 @@ impl Codec {
         let aad = self.aad(&datagram[..HEADER_LEN]);
         let plain = self
             .cipher
-            .decrypt(Nonce::from_slice(&nonce_bytes), Payload { msg: &datagram[HEADER_LEN..], aad: &aad })
+            .decrypt(
+                Nonce::from_slice(&nonce_bytes),
+                Payload {
+                    msg: &datagram[HEADER_LEN..],
+                    aad: &aad,
+                },
+            )
             .map_err(|_| Reject::Auth)?;
         // Time and replay are checked only once the datagram is known to be authentic, so a
         // forger cannot fill the replay memory.
@@ -147,9 +170,14 @@ impl Codec {
         if count == 1 {
             return Ok(Some(plain));
         }
-        self.pending.retain(|_, p| now_ms.saturating_sub(p.first_ms) <= PENDING_MS);
+        self.pending
+            .retain(|_, p| now_ms.saturating_sub(p.first_ms) <= PENDING_MS);
         if !self.pending.contains_key(&(from, msg_id)) && self.pending.len() >= MAX_PENDING {
-            let oldest = self.pending.iter().min_by_key(|(_, p)| p.first_ms).map(|(k, _)| *k);
+            let oldest = self
+                .pending
+                .iter()
+                .min_by_key(|(_, p)| p.first_ms)
+                .map(|(k, _)| *k);
             if let Some(k) = oldest {
                 self.pending.remove(&k);
             }
@@ -157,7 +185,10 @@ impl Codec {
         let entry = self
             .pending
             .entry((from, msg_id))
-            .or_insert_with(|| Pending { first_ms: now_ms, parts: vec![None; count] });
+            .or_insert_with(|| Pending {
+                first_ms: now_ms,
+                parts: vec![None; count],
+            });
         if entry.parts.len() != count {
             self.pending.remove(&(from, msg_id));
             return Err(Reject::Malformed);
@@ -216,7 +247,10 @@ mod tests {
     use super::*;
 
     fn codec(secret: u8, cluster: &str) -> Codec {
-        Codec::new(&ClusterKey::from_secret(&[secret; 32], cluster).unwrap(), cluster)
+        Codec::new(
+            &ClusterKey::from_secret(&[secret; 32], cluster).unwrap(),
+            cluster,
+        )
     }
 
     const FROM: &str = "198.18.1.1:7946";
@@ -231,8 +265,14 @@ mod tests {
         // Replayed: stale.
         assert_eq!(b.open(&d[0], from, 1_000_200), Err(Reject::Stale));
         // Other key, other cluster id: auth.
-        assert_eq!(codec(2, "c").open(&d[0], from, 1_000_100), Err(Reject::Auth));
-        assert_eq!(codec(1, "other").open(&d[0], from, 1_000_100), Err(Reject::Auth));
+        assert_eq!(
+            codec(2, "c").open(&d[0], from, 1_000_100),
+            Err(Reject::Auth)
+        );
+        assert_eq!(
+            codec(1, "other").open(&d[0], from, 1_000_100),
+            Err(Reject::Auth)
+        );
         // Too old or from the future.
         let old = a.seal(b"x", 1_000_000 - MAX_SKEW_MS - 1).unwrap();
         assert_eq!(b.open(&old[0], from, 1_000_000), Err(Reject::Stale));

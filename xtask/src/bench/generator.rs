@@ -245,7 +245,7 @@ impl RandomSource {
         if rc != 0 {
             bail!("pinning the random-source generator at {}: {}", pin.display(), std::io::Error::last_os_error());
         }
-        let program = Xdp::from_pin(&pin, aya::programs::xdp::XdpAttachType::Interface);
+        let program = Xdp::from_pin(&pin, aya_obj::programs::XdpAttachType::Interface);
         let _ = fs::remove_file(&pin);
         drop(fd);
         let program = program.context("opening the pinned random-source generator")?;
@@ -268,15 +268,41 @@ pub struct Blast {
     pub elapsed: Duration,
 }
 
+/// Pins the calling thread to `cpu`.
+///
+/// The generator and the polite sender run on one CPU, so that the receiving veth's NAPI poll,
+/// which runs where it was last scheduled from, always runs there too: a packet sent from another
+/// CPU would move it (and the pipeline would straddle two CPUs for a while).
+pub fn pin_to_cpu(cpu: usize) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET and sched_setaffinity only touch
+    // it and the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw const set) != 0 {
+            bail!("pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// Runs `program` in live-frames mode with `frame` as input, transmitting to the peer of
-/// `ifindex` (an interface of `ns`), for about `duration`.
-pub fn blast(program: &Xdp, ns: &Netns, ifindex: u32, frame: &[u8], duration: Duration) -> Result<Blast> {
+/// `ifindex` (an interface of `ns`), for about `duration`, on `cpu`.
+pub fn blast(
+    program: &Xdp,
+    ns: &Netns,
+    ifindex: u32,
+    frame: &[u8],
+    duration: Duration,
+    cpu: usize,
+) -> Result<Blast> {
     // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index, egress_ifindex.
     let len = u32::try_from(frame.len()).context("frame length")?;
     let md: [u32; 6] = [0, len, 0, ifindex, 0, 0];
     let ctx: Vec<u8> = md.iter().flat_map(|w| w.to_ne_bytes()).collect();
     // The test run resolves `ingress_ifindex` in the calling thread's network namespace.
     in_netns(ns, || {
+        pin_to_cpu(cpu)?;
         let start = Instant::now();
         let mut frames = 0u64;
         while start.elapsed() < duration {

@@ -1,0 +1,855 @@
+//! Property tests of the real XDP program against a user-space reference model, through
+//! BPF_PROG_TEST_RUN.
+//!
+//! Random rule sets (prefixes from a small pool, so that they nest and overlap; random protocol and
+//! port; allow, deny, and limit rules with rate 1 and bursts of at most 5 packets, some with a
+//! byte limit of 1 byte/s) meet random frames (IPv4 and IPv6, VLAN tags, IPv4 options, IPv6
+//! extension headers, fragments, TCP/UDP/ICMP/other, and then mutations: truncated, bytes flipped,
+//! bad IHL or version, retyped headers). For every frame the model
+//! - parses it the way `ratelimit-ebpf/src/parse.rs` documents (or names the counter of the reason
+//!   it cannot: an unparseable frame must pass, whatever the rules say),
+//! - classifies it with [`CompiledRuleSet::classify`], the user-space reference classifier,
+//! - charges a model bucket per (rule, source masked to the rule's `per`),
+//!
+//! and predicts the XDP action, every rule counter and every global counter that moves. The
+//! program must agree on all three, frame by frame.
+//!
+//! Time: at 1 packet/s (and 1 byte/s) a bucket earns its next token one second after it was
+//! created, so a bucket younger than that admits exactly `burst` packets (`bytes_burst` bytes) and
+//! nothing more. Every case installs rules under new names, so they get fresh ids and the buckets
+//! of earlier cases are purged, and a case stops sending after [`CASE_BUDGET`].
+//!
+//! Deterministic: the seed is fixed; `RL_PROP_SEED=N` replays another, `RL_PROP_CASES=N` runs more
+//! cases. A failure prints the seed, the case, its rules as TOML and the frame in hex.
+
+use std::{
+    collections::HashMap,
+    fmt::Write as _,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    time::{Duration, Instant},
+};
+
+use ratelimit::{
+    compile::{compile, CompiledRuleSet, RuleIds},
+    config::{Action, Config, Per, RuleConfig},
+};
+use ratelimit_common::{config_flags, global, verdict, GlobalStats, RuleStats};
+use ratelimit_testbed::{
+    packet::eth,
+    require_root,
+    xdp::{XDP_DROP, XDP_PASS},
+    TestDataplane,
+};
+
+/// Default seed (any value; fixed so that CI runs the same cases every time).
+const SEED: u64 = 0x5eed_0f_7e57;
+/// Rule sets per run by default, and frames per rule set.
+const CASES: usize = 250;
+const FRAMES_PER_CASE: usize = 40;
+/// A case stops sending after this long: far below the 1 s in which a rate-1 bucket earns a token.
+const CASE_BUDGET: Duration = Duration::from_millis(700);
+/// Failures printed in full.
+const SHOW: usize = 8;
+
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+
+/// Rule prefixes: nested and overlapping on purpose.
+const V4_PREFIXES: [&str; 9] = [
+    "0.0.0.0/0",
+    "198.18.0.0/15",
+    "198.18.0.0/16",
+    "198.18.1.0/24",
+    "198.18.1.0/25",
+    "198.18.1.128/25",
+    "198.18.1.7/32",
+    "198.19.0.0/16",
+    "198.18.2.0/24",
+];
+const V6_PREFIXES: [&str; 6] = [
+    "::/0",
+    "2001:db8::/32",
+    "2001:db8:0:1::/64",
+    "2001:db8:0:1::7/128",
+    "2001:db8:1::/48",
+    "2001:db8:0:1:8000::/65",
+];
+/// Packet sources: inside the prefixes above at various depths, and outside all but /0.
+const V4_SOURCES: [&str; 7] = [
+    "198.18.1.7",
+    "198.18.1.8",
+    "198.18.1.200",
+    "198.18.2.3",
+    "198.19.5.5",
+    "198.18.9.9",
+    "192.0.2.1",
+];
+const V6_SOURCES: [&str; 7] = [
+    "2001:db8:0:1::7",
+    "2001:db8:0:1::8",
+    "2001:db8:0:1:ffff::1",
+    "2001:db8:1::5",
+    "2001:db8:2::1",
+    "2001:db8:1:0:1::1",
+    "3fff::1",
+];
+const PORTS: [u16; 3] = [53, 80, 443];
+
+// ---------------------------------------------------------------------------------------------
+// A small deterministic RNG (SplitMix64): no dependency, identical sequences everywhere.
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n > 0; the modulo bias is irrelevant here).
+    fn below(&mut self, n: usize) -> usize {
+        usize::try_from(self.next() % n as u64).expect("fits")
+    }
+
+    /// True with probability `percent`%.
+    fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+
+    fn byte(&mut self) -> u8 {
+        self.next().to_le_bytes()[0]
+    }
+
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes([self.byte(), self.byte()])
+    }
+}
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The reference parser: what parse.rs documents, written for a byte slice.
+
+/// What the program needs to know about a frame it could parse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Parsed {
+    src: IpAddr,
+    /// IP protocol (IPv6: the last next-header reached).
+    protocol: u8,
+    /// TCP/UDP destination port; 0 when none was read.
+    dst_port: u16,
+    /// A non-first fragment (counted in `fragments`).
+    fragment: bool,
+    /// L4 header or extension header chain cut short, or longer than walked (`truncated_l4`).
+    truncated_l4: bool,
+}
+
+fn be16(b: &[u8], off: usize) -> Option<u16> {
+    b.get(off..off + 2).map(|s| u16::from_be_bytes([s[0], s[1]]))
+}
+
+/// Parses a frame, or returns the [`global`] counter naming why it cannot.
+fn model_parse(b: &[u8]) -> Result<Parsed, usize> {
+    let mut ether_type = be16(b, 12).ok_or(global::TRUNCATED_ETH)?;
+    let mut off = 14;
+    // An outer tag and one inner tag are walked; a third is refused.
+    for depth in 0..3 {
+        if ether_type != 0x8100 && ether_type != 0x88a8 {
+            break;
+        }
+        if depth == 2 {
+            return Err(global::BAD_VLAN);
+        }
+        ether_type = be16(b, off + 2).ok_or(global::BAD_VLAN)?;
+        off += 4;
+    }
+    match ether_type {
+        0x0800 => model_ipv4(b, off),
+        0x86dd => model_ipv6(b, off),
+        _ => Err(global::NON_IP),
+    }
+}
+
+fn model_ipv4(b: &[u8], off: usize) -> Result<Parsed, usize> {
+    let h = b.get(off..off + 20).ok_or(global::TRUNCATED_IPV4)?;
+    let ihl = usize::from(h[0] & 0x0f) * 4;
+    if h[0] >> 4 != 4 || ihl < 20 || off + ihl > b.len() {
+        return Err(global::BAD_IPV4);
+    }
+    let src = IpAddr::V4(Ipv4Addr::new(h[12], h[13], h[14], h[15]));
+    let protocol = h[9];
+    let mut p = Parsed { src, protocol, dst_port: 0, fragment: false, truncated_l4: false };
+    if u16::from_be_bytes([h[6], h[7]]) & 0x1fff != 0 {
+        p.fragment = true;
+        return Ok(p);
+    }
+    (p.dst_port, p.truncated_l4) = model_l4_port(b, off + ihl, protocol);
+    Ok(p)
+}
+
+fn model_ipv6(b: &[u8], off: usize) -> Result<Parsed, usize> {
+    let h = b.get(off..off + 40).ok_or(global::BAD_IPV6)?;
+    if h[0] >> 4 != 6 {
+        return Err(global::BAD_IPV6);
+    }
+    let src: [u8; 16] = h[8..24].try_into().expect("16 bytes");
+    let mut next = h[6];
+    let mut p = Parsed {
+        src: IpAddr::V6(Ipv6Addr::from(src)),
+        protocol: next,
+        dst_port: 0,
+        fragment: false,
+        truncated_l4: false,
+    };
+    let mut hdr = off + 40;
+    // Hop-by-hop, routing, fragment, AH and destination options are walked, four at most.
+    for _ in 0..4 {
+        if !matches!(next, 0 | 43 | 44 | 51 | 60) {
+            p.protocol = next;
+            (p.dst_port, p.truncated_l4) = model_l4_port(b, hdr, next);
+            return Ok(p);
+        }
+        let Some(e) = b.get(hdr..hdr + 8) else {
+            p.truncated_l4 = true;
+            return Ok(p);
+        };
+        let len = match next {
+            51 => (usize::from(e[1]) + 2) * 4,
+            44 => {
+                if u16::from_be_bytes([e[2], e[3]]) >> 3 != 0 {
+                    p.protocol = e[0];
+                    p.fragment = true;
+                    return Ok(p);
+                }
+                8
+            }
+            _ => (usize::from(e[1]) + 1) * 8,
+        };
+        next = e[0];
+        p.protocol = next;
+        hdr += len;
+    }
+    p.truncated_l4 = true;
+    Ok(p)
+}
+
+/// The destination port at `l4` for TCP/UDP whose whole header (20/8 bytes) is in the frame, and
+/// whether the header was cut short.
+fn model_l4_port(b: &[u8], l4: usize, protocol: u8) -> (u16, bool) {
+    let min = match protocol {
+        IPPROTO_TCP => 20,
+        IPPROTO_UDP => 8,
+        _ => return (0, false),
+    };
+    if l4 + min > b.len() {
+        return (0, true);
+    }
+    (be16(b, l4 + 2).expect("inside the frame"), false)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bucket model.
+
+/// Tokens spent by one model bucket since it was created.
+#[derive(Clone, Copy, Debug, Default)]
+struct ModelBucket {
+    pkts: u64,
+    bytes: u64,
+}
+
+/// (rule id, IPv6?, source masked to the rule's `per`, left-aligned bits).
+type BucketId = (u32, bool, u128);
+
+fn mask(len: u8) -> u128 {
+    match len {
+        0 => 0,
+        n => !0u128 << (128 - u32::from(n)),
+    }
+}
+
+fn bucket_of(id: u32, rule: &RuleConfig, src: IpAddr) -> BucketId {
+    let (v6, bits) = match src {
+        IpAddr::V4(a) => (false, u128::from(u32::from(a)) << 96),
+        IpAddr::V6(a) => (true, u128::from(a)),
+    };
+    let len = match rule.per {
+        Per::Source => 128,
+        Per::Rule => 0,
+        Per::Prefix(n) => n,
+    };
+    (id, v6, bits & mask(len))
+}
+
+/// Charges a frame of `len` bytes to a limit rule's bucket (created full if new) and returns the
+/// rule verdict: the GCRA of bucket.rs with every packet at the same instant (see the module doc).
+fn charge(bucket: &mut ModelBucket, rule: &RuleConfig, len: u64) -> usize {
+    if let Some(burst) = rule.burst.filter(|_| rule.rate.is_some()) {
+        if bucket.pkts + 1 > burst {
+            return verdict::DROPPED_RATE;
+        }
+        bucket.pkts += 1;
+    }
+    if let Some(bytes_burst) = rule.bytes_burst.filter(|_| rule.bytes_rate.is_some()) {
+        if bucket.bytes + len > bytes_burst {
+            // The packet token charged above is given back.
+            if rule.rate.is_some() {
+                bucket.pkts -= 1;
+            }
+            return verdict::DROPPED_BYTES;
+        }
+        bucket.bytes += len;
+    }
+    verdict::PASSED
+}
+
+/// What the model expects of one frame.
+#[derive(Debug, PartialEq, Eq)]
+struct Expect {
+    action: u32,
+    /// Deltas of every global counter.
+    global: [u64; global::COUNT],
+    /// (rule id, verdict) whose packet counter moves by one, if a rule matched.
+    rule: Option<(u32, usize)>,
+}
+
+/// One installed rule set and the model's state for it.
+struct Model<'a> {
+    set: &'a CompiledRuleSet,
+    rules: HashMap<u32, &'a RuleConfig>,
+    buckets: HashMap<BucketId, ModelBucket>,
+    agent_dry_run: bool,
+}
+
+impl<'a> Model<'a> {
+    fn new(set: &'a CompiledRuleSet, config: &'a Config, agent_dry_run: bool) -> Self {
+        let rules = config
+            .rules
+            .iter()
+            .map(|r| (set.rules.iter().find(|c| c.name == r.name).expect("compiled").id, r))
+            .collect();
+        Self { set, rules, buckets: HashMap::new(), agent_dry_run }
+    }
+
+    fn frame(&mut self, bytes: &[u8]) -> Expect {
+        let mut g = [0u64; global::COUNT];
+        g[global::PACKETS] = 1;
+        let parsed = match model_parse(bytes) {
+            Ok(p) => p,
+            Err(counter) => {
+                g[counter] += 1;
+                return Expect { action: XDP_PASS, global: g, rule: None };
+            }
+        };
+        if parsed.fragment {
+            g[global::FRAGMENTS] += 1;
+        }
+        if parsed.truncated_l4 {
+            g[global::TRUNCATED_L4] += 1;
+        }
+        let port = (parsed.dst_port != 0).then_some(parsed.dst_port);
+        let Some(compiled) = self.set.classify(parsed.src, parsed.protocol, port) else {
+            g[global::NO_MATCH] += 1;
+            return Expect { action: XDP_PASS, global: g, rule: None };
+        };
+        let rule = self.rules[&compiled.id];
+        let len = bytes.len() as u64;
+        let v = match rule.action {
+            Action::Allow => verdict::ALLOWED,
+            Action::Deny => verdict::DENIED,
+            Action::Limit => {
+                let key = bucket_of(compiled.id, rule, parsed.src);
+                let bucket = self.buckets.entry(key).or_insert_with(|| {
+                    g[global::NEW_BUCKETS] += 1;
+                    ModelBucket::default()
+                });
+                charge(bucket, rule, len)
+            }
+        };
+        let dropped = matches!(v, verdict::DROPPED_RATE | verdict::DROPPED_BYTES | verdict::DENIED);
+        let (v, action) = match (dropped, rule.dry_run || self.agent_dry_run) {
+            (false, _) => (v, XDP_PASS),
+            (true, true) => (verdict::DRY_RUN, XDP_PASS),
+            (true, false) => (v, XDP_DROP),
+        };
+        Expect { action, global: g, rule: Some((compiled.id, v)) }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random rule sets.
+
+fn random_sources(rng: &mut Rng) -> Vec<&'static str> {
+    // One family mostly; both now and then (rules may mix them).
+    let families: &[&[&str]] = match rng.below(10) {
+        0..=3 => &[&V4_PREFIXES],
+        4..=7 => &[&V6_PREFIXES],
+        _ => &[&V4_PREFIXES, &V6_PREFIXES],
+    };
+    let n = 1 + rng.below(2).max(families.len() - 1);
+    let mut out = Vec::new();
+    for i in 0..n {
+        let pool = families[i % families.len()];
+        let p = *rng.pick(pool);
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// One `[[rule]]` table. Some combinations are invalid (a `per = "/24"` rule with IPv6 sources,
+/// ICMP over both families): the caller draws again when the set does not compile.
+fn random_rule(rng: &mut Rng, name: &str) -> String {
+    let sources = random_sources(rng);
+    let mut t = format!("[[rule]]\nname = \"{name}\"\nsource = {sources:?}\n");
+    match rng.below(10) {
+        0..=1 => t.push_str("action = \"allow\"\n"),
+        2..=3 => t.push_str("action = \"deny\"\n"),
+        _ => {
+            // Limit: packets, bytes, or both. Rate 1 so that nothing refills during a case.
+            let kind = rng.below(10);
+            if kind < 8 {
+                let _ = writeln!(t, "rate = 1\nburst = {}", 1 + rng.below(5));
+            }
+            if kind >= 6 {
+                let _ = writeln!(t, "bytes_rate = 1\nbytes_burst = {}", 1514 + rng.below(1500));
+            }
+            let v6_only = sources.iter().all(|s| s.contains(':'));
+            let v4_only = sources.iter().all(|s| !s.contains(':'));
+            match rng.below(10) {
+                0..=4 => {}
+                5..=6 => t.push_str("per = \"rule\"\n"),
+                _ if v4_only => t.push_str(*rng.pick(&["per = \"/24\"\n", "per = \"/16\"\n", "per = \"/31\"\n"])),
+                _ if v6_only => t.push_str(*rng.pick(&["per = \"/64\"\n", "per = \"/48\"\n", "per = \"/127\"\n"])),
+                _ => t.push_str("per = \"/24\"\n"), // mixed families: refused, drawn again
+            }
+        }
+    }
+    match rng.below(10) {
+        0..=4 => {}
+        5..=6 => {
+            t.push_str("protocol = \"udp\"\n");
+            if rng.chance(60) {
+                let _ = writeln!(t, "dst_port = {}", rng.pick(&PORTS));
+            }
+        }
+        7..=8 => {
+            t.push_str("protocol = \"tcp\"\n");
+            if rng.chance(60) {
+                let _ = writeln!(t, "dst_port = {}", rng.pick(&PORTS));
+            }
+        }
+        _ => t.push_str("protocol = \"icmp\"\n"),
+    }
+    if rng.chance(8) {
+        t.push_str("dry_run = true\n");
+    }
+    t
+}
+
+/// A rule set that compiles (drawn again until one does), as TOML and parsed.
+fn random_rule_set(rng: &mut Rng, case: usize) -> (String, Config) {
+    loop {
+        let n = 1 + rng.below(6);
+        let toml: String = (0..n)
+            .map(|i| random_rule(rng, &format!("c{case}r{i}")) + "\n")
+            .collect();
+        let Ok(config) = Config::parse(&toml, "prop.toml") else { continue };
+        if compile(&config.rules, &RuleIds::new()).is_ok() {
+            return (toml, config);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random frames.
+
+/// A random frame (built with the testbed's builder, then maybe mutated) and a description.
+fn random_frame(rng: &mut Rng) -> (Vec<u8>, String) {
+    let mut desc = String::new();
+    let mut f = eth();
+    let tags = match rng.below(20) {
+        0..=11 => 0,
+        12..=15 => 1,
+        16..=18 => 2,
+        _ => 3,
+    };
+    for _ in 0..tags {
+        let vid = rng.u16() & 0x0fff;
+        if rng.chance(50) {
+            f = f.vlan(vid);
+            desc.push_str("vlan ");
+        } else {
+            f = f.qinq(vid);
+            desc.push_str("qinq ");
+        }
+    }
+    let l3 = 14 + 4 * tags;
+    let kind = rng.below(20);
+    let v6 = (9..18).contains(&kind);
+    if kind < 9 {
+        let src: Ipv4Addr = rng.pick(&V4_SOURCES).parse().expect("address");
+        f = f.ipv4(src, Ipv4Addr::new(198, 18, 0, 254));
+        let _ = write!(desc, "ipv4 {src} ");
+        if rng.chance(25) {
+            let n = 4 * rng.below(11);
+            f = f.ipv4_options(n);
+            let _ = write!(desc, "options {n} ");
+        }
+    } else if v6 {
+        let src: Ipv6Addr = rng.pick(&V6_SOURCES).parse().expect("address");
+        f = f.ipv6(src, "2001:db8::fe".parse().expect("address"));
+        let _ = write!(desc, "ipv6 {src} ");
+        let exts = match rng.below(10) {
+            0..=4 => 0,
+            5..=6 => 1,
+            7 => 2,
+            8 => 4,
+            _ => 5,
+        };
+        for _ in 0..exts {
+            if rng.chance(20) {
+                let offset = if rng.chance(50) { 0 } else { 1 + (rng.u16() & 0xfff) };
+                f = f.frag6(offset, rng.chance(50));
+                let _ = write!(desc, "frag6 {offset} ");
+            } else {
+                let (kind, len8) = (*rng.pick(&[0u8, 43, 60]), u8::try_from(rng.below(3)).expect("small"));
+                f = f.ext(kind, len8);
+                let _ = write!(desc, "ext {kind}/{len8} ");
+            }
+        }
+    } else {
+        let any = rng.u16();
+        let ty = *rng.pick(&[0x0806, 0x88cc, 0x8847, any]);
+        let _ = write!(desc, "ethertype {ty:#06x}");
+        return (f.ethertype(ty, rng.below(64)).build(), desc);
+    }
+    let dst_port = if rng.chance(70) { *rng.pick(&PORTS) } else { rng.u16() };
+    f = match rng.below(10) {
+        0..=3 => {
+            let _ = write!(desc, "udp {dst_port} ");
+            f.udp(rng.u16(), dst_port)
+        }
+        4..=6 => {
+            let _ = write!(desc, "tcp {dst_port} ");
+            f.tcp(rng.u16(), dst_port)
+        }
+        7 => {
+            desc.push_str("icmp ");
+            f.icmp()
+        }
+        8 => {
+            desc.push_str("gre ");
+            f.proto(47).payload(8)
+        }
+        _ => {
+            // Any protocol number, extension header numbers included: then the "header" after
+            // them is whatever bytes follow.
+            let p = rng.byte();
+            let _ = write!(desc, "proto {p} ");
+            f.proto(p).payload(rng.below(16))
+        }
+    };
+    if !v6 && rng.chance(15) {
+        let (offset, more) = if rng.chance(50) { (0, true) } else { (1 + (rng.u16() & 0x1ff), rng.chance(50)) };
+        f = f.frag(offset, more);
+        let _ = write!(desc, "frag {offset}{} ", if more { "+MF" } else { "" });
+    }
+    // Large frames now and then, so that byte limits (1514..3013 bytes of burst) bite.
+    let payload = if rng.chance(35) { 200 + rng.below(1000) } else { rng.below(32) };
+    let mut bytes = f.payload(payload).build();
+    let _ = write!(desc, "payload {payload}");
+    if rng.chance(35) {
+        for _ in 0..1 + rng.below(3) {
+            mutate(rng, &mut bytes, l3, v6, &mut desc);
+        }
+    }
+    (bytes, desc)
+}
+
+/// Damages a frame: cuts it, flips header bytes, breaks IHL or version, retypes headers.
+fn mutate(rng: &mut Rng, b: &mut Vec<u8>, l3: usize, v6: bool, desc: &mut String) {
+    match rng.below(8) {
+        0 | 1 => {
+            // BPF_PROG_TEST_RUN refuses frames shorter than an Ethernet header.
+            let n = 14 + rng.below(b.len() - 14 + 1);
+            b.truncate(n);
+            let _ = write!(desc, "; cut to {n}");
+        }
+        2 | 3 => {
+            let i = rng.below(b.len().min(l3 + 100));
+            let x = 1 + u8::try_from(rng.below(255)).expect("small");
+            b[i] ^= x;
+            let _ = write!(desc, "; byte {i} ^= {x:#04x}");
+        }
+        4 if l3 < b.len() => {
+            let ihl = u8::try_from(rng.below(16)).expect("small");
+            b[l3] = (b[l3] & 0xf0) | ihl;
+            let _ = write!(desc, "; ihl {ihl}");
+        }
+        5 if l3 < b.len() => {
+            let version = u8::try_from(rng.below(16)).expect("small");
+            b[l3] = (version << 4) | (b[l3] & 0x0f);
+            let _ = write!(desc, "; version {version}");
+        }
+        6 => {
+            let at = if l3 > 14 && l3 <= b.len() && rng.chance(50) { l3 - 2 } else { 12 };
+            let ty: u16 = *rng.pick(&[0x0800, 0x86dd, 0x8100, 0x88a8]);
+            b[at..at + 2].copy_from_slice(&ty.to_be_bytes());
+            let _ = write!(desc, "; ethertype at {at} = {ty:#06x}");
+        }
+        _ if v6 && l3 + 6 < b.len() => {
+            // The first next-header becomes AH (or another extension header), whatever follows.
+            let nh = *rng.pick(&[51u8, 51, 0, 43, 44, 60]);
+            b[l3 + 6] = nh;
+            let _ = write!(desc, "; next header {nh}");
+        }
+        _ if !v6 && l3 + 8 <= b.len() => {
+            let v = rng.u16();
+            b[l3 + 6..l3 + 8].copy_from_slice(&v.to_be_bytes());
+            let _ = write!(desc, "; frag field {v:#06x}");
+        }
+        _ => {}
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The runs.
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn delta(after: &GlobalStats, before: &GlobalStats) -> [u64; global::COUNT] {
+    std::array::from_fn(|i| after.counters[i] - before.counters[i])
+}
+
+fn rule_delta(after: &RuleStats, before: &RuleStats) -> [u64; verdict::COUNT] {
+    std::array::from_fn(|v| after.pkts[v] - before.pkts[v])
+}
+
+#[test]
+fn verdicts_and_counters_match_the_reference_model() {
+    require_root();
+    let seed = env_or("RL_PROP_SEED", SEED);
+    let cases = usize::try_from(env_or("RL_PROP_CASES", CASES as u64)).expect("fits");
+    let mut rng = Rng(seed);
+    let mut dp = TestDataplane::new("prop", 1 << 16).expect("load");
+    let started = Instant::now();
+    let (mut checked, mut unparseable, mut drops, mut cut_short) = (0usize, 0usize, 0usize, 0usize);
+    let mut verdicts = [0usize; verdict::COUNT];
+    let mut failures: Vec<String> = Vec::new();
+    for case in 0..cases {
+        let (toml, config) = random_rule_set(&mut rng, case);
+        let agent_dry_run = rng.chance(10);
+        let set = dp.install_toml(&toml).unwrap_or_else(|e| panic!("case {case}: install: {e:#}\n{toml}"));
+        dp.dataplane()
+            .set_flags(if agent_dry_run { config_flags::DRY_RUN } else { 0 })
+            .expect("set flags");
+        let mut model = Model::new(&set, &config, agent_dry_run);
+        let ids: Vec<u32> = set.rules.iter().map(|r| r.id).collect();
+        let case_start = Instant::now();
+        let mut g0 = dp.global();
+        let mut r0: Vec<RuleStats> = ids.iter().map(|&id| dp.rule(id)).collect();
+        for n in 0..FRAMES_PER_CASE {
+            if case_start.elapsed() > CASE_BUDGET {
+                cut_short += 1;
+                break;
+            }
+            let (bytes, desc) = random_frame(&mut rng);
+            let want = model.frame(&bytes);
+            let action = dp.run(&bytes);
+            let g1 = dp.global();
+            let r1: Vec<RuleStats> = ids.iter().map(|&id| dp.rule(id)).collect();
+            let got_global = delta(&g1, &g0);
+            let moved: Vec<(u32, usize)> = ids
+                .iter()
+                .zip(r0.iter().zip(&r1))
+                .flat_map(|(&id, (a, b))| {
+                    let d = rule_delta(b, a);
+                    (0..verdict::COUNT).flat_map(move |v| std::iter::repeat_n((id, v), usize::try_from(d[v]).expect("small")))
+                })
+                .collect();
+            let got = Expect { action, global: got_global, rule: moved.first().copied() };
+            checked += 1;
+            if model_parse(&bytes).is_err() {
+                unparseable += 1;
+            }
+            if action == XDP_DROP {
+                drops += 1;
+            }
+            if let Some((_, v)) = got.rule {
+                verdicts[v] += 1;
+            }
+            if got != want || moved.len() > 1 {
+                let name = |r: Option<(u32, usize)>| {
+                    r.map(|(id, v)| format!("{} {}", set.rule(id).map_or("?", |c| c.name.as_str()), verdict::NAMES[v]))
+                };
+                failures.push(format!(
+                    "seed {seed:#x} case {case} frame {n}: {desc}\n  frame ({} bytes) {}\n  model parse: {:?}\n  \
+                     action {} (model {}), rule {:?} (model {:?}, all moved {moved:?})\n  global deltas {:?}\n  \
+                     model          {:?}\n  agent dry run {agent_dry_run}; rules:\n{toml}",
+                    bytes.len(),
+                    hex(&bytes),
+                    model_parse(&bytes),
+                    action,
+                    want.action,
+                    name(got.rule),
+                    name(want.rule),
+                    got.global,
+                    want.global,
+                ));
+            }
+            g0 = g1;
+            r0 = r1;
+        }
+    }
+    dp.dataplane().set_flags(0).expect("set flags");
+    println!(
+        "{checked} frames in {cases} rule sets in {:?} (seed {seed:#x}): {unparseable} unparseable, {drops} \
+         dropped; rule verdicts {:?} = {verdicts:?}; {cut_short} cases cut short by the time budget",
+        started.elapsed(),
+        verdict::NAMES
+    );
+    let shown: Vec<&String> = failures.iter().take(SHOW).collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} frames disagree with the model; the first {}:\n\n{}",
+        failures.len(),
+        shown.len(),
+        shown.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n")
+    );
+    // The generator must reach every outcome, or the property says little.
+    assert!(checked >= cases * FRAMES_PER_CASE * 9 / 10, "only {checked} frames checked");
+    for v in [
+        verdict::PASSED,
+        verdict::ALLOWED,
+        verdict::DROPPED_RATE,
+        verdict::DROPPED_BYTES,
+        verdict::DENIED,
+        verdict::DRY_RUN,
+    ] {
+        assert!(verdicts[v] > 0, "no frame got verdict {}: {verdicts:?}", verdict::NAMES[v]);
+    }
+    assert!(unparseable * 20 > checked, "too few unparseable frames: {unparseable} of {checked}");
+}
+
+/// With a rule that denies every source of both families, whatever the protocol: every frame
+/// the model parses is dropped and every frame it cannot parse passes, counted under its reason.
+#[test]
+fn unparseable_frames_pass_even_when_everything_is_denied() {
+    require_root();
+    let seed = env_or("RL_PROP_SEED", SEED) ^ 0xdead;
+    let mut rng = Rng(seed);
+    let mut dp = TestDataplane::new("propdeny", 1024).expect("load");
+    dp.install_toml(
+        "[[rule]]\nname = \"deny-all\"\nsource = [\"0.0.0.0/0\", \"::/0\"]\naction = \"deny\"\n",
+    )
+    .expect("install");
+    let frames = 3000;
+    let mut failures = Vec::new();
+    let mut reasons = [0usize; global::COUNT];
+    for n in 0..frames {
+        let (mut bytes, mut desc) = random_frame(&mut rng);
+        // Damage every other frame some more.
+        if n % 2 == 0 {
+            mutate(&mut rng, &mut bytes, 14, false, &mut desc);
+        }
+        let g0 = dp.global();
+        let action = dp.run(&bytes);
+        let got = delta(&dp.global(), &g0);
+        match model_parse(&bytes) {
+            Err(reason) => {
+                reasons[reason] += 1;
+                if action != XDP_PASS || got[reason] != 1 {
+                    failures.push(format!(
+                        "frame {n} ({desc}): unparseable ({}) but action {action}, global deltas {got:?}\n  {}",
+                        global::NAMES[reason],
+                        hex(&bytes)
+                    ));
+                }
+            }
+            Ok(p) if action != XDP_DROP => failures.push(format!(
+                "frame {n} ({desc}): parsed as {p:?} but not dropped (action {action}, global deltas {got:?})\n  {}",
+                hex(&bytes)
+            )),
+            Ok(_) => {}
+        }
+    }
+    println!(
+        "{frames} frames (seed {seed:#x}); unparseable by reason: {:?}",
+        global::NAMES.iter().zip(reasons).filter(|(_, n)| *n > 0).collect::<Vec<_>>()
+    );
+    assert!(failures.is_empty(), "{} failures, first:\n{}", failures.len(), failures.iter().take(SHOW).cloned().collect::<Vec<_>>().join("\n"));
+    for reason in [global::NON_IP, global::BAD_VLAN, global::TRUNCATED_IPV4, global::BAD_IPV4, global::BAD_IPV6] {
+        assert!(reasons[reason] > 0, "no frame was unparseable for {}: {reasons:?}", global::NAMES[reason]);
+    }
+}
+
+/// The reference parser itself, on the shapes of tests/packets.rs, so a model bug does not hide
+/// a program bug (both would agree on a wrong answer).
+#[test]
+fn the_model_parses_known_shapes() {
+    let v4 = |last| Ipv4Addr::new(198, 18, 0, last);
+    let v6 = |last| Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, last);
+    let dst4 = v4(254);
+    let dst6 = v6(0xfe);
+    let ok = |b: Vec<u8>| model_parse(&b).expect("parses");
+    let p = ok(eth().qinq(1).vlan(2).ipv4(v4(1), dst4).ipv4_options(8).udp(1, 53).build());
+    assert_eq!((p.src, p.protocol, p.dst_port, p.fragment, p.truncated_l4), (IpAddr::V4(v4(1)), 17, 53, false, false));
+    let p = ok(eth().ipv4(v4(1), dst4).proto(17).payload(32).frag(185, false).build());
+    assert!(p.fragment && p.dst_port == 0);
+    let p = ok(eth().ipv4(v4(1), dst4).tcp(1, 80).truncate(14 + 20 + 12).build());
+    assert!(p.truncated_l4 && p.dst_port == 0 && p.protocol == 6);
+    let p = ok(eth().ipv6(v6(1), dst6).ext(60, 1).ext(43, 0).tcp(1, 80).build());
+    assert_eq!((p.protocol, p.dst_port), (6, 80));
+    let p = ok(eth().ipv6(v6(1), dst6).frag6(100, false).proto(6).payload(40).build());
+    assert!(p.fragment && p.protocol == 6 && p.dst_port == 0);
+    let p = ok(eth().ipv6(v6(1), dst6).ext(0, 0).ext(60, 0).ext(43, 0).ext(60, 0).ext(60, 0).tcp(1, 80).build());
+    assert!(p.truncated_l4 && p.protocol == 60);
+    let err = |b: Vec<u8>| model_parse(&b).expect_err("unparseable");
+    assert_eq!(err(eth().ethertype(0x0806, 28).build()), global::NON_IP);
+    assert_eq!(err(eth().qinq(1).vlan(2).vlan(3).ipv4(v4(1), dst4).build()), global::BAD_VLAN);
+    assert_eq!(err(eth().vlan(10).ipv4(v4(1), dst4).truncate(16).build()), global::BAD_VLAN);
+    assert_eq!(err(eth().ipv4(v4(1), dst4).udp(1, 53).truncate(14 + 19).build()), global::TRUNCATED_IPV4);
+    assert_eq!(err(eth().ipv4(v4(1), dst4).udp(1, 53).ihl(4).build()), global::BAD_IPV4);
+    assert_eq!(err(eth().ipv4(v4(1), dst4).ihl(15).build()), global::BAD_IPV4);
+    assert_eq!(err(eth().ipv6(v6(1), dst6).tcp(1, 80).version(4).build()), global::BAD_IPV6);
+    assert_eq!(err(eth().ipv6(v6(1), dst6).tcp(1, 80).truncate(14 + 39).build()), global::BAD_IPV6);
+    // AH: (len + 2) * 4 bytes, then TCP.
+    let mut b = eth().ipv6(v6(1), dst6).ext(60, 0).tcp(1, 443).build();
+    b[14 + 6] = 51;
+    b[14 + 40 + 1] = 0; // AH of 8 bytes
+    b[14 + 40] = 6;
+    let p = ok(b);
+    assert_eq!((p.protocol, p.dst_port), (6, 443));
+}
+
+/// The bucket model on its own: burst then drops, bytes give the packet token back.
+#[test]
+fn the_bucket_model_spends_bursts() {
+    let mut rule = RuleConfig::new("r", "198.18.0.0/16".parse().expect("net"));
+    rule.rate = Some(1);
+    rule.burst = Some(3);
+    let mut b = ModelBucket::default();
+    let got: Vec<usize> = (0..5).map(|_| charge(&mut b, &rule, 100)).collect();
+    assert_eq!(got, [0, 0, 0, verdict::DROPPED_RATE, verdict::DROPPED_RATE]);
+    rule.bytes_rate = Some(1);
+    rule.bytes_burst = Some(1514);
+    let mut b = ModelBucket::default();
+    assert_eq!(charge(&mut b, &rule, 1000), verdict::PASSED);
+    assert_eq!(charge(&mut b, &rule, 1000), verdict::DROPPED_BYTES);
+    assert_eq!(charge(&mut b, &rule, 500), verdict::PASSED);
+    assert_eq!(charge(&mut b, &rule, 14), verdict::PASSED);
+    assert_eq!((b.pkts, b.bytes), (3, 1514));
+    assert_eq!(charge(&mut b, &rule, 14), verdict::DROPPED_RATE);
+}

@@ -1,0 +1,432 @@
+//! End to end: frames from a live-frames generator in one namespace cross a veth pair into
+//! another, whose veth runs the contender; packets per second handled by the receiving side.
+//!
+//! The generator ([`crate::generator`]) and the receiving veth's NAPI poll share one CPU: the
+//! test run hands each batch to the peer and re-enables bottom halves, which runs the receiver
+//! right there. So the rate is that of the whole pipeline on one core, generator included, the
+//! same for every contender; a contender that costs more per packet lowers it. Handled = the
+//! receiving veth's `rx_packets` delta, which counts every frame its XDP hook saw (frames lost
+//! because its ring was full show up as `rx_dropped` instead and are reported apart).
+//!
+//! Frames go to 198.18.1.1, an address nobody has, with forwarding off: whatever a contender lets
+//! through costs the receiving stack one route lookup and a quiet drop, the same for all.
+
+use std::{
+    net::{Ipv4Addr, SocketAddr},
+    thread,
+    time::Duration,
+};
+
+use anyhow::{bail, Context as _, Result};
+use ratelimit::dataplane::AttachMode;
+use ratelimit_common::{global, verdict, BucketKey, DEFAULT_MAX_BUCKETS};
+use ratelimit_testbed::{
+    add_addr, ifindex, in_netns, mac, neigh_to_peer, send_udp_from, veth_pair, Netns, Receiver,
+};
+use serde_json::{json, Value};
+
+use crate::{
+    generator::{blast, parse_mac, pin_to_cpu, udp_frame, RANDOM_NET},
+    kernel::Limiter,
+    refs::{Refs, DROP, PASS, TX},
+    report::{Figure, Report},
+    Options,
+};
+
+/// The limiter's rule and the contenders' equivalents: 1000 packets/s per source, bursts of 2000.
+pub const RATE: u64 = 1000;
+/// See [`RATE`].
+pub const BURST: u64 = 2000;
+/// Sources each contender can track: the limiter's default bucket map capacity.
+pub const TRACKED: u32 = DEFAULT_MAX_BUCKETS;
+
+const E2E_RULES: &str = r#"
+[[rule]]
+name = "per-source"
+source = "0.0.0.0/0"
+rate = 1000
+burst = 2000
+per = "source"
+"#;
+
+/// The polite source: well under the limit, sent through the ordinary stack while the flood runs.
+const POLITE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+const POLITE_PPS: u64 = 200;
+const SERVER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 254);
+const HOT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+/// Where the flood goes: an address of the receiving subnet that no interface has.
+const SINK: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 1);
+
+/// The two namespaces and the veth pair between them.
+pub struct Testbed {
+    // Field order is drop order: the namespaces go last.
+    tx_ifindex: u32,
+    rx_if: String,
+    hot_frame: Vec<u8>,
+    random_frame: Vec<u8>,
+    rx: Netns,
+    gen: Netns,
+}
+
+impl Testbed {
+    /// Creates the namespaces `rl-bench-gen-*` and `rl-bench-rx-*` and the veth pair.
+    pub fn new() -> Result<Self> {
+        let gen = Netns::new("rl-bench-gen")?;
+        let rx = Netns::new("rl-bench-rx")?;
+        let (tx_if, rx_if) = veth_pair(&gen, &rx, "rlb")?;
+        add_addr(&gen, &tx_if, &format!("{HOT}/24"))?;
+        add_addr(&gen, &tx_if, &format!("{POLITE}/24"))?;
+        add_addr(&rx, &rx_if, &format!("{SERVER}/24"))?;
+        neigh_to_peer(&gen, &tx_if, SERVER.into(), &rx, &rx_if)?;
+        for (key, value) in [
+            ("net/ipv4/ip_forward", "0"),
+            ("net/ipv4/conf/all/rp_filter", "0"),
+            ("net/ipv4/conf/default/rp_filter", "0"),
+        ] {
+            rx.sysctl(key, value)?;
+        }
+        rx.sysctl(&format!("net/ipv4/conf/{rx_if}/rp_filter"), "0")?;
+        let rx_mac = parse_mac(&mac(&rx, &rx_if)?)?;
+        let tx_mac = parse_mac(&mac(&gen, &tx_if)?)?;
+        let hot_frame = udp_frame(rx_mac, tx_mac, HOT, SINK);
+        let random_frame = udp_frame(rx_mac, tx_mac, Ipv4Addr::new(RANDOM_NET, 0, 0, 0), SINK);
+        let tx_ifindex = ifindex(&gen, &tx_if)?;
+        Ok(Self { tx_ifindex, rx_if, hot_frame, random_frame, rx, gen })
+    }
+
+    /// `rx_packets` and `rx_dropped` of the receiving veth.
+    fn rx_stats(&self) -> Result<(u64, u64)> {
+        let out = self.rx.ip(&["-s", "-j", "link", "show", "dev", &self.rx_if])?;
+        let v: Value = serde_json::from_str(&out).context("parsing `ip -s -j link show`")?;
+        let rx = &v[0]["stats64"]["rx"];
+        match (rx["packets"].as_u64(), rx["dropped"].as_u64()) {
+            (Some(p), Some(d)) => Ok((p, d)),
+            _ => bail!("no rx stats in `ip -s -j link show`: {out}"),
+        }
+    }
+
+    /// The receiving namespace.
+    pub fn rx(&self) -> &Netns {
+        &self.rx
+    }
+
+    /// The receiving veth.
+    pub fn rx_if(&self) -> &str {
+        &self.rx_if
+    }
+
+    /// Runs the random-source generator for `duration`.
+    pub fn blast_random(
+        &self,
+        refs: &Refs,
+        duration: Duration,
+        cpu: usize,
+    ) -> Result<crate::generator::Blast> {
+        blast(refs.random(), &self.gen, self.tx_ifindex, &self.random_frame, duration, cpu)
+    }
+
+    fn nft(&self, ruleset: &str) -> Result<String> {
+        let path = std::env::temp_dir().join(format!("rl-bench-{}.nft", std::process::id()));
+        std::fs::write(&path, ruleset)?;
+        let out = self.rx.run(&["nft", "-f", &path.to_string_lossy()]);
+        let _ = std::fs::remove_file(&path);
+        out.context("loading the nftables rule set")
+    }
+}
+
+/// Traffic pattern.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pattern {
+    /// One source, always the same frame.
+    Hot,
+    /// A random source (24 random bits) per frame.
+    Random,
+}
+
+impl Pattern {
+    fn tag(self) -> &'static str {
+        match self {
+            Pattern::Hot => "hot",
+            Pattern::Random => "random",
+        }
+    }
+}
+
+/// What receives the flood.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Contender {
+    DropAll,
+    Limiter,
+    Pass,
+    Nft,
+    Iptables,
+}
+
+impl Contender {
+    fn tag(self) -> &'static str {
+        match self {
+            Contender::DropAll => "drop_all",
+            Contender::Limiter => "limiter",
+            Contender::Pass => "xdp_pass",
+            Contender::Nft => "nftables",
+            Contender::Iptables => "iptables",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Contender::DropAll => "floor: XDP program dropping everything (bench_drop)",
+            Contender::Limiter => "limiter (XDP, 1000/s burst 2000 per source)",
+            Contender::Pass => "XDP_PASS receiver, everything to the stack",
+            Contender::Nft => "nftables: netdev ingress, dynamic set, limit rate over",
+            Contender::Iptables => "iptables: raw PREROUTING, hashlimit per srcip",
+        }
+    }
+}
+
+/// Attached contender, for teardown.
+enum Attached {
+    Ref(&'static str, aya::programs::xdp::XdpLinkId),
+    Limiter,
+}
+
+/// Runs every contender under both patterns.
+pub fn run(report: &mut Report, opts: &Options, refs: &mut Refs) -> Result<()> {
+    let bed = Testbed::new()?;
+    let mut limiter = Limiter::new("e2e", TRACKED, E2E_RULES)?;
+    let contenders = [
+        Contender::DropAll,
+        Contender::Limiter,
+        Contender::Pass,
+        Contender::Nft,
+        Contender::Iptables,
+    ];
+    for pattern in [Pattern::Hot, Pattern::Random] {
+        for contender in contenders {
+            crate::check_interrupted()?;
+            crate::announce(&format!(
+                "end to end, {} source{}: {}",
+                pattern.tag(),
+                if pattern == Pattern::Hot { "" } else { "s" },
+                contender.label()
+            ));
+            let figure = measure(opts, refs, &bed, &mut limiter, pattern, contender)?;
+            report.add(figure);
+        }
+    }
+    Ok(())
+}
+
+fn setup(refs: &mut Refs, bed: &Testbed, limiter: &mut Limiter, contender: Contender) -> Result<Attached> {
+    let ns = &bed.rx;
+    let dev = bed.rx_if.as_str();
+    Ok(match contender {
+        Contender::DropAll => Attached::Ref(DROP, refs.attach(DROP, ns, dev)?),
+        Contender::Pass => Attached::Ref(PASS, refs.attach(PASS, ns, dev)?),
+        Contender::Limiter => {
+            let dp = limiter.tdp.dataplane();
+            in_netns(ns, || dp.attach(dev, AttachMode::Native).map(|_| ()))?;
+            Attached::Limiter
+        }
+        Contender::Nft => {
+            let link = refs.attach(PASS, ns, dev)?;
+            bed.nft(&format!(
+                "table netdev rlbench {{
+                    counter limited {{ }}
+                    set sources {{
+                        type ipv4_addr
+                        size {TRACKED}
+                        flags dynamic,timeout
+                        timeout 60s
+                    }}
+                    chain ingress {{
+                        type filter hook ingress device \"{dev}\" priority filter; policy accept;
+                        update @sources {{ ip saddr limit rate over {RATE}/second burst {BURST} packets }} counter name \"limited\" drop
+                    }}
+                }}"
+            ))?;
+            Attached::Ref(PASS, link)
+        }
+        Contender::Iptables => {
+            let link = refs.attach(PASS, ns, dev)?;
+            let (rate, burst, max) = (format!("{RATE}/sec"), BURST.to_string(), TRACKED.to_string());
+            ns.run(&[
+                "iptables", "-t", "raw", "-A", "PREROUTING", "-m", "hashlimit",
+                "--hashlimit-name", "rlbench", "--hashlimit-mode", "srcip",
+                "--hashlimit-above", &rate, "--hashlimit-burst", &burst,
+                "--hashlimit-htable-size", "65536", "--hashlimit-htable-max", &max,
+                "--hashlimit-htable-expire", "60000", "-j", "DROP",
+            ])
+            .context("adding the iptables hashlimit rule")?;
+            Attached::Ref(PASS, link)
+        }
+    })
+}
+
+fn teardown(refs: &mut Refs, bed: &Testbed, limiter: &mut Limiter, contender: Contender, attached: Attached) -> Result<()> {
+    match contender {
+        Contender::Nft => {
+            let t = std::time::Instant::now();
+            bed.rx.run(&["nft", "delete", "table", "netdev", "rlbench"])?;
+            eprintln!("nft delete took {:?}", t.elapsed());
+        }
+        Contender::Iptables => {
+            bed.rx.run(&["iptables", "-t", "raw", "-F", "PREROUTING"])?;
+        }
+        _ => {}
+    }
+    match attached {
+        Attached::Ref(name, link) => refs.detach(name, link)?,
+        Attached::Limiter => {
+            limiter.tdp.dataplane().detach(&bed.rx_if)?;
+        }
+    }
+    Ok(())
+}
+
+/// What the contender itself counted (dropped packets), read before and after a run.
+fn contender_drops(bed: &Testbed, limiter: &Limiter, contender: Contender) -> Result<Option<u64>> {
+    Ok(match contender {
+        Contender::Limiter => {
+            let id = limiter.id("per-source")?;
+            let s = limiter.tdp.rule(id);
+            Some(s.pkts[verdict::DROPPED_RATE])
+        }
+        Contender::Nft => {
+            // A named counter: listing it does not make nft fetch the set's elements (a million).
+            let out = bed.rx.run(&["nft", "list", "counter", "netdev", "rlbench", "limited"])?;
+            Some(counter_after(&out, "packets "))
+        }
+        Contender::Iptables => {
+            let out = bed.rx.run(&["iptables", "-t", "raw", "-L", "PREROUTING", "-v", "-x", "-n"])?;
+            // The rule's line: "pkts bytes target ..."; the header lines do not start with a number.
+            Some(
+                out.lines()
+                    .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+                    .sum(),
+            )
+        }
+        Contender::DropAll | Contender::Pass => None,
+    })
+}
+
+fn counter_after(text: &str, prefix: &str) -> u64 {
+    text.find(prefix)
+        .and_then(|i| text[i + prefix.len()..].split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn measure(
+    opts: &Options,
+    refs: &mut Refs,
+    bed: &Testbed,
+    limiter: &mut Limiter,
+    pattern: Pattern,
+    contender: Contender,
+) -> Result<Figure> {
+    let attached = setup(refs, bed, limiter, contender)?;
+    let result = measure_attached(opts, refs, bed, limiter, pattern, contender);
+    let down = teardown(refs, bed, limiter, contender, attached);
+    let figure = result?;
+    down?;
+    Ok(figure)
+}
+
+fn measure_attached(
+    opts: &Options,
+    refs: &Refs,
+    bed: &Testbed,
+    limiter: &Limiter,
+    pattern: Pattern,
+    contender: Contender,
+) -> Result<Figure> {
+    let (generator, frame) = match pattern {
+        Pattern::Hot => (refs.program(TX), &bed.hot_frame),
+        Pattern::Random => (refs.random(), &bed.random_frame),
+    };
+    let run_time = opts.e2e_run;
+    // Warm up: long enough for a random flood to fill a million-entry table at a few Mpps.
+    blast(generator, &bed.gen, bed.tx_ifindex, frame, opts.e2e_warmup, opts.cpu)?;
+
+    // The polite source sends during every contender's runs, so that all carry the same load.
+    let receiver = Receiver::bind(&bed.rx, SocketAddr::new(SERVER.into(), 0))?;
+    let global_before = limiter.tdp.global();
+    let drops_before = contender_drops(bed, limiter, contender)?;
+    let (mut pps, mut sent_pps, mut ring_drops) = (Vec::new(), Vec::new(), Vec::new());
+    let mut handled_total = 0u64;
+    let polite_report = thread::scope(|s| -> Result<_> {
+        let dst = receiver.local_addr();
+        #[expect(clippy::cast_possible_truncation, reason = "seconds of a benchmark")]
+        let span = run_time * (opts.runs as u32) + Duration::from_millis(200);
+        let sender = s.spawn(move || {
+            pin_to_cpu(opts.cpu)?;
+            send_udp_from(&bed.gen, SocketAddr::new(POLITE.into(), 0), dst, POLITE_PPS, span, 64)
+        });
+        for _ in 0..opts.runs {
+            crate::check_interrupted()?;
+            let (p0, d0) = bed.rx_stats()?;
+            let b = blast(generator, &bed.gen, bed.tx_ifindex, frame, run_time, opts.cpu)?;
+            let (p1, d1) = bed.rx_stats()?;
+            let secs = b.elapsed.as_secs_f64();
+            #[expect(clippy::cast_precision_loss, reason = "packet counts")]
+            {
+                pps.push((p1 - p0) as f64 / secs / 1e6);
+                sent_pps.push(b.frames as f64 / secs / 1e6);
+                ring_drops.push((d1 - d0) as f64);
+            }
+            handled_total += p1 - p0;
+        }
+        sender.join().expect("polite sender thread")
+    })?;
+    let drops_after = contender_drops(bed, limiter, contender)?;
+    let global_after = limiter.tdp.global();
+
+    let mut detail = json!({
+        "generator_mpps": sent_pps,
+        "ring_full_drops": ring_drops,
+        "run_seconds": run_time.as_secs_f64(),
+        "warmup_seconds": opts.e2e_warmup.as_secs_f64(),
+        "handled_packets": handled_total,
+    });
+    if let (Some(a), Some(b)) = (drops_before, drops_after) {
+        let dropped = b.saturating_sub(a);
+        detail["contender_dropped"] = json!(dropped);
+        #[expect(clippy::cast_precision_loss, reason = "packet counts")]
+        let share = if handled_total > 0 { dropped as f64 / handled_total as f64 } else { 0.0 };
+        detail["contender_dropped_share"] = json!(share);
+    }
+    let received = receiver.stop()?.counts().get(&POLITE.into()).copied().unwrap_or(0);
+    detail["polite"] = json!({ "pps": POLITE_PPS, "sent": polite_report.sent, "received": received });
+    if contender == Contender::Limiter {
+        let d = |i: usize| global_after.counters[i] - global_before.counters[i];
+        detail["limiter_new_buckets"] = json!(d(global::NEW_BUCKETS));
+        detail["limiter_bucket_errors"] = json!(d(global::BUCKET_ERRORS));
+        let id = limiter.id("per-source")?;
+        let mut addr = [0u8; 16];
+        addr[..4].copy_from_slice(&POLITE.octets());
+        let bucket = limiter.tdp.maps().bucket(&BucketKey { rule: id, family: 4, _pad: [0; 3], addr })?;
+        detail["polite"]["bucket_passed"] = json!(bucket.map(|b| b.passed_pkts));
+        detail["polite"]["bucket_dropped"] = json!(bucket.map(|b| b.dropped_pkts));
+    }
+    let baseline = match (pattern, contender) {
+        (_, Contender::DropAll) => None,
+        (Pattern::Hot, _) | (Pattern::Random, Contender::Pass) => {
+            Some(format!("e2e.{}.drop_all", pattern.tag()))
+        }
+        (Pattern::Random, _) => Some("e2e.random.xdp_pass".into()),
+    };
+    Ok(Figure {
+        key: format!("e2e.{}.{}", pattern.tag(), contender.tag()),
+        section: match pattern {
+            Pattern::Hot => "End to end, one hot source (veth, live-frames generator; Mpps handled)",
+            Pattern::Random => {
+                "End to end, random spoofed sources (veth, live-frames generator; Mpps handled)"
+            }
+        },
+        label: contender.label().into(),
+        unit: "Mpps",
+        runs: pps,
+        baseline,
+        detail,
+    })
+}

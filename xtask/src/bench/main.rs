@@ -1,0 +1,332 @@
+//! `ratelimit-bench`: the benchmark behind `cargo xtask bench`, which sets up the toolchain, builds
+//! the agent and this runner in release mode, and then hands over to it (see xtask/src/bench.rs).
+//!
+//! Measures, each figure the median of several runs and every ratio against a baseline measured
+//! in the same run:
+//! - [`kernel`]: in-kernel cost per packet through BPF_PROG_TEST_RUN, the limiter against an
+//!   XDP_PASS floor, hot and with 1k to 1M tracked sources;
+//! - [`rules`]: rule update latency with 10,000 rules, and kernel memory;
+//! - [`e2e`]: packets per second over a veth pair from a live-frames generator, for the limiter,
+//!   a drop-all floor, an XDP_PASS receiver, nftables and iptables, with one hot source and with
+//!   random sources;
+//! - [`agent`]: the real agent's CPU and memory, idle and under a random-source flood.
+//!
+//! Prints a table and writes JSON (`--json`). Everything it makes (namespaces, pins, the agent) is
+//! owned by a guard that removes it on drop; Ctrl-C stops the run between measurements, so the
+//! guards run.
+
+mod agent;
+mod e2e;
+mod generator;
+mod kernel;
+mod refs;
+mod report;
+mod rules;
+
+use std::{
+    path::PathBuf,
+    process::ExitCode,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, OnceLock,
+    },
+    time::Duration,
+};
+
+use anyhow::{bail, Result};
+use clap::Parser;
+use ratelimit_common::DEFAULT_MAX_BUCKETS;
+use serde_json::json;
+
+use crate::report::{Report, Target};
+
+/// Measure ratelimit against its floor, nftables and iptables (needs root).
+#[derive(Debug, Parser)]
+#[command(name = "ratelimit-bench")]
+struct Cli {
+    /// Runs per figure; the median is reported.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    runs: u32,
+    /// Runs of one frame per in-kernel "repeat" measurement.
+    #[arg(long, default_value_t = 1_000_000)]
+    repeat: u32,
+    /// Frames (one BPF_PROG_TEST_RUN call each) per in-kernel "single runs" measurement.
+    #[arg(long, default_value_t = 4096)]
+    single: usize,
+    /// Seconds per end-to-end run (and per agent sampling window).
+    #[arg(long, default_value_t = 1.0)]
+    seconds: f64,
+    /// Seconds of traffic before each end-to-end contender's runs.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// CPU for the end-to-end generator (and so the receiving veth's NAPI poll); default: the last.
+    #[arg(long)]
+    cpu: Option<usize>,
+    /// Only these parts (default: all): kernel, rules, e2e, agent.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<Part>,
+    /// Tracked-source populations up to 100k only (for trying the bench out).
+    #[arg(long)]
+    quick: bool,
+    /// Where to write the results as JSON.
+    #[arg(long, default_value = "target/bench/results.json")]
+    json: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Part {
+    Kernel,
+    Rules,
+    E2e,
+    Agent,
+}
+
+/// Settings every part reads.
+#[derive(Debug)]
+pub struct Options {
+    /// Runs per figure.
+    pub runs: usize,
+    /// Repeat count of in-kernel repeat measurements.
+    pub repeat: u32,
+    /// Calls per in-kernel single-run measurement.
+    pub single: usize,
+    /// Length of one end-to-end run.
+    pub e2e_run: Duration,
+    /// Warm-up before each end-to-end contender.
+    pub e2e_warmup: Duration,
+    /// Smaller populations.
+    pub quick: bool,
+    /// CPU of the end-to-end pipeline.
+    pub cpu: usize,
+}
+
+static INTERRUPTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+
+/// Fails once SIGINT, SIGTERM or SIGHUP arrived: long loops call it between measurements, and the
+/// error unwinds through the guards that clean up.
+pub fn check_interrupted() -> Result<()> {
+    if INTERRUPTED.get().is_some_and(|f| f.load(Ordering::Relaxed)) {
+        bail!("interrupted");
+    }
+    Ok(())
+}
+
+static START: OnceLock<std::time::Instant> = OnceLock::new();
+
+/// Progress, on stderr, with the time since the start.
+pub fn announce(what: &str) {
+    let t = START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64();
+    eprintln!("==> bench [{t:6.1} s]: {what}");
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
+        if let Err(e) = signal_hook::flag::register(sig, Arc::clone(&flag)) {
+            eprintln!("ratelimit-bench: cannot handle signal {sig}: {e}");
+        }
+    }
+    let _ = INTERRUPTED.set(flag);
+    let _ = START.set(std::time::Instant::now());
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<()> {
+    if !ratelimit_testbed::is_root() {
+        bail!("the benchmark needs root (network namespaces, XDP, BPF_PROG_TEST_RUN)");
+    }
+    let opts = Options {
+        runs: cli.runs as usize,
+        repeat: cli.repeat,
+        single: cli.single,
+        e2e_run: Duration::from_secs_f64(cli.seconds),
+        e2e_warmup: Duration::from_secs_f64(cli.warmup),
+        quick: cli.quick,
+        cpu: cli.cpu.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZero::get) - 1
+        }),
+    };
+    let want = |p: Part| cli.only.is_empty() || cli.only.contains(&p);
+    let mut report = Report { machine: machine(), ..Report::default() };
+    let started = std::time::Instant::now();
+    let mut refs = refs::Refs::load()?;
+
+    if want(Part::Kernel) || want(Part::Rules) {
+        let mut limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::BASE_RULES)?;
+        if want(Part::Kernel) {
+            kernel::hot(&mut report, &opts, &refs, &limiter)?;
+        }
+        if want(Part::Rules) {
+            rules::latency(&mut report, &opts, &mut limiter, "empty", "bucket map nearly empty")?;
+        }
+        if want(Part::Kernel) {
+            limiter.install(&rules::many_rules(1000)?)?;
+            kernel::hot_with_rules(&mut report, &opts, &refs, &limiter, rules::MANY)?;
+            limiter.install(&ratelimit::config::Config::parse(kernel::BASE_RULES, "bench.toml")?.rules)?;
+            kernel::populations(&mut report, &opts, &refs, &limiter)?;
+            if want(Part::Rules) {
+                rules::latency(&mut report, &opts, &mut limiter, "full", "about 1M tracked sources")?;
+            }
+        }
+        kernel::memory(&mut report, &limiter)?;
+    }
+    if want(Part::E2e) {
+        e2e::run(&mut report, &opts, &mut refs)?;
+    }
+    if want(Part::Agent) {
+        agent::run(&mut report, &opts, &refs)?;
+    }
+    drop(refs);
+
+    report.machine["loadavg_after"] = json!(loadavg());
+    report.machine["bench_seconds"] = json!(started.elapsed().as_secs_f64());
+    report.targets = targets(&report);
+    report.notes = notes();
+    print!("{}", report.table());
+    report.write_json(&cli.json)?;
+    eprintln!("==> bench: results written to {}", cli.json.display());
+    Ok(())
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn command_line(program: &str, args: &[&str]) -> String {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Facts about the machine and the checkout, for the table's header and the JSON.
+fn machine() -> serde_json::Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_default();
+    let mem_kib: u64 = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    json!({
+        "date": command_line("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+        "cpus": std::thread::available_parallelism().map(std::num::NonZero::get).unwrap_or(0),
+        "cpu_model": model,
+        "memory_mib": mem_kib / 1024,
+        "loadavg_before": loadavg(),
+        "git": command_line("git", &["describe", "--always", "--dirty"]),
+        "nft": command_line("nft", &["-v"]),
+        "iptables": command_line("iptables", &["-V"]),
+    })
+}
+
+fn targets(r: &Report) -> Vec<Target> {
+    let mut t = Vec::new();
+    let ratio = |a: &str, b: &str| Some(r.value(a)? / r.value(b)?);
+    let fmt = |v: Option<f64>| v.map_or_else(|| "not measured".to_string(), |v| format!("{v:.2}"));
+
+    for (key, what) in [("kernel.limiter.admitted", "admitted"), ("kernel.limiter.dropped", "dropped")] {
+        let x = ratio(key, "kernel.floor");
+        t.push(Target {
+            goal: format!("limiter hot path ({what}) <= 3x the floor's ns/packet"),
+            met: x.map(|x| x <= 3.0),
+            evidence: format!(
+                "{} ns vs floor {} ns: {}x",
+                fmt(r.value(key)),
+                fmt(r.value("kernel.floor")),
+                fmt(x)
+            ),
+        });
+    }
+    let x = ratio("e2e.hot.limiter", "e2e.hot.drop_all");
+    t.push(Target {
+        goal: "end to end, hot source: limiter >= 85% of the drop-all floor".into(),
+        met: x.map(|x| x >= 0.85),
+        evidence: format!(
+            "{} Mpps vs {} Mpps: {}%",
+            fmt(r.value("e2e.hot.limiter")),
+            fmt(r.value("e2e.hot.drop_all")),
+            fmt(x.map(|x| x * 100.0))
+        ),
+    });
+    let x = ratio("e2e.random.limiter", "e2e.random.xdp_pass");
+    t.push(Target {
+        goal: "end to end, random sources: limiter >= 50% of an XDP_PASS receiver".into(),
+        met: x.map(|x| x >= 0.5),
+        evidence: format!(
+            "{} Mpps vs {} Mpps: {}%",
+            fmt(r.value("e2e.random.limiter")),
+            fmt(r.value("e2e.random.xdp_pass")),
+            fmt(x.map(|x| x * 100.0))
+        ),
+    });
+    let x = ratio("e2e.random.limiter", "e2e.random.nftables");
+    t.push(Target {
+        goal: "end to end, random sources: limiter ahead of nftables' dynamic set".into(),
+        met: x.map(|x| x > 1.0),
+        evidence: format!(
+            "{} Mpps vs {} Mpps: {}x",
+            fmt(r.value("e2e.random.limiter")),
+            fmt(r.value("e2e.random.nftables")),
+            fmt(x)
+        ),
+    });
+    let mut polite = Vec::new();
+    let mut met = Some(true);
+    for pattern in ["hot", "random"] {
+        let Some(f) = r.get(&format!("e2e.{pattern}.limiter")) else {
+            met = None;
+            continue;
+        };
+        let p = &f.detail["polite"];
+        let dropped = p["bucket_dropped"].as_u64();
+        let (sent, received) = (p["sent"].as_u64(), p["received"].as_u64());
+        if dropped != Some(0) {
+            met = met.map(|_| false);
+        }
+        polite.push(format!(
+            "{pattern}: sent {}, received {}, dropped by the limiter {}",
+            sent.map_or("?".into(), |v| v.to_string()),
+            received.map_or("?".into(), |v| v.to_string()),
+            dropped.map_or("? (bucket evicted)".into(), |v| v.to_string()),
+        ));
+    }
+    t.push(Target {
+        goal: "a polite known source (200 pps) is never dropped during the floods".into(),
+        met,
+        evidence: if polite.is_empty() { "not measured".into() } else { polite.join("; ") },
+    });
+    t
+}
+
+fn notes() -> Vec<String> {
+    vec![
+        "In-kernel 'repeat' figures: one frame run 1,000,000 times per BPF_PROG_TEST_RUN call; the \
+         kernel reports whole ns (truncated), so 0.5 ns is added to each."
+            .into(),
+        "In-kernel 'single runs' figures: one call per frame (each frame a different source), mean \
+         of the kernel's per-call time; compare them with the single-run floor, which carries the \
+         same per-call timer overhead."
+            .into(),
+        "End to end: generator and receiver share one CPU (the receiving NAPI poll runs when the \
+         test run re-enables bottom halves), so Mpps is the whole pipeline's rate on one core."
+            .into(),
+        "The machine may be shared: see the load averages in the header; the spread column shows \
+         how much runs disagreed."
+            .into(),
+    ]
+}
