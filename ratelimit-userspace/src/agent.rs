@@ -7,6 +7,7 @@
 //! API change, before the new rule set is swapped in. A refused change leaves the rules in force.
 
 use std::{
+    collections::BTreeSet,
     net::IpAddr,
     path::{Path, PathBuf},
     sync::Arc,
@@ -21,7 +22,7 @@ use tokio::{io::unix::AsyncFd, sync::Mutex};
 use crate::{
     compile::{compile, CompileError, CompiledRuleSet, RuleIds},
     config::{AttachMode, Config, ConfigError, RuleConfig},
-    dataplane::{Dataplane, DataplaneError, LoadOptions},
+    dataplane::{Dataplane, DataplaneError, LinkHealth, LoadOptions},
     maps::MapsError,
     stats::StatsReport,
 };
@@ -148,6 +149,9 @@ pub struct Agent {
     started: Instant,
     /// The cluster sync, when `[cluster]` is set and it runs.
     cluster: Option<crate::cluster::ClusterHandle>,
+    /// Configured interfaces that are gone (deleted, or failing to attach again after they came
+    /// back); see [`Agent::recheck_interfaces`].
+    missing: BTreeSet<String>,
 }
 
 /// The agent as the API and tasks share it.
@@ -181,6 +185,7 @@ impl Agent {
             reload: ReloadState::default(),
             started: Instant::now(),
             cluster: None,
+            missing: BTreeSet::new(),
         };
         if let Err(e) = agent.bring_up(&config, adopted) {
             if let Err(cleanup) = agent.dp.remove() {
@@ -351,6 +356,46 @@ impl Agent {
         }
     }
 
+    /// Notices configured interfaces that were deleted (the kernel detaches XDP with them; the
+    /// agent keeps running and `status` shows them as missing) and attaches again to those that
+    /// were created anew. Run every second by the agent; logs only changes.
+    pub fn recheck_interfaces(&mut self) {
+        let mode = self.config.agent.mode;
+        for iface in self.config.agent.interfaces.clone() {
+            let health = self.dp.link_health(&iface);
+            // Attach again when an interface of that name is there but the program is not on it.
+            let reattach = match health {
+                // Gone and back with the same index between two checks.
+                Some(LinkHealth::Attached) => self.missing.contains(&iface),
+                Some(LinkHealth::Replaced) => true,
+                Some(LinkHealth::Missing) => false,
+                // Not attached any more: an earlier attempt to attach again failed.
+                None => crate::dataplane::interface_exists(&iface),
+            };
+            if reattach {
+                match self.dp.reattach(&iface, mode) {
+                    Ok(att) => {
+                        tracing::info!(iface = %att.iface, mode = att.mode, "attached again: the interface was created anew");
+                        self.missing.remove(&iface);
+                    }
+                    // Logged on the first failure only (`health` is `None` on the retries).
+                    Err(e) => {
+                        self.missing.insert(iface.clone());
+                        if health.is_some() {
+                            tracing::error!(iface = %iface, error = %e, "the interface is back but attaching to it failed; retrying every second");
+                        }
+                    }
+                }
+            } else if health != Some(LinkHealth::Attached) && self.missing.insert(iface.clone()) {
+                tracing::warn!(
+                    iface = %iface,
+                    "interface deleted: the program was detached with it; it is attached again when \
+                     an interface of that name appears"
+                );
+            }
+        }
+    }
+
     /// The list files (`source_file`) the rules in force were read from.
     #[must_use]
     pub fn list_files(&self) -> Vec<PathBuf> {
@@ -398,12 +443,7 @@ impl Agent {
             config: self.opts.config_path.display().to_string(),
             pin_path: self.config.agent.pin_path.display().to_string(),
             socket: self.config.agent.socket.display().to_string(),
-            interfaces: self
-                .dp
-                .attachments()
-                .iter()
-                .map(|a| InterfaceStatus { iface: a.iface.clone(), mode: a.mode.to_string() })
-                .collect(),
+            interfaces: self.interface_status(),
             rules: self.set.rules.len(),
             prefixes: self.set.prefixes.len(),
             generation,
@@ -413,6 +453,23 @@ impl Agent {
             reloads: self.reload.clone(),
             cluster: self.cluster_status(),
         })
+    }
+
+    /// The attached interfaces, and the configured ones that are missing.
+    fn interface_status(&self) -> Vec<InterfaceStatus> {
+        let state = |iface: &str| if self.missing.contains(iface) { "missing" } else { "attached" };
+        let mut out: Vec<InterfaceStatus> = self
+            .dp
+            .attachments()
+            .iter()
+            .map(|a| InterfaceStatus { iface: a.iface.clone(), mode: a.mode.to_string(), state: state(&a.iface) })
+            .collect();
+        for iface in &self.missing {
+            if !out.iter().any(|i| &i.iface == iface) {
+                out.push(InterfaceStatus { iface: iface.clone(), mode: "-".to_string(), state: "missing" });
+            }
+        }
+        out
     }
 
     /// Counters.
@@ -486,6 +543,7 @@ impl Agent {
             }
         }
         self.config.agent.interfaces.retain(|i| !done.contains(i));
+        self.missing.retain(|i| !done.contains(i));
         Ok(done)
     }
 
@@ -644,8 +702,11 @@ pub struct Status {
 pub struct InterfaceStatus {
     /// Interface name.
     pub iface: String,
-    /// native, skb or adopted.
+    /// native, skb or adopted ("-" while missing and not attached).
     pub mode: String,
+    /// `attached`, or `missing`: the interface was deleted (the program went with it) and is
+    /// attached again when an interface of that name appears.
+    pub state: &'static str,
 }
 
 /// `explain` output.
@@ -740,6 +801,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         }
     }
     tasks.push(spawn_config_watcher(config_path, agent.clone()));
+    tasks.push(spawn_interface_watcher(agent.clone()));
     tracing::info!(socket = %socket.display(), "running; SIGHUP reloads, SIGINT or SIGTERM exits");
 
     loop {
@@ -812,6 +874,19 @@ fn spawn_config_watcher(path: PathBuf, agent: SharedAgent) -> tokio::task::JoinH
                 // Stamp after the reload: the rules in force may name other list files now.
                 last = watched(guard.list_files());
             }
+        }
+    })
+}
+
+/// Every second, [`Agent::recheck_interfaces`]: notices deleted interfaces and attaches again to
+/// re-created ones. (Polling: a few `if_nametoindex` calls a second cost nothing, and need no
+/// netlink subscription that could overflow.)
+fn spawn_interface_watcher(agent: SharedAgent) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            agent.lock().await.recheck_interfaces();
         }
     })
 }

@@ -8,7 +8,7 @@
 //! # Routes
 //! | route | answer |
 //! | --- | --- |
-//! | `GET /v1/status` | `{"version", "pid", "uptime_secs", "config", "pin_path", "socket", "interfaces": [{"iface", "mode"}], "rules", "prefixes", "generation", "dry_run", "buckets_tracked", "buckets_capacity", "reloads": {"ok", "failed", "last_error", "last_ok_unix", "restart_needed"}}` |
+//! | `GET /v1/status` | `{"version", "pid", "uptime_secs", "config", "pin_path", "socket", "interfaces": [{"iface", "mode", "state"}], "rules", "prefixes", "generation", "dry_run", "buckets_tracked", "buckets_capacity", "reloads": {"ok", "failed", "last_error", "last_ok_unix", "restart_needed"}}` |
 //! | `GET /v1/rules` | `{"rules": [RULE, ...]}` in config order |
 //! | `POST /v1/rules` | body: one RULE; `201 {"added": RULE, "rules": N}` |
 //! | `DELETE /v1/rules/{name}` | `{"removed": "name", "rules": N}` |
@@ -163,6 +163,7 @@ pub fn router(agent: SharedAgent) -> Router {
         .route("/v1/top", get(top))
         .route("/v1/explain", get(explain))
         .route("/v1/detach", post(detach))
+        .route("/v1/cluster", get(cluster))
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .with_state(agent)
@@ -289,8 +290,25 @@ async fn reload(State(agent): State<SharedAgent>) -> ApiResult {
 }
 
 async fn stats(State(agent): State<SharedAgent>) -> ApiResult {
-    let report = agent.lock().await.stats()?;
-    to_json(&report)
+    let guard = agent.lock().await;
+    let report = guard.stats()?;
+    let mut value = serde_json::to_value(&report)
+        .map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string() })?;
+    // The cluster sync's counters, when this agent is in a cluster.
+    if let Some(cluster) = guard.cluster_status() {
+        value["cluster"] = json!(cluster.counters);
+    }
+    Ok(Json(value))
+}
+
+async fn cluster(State(agent): State<SharedAgent>) -> ApiResult {
+    match agent.lock().await.cluster_status() {
+        Some(status) => to_json(&status),
+        None => Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: "this agent is not in a cluster: its config has no [cluster] table".into(),
+        }),
+    }
 }
 
 /// Query of `GET /v1/top`: strings, so that a bad value gets our message rather than a rejection.

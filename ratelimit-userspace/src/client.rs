@@ -103,6 +103,11 @@ impl Client {
         self.request(Method::GET, "/v1/status", None).await
     }
 
+    /// `GET /v1/cluster`.
+    pub async fn cluster(&self) -> Result<Value, ClientError> {
+        self.request(Method::GET, "/v1/cluster", None).await
+    }
+
     /// `GET /v1/rules`.
     pub async fn rules(&self) -> Result<Value, ClientError> {
         self.request(Method::GET, "/v1/rules", None).await

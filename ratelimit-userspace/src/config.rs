@@ -1223,6 +1223,13 @@ fn read_list(path: &Path) -> Result<(Vec<IpNet>, Vec<usize>), ListError> {
         )));
     }
     let bytes = std::fs::read(path).map_err(ListError::Io)?;
+    parse_list(&bytes).map_err(|(line, message)| ListError::At(line, message))
+}
+
+/// Parses the contents of a `source_file` list: one CIDR (or address) per line, `#` comments,
+/// blank lines ignored. Returns the distinct prefixes in order with their 1-based lines, or the
+/// line and the message of the first bad entry.
+pub fn parse_list(bytes: &[u8]) -> Result<(Vec<IpNet>, Vec<usize>), (usize, String)> {
     let mut seen = HashSet::new();
     let (mut nets, mut lines) = (Vec::new(), Vec::new());
     for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
@@ -1231,17 +1238,16 @@ fn read_list(path: &Path) -> Result<(Vec<IpNet>, Vec<usize>), ListError> {
             None => line,
         };
         let text = std::str::from_utf8(content)
-            .map_err(|_| ListError::At(i + 1, "not valid UTF-8 text".to_owned()))?
+            .map_err(|_| (i + 1, "not valid UTF-8 text".to_owned()))?
             .trim();
         if text.is_empty() {
             continue;
         }
-        let net = parse_source(text)
-            .map_err(|_| ListError::At(i + 1, format!("invalid CIDR {text:?}")))?;
-        validate_source(&net).map_err(|m| ListError::At(i + 1, m))?;
+        let net = parse_source(text).map_err(|_| (i + 1, format!("invalid CIDR {text:?}")))?;
+        validate_source(&net).map_err(|m| (i + 1, m))?;
         if seen.insert(net) {
             if nets.len() == MAX_RULE_PREFIXES {
-                return Err(ListError::At(
+                return Err((
                     i + 1,
                     format!(
                         "more than {MAX_RULE_PREFIXES} prefixes: one rule may list at most \

@@ -60,6 +60,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show the cluster's members (state, last heard, lag) and the gossip counters.
+    Peers {
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// List, add or remove the rules in force, or reload them from the config file.
     Rules {
         #[command(subcommand)]
@@ -361,6 +367,7 @@ fn print_stats(v: &serde_json::Value, json: bool, watch: bool) {
 async fn run_client(client: &Client, command: Command) -> anyhow::Result<()> {
     match command {
         Command::Status { json } => print_answer(&client.status().await?, json, render::status),
+        Command::Peers { json } => print_answer(&client.cluster().await?, json, render::peers),
         Command::Rules { command } => match command {
             RulesCommand::List { json } => {
                 print_answer(&client.rules().await?, json, render::rules)

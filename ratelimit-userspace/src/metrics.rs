@@ -149,6 +149,8 @@ pub struct Snapshot {
     pub reloads_failed: u64,
     /// Attached interfaces.
     pub interfaces: Vec<InterfaceSnapshot>,
+    /// Cluster sync counters and peer states, when the agent is in a cluster.
+    pub cluster: Option<crate::cluster::ClusterStatus>,
 }
 
 /// One attached interface.
@@ -184,6 +186,7 @@ impl Snapshot {
                     ..Default::default()
                 })
                 .collect(),
+            cluster: agent.cluster_status(),
         })
     }
 
@@ -230,6 +233,62 @@ where
     for (labels, value) in samples {
         value.encode(metric.encode_family(&labels)?)?;
     }
+    Ok(())
+}
+
+/// The cluster sync's metrics (`ratelimit_cluster_*`).
+fn encode_cluster(
+    enc: &mut DescriptorEncoder,
+    cluster: &crate::cluster::ClusterStatus,
+) -> Result<(), fmt::Error> {
+    let c = &cluster.counters;
+    family(
+        enc,
+        "ratelimit_cluster_messages",
+        "Gossip datagrams by direction: in (authentic, fresh, well-formed) and out.",
+        [("in", c.messages_in), ("out", c.messages_out)]
+            .map(|(d, n)| (vec![("direction", d)], ConstCounter::new(n))),
+    )?;
+    family(
+        enc,
+        "ratelimit_cluster_bytes",
+        "Gossip bytes by direction (every received datagram counted, accepted or not).",
+        [("in", c.bytes_in), ("out", c.bytes_out)]
+            .map(|(d, n)| (vec![("direction", d)], ConstCounter::new(n))),
+    )?;
+    family(
+        enc,
+        "ratelimit_cluster_rejected",
+        "Gossip datagrams dropped: auth (tag did not verify: wrong key or cluster id), stale (too \
+         old, from the future, replayed), malformed.",
+        [("auth", c.rejected_auth), ("stale", c.rejected_stale), ("malformed", c.rejected_malformed)]
+            .map(|(r, n)| (vec![("reason", r)], ConstCounter::new(n))),
+    )?;
+    single(enc, "ratelimit_cluster_send_errors", "Gossip sends that failed.", &ConstCounter::new(c.send_errors))?;
+    let mut states: std::collections::BTreeMap<&str, i64> =
+        ["alive", "joining", "silent", "dead"].into_iter().map(|s| (s, 0)).collect();
+    for p in &cluster.peers {
+        *states.entry(p.state).or_default() += 1;
+    }
+    family(
+        enc,
+        "ratelimit_cluster_peers",
+        "Other members by state; only alive peers' consumption is charged.",
+        states.into_iter().map(|(st, n)| (vec![("state", st)], ConstGauge::new(n))),
+    )?;
+    single(enc, "ratelimit_cluster_keys_published", "Keys (heavy sources) this agent publishes.", &ConstGauge::new(c.keys_published))?;
+    single(enc, "ratelimit_cluster_keys_synced", "Keys read from counted peers in the last sync.", &ConstGauge::new(c.keys_synced))?;
+    single(enc, "ratelimit_cluster_keys_dropped", "Peer keys ignored beyond the per-peer cap.", &ConstCounter::new(c.keys_dropped))?;
+    single(enc, "ratelimit_cluster_charged_packets", "Packets charged to local buckets for peers' consumption.", &ConstCounter::new(c.charged_pkts))?;
+    single(enc, "ratelimit_cluster_charged_bytes", "Bytes charged to local buckets for peers' consumption.", &ConstCounter::new(c.charged_bytes))?;
+    single(enc, "ratelimit_cluster_charges_clamped", "Charges cut down because a peer reported more than its bucket could admit.", &ConstCounter::new(c.charges_clamped))?;
+    #[expect(clippy::cast_precision_loss, reason = "milliseconds as seconds")]
+    single(
+        enc,
+        "ratelimit_cluster_sync_lag_seconds",
+        "Largest age of the newest consumption data from a counted peer at the last sync.",
+        &ConstGauge::new(c.sync_lag_ms as f64 / 1000.0),
+    )?;
     Ok(())
 }
 
@@ -311,6 +370,9 @@ impl Collector for Snapshot {
             [("ok", self.reloads_ok), ("failed", self.reloads_failed)]
                 .map(|(result, n)| (vec![("result", result)], ConstCounter::new(n))),
         )?;
+        if let Some(cluster) = &self.cluster {
+            encode_cluster(&mut enc, cluster)?;
+        }
         let info = Info::new(vec![("version", self.version.as_str())]);
         single(
             &mut enc,

@@ -166,6 +166,18 @@ cluster_id = "e2e-cluster"
     )
 }
 
+/// Runs `ratelimit --socket S ARGS` and returns its standard output (failing on an error).
+fn cli(agent: &AgentProcess, args: &[&str]) -> String {
+    let out = std::process::Command::new(agent_binary())
+        .arg("--socket")
+        .arg(agent.socket_path())
+        .args(args)
+        .output()
+        .expect("running ratelimit");
+    assert!(out.status.success(), "ratelimit {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("UTF-8 output")
+}
+
 /// `ratelimit --socket S status --json`, parsed.
 fn status(agent: &AgentProcess) -> Value {
     let out = Command::new(agent_binary())
@@ -384,6 +396,19 @@ fn cluster_enforces_one_budget_fails_open_on_partition_and_ignores_a_wrong_key()
         let ok = (0..3).all(|i| counted_peers(&statuses[i]).len() == 2);
         if ok {
             println!("cluster formed in {:.1} s", formed.elapsed().as_secs_f64());
+            // The operator's view: `ratelimit peers` (JSON and table) shows the two others as
+            // alive and counted.
+            let peers = cli(&agents[0], &["peers", "--json"]);
+            let peers: Value = serde_json::from_str(&peers).expect("peers JSON");
+            let alive = peers["peers"]
+                .as_array()
+                .expect("peers list")
+                .iter()
+                .filter(|p| p["state"] == "alive" && p["counted"] == true)
+                .count();
+            assert_eq!(alive, 2, "peers --json: {peers:#}");
+            let table = cli(&agents[0], &["peers"]);
+            assert!(table.contains("STATE") && table.matches("alive").count() >= 2, "peers table:\n{table}");
             break;
         }
         assert!(

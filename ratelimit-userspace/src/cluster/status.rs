@@ -13,7 +13,7 @@ use std::{
 use serde::Serialize;
 
 /// The cluster as one agent sees it.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct ClusterStatus {
     /// `[cluster] cluster_id`.
     pub cluster_id: String,

@@ -294,7 +294,9 @@ fn contender_drops(bed: &Testbed, limiter: &Limiter, contender: Contender) -> Re
         }
         Contender::Nft => {
             // A named counter: listing it does not make nft fetch the set's elements (a million).
-            let out = bed.rx.run(&["nft", "list", "counter", "netdev", "rlbench", "limited"])?;
+            let t = std::time::Instant::now();
+            let out = bed.rx.run(&["nft", "-t", "list", "counter", "netdev", "rlbench", "limited"])?;
+            eprintln!("nft list took {:?}", t.elapsed());
             Some(counter_after(&out, "packets "))
         }
         Contender::Iptables => {
