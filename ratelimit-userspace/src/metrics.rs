@@ -471,6 +471,27 @@ mod tests {
                     rx_dropped: None,
                 },
             ],
+            cluster: Some(crate::cluster::ClusterStatus {
+                peers: vec![crate::cluster::PeerStatus {
+                    node_id: "b".into(),
+                    generation: 1,
+                    addr: "192.0.2.2:7946".parse().unwrap(),
+                    state: "alive",
+                    counted: true,
+                    last_heard_ms: Some(10),
+                    lag_ms: Some(120),
+                    keys: 3,
+                    charged_pkts: 7,
+                    charged_bytes: 700,
+                }],
+                counters: crate::cluster::CounterValues {
+                    rejected_auth: 4,
+                    messages_in: 9,
+                    sync_lag_ms: 250,
+                    ..Default::default()
+                },
+                ..Default::default()
+            }),
         }
     }
 
@@ -500,6 +521,11 @@ mod tests {
             r#"ratelimit_interface_attached{interface="gone",mode="skb"} 1"#,
             r#"ratelimit_interface_rx_packets_total{interface="eth0"} 42"#,
             r#"ratelimit_interface_rx_dropped_total{interface="eth0"} 0"#,
+            r#"ratelimit_cluster_messages_total{direction="in"} 9"#,
+            r#"ratelimit_cluster_rejected_total{reason="auth"} 4"#,
+            r#"ratelimit_cluster_peers{state="alive"} 1"#,
+            r#"ratelimit_cluster_peers{state="dead"} 0"#,
+            "ratelimit_cluster_sync_lag_seconds 0.25",
             "# TYPE ratelimit_rule_packets counter",
             "# TYPE ratelimit_buckets_tracked gauge",
             "# TYPE ratelimit_build info",
