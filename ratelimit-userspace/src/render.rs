@@ -441,6 +441,57 @@ pub fn stats(v: &Value) -> String {
     report.to_table()
 }
 
+/// `peers`: the cluster's members and the gossip counters.
+#[must_use]
+pub fn peers(v: &Value) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "cluster {} as {} (generation {}), listening on {}, sync every {} ms, peers silent after {} ms",
+        v["cluster_id"].as_str().unwrap_or("?"),
+        v["node_id"].as_str().unwrap_or("?"),
+        v["generation"],
+        v["listen"].as_str().unwrap_or("-"),
+        v["sync_interval_ms"],
+        v["peer_timeout_ms"],
+    );
+    let peers = v["peers"].as_array().cloned().unwrap_or_default();
+    if peers.is_empty() {
+        let _ = writeln!(out, "no peers heard yet: this host enforces its limits on its own");
+    } else {
+        let _ = writeln!(
+            out,
+            "{:<32} {:<21} {:<8} {:>7} {:>10} {:>8} {:>6} {:>12}",
+            "NODE", "ADDR", "STATE", "COUNTED", "HEARD", "LAG", "KEYS", "CHARGED"
+        );
+        for p in &peers {
+            let ms = |x: &Value| x.as_i64().map_or_else(|| "-".to_string(), |m| format!("{m} ms"));
+            let _ = writeln!(
+                out,
+                "{:<32} {:<21} {:<8} {:>7} {:>10} {:>8} {:>6} {:>12}",
+                p["node_id"].as_str().unwrap_or("?"),
+                p["addr"].as_str().unwrap_or("?"),
+                p["state"].as_str().unwrap_or("?"),
+                if p["counted"].as_bool() == Some(true) { "yes" } else { "no" },
+                ms(&p["last_heard_ms"]),
+                ms(&p["lag_ms"]),
+                p["keys"],
+                p["charged_pkts"],
+            );
+        }
+    }
+    let c = &v["counters"];
+    let _ = writeln!(
+        out,
+        "gossip: {} in / {} out messages, {} / {} bytes; rejected {} auth, {} stale, {} malformed; \
+         keys published {}, synced {}; charged {} packets; sync lag {} ms",
+        c["messages_in"], c["messages_out"], c["bytes_in"], c["bytes_out"], c["rejected_auth"],
+        c["rejected_stale"], c["rejected_malformed"], c["keys_published"], c["keys_synced"],
+        c["charged_pkts"], c["sync_lag_ms"],
+    );
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -513,53 +564,3 @@ mod tests {
     }
 }
 
-/// `peers`: the cluster's members and the gossip counters.
-#[must_use]
-pub fn peers(v: &Value) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "cluster {} as {} (generation {}), listening on {}, sync every {} ms, peers silent after {} ms",
-        v["cluster_id"].as_str().unwrap_or("?"),
-        v["node_id"].as_str().unwrap_or("?"),
-        v["generation"],
-        v["listen"].as_str().unwrap_or("-"),
-        v["sync_interval_ms"],
-        v["peer_timeout_ms"],
-    );
-    let peers = v["peers"].as_array().cloned().unwrap_or_default();
-    if peers.is_empty() {
-        let _ = writeln!(out, "no peers heard yet: this host enforces its limits on its own");
-    } else {
-        let _ = writeln!(
-            out,
-            "{:<32} {:<21} {:<8} {:>7} {:>10} {:>8} {:>6} {:>12}",
-            "NODE", "ADDR", "STATE", "COUNTED", "HEARD", "LAG", "KEYS", "CHARGED"
-        );
-        for p in &peers {
-            let ms = |x: &Value| x.as_i64().map_or_else(|| "-".to_string(), |m| format!("{m} ms"));
-            let _ = writeln!(
-                out,
-                "{:<32} {:<21} {:<8} {:>7} {:>10} {:>8} {:>6} {:>12}",
-                p["node_id"].as_str().unwrap_or("?"),
-                p["addr"].as_str().unwrap_or("?"),
-                p["state"].as_str().unwrap_or("?"),
-                if p["counted"].as_bool() == Some(true) { "yes" } else { "no" },
-                ms(&p["last_heard_ms"]),
-                ms(&p["lag_ms"]),
-                p["keys"],
-                p["charged_pkts"],
-            );
-        }
-    }
-    let c = &v["counters"];
-    let _ = writeln!(
-        out,
-        "gossip: {} in / {} out messages, {} / {} bytes; rejected {} auth, {} stale, {} malformed; \
-         keys published {}, synced {}; charged {} packets; sync lag {} ms",
-        c["messages_in"], c["messages_out"], c["bytes_in"], c["bytes_out"], c["rejected_auth"],
-        c["rejected_stale"], c["rejected_malformed"], c["keys_published"], c["keys_synced"],
-        c["charged_pkts"], c["sync_lag_ms"],
-    );
-    out
-}

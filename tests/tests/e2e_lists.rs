@@ -83,7 +83,7 @@ fn hundred_thousand_entry_deny_list_loads_enforces_and_swaps_whole() {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let (sent1, got1) = delivered(&tx, &rx, LISTED_FIRST);
-        let (sent2, got2) = delivered(&tx, &rx, LISTED_SECOND);
+        let (_, got2) = delivered(&tx, &rx, LISTED_SECOND);
         if got1 == sent1 && got2 == 0 {
             break;
         }

@@ -281,28 +281,37 @@ fn teardown(refs: &mut Refs, bed: &Testbed, limiter: &mut Limiter, contender: Co
     Ok(())
 }
 
-/// What the contender itself counted (dropped packets), read before and after a run.
-fn contender_drops(bed: &Testbed, limiter: &Limiter, contender: Contender) -> Result<Option<u64>> {
+/// A contender's own count, read before and after the runs.
+#[derive(Clone, Copy)]
+enum Count {
+    /// Packets it dropped.
+    Dropped(u64),
+    /// Packets it let through.
+    Passed(u64),
+}
+
+/// What the contender itself counted.
+fn contender_count(bed: &Testbed, limiter: &Limiter, contender: Contender) -> Result<Option<Count>> {
     Ok(match contender {
         Contender::Limiter => {
             let id = limiter.id("per-source")?;
             let s = limiter.tdp.rule(id);
-            Some(s.pkts[verdict::DROPPED_RATE])
+            Some(Count::Dropped(s.pkts[verdict::DROPPED_RATE]))
         }
         Contender::Nft => {
             // Listing any nft object makes nft fetch every set element (a million, tens of
             // seconds), so count what nft let through instead: IPv4 packets that reached the IP
             // layer (`Ip: InReceives`), and report the rest of what the veth handled as dropped.
-            Some(u64::MAX - ip_in_receives(bed)?)
+            Some(Count::Passed(ip_in_receives(bed)?))
         }
         Contender::Iptables => {
             let out = bed.rx.run(&["iptables", "-t", "raw", "-L", "PREROUTING", "-v", "-x", "-n"])?;
             // The rule's line: "pkts bytes target ..."; the header lines do not start with a number.
-            Some(
+            Some(Count::Dropped(
                 out.lines()
                     .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
                     .sum(),
-            )
+            ))
         }
         Contender::DropAll | Contender::Pass => None,
     })
@@ -356,7 +365,7 @@ fn measure_attached(
     // The polite source sends during every contender's runs, so that all carry the same load.
     let receiver = Receiver::bind(&bed.rx, SocketAddr::new(SERVER.into(), 0))?;
     let global_before = limiter.tdp.global();
-    let drops_before = contender_drops(bed, limiter, contender)?;
+    let drops_before = contender_count(bed, limiter, contender)?;
     let (mut pps, mut sent_pps, mut ring_drops) = (Vec::new(), Vec::new(), Vec::new());
     let mut handled_total = 0u64;
     let polite_report = thread::scope(|s| -> Result<_> {
@@ -383,7 +392,7 @@ fn measure_attached(
         }
         sender.join().expect("polite sender thread")
     })?;
-    let drops_after = contender_drops(bed, limiter, contender)?;
+    let drops_after = contender_count(bed, limiter, contender)?;
     let global_after = limiter.tdp.global();
 
     let mut detail = json!({
@@ -393,8 +402,14 @@ fn measure_attached(
         "warmup_seconds": opts.e2e_warmup.as_secs_f64(),
         "handled_packets": handled_total,
     });
-    if let (Some(a), Some(b)) = (drops_before, drops_after) {
-        let dropped = b.saturating_sub(a);
+    let dropped = match (drops_before, drops_after) {
+        (Some(Count::Dropped(a)), Some(Count::Dropped(b))) => Some(b.saturating_sub(a)),
+        (Some(Count::Passed(a)), Some(Count::Passed(b))) => {
+            Some(handled_total.saturating_sub(b.saturating_sub(a)))
+        }
+        _ => None,
+    };
+    if let Some(dropped) = dropped {
         detail["contender_dropped"] = json!(dropped);
         #[expect(clippy::cast_precision_loss, reason = "packet counts")]
         let share = if handled_total > 0 { dropped as f64 / handled_total as f64 } else { 0.0 };
