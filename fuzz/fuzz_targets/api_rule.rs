@@ -10,8 +10,12 @@ use ratelimit::{
 };
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else { return };
-    let Ok(rule) = rule_from_json(&value) else { return };
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    let Ok(rule) = rule_from_json(&value) else {
+        return;
+    };
     if let Err(e) = compile(std::slice::from_ref(&rule), &RuleIds::new()) {
         panic!("accepted rule does not compile: {e}\n{value}");
     }

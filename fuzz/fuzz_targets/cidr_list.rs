@@ -14,12 +14,18 @@ fuzz_target!(|data: &[u8]| {
         Ok(parsed) => parsed,
         Err((line, message)) => {
             let count = data.split(|&b| b == b'\n').count();
-            assert!((1..=count).contains(&line), "error line {line} of {count}: {message}");
+            assert!(
+                (1..=count).contains(&line),
+                "error line {line} of {count}: {message}"
+            );
             return;
         }
     };
     assert_eq!(nets.len(), lines.len());
-    assert!(lines.windows(2).all(|w| w[0] < w[1]), "lines out of order: {lines:?}");
+    assert!(
+        lines.windows(2).all(|w| w[0] < w[1]),
+        "lines out of order: {lines:?}"
+    );
     let mut seen = std::collections::HashSet::new();
     for net in &nets {
         assert_eq!(net.trunc(), *net, "{net} has host bits");

@@ -54,15 +54,29 @@ fuzz_target!(|data: &[u8]| {
     }
     let mut opened = None;
     for (n, &i) in order.iter().enumerate() {
-        let got = receiver.open(&parts[i], from, NOW_MS + 1).expect("a sealed part opens");
+        let got = receiver
+            .open(&parts[i], from, NOW_MS + 1)
+            .expect("a sealed part opens");
         if n + 1 < order.len() {
-            assert!(got.is_none(), "message complete after {} of {} parts", n + 1, parts.len());
+            assert!(
+                got.is_none(),
+                "message complete after {} of {} parts",
+                n + 1,
+                parts.len()
+            );
         } else {
             opened = got;
         }
     }
-    assert!(opened.as_deref() == Some(&message[..]), "message changed in transit");
-    assert_eq!(receiver.open(&parts[0], from, NOW_MS + 2), Err(Reject::Stale), "replay accepted");
+    assert!(
+        opened.as_deref() == Some(&message[..]),
+        "message changed in transit"
+    );
+    assert_eq!(
+        receiver.open(&parts[0], from, NOW_MS + 2),
+        Err(Reject::Stale),
+        "replay accepted"
+    );
     // Any flipped bit is caught.
     let mut tampered = parts[order[0]].clone();
     let at = usize::from(data.get(1).copied().unwrap_or(0)) * 257 % tampered.len();

@@ -170,7 +170,7 @@ impl Agent {
         // rules keep their buckets across a restart.
         let installed = dp.maps().named_rules()?;
         let adopted = !installed.is_empty();
-        let ids = RuleIds::from_installed(installed.into_iter().map(|(id, (name, _, rule))| (name, id, rule)))
+        let ids = RuleIds::from_installed(installed_ids(installed))
             .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "pinned rule ids unusable; assigning new ones");
                 RuleIds::new()
@@ -565,6 +565,24 @@ impl Agent {
     }
 }
 
+/// The pinned rules as (name, id, record) for [`RuleIds::from_installed`].
+///
+/// An install cut short (the agent killed while it wrote the next rule set) leaves the fresh ids
+/// of the new and changed rules named next to the ids in force, so a name can appear twice. Every
+/// named id stays reserved: handing one out again as a fresh id would overwrite a record that the
+/// rules in force may use before the swap. The extra ones get a name no rule can have ('#' is not
+/// allowed), so the first install frees them and purges their buckets.
+fn installed_ids(named: std::collections::BTreeMap<u32, (String, u32, ratelimit_common::Rule)>) -> Vec<(String, u32, ratelimit_common::Rule)> {
+    let mut seen = std::collections::HashSet::new();
+    named
+        .into_iter()
+        .map(|(id, (name, _, rule))| {
+            let name = if seen.insert(name.clone()) { name } else { format!("{name}#stale-{id}") };
+            (name, id, rule)
+        })
+        .collect()
+}
+
 /// Writes the rules in force back to the config file (atomically, keeping comments).
 fn write_back(path: &Path, rules: &[RuleConfig]) -> Result<(), AgentError> {
     Ok(crate::config::write_rules(path, rules)?)
@@ -906,4 +924,19 @@ async fn spawn_ebpf_log_reader(agent: &SharedAgent) -> Result<tokio::task::JoinH
             guard.clear_ready();
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_left_twice_by_an_interrupted_install_keeps_both_ids_reserved() {
+        let rule = |rate: u64| ratelimit_common::Rule { pkt_interval_ns: rate, ..Default::default() };
+        let named = [(0, ("a".to_owned(), 1, rule(1))), (3, ("b".to_owned(), 2, rule(2))), (5, ("b".to_owned(), 2, rule(3)))];
+        let ids = RuleIds::from_installed(installed_ids(named.into_iter().collect())).unwrap();
+        assert_eq!(ids.len(), 3, "every named id stays installed");
+        assert_eq!(ids.id_of("b"), Some(3));
+        assert_eq!(ids.id_of("b#stale-5"), Some(5));
+    }
 }

@@ -53,7 +53,12 @@ fn bed(tag: &str) -> Bed {
     let tx = Netns::new(&format!("rl-flt-{tag}-tx")).unwrap();
     let rx = Netns::new(&format!("rl-flt-{tag}-rx")).unwrap();
     let (tx_if, rx_if) = if_names(tag);
-    let bed = Bed { tx, rx, tx_if, rx_if };
+    let bed = Bed {
+        tx,
+        rx,
+        tx_if,
+        rx_if,
+    };
     bed.create_link();
     bed
 }
@@ -64,18 +69,35 @@ impl Bed {
         run(
             "ip",
             &[
-                "link", "add", &self.tx_if, "netns", self.tx.name(), "type", "veth", "peer", "name",
-                &self.rx_if, "netns", self.rx.name(),
+                "link",
+                "add",
+                &self.tx_if,
+                "netns",
+                self.tx.name(),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &self.rx_if,
+                "netns",
+                self.rx.name(),
             ],
         );
         for (ns, name) in [(&self.tx, &self.tx_if), (&self.rx, &self.rx_if)] {
-            ns.sysctl(&format!("net/ipv6/conf/{name}/disable_ipv6"), "1").unwrap();
+            ns.sysctl(&format!("net/ipv6/conf/{name}/disable_ipv6"), "1")
+                .unwrap();
             ns.ip(&["link", "set", name, "up"]).unwrap();
         }
         add_addr(&self.tx, &self.tx_if, "198.18.0.1/24").unwrap();
         add_addr(&self.rx, &self.rx_if, &format!("{RECEIVER}/24")).unwrap();
-        neigh_to_peer(&self.tx, &self.tx_if, RECEIVER.parse().unwrap(), &self.rx, &self.rx_if)
-            .unwrap();
+        neigh_to_peer(
+            &self.tx,
+            &self.tx_if,
+            RECEIVER.parse().unwrap(),
+            &self.rx,
+            &self.rx_if,
+        )
+        .unwrap();
     }
 
     /// Sends 40 datagrams from `src` (any address of 198.18.0.0/24) within about 20 ms and
@@ -85,8 +107,14 @@ impl Bed {
             Receiver::bind(&self.rx, SocketAddr::new(RECEIVER.parse().unwrap(), 0)).unwrap();
         let ip: IpAddr = src.parse().unwrap();
         let socket = bind_udp_transparent(&self.tx, SocketAddr::new(ip, 0)).unwrap();
-        let sent =
-            send_udp(&socket, receiver.local_addr(), 2000, Duration::from_millis(20), 64).unwrap();
+        let sent = send_udp(
+            &socket,
+            receiver.local_addr(),
+            2000,
+            Duration::from_millis(20),
+            64,
+        )
+        .unwrap();
         assert!(sent.sent >= 10, "sent only {}", sent.sent);
         receiver.wait_idle(Duration::from_millis(100), Duration::from_secs(2));
         let report = receiver.stop().unwrap();
@@ -97,7 +125,12 @@ impl Bed {
     /// `burst` datagrams through.
     fn assert_limited(&self, src: &str, burst: u64, context: &str, agent: &AgentProcess) {
         let got = self.delivered(src);
-        assert_eq!(got, burst, "{context}: {src} got {got} datagrams through, want the burst {burst}. Log:\n{}", agent.log());
+        assert_eq!(
+            got,
+            burst,
+            "{context}: {src} got {got} datagrams through, want the burst {burst}. Log:\n{}",
+            agent.log()
+        );
     }
 
     fn xdp(&self) -> Option<(String, String)> {
@@ -130,11 +163,26 @@ fn agent_table(iface: &str, pin: &Path, socket: &Path) -> String {
     )
 }
 
-/// A path for a socket or other scratch file, unique to this process and call.
-fn scratch(tag: &str) -> PathBuf {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::env::temp_dir().join(format!("rl-flt-{tag}-{}-{n}", std::process::id()))
+/// A directory for a test's sockets, configs and lists, removed (with what is in it) on drop,
+/// also when the test fails.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("rl-flt-{tag}-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
 }
 
 /// `ratelimit --socket S ARGS --json`, parsed; `Err` with stderr when it fails.
@@ -149,7 +197,8 @@ fn cli(socket: &Path, args: &[&str]) -> Result<Value, String> {
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 fn status(agent: &AgentProcess) -> Value {
@@ -164,7 +213,10 @@ fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) 
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         thread::sleep(Duration::from_millis(100));
     }
 }
@@ -188,7 +240,11 @@ fn wait_failed_reloads(agent: &AgentProcess, n: u64) -> Value {
 #[test]
 fn config_replaced_by_garbage_an_empty_file_or_a_directory_is_refused_and_the_rules_stay() {
     let bed = bed("cfg");
-    let config = format!("[agent]\ninterfaces = [\"{}\"]\n\n{}", bed.rx_if, limit_rules(BURST));
+    let config = format!(
+        "[agent]\ninterfaces = [\"{}\"]\n\n{}",
+        bed.rx_if,
+        limit_rules(BURST)
+    );
     let agent = AgentProcess::start(&bed.rx, &config, &[]).unwrap();
     let path = agent.config_path().to_owned();
     let good = fs::read_to_string(&path).unwrap();
@@ -223,20 +279,44 @@ fn config_replaced_by_garbage_an_empty_file_or_a_directory_is_refused_and_the_ru
         make();
         let n = u64::try_from(i).unwrap() + 1;
         let s = wait_failed_reloads(&agent, n);
-        let error = s["reloads"]["last_error"].as_str().unwrap_or_default().to_owned();
+        let error = s["reloads"]["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         for w in words {
-            assert!(error.contains(w.as_str()), "config replaced by {what}: last_error {error:?} lacks {w:?}");
+            assert!(
+                error.contains(w.as_str()),
+                "config replaced by {what}: last_error {error:?} lacks {w:?}"
+            );
         }
-        assert_eq!(s["rules"], 1, "config replaced by {what}: rules in force changed: {s}");
-        assert_eq!(s["interfaces"].as_array().map(Vec::len), Some(1), "config replaced by {what}: {s}");
-        assert!(bed.xdp().is_some(), "config replaced by {what}: XDP detached");
-        bed.assert_limited(&format!("198.18.0.{}", 11 + i), BURST, &format!("config replaced by {what}"), &agent);
+        assert_eq!(
+            s["rules"], 1,
+            "config replaced by {what}: rules in force changed: {s}"
+        );
+        assert_eq!(
+            s["interfaces"].as_array().map(Vec::len),
+            Some(1),
+            "config replaced by {what}: {s}"
+        );
+        assert!(
+            bed.xdp().is_some(),
+            "config replaced by {what}: XDP detached"
+        );
+        bed.assert_limited(
+            &format!("198.18.0.{}", 11 + i),
+            BURST,
+            &format!("config replaced by {what}"),
+            &agent,
+        );
         println!("config replaced by {what}: refused with {error:?}; the rule is still enforced");
     }
 
     // A good file again: it is applied (a visible change: burst 3 -> 5) and the error clears.
     fs::remove_dir(&path).unwrap();
-    replace_file(&path, &good.replace(&format!("burst = {BURST}"), "burst = 5"));
+    replace_file(
+        &path,
+        &good.replace(&format!("burst = {BURST}"), "burst = 5"),
+    );
     let s = wait_for(NOTICE, "a successful reload", || {
         let s = status(&agent);
         (s["reloads"]["ok"].as_u64() >= Some(1)).then_some(s)
@@ -250,35 +330,59 @@ fn config_replaced_by_garbage_an_empty_file_or_a_directory_is_refused_and_the_ru
 #[test]
 fn a_dead_socket_is_replaced_and_a_regular_file_at_the_socket_path_is_refused() {
     let bed = bed("sock");
+    let tmp = Scratch::new("sock");
     // A socket file nobody listens on: what a crashed agent leaves.
-    let dead = scratch("dead.sock");
+    let dead = tmp.path("dead.sock");
     drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
     assert!(dead.exists());
     let pin = AgentProcess::unique_pin_path();
-    let config = format!("{}{}", agent_table(&bed.rx_if, &pin, &dead), limit_rules(BURST));
+    let config = format!(
+        "{}{}",
+        agent_table(&bed.rx_if, &pin, &dead),
+        limit_rules(BURST)
+    );
     let agent = AgentProcess::start(&bed.rx, &config, &[]).unwrap();
-    assert!(agent.log().contains("removing a stale control socket"), "{}", agent.log());
+    assert!(
+        agent.log().contains("removing a stale control socket"),
+        "{}",
+        agent.log()
+    );
     assert_eq!(status(&agent)["rules"], 1);
-    bed.assert_limited("198.18.0.10", BURST, "after replacing a dead socket", &agent);
+    bed.assert_limited(
+        "198.18.0.10",
+        BURST,
+        "after replacing a dead socket",
+        &agent,
+    );
     agent.stop().unwrap();
     assert!(!dead.exists(), "{} left behind", dead.display());
 
     // A regular file: not ours to remove.
-    let file = scratch("file.sock");
+    let file = tmp.path("file.sock");
     fs::write(&file, "precious\n").unwrap();
     let pin = AgentProcess::unique_pin_path();
-    let config = format!("{}{}", agent_table(&bed.rx_if, &pin, &file), limit_rules(BURST));
+    let config = format!(
+        "{}{}",
+        agent_table(&bed.rx_if, &pin, &file),
+        limit_rules(BURST)
+    );
     let agent = AgentProcess::spawn(&bed.rx, &config, &[]).unwrap();
     let (status, log) = agent.wait_exit(EXIT_TIMEOUT).unwrap();
     assert!(!status.success(), "{log}");
     assert!(
-        log.contains(&format!("control socket {} exists and is not a socket", file.display())),
+        log.contains(&format!(
+            "control socket {} exists and is not a socket",
+            file.display()
+        )),
         "unclear message: {log}"
     );
-    assert_eq!(fs::read_to_string(&file).unwrap(), "precious\n", "the file was touched");
+    assert_eq!(
+        fs::read_to_string(&file).unwrap(),
+        "precious\n",
+        "the file was touched"
+    );
     assert!(!pin.exists(), "a refused agent created {}", pin.display());
     assert_eq!(bed.xdp(), None, "a refused agent attached");
-    fs::remove_file(&file).unwrap();
 }
 
 /// Starts an agent that must refuse to run, without letting the testbed remove a pin directory it
@@ -294,38 +398,81 @@ fn refused_sharing_pins(bed: &Bed, config: &str) -> (std::process::ExitStatus, S
     // Whatever it did, the pins are the first agent's: leave them to it.
     let (status, kept) = agent.stop_keeping_pins().unwrap();
     std::mem::forget(kept);
-    assert!(!running, "the second agent is still running after {EXIT_TIMEOUT:?}: {log}");
+    assert!(
+        !running,
+        "the second agent is still running after {EXIT_TIMEOUT:?}: {log}"
+    );
     (status, log)
 }
 
 #[test]
 fn a_second_agent_on_the_same_interface_is_refused_and_the_first_keeps_enforcing() {
     let bed = bed("two");
-    let (pin, socket) = (AgentProcess::unique_pin_path(), scratch("first.sock"));
-    let config = format!("{}{}", agent_table(&bed.rx_if, &pin, &socket), limit_rules(BURST));
+    let tmp = Scratch::new("two");
+    let (pin, socket) = (AgentProcess::unique_pin_path(), tmp.path("first.sock"));
+    let config = format!(
+        "{}{}",
+        agent_table(&bed.rx_if, &pin, &socket),
+        limit_rules(BURST)
+    );
     let first = AgentProcess::start(&bed.rx, &config, &[]).unwrap();
     bed.assert_limited("198.18.0.10", BURST, "first agent", &first);
     let other_pin = AgentProcess::unique_pin_path();
-    let other_socket = scratch("second.sock");
+    let other_socket = tmp.path("second.sock");
     // The second agent's rule would let more through: a hijack would show.
     let cases = [
-        ("the same socket and pin path", &pin, &socket, "another agent is running on"),
-        ("another socket, the same pin path", &pin, &other_socket, "is in use by another running agent"),
-        ("another socket and pin path", &other_pin, &other_socket, "already has an XDP program"),
+        (
+            "the same socket and pin path",
+            &pin,
+            &socket,
+            "another agent is running on",
+        ),
+        (
+            "another socket, the same pin path",
+            &pin,
+            &other_socket,
+            "is in use by another running agent",
+        ),
+        (
+            "another socket and pin path",
+            &other_pin,
+            &other_socket,
+            "already has an XDP program",
+        ),
     ];
     for (i, (what, pin2, socket2, words)) in cases.into_iter().enumerate() {
-        let config2 = format!("{}{}", agent_table(&bed.rx_if, pin2, socket2), limit_rules(50));
+        let config2 = format!(
+            "{}{}",
+            agent_table(&bed.rx_if, pin2, socket2),
+            limit_rules(50)
+        );
         let (exit, log) = refused_sharing_pins(&bed, &config2);
         println!("second agent with {what}: exit {exit}; log:\n{log}");
         assert!(!exit.success(), "second agent with {what} ran: {log}");
-        assert!(log.contains(words), "second agent with {what}: message lacks {words:?}: {log}");
-        assert!(!socket2.exists() || socket2 == &socket, "{} left behind", socket2.display());
+        assert!(
+            log.contains(words),
+            "second agent with {what}: message lacks {words:?}: {log}"
+        );
+        assert!(
+            !socket2.exists() || socket2 == &socket,
+            "{} left behind",
+            socket2.display()
+        );
         assert!(!other_pin.exists(), "{} left behind", other_pin.display());
         // The first agent is untouched: same program attached, its rules, its API.
-        assert_eq!(bed.xdp().map(|x| x.1), Some("ratelimit".to_owned()), "{what}");
+        assert_eq!(
+            bed.xdp().map(|x| x.1),
+            Some("ratelimit".to_owned()),
+            "{what}"
+        );
         let s = status(&first);
         assert_eq!(s["reloads"]["failed"], 0, "{what}: {s}");
-        bed.assert_limited(&format!("198.18.0.{}", 11 + i), BURST, &format!("after a second agent with {what}"), &first);
+        bed.assert_limited(
+            &format!("198.18.0.{}", 11 + i),
+            BURST,
+            &format!("after a second agent with {what}"),
+            &first,
+        );
     }
     first.stop().unwrap();
     assert_eq!(bed.xdp(), None);
@@ -334,7 +481,11 @@ fn a_second_agent_on_the_same_interface_is_refused_and_the_first_keeps_enforcing
 #[test]
 fn an_interface_deleted_and_created_again_is_reported_and_attached_again() {
     let bed = bed("ifc");
-    let config = format!("[agent]\ninterfaces = [\"{}\"]\n\n{}", bed.rx_if, limit_rules(BURST));
+    let config = format!(
+        "[agent]\ninterfaces = [\"{}\"]\n\n{}",
+        bed.rx_if,
+        limit_rules(BURST)
+    );
     let agent = AgentProcess::start(&bed.rx, &config, &[]).unwrap();
     bed.assert_limited("198.18.0.10", BURST, "at start", &agent);
 
@@ -397,7 +548,10 @@ impl BareAgent {
                 Ok(())
             });
         }
-        BareAgent { child: cmd.spawn().unwrap(), log }
+        BareAgent {
+            child: cmd.spawn().unwrap(),
+            log,
+        }
     }
 
     fn log(&self) -> String {
@@ -410,7 +564,11 @@ impl BareAgent {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "agent still running: {}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "agent still running: {}",
+                self.log()
+            );
             thread::sleep(Duration::from_millis(50));
         }
     }
@@ -427,28 +585,46 @@ impl Drop for BareAgent {
 #[test]
 fn without_bpffs_the_agent_mounts_its_own_or_fails_saying_why() {
     let bed = bed("bpf");
-    let dir = scratch("bpffs");
-    fs::create_dir(&dir).unwrap();
-    let socket = dir.join("agent.sock");
+    let tmp = Scratch::new("bpffs");
+    let socket = tmp.path("agent.sock");
     // The pin path is in the agent's private bpffs: nothing of it may show up on the host's.
     let pin = AgentProcess::unique_pin_path();
-    let config = dir.join("ratelimit.toml");
-    fs::write(&config, format!("{}{}", agent_table(&bed.rx_if, &pin, &socket), limit_rules(BURST))).unwrap();
+    let config = tmp.path("ratelimit.toml");
+    fs::write(
+        &config,
+        format!(
+            "{}{}",
+            agent_table(&bed.rx_if, &pin, &socket),
+            limit_rules(BURST)
+        ),
+    )
+    .unwrap();
 
     let mut agent = BareAgent::spawn(&bed.rx, &config, None);
     wait_for(Duration::from_secs(30), "the agent to attach", || {
-        assert!(agent.child.try_wait().unwrap().is_none(), "agent exited: {}", agent.log());
+        assert!(
+            agent.child.try_wait().unwrap().is_none(),
+            "agent exited: {}",
+            agent.log()
+        );
         agent.log().contains(": running;").then_some(())
     });
     let log = agent.log();
     assert!(log.contains("mounted bpffs"), "{log}");
     // (It also warns that the pins are private, where it can tell: it compares its mount
     // namespace with that of pid 1, which some sandboxes do not let it read.)
-    assert!(!pin.exists(), "the private pins showed up on the host's bpffs at {}", pin.display());
+    assert!(
+        !pin.exists(),
+        "the private pins showed up on the host's bpffs at {}",
+        pin.display()
+    );
     let s = cli(&socket, &["status"]).unwrap();
     assert_eq!(s["rules"], 1, "{s}");
     let got = bed.delivered("198.18.0.10");
-    assert_eq!(got, BURST, "not enforced with a private bpffs: {got} arrived. Log:\n{log}");
+    assert_eq!(
+        got, BURST,
+        "not enforced with a private bpffs: {got} arrived. Log:\n{log}"
+    );
     // SIGTERM: detaches and exits cleanly.
     // SAFETY: kill on our own child's pid.
     unsafe { libc::kill(i32::try_from(agent.child.id()).unwrap(), libc::SIGTERM) };
@@ -463,38 +639,47 @@ fn without_bpffs_the_agent_mounts_its_own_or_fails_saying_why() {
     let log = agent.log();
     println!("without mount(8): exit {status}; log:\n{log}");
     assert!(!status.success(), "{log}");
-    assert!(log.contains("bpffs is not mounted at /sys/fs/bpf"), "unclear message: {log}");
+    assert!(
+        log.contains("bpffs is not mounted at /sys/fs/bpf"),
+        "unclear message: {log}"
+    );
     assert_eq!(bed.xdp(), None, "attached although it failed");
     assert!(!socket.exists(), "{} left behind", socket.display());
-    drop(agent);
-    fs::remove_dir_all(&dir).unwrap();
 }
 
 // ---------------------------------------------------------------------------------------------
 // Killed in the middle of a reload.
 
-/// Two deny lists of 100,000 /32s each (disjoint), plus one test source each, and one changed
-/// limit rule, so that a reload rewrites prefixes, a rule record and rule names.
+/// Entries of each deny list: enough that writing a rule set takes a while (the window to kill
+/// the agent in), few enough that the test's agents start quickly.
+const LIST_LEN: u32 = 50_000;
+
+/// Two deny lists of [`LIST_LEN`] /32s each (disjoint), plus one test source each, and one
+/// changed limit rule, so that a reload rewrites prefixes, a rule record and the rule names.
 struct Sets {
-    dir: PathBuf,
-    /// (config text, the test source it denies) of set A and set B.
+    /// The config text of set 0 and set 1; set `k` denies `SOURCES[k]`.
     configs: [String; 2],
 }
 
 const SOURCES: [&str; 2] = ["198.18.0.101", "198.18.0.102"];
 
-fn write_sets(iface: &str, pin: &Path, socket: &Path) -> Sets {
-    let dir = scratch("kill");
-    fs::create_dir(&dir).unwrap();
+fn write_sets(dir: &Scratch, iface: &str, pin: &Path, socket: &Path) -> Sets {
     let mut configs = Vec::new();
     for (k, source) in SOURCES.iter().enumerate() {
         let mut list = String::new();
-        for i in 0..100_000u32 {
+        for i in 0..LIST_LEN {
             let a = 0xC613_0000u32 + i * 2 + u32::try_from(k).unwrap(); // 198.19.x.y, even or odd
-            let _ = writeln!(list, "{}.{}.{}.{}", a >> 24, (a >> 16) & 255, (a >> 8) & 255, a & 255);
+            let _ = writeln!(
+                list,
+                "{}.{}.{}.{}",
+                a >> 24,
+                (a >> 16) & 255,
+                (a >> 8) & 255,
+                a & 255
+            );
         }
         let _ = writeln!(list, "{source}");
-        let list_path = dir.join(format!("deny-{k}.txt"));
+        let list_path = dir.path(&format!("deny-{k}.txt"));
         fs::write(&list_path, list).unwrap();
         configs.push(format!(
             "{}[[rule]]\nname = \"blocklist\"\nsource_file = \"{}\"\naction = \"deny\"\n\n\
@@ -504,33 +689,43 @@ fn write_sets(iface: &str, pin: &Path, socket: &Path) -> Sets {
             100 + k
         ));
     }
-    Sets { dir, configs: configs.try_into().unwrap() }
+    Sets {
+        configs: configs.try_into().unwrap(),
+    }
 }
 
-/// Which of the two sets the pinned maps hold in force: `Some(k)` when the active generation's
-/// prefixes and the rules they name are exactly set `k`'s, `None` for anything else (a mix).
-fn set_in_force(pin: &Path, sets: &Sets) -> Option<usize> {
+/// A prefix entry as compared: address, LPM length, and the (name, record) of each candidate.
+type Entry = (Vec<u8>, u32, Vec<(String, ratelimit_common::Rule)>);
+
+/// What the pinned maps hold: `Some(k)` when the active generation's prefixes and the rules they
+/// name are exactly set `k`'s (`None`: a mix, or neither), and how many entries the inactive
+/// generation holds (left by an install that was cut short).
+fn pinned_state(pin: &Path, sets: &Sets) -> (Option<usize>, usize) {
     let maps = PinnedMaps::open(pin).unwrap();
     let generation = maps.config().unwrap().generation;
     let named = maps.named_rules().unwrap();
-    let mut active: Vec<(Vec<u8>, u32, Vec<(String, ratelimit_common::Rule)>)> = maps
-        .prefixes()
-        .unwrap()
-        .into_iter()
-        .filter(|(key, _, _)| u32::from(key.generation) == generation)
-        .map(|(key, len, set)| {
-            let rules = set.rules[..set.len as usize]
-                .iter()
-                .map(|id| named.get(id).map_or((format!("unnamed id {id}"), Default::default()), |(n, _, r)| (n.clone(), *r)))
-                .collect();
-            (key.addr.to_vec(), len, rules)
-        })
-        .collect();
+    let (mut active, mut inactive) = (Vec::<Entry>::new(), 0);
+    for (key, len, set) in maps.prefixes().unwrap() {
+        if u32::from(key.generation) != generation {
+            inactive += 1;
+            continue;
+        }
+        let rules = set.rules[..set.len as usize]
+            .iter()
+            .map(|id| {
+                named.get(id).map_or(
+                    (format!("unnamed id {id}"), Default::default()),
+                    |(n, _, r)| (n.clone(), *r),
+                )
+            })
+            .collect();
+        active.push((key.addr.to_vec(), len, rules));
+    }
     active.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
-    sets.configs.iter().position(|text| {
-        let config = Config::parse(text, &sets.dir.join("ratelimit.toml").display().to_string()).unwrap();
+    let k = sets.configs.iter().position(|text| {
+        let config = Config::parse(text, "sets.toml").unwrap();
         let compiled = compile(&config.rules, &RuleIds::new()).unwrap();
-        let mut want: Vec<(Vec<u8>, u32, Vec<(String, ratelimit_common::Rule)>)> = compiled
+        let mut want: Vec<Entry> = compiled
             .prefixes
             .iter()
             .map(|p| {
@@ -547,63 +742,94 @@ fn set_in_force(pin: &Path, sets: &Sets) -> Option<usize> {
             .collect();
         want.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
         want == active
-    })
+    });
+    (k, inactive)
+}
+
+/// Starts an agent on `config` and checks that it adopted the pinned state cleanly and put its
+/// own set `k` in force.
+fn adopting_agent(bed: &Bed, config: &str, pin: &Path, sets: &Sets, k: usize) -> AgentProcess {
+    let agent = AgentProcess::start(&bed.rx, config, &[]).unwrap();
+    let log = agent.log();
+    assert!(
+        log.contains("adopted=true") && !log.contains("unusable"),
+        "unclean adoption:\n{log}"
+    );
+    let s = status(&agent);
+    assert_eq!(
+        (s["rules"].as_u64(), s["reloads"]["failed"].as_u64()),
+        (Some(2), Some(0)),
+        "{s}"
+    );
+    assert_eq!(pinned_state(pin, sets), (Some(k), 0), "after adoption");
+    let (a, b) = (bed.delivered(SOURCES[0]), bed.delivered(SOURCES[1]));
+    assert_eq!(
+        (a == 0, b == 0),
+        (k == 0, k == 1),
+        "after adoption of set {k}: A got {a}, B got {b} through"
+    );
+    agent
 }
 
 #[test]
 fn killed_in_the_middle_of_a_reload_leaves_one_whole_rule_set_that_a_new_agent_adopts() {
     let bed = bed("kil");
-    let (pin, socket) = (AgentProcess::unique_pin_path(), scratch("kill.sock"));
-    let sets = write_sets(&bed.rx_if, &pin, &socket);
-    // Kill delays after the reload starts: before, during and after the swap.
-    let delays_ms = [0u64, 150, 300, 450, 600, 900];
-    let mut current = 0usize;
-    let mut agent = AgentProcess::start(&bed.rx, &sets.configs[current], &[]).unwrap();
+    let tmp = Scratch::new("kill");
+    let (pin, socket) = (AgentProcess::unique_pin_path(), tmp.path("agent.sock"));
+    let sets = write_sets(&tmp, &bed.rx_if, &pin, &socket);
+    let mut agent = AgentProcess::start(&bed.rx, &sets.configs[0], &[]).unwrap();
+
+    // How long one reload takes here, from the config change (the agent polls the file every
+    // 250 ms) until it is done: status answers once the reload lets go of the agent.
+    let t0 = Instant::now();
+    replace_file(agent.config_path(), &sets.configs[1]);
+    wait_for(Duration::from_secs(60), "the first reload", || {
+        (status(&agent)["reloads"]["ok"] == 1).then_some(())
+    });
+    let full = t0.elapsed();
+    assert_eq!(pinned_state(&pin, &sets), (Some(1), 0));
+    println!("a reload of {LIST_LEN} prefixes takes {full:?} from the file change");
+
+    // Kill at fractions of that: while reading the file, while writing the new set, after.
+    let mut current = 1;
     let mut kept = Vec::new();
-    let mut seen = Vec::new();
-    for delay in delays_ms {
+    let mut outcomes = Vec::new();
+    for percent in [30u32, 55, 75, 95, 200] {
         let target = 1 - current;
-        // The reload: the new config into the agent's file, then POST /v1/reload (the file
-        // watcher may start it first; either way one reload of the new set is under way).
         replace_file(agent.config_path(), &sets.configs[target]);
-        let mut reload = Command::new(agent_binary())
-            .arg("--socket")
-            .arg(&socket)
-            .args(["rules", "reload"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        thread::sleep(Duration::from_millis(delay));
+        thread::sleep(full * percent / 100);
         agent.crash().unwrap();
-        let _ = reload.wait();
         let (_, pins) = agent.stop_keeping_pins().unwrap();
         kept.push(pins);
 
-        // What the pinned state holds, and what real packets see (the link stays attached).
-        let in_force = set_in_force(&pin, &sets);
+        // The pinned state, and what real packets see: the link stays attached without an agent.
+        let (in_force, leftover) = pinned_state(&pin, &sets);
         let (a, b) = (bed.delivered(SOURCES[0]), bed.delivered(SOURCES[1]));
-        println!("killed {delay} ms into a reload to set {target}: set in force {in_force:?}; delivered A {a}, B {b}");
-        let k = in_force.unwrap_or_else(|| panic!("killed {delay} ms into a reload: the pinned rules are neither set"));
+        println!(
+            "killed at {percent}% of a reload from set {current} to set {target}: set in force \
+             {in_force:?}, {leftover} entries in the inactive generation; A got {a}, B got {b} through"
+        );
+        let k = in_force
+            .unwrap_or_else(|| panic!("killed at {percent}%: the pinned rules are neither set"));
         assert!(bed.xdp().is_some(), "detached by the kill");
-        assert_eq!((a == 0, b == 0), (k == 0, k == 1), "packets disagree with the pinned set {k}: A {a}, B {b}");
-        seen.push(k == target);
+        assert_eq!(
+            (a == 0, b == 0),
+            (k == 0, k == 1),
+            "packets disagree with the pinned set {k}"
+        );
+        outcomes.push((percent, k == target, leftover));
 
-        // A new agent adopts the pinned state cleanly and applies its own config (the set not in
-        // force, so that it has something to swap).
+        // A new agent adopts it and applies its own config: the set not in force, so that it has
+        // an interrupted generation to clear and a swap to make.
         current = 1 - k;
-        agent = AgentProcess::start(&bed.rx, &sets.configs[current], &[]).unwrap();
-        let log = agent.log();
-        assert!(log.contains("adopted=true") && !log.contains("unusable"), "unclean adoption:\n{log}");
-        let s = status(&agent);
-        assert_eq!((s["rules"].as_u64(), s["reloads"]["failed"].as_u64()), (Some(2), Some(0)), "{s}");
-        assert_eq!(set_in_force(&pin, &sets), Some(current), "the new agent's set is not in force");
-        let (a, b) = (bed.delivered(SOURCES[0]), bed.delivered(SOURCES[1]));
-        assert_eq!((a == 0, b == 0), (current == 0, current == 1), "after adoption: A {a}, B {b}");
+        agent = adopting_agent(&bed, &sets.configs[current], &pin, &sets, current);
     }
-    println!("kills that left the new set: {seen:?}");
+    println!("(percent of a reload, new set in force, leftover inactive entries): {outcomes:?}");
+    assert!(
+        outcomes.iter().any(|o| !o.1) && outcomes.iter().any(|o| o.1),
+        "every kill had the same outcome: {outcomes:?}"
+    );
     agent.stop().unwrap();
     assert!(!pin.exists());
     drop(kept);
-    fs::remove_dir_all(&sets.dir).unwrap();
 }

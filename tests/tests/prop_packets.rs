@@ -133,7 +133,10 @@ impl Rng {
 }
 
 fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -154,7 +157,8 @@ struct Parsed {
 }
 
 fn be16(b: &[u8], off: usize) -> Option<u16> {
-    b.get(off..off + 2).map(|s| u16::from_be_bytes([s[0], s[1]]))
+    b.get(off..off + 2)
+        .map(|s| u16::from_be_bytes([s[0], s[1]]))
 }
 
 /// Parses a frame, or returns the [`global`] counter naming why it cannot.
@@ -187,7 +191,13 @@ fn model_ipv4(b: &[u8], off: usize) -> Result<Parsed, usize> {
     }
     let src = IpAddr::V4(Ipv4Addr::new(h[12], h[13], h[14], h[15]));
     let protocol = h[9];
-    let mut p = Parsed { src, protocol, dst_port: 0, fragment: false, truncated_l4: false };
+    let mut p = Parsed {
+        src,
+        protocol,
+        dst_port: 0,
+        fragment: false,
+        truncated_l4: false,
+    };
     if u16::from_be_bytes([h[6], h[7]]) & 0x1fff != 0 {
         p.fragment = true;
         return Ok(p);
@@ -334,9 +344,23 @@ impl<'a> Model<'a> {
         let rules = config
             .rules
             .iter()
-            .map(|r| (set.rules.iter().find(|c| c.name == r.name).expect("compiled").id, r))
+            .map(|r| {
+                (
+                    set.rules
+                        .iter()
+                        .find(|c| c.name == r.name)
+                        .expect("compiled")
+                        .id,
+                    r,
+                )
+            })
             .collect();
-        Self { set, rules, buckets: HashMap::new(), agent_dry_run }
+        Self {
+            set,
+            rules,
+            buckets: HashMap::new(),
+            agent_dry_run,
+        }
     }
 
     fn frame(&mut self, bytes: &[u8]) -> Expect {
@@ -346,7 +370,11 @@ impl<'a> Model<'a> {
             Ok(p) => p,
             Err(counter) => {
                 g[counter] += 1;
-                return Expect { action: XDP_PASS, global: g, rule: None };
+                return Expect {
+                    action: XDP_PASS,
+                    global: g,
+                    rule: None,
+                };
             }
         };
         if parsed.fragment {
@@ -358,7 +386,11 @@ impl<'a> Model<'a> {
         let port = (parsed.dst_port != 0).then_some(parsed.dst_port);
         let Some(compiled) = self.set.classify(parsed.src, parsed.protocol, port) else {
             g[global::NO_MATCH] += 1;
-            return Expect { action: XDP_PASS, global: g, rule: None };
+            return Expect {
+                action: XDP_PASS,
+                global: g,
+                rule: None,
+            };
         };
         let rule = self.rules[&compiled.id];
         let len = bytes.len() as u64;
@@ -374,13 +406,20 @@ impl<'a> Model<'a> {
                 charge(bucket, rule, len)
             }
         };
-        let dropped = matches!(v, verdict::DROPPED_RATE | verdict::DROPPED_BYTES | verdict::DENIED);
+        let dropped = matches!(
+            v,
+            verdict::DROPPED_RATE | verdict::DROPPED_BYTES | verdict::DENIED
+        );
         let (v, action) = match (dropped, rule.dry_run || self.agent_dry_run) {
             (false, _) => (v, XDP_PASS),
             (true, true) => (verdict::DRY_RUN, XDP_PASS),
             (true, false) => (v, XDP_DROP),
         };
-        Expect { action, global: g, rule: Some((compiled.id, v)) }
+        Expect {
+            action,
+            global: g,
+            rule: Some((compiled.id, v)),
+        }
     }
 }
 
@@ -421,15 +460,27 @@ fn random_rule(rng: &mut Rng, name: &str) -> String {
                 let _ = writeln!(t, "rate = 1\nburst = {}", 1 + rng.below(5));
             }
             if kind >= 6 {
-                let _ = writeln!(t, "bytes_rate = 1\nbytes_burst = {}", 1514 + rng.below(1500));
+                let _ = writeln!(
+                    t,
+                    "bytes_rate = 1\nbytes_burst = {}",
+                    1514 + rng.below(1500)
+                );
             }
             let v6_only = sources.iter().all(|s| s.contains(':'));
             let v4_only = sources.iter().all(|s| !s.contains(':'));
             match rng.below(10) {
                 0..=4 => {}
                 5..=6 => t.push_str("per = \"rule\"\n"),
-                _ if v4_only => t.push_str(*rng.pick(&["per = \"/24\"\n", "per = \"/16\"\n", "per = \"/31\"\n"])),
-                _ if v6_only => t.push_str(*rng.pick(&["per = \"/64\"\n", "per = \"/48\"\n", "per = \"/127\"\n"])),
+                _ if v4_only => t.push_str(*rng.pick(&[
+                    "per = \"/24\"\n",
+                    "per = \"/16\"\n",
+                    "per = \"/31\"\n",
+                ])),
+                _ if v6_only => t.push_str(*rng.pick(&[
+                    "per = \"/64\"\n",
+                    "per = \"/48\"\n",
+                    "per = \"/127\"\n",
+                ])),
                 _ => t.push_str("per = \"/24\"\n"), // mixed families: refused, drawn again
             }
         }
@@ -463,7 +514,9 @@ fn random_rule_set(rng: &mut Rng, case: usize) -> (String, Config) {
         let toml: String = (0..n)
             .map(|i| random_rule(rng, &format!("c{case}r{i}")) + "\n")
             .collect();
-        let Ok(config) = Config::parse(&toml, "prop.toml") else { continue };
+        let Ok(config) = Config::parse(&toml, "prop.toml") else {
+            continue;
+        };
         if compile(&config.rules, &RuleIds::new()).is_ok() {
             return (toml, config);
         }
@@ -518,11 +571,18 @@ fn random_frame(rng: &mut Rng) -> (Vec<u8>, String) {
         };
         for _ in 0..exts {
             if rng.chance(20) {
-                let offset = if rng.chance(50) { 0 } else { 1 + (rng.u16() & 0xfff) };
+                let offset = if rng.chance(50) {
+                    0
+                } else {
+                    1 + (rng.u16() & 0xfff)
+                };
                 f = f.frag6(offset, rng.chance(50));
                 let _ = write!(desc, "frag6 {offset} ");
             } else {
-                let (kind, len8) = (*rng.pick(&[0u8, 43, 60]), u8::try_from(rng.below(3)).expect("small"));
+                let (kind, len8) = (
+                    *rng.pick(&[0u8, 43, 60]),
+                    u8::try_from(rng.below(3)).expect("small"),
+                );
                 f = f.ext(kind, len8);
                 let _ = write!(desc, "ext {kind}/{len8} ");
             }
@@ -533,7 +593,11 @@ fn random_frame(rng: &mut Rng) -> (Vec<u8>, String) {
         let _ = write!(desc, "ethertype {ty:#06x}");
         return (f.ethertype(ty, rng.below(64)).build(), desc);
     }
-    let dst_port = if rng.chance(70) { *rng.pick(&PORTS) } else { rng.u16() };
+    let dst_port = if rng.chance(70) {
+        *rng.pick(&PORTS)
+    } else {
+        rng.u16()
+    };
     f = match rng.below(10) {
         0..=3 => {
             let _ = write!(desc, "udp {dst_port} ");
@@ -560,12 +624,20 @@ fn random_frame(rng: &mut Rng) -> (Vec<u8>, String) {
         }
     };
     if !v6 && rng.chance(15) {
-        let (offset, more) = if rng.chance(50) { (0, true) } else { (1 + (rng.u16() & 0x1ff), rng.chance(50)) };
+        let (offset, more) = if rng.chance(50) {
+            (0, true)
+        } else {
+            (1 + (rng.u16() & 0x1ff), rng.chance(50))
+        };
         f = f.frag(offset, more);
         let _ = write!(desc, "frag {offset}{} ", if more { "+MF" } else { "" });
     }
     // Large frames now and then, so that byte limits (1514..3013 bytes of burst) bite.
-    let payload = if rng.chance(35) { 200 + rng.below(1000) } else { rng.below(32) };
+    let payload = if rng.chance(35) {
+        200 + rng.below(1000)
+    } else {
+        rng.below(32)
+    };
     let mut bytes = f.payload(payload).build();
     let _ = write!(desc, "payload {payload}");
     if rng.chance(35) {
@@ -602,7 +674,11 @@ fn mutate(rng: &mut Rng, b: &mut Vec<u8>, l3: usize, v6: bool, desc: &mut String
             let _ = write!(desc, "; version {version}");
         }
         6 => {
-            let at = if l3 > 14 && l3 <= b.len() && rng.chance(50) { l3 - 2 } else { 12 };
+            let at = if l3 > 14 && l3 <= b.len() && rng.chance(50) {
+                l3 - 2
+            } else {
+                12
+            };
             let ty: u16 = *rng.pick(&[0x0800, 0x86dd, 0x8100, 0x88a8]);
             b[at..at + 2].copy_from_slice(&ty.to_be_bytes());
             let _ = write!(desc, "; ethertype at {at} = {ty:#06x}");
@@ -651,9 +727,15 @@ fn verdicts_and_counters_match_the_reference_model() {
     for case in 0..cases {
         let (toml, config) = random_rule_set(&mut rng, case);
         let agent_dry_run = rng.chance(10);
-        let set = dp.install_toml(&toml).unwrap_or_else(|e| panic!("case {case}: install: {e:#}\n{toml}"));
+        let set = dp
+            .install_toml(&toml)
+            .unwrap_or_else(|e| panic!("case {case}: install: {e:#}\n{toml}"));
         dp.dataplane()
-            .set_flags(if agent_dry_run { config_flags::DRY_RUN } else { 0 })
+            .set_flags(if agent_dry_run {
+                config_flags::DRY_RUN
+            } else {
+                0
+            })
             .expect("set flags");
         let mut model = Model::new(&set, &config, agent_dry_run);
         let ids: Vec<u32> = set.rules.iter().map(|r| r.id).collect();
@@ -676,10 +758,16 @@ fn verdicts_and_counters_match_the_reference_model() {
                 .zip(r0.iter().zip(&r1))
                 .flat_map(|(&id, (a, b))| {
                     let d = rule_delta(b, a);
-                    (0..verdict::COUNT).flat_map(move |v| std::iter::repeat_n((id, v), usize::try_from(d[v]).expect("small")))
+                    (0..verdict::COUNT).flat_map(move |v| {
+                        std::iter::repeat_n((id, v), usize::try_from(d[v]).expect("small"))
+                    })
                 })
                 .collect();
-            let got = Expect { action, global: got_global, rule: moved.first().copied() };
+            let got = Expect {
+                action,
+                global: got_global,
+                rule: moved.first().copied(),
+            };
             checked += 1;
             if model_parse(&bytes).is_err() {
                 unparseable += 1;
@@ -692,7 +780,13 @@ fn verdicts_and_counters_match_the_reference_model() {
             }
             if got != want || moved.len() > 1 {
                 let name = |r: Option<(u32, usize)>| {
-                    r.map(|(id, v)| format!("{} {}", set.rule(id).map_or("?", |c| c.name.as_str()), verdict::NAMES[v]))
+                    r.map(|(id, v)| {
+                        format!(
+                            "{} {}",
+                            set.rule(id).map_or("?", |c| c.name.as_str()),
+                            verdict::NAMES[v]
+                        )
+                    })
                 };
                 failures.push(format!(
                     "seed {seed:#x} case {case} frame {n}: {desc}\n  frame ({} bytes) {}\n  model parse: {:?}\n  \
@@ -726,10 +820,17 @@ fn verdicts_and_counters_match_the_reference_model() {
         "{} of {checked} frames disagree with the model; the first {}:\n\n{}",
         failures.len(),
         shown.len(),
-        shown.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n")
+        shown
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     // The generator must reach every outcome, or the property says little.
-    assert!(checked >= cases * FRAMES_PER_CASE * 9 / 10, "only {checked} frames checked");
+    assert!(
+        checked >= cases * FRAMES_PER_CASE * 9 / 10,
+        "only {checked} frames checked"
+    );
     for v in [
         verdict::PASSED,
         verdict::ALLOWED,
@@ -738,9 +839,16 @@ fn verdicts_and_counters_match_the_reference_model() {
         verdict::DENIED,
         verdict::DRY_RUN,
     ] {
-        assert!(verdicts[v] > 0, "no frame got verdict {}: {verdicts:?}", verdict::NAMES[v]);
+        assert!(
+            verdicts[v] > 0,
+            "no frame got verdict {}: {verdicts:?}",
+            verdict::NAMES[v]
+        );
     }
-    assert!(unparseable * 20 > checked, "too few unparseable frames: {unparseable} of {checked}");
+    assert!(
+        unparseable * 20 > checked,
+        "too few unparseable frames: {unparseable} of {checked}"
+    );
 }
 
 /// With a rule that denies every source of both families, whatever the protocol: every frame
@@ -787,11 +895,35 @@ fn unparseable_frames_pass_even_when_everything_is_denied() {
     }
     println!(
         "{frames} frames (seed {seed:#x}); unparseable by reason: {:?}",
-        global::NAMES.iter().zip(reasons).filter(|(_, n)| *n > 0).collect::<Vec<_>>()
+        global::NAMES
+            .iter()
+            .zip(reasons)
+            .filter(|(_, n)| *n > 0)
+            .collect::<Vec<_>>()
     );
-    assert!(failures.is_empty(), "{} failures, first:\n{}", failures.len(), failures.iter().take(SHOW).cloned().collect::<Vec<_>>().join("\n"));
-    for reason in [global::NON_IP, global::BAD_VLAN, global::TRUNCATED_IPV4, global::BAD_IPV4, global::BAD_IPV6] {
-        assert!(reasons[reason] > 0, "no frame was unparseable for {}: {reasons:?}", global::NAMES[reason]);
+    assert!(
+        failures.is_empty(),
+        "{} failures, first:\n{}",
+        failures.len(),
+        failures
+            .iter()
+            .take(SHOW)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    for reason in [
+        global::NON_IP,
+        global::BAD_VLAN,
+        global::TRUNCATED_IPV4,
+        global::BAD_IPV4,
+        global::BAD_IPV6,
+    ] {
+        assert!(
+            reasons[reason] > 0,
+            "no frame was unparseable for {}: {reasons:?}",
+            global::NAMES[reason]
+        );
     }
 }
 
@@ -804,27 +936,84 @@ fn the_model_parses_known_shapes() {
     let dst4 = v4(254);
     let dst6 = v6(0xfe);
     let ok = |b: Vec<u8>| model_parse(&b).expect("parses");
-    let p = ok(eth().qinq(1).vlan(2).ipv4(v4(1), dst4).ipv4_options(8).udp(1, 53).build());
-    assert_eq!((p.src, p.protocol, p.dst_port, p.fragment, p.truncated_l4), (IpAddr::V4(v4(1)), 17, 53, false, false));
-    let p = ok(eth().ipv4(v4(1), dst4).proto(17).payload(32).frag(185, false).build());
+    let p = ok(eth()
+        .qinq(1)
+        .vlan(2)
+        .ipv4(v4(1), dst4)
+        .ipv4_options(8)
+        .udp(1, 53)
+        .build());
+    assert_eq!(
+        (p.src, p.protocol, p.dst_port, p.fragment, p.truncated_l4),
+        (IpAddr::V4(v4(1)), 17, 53, false, false)
+    );
+    let p = ok(eth()
+        .ipv4(v4(1), dst4)
+        .proto(17)
+        .payload(32)
+        .frag(185, false)
+        .build());
     assert!(p.fragment && p.dst_port == 0);
-    let p = ok(eth().ipv4(v4(1), dst4).tcp(1, 80).truncate(14 + 20 + 12).build());
+    let p = ok(eth()
+        .ipv4(v4(1), dst4)
+        .tcp(1, 80)
+        .truncate(14 + 20 + 12)
+        .build());
     assert!(p.truncated_l4 && p.dst_port == 0 && p.protocol == 6);
-    let p = ok(eth().ipv6(v6(1), dst6).ext(60, 1).ext(43, 0).tcp(1, 80).build());
+    let p = ok(eth()
+        .ipv6(v6(1), dst6)
+        .ext(60, 1)
+        .ext(43, 0)
+        .tcp(1, 80)
+        .build());
     assert_eq!((p.protocol, p.dst_port), (6, 80));
-    let p = ok(eth().ipv6(v6(1), dst6).frag6(100, false).proto(6).payload(40).build());
+    let p = ok(eth()
+        .ipv6(v6(1), dst6)
+        .frag6(100, false)
+        .proto(6)
+        .payload(40)
+        .build());
     assert!(p.fragment && p.protocol == 6 && p.dst_port == 0);
-    let p = ok(eth().ipv6(v6(1), dst6).ext(0, 0).ext(60, 0).ext(43, 0).ext(60, 0).ext(60, 0).tcp(1, 80).build());
+    let p = ok(eth()
+        .ipv6(v6(1), dst6)
+        .ext(0, 0)
+        .ext(60, 0)
+        .ext(43, 0)
+        .ext(60, 0)
+        .ext(60, 0)
+        .tcp(1, 80)
+        .build());
     assert!(p.truncated_l4 && p.protocol == 60);
     let err = |b: Vec<u8>| model_parse(&b).expect_err("unparseable");
     assert_eq!(err(eth().ethertype(0x0806, 28).build()), global::NON_IP);
-    assert_eq!(err(eth().qinq(1).vlan(2).vlan(3).ipv4(v4(1), dst4).build()), global::BAD_VLAN);
-    assert_eq!(err(eth().vlan(10).ipv4(v4(1), dst4).truncate(16).build()), global::BAD_VLAN);
-    assert_eq!(err(eth().ipv4(v4(1), dst4).udp(1, 53).truncate(14 + 19).build()), global::TRUNCATED_IPV4);
-    assert_eq!(err(eth().ipv4(v4(1), dst4).udp(1, 53).ihl(4).build()), global::BAD_IPV4);
-    assert_eq!(err(eth().ipv4(v4(1), dst4).ihl(15).build()), global::BAD_IPV4);
-    assert_eq!(err(eth().ipv6(v6(1), dst6).tcp(1, 80).version(4).build()), global::BAD_IPV6);
-    assert_eq!(err(eth().ipv6(v6(1), dst6).tcp(1, 80).truncate(14 + 39).build()), global::BAD_IPV6);
+    assert_eq!(
+        err(eth().qinq(1).vlan(2).vlan(3).ipv4(v4(1), dst4).build()),
+        global::BAD_VLAN
+    );
+    assert_eq!(
+        err(eth().vlan(10).ipv4(v4(1), dst4).truncate(16).build()),
+        global::BAD_VLAN
+    );
+    assert_eq!(
+        err(eth().ipv4(v4(1), dst4).udp(1, 53).truncate(14 + 19).build()),
+        global::TRUNCATED_IPV4
+    );
+    assert_eq!(
+        err(eth().ipv4(v4(1), dst4).udp(1, 53).ihl(4).build()),
+        global::BAD_IPV4
+    );
+    assert_eq!(
+        err(eth().ipv4(v4(1), dst4).ihl(15).build()),
+        global::BAD_IPV4
+    );
+    assert_eq!(
+        err(eth().ipv6(v6(1), dst6).tcp(1, 80).version(4).build()),
+        global::BAD_IPV6
+    );
+    assert_eq!(
+        err(eth().ipv6(v6(1), dst6).tcp(1, 80).truncate(14 + 39).build()),
+        global::BAD_IPV6
+    );
     // AH: (len + 2) * 4 bytes, then TCP.
     let mut b = eth().ipv6(v6(1), dst6).ext(60, 0).tcp(1, 443).build();
     b[14 + 6] = 51;

@@ -3,15 +3,12 @@
 //! the frame to the veth's peer, where the program or firewall under test receives it.
 //!
 //! Two generators: `bench_tx` from the project's object sends one frame again and again (one hot
-//! source); [`RandomSource`] rewrites the source address of every frame with a random one first
+//! source); the random-source generator rewrites the source address of every frame with a random one first
 //! (a spoofed flood). The kernel fills the live-frames page pool with the input frame once and
 //! recycles its pages without copying the frame again, so a program that rewrites a field finds
 //! its own last write there; the random generator writes the whole field every time.
 
 use std::{
-    ffi::CString,
-    fs,
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     path::Path,
     time::{Duration, Instant},
 };
@@ -77,185 +74,16 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6]> {
     bytes.try_into().map_err(|_| anyhow::anyhow!("bad MAC address {s:?}"))
 }
 
-/// The random-source generator: XDP bytecode that stores 24 random bits in the last three bytes
-/// of the IPv4 source address and keeps the header checksum valid by writing the one's complement
-/// of their sum into the IP ID field, then returns XDP_TX.
+/// The random-source generator: XDP bytecode ([`crate::progs::random_source`]) that stores 24
+/// random bits in the last three bytes of the IPv4 source address and keeps the header checksum
+/// valid by writing the one's complement of their sum into the IP ID field, then returns XDP_TX.
 ///
-/// Hand-assembled rather than part of the project's XDP object, which this benchmark does not
-/// change (see BENCHMARKS.md for the `bench_tx_random` program proposed there). It expects the
-/// frame of [`udp_frame`] with source `RANDOM_NET.0.0.0` and IP ID 0: replacing bytes b1, (b2 b3)
-/// of the address adds `s = b1 + b2b3` to the header's one's-complement sum, and an ID of `!s`
-/// adds 0xffff, which is zero in one's complement, so the original checksum stays right.
-pub struct RandomSource {
-    program: Xdp,
-}
-
-// BPF instruction encoding (include/uapi/linux/bpf.h).
-const MOV64_REG: u8 = 0xbf;
-const MOV64_IMM: u8 = 0xb7;
-const ADD64_IMM: u8 = 0x07;
-const ADD64_REG: u8 = 0x0f;
-const AND64_IMM: u8 = 0x57;
-const RSH64_IMM: u8 = 0x77;
-const XOR64_IMM: u8 = 0xa7;
-const LDX_W: u8 = 0x61;
-const STX_B: u8 = 0x73;
-const JGT_REG: u8 = 0x2d;
-const CALL: u8 = 0x85;
-const EXIT: u8 = 0x95;
-const BPF_FUNC_GET_PRANDOM_U32: i32 = 7;
-const XDP_TX: i32 = 3;
-const BPF_PROG_TYPE_XDP: u32 = 6;
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_OBJ_PIN: libc::c_long = 6;
-
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct Insn {
-    code: u8,
-    regs: u8,
-    off: i16,
-    imm: i32,
-}
-
-const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-    Insn { code, regs: dst | (src << 4), off, imm }
-}
-
-/// Offsets in the frame (Ethernet header 14 bytes, then IPv4).
-const IP_ID: i16 = 14 + 4;
-const IP_SRC: i16 = 14 + 12;
-
-fn random_source_insns() -> Vec<Insn> {
-    vec![
-        insn(MOV64_REG, 6, 1, 0, 0),                        // r6 = ctx
-        insn(CALL, 0, 0, 0, BPF_FUNC_GET_PRANDOM_U32),      // r0 = random
-        insn(MOV64_REG, 7, 0, 0, 0),                        // r7 = random
-        insn(LDX_W, 2, 6, 0, 0),                            // r2 = ctx->data
-        insn(LDX_W, 3, 6, 4, 0),                            // r3 = ctx->data_end
-        insn(MOV64_REG, 4, 2, 0, 0),                        // r4 = data
-        insn(ADD64_IMM, 4, 0, 0, 34),                       // r4 = data + 34 (eth + ipv4)
-        insn(JGT_REG, 4, 3, 20, 0),                         // too short: skip to the exit
-        insn(MOV64_REG, 5, 7, 0, 0),                        // r5 = b1 = random & 0xff
-        insn(AND64_IMM, 5, 0, 0, 0xff),
-        insn(STX_B, 2, 5, IP_SRC + 1, 0),                   // src[1] = b1
-        insn(MOV64_REG, 8, 7, 0, 0),                        // r8 = b2b3 = (random >> 8) & 0xffff
-        insn(RSH64_IMM, 8, 0, 0, 8),
-        insn(AND64_IMM, 8, 0, 0, 0xffff),
-        insn(MOV64_REG, 9, 8, 0, 0),                        // src[2] = b2b3 >> 8
-        insn(RSH64_IMM, 9, 0, 0, 8),
-        insn(STX_B, 2, 9, IP_SRC + 2, 0),
-        insn(STX_B, 2, 8, IP_SRC + 3, 0),                   // src[3] = b2b3 & 0xff
-        insn(ADD64_REG, 5, 8, 0, 0),                        // s = b1 + b2b3, folded to 16 bits
-        insn(MOV64_REG, 9, 5, 0, 0),
-        insn(RSH64_IMM, 9, 0, 0, 16),
-        insn(AND64_IMM, 5, 0, 0, 0xffff),
-        insn(ADD64_REG, 5, 9, 0, 0),
-        insn(XOR64_IMM, 5, 0, 0, 0xffff),                   // id = !s
-        insn(MOV64_REG, 9, 5, 0, 0),
-        insn(RSH64_IMM, 9, 0, 0, 8),
-        insn(STX_B, 2, 9, IP_ID, 0),                        // id, big-endian
-        insn(STX_B, 2, 5, IP_ID + 1, 0),
-        insn(MOV64_IMM, 0, 0, 0, XDP_TX),
-        insn(EXIT, 0, 0, 0, 0),
-    ]
-}
-
-impl RandomSource {
-    /// Loads the program. It is pinned in `pin_dir` (bpffs) just long enough for aya to open it.
-    pub fn load(pin_dir: &Path) -> Result<Self> {
-        let insns = random_source_insns();
-        let license = CString::new("Dual MIT/GPL").expect("no NUL");
-        let mut log = vec![0u8; 64 * 1024];
-        // union bpf_attr, BPF_PROG_LOAD member, up to `expected_attach_type`.
-        #[repr(C)]
-        struct ProgLoad {
-            prog_type: u32,
-            insn_cnt: u32,
-            insns: u64,
-            license: u64,
-            log_level: u32,
-            log_size: u32,
-            log_buf: u64,
-            kern_version: u32,
-            prog_flags: u32,
-            prog_name: [u8; 16],
-            prog_ifindex: u32,
-            expected_attach_type: u32,
-        }
-        let mut name = [0u8; 16];
-        name[..11].copy_from_slice(b"bench_txrnd");
-        let attr = ProgLoad {
-            prog_type: BPF_PROG_TYPE_XDP,
-            insn_cnt: u32::try_from(insns.len()).expect("a few instructions"),
-            insns: insns.as_ptr() as u64,
-            license: license.as_ptr() as u64,
-            log_level: 1,
-            log_size: u32::try_from(log.len()).expect("64 KiB"),
-            log_buf: log.as_mut_ptr() as u64,
-            kern_version: 0,
-            prog_flags: 0,
-            prog_name: name,
-            prog_ifindex: 0,
-            expected_attach_type: 0,
-        };
-        // SAFETY: `attr` is a valid prefix of union bpf_attr for BPF_PROG_LOAD; every pointer in
-        // it points at memory that outlives the call.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_PROG_LOAD,
-                std::ptr::from_ref(&attr),
-                std::mem::size_of::<ProgLoad>(),
-            )
-        };
-        if fd < 0 {
-            let err = std::io::Error::last_os_error();
-            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-            bail!(
-                "loading the random-source generator: {err}\n{}",
-                String::from_utf8_lossy(&log[..end])
-            );
-        }
-        // SAFETY: the kernel just returned this fd to us and nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).expect("an fd")) };
-
-        let pin = pin_dir.join("bench_tx_random");
-        let path = CString::new(pin.to_string_lossy().as_bytes()).context("pin path")?;
-        #[repr(C)]
-        struct ObjPin {
-            pathname: u64,
-            bpf_fd: u32,
-            file_flags: u32,
-        }
-        let attr = ObjPin {
-            pathname: path.as_ptr() as u64,
-            bpf_fd: u32::try_from(fd.as_raw_fd()).expect("fd"),
-            file_flags: 0,
-        };
-        // SAFETY: as above, for BPF_OBJ_PIN.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_OBJ_PIN,
-                std::ptr::from_ref(&attr),
-                std::mem::size_of::<ObjPin>(),
-            )
-        };
-        if rc != 0 {
-            bail!("pinning the random-source generator at {}: {}", pin.display(), std::io::Error::last_os_error());
-        }
-        let program = Xdp::from_pin(&pin, aya_obj::programs::XdpAttachType::Interface);
-        let _ = fs::remove_file(&pin);
-        drop(fd);
-        let program = program.context("opening the pinned random-source generator")?;
-        Ok(Self { program })
-    }
-
-    /// The loaded program.
-    pub fn program(&self) -> &Xdp {
-        &self.program
-    }
+/// It expects the frame of [`udp_frame`] with source `RANDOM_NET.0.0.0` and IP ID 0: replacing
+/// bytes b1, (b2 b3) of the address adds `s = b1 + b2b3` to the header's one's-complement sum,
+/// and an ID of `!s` adds 0xffff, which is zero in one's complement, so the original checksum
+/// stays right.
+pub fn load_random_source(pin_dir: &Path) -> Result<Xdp> {
+    crate::progs::load("bench_tx_random", &crate::progs::random_source(), pin_dir)
 }
 
 /// What one timed blast sent.

@@ -1,13 +1,12 @@
 //! In-kernel cost per packet, through BPF_PROG_TEST_RUN: the floor (an XDP_PASS program) and the
 //! limiter on the same frames, interleaved run by run so that both see the same machine.
 //!
-//! Two ways of timing, each compared only with a floor timed the same way:
-//! - *repeat*: one frame run 1,000,000 times inside the kernel; the kernel reports the mean time
-//!   per run (in whole nanoseconds, truncated). A hot source, with its bucket in cache.
-//! - *single*: thousands of BPF_PROG_TEST_RUN calls of one run each, every call a different frame
-//!   (a new source, or a known source picked at random among those tracked); the mean of the
-//!   kernel's per-call times. Each includes the timer's own overhead (a clock read, bottom halves
-//!   off and on), which the single-run floor measures.
+//! Every figure is one BPF_PROG_TEST_RUN call with `repeat` (1,000,000 unless said otherwise);
+//! the kernel reports the mean time per run, in whole nanoseconds (truncated, so half a nanosecond
+//! is added back). A hot source runs one frame again and again. New sources and random known
+//! sources run behind a *driver* ([`progs::driver`]) that rewrites the source address of the
+//! (shared) frame buffer on every run and tail-calls the limiter; the same driver tail-calling
+//! `bench_pass` is the floor those are compared with.
 
 use std::time::{Duration, Instant};
 
@@ -25,6 +24,7 @@ use ratelimit_testbed::{packet::eth, TestDataplane};
 use serde_json::json;
 
 use crate::{
+    progs::{self, Probe, Sources},
     refs::{Refs, PASS},
     report::{Figure, Report},
     Options,
@@ -32,8 +32,6 @@ use crate::{
 
 const SECTION: &str = "In-kernel cost per packet (BPF_PROG_TEST_RUN)";
 const SECTION_POP: &str = "In-kernel cost per packet vs tracked sources (BPF_PROG_TEST_RUN)";
-/// Single runs slower than this were interrupted or preempted: left out of the mean (and counted).
-const CLIP_NS: u64 = 50_000;
 
 /// The limiter's rules for the in-kernel runs: one per case, on prefixes of their own.
 /// `rate = 1e9` never runs dry in a test run (at most a few tens of millions of runs a second);
@@ -130,33 +128,6 @@ fn repeat_ns(prog: &Xdp, frame: &[u8], repeat: u32) -> Result<(f64, f64, u32)> {
     Ok((res.duration.as_nanos() as f64, wall, res.return_value))
 }
 
-/// `n` single runs of `frame`, rewritten by `prepare(frame, i)` before run `i`; the mean of the
-/// kernel's per-call times and how many calls were left out as interrupted.
-fn single_runs(
-    prog: &Xdp,
-    frame: &mut [u8],
-    n: usize,
-    mut prepare: impl FnMut(&mut [u8], usize),
-) -> Result<(f64, usize)> {
-    let (mut total, mut kept, mut clipped) = (0u128, 0u32, 0usize);
-    for i in 0..n {
-        prepare(frame, i);
-        let opts = TestRunOptions { data_in: Some(frame), repeat: 1, ..TestRunOptions::new() };
-        let ns = prog.test_run(opts).context("BPF_PROG_TEST_RUN")?.duration.as_nanos();
-        if ns > u128::from(CLIP_NS) {
-            clipped += 1;
-        } else {
-            total += ns;
-            kept += 1;
-        }
-    }
-    if kept == 0 {
-        bail!("every single run took over {CLIP_NS} ns");
-    }
-    #[expect(clippy::cast_precision_loss, reason = "nanoseconds")]
-    Ok((total as f64 / f64::from(kept), clipped))
-}
-
 fn v4_frame(src: [u8; 4]) -> Vec<u8> {
     eth().ipv4(src.into(), [198, 18, 255, 254].into()).udp(40_000, 9).pad_to(60).build()
 }
@@ -167,10 +138,6 @@ fn tracked_addr(i: usize, fresh: bool) -> [u8; 4] {
     #[expect(clippy::cast_possible_truncation, reason = "bytes of i, masked")]
     let b = |shift: u32| (i >> shift) as u8;
     [10, (b(16) & 0x7f) | if fresh { 0x80 } else { 0 }, b(8), b(0)]
-}
-
-fn set_v4_src(frame: &mut [u8], src: [u8; 4]) {
-    frame[26..30].copy_from_slice(&src);
 }
 
 /// A hot case: one frame, run `repeat` times per run.
@@ -334,16 +301,49 @@ pub fn hot_with_rules(
     Ok(())
 }
 
+/// A driver ([`progs::driver`]) that tail-calls `target`, with the program array it needs.
+struct Driver {
+    program: Xdp,
+    _array: std::os::fd::OwnedFd,
+}
+
+impl Driver {
+    fn new(name: &str, sources: Sources, target: &Xdp, refs: &Refs) -> Result<Self> {
+        use std::os::fd::AsFd as _;
+        let array = progs::prog_array(target)?;
+        let program = progs::load(name, &progs::driver(sources, array.as_fd()), refs.dir())?;
+        Ok(Self { program, _array: array })
+    }
+
+    /// Runs `frame` `repeat` times; the kernel's ns per run. Fails if the tail call failed.
+    fn run(&self, frame: &[u8], repeat: u32) -> Result<f64> {
+        let (k, _, action) = repeat_ns(&self.program, frame, repeat)?;
+        if action == 0 {
+            bail!("the driver's tail call failed (XDP_ABORTED)");
+        }
+        Ok(k + TRUNCATION)
+    }
+}
+
+/// A frame whose source is `first - 1`, for a [`Sources::Sequential`] driver to start at `first`.
+fn sequential_from(first: [u8; 4]) -> Vec<u8> {
+    v4_frame((u32::from_be_bytes(first).wrapping_sub(1)).to_be_bytes())
+}
+
 /// Tracked-source populations: the hot path, a random known source and a new source, with the
 /// bucket map holding each population in turn (grown by running frames through the program).
+///
+/// New and random known sources come from drivers that rewrite the frame's source on every run
+/// and tail-call the limiter; the same drivers tail-calling `bench_pass` are their floors.
 pub fn populations(report: &mut Report, opts: &Options, refs: &Refs, limiter: &Limiter) -> Result<()> {
     let tracked = limiter.id("tracked")?;
     let capacity = limiter.tdp.maps().bucket_capacity()?;
     let mut buckets = bucket_map(limiter)?;
-    let mut frame = v4_frame(tracked_addr(0, false));
+    let grow = Driver::new("rlb_seq_lim", Sources::Sequential, limiter.program(), refs)?;
+    let new_src = &grow;
+    let new_floor = Driver::new("rlb_seq_pass", Sources::Sequential, refs.program(PASS), refs)?;
     let mut populated = 0usize;
     let mut fresh_next = 0usize;
-    let mut rng = 0x2545_f491_4f6c_dd1d_u64;
     let mut steps: Vec<(usize, &str, &str)> = vec![
         (1_000, "1k", "1k tracked"),
         (100_000, "100k", "100k tracked"),
@@ -353,47 +353,38 @@ pub fn populations(report: &mut Report, opts: &Options, refs: &Refs, limiter: &L
     if opts.quick {
         steps.truncate(2);
     }
+    let new_repeat = u32::try_from(opts.new_sources).context("--new-sources")?;
     for (target, tag, what) in steps {
         crate::check_interrupted()?;
         crate::announce(&format!("in-kernel cost with {what} (populating to {target} sources)"));
         let start = Instant::now();
-        while populated < target {
-            set_v4_src(&mut frame, tracked_addr(populated, false));
-            let opts = TestRunOptions { data_in: Some(&frame), repeat: 1, ..TestRunOptions::new() };
-            limiter.program().test_run(opts).context("BPF_PROG_TEST_RUN")?;
-            populated += 1;
+        if target > populated {
+            let n = u32::try_from(target - populated).context("population")?;
+            grow.run(&sequential_from(tracked_addr(populated, false)), n)?;
+            populated = target;
         }
         let fill_secs = start.elapsed().as_secs_f64();
         let entries = limiter.tdp.global().counters[global::NEW_BUCKETS];
+        let n = u32::try_from(populated.min(1 << 23)).context("population")?;
+        let known = Driver::new("rlb_known_lim", Sources::RandomAmong(n), limiter.program(), refs)?;
+        let known_floor = Driver::new("rlb_known_pass", Sources::RandomAmong(n), refs.program(PASS), refs)?;
 
-        let (mut hot, mut known, mut new, mut floor) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut clipped = 0usize;
+        let (mut hot, mut known_ns, mut known_floor_ns, mut new_ns, mut new_floor_ns, mut floor) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let hot_frame = v4_frame(tracked_addr(populated / 2, false));
         repeat_ns(limiter.program(), &hot_frame, 10)?;
         let floor_frame = v4_frame([198, 18, 0, 1]);
+        let known_frame = v4_frame(tracked_addr(0, false));
         for _ in 0..opts.runs {
             crate::check_interrupted()?;
-            let (k, _, _) = repeat_ns(limiter.program(), &hot_frame, opts.repeat)?;
-            hot.push(k + TRUNCATION);
-            let mut f = floor_frame.clone();
-            let (ns, c) = single_runs(refs.program(PASS), &mut f, opts.single, |_, _| {})?;
-            floor.push(ns);
-            clipped += c;
-            let (ns, c) = single_runs(limiter.program(), &mut frame, opts.single, |f, _| {
-                rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-                #[expect(clippy::cast_possible_truncation, reason = "an index below `populated`")]
-                let i = ((rng >> 33) % populated as u64) as usize;
-                set_v4_src(f, tracked_addr(i, false));
-            })?;
-            known.push(ns);
-            clipped += c;
+            floor.push(repeat_ns(refs.program(PASS), &floor_frame, opts.repeat)?.0 + TRUNCATION);
+            hot.push(repeat_ns(limiter.program(), &hot_frame, opts.repeat)?.0 + TRUNCATION);
+            known_floor_ns.push(known_floor.run(&known_frame, opts.repeat)?);
+            known_ns.push(known.run(&known_frame, opts.repeat)?);
             let first = fresh_next;
-            let (ns, c) = single_runs(limiter.program(), &mut frame, opts.single, |f, i| {
-                set_v4_src(f, tracked_addr(first + i, true));
-            })?;
-            fresh_next += opts.single;
-            new.push(ns);
-            clipped += c;
+            new_floor_ns.push(new_floor.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
+            new_ns.push(new_src.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
+            fresh_next += opts.new_sources;
             // Take the new sources out again, so the population stays what it says.
             for i in first..fresh_next {
                 let mut addr = [0u8; 16];
@@ -407,45 +398,145 @@ pub fn populations(report: &mut Report, opts: &Options, refs: &Refs, limiter: &L
             "buckets_created_so_far": entries,
             "bucket_capacity": capacity,
             "populate_seconds": fill_secs,
-            "single_runs_per_run": opts.single,
-            "single_runs_clipped": clipped,
+            "new_sources_per_run": opts.new_sources,
         });
-        let floor_key = format!("kernel.single_floor.{tag}");
+        let mut add = |key: String, label: String, runs: Vec<f64>, baseline: Option<String>| {
+            report.add(Figure {
+                key,
+                section: SECTION_POP,
+                label,
+                unit: "ns/pkt",
+                runs,
+                baseline,
+                detail: detail.clone(),
+            });
+        };
+        let k = |what: &str| format!("kernel.pop.{tag}.{what}");
+        add(k("floor"), format!("floor: XDP_PASS ({what})"), floor, None);
+        add(k("hot"), format!("limiter: hot known source, {what}"), hot, Some(k("floor")));
+        add(k("known_floor"), format!("floor: random-known driver + XDP_PASS ({what})"), known_floor_ns, None);
+        add(k("known"), format!("limiter: random known source (driver), {what}"), known_ns, Some(k("known_floor")));
+        add(k("new_floor"), format!("floor: new-source driver + XDP_PASS ({what})"), new_floor_ns, None);
+        add(k("new"), format!("limiter: new source, new bucket (driver), {what}"), new_ns, Some(k("new_floor")));
+    }
+    Ok(())
+}
+
+const SECTION_PROBES: &str =
+    "Where the time goes: probes doing one operation of the fast path, then XDP_PASS (BPF_PROG_TEST_RUN)";
+
+fn pinned(limiter: &Limiter, name: &str) -> Result<MapData> {
+    let path = limiter.tdp.pin_dir().join(name);
+    MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))
+}
+
+/// Bytes of a plain-old-data key.
+fn key_bytes<T: Copy>(key: &T) -> Vec<u8> {
+    // SAFETY: `T` is one of the #[repr(C)] key types of ratelimit-common, without padding.
+    unsafe { std::slice::from_raw_parts(std::ptr::from_ref(key).cast::<u8>(), std::mem::size_of::<T>()).to_vec() }
+}
+
+/// The prefix trie key the limiter looks up for IPv4 source `src` under `generation`.
+fn prefix_key(generation: u32, src: [u8; 4]) -> Vec<u8> {
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&src);
+    let mut key = (ratelimit_common::PREFIX_KEY_HEADER_BITS + 32).to_ne_bytes().to_vec();
+    #[expect(clippy::cast_possible_truncation, reason = "generation is 0 or 1")]
+    key.extend(key_bytes(&ratelimit_common::PrefixKey { generation: generation as u8, family: 4, addr }));
+    key
+}
+
+/// Probes: programs that do one operation of the limiter's fast path and pass, each measured
+/// against the floor in the same run. `tag`/`what` say which rule set and population are in the
+/// maps; `clocks` adds the two clock probes.
+pub fn probes(
+    report: &mut Report,
+    opts: &Options,
+    refs: &Refs,
+    limiter: &Limiter,
+    tag: &str,
+    what: &str,
+    clocks: bool,
+) -> Result<()> {
+    use std::os::fd::AsFd as _;
+    crate::announce(&format!("probes of the fast path's parts ({what})"));
+    let generation = limiter.tdp.maps().config()?.generation;
+    let admit = limiter.id("admit")?;
+    let prefixes = pinned(limiter, map_names::PREFIXES)?;
+    let buckets = pinned(limiter, map_names::BUCKETS)?;
+    let stats = pinned(limiter, map_names::GLOBAL_STATS)?;
+    let rules = pinned(limiter, map_names::RULES)?;
+    let hot_src = [198, 18, 0, 1];
+    // Make sure the hot source's bucket exists.
+    repeat_ns(limiter.program(), &v4_frame(hot_src), 10)?;
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&hot_src);
+    let bucket_key = key_bytes(&BucketKey { rule: admit, family: 4, _pad: [0; 3], addr });
+    let prefix_key = prefix_key(generation, hot_src);
+    let zero = 0u32.to_ne_bytes();
+    let admit_key = admit.to_ne_bytes();
+    let mut list: Vec<(String, String, Vec<progs::Insn>)> = Vec::new();
+    if clocks {
+        list.push(("clock".into(), "bpf_ktime_get_ns()".into(), progs::probe(Probe::Clock)));
+        list.push(("coarse_clock".into(), "bpf_ktime_get_coarse_ns()".into(), progs::probe(Probe::CoarseClock)));
+        list.push((
+            "stats_lookup".into(),
+            "per-CPU array lookup (global counters)".into(),
+            progs::probe(Probe::Lookup(stats.fd().as_fd(), &zero)),
+        ));
+        list.push((
+            "rule_lookup".into(),
+            "array lookup (rule record)".into(),
+            progs::probe(Probe::Lookup(rules.fd().as_fd(), &admit_key)),
+        ));
+    }
+    list.push((
+        format!("prefix_lookup.{tag}"),
+        format!("prefix trie lookup, hit ({what})"),
+        progs::probe(Probe::Lookup(prefixes.fd().as_fd(), &prefix_key)),
+    ));
+    list.push((
+        format!("bucket_lookup.{tag}"),
+        format!("bucket map (LRU hash) lookup, hit ({what})"),
+        progs::probe(Probe::Lookup(buckets.fd().as_fd(), &bucket_key)),
+    ));
+    let programs: Vec<(String, String, Xdp)> = list
+        .into_iter()
+        .map(|(k, l, insns)| Ok((k.clone(), l, progs::load(&format!("rlb_{}", k.replace('.', "_")), &insns, refs.dir())?)))
+        .collect::<Result<_>>()?;
+    let frame = v4_frame(hot_src);
+    let floor_key = format!("kernel.probe_floor.{tag}");
+    let mut floor = Vec::new();
+    let mut runs: Vec<Vec<f64>> = vec![Vec::new(); programs.len()];
+    for _ in 0..opts.runs {
+        crate::check_interrupted()?;
+        floor.push(repeat_ns(refs.program(PASS), &frame, opts.repeat)?.0 + TRUNCATION);
+        for (i, (key, _, prog)) in programs.iter().enumerate() {
+            let (ns, _, action) = repeat_ns(prog, &frame, opts.repeat)?;
+            if action != 2 {
+                bail!("probe {key} did not pass (its lookup missed?)");
+            }
+            runs[i].push(ns + TRUNCATION);
+        }
+    }
+    report.add(Figure {
+        key: floor_key.clone(),
+        section: SECTION_PROBES,
+        label: format!("floor: XDP_PASS ({what})"),
+        unit: "ns/pkt",
+        runs: floor,
+        baseline: None,
+        detail: json!({ "repeat": opts.repeat }),
+    });
+    for ((key, label, _), runs) in programs.into_iter().zip(runs) {
         report.add(Figure {
-            key: floor_key.clone(),
-            section: SECTION_POP,
-            label: format!("floor: XDP_PASS, single runs ({what})"),
+            key: format!("kernel.probe.{key}"),
+            section: SECTION_PROBES,
+            label,
             unit: "ns/pkt",
-            runs: floor,
-            baseline: None,
-            detail: detail.clone(),
-        });
-        report.add(Figure {
-            key: format!("kernel.pop.{tag}.hot"),
-            section: SECTION_POP,
-            label: format!("limiter: hot known source, {what}"),
-            unit: "ns/pkt",
-            runs: hot,
-            baseline: Some("kernel.floor".into()),
-            detail: detail.clone(),
-        });
-        report.add(Figure {
-            key: format!("kernel.pop.{tag}.known"),
-            section: SECTION_POP,
-            label: format!("limiter: random known source, single runs, {what}"),
-            unit: "ns/pkt",
-            runs: known,
+            runs,
             baseline: Some(floor_key.clone()),
-            detail: detail.clone(),
-        });
-        report.add(Figure {
-            key: format!("kernel.pop.{tag}.new"),
-            section: SECTION_POP,
-            label: format!("limiter: new source (new bucket), single runs, {what}"),
-            unit: "ns/pkt",
-            runs: new,
-            baseline: Some(floor_key),
-            detail,
+            detail: json!({ "repeat": opts.repeat }),
         });
     }
     Ok(())

@@ -19,6 +19,7 @@ mod agent;
 mod e2e;
 mod generator;
 mod kernel;
+mod progs;
 mod refs;
 mod report;
 mod rules;
@@ -50,9 +51,9 @@ struct Cli {
     /// Runs of one frame per in-kernel "repeat" measurement.
     #[arg(long, default_value_t = 1_000_000)]
     repeat: u32,
-    /// Frames (one BPF_PROG_TEST_RUN call each) per in-kernel "single runs" measurement.
-    #[arg(long, default_value_t = 4096)]
-    single: usize,
+    /// New sources per in-kernel new-source run (each creates a bucket, removed afterwards).
+    #[arg(long, default_value_t = 20_000)]
+    new_sources: usize,
     /// Seconds per end-to-end run (and per agent sampling window).
     #[arg(long, default_value_t = 1.0)]
     seconds: f64,
@@ -88,8 +89,8 @@ pub struct Options {
     pub runs: usize,
     /// Repeat count of in-kernel repeat measurements.
     pub repeat: u32,
-    /// Calls per in-kernel single-run measurement.
-    pub single: usize,
+    /// New sources per in-kernel new-source run.
+    pub new_sources: usize,
     /// Length of one end-to-end run.
     pub e2e_run: Duration,
     /// Warm-up before each end-to-end contender.
@@ -145,7 +146,7 @@ fn run(cli: &Cli) -> Result<()> {
     let opts = Options {
         runs: cli.runs as usize,
         repeat: cli.repeat,
-        single: cli.single,
+        new_sources: cli.new_sources,
         e2e_run: Duration::from_secs_f64(cli.seconds),
         e2e_warmup: Duration::from_secs_f64(cli.warmup),
         quick: cli.quick,
@@ -162,6 +163,7 @@ fn run(cli: &Cli) -> Result<()> {
         let mut limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::BASE_RULES)?;
         if want(Part::Kernel) {
             kernel::hot(&mut report, &opts, &refs, &limiter)?;
+            kernel::probes(&mut report, &opts, &refs, &limiter, "6_rules", "6 rules, few buckets", true)?;
         }
         if want(Part::Rules) {
             rules::latency(&mut report, &opts, &mut limiter, "empty", "bucket map nearly empty")?;
@@ -169,8 +171,10 @@ fn run(cli: &Cli) -> Result<()> {
         if want(Part::Kernel) {
             limiter.install(&rules::many_rules(1000)?)?;
             kernel::hot_with_rules(&mut report, &opts, &refs, &limiter, rules::MANY)?;
+            kernel::probes(&mut report, &opts, &refs, &limiter, "10k_rules", "10,006 rules", false)?;
             limiter.install(&ratelimit::config::Config::parse(kernel::BASE_RULES, "bench.toml")?.rules)?;
             kernel::populations(&mut report, &opts, &refs, &limiter)?;
+            kernel::probes(&mut report, &opts, &refs, &limiter, "full", "6 rules, bucket map full", false)?;
             if want(Part::Rules) {
                 rules::latency(&mut report, &opts, &mut limiter, "full", "about 1M tracked sources")?;
             }

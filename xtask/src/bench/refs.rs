@@ -16,7 +16,7 @@ use ratelimit::dataplane::object;
 use ratelimit_common::map_names;
 use ratelimit_testbed::{in_netns, Netns};
 
-use crate::generator::RandomSource;
+use crate::generator::load_random_source;
 
 /// `XDP_PASS` on every frame: the floor of the in-kernel cost, and a receiver that hands every
 /// frame to the stack.
@@ -29,7 +29,7 @@ pub const TX: &str = "bench_tx";
 /// The loaded reference programs.
 pub struct Refs {
     ebpf: Option<Ebpf>,
-    random: Option<RandomSource>,
+    random: Option<Xdp>,
     dir: PathBuf,
 }
 
@@ -54,8 +54,13 @@ impl Refs {
             prog.load().with_context(|| format!("loading {name}"))?;
         }
         refs.ebpf = Some(ebpf);
-        refs.random = Some(RandomSource::load(&refs.dir)?);
+        refs.random = Some(load_random_source(&refs.dir)?);
         Ok(refs)
+    }
+
+    /// The pin directory (for programs loaded alongside, see [`crate::progs::load`]).
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     /// Reference program `name`.
@@ -71,7 +76,7 @@ impl Refs {
 
     /// The random-source generator.
     pub fn random(&self) -> &Xdp {
-        self.random.as_ref().expect("loaded").program()
+        self.random.as_ref().expect("loaded")
     }
 
     /// Attaches reference program `name` to `iface` of `ns` in native (driver) mode.

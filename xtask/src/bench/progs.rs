@@ -1,0 +1,345 @@
+//! Hand-assembled XDP programs for the benchmark, loaded with raw `bpf()` calls and then opened
+//! through aya (pinned for a moment), so they run with the same `TestRun` as the project's own.
+//!
+//! They stay out of the project's XDP object on purpose: the benchmark must not change the
+//! program it measures. Each is a handful of instructions:
+//! - the random-source generator (see [`crate::generator`]);
+//! - *drivers* that rewrite a frame's source address and then tail-call another program (the
+//!   limiter, or `bench_pass` as the floor), so that BPF_PROG_TEST_RUN with `repeat` sees a new
+//!   source on every run: the frame buffer is shared by the runs of one call, so each run finds
+//!   the previous run's address;
+//! - *probes* that do one thing the limiter does (read a clock, look up a map) and pass, to weigh
+//!   the parts of its fast path.
+
+use std::{
+    ffi::CString,
+    fs,
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+    path::Path,
+};
+
+use anyhow::{bail, Context as _, Result};
+use aya::programs::Xdp;
+
+// BPF instruction encoding (include/uapi/linux/bpf.h).
+pub const MOV64_REG: u8 = 0xbf;
+pub const MOV64_IMM: u8 = 0xb7;
+pub const ADD64_IMM: u8 = 0x07;
+pub const ADD64_REG: u8 = 0x0f;
+pub const AND64_IMM: u8 = 0x57;
+pub const RSH64_IMM: u8 = 0x77;
+pub const XOR64_IMM: u8 = 0xa7;
+pub const MOD64_IMM: u8 = 0x97;
+pub const TO_BE: u8 = 0xdc;
+pub const LDX_W: u8 = 0x61;
+pub const STX_B: u8 = 0x73;
+pub const STX_W: u8 = 0x63;
+pub const ST_B: u8 = 0x72;
+pub const JGT_REG: u8 = 0x2d;
+pub const JEQ_IMM: u8 = 0x15;
+pub const LD_IMM64: u8 = 0x18;
+pub const CALL: u8 = 0x85;
+pub const EXIT: u8 = 0x95;
+/// `src_reg` of an `LD_IMM64` whose immediate is a map fd.
+const PSEUDO_MAP_FD: u8 = 1;
+
+pub const FUNC_MAP_LOOKUP_ELEM: i32 = 1;
+pub const FUNC_KTIME_GET_NS: i32 = 5;
+pub const FUNC_GET_PRANDOM_U32: i32 = 7;
+pub const FUNC_TAIL_CALL: i32 = 12;
+pub const FUNC_KTIME_GET_COARSE_NS: i32 = 160;
+
+pub const XDP_ABORTED: i32 = 0;
+pub const XDP_PASS: i32 = 2;
+pub const XDP_TX: i32 = 3;
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_PROG_TYPE_XDP: u32 = 6;
+const BPF_MAP_TYPE_PROG_ARRAY: u32 = 3;
+/// aya loads XDP programs with this expected attach type; a tail call needs both sides to agree.
+const BPF_XDP: u32 = 37;
+
+/// One instruction.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct Insn {
+    code: u8,
+    regs: u8,
+    off: i16,
+    imm: i32,
+}
+
+/// An instruction: opcode, destination and source registers, offset, immediate.
+pub const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
+    Insn { code, regs: dst | (src << 4), off, imm }
+}
+
+/// `dst = map fd` (two instruction slots).
+pub fn ld_map_fd(dst: u8, fd: BorrowedFd<'_>) -> [Insn; 2] {
+    [insn(LD_IMM64, dst, PSEUDO_MAP_FD, 0, fd.as_raw_fd()), insn(0, 0, 0, 0, 0)]
+}
+
+fn sys_bpf<T>(cmd: libc::c_long, attr: &T) -> std::io::Result<i64> {
+    // SAFETY: `attr` is a valid prefix of union bpf_attr for `cmd` (each caller's struct follows
+    // the uapi layout); every pointer in it points at memory that outlives the call.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, std::ptr::from_ref(attr), std::mem::size_of::<T>()) };
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn owned(fd: i64) -> OwnedFd {
+    // SAFETY: the kernel just returned this fd to us and nothing else owns it.
+    unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).expect("an fd")) }
+}
+
+/// Loads `insns` as an XDP program named `name` and opens it through aya, pinning it in
+/// `pin_dir` just long enough for that.
+pub fn load(name: &str, insns: &[Insn], pin_dir: &Path) -> Result<Xdp> {
+    let license = CString::new("Dual MIT/GPL").expect("no NUL");
+    let mut log = vec![0u8; 64 * 1024];
+    // union bpf_attr, BPF_PROG_LOAD member, up to `expected_attach_type`.
+    #[repr(C)]
+    struct ProgLoad {
+        prog_type: u32,
+        insn_cnt: u32,
+        insns: u64,
+        license: u64,
+        log_level: u32,
+        log_size: u32,
+        log_buf: u64,
+        kern_version: u32,
+        prog_flags: u32,
+        prog_name: [u8; 16],
+        prog_ifindex: u32,
+        expected_attach_type: u32,
+    }
+    let mut prog_name = [0u8; 16];
+    let n = name.len().min(15);
+    prog_name[..n].copy_from_slice(&name.as_bytes()[..n]);
+    let attr = ProgLoad {
+        prog_type: BPF_PROG_TYPE_XDP,
+        insn_cnt: u32::try_from(insns.len()).context("program length")?,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: 1,
+        log_size: u32::try_from(log.len()).expect("64 KiB"),
+        log_buf: log.as_mut_ptr() as u64,
+        kern_version: 0,
+        prog_flags: 0,
+        prog_name,
+        prog_ifindex: 0,
+        expected_attach_type: BPF_XDP,
+    };
+    let fd = match sys_bpf(BPF_PROG_LOAD, &attr) {
+        Ok(fd) => owned(fd),
+        Err(e) => {
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            bail!("loading {name}: {e}\n{}", String::from_utf8_lossy(&log[..end]));
+        }
+    };
+    let pin = pin_dir.join(name);
+    let path = CString::new(pin.to_string_lossy().as_bytes()).context("pin path")?;
+    #[repr(C)]
+    struct ObjPin {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+    }
+    let attr = ObjPin {
+        pathname: path.as_ptr() as u64,
+        bpf_fd: u32::try_from(fd.as_raw_fd()).expect("fd"),
+        file_flags: 0,
+    };
+    sys_bpf(BPF_OBJ_PIN, &attr).with_context(|| format!("pinning {name} at {}", pin.display()))?;
+    let program = Xdp::from_pin(&pin, aya_obj::programs::XdpAttachType::Interface);
+    let _ = fs::remove_file(&pin);
+    program.with_context(|| format!("opening the pinned {name}"))
+}
+
+/// A one-slot program array holding `target`, for a driver's tail call.
+pub fn prog_array(target: &Xdp) -> Result<OwnedFd> {
+    #[repr(C)]
+    struct MapCreate {
+        map_type: u32,
+        key_size: u32,
+        value_size: u32,
+        max_entries: u32,
+        map_flags: u32,
+    }
+    let attr = MapCreate { map_type: BPF_MAP_TYPE_PROG_ARRAY, key_size: 4, value_size: 4, max_entries: 1, map_flags: 0 };
+    let map = owned(sys_bpf(BPF_MAP_CREATE, &attr).context("creating a program array")?);
+    let key = 0u32;
+    let value = u32::try_from(target.fd()?.as_fd().as_raw_fd()).expect("fd");
+    #[repr(C)]
+    struct MapUpdate {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        value: u64,
+        flags: u64,
+    }
+    let attr = MapUpdate {
+        map_fd: u32::try_from(map.as_raw_fd()).expect("fd"),
+        _pad: 0,
+        key: std::ptr::from_ref(&key) as u64,
+        value: std::ptr::from_ref(&value) as u64,
+        flags: 0,
+    };
+    sys_bpf(BPF_MAP_UPDATE_ELEM, &attr).context("putting the tail-call target in its program array")?;
+    Ok(map)
+}
+
+/// Offsets in an Ethernet + IPv4 frame.
+pub const IP_ID: i16 = 14 + 4;
+pub const IP_SRC: i16 = 14 + 12;
+
+/// `r2 = data`, `r3 = data_end`, and a jump of `skip` instructions when the frame is shorter than
+/// Ethernet + IPv4 (`ctx` in r6).
+fn bounds(skip: i16) -> [Insn; 5] {
+    [
+        insn(LDX_W, 2, 6, 0, 0),
+        insn(LDX_W, 3, 6, 4, 0),
+        insn(MOV64_REG, 4, 2, 0, 0),
+        insn(ADD64_IMM, 4, 0, 0, 34),
+        insn(JGT_REG, 4, 3, skip, 0),
+    ]
+}
+
+/// The random-source generator's instructions: 24 random bits into the last three bytes of the
+/// IPv4 source address, the IP ID set so that the header checksum stays right, then `XDP_TX`.
+pub fn random_source() -> Vec<Insn> {
+    let mut p = vec![
+        insn(MOV64_REG, 6, 1, 0, 0),                   // r6 = ctx
+        insn(CALL, 0, 0, 0, FUNC_GET_PRANDOM_U32),     // r0 = random
+        insn(MOV64_REG, 7, 0, 0, 0),                   // r7 = random
+    ];
+    let body = [
+        insn(MOV64_REG, 5, 7, 0, 0), // r5 = b1 = random & 0xff
+        insn(AND64_IMM, 5, 0, 0, 0xff),
+        insn(STX_B, 2, 5, IP_SRC + 1, 0), // src[1] = b1
+        insn(MOV64_REG, 8, 7, 0, 0),      // r8 = b2b3 = (random >> 8) & 0xffff
+        insn(RSH64_IMM, 8, 0, 0, 8),
+        insn(AND64_IMM, 8, 0, 0, 0xffff),
+        insn(MOV64_REG, 9, 8, 0, 0), // src[2] = b2b3 >> 8
+        insn(RSH64_IMM, 9, 0, 0, 8),
+        insn(STX_B, 2, 9, IP_SRC + 2, 0),
+        insn(STX_B, 2, 8, IP_SRC + 3, 0), // src[3] = b2b3 & 0xff
+        insn(ADD64_REG, 5, 8, 0, 0),      // s = b1 + b2b3, folded to 16 bits
+        insn(MOV64_REG, 9, 5, 0, 0),
+        insn(RSH64_IMM, 9, 0, 0, 16),
+        insn(AND64_IMM, 5, 0, 0, 0xffff),
+        insn(ADD64_REG, 5, 9, 0, 0),
+        insn(XOR64_IMM, 5, 0, 0, 0xffff), // id = !s
+        insn(MOV64_REG, 9, 5, 0, 0),
+        insn(RSH64_IMM, 9, 0, 0, 8),
+        insn(STX_B, 2, 9, IP_ID, 0), // id, big-endian
+        insn(STX_B, 2, 5, IP_ID + 1, 0),
+    ];
+    p.extend(bounds(i16::try_from(body.len()).expect("short")));
+    p.extend(body);
+    p.extend([insn(MOV64_IMM, 0, 0, 0, XDP_TX), insn(EXIT, 0, 0, 0, 0)]);
+    p
+}
+
+/// How a driver picks the next source.
+#[derive(Clone, Copy, Debug)]
+pub enum Sources {
+    /// The previous run's address plus one: a source never seen before on every run.
+    Sequential,
+    /// `10.0.0.0/9` address number `random % n` (see `kernel::tracked_addr`): a random one of the
+    /// first `n` tracked sources.
+    RandomAmong(u32),
+}
+
+/// A driver: rewrites the IPv4 source as `sources` says, then tail-calls slot 0 of `prog_array`.
+/// Returns `XDP_ABORTED` if the tail call fails (so a failed call cannot pass for the target's
+/// `XDP_PASS`).
+pub fn driver(sources: Sources, prog_array: BorrowedFd<'_>) -> Vec<Insn> {
+    let mut p = vec![insn(MOV64_REG, 6, 1, 0, 0)];
+    let body: Vec<Insn> = match sources {
+        Sources::Sequential => vec![
+            insn(LDX_W, 5, 2, IP_SRC, 0), // r5 = src as stored (network order)
+            insn(TO_BE, 5, 0, 0, 32),     // to a number
+            insn(ADD64_IMM, 5, 0, 0, 1),
+            insn(TO_BE, 5, 0, 0, 32), // back to network order
+            insn(STX_W, 2, 5, IP_SRC, 0),
+        ],
+        Sources::RandomAmong(n) => {
+            p.extend([
+                insn(CALL, 0, 0, 0, FUNC_GET_PRANDOM_U32),
+                insn(MOD64_IMM, 0, 0, 0, i32::try_from(n).expect("n < 2^31")),
+                insn(MOV64_REG, 7, 0, 0, 0),
+            ]);
+            vec![
+                insn(MOV64_REG, 5, 7, 0, 0), // src[1] = (i >> 16) & 0x7f
+                insn(RSH64_IMM, 5, 0, 0, 16),
+                insn(AND64_IMM, 5, 0, 0, 0x7f),
+                insn(STX_B, 2, 5, IP_SRC + 1, 0),
+                insn(MOV64_REG, 5, 7, 0, 0), // src[2] = i >> 8
+                insn(RSH64_IMM, 5, 0, 0, 8),
+                insn(STX_B, 2, 5, IP_SRC + 2, 0),
+                insn(STX_B, 2, 7, IP_SRC + 3, 0), // src[3] = i
+            ]
+        }
+    };
+    p.extend(bounds(i16::try_from(body.len()).expect("short")));
+    p.extend(body);
+    p.push(insn(MOV64_REG, 1, 6, 0, 0));
+    p.extend(ld_map_fd(2, prog_array));
+    p.extend([
+        insn(MOV64_IMM, 3, 0, 0, 0),
+        insn(CALL, 0, 0, 0, FUNC_TAIL_CALL),
+        insn(MOV64_IMM, 0, 0, 0, XDP_ABORTED),
+        insn(EXIT, 0, 0, 0, 0),
+    ]);
+    p
+}
+
+/// What a probe does before passing the frame.
+#[derive(Clone, Copy, Debug)]
+pub enum Probe<'a> {
+    /// `bpf_ktime_get_ns()`.
+    Clock,
+    /// `bpf_ktime_get_coarse_ns()`.
+    CoarseClock,
+    /// `bpf_map_lookup_elem(map, key)`; the lookup must hit (else the probe returns XDP_ABORTED).
+    Lookup(BorrowedFd<'a>, &'a [u8]),
+}
+
+/// A probe program: does `probe` once, then returns XDP_PASS.
+pub fn probe(probe: Probe<'_>) -> Vec<Insn> {
+    let mut p = Vec::new();
+    match probe {
+        Probe::Clock => p.push(insn(CALL, 0, 0, 0, FUNC_KTIME_GET_NS)),
+        Probe::CoarseClock => p.push(insn(CALL, 0, 0, 0, FUNC_KTIME_GET_COARSE_NS)),
+        Probe::Lookup(..) => {}
+    }
+    p.extend([insn(MOV64_IMM, 0, 0, 0, XDP_PASS), insn(EXIT, 0, 0, 0, 0)]);
+    if let Probe::Lookup(map, key) = probe {
+        // Built in front of the two instructions above; a miss skips them.
+        let mut pre = Vec::new();
+        // The key on the stack, below r10, in 1-byte stores (keys are a few dozen bytes).
+        let len = i16::try_from(key.len().next_multiple_of(8)).expect("short key");
+        for (i, &b) in key.iter().enumerate() {
+            let off = -len + i16::try_from(i).expect("short key");
+            pre.push(insn(ST_B, 10, 0, off, i32::from(b)));
+        }
+        pre.extend(ld_map_fd(1, map));
+        pre.extend([
+            insn(MOV64_REG, 2, 10, 0, 0),
+            insn(ADD64_IMM, 2, 0, 0, -i32::from(len)),
+            insn(CALL, 0, 0, 0, FUNC_MAP_LOOKUP_ELEM),
+            insn(JEQ_IMM, 0, 0, 2, 0), // miss: abort
+        ]);
+        pre.append(&mut p);
+        p = pre;
+        p.extend([insn(MOV64_IMM, 0, 0, 0, XDP_ABORTED), insn(EXIT, 0, 0, 0, 0)]);
+    }
+    p
+}
