@@ -296,17 +296,22 @@ impl Agent {
             return Err(AgentError::NoInterfaces(self.opts.config_path.clone()));
         }
         let origin = self.opts.config_path.display().to_string();
-        check_interfaces(&new.agent.interfaces, &format!("[agent] interfaces in {origin}"))?;
+        let old_ifaces = self.config.agent.interfaces.clone();
+        // Only interfaces new to the config must exist: one already configured may be missing
+        // for now (deleted; attached again when it returns), which must not block rule changes.
+        let added: Vec<String> =
+            new.agent.interfaces.iter().filter(|i| !old_ifaces.contains(i)).cloned().collect();
+        check_interfaces(&added, &format!("[agent] interfaces in {origin}"))?;
         // Everything validated: from here on each step is applied.
         self.install_rules(&new.rules, &origin)?;
         self.dp.set_flags(flags_of(&new))?;
-        let old_ifaces = self.config.agent.interfaces.clone();
-        for iface in new.agent.interfaces.iter().filter(|i| !old_ifaces.contains(i)) {
+        for iface in &added {
             let att = self.dp.attach(iface, new.agent.mode)?;
             tracing::info!(iface = %att.iface, mode = att.mode, "attached (reload)");
         }
         for iface in old_ifaces.iter().filter(|i| !new.agent.interfaces.contains(i)) {
             self.dp.detach(iface)?;
+            self.missing.remove(iface);
             tracing::info!(iface = %iface, "detached (reload)");
         }
         let mut restart = Vec::new();

@@ -250,9 +250,10 @@ fn config_replaced_by_garbage_an_empty_file_or_a_directory_is_refused_and_the_ru
     let good = fs::read_to_string(&path).unwrap();
     bed.assert_limited("198.18.0.10", BURST, "at start", &agent);
 
-    // (what the file becomes, words the error must contain)
+    // What the file becomes, how, and words the error must contain.
+    type Fault<'a> = (&'a str, Box<dyn Fn() + 'a>, Vec<String>);
     let origin = path.display().to_string();
-    let faults: [(&str, Box<dyn Fn()>, Vec<String>); 3] = [
+    let faults: [Fault; 3] = [
         (
             "garbage",
             Box::new(|| replace_file(&path, "this is [not TOML\n\u{1}\u{2}\n")),
@@ -497,6 +498,21 @@ fn an_interface_deleted_and_created_again_is_reported_and_attached_again() {
     });
     println!("interface deleted: status {}", s["interfaces"]);
     assert_eq!(s["rules"], 1, "{s}");
+    // Rules can still be changed meanwhile (burst 3 -> 4).
+    let path = agent.config_path().to_owned();
+    let text = fs::read_to_string(&path).unwrap();
+    replace_file(
+        &path,
+        &text.replace(&format!("burst = {BURST}"), "burst = 4"),
+    );
+    let s = wait_for(NOTICE, "the reload while the interface is missing", || {
+        let s = status(&agent);
+        (s["reloads"]["ok"] == 1 || s["reloads"]["failed"] == 1).then_some(s)
+    });
+    assert_eq!(
+        s["reloads"]["failed"], 0,
+        "reload refused while the interface is missing: {s}"
+    );
 
     bed.create_link();
     let s = wait_for(NOTICE, "the agent to attach to the new interface", || {
@@ -505,7 +521,12 @@ fn an_interface_deleted_and_created_again_is_reported_and_attached_again() {
     });
     println!("interface back: status {}", s["interfaces"]);
     assert!(agent.log().contains("attached again"), "{}", agent.log());
-    bed.assert_limited("198.18.0.11", BURST, "on the new interface", &agent);
+    bed.assert_limited(
+        "198.18.0.11",
+        4,
+        "on the new interface, with the rule changed meanwhile",
+        &agent,
+    );
     agent.stop().unwrap();
     assert_eq!(bed.xdp(), None);
 }

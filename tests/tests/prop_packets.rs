@@ -42,7 +42,7 @@ use ratelimit_testbed::{
 };
 
 /// Default seed (any value; fixed so that CI runs the same cases every time).
-const SEED: u64 = 0x5eed_0f_7e57;
+const SEED: u64 = 0x005e_ed0f_7e57;
 /// Rule sets per run by default, and frames per rule set.
 const CASES: usize = 250;
 const FRAMES_PER_CASE: usize = 40;
@@ -471,12 +471,12 @@ fn random_rule(rng: &mut Rng, name: &str) -> String {
             match rng.below(10) {
                 0..=4 => {}
                 5..=6 => t.push_str("per = \"rule\"\n"),
-                _ if v4_only => t.push_str(*rng.pick(&[
+                _ if v4_only => t.push_str(rng.pick::<&str>(&[
                     "per = \"/24\"\n",
                     "per = \"/16\"\n",
                     "per = \"/31\"\n",
                 ])),
-                _ if v6_only => t.push_str(*rng.pick(&[
+                _ if v6_only => t.push_str(rng.pick::<&str>(&[
                     "per = \"/64\"\n",
                     "per = \"/48\"\n",
                     "per = \"/127\"\n",

@@ -27,14 +27,21 @@ const SECTION: &str = "Agent (release build, attached to the receiving veth)";
 fn agent_pid(config: &Path) -> Result<u32> {
     let needle = config.as_os_str().as_encoded_bytes();
     for entry in fs::read_dir("/proc")?.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(cmdline) = fs::read(entry.path().join("cmdline")) else { continue };
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
         let comm = fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
         if comm.trim() == "ratelimit" && cmdline.split(|&b| b == 0).any(|arg| arg == needle) {
             return Ok(pid);
         }
     }
-    bail!("no ratelimit process with {} on its command line", config.display())
+    bail!(
+        "no ratelimit process with {} on its command line",
+        config.display()
+    )
 }
 
 /// CPU time of every thread of `pid`, in nanoseconds (/proc/PID/task/*/schedstat, first field).
@@ -42,7 +49,11 @@ fn cpu_ns(pid: u32) -> Result<u64> {
     let mut total = 0;
     for task in fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
         if let Ok(s) = fs::read_to_string(task.path().join("schedstat")) {
-            total += s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            total += s
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
         }
     }
     Ok(total)
@@ -64,7 +75,10 @@ fn window(pid: u32, during: impl FnOnce() -> Result<()>) -> Result<(f64, f64)> {
     during()?;
     let (c1, secs) = (cpu_ns(pid)?, t0.elapsed().as_secs_f64());
     #[expect(clippy::cast_precision_loss, reason = "nanoseconds and KiB")]
-    Ok(((c1 - c0) as f64 / 1e9 / secs * 100.0, rss_kib(pid)? as f64 / 1024.0))
+    Ok((
+        (c1 - c0) as f64 / 1e9 / secs * 100.0,
+        rss_kib(pid)? as f64 / 1024.0,
+    ))
 }
 
 /// Idle and flooded CPU and memory of the agent.
@@ -115,9 +129,24 @@ pub fn run(report: &mut Report, opts: &Options, refs: &Refs) -> Result<()> {
     });
     for (key, label, unit, runs) in [
         ("agent.idle.cpu", "agent CPU, idle", "% core", idle_cpu),
-        ("agent.flood.cpu", "agent CPU, random-source flood", "% core", flood_cpu),
-        ("agent.idle.rss", "agent resident memory, idle", "MiB", idle_rss),
-        ("agent.flood.rss", "agent resident memory, random-source flood", "MiB", flood_rss),
+        (
+            "agent.flood.cpu",
+            "agent CPU, random-source flood",
+            "% core",
+            flood_cpu,
+        ),
+        (
+            "agent.idle.rss",
+            "agent resident memory, idle",
+            "MiB",
+            idle_rss,
+        ),
+        (
+            "agent.flood.rss",
+            "agent resident memory, random-source flood",
+            "MiB",
+            flood_rss,
+        ),
     ] {
         report.add(Figure {
             key: key.into(),

@@ -49,6 +49,15 @@ burst = 2000
 per = "source"
 "#;
 
+/// A fresh source that floods over its limit during the last run of a flood: a contender that
+/// still limits new sources passes about `BURST + RATE * span` of its packets.
+const ABUSER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 3);
+const ABUSER_PPS: u64 = 50_000;
+const ABUSER_SPAN: Duration = Duration::from_millis(100);
+
+/// Longest warm-up of a random flood (it stops earlier once the tables must be full).
+const WARMUP_LIMIT: Duration = Duration::from_secs(8);
+
 /// The polite source: well under the limit, sent through the ordinary stack while the flood runs.
 const POLITE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 const POLITE_PPS: u64 = 200;
@@ -76,6 +85,7 @@ impl Testbed {
         let (tx_if, rx_if) = veth_pair(&gen, &rx, "rlb")?;
         add_addr(&gen, &tx_if, &format!("{HOT}/24"))?;
         add_addr(&gen, &tx_if, &format!("{POLITE}/24"))?;
+        add_addr(&gen, &tx_if, &format!("{ABUSER}/24"))?;
         add_addr(&rx, &rx_if, &format!("{SERVER}/24"))?;
         neigh_to_peer(&gen, &tx_if, SERVER.into(), &rx, &rx_if)?;
         for (key, value) in [
@@ -91,12 +101,21 @@ impl Testbed {
         let hot_frame = udp_frame(rx_mac, tx_mac, HOT, SINK);
         let random_frame = udp_frame(rx_mac, tx_mac, Ipv4Addr::new(RANDOM_NET, 0, 0, 0), SINK);
         let tx_ifindex = ifindex(&gen, &tx_if)?;
-        Ok(Self { tx_ifindex, rx_if, hot_frame, random_frame, rx, gen })
+        Ok(Self {
+            tx_ifindex,
+            rx_if,
+            hot_frame,
+            random_frame,
+            rx,
+            gen,
+        })
     }
 
     /// `rx_packets` and `rx_dropped` of the receiving veth.
     fn rx_stats(&self) -> Result<(u64, u64)> {
-        let out = self.rx.ip(&["-s", "-j", "link", "show", "dev", &self.rx_if])?;
+        let out = self
+            .rx
+            .ip(&["-s", "-j", "link", "show", "dev", &self.rx_if])?;
         let v: Value = serde_json::from_str(&out).context("parsing `ip -s -j link show`")?;
         let rx = &v[0]["stats64"]["rx"];
         match (rx["packets"].as_u64(), rx["dropped"].as_u64()) {
@@ -122,7 +141,14 @@ impl Testbed {
         duration: Duration,
         cpu: usize,
     ) -> Result<crate::generator::Blast> {
-        blast(refs.random(), &self.gen, self.tx_ifindex, &self.random_frame, duration, cpu)
+        blast(
+            refs.random(),
+            &self.gen,
+            self.tx_ifindex,
+            &self.random_frame,
+            duration,
+            cpu,
+        )
     }
 
     fn nft(&self, ruleset: &str) -> Result<String> {
@@ -184,6 +210,49 @@ impl Contender {
     }
 }
 
+const SECTION_SEMANTICS: &str = "During the random flood, tables full: a polite source (200 pps) \
+     and a fresh source flooding at 50,000 pps for 0.1 s (its limit lets ~2100 through)";
+
+/// What the polite and the fresh flooding source saw under `contender`, from a random-flood
+/// figure's details: two figures of one run each (the fresh source floods in the last run only).
+fn flood_semantics(figure: &Figure, contender: Contender) -> (Figure, Figure) {
+    let polite = &figure.detail["polite"];
+    let abuser = &figure.detail["fresh_abuser"];
+    let share = |d: &Value| {
+        let (sent, received) = (
+            d["sent"].as_f64().unwrap_or(0.0),
+            d["received"].as_f64().unwrap_or(0.0),
+        );
+        if sent > 0.0 {
+            received / sent * 100.0
+        } else {
+            f64::NAN
+        }
+    };
+    let tag = contender.tag();
+    let name = tag.replace('_', " ");
+    (
+        Figure {
+            key: format!("e2e.random.{tag}.polite_received"),
+            section: SECTION_SEMANTICS,
+            label: format!("{name}: polite source's packets received"),
+            unit: "%",
+            runs: vec![share(polite)],
+            baseline: None,
+            detail: polite.clone(),
+        },
+        Figure {
+            key: format!("e2e.random.{tag}.fresh_flooder_passed"),
+            section: SECTION_SEMANTICS,
+            label: format!("{name}: fresh flooding source's packets passed"),
+            unit: "%",
+            runs: vec![share(abuser)],
+            baseline: None,
+            detail: abuser.clone(),
+        },
+    )
+}
+
 /// Attached contender, for teardown.
 enum Attached {
     Ref(&'static str, aya::programs::xdp::XdpLinkId),
@@ -201,6 +270,7 @@ pub fn run(report: &mut Report, opts: &Options, refs: &mut Refs) -> Result<()> {
         Contender::Nft,
         Contender::Iptables,
     ];
+    let mut semantics = Vec::new();
     for pattern in [Pattern::Hot, Pattern::Random] {
         for contender in contenders {
             crate::check_interrupted()?;
@@ -211,13 +281,25 @@ pub fn run(report: &mut Report, opts: &Options, refs: &mut Refs) -> Result<()> {
                 contender.label()
             ));
             let figure = measure(opts, refs, &bed, &mut limiter, pattern, contender)?;
+            if pattern == Pattern::Random && contender != Contender::DropAll {
+                semantics.push(flood_semantics(&figure, contender));
+            }
             report.add(figure);
         }
+    }
+    for (polite, abuser) in semantics {
+        report.add(polite);
+        report.add(abuser);
     }
     Ok(())
 }
 
-fn setup(refs: &mut Refs, bed: &Testbed, limiter: &mut Limiter, contender: Contender) -> Result<Attached> {
+fn setup(
+    refs: &mut Refs,
+    bed: &Testbed,
+    limiter: &mut Limiter,
+    contender: Contender,
+) -> Result<Attached> {
     let ns = &bed.rx;
     let dev = bed.rx_if.as_str();
     Ok(match contender {
@@ -248,13 +330,35 @@ fn setup(refs: &mut Refs, bed: &Testbed, limiter: &mut Limiter, contender: Conte
         }
         Contender::Iptables => {
             let link = refs.attach(PASS, ns, dev)?;
-            let (rate, burst, max) = (format!("{RATE}/sec"), BURST.to_string(), TRACKED.to_string());
+            let (rate, burst, max) = (
+                format!("{RATE}/sec"),
+                BURST.to_string(),
+                TRACKED.to_string(),
+            );
             ns.run(&[
-                "iptables", "-t", "raw", "-A", "PREROUTING", "-m", "hashlimit",
-                "--hashlimit-name", "rlbench", "--hashlimit-mode", "srcip",
-                "--hashlimit-above", &rate, "--hashlimit-burst", &burst,
-                "--hashlimit-htable-size", "65536", "--hashlimit-htable-max", &max,
-                "--hashlimit-htable-expire", "60000", "-j", "DROP",
+                "iptables",
+                "-t",
+                "raw",
+                "-A",
+                "PREROUTING",
+                "-m",
+                "hashlimit",
+                "--hashlimit-name",
+                "rlbench",
+                "--hashlimit-mode",
+                "srcip",
+                "--hashlimit-above",
+                &rate,
+                "--hashlimit-burst",
+                &burst,
+                "--hashlimit-htable-size",
+                "65536",
+                "--hashlimit-htable-max",
+                &max,
+                "--hashlimit-htable-expire",
+                "60000",
+                "-j",
+                "DROP",
             ])
             .context("adding the iptables hashlimit rule")?;
             Attached::Ref(PASS, link)
@@ -262,10 +366,17 @@ fn setup(refs: &mut Refs, bed: &Testbed, limiter: &mut Limiter, contender: Conte
     })
 }
 
-fn teardown(refs: &mut Refs, bed: &Testbed, limiter: &mut Limiter, contender: Contender, attached: Attached) -> Result<()> {
+fn teardown(
+    refs: &mut Refs,
+    bed: &Testbed,
+    limiter: &mut Limiter,
+    contender: Contender,
+    attached: Attached,
+) -> Result<()> {
     match contender {
         Contender::Nft => {
-            bed.rx.run(&["nft", "delete", "table", "netdev", "rlbench"])?;
+            bed.rx
+                .run(&["nft", "delete", "table", "netdev", "rlbench"])?;
         }
         Contender::Iptables => {
             bed.rx.run(&["iptables", "-t", "raw", "-F", "PREROUTING"])?;
@@ -291,7 +402,11 @@ enum Count {
 }
 
 /// What the contender itself counted.
-fn contender_count(bed: &Testbed, limiter: &Limiter, contender: Contender) -> Result<Option<Count>> {
+fn contender_count(
+    bed: &Testbed,
+    limiter: &Limiter,
+    contender: Contender,
+) -> Result<Option<Count>> {
     Ok(match contender {
         Contender::Limiter => {
             let id = limiter.id("per-source")?;
@@ -305,7 +420,16 @@ fn contender_count(bed: &Testbed, limiter: &Limiter, contender: Contender) -> Re
             Some(Count::Passed(ip_in_receives(bed)?))
         }
         Contender::Iptables => {
-            let out = bed.rx.run(&["iptables", "-t", "raw", "-L", "PREROUTING", "-v", "-x", "-n"])?;
+            let out = bed.rx.run(&[
+                "iptables",
+                "-t",
+                "raw",
+                "-L",
+                "PREROUTING",
+                "-v",
+                "-x",
+                "-n",
+            ])?;
             // The rule's line: "pkts bytes target ..."; the header lines do not start with a number.
             Some(Count::Dropped(
                 out.lines()
@@ -359,8 +483,32 @@ fn measure_attached(
         Pattern::Random => (refs.random(), &bed.random_frame),
     };
     let run_time = opts.e2e_run;
-    // Warm up: long enough for a random flood to fill a million-entry table at a few Mpps.
-    blast(generator, &bed.gen, bed.tx_ifindex, frame, opts.e2e_warmup, opts.cpu)?;
+    // Warm up. A random flood runs until the contender has seen 1.25 times as many sources as it
+    // can track, so that the runs measure the steady state of a flood (every table full); how
+    // fast it went while the tables were filling is kept apart.
+    let (w0, _) = bed.rx_stats()?;
+    let warm_start = std::time::Instant::now();
+    let mut warm_frames = 0;
+    loop {
+        warm_frames += blast(
+            generator,
+            &bed.gen,
+            bed.tx_ifindex,
+            frame,
+            opts.e2e_warmup,
+            opts.cpu,
+        )?
+        .frames;
+        let full = warm_frames >= u64::from(TRACKED) * 5 / 4;
+        if pattern == Pattern::Hot || full || warm_start.elapsed() > WARMUP_LIMIT {
+            break;
+        }
+        crate::check_interrupted()?;
+    }
+    let (w1, _) = bed.rx_stats()?;
+    let warm_secs = warm_start.elapsed().as_secs_f64();
+    #[expect(clippy::cast_precision_loss, reason = "packet counts")]
+    let warmup_mpps = (w1 - w0) as f64 / warm_secs / 1e6;
 
     // The polite source sends during every contender's runs, so that all carry the same load.
     let receiver = Receiver::bind(&bed.rx, SocketAddr::new(SERVER.into(), 0))?;
@@ -374,12 +522,42 @@ fn measure_attached(
         let span = run_time * (opts.runs as u32) + Duration::from_millis(200);
         let sender = s.spawn(move || {
             pin_to_cpu(opts.cpu)?;
-            send_udp_from(&bed.gen, SocketAddr::new(POLITE.into(), 0), dst, POLITE_PPS, span, 64)
+            send_udp_from(
+                &bed.gen,
+                SocketAddr::new(POLITE.into(), 0),
+                dst,
+                POLITE_PPS,
+                span,
+                64,
+            )
         });
-        for _ in 0..opts.runs {
+        let mut abuser = None;
+        for run in 0..opts.runs {
             crate::check_interrupted()?;
+            if run + 1 == opts.runs {
+                // A fresh source floods (over its limit) while the flood runs: is it limited?
+                abuser = Some(s.spawn(move || {
+                    pin_to_cpu(opts.cpu)?;
+                    thread::sleep(run_time / 5);
+                    send_udp_from(
+                        &bed.gen,
+                        SocketAddr::new(ABUSER.into(), 0),
+                        dst,
+                        ABUSER_PPS,
+                        ABUSER_SPAN,
+                        64,
+                    )
+                }));
+            }
             let (p0, d0) = bed.rx_stats()?;
-            let b = blast(generator, &bed.gen, bed.tx_ifindex, frame, run_time, opts.cpu)?;
+            let b = blast(
+                generator,
+                &bed.gen,
+                bed.tx_ifindex,
+                frame,
+                run_time,
+                opts.cpu,
+            )?;
             let (p1, d1) = bed.rx_stats()?;
             let secs = b.elapsed.as_secs_f64();
             #[expect(clippy::cast_precision_loss, reason = "packet counts")]
@@ -390,8 +568,12 @@ fn measure_attached(
             }
             handled_total += p1 - p0;
         }
-        sender.join().expect("polite sender thread")
+        let abuser = abuser
+            .map(|h| h.join().expect("abuser thread"))
+            .transpose()?;
+        Ok((sender.join().expect("polite sender thread")?, abuser))
     })?;
+    let (polite_report, abuser_report) = polite_report;
     let drops_after = contender_count(bed, limiter, contender)?;
     let global_after = limiter.tdp.global();
 
@@ -399,7 +581,9 @@ fn measure_attached(
         "generator_mpps": sent_pps,
         "ring_full_drops": ring_drops,
         "run_seconds": run_time.as_secs_f64(),
-        "warmup_seconds": opts.e2e_warmup.as_secs_f64(),
+        "warmup_seconds": warm_secs,
+        "warmup_frames": warm_frames,
+        "warmup_mpps": warmup_mpps,
         "handled_packets": handled_total,
     });
     let dropped = match (drops_before, drops_after) {
@@ -412,11 +596,23 @@ fn measure_attached(
     if let Some(dropped) = dropped {
         detail["contender_dropped"] = json!(dropped);
         #[expect(clippy::cast_precision_loss, reason = "packet counts")]
-        let share = if handled_total > 0 { dropped as f64 / handled_total as f64 } else { 0.0 };
+        let share = if handled_total > 0 {
+            dropped as f64 / handled_total as f64
+        } else {
+            0.0
+        };
         detail["contender_dropped_share"] = json!(share);
     }
-    let received = receiver.stop()?.counts().get(&POLITE.into()).copied().unwrap_or(0);
-    detail["polite"] = json!({ "pps": POLITE_PPS, "sent": polite_report.sent, "received": received });
+    let counts = receiver.stop()?.counts();
+    let received = counts.get(&POLITE.into()).copied().unwrap_or(0);
+    detail["fresh_abuser"] = json!({
+        "pps": ABUSER_PPS,
+        "sent": abuser_report.map(|r| r.sent),
+        "received": counts.get(&ABUSER.into()).copied().unwrap_or(0),
+        "limit_allows": BURST + RATE * u64::try_from(ABUSER_SPAN.as_millis()).unwrap_or(0) / 1000,
+    });
+    detail["polite"] =
+        json!({ "pps": POLITE_PPS, "sent": polite_report.sent, "received": received });
     if contender == Contender::Limiter {
         let d = |i: usize| global_after.counters[i] - global_before.counters[i];
         detail["limiter_new_buckets"] = json!(d(global::NEW_BUCKETS));
@@ -424,7 +620,12 @@ fn measure_attached(
         let id = limiter.id("per-source")?;
         let mut addr = [0u8; 16];
         addr[..4].copy_from_slice(&POLITE.octets());
-        let bucket = limiter.tdp.maps().bucket(&BucketKey { rule: id, family: 4, _pad: [0; 3], addr })?;
+        let bucket = limiter.tdp.maps().bucket(&BucketKey {
+            rule: id,
+            family: 4,
+            _pad: [0; 3],
+            addr,
+        })?;
         detail["polite"]["bucket_passed"] = json!(bucket.map(|b| b.passed_pkts));
         detail["polite"]["bucket_dropped"] = json!(bucket.map(|b| b.dropped_pkts));
     }
@@ -438,7 +639,9 @@ fn measure_attached(
     Ok(Figure {
         key: format!("e2e.{}.{}", pattern.tag(), contender.tag()),
         section: match pattern {
-            Pattern::Hot => "End to end, one hot source (veth, live-frames generator; Mpps handled)",
+            Pattern::Hot => {
+                "End to end, one hot source (veth, live-frames generator; Mpps handled)"
+            }
             Pattern::Random => {
                 "End to end, random spoofed sources (veth, live-frames generator; Mpps handled)"
             }

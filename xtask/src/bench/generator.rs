@@ -55,7 +55,10 @@ pub fn udp_frame(
 pub fn set_ipv4_checksum(h: &mut [u8]) {
     h[10] = 0;
     h[11] = 0;
-    let mut sum: u32 = h.chunks_exact(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+    let mut sum: u32 = h
+        .chunks_exact(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum();
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }
@@ -71,7 +74,9 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6]> {
         .map(|b| u8::from_str_radix(b, 16))
         .collect::<Result<_, _>>()
         .with_context(|| format!("bad MAC address {s:?}"))?;
-    bytes.try_into().map_err(|_| anyhow::anyhow!("bad MAC address {s:?}"))
+    bytes
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("bad MAC address {s:?}"))
 }
 
 /// The random-source generator: XDP bytecode ([`crate::progs::random_source`]) that stores 24
@@ -141,9 +146,14 @@ pub fn blast(
                 attrs: TestRunAttrs::new().xdp_live_frames(BATCH),
                 ..TestRunOptions::new()
             };
-            program.test_run(opts).context("BPF_PROG_TEST_RUN in live-frames mode")?;
+            program
+                .test_run(opts)
+                .context("BPF_PROG_TEST_RUN in live-frames mode")?;
             frames += u64::from(FRAMES_PER_CALL);
         }
-        Ok(Blast { frames, elapsed: start.elapsed() })
+        Ok(Blast {
+            frames,
+            elapsed: start.elapsed(),
+        })
     })
 }

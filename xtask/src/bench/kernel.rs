@@ -88,7 +88,11 @@ impl Limiter {
     pub fn new(name: &str, max_buckets: u32, rules: &str) -> Result<Self> {
         let tdp = TestDataplane::new(name, max_buckets)?;
         let rules = Config::parse(rules, "bench.toml")?.rules;
-        let mut limiter = Self { tdp, ids: RuleIds::new(), set: compile(&[], &RuleIds::new())? };
+        let mut limiter = Self {
+            tdp,
+            ids: RuleIds::new(),
+            set: compile(&[], &RuleIds::new())?,
+        };
         limiter.install(&rules)?;
         Ok(limiter)
     }
@@ -108,7 +112,9 @@ impl Limiter {
 
     /// Id of the installed rule `name`.
     pub fn id(&self, name: &str) -> Result<u32> {
-        self.ids.id_of(name).with_context(|| format!("no rule {name} installed"))
+        self.ids
+            .id_of(name)
+            .with_context(|| format!("no rule {name} installed"))
     }
 
     /// The XDP program.
@@ -120,7 +126,11 @@ impl Limiter {
 /// Runs `frame` `repeat` times in one call; returns the kernel's mean ns per run, the wall-clock
 /// ns per run of the whole call, and the XDP action.
 fn repeat_ns(prog: &Xdp, frame: &[u8], repeat: u32) -> Result<(f64, f64, u32)> {
-    let opts = TestRunOptions { data_in: Some(frame), repeat, ..TestRunOptions::new() };
+    let opts = TestRunOptions {
+        data_in: Some(frame),
+        repeat,
+        ..TestRunOptions::new()
+    };
     let start = Instant::now();
     let res = prog.test_run(opts).context("BPF_PROG_TEST_RUN")?;
     let wall = start.elapsed().as_secs_f64() * 1e9 / f64::from(repeat);
@@ -129,7 +139,11 @@ fn repeat_ns(prog: &Xdp, frame: &[u8], repeat: u32) -> Result<(f64, f64, u32)> {
 }
 
 fn v4_frame(src: [u8; 4]) -> Vec<u8> {
-    eth().ipv4(src.into(), [198, 18, 255, 254].into()).udp(40_000, 9).pad_to(60).build()
+    eth()
+        .ipv4(src.into(), [198, 18, 255, 254].into())
+        .udp(40_000, 9)
+        .pad_to(60)
+        .build()
 }
 
 /// Source address number `i` of the tracked population (10.0.0.0/9), or of the never-seen
@@ -137,7 +151,12 @@ fn v4_frame(src: [u8; 4]) -> Vec<u8> {
 fn tracked_addr(i: usize, fresh: bool) -> [u8; 4] {
     #[expect(clippy::cast_possible_truncation, reason = "bytes of i, masked")]
     let b = |shift: u32| (i >> shift) as u8;
-    [10, (b(16) & 0x7f) | if fresh { 0x80 } else { 0 }, b(8), b(0)]
+    [
+        10,
+        (b(16) & 0x7f) | if fresh { 0x80 } else { 0 },
+        b(8),
+        b(0),
+    ]
 }
 
 /// A hot case: one frame, run `repeat` times per run.
@@ -152,7 +171,14 @@ struct HotCase {
 
 impl HotCase {
     fn new(key: &'static str, label: &'static str, frame: Vec<u8>) -> Self {
-        Self { key, label, frame, kernel: Vec::new(), wall: Vec::new(), action: 0 }
+        Self {
+            key,
+            label,
+            frame,
+            kernel: Vec::new(),
+            wall: Vec::new(),
+            action: 0,
+        }
     }
 }
 
@@ -244,7 +270,10 @@ fn hot_cases() -> Vec<HotCase> {
             "kernel.limiter.ipv6",
             "limiter: IPv6 known source, admitted",
             eth()
-                .ipv6("2001:db8::1".parse().expect("address"), "2001:db8::2".parse().expect("address"))
+                .ipv6(
+                    "2001:db8::1".parse().expect("address"),
+                    "2001:db8::2".parse().expect("address"),
+                )
                 .udp(40_000, 9)
                 .pad_to(78)
                 .build(),
@@ -271,9 +300,16 @@ fn hot_cases() -> Vec<HotCase> {
 pub fn hot(report: &mut Report, opts: &Options, refs: &Refs, limiter: &Limiter) -> Result<()> {
     crate::announce("in-kernel cost: floor and limiter, hot frames");
     for (name, coarse) in [("admit", true), ("admit-precise-clock", false)] {
-        let rule = limiter.set.rule(limiter.id(name)?).context("rule in set")?.rule;
+        let rule = limiter
+            .set
+            .rule(limiter.id(name)?)
+            .context("rule in set")?
+            .rule;
         if (rule.flags & rule_flags::COARSE_CLOCK != 0) != coarse {
-            bail!("rule {name}: expected the {} clock", if coarse { "coarse" } else { "precise" });
+            bail!(
+                "rule {name}: expected the {} clock",
+                if coarse { "coarse" } else { "precise" }
+            );
         }
     }
     let mut cases = hot_cases();
@@ -294,8 +330,19 @@ pub fn hot_with_rules(
         v4_frame([198, 18, 0, 1]),
     )];
     debug_assert_eq!(n, 10_000, "label says 10,000");
-    measure_hot(report, opts, refs, limiter, "kernel.floor_10k_rules", &mut cases)?;
-    if let Some(f) = report.figures.iter_mut().find(|f| f.key == "kernel.floor_10k_rules") {
+    measure_hot(
+        report,
+        opts,
+        refs,
+        limiter,
+        "kernel.floor_10k_rules",
+        &mut cases,
+    )?;
+    if let Some(f) = report
+        .figures
+        .iter_mut()
+        .find(|f| f.key == "kernel.floor_10k_rules")
+    {
         f.label = "floor: XDP_PASS, re-measured next to the 10,000-rule case".into();
     }
     Ok(())
@@ -312,7 +359,10 @@ impl Driver {
         use std::os::fd::AsFd as _;
         let array = progs::prog_array(target)?;
         let program = progs::load(name, &progs::driver(sources, array.as_fd()), refs.dir())?;
-        Ok(Self { program, _array: array })
+        Ok(Self {
+            program,
+            _array: array,
+        })
     }
 
     /// Runs `frame` `repeat` times; the kernel's ns per run. Fails if the tail call failed.
@@ -335,20 +385,34 @@ fn sequential_from(first: [u8; 4]) -> Vec<u8> {
 ///
 /// New and random known sources come from drivers that rewrite the frame's source on every run
 /// and tail-call the limiter; the same drivers tail-calling `bench_pass` are their floors.
-pub fn populations(report: &mut Report, opts: &Options, refs: &Refs, limiter: &Limiter) -> Result<()> {
+pub fn populations(
+    report: &mut Report,
+    opts: &Options,
+    refs: &Refs,
+    limiter: &Limiter,
+) -> Result<()> {
     let tracked = limiter.id("tracked")?;
     let capacity = limiter.tdp.maps().bucket_capacity()?;
     let mut buckets = bucket_map(limiter)?;
     let grow = Driver::new("rlb_seq_lim", Sources::Sequential, limiter.program(), refs)?;
     let new_src = &grow;
-    let new_floor = Driver::new("rlb_seq_pass", Sources::Sequential, refs.program(PASS), refs)?;
+    let new_floor = Driver::new(
+        "rlb_seq_pass",
+        Sources::Sequential,
+        refs.program(PASS),
+        refs,
+    )?;
     let mut populated = 0usize;
     let mut fresh_next = 0usize;
     let mut steps: Vec<(usize, &str, &str)> = vec![
         (1_000, "1k", "1k tracked"),
         (100_000, "100k", "100k tracked"),
         (1_000_000, "1m", "1M tracked"),
-        (capacity as usize + capacity as usize / 8, "full", "map full, evicting"),
+        (
+            capacity as usize + capacity as usize / 8,
+            "full",
+            "map full, evicting",
+        ),
     ];
     if opts.quick {
         steps.truncate(2);
@@ -356,7 +420,9 @@ pub fn populations(report: &mut Report, opts: &Options, refs: &Refs, limiter: &L
     let new_repeat = u32::try_from(opts.new_sources).context("--new-sources")?;
     for (target, tag, what) in steps {
         crate::check_interrupted()?;
-        crate::announce(&format!("in-kernel cost with {what} (populating to {target} sources)"));
+        crate::announce(&format!(
+            "in-kernel cost with {what} (populating to {target} sources)"
+        ));
         let start = Instant::now();
         if target > populated {
             let n = u32::try_from(target - populated).context("population")?;
@@ -366,11 +432,27 @@ pub fn populations(report: &mut Report, opts: &Options, refs: &Refs, limiter: &L
         let fill_secs = start.elapsed().as_secs_f64();
         let entries = limiter.tdp.global().counters[global::NEW_BUCKETS];
         let n = u32::try_from(populated.min(1 << 23)).context("population")?;
-        let known = Driver::new("rlb_known_lim", Sources::RandomAmong(n), limiter.program(), refs)?;
-        let known_floor = Driver::new("rlb_known_pass", Sources::RandomAmong(n), refs.program(PASS), refs)?;
+        let known = Driver::new(
+            "rlb_known_lim",
+            Sources::RandomAmong(n),
+            limiter.program(),
+            refs,
+        )?;
+        let known_floor = Driver::new(
+            "rlb_known_pass",
+            Sources::RandomAmong(n),
+            refs.program(PASS),
+            refs,
+        )?;
 
-        let (mut hot, mut known_ns, mut known_floor_ns, mut new_ns, mut new_floor_ns, mut floor) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut hot, mut known_ns, mut known_floor_ns, mut new_ns, mut new_floor_ns, mut floor) = (
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
         let hot_frame = v4_frame(tracked_addr(populated / 2, false));
         repeat_ns(limiter.program(), &hot_frame, 10)?;
         let floor_frame = v4_frame([198, 18, 0, 1]);
@@ -382,14 +464,20 @@ pub fn populations(report: &mut Report, opts: &Options, refs: &Refs, limiter: &L
             known_floor_ns.push(known_floor.run(&known_frame, opts.repeat)?);
             known_ns.push(known.run(&known_frame, opts.repeat)?);
             let first = fresh_next;
-            new_floor_ns.push(new_floor.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
+            new_floor_ns
+                .push(new_floor.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
             new_ns.push(new_src.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
             fresh_next += opts.new_sources;
             // Take the new sources out again, so the population stays what it says.
             for i in first..fresh_next {
                 let mut addr = [0u8; 16];
                 addr[..4].copy_from_slice(&tracked_addr(i, true));
-                let key = BucketKey { rule: tracked, family: 4, _pad: [0; 3], addr };
+                let key = BucketKey {
+                    rule: tracked,
+                    family: 4,
+                    _pad: [0; 3],
+                    addr,
+                };
                 let _ = buckets.remove(&key);
             }
         }
@@ -413,11 +501,36 @@ pub fn populations(report: &mut Report, opts: &Options, refs: &Refs, limiter: &L
         };
         let k = |what: &str| format!("kernel.pop.{tag}.{what}");
         add(k("floor"), format!("floor: XDP_PASS ({what})"), floor, None);
-        add(k("hot"), format!("limiter: hot known source, {what}"), hot, Some(k("floor")));
-        add(k("known_floor"), format!("floor: random-known driver + XDP_PASS ({what})"), known_floor_ns, None);
-        add(k("known"), format!("limiter: random known source (driver), {what}"), known_ns, Some(k("known_floor")));
-        add(k("new_floor"), format!("floor: new-source driver + XDP_PASS ({what})"), new_floor_ns, None);
-        add(k("new"), format!("limiter: new source, new bucket (driver), {what}"), new_ns, Some(k("new_floor")));
+        add(
+            k("hot"),
+            format!("limiter: hot known source, {what}"),
+            hot,
+            Some(k("floor")),
+        );
+        add(
+            k("known_floor"),
+            format!("floor: random-known driver + XDP_PASS ({what})"),
+            known_floor_ns,
+            None,
+        );
+        add(
+            k("known"),
+            format!("limiter: random known source (driver), {what}"),
+            known_ns,
+            Some(k("known_floor")),
+        );
+        add(
+            k("new_floor"),
+            format!("floor: new-source driver + XDP_PASS ({what})"),
+            new_floor_ns,
+            None,
+        );
+        add(
+            k("new"),
+            format!("limiter: new source, new bucket (driver), {what}"),
+            new_ns,
+            Some(k("new_floor")),
+        );
     }
     Ok(())
 }
@@ -433,16 +546,28 @@ fn pinned(limiter: &Limiter, name: &str) -> Result<MapData> {
 /// Bytes of a plain-old-data key.
 fn key_bytes<T: Copy>(key: &T) -> Vec<u8> {
     // SAFETY: `T` is one of the #[repr(C)] key types of ratelimit-common, without padding.
-    unsafe { std::slice::from_raw_parts(std::ptr::from_ref(key).cast::<u8>(), std::mem::size_of::<T>()).to_vec() }
+    unsafe {
+        std::slice::from_raw_parts(
+            std::ptr::from_ref(key).cast::<u8>(),
+            std::mem::size_of::<T>(),
+        )
+        .to_vec()
+    }
 }
 
 /// The prefix trie key the limiter looks up for IPv4 source `src` under `generation`.
 fn prefix_key(generation: u32, src: [u8; 4]) -> Vec<u8> {
     let mut addr = [0u8; 16];
     addr[..4].copy_from_slice(&src);
-    let mut key = (ratelimit_common::PREFIX_KEY_HEADER_BITS + 32).to_ne_bytes().to_vec();
+    let mut key = (ratelimit_common::PREFIX_KEY_HEADER_BITS + 32)
+        .to_ne_bytes()
+        .to_vec();
     #[expect(clippy::cast_possible_truncation, reason = "generation is 0 or 1")]
-    key.extend(key_bytes(&ratelimit_common::PrefixKey { generation: generation as u8, family: 4, addr }));
+    key.extend(key_bytes(&ratelimit_common::PrefixKey {
+        generation: generation as u8,
+        family: 4,
+        addr,
+    }));
     key
 }
 
@@ -471,14 +596,32 @@ pub fn probes(
     repeat_ns(limiter.program(), &v4_frame(hot_src), 10)?;
     let mut addr = [0u8; 16];
     addr[..4].copy_from_slice(&hot_src);
-    let bucket_key = key_bytes(&BucketKey { rule: admit, family: 4, _pad: [0; 3], addr });
+    let bucket_key = key_bytes(&BucketKey {
+        rule: admit,
+        family: 4,
+        _pad: [0; 3],
+        addr,
+    });
     let prefix_key = prefix_key(generation, hot_src);
     let zero = 0u32.to_ne_bytes();
     let admit_key = admit.to_ne_bytes();
     let mut list: Vec<(String, String, Vec<progs::Insn>)> = Vec::new();
     if clocks {
-        list.push(("clock".into(), "bpf_ktime_get_ns()".into(), progs::probe(Probe::Clock)));
-        list.push(("coarse_clock".into(), "bpf_ktime_get_coarse_ns()".into(), progs::probe(Probe::CoarseClock)));
+        list.push((
+            "clock".into(),
+            "bpf_ktime_get_ns()".into(),
+            progs::probe(Probe::Clock),
+        ));
+        list.push((
+            "coarse_clock".into(),
+            "bpf_ktime_get_coarse_ns()".into(),
+            progs::probe(Probe::CoarseClock),
+        ));
+        list.push((
+            "jiffies".into(),
+            "bpf_jiffies64()".into(),
+            progs::probe(Probe::Jiffies),
+        ));
         list.push((
             "stats_lookup".into(),
             "per-CPU array lookup (global counters)".into(),
@@ -502,7 +645,13 @@ pub fn probes(
     ));
     let programs: Vec<(String, String, Xdp)> = list
         .into_iter()
-        .map(|(k, l, insns)| Ok((k.clone(), l, progs::load(&format!("rlb_{}", k.replace('.', "_")), &insns, refs.dir())?)))
+        .map(|(k, l, insns)| {
+            Ok((
+                k.clone(),
+                l,
+                progs::load(&format!("rlb_{}", k.replace('.', "_")), &insns, refs.dir())?,
+            ))
+        })
         .collect::<Result<_>>()?;
     let frame = v4_frame(hot_src);
     let floor_key = format!("kernel.probe_floor.{tag}");
@@ -538,6 +687,124 @@ pub fn probes(
             baseline: Some(floor_key.clone()),
             detail: json!({ "repeat": opts.repeat }),
         });
+    }
+    Ok(())
+}
+
+const SECTION_MAPS: &str =
+    "Bucket map types, 1M entries, full (probes: one insert or lookup, then XDP_PASS)";
+
+/// The bucket map's candidates side by side, outside the limiter: a map of 2^20 entries with the
+/// limiter's key and value sizes is filled past capacity, then timed inserting a new source (an
+/// LRU map evicts the least recently used entry; a plain hash map refuses, as nftables' dynamic
+/// set does when full) and looking up a present one.
+pub fn map_variants(report: &mut Report, opts: &Options, refs: &Refs) -> Result<()> {
+    use std::os::fd::AsFd as _;
+    let capacity = 1u32 << 20;
+    let new_repeat = u32::try_from(opts.new_sources).context("--new-sources")?;
+    let floor_driver = Driver::new(
+        "rlb_seq_pass",
+        Sources::Sequential,
+        refs.program(PASS),
+        refs,
+    )?;
+    for (tag, label, map_type, flags) in [
+        (
+            "lru",
+            "LRU hash (as the bucket map)",
+            progs::MAP_LRU_HASH,
+            0,
+        ),
+        (
+            "lru_no_common",
+            "LRU hash, NO_COMMON_LRU",
+            progs::MAP_LRU_HASH,
+            progs::F_NO_COMMON_LRU,
+        ),
+        ("hash", "hash (full: inserts fail)", progs::MAP_HASH, 0),
+    ] {
+        crate::check_interrupted()?;
+        crate::announce(&format!("bucket map candidates: {label}"));
+        let map = progs::create_map(map_type, 24, 64, capacity, flags)?;
+        let insert = progs::load(
+            "rlb_insert",
+            &progs::probe(Probe::InsertSource(map.as_fd())),
+            refs.dir(),
+        )?;
+        let driver = Driver::new("rlb_seq_insert", Sources::Sequential, &insert, refs)?;
+        // Fill past capacity, from 10.0.0.0 on.
+        let filled = capacity + capacity / 8;
+        driver.run(&sequential_from([10, 0, 0, 0]), filled)?;
+        // A key that is there: an LRU map keeps the last ones inserted, a hash map the first.
+        let present = if map_type == progs::MAP_HASH {
+            0
+        } else {
+            filled - 1
+        };
+        let mut key = (u32::from_be_bytes([10, 0, 0, 0]) + present)
+            .to_be_bytes()
+            .to_vec();
+        key.resize(24, 0);
+        let lookup = progs::load(
+            "rlb_lookup",
+            &progs::probe(Probe::Lookup(map.as_fd(), &key)),
+            refs.dir(),
+        )?;
+        let frame = v4_frame([198, 18, 0, 1]);
+        let (mut ins, mut ins_floor, mut look, mut floor) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut next = u32::from_be_bytes([10, 128, 0, 0]);
+        for _ in 0..opts.runs {
+            crate::check_interrupted()?;
+            floor.push(repeat_ns(refs.program(PASS), &frame, opts.repeat)?.0 + TRUNCATION);
+            let (ns, _, action) = repeat_ns(&lookup, &frame, opts.repeat)?;
+            if action != 2 {
+                bail!("{label}: a key that should be there is not");
+            }
+            look.push(ns + TRUNCATION);
+            let start = sequential_from(next.to_be_bytes());
+            ins_floor.push(floor_driver.run(&start, new_repeat)?);
+            ins.push(driver.run(&start, new_repeat)?);
+            next += new_repeat;
+        }
+        let k = |what: &str| format!("kernel.map.{tag}.{what}");
+        let detail = json!({ "capacity": capacity, "filled_with": filled, "key_size": 24, "value_size": 64 });
+        for (key, label, runs, baseline) in [
+            (
+                k("floor"),
+                format!("floor: XDP_PASS (next to {tag})"),
+                floor,
+                None,
+            ),
+            (
+                k("lookup"),
+                format!("{label}: lookup, hit"),
+                look,
+                Some(k("floor")),
+            ),
+            (
+                k("insert_floor"),
+                format!("floor: new-source driver + XDP_PASS ({tag})"),
+                ins_floor,
+                None,
+            ),
+            (
+                k("insert"),
+                format!("{label}: insert new source (driver)"),
+                ins,
+                Some(k("insert_floor")),
+            ),
+        ] {
+            report.add(Figure {
+                key,
+                section: SECTION_MAPS,
+                label,
+                unit: "ns/pkt",
+                runs,
+                baseline,
+                detail: detail.clone(),
+            });
+        }
     }
     Ok(())
 }

@@ -35,6 +35,7 @@ pub const LDX_W: u8 = 0x61;
 pub const STX_B: u8 = 0x73;
 pub const STX_W: u8 = 0x63;
 pub const ST_B: u8 = 0x72;
+pub const ST_W: u8 = 0x62;
 pub const JGT_REG: u8 = 0x2d;
 pub const JEQ_IMM: u8 = 0x15;
 pub const LD_IMM64: u8 = 0x18;
@@ -44,10 +45,12 @@ pub const EXIT: u8 = 0x95;
 const PSEUDO_MAP_FD: u8 = 1;
 
 pub const FUNC_MAP_LOOKUP_ELEM: i32 = 1;
+pub const FUNC_MAP_UPDATE_ELEM: i32 = 2;
 pub const FUNC_KTIME_GET_NS: i32 = 5;
 pub const FUNC_GET_PRANDOM_U32: i32 = 7;
 pub const FUNC_TAIL_CALL: i32 = 12;
 pub const FUNC_KTIME_GET_COARSE_NS: i32 = 160;
+pub const FUNC_JIFFIES64: i32 = 118;
 
 pub const XDP_ABORTED: i32 = 0;
 pub const XDP_PASS: i32 = 2;
@@ -74,18 +77,33 @@ pub struct Insn {
 
 /// An instruction: opcode, destination and source registers, offset, immediate.
 pub const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-    Insn { code, regs: dst | (src << 4), off, imm }
+    Insn {
+        code,
+        regs: dst | (src << 4),
+        off,
+        imm,
+    }
 }
 
 /// `dst = map fd` (two instruction slots).
 pub fn ld_map_fd(dst: u8, fd: BorrowedFd<'_>) -> [Insn; 2] {
-    [insn(LD_IMM64, dst, PSEUDO_MAP_FD, 0, fd.as_raw_fd()), insn(0, 0, 0, 0, 0)]
+    [
+        insn(LD_IMM64, dst, PSEUDO_MAP_FD, 0, fd.as_raw_fd()),
+        insn(0, 0, 0, 0, 0),
+    ]
 }
 
 fn sys_bpf<T>(cmd: libc::c_long, attr: &T) -> std::io::Result<i64> {
     // SAFETY: `attr` is a valid prefix of union bpf_attr for `cmd` (each caller's struct follows
     // the uapi layout); every pointer in it points at memory that outlives the call.
-    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, std::ptr::from_ref(attr), std::mem::size_of::<T>()) };
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            std::ptr::from_ref(attr),
+            std::mem::size_of::<T>(),
+        )
+    };
     if rc < 0 {
         Err(std::io::Error::last_os_error())
     } else {
@@ -140,7 +158,10 @@ pub fn load(name: &str, insns: &[Insn], pin_dir: &Path) -> Result<Xdp> {
         Ok(fd) => owned(fd),
         Err(e) => {
             let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-            bail!("loading {name}: {e}\n{}", String::from_utf8_lossy(&log[..end]));
+            bail!(
+                "loading {name}: {e}\n{}",
+                String::from_utf8_lossy(&log[..end])
+            );
         }
     };
     let pin = pin_dir.join(name);
@@ -162,8 +183,21 @@ pub fn load(name: &str, insns: &[Insn], pin_dir: &Path) -> Result<Xdp> {
     program.with_context(|| format!("opening the pinned {name}"))
 }
 
-/// A one-slot program array holding `target`, for a driver's tail call.
-pub fn prog_array(target: &Xdp) -> Result<OwnedFd> {
+/// `BPF_MAP_TYPE_HASH`.
+pub const MAP_HASH: u32 = 1;
+/// `BPF_MAP_TYPE_LRU_HASH`.
+pub const MAP_LRU_HASH: u32 = 9;
+/// `BPF_F_NO_COMMON_LRU`: per-CPU LRU lists.
+pub const F_NO_COMMON_LRU: u32 = 2;
+
+/// Creates a map.
+pub fn create_map(
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+) -> Result<OwnedFd> {
     #[repr(C)]
     struct MapCreate {
         map_type: u32,
@@ -172,8 +206,21 @@ pub fn prog_array(target: &Xdp) -> Result<OwnedFd> {
         max_entries: u32,
         map_flags: u32,
     }
-    let attr = MapCreate { map_type: BPF_MAP_TYPE_PROG_ARRAY, key_size: 4, value_size: 4, max_entries: 1, map_flags: 0 };
-    let map = owned(sys_bpf(BPF_MAP_CREATE, &attr).context("creating a program array")?);
+    let attr = MapCreate {
+        map_type,
+        key_size,
+        value_size,
+        max_entries,
+        map_flags,
+    };
+    Ok(owned(sys_bpf(BPF_MAP_CREATE, &attr).with_context(
+        || format!("creating a map of type {map_type}"),
+    )?))
+}
+
+/// A one-slot program array holding `target`, for a driver's tail call.
+pub fn prog_array(target: &Xdp) -> Result<OwnedFd> {
+    let map = create_map(BPF_MAP_TYPE_PROG_ARRAY, 4, 4, 1, 0)?;
     let key = 0u32;
     let value = u32::try_from(target.fd()?.as_fd().as_raw_fd()).expect("fd");
     #[repr(C)]
@@ -191,7 +238,8 @@ pub fn prog_array(target: &Xdp) -> Result<OwnedFd> {
         value: std::ptr::from_ref(&value) as u64,
         flags: 0,
     };
-    sys_bpf(BPF_MAP_UPDATE_ELEM, &attr).context("putting the tail-call target in its program array")?;
+    sys_bpf(BPF_MAP_UPDATE_ELEM, &attr)
+        .context("putting the tail-call target in its program array")?;
     Ok(map)
 }
 
@@ -215,9 +263,9 @@ fn bounds(skip: i16) -> [Insn; 5] {
 /// IPv4 source address, the IP ID set so that the header checksum stays right, then `XDP_TX`.
 pub fn random_source() -> Vec<Insn> {
     let mut p = vec![
-        insn(MOV64_REG, 6, 1, 0, 0),                   // r6 = ctx
-        insn(CALL, 0, 0, 0, FUNC_GET_PRANDOM_U32),     // r0 = random
-        insn(MOV64_REG, 7, 0, 0, 0),                   // r7 = random
+        insn(MOV64_REG, 6, 1, 0, 0),               // r6 = ctx
+        insn(CALL, 0, 0, 0, FUNC_GET_PRANDOM_U32), // r0 = random
+        insn(MOV64_REG, 7, 0, 0, 0),               // r7 = random
     ];
     let body = [
         insn(MOV64_REG, 5, 7, 0, 0), // r5 = b1 = random & 0xff
@@ -308,8 +356,14 @@ pub enum Probe<'a> {
     Clock,
     /// `bpf_ktime_get_coarse_ns()`.
     CoarseClock,
+    /// `bpf_jiffies64()`.
+    Jiffies,
     /// `bpf_map_lookup_elem(map, key)`; the lookup must hit (else the probe returns XDP_ABORTED).
     Lookup(BorrowedFd<'a>, &'a [u8]),
+    /// `bpf_map_update_elem(map, key, zeros, BPF_ANY)` with a 24-byte key made of the frame's
+    /// IPv4 source and zeros, and a 64-byte value (the limiter's bucket key and value sizes);
+    /// whether it succeeds is not looked at.
+    InsertSource(BorrowedFd<'a>),
 }
 
 /// A probe program: does `probe` once, then returns XDP_PASS.
@@ -318,7 +372,30 @@ pub fn probe(probe: Probe<'_>) -> Vec<Insn> {
     match probe {
         Probe::Clock => p.push(insn(CALL, 0, 0, 0, FUNC_KTIME_GET_NS)),
         Probe::CoarseClock => p.push(insn(CALL, 0, 0, 0, FUNC_KTIME_GET_COARSE_NS)),
+        Probe::Jiffies => p.push(insn(CALL, 0, 0, 0, FUNC_JIFFIES64)),
         Probe::Lookup(..) => {}
+        Probe::InsertSource(map) => {
+            // Key at r10-24 (source, then zeros), value at r10-88 (zeros).
+            let mut body = vec![insn(LDX_W, 5, 2, IP_SRC, 0), insn(STX_W, 10, 5, -24, 0)];
+            for off in (-20..0).step_by(4) {
+                body.push(insn(ST_W, 10, 0, off, 0));
+            }
+            for off in (-88..-24).step_by(4) {
+                body.push(insn(ST_W, 10, 0, off, 0));
+            }
+            body.extend(ld_map_fd(1, map));
+            body.extend([
+                insn(MOV64_REG, 2, 10, 0, 0),
+                insn(ADD64_IMM, 2, 0, 0, -24),
+                insn(MOV64_REG, 3, 10, 0, 0),
+                insn(ADD64_IMM, 3, 0, 0, -88),
+                insn(MOV64_IMM, 4, 0, 0, 0),
+                insn(CALL, 0, 0, 0, FUNC_MAP_UPDATE_ELEM),
+            ]);
+            p.push(insn(MOV64_REG, 6, 1, 0, 0));
+            p.extend(bounds(i16::try_from(body.len()).expect("short")));
+            p.extend(body);
+        }
     }
     p.extend([insn(MOV64_IMM, 0, 0, 0, XDP_PASS), insn(EXIT, 0, 0, 0, 0)]);
     if let Probe::Lookup(map, key) = probe {
@@ -339,7 +416,10 @@ pub fn probe(probe: Probe<'_>) -> Vec<Insn> {
         ]);
         pre.append(&mut p);
         p = pre;
-        p.extend([insn(MOV64_IMM, 0, 0, 0, XDP_ABORTED), insn(EXIT, 0, 0, 0, 0)]);
+        p.extend([
+            insn(MOV64_IMM, 0, 0, 0, XDP_ABORTED),
+            insn(EXIT, 0, 0, 0, 0),
+        ]);
     }
     p
 }

@@ -39,7 +39,11 @@ impl Refs {
         let dir = PathBuf::from(format!("/sys/fs/bpf/rl-bench-refs-{}", std::process::id()));
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         // From here on, drop removes the directory.
-        let mut refs = Self { ebpf: None, random: None, dir };
+        let mut refs = Self {
+            ebpf: None,
+            random: None,
+            dir,
+        };
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&refs.dir)
             .map_max_entries(map_names::BUCKETS, 64)
@@ -104,7 +108,8 @@ impl Refs {
             .expect("loaded in Refs::load")
             .try_into()
             .expect("an XDP program");
-        prog.detach(link).with_context(|| format!("detaching {name}"))
+        prog.detach(link)
+            .with_context(|| format!("detaching {name}"))
     }
 }
 

@@ -124,8 +124,8 @@ impl Report {
                 let _ = writeln!(out, "\n{section}");
                 let _ = writeln!(
                     out,
-                    "  {:<62} {:>10} {:<7} {:>19} {:>6}  {}",
-                    "", "median", "unit", "spread", "runs", "vs baseline"
+                    "  {:<62} {:>10} {:<7} {:>19} {:>6}  vs baseline",
+                    "", "median", "unit", "spread", "runs"
                 );
             }
             let lo = f.runs.iter().copied().fold(f64::INFINITY, f64::min);

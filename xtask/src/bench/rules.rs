@@ -37,7 +37,13 @@ fn ms(d: std::time::Duration) -> f64 {
 
 /// Installs the 10,000-rule set over the base set and back, then changes one rule of the large
 /// set, `opts.runs` times each (at least 3). `tag`/`what` say what the bucket map holds.
-pub fn latency(report: &mut Report, opts: &Options, limiter: &mut Limiter, tag: &str, what: &str) -> Result<()> {
+pub fn latency(
+    report: &mut Report,
+    opts: &Options,
+    limiter: &mut Limiter,
+    tag: &str,
+    what: &str,
+) -> Result<()> {
     crate::announce(&format!("rule update latency, 10,000 rules ({what})"));
     let base = Config::parse(BASE_RULES, "bench.toml")?.rules;
     let runs = opts.runs.max(3);
