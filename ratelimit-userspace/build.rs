@@ -16,13 +16,19 @@ use anyhow::{bail, Context as _, Result};
 fn main() -> Result<()> {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").context("OUT_DIR not set")?);
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").context("no manifest dir")?);
-    let workspace = manifest_dir.parent().context("no workspace dir")?.to_path_buf();
+    let workspace = manifest_dir
+        .parent()
+        .context("no workspace dir")?
+        .to_path_buf();
     let ebpf_dir = workspace.join("ratelimit-ebpf");
     let common_dir = workspace.join("ratelimit-common");
     let object = out_dir.join("ratelimit.bpf.o");
 
     println!("cargo::rerun-if-changed={}", ebpf_dir.display());
-    println!("cargo::rerun-if-changed={}", common_dir.join("src").display());
+    println!(
+        "cargo::rerun-if-changed={}",
+        common_dir.join("src").display()
+    );
     println!("cargo::rerun-if-env-changed=RATELIMIT_EBPF_SKIP");
 
     if env::var_os("RATELIMIT_EBPF_SKIP").is_some_and(|v| v == "1") {
@@ -36,18 +42,38 @@ fn main() -> Result<()> {
     // A target dir of its own: the outer cargo holds the lock on the workspace's.
     let target_dir = workspace.join("target").join("ebpf");
     let mut cmd = Command::new("rustup");
-    cmd.args(["run", "nightly", "cargo", "build", "--package", "ratelimit-ebpf", "--bin", "ratelimit"])
-        .args(["--release", "--target", "bpfel-unknown-none", "-Z", "build-std=core"])
-        .arg("--target-dir")
-        .arg(&target_dir)
-        .current_dir(&workspace)
-        .env(
-            "CARGO_ENCODED_RUSTFLAGS",
-            ["-Ctarget-cpu=v3", "-Cdebuginfo=2", "-Clink-arg=--btf", "--cfg=bpf_target_arch=\"x86_64\""]
-                .join("\x1f"),
-        )
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit());
+    cmd.args([
+        "run",
+        "nightly",
+        "cargo",
+        "build",
+        "--package",
+        "ratelimit-ebpf",
+        "--bin",
+        "ratelimit",
+    ])
+    .args([
+        "--release",
+        "--target",
+        "bpfel-unknown-none",
+        "-Z",
+        "build-std=core",
+    ])
+    .arg("--target-dir")
+    .arg(&target_dir)
+    .current_dir(&workspace)
+    .env(
+        "CARGO_ENCODED_RUSTFLAGS",
+        [
+            "-Ctarget-cpu=v3",
+            "-Cdebuginfo=2",
+            "-Clink-arg=--btf",
+            "--cfg=bpf_target_arch=\"x86_64\"",
+        ]
+        .join("\x1f"),
+    )
+    .stdout(Stdio::inherit())
+    .stderr(Stdio::inherit());
     // Variables the outer (stable) cargo set for this build script must not leak into the nightly one.
     for key in [
         "RUSTC",

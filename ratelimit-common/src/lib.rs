@@ -94,8 +94,15 @@ pub mod verdict {
     /// Number of verdicts.
     pub const COUNT: usize = 7;
     /// Names as printed by the CLI and the metrics, by index.
-    pub const NAMES: [&str; COUNT] =
-        ["passed", "allowed", "dropped_rate", "dropped_bytes", "denied", "dry_run", "no_bucket"];
+    pub const NAMES: [&str; COUNT] = [
+        "passed",
+        "allowed",
+        "dropped_rate",
+        "dropped_bytes",
+        "denied",
+        "dry_run",
+        "no_bucket",
+    ];
 }
 
 /// Indices of [`crate::GlobalStats::counters`].
@@ -287,7 +294,11 @@ const _: () = assert!(size_of::<RuleMeta>() == 8 + MAX_RULE_NAME);
 
 impl Default for RuleMeta {
     fn default() -> Self {
-        Self { name_len: 0, line: 0, name: [0; MAX_RULE_NAME] }
+        Self {
+            name_len: 0,
+            line: 0,
+            name: [0; MAX_RULE_NAME],
+        }
     }
 }
 

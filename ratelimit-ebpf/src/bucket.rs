@@ -55,8 +55,7 @@ fn gcra(tat: *mut u64, now: u64, cost: u64, tolerance: u64) -> Charge {
 #[inline(always)]
 pub fn charge(bucket: *mut Bucket, rule: &Rule, now: u64, len: u64) -> usize {
     // SAFETY: `bucket` points at a live map value; only addresses of fields are taken here.
-    let (tat, byte_tat) =
-        unsafe { (&raw mut (*bucket).tat_ns, &raw mut (*bucket).byte_tat_ns) };
+    let (tat, byte_tat) = unsafe { (&raw mut (*bucket).tat_ns, &raw mut (*bucket).byte_tat_ns) };
     let limits_pkts = rule.flags & rule_flags::PKT_LIMIT != 0;
     if limits_pkts && gcra(tat, now, rule.pkt_interval_ns, rule.pkt_tolerance_ns) == Charge::Exceeds
     {
@@ -68,7 +67,9 @@ pub fn charge(bucket: *mut Bucket, rule: &Rule, now: u64, len: u64) -> usize {
             if limits_pkts {
                 // The packet was charged a packet token above but is dropped: give it back.
                 // SAFETY: as in gcra.
-                unsafe { atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(tat, rule.pkt_interval_ns) };
+                unsafe {
+                    atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(tat, rule.pkt_interval_ns)
+                };
             }
             return verdict::DROPPED_BYTES;
         }

@@ -19,7 +19,11 @@ pub fn classify(pkt: &Packet, generation: u32) -> Option<(u32, &'static Rule)> {
     let addr: [u8; 16] = unsafe { core::mem::transmute(pkt.src) };
     let key = Key::new(
         PREFIX_KEY_HEADER_BITS + bits,
-        PrefixKey { generation: generation as u8, family: pkt.family, addr },
+        PrefixKey {
+            generation: generation as u8,
+            family: pkt.family,
+            addr,
+        },
     );
     let set = PREFIXES.get(&key)?;
     let len = set.len as usize;

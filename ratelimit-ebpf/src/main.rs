@@ -3,7 +3,10 @@
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]
-#![expect(internal_features, reason = "core_intrinsics: the only 64-bit CAS the BPF target offers")]
+#![expect(
+    internal_features,
+    reason = "core_intrinsics: the only 64-bit CAS the BPF target offers"
+)]
 
 mod bucket;
 mod classify;
@@ -57,7 +60,8 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
         return Ok(xdp_action::XDP_PASS);
     };
     let len = (ctx.data_end() - ctx.data()) as u64;
-    let dry_run = rule.flags & rule_flags::DRY_RUN != 0 || config.flags & config_flags::DRY_RUN != 0;
+    let dry_run =
+        rule.flags & rule_flags::DRY_RUN != 0 || config.flags & config_flags::DRY_RUN != 0;
     let mut v = match rule.action {
         action::ALLOW => verdict::ALLOWED,
         action::DENY => verdict::DENIED,
@@ -89,7 +93,12 @@ fn limit(pkt: &Packet, id: u32, rule: &Rule, len: u64) -> usize {
     ];
     // SAFETY: [u32; 4] and [u8; 16] have the same size and any bit pattern is valid for both.
     let addr: [u8; 16] = unsafe { core::mem::transmute(masked) };
-    let key = BucketKey { rule: id, family: pkt.family, _pad: [0; 3], addr };
+    let key = BucketKey {
+        rule: id,
+        family: pkt.family,
+        _pad: [0; 3],
+        addr,
+    };
     // The coarse clock costs a quarter of ktime_get_ns; the agent picks it only for buckets whose
     // tolerance spans several jiffies, where a tick-old `now` changes nothing measurable.
     // SAFETY: helpers without preconditions.
@@ -105,7 +114,10 @@ fn limit(pkt: &Packet, id: u32, rule: &Rule, len: u64) -> usize {
         bucket::count(b, v == verdict::PASSED, len);
         return v;
     }
-    let mut fresh = Bucket { created_ns: now, ..Bucket::default() };
+    let mut fresh = Bucket {
+        created_ns: now,
+        ..Bucket::default()
+    };
     let v = bucket::charge_fresh(&mut fresh, rule, now, len);
     bucket::count(&raw mut fresh, v == verdict::PASSED, len);
     match BUCKETS.insert(key, fresh, u64::from(BPF_NOEXIST)) {
@@ -135,11 +147,21 @@ fn no_bucket() -> usize {
 #[inline(never)]
 fn log_verdict(ctx: &XdpContext, pkt: &Packet, id: u32, v: usize) {
     if pkt.family == family::V4 {
-        debug!(ctx, "src {:i} proto {} rule {} verdict {}", u32::from_be(pkt.src[0]), pkt.protocol, id, v);
+        debug!(
+            ctx,
+            "src {:i} proto {} rule {} verdict {}",
+            u32::from_be(pkt.src[0]),
+            pkt.protocol,
+            id,
+            v
+        );
     } else {
         // SAFETY: same size, any bit pattern valid.
         let src: [u8; 16] = unsafe { core::mem::transmute(pkt.src) };
-        debug!(ctx, "src {:i} proto {} rule {} verdict {}", src, pkt.protocol, id, v);
+        debug!(
+            ctx,
+            "src {:i} proto {} rule {} verdict {}", src, pkt.protocol, id, v
+        );
     }
 }
 

@@ -107,7 +107,12 @@ fn parse_ipv4(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
     if l4 > ctx.data_end() - ctx.data() {
         return Err(global::BAD_IPV4);
     }
-    let mut pkt = Packet { family: family::V4, protocol, dst_port: 0, src: [src, 0, 0, 0] };
+    let mut pkt = Packet {
+        family: family::V4,
+        protocol,
+        dst_port: 0,
+        src: [src, 0, 0, 0],
+    };
     if frag & 0x1fff != 0 {
         // Non-first fragment: no L4 header here; classify on addresses and protocol only.
         bump_global(global::FRAGMENTS);
@@ -127,7 +132,12 @@ fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
         return Err(global::BAD_IPV6);
     }
     let mut next = h[6];
-    let mut pkt = Packet { family: family::V6, protocol: next, dst_port: 0, src };
+    let mut pkt = Packet {
+        family: family::V6,
+        protocol: next,
+        dst_port: 0,
+        src,
+    };
     let mut hdr = off + 40;
     for _ in 0..MAX_IPV6_EXT {
         if !matches!(

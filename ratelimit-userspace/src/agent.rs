@@ -42,7 +42,9 @@ pub enum AgentError {
         source: CompileError,
     },
     /// No interface to attach to.
-    #[error("no interfaces to attach to: set `interfaces` in the [agent] table of {0} or pass --iface")]
+    #[error(
+        "no interfaces to attach to: set `interfaces` in the [agent] table of {0} or pass --iface"
+    )]
     NoInterfaces(PathBuf),
     /// An interface named in the config or on the command line does not exist.
     #[error("interface {name:?} (from {origin}) does not exist")]
@@ -116,7 +118,10 @@ pub fn prepare(opts: &AgentOptions) -> Result<Config, AgentError> {
 fn check_interfaces(names: &[String], origin: &str) -> Result<(), AgentError> {
     for name in names {
         if !crate::dataplane::interface_exists(name) {
-            return Err(AgentError::NoSuchInterface { name: name.clone(), origin: origin.to_string() });
+            return Err(AgentError::NoSuchInterface {
+                name: name.clone(),
+                origin: origin.to_string(),
+            });
         }
     }
     Ok(())
@@ -170,12 +175,14 @@ impl Agent {
         // rules keep their buckets across a restart.
         let installed = dp.maps().named_rules()?;
         let adopted = !installed.is_empty();
-        let ids = RuleIds::from_installed(installed_ids(installed))
-            .unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "pinned rule ids unusable; assigning new ones");
-                RuleIds::new()
-            });
-        let set = compile(&[], &ids).map_err(|source| AgentError::Compile { origin: "empty rule set".into(), source })?;
+        let ids = RuleIds::from_installed(installed_ids(installed)).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "pinned rule ids unusable; assigning new ones");
+            RuleIds::new()
+        });
+        let set = compile(&[], &ids).map_err(|source| AgentError::Compile {
+            origin: "empty rule set".into(),
+            source,
+        })?;
         let mut agent = Self {
             opts,
             config: config.clone(),
@@ -218,12 +225,17 @@ impl Agent {
     /// Compiles `rules` against the installed ids and swaps them in whole; on any error the
     /// rules in force stay.
     fn install_rules(&mut self, rules: &[RuleConfig], origin: &str) -> Result<(), AgentError> {
-        let set = compile(rules, &self.ids)
-            .map_err(|source| AgentError::Compile { origin: origin.to_string(), source })?;
+        let set = compile(rules, &self.ids).map_err(|source| AgentError::Compile {
+            origin: origin.to_string(),
+            source,
+        })?;
         self.dp.install(&set)?;
         self.ids
             .commit(&set)
-            .map_err(|source| AgentError::Compile { origin: origin.to_string(), source })?;
+            .map_err(|source| AgentError::Compile {
+                origin: origin.to_string(),
+                source,
+            })?;
         self.set = set;
         self.config.rules = rules.to_vec();
         Ok(())
@@ -231,7 +243,11 @@ impl Agent {
 
     /// Replaces the rule set (from the API): validated whole, swapped in atomically, then written
     /// back to the config file. Counts as a reload.
-    pub fn replace_rules(&mut self, rules: Vec<RuleConfig>, origin: &str) -> Result<(), AgentError> {
+    pub fn replace_rules(
+        &mut self,
+        rules: Vec<RuleConfig>,
+        origin: &str,
+    ) -> Result<(), AgentError> {
         let previous = self.config.rules.clone();
         let mut result = self.install_rules(&rules, origin);
         if result.is_ok() {
@@ -299,8 +315,13 @@ impl Agent {
         let old_ifaces = self.config.agent.interfaces.clone();
         // Only interfaces new to the config must exist: one already configured may be missing
         // for now (deleted; attached again when it returns), which must not block rule changes.
-        let added: Vec<String> =
-            new.agent.interfaces.iter().filter(|i| !old_ifaces.contains(i)).cloned().collect();
+        let added: Vec<String> = new
+            .agent
+            .interfaces
+            .iter()
+            .filter(|i| !old_ifaces.contains(i))
+            .cloned()
+            .collect();
         check_interfaces(&added, &format!("[agent] interfaces in {origin}"))?;
         // Everything validated: from here on each step is applied.
         self.install_rules(&new.rules, &origin)?;
@@ -309,7 +330,10 @@ impl Agent {
             let att = self.dp.attach(iface, new.agent.mode)?;
             tracing::info!(iface = %att.iface, mode = att.mode, "attached (reload)");
         }
-        for iface in old_ifaces.iter().filter(|i| !new.agent.interfaces.contains(i)) {
+        for iface in old_ifaces
+            .iter()
+            .filter(|i| !new.agent.interfaces.contains(i))
+        {
             self.dp.detach(iface)?;
             self.missing.remove(iface);
             tracing::info!(iface = %iface, "detached (reload)");
@@ -404,7 +428,11 @@ impl Agent {
     /// The list files (`source_file`) the rules in force were read from.
     #[must_use]
     pub fn list_files(&self) -> Vec<PathBuf> {
-        self.config.rules.iter().filter_map(|r| r.source_file.clone()).collect()
+        self.config
+            .rules
+            .iter()
+            .filter_map(|r| r.source_file.clone())
+            .collect()
     }
 
     /// The config in force.
@@ -434,7 +462,9 @@ impl Agent {
     /// The cluster's members and counters (`None` without `[cluster]`).
     #[must_use]
     pub fn cluster_status(&self) -> Option<crate::cluster::ClusterStatus> {
-        self.cluster.as_ref().map(crate::cluster::ClusterHandle::status)
+        self.cluster
+            .as_ref()
+            .map(crate::cluster::ClusterHandle::status)
     }
 
     /// What `ratelimit status` shows.
@@ -462,16 +492,30 @@ impl Agent {
 
     /// The attached interfaces, and the configured ones that are missing.
     fn interface_status(&self) -> Vec<InterfaceStatus> {
-        let state = |iface: &str| if self.missing.contains(iface) { "missing" } else { "attached" };
+        let state = |iface: &str| {
+            if self.missing.contains(iface) {
+                "missing"
+            } else {
+                "attached"
+            }
+        };
         let mut out: Vec<InterfaceStatus> = self
             .dp
             .attachments()
             .iter()
-            .map(|a| InterfaceStatus { iface: a.iface.clone(), mode: a.mode.to_string(), state: state(&a.iface) })
+            .map(|a| InterfaceStatus {
+                iface: a.iface.clone(),
+                mode: a.mode.to_string(),
+                state: state(&a.iface),
+            })
             .collect();
         for iface in &self.missing {
             if !out.iter().any(|i| &i.iface == iface) {
-                out.push(InterfaceStatus { iface: iface.clone(), mode: "-".to_string(), state: "missing" });
+                out.push(InterfaceStatus {
+                    iface: iface.clone(),
+                    mode: "-".to_string(),
+                    state: "missing",
+                });
             }
         }
         out
@@ -489,10 +533,21 @@ impl Agent {
     }
 
     /// Which rule a packet from `ip` (with `protocol`/`dst_port`) falls under, why, and its bucket.
-    pub fn explain(&self, ip: IpAddr, protocol: u8, dst_port: Option<u16>) -> Result<Explain, AgentError> {
+    pub fn explain(
+        &self,
+        ip: IpAddr,
+        protocol: u8,
+        dst_port: Option<u16>,
+    ) -> Result<Explain, AgentError> {
         let prefix = self.set.lookup(ip);
         let candidates: Vec<String> = prefix
-            .map(|p| p.candidates().iter().filter_map(|&id| self.set.rule(id)).map(|r| r.name.clone()).collect())
+            .map(|p| {
+                p.candidates()
+                    .iter()
+                    .filter_map(|&id| self.set.rule(id))
+                    .map(|r| r.name.clone())
+                    .collect()
+            })
             .unwrap_or_default();
         let Some(rule) = self.set.classify(ip, protocol, dst_port) else {
             let why = match prefix {
@@ -504,7 +559,16 @@ impl Agent {
                     dst_port.map_or_else(|| "-".to_string(), |p| p.to_string())
                 ),
             };
-            return Ok(Explain { ip, protocol, dst_port, rule: None, prefix: prefix.map(|p| p.net().to_string()), candidates, why, bucket: None });
+            return Ok(Explain {
+                ip,
+                protocol,
+                dst_port,
+                rule: None,
+                prefix: prefix.map(|p| p.net().to_string()),
+                candidates,
+                why,
+                bucket: None,
+            });
         };
         let net = prefix.map(|p| p.net().to_string());
         let why = format!(
@@ -519,12 +583,22 @@ impl Agent {
             .maps()
             .bucket(&key)?
             .map(|b| BucketView::new(&b, &rule.rule, monotonic_ns()));
-        let config = self.config.rules.iter().find(|r| r.name == rule.name).cloned();
+        let config = self
+            .config
+            .rules
+            .iter()
+            .find(|r| r.name == rule.name)
+            .cloned();
         Ok(Explain {
             ip,
             protocol,
             dst_port,
-            rule: Some(ExplainRule { name: rule.name.clone(), id: rule.id, line: rule.line, config }),
+            rule: Some(ExplainRule {
+                name: rule.name.clone(),
+                id: rule.id,
+                line: rule.line,
+                config,
+            }),
             prefix: net,
             candidates,
             why,
@@ -536,7 +610,12 @@ impl Agent {
     pub fn detach(&mut self, iface: Option<&str>) -> Result<Vec<String>, AgentError> {
         let targets: Vec<String> = match iface {
             Some(i) => vec![i.to_string()],
-            None => self.dp.attachments().iter().map(|a| a.iface.clone()).collect(),
+            None => self
+                .dp
+                .attachments()
+                .iter()
+                .map(|a| a.iface.clone())
+                .collect(),
         };
         let mut done = Vec::new();
         for t in targets {
@@ -577,12 +656,18 @@ impl Agent {
 /// named id stays reserved: handing one out again as a fresh id would overwrite a record that the
 /// rules in force may use before the swap. The extra ones get a name no rule can have ('#' is not
 /// allowed), so the first install frees them and purges their buckets.
-fn installed_ids(named: std::collections::BTreeMap<u32, (String, u32, ratelimit_common::Rule)>) -> Vec<(String, u32, ratelimit_common::Rule)> {
+fn installed_ids(
+    named: std::collections::BTreeMap<u32, (String, u32, ratelimit_common::Rule)>,
+) -> Vec<(String, u32, ratelimit_common::Rule)> {
     let mut seen = std::collections::HashSet::new();
     named
         .into_iter()
         .map(|(id, (name, _, rule))| {
-            let name = if seen.insert(name.clone()) { name } else { format!("{name}#stale-{id}") };
+            let name = if seen.insert(name.clone()) {
+                name
+            } else {
+                format!("{name}#stale-{id}")
+            };
             (name, id, rule)
         })
         .collect()
@@ -617,10 +702,16 @@ pub fn bucket_key(id: u32, rule: &ratelimit_common::Rule, ip: IpAddr) -> BucketK
     };
     let mut addr = [0u8; 16];
     for w in 0..4 {
-        let word = u32::from_ne_bytes(bytes[w * 4..w * 4 + 4].try_into().expect("4 bytes")) & rule.src_mask[w];
+        let word = u32::from_ne_bytes(bytes[w * 4..w * 4 + 4].try_into().expect("4 bytes"))
+            & rule.src_mask[w];
         addr[w * 4..w * 4 + 4].copy_from_slice(&word.to_ne_bytes());
     }
-    BucketKey { rule: id, family: fam, _pad: [0; 3], addr }
+    BucketKey {
+        rule: id,
+        family: fam,
+        _pad: [0; 3],
+        addr,
+    }
 }
 
 /// The address (masked source) a bucket key stands for.
@@ -636,14 +727,19 @@ pub fn bucket_addr(key: &BucketKey) -> IpAddr {
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns` reads.
 #[must_use]
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// A bucket's state in user terms.
@@ -677,7 +773,13 @@ impl BucketView {
             tokens: (rule.flags & rule_flags::PKT_LIMIT != 0 && rule.pkt_interval_ns > 0)
                 .then(|| level(b.tat_ns, rule.pkt_tolerance_ns, rule.pkt_interval_ns as f64)),
             byte_tokens: (rule.flags & rule_flags::BYTE_LIMIT != 0 && rule.byte_interval_fp > 0)
-                .then(|| level(b.byte_tat_ns, rule.byte_tolerance_ns, rule.byte_interval_fp as f64 / 65536.0)),
+                .then(|| {
+                    level(
+                        b.byte_tat_ns,
+                        rule.byte_tolerance_ns,
+                        rule.byte_interval_fp as f64 / 65536.0,
+                    )
+                }),
             passed: b.passed_pkts,
             dropped: b.dropped_pkts,
             age_secs: now.saturating_sub(b.created_ns) as f64 / 1e9,
@@ -773,8 +875,11 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     let sig = |kind: SignalKind, name: &str| {
         signal(kind).map_err(|e| AgentError::Runtime(format!("installing the {name} handler: {e}")))
     };
-    let (mut int, mut term, mut hup) =
-        (sig(SignalKind::interrupt(), "SIGINT")?, sig(SignalKind::terminate(), "SIGTERM")?, sig(SignalKind::hangup(), "SIGHUP")?);
+    let (mut int, mut term, mut hup) = (
+        sig(SignalKind::interrupt(), "SIGINT")?,
+        sig(SignalKind::terminate(), "SIGTERM")?,
+        sig(SignalKind::hangup(), "SIGHUP")?,
+    );
 
     let config_path = opts.config_path.clone();
     // The control socket is bound before anything is loaded: if another agent answers on it,
@@ -789,7 +894,10 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         }
     };
     let (metrics_addr, ebpf_log) = (agent.config.agent.metrics, agent.config.agent.ebpf_log);
-    let (cluster, pin_dir) = (agent.config.cluster.clone(), agent.dp.pin_dir().to_path_buf());
+    let (cluster, pin_dir) = (
+        agent.config.cluster.clone(),
+        agent.dp.pin_dir().to_path_buf(),
+    );
     let agent: SharedAgent = Arc::new(Mutex::new(agent));
 
     let mut tasks = Vec::new();
@@ -872,11 +980,16 @@ fn spawn_config_watcher(path: PathBuf, agent: SharedAgent) -> tokio::task::JoinH
     tokio::spawn(async move {
         let stamp = |p: &Path| {
             use std::os::unix::fs::MetadataExt as _;
-            std::fs::metadata(p).ok().map(|m| (m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+            std::fs::metadata(p)
+                .ok()
+                .map(|m| (m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
         };
         // The config file and the list files (`source_file`) of the rules in force.
         let watched = |lists: Vec<PathBuf>| {
-            std::iter::once(path.clone()).chain(lists).map(|p| (stamp(&p), p)).collect::<Vec<_>>()
+            std::iter::once(path.clone())
+                .chain(lists)
+                .map(|p| (stamp(&p), p))
+                .collect::<Vec<_>>()
         };
         let mut last = watched(agent.lock().await.list_files());
         let mut tick = tokio::time::interval(Duration::from_millis(250));
@@ -915,7 +1028,9 @@ fn spawn_interface_watcher(agent: SharedAgent) -> tokio::task::JoinHandle<()> {
 }
 
 /// Forwards the program's aya-log records to the agent's log (only emitted when `ebpf_log` is on).
-async fn spawn_ebpf_log_reader(agent: &SharedAgent) -> Result<tokio::task::JoinHandle<()>, AgentError> {
+async fn spawn_ebpf_log_reader(
+    agent: &SharedAgent,
+) -> Result<tokio::task::JoinHandle<()>, AgentError> {
     let logger = EbpfLogger::init(agent.lock().await.dataplane_mut().ebpf_mut())
         .map_err(|e| AgentError::Runtime(format!("starting the eBPF log reader: {e}")))?;
     // SAFETY: the logger owns the ring buffer's fd and moves into the AsyncFd, so the fd stays
@@ -924,7 +1039,9 @@ async fn spawn_ebpf_log_reader(agent: &SharedAgent) -> Result<tokio::task::JoinH
         .map_err(|e| AgentError::Runtime(format!("polling the eBPF log ring buffer: {e}")))?;
     Ok(tokio::spawn(async move {
         loop {
-            let Ok(mut guard) = fd.readable_mut().await else { return };
+            let Ok(mut guard) = fd.readable_mut().await else {
+                return;
+            };
             guard.get_inner_mut().flush();
             guard.clear_ready();
         }
@@ -937,8 +1054,15 @@ mod tests {
 
     #[test]
     fn a_name_left_twice_by_an_interrupted_install_keeps_both_ids_reserved() {
-        let rule = |rate: u64| ratelimit_common::Rule { pkt_interval_ns: rate, ..Default::default() };
-        let named = [(0, ("a".to_owned(), 1, rule(1))), (3, ("b".to_owned(), 2, rule(2))), (5, ("b".to_owned(), 2, rule(3)))];
+        let rule = |rate: u64| ratelimit_common::Rule {
+            pkt_interval_ns: rate,
+            ..Default::default()
+        };
+        let named = [
+            (0, ("a".to_owned(), 1, rule(1))),
+            (3, ("b".to_owned(), 2, rule(2))),
+            (5, ("b".to_owned(), 2, rule(3))),
+        ];
         let ids = RuleIds::from_installed(installed_ids(named.into_iter().collect())).unwrap();
         assert_eq!(ids.len(), 3, "every named id stays installed");
         assert_eq!(ids.id_of("b"), Some(3));

@@ -292,8 +292,10 @@ async fn reload(State(agent): State<SharedAgent>) -> ApiResult {
 async fn stats(State(agent): State<SharedAgent>) -> ApiResult {
     let guard = agent.lock().await;
     let report = guard.stats()?;
-    let mut value = serde_json::to_value(&report)
-        .map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string() })?;
+    let mut value = serde_json::to_value(&report).map_err(|e| ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        message: e.to_string(),
+    })?;
     // The cluster sync's counters, when this agent is in a cluster.
     if let Some(cluster) = guard.cluster_status() {
         value["cluster"] = json!(cluster.counters);
@@ -652,7 +654,10 @@ pub fn rule_from_json(v: &Value) -> Result<RuleConfig, String> {
             ("scope", scope.is_some()),
         ];
         if let Some((field, _)) = given.iter().find(|(_, set)| *set) {
-            return Err(fail(field, crate::config::no_meaning(field, rule.action).message));
+            return Err(fail(
+                field,
+                crate::config::no_meaning(field, rule.action).message,
+            ));
         }
     }
     rule.rate = rate;

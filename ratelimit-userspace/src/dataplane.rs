@@ -22,8 +22,8 @@ use aya::{
 };
 use ratelimit_common::{map_names, Config, PrefixKey, PROGRAM_NAME};
 
-pub use crate::config::AttachMode;
 use crate::compile::CompiledRuleSet;
+pub use crate::config::AttachMode;
 use crate::maps::{self, MapsError, PinnedMaps};
 
 /// The compiled XDP object, built by build.rs.
@@ -186,10 +186,20 @@ impl Dataplane {
             .load(OBJECT)
             .map_err(|e| DataplaneError::Load(format!("{e:#}")))?;
         let program = xdp_program(&mut ebpf)?;
-        program.load().map_err(|e| DataplaneError::Load(verifier_error(&e)))?;
+        program
+            .load()
+            .map_err(|e| DataplaneError::Load(verifier_error(&e)))?;
         let maps = PinnedMaps::open(&opts.pin_dir)?;
         let live_ids = maps.named_rules()?.into_keys().collect();
-        Ok(Self { ebpf, maps, attachments: Vec::new(), live_ids, live_keys: None, inactive_clean: false, lock })
+        Ok(Self {
+            ebpf,
+            maps,
+            attachments: Vec::new(),
+            live_ids,
+            live_keys: None,
+            inactive_clean: false,
+            lock,
+        })
     }
 
     /// The pin directory.
@@ -248,18 +258,29 @@ impl Dataplane {
             };
             match program.attach(iface, xdp_mode) {
                 Ok(id) => {
-                    let link = program.take_link(id).map_err(|e| attach_err(error_chain(&e)))?;
+                    let link = program
+                        .take_link(id)
+                        .map_err(|e| attach_err(error_chain(&e)))?;
                     // Only a bpf_link can be pinned; aya falls back to netlink on kernels without
                     // XDP links (< 5.9), which this agent does not support.
                     let link = FdLink::try_from(link).map_err(|e| {
-                        attach_err(format!("not a bpf_link (kernel too old?): {}", error_chain(&e)))
+                        attach_err(format!(
+                            "not a bpf_link (kernel too old?): {}",
+                            error_chain(&e)
+                        ))
                     })?;
-                    let pinned = link
-                        .pin(&pin)
-                        .map_err(|e| attach_err(format!("pinning the link at {}: {e}", pin.display())))?;
+                    let pinned = link.pin(&pin).map_err(|e| {
+                        attach_err(format!("pinning the link at {}: {e}", pin.display()))
+                    })?;
                     let link = FdLink::from(pinned);
                     let ifindex = ifindex(iface);
-                    self.attachments.push(Attachment { iface: iface.to_string(), mode: name, ifindex, link, pin });
+                    self.attachments.push(Attachment {
+                        iface: iface.to_string(),
+                        mode: name,
+                        ifindex,
+                        link,
+                        pin,
+                    });
                     return Ok(self.attachments.last().expect("just pushed"));
                 }
                 Err(e) => {
@@ -288,17 +309,37 @@ impl Dataplane {
             mode: "adopted",
             reason,
         };
-        let old = PinnedLink::from_pin(&pin)
-            .map_err(|e| attach_err(format!("opening pinned link {}: {}", pin.display(), error_chain(&e))))?;
-        let link = XdpLink::try_from(FdLink::from(old))
-            .map_err(|e| attach_err(format!("pinned link {} is not an XDP link: {}", pin.display(), error_chain(&e))))?;
+        let old = PinnedLink::from_pin(&pin).map_err(|e| {
+            attach_err(format!(
+                "opening pinned link {}: {}",
+                pin.display(),
+                error_chain(&e)
+            ))
+        })?;
+        let link = XdpLink::try_from(FdLink::from(old)).map_err(|e| {
+            attach_err(format!(
+                "pinned link {} is not an XDP link: {}",
+                pin.display(),
+                error_chain(&e)
+            ))
+        })?;
         let program = xdp_program(&mut self.ebpf)?;
         // bpf_link_update: the interface runs the old program until this call and ours after it.
-        let id = program.attach_to_link(link).map_err(|e| attach_err(error_chain(&e)))?;
-        let link = program.take_link(id).map_err(|e| attach_err(error_chain(&e)))?;
+        let id = program
+            .attach_to_link(link)
+            .map_err(|e| attach_err(error_chain(&e)))?;
+        let link = program
+            .take_link(id)
+            .map_err(|e| attach_err(error_chain(&e)))?;
         let link = FdLink::try_from(link).map_err(|e| attach_err(error_chain(&e)))?;
         let ifindex = ifindex(iface);
-        self.attachments.push(Attachment { iface: iface.to_string(), mode: "adopted", ifindex, link, pin });
+        self.attachments.push(Attachment {
+            iface: iface.to_string(),
+            mode: "adopted",
+            ifindex,
+            link,
+            pin,
+        });
         Ok(self.attachments.last().expect("just pushed"))
     }
 
@@ -355,7 +396,13 @@ impl Dataplane {
         self.detach_all()?;
         let dir = self.pin_dir().to_path_buf();
         // The lock goes last, so that no other agent adopts a directory being emptied.
-        let Self { ebpf, maps, attachments, lock, .. } = self;
+        let Self {
+            ebpf,
+            maps,
+            attachments,
+            lock,
+            ..
+        } = self;
         drop((ebpf, maps, attachments));
         remove_link_pins(&dir)?;
         let removed = maps::remove_pins(&dir).map_err(|source| DataplaneError::Io {
@@ -394,10 +441,14 @@ impl Dataplane {
         self.inactive_clean = false;
         for p in &set.prefixes {
             #[expect(clippy::cast_possible_truncation, reason = "generation is 0 or 1")]
-            self.maps.insert_prefix(p.key(next as u8), p.lpm_prefix_len(), p.rules)?;
+            self.maps
+                .insert_prefix(p.key(next as u8), p.lpm_prefix_len(), p.rules)?;
         }
         // 3. The switch.
-        self.maps.set_config(Config { generation: next, ..config })?;
+        self.maps.set_config(Config {
+            generation: next,
+            ..config
+        })?;
         // 4. Retire the old generation once no packet can still be reading it.
         thread::sleep(GRACE);
         let new_keys: Vec<(PrefixKey, u32)> = set
@@ -438,7 +489,11 @@ impl Dataplane {
 /// lock when the holder exits, crash included, so a stale lock cannot block a restart.
 fn lock_pin_dir(dir: &Path) -> Result<fs::File> {
     use std::os::fd::AsRawFd as _;
-    let io_err = |what, source| DataplaneError::Io { what, path: dir.to_path_buf(), source };
+    let io_err = |what, source| DataplaneError::Io {
+        what,
+        path: dir.to_path_buf(),
+        source,
+    };
     let file = fs::File::open(dir).map_err(|e| io_err("opening pin directory", e))?;
     // SAFETY: flock on a file descriptor we own, open for the duration of the call.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
@@ -457,7 +512,9 @@ pub fn ifindex(name: &str) -> u32 {
     if name.is_empty() || name.len() > 15 {
         return 0;
     }
-    let Ok(c) = std::ffi::CString::new(name) else { return 0 };
+    let Ok(c) = std::ffi::CString::new(name) else {
+        return 0;
+    };
     // SAFETY: a valid NUL-terminated string; if_nametoindex has no other precondition.
     unsafe { libc::if_nametoindex(c.as_ptr()) }
 }
@@ -474,14 +531,20 @@ fn remove_link_pin(pin: &Path) -> Result<()> {
     match fs::remove_file(pin) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(DataplaneError::Io { what: "removing pinned link", path: pin.to_path_buf(), source }),
+        Err(source) => Err(DataplaneError::Io {
+            what: "removing pinned link",
+            path: pin.to_path_buf(),
+            source,
+        }),
     }
 }
 
 /// Removes every pinned link in `dir` (links of interfaces this agent did not attach to, left by
 /// an earlier agent): with no other reference, each link is released and its program detached.
 pub fn remove_link_pins(dir: &Path) -> Result<()> {
-    let Ok(entries) = fs::read_dir(dir) else { return Ok(()) };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(());
+    };
     for entry in entries.flatten() {
         if entry.file_name().to_string_lossy().starts_with("link_") {
             remove_link_pin(&entry.path())?;
@@ -513,7 +576,10 @@ fn xdp_program(ebpf: &mut Ebpf) -> Result<&mut Xdp> {
 fn os_error(e: &(dyn std::error::Error + 'static)) -> Option<i32> {
     let mut next = Some(e);
     while let Some(err) = next {
-        if let Some(code) = err.downcast_ref::<std::io::Error>().and_then(std::io::Error::raw_os_error) {
+        if let Some(code) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+        {
             return Some(code);
         }
         next = err.source();
@@ -540,7 +606,11 @@ fn verifier_error(e: &aya::programs::ProgramError) -> String {
     if lines.len() <= 40 {
         return full;
     }
-    format!("{}\n...\n{}", lines[0], lines[lines.len() - 30..].join("\n"))
+    format!(
+        "{}\n...\n{}",
+        lines[0],
+        lines[lines.len() - 30..].join("\n")
+    )
 }
 
 /// Makes sure bpffs is mounted at /sys/fs/bpf when the pin directory lives below it.
@@ -563,7 +633,10 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
         .args(["-t", "bpf", "bpf"])
         .arg(root)
         .status()
-        .map_err(|source| DataplaneError::Bpffs { path: root.into(), source })?;
+        .map_err(|source| DataplaneError::Bpffs {
+            path: root.into(),
+            source,
+        })?;
     if !status.success() || !is_bpffs(root) {
         return Err(DataplaneError::Bpffs {
             path: root.into(),
@@ -575,7 +648,10 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
 }
 
 fn in_host_mount_namespace() -> bool {
-    match (fs::read_link("/proc/self/ns/mnt"), fs::read_link("/proc/1/ns/mnt")) {
+    match (
+        fs::read_link("/proc/self/ns/mnt"),
+        fs::read_link("/proc/1/ns/mnt"),
+    ) {
         (Ok(a), Ok(b)) => a == b,
         _ => true,
     }

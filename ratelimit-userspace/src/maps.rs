@@ -22,7 +22,9 @@ use ratelimit_common::{
 #[derive(Debug, thiserror::Error)]
 pub enum MapsError {
     /// A pinned map file is missing or could not be opened.
-    #[error("cannot open pinned map {path}: {reason} (is the agent running with this pin directory?)")]
+    #[error(
+        "cannot open pinned map {path}: {reason} (is the agent running with this pin directory?)"
+    )]
     Open {
         /// The pinned file.
         path: PathBuf,
@@ -57,7 +59,10 @@ pub const BPF_EXIST: u64 = 2;
 type Result<T, E = MapsError> = std::result::Result<T, E>;
 
 fn op(map: &'static str) -> impl Fn(MapError) -> MapsError {
-    move |e| MapsError::Op { map, reason: format!("{e}") }
+    move |e| MapsError::Op {
+        map,
+        reason: format!("{e}"),
+    }
 }
 
 /// Expected (key size, value size, max entries or None when configurable) of each map.
@@ -69,7 +74,11 @@ fn expected_shape(name: &str) -> Option<(u32, u32, Option<u32>)> {
         map_names::CONFIG => (4, sz(size_of::<Config>()), Some(1)),
         map_names::RULES => (4, sz(size_of::<Rule>()), Some(MAX_RULES)),
         map_names::RULE_META => (4, sz(size_of::<RuleMeta>()), Some(MAX_RULES)),
-        map_names::PREFIXES => (4 + sz(size_of::<PrefixKey>()), sz(size_of::<RuleSet>()), Some(MAX_PREFIXES)),
+        map_names::PREFIXES => (
+            4 + sz(size_of::<PrefixKey>()),
+            sz(size_of::<RuleSet>()),
+            Some(MAX_PREFIXES),
+        ),
         map_names::BUCKETS => (sz(size_of::<BucketKey>()), sz(size_of::<Bucket>()), None),
         map_names::RULE_STATS => (4, sz(size_of::<RuleStats>()), Some(MAX_RULES)),
         map_names::GLOBAL_STATS => (4, sz(size_of::<GlobalStats>()), Some(1)),
@@ -98,8 +107,10 @@ pub fn check_pinned(dir: &Path, max_buckets: u32) -> Result<()> {
         if !path.exists() {
             continue;
         }
-        let info = aya::maps::MapInfo::from_pin(&path)
-            .map_err(|e| MapsError::Open { path: path.clone(), reason: format!("{e}") })?;
+        let info = aya::maps::MapInfo::from_pin(&path).map_err(|e| MapsError::Open {
+            path: path.clone(),
+            reason: format!("{e}"),
+        })?;
         let (key, value, max) = expected_shape(name).expect("known map");
         let max = max.unwrap_or(max_buckets);
         if info.key_size() != key || info.value_size() != value || info.max_entries() != max {
@@ -153,9 +164,14 @@ impl PinnedMaps {
     pub fn open(dir: &Path) -> Result<Self> {
         let open = |name: &str| -> Result<Map> {
             let path = dir.join(name);
-            let data = MapData::from_pin(&path)
-                .map_err(|e| MapsError::Open { path: path.clone(), reason: format!("{e}") })?;
-            Map::from_map_data(data).map_err(|e| MapsError::Open { path, reason: format!("{e}") })
+            let data = MapData::from_pin(&path).map_err(|e| MapsError::Open {
+                path: path.clone(),
+                reason: format!("{e}"),
+            })?;
+            Map::from_map_data(data).map_err(|e| MapsError::Open {
+                path,
+                reason: format!("{e}"),
+            })
         };
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -210,7 +226,10 @@ impl PinnedMaps {
             return Ok(None);
         }
         let len = (meta.name_len as usize).min(meta.name.len());
-        Ok(Some((String::from_utf8_lossy(&meta.name[..len]).into_owned(), meta.line)))
+        Ok(Some((
+            String::from_utf8_lossy(&meta.name[..len]).into_owned(),
+            meta.line,
+        )))
     }
 
     /// Writes the name of rule `id` (`None` frees it).
@@ -237,7 +256,8 @@ impl PinnedMaps {
             LpmTrie::try_from(&self.prefixes).map_err(op(map_names::PREFIXES))?;
         trie.iter()
             .map(|item| {
-                item.map(|(k, v)| (k.data(), k.prefix_len(), v)).map_err(op(map_names::PREFIXES))
+                item.map(|(k, v)| (k.data(), k.prefix_len(), v))
+                    .map_err(op(map_names::PREFIXES))
             })
             .collect()
     }
@@ -333,9 +353,14 @@ impl PinnedMaps {
     /// Capacity of the bucket map.
     pub fn bucket_capacity(&self) -> Result<u32> {
         let Map::LruHashMap(data) = &self.buckets else {
-            return Err(MapsError::Op { map: map_names::BUCKETS, reason: "not an LRU hash".into() });
+            return Err(MapsError::Op {
+                map: map_names::BUCKETS,
+                reason: "not an LRU hash".into(),
+            });
         };
-        data.info().map(|i| i.max_entries()).map_err(op(map_names::BUCKETS))
+        data.info()
+            .map(|i| i.max_entries())
+            .map_err(op(map_names::BUCKETS))
     }
 
     /// Zeroes the counters of rule `id` (a freshly assigned id).
@@ -346,8 +371,12 @@ impl PinnedMaps {
             map: map_names::RULE_STATS,
             reason: format!("reading the number of CPUs: {e}"),
         })?;
-        let zero = PerCpuValues::try_from(vec![RuleStats::default(); cpus])
-            .map_err(|e| MapsError::Op { map: map_names::RULE_STATS, reason: format!("{e}") })?;
+        let zero = PerCpuValues::try_from(vec![RuleStats::default(); cpus]).map_err(|e| {
+            MapsError::Op {
+                map: map_names::RULE_STATS,
+                reason: format!("{e}"),
+            }
+        })?;
         map.set(id, zero, 0).map_err(op(map_names::RULE_STATS))
     }
 

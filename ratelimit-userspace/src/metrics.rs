@@ -261,12 +261,23 @@ fn encode_cluster(
         "ratelimit_cluster_rejected",
         "Gossip datagrams dropped: auth (tag did not verify: wrong key or cluster id), stale (too \
          old, from the future, replayed), malformed.",
-        [("auth", c.rejected_auth), ("stale", c.rejected_stale), ("malformed", c.rejected_malformed)]
-            .map(|(r, n)| (vec![("reason", r)], ConstCounter::new(n))),
+        [
+            ("auth", c.rejected_auth),
+            ("stale", c.rejected_stale),
+            ("malformed", c.rejected_malformed),
+        ]
+        .map(|(r, n)| (vec![("reason", r)], ConstCounter::new(n))),
     )?;
-    single(enc, "ratelimit_cluster_send_errors", "Gossip sends that failed.", &ConstCounter::new(c.send_errors))?;
-    let mut states: std::collections::BTreeMap<&str, i64> =
-        ["alive", "joining", "silent", "dead"].into_iter().map(|s| (s, 0)).collect();
+    single(
+        enc,
+        "ratelimit_cluster_send_errors",
+        "Gossip sends that failed.",
+        &ConstCounter::new(c.send_errors),
+    )?;
+    let mut states: std::collections::BTreeMap<&str, i64> = ["alive", "joining", "silent", "dead"]
+        .into_iter()
+        .map(|s| (s, 0))
+        .collect();
     for p in &cluster.peers {
         *states.entry(p.state).or_default() += 1;
     }
@@ -274,14 +285,46 @@ fn encode_cluster(
         enc,
         "ratelimit_cluster_peers",
         "Other members by state; only alive peers' consumption is charged.",
-        states.into_iter().map(|(st, n)| (vec![("state", st)], ConstGauge::new(n))),
+        states
+            .into_iter()
+            .map(|(st, n)| (vec![("state", st)], ConstGauge::new(n))),
     )?;
-    single(enc, "ratelimit_cluster_keys_published", "Keys (heavy sources) this agent publishes.", &ConstGauge::new(c.keys_published))?;
-    single(enc, "ratelimit_cluster_keys_synced", "Keys read from counted peers in the last sync.", &ConstGauge::new(c.keys_synced))?;
-    single(enc, "ratelimit_cluster_keys_dropped", "Peer keys ignored beyond the per-peer cap.", &ConstCounter::new(c.keys_dropped))?;
-    single(enc, "ratelimit_cluster_charged_packets", "Packets charged to local buckets for peers' consumption.", &ConstCounter::new(c.charged_pkts))?;
-    single(enc, "ratelimit_cluster_charged_bytes", "Bytes charged to local buckets for peers' consumption.", &ConstCounter::new(c.charged_bytes))?;
-    single(enc, "ratelimit_cluster_charges_clamped", "Charges cut down because a peer reported more than its bucket could admit.", &ConstCounter::new(c.charges_clamped))?;
+    single(
+        enc,
+        "ratelimit_cluster_keys_published",
+        "Keys (heavy sources) this agent publishes.",
+        &ConstGauge::new(c.keys_published),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_keys_synced",
+        "Keys read from counted peers in the last sync.",
+        &ConstGauge::new(c.keys_synced),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_keys_dropped",
+        "Peer keys ignored beyond the per-peer cap.",
+        &ConstCounter::new(c.keys_dropped),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_charged_packets",
+        "Packets charged to local buckets for peers' consumption.",
+        &ConstCounter::new(c.charged_pkts),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_charged_bytes",
+        "Bytes charged to local buckets for peers' consumption.",
+        &ConstCounter::new(c.charged_bytes),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_charges_clamped",
+        "Charges cut down because a peer reported more than its bucket could admit.",
+        &ConstCounter::new(c.charges_clamped),
+    )?;
     #[expect(clippy::cast_precision_loss, reason = "milliseconds as seconds")]
     single(
         enc,

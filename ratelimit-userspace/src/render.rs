@@ -89,7 +89,10 @@ pub fn status(v: &Value) -> String {
         .map(|a| {
             a.iter()
                 .map(|i| match text(i, "state") {
-                    "missing" => format!("{} (missing: deleted; attached again when it returns)", text(i, "iface")),
+                    "missing" => format!(
+                        "{} (missing: deleted; attached again when it returns)",
+                        text(i, "iface")
+                    ),
                     _ => format!("{} ({})", text(i, "iface"), text(i, "mode")),
                 })
                 .collect()
@@ -457,7 +460,10 @@ pub fn peers(v: &Value) -> String {
     );
     let peers = v["peers"].as_array().cloned().unwrap_or_default();
     if peers.is_empty() {
-        let _ = writeln!(out, "no peers heard yet: this host enforces its limits on its own");
+        let _ = writeln!(
+            out,
+            "no peers heard yet: this host enforces its limits on its own"
+        );
     } else {
         let _ = writeln!(
             out,
@@ -465,14 +471,21 @@ pub fn peers(v: &Value) -> String {
             "NODE", "ADDR", "STATE", "COUNTED", "HEARD", "LAG", "KEYS", "CHARGED"
         );
         for p in &peers {
-            let ms = |x: &Value| x.as_i64().map_or_else(|| "-".to_string(), |m| format!("{m} ms"));
+            let ms = |x: &Value| {
+                x.as_i64()
+                    .map_or_else(|| "-".to_string(), |m| format!("{m} ms"))
+            };
             let _ = writeln!(
                 out,
                 "{:<32} {:<21} {:<8} {:>7} {:>10} {:>8} {:>6} {:>12}",
                 p["node_id"].as_str().unwrap_or("?"),
                 p["addr"].as_str().unwrap_or("?"),
                 p["state"].as_str().unwrap_or("?"),
-                if p["counted"].as_bool() == Some(true) { "yes" } else { "no" },
+                if p["counted"].as_bool() == Some(true) {
+                    "yes"
+                } else {
+                    "no"
+                },
                 ms(&p["last_heard_ms"]),
                 ms(&p["lag_ms"]),
                 p["keys"],
@@ -563,4 +576,3 @@ mod tests {
         );
     }
 }
-

@@ -72,7 +72,11 @@ impl StatsReport {
             tracked: maps.buckets()?.len() as u64,
             capacity: u64::from(maps.bucket_capacity()?),
         };
-        Ok(Self { global, rules, buckets })
+        Ok(Self {
+            global,
+            rules,
+            buckets,
+        })
     }
 
     /// Packets of rule `name` with verdict `verdict` (0 if either is unknown).
@@ -89,7 +93,13 @@ impl StatsReport {
     #[must_use]
     pub fn to_table(&self) -> String {
         let mut out = String::new();
-        let width = self.rules.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
+        let width = self
+            .rules
+            .iter()
+            .map(|r| r.name.len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
         let _ = writeln!(
             out,
             "{:<width$}  {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
@@ -110,9 +120,16 @@ impl StatsReport {
             );
         }
         let _ = writeln!(out);
-        let _ = writeln!(out, "buckets: {} tracked of {}", self.buckets.tracked, self.buckets.capacity);
-        let counters: Vec<String> =
-            self.global.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let _ = writeln!(
+            out,
+            "buckets: {} tracked of {}",
+            self.buckets.tracked, self.buckets.capacity
+        );
+        let counters: Vec<String> = self
+            .global
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
         let _ = writeln!(out, "global: {}", counters.join(" "));
         out
     }

@@ -339,7 +339,8 @@ impl AgentProcess {
             let log = self.log();
             // "running" comes after the control socket, the metrics endpoint and the cluster
             // sync are up: a test may use any of them as soon as this returns.
-            let done = log.contains(": running;") && self.interfaces.iter().all(|i| attached(&log, i));
+            let done =
+                log.contains(": running;") && self.interfaces.iter().all(|i| attached(&log, i));
             if done {
                 return Ok(());
             }

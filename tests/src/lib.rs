@@ -49,13 +49,13 @@ pub mod xdp;
 #[cfg(test)]
 mod smoke;
 
+pub use agent::agent_binary;
+pub use agent_proc::AgentProcess;
 pub use link::{add_addr, add_neigh, ifindex, mac, neigh_to_peer, veth_pair};
 pub use netns::{in_netns, leftover_check, netns_exists, Netns};
 pub use receiver::{ReceiveReport, Receiver, SourceStats};
-pub use agent::agent_binary;
-pub use agent_proc::AgentProcess;
-pub use xdp::TestDataplane;
 pub use traffic::{bind_udp, bind_udp_transparent, send_udp, send_udp_from, SendReport};
+pub use xdp::TestDataplane;
 
 /// Whether this process runs as root (network namespaces and veth pairs need it).
 pub fn is_root() -> bool {
@@ -66,7 +66,10 @@ pub fn is_root() -> bool {
 /// For the first line of a root-only test that cannot mean anything without root (it loads XDP
 /// programs or creates namespaces): fails with a message saying so, rather than passing unseen.
 pub fn require_root() {
-    assert!(is_root(), "this test needs root (CAP_BPF, CAP_NET_ADMIN): run `cargo xtask test` as root");
+    assert!(
+        is_root(),
+        "this test needs root (CAP_BPF, CAP_NET_ADMIN): run `cargo xtask test` as root"
+    );
 }
 
 /// For the first line of a root-only test: prints "skipped: needs root" and returns true when not

@@ -26,7 +26,10 @@ pub struct Frame {
 pub fn eth() -> Frame {
     let mut bytes = vec![0x02, 0, 0, 0, 0, 0x02, 0x02, 0, 0, 0, 0, 0x01];
     bytes.extend_from_slice(&[0, 0]); // ether type, filled by the next layer
-    Frame { bytes, ..Frame::default() }
+    Frame {
+        bytes,
+        ..Frame::default()
+    }
 }
 
 impl Frame {
@@ -79,7 +82,10 @@ impl Frame {
     /// Appends `n` bytes of IPv4 options (NOPs) and raises IHL accordingly.
     #[must_use]
     pub fn ipv4_options(mut self, n: usize) -> Self {
-        assert!(n.is_multiple_of(4) && n <= 40, "options come in 4-byte words, at most 40 bytes");
+        assert!(
+            n.is_multiple_of(4) && n <= 40,
+            "options come in 4-byte words, at most 40 bytes"
+        );
         let l3 = self.l3.expect("ipv4 first");
         self.bytes.resize(self.bytes.len() + n, 1);
         #[expect(clippy::cast_possible_truncation, reason = "n <= 40")]
@@ -205,7 +211,8 @@ impl Frame {
         let v6 = self.v6;
         self.set_next(if v6 { 58 } else { 1 });
         self.l4 = Some(self.bytes.len());
-        self.bytes.extend_from_slice(&[if v6 { 128 } else { 8 }, 0, 0, 0, 0, 0, 0, 0]);
+        self.bytes
+            .extend_from_slice(&[if v6 { 128 } else { 8 }, 0, 0, 0, 0, 0, 0, 0]);
         self
     }
 

@@ -34,10 +34,20 @@ impl TestDataplane {
     /// `/sys/fs/bpf/rl-test-<name>-<pid>-<n>`.
     pub fn new(name: &str, max_buckets: u32) -> Result<Self> {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let pin_dir = PathBuf::from(format!("/sys/fs/bpf/rl-test-{name}-{}-{n}", std::process::id()));
-        let dp = Dataplane::load(&LoadOptions { pin_dir: pin_dir.clone(), max_buckets })
-            .with_context(|| format!("loading the XDP program under {}", pin_dir.display()))?;
-        Ok(Self { dp: Some(dp), ids: RuleIds::new(), pin_dir })
+        let pin_dir = PathBuf::from(format!(
+            "/sys/fs/bpf/rl-test-{name}-{}-{n}",
+            std::process::id()
+        ));
+        let dp = Dataplane::load(&LoadOptions {
+            pin_dir: pin_dir.clone(),
+            max_buckets,
+        })
+        .with_context(|| format!("loading the XDP program under {}", pin_dir.display()))?;
+        Ok(Self {
+            dp: Some(dp),
+            ids: RuleIds::new(),
+            pin_dir,
+        })
     }
 
     /// The pin directory.
@@ -96,7 +106,11 @@ impl TestDataplane {
     /// and the kernel's average time per run.
     #[must_use]
     pub fn run_repeat(&self, frame: &[u8], repeat: u32) -> (u32, Duration) {
-        let opts = TestRunOptions { data_in: Some(frame), repeat, ..TestRunOptions::new() };
+        let opts = TestRunOptions {
+            data_in: Some(frame),
+            repeat,
+            ..TestRunOptions::new()
+        };
         let res = self.program().test_run(opts).expect("BPF_PROG_TEST_RUN");
         (res.return_value, res.duration)
     }

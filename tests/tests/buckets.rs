@@ -16,10 +16,16 @@ use ratelimit_testbed::{
 };
 
 fn udp4(src: Ipv4Addr) -> Vec<u8> {
-    eth().ipv4(src, Ipv4Addr::new(198, 18, 0, 254)).udp(1000, 9).build()
+    eth()
+        .ipv4(src, Ipv4Addr::new(198, 18, 0, 254))
+        .udp(1000, 9)
+        .build()
 }
 fn udp6(src: Ipv6Addr) -> Vec<u8> {
-    eth().ipv6(src, "2001:db8::fe".parse().unwrap()).udp(1000, 9).build()
+    eth()
+        .ipv6(src, "2001:db8::fe".parse().unwrap())
+        .udp(1000, 9)
+        .build()
 }
 fn ip(s: &str) -> Ipv4Addr {
     s.parse().unwrap()
@@ -53,8 +59,16 @@ burst = 5
         .unwrap();
     let frame = udp4(ip("198.18.0.1"));
     let actions: Vec<u32> = (0..10).map(|_| dp.run(&frame)).collect();
-    assert_eq!(&actions[..5], &[XDP_PASS; 5], "the burst passes: {actions:?}");
-    assert_eq!(&actions[5..], &[XDP_DROP; 5], "the excess is dropped: {actions:?}");
+    assert_eq!(
+        &actions[..5],
+        &[XDP_PASS; 5],
+        "the burst passes: {actions:?}"
+    );
+    assert_eq!(
+        &actions[5..],
+        &[XDP_DROP; 5],
+        "the excess is dropped: {actions:?}"
+    );
     let s = dp.rule(id(&set, "l"));
     assert_eq!(s.pkts[verdict::PASSED], 5);
     assert_eq!(s.pkts[verdict::DROPPED_RATE], 5);
@@ -78,7 +92,11 @@ burst = 50
     .unwrap();
     let frame = udp4(ip("198.18.0.1"));
     let start = Instant::now();
-    assert_eq!(passes(&dp, &frame, 200), 50, "a fresh bucket admits exactly its burst");
+    assert_eq!(
+        passes(&dp, &frame, 200),
+        50,
+        "a fresh bucket admits exactly its burst"
+    );
     let drained = Instant::now();
     std::thread::sleep(Duration::from_millis(300));
     let before_second = Instant::now();
@@ -129,7 +147,9 @@ per = "/64"
     assert_eq!(passes(&dp, &a, 2) + passes(&dp, &b, 2), 3);
     assert_eq!(passes(&dp, &udp4(ip("198.18.2.1")), 5), 3);
     // One bucket for the whole rule.
-    let total: usize = (1..=8).map(|i| passes(&dp, &udp4(Ipv4Addr::new(198, 19, i, i)), 1)).sum();
+    let total: usize = (1..=8)
+        .map(|i| passes(&dp, &udp4(Ipv4Addr::new(198, 19, i, i)), 1))
+        .sum();
     assert_eq!(total, 4);
     // IPv6: two addresses in one /64 share; another /64 is separate.
     let x = udp6(ip6("2001:db8:0:1::1"));
@@ -173,13 +193,24 @@ action = "allow"
         )
         .unwrap();
     assert_eq!(dp.run(&udp4(ip("198.18.6.1"))), XDP_DROP, "/16 deny");
-    assert_eq!(passes(&dp, &udp4(ip("198.18.5.1")), 10), 10, "/24 allow beats /16 deny");
-    assert_eq!(passes(&dp, &udp4(ip("198.18.5.7")), 10), 2, "/32 limit beats /24 allow");
+    assert_eq!(
+        passes(&dp, &udp4(ip("198.18.5.1")), 10),
+        10,
+        "/24 allow beats /16 deny"
+    );
+    assert_eq!(
+        passes(&dp, &udp4(ip("198.18.5.7")), 10),
+        2,
+        "/32 limit beats /24 allow"
+    );
     assert_eq!(dp.run(&udp6(ip6("2001:db8:2::1"))), XDP_DROP);
     assert_eq!(dp.run(&udp6(ip6("2001:db8:1::1"))), XDP_PASS);
     assert_eq!(dp.rule(id(&set, "deny-wide")).pkts[verdict::DENIED], 1);
     assert_eq!(dp.rule(id(&set, "allow-office")).pkts[verdict::ALLOWED], 10);
-    assert_eq!(dp.rule(id(&set, "limit-host")).pkts[verdict::DROPPED_RATE], 8);
+    assert_eq!(
+        dp.rule(id(&set, "limit-host")).pkts[verdict::DROPPED_RATE],
+        8
+    );
 }
 
 #[test]
@@ -204,14 +235,26 @@ bytes_burst = 2000
 "#,
         )
         .unwrap();
-    let big = eth().ipv4(ip("198.18.0.1"), ip("198.18.0.254")).udp(1, 9).pad_to(1000).build();
-    assert_eq!(passes(&dp, &big, 5), 3, "3000 bytes of burst admit three 1000-byte frames");
+    let big = eth()
+        .ipv4(ip("198.18.0.1"), ip("198.18.0.254"))
+        .udp(1, 9)
+        .pad_to(1000)
+        .build();
+    assert_eq!(
+        passes(&dp, &big, 5),
+        3,
+        "3000 bytes of burst admit three 1000-byte frames"
+    );
     let s = dp.rule(id(&set, "bytes"));
     assert_eq!(s.pkts[verdict::DROPPED_BYTES], 2);
     assert_eq!(s.bytes[verdict::PASSED], 3000);
     // With both limits, a frame dropped for bytes gives its packet token back: after two big
     // frames (2000 bytes) and three byte-drops, 98 packet tokens remain for frames that fit.
-    let big2 = eth().ipv4(ip("198.19.0.1"), ip("198.19.0.254")).udp(1, 9).pad_to(1000).build();
+    let big2 = eth()
+        .ipv4(ip("198.19.0.1"), ip("198.19.0.254"))
+        .udp(1, 9)
+        .pad_to(1000)
+        .build();
     assert_eq!(passes(&dp, &big2, 5), 2);
     let s = dp.rule(id(&set, "both"));
     assert_eq!(s.pkts[verdict::DROPPED_BYTES], 3);
@@ -261,16 +304,32 @@ burst = 3
     assert_eq!(passes(&dp, &frame, 5), 3);
     // Same rule plus a new one: "l" keeps its id and its (empty) bucket.
     let second = dp
-        .install_toml(&format!("{rule}\n[[rule]]\nname = \"other\"\nsource = \"198.19.0.0/16\"\naction = \"deny\"\n"))
+        .install_toml(&format!(
+            "{rule}\n[[rule]]\nname = \"other\"\nsource = \"198.19.0.0/16\"\naction = \"deny\"\n"
+        ))
         .unwrap();
     assert_eq!(id(&first, "l"), id(&second, "l"));
-    assert_eq!(passes(&dp, &frame, 5), 0, "the exhausted bucket survived the swap");
-    assert_eq!(dp.run(&udp4(ip("198.19.0.1"))), XDP_DROP, "the new rule is in force");
+    assert_eq!(
+        passes(&dp, &frame, 5),
+        0,
+        "the exhausted bucket survived the swap"
+    );
+    assert_eq!(
+        dp.run(&udp4(ip("198.19.0.1"))),
+        XDP_DROP,
+        "the new rule is in force"
+    );
     // Changing the rule gives it a fresh id and a fresh bucket.
-    let third = dp.install_toml(&rule.replace("burst = 3", "burst = 4")).unwrap();
+    let third = dp
+        .install_toml(&rule.replace("burst = 3", "burst = 4"))
+        .unwrap();
     assert_ne!(id(&first, "l"), id(&third, "l"));
     assert_eq!(passes(&dp, &frame, 6), 4);
-    assert_eq!(dp.run(&udp4(ip("198.19.0.1"))), XDP_PASS, "the removed rule no longer matches");
+    assert_eq!(
+        dp.run(&udp4(ip("198.19.0.1"))),
+        XDP_PASS,
+        "the removed rule no longer matches"
+    );
 }
 
 /// Two CPUs hammering one bucket admit what one CPU would: the CAS makes the bucket exact.
@@ -310,8 +369,14 @@ burst = 20000
     // What one CPU would admit over the same time: the burst plus the refill.
     let bound = 20_000.0 + 1000.0 * elapsed;
     println!("two CPUs: passed {passed}, one-CPU bound {bound:.0} over {elapsed:.3} s");
-    assert!(passed as f64 <= bound + 4.0, "passed {passed} > bound {bound:.0}: tokens were spent twice");
-    assert!(passed >= 20_000, "passed {passed}: the burst itself must be admitted");
+    assert!(
+        passed as f64 <= bound + 4.0,
+        "passed {passed} > bound {bound:.0}: tokens were spent twice"
+    );
+    assert!(
+        passed >= 20_000,
+        "passed {passed}: the burst itself must be admitted"
+    );
 }
 
 fn pin_to_cpu(cpu: usize) {
@@ -319,6 +384,10 @@ fn pin_to_cpu(cpu: usize) {
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
-        assert_eq!(libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set), 0, "pin to CPU {cpu}");
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
+            0,
+            "pin to CPU {cpu}"
+        );
     }
 }

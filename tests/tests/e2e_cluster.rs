@@ -174,7 +174,11 @@ fn cli(agent: &AgentProcess, args: &[&str]) -> String {
         .args(args)
         .output()
         .expect("running ratelimit");
-    assert!(out.status.success(), "ratelimit {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "ratelimit {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).expect("UTF-8 output")
 }
 
@@ -408,7 +412,10 @@ fn cluster_enforces_one_budget_fails_open_on_partition_and_ignores_a_wrong_key()
                 .count();
             assert_eq!(alive, 2, "peers --json: {peers:#}");
             let table = cli(&agents[0], &["peers"]);
-            assert!(table.contains("STATE") && table.matches("alive").count() >= 2, "peers table:\n{table}");
+            assert!(
+                table.contains("STATE") && table.matches("alive").count() >= 2,
+                "peers table:\n{table}"
+            );
             break;
         }
         assert!(

@@ -24,7 +24,14 @@ fn write_list(path: &Path, extra: &str) {
     let mut list = String::from("# generated deny list\n");
     for i in 0..100_000u32 {
         let a = 0xC613_0000u32 + i * 2; // 198.19.0.0 upwards
-        let _ = writeln!(list, "{}.{}.{}.{}/32", a >> 24, (a >> 16) & 255, (a >> 8) & 255, a & 255);
+        let _ = writeln!(
+            list,
+            "{}.{}.{}.{}/32",
+            a >> 24,
+            (a >> 16) & 255,
+            (a >> 8) & 255,
+            a & 255
+        );
     }
     let _ = writeln!(list, "{extra}/32   # the test source");
     // Write + rename, as a config manager would: the agent never sees half a file.
@@ -45,7 +52,13 @@ fn delivered(tx: &Netns, rx: &Netns, src: &str) -> (u64, u64) {
     )
     .unwrap();
     receiver.wait_idle(Duration::from_millis(100), Duration::from_secs(2));
-    let got = receiver.stop().unwrap().counts().get(&src.parse().unwrap()).copied().unwrap_or(0);
+    let got = receiver
+        .stop()
+        .unwrap()
+        .counts()
+        .get(&src.parse().unwrap())
+        .copied()
+        .unwrap_or(0);
     (sent.sent, got)
 }
 
@@ -73,7 +86,10 @@ fn hundred_thousand_entry_deny_list_loads_enforces_and_swaps_whole() {
     println!("agent with a 100,001-entry list attached after {:?} (process start, verifier, parse, compile, install)", started.elapsed());
 
     let (sent, got) = delivered(&tx, &rx, LISTED_FIRST);
-    assert!(sent > 0 && got == 0, "listed source: {got} of {sent} arrived");
+    assert!(
+        sent > 0 && got == 0,
+        "listed source: {got} of {sent} arrived"
+    );
     let (sent, got) = delivered(&tx, &rx, LISTED_SECOND);
     assert_eq!(got, sent, "unlisted source must pass");
 
@@ -87,7 +103,11 @@ fn hundred_thousand_entry_deny_list_loads_enforces_and_swaps_whole() {
         if got1 == sent1 && got2 == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "the new list never took effect:\n{}", agent.log());
+        assert!(
+            Instant::now() < deadline,
+            "the new list never took effect:\n{}",
+            agent.log()
+        );
     }
     assert!(rule_packets(&agent.stats(), "blocklist", "denied") > denied_before);
     agent.stop().unwrap();

@@ -69,49 +69,293 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
         // Ethernet and VLAN.
         // (A frame shorter than an Ethernet header cannot be tested here: BPF_PROG_TEST_RUN refuses
         // inputs under 14 bytes with EINVAL. The program still checks and counts it.)
-        ("ARP (non-IP)", eth().ethertype(0x0806, 28), XDP_PASS, Global(global::NON_IP)),
-        ("LLDP (non-IP)", eth().ethertype(0x88cc, 40), XDP_PASS, Global(global::NON_IP)),
-        ("IPv4 UDP/53 denied", eth().ipv4(v4(1), dst4()).udp(1000, 53), XDP_DROP, Rule("v4-dns", verdict::DENIED)),
-        ("IPv4 UDP/54 allowed", eth().ipv4(v4(1), dst4()).udp(1000, 54), XDP_PASS, Rule("v4-all", verdict::ALLOWED)),
-        ("IPv4 TCP/53 is not UDP", eth().ipv4(v4(1), dst4()).tcp(1000, 53), XDP_PASS, Rule("v4-all", verdict::ALLOWED)),
-        ("IPv4 ICMP", eth().ipv4(v4(1), dst4()).icmp(), XDP_PASS, Rule("v4-all", verdict::ALLOWED)),
-        ("IPv4 GRE (no ports)", eth().ipv4(v4(1), dst4()).proto(47).payload(8), XDP_PASS, Rule("v4-all", verdict::ALLOWED)),
-        ("802.1Q tag", eth().vlan(10).ipv4(v4(1), dst4()).udp(1000, 53), XDP_DROP, Rule("v4-dns", verdict::DENIED)),
-        ("802.1ad outer + 802.1Q inner (QinQ)", eth().qinq(100).vlan(10).ipv4(v4(1), dst4()).udp(1000, 53), XDP_DROP, Rule("v4-dns", verdict::DENIED)),
-        ("two 802.1Q tags", eth().vlan(100).vlan(10).ipv4(v4(1), dst4()).udp(1000, 53), XDP_DROP, Rule("v4-dns", verdict::DENIED)),
-        ("three tags", eth().qinq(1).vlan(2).vlan(3).ipv4(v4(1), dst4()).udp(1000, 53), XDP_PASS, Global(global::BAD_VLAN)),
-        ("truncated inside the VLAN tag", eth().vlan(10).ipv4(v4(1), dst4()).truncate(16), XDP_PASS, Global(global::BAD_VLAN)),
-        ("truncated inside the inner VLAN tag", eth().qinq(1).vlan(10).ipv4(v4(1), dst4()).truncate(20), XDP_PASS, Global(global::BAD_VLAN)),
-        ("non-IP inside a VLAN tag", eth().vlan(10).ethertype(0x0806, 28), XDP_PASS, Global(global::NON_IP)),
+        (
+            "ARP (non-IP)",
+            eth().ethertype(0x0806, 28),
+            XDP_PASS,
+            Global(global::NON_IP),
+        ),
+        (
+            "LLDP (non-IP)",
+            eth().ethertype(0x88cc, 40),
+            XDP_PASS,
+            Global(global::NON_IP),
+        ),
+        (
+            "IPv4 UDP/53 denied",
+            eth().ipv4(v4(1), dst4()).udp(1000, 53),
+            XDP_DROP,
+            Rule("v4-dns", verdict::DENIED),
+        ),
+        (
+            "IPv4 UDP/54 allowed",
+            eth().ipv4(v4(1), dst4()).udp(1000, 54),
+            XDP_PASS,
+            Rule("v4-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv4 TCP/53 is not UDP",
+            eth().ipv4(v4(1), dst4()).tcp(1000, 53),
+            XDP_PASS,
+            Rule("v4-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv4 ICMP",
+            eth().ipv4(v4(1), dst4()).icmp(),
+            XDP_PASS,
+            Rule("v4-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv4 GRE (no ports)",
+            eth().ipv4(v4(1), dst4()).proto(47).payload(8),
+            XDP_PASS,
+            Rule("v4-all", verdict::ALLOWED),
+        ),
+        (
+            "802.1Q tag",
+            eth().vlan(10).ipv4(v4(1), dst4()).udp(1000, 53),
+            XDP_DROP,
+            Rule("v4-dns", verdict::DENIED),
+        ),
+        (
+            "802.1ad outer + 802.1Q inner (QinQ)",
+            eth().qinq(100).vlan(10).ipv4(v4(1), dst4()).udp(1000, 53),
+            XDP_DROP,
+            Rule("v4-dns", verdict::DENIED),
+        ),
+        (
+            "two 802.1Q tags",
+            eth().vlan(100).vlan(10).ipv4(v4(1), dst4()).udp(1000, 53),
+            XDP_DROP,
+            Rule("v4-dns", verdict::DENIED),
+        ),
+        (
+            "three tags",
+            eth()
+                .qinq(1)
+                .vlan(2)
+                .vlan(3)
+                .ipv4(v4(1), dst4())
+                .udp(1000, 53),
+            XDP_PASS,
+            Global(global::BAD_VLAN),
+        ),
+        (
+            "truncated inside the VLAN tag",
+            eth().vlan(10).ipv4(v4(1), dst4()).truncate(16),
+            XDP_PASS,
+            Global(global::BAD_VLAN),
+        ),
+        (
+            "truncated inside the inner VLAN tag",
+            eth().qinq(1).vlan(10).ipv4(v4(1), dst4()).truncate(20),
+            XDP_PASS,
+            Global(global::BAD_VLAN),
+        ),
+        (
+            "non-IP inside a VLAN tag",
+            eth().vlan(10).ethertype(0x0806, 28),
+            XDP_PASS,
+            Global(global::NON_IP),
+        ),
         // IPv4.
-        ("IPv4 ether type, no header", eth().ipv4(v4(1), dst4()).truncate(14), XDP_PASS, Global(global::TRUNCATED_IPV4)),
-        ("IPv4 header cut at 19 bytes", eth().ipv4(v4(1), dst4()).udp(1, 53).truncate(14 + 19), XDP_PASS, Global(global::TRUNCATED_IPV4)),
-        ("IPv4 IHL 4 (< 5)", eth().ipv4(v4(1), dst4()).udp(1, 53).ihl(4), XDP_PASS, Global(global::BAD_IPV4)),
-        ("IPv4 IHL 15 past the frame end", eth().ipv4(v4(1), dst4()).ihl(15), XDP_PASS, Global(global::BAD_IPV4)),
-        ("IPv4 ether type, version field 6", eth().ipv4(v4(1), dst4()).udp(1, 53).version(6), XDP_PASS, Global(global::BAD_IPV4)),
-        ("IPv6 ether type, version field 4", eth().ipv6(v6(1), dst6()).tcp(1, 80).version(4), XDP_PASS, Global(global::BAD_IPV6)),
-        ("IPv4 with 12 bytes of options: port found after them", eth().ipv4(v4(1), dst4()).ipv4_options(12).udp(1000, 53), XDP_DROP, Rule("v4-dns", verdict::DENIED)),
-        ("IPv4 with 40 bytes of options", eth().ipv4(v4(1), dst4()).ipv4_options(40).udp(1000, 53), XDP_DROP, Rule("v4-dns", verdict::DENIED)),
-        ("IPv4 first fragment (offset 0, MF) keeps its ports", eth().ipv4(v4(1), dst4()).udp(1000, 53).frag(0, true), XDP_DROP, Rule("v4-dns", verdict::DENIED)),
-        ("IPv4 non-first fragment: no ports", eth().ipv4(v4(1), dst4()).proto(17).payload(32).frag(185, false), XDP_PASS, Both(global::FRAGMENTS, "v4-all", verdict::ALLOWED)),
-        ("IPv4 UDP header cut short", eth().ipv4(v4(1), dst4()).udp(1000, 53).truncate(14 + 20 + 6), XDP_PASS, Both(global::TRUNCATED_L4, "v4-all", verdict::ALLOWED)),
-        ("IPv4 TCP header cut short", eth().ipv4(v4(1), dst4()).tcp(1000, 53).truncate(14 + 20 + 12), XDP_PASS, Both(global::TRUNCATED_L4, "v4-all", verdict::ALLOWED)),
-        ("IPv4 source outside every rule", eth().ipv4(Ipv4Addr::new(198, 19, 0, 1), dst4()).udp(1, 53), XDP_PASS, Global(global::NO_MATCH)),
+        (
+            "IPv4 ether type, no header",
+            eth().ipv4(v4(1), dst4()).truncate(14),
+            XDP_PASS,
+            Global(global::TRUNCATED_IPV4),
+        ),
+        (
+            "IPv4 header cut at 19 bytes",
+            eth().ipv4(v4(1), dst4()).udp(1, 53).truncate(14 + 19),
+            XDP_PASS,
+            Global(global::TRUNCATED_IPV4),
+        ),
+        (
+            "IPv4 IHL 4 (< 5)",
+            eth().ipv4(v4(1), dst4()).udp(1, 53).ihl(4),
+            XDP_PASS,
+            Global(global::BAD_IPV4),
+        ),
+        (
+            "IPv4 IHL 15 past the frame end",
+            eth().ipv4(v4(1), dst4()).ihl(15),
+            XDP_PASS,
+            Global(global::BAD_IPV4),
+        ),
+        (
+            "IPv4 ether type, version field 6",
+            eth().ipv4(v4(1), dst4()).udp(1, 53).version(6),
+            XDP_PASS,
+            Global(global::BAD_IPV4),
+        ),
+        (
+            "IPv6 ether type, version field 4",
+            eth().ipv6(v6(1), dst6()).tcp(1, 80).version(4),
+            XDP_PASS,
+            Global(global::BAD_IPV6),
+        ),
+        (
+            "IPv4 with 12 bytes of options: port found after them",
+            eth().ipv4(v4(1), dst4()).ipv4_options(12).udp(1000, 53),
+            XDP_DROP,
+            Rule("v4-dns", verdict::DENIED),
+        ),
+        (
+            "IPv4 with 40 bytes of options",
+            eth().ipv4(v4(1), dst4()).ipv4_options(40).udp(1000, 53),
+            XDP_DROP,
+            Rule("v4-dns", verdict::DENIED),
+        ),
+        (
+            "IPv4 first fragment (offset 0, MF) keeps its ports",
+            eth().ipv4(v4(1), dst4()).udp(1000, 53).frag(0, true),
+            XDP_DROP,
+            Rule("v4-dns", verdict::DENIED),
+        ),
+        (
+            "IPv4 non-first fragment: no ports",
+            eth()
+                .ipv4(v4(1), dst4())
+                .proto(17)
+                .payload(32)
+                .frag(185, false),
+            XDP_PASS,
+            Both(global::FRAGMENTS, "v4-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv4 UDP header cut short",
+            eth()
+                .ipv4(v4(1), dst4())
+                .udp(1000, 53)
+                .truncate(14 + 20 + 6),
+            XDP_PASS,
+            Both(global::TRUNCATED_L4, "v4-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv4 TCP header cut short",
+            eth()
+                .ipv4(v4(1), dst4())
+                .tcp(1000, 53)
+                .truncate(14 + 20 + 12),
+            XDP_PASS,
+            Both(global::TRUNCATED_L4, "v4-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv4 source outside every rule",
+            eth().ipv4(Ipv4Addr::new(198, 19, 0, 1), dst4()).udp(1, 53),
+            XDP_PASS,
+            Global(global::NO_MATCH),
+        ),
         // IPv6.
-        ("IPv6 TCP/80 denied", eth().ipv6(v6(1), dst6()).tcp(1000, 80), XDP_DROP, Rule("v6-web", verdict::DENIED)),
-        ("IPv6 UDP/80 allowed", eth().ipv6(v6(1), dst6()).udp(1000, 80), XDP_PASS, Rule("v6-all", verdict::ALLOWED)),
-        ("IPv6 ICMPv6", eth().ipv6(v6(1), dst6()).icmp(), XDP_PASS, Rule("v6-all", verdict::ALLOWED)),
-        ("IPv6 in 802.1Q", eth().vlan(7).ipv6(v6(1), dst6()).tcp(1000, 80), XDP_DROP, Rule("v6-web", verdict::DENIED)),
-        ("IPv6 in QinQ", eth().qinq(7).vlan(8).ipv6(v6(1), dst6()).tcp(1000, 80), XDP_DROP, Rule("v6-web", verdict::DENIED)),
-        ("IPv6 hop-by-hop then TCP/80", eth().ipv6(v6(1), dst6()).ext(0, 0).tcp(1000, 80), XDP_DROP, Rule("v6-web", verdict::DENIED)),
-        ("IPv6 dest-opts + routing then TCP/80", eth().ipv6(v6(1), dst6()).ext(60, 1).ext(43, 0).tcp(1000, 80), XDP_DROP, Rule("v6-web", verdict::DENIED)),
-        ("IPv6 first fragment then TCP/80", eth().ipv6(v6(1), dst6()).frag6(0, true).tcp(1000, 80), XDP_DROP, Rule("v6-web", verdict::DENIED)),
-        ("IPv6 non-first fragment: no ports", eth().ipv6(v6(1), dst6()).frag6(100, false).proto(6).payload(40), XDP_PASS, Both(global::FRAGMENTS, "v6-all", verdict::ALLOWED)),
-        ("IPv6 five extension headers: port not reached", eth().ipv6(v6(1), dst6()).ext(0, 0).ext(60, 0).ext(43, 0).ext(60, 0).ext(60, 0).tcp(1000, 80), XDP_PASS, Both(global::TRUNCATED_L4, "v6-all", verdict::ALLOWED)),
-        ("IPv6 extension header cut short", eth().ipv6(v6(1), dst6()).ext(60, 2).tcp(1000, 80).truncate(14 + 40 + 12), XDP_PASS, Both(global::TRUNCATED_L4, "v6-all", verdict::ALLOWED)),
-        ("IPv6 TCP header cut short", eth().ipv6(v6(1), dst6()).tcp(1000, 80).truncate(14 + 40 + 10), XDP_PASS, Both(global::TRUNCATED_L4, "v6-all", verdict::ALLOWED)),
-        ("IPv6 header cut at 39 bytes", eth().ipv6(v6(1), dst6()).tcp(1000, 80).truncate(14 + 39), XDP_PASS, Global(global::BAD_IPV6)),
-        ("IPv6 source outside every rule", eth().ipv6(Ipv6Addr::new(0x2001, 0xdb9, 0, 0, 0, 0, 0, 1), dst6()).tcp(1, 80), XDP_PASS, Global(global::NO_MATCH)),
+        (
+            "IPv6 TCP/80 denied",
+            eth().ipv6(v6(1), dst6()).tcp(1000, 80),
+            XDP_DROP,
+            Rule("v6-web", verdict::DENIED),
+        ),
+        (
+            "IPv6 UDP/80 allowed",
+            eth().ipv6(v6(1), dst6()).udp(1000, 80),
+            XDP_PASS,
+            Rule("v6-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv6 ICMPv6",
+            eth().ipv6(v6(1), dst6()).icmp(),
+            XDP_PASS,
+            Rule("v6-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv6 in 802.1Q",
+            eth().vlan(7).ipv6(v6(1), dst6()).tcp(1000, 80),
+            XDP_DROP,
+            Rule("v6-web", verdict::DENIED),
+        ),
+        (
+            "IPv6 in QinQ",
+            eth().qinq(7).vlan(8).ipv6(v6(1), dst6()).tcp(1000, 80),
+            XDP_DROP,
+            Rule("v6-web", verdict::DENIED),
+        ),
+        (
+            "IPv6 hop-by-hop then TCP/80",
+            eth().ipv6(v6(1), dst6()).ext(0, 0).tcp(1000, 80),
+            XDP_DROP,
+            Rule("v6-web", verdict::DENIED),
+        ),
+        (
+            "IPv6 dest-opts + routing then TCP/80",
+            eth()
+                .ipv6(v6(1), dst6())
+                .ext(60, 1)
+                .ext(43, 0)
+                .tcp(1000, 80),
+            XDP_DROP,
+            Rule("v6-web", verdict::DENIED),
+        ),
+        (
+            "IPv6 first fragment then TCP/80",
+            eth().ipv6(v6(1), dst6()).frag6(0, true).tcp(1000, 80),
+            XDP_DROP,
+            Rule("v6-web", verdict::DENIED),
+        ),
+        (
+            "IPv6 non-first fragment: no ports",
+            eth()
+                .ipv6(v6(1), dst6())
+                .frag6(100, false)
+                .proto(6)
+                .payload(40),
+            XDP_PASS,
+            Both(global::FRAGMENTS, "v6-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv6 five extension headers: port not reached",
+            eth()
+                .ipv6(v6(1), dst6())
+                .ext(0, 0)
+                .ext(60, 0)
+                .ext(43, 0)
+                .ext(60, 0)
+                .ext(60, 0)
+                .tcp(1000, 80),
+            XDP_PASS,
+            Both(global::TRUNCATED_L4, "v6-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv6 extension header cut short",
+            eth()
+                .ipv6(v6(1), dst6())
+                .ext(60, 2)
+                .tcp(1000, 80)
+                .truncate(14 + 40 + 12),
+            XDP_PASS,
+            Both(global::TRUNCATED_L4, "v6-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv6 TCP header cut short",
+            eth()
+                .ipv6(v6(1), dst6())
+                .tcp(1000, 80)
+                .truncate(14 + 40 + 10),
+            XDP_PASS,
+            Both(global::TRUNCATED_L4, "v6-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv6 header cut at 39 bytes",
+            eth().ipv6(v6(1), dst6()).tcp(1000, 80).truncate(14 + 39),
+            XDP_PASS,
+            Global(global::BAD_IPV6),
+        ),
+        (
+            "IPv6 source outside every rule",
+            eth()
+                .ipv6(Ipv6Addr::new(0x2001, 0xdb9, 0, 0, 0, 0, 0, 1), dst6())
+                .tcp(1, 80),
+            XDP_PASS,
+            Global(global::NO_MATCH),
+        ),
     ]
 }
 
@@ -135,14 +379,18 @@ fn every_parser_branch_has_its_verdict_and_counter() {
         want_global[global::PACKETS] = 1;
         let mut want_rule: Vec<[u64; verdict::COUNT]> = vec![[0; verdict::COUNT]; all_rules.len()];
         match moves {
-            Moves::Rule(name, v) => want_rule[all_rules.iter().position(|n| *n == name).unwrap()][v] = 1,
+            Moves::Rule(name, v) => {
+                want_rule[all_rules.iter().position(|n| *n == name).unwrap()][v] = 1
+            }
             Moves::Global(g) => want_global[g] += 1,
             Moves::Both(g, name, v) => {
                 want_global[g] += 1;
                 want_rule[all_rules.iter().position(|n| *n == name).unwrap()][v] = 1;
             }
         }
-        let got_global: Vec<u64> = (0..global::COUNT).map(|i| g1.counters[i] - g0.counters[i]).collect();
+        let got_global: Vec<u64> = (0..global::COUNT)
+            .map(|i| g1.counters[i] - g0.counters[i])
+            .collect();
         let got_rule: Vec<[u64; verdict::COUNT]> = r0
             .iter()
             .zip(&r1)
@@ -154,7 +402,12 @@ fn every_parser_branch_has_its_verdict_and_counter() {
             ));
         }
     }
-    assert!(failures.is_empty(), "{} case(s) failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} case(s) failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]

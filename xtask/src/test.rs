@@ -33,8 +33,17 @@ pub fn run(opts: &Options) -> Result<()> {
     // The end-to-end tests run the real `ratelimit` binary (target/debug/ratelimit) as an agent
     // inside network namespaces; `cargo test` does not build binaries of other packages.
     let mut build = cmd::cargo();
-    build.args(["build", "--package", "ratelimit-userspace", "--bin", "ratelimit"]);
-    cmd::run_step("Building the ratelimit binary the end-to-end tests run", &mut build)?;
+    build.args([
+        "build",
+        "--package",
+        "ratelimit-userspace",
+        "--bin",
+        "ratelimit",
+    ]);
+    cmd::run_step(
+        "Building the ratelimit binary the end-to-end tests run",
+        &mut build,
+    )?;
 
     let mut cargo = cmd::cargo();
     cargo.args(["test", "--no-fail-fast"]).args(&opts.args);

@@ -708,24 +708,33 @@ pub fn map_variants(report: &mut Report, opts: &Options, refs: &Refs) -> Result<
         refs.program(PASS),
         refs,
     )?;
-    for (tag, label, map_type, flags) in [
+    for (tag, label, map_type, flags, key_size) in [
         (
             "lru",
             "LRU hash (as the bucket map)",
             progs::MAP_LRU_HASH,
             0,
+            24,
         ),
         (
             "lru_no_common",
             "LRU hash, NO_COMMON_LRU",
             progs::MAP_LRU_HASH,
             progs::F_NO_COMMON_LRU,
+            24,
         ),
-        ("hash", "hash (full: inserts fail)", progs::MAP_HASH, 0),
+        (
+            "lru_key8",
+            "LRU hash, 8-byte key (rule, IPv4)",
+            progs::MAP_LRU_HASH,
+            0,
+            8,
+        ),
+        ("hash", "hash (full: inserts fail)", progs::MAP_HASH, 0, 24),
     ] {
         crate::check_interrupted()?;
         crate::announce(&format!("bucket map candidates: {label}"));
-        let map = progs::create_map(map_type, 24, 64, capacity, flags)?;
+        let map = progs::create_map(map_type, key_size, 64, capacity, flags)?;
         let insert = progs::load(
             "rlb_insert",
             &progs::probe(Probe::InsertSource(map.as_fd())),
@@ -744,7 +753,7 @@ pub fn map_variants(report: &mut Report, opts: &Options, refs: &Refs) -> Result<
         let mut key = (u32::from_be_bytes([10, 0, 0, 0]) + present)
             .to_be_bytes()
             .to_vec();
-        key.resize(24, 0);
+        key.resize(key_size as usize, 0);
         let lookup = progs::load(
             "rlb_lookup",
             &progs::probe(Probe::Lookup(map.as_fd(), &key)),
@@ -768,7 +777,7 @@ pub fn map_variants(report: &mut Report, opts: &Options, refs: &Refs) -> Result<
             next += new_repeat;
         }
         let k = |what: &str| format!("kernel.map.{tag}.{what}");
-        let detail = json!({ "capacity": capacity, "filled_with": filled, "key_size": 24, "value_size": 64 });
+        let detail = json!({ "capacity": capacity, "filled_with": filled, "key_size": key_size, "value_size": 64 });
         for (key, label, runs, baseline) in [
             (
                 k("floor"),

@@ -360,9 +360,10 @@ pub enum Probe<'a> {
     Jiffies,
     /// `bpf_map_lookup_elem(map, key)`; the lookup must hit (else the probe returns XDP_ABORTED).
     Lookup(BorrowedFd<'a>, &'a [u8]),
-    /// `bpf_map_update_elem(map, key, zeros, BPF_ANY)` with a 24-byte key made of the frame's
-    /// IPv4 source and zeros, and a 64-byte value (the limiter's bucket key and value sizes);
-    /// whether it succeeds is not looked at.
+    /// `bpf_map_update_elem(map, key, zeros, BPF_ANY)` with a key made of the frame's IPv4
+    /// source and zeros (up to 24 bytes, the limiter's bucket key size; the map's key size says
+    /// how many are read) and a 64-byte value (the bucket's size); whether it succeeds is not
+    /// looked at.
     InsertSource(BorrowedFd<'a>),
 }
 
