@@ -316,20 +316,19 @@ pub fn hot(report: &mut Report, opts: &Options, refs: &Refs, limiter: &Limiter) 
     measure_hot(report, opts, refs, limiter, "kernel.floor", &mut cases)
 }
 
-/// The hot admitted case again, under a rule set of `n` rules (LPM trie of as many prefixes).
+/// The hot admitted case again, with the 10,000 extra rules of [`crate::rules::many_rules`]
+/// installed (a prefix trie of as many more prefixes).
 pub fn hot_with_rules(
     report: &mut Report,
     opts: &Options,
     refs: &Refs,
     limiter: &Limiter,
-    n: usize,
 ) -> Result<()> {
     let mut cases = vec![HotCase::new(
         "kernel.limiter.admitted_10k_rules",
         "variant: admitted, with 10,000 more rules installed",
         v4_frame([198, 18, 0, 1]),
     )];
-    debug_assert_eq!(n, 10_000, "label says 10,000");
     measure_hot(
         report,
         opts,
@@ -394,8 +393,8 @@ pub fn populations(
     let tracked = limiter.id("tracked")?;
     let capacity = limiter.tdp.maps().bucket_capacity()?;
     let mut buckets = bucket_map(limiter)?;
+    // Grows the population, and measures new sources (the next addresses after a start).
     let grow = Driver::new("rlb_seq_lim", Sources::Sequential, limiter.program(), refs)?;
-    let new_src = &grow;
     let new_floor = Driver::new(
         "rlb_seq_pass",
         Sources::Sequential,
@@ -466,7 +465,7 @@ pub fn populations(
             let first = fresh_next;
             new_floor_ns
                 .push(new_floor.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
-            new_ns.push(new_src.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
+            new_ns.push(grow.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
             fresh_next += opts.new_sources;
             // Take the new sources out again, so the population stays what it says.
             for i in first..fresh_next {
@@ -850,7 +849,7 @@ pub fn memory(report: &mut Report, limiter: &Limiter) -> Result<()> {
     report.add(Figure {
         key: "memory.kernel_per_tracked_source".into(),
         section: "Memory and control plane",
-        label: format!("kernel memory per tracked source (bucket map of {entries}, preallocated)"),
+        label: format!("kernel memory per tracked source ({entries} slots, preallocated)"),
         unit: "bytes",
         runs: vec![per],
         baseline: None,

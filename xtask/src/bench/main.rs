@@ -194,7 +194,7 @@ fn run(cli: &Cli) -> Result<()> {
         }
         if want(Part::Kernel) {
             limiter.install(&rules::many_rules(1000)?)?;
-            kernel::hot_with_rules(&mut report, &opts, &refs, &limiter, rules::MANY)?;
+            kernel::hot_with_rules(&mut report, &opts, &refs, &limiter)?;
             kernel::probes(
                 &mut report,
                 &opts,
@@ -397,6 +397,11 @@ fn targets(r: &Report) -> Vec<Target> {
             polite.join("; ")
         },
     });
+    for target in &mut t {
+        if target.met.is_none() {
+            target.evidence = "not measured in this run".into();
+        }
+    }
     t
 }
 

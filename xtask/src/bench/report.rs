@@ -100,6 +100,16 @@ impl Report {
 
     /// The table, as printed at the end of a run.
     pub fn table(&self) -> String {
+        let text = self.table_lines();
+        let mut out = String::with_capacity(text.len());
+        for line in text.lines() {
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+
+    fn table_lines(&self) -> String {
         let mut out = String::new();
         let m = &self.machine;
         let _ = writeln!(
