@@ -141,6 +141,9 @@ pub struct ClusterConfig {
     pub sync_interval_ms: u64,
     /// Name separating independent clusters on one network.
     pub cluster_id: String,
+    /// Most keys (heavy sources) published per sync, and read from each peer (1..=100000,
+    /// default 1000): bounds message size, CPU and the state a peer can make us hold.
+    pub max_keys: usize,
 }
 
 /// What a rule does with the packets it matches (`action`).
@@ -909,6 +912,7 @@ struct RawCluster {
     key_file: Spanned<PathBuf>,
     sync_interval_ms: Option<Spanned<i64>>,
     cluster_id: Option<Spanned<String>>,
+    max_keys: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -1382,12 +1386,28 @@ fn cluster_from_raw(src: &Source, raw: RawCluster) -> Result<ClusterConfig, Conf
             id.into_inner()
         }
     };
+    let max_keys = match raw.max_keys {
+        None => crate::cluster::MAX_KEYS,
+        Some(v) => {
+            let n = *v.get_ref();
+            if !(1..=100_000).contains(&n) {
+                return Err(src.invalid(
+                    v.span().start,
+                    S,
+                    "max_keys",
+                    format!("must be between 1 and 100000 (got {n})"),
+                ));
+            }
+            usize::try_from(n).expect("bounded above")
+        }
+    };
     Ok(ClusterConfig {
         listen: raw.listen,
         seeds: raw.seeds.unwrap_or_default(),
         key_file: raw.key_file.into_inner(),
         sync_interval_ms,
         cluster_id,
+        max_keys,
     })
 }
 

@@ -50,8 +50,8 @@ use crate::{
     maps::PinnedMaps,
 };
 
-/// Most keys each agent publishes, and reads from each peer, per sync: the heaviest first.
-/// Bounds message size, memory and CPU however many sources there are.
+/// Default of `[cluster] max_keys`: most keys each agent publishes, and reads from each peer, per
+/// sync, the heaviest first. Bounds message size, memory and CPU however many sources there are.
 pub const MAX_KEYS: usize = 1000;
 /// A peer is no longer counted after this long without news, unless 10 sync intervals are
 /// longer.
@@ -120,7 +120,7 @@ pub async fn spawn(
             listen: Some(config.listen),
             advertise: Some(advertise),
             sync_interval_ms: config.sync_interval_ms,
-            max_keys: MAX_KEYS,
+            max_keys: config.max_keys,
             peer_timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
             ..ClusterStatus::default()
         };
@@ -167,7 +167,7 @@ pub async fn spawn(
             maps,
             shared: shared.clone(),
             interval,
-            max_keys: MAX_KEYS,
+            max_keys: config.max_keys,
             peer_timeout: timeout,
         }
         .run(),

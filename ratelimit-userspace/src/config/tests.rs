@@ -687,6 +687,26 @@ fn cluster_errors() {
         "between 10 and 10000",
     );
     assert_error(
+        &format!("{base}max_keys = 0\n"),
+        4,
+        "max_keys",
+        "between 1 and 100000",
+    );
+    assert_error(
+        &format!("{base}max_keys = 100001\n"),
+        4,
+        "max_keys",
+        "between 1 and 100000",
+    );
+    assert_eq!(
+        parse(&format!("{base}max_keys = 50\n"))
+            .cluster
+            .unwrap()
+            .max_keys,
+        50
+    );
+    assert_eq!(parse(base).cluster.unwrap().max_keys, 1000);
+    assert_error(
         &format!("{base}cluster_id = \"\"\n"),
         4,
         "cluster_id",
