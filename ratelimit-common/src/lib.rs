@@ -22,6 +22,8 @@ pub mod map_names {
     pub const RULE_STATS: &str = "RL_RULE_STATS";
     /// Per-CPU array with one [`crate::GlobalStats`] record.
     pub const GLOBAL_STATS: &str = "RL_GLOBAL_STATS";
+    /// Per-CPU array of [`crate::FirstSeen`] slots: the first packet of a source not yet tracked.
+    pub const FIRST_SEEN: &str = "RL_FIRST_SEEN";
     /// [`crate::RuleMeta`] records indexed by rule id. Written and read by user space only, so a
     /// restarted agent can tell which named rule each id holds.
     pub const RULE_META: &str = "RL_RULE_META";
@@ -37,6 +39,9 @@ pub const MAX_RULES: u32 = 16_384;
 pub const MAX_PREFIXES: u32 = 524_288;
 /// Default capacity of the bucket map (tracked sources) when the config does not say.
 pub const DEFAULT_MAX_BUCKETS: u32 = 1 << 20;
+/// Slots of [`map_names::FIRST_SEEN`] per CPU (a power of two).
+pub const FIRST_SEEN_SLOTS: u32 = 1 << 16;
+
 /// Most rules one prefix entry can list (its own rules plus those it inherits from shorter
 /// prefixes, most specific first). Bounded because the XDP program scans the list in a loop.
 pub const MAX_CANDIDATES: usize = 8;
@@ -302,6 +307,57 @@ impl Default for RuleMeta {
     }
 }
 
+/// Slot of [`map_names::FIRST_SEEN`]: a source's first packet, admitted without a bucket.
+///
+/// Inserting into the bucket map costs 10-40x a lookup, and in a spoofed-source flood every packet
+/// is a new source that never sends again. So a source's first packet is decided as a full bucket
+/// would decide it and only remembered here (per CPU, one slot per hash, overwritten freely); the
+/// bucket is created on its second packet, charged for the first one at the time it came, so the
+/// bucket's state is exactly what it would have been. A slot overwritten in between (a hash
+/// collision, or the same source on another CPU) lets that one first packet go uncharged.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FirstSeen {
+    /// Hash of the bucket key (0: empty slot).
+    pub fingerprint: u32,
+    /// Length of the first packet, bytes.
+    pub len: u32,
+    /// When it came, in the rule's clock (ns).
+    pub time_ns: u64,
+}
+const _: () = assert!(size_of::<FirstSeen>() == 16);
+
+/// The 32-bit hash of a bucket key that picks its [`FirstSeen`] slot (`hash % FIRST_SEEN_SLOTS`)
+/// and is stored as its fingerprint; never 0, which marks an empty slot. A multiply-xorshift mix:
+/// cheap, and good enough to spread keys over the slots. Shared so tests can model the slots.
+#[inline(always)]
+#[must_use]
+pub fn first_seen_hash(key: &BucketKey) -> u32 {
+    let word = |i: usize| {
+        let a = key.addr;
+        u64::from_ne_bytes([
+            a[i],
+            a[i + 1],
+            a[i + 2],
+            a[i + 3],
+            a[i + 4],
+            a[i + 5],
+            a[i + 6],
+            a[i + 7],
+        ])
+    };
+    let mut h = (u64::from(key.rule) << 8 | u64::from(key.family)) ^ 0x9e37_79b9_7f4a_7c15;
+    h = (h ^ word(0)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 31) ^ word(8)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^= h >> 29;
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the low 32 bits are the hash"
+    )]
+    let h = h as u32;
+    h | 1
+}
+
 /// Per-rule counters, record of [`map_names::RULE_STATS`] (one copy per CPU; sum them).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -344,4 +400,5 @@ mod pod {
     unsafe impl aya::Pod for super::RuleStats {}
     unsafe impl aya::Pod for super::GlobalStats {}
     unsafe impl aya::Pod for super::RuleMeta {}
+    unsafe impl aya::Pod for super::FirstSeen {}
 }

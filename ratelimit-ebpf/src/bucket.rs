@@ -77,23 +77,27 @@ pub fn charge(bucket: *mut Bucket, rule: &Rule, now: u64, len: u64) -> usize {
     verdict::PASSED
 }
 
-/// [`charge`] for a bucket not yet in the map (no other CPU can see it, so no atomics): a new
-/// source starts with a full bucket.
+/// [`charge`] for a bucket no other CPU can see (not yet in the map), so without atomics. On a
+/// default bucket (TATs zero) this is a new source's full bucket.
 #[inline(always)]
-pub fn charge_fresh(bucket: &mut Bucket, rule: &Rule, now: u64, len: u64) -> usize {
+pub fn charge_local(bucket: &mut Bucket, rule: &Rule, now: u64, len: u64) -> usize {
+    let old_tat = bucket.tat_ns;
     if rule.flags & rule_flags::PKT_LIMIT != 0 {
-        if rule.pkt_interval_ns > rule.pkt_tolerance_ns {
+        let new = if old_tat > now { old_tat } else { now } + rule.pkt_interval_ns;
+        if new - now > rule.pkt_tolerance_ns {
             return verdict::DROPPED_RATE;
         }
-        bucket.tat_ns = now + rule.pkt_interval_ns;
+        bucket.tat_ns = new;
     }
     if rule.flags & rule_flags::BYTE_LIMIT != 0 {
         let cost = byte_cost_ns(len, rule.byte_interval_fp);
-        if cost > rule.byte_tolerance_ns {
-            bucket.tat_ns = 0;
+        let old = bucket.byte_tat_ns;
+        let new = if old > now { old } else { now } + cost;
+        if new - now > rule.byte_tolerance_ns {
+            bucket.tat_ns = old_tat;
             return verdict::DROPPED_BYTES;
         }
-        bucket.byte_tat_ns = now + cost;
+        bucket.byte_tat_ns = new;
     }
     verdict::PASSED
 }

@@ -22,11 +22,12 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use ratelimit_common::{
-    action, config_flags, family, global, rule_flags, verdict, Bucket, BucketKey, Rule,
+    action, config_flags, family, first_seen_hash, global, rule_flags, verdict, Bucket, BucketKey,
+    FirstSeen, Rule, FIRST_SEEN_SLOTS,
 };
 
 use crate::{
-    maps::{BUCKETS, CONFIG},
+    maps::{BUCKETS, CONFIG, FIRST_SEEN},
     parse::Packet,
     stats::{bump_global, count_rule},
 };
@@ -114,11 +115,42 @@ fn limit(pkt: &Packet, id: u32, rule: &Rule, len: u64) -> usize {
         bucket::count(b, v == verdict::PASSED, len);
         return v;
     }
+    // Not tracked: first packet, or the second one (see `FirstSeen`).
+    let hash = first_seen_hash(&key);
+    let Some(slot) = FIRST_SEEN.get_ptr_mut(hash & (FIRST_SEEN_SLOTS - 1)) else {
+        return no_bucket();
+    };
+    // SAFETY: a per-CPU slot; nothing else runs on this CPU meanwhile.
+    let seen = unsafe { *slot };
     let mut fresh = Bucket {
         created_ns: now,
         ..Bucket::default()
     };
-    let v = bucket::charge_fresh(&mut fresh, rule, now, len);
+    if seen.fingerprint != hash || seen.time_ns == 0 || seen.time_ns > now {
+        let v = bucket::charge_local(&mut fresh, rule, now, len);
+        if v == verdict::PASSED {
+            // SAFETY: as above.
+            unsafe {
+                *slot = FirstSeen {
+                    fingerprint: hash,
+                    len: len as u32,
+                    time_ns: now,
+                }
+            };
+        }
+        return v;
+    }
+    // SAFETY: as above.
+    unsafe { *slot = FirstSeen::default() };
+    // The bucket as it would be had it been created for the first packet, then this one.
+    fresh.created_ns = seen.time_ns;
+    let first = bucket::charge_local(&mut fresh, rule, seen.time_ns, u64::from(seen.len));
+    bucket::count(
+        &raw mut fresh,
+        first == verdict::PASSED,
+        u64::from(seen.len),
+    );
+    let v = bucket::charge_local(&mut fresh, rule, now, len);
     bucket::count(&raw mut fresh, v == verdict::PASSED, len);
     match BUCKETS.insert(key, fresh, u64::from(BPF_NOEXIST)) {
         Ok(()) => {

@@ -6,8 +6,8 @@ use aya_ebpf::{
     maps::{lpm_trie::LpmTrie, Array, LruHashMap, PerCpuArray},
 };
 use ratelimit_common::{
-    Bucket, BucketKey, Config, GlobalStats, PrefixKey, Rule, RuleMeta, RuleSet, RuleStats,
-    DEFAULT_MAX_BUCKETS, MAX_PREFIXES, MAX_RULES,
+    Bucket, BucketKey, Config, FirstSeen, GlobalStats, PrefixKey, Rule, RuleMeta, RuleSet,
+    RuleStats, DEFAULT_MAX_BUCKETS, FIRST_SEEN_SLOTS, MAX_PREFIXES, MAX_RULES,
 };
 
 #[map(name = "RL_CONFIG")]
@@ -33,3 +33,7 @@ pub static GLOBAL_STATS: PerCpuArray<GlobalStats> = PerCpuArray::pinned(1, 0);
 /// it is created and pinned with the rest.
 #[map(name = "RL_RULE_META")]
 pub static RULE_META: Array<RuleMeta> = Array::pinned(MAX_RULES, 0);
+
+/// First packets of sources not yet tracked (see `FirstSeen`).
+#[map(name = "RL_FIRST_SEEN")]
+pub static FIRST_SEEN: PerCpuArray<FirstSeen> = PerCpuArray::pinned(FIRST_SEEN_SLOTS, 0);

@@ -14,8 +14,8 @@ use aya::{
     util::nr_cpus,
 };
 use ratelimit_common::{
-    global, map_names, verdict, Bucket, BucketKey, Config, GlobalStats, PrefixKey, Rule, RuleMeta,
-    RuleSet, RuleStats, MAX_PREFIXES, MAX_RULES,
+    global, map_names, verdict, Bucket, BucketKey, Config, FirstSeen, GlobalStats, PrefixKey, Rule,
+    RuleMeta, RuleSet, RuleStats, FIRST_SEEN_SLOTS, MAX_PREFIXES, MAX_RULES,
 };
 
 /// Errors from opening or using the pinned maps.
@@ -82,12 +82,14 @@ fn expected_shape(name: &str) -> Option<(u32, u32, Option<u32>)> {
         map_names::BUCKETS => (sz(size_of::<BucketKey>()), sz(size_of::<Bucket>()), None),
         map_names::RULE_STATS => (4, sz(size_of::<RuleStats>()), Some(MAX_RULES)),
         map_names::GLOBAL_STATS => (4, sz(size_of::<GlobalStats>()), Some(1)),
+        map_names::FIRST_SEEN => (4, sz(size_of::<FirstSeen>()), Some(FIRST_SEEN_SLOTS)),
         _ => return None,
     })
 }
 
 /// Every map the program pins.
-pub const ALL: [&str; 7] = [
+pub const ALL: [&str; 8] = [
+    map_names::FIRST_SEEN,
     map_names::CONFIG,
     map_names::RULES,
     map_names::RULE_META,

@@ -38,6 +38,9 @@ impl TestDataplane {
             "/sys/fs/bpf/rl-test-{name}-{}-{n}",
             std::process::id()
         ));
+        // Keep this thread's test runs on one CPU: the program remembers a source's first packet
+        // per CPU (see `FirstSeen`), so a run that migrated would see another CPU's memory.
+        pin_to_current_cpu();
         let dp = Dataplane::load(&LoadOptions {
             pin_dir: pin_dir.clone(),
             max_buckets,
@@ -135,5 +138,19 @@ impl Drop for TestDataplane {
                 eprintln!("removing test data plane {}: {e}", self.pin_dir.display());
             }
         }
+    }
+}
+
+/// Pins the calling thread to the CPU it is running on.
+fn pin_to_current_cpu() {
+    // SAFETY: sched_getcpu has no preconditions; a zeroed cpu_set_t is valid and
+    // sched_setaffinity(0, ..) applies to the calling thread only.
+    unsafe {
+        let Ok(cpu) = usize::try_from(libc::sched_getcpu()) else {
+            return;
+        };
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
     }
 }

@@ -33,7 +33,10 @@ use ratelimit::{
     compile::{compile, CompiledRuleSet, RuleIds},
     config::{Action, Config, Per, RuleConfig},
 };
-use ratelimit_common::{config_flags, global, verdict, GlobalStats, RuleStats};
+use ratelimit_common::{
+    config_flags, family, first_seen_hash, global, verdict, BucketKey, GlobalStats, RuleStats,
+    FIRST_SEEN_SLOTS,
+};
 use ratelimit_testbed::{
     packet::eth,
     require_root,
@@ -274,10 +277,25 @@ fn model_l4_port(b: &[u8], l4: usize, protocol: u8) -> (u16, bool) {
 struct ModelBucket {
     pkts: u64,
     bytes: u64,
+    /// The kernel map holds this bucket: created on the source's second packet, after a first
+    /// one that passed (see `FirstSeen` in ratelimit-common).
+    tracked: bool,
+    /// A first packet passed and is remembered, not yet in the map.
+    first_seen: bool,
 }
 
 /// (rule id, IPv6?, source masked to the rule's `per`, left-aligned bits).
 type BucketId = (u32, bool, u128);
+
+/// The program's bucket key for a model bucket.
+fn kernel_key((id, v6, bits): BucketId) -> BucketKey {
+    BucketKey {
+        rule: id,
+        family: if v6 { family::V6 } else { family::V4 },
+        _pad: [0; 3],
+        addr: bits.to_be_bytes(),
+    }
+}
 
 fn mask(len: u8) -> u128 {
     match len {
@@ -336,6 +354,8 @@ struct Model<'a> {
     set: &'a CompiledRuleSet,
     rules: HashMap<u32, &'a RuleConfig>,
     buckets: HashMap<BucketId, ModelBucket>,
+    /// The program's `FirstSeen` slots (one CPU: the test thread is pinned): slot -> fingerprint.
+    first_seen: HashMap<u32, u32>,
     agent_dry_run: bool,
 }
 
@@ -359,6 +379,7 @@ impl<'a> Model<'a> {
             set,
             rules,
             buckets: HashMap::new(),
+            first_seen: HashMap::new(),
             agent_dry_run,
         }
     }
@@ -399,11 +420,27 @@ impl<'a> Model<'a> {
             Action::Deny => verdict::DENIED,
             Action::Limit => {
                 let key = bucket_of(compiled.id, rule, parsed.src);
-                let bucket = self.buckets.entry(key).or_insert_with(|| {
-                    g[global::NEW_BUCKETS] += 1;
-                    ModelBucket::default()
-                });
-                charge(bucket, rule, len)
+                let hash = first_seen_hash(&kernel_key(key));
+                let slot = hash & (FIRST_SEEN_SLOTS - 1);
+                let bucket = self.buckets.entry(key).or_default();
+                if !bucket.tracked {
+                    if bucket.first_seen && self.first_seen.get(&slot) == Some(&hash) {
+                        // Second packet: the bucket is created, charged for the first one.
+                        g[global::NEW_BUCKETS] += 1;
+                        bucket.tracked = true;
+                        self.first_seen.remove(&slot);
+                    } else {
+                        // A first packet (again, if another key took the slot meanwhile): decided
+                        // as a fresh bucket would decide it.
+                        *bucket = ModelBucket::default();
+                    }
+                }
+                let v = charge(bucket, rule, len);
+                if !bucket.tracked && v == verdict::PASSED {
+                    bucket.first_seen = true;
+                    self.first_seen.insert(slot, hash);
+                }
+                v
             }
         };
         let dropped = matches!(
