@@ -404,12 +404,7 @@ impl Dataplane {
             ..
         } = self;
         drop((ebpf, maps, attachments));
-        remove_link_pins(&dir)?;
-        let removed = maps::remove_pins(&dir).map_err(|source| DataplaneError::Io {
-            what: "removing pinned maps in",
-            path: dir,
-            source,
-        });
+        let removed = remove_pin_dir(&dir);
         drop(lock);
         removed
     }

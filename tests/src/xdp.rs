@@ -141,16 +141,28 @@ impl Drop for TestDataplane {
     }
 }
 
-/// Pins the calling thread to the CPU it is running on.
-fn pin_to_current_cpu() {
-    // SAFETY: sched_getcpu has no preconditions; a zeroed cpu_set_t is valid and
-    // sched_setaffinity(0, ..) applies to the calling thread only.
-    unsafe {
-        let Ok(cpu) = usize::try_from(libc::sched_getcpu()) else {
-            return;
-        };
+/// Pins the calling thread to `cpu`.
+///
+/// # Errors
+/// When the kernel refuses (no such CPU).
+pub fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is valid; sched_setaffinity(0, ..) applies to the calling thread.
+    let rc = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
+        libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Pins the calling thread to the CPU it is running on (best effort).
+fn pin_to_current_cpu() {
+    // SAFETY: sched_getcpu has no preconditions.
+    if let Ok(cpu) = usize::try_from(unsafe { libc::sched_getcpu() }) {
+        let _ = pin_to_cpu(cpu);
     }
 }

@@ -11,7 +11,7 @@ use ratelimit_common::verdict;
 use ratelimit_testbed::{
     packet::eth,
     require_root,
-    xdp::{XDP_DROP, XDP_PASS},
+    xdp::{pin_to_cpu, XDP_DROP, XDP_PASS},
     TestDataplane,
 };
 
@@ -356,7 +356,7 @@ burst = 20000
         for cpu in 0..2 {
             let (dp, frame) = (&dp, &frame);
             s.spawn(move || {
-                pin_to_cpu(cpu);
+                pin_to_cpu(cpu).unwrap_or_else(|e| panic!("pin to CPU {cpu}: {e}"));
                 let _ = dp.run_repeat(frame, REPEAT);
             });
         }
@@ -377,17 +377,4 @@ burst = 20000
         passed >= 20_000,
         "passed {passed}: the burst itself must be admitted"
     );
-}
-
-fn pin_to_cpu(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is valid; sched_setaffinity(0, ..) applies to this thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
-            0,
-            "pin to CPU {cpu}"
-        );
-    }
 }
