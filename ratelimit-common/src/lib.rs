@@ -22,7 +22,8 @@ pub mod map_names {
     pub const RULE_STATS: &str = "RL_RULE_STATS";
     /// Per-CPU array with one [`crate::GlobalStats`] record.
     pub const GLOBAL_STATS: &str = "RL_GLOBAL_STATS";
-    /// Per-CPU array of [`crate::FirstSeen`] slots: the first packet of a source not yet tracked.
+    /// Array of [`crate::FirstSeen`] slots (shared by all CPUs): the first packet of a source not
+    /// yet tracked.
     pub const FIRST_SEEN: &str = "RL_FIRST_SEEN";
     /// [`crate::RuleMeta`] records indexed by rule id. Written and read by user space only, so a
     /// restarted agent can tell which named rule each id holds.
@@ -39,7 +40,7 @@ pub const MAX_RULES: u32 = 16_384;
 pub const MAX_PREFIXES: u32 = 524_288;
 /// Default capacity of the bucket map (tracked sources) when the config does not say.
 pub const DEFAULT_MAX_BUCKETS: u32 = 1 << 20;
-/// Slots of [`map_names::FIRST_SEEN`] per CPU (a power of two).
+/// Slots of [`map_names::FIRST_SEEN`] (a power of two).
 pub const FIRST_SEEN_SLOTS: u32 = 1 << 16;
 
 /// Most rules one prefix entry can list (its own rules plus those it inherits from shorter
@@ -311,10 +312,11 @@ impl Default for RuleMeta {
 ///
 /// Inserting into the bucket map costs 10-40x a lookup, and in a spoofed-source flood every packet
 /// is a new source that never sends again. So a source's first packet is decided as a full bucket
-/// would decide it and only remembered here (per CPU, one slot per hash, overwritten freely); the
-/// bucket is created on its second packet, charged for the first one at the time it came, so the
-/// bucket's state is exactly what it would have been. A slot overwritten in between (a hash
-/// collision, or the same source on another CPU) lets that one first packet go uncharged.
+/// would decide it and only remembered here (one slot per hash, shared by all CPUs so a source's
+/// second packet finds its first wherever each arrived, overwritten freely); the bucket is created
+/// on its second packet, charged for the first one at the time it came, so the bucket's state is
+/// exactly what it would have been. A slot overwritten in between (a hash collision), or two CPUs
+/// seeing a source's first packets at the same instant, lets that one first packet go uncharged.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FirstSeen {

@@ -120,7 +120,9 @@ fn limit(pkt: &Packet, id: u32, rule: &Rule, len: u64) -> usize {
     let Some(slot) = FIRST_SEEN.get_ptr_mut(hash & (FIRST_SEEN_SLOTS - 1)) else {
         return no_bucket();
     };
-    // SAFETY: a per-CPU slot; nothing else runs on this CPU meanwhile.
+    // SAFETY: a live map value. Shared by all CPUs: two CPUs handling one source's first packets
+    // at the same instant may both treat theirs as the first (one packet uncharged); a torn read
+    // of a slot being rewritten at worst does the same.
     let seen = unsafe { *slot };
     let mut fresh = Bucket {
         created_ns: now,

@@ -36,4 +36,4 @@ pub static RULE_META: Array<RuleMeta> = Array::pinned(MAX_RULES, 0);
 
 /// First packets of sources not yet tracked (see `FirstSeen`).
 #[map(name = "RL_FIRST_SEEN")]
-pub static FIRST_SEEN: PerCpuArray<FirstSeen> = PerCpuArray::pinned(FIRST_SEEN_SLOTS, 0);
+pub static FIRST_SEEN: Array<FirstSeen> = Array::pinned(FIRST_SEEN_SLOTS, 0);

@@ -38,9 +38,6 @@ impl TestDataplane {
             "/sys/fs/bpf/rl-test-{name}-{}-{n}",
             std::process::id()
         ));
-        // Keep this thread's test runs on one CPU: the program remembers a source's first packet
-        // per CPU (see `FirstSeen`), so a run that migrated would see another CPU's memory.
-        pin_to_current_cpu();
         let dp = Dataplane::load(&LoadOptions {
             pin_dir: pin_dir.clone(),
             max_buckets,
@@ -156,13 +153,5 @@ pub fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
-    }
-}
-
-/// Pins the calling thread to the CPU it is running on (best effort).
-fn pin_to_current_cpu() {
-    // SAFETY: sched_getcpu has no preconditions.
-    if let Ok(cpu) = usize::try_from(unsafe { libc::sched_getcpu() }) {
-        let _ = pin_to_cpu(cpu);
     }
 }

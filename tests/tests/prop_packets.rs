@@ -354,7 +354,7 @@ struct Model<'a> {
     set: &'a CompiledRuleSet,
     rules: HashMap<u32, &'a RuleConfig>,
     buckets: HashMap<BucketId, ModelBucket>,
-    /// The program's `FirstSeen` slots (one CPU: the test thread is pinned): slot -> fingerprint.
+    /// The program's `FirstSeen` slots (shared by all CPUs): slot -> fingerprint.
     first_seen: HashMap<u32, u32>,
     agent_dry_run: bool,
 }
