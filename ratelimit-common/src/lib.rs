@@ -174,13 +174,23 @@ pub mod family {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
-    /// Which half of the prefix trie is in force (0 or 1). The agent writes a complete rule set
-    /// under the other generation and then flips this word, so a packet sees one set or the other.
+    /// Rule-set epoch: counts installs (wrapping). Its low bit is the half of the prefix trie in
+    /// force (see [`prefix_generation`]): the agent writes a complete rule set under the other
+    /// half and then writes this word once, so a packet sees one set or the other. The XDP
+    /// program's per-CPU classification cache is keyed by the whole epoch.
     pub generation: u32,
     /// [`config_flags`] bits.
     pub flags: u32,
 }
 const _: () = assert!(size_of::<Config>() == 8);
+
+/// The half of the prefix trie ([`PrefixKey::generation`]) that rule-set epoch `generation`
+/// ([`Config::generation`]) lives in.
+#[inline(always)]
+#[must_use]
+pub const fn prefix_generation(generation: u32) -> u8 {
+    (generation & 1) as u8
+}
 
 /// Key of [`map_names::PREFIXES`] after the LPM trie's `prefix_len` word.
 ///
@@ -188,7 +198,7 @@ const _: () = assert!(size_of::<Config>() == 8);
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct PrefixKey {
-    /// Rule generation, see [`Config::generation`].
+    /// Half of the trie: 0 or 1, see [`prefix_generation`].
     pub generation: u8,
     /// [`family`] tag.
     pub family: u8,

@@ -2,30 +2,88 @@
 //!
 //! One LPM lookup on the source address (under the active generation) yields the candidate rules
 //! for the longest matching prefix, already ordered by the agent (see `RuleSet`); the first whose
-//! protocol and destination port match wins.
+//! protocol and destination port match wins. The result is cached per CPU by source (see
+//! `scratch`), keyed by the rule-set epoch, so a known source skips the trie.
 
 use aya_ebpf::maps::lpm_trie::Key;
-use ratelimit_common::{family, PrefixKey, Rule, MAX_CANDIDATES, PREFIX_KEY_HEADER_BITS};
+use ratelimit_common::{
+    family, prefix_generation, PrefixKey, Rule, MAX_CANDIDATES, PREFIX_KEY_HEADER_BITS,
+};
 
 use crate::{
     maps::{PREFIXES, RULES},
     parse::Packet,
+    scratch::{self, ClassSlot, Scratch, CLASS_SLOTS, NO_RULE, SLOT_ANY_L4, SLOT_VALID},
 };
 
+/// The rule `pkt` falls under in rule-set `epoch` (`Config::generation`), if any.
 #[inline(always)]
-pub fn classify(pkt: &Packet, generation: u32) -> Option<(u32, &'static Rule)> {
+pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> Option<(u32, &'static Rule)> {
+    let i = scratch::slot_index(&pkt.src);
+    if i >= CLASS_SLOTS {
+        return None;
+    }
+    // SAFETY: this CPU's live map value (see `scratch::coarse_now`); `i` is in bounds.
+    let slot = unsafe { &raw mut (*s).class[i] };
+    // SAFETY: as above.
+    let c = unsafe { *slot };
+    if c.flags & SLOT_VALID != 0
+        && c.epoch == epoch
+        && c.src == pkt.src
+        && c.family == pkt.family
+        && (c.flags & SLOT_ANY_L4 != 0
+            || (c.protocol == pkt.protocol && c.dst_port == pkt.dst_port))
+    {
+        if c.rule == NO_RULE {
+            return None;
+        }
+        if let Some(rule) = RULES.get(c.rule) {
+            return Some((c.rule, rule));
+        }
+    }
+    let found = lookup(pkt, epoch);
+    let rule = found as u32;
+    // SAFETY: as above.
+    unsafe {
+        *slot = ClassSlot {
+            epoch,
+            rule,
+            family: pkt.family,
+            flags: SLOT_VALID | if found & ANY_L4 != 0 { SLOT_ANY_L4 } else { 0 },
+            dst_port: pkt.dst_port,
+            protocol: pkt.protocol,
+            _pad: [0; 3],
+            src: pkt.src,
+        };
+    }
+    if rule == NO_RULE {
+        return None;
+    }
+    RULES.get(rule).map(|r| (rule, r))
+}
+
+/// Bit of [`lookup`]'s result: the result holds for every protocol and port.
+const ANY_L4: u64 = 1 << 32;
+
+/// The trie lookup and candidate walk: the rule id ([`NO_RULE`]: none) in the low 32 bits, and
+/// [`ANY_L4`] when the result holds for every protocol and port (no prefix matched, or the first
+/// candidate matches any). One integer rather than a tuple: simpler code for the verifier.
+#[inline(always)]
+fn lookup(pkt: &Packet, epoch: u32) -> u64 {
     let bits = if pkt.family == family::V4 { 32 } else { 128 };
     // SAFETY: [u32; 4] and [u8; 16] have the same size and any bit pattern is valid for both.
     let addr: [u8; 16] = unsafe { core::mem::transmute(pkt.src) };
     let key = Key::new(
         PREFIX_KEY_HEADER_BITS + bits,
         PrefixKey {
-            generation: generation as u8,
+            generation: prefix_generation(epoch),
             family: pkt.family,
             addr,
         },
     );
-    let set = PREFIXES.get(&key)?;
+    let Some(set) = PREFIXES.get(&key) else {
+        return ANY_L4 | u64::from(NO_RULE);
+    };
     let len = set.len as usize;
     for i in 0..MAX_CANDIDATES {
         if i >= len {
@@ -39,7 +97,8 @@ pub fn classify(pkt: &Packet, generation: u32) -> Option<(u32, &'static Rule)> {
         if rule.dst_port != 0 && pkt.dst_port != rule.dst_port {
             continue;
         }
-        return Some((id, rule));
+        let any = i == 0 && rule.protocol == 0 && rule.dst_port == 0;
+        return if any { ANY_L4 } else { 0 } | u64::from(id);
     }
-    None
+    u64::from(NO_RULE)
 }

@@ -10,6 +10,8 @@ use ratelimit_common::{
     RuleStats, DEFAULT_MAX_BUCKETS, FIRST_SEEN_SLOTS, MAX_PREFIXES, MAX_RULES,
 };
 
+use crate::scratch::Scratch;
+
 #[map(name = "RL_CONFIG")]
 pub static CONFIG: Array<Config> = Array::pinned(1, 0);
 
@@ -33,6 +35,10 @@ pub static GLOBAL_STATS: PerCpuArray<GlobalStats> = PerCpuArray::pinned(1, 0);
 /// it is created and pinned with the rest.
 #[map(name = "RL_RULE_META")]
 pub static RULE_META: Array<RuleMeta> = Array::pinned(MAX_RULES, 0);
+
+/// Per-CPU caches (see `scratch`). Not pinned: they only hold what packets would compute anyway.
+#[map(name = "RL_SCRATCH")]
+pub static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// First packets of sources not yet tracked (see `FirstSeen`).
 #[map(name = "RL_FIRST_SEEN")]

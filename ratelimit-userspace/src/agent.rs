@@ -808,7 +808,7 @@ pub struct Status {
     pub rules: usize,
     /// Distinct source prefixes in force.
     pub prefixes: usize,
-    /// Active rule generation (0 or 1).
+    /// Rule-set epoch: counts installs; its low bit is the prefix-trie half in force.
     pub generation: u32,
     /// Whole-agent dry run.
     pub dry_run: bool,

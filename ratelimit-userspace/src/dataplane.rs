@@ -20,7 +20,7 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use ratelimit_common::{map_names, Config, PrefixKey, PROGRAM_NAME};
+use ratelimit_common::{map_names, prefix_generation, Config, PrefixKey, PROGRAM_NAME};
 
 use crate::compile::CompiledRuleSet;
 pub use crate::config::AttachMode;
@@ -414,7 +414,10 @@ impl Dataplane {
     /// so their ids can be reused with a clean slate; buckets of rules that stayed keep their level.
     pub fn install(&mut self, set: &CompiledRuleSet) -> Result<()> {
         let config = self.maps.config()?;
-        let next = 1 - (config.generation & 1);
+        // A new epoch (it keys the XDP program's classification cache); its low bit is the
+        // inactive half of the prefix trie.
+        let epoch = config.generation.wrapping_add(1);
+        let next = prefix_generation(epoch);
         let new_ids: BTreeSet<u32> = set.rules.iter().map(|r| r.id).collect();
 
         // 1. Rule records. An id in force keeps its content (a changed rule gets a new id), so
@@ -435,13 +438,12 @@ impl Dataplane {
         }
         self.inactive_clean = false;
         for p in &set.prefixes {
-            #[expect(clippy::cast_possible_truncation, reason = "generation is 0 or 1")]
             self.maps
-                .insert_prefix(p.key(next as u8), p.lpm_prefix_len(), p.rules)?;
+                .insert_prefix(p.key(next), p.lpm_prefix_len(), p.rules)?;
         }
         // 3. The switch.
         self.maps.set_config(Config {
-            generation: next,
+            generation: epoch,
             ..config
         })?;
         // 4. Retire the old generation once no packet can still be reading it.
@@ -449,10 +451,7 @@ impl Dataplane {
         let new_keys: Vec<(PrefixKey, u32)> = set
             .prefixes
             .iter()
-            .map(|p| {
-                #[expect(clippy::cast_possible_truncation, reason = "generation is 0 or 1")]
-                (p.key(next as u8), p.lpm_prefix_len())
-            })
+            .map(|p| (p.key(next), p.lpm_prefix_len()))
             .collect();
         match self.live_keys.replace(new_keys) {
             Some(old) => self.maps.remove_prefixes(&old)?,

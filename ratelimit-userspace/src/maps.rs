@@ -286,13 +286,13 @@ impl PinnedMaps {
     }
 
     /// Removes every prefix entry of `generation`.
-    pub fn clear_generation(&mut self, generation: u32) -> Result<()> {
+    pub fn clear_generation(&mut self, generation: u8) -> Result<()> {
         let mut trie: LpmTrie<_, PrefixKey, RuleSet> =
             LpmTrie::try_from(&mut self.prefixes).map_err(op(map_names::PREFIXES))?;
         let stale: Vec<_> = trie
             .keys()
             .filter_map(std::result::Result::ok)
-            .filter(|k| u32::from(k.data().generation) == generation)
+            .filter(|k| k.data().generation == generation)
             .collect();
         for key in &stale {
             trie.remove(key).map_err(op(map_names::PREFIXES))?;

@@ -723,11 +723,11 @@ type Entry = (Vec<u8>, u32, Vec<(String, ratelimit_common::Rule)>);
 /// generation holds (left by an install that was cut short).
 fn pinned_state(pin: &Path, sets: &Sets) -> (Option<usize>, usize) {
     let maps = PinnedMaps::open(pin).unwrap();
-    let generation = maps.config().unwrap().generation;
+    let generation = ratelimit_common::prefix_generation(maps.config().unwrap().generation);
     let named = maps.named_rules().unwrap();
     let (mut active, mut inactive) = (Vec::<Entry>::new(), 0);
     for (key, len, set) in maps.prefixes().unwrap() {
-        if u32::from(key.generation) != generation {
+        if key.generation != generation {
             inactive += 1;
             continue;
         }

@@ -424,3 +424,68 @@ fn bytes_counted_per_rule_are_the_frame_lengths() {
     assert_eq!(s.pkts[verdict::ALLOWED], 3);
     assert_eq!(s.bytes[verdict::ALLOWED], 900);
 }
+
+/// The program caches each source's classification per CPU, keyed by the rule-set epoch: every
+/// install must be seen by the very next packet, including one that brings back the trie half a
+/// cached entry came from (no packet in between), a rule that now covers a source that matched
+/// nothing, and ports that pick different rules for one source.
+#[test]
+fn classification_follows_every_rule_change() {
+    require_root();
+    let mut dp = TestDataplane::new("pktcache", 1024).expect("load");
+    let src = v4(7);
+    let udp = |port| eth().ipv4(src, dst4()).udp(1000, port).build();
+    let outside = eth()
+        .ipv4(Ipv4Addr::new(198, 19, 0, 7), dst4())
+        .udp(1000, 53)
+        .build();
+    let id = |set: &ratelimit::compile::CompiledRuleSet, name: &str| {
+        set.rules.iter().find(|r| r.name == name).expect("rule").id
+    };
+    // Which rule counted the last frame, and how.
+    let check = |dp: &TestDataplane, frame: &[u8], rule: Option<u32>, v: usize, want: u32| {
+        let g0 = dp.global();
+        let r0 = rule.map(|id| dp.rule(id));
+        assert_eq!(dp.run(frame), want);
+        match rule {
+            Some(id) => assert_eq!(dp.rule(id).pkts[v] - r0.unwrap().pkts[v], 1, "rule {id}"),
+            None => assert_eq!(
+                dp.global().counters[global::NO_MATCH] - g0.counters[global::NO_MATCH],
+                1
+            ),
+        }
+    };
+
+    let a = dp
+        .install_toml("[[rule]]\nname = \"a\"\nsource = \"198.18.0.0/16\"\naction = \"allow\"\n")
+        .expect("install a");
+    check(&dp, &udp(53), Some(id(&a, "a")), verdict::ALLOWED, XDP_PASS);
+    check(&dp, &outside, None, 0, XDP_PASS);
+    // Two installs, no packet in between: the third set lives in the trie half the first did.
+    dp.install_toml("[[rule]]\nname = \"b\"\nsource = \"198.18.0.0/16\"\naction = \"deny\"\n")
+        .expect("install b");
+    let c = dp
+        .install_toml(
+            "[[rule]]\nname = \"c\"\nsource = \"198.18.0.0/15\"\naction = \"deny\"\n\n\
+             [[rule]]\nname = \"c-dns\"\nsource = \"198.18.0.0/16\"\nprotocol = \"udp\"\n\
+             dst_port = 53\naction = \"allow\"\n",
+        )
+        .expect("install c");
+    check(
+        &dp,
+        &udp(53),
+        Some(id(&c, "c-dns")),
+        verdict::ALLOWED,
+        XDP_PASS,
+    );
+    check(&dp, &udp(80), Some(id(&c, "c")), verdict::DENIED, XDP_DROP);
+    check(
+        &dp,
+        &udp(53),
+        Some(id(&c, "c-dns")),
+        verdict::ALLOWED,
+        XDP_PASS,
+    );
+    // The source that matched nothing is now under "c" (a /15).
+    check(&dp, &outside, Some(id(&c, "c")), verdict::DENIED, XDP_DROP);
+}

@@ -561,9 +561,8 @@ fn prefix_key(generation: u32, src: [u8; 4]) -> Vec<u8> {
     let mut key = (ratelimit_common::PREFIX_KEY_HEADER_BITS + 32)
         .to_ne_bytes()
         .to_vec();
-    #[expect(clippy::cast_possible_truncation, reason = "generation is 0 or 1")]
     key.extend(key_bytes(&ratelimit_common::PrefixKey {
-        generation: generation as u8,
+        generation: ratelimit_common::prefix_generation(generation),
         family: 4,
         addr,
     }));

@@ -1,0 +1,81 @@
+//! Per-CPU scratch state that makes a known source's packet cheaper: a cached coarse clock and a
+//! small classification cache. Both are caches of what the packet would compute anyway, so they
+//! change no verdict; the map is not pinned (a fresh program starts with empty caches).
+
+use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
+
+use crate::maps::SCRATCH;
+
+/// Slots of the classification cache (a power of two). Direct-mapped by a hash of the source: a
+/// busy source keeps its slot, a spoofed flood overwrites slots and pays only the miss.
+pub const CLASS_SLOTS: usize = 256;
+
+/// A slot holds a classification.
+pub const SLOT_VALID: u8 = 1 << 0;
+/// The classification does not depend on the protocol and port (its first candidate matches any),
+/// so any packet from this source under this epoch has it.
+pub const SLOT_ANY_L4: u8 = 1 << 1;
+/// Rule id of a cached "no rule matches".
+pub const NO_RULE: u32 = u32::MAX;
+
+/// One cached classification: under rule-set `epoch`, a packet from `src` (with `protocol` and
+/// `dst_port`, unless [`SLOT_ANY_L4`]) falls under `rule` ([`NO_RULE`]: none).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ClassSlot {
+    pub epoch: u32,
+    pub rule: u32,
+    pub family: u8,
+    pub flags: u8,
+    pub dst_port: u16,
+    pub protocol: u8,
+    pub _pad: [u8; 3],
+    pub src: [u32; 4],
+}
+
+/// The single record of [`SCRATCH`] (one per CPU).
+#[repr(C)]
+pub struct Scratch {
+    /// `bpf_jiffies64()` when `clock_ns` was read.
+    pub clock_jiffies: u64,
+    /// `bpf_ktime_get_coarse_ns()` read at `clock_jiffies`.
+    pub clock_ns: u64,
+    pub class: [ClassSlot; CLASS_SLOTS],
+}
+
+/// This CPU's scratch record.
+#[inline(always)]
+pub fn get() -> Option<*mut Scratch> {
+    SCRATCH.get_ptr_mut(0)
+}
+
+/// `bpf_ktime_get_coarse_ns()` for a fraction of its cost.
+///
+/// The coarse clock only moves when the timekeeping tick runs, which also advances jiffies, and
+/// `bpf_jiffies64()` is a plain load. So the clock is read once per jiffy per CPU and cached. The
+/// tick advances jiffies just before the clock: a read in between returns the clock unmoved, and
+/// is then not cached, so the next packet reads it again.
+#[inline(always)]
+pub fn coarse_now(s: *mut Scratch) -> u64 {
+    // SAFETY: helpers without preconditions; `s` is this CPU's live map value and XDP runs with
+    // preemption disabled, so nothing else touches it meanwhile.
+    unsafe {
+        let j = bpf_jiffies64();
+        if j == (*s).clock_jiffies {
+            return (*s).clock_ns;
+        }
+        let ns = bpf_ktime_get_coarse_ns();
+        if ns != (*s).clock_ns {
+            (*s).clock_jiffies = j;
+            (*s).clock_ns = ns;
+        }
+        ns
+    }
+}
+
+/// The classification cache slot of a source.
+#[inline(always)]
+pub fn slot_index(src: &[u32; 4]) -> usize {
+    let h = (src[0] ^ src[1] ^ src[2] ^ src[3]).wrapping_mul(0x9e37_79b1);
+    (h >> 24) as usize & (CLASS_SLOTS - 1)
+}
