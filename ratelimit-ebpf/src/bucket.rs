@@ -17,7 +17,10 @@ const CAS_RETRIES: usize = 8;
 #[derive(PartialEq, Eq, Clone, Copy)]
 enum Charge {
     Conforms,
-    Exceeds,
+    /// Does not conform, nor will any packet of this cost before `until` (the TAT only grows).
+    Exceeds {
+        until: u64,
+    },
 }
 
 /// Charges `cost` to the TAT at `tat`, if the packet conforms.
@@ -31,7 +34,9 @@ fn gcra(tat: *mut u64, now: u64, cost: u64, tolerance: u64) -> Charge {
         let base = if old > now { old } else { now };
         let new = base + cost;
         if new - now > tolerance {
-            return Charge::Exceeds;
+            return Charge::Exceeds {
+                until: new - tolerance,
+            };
         }
         // SAFETY: as above; 8-byte aligned (field of a #[repr(C)] u64 struct).
         let (_, ok) = unsafe {
@@ -51,19 +56,24 @@ fn gcra(tat: *mut u64, now: u64, cost: u64, tolerance: u64) -> Charge {
 }
 
 /// Charges a packet of `len` bytes to `bucket` under `rule` and returns its [`verdict`]
-/// (`PASSED`, `DROPPED_RATE` or `DROPPED_BYTES`).
+/// (`PASSED`, `DROPPED_RATE` or `DROPPED_BYTES`). On `DROPPED_RATE`, `*drop_until` is the time
+/// before which every packet under this bucket would be dropped for its rate too.
 #[inline(always)]
-pub fn charge(bucket: *mut Bucket, rule: &Rule, now: u64, len: u64) -> usize {
+pub fn charge(bucket: *mut Bucket, rule: &Rule, now: u64, len: u64, drop_until: &mut u64) -> usize {
     // SAFETY: `bucket` points at a live map value; only addresses of fields are taken here.
     let (tat, byte_tat) = unsafe { (&raw mut (*bucket).tat_ns, &raw mut (*bucket).byte_tat_ns) };
     let limits_pkts = rule.flags & rule_flags::PKT_LIMIT != 0;
-    if limits_pkts && gcra(tat, now, rule.pkt_interval_ns, rule.pkt_tolerance_ns) == Charge::Exceeds
-    {
-        return verdict::DROPPED_RATE;
+    if limits_pkts {
+        if let Charge::Exceeds { until } =
+            gcra(tat, now, rule.pkt_interval_ns, rule.pkt_tolerance_ns)
+        {
+            *drop_until = until;
+            return verdict::DROPPED_RATE;
+        }
     }
     if rule.flags & rule_flags::BYTE_LIMIT != 0 {
         let cost = byte_cost_ns(len, rule.byte_interval_fp);
-        if gcra(byte_tat, now, cost, rule.byte_tolerance_ns) == Charge::Exceeds {
+        if gcra(byte_tat, now, cost, rule.byte_tolerance_ns) != Charge::Conforms {
             if limits_pkts {
                 // The packet was charged a packet token above but is dropped: give it back.
                 // SAFETY: as in gcra.

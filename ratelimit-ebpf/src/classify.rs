@@ -16,9 +16,14 @@ use crate::{
     scratch::{self, ClassSlot, Scratch, CLASS_SLOTS, NO_RULE, SLOT_ANY_L4, SLOT_VALID},
 };
 
-/// The rule `pkt` falls under in rule-set `epoch` (`Config::generation`), if any.
+/// The rule `pkt` falls under in rule-set `epoch` (`Config::generation`), if any, and the cache
+/// slot that now holds that classification.
 #[inline(always)]
-pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> Option<(u32, &'static Rule)> {
+pub fn classify(
+    pkt: &Packet,
+    epoch: u32,
+    s: *mut Scratch,
+) -> Option<(u32, &'static Rule, *mut ClassSlot)> {
     let i = scratch::slot_index(&pkt.src);
     if i >= CLASS_SLOTS {
         return None;
@@ -38,7 +43,7 @@ pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> Option<(u32, &'sta
             return None;
         }
         if let Some(rule) = RULES.get(c.rule) {
-            return Some((c.rule, rule));
+            return Some((c.rule, rule, slot));
         }
     }
     let found = lookup(pkt, epoch);
@@ -54,12 +59,15 @@ pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> Option<(u32, &'sta
             protocol: pkt.protocol,
             _pad: [0; 3],
             src: pkt.src,
+            drop_until: 0,
+            drop_count: 0,
+            _pad2: 0,
         };
     }
     if rule == NO_RULE {
         return None;
     }
-    RULES.get(rule).map(|r| (rule, r))
+    RULES.get(rule).map(|r| (rule, r, slot))
 }
 
 /// Bit of [`lookup`]'s result: the result holds for every protocol and port.

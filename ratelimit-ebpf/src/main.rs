@@ -30,7 +30,7 @@ use ratelimit_common::{
 use crate::{
     maps::{BUCKETS, CONFIG, FIRST_SEEN},
     parse::Packet,
-    scratch::Scratch,
+    scratch::{ClassSlot, Scratch, DROP_BATCH},
     stats::{bump_global, count_rule},
 };
 
@@ -59,7 +59,7 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
     };
     let config = *CONFIG.get(0).ok_or(())?;
     let s = scratch::get().ok_or(())?;
-    let Some((id, rule)) = classify::classify(&pkt, config.generation, s) else {
+    let Some((id, rule, slot)) = classify::classify(&pkt, config.generation, s) else {
         bump_global(global::NO_MATCH);
         return Ok(xdp_action::XDP_PASS);
     };
@@ -69,7 +69,7 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
     let mut v = match rule.action {
         action::ALLOW => verdict::ALLOWED,
         action::DENY => verdict::DENIED,
-        _ => limit(&pkt, id, rule, len, s),
+        _ => limit(&pkt, id, rule, len, s, slot),
     };
     let mut xdp = xdp_action::XDP_PASS;
     if v == verdict::DROPPED_RATE || v == verdict::DROPPED_BYTES || v == verdict::DENIED {
@@ -88,7 +88,14 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
 
 /// Charges the packet to its bucket, creating the bucket for a source not seen before.
 #[inline(always)]
-fn limit(pkt: &Packet, id: u32, rule: &Rule, len: u64, s: *mut Scratch) -> usize {
+fn limit(
+    pkt: &Packet,
+    id: u32,
+    rule: &Rule,
+    len: u64,
+    s: *mut Scratch,
+    slot: *mut ClassSlot,
+) -> usize {
     let masked = [
         pkt.src[0] & rule.src_mask[0],
         pkt.src[1] & rule.src_mask[1],
@@ -112,9 +119,23 @@ fn limit(pkt: &Packet, id: u32, rule: &Rule, len: u64, s: *mut Scratch) -> usize
         // SAFETY: a helper without preconditions.
         unsafe { bpf_ktime_get_ns() }
     };
+    // SAFETY: this CPU's classification slot for this packet (see `scratch`).
+    let (drop_until, drop_count) = unsafe { ((*slot).drop_until, (*slot).drop_count) };
+    if now < drop_until && drop_count < DROP_BATCH {
+        // SAFETY: as above.
+        unsafe { (*slot).drop_count = drop_count + 1 };
+        return verdict::DROPPED_RATE;
+    }
     if let Some(b) = BUCKETS.get_ptr_mut(key) {
-        let v = bucket::charge(b, rule, now, len);
+        let mut until = 0;
+        let v = bucket::charge(b, rule, now, len, &mut until);
         bucket::count(b, v == verdict::PASSED, len);
+        // SAFETY: as above, and `b` is a live map value.
+        unsafe {
+            (*b).dropped_pkts += u64::from(drop_count);
+            (*slot).drop_until = until;
+            (*slot).drop_count = 0;
+        }
         return v;
     }
     // Not tracked: first packet, or the second one (see `FirstSeen`).
@@ -164,7 +185,7 @@ fn limit(pkt: &Packet, id: u32, rule: &Rule, len: u64, s: *mut Scratch) -> usize
         // Another CPU created it between our lookup and insert: charge that one.
         Err(e) if e == -EEXIST => match BUCKETS.get_ptr_mut(key) {
             Some(b) => {
-                let v = bucket::charge(b, rule, now, len);
+                let v = bucket::charge(b, rule, now, len, &mut 0);
                 bucket::count(b, v == verdict::PASSED, len);
                 v
             }

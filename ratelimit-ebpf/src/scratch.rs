@@ -18,8 +18,20 @@ pub const SLOT_ANY_L4: u8 = 1 << 1;
 /// Rule id of a cached "no rule matches".
 pub const NO_RULE: u32 = u32::MAX;
 
+/// Dropped packets a CPU decides from [`ClassSlot::drop_until`] before it looks at the bucket
+/// again (which refreshes the bucket's place in the LRU and adds those drops to its counter).
+pub const DROP_BATCH: u32 = 64;
+
 /// One cached classification: under rule-set `epoch`, a packet from `src` (with `protocol` and
 /// `dst_port`, unless [`SLOT_ANY_L4`]) falls under `rule` ([`NO_RULE`]: none).
+///
+/// Plus a drop window for that source's bucket. A bucket's TAT only moves forward (packets and
+/// cluster charges add to it; a rule change starts a new epoch, which empties every slot), so once
+/// a packet was dropped for its rate, every packet before `drop_until` (when the next token comes)
+/// would be dropped too: this CPU drops them without the bucket lookup, up to [`DROP_BATCH`] in a
+/// row. For a source over its limit that is nearly every packet. Only `drop_count`'s drops are
+/// missing from the bucket's own counter until the next lookup (or lost if the slot is taken by
+/// another source first); rule counters count every packet.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ClassSlot {
@@ -31,6 +43,11 @@ pub struct ClassSlot {
     pub protocol: u8,
     pub _pad: [u8; 3],
     pub src: [u32; 4],
+    /// Packets under the rule's packet limit are dropped before this time (rule's clock, ns).
+    pub drop_until: u64,
+    /// Packets dropped from the window since the bucket was last looked at.
+    pub drop_count: u32,
+    pub _pad2: u32,
 }
 
 /// The single record of [`SCRATCH`] (one per CPU).

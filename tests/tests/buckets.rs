@@ -378,3 +378,58 @@ burst = 20000
         "passed {passed}: the burst itself must be admitted"
     );
 }
+
+/// A source over its limit is dropped from a per-CPU window without the bucket lookup (until its
+/// next token is due, at most `DROP_BATCH` = 64 packets in a row): every packet is still dropped
+/// and counted under its rule, the bucket's own counter catches up at each batch, and the next
+/// token is admitted when it is due.
+#[test]
+fn drops_from_the_window_are_counted_and_end_with_the_next_token() {
+    require_root();
+    // One CPU: the window is per CPU, and this is about one CPU's window.
+    pin_to_cpu(0).unwrap();
+    let mut dp = TestDataplane::new("dropwin", 1024).unwrap();
+    // One packet every 500 ms, no burst beyond one.
+    let set = dp
+        .install_toml(
+            r#"[[rule]]
+name = "l"
+source = "198.18.0.0/16"
+rate = 2
+burst = 1
+"#,
+        )
+        .unwrap();
+    let rule = id(&set, "l");
+    let src = ip("198.18.0.1");
+    let frame = udp4(src);
+    let start = Instant::now();
+    assert_eq!(dp.run(&frame), XDP_PASS, "the burst of one");
+    let drops = 200;
+    assert_eq!(passes(&dp, &frame, drops), 0, "no token is due yet");
+    assert!(
+        start.elapsed() < Duration::from_millis(450),
+        "too slow to stay inside one token's interval; rerun on a quieter machine"
+    );
+    let s = dp.rule(rule);
+    assert_eq!(s.pkts[verdict::DROPPED_RATE], drops as u64);
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&src.octets());
+    let key = ratelimit_common::BucketKey {
+        rule,
+        family: ratelimit_common::family::V4,
+        _pad: [0; 3],
+        addr,
+    };
+    let b = dp.maps().bucket(&key).unwrap().expect("bucket");
+    assert!(
+        (drops as u64 - 64..=drops as u64).contains(&b.dropped_pkts),
+        "the bucket's counter lags the rule's by less than one batch: {} of {drops}",
+        b.dropped_pkts
+    );
+    assert_eq!(b.passed_pkts, 1);
+    // The next token comes 500 ms after the first packet (plus a coarse tick or two).
+    std::thread::sleep(Duration::from_millis(520).saturating_sub(start.elapsed()));
+    assert_eq!(dp.run(&frame), XDP_PASS, "the next token is admitted");
+    assert_eq!(dp.run(&frame), XDP_DROP);
+}
