@@ -9,6 +9,7 @@ mod demo;
 mod lint;
 mod run;
 mod setup;
+mod soak;
 mod test;
 
 use std::process::ExitCode;
@@ -42,6 +43,8 @@ enum Command {
     Demo(demo::Options),
     /// Measure the XDP program's per-packet cost and throughput.
     Bench(bench::Options),
+    /// Flood the limiter with random sources for 10 minutes; check memory, evictions, polite source.
+    Soak(soak::Options),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
         Command::Lint(opts) => lint::run(&opts),
         Command::Demo(opts) => demo::run(&opts),
         Command::Bench(opts) => bench::run(&opts),
+        Command::Soak(opts) => soak::run(&opts),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -24,7 +24,7 @@ const SECTION: &str = "Agent (release build, attached to the receiving veth)";
 
 /// The pid of the agent started with config file `config`: the process whose command line names
 /// it and whose name is `ratelimit` (the launch chain execs into the agent, see `AgentProcess`).
-fn agent_pid(config: &Path) -> Result<u32> {
+pub fn agent_pid(config: &Path) -> Result<u32> {
     let needle = config.as_os_str().as_encoded_bytes();
     for entry in fs::read_dir("/proc")?.flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
@@ -45,7 +45,7 @@ fn agent_pid(config: &Path) -> Result<u32> {
 }
 
 /// CPU time of every thread of `pid`, in nanoseconds (/proc/PID/task/*/schedstat, first field).
-fn cpu_ns(pid: u32) -> Result<u64> {
+pub fn cpu_ns(pid: u32) -> Result<u64> {
     let mut total = 0;
     for task in fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
         if let Ok(s) = fs::read_to_string(task.path().join("schedstat")) {
@@ -60,7 +60,7 @@ fn cpu_ns(pid: u32) -> Result<u64> {
 }
 
 /// Resident memory of `pid` in KiB (VmRSS).
-fn rss_kib(pid: u32) -> Result<u64> {
+pub fn rss_kib(pid: u32) -> Result<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()

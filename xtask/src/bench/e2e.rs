@@ -59,9 +59,9 @@ const ABUSER_SPAN: Duration = Duration::from_millis(100);
 const WARMUP_LIMIT: Duration = Duration::from_secs(8);
 
 /// The polite source: well under the limit, sent through the ordinary stack while the flood runs.
-const POLITE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
-const POLITE_PPS: u64 = 200;
-const SERVER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 254);
+pub const POLITE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+pub const POLITE_PPS: u64 = 200;
+pub const SERVER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 254);
 const HOT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 /// Where the flood goes: an address of the receiving subnet that no interface has.
 const SINK: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 1);
@@ -112,7 +112,7 @@ impl Testbed {
     }
 
     /// `rx_packets` and `rx_dropped` of the receiving veth.
-    fn rx_stats(&self) -> Result<(u64, u64)> {
+    pub fn rx_stats(&self) -> Result<(u64, u64)> {
         let out = self
             .rx
             .ip(&["-s", "-j", "link", "show", "dev", &self.rx_if])?;
@@ -127,6 +127,11 @@ impl Testbed {
     /// The receiving namespace.
     pub fn rx(&self) -> &Netns {
         &self.rx
+    }
+
+    /// The sending namespace (the generator's, and the polite source's).
+    pub fn gen(&self) -> &Netns {
+        &self.gen
     }
 
     /// The receiving veth.

@@ -11,6 +11,9 @@
 //!   random sources;
 //! - [`agent`]: the real agent's CPU and memory, idle and under a random-source flood.
 //!
+//! `ratelimit-bench soak` runs the [`soak`] instead (`cargo xtask soak`): minutes of a random-source
+//! flood larger than the bucket map against the real agent, its operator paths in use.
+//!
 //! Prints a table and writes JSON (`--json`). Everything it makes (namespaces, pins, the agent) is
 //! owned by a guard that removes it on drop; Ctrl-C stops the run between measurements, so the
 //! guards run.
@@ -23,6 +26,7 @@ mod progs;
 mod refs;
 mod report;
 mod rules;
+mod soak;
 
 use std::{
     path::PathBuf,
@@ -43,8 +47,10 @@ use crate::report::{Report, Target};
 
 /// Measure ratelimit against its floor, nftables and iptables (needs root).
 #[derive(Debug, Parser)]
-#[command(name = "ratelimit-bench")]
+#[command(name = "ratelimit-bench", args_conflicts_with_subcommands = true)]
 struct Cli {
+    #[command(subcommand)]
+    mode: Option<Mode>,
     /// Runs per figure; the median is reported.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     runs: u32,
@@ -72,6 +78,13 @@ struct Cli {
     /// Where to write the results as JSON.
     #[arg(long, default_value = "target/bench/results.json")]
     json: PathBuf,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Mode {
+    /// Soak: a random-source flood larger than the bucket map for minutes (default 10) against
+    /// the release agent, its operator paths in use; writes target/bench/soak.json.
+    Soak(soak::Args),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -113,6 +126,8 @@ pub fn check_interrupted() -> Result<()> {
 }
 
 static START: OnceLock<std::time::Instant> = OnceLock::new();
+/// `bench` or `soak`, for [`announce`].
+static MODE: OnceLock<&'static str> = OnceLock::new();
 
 /// Progress, on stderr, with the time since the start.
 pub fn announce(what: &str) {
@@ -120,7 +135,8 @@ pub fn announce(what: &str) {
         .get_or_init(std::time::Instant::now)
         .elapsed()
         .as_secs_f64();
-    eprintln!("==> bench [{t:6.1} s]: {what}");
+    let mode = MODE.get().copied().unwrap_or("bench");
+    eprintln!("==> {mode} [{t:6.1} s]: {what}");
 }
 
 fn main() -> ExitCode {
@@ -137,7 +153,14 @@ fn main() -> ExitCode {
     }
     let _ = INTERRUPTED.set(flag);
     let _ = START.set(std::time::Instant::now());
-    match run(&cli) {
+    let result = match &cli.mode {
+        Some(Mode::Soak(args)) => {
+            let _ = MODE.set("soak");
+            soak::run(args)
+        }
+        None => run(&cli),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("Error: {e:#}");
