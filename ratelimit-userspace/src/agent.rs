@@ -483,7 +483,7 @@ impl Agent {
             prefixes: self.set.prefixes.len(),
             generation,
             dry_run: self.config.agent.dry_run,
-            buckets_tracked: maps.buckets()?.len() as u64,
+            buckets_tracked: maps.bucket_count()?,
             buckets_capacity: u64::from(maps.bucket_capacity()?),
             reloads: self.reload.clone(),
             cluster: self.cluster_status(),

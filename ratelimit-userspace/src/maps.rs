@@ -308,6 +308,15 @@ impl PinnedMaps {
         Ok(map.iter().filter_map(std::result::Result::ok).collect())
     }
 
+    /// How many buckets are tracked: a walk over the keys alone (one syscall per bucket, nothing
+    /// kept), for status and stats, which need no more.
+    pub fn bucket_count(&self) -> Result<u64> {
+        let map: HashMap<_, BucketKey, Bucket> =
+            HashMap::try_from(&self.buckets).map_err(op(map_names::BUCKETS))?;
+        // Keys evicted while we walk show up as errors: skip them.
+        Ok(map.keys().filter(std::result::Result::is_ok).count() as u64)
+    }
+
     /// The bucket under `key`, if tracked.
     pub fn bucket(&self, key: &BucketKey) -> Result<Option<Bucket>> {
         let map: HashMap<_, BucketKey, Bucket> =

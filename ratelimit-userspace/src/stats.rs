@@ -69,7 +69,7 @@ impl StatsReport {
             });
         }
         let buckets = BucketReport {
-            tracked: maps.buckets()?.len() as u64,
+            tracked: maps.bucket_count()?,
             capacity: u64::from(maps.bucket_capacity()?),
         };
         Ok(Self {

@@ -263,7 +263,7 @@ fn hot_cases() -> Vec<HotCase> {
         ),
         HotCase::new(
             "kernel.limiter.dropped",
-            "limiter: known source, dropped",
+            "limiter: known source, dropped (drop window)",
             v4_frame([198, 18, 2, 1]),
         ),
         HotCase::new(
@@ -290,7 +290,7 @@ fn hot_cases() -> Vec<HotCase> {
         ),
         HotCase::new(
             "kernel.limiter.no_match",
-            "variant: no rule matches (parse, prefix lookup miss)",
+            "variant: no rule matches (parse, cached classification)",
             v4_frame([198, 19, 0, 1]),
         ),
     ]
