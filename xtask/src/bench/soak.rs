@@ -65,8 +65,8 @@ const METRICS: &str = "127.0.0.1:9477";
 const SETTLE: Duration = Duration::from_secs(60);
 /// The soak's default bucket map capacity. A source's bucket is created on its second packet
 /// (first-packet admission), so 2^24 random sources create only about one bucket per 500 frames
-/// here (some 1,500 a second): the default capacity (2^20) would take over 10 minutes to fill,
-/// 2^17 fills in about a minute and a half and is evicting for the rest of the soak.
+/// here (some 1,300 a second): the default capacity (2^20) would take about 14 minutes to fill,
+/// 2^17 fills in under two minutes and is evicting for the rest of the soak.
 const SOAK_MAX_BUCKETS: u32 = 1 << 17;
 /// The bucket map counts as full from this share of its capacity on: the kernel's LRU frees
 /// entries in batches (and keeps some on per-CPU free lists), so a full map hovers just below it.
