@@ -348,15 +348,18 @@ async fn top(State(agent): State<SharedAgent>, Query(q): Query<TopQuery>) -> Api
             })?,
     };
     // Two snapshots apart, without holding the lock in between: changes go on meanwhile.
-    let (t0, first) = agent.lock().await.buckets()?;
+    // Only what the second snapshot is compared with (a third of a bucket's size); the snapshot
+    // itself is freed at once.
+    let (t0, first) = {
+        let (t0, snapshot) = agent.lock().await.buckets()?;
+        (t0, TopBaseline::new(&snapshot))
+    };
     tokio::time::sleep(Duration::from_millis(interval_ms)).await;
     let guard = agent.lock().await;
     let (t1, second) = guard.buckets()?;
     let tracked = second.len();
-    let mut entries = top_entries(&first, t0, &second, t1, guard.rule_set());
+    let (active, entries) = top_entries(&first, t0, &second, t1, guard.rule_set(), n);
     drop(guard);
-    let active = entries.len();
-    entries.truncate(n);
     to_json(&TopReport {
         interval_ms,
         buckets_tracked: tracked,
@@ -401,39 +404,85 @@ pub struct TopEntry {
     pub dropped: u64,
 }
 
-/// The buckets of `second` (read at `t1`, `CLOCK_MONOTONIC` ns) that saw packets since `first`
-/// (read at `t0`), busiest first. A bucket absent from `first`, or created anew since (LRU
-/// eviction), counts from zero. Buckets of rules no longer in `set` are left out.
+/// What [`top_entries`] needs of the first snapshot: per bucket, its creation time and counters.
+pub struct TopBaseline(HashMap<BucketId, (u64, u64, u64)>);
+
+/// A bucket key's parts: rule, family, address.
+type BucketId = (u32, u8, [u8; 16]);
+
+impl TopBaseline {
+    /// From a snapshot of the bucket map.
+    #[must_use]
+    pub fn new(first: &[(BucketKey, Bucket)]) -> Self {
+        Self(
+            first
+                .iter()
+                .map(|(k, b)| {
+                    (
+                        (k.rule, k.family, k.addr),
+                        (b.created_ns, b.passed_pkts, b.dropped_pkts),
+                    )
+                })
+                .collect(),
+        )
+    }
+}
+
+/// How many buckets of `second` (read at `t1`, `CLOCK_MONOTONIC` ns) saw packets since `first`
+/// (read at `t0`), and the `n` busiest of them, busiest first (ties: by rule, then address). A
+/// bucket absent from `first`, or created anew since (LRU eviction), counts from zero. Buckets of
+/// rules no longer in `set` are left out. Only the `n` reported are rendered: with a million
+/// active sources, the rest cost a few words each.
 #[must_use]
 pub fn top_entries(
-    first: &[(BucketKey, Bucket)],
+    first: &TopBaseline,
     t0: u64,
     second: &[(BucketKey, Bucket)],
     t1: u64,
     set: &CompiledRuleSet,
-) -> Vec<TopEntry> {
-    let id = |k: &BucketKey| (k.rule, k.family, k.addr);
-    let before: HashMap<_, &Bucket> = first.iter().map(|(k, b)| (id(k), b)).collect();
+    n: usize,
+) -> (usize, Vec<TopEntry>) {
     #[expect(
         clippy::cast_precision_loss,
         reason = "nanoseconds and packet counts, display only"
     )]
     let secs = t1.saturating_sub(t0).max(1) as f64 / 1e9;
-    let mut out: Vec<TopEntry> = second
+    // (packets in the interval, passed, dropped, index into `second`).
+    let mut active: Vec<(u64, u64, u64, usize)> = second
         .iter()
-        .filter_map(|(k, b)| {
-            let rule = set.rule(k.rule)?;
-            let (p0, d0) = before
-                .get(&id(k))
-                .filter(|b0| b0.created_ns == b.created_ns)
-                .map_or((0, 0), |b0| (b0.passed_pkts, b0.dropped_pkts));
+        .enumerate()
+        .filter_map(|(i, (k, b))| {
+            set.rule(k.rule)?;
+            let (p0, d0) = first
+                .0
+                .get(&(k.rule, k.family, k.addr))
+                .filter(|(created, _, _)| *created == b.created_ns)
+                .map_or((0, 0), |&(_, p, d)| (p, d));
             let (dp, dd) = (
                 b.passed_pkts.saturating_sub(p0),
                 b.dropped_pkts.saturating_sub(d0),
             );
-            if dp == 0 && dd == 0 {
-                return None;
-            }
+            (dp != 0 || dd != 0).then_some((dp.saturating_add(dd), dp, dd, i))
+        })
+        .collect();
+    let count = active.len();
+    let order = |a: &(u64, u64, u64, usize), b: &(u64, u64, u64, usize)| {
+        let (ka, kb) = (&second[a.3].0, &second[b.3].0);
+        b.0.cmp(&a.0)
+            .then_with(|| (ka.rule, ka.family, ka.addr).cmp(&(kb.rule, kb.family, kb.addr)))
+    };
+    if n < active.len() {
+        if n > 0 {
+            active.select_nth_unstable_by(n - 1, order);
+        }
+        active.truncate(n);
+    }
+    active.sort_unstable_by(order);
+    let entries = active
+        .into_iter()
+        .filter_map(|(_, dp, dd, i)| {
+            let (k, b) = &second[i];
+            let rule = set.rule(k.rule)?;
             let view = BucketView::new(b, &rule.rule, t1);
             #[expect(clippy::cast_precision_loss, reason = "display only")]
             let (pps, drops) = (dp as f64 / secs, dd as f64 / secs);
@@ -450,12 +499,7 @@ pub fn top_entries(
             })
         })
         .collect();
-    out.sort_by(|a, b| {
-        (b.pps + b.drops_per_sec)
-            .total_cmp(&(a.pps + a.drops_per_sec))
-            .then_with(|| a.source.cmp(&b.source))
-    });
-    out
+    (count, entries)
 }
 
 /// The bucket's address as a prefix of the rule's granularity (`198.18.1.0/24`).

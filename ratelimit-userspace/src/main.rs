@@ -255,6 +255,16 @@ fn main() -> ExitCode {
     // quietly instead of panicking in println!.
     // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    // The agent's big transient buffers (a walk of the bucket map for `top`: tens of MiB with a
+    // million sources) must go back to the system when freed. glibc raises its mmap threshold
+    // after the first such free and then serves them from per-thread arenas, which keep the
+    // memory: the soak saw the agent's resident memory climb from 47 to 78 MiB and stay. A fixed
+    // threshold keeps every allocation of 256 KiB or more in its own mapping, unmapped on free.
+    #[cfg(target_env = "gnu")]
+    // SAFETY: a malloc tuning call with a valid parameter, before any thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -196,7 +196,8 @@ fn top_ranks_buckets_by_use_over_the_interval() {
         (key(nets, "198.18.2.1"), b(4, 0, t0 + 1)), // new since the first snapshot
         (key(hosts, "2001:db8::6"), b(9, 0, 1)), // recreated (absent from first): counts from 0
     ];
-    let top = top_entries(&first, t0, &second, t1, &set);
+    let (active, top) = top_entries(&TopBaseline::new(&first), t0, &second, t1, &set, 10);
+    assert_eq!(active, 4);
     let got: Vec<(&str, &str, f64, f64)> = top
         .iter()
         .map(|e| (e.rule.as_str(), e.source.as_str(), e.pps, e.drops_per_sec))
@@ -212,4 +213,11 @@ fn top_ranks_buckets_by_use_over_the_interval() {
     );
     assert_eq!((top[0].passed, top[0].dropped), (2100, 20_000));
     assert!(top[0].tokens.is_some() && top[0].byte_tokens.is_none());
+    // Only the busiest n are rendered, still busiest first; the count covers all.
+    let (active, top2) = top_entries(&TopBaseline::new(&first), t0, &second, t1, &set, 2);
+    assert_eq!(active, 4);
+    assert_eq!(
+        top2.iter().map(|e| e.source.as_str()).collect::<Vec<_>>(),
+        ["198.18.1.0/24", "2001:db8::5/128"]
+    );
 }
