@@ -32,6 +32,9 @@ pub fn run(_opts: &Options) -> Result<()> {
             "--exclude",
             "ratelimit-ebpf",
             "--all-targets",
+            // The demo driver and the benchmark runner live behind these (see Cargo.toml).
+            "--features",
+            "xtask/demo,xtask/bench",
         ])
         .args(["--", "-D", "warnings"]);
 

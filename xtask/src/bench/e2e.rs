@@ -63,6 +63,8 @@ pub const POLITE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
 pub const POLITE_PPS: u64 = 200;
 pub const SERVER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 254);
 const HOT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+/// The limiter's table is filled from here on (away from the random flood's 10.0.0.0/8).
+const PREFILL_FROM: [u8; 4] = [11, 0, 0, 0];
 /// Where the flood goes: an address of the receiving subnet that no interface has.
 const SINK: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 1);
 
@@ -488,6 +490,15 @@ fn measure_attached(
         Pattern::Random => (refs.random(), &bed.random_frame),
     };
     let run_time = opts.e2e_run;
+    // The limiter creates a bucket only for a source's second packet, so a spoofed flood alone
+    // hardly fills its table; a long flood with repeats does (see `cargo xtask soak`). Fill it
+    // with other sources first, so that it too is measured with its table full.
+    let prefilled = if contender == Contender::Limiter && pattern == Pattern::Random {
+        let n = limiter.tdp.maps().bucket_capacity()?;
+        crate::kernel::fill(limiter, refs, PREFILL_FROM, n)?
+    } else {
+        0
+    };
     // Warm up. A random flood runs until the contender has seen 1.25 times as many sources as it
     // can track, so that the runs measure the steady state of a flood (every table full); how
     // fast it went while the tables were filling is kept apart.
@@ -590,6 +601,12 @@ fn measure_attached(
         "warmup_frames": warm_frames,
         "warmup_mpps": warmup_mpps,
         "handled_packets": handled_total,
+        "limiter_buckets_prefilled": prefilled,
+        "limiter_buckets_tracked_after": if contender == Contender::Limiter {
+            Some(limiter.tdp.maps().bucket_count()?)
+        } else {
+            None
+        },
     });
     let dropped = match (drops_before, drops_after) {
         (Some(Count::Dropped(a)), Some(Count::Dropped(b))) => Some(b.saturating_sub(a)),

@@ -374,6 +374,28 @@ impl Driver {
     }
 }
 
+/// Runs `n` sources from `first` on through the limiter twice each, which gives each a bucket
+/// (first-packet admission creates it on the second packet); returns how many buckets that created.
+pub fn fill(limiter: &Limiter, refs: &Refs, first: [u8; 4], n: u32) -> Result<u64> {
+    let before = limiter.tdp.global().counters[global::NEW_BUCKETS];
+    let driver = Driver::new(
+        "rlb_fill",
+        Sources::SequentialTwice,
+        limiter.program(),
+        refs,
+    )?;
+    let mut left = n;
+    let mut from = first;
+    while left > 0 {
+        crate::check_interrupted()?;
+        let chunk = left.min(1 << 18);
+        driver.run(&sequential_from(from), 2 * chunk)?;
+        from = (u32::from_be_bytes(from) + chunk).to_be_bytes();
+        left -= chunk;
+    }
+    Ok(limiter.tdp.global().counters[global::NEW_BUCKETS] - before)
+}
+
 /// A frame whose source is `first - 1`, for a [`Sources::Sequential`] driver to start at `first`.
 fn sequential_from(first: [u8; 4]) -> Vec<u8> {
     v4_frame((u32::from_be_bytes(first).wrapping_sub(1)).to_be_bytes())
@@ -393,7 +415,7 @@ pub fn populations(
     let tracked = limiter.id("tracked")?;
     let capacity = limiter.tdp.maps().bucket_capacity()?;
     let mut buckets = bucket_map(limiter)?;
-    // Grows the population, and measures new sources (the next addresses after a start).
+    // Measures new sources (the next addresses after a start): each one's first packet.
     let grow = Driver::new("rlb_seq_lim", Sources::Sequential, limiter.program(), refs)?;
     let new_floor = Driver::new(
         "rlb_seq_pass",
@@ -425,7 +447,7 @@ pub fn populations(
         let start = Instant::now();
         if target > populated {
             let n = u32::try_from(target - populated).context("population")?;
-            grow.run(&sequential_from(tracked_addr(populated, false)), n)?;
+            fill(limiter, refs, tracked_addr(populated, false), n)?;
             populated = target;
         }
         let fill_secs = start.elapsed().as_secs_f64();
@@ -526,7 +548,7 @@ pub fn populations(
         );
         add(
             k("new"),
-            format!("limiter: new source, new bucket (driver), {what}"),
+            format!("limiter: new source, first packet (driver), {what}"),
             new_ns,
             Some(k("new_floor")),
         );

@@ -32,12 +32,15 @@ pub const XOR64_IMM: u8 = 0xa7;
 pub const MOD64_IMM: u8 = 0x97;
 pub const TO_BE: u8 = 0xdc;
 pub const LDX_W: u8 = 0x61;
+pub const LDX_B: u8 = 0x71;
 pub const STX_B: u8 = 0x73;
 pub const STX_W: u8 = 0x63;
 pub const ST_B: u8 = 0x72;
 pub const ST_W: u8 = 0x62;
 pub const JGT_REG: u8 = 0x2d;
 pub const JEQ_IMM: u8 = 0x15;
+pub const JNE_IMM: u8 = 0x55;
+pub const JA: u8 = 0x05;
 pub const LD_IMM64: u8 = 0x18;
 pub const CALL: u8 = 0x85;
 pub const EXIT: u8 = 0x95;
@@ -246,6 +249,8 @@ pub fn prog_array(target: &Xdp) -> Result<OwnedFd> {
 /// Offsets in an Ethernet + IPv4 frame.
 pub const IP_ID: i16 = 14 + 4;
 pub const IP_SRC: i16 = 14 + 12;
+/// Offset of the IPv4 TOS byte in a frame.
+pub const IP_TOS: i16 = 14 + 1;
 
 /// `r2 = data`, `r3 = data_end`, and a jump of `skip` instructions when the frame is shorter than
 /// Ethernet + IPv4 (`ctx` in r6).
@@ -300,6 +305,10 @@ pub fn random_source() -> Vec<Insn> {
 pub enum Sources {
     /// The previous run's address plus one: a source never seen before on every run.
     Sequential,
+    /// Every address twice in a row, then the next one: the limiter creates a source's bucket on
+    /// its second packet (first-packet admission), so this is how the bucket map is filled. The
+    /// IPv4 TOS byte (which the limiter ignores) keeps which of the two runs is next.
+    SequentialTwice,
     /// `10.0.0.0/9` address number `random % n` (see `kernel::tracked_addr`): a random one of the
     /// first `n` tracked sources.
     RandomAmong(u32),
@@ -317,6 +326,18 @@ pub fn driver(sources: Sources, prog_array: BorrowedFd<'_>) -> Vec<Insn> {
             insn(ADD64_IMM, 5, 0, 0, 1),
             insn(TO_BE, 5, 0, 0, 32), // back to network order
             insn(STX_W, 2, 5, IP_SRC, 0),
+        ],
+        Sources::SequentialTwice => vec![
+            insn(LDX_B, 5, 2, IP_TOS, 0), // r5 = toggle
+            insn(JNE_IMM, 5, 0, 7, 0),    // second of the two: to the reset below
+            insn(LDX_W, 5, 2, IP_SRC, 0), // first of the two: the next address
+            insn(TO_BE, 5, 0, 0, 32),
+            insn(ADD64_IMM, 5, 0, 0, 1),
+            insn(TO_BE, 5, 0, 0, 32),
+            insn(STX_W, 2, 5, IP_SRC, 0),
+            insn(ST_B, 2, 0, IP_TOS, 1), // toggle = 1
+            insn(JA, 0, 0, 1, 0),
+            insn(ST_B, 2, 0, IP_TOS, 0), // toggle = 0
         ],
         Sources::RandomAmong(n) => {
             p.extend([
