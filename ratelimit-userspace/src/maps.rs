@@ -58,6 +58,27 @@ pub const BPF_EXIST: u64 = 2;
 
 type Result<T, E = MapsError> = std::result::Result<T, E>;
 
+/// `BPF_MAP_LOOKUP_BATCH` (from `linux/bpf.h`; Linux 5.6+).
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+/// `ENOTSUPP` (kernel-internal, what an old kernel returns for an unsupported command).
+const ENOTSUPP: i32 = 524;
+/// Buckets read per `BPF_MAP_LOOKUP_BATCH` call (2.3 MiB of buffers).
+const BUCKET_BATCH: usize = 8192;
+
+/// The `batch` member of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
 fn op(map: &'static str) -> impl Fn(MapError) -> MapsError {
     move |e| MapsError::Op {
         map,
@@ -302,19 +323,99 @@ impl PinnedMaps {
 
     /// Every tracked bucket.
     pub fn buckets(&self) -> Result<Vec<(BucketKey, Bucket)>> {
+        let mut all = Vec::new();
+        if self.bucket_batches(|keys, values| {
+            all.extend(keys.iter().copied().zip(values.iter().copied()));
+        })? {
+            return Ok(all);
+        }
         let map: HashMap<_, BucketKey, Bucket> =
             HashMap::try_from(&self.buckets).map_err(op(map_names::BUCKETS))?;
         // Entries evicted while we iterate show up as errors: skip them.
         Ok(map.iter().filter_map(std::result::Result::ok).collect())
     }
 
-    /// How many buckets are tracked: a walk over the keys alone (one syscall per bucket, nothing
-    /// kept), for status and stats, which need no more.
+    /// How many buckets are tracked (nothing kept), for status and stats, which need no more.
     pub fn bucket_count(&self) -> Result<u64> {
+        let mut count = 0u64;
+        if self.bucket_batches(|keys, _| count += keys.len() as u64)? {
+            return Ok(count);
+        }
         let map: HashMap<_, BucketKey, Bucket> =
             HashMap::try_from(&self.buckets).map_err(op(map_names::BUCKETS))?;
         // Keys evicted while we walk show up as errors: skip them.
         Ok(map.keys().filter(std::result::Result::is_ok).count() as u64)
+    }
+
+    /// Hands every tracked bucket to `f`, [`BUCKET_BATCH`] per system call
+    /// (`BPF_MAP_LOOKUP_BATCH`): a walk of a million buckets is a hundred-odd calls instead of two
+    /// million. `Ok(false)` when the kernel has no batch lookup (before Linux 5.6), before `f` saw
+    /// anything: the caller then walks key by key. Buckets created or evicted during the walk may
+    /// be seen or not, as with any walk of a live hash map.
+    fn bucket_batches(&self, mut f: impl FnMut(&[BucketKey], &[Bucket])) -> Result<bool> {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+        let Map::LruHashMap(data) = &self.buckets else {
+            return Err(MapsError::Op {
+                map: map_names::BUCKETS,
+                reason: "not an LRU hash".into(),
+            });
+        };
+        let fd = data.fd().as_fd().as_raw_fd();
+        let mut keys = vec![BucketKey::default(); BUCKET_BATCH];
+        let mut values = vec![Bucket::default(); BUCKET_BATCH];
+        // The hash map's position token (a bucket index, 4 bytes); 8 to be safe.
+        let (mut token_in, mut token_out) = (0u64, 0u64);
+        let mut first = true;
+        loop {
+            let mut attr = BatchAttr {
+                in_batch: if first {
+                    0
+                } else {
+                    (&raw const token_in) as u64
+                },
+                out_batch: (&raw mut token_out) as u64,
+                keys: keys.as_mut_ptr() as u64,
+                values: values.as_mut_ptr() as u64,
+                count: BUCKET_BATCH as u32,
+                map_fd: fd as u32,
+                ..BatchAttr::default()
+            };
+            // SAFETY: `attr` is the `batch` member of union bpf_attr; its buffers hold `count`
+            // keys and values of the map's key and value sizes (checked when the pins were
+            // opened: `check_pinned`) and outlive the call.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_bpf,
+                    BPF_MAP_LOOKUP_BATCH,
+                    &raw mut attr,
+                    std::mem::size_of::<BatchAttr>(),
+                )
+            };
+            let errno = (rc < 0).then(|| std::io::Error::last_os_error().raw_os_error());
+            let n = (attr.count as usize).min(BUCKET_BATCH);
+            match errno {
+                None => f(&keys[..n], &values[..n]),
+                // The end: the last entries come with it.
+                Some(Some(libc::ENOENT)) => {
+                    f(&keys[..n], &values[..n]);
+                    return Ok(true);
+                }
+                Some(Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP)) if first => {
+                    return Ok(false)
+                }
+                Some(e) => {
+                    return Err(MapsError::Op {
+                        map: map_names::BUCKETS,
+                        reason: format!(
+                            "batch lookup: {}",
+                            std::io::Error::from_raw_os_error(e.unwrap_or(0))
+                        ),
+                    })
+                }
+            }
+            token_in = token_out;
+            first = false;
+        }
     }
 
     /// The bucket under `key`, if tracked.
@@ -347,13 +448,19 @@ impl PinnedMaps {
 
     /// Deletes the buckets of the given rule ids.
     pub fn purge_buckets(&mut self, ids: &std::collections::BTreeSet<u32>) -> Result<usize> {
+        let mut stale = Vec::new();
+        let batched = self.bucket_batches(|keys, _| {
+            stale.extend(keys.iter().filter(|k| ids.contains(&k.rule)).copied());
+        })?;
         let mut map: HashMap<_, BucketKey, Bucket> =
             HashMap::try_from(&mut self.buckets).map_err(op(map_names::BUCKETS))?;
-        let stale: Vec<BucketKey> = map
-            .keys()
-            .filter_map(std::result::Result::ok)
-            .filter(|k| ids.contains(&k.rule))
-            .collect();
+        if !batched {
+            stale = map
+                .keys()
+                .filter_map(std::result::Result::ok)
+                .filter(|k| ids.contains(&k.rule))
+                .collect();
+        }
         for key in &stale {
             // Evicted meanwhile is fine.
             let _ = map.remove(key);

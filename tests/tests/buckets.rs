@@ -433,3 +433,53 @@ burst = 1
     assert_eq!(dp.run(&frame), XDP_PASS, "the next token is admitted");
     assert_eq!(dp.run(&frame), XDP_DROP);
 }
+
+/// The agent reads the bucket map in batches (`BPF_MAP_LOOKUP_BATCH`, 8192 per call): every
+/// bucket is seen exactly once across several batches, the count agrees, and removing a rule purges
+/// exactly its buckets.
+#[test]
+fn the_bucket_map_is_read_whole_in_batches_and_purged_by_rule() {
+    require_root();
+    let mut dp = TestDataplane::new("batches", 65_536).unwrap();
+    let two_rules = r#"[[rule]]
+name = "a"
+source = "198.18.0.0/16"
+rate = 1000
+
+[[rule]]
+name = "b"
+source = "198.19.0.0/16"
+rate = 1000
+"#;
+    let set = dp.install_toml(two_rules).unwrap();
+    let (a, b) = (id(&set, "a"), id(&set, "b"));
+    let (na, nb) = (20_000u32, 3_000u32);
+    let send = |first: [u8; 2], n: u32| {
+        for i in 0..n {
+            let [_, _, hi, lo] = i.to_be_bytes();
+            let frame = udp4(Ipv4Addr::new(first[0], first[1], hi, lo));
+            // A bucket is created on a source's second packet.
+            assert_eq!(dp.run(&frame), XDP_PASS);
+            assert_eq!(dp.run(&frame), XDP_PASS);
+        }
+    };
+    send([198, 18], na);
+    send([198, 19], nb);
+    let all = dp.maps().buckets().unwrap();
+    let mut keys: Vec<_> = all.iter().map(|(k, _)| (k.rule, k.addr)).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    assert_eq!(keys.len(), all.len(), "a bucket seen twice");
+    assert_eq!(all.len(), (na + nb) as usize);
+    assert_eq!(all.iter().filter(|(k, _)| k.rule == a).count(), na as usize);
+    assert!(all.iter().all(|(_, v)| v.passed_pkts == 2));
+    assert_eq!(dp.maps().bucket_count().unwrap(), u64::from(na + nb));
+
+    // Rule "b" goes: its buckets with it, "a"'s stay.
+    dp.install_toml(two_rules.split("\n[[rule]]\nname = \"b\"").next().unwrap())
+        .unwrap();
+    let left = dp.maps().buckets().unwrap();
+    assert_eq!(left.len(), na as usize);
+    assert!(left.iter().all(|(k, _)| k.rule == a && k.rule != b));
+    assert_eq!(dp.maps().bucket_count().unwrap(), u64::from(na));
+}
