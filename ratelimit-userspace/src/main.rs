@@ -276,10 +276,25 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line, `: `-separated, leaving out a cause whose text the line
+/// already holds (many errors name their OS cause in their own message and also return it as
+/// their source, which `{:#}` would print twice).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !line.contains(&cause) {
+            line.push_str(": ");
+            line.push_str(&cause);
+        }
+    }
+    line
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -472,4 +487,33 @@ fn detach_offline(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{path}: cannot read config file: {source}")]
+    struct Read {
+        path: &'static str,
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn an_os_cause_named_in_the_message_is_printed_once() {
+        let io = std::io::Error::from_raw_os_error(2);
+        let e = anyhow::Error::new(Read {
+            path: "/x.toml",
+            source: io,
+        });
+        let line = error_chain(&e);
+        assert_eq!(line.matches("os error 2").count(), 1, "{line}");
+        // A cause the message does not name is kept.
+        let e = anyhow::Error::new(std::io::Error::from_raw_os_error(13)).context("opening /x");
+        assert_eq!(
+            error_chain(&e),
+            format!("opening /x: {}", std::io::Error::from_raw_os_error(13))
+        );
+    }
 }
