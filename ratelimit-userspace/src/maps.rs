@@ -324,34 +324,39 @@ impl PinnedMaps {
     /// Every tracked bucket.
     pub fn buckets(&self) -> Result<Vec<(BucketKey, Bucket)>> {
         let mut all = Vec::new();
-        if self.bucket_batches(|keys, values| {
+        self.for_each_bucket(|keys, values| {
             all.extend(keys.iter().copied().zip(values.iter().copied()));
-        })? {
-            return Ok(all);
-        }
-        let map: HashMap<_, BucketKey, Bucket> =
-            HashMap::try_from(&self.buckets).map_err(op(map_names::BUCKETS))?;
-        // Entries evicted while we iterate show up as errors: skip them.
-        Ok(map.iter().filter_map(std::result::Result::ok).collect())
+        })?;
+        Ok(all)
     }
 
     /// How many buckets are tracked (nothing kept), for status and stats, which need no more.
     pub fn bucket_count(&self) -> Result<u64> {
         let mut count = 0u64;
-        if self.bucket_batches(|keys, _| count += keys.len() as u64)? {
-            return Ok(count);
+        self.for_each_bucket(|keys, _| count += keys.len() as u64)?;
+        Ok(count)
+    }
+
+    /// Hands every tracked bucket to `f`: in batches ([`Self::bucket_batches`]), or one at a time
+    /// on kernels without batch lookup, where entries evicted during the walk show up as errors
+    /// and are skipped.
+    fn for_each_bucket(&self, mut f: impl FnMut(&[BucketKey], &[Bucket])) -> Result<()> {
+        if self.bucket_batches(&mut f)? {
+            return Ok(());
         }
         let map: HashMap<_, BucketKey, Bucket> =
             HashMap::try_from(&self.buckets).map_err(op(map_names::BUCKETS))?;
-        // Keys evicted while we walk show up as errors: skip them.
-        Ok(map.keys().filter(std::result::Result::is_ok).count() as u64)
+        for (k, v) in map.iter().filter_map(std::result::Result::ok) {
+            f(&[k], &[v]);
+        }
+        Ok(())
     }
 
     /// Hands every tracked bucket to `f`, [`BUCKET_BATCH`] per system call
     /// (`BPF_MAP_LOOKUP_BATCH`): a walk of a million buckets is a hundred-odd calls instead of two
     /// million. `Ok(false)` when the kernel has no batch lookup (before Linux 5.6), before `f` saw
-    /// anything: the caller then walks key by key. Buckets created or evicted during the walk may
-    /// be seen or not, as with any walk of a live hash map.
+    /// anything: [`Self::for_each_bucket`] then walks key by key. Buckets created or evicted during
+    /// the walk may be seen or not, as with any walk of a live hash map.
     fn bucket_batches(&self, mut f: impl FnMut(&[BucketKey], &[Bucket])) -> Result<bool> {
         use std::os::fd::{AsFd as _, AsRawFd as _};
         let Map::LruHashMap(data) = &self.buckets else {
@@ -449,18 +454,11 @@ impl PinnedMaps {
     /// Deletes the buckets of the given rule ids.
     pub fn purge_buckets(&mut self, ids: &std::collections::BTreeSet<u32>) -> Result<usize> {
         let mut stale = Vec::new();
-        let batched = self.bucket_batches(|keys, _| {
+        self.for_each_bucket(|keys, _| {
             stale.extend(keys.iter().filter(|k| ids.contains(&k.rule)).copied());
         })?;
         let mut map: HashMap<_, BucketKey, Bucket> =
             HashMap::try_from(&mut self.buckets).map_err(op(map_names::BUCKETS))?;
-        if !batched {
-            stale = map
-                .keys()
-                .filter_map(std::result::Result::ok)
-                .filter(|k| ids.contains(&k.rule))
-                .collect();
-        }
         for key in &stale {
             // Evicted meanwhile is fine.
             let _ = map.remove(key);
