@@ -59,14 +59,19 @@ pub fn cpu_ns(pid: u32) -> Result<u64> {
     Ok(total)
 }
 
-/// Resident memory of `pid` in KiB (VmRSS).
-pub fn rss_kib(pid: u32) -> Result<u64> {
+/// A `Vm*` field of /proc/PID/status in KiB (`field` with its colon: `"VmHWM:"`).
+pub fn vm_field(pid: u32, field: &str) -> Result<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .context("no VmRSS in /proc/PID/status")
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+/// Resident memory of `pid` in KiB (VmRSS).
+pub fn rss_kib(pid: u32) -> Result<u64> {
+    vm_field(pid, "VmRSS:")
 }
 
 /// One window: CPU share (percent of one core) and RSS (MiB) at its end.

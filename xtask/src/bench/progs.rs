@@ -300,6 +300,15 @@ pub fn random_source() -> Vec<Insn> {
     p
 }
 
+/// The frame's IPv4 source plus one (data in r2).
+const NEXT_SOURCE: [Insn; 5] = [
+    insn(LDX_W, 5, 2, IP_SRC, 0), // r5 = src as stored (network order)
+    insn(TO_BE, 5, 0, 0, 32),     // to a number
+    insn(ADD64_IMM, 5, 0, 0, 1),
+    insn(TO_BE, 5, 0, 0, 32), // back to network order
+    insn(STX_W, 2, 5, IP_SRC, 0),
+];
+
 /// How a driver picks the next source.
 #[derive(Clone, Copy, Debug)]
 pub enum Sources {
@@ -320,25 +329,21 @@ pub enum Sources {
 pub fn driver(sources: Sources, prog_array: BorrowedFd<'_>) -> Vec<Insn> {
     let mut p = vec![insn(MOV64_REG, 6, 1, 0, 0)];
     let body: Vec<Insn> = match sources {
-        Sources::Sequential => vec![
-            insn(LDX_W, 5, 2, IP_SRC, 0), // r5 = src as stored (network order)
-            insn(TO_BE, 5, 0, 0, 32),     // to a number
-            insn(ADD64_IMM, 5, 0, 0, 1),
-            insn(TO_BE, 5, 0, 0, 32), // back to network order
-            insn(STX_W, 2, 5, IP_SRC, 0),
-        ],
-        Sources::SequentialTwice => vec![
-            insn(LDX_B, 5, 2, IP_TOS, 0), // r5 = toggle
-            insn(JNE_IMM, 5, 0, 7, 0),    // second of the two: to the reset below
-            insn(LDX_W, 5, 2, IP_SRC, 0), // first of the two: the next address
-            insn(TO_BE, 5, 0, 0, 32),
-            insn(ADD64_IMM, 5, 0, 0, 1),
-            insn(TO_BE, 5, 0, 0, 32),
-            insn(STX_W, 2, 5, IP_SRC, 0),
-            insn(ST_B, 2, 0, IP_TOS, 1), // toggle = 1
-            insn(JA, 0, 0, 1, 0),
-            insn(ST_B, 2, 0, IP_TOS, 0), // toggle = 0
-        ],
+        Sources::Sequential => NEXT_SOURCE.to_vec(),
+        Sources::SequentialTwice => {
+            let mut b = vec![
+                insn(LDX_B, 5, 2, IP_TOS, 0), // r5 = toggle
+                // Second of the two: over the next address and the toggle's set, to its reset.
+                insn(JNE_IMM, 5, 0, NEXT_SOURCE.len() as i16 + 2, 0),
+            ];
+            b.extend(NEXT_SOURCE); // first of the two: the next address
+            b.extend([
+                insn(ST_B, 2, 0, IP_TOS, 1), // toggle = 1
+                insn(JA, 0, 0, 1, 0),
+                insn(ST_B, 2, 0, IP_TOS, 0), // toggle = 0
+            ]);
+            b
+        }
         Sources::RandomAmong(n) => {
             p.extend([
                 insn(CALL, 0, 0, 0, FUNC_GET_PRANDOM_U32),

@@ -43,7 +43,7 @@ use ratelimit_testbed::{agent_binary, bind_udp, in_netns, send_udp, AgentProcess
 use serde_json::{json, Value};
 
 use crate::{
-    agent::{agent_pid, rss_kib},
+    agent::{agent_pid, rss_kib, vm_field},
     e2e::{Testbed, BURST, POLITE, POLITE_PPS, RATE, SERVER},
     generator::pin_to_cpu,
     refs::Refs,
@@ -808,16 +808,6 @@ fn cpu_time_ns(pid: u32) -> Result<u64> {
         .filter(|&t| t > 0)
         .unwrap_or(100);
     Ok(fields.iter().sum::<u64>() * 1_000_000_000 / tick)
-}
-
-/// A `Vm*` field of /proc/PID/status in KiB.
-fn vm_field(pid: u32, field: &str) -> Result<u64> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .with_context(|| format!("no {field} in /proc/{pid}/status"))
 }
 
 /// Least-squares slope of `(x, y)`.
