@@ -132,6 +132,12 @@ impl CompiledRuleSet {
         self.by_id.get(&id).map(|&i| &self.rules[i])
     }
 
+    /// The rule named `name`.
+    #[must_use]
+    pub fn by_name(&self, name: &str) -> Option<&CompiledRule> {
+        self.rules.iter().find(|r| r.name == name)
+    }
+
     /// The trie entry the XDP program finds for source `src`: the longest rule prefix containing
     /// it, if any.
     pub fn lookup(&self, src: IpAddr) -> Option<&CompiledPrefix> {

@@ -40,7 +40,7 @@ fn passes(dp: &TestDataplane, frame: &[u8], n: usize) -> usize {
 }
 
 fn id(set: &ratelimit::compile::CompiledRuleSet, name: &str) -> u32 {
-    set.rules.iter().find(|r| r.name == name).expect("rule").id
+    set.by_name(name).expect("rule").id
 }
 
 #[test]

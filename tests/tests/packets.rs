@@ -364,7 +364,7 @@ fn every_parser_branch_has_its_verdict_and_counter() {
     require_root();
     let mut dp = TestDataplane::new("packets", 1024).expect("load");
     let set = dp.install_toml(RULES).expect("install");
-    let id = |name: &str| set.rules.iter().find(|r| r.name == name).expect("rule").id;
+    let id = |name: &str| set.by_name(name).expect("rule").id;
     let all_rules = ["v4-dns", "v4-all", "v6-web", "v6-all"];
     let mut failures = Vec::new();
     for (desc, frame, want_action, moves) in cases() {
@@ -415,7 +415,7 @@ fn bytes_counted_per_rule_are_the_frame_lengths() {
     require_root();
     let mut dp = TestDataplane::new("pktbytes", 1024).expect("load");
     let set = dp.install_toml(RULES).expect("install");
-    let allow = set.rules.iter().find(|r| r.name == "v4-all").unwrap().id;
+    let allow = set.by_name("v4-all").unwrap().id;
     let frame = eth().ipv4(v4(9), dst4()).udp(1, 9).pad_to(300).build();
     for _ in 0..3 {
         assert_eq!(dp.run(&frame), XDP_PASS);
@@ -439,9 +439,8 @@ fn classification_follows_every_rule_change() {
         .ipv4(Ipv4Addr::new(198, 19, 0, 7), dst4())
         .udp(1000, 53)
         .build();
-    let id = |set: &ratelimit::compile::CompiledRuleSet, name: &str| {
-        set.rules.iter().find(|r| r.name == name).expect("rule").id
-    };
+    let id =
+        |set: &ratelimit::compile::CompiledRuleSet, name: &str| set.by_name(name).expect("rule").id;
     // Which rule counted the last frame, and how.
     let check = |dp: &TestDataplane, frame: &[u8], rule: Option<u32>, v: usize, want: u32| {
         let g0 = dp.global();

@@ -364,16 +364,7 @@ impl<'a> Model<'a> {
         let rules = config
             .rules
             .iter()
-            .map(|r| {
-                (
-                    set.rules
-                        .iter()
-                        .find(|c| c.name == r.name)
-                        .expect("compiled")
-                        .id,
-                    r,
-                )
-            })
+            .map(|r| (set.by_name(&r.name).expect("compiled").id, r))
             .collect();
         Self {
             set,

@@ -173,8 +173,8 @@ fn top_ranks_buckets_by_use_over_the_interval() {
     )
     .unwrap();
     let set = compile(&config.rules, &RuleIds::new()).unwrap();
-    let nets = set.rules.iter().find(|r| r.name == "nets").unwrap();
-    let hosts = set.rules.iter().find(|r| r.name == "hosts").unwrap();
+    let nets = set.by_name("nets").unwrap();
+    let hosts = set.by_name("hosts").unwrap();
     let key =
         |r: &crate::compile::CompiledRule, ip: &str| bucket_key(r.id, &r.rule, ip.parse().unwrap());
     let b = |passed, dropped, created_ns| Bucket {

@@ -361,7 +361,7 @@ fn ipv6_rules() {
         name_of(&set, "::ffff:203.0.113.1", TCP, Some(80)),
         Some("v6-default")
     );
-    let v6net = set.rules.iter().find(|r| r.name == "v6-net").unwrap();
+    let v6net = set.by_name("v6-net").unwrap();
     assert_eq!(v6net.rule.src_mask, [u32::MAX, u32::MAX, 0, 0]);
 }
 
@@ -898,7 +898,7 @@ fn one_rule_many_prefixes() {
         ),
         with_action("office", "10.1.2.0/24", Action::Allow),
     ]);
-    let block = set.rules.iter().find(|r| r.name == "blocklist").unwrap();
+    let block = set.by_name("blocklist").unwrap();
     assert_eq!(block.sources.len(), 4);
     // One rule id for every prefix.
     for p in ["10.0.0.0/8", "10.1.0.0/16", "192.0.2.7/32", "2001:db8::/32"] {
