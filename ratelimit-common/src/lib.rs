@@ -16,15 +16,17 @@ pub mod map_names {
     pub const RULES: &str = "RL_RULES";
     /// LPM trie from [`crate::PrefixKey`] to [`crate::RuleSet`]: which rules a source may match.
     pub const PREFIXES: &str = "RL_PREFIXES";
-    /// LRU hash from [`crate::BucketKey`] to [`crate::Bucket`]: one token bucket per tracked source.
+    /// Array of [`crate::Bucket`] records, the bucket store: set-associative by a secret-seeded
+    /// hash of the bucket key (see [`crate::bucket_sets`]), [`crate::BUCKET_WAYS`] records a set,
+    /// memory-mappable (`BPF_F_MMAPABLE`) so user space reads and charges it in place.
     pub const BUCKETS: &str = "RL_BUCKETS";
     /// Per-CPU array of [`crate::RuleStats`] indexed by rule id.
     pub const RULE_STATS: &str = "RL_RULE_STATS";
     /// Per-CPU array with one [`crate::GlobalStats`] record.
     pub const GLOBAL_STATS: &str = "RL_GLOBAL_STATS";
-    /// Array of [`crate::FirstSeen`] slots (shared by all CPUs): the first packet of a source not
-    /// yet tracked.
-    pub const FIRST_SEEN: &str = "RL_FIRST_SEEN";
+    /// The first-seen table of earlier versions (replaced by the bucket store): no longer
+    /// created, only removed by `detach` where an older version left it.
+    pub const LEGACY_FIRST_SEEN: &str = "RL_FIRST_SEEN";
     /// [`crate::RuleMeta`] records indexed by rule id. Written and read by user space only, so a
     /// restarted agent can tell which named rule each id holds.
     pub const RULE_META: &str = "RL_RULE_META";
@@ -38,10 +40,26 @@ pub const MAX_RULES: u32 = 16_384;
 /// Capacity of the prefix trie. Both generations live in it during a swap, so this is twice the
 /// number of distinct prefixes one rule set may hold.
 pub const MAX_PREFIXES: u32 = 524_288;
-/// Default capacity of the bucket map (tracked sources) when the config does not say.
+/// Default capacity of the bucket store (tracked sources) when the config does not say.
 pub const DEFAULT_MAX_BUCKETS: u32 = 1 << 20;
-/// Slots of [`map_names::FIRST_SEEN`] (a power of two).
-pub const FIRST_SEEN_SLOTS: u32 = 1 << 16;
+/// Records per set of the bucket store.
+pub const BUCKET_WAYS: u32 = 4;
+/// Sets a key may live in (two choices, picked by one keyed hash; see [`bucket_sets`]): a key's
+/// bucket is one of `BUCKET_CHOICES * BUCKET_WAYS` records, and a new one goes to the less
+/// loaded of its sets, which keeps sets even (a single choice of 8 overflows some sets at a third
+/// of capacity). Eight candidate records, so eight sources that collide all keep their buckets.
+pub const BUCKET_CHOICES: u32 = 2;
+/// Records a key's bucket may be in.
+pub const BUCKET_CANDIDATES: u32 = BUCKET_CHOICES * BUCKET_WAYS;
+/// `BPF_F_MMAPABLE` (from `linux/bpf.h`): the flag of the bucket store's array.
+pub const BPF_F_MMAPABLE: u32 = 1 << 10;
+
+/// Capacity of the bucket store for `max_buckets` tracked sources: rounded up to whole sets.
+#[inline(always)]
+#[must_use]
+pub const fn bucket_capacity(max_buckets: u32) -> u32 {
+    max_buckets.div_ceil(BUCKET_WAYS) * BUCKET_WAYS
+}
 
 /// Most rules one prefix entry can list (its own rules plus those it inherits from shorter
 /// prefixes, most specific first). Bounded because the XDP program scans the list in a loop.
@@ -135,10 +153,16 @@ pub mod global {
     pub const NO_MATCH: usize = 9;
     /// Buckets created.
     pub const NEW_BUCKETS: usize = 10;
-    /// Bucket creation failed (passed, fail open).
+    /// Bucket creation lost a race for its record to another CPU (passed, fail open).
     pub const BUCKET_ERRORS: usize = 11;
     /// Internal error in the program (map lookup failed): passed.
     pub const INTERNAL: usize = 12;
+    /// A new bucket took the place of one that had refilled (a full bucket holds nothing a new one
+    /// would not: no state lost).
+    pub const EVICTED_FULL: usize = 13;
+    /// A new bucket took the place of one that had not refilled: that source starts full again if
+    /// it comes back (state lost; grows when the store is too small for the sources it sees).
+    pub const EVICTED_LOST: usize = 14;
     /// Number of counters.
     pub const COUNT: usize = 16;
     /// Names as printed by the CLI and the metrics, by index (empty: reserved).
@@ -156,8 +180,8 @@ pub mod global {
         "new_buckets",
         "bucket_errors",
         "internal",
-        "",
-        "",
+        "evicted_full",
+        "evicted_lost",
         "",
     ];
 }
@@ -181,8 +205,17 @@ pub struct Config {
     pub generation: u32,
     /// [`config_flags`] bits.
     pub flags: u32,
+    /// Secret key of the bucket store's set hash ([`bucket_hash`]): drawn at random by the agent
+    /// when it creates the pins and kept with them, so sources cannot be chosen to collide and
+    /// an adopted store stays addressable. Never logged or shown.
+    pub seed: [u64; 2],
+    /// Sets of the bucket store (its capacity / [`BUCKET_WAYS`]); 0 until the agent wrote it (the
+    /// program then tracks nothing and passes: fail open).
+    pub bucket_sets: u32,
+    /// Always zero.
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<Config>() == 8);
+const _: () = assert!(size_of::<Config>() == 32);
 
 /// The half of the prefix trie ([`PrefixKey::generation`]) that rule-set epoch `generation`
 /// ([`Config::generation`]) lives in.
@@ -247,10 +280,17 @@ pub struct Rule {
     pub byte_interval_fp: u64,
     /// Largest allowed advance of the byte clock past now (bytes_burst * 1e9 / bytes_rate).
     pub byte_tolerance_ns: u64,
+    /// Generation of this rule id's buckets: set (never 0) each time the id is given to a rule,
+    /// 0 while the id is free. A bucket whose [`Bucket::rule_gen`] differs is stale: ignored by
+    /// every reader and recycled by the program, so a removed rule's buckets need no purge.
+    pub bucket_gen: u32,
+    /// Always zero.
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<Rule>() == 56);
+const _: () = assert!(size_of::<Rule>() == 64);
 
-/// Key of [`map_names::BUCKETS`]: a rule and the source address masked to the rule's granularity.
+/// What a bucket is for: a rule and the source address masked to the rule's granularity. The
+/// bucket store keeps it inside each [`Bucket`]; user space passes it around in this form.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct BucketKey {
@@ -265,32 +305,291 @@ pub struct BucketKey {
 }
 const _: () = assert!(size_of::<BucketKey>() == 24);
 
-/// Value of [`map_names::BUCKETS`]: GCRA state plus counters for one source.
+/// A record of the bucket store ([`map_names::BUCKETS`]): the key it is for, its GCRA state and
+/// its counters, in one 64-byte cache line.
 ///
 /// GCRA keeps the theoretical arrival time (TAT) of the next conforming packet; a packet conforms
 /// if `max(tat, now) + cost - now <= tolerance`, and then advances `tat` by its cost. This is a
 /// token bucket with `burst = tolerance / interval`, in one word updated by compare-and-swap.
+///
+/// Bytes 16..24 (`rule`, `family`, `state`, `rule_gen`) are the *header*, one little-endian u64
+/// (see [`bucket_header`]): a record is claimed for a new key by a compare-and-swap of it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Bucket {
+    /// Masked source address, network byte order; IPv4 in the first four bytes.
+    pub addr: [u8; 16],
+    /// Rule id.
+    pub rule: u16,
+    /// [`family`] tag; 0 marks an empty record.
+    pub family: u8,
+    /// [`BUCKET_BUSY`] while a CPU (or the agent) writes the record for a new key; else 0.
+    pub state: u8,
+    /// [`Rule::bucket_gen`] of the rule when the bucket was created.
+    pub rule_gen: u32,
     /// Packet TAT, `CLOCK_MONOTONIC` nanoseconds.
     pub tat_ns: u64,
     /// Byte TAT, `CLOCK_MONOTONIC` nanoseconds.
     pub byte_tat_ns: u64,
-    /// Packets passed under this bucket (cumulative).
-    pub passed_pkts: u64,
-    /// Bytes passed under this bucket (cumulative).
-    pub passed_bytes: u64,
-    /// Packets dropped by this bucket, or counted as dry-run drops (cumulative).
-    pub dropped_pkts: u64,
-    /// Cluster: cumulative remote charge (ns of packet TAT) already folded into `tat_ns`.
-    pub remote_applied_ns: u64,
-    /// Cluster: cumulative remote charge (ns of byte TAT) already folded into `byte_tat_ns`.
-    pub remote_byte_applied_ns: u64,
     /// `CLOCK_MONOTONIC` nanoseconds when the bucket was created.
     pub created_ns: u64,
+    /// Bytes passed under this bucket (cumulative).
+    pub passed_bytes: u64,
+    /// Packets passed under this bucket (cumulative, modulo 2^32: readers take differences with
+    /// `wrapping_sub`).
+    pub passed_pkts: u32,
+    /// Packets dropped by this bucket, or counted as dry-run drops (cumulative, modulo 2^32).
+    pub dropped_pkts: u32,
 }
 const _: () = assert!(size_of::<Bucket>() == 64);
+
+/// [`Bucket::state`]: the record is being written for a new key (matches no key, is no victim).
+pub const BUCKET_BUSY: u8 = 1;
+
+/// Byte offset of the header word in a [`Bucket`].
+pub const BUCKET_HEADER_OFFSET: usize = 16;
+
+/// The header word of a bucket for `rule` (id), `family` and `rule_gen`, with `state` 0: bytes
+/// 16..24 of the record read as a little-endian u64.
+#[inline(always)]
+#[must_use]
+pub const fn bucket_header(rule: u32, family: u8, rule_gen: u32) -> u64 {
+    (rule as u64 & 0xffff) | (family as u64) << 16 | (rule_gen as u64) << 32
+}
+
+impl Bucket {
+    /// The key this record holds.
+    #[must_use]
+    pub fn key(&self) -> BucketKey {
+        BucketKey {
+            rule: u32::from(self.rule),
+            family: self.family,
+            _pad: [0; 3],
+            addr: self.addr,
+        }
+    }
+
+    /// The header word (see [`bucket_header`]), `state` included.
+    #[must_use]
+    pub fn header(&self) -> u64 {
+        bucket_header(u32::from(self.rule), self.family, self.rule_gen)
+            | u64::from(self.state) << 24
+    }
+}
+
+/// The SipHash-1-3 round function.
+#[inline(always)]
+fn sip_round(v: &mut [u64; 4]) {
+    v[0] = v[0].wrapping_add(v[1]);
+    v[1] = v[1].rotate_left(13) ^ v[0];
+    v[0] = v[0].rotate_left(32);
+    v[2] = v[2].wrapping_add(v[3]);
+    v[3] = v[3].rotate_left(16) ^ v[2];
+    v[0] = v[0].wrapping_add(v[3]);
+    v[3] = v[3].rotate_left(21) ^ v[0];
+    v[2] = v[2].wrapping_add(v[1]);
+    v[1] = v[1].rotate_left(17) ^ v[2];
+    v[2] = v[2].rotate_left(32);
+}
+
+/// SipHash-1-3 under `seed` of the 24-byte message `m` (three little-endian words): a keyed
+/// pseudo-random function, so whoever does not know the seed cannot choose inputs that collide.
+#[inline(always)]
+#[must_use]
+pub fn siphash13(seed: [u64; 2], m: [u64; 3]) -> u64 {
+    let mut v = [
+        seed[0] ^ 0x736f_6d65_7073_6575,
+        seed[1] ^ 0x646f_7261_6e64_6f6d,
+        seed[0] ^ 0x6c79_6765_6e65_7261,
+        seed[1] ^ 0x7465_6462_7974_6573,
+    ];
+    let mut i = 0;
+    while i < 3 {
+        v[3] ^= m[i];
+        sip_round(&mut v);
+        v[0] ^= m[i];
+        i += 1;
+    }
+    let b: u64 = 24 << 56;
+    v[3] ^= b;
+    sip_round(&mut v);
+    v[0] ^= b;
+    v[2] ^= 0xff;
+    sip_round(&mut v);
+    sip_round(&mut v);
+    sip_round(&mut v);
+    v[0] ^ v[1] ^ v[2] ^ v[3]
+}
+
+/// The keyed hash of a bucket key: SipHash-1-3 under `seed` of its address and its header
+/// without the generation (a rule's buckets stay in their sets across generations).
+#[inline(always)]
+#[must_use]
+pub fn bucket_hash(seed: [u64; 2], rule: u32, family: u8, addr: [u64; 2]) -> u64 {
+    siphash13(seed, [addr[0], addr[1], bucket_header(rule, family, 0)])
+}
+
+/// How much giving a record away loses, the bucket store's order of eviction (lowest first): see
+/// [`victim_score`].
+pub mod victim {
+    /// Empty, or stale (its rule generation is no longer in force): nothing lost.
+    pub const FREE: u64 = 0;
+    /// Its bucket has refilled: nothing lost (a new bucket starts full), counted as
+    /// [`crate::global::EVICTED_FULL`].
+    pub const FULL: u64 = 1;
+    /// From here on: in debt, `DEBT + debt / tolerance` in units of 2^-20. The source starts
+    /// full again if it comes back, counted as [`crate::global::EVICTED_LOST`].
+    pub const DEBT: u64 = 2;
+    /// Being written by another CPU: not to be taken.
+    pub const BUSY: u64 = u64::MAX;
+}
+
+/// The [`victim`] score of a record with header `header` and TATs `tat`, `byte_tat` at `now`,
+/// given `rule`, the current record of its rule id (`None`: no such id). `now` must not be ahead
+/// of the clock of the rule's buckets (the coarse clock never is), so a bucket judged refilled
+/// has refilled.
+#[inline(always)]
+#[must_use]
+pub fn victim_score(header: u64, tat: u64, byte_tat: u64, rule: Option<&Rule>, now: u64) -> u64 {
+    if (header >> 24) as u8 & BUCKET_BUSY != 0 {
+        return victim::BUSY;
+    }
+    if (header >> 16) as u8 == 0 {
+        return victim::FREE;
+    }
+    let Some(rule) = rule else {
+        return victim::FREE;
+    };
+    if rule.bucket_gen == 0 || u64::from(rule.bucket_gen) != header >> 32 {
+        return victim::FREE;
+    }
+    if tat <= now && byte_tat <= now {
+        return victim::FULL;
+    }
+    let pkt = debt_fraction(tat, now, rule.pkt_tolerance_ns);
+    let bytes = debt_fraction(byte_tat, now, rule.byte_tolerance_ns);
+    victim::DEBT + if pkt > bytes { pkt } else { bytes }
+}
+
+/// Picks the candidate (0..[`BUCKET_CANDIDATES`], see [`bucket_candidate`]) a new key takes,
+/// from each candidate's [`victim_score`] offered in order: a free record in the less occupied of
+/// the two sets (the first set on a tie), else the record whose loss is least (the first on a
+/// tie). Scalars only, no indexed array: the verifier can prune the program's scan loop.
+#[derive(Clone, Copy, Debug)]
+pub struct VictimChooser {
+    used: [u32; 2],
+    free: [u32; 2],
+    best: u64,
+    best_at: u32,
+}
+
+impl Default for VictimChooser {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl VictimChooser {
+    /// Nothing offered yet.
+    #[inline(always)]
+    #[must_use]
+    pub const fn new() -> Self {
+        Self {
+            used: [0; 2],
+            free: [u32::MAX; 2],
+            best: victim::BUSY,
+            best_at: u32::MAX,
+        }
+    }
+
+    /// Candidate `c` would lose `score`.
+    #[inline(always)]
+    pub fn offer(&mut self, c: u32, score: u64) {
+        let second = c >= BUCKET_WAYS;
+        if score == victim::FREE {
+            if second {
+                if self.free[1] == u32::MAX {
+                    self.free[1] = c;
+                }
+            } else if self.free[0] == u32::MAX {
+                self.free[0] = c;
+            }
+        } else if second {
+            self.used[1] += 1;
+        } else {
+            self.used[0] += 1;
+        }
+        if score < self.best {
+            self.best = score;
+            self.best_at = c;
+        }
+    }
+
+    /// The candidate to take and its score; `None` if every candidate is busy.
+    #[inline(always)]
+    #[must_use]
+    pub fn choose(&self) -> Option<(u32, u64)> {
+        if self.free[0] != u32::MAX && (self.free[1] == u32::MAX || self.used[0] <= self.used[1]) {
+            return Some((self.free[0], victim::FREE));
+        }
+        if self.free[1] != u32::MAX {
+            return Some((self.free[1], victim::FREE));
+        }
+        if self.best == victim::BUSY {
+            None
+        } else {
+            Some((self.best_at, self.best))
+        }
+    }
+}
+
+/// `tat - now` as a fraction of `tolerance` in units of 2^-20, capped well below overflow.
+#[inline(always)]
+fn debt_fraction(tat: u64, now: u64, tolerance: u64) -> u64 {
+    if tat <= now {
+        return 0;
+    }
+    let mut d = tat - now;
+    if d > 1 << 40 {
+        d = 1 << 40;
+    }
+    (d << 20) / (tolerance | 1)
+}
+
+/// A 16-byte address field as the two little-endian words the hash and the header compare use.
+#[inline(always)]
+#[must_use]
+pub fn addr_words(addr: &[u8; 16]) -> [u64; 2] {
+    let mut lo = [0u8; 8];
+    let mut hi = [0u8; 8];
+    lo.copy_from_slice(&addr[..8]);
+    hi.copy_from_slice(&addr[8..]);
+    [u64::from_le_bytes(lo), u64::from_le_bytes(hi)]
+}
+
+/// The two sets (each 0..`sets`) of a key whose [`bucket_hash`] is `hash`, one from each half
+/// of the hash (a multiply-shift each, no division); set `s` holds records `s * BUCKET_WAYS ..`
+/// `(s + 1) * BUCKET_WAYS`.
+#[inline(always)]
+#[must_use]
+pub const fn bucket_sets(hash: u64, sets: u32) -> [u32; 2] {
+    [
+        (((hash >> 32) * sets as u64) >> 32) as u32,
+        (((hash & 0xffff_ffff) * sets as u64) >> 32) as u32,
+    ]
+}
+
+/// Record index of candidate `c` (0..[`BUCKET_CANDIDATES`]) of a key whose sets are `sets`: the
+/// first set's ways, then the second's.
+#[inline(always)]
+#[must_use]
+pub const fn bucket_candidate(sets: [u32; 2], c: u32) -> u32 {
+    if c < BUCKET_WAYS {
+        sets[0] * BUCKET_WAYS + c
+    } else {
+        sets[1] * BUCKET_WAYS + (c - BUCKET_WAYS)
+    }
+}
 
 /// Longest rule name the agent accepts, in bytes.
 pub const MAX_RULE_NAME: usize = 64;
@@ -316,58 +615,6 @@ impl Default for RuleMeta {
             name: [0; MAX_RULE_NAME],
         }
     }
-}
-
-/// Slot of [`map_names::FIRST_SEEN`]: a source's first packet, admitted without a bucket.
-///
-/// Inserting into the bucket map costs 10-40x a lookup, and in a spoofed-source flood every packet
-/// is a new source that never sends again. So a source's first packet is decided as a full bucket
-/// would decide it and only remembered here (one slot per hash, shared by all CPUs so a source's
-/// second packet finds its first wherever each arrived, overwritten freely); the bucket is created
-/// on its second packet, charged for the first one at the time it came, so the bucket's state is
-/// exactly what it would have been. A slot overwritten in between (a hash collision), or two CPUs
-/// seeing a source's first packets at the same instant, lets that one first packet go uncharged.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FirstSeen {
-    /// Hash of the bucket key (0: empty slot).
-    pub fingerprint: u32,
-    /// Length of the first packet, bytes.
-    pub len: u32,
-    /// When it came, in the rule's clock (ns).
-    pub time_ns: u64,
-}
-const _: () = assert!(size_of::<FirstSeen>() == 16);
-
-/// The 32-bit hash of a bucket key that picks its [`FirstSeen`] slot (`hash % FIRST_SEEN_SLOTS`)
-/// and is stored as its fingerprint; never 0, which marks an empty slot. A multiply-xorshift mix:
-/// cheap, and good enough to spread keys over the slots. Shared so tests can model the slots.
-#[inline(always)]
-#[must_use]
-pub fn first_seen_hash(key: &BucketKey) -> u32 {
-    let word = |i: usize| {
-        let a = key.addr;
-        u64::from_ne_bytes([
-            a[i],
-            a[i + 1],
-            a[i + 2],
-            a[i + 3],
-            a[i + 4],
-            a[i + 5],
-            a[i + 6],
-            a[i + 7],
-        ])
-    };
-    let mut h = (u64::from(key.rule) << 8 | u64::from(key.family)) ^ 0x9e37_79b9_7f4a_7c15;
-    h = (h ^ word(0)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h = (h ^ (h >> 31) ^ word(8)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^= h >> 29;
-    #[expect(
-        clippy::cast_possible_truncation,
-        reason = "the low 32 bits are the hash"
-    )]
-    let h = h as u32;
-    h | 1
 }
 
 /// Per-rule counters, record of [`map_names::RULE_STATS`] (one copy per CPU; sum them).
@@ -412,5 +659,4 @@ mod pod {
     unsafe impl aya::Pod for super::RuleStats {}
     unsafe impl aya::Pod for super::GlobalStats {}
     unsafe impl aya::Pod for super::RuleMeta {}
-    unsafe impl aya::Pod for super::FirstSeen {}
 }

@@ -122,10 +122,10 @@ pub fn count(bucket: *mut Bucket, passed: bool, len: u64) {
     // SAFETY: `bucket` points at a live map value.
     unsafe {
         if passed {
-            (*bucket).passed_pkts += 1;
+            (*bucket).passed_pkts = (*bucket).passed_pkts.wrapping_add(1);
             (*bucket).passed_bytes += len;
         } else {
-            (*bucket).dropped_pkts += 1;
+            (*bucket).dropped_pkts = (*bucket).dropped_pkts.wrapping_add(1);
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::{
     maps::{PREFIXES, RULES},
     parse::Packet,
     scratch::{self, ClassSlot, Scratch, CLASS_SLOTS, NO_RULE, SLOT_ANY_L4, SLOT_VALID},
+    store::NO_RECORD,
 };
 
 /// The rule `pkt` falls under in rule-set `epoch` (`Config::generation`), if any, and the cache
@@ -61,7 +62,7 @@ pub fn classify(
             src: pkt.src,
             drop_until: 0,
             drop_count: 0,
-            _pad2: 0,
+            bucket: NO_RECORD,
         };
     }
     if rule == NO_RULE {

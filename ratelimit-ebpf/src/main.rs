@@ -14,27 +14,24 @@ mod maps;
 mod parse;
 mod scratch;
 mod stats;
+mod store;
 
 use aya_ebpf::{
-    bindings::{xdp_action, BPF_NOEXIST},
-    helpers::bpf_ktime_get_ns,
-    macros::xdp,
-    programs::XdpContext,
+    bindings::xdp_action, helpers::bpf_ktime_get_ns, macros::xdp, programs::XdpContext,
 };
 use aya_log_ebpf::debug;
 use ratelimit_common::{
-    action, config_flags, family, first_seen_hash, global, rule_flags, verdict, Bucket, BucketKey,
-    FirstSeen, Rule, FIRST_SEEN_SLOTS,
+    action, bucket_header, bucket_sets, config_flags, family, global, rule_flags, verdict, Bucket,
+    Config, Rule,
 };
 
 use crate::{
-    maps::{BUCKETS, CONFIG, FIRST_SEEN},
+    maps::{BUCKETS, CONFIG},
     parse::Packet,
     scratch::{ClassSlot, Scratch, DROP_BATCH},
     stats::{bump_global, count_rule},
+    store::{Key, Scan, NO_RECORD},
 };
-
-const EEXIST: i32 = 17;
 
 #[xdp]
 pub fn ratelimit(ctx: XdpContext) -> u32 {
@@ -57,19 +54,20 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
             return Ok(xdp_action::XDP_PASS);
         }
     };
-    let config = *CONFIG.get(0).ok_or(())?;
+    let config = CONFIG.get_ptr(0).ok_or(())?;
+    // SAFETY: a live map value; the agent writes each word whole.
+    let (epoch, flags) = unsafe { ((*config).generation, (*config).flags) };
     let s = scratch::get().ok_or(())?;
-    let Some((id, rule, slot)) = classify::classify(&pkt, config.generation, s) else {
+    let Some((id, rule, slot)) = classify::classify(&pkt, epoch, s) else {
         bump_global(global::NO_MATCH);
         return Ok(xdp_action::XDP_PASS);
     };
     let len = (ctx.data_end() - ctx.data()) as u64;
-    let dry_run =
-        rule.flags & rule_flags::DRY_RUN != 0 || config.flags & config_flags::DRY_RUN != 0;
+    let dry_run = rule.flags & rule_flags::DRY_RUN != 0 || flags & config_flags::DRY_RUN != 0;
     let mut v = match rule.action {
         action::ALLOW => verdict::ALLOWED,
         action::DENY => verdict::DENIED,
-        _ => limit(&pkt, id, rule, len, s, slot),
+        _ => limit(&pkt, id, rule, len, s, slot, config),
     };
     let mut xdp = xdp_action::XDP_PASS;
     if v == verdict::DROPPED_RATE || v == verdict::DROPPED_BYTES || v == verdict::DENIED {
@@ -80,7 +78,7 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
         }
     }
     count_rule(id, v, len);
-    if config.flags & config_flags::DEBUG_LOG != 0 {
+    if flags & config_flags::DEBUG_LOG != 0 {
         log_verdict(ctx, &pkt, id, v);
     }
     Ok(xdp)
@@ -95,6 +93,7 @@ fn limit(
     len: u64,
     s: *mut Scratch,
     slot: *mut ClassSlot,
+    config: *const Config,
 ) -> usize {
     let masked = [
         pkt.src[0] & rule.src_mask[0],
@@ -102,13 +101,12 @@ fn limit(
         pkt.src[2] & rule.src_mask[2],
         pkt.src[3] & rule.src_mask[3],
     ];
-    // SAFETY: [u32; 4] and [u8; 16] have the same size and any bit pattern is valid for both.
-    let addr: [u8; 16] = unsafe { core::mem::transmute(masked) };
-    let key = BucketKey {
-        rule: id,
-        family: pkt.family,
-        _pad: [0; 3],
+    // SAFETY: [u32; 4] and [u64; 2] have the same size and any bit pattern is valid for both (the
+    // words are the address bytes read little-endian, as `addr_words` reads them).
+    let addr: [u64; 2] = unsafe { core::mem::transmute(masked) };
+    let key = Key {
         addr,
+        header: bucket_header(id, pkt.family, rule.bucket_gen),
     };
     // The coarse clock, cached per jiffy, costs next to nothing (ktime_get_ns about 30 ns); the
     // agent picks it only for buckets whose tolerance spans several jiffies, where a tick-old
@@ -120,79 +118,92 @@ fn limit(
         unsafe { bpf_ktime_get_ns() }
     };
     // SAFETY: this CPU's classification slot for this packet (see `scratch`).
-    let (drop_until, drop_count) = unsafe { ((*slot).drop_until, (*slot).drop_count) };
+    let (drop_until, drop_count, cached) =
+        unsafe { ((*slot).drop_until, (*slot).drop_count, (*slot).bucket) };
     if now < drop_until && drop_count < DROP_BATCH {
         // SAFETY: as above.
         unsafe { (*slot).drop_count = drop_count + 1 };
         return verdict::DROPPED_RATE;
     }
-    if let Some(b) = BUCKETS.get_ptr_mut(key) {
-        let mut until = 0;
-        let v = bucket::charge(b, rule, now, len, &mut until);
-        bucket::count(b, v == verdict::PASSED, len);
-        // SAFETY: as above, and `b` is a live map value.
-        unsafe {
-            (*b).dropped_pkts += u64::from(drop_count);
-            (*slot).drop_until = until;
-            (*slot).drop_count = 0;
+    // The record this CPU found for the source last time, if it still holds the key.
+    let mut b = core::ptr::null_mut();
+    if cached != NO_RECORD {
+        if let Some(r) = BUCKETS.get_ptr_mut(cached) {
+            if store::holds(r, &key) {
+                b = r;
+            }
         }
-        return v;
     }
-    // Not tracked: first packet, or the second one (see `FirstSeen`).
-    let hash = first_seen_hash(&key);
-    let Some(slot) = FIRST_SEEN.get_ptr_mut(hash & (FIRST_SEEN_SLOTS - 1)) else {
-        return no_bucket();
-    };
-    // SAFETY: a live map value. Shared by all CPUs: two CPUs handling one source's first packets
-    // at the same instant may both treat theirs as the first (one packet uncharged); a torn read
-    // of a slot being rewritten at worst does the same.
-    let seen = unsafe { *slot };
+    if b.is_null() {
+        // SAFETY: a live map value, written whole by the agent before it attaches.
+        let (seed, sets) = unsafe { ((*config).seed, (*config).bucket_sets) };
+        if sets == 0 {
+            return no_bucket();
+        }
+        let sets = bucket_sets(
+            ratelimit_common::bucket_hash(seed, id, pkt.family, addr),
+            sets,
+        );
+        match store::scan(&key, sets, scratch::coarse_now(s)) {
+            Scan::Hit(i, r) => {
+                // SAFETY: as above.
+                unsafe { (*slot).bucket = i };
+                b = r;
+            }
+            Scan::Miss {
+                victim,
+                header,
+                kind,
+            } => return create(rule, len, now, &key, victim, header, kind, slot),
+            Scan::None => return no_bucket(),
+        }
+    }
+    let mut until = 0;
+    let v = bucket::charge(b, rule, now, len, &mut until);
+    bucket::count(b, v == verdict::PASSED, len);
+    // SAFETY: as above, and `b` is a live record.
+    unsafe {
+        (*b).dropped_pkts = (*b).dropped_pkts.wrapping_add(drop_count);
+        (*slot).drop_until = until;
+        (*slot).drop_count = 0;
+    }
+    v
+}
+
+/// A new bucket for `key` (a full one, charged for this packet) in record `victim` of its set.
+#[inline(always)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the packet's whole context, inlined"
+)]
+fn create(
+    rule: &Rule,
+    len: u64,
+    now: u64,
+    key: &Key,
+    victim: u32,
+    header: u64,
+    kind: u64,
+    slot: *mut ClassSlot,
+) -> usize {
     let mut fresh = Bucket {
         created_ns: now,
         ..Bucket::default()
     };
-    if seen.fingerprint != hash || seen.time_ns == 0 || seen.time_ns > now {
-        let v = bucket::charge_local(&mut fresh, rule, now, len);
-        if v == verdict::PASSED {
-            // SAFETY: as above.
-            unsafe {
-                *slot = FirstSeen {
-                    fingerprint: hash,
-                    len: len as u32,
-                    time_ns: now,
-                }
-            };
-        }
-        return v;
-    }
-    // SAFETY: as above.
-    unsafe { *slot = FirstSeen::default() };
-    // The bucket as it would be had it been created for the first packet, then this one.
-    fresh.created_ns = seen.time_ns;
-    let first = bucket::charge_local(&mut fresh, rule, seen.time_ns, u64::from(seen.len));
-    bucket::count(
-        &raw mut fresh,
-        first == verdict::PASSED,
-        u64::from(seen.len),
-    );
     let v = bucket::charge_local(&mut fresh, rule, now, len);
     bucket::count(&raw mut fresh, v == verdict::PASSED, len);
-    match BUCKETS.insert(key, fresh, u64::from(BPF_NOEXIST)) {
-        Ok(()) => {
-            bump_global(global::NEW_BUCKETS);
-            v
-        }
-        // Another CPU created it between our lookup and insert: charge that one.
-        Err(e) if e == -EEXIST => match BUCKETS.get_ptr_mut(key) {
-            Some(b) => {
-                let v = bucket::charge(b, rule, now, len, &mut 0);
-                bucket::count(b, v == verdict::PASSED, len);
-                v
-            }
-            None => no_bucket(),
-        },
-        Err(_) => no_bucket(),
+    if store::install(victim, header, &fresh, key).is_none() {
+        // Another CPU took the record in the same instant: this one packet passes uncharged
+        // (fail open), counted.
+        return no_bucket();
     }
+    bump_global(global::NEW_BUCKETS);
+    if let Some(c) = store::eviction_counter(kind) {
+        bump_global(c);
+    }
+    // SAFETY: this CPU's classification slot.
+    unsafe { (*slot).bucket = victim };
+    v
 }
 
 #[inline(always)]

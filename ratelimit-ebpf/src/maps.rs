@@ -3,11 +3,11 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{lpm_trie::LpmTrie, Array, LruHashMap, PerCpuArray},
+    maps::{lpm_trie::LpmTrie, Array, PerCpuArray},
 };
 use ratelimit_common::{
-    Bucket, BucketKey, Config, FirstSeen, GlobalStats, PrefixKey, Rule, RuleMeta, RuleSet,
-    RuleStats, DEFAULT_MAX_BUCKETS, FIRST_SEEN_SLOTS, MAX_PREFIXES, MAX_RULES,
+    bucket_capacity, Bucket, Config, GlobalStats, PrefixKey, Rule, RuleMeta, RuleSet, RuleStats,
+    BPF_F_MMAPABLE, DEFAULT_MAX_BUCKETS, MAX_PREFIXES, MAX_RULES,
 };
 
 use crate::scratch::Scratch;
@@ -21,9 +21,11 @@ pub static RULES: Array<Rule> = Array::pinned(MAX_RULES, 0);
 #[map(name = "RL_PREFIXES")]
 pub static PREFIXES: LpmTrie<PrefixKey, RuleSet> = LpmTrie::pinned(MAX_PREFIXES, 0);
 
-/// Capacity is replaced at load time by the agent's `max_buckets`.
+/// The bucket store (see `store`). Capacity is replaced at load time by the agent's `max_buckets`
+/// (rounded up to whole sets); memory-mappable so the agent reads and charges it in place.
 #[map(name = "RL_BUCKETS")]
-pub static BUCKETS: LruHashMap<BucketKey, Bucket> = LruHashMap::pinned(DEFAULT_MAX_BUCKETS, 0);
+pub static BUCKETS: Array<Bucket> =
+    Array::pinned(bucket_capacity(DEFAULT_MAX_BUCKETS), BPF_F_MMAPABLE);
 
 #[map(name = "RL_RULE_STATS")]
 pub static RULE_STATS: PerCpuArray<RuleStats> = PerCpuArray::pinned(MAX_RULES, 0);
@@ -39,7 +41,3 @@ pub static RULE_META: Array<RuleMeta> = Array::pinned(MAX_RULES, 0);
 /// Per-CPU caches (see `scratch`). Not pinned: they only hold what packets would compute anyway.
 #[map(name = "RL_SCRATCH")]
 pub static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
-
-/// First packets of sources not yet tracked (see `FirstSeen`).
-#[map(name = "RL_FIRST_SEEN")]
-pub static FIRST_SEEN: Array<FirstSeen> = Array::pinned(FIRST_SEEN_SLOTS, 0);

@@ -47,7 +47,9 @@ pub struct ClassSlot {
     pub drop_until: u64,
     /// Packets dropped from the window since the bucket was last looked at.
     pub drop_count: u32,
-    pub _pad2: u32,
+    /// Index of the record that held this source's bucket when last found (verified against the
+    /// key at every use), or `store::NO_RECORD`.
+    pub bucket: u32,
 }
 
 /// The single record of [`SCRATCH`] (one per CPU).

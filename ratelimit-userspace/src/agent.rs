@@ -736,6 +736,19 @@ pub fn monotonic_ns() -> u64 {
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
+/// `CLOCK_MONOTONIC_COARSE` in nanoseconds: the clock `bpf_ktime_get_coarse_ns` reads, never
+/// ahead of [`monotonic_ns`].
+#[must_use]
+pub fn monotonic_coarse_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC_COARSE exists since Linux 2.6.32.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -780,8 +793,8 @@ impl BucketView {
                         rule.byte_interval_fp as f64 / 65536.0,
                     )
                 }),
-            passed: b.passed_pkts,
-            dropped: b.dropped_pkts,
+            passed: u64::from(b.passed_pkts),
+            dropped: u64::from(b.dropped_pkts),
             age_secs: now.saturating_sub(b.created_ns) as f64 / 1e9,
         }
     }

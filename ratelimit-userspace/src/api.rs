@@ -420,7 +420,11 @@ impl TopBaseline {
                 .map(|(k, b)| {
                     (
                         (k.rule, k.family, k.addr),
-                        (b.created_ns, b.passed_pkts, b.dropped_pkts),
+                        (
+                            b.created_ns,
+                            u64::from(b.passed_pkts),
+                            u64::from(b.dropped_pkts),
+                        ),
                     )
                 })
                 .collect(),
@@ -430,7 +434,7 @@ impl TopBaseline {
 
 /// How many buckets of `second` (read at `t1`, `CLOCK_MONOTONIC` ns) saw packets since `first`
 /// (read at `t0`), and the `n` busiest of them, busiest first (ties: by rule, then address). A
-/// bucket absent from `first`, or created anew since (LRU eviction), counts from zero. Buckets of
+/// bucket absent from `first`, or created anew since (evicted meanwhile), counts from zero. Buckets of
 /// rules no longer in `set` are left out. Only the `n` reported are rendered: with a million
 /// active sources, the rest cost a few words each.
 #[must_use]
@@ -458,9 +462,11 @@ pub fn top_entries(
                 .get(&(k.rule, k.family, k.addr))
                 .filter(|(created, _, _)| *created == b.created_ns)
                 .map_or((0, 0), |&(_, p, d)| (p, d));
+            // The bucket's packet counters are 32 bits, wrapping.
+            #[expect(clippy::cast_possible_truncation, reason = "32-bit counters")]
             let (dp, dd) = (
-                b.passed_pkts.saturating_sub(p0),
-                b.dropped_pkts.saturating_sub(d0),
+                u64::from(b.passed_pkts.wrapping_sub(p0 as u32)),
+                u64::from(b.dropped_pkts.wrapping_sub(d0 as u32)),
             );
             (dp != 0 || dd != 0).then_some((dp.saturating_add(dd), dp, dd, i))
         })
@@ -494,8 +500,8 @@ pub fn top_entries(
                 drops_per_sec: drops,
                 tokens: view.tokens,
                 byte_tokens: view.byte_tokens,
-                passed: b.passed_pkts,
-                dropped: b.dropped_pkts,
+                passed: u64::from(b.passed_pkts),
+                dropped: u64::from(b.dropped_pkts),
             })
         })
         .collect();

@@ -20,7 +20,9 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
-use ratelimit_common::{map_names, prefix_generation, Config, PrefixKey, PROGRAM_NAME};
+use ratelimit_common::{
+    bucket_capacity, map_names, prefix_generation, Config, PrefixKey, BUCKET_WAYS, PROGRAM_NAME,
+};
 
 use crate::compile::CompiledRuleSet;
 pub use crate::config::AttachMode;
@@ -182,14 +184,15 @@ impl Dataplane {
         maps::check_pinned(&opts.pin_dir, opts.max_buckets)?;
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&opts.pin_dir)
-            .map_max_entries(map_names::BUCKETS, opts.max_buckets)
+            .map_max_entries(map_names::BUCKETS, bucket_capacity(opts.max_buckets))
             .load(OBJECT)
             .map_err(|e| DataplaneError::Load(format!("{e:#}")))?;
         let program = xdp_program(&mut ebpf)?;
         program
             .load()
             .map_err(|e| DataplaneError::Load(verifier_error(&e)))?;
-        let maps = PinnedMaps::open(&opts.pin_dir)?;
+        let mut maps = PinnedMaps::open(&opts.pin_dir)?;
+        init_store(&mut maps)?;
         let live_ids = maps.named_rules()?.into_keys().collect();
         Ok(Self {
             ebpf,
@@ -410,8 +413,9 @@ impl Dataplane {
     }
 
     /// Makes `rules`/`prefixes` the rule set in force, atomically: written under the inactive
-    /// generation, then switched to with one word. Buckets of rules that left the set are deleted
-    /// so their ids can be reused with a clean slate; buckets of rules that stayed keep their level.
+    /// generation, then switched to with one word. Buckets of rules that left the set go stale
+    /// (their generation ends), so their ids can be reused with a clean slate; buckets of rules
+    /// that stayed keep their level.
     pub fn install(&mut self, set: &CompiledRuleSet) -> Result<()> {
         let config = self.maps.config()?;
         // A new epoch (it keys the XDP program's classification cache); its low bit is the
@@ -421,12 +425,20 @@ impl Dataplane {
         let new_ids: BTreeSet<u32> = set.rules.iter().map(|r| r.id).collect();
 
         // 1. Rule records. An id in force keeps its content (a changed rule gets a new id), so
-        //    rewriting it changes nothing a packet can see; a new id starts with zeroed counters.
+        //    rewriting it changes nothing a packet can see; a new id starts with zeroed counters
+        //    and a new bucket generation (the epoch being installed: unique, never 0), so no
+        //    bucket of the id's last rule counts for it.
         for r in &set.rules {
-            if !self.live_ids.contains(&r.id) {
+            let mut record = r.rule;
+            if self.live_ids.contains(&r.id) {
+                record.bucket_gen = self.maps.rule(r.id)?.bucket_gen;
+            } else {
                 self.maps.reset_rule_stats(r.id)?;
             }
-            self.maps.set_rule(r.id, r.rule)?;
+            if record.bucket_gen == 0 {
+                record.bucket_gen = epoch.max(1);
+            }
+            self.maps.set_rule(r.id, record)?;
             let line = u32::try_from(r.line).unwrap_or(0);
             self.maps.set_rule_meta(r.id, Some((&r.name, line)))?;
         }
@@ -458,12 +470,19 @@ impl Dataplane {
             None => self.maps.clear_generation(1 - next)?,
         }
         self.inactive_clean = true;
+        // Rules that left the set: their buckets go stale with their generation (readers ignore
+        // them, the program recycles their records), so nothing is walked or deleted.
         let gone: BTreeSet<u32> = self.live_ids.difference(&new_ids).copied().collect();
         for &id in &gone {
             self.maps.set_rule_meta(id, None)?;
-        }
-        if !gone.is_empty() {
-            self.maps.purge_buckets(&gone)?;
+            let rule = self.maps.rule(id)?;
+            self.maps.set_rule(
+                id,
+                ratelimit_common::Rule {
+                    bucket_gen: 0,
+                    ..rule
+                },
+            )?;
         }
         self.live_ids = new_ids;
         Ok(())
@@ -475,6 +494,38 @@ impl Dataplane {
         self.maps.set_config(Config { flags, ..config })?;
         Ok(())
     }
+}
+
+/// Gives a bucket store its secret seed and its number of sets, once: a store adopted from an
+/// earlier agent keeps the seed it was filled under, or its buckets could not be found again.
+fn init_store(maps: &mut PinnedMaps) -> Result<()> {
+    let config = maps.config()?;
+    let sets = maps.bucket_capacity()? / BUCKET_WAYS;
+    if config.seed != [0, 0] && config.bucket_sets == sets {
+        return Ok(());
+    }
+    let mut seed = [0u64; 2];
+    while seed == [0, 0] {
+        let mut bytes = [0u8; 16];
+        // SAFETY: writes at most 16 bytes into `bytes`.
+        let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+        if n != 16 {
+            return Err(DataplaneError::Load(format!(
+                "drawing the bucket store's seed: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        seed = [
+            u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")),
+            u64::from_le_bytes(bytes[8..].try_into().expect("8 bytes")),
+        ];
+    }
+    maps.set_config(Config {
+        seed,
+        bucket_sets: sets,
+        ..config
+    })?;
+    Ok(())
 }
 
 /// Takes an exclusive `flock` on the pin directory, so that one agent at a time uses it: a second

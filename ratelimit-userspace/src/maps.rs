@@ -4,19 +4,23 @@
 //! through the files pinned under the pin directory, so the agent and a CLI reading the same
 //! directory see the same state, and a restarted agent picks up where the last one stopped.
 
+pub mod store;
+
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     path::{Path, PathBuf},
 };
 
 use aya::{
-    maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray, PerCpuValues},
+    maps::{Array, LpmTrie, Map, MapData, MapError, PerCpuArray, PerCpuValues},
     util::nr_cpus,
 };
 use ratelimit_common::{
-    global, map_names, verdict, Bucket, BucketKey, Config, FirstSeen, GlobalStats, PrefixKey, Rule,
-    RuleMeta, RuleSet, RuleStats, FIRST_SEEN_SLOTS, MAX_PREFIXES, MAX_RULES,
+    bucket_capacity, global, map_names, verdict, Bucket, BucketKey, Config, GlobalStats, PrefixKey,
+    Rule, RuleMeta, RuleSet, RuleStats, MAX_PREFIXES, MAX_RULES,
 };
+
+use self::store::{MappedStore, Slot};
 
 /// Errors from opening or using the pinned maps.
 #[derive(Debug, thiserror::Error)]
@@ -51,33 +55,7 @@ pub enum MapsError {
     },
 }
 
-/// `bpf_map_update_elem` flag: create only (from `linux/bpf.h`).
-pub const BPF_NOEXIST: u64 = 1;
-/// `bpf_map_update_elem` flag: replace only (from `linux/bpf.h`).
-pub const BPF_EXIST: u64 = 2;
-
 type Result<T, E = MapsError> = std::result::Result<T, E>;
-
-/// `BPF_MAP_LOOKUP_BATCH` (from `linux/bpf.h`; Linux 5.6+).
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-/// `ENOTSUPP` (kernel-internal, what an old kernel returns for an unsupported command).
-const ENOTSUPP: i32 = 524;
-/// Buckets read per `BPF_MAP_LOOKUP_BATCH` call (2.3 MiB of buffers).
-const BUCKET_BATCH: usize = 8192;
-
-/// The `batch` member of `union bpf_attr`.
-#[repr(C)]
-#[derive(Default)]
-struct BatchAttr {
-    in_batch: u64,
-    out_batch: u64,
-    keys: u64,
-    values: u64,
-    count: u32,
-    map_fd: u32,
-    elem_flags: u64,
-    flags: u64,
-}
 
 fn op(map: &'static str) -> impl Fn(MapError) -> MapsError {
     move |e| MapsError::Op {
@@ -100,17 +78,15 @@ fn expected_shape(name: &str) -> Option<(u32, u32, Option<u32>)> {
             sz(size_of::<RuleSet>()),
             Some(MAX_PREFIXES),
         ),
-        map_names::BUCKETS => (sz(size_of::<BucketKey>()), sz(size_of::<Bucket>()), None),
+        map_names::BUCKETS => (4, sz(size_of::<Bucket>()), None),
         map_names::RULE_STATS => (4, sz(size_of::<RuleStats>()), Some(MAX_RULES)),
         map_names::GLOBAL_STATS => (4, sz(size_of::<GlobalStats>()), Some(1)),
-        map_names::FIRST_SEEN => (4, sz(size_of::<FirstSeen>()), Some(FIRST_SEEN_SLOTS)),
         _ => return None,
     })
 }
 
 /// Every map the program pins.
-pub const ALL: [&str; 8] = [
-    map_names::FIRST_SEEN,
+pub const ALL: [&str; 7] = [
     map_names::CONFIG,
     map_names::RULES,
     map_names::RULE_META,
@@ -123,8 +99,17 @@ pub const ALL: [&str; 8] = [
 /// Checks that whatever is already pinned in `dir` has the shapes this version uses, so a stale
 /// pin from another version is refused with a clear message instead of being misread.
 /// `max_buckets` is the capacity the agent is about to ask for: a different one is a mismatch too
-/// (an LRU map cannot be resized in place).
+/// (the bucket store cannot be resized in place). A pinned first-seen table (of a version before
+/// the bucket store) means the whole directory is of that version: refused the same way.
 pub fn check_pinned(dir: &Path, max_buckets: u32) -> Result<()> {
+    let legacy = dir.join(map_names::LEGACY_FIRST_SEEN);
+    if legacy.exists() {
+        return Err(MapsError::Mismatch {
+            path: legacy,
+            dir: dir.to_path_buf(),
+            detail: "pinned by a version with the first-seen table and an LRU bucket map".into(),
+        });
+    }
     for name in ALL {
         let path = dir.join(name);
         if !path.exists() {
@@ -135,7 +120,7 @@ pub fn check_pinned(dir: &Path, max_buckets: u32) -> Result<()> {
             reason: format!("{e}"),
         })?;
         let (key, value, max) = expected_shape(name).expect("known map");
-        let max = max.unwrap_or(max_buckets);
+        let max = max.unwrap_or(bucket_capacity(max_buckets));
         if info.key_size() != key || info.value_size() != value || info.max_entries() != max {
             return Err(MapsError::Mismatch {
                 path,
@@ -154,7 +139,7 @@ pub fn check_pinned(dir: &Path, max_buckets: u32) -> Result<()> {
 
 /// Removes every pinned map file in `dir`, then `dir` itself if it is left empty.
 pub fn remove_pins(dir: &Path) -> std::io::Result<()> {
-    for name in ALL {
+    for name in ALL.into_iter().chain([map_names::LEGACY_FIRST_SEEN]) {
         match std::fs::remove_file(dir.join(name)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -177,7 +162,7 @@ pub struct PinnedMaps {
     rules: Map,
     rule_meta: Map,
     prefixes: Map,
-    buckets: Map,
+    store: MappedStore,
     rule_stats: Map,
     global_stats: Map,
 }
@@ -196,13 +181,32 @@ impl PinnedMaps {
                 reason: format!("{e}"),
             })
         };
+        let buckets = open(map_names::BUCKETS)?;
+        let store = {
+            use std::os::fd::AsFd as _;
+            let path = dir.join(map_names::BUCKETS);
+            let Map::Array(data) = &buckets else {
+                return Err(MapsError::Mismatch {
+                    path,
+                    dir: dir.to_path_buf(),
+                    detail: "not an array".into(),
+                });
+            };
+            let info = data.info().map_err(op(map_names::BUCKETS))?;
+            MappedStore::map(data.fd().as_fd(), info.max_entries()).map_err(|e| {
+                MapsError::Open {
+                    path,
+                    reason: format!("mapping the bucket store into memory: {e}"),
+                }
+            })?
+        };
         Ok(Self {
             dir: dir.to_path_buf(),
             config: open(map_names::CONFIG)?,
             rules: open(map_names::RULES)?,
             rule_meta: open(map_names::RULE_META)?,
             prefixes: open(map_names::PREFIXES)?,
-            buckets: open(map_names::BUCKETS)?,
+            store,
             rule_stats: open(map_names::RULE_STATS)?,
             global_stats: open(map_names::GLOBAL_STATS)?,
         })
@@ -321,162 +325,95 @@ impl PinnedMaps {
         Ok(())
     }
 
+    /// The bucket store, mapped.
+    #[must_use]
+    pub fn store(&self) -> &MappedStore {
+        &self.store
+    }
+
+    /// Whether record `b` holds a live bucket: a key, not being written, and of the generation
+    /// its rule id has now (`gens` caches the ids' generations for one walk).
+    fn live(&self, b: &Bucket, gens: &mut HashMap<u16, u32>) -> Result<bool> {
+        if b.family == 0 || b.state != 0 {
+            return Ok(false);
+        }
+        let gen = match gens.get(&b.rule) {
+            Some(&g) => g,
+            None => {
+                let g = if u32::from(b.rule) < MAX_RULES {
+                    self.rule(u32::from(b.rule))?.bucket_gen
+                } else {
+                    0
+                };
+                gens.insert(b.rule, g);
+                g
+            }
+        };
+        Ok(gen != 0 && gen == b.rule_gen)
+    }
+
+    /// Hands every live bucket to `f`, with its record index. Buckets created or evicted during
+    /// the walk may be seen or not, as with any walk of a live store.
+    pub fn for_each_bucket(&self, mut f: impl FnMut(u32, &Bucket)) -> Result<()> {
+        let mut gens = HashMap::new();
+        let mut err = None;
+        self.store.for_each(|i, b| {
+            if err.is_some() || b.family == 0 {
+                return;
+            }
+            match self.live(b, &mut gens) {
+                Ok(true) => f(i, b),
+                Ok(false) => {}
+                Err(e) => err = Some(e),
+            }
+        });
+        err.map_or(Ok(()), Err)
+    }
+
     /// Every tracked bucket.
     pub fn buckets(&self) -> Result<Vec<(BucketKey, Bucket)>> {
         let mut all = Vec::new();
-        self.for_each_bucket(|keys, values| {
-            all.extend(keys.iter().copied().zip(values.iter().copied()));
-        })?;
+        self.for_each_bucket(|_, b| all.push((b.key(), *b)))?;
         Ok(all)
     }
 
     /// How many buckets are tracked (nothing kept), for status and stats, which need no more.
     pub fn bucket_count(&self) -> Result<u64> {
         let mut count = 0u64;
-        self.for_each_bucket(|keys, _| count += keys.len() as u64)?;
+        self.for_each_bucket(|_, _| count += 1)?;
         Ok(count)
     }
 
-    /// Hands every tracked bucket to `f`: in batches ([`Self::bucket_batches`]), or one at a time
-    /// on kernels without batch lookup, where entries evicted during the walk show up as errors
-    /// and are skipped.
-    fn for_each_bucket(&self, mut f: impl FnMut(&[BucketKey], &[Bucket])) -> Result<()> {
-        if self.bucket_batches(&mut f)? {
-            return Ok(());
+    /// Where the bucket under `key` is (or would go) at `now`: see [`MappedStore::locate`].
+    /// With the generation of its rule in force (0 if the id is free: nothing is found).
+    pub fn locate_bucket(&self, key: &BucketKey, now: u64) -> Result<(Slot, u32)> {
+        let config = self.config()?;
+        if key.rule >= MAX_RULES {
+            return Ok((Slot::Busy, 0));
         }
-        let map: HashMap<_, BucketKey, Bucket> =
-            HashMap::try_from(&self.buckets).map_err(op(map_names::BUCKETS))?;
-        for (k, v) in map.iter().filter_map(std::result::Result::ok) {
-            f(&[k], &[v]);
-        }
-        Ok(())
-    }
-
-    /// Hands every tracked bucket to `f`, [`BUCKET_BATCH`] per system call
-    /// (`BPF_MAP_LOOKUP_BATCH`): a walk of a million buckets is a hundred-odd calls instead of two
-    /// million. `Ok(false)` when the kernel has no batch lookup (before Linux 5.6), before `f` saw
-    /// anything: [`Self::for_each_bucket`] then walks key by key. Buckets created or evicted during
-    /// the walk may be seen or not, as with any walk of a live hash map.
-    fn bucket_batches(&self, mut f: impl FnMut(&[BucketKey], &[Bucket])) -> Result<bool> {
-        use std::os::fd::{AsFd as _, AsRawFd as _};
-        let Map::LruHashMap(data) = &self.buckets else {
-            return Err(MapsError::Op {
-                map: map_names::BUCKETS,
-                reason: "not an LRU hash".into(),
+        let gen = self.rule(key.rule)?.bucket_gen;
+        let mut rules = HashMap::new();
+        let slot = self
+            .store
+            .locate(config.seed, config.bucket_sets, key, gen, now, |id| {
+                *rules
+                    .entry(id)
+                    .or_insert_with(|| (id < MAX_RULES).then(|| self.rule(id).ok()).flatten())
             });
-        };
-        let fd = data.fd().as_fd().as_raw_fd();
-        let mut keys = vec![BucketKey::default(); BUCKET_BATCH];
-        let mut values = vec![Bucket::default(); BUCKET_BATCH];
-        // The hash map's position token (a bucket index, 4 bytes); 8 to be safe.
-        let (mut token_in, mut token_out) = (0u64, 0u64);
-        let mut first = true;
-        loop {
-            let mut attr = BatchAttr {
-                in_batch: if first {
-                    0
-                } else {
-                    (&raw const token_in) as u64
-                },
-                out_batch: (&raw mut token_out) as u64,
-                keys: keys.as_mut_ptr() as u64,
-                values: values.as_mut_ptr() as u64,
-                count: BUCKET_BATCH as u32,
-                map_fd: fd as u32,
-                ..BatchAttr::default()
-            };
-            // SAFETY: `attr` is the `batch` member of union bpf_attr; its buffers hold `count`
-            // keys and values of the map's key and value sizes (checked when the pins were
-            // opened: `check_pinned`) and outlive the call.
-            let rc = unsafe {
-                libc::syscall(
-                    libc::SYS_bpf,
-                    BPF_MAP_LOOKUP_BATCH,
-                    &raw mut attr,
-                    std::mem::size_of::<BatchAttr>(),
-                )
-            };
-            let errno = (rc < 0).then(|| std::io::Error::last_os_error().raw_os_error());
-            let n = (attr.count as usize).min(BUCKET_BATCH);
-            match errno {
-                None => f(&keys[..n], &values[..n]),
-                // The end: the last entries come with it.
-                Some(Some(libc::ENOENT)) => {
-                    f(&keys[..n], &values[..n]);
-                    return Ok(true);
-                }
-                Some(Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP)) if first => {
-                    return Ok(false)
-                }
-                Some(e) => {
-                    return Err(MapsError::Op {
-                        map: map_names::BUCKETS,
-                        reason: format!(
-                            "batch lookup: {}",
-                            std::io::Error::from_raw_os_error(e.unwrap_or(0))
-                        ),
-                    })
-                }
-            }
-            token_in = token_out;
-            first = false;
-        }
+        Ok((slot, gen))
     }
 
     /// The bucket under `key`, if tracked.
     pub fn bucket(&self, key: &BucketKey) -> Result<Option<Bucket>> {
-        let map: HashMap<_, BucketKey, Bucket> =
-            HashMap::try_from(&self.buckets).map_err(op(map_names::BUCKETS))?;
-        match map.get(key, 0) {
-            Ok(b) => Ok(Some(b)),
-            Err(MapError::KeyNotFound) => Ok(None),
-            Err(e) => Err(op(map_names::BUCKETS)(e)),
+        match self.locate_bucket(key, 0)? {
+            (Slot::Found(i), gen) if gen != 0 => Ok(Some(self.store.get(i))),
+            _ => Ok(None),
         }
     }
 
-    /// Writes the bucket under `key` (the cluster sync charging peers' consumption): `flags` is
-    /// [`BPF_EXIST`] (replace an existing bucket) or [`BPF_NOEXIST`] (create a missing one).
-    /// `Ok(false)` when the kernel refused because the bucket appeared or vanished meanwhile.
-    pub fn update_bucket(&mut self, key: &BucketKey, value: &Bucket, flags: u64) -> Result<bool> {
-        let mut map: HashMap<_, BucketKey, Bucket> =
-            HashMap::try_from(&mut self.buckets).map_err(op(map_names::BUCKETS))?;
-        match map.insert(key, value, flags) {
-            Ok(()) => Ok(true),
-            Err(MapError::SyscallError(e))
-                if matches!(e.io_error.raw_os_error(), Some(libc::ENOENT | libc::EEXIST)) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(op(map_names::BUCKETS)(e)),
-        }
-    }
-
-    /// Deletes the buckets of the given rule ids.
-    pub fn purge_buckets(&mut self, ids: &std::collections::BTreeSet<u32>) -> Result<usize> {
-        let mut stale = Vec::new();
-        self.for_each_bucket(|keys, _| {
-            stale.extend(keys.iter().filter(|k| ids.contains(&k.rule)).copied());
-        })?;
-        let mut map: HashMap<_, BucketKey, Bucket> =
-            HashMap::try_from(&mut self.buckets).map_err(op(map_names::BUCKETS))?;
-        for key in &stale {
-            // Evicted meanwhile is fine.
-            let _ = map.remove(key);
-        }
-        Ok(stale.len())
-    }
-
-    /// Capacity of the bucket map.
+    /// Capacity of the bucket store (records).
     pub fn bucket_capacity(&self) -> Result<u32> {
-        let Map::LruHashMap(data) = &self.buckets else {
-            return Err(MapsError::Op {
-                map: map_names::BUCKETS,
-                reason: "not an LRU hash".into(),
-            });
-        };
-        data.info()
-            .map(|i| i.max_entries())
-            .map_err(op(map_names::BUCKETS))
+        Ok(self.store.records())
     }
 
     /// Zeroes the counters of rule `id` (a freshly assigned id).

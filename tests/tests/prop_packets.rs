@@ -16,8 +16,8 @@
 //!
 //! Time: at 1 packet/s (and 1 byte/s) a bucket earns its next token one second after it was
 //! created, so a bucket younger than that admits exactly `burst` packets (`bytes_burst` bytes) and
-//! nothing more. Every case installs rules under new names, so they get fresh ids and the buckets
-//! of earlier cases are purged, and a case stops sending after [`CASE_BUDGET`].
+//! nothing more. Every case installs rules under new names, so they get fresh ids (or reused ids under a
+//! new bucket generation) and the buckets of earlier cases go stale, and a case stops sending after [`CASE_BUDGET`].
 //!
 //! Deterministic: the seed is fixed; `RL_PROP_SEED=N` replays another, `RL_PROP_CASES=N` runs more
 //! cases. A failure prints the seed, the case, its rules as TOML and the frame in hex.
@@ -34,8 +34,8 @@ use ratelimit::{
     config::{Action, Config, Per, RuleConfig},
 };
 use ratelimit_common::{
-    config_flags, family, first_seen_hash, global, verdict, BucketKey, GlobalStats, RuleStats,
-    FIRST_SEEN_SLOTS,
+    addr_words, bucket_hash, bucket_sets, config_flags, family, global, verdict, BucketKey,
+    GlobalStats, RuleStats, BUCKET_CANDIDATES,
 };
 use ratelimit_testbed::{
     packet::eth,
@@ -277,11 +277,6 @@ fn model_l4_port(b: &[u8], l4: usize, protocol: u8) -> (u16, bool) {
 struct ModelBucket {
     pkts: u64,
     bytes: u64,
-    /// The kernel map holds this bucket: created on the source's second packet, after a first
-    /// one that passed (see `FirstSeen` in ratelimit-common).
-    tracked: bool,
-    /// A first packet passed and is remembered, not yet in the map.
-    first_seen: bool,
 }
 
 /// (rule id, IPv6?, source masked to the rule's `per`, left-aligned bits).
@@ -354,13 +349,23 @@ struct Model<'a> {
     set: &'a CompiledRuleSet,
     rules: HashMap<u32, &'a RuleConfig>,
     buckets: HashMap<BucketId, ModelBucket>,
-    /// The program's `FirstSeen` slots (shared by all CPUs): slot -> fingerprint.
-    first_seen: HashMap<u32, u32>,
+    /// The bucket store's seed and sets (read from the pinned config), and how many of this
+    /// case's buckets share each key's pair of sets: the model has every bucket live, so it
+    /// checks that no pair is asked to hold more than its records (the store could evict; no
+    /// case comes near it).
+    seed: [u64; 2],
+    sets: u32,
+    per_set: HashMap<[u32; 2], u32>,
     agent_dry_run: bool,
 }
 
 impl<'a> Model<'a> {
-    fn new(set: &'a CompiledRuleSet, config: &'a Config, agent_dry_run: bool) -> Self {
+    fn new(
+        set: &'a CompiledRuleSet,
+        config: &'a Config,
+        agent_dry_run: bool,
+        store: &ratelimit_common::Config,
+    ) -> Self {
         let rules = config
             .rules
             .iter()
@@ -370,7 +375,9 @@ impl<'a> Model<'a> {
             set,
             rules,
             buckets: HashMap::new(),
-            first_seen: HashMap::new(),
+            seed: store.seed,
+            sets: store.bucket_sets,
+            per_set: HashMap::new(),
             agent_dry_run,
         }
     }
@@ -411,27 +418,26 @@ impl<'a> Model<'a> {
             Action::Deny => verdict::DENIED,
             Action::Limit => {
                 let key = bucket_of(compiled.id, rule, parsed.src);
-                let hash = first_seen_hash(&kernel_key(key));
-                let slot = hash & (FIRST_SEEN_SLOTS - 1);
+                if !self.buckets.contains_key(&key) {
+                    // A new source: its bucket is created (full) for its first packet, in one of
+                    // the records of its set.
+                    g[global::NEW_BUCKETS] += 1;
+                    let k = kernel_key(key);
+                    let mut sets = bucket_sets(
+                        bucket_hash(self.seed, k.rule, k.family, addr_words(&k.addr)),
+                        self.sets,
+                    );
+                    sets.sort_unstable();
+                    let n = self.per_set.entry(sets).or_default();
+                    *n += 1;
+                    assert!(
+                        *n <= BUCKET_CANDIDATES,
+                        "the case's sources fill sets {sets:?} past their records: the model \
+                         has no evictions; use a larger store"
+                    );
+                }
                 let bucket = self.buckets.entry(key).or_default();
-                if !bucket.tracked {
-                    if bucket.first_seen && self.first_seen.get(&slot) == Some(&hash) {
-                        // Second packet: the bucket is created, charged for the first one.
-                        g[global::NEW_BUCKETS] += 1;
-                        bucket.tracked = true;
-                        self.first_seen.remove(&slot);
-                    } else {
-                        // A first packet (again, if another key took the slot meanwhile): decided
-                        // as a fresh bucket would decide it.
-                        *bucket = ModelBucket::default();
-                    }
-                }
-                let v = charge(bucket, rule, len);
-                if !bucket.tracked && v == verdict::PASSED {
-                    bucket.first_seen = true;
-                    self.first_seen.insert(slot, hash);
-                }
-                v
+                charge(bucket, rule, len)
             }
         };
         let dropped = matches!(
@@ -765,7 +771,8 @@ fn verdicts_and_counters_match_the_reference_model() {
                 0
             })
             .expect("set flags");
-        let mut model = Model::new(&set, &config, agent_dry_run);
+        let store = dp.maps().config().expect("config");
+        let mut model = Model::new(&set, &config, agent_dry_run, &store);
         let ids: Vec<u32> = set.rules.iter().map(|r| r.id).collect();
         let case_start = Instant::now();
         let mut g0 = dp.global();

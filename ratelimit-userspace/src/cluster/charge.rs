@@ -3,59 +3,84 @@
 //! bytes, with no cap, so a source whose burst slipped through on every host at once goes into
 //! debt here and is paid back at the rule's rate over the following seconds.
 
-use ratelimit_common::{rule_flags, Bucket, BucketKey, Rule};
+use ratelimit_common::{bucket_header, rule_flags, Bucket, BucketKey, Rule};
 
-use crate::maps::{MapsError, PinnedMaps, BPF_EXIST, BPF_NOEXIST};
+use crate::maps::{store::Slot, MapsError, PinnedMaps};
+
+/// The TAT costs (packets, bytes) of `pkts` packets and `bytes` bytes under `rule`.
+#[must_use]
+pub fn costs(rule: &Rule, pkts: u64, bytes: u64) -> (u64, u64) {
+    let pkt = if rule.flags & rule_flags::PKT_LIMIT != 0 {
+        pkts.saturating_mul(rule.pkt_interval_ns)
+    } else {
+        0
+    };
+    let byte = if rule.flags & rule_flags::BYTE_LIMIT != 0 {
+        // `byte_cost_ns` in 128 bits: a sync's worth of bytes can overflow its 64-bit product.
+        u64::try_from((u128::from(bytes) * u128::from(rule.byte_interval_fp) + (1 << 15)) >> 16)
+            .unwrap_or(u64::MAX)
+    } else {
+        0
+    };
+    (pkt, byte)
+}
 
 /// Adds the cost of `pkts` packets and `bytes` bytes to `b` at `now` (`CLOCK_MONOTONIC` ns).
 pub fn apply(b: &mut Bucket, rule: &Rule, pkts: u64, bytes: u64, now: u64) {
-    if rule.flags & rule_flags::PKT_LIMIT != 0 && pkts > 0 {
-        let cost = pkts.saturating_mul(rule.pkt_interval_ns);
-        b.tat_ns = b.tat_ns.max(now).saturating_add(cost);
-        b.remote_applied_ns = b.remote_applied_ns.wrapping_add(cost);
+    let (pkt, byte) = costs(rule, pkts, bytes);
+    if pkt > 0 {
+        b.tat_ns = b.tat_ns.max(now).saturating_add(pkt);
     }
-    if rule.flags & rule_flags::BYTE_LIMIT != 0 && bytes > 0 {
-        // `byte_cost_ns` in 128 bits: a sync's worth of bytes can overflow its 64-bit product.
-        let cost = u64::try_from(
-            (u128::from(bytes) * u128::from(rule.byte_interval_fp) + (1 << 15)) >> 16,
-        )
-        .unwrap_or(u64::MAX);
-        b.byte_tat_ns = b.byte_tat_ns.max(now).saturating_add(cost);
-        b.remote_byte_applied_ns = b.remote_byte_applied_ns.wrapping_add(cost);
+    if byte > 0 {
+        b.byte_tat_ns = b.byte_tat_ns.max(now).saturating_add(byte);
     }
 }
 
-/// Charges the bucket under `key` by read-modify-write of the pinned map, creating it (as the
-/// XDP program would, with a full bucket) if the source has not been seen here.
-///
-/// The write replaces the whole value. A packet that the XDP program admits on this bucket
-/// between our read and our write is lost from the TAT and the bucket's counters: at most the
-/// packets of those few microseconds go uncharged, negligible next to the sync lag (and an LRU
-/// update swaps in a new element, so a program still holding the old one charges that instead,
-/// with the same effect).
+/// Charges the bucket under `key` in place in the bucket store, with the XDP program's
+/// compare-and-swap (no packet admitted meanwhile is lost from the TAT), creating it (as the
+/// program would, a full bucket, in the record the program would choose) if the source has not
+/// been seen here. `coarse_now` is `CLOCK_MONOTONIC_COARSE`, which judges what eviction loses.
 pub fn charge(
-    maps: &mut PinnedMaps,
+    maps: &PinnedMaps,
     key: &BucketKey,
     rule: &Rule,
     pkts: u64,
     bytes: u64,
     now: u64,
+    coarse_now: u64,
 ) -> Result<(), MapsError> {
-    // Two tries: the bucket may appear (a packet) or vanish (LRU eviction) between read and write.
+    let (pkt_cost, byte_cost) = costs(rule, pkts, bytes);
+    // Two tries: the record may be taken by a packet between the scan and the write.
     for _ in 0..2 {
-        let (mut b, flags) = match maps.bucket(key)? {
-            Some(b) => (b, BPF_EXIST),
-            None => (
-                Bucket {
+        let (slot, gen) = maps.locate_bucket(key, coarse_now)?;
+        if gen == 0 {
+            // The rule left the set meanwhile: nothing to charge.
+            return Ok(());
+        }
+        let header = bucket_header(key.rule, key.family, gen);
+        match slot {
+            Slot::Found(i) => {
+                if maps.store().advance(i, header, now, pkt_cost, byte_cost) {
+                    return Ok(());
+                }
+            }
+            Slot::Vacant {
+                index, header: old, ..
+            } => {
+                let mut fresh = Bucket {
+                    addr: key.addr,
+                    rule: u16::try_from(key.rule).unwrap_or(u16::MAX),
+                    family: key.family,
+                    rule_gen: gen,
                     created_ns: now,
                     ..Bucket::default()
-                },
-                BPF_NOEXIST,
-            ),
-        };
-        apply(&mut b, rule, pkts, bytes, now);
-        if maps.update_bucket(key, &b, flags)? {
-            return Ok(());
+                };
+                apply(&mut fresh, rule, pkts, bytes, now);
+                if maps.store().install(index, old, &fresh) {
+                    return Ok(());
+                }
+            }
+            Slot::Busy => {}
         }
     }
     Err(MapsError::Op {
@@ -93,8 +118,6 @@ mod tests {
         // A busy one from its TAT, past the tolerance (debt).
         apply(&mut b, &rule, 1000, 0, now);
         assert_eq!(b.tat_ns, now + 1100 * MS);
-        assert_eq!(b.remote_applied_ns, 1100 * MS);
-        assert_eq!(b.remote_byte_applied_ns, 5000);
         // No packet limit: packets are not charged.
         let mut b2 = Bucket::default();
         apply(

@@ -85,7 +85,7 @@ impl Count {
 pub struct BucketObs {
     /// `created_ns` of the bucket (identifies this life of it).
     pub created_ns: u64,
-    /// `passed_pkts`.
+    /// `passed_pkts` (a 32-bit counter, wrapping).
     pub passed_pkts: u64,
     /// `passed_bytes`.
     pub passed_bytes: u64,
@@ -172,9 +172,10 @@ impl LocalTracker {
     pub fn update(&mut self, now: u64, seen: &HashMap<KeyName, BucketObs>, full: bool) {
         for (name, p) in &mut self.published {
             let (gained_pkts, gained_bytes, created) = match seen.get(name) {
-                // Same life of the bucket: what it gained since the last look.
-                Some(b) if b.created_ns == p.created_ns && b.passed_pkts >= p.last_pkts => (
-                    b.passed_pkts - p.last_pkts,
+                // Same life of the bucket: what it gained since the last look (the packet
+                // counter is 32 bits, wrapping).
+                Some(b) if b.created_ns == p.created_ns => (
+                    u64::from((b.passed_pkts as u32).wrapping_sub(p.last_pkts as u32)),
                     b.passed_bytes.saturating_sub(p.last_bytes),
                     b.created_ns,
                 ),

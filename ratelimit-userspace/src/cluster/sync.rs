@@ -19,7 +19,7 @@ use super::{
     status::{Counters, PeerStatus, Shared},
 };
 use crate::{
-    agent::{bucket_addr, bucket_key, monotonic_ns, SharedAgent},
+    agent::{bucket_addr, bucket_key, monotonic_coarse_ns, monotonic_ns, SharedAgent},
     compile::CompiledRuleSet,
     maps::PinnedMaps,
 };
@@ -226,7 +226,7 @@ impl Blocking {
         let mut seen: HashMap<KeyName, BucketObs> = HashMap::new();
         let obs = |b: &ratelimit_common::Bucket| BucketObs {
             created_ns: b.created_ns,
-            passed_pkts: b.passed_pkts,
+            passed_pkts: u64::from(b.passed_pkts),
             passed_bytes: b.passed_bytes,
         };
         if full {
@@ -246,9 +246,9 @@ impl Blocking {
                 }
                 Err(e) => tracing::warn!(error = %e, "cluster sync: reading the buckets"),
             }
-            // A full scan costs one syscall pair per bucket: with a million buckets that is
-            // seconds, so it runs at most a tenth of the time; in between only the published keys
-            // are read (one lookup each).
+            // A full scan reads the whole store (64 MiB for a million buckets), so it runs at
+            // most a tenth of the time; in between only the published keys are read (one
+            // lookup each).
             let took = monotonic_ns().saturating_sub(now);
             self.next_full_ns = now.saturating_add(interval_ns.max(took.saturating_mul(10)));
         } else {
@@ -274,7 +274,7 @@ impl Blocking {
                 continue;
             };
             let key = bucket_key(*id, rule, name.addr);
-            match charge::charge(&mut self.maps, &key, rule, p, b, now) {
+            match charge::charge(&self.maps, &key, rule, p, b, now, monotonic_coarse_ns()) {
                 Ok(()) => {
                     pkts += p;
                     bytes += b;

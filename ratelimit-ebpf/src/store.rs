@@ -1,0 +1,176 @@
+//! The bucket store: an array of [`Bucket`] records that the program addresses itself, instead of
+//! a kernel hash map. A key's bucket is one of the records of its two sets (`BUCKET_CANDIDATES`),
+//! picked by SipHash under a secret seed (so no one can choose sources that share sets); each
+//! record holds its key, so a hit is verified, never assumed. A known source's record index is cached per CPU (`scratch`),
+//! which makes its packet one inlined array lookup and a 24-byte compare.
+//!
+//! A new key takes, in this order of preference, an empty or stale record (a rule generation no
+//! longer in force; in the less occupied of its sets), a record whose bucket has refilled (nothing is lost: a new bucket starts
+//! full), or the record whose bucket is least in debt relative to its burst (its source starts full
+//! again if it comes back: the one allowance the store makes, counted as `evicted_lost`). A source
+//! that has been dropped is deep in debt, so a stream of one-packet sources, each at most one
+//! packet into its burst, evicts one another before it.
+
+use core::intrinsics::{atomic_cxchg, AtomicOrdering};
+
+use ratelimit_common::{
+    bucket_candidate, global, victim, victim_score, Bucket, VictimChooser, BUCKET_BUSY,
+    BUCKET_CANDIDATES,
+};
+
+use crate::maps::{BUCKETS, RULES};
+
+/// "No record" in the classification cache.
+pub const NO_RECORD: u32 = u32::MAX;
+
+/// A bucket key as the records hold it: the masked address as two words and the header word
+/// (rule id, family, rule generation; state 0).
+#[derive(Clone, Copy)]
+pub struct Key {
+    pub addr: [u64; 2],
+    pub header: u64,
+}
+
+/// The header word of record `b`.
+#[inline(always)]
+fn header_ptr(b: *mut Bucket) -> *mut u64 {
+    // SAFETY: the header is the third u64 of the 64-byte, 8-aligned record (see `Bucket`).
+    unsafe { (b as *mut u64).add(2) }
+}
+
+/// Whether record `b` holds `key` (and is not being rewritten).
+#[inline(always)]
+pub fn holds(b: *mut Bucket, key: &Key) -> bool {
+    let w = b as *const u64;
+    // SAFETY: `b` is a live record of the store; volatile because other CPUs rewrite records.
+    unsafe {
+        core::ptr::read_volatile(header_ptr(b)) == key.header
+            && core::ptr::read_volatile(w) == key.addr[0]
+            && core::ptr::read_volatile(w.add(1)) == key.addr[1]
+    }
+}
+
+/// What a scan of a key's set found.
+pub enum Scan {
+    /// The key's record.
+    Hit(u32, *mut Bucket),
+    /// The key has no record; `victim` is the one to take, holding `header` now, of `kind` (a
+    /// [`victim`] score).
+    Miss { victim: u32, header: u64, kind: u64 },
+    /// Every record of the set is being rewritten by other CPUs, or the store is unusable.
+    None,
+}
+
+/// How much is lost by giving record `b` (header `header`) to another key at `now`.
+#[inline(always)]
+fn score(b: *mut Bucket, header: u64, now: u64) -> u64 {
+    // SAFETY: a live record; racy reads only weigh the choice.
+    let (tat, byte_tat) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const (*b).tat_ns),
+            core::ptr::read_volatile(&raw const (*b).byte_tat_ns),
+        )
+    };
+    victim_score(
+        header,
+        tat,
+        byte_tat,
+        RULES.get((header & 0xffff) as u32),
+        now,
+    )
+}
+
+/// Looks for `key` among the records of its sets and, on a miss, picks the record to take (see
+/// `choose_victim`). `now` is the coarse clock: never ahead of any rule's clock, so a bucket
+/// judged refilled has refilled.
+#[inline(always)]
+pub fn scan(key: &Key, sets: [u32; 2], now: u64) -> Scan {
+    // First the key alone: eight independent loads, so a cold set costs about one miss.
+    for c in 0..BUCKET_CANDIDATES {
+        let i = bucket_candidate(sets, c);
+        let Some(b) = BUCKETS.get_ptr_mut(i) else {
+            return Scan::None;
+        };
+        if holds(b, key) {
+            return Scan::Hit(i, b);
+        }
+    }
+    // A miss: what taking each record would lose.
+    let mut chooser = VictimChooser::new();
+    for c in 0..BUCKET_CANDIDATES {
+        let Some(b) = BUCKETS.get_ptr_mut(bucket_candidate(sets, c)) else {
+            return Scan::None;
+        };
+        // SAFETY: a live record.
+        let header = unsafe { core::ptr::read_volatile(header_ptr(b)) };
+        chooser.offer(c, score(b, header, now));
+    }
+    let Some((c, kind)) = chooser.choose() else {
+        return Scan::None;
+    };
+    let victim = bucket_candidate(sets, c);
+    let Some(b) = BUCKETS.get_ptr_mut(victim) else {
+        return Scan::None;
+    };
+    // Read again rather than kept from the loop (an indexed stack array would defeat the
+    // verifier's pruning); the claim's compare-and-swap checks it is still what was judged.
+    // SAFETY: a live record.
+    let header = unsafe { core::ptr::read_volatile(header_ptr(b)) };
+    Scan::Miss {
+        victim,
+        header,
+        kind,
+    }
+}
+
+/// Takes record `i` (now holding `old_header`) for `fresh`, a new bucket already charged for its
+/// first packet: claims it with a compare-and-swap of the header (marking it busy), writes the
+/// bucket, then publishes the header. `None` if another CPU claimed the record first.
+#[inline(always)]
+pub fn install(i: u32, old_header: u64, fresh: &Bucket, key: &Key) -> Option<*mut Bucket> {
+    let b = BUCKETS.get_ptr_mut(i)?;
+    let busy = key.header | u64::from(BUCKET_BUSY) << 24;
+    // SAFETY: the header word of a live record, 8-aligned.
+    let (_, ok) = unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(
+            header_ptr(b),
+            old_header,
+            busy,
+        )
+    };
+    if !ok {
+        return None;
+    }
+    let w = b as *mut u64;
+    // SAFETY: a live record this CPU now owns until the header is published (readers skip busy
+    // records; a CPU still charging the record's previous bucket may add to the new TAT, which
+    // only makes the new bucket stricter by that one packet).
+    unsafe {
+        core::ptr::write_volatile(w, key.addr[0]);
+        core::ptr::write_volatile(w.add(1), key.addr[1]);
+        (*b).tat_ns = fresh.tat_ns;
+        (*b).byte_tat_ns = fresh.byte_tat_ns;
+        (*b).created_ns = fresh.created_ns;
+        (*b).passed_bytes = fresh.passed_bytes;
+        (*b).passed_pkts = fresh.passed_pkts;
+        (*b).dropped_pkts = fresh.dropped_pkts;
+        // An atomic write (BPF atomics order the writes before them): the record becomes
+        // visible whole.
+        atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(
+            header_ptr(b),
+            busy,
+            key.header,
+        );
+    }
+    Some(b)
+}
+
+/// The global counter a [`Scan::Miss`] of `kind` adds to, besides `new_buckets`.
+#[inline(always)]
+pub fn eviction_counter(kind: u64) -> Option<usize> {
+    match kind {
+        victim::FREE => None,
+        victim::FULL => Some(global::EVICTED_FULL),
+        _ => Some(global::EVICTED_LOST),
+    }
+}

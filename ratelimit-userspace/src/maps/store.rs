@@ -1,0 +1,223 @@
+//! The bucket store as user space sees it: the pinned array mapped into this process's memory
+//! (`BPF_F_MMAPABLE`), so a walk of a million buckets is a read of 64 MiB rather than system calls,
+//! and the cluster sync charges a bucket with the same compare-and-swap the XDP program uses.
+//!
+//! The layout and the rules of the store (sets, the keyed hash, the header word, busy records,
+//! the order of eviction) are the program's: see `ratelimit-ebpf/src/store.rs` and
+//! `ratelimit_common::{Bucket, bucket_hash, victim_score}`.
+
+use std::{
+    io,
+    os::fd::{AsRawFd as _, BorrowedFd},
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use ratelimit_common::{
+    addr_words, bucket_candidate, bucket_hash, bucket_header, bucket_sets, victim_score, Bucket,
+    BucketKey, Rule, VictimChooser, BUCKET_BUSY, BUCKET_CANDIDATES, BUCKET_HEADER_OFFSET,
+    BUCKET_WAYS,
+};
+
+/// The bucket store's records, mapped.
+pub struct MappedStore {
+    ptr: *mut Bucket,
+    records: u32,
+    bytes: usize,
+    writable: bool,
+}
+
+// SAFETY: the mapping is plain shared memory; every access below is a volatile copy or an atomic
+// operation, as the XDP program's are.
+unsafe impl Send for MappedStore {}
+// SAFETY: as above.
+unsafe impl Sync for MappedStore {}
+
+impl Drop for MappedStore {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.bytes) };
+    }
+}
+
+/// Where a key's bucket is, or where it would go.
+pub enum Slot {
+    /// Record `index` holds the key's bucket.
+    Found(u32),
+    /// The key has no bucket; record `index` (holding `header` now, with [`victim`] score
+    /// `score`) is the one a new bucket would take.
+    Vacant {
+        /// The record.
+        index: u32,
+        /// Its header word when scanned.
+        header: u64,
+        /// What taking it loses ([`victim`]).
+        score: u64,
+    },
+    /// Every record of the set is being written.
+    Busy,
+}
+
+impl MappedStore {
+    /// Maps the store behind `fd` (`records` records), writable if the descriptor allows.
+    pub fn map(fd: BorrowedFd<'_>, records: u32) -> io::Result<Self> {
+        let bytes = (records as usize * size_of::<Bucket>()).max(1);
+        let try_map = |prot| {
+            // SAFETY: a fresh shared mapping of a BPF array map; the kernel checks the length
+            // against the map's size.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    bytes,
+                    prot,
+                    libc::MAP_SHARED,
+                    fd.as_raw_fd(),
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(p)
+            }
+        };
+        let (p, writable) = match try_map(libc::PROT_READ | libc::PROT_WRITE) {
+            Ok(p) => (p, true),
+            Err(_) => (try_map(libc::PROT_READ)?, false),
+        };
+        Ok(Self {
+            ptr: p.cast(),
+            records,
+            bytes,
+            writable,
+        })
+    }
+
+    /// Number of records.
+    #[must_use]
+    pub fn records(&self) -> u32 {
+        self.records
+    }
+
+    /// A copy of record `i`.
+    #[must_use]
+    pub fn get(&self, i: u32) -> Bucket {
+        assert!(i < self.records, "record {i} out of {}", self.records);
+        // SAFETY: in bounds of the mapping; a volatile copy of memory other CPUs write.
+        unsafe { std::ptr::read_volatile(self.ptr.add(i as usize)) }
+    }
+
+    fn word(&self, i: u32, offset: usize) -> &AtomicU64 {
+        assert!(i < self.records, "record {i} out of {}", self.records);
+        // SAFETY: an 8-aligned u64 inside record `i` of the mapping (page-aligned, 64-byte
+        // records), which lives as long as `self`.
+        unsafe {
+            &*self
+                .ptr
+                .add(i as usize)
+                .cast::<u8>()
+                .add(offset)
+                .cast::<AtomicU64>()
+        }
+    }
+
+    /// Hands `f` a copy of every record, with its index.
+    pub fn for_each(&self, mut f: impl FnMut(u32, &Bucket)) {
+        for i in 0..self.records {
+            f(i, &self.get(i));
+        }
+    }
+
+    /// Where `key`'s bucket of generation `gen` is in a store of `sets` sets under `seed`, or
+    /// where it would go at `now` (the coarse clock); `rule_of` gives the current record of a
+    /// rule id, to judge what taking a record loses. The program's choice exactly
+    /// (`ratelimit-ebpf/src/store.rs`).
+    pub fn locate(
+        &self,
+        seed: [u64; 2],
+        sets: u32,
+        key: &BucketKey,
+        gen: u32,
+        now: u64,
+        mut rule_of: impl FnMut(u32) -> Option<Rule>,
+    ) -> Slot {
+        if sets == 0 || sets.saturating_mul(BUCKET_WAYS) > self.records {
+            return Slot::Busy;
+        }
+        let addr = addr_words(&key.addr);
+        let sets = bucket_sets(bucket_hash(seed, key.rule, key.family, addr), sets);
+        let header = bucket_header(key.rule, key.family, gen);
+        let mut chooser = VictimChooser::new();
+        let mut headers = [0u64; BUCKET_CANDIDATES as usize];
+        for c in 0..BUCKET_CANDIDATES {
+            let i = bucket_candidate(sets, c);
+            let b = self.get(i);
+            if b.header() == header && addr_words(&b.addr) == addr {
+                return Slot::Found(i);
+            }
+            let rule = rule_of(u32::from(b.rule));
+            headers[c as usize] = b.header();
+            chooser.offer(
+                c,
+                victim_score(b.header(), b.tat_ns, b.byte_tat_ns, rule.as_ref(), now),
+            );
+        }
+        match chooser.choose() {
+            Some((c, score)) => Slot::Vacant {
+                index: bucket_candidate(sets, c),
+                header: headers[c as usize],
+                score,
+            },
+            None => Slot::Busy,
+        }
+    }
+
+    /// Moves record `i`'s packet TAT (`tat = max(tat, now) + cost`) and byte TAT likewise, with
+    /// the program's compare-and-swap, if it still holds `header`. `false` if it no longer does.
+    pub fn advance(&self, i: u32, header: u64, now: u64, cost: u64, byte_cost: u64) -> bool {
+        self.require_writable();
+        let advance = |offset: usize, cost: u64| {
+            if cost == 0 {
+                return;
+            }
+            let w = self.word(i, offset);
+            let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+                Some(tat.max(now).saturating_add(cost))
+            });
+        };
+        if self.word(i, BUCKET_HEADER_OFFSET).load(Ordering::Acquire) != header {
+            return false;
+        }
+        advance(std::mem::offset_of!(Bucket, tat_ns), cost);
+        advance(std::mem::offset_of!(Bucket, byte_tat_ns), byte_cost);
+        true
+    }
+
+    /// Writes `fresh` into record `i` (which held `old` when scanned) as the program does: claim
+    /// by compare-and-swap of the header (busy), write, publish. `false` if the record changed
+    /// meanwhile (another writer took it).
+    pub fn install(&self, i: u32, old: u64, fresh: &Bucket) -> bool {
+        self.require_writable();
+        let header = self.word(i, BUCKET_HEADER_OFFSET);
+        let want = fresh.header() & !(u64::from(u8::MAX) << 24);
+        let busy = want | u64::from(BUCKET_BUSY) << 24;
+        if header
+            .compare_exchange(old, busy, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        let mut rec = *fresh;
+        rec.state = BUCKET_BUSY;
+        // SAFETY: record `i` is ours until the header is published (readers skip busy records).
+        unsafe { std::ptr::write_volatile(self.ptr.add(i as usize), rec) };
+        header.store(want, Ordering::Release);
+        true
+    }
+
+    fn require_writable(&self) {
+        assert!(
+            self.writable,
+            "the bucket store is mapped read-only (opened without write access)"
+        );
+    }
+}
