@@ -342,6 +342,12 @@ impl RuleIds {
                 return Err(bad("name used by two rules"));
             }
             ids.next_unused = ids.next_unused.max(id + 1);
+            // The bucket generation is the data plane's, not the rule's: compiled records carry
+            // none, so an unchanged rule compares equal and keeps its id (and its buckets).
+            let rule = Rule {
+                bucket_gen: 0,
+                ..rule
+            };
             ids.installed.insert(name, (id, rule));
         }
         ids.free = (0..ids.next_unused)

@@ -12,6 +12,7 @@
 //!   directory, for running frames through it with BPF_PROG_TEST_RUN.
 //! - [`agent`]: where the real `ratelimit` binary is, for tests that run it as an agent.
 //! - [`wire`]: the header every test datagram carries (sender id, sequence number).
+//! - [`collide`]: sources chosen to collide in the bucket store under a known seed.
 //!
 //! Only addresses from the benchmarking range 198.18.0.0/15 and 2001:db8::/32 are meant to be used,
 //! and only between namespaces the test created.
@@ -38,6 +39,7 @@
 pub mod agent;
 pub mod agent_proc;
 mod cmd;
+pub mod collide;
 pub mod link;
 pub mod netns;
 pub mod packet;

@@ -734,9 +734,18 @@ fn pinned_state(pin: &Path, sets: &Sets) -> (Option<usize>, usize) {
         let rules = set.rules[..set.len as usize]
             .iter()
             .map(|id| {
+                // The bucket generation is the data plane's (compiled records carry none).
                 named.get(id).map_or(
                     (format!("unnamed id {id}"), Default::default()),
-                    |(n, _, r)| (n.clone(), *r),
+                    |(n, _, r)| {
+                        (
+                            n.clone(),
+                            ratelimit_common::Rule {
+                                bucket_gen: 0,
+                                ..*r
+                            },
+                        )
+                    },
                 )
             })
             .collect();

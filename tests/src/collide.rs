@@ -1,0 +1,131 @@
+//! Sources chosen to collide in the bucket store, as an attacker who knew the store's seed would
+//! choose them: tests set a known seed (or read the agent's from its pins) and search addresses
+//! offline for keys whose candidate records are the same, so that they compete for one set pair.
+
+use std::{collections::HashMap, net::Ipv4Addr, path::Path};
+
+use anyhow::{Context, Result};
+use ratelimit::maps::PinnedMaps;
+use ratelimit_common::{addr_words, bucket_hash, bucket_sets, family};
+
+/// A fixed seed for tests that need to know where keys go.
+pub const TEST_SEED: [u64; 2] = [0x0123_4567_89ab_cdef, 0x0fed_cba9_8765_4321];
+
+/// Replaces the seed of the bucket store pinned in `pin_dir` (before any traffic: buckets
+/// created under the old seed are no longer found).
+pub fn set_seed(pin_dir: &Path, seed: [u64; 2]) -> Result<()> {
+    let mut maps = PinnedMaps::open(pin_dir)?;
+    let config = maps.config()?;
+    maps.set_config(ratelimit_common::Config { seed, ..config })?;
+    Ok(())
+}
+
+/// The seed and number of sets of the bucket store pinned in `pin_dir`.
+pub fn store_params(pin_dir: &Path) -> Result<([u64; 2], u32)> {
+    let config = PinnedMaps::open(pin_dir)?.config()?;
+    Ok((config.seed, config.bucket_sets))
+}
+
+/// The two sets (sorted) of a `per = "source"` IPv4 key of rule `rule`.
+#[must_use]
+pub fn sets_of_v4(seed: [u64; 2], sets: u32, rule: u32, ip: Ipv4Addr) -> [u32; 2] {
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&ip.octets());
+    let mut s = bucket_sets(bucket_hash(seed, rule, family::V4, addr_words(&addr)), sets);
+    s.sort_unstable();
+    s
+}
+
+/// `n` distinct IPv4 sources from the 2^`span_bits` addresses after `base` whose keys under rule
+/// `rule` (`per = "source"`) share both sets, all avoiding `avoid`.
+pub fn colliding_v4(
+    seed: [u64; 2],
+    sets: u32,
+    rule: u32,
+    base: Ipv4Addr,
+    span_bits: u32,
+    n: usize,
+    avoid: &[Ipv4Addr],
+) -> Result<Vec<Ipv4Addr>> {
+    let mut groups: HashMap<[u32; 2], Vec<Ipv4Addr>> = HashMap::new();
+    let base = u32::from(base);
+    for i in 1..(1u32 << span_bits) - 1 {
+        let ip = Ipv4Addr::from(base + i);
+        if avoid.contains(&ip) {
+            continue;
+        }
+        let group = groups.entry(sets_of_v4(seed, sets, rule, ip)).or_default();
+        group.push(ip);
+        if group.len() == n {
+            return Ok(group.clone());
+        }
+    }
+    None.with_context(|| format!("no {n} sources in 2^{span_bits} share a set pair"))
+}
+
+/// `n` sources (as [`colliding_v4`]) whose set pair is the one `target` has.
+pub fn colliding_with_v4(
+    seed: [u64; 2],
+    sets: u32,
+    rule: u32,
+    target: Ipv4Addr,
+    base: Ipv4Addr,
+    span_bits: u32,
+    n: usize,
+) -> Result<Vec<Ipv4Addr>> {
+    let want = sets_of_v4(seed, sets, rule, target);
+    let base = u32::from(base);
+    let found: Vec<Ipv4Addr> = (1..(1u32 << span_bits) - 1)
+        .map(|i| Ipv4Addr::from(base + i))
+        .filter(|&ip| ip != target && sets_of_v4(seed, sets, rule, ip) == want)
+        .take(n)
+        .collect();
+    if found.len() < n {
+        anyhow::bail!(
+            "only {} sources in 2^{span_bits} share {target}'s sets",
+            found.len()
+        );
+    }
+    Ok(found)
+}
+
+/// The first-seen table's hash in the version before the bucket store (git 6b656ff,
+/// `ratelimit_common::first_seen_hash`): public and unkeyed, so a pair of sources sharing a slot
+/// was found offline in a second (issue #10). Kept here only to replay that attack.
+#[must_use]
+pub fn old_first_seen_slot(rule: u32, ip: Ipv4Addr) -> (u32, u32) {
+    let mut a = [0u8; 16];
+    a[..4].copy_from_slice(&ip.octets());
+    let word = |i: usize| u64::from_ne_bytes(a[i..i + 8].try_into().expect("8 bytes"));
+    let mut h = (u64::from(rule) << 8 | u64::from(family::V4)) ^ 0x9e37_79b9_7f4a_7c15;
+    h = (h ^ word(0)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 31) ^ word(8)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^= h >> 29;
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the low 32 bits are the hash"
+    )]
+    let h = (h as u32) | 1;
+    (h & 0xffff, h)
+}
+
+/// Two sources of `rule` from the 2^`span_bits` addresses after `base` that shared a slot of
+/// the old first-seen table (with different fingerprints): each one's packet overwrote the other's
+/// and neither ever got a bucket, so both passed everything.
+pub fn old_first_seen_pair(
+    rule: u32,
+    base: Ipv4Addr,
+    span_bits: u32,
+) -> Result<(Ipv4Addr, Ipv4Addr)> {
+    let mut slots: HashMap<u32, Ipv4Addr> = HashMap::new();
+    let base = u32::from(base);
+    for i in 1..(1u32 << span_bits) - 1 {
+        let ip = Ipv4Addr::from(base + i);
+        let (slot, _) = old_first_seen_slot(rule, ip);
+        if let Some(&other) = slots.get(&slot) {
+            return Ok((other, ip));
+        }
+        slots.insert(slot, ip);
+    }
+    anyhow::bail!("no colliding pair in 2^{span_bits}")
+}

@@ -1,0 +1,225 @@
+//! The bucket store under attack, through BPF_PROG_TEST_RUN: sources chosen to collide (under a
+//! known seed, as an attacker who knew it would choose them), alternating so that each one's packet
+//! meets the other's record. Whatever they do, each source is held to its own bucket: `burst +
+//! rate x t`, plus at most one burst each time its bucket is evicted while not full (counted as
+//! `evicted_lost`); and a source in debt is not pushed out by one-packet sources.
+
+use std::{net::Ipv4Addr, time::Instant};
+
+use ratelimit_common::{family, global, verdict, BucketKey, GlobalStats};
+use ratelimit_testbed::{
+    collide::{
+        colliding_v4, colliding_with_v4, old_first_seen_pair, old_first_seen_slot, set_seed,
+        store_params, TEST_SEED,
+    },
+    packet::eth,
+    require_root,
+    xdp::{XDP_DROP, XDP_PASS},
+    TestDataplane,
+};
+
+const RATE: u64 = 1;
+const BURST: u64 = 5;
+const BASE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 0);
+
+fn rules() -> String {
+    format!(
+        "[[rule]]\nname = \"l\"\nsource = \"198.18.0.0/15\"\nrate = {RATE}\nburst = {BURST}\n\
+         per = \"source\"\n"
+    )
+}
+
+fn udp4(src: Ipv4Addr) -> Vec<u8> {
+    eth()
+        .ipv4(src, Ipv4Addr::new(198, 19, 255, 254))
+        .udp(1000, 9)
+        .build()
+}
+
+/// A data plane with a store of `max_buckets` under [`TEST_SEED`] and the one rule; its id.
+fn setup(name: &str, max_buckets: u32) -> (TestDataplane, u32) {
+    require_root();
+    let mut dp = TestDataplane::new(name, max_buckets).unwrap();
+    set_seed(dp.pin_dir(), TEST_SEED).unwrap();
+    let set = dp.install_toml(&rules()).unwrap();
+    let id = set.by_name("l").unwrap().id;
+    (dp, id)
+}
+
+/// Sends `rounds` rounds of one packet from each source in turn; returns the passes per source
+/// and the seconds it took.
+fn alternate(dp: &TestDataplane, sources: &[Ipv4Addr], rounds: usize) -> (Vec<u64>, f64) {
+    let frames: Vec<Vec<u8>> = sources.iter().map(|&s| udp4(s)).collect();
+    let mut passed = vec![0u64; sources.len()];
+    let start = Instant::now();
+    for _ in 0..rounds {
+        for (i, f) in frames.iter().enumerate() {
+            if dp.run(f) == XDP_PASS {
+                passed[i] += 1;
+            }
+        }
+    }
+    (passed, start.elapsed().as_secs_f64())
+}
+
+/// Most a bucket may admit over `secs`: its burst and the tokens earned meanwhile (one more
+/// for a token that came due inside the interval's first and last packet).
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "small positive counts"
+)]
+fn bucket_bound(secs: f64) -> u64 {
+    BURST + (RATE as f64 * secs).ceil() as u64
+}
+
+fn delta(after: &GlobalStats, before: &GlobalStats, i: usize) -> u64 {
+    after.counters[i] - before.counters[i]
+}
+
+fn key(rule: u32, ip: Ipv4Addr) -> BucketKey {
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&ip.octets());
+    BucketKey {
+        rule,
+        family: family::V4,
+        _pad: [0; 3],
+        addr,
+    }
+}
+
+/// The attack of issue #10 against the old store: two sources sharing a slot of the old,
+/// unkeyed first-seen table, alternating, each passed 200 of 200. Each is held to its bucket.
+#[test]
+fn a_pair_that_collided_in_the_old_first_seen_table_is_limited() {
+    let (dp, id) = setup("oldpair", 65_536);
+    let (a, b) = old_first_seen_pair(id, BASE, 17).unwrap();
+    assert_eq!(old_first_seen_slot(id, a).0, old_first_seen_slot(id, b).0);
+    let g0 = dp.global();
+    let (passed, secs) = alternate(&dp, &[a, b], 200);
+    for (ip, p) in [a, b].iter().zip(&passed) {
+        assert!(
+            (BURST..=bucket_bound(secs)).contains(p),
+            "{ip} passed {p} of 200 in {secs:.2} s (bucket: {BURST} + {RATE}/s)"
+        );
+        let bucket = dp.maps().bucket(&key(id, *ip)).unwrap().expect("tracked");
+        assert_eq!(u64::from(bucket.passed_pkts), *p);
+    }
+    let g1 = dp.global();
+    assert_eq!(delta(&g1, &g0, global::NEW_BUCKETS), 2);
+    assert_eq!(delta(&g1, &g0, global::EVICTED_LOST), 0);
+}
+
+/// Two, then eight sources that share both sets of the store under a known seed (eight is what
+/// the two sets hold), alternating: every one keeps its own bucket, nothing is evicted.
+#[test]
+fn sources_sharing_both_sets_each_keep_their_bucket() {
+    for n in [2, 8] {
+        // A small store (16 sets) so that eight sources on one set pair are quick to find; its
+        // other records stay empty.
+        let (dp, id) = setup(&format!("share{n}"), 64);
+        let (seed, sets) = store_params(dp.pin_dir()).unwrap();
+        assert_eq!((seed, sets), (TEST_SEED, 16));
+        let sources = colliding_v4(seed, sets, id, BASE, 17, n, &[]).unwrap();
+        let g0 = dp.global();
+        let (passed, secs) = alternate(&dp, &sources, 100);
+        let g1 = dp.global();
+        for (ip, p) in sources.iter().zip(&passed) {
+            assert!(
+                (BURST..=bucket_bound(secs)).contains(p),
+                "{n} colliding: {ip} passed {p} of 100 in {secs:.2} s"
+            );
+        }
+        assert_eq!(delta(&g1, &g0, global::NEW_BUCKETS), n as u64, "{n}");
+        assert_eq!(delta(&g1, &g0, global::EVICTED_LOST), 0, "{n}");
+        assert_eq!(delta(&g1, &g0, global::EVICTED_FULL), 0, "{n}");
+        assert_eq!(dp.maps().bucket_count().unwrap(), n as u64);
+    }
+}
+
+/// More sources on one set pair than its eight records, all over their limit: buckets in debt
+/// must be evicted, and each such eviction may give its source one burst again, no more. The
+/// allowance is exact: all admitted <= each source's `burst + rate x t` + `burst` per
+/// `evicted_lost`, and the count is there for the operator to see.
+#[test]
+fn more_colliding_sources_than_records_are_held_to_the_eviction_allowance() {
+    let (dp, id) = setup("thrash", 64);
+    let (seed, sets) = store_params(dp.pin_dir()).unwrap();
+    let n = 12;
+    let sources = colliding_v4(seed, sets, id, BASE, 17, n, &[]).unwrap();
+    let rounds = 200;
+    let g0 = dp.global();
+    let (passed, secs) = alternate(&dp, &sources, rounds);
+    let g1 = dp.global();
+    let lost = delta(&g1, &g0, global::EVICTED_LOST);
+    let total: u64 = passed.iter().sum();
+    let allowance = n as u64 * bucket_bound(secs) + BURST * lost;
+    println!(
+        "{n} sources on 8 records, {rounds} rounds in {secs:.2} s: passed {passed:?} = {total}, \
+         evicted_lost {lost}, allowance {allowance}"
+    );
+    assert!(lost > 0, "12 sources in debt fit in 8 records?");
+    assert!(total <= allowance, "{total} admitted > {allowance}");
+    assert!(
+        passed.iter().all(|&p| p >= BURST),
+        "every source gets at least its burst: {passed:?}"
+    );
+    let rule = dp.rule(id);
+    assert_eq!(rule.pkts[verdict::PASSED], total);
+    assert_eq!(
+        rule.pkts[verdict::DROPPED_RATE],
+        (n * rounds) as u64 - total
+    );
+}
+
+/// A source in debt (it has been dropped) shares its sets with a stream of one-packet sources
+/// (a spoofed flood aimed at it, had the attacker known the seed): the newcomers evict one another,
+/// never it, so it stays limited.
+#[test]
+fn a_dropped_source_is_not_pushed_out_by_one_packet_sources() {
+    let (dp, id) = setup("debt", 64);
+    let (seed, sets) = store_params(dp.pin_dir()).unwrap();
+    let victim = Ipv4Addr::new(198, 18, 0, 1);
+    let flood = colliding_with_v4(
+        seed,
+        sets,
+        id,
+        victim,
+        Ipv4Addr::new(198, 19, 0, 0),
+        16,
+        200,
+    )
+    .unwrap();
+    let start = Instant::now();
+    let own = udp4(victim);
+    let first: Vec<u32> = (0..2 * BURST).map(|_| dp.run(&own)).collect();
+    assert_eq!(
+        first.iter().filter(|&&a| a == XDP_PASS).count() as u64,
+        BURST,
+        "{first:?}"
+    );
+    let g0 = dp.global();
+    for src in &flood {
+        assert_eq!(dp.run(&udp4(*src)), XDP_PASS, "a new source's first packet");
+    }
+    let g1 = dp.global();
+    assert_eq!(delta(&g1, &g0, global::NEW_BUCKETS), flood.len() as u64);
+    // Still in debt: every packet dropped until its next token.
+    let after: Vec<u32> = (0..20).map(|_| dp.run(&own)).collect();
+    let secs = start.elapsed().as_secs_f64();
+    let passed_after = after.iter().filter(|&&a| a == XDP_PASS).count() as u64;
+    assert!(
+        BURST + passed_after <= bucket_bound(secs),
+        "the victim got {passed_after} more after the flood ({secs:.2} s): its bucket was lost"
+    );
+    if secs < 0.9 {
+        assert!(after.iter().all(|&a| a == XDP_DROP), "{after:?}");
+    }
+    let b = dp
+        .maps()
+        .bucket(&key(id, victim))
+        .unwrap()
+        .expect("still tracked");
+    assert_eq!(u64::from(b.passed_pkts), BURST + passed_after);
+}
