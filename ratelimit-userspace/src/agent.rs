@@ -15,7 +15,7 @@ use std::{
 };
 
 use aya_log::EbpfLogger;
-use ratelimit_common::{config_flags, family, Bucket, BucketKey};
+use ratelimit_common::{config_flags, family, global, Bucket, BucketKey};
 use serde::Serialize;
 use tokio::{io::unix::AsyncFd, sync::Mutex};
 
@@ -485,6 +485,13 @@ impl Agent {
             dry_run: self.config.agent.dry_run,
             buckets_tracked: maps.bucket_count()?,
             buckets_capacity: u64::from(maps.bucket_capacity()?),
+            buckets_evicted: {
+                let g = maps.global_stats()?;
+                Evictions {
+                    full: g.counters[global::EVICTED_FULL],
+                    lost: g.counters[global::EVICTED_LOST],
+                }
+            },
             reloads: self.reload.clone(),
             cluster: self.cluster_status(),
         })
@@ -800,6 +807,15 @@ impl BucketView {
     }
 }
 
+/// Buckets whose record a new source took (the program's own counters).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Evictions {
+    /// The bucket had refilled: nothing lost.
+    pub full: u64,
+    /// The bucket had not refilled: its source starts full again if it comes back.
+    pub lost: u64,
+}
+
 /// `status` output.
 #[derive(Clone, Debug, Serialize)]
 pub struct Status {
@@ -829,6 +845,8 @@ pub struct Status {
     pub buckets_tracked: u64,
     /// Bucket capacity.
     pub buckets_capacity: u64,
+    /// Buckets evicted for new sources, by what the eviction lost.
+    pub buckets_evicted: Evictions,
     /// Reload bookkeeping.
     pub reloads: ReloadState,
     /// Cluster members and counters, when `[cluster]` is set.

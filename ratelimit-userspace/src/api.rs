@@ -8,7 +8,7 @@
 //! # Routes
 //! | route | answer |
 //! | --- | --- |
-//! | `GET /v1/status` | `{"version", "pid", "uptime_secs", "config", "pin_path", "socket", "interfaces": [{"iface", "mode", "state"}], "rules", "prefixes", "generation", "dry_run", "buckets_tracked", "buckets_capacity", "reloads": {"ok", "failed", "last_error", "last_ok_unix", "restart_needed"}}` |
+//! | `GET /v1/status` | `{"version", "pid", "uptime_secs", "config", "pin_path", "socket", "interfaces": [{"iface", "mode", "state"}], "rules", "prefixes", "generation", "dry_run", "buckets_tracked", "buckets_capacity", "buckets_evicted": {"full", "lost"}, "reloads": {"ok", "failed", "last_error", "last_ok_unix", "restart_needed"}}` |
 //! | `GET /v1/rules` | `{"rules": [RULE, ...]}` in config order |
 //! | `POST /v1/rules` | body: one RULE; `201 {"added": RULE, "rules": N}` |
 //! | `DELETE /v1/rules/{name}` | `{"removed": "name", "rules": N}` |

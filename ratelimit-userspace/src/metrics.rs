@@ -17,6 +17,7 @@
 //! | `ratelimit_parse_failures_total` | counter | `reason` |
 //! | `ratelimit_non_ip_packets_total`, `ratelimit_fragments_total`, `ratelimit_unmatched_packets_total`, `ratelimit_new_buckets_total`, `ratelimit_bucket_errors_total`, `ratelimit_internal_errors_total` | counter | |
 //! | `ratelimit_buckets_tracked`, `ratelimit_buckets_capacity` | gauge | |
+//! | `ratelimit_bucket_evictions_total` | counter | `state` (`full`, `lost`) |
 //! | `ratelimit_reloads_total` | counter | `result` (`ok`, `failed`) |
 //! | `ratelimit_build_info` | info | `version` |
 //! | `ratelimit_interface_attached` | gauge | `interface`, `mode` |
@@ -392,6 +393,19 @@ impl Collector for Snapshot {
         for &(i, name, help) in &GLOBAL_COUNTERS[1..] {
             single(&mut enc, name, help, &ConstCounter::new(g(i)))?;
         }
+        family(
+            &mut enc,
+            "ratelimit_bucket_evictions",
+            "Buckets whose record a new source took, by the evicted bucket's state: full (it had \
+             refilled: nothing lost) or lost (it had not: that source starts full again if it \
+             comes back). A growing lost count means the store is too small for the sources it \
+             sees: raise max_buckets, or add an aggregate rule.",
+            [
+                ("full", global::EVICTED_FULL),
+                ("lost", global::EVICTED_LOST),
+            ]
+            .map(|(state, i)| (vec![("state", state)], ConstCounter::new(g(i)))),
+        )?;
 
         single(
             &mut enc,
@@ -402,7 +416,9 @@ impl Collector for Snapshot {
         single(
             &mut enc,
             "ratelimit_buckets_capacity",
-            "Capacity of the bucket map (max_buckets); when full, the least recently used bucket is evicted.",
+            "Capacity of the bucket store (max_buckets, rounded up to whole sets of 4); a new source \
+             takes the record of an empty, stale or refilled bucket among its 8 candidates, else \
+             of the one least in debt (see ratelimit_bucket_evictions).",
             &ConstGauge::new(s.buckets.capacity),
         )?;
         family(

@@ -133,9 +133,11 @@ pub fn status(v: &Value) -> String {
         (
             "buckets",
             format!(
-                "{} tracked of {}",
+                "{} tracked of {}; evicted for new sources: {} full, {} lost",
                 num(v, "buckets_tracked"),
-                num(v, "buckets_capacity")
+                num(v, "buckets_capacity"),
+                num(&v["buckets_evicted"], "full"),
+                num(&v["buckets_evicted"], "lost")
             ),
         ),
         (
