@@ -660,3 +660,144 @@ mod pod {
     unsafe impl aya::Pod for super::GlobalStats {}
     unsafe impl aya::Pod for super::RuleMeta {}
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::hash::Hasher as _;
+
+    /// [`siphash13`] is SipHash-1-3 (checked against the `siphasher` crate's implementation on
+    /// the same 24 bytes), so the store's set hash is as strong as its seed.
+    #[test]
+    fn siphash13_is_siphash_1_3() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..1000 {
+            let mut next = || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            };
+            let seed = [next(), next()];
+            let m = [next(), next(), next()];
+            let mut bytes = [0u8; 24];
+            for (i, w) in m.iter().enumerate() {
+                bytes[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+            }
+            let mut h = siphasher::sip::SipHasher13::new_with_keys(seed[0], seed[1]);
+            h.write(&bytes);
+            assert_eq!(siphash13(seed, m), h.finish());
+        }
+    }
+
+    #[test]
+    fn a_key_has_two_sets_in_range_and_eight_candidates() {
+        let sets = 1000;
+        for i in 0..10_000u64 {
+            let h = siphash13([1, 2], [i, 0, 0]);
+            let s = bucket_sets(h, sets);
+            assert!(s[0] < sets && s[1] < sets);
+            let c: [u32; 8] = core::array::from_fn(|c| bucket_candidate(s, c as u32));
+            assert_eq!(c[..4], [s[0] * 4, s[0] * 4 + 1, s[0] * 4 + 2, s[0] * 4 + 3]);
+            assert_eq!(c[4..], [s[1] * 4, s[1] * 4 + 1, s[1] * 4 + 2, s[1] * 4 + 3]);
+        }
+        assert_eq!(bucket_capacity(1), 4);
+        assert_eq!(bucket_capacity(1 << 20), 1 << 20);
+        assert_eq!(bucket_capacity(1001), 1004);
+    }
+
+    fn choose(scores: [u64; 8]) -> Option<(u32, u64)> {
+        let mut c = VictimChooser::new();
+        for (i, s) in scores.into_iter().enumerate() {
+            c.offer(i as u32, s);
+        }
+        c.choose()
+    }
+
+    #[test]
+    fn victims_are_free_records_of_the_emptier_set_then_the_least_lost() {
+        use victim::{BUSY, DEBT, FREE, FULL};
+        // Free records: in the less occupied set, the first set on a tie.
+        assert_eq!(choose([FREE; 8]), Some((0, FREE)));
+        assert_eq!(
+            choose([FULL, FREE, FREE, FREE, FREE, FREE, FREE, FREE]),
+            Some((4, FREE))
+        );
+        assert_eq!(
+            choose([FULL, FREE, FREE, FREE, FULL, FREE, FREE, FREE]),
+            Some((1, FREE))
+        );
+        assert_eq!(
+            choose([FULL, FULL, FULL, FULL, FULL, FULL, FULL, FREE]),
+            Some((7, FREE))
+        );
+        // No free record: a refilled one before any in debt, the least in debt otherwise.
+        assert_eq!(
+            choose([DEBT + 9, DEBT + 3, FULL, DEBT, DEBT, DEBT, DEBT, DEBT]),
+            Some((2, FULL))
+        );
+        assert_eq!(
+            choose([
+                DEBT + 9,
+                DEBT + 3,
+                DEBT + 7,
+                BUSY,
+                DEBT + 5,
+                DEBT + 4,
+                BUSY,
+                DEBT + 8
+            ]),
+            Some((1, DEBT + 3))
+        );
+        assert_eq!(choose([BUSY; 8]), None);
+    }
+
+    #[test]
+    fn what_eviction_loses_is_judged_by_the_rule_in_force() {
+        let rule = Rule {
+            bucket_gen: 7,
+            pkt_tolerance_ns: 1000,
+            ..Rule::default()
+        };
+        let h = bucket_header(3, family::V4, 7);
+        let now = 10_000;
+        // Empty, busy, stale (other generation, freed id, no such rule).
+        assert_eq!(victim_score(0, 0, 0, Some(&rule), now), victim::FREE);
+        assert_eq!(
+            victim_score(h | u64::from(BUCKET_BUSY) << 24, 0, 0, Some(&rule), now),
+            victim::BUSY
+        );
+        assert_eq!(
+            victim_score(
+                bucket_header(3, family::V4, 6),
+                now + 500,
+                0,
+                Some(&rule),
+                now
+            ),
+            victim::FREE
+        );
+        let freed = Rule {
+            bucket_gen: 0,
+            ..rule
+        };
+        assert_eq!(
+            victim_score(
+                bucket_header(3, family::V4, 0),
+                now + 500,
+                0,
+                Some(&freed),
+                now
+            ),
+            victim::FREE
+        );
+        assert_eq!(victim_score(h, now + 500, 0, None, now), victim::FREE);
+        // Refilled: nothing lost.
+        assert_eq!(victim_score(h, now, 0, Some(&rule), now), victim::FULL);
+        // In debt: by the fraction of the tolerance spent.
+        let half = victim_score(h, now + 500, 0, Some(&rule), now);
+        let all = victim_score(h, now + 1000, 0, Some(&rule), now);
+        assert!(victim::DEBT < half && half < all, "{half} {all}");
+        assert_eq!(half - victim::DEBT, (500 << 20) / 1001);
+    }
+}
