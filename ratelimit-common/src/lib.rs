@@ -24,6 +24,9 @@ pub mod map_names {
     pub const RULE_STATS: &str = "RL_RULE_STATS";
     /// Per-CPU array with one [`crate::GlobalStats`] record.
     pub const GLOBAL_STATS: &str = "RL_GLOBAL_STATS";
+    /// LRU hash from [`crate::FragKey`] to [`crate::FragEntry`]: the classification of the first
+    /// fragment of each recent fragmented datagram, which its other fragments follow.
+    pub const FRAGMENTS: &str = "RL_FRAGMENTS";
     /// The first-seen table of earlier versions (replaced by the bucket store): no longer
     /// created, only removed by `detach` where an older version left it.
     pub const LEGACY_FIRST_SEEN: &str = "RL_FIRST_SEEN";
@@ -60,6 +63,12 @@ pub const BPF_F_MMAPABLE: u32 = 1 << 10;
 pub const fn bucket_capacity(max_buckets: u32) -> u32 {
     max_buckets.div_ceil(BUCKET_WAYS) * BUCKET_WAYS
 }
+
+/// Capacity of [`map_names::FRAGMENTS`]: fragmented datagrams remembered at once.
+pub const MAX_FRAGMENTED: u32 = 16_384;
+/// How long the first fragment's classification is followed by the datagram's other fragments
+/// (the kernel itself gives up reassembling after 30 s; real fragments follow within milliseconds).
+pub const FRAGMENT_TIMEOUT_NS: u64 = 5_000_000_000;
 
 /// Most rules one prefix entry can list (its own rules plus those it inherits from shorter
 /// prefixes, most specific first). Bounded because the XDP program scans the list in a loop.
@@ -145,9 +154,11 @@ pub mod global {
     pub const BAD_IPV4: usize = 5;
     /// Truncated IPv6 header or version field not 6: passed.
     pub const BAD_IPV6: usize = 6;
-    /// Truncated TCP/UDP header or IPv6 extension header chain: classified without ports.
+    /// Unfragmented packet whose TCP/UDP header or IPv6 extension header chain is cut short (the
+    /// receiving stack discards it): classified without ports (and, for a cut IPv6 chain, only
+    /// by rules for any protocol).
     pub const TRUNCATED_L4: usize = 7;
-    /// IPv4/IPv6 fragment other than the first: classified without ports.
+    /// IPv4/IPv6 fragment other than the first.
     pub const FRAGMENTS: usize = 8;
     /// Matched no rule: passed.
     pub const NO_MATCH: usize = 9;
@@ -163,8 +174,25 @@ pub mod global {
     /// A new bucket took the place of one that had not refilled: that source starts full again if
     /// it comes back (state lost; grows when the store is too small for the sources it sees).
     pub const EVICTED_LOST: usize = 14;
+    /// A fragment other than the first whose first fragment was not seen (or is forgotten):
+    /// classified without ports, by the protocol or `any` rule of its source.
+    pub const FRAGMENTS_UNMATCHED: usize = 15;
+    /// A first fragment without its whole TCP/UDP header (the tiny-fragment attack, RFC 1858),
+    /// dropped because a protocol or port rule could apply to its source.
+    pub const DROPPED_TINY_FRAGMENTS: usize = 16;
+    /// An IPv6 header chain longer than the program walks, or a first fragment whose chain does
+    /// not reach the L4 header (RFC 7112), dropped because a protocol or port rule could apply to
+    /// its source.
+    pub const DROPPED_LONG_CHAINS: usize = 17;
+    /// A first fragment sent again for the same datagram but classified differently (an attempt
+    /// to overwrite the ports that were judged): the datagram's fragments are dropped.
+    pub const DROPPED_FRAGMENT_CONFLICTS: usize = 18;
+    /// An IPv6 header chain longer than the program walks (or a first fragment's chain not reaching
+    /// the L4 header) from a source no protocol or port rule applies to: passed, classified by
+    /// its `any` rule if it has one.
+    pub const LONG_CHAINS: usize = 19;
     /// Number of counters.
-    pub const COUNT: usize = 16;
+    pub const COUNT: usize = 24;
     /// Names as printed by the CLI and the metrics, by index (empty: reserved).
     pub const NAMES: [&str; COUNT] = [
         "packets",
@@ -182,6 +210,14 @@ pub mod global {
         "internal",
         "evicted_full",
         "evicted_lost",
+        "fragments_unmatched",
+        "dropped_tiny_fragments",
+        "dropped_long_chains",
+        "dropped_fragment_conflicts",
+        "long_chains",
+        "",
+        "",
+        "",
         "",
     ];
 }
@@ -591,6 +627,50 @@ pub const fn bucket_candidate(sets: [u32; 2], c: u32) -> u32 {
     }
 }
 
+/// Key of [`map_names::FRAGMENTS`]: one fragmented datagram (RFC 791 / RFC 8200 identify one by
+/// source, destination, protocol and identification).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragKey {
+    /// [`family`] tag.
+    pub family: u8,
+    /// IPv4 protocol, or the IPv6 fragment header's next header.
+    pub protocol: u8,
+    /// Always zero.
+    pub _pad: u16,
+    /// IPv4 identification (16 bits, network byte order as read) or IPv6 fragment identification.
+    pub id: u32,
+    /// Source address as read from the packet (IPv4 in the first word, the rest zero).
+    pub src: [u32; 4],
+    /// Destination address, likewise.
+    pub dst: [u32; 4],
+}
+const _: () = assert!(size_of::<FragKey>() == 40);
+
+/// Value of [`map_names::FRAGMENTS`]: how the datagram's first fragment was classified.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FragEntry {
+    /// Rule-set epoch ([`Config::generation`]) of the classification: under another, it is void.
+    pub epoch: u32,
+    /// Rule id, or `u32::MAX` for none.
+    pub rule: u32,
+    /// [`frag_flags`] bits.
+    pub flags: u32,
+    /// Always zero.
+    pub _pad: u32,
+    /// When the first fragment came (`bpf_ktime_get_coarse_ns`).
+    pub time_ns: u64,
+}
+const _: () = assert!(size_of::<FragEntry>() == 24);
+
+/// Bits of [`FragEntry::flags`].
+pub mod frag_flags {
+    /// Every fragment of the datagram is dropped (its first fragment was tiny, or sent again
+    /// with another classification).
+    pub const DROP: u32 = 1 << 0;
+}
+
 /// Longest rule name the agent accepts, in bytes.
 pub const MAX_RULE_NAME: usize = 64;
 
@@ -659,6 +739,8 @@ mod pod {
     unsafe impl aya::Pod for super::RuleStats {}
     unsafe impl aya::Pod for super::GlobalStats {}
     unsafe impl aya::Pod for super::RuleMeta {}
+    unsafe impl aya::Pod for super::FragKey {}
+    unsafe impl aya::Pod for super::FragEntry {}
 }
 
 #[cfg(test)]

@@ -17,18 +17,16 @@ use crate::{
     store::NO_RECORD,
 };
 
-/// The rule `pkt` falls under in rule-set `epoch` (`Config::generation`), if any, and the cache
-/// slot that now holds that classification.
+/// The rule `pkt` falls under in rule-set `epoch` (`Config::generation`), if any ([`NO_RULE`]),
+/// in the low 32 bits, and the index of the cache slot that now holds that classification in the
+/// next 32.
 #[inline(always)]
-pub fn classify(
-    pkt: &Packet,
-    epoch: u32,
-    s: *mut Scratch,
-) -> Option<(u32, &'static Rule, *mut ClassSlot)> {
+pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
     let i = scratch::slot_index(&pkt.src);
     if i >= CLASS_SLOTS {
-        return None;
+        return u64::from(NO_RULE);
     }
+    let hit = |rule: u32| u64::from(rule) | (i as u64) << 32;
     // SAFETY: this CPU's live map value (see `scratch::coarse_now`); `i` is in bounds.
     let slot = unsafe { &raw mut (*s).class[i] };
     // SAFETY: as above.
@@ -40,11 +38,8 @@ pub fn classify(
         && (c.flags & SLOT_ANY_L4 != 0
             || (c.protocol == pkt.protocol && c.dst_port == pkt.dst_port))
     {
-        if c.rule == NO_RULE {
-            return None;
-        }
-        if let Some(rule) = RULES.get(c.rule) {
-            return Some((c.rule, rule, slot));
+        if c.rule == NO_RULE || RULES.get(c.rule).is_some() {
+            return hit(c.rule);
         }
     }
     let found = lookup(pkt, epoch);
@@ -65,10 +60,64 @@ pub fn classify(
             bucket: NO_RECORD,
         };
     }
-    if rule == NO_RULE {
-        return None;
+    hit(rule)
+}
+
+/// How a packet whose L4 header is unknown (a tiny first fragment, an over-long IPv6 chain) can
+/// be classified.
+pub enum WithoutL4 {
+    /// No rule's prefix holds the source.
+    NoRule,
+    /// No rule of the source's prefix looks at the protocol or port: the first one (this id)
+    /// applies, whatever they are.
+    Rule(u32),
+    /// A rule that looks at the protocol or port could apply: the packet's shape would decide
+    /// whether it is walked past.
+    Dependent,
+}
+
+/// Classifies a packet whose protocol and port are unknown (not cached: such packets are rare).
+#[inline(always)]
+pub fn without_l4(pkt: &Packet, epoch: u32) -> WithoutL4 {
+    let Some(set) = PREFIXES.get(&prefix_key(pkt, epoch)) else {
+        return WithoutL4::NoRule;
+    };
+    let len = set.len as usize;
+    let mut first = NO_RULE;
+    for i in 0..MAX_CANDIDATES {
+        if i >= len {
+            break;
+        }
+        let id = set.rules[i];
+        let Some(rule) = RULES.get(id) else { continue };
+        if rule.protocol != 0 || rule.dst_port != 0 {
+            return WithoutL4::Dependent;
+        }
+        if first == NO_RULE {
+            first = id;
+        }
     }
-    RULES.get(rule).map(|r| (rule, r, slot))
+    if first == NO_RULE {
+        WithoutL4::NoRule
+    } else {
+        WithoutL4::Rule(first)
+    }
+}
+
+/// The prefix trie key of `pkt`'s source under `epoch`.
+#[inline(always)]
+fn prefix_key(pkt: &Packet, epoch: u32) -> Key<PrefixKey> {
+    let bits = if pkt.family == family::V4 { 32 } else { 128 };
+    // SAFETY: [u32; 4] and [u8; 16] have the same size and any bit pattern is valid for both.
+    let addr: [u8; 16] = unsafe { core::mem::transmute(pkt.src) };
+    Key::new(
+        PREFIX_KEY_HEADER_BITS + bits,
+        PrefixKey {
+            generation: prefix_generation(epoch),
+            family: pkt.family,
+            addr,
+        },
+    )
 }
 
 /// Bit of [`lookup`]'s result: the result holds for every protocol and port.
@@ -79,18 +128,7 @@ const ANY_L4: u64 = 1 << 32;
 /// candidate matches any). One integer rather than a tuple: simpler code for the verifier.
 #[inline(always)]
 fn lookup(pkt: &Packet, epoch: u32) -> u64 {
-    let bits = if pkt.family == family::V4 { 32 } else { 128 };
-    // SAFETY: [u32; 4] and [u8; 16] have the same size and any bit pattern is valid for both.
-    let addr: [u8; 16] = unsafe { core::mem::transmute(pkt.src) };
-    let key = Key::new(
-        PREFIX_KEY_HEADER_BITS + bits,
-        PrefixKey {
-            generation: prefix_generation(epoch),
-            family: pkt.family,
-            addr,
-        },
-    );
-    let Some(set) = PREFIXES.get(&key) else {
+    let Some(set) = PREFIXES.get(&prefix_key(pkt, epoch)) else {
         return ANY_L4 | u64::from(NO_RULE);
     };
     let len = set.len as usize;

@@ -10,6 +10,7 @@
 
 mod bucket;
 mod classify;
+mod frag;
 mod maps;
 mod parse;
 mod scratch;
@@ -21,14 +22,15 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use ratelimit_common::{
-    action, bucket_header, bucket_sets, config_flags, family, global, rule_flags, verdict, Bucket,
-    Config, Rule,
+    action, bucket_header, bucket_sets, config_flags, family, frag_flags, global, rule_flags,
+    verdict, Bucket, Config, Rule,
 };
 
 use crate::{
-    maps::{BUCKETS, CONFIG},
-    parse::Packet,
-    scratch::{ClassSlot, Scratch, DROP_BATCH},
+    classify::WithoutL4,
+    maps::{BUCKETS, CONFIG, RULES},
+    parse::{shape, Packet},
+    scratch::{ClassSlot, Scratch, CLASS_SLOTS, DROP_BATCH, NO_RULE},
     stats::{bump_global, count_rule},
     store::{Key, Scan, NO_RECORD},
 };
@@ -58,9 +60,36 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
     // SAFETY: a live map value; the agent writes each word whole.
     let (epoch, flags) = unsafe { ((*config).generation, (*config).flags) };
     let s = scratch::get().ok_or(())?;
-    let Some((id, rule, slot)) = classify::classify(&pkt, epoch, s) else {
-        bump_global(global::NO_MATCH);
+    // The parse's outcome, then the decision, each laundered (see `scratch::launder`).
+    let (pkt, _) = scratch::launder(s, &pkt, 0);
+    let d = decide(&pkt, epoch, s);
+    let (pkt, d) = scratch::launder(s, &pkt, d);
+    let what = d >> 56;
+    let id = d as u32;
+    if what == decision::DROP {
+        bump_global(id as usize);
+        return Ok(if flags & config_flags::DRY_RUN != 0 {
+            xdp_action::XDP_PASS
+        } else {
+            xdp_action::XDP_DROP
+        });
+    }
+    if what == decision::UNCLASSIFIED {
         return Ok(xdp_action::XDP_PASS);
+    }
+    let rule = match RULES.get(id) {
+        Some(rule) if id != NO_RULE => rule,
+        _ => {
+            bump_global(global::NO_MATCH);
+            return Ok(xdp_action::XDP_PASS);
+        }
+    };
+    let slot = if what == decision::CACHED {
+        let i = (d >> 32) as usize & (CLASS_SLOTS - 1);
+        // SAFETY: this CPU's live scratch record; `i` is in bounds.
+        unsafe { &raw mut (*s).class[i] }
+    } else {
+        scratch::uncached_slot(s)
     };
     let len = (ctx.data_end() - ctx.data()) as u64;
     let dry_run = rule.flags & rule_flags::DRY_RUN != 0 || flags & config_flags::DRY_RUN != 0;
@@ -82,6 +111,84 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
         log_verdict(ctx, &pkt, id, v);
     }
     Ok(xdp)
+}
+
+/// What decided a packet: the top byte of [`decide`]'s word.
+mod decision {
+    /// The rule in the low 32 bits ([`NO_RULE`](crate::scratch::NO_RULE): none), with the
+    /// classification cache slot (bits 32..48) that carries its drop window and record index.
+    pub const CACHED: u64 = 0;
+    /// The rule in the low 32 bits, classified outside the cache.
+    pub const UNCACHED: u64 = 1;
+    /// Nothing could be decided (a packet the receiving stack discards anyway): passed.
+    pub const UNCLASSIFIED: u64 = 2;
+    /// Dropped for its shape (tiny fragment, over-long chain, conflicting fragments), counted
+    /// under the global counter in the low 32 bits: a rule that looks at the protocol or port
+    /// could apply and the shape would walk past it.
+    pub const DROP: u64 = 3;
+}
+
+/// Classifies `pkt` by how it is cut (see `parse::shape`): whole packets and first fragments by
+/// their ports, other fragments by their first fragment, packets without an L4 header only where
+/// no rule could depend on it. One word (see [`decision`]): plain integers keep the verifier's
+/// states few and small.
+#[inline(always)]
+fn decide(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
+    let uncached = |id: u32| decision::UNCACHED << 56 | u64::from(id);
+    let drop = |reason: usize| decision::DROP << 56 | reason as u64;
+    match pkt.shape {
+        shape::FIRST_FRAGMENT => {
+            let d = classify::classify(pkt, epoch, s);
+            match frag::remember(pkt, epoch, scratch::coarse_now(s), d as u32, None) {
+                Some(reason) => drop(reason),
+                None => d,
+            }
+        }
+        shape::LATER_FRAGMENT => match frag::recall(pkt, epoch, scratch::coarse_now(s)) {
+            Some(e) if e.flags & frag_flags::DROP != 0 => {
+                drop((e.flags >> frag::REASON_SHIFT) as usize)
+            }
+            Some(e) => uncached(e.rule),
+            None => {
+                bump_global(global::FRAGMENTS_UNMATCHED);
+                classify::classify(pkt, epoch, s)
+            }
+        },
+        shape::TINY_FRAGMENT | shape::LONG_CHAIN => {
+            let first = pkt.first_fragment != 0;
+            let id = match classify::without_l4(pkt, epoch) {
+                WithoutL4::Dependent => {
+                    let reason = if pkt.shape == shape::TINY_FRAGMENT {
+                        global::DROPPED_TINY_FRAGMENTS
+                    } else {
+                        global::DROPPED_LONG_CHAINS
+                    };
+                    if first {
+                        frag::remember(pkt, epoch, scratch::coarse_now(s), NO_RULE, Some(reason));
+                    }
+                    return drop(reason);
+                }
+                WithoutL4::NoRule => NO_RULE,
+                WithoutL4::Rule(id) => id,
+            };
+            if pkt.shape == shape::LONG_CHAIN {
+                bump_global(global::LONG_CHAINS);
+            }
+            if first {
+                if let Some(reason) = frag::remember(pkt, epoch, scratch::coarse_now(s), id, None) {
+                    return drop(reason);
+                }
+            }
+            uncached(id)
+        }
+        shape::CUT_CHAIN => match classify::without_l4(pkt, epoch) {
+            WithoutL4::Dependent => decision::UNCLASSIFIED << 56,
+            WithoutL4::NoRule => uncached(NO_RULE),
+            WithoutL4::Rule(id) => uncached(id),
+        },
+        // Whole packets, and whole ones with the TCP/UDP header cut short (without ports).
+        _ => classify::classify(pkt, epoch, s),
+    }
 }
 
 /// Charges the packet to its bucket, creating the bucket for a source not seen before.

@@ -3,11 +3,12 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{lpm_trie::LpmTrie, Array, PerCpuArray},
+    maps::{lpm_trie::LpmTrie, Array, LruHashMap, PerCpuArray},
 };
 use ratelimit_common::{
-    bucket_capacity, Bucket, Config, GlobalStats, PrefixKey, Rule, RuleMeta, RuleSet, RuleStats,
-    BPF_F_MMAPABLE, DEFAULT_MAX_BUCKETS, MAX_PREFIXES, MAX_RULES,
+    bucket_capacity, Bucket, Config, FragEntry, FragKey, GlobalStats, PrefixKey, Rule, RuleMeta,
+    RuleSet, RuleStats, BPF_F_MMAPABLE, DEFAULT_MAX_BUCKETS, MAX_FRAGMENTED, MAX_PREFIXES,
+    MAX_RULES,
 };
 
 use crate::scratch::Scratch;
@@ -41,3 +42,9 @@ pub static RULE_META: Array<RuleMeta> = Array::pinned(MAX_RULES, 0);
 /// Per-CPU caches (see `scratch`). Not pinned: they only hold what packets would compute anyway.
 #[map(name = "RL_SCRATCH")]
 pub static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Recent fragmented datagrams and their first fragment's classification (see `frag`). Not
+/// pinned: a few seconds of memory that a new program may start without.
+#[map(name = "RL_FRAGMENTS")]
+pub static FRAGMENTS: LruHashMap<FragKey, FragEntry> =
+    LruHashMap::with_max_entries(MAX_FRAGMENTED, 0);

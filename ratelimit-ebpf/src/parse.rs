@@ -24,23 +24,63 @@ const IPPROTO_ROUTING: u8 = 43;
 const IPPROTO_FRAGMENT: u8 = 44;
 const IPPROTO_AH: u8 = 51;
 const IPPROTO_DSTOPTS: u8 = 60;
-/// Most IPv6 extension headers walked before giving up on finding the L4 header. Real traffic
-/// carries zero to two; the bound keeps the verifier's path count small.
-const MAX_IPV6_EXT: usize = 4;
+/// "Protocol unknown": the IPv6 chain was not walked to its end. IANA's reserved number, so no
+/// rule names it.
+pub const PROTOCOL_UNKNOWN: u8 = 255;
+/// Most IPv6 extension headers walked to reach the L4 header. Real stacks send zero to three;
+/// RFC 7112 and RFC 8200 put no number on it, so a longer chain is handled by policy (see
+/// [`shape::LONG_CHAIN`]).
+const MAX_IPV6_EXT: usize = 8;
+/// Most bytes of IPv6 extension headers walked (a chain must also end within them).
+const MAX_IPV6_EXT_BYTES: usize = 1024;
+
+/// How a packet is cut, which decides how it can be classified.
+pub mod shape {
+    /// Unfragmented (or an IPv6 atomic fragment), L4 header read (or not TCP/UDP).
+    pub const WHOLE: u8 = 0;
+    /// Unfragmented, but the TCP/UDP header is cut short: classified without ports. The
+    /// receiving stack discards such a packet, so passing it walks past nothing.
+    pub const TRUNCATED: u8 = 1;
+    /// Unfragmented IPv6 whose extension header chain is cut short by the frame's end: protocol
+    /// unknown; the receiving stack discards it too.
+    pub const CUT_CHAIN: u8 = 2;
+    /// The first fragment of a datagram, with its whole L4 header.
+    pub const FIRST_FRAGMENT: u8 = 3;
+    /// A first fragment without its whole TCP/UDP header (RFC 1858's tiny fragment).
+    pub const TINY_FRAGMENT: u8 = 4;
+    /// A fragment other than the first: no L4 header.
+    pub const LATER_FRAGMENT: u8 = 5;
+    /// An IPv6 chain longer than the walk, or a first fragment whose chain ends before the L4
+    /// header (RFC 7112): protocol unknown.
+    pub const LONG_CHAIN: u8 = 6;
+}
 
 /// What the classifier needs to know about a packet.
+#[repr(C)]
+#[derive(Clone, Copy)]
 pub struct Packet {
     /// [`family`] tag.
     pub family: u8,
-    /// L4 protocol (the last next-header reached for IPv6).
+    /// L4 protocol ([`PROTOCOL_UNKNOWN`] when the IPv6 chain was not walked to its end).
     pub protocol: u8,
     /// TCP/UDP destination port, host byte order; 0 for other protocols, non-first fragments and
     /// truncated L4 headers. (Not an `Option`: its uninitialised payload bytes on the `None` path
     /// get copied around and the verifier rejects reading them. No rule can name port 0.)
     pub dst_port: u16,
+    /// [`shape`].
+    pub shape: u8,
+    /// For a fragment: the IPv4 protocol or the IPv6 fragment header's next header.
+    pub frag_protocol: u8,
+    /// 1 if this is the first fragment of a datagram (whatever its [`shape`]).
+    pub first_fragment: u8,
+    pub _pad: u8,
+    /// For a fragment: the IPv4 identification or the IPv6 fragment identification.
+    pub frag_id: u32,
     /// Source address as four words read straight from the packet (network byte order in memory);
     /// IPv4 uses the first word, the rest are zero.
     pub src: [u32; 4],
+    /// Destination address, likewise (it identifies a fragmented datagram).
+    pub dst: [u32; 4],
 }
 
 /// Returns a pointer to a `T` at `off` bytes into the packet, if the whole `T` is inside it.
@@ -101,7 +141,7 @@ fn parse_ipv4(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
     }
     let frag = u16::from_be_bytes([h[6], h[7]]);
     let protocol = h[9];
-    let src = u32::from_ne_bytes([h[12], h[13], h[14], h[15]]);
+    let word = |i: usize| u32::from_ne_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
     // Options: the header claims `ihl` bytes, all of which must be in the frame.
     let l4 = off + ihl;
     if l4 > ctx.data_end() - ctx.data() {
@@ -111,23 +151,42 @@ fn parse_ipv4(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
         family: family::V4,
         protocol,
         dst_port: 0,
-        src: [src, 0, 0, 0],
+        shape: shape::WHOLE,
+        frag_protocol: protocol,
+        first_fragment: 0,
+        _pad: 0,
+        frag_id: u32::from(u16::from_ne_bytes([h[4], h[5]])),
+        src: [word(12), 0, 0, 0],
+        dst: [word(16), 0, 0, 0],
     };
     if frag & 0x1fff != 0 {
-        // Non-first fragment: no L4 header here; classify on addresses and protocol only.
+        // Non-first fragment: no L4 header here; it follows its first fragment (`frag`).
         bump_global(global::FRAGMENTS);
+        pkt.shape = shape::LATER_FRAGMENT;
         return Ok(pkt);
     }
-    pkt.dst_port = l4_port(ctx, l4, protocol);
+    let first = frag & 0x2000 != 0;
+    pkt.first_fragment = u8::from(first);
+    match l4_port(ctx, l4, protocol) {
+        Some(port) => {
+            pkt.dst_port = port;
+            if first {
+                pkt.shape = shape::FIRST_FRAGMENT;
+            }
+        }
+        None if first => pkt.shape = shape::TINY_FRAGMENT,
+        None => {
+            bump_global(global::TRUNCATED_L4);
+            pkt.shape = shape::TRUNCATED;
+        }
+    }
     Ok(pkt)
 }
 
 #[inline(always)]
 fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
-    // The whole fixed header must be there, though only the first 24 bytes are used.
     let h: [u8; 40] = read(ctx, off).ok_or(global::BAD_IPV6)?;
     let word = |i: usize| u32::from_ne_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
-    let src = [word(8), word(12), word(16), word(20)];
     if h[0] >> 4 != 6 {
         return Err(global::BAD_IPV6);
     }
@@ -136,60 +195,115 @@ fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
         family: family::V6,
         protocol: next,
         dst_port: 0,
-        src,
+        shape: shape::WHOLE,
+        frag_protocol: 0,
+        first_fragment: 0,
+        _pad: 0,
+        frag_id: 0,
+        src: [word(8), word(12), word(16), word(20)],
+        dst: [word(24), word(28), word(32), word(36)],
     };
-    let mut hdr = off + 40;
+    let start = off + 40;
+    let mut hdr = start;
+    // A fragment header with offset 0 and more fragments to come: this is a first fragment.
+    let mut first = false;
     for _ in 0..MAX_IPV6_EXT {
-        if !matches!(
-            next,
-            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_AH | IPPROTO_FRAGMENT
-        ) {
-            pkt.protocol = next;
-            pkt.dst_port = l4_port(ctx, hdr, next);
-            return Ok(pkt);
+        if !is_extension(next) {
+            break;
+        }
+        if hdr > start + MAX_IPV6_EXT_BYTES {
+            break;
         }
         // Every extension header is at least 8 bytes: next header, length, and (fragment) offset.
         let Some(e) = read::<[u8; 8]>(ctx, hdr) else {
-            return truncated_l4(pkt);
+            pkt.protocol = PROTOCOL_UNKNOWN;
+            if first {
+                pkt.shape = shape::LONG_CHAIN;
+            } else {
+                bump_global(global::TRUNCATED_L4);
+                pkt.shape = shape::CUT_CHAIN;
+            }
+            return Ok(pkt);
         };
         let len = match next {
             IPPROTO_AH => (usize::from(e[1]) + 2) * 4,
             IPPROTO_FRAGMENT => {
-                if u16::from_be_bytes([e[2], e[3]]) >> 3 != 0 {
+                let frag = u16::from_be_bytes([e[2], e[3]]);
+                pkt.frag_protocol = e[0];
+                pkt.frag_id = u32::from_ne_bytes([e[4], e[5], e[6], e[7]]);
+                if frag >> 3 != 0 {
                     // Non-first fragment: the L4 header is in the first one.
                     pkt.protocol = e[0];
+                    pkt.shape = shape::LATER_FRAGMENT;
                     bump_global(global::FRAGMENTS);
                     return Ok(pkt);
                 }
+                // Offset 0: a first fragment if more follow, else an atomic fragment (RFC 6946),
+                // a whole packet.
+                first = frag & 1 != 0;
+                pkt.first_fragment = u8::from(first);
                 8
             }
             _ => (usize::from(e[1]) + 1) * 8,
         };
         next = e[0];
-        pkt.protocol = next;
         hdr += len;
+        if hdr > ctx.data_end() - ctx.data() {
+            // The header runs past the frame's end: the chain is cut before the L4 header.
+            pkt.protocol = PROTOCOL_UNKNOWN;
+            if first {
+                pkt.shape = shape::LONG_CHAIN;
+            } else {
+                bump_global(global::TRUNCATED_L4);
+                pkt.shape = shape::CUT_CHAIN;
+            }
+            return Ok(pkt);
+        }
     }
-    // Longer chain than we walk: classify without a port. Counted with the truncated ones.
-    truncated_l4(pkt)
-}
-
-#[inline(always)]
-fn truncated_l4(pkt: Packet) -> Result<Packet, usize> {
-    bump_global(global::TRUNCATED_L4);
+    if is_extension(next) {
+        // Longer than the walk: the L4 header was not reached.
+        pkt.protocol = PROTOCOL_UNKNOWN;
+        pkt.shape = shape::LONG_CHAIN;
+        return Ok(pkt);
+    }
+    // The L4 header (ESP and No Next Header end the chain with no ports to read).
+    pkt.protocol = next;
+    match l4_port(ctx, hdr, next) {
+        Some(port) => {
+            pkt.dst_port = port;
+            if first {
+                pkt.shape = shape::FIRST_FRAGMENT;
+            }
+        }
+        None if first => pkt.shape = shape::TINY_FRAGMENT,
+        None => {
+            bump_global(global::TRUNCATED_L4);
+            pkt.shape = shape::TRUNCATED;
+        }
+    }
     Ok(pkt)
 }
 
+/// Whether IPv6 next header `next` is an extension header the walk steps over.
 #[inline(always)]
-fn l4_port(ctx: &XdpContext, l4: usize, protocol: u8) -> u16 {
+fn is_extension(next: u8) -> bool {
+    matches!(
+        next,
+        IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_AH | IPPROTO_FRAGMENT
+    )
+}
+
+/// The destination port of a TCP/UDP header at `l4` (0 for other protocols), or `None` when the
+/// header is not all there: TCP and UDP both keep the destination port at bytes 2..4, but a
+/// header cut short is not half-read (8 bytes for UDP, 20 for TCP, its flags included).
+#[inline(always)]
+fn l4_port(ctx: &XdpContext, l4: usize, protocol: u8) -> Option<u16> {
     if protocol != IPPROTO_TCP && protocol != IPPROTO_UDP {
-        return 0;
+        return Some(0);
     }
-    // TCP and UDP both keep the destination port at bytes 2..4; require the 8 bytes UDP has
-    // (TCP's 20) so a header cut short is counted rather than half-read.
     let min = if protocol == IPPROTO_TCP { 20 } else { 8 };
     if l4 + min > ctx.data_end() - ctx.data() {
-        bump_global(global::TRUNCATED_L4);
-        return 0;
+        return None;
     }
-    read_be16(ctx, l4 + 2).unwrap_or(0)
+    read_be16(ctx, l4 + 2)
 }

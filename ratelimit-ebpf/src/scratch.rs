@@ -4,7 +4,7 @@
 
 use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
 
-use crate::maps::SCRATCH;
+use crate::{maps::SCRATCH, parse::Packet};
 
 /// Slots of the classification cache (a power of two). Direct-mapped by a hash of the source: a
 /// busy source keeps its slot, a spoofed flood overwrites slots and pays only the miss.
@@ -60,6 +60,44 @@ pub struct Scratch {
     /// `bpf_ktime_get_coarse_ns()` read at `clock_jiffies`.
     pub clock_ns: u64,
     pub class: [ClassSlot; CLASS_SLOTS],
+    /// A slot for packets classified outside the cache (fragments that follow their first
+    /// fragment, packets without an L4 header): emptied before each use, so no drop window or
+    /// record index carries over.
+    pub uncached: ClassSlot,
+    /// See [`launder`].
+    pub packet: Packet,
+    /// See [`launder`].
+    pub word: u64,
+}
+
+/// `pkt` and `word`, written to this CPU's scratch record and read back. The verifier does not
+/// track values through map memory, so what comes back is "some packet" rather than one of the
+/// parser's many constant outcomes: the code after it is verified once, not once per way a
+/// packet can be cut (which multiplied the verification time past seconds).
+#[inline(always)]
+pub fn launder(s: *mut Scratch, pkt: &Packet, word: u64) -> (Packet, u64) {
+    // SAFETY: this CPU's live map value (see `coarse_now`); volatile so the round trip stays.
+    unsafe {
+        core::ptr::write_volatile(&raw mut (*s).packet, *pkt);
+        core::ptr::write_volatile(&raw mut (*s).word, word);
+        (
+            core::ptr::read_volatile(&raw const (*s).packet),
+            core::ptr::read_volatile(&raw const (*s).word),
+        )
+    }
+}
+
+/// This CPU's slot for a packet classified outside the cache, emptied.
+#[inline(always)]
+pub fn uncached_slot(s: *mut Scratch) -> *mut ClassSlot {
+    // SAFETY: this CPU's live map value (see `coarse_now`).
+    unsafe {
+        let slot = &raw mut (*s).uncached;
+        (*slot).drop_until = 0;
+        (*slot).drop_count = 0;
+        (*slot).bucket = crate::store::NO_RECORD;
+        slot
+    }
 }
 
 /// This CPU's scratch record.

@@ -167,6 +167,42 @@ impl CompiledRuleSet {
                     && (r.rule.dst_port == 0 || dst_port == Some(r.rule.dst_port))
             })
     }
+
+    /// What the XDP program does with a packet from `src` whose protocol and port it cannot know:
+    /// the prefix's first rule if none of its rules looks at them, else [`WithoutL4::Dependent`].
+    pub fn classify_without_l4(&self, src: IpAddr) -> WithoutL4<'_> {
+        let Some(prefix) = self.lookup(src) else {
+            return WithoutL4::NoRule;
+        };
+        let rules: Vec<&CompiledRule> = prefix
+            .candidates()
+            .iter()
+            .map(|&id| self.rule(id).expect("candidate ids are rules"))
+            .collect();
+        if rules
+            .iter()
+            .any(|r| r.rule.protocol != 0 || r.rule.dst_port != 0)
+        {
+            return WithoutL4::Dependent;
+        }
+        rules
+            .first()
+            .map_or(WithoutL4::NoRule, |r| WithoutL4::Rule(r))
+    }
+}
+
+/// How the XDP program classifies a packet from a source whose protocol and port it cannot know
+/// (a tiny first fragment, an IPv6 header chain longer than it walks): see
+/// [`CompiledRuleSet::classify_without_l4`].
+#[derive(Clone, Copy, Debug)]
+pub enum WithoutL4<'a> {
+    /// No rule's prefix holds the source: passed.
+    NoRule,
+    /// No rule of the source's prefix looks at the protocol or port: this one applies.
+    Rule(&'a CompiledRule),
+    /// A rule of the source's prefix looks at the protocol or port: such packets are dropped
+    /// (their shape would walk past it).
+    Dependent,
 }
 
 /// Why a rule set cannot be compiled. Messages name the rules involved and their config lines.

@@ -19,6 +19,8 @@ pub struct Frame {
     ihl_override: Option<u8>,
     version_override: Option<u8>,
     payload: usize,
+    /// Offset of the last IPv6 fragment header, once added.
+    frag6_at: Option<usize>,
 }
 
 /// Starts an Ethernet frame (destination 02:00:00:00:00:02, source 02:00:00:00:00:01).
@@ -148,6 +150,7 @@ impl Frame {
             let len = match nh {
                 0 | 43 | 60 => (usize::from(self.bytes[off + 1]) + 1) * 8,
                 44 => 8,
+                51 => (usize::from(self.bytes[off + 1]) + 2) * 4,
                 _ => break,
             };
             next_at = off;
@@ -168,10 +171,37 @@ impl Frame {
         self
     }
 
+    /// Sets the datagram identification: the IPv4 header's (16 bits), or for IPv6 the last
+    /// fragment header's (32 bits).
+    #[must_use]
+    pub fn ident(mut self, id: u32) -> Self {
+        if self.v6 {
+            let at = self.frag6_at.expect("frag6 first");
+            self.bytes[at + 4..at + 8].copy_from_slice(&id.to_be_bytes());
+        } else {
+            let l3 = self.l3.expect("ipv4 first");
+            let id = u16::try_from(id).expect("IPv4 identification is 16 bits");
+            self.bytes[l3 + 4..l3 + 6].copy_from_slice(&id.to_be_bytes());
+        }
+        self
+    }
+
+    /// Adds an IPv6 authentication header of `(len4 + 2) * 4` bytes (its length field's unit).
+    #[must_use]
+    pub fn ah(mut self, len4: u8) -> Self {
+        self.set_next(51);
+        let mut h = vec![0u8; (usize::from(len4) + 2) * 4];
+        h[0] = 59;
+        h[1] = len4;
+        self.bytes.extend_from_slice(&h);
+        self
+    }
+
     /// Adds an IPv6 fragment header with `offset` (8-byte units).
     #[must_use]
     pub fn frag6(mut self, offset: u16, more: bool) -> Self {
         self.set_next(44);
+        self.frag6_at = Some(self.bytes.len());
         let mut h = [0u8; 8];
         h[0] = 59;
         let v = (offset << 3) | u16::from(more);

@@ -1,6 +1,9 @@
 //! Every parser branch and malformed shape, run through the real XDP program with
-//! BPF_PROG_TEST_RUN: each case names the frame, the expected verdict and the one counter that must
-//! move (a rule verdict or a global parse counter).
+//! BPF_PROG_TEST_RUN: each case names the frame, the expected verdict and the counters that must
+//! move (a rule verdict, global parse counters, or both). Cases run in order on one data plane, so
+//! the fragments of one datagram (one identification) are consecutive cases, tried as an attacker
+//! would cut them: tiny first fragments, both orders, overlapping first fragments, long IPv6
+//! header chains.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -37,7 +40,20 @@ action = "deny"
 name = "v6-all"
 source = "2001:db8::/32"
 action = "allow"
+
+# Prefixes where no rule looks at the protocol or port.
+[[rule]]
+name = "v4-any"
+source = "198.19.1.0/24"
+action = "allow"
+
+[[rule]]
+name = "v6-any"
+source = "2001:db7::/32"
+action = "allow"
 "#;
+
+const ALL_RULES: [&str; 6] = ["v4-dns", "v4-all", "v6-web", "v6-all", "v4-any", "v6-any"];
 
 /// The counter a case must move by one.
 #[derive(Clone, Copy, Debug)]
@@ -48,6 +64,8 @@ enum Moves {
     Global(usize),
     /// A global parse counter *and* a rule verdict (packets classified without ports).
     Both(usize, &'static str, usize),
+    /// Several global counters, and a rule verdict if any.
+    Many(&'static [usize], Option<(&'static str, usize)>),
 }
 
 fn v4(last: u8) -> Ipv4Addr {
@@ -63,9 +81,61 @@ fn dst6() -> Ipv6Addr {
     v6(0xfe)
 }
 
+fn v4o(last: u8) -> Ipv4Addr {
+    Ipv4Addr::new(198, 19, 1, last)
+}
+fn v6o(last: u16) -> Ipv6Addr {
+    Ipv6Addr::new(0x2001, 0xdb7, 0, 0, 0, 0, 0, last)
+}
+
+/// An IPv6 TCP/80 packet behind `n` destination-options headers, optionally after a first
+/// fragment header (identification `id`).
+fn chain6(n: usize, frag: Option<u32>) -> Frame {
+    let mut f = eth().ipv6(v6(1), dst6());
+    if let Some(id) = frag {
+        f = f.frag6(0, true).ident(id);
+    }
+    for _ in 0..n {
+        f = f.ext(60, 0);
+    }
+    f.tcp(1000, 80)
+}
+
 fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
-    use Moves::{Both, Global, Rule};
-    vec![
+    use global::{
+        DROPPED_FRAGMENT_CONFLICTS as CONFLICT, DROPPED_LONG_CHAINS as LONG,
+        DROPPED_TINY_FRAGMENTS as TINY, FRAGMENTS, FRAGMENTS_UNMATCHED as UNMATCHED,
+    };
+    use Moves::{Both, Global, Many, Rule};
+    let chains = (1..=10).flat_map(|n| {
+        let frag_ext = n - 1; // with the fragment header, n extension headers in all
+        let (unfragmented, fragmented) = if n <= 8 {
+            (
+                (XDP_DROP, Rule("v6-web", verdict::DENIED)),
+                (XDP_DROP, Rule("v6-web", verdict::DENIED)),
+            )
+        } else {
+            ((XDP_DROP, Global(LONG)), (XDP_DROP, Global(LONG)))
+        };
+        [
+            (
+                leak(format!("IPv6 {n} extension headers, then TCP/80")),
+                chain6(n, None),
+                unfragmented.0,
+                unfragmented.1,
+            ),
+            (
+                leak(format!(
+                    "IPv6 first fragment with {n} extension headers in all, then TCP/80"
+                )),
+                chain6(frag_ext, Some(0x600 + u32::try_from(n).unwrap())),
+                fragmented.0,
+                fragmented.1,
+            ),
+        ]
+    });
+    let mut cases =
+        vec![
         // Ethernet and VLAN.
         // (A frame shorter than an Ethernet header cannot be tested here: BPF_PROG_TEST_RUN refuses
         // inputs under 14 bytes with EINVAL. The program still checks and counts it.)
@@ -209,19 +279,211 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
         ),
         (
             "IPv4 first fragment (offset 0, MF) keeps its ports",
-            eth().ipv4(v4(1), dst4()).udp(1000, 53).frag(0, true),
+            eth().ipv4(v4(1), dst4()).udp(1000, 53).frag(0, true).ident(100),
             XDP_DROP,
             Rule("v4-dns", verdict::DENIED),
         ),
         (
-            "IPv4 non-first fragment: no ports",
+            "IPv4 non-first fragment of a datagram whose first was not seen: no ports",
             eth()
                 .ipv4(v4(1), dst4())
                 .proto(17)
                 .payload(32)
-                .frag(185, false),
+                .frag(185, false)
+                .ident(1),
             XDP_PASS,
-            Both(global::FRAGMENTS, "v4-all", verdict::ALLOWED),
+            Many(&[FRAGMENTS, UNMATCHED], Some(("v4-all", verdict::ALLOWED))),
+        ),
+        // The datagram of RFC 1858's tiny-fragment attack: the first fragment holds 8 bytes of
+        // the TCP header (ports included, flags not), the second the rest.
+        (
+            "IPv4 tiny first fragment (8 bytes of TCP)",
+            eth()
+                .ipv4(v4(1), dst4())
+                .tcp(1000, 53)
+                .frag(0, true)
+                .ident(2)
+                .truncate(14 + 20 + 8),
+            XDP_DROP,
+            Global(TINY),
+        ),
+        (
+            "IPv4 second fragment of the tiny one: dropped with its datagram",
+            eth()
+                .ipv4(v4(1), dst4())
+                .proto(6)
+                .payload(12)
+                .frag(1, false)
+                .ident(2),
+            XDP_DROP,
+            Many(&[FRAGMENTS, TINY], None),
+        ),
+        (
+            "IPv4 tiny UDP first fragment (4 bytes)",
+            eth()
+                .ipv4(v4(1), dst4())
+                .udp(1000, 54)
+                .frag(0, true)
+                .ident(3)
+                .truncate(14 + 20 + 4),
+            XDP_DROP,
+            Global(TINY),
+        ),
+        (
+            "IPv4 tiny first fragment where no rule looks at ports: its any rule",
+            eth()
+                .ipv4(v4o(1), dst4())
+                .tcp(1000, 53)
+                .frag(0, true)
+                .ident(4)
+                .truncate(14 + 20 + 8),
+            XDP_PASS,
+            Rule("v4-any", verdict::ALLOWED),
+        ),
+        (
+            "IPv4 first fragment of a denied datagram",
+            eth()
+                .ipv4(v4(1), dst4())
+                .udp(1000, 53)
+                .frag(0, true)
+                .ident(5),
+            XDP_DROP,
+            Rule("v4-dns", verdict::DENIED),
+        ),
+        (
+            "IPv4 second fragment of the denied datagram: denied too",
+            eth()
+                .ipv4(v4(1), dst4())
+                .proto(17)
+                .payload(16)
+                .frag(1, false)
+                .ident(5),
+            XDP_DROP,
+            Both(FRAGMENTS, "v4-dns", verdict::DENIED),
+        ),
+        (
+            "IPv4 fragment of the same id from another source: not that datagram",
+            eth()
+                .ipv4(v4(2), dst4())
+                .proto(17)
+                .payload(16)
+                .frag(1, false)
+                .ident(5),
+            XDP_PASS,
+            Many(&[FRAGMENTS, UNMATCHED], Some(("v4-all", verdict::ALLOWED))),
+        ),
+        (
+            "IPv4 second fragment before its first (reversed order)",
+            eth()
+                .ipv4(v4(1), dst4())
+                .proto(17)
+                .payload(16)
+                .frag(1, false)
+                .ident(6),
+            XDP_PASS,
+            Many(&[FRAGMENTS, UNMATCHED], Some(("v4-all", verdict::ALLOWED))),
+        ),
+        (
+            "IPv4 first fragment after its second: denied, so the datagram never completes",
+            eth()
+                .ipv4(v4(1), dst4())
+                .udp(1000, 53)
+                .frag(0, true)
+                .ident(6),
+            XDP_DROP,
+            Rule("v4-dns", verdict::DENIED),
+        ),
+        (
+            "IPv4 first fragment to an allowed port",
+            eth()
+                .ipv4(v4(1), dst4())
+                .udp(1000, 54)
+                .frag(0, true)
+                .ident(7),
+            XDP_PASS,
+            Rule("v4-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv4 first fragment sent again to a denied port (overlap): the datagram is dropped",
+            eth()
+                .ipv4(v4(1), dst4())
+                .udp(1000, 53)
+                .frag(0, true)
+                .ident(7),
+            XDP_DROP,
+            Global(CONFLICT),
+        ),
+        (
+            "IPv4 first fragment sent a third time to the allowed port: still dropped",
+            eth()
+                .ipv4(v4(1), dst4())
+                .udp(1000, 54)
+                .frag(0, true)
+                .ident(7),
+            XDP_DROP,
+            Global(CONFLICT),
+        ),
+        (
+            "IPv4 second fragment of the overlapped datagram: dropped",
+            eth()
+                .ipv4(v4(1), dst4())
+                .proto(17)
+                .payload(16)
+                .frag(1, false)
+                .ident(7),
+            XDP_DROP,
+            Many(&[FRAGMENTS, CONFLICT], None),
+        ),
+        (
+            "IPv4 first fragment to a denied port, then again to an allowed one: stays dropped",
+            eth()
+                .ipv4(v4(1), dst4())
+                .udp(1000, 53)
+                .frag(0, true)
+                .ident(8),
+            XDP_DROP,
+            Rule("v4-dns", verdict::DENIED),
+        ),
+        (
+            "IPv4 first fragment re-sent to an allowed port after a denied one",
+            eth()
+                .ipv4(v4(1), dst4())
+                .udp(1000, 54)
+                .frag(0, true)
+                .ident(8),
+            XDP_DROP,
+            Global(CONFLICT),
+        ),
+        (
+            "IPv4 the same first fragment twice (a retransmission): same verdict",
+            eth()
+                .ipv4(v4(1), dst4())
+                .udp(1000, 54)
+                .frag(0, true)
+                .ident(9),
+            XDP_PASS,
+            Rule("v4-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv4 the same first fragment again",
+            eth()
+                .ipv4(v4(1), dst4())
+                .udp(1000, 54)
+                .frag(0, true)
+                .ident(9),
+            XDP_PASS,
+            Rule("v4-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv4 its second fragment: follows it",
+            eth()
+                .ipv4(v4(1), dst4())
+                .proto(17)
+                .payload(16)
+                .frag(1, false)
+                .ident(9),
+            XDP_PASS,
+            Both(FRAGMENTS, "v4-all", verdict::ALLOWED),
         ),
         (
             "IPv4 UDP header cut short",
@@ -296,42 +558,169 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
         ),
         (
             "IPv6 first fragment then TCP/80",
-            eth().ipv6(v6(1), dst6()).frag6(0, true).tcp(1000, 80),
+            eth().ipv6(v6(1), dst6()).frag6(0, true).ident(1).tcp(1000, 80),
             XDP_DROP,
             Rule("v6-web", verdict::DENIED),
         ),
         (
-            "IPv6 non-first fragment: no ports",
+            "IPv6 second fragment of the denied datagram: denied too",
+            eth()
+                .ipv6(v6(1), dst6())
+                .frag6(2, false)
+                .ident(1)
+                .proto(6)
+                .payload(40),
+            XDP_DROP,
+            Both(FRAGMENTS, "v6-web", verdict::DENIED),
+        ),
+        (
+            "IPv6 non-first fragment of a datagram whose first was not seen: no ports",
             eth()
                 .ipv6(v6(1), dst6())
                 .frag6(100, false)
+                .ident(2)
                 .proto(6)
                 .payload(40),
             XDP_PASS,
-            Both(global::FRAGMENTS, "v6-all", verdict::ALLOWED),
+            Many(&[FRAGMENTS, UNMATCHED], Some(("v6-all", verdict::ALLOWED))),
         ),
         (
-            "IPv6 five extension headers: port not reached",
+            "IPv6 its first fragment afterwards (reversed order), to TCP/80: denied",
+            eth().ipv6(v6(1), dst6()).frag6(0, true).ident(2).tcp(1000, 80),
+            XDP_DROP,
+            Rule("v6-web", verdict::DENIED),
+        ),
+        (
+            "IPv6 first fragment to TCP/81 (allowed)",
+            eth().ipv6(v6(1), dst6()).frag6(0, true).ident(3).tcp(1000, 81),
+            XDP_PASS,
+            Rule("v6-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv6 first fragment sent again to TCP/80 (overlap): the datagram is dropped",
+            eth().ipv6(v6(1), dst6()).frag6(0, true).ident(3).tcp(1000, 80),
+            XDP_DROP,
+            Global(CONFLICT),
+        ),
+        (
+            "IPv6 second fragment of the overlapped datagram: dropped",
+            eth()
+                .ipv6(v6(1), dst6())
+                .frag6(2, false)
+                .ident(3)
+                .proto(6)
+                .payload(40),
+            XDP_DROP,
+            Many(&[FRAGMENTS, CONFLICT], None),
+        ),
+        (
+            "IPv6 tiny first fragment (8 bytes of TCP)",
+            eth()
+                .ipv6(v6(1), dst6())
+                .frag6(0, true)
+                .ident(4)
+                .tcp(1000, 80)
+                .truncate(14 + 40 + 8 + 8),
+            XDP_DROP,
+            Global(TINY),
+        ),
+        (
+            "IPv6 second fragment of the tiny one: dropped",
+            eth()
+                .ipv6(v6(1), dst6())
+                .frag6(1, false)
+                .ident(4)
+                .proto(6)
+                .payload(12),
+            XDP_DROP,
+            Many(&[FRAGMENTS, TINY], None),
+        ),
+        (
+            "IPv6 first fragment whose chain ends before the L4 header (RFC 7112)",
+            eth()
+                .ipv6(v6(1), dst6())
+                .frag6(0, true)
+                .ident(5)
+                .ext(60, 2)
+                .tcp(1000, 80)
+                .truncate(14 + 40 + 8 + 12),
+            XDP_DROP,
+            Global(LONG),
+        ),
+        (
+            "IPv6 first fragment, chain ends before L4, where no rule looks at ports: any rule",
+            eth()
+                .ipv6(v6o(1), dst6())
+                .frag6(0, true)
+                .ident(6)
+                .ext(60, 2)
+                .tcp(1000, 80)
+                .truncate(14 + 40 + 8 + 12),
+            XDP_PASS,
+            Many(&[global::LONG_CHAINS], Some(("v6-any", verdict::ALLOWED))),
+        ),
+        (
+            "IPv6 twelve extension headers where no rule looks at ports: passed, counted",
+            {
+                let mut f = eth().ipv6(v6o(1), dst6());
+                for _ in 0..12 {
+                    f = f.ext(60, 0);
+                }
+                f.tcp(1000, 80)
+            },
+            XDP_PASS,
+            Many(&[global::LONG_CHAINS], Some(("v6-any", verdict::ALLOWED))),
+        ),
+        (
+            "IPv6 AH then TCP/80",
+            eth().ipv6(v6(1), dst6()).ah(4).tcp(1000, 80),
+            XDP_DROP,
+            Rule("v6-web", verdict::DENIED),
+        ),
+        (
+            "IPv6 hop-by-hop, AH, dest-opts then TCP/80",
             eth()
                 .ipv6(v6(1), dst6())
                 .ext(0, 0)
-                .ext(60, 0)
-                .ext(43, 0)
-                .ext(60, 0)
-                .ext(60, 0)
+                .ah(1)
+                .ext(60, 1)
                 .tcp(1000, 80),
-            XDP_PASS,
-            Both(global::TRUNCATED_L4, "v6-all", verdict::ALLOWED),
+            XDP_DROP,
+            Rule("v6-web", verdict::DENIED),
         ),
         (
-            "IPv6 extension header cut short",
+            "IPv6 ESP (encrypted: no ports, protocol 50)",
+            eth().ipv6(v6(1), dst6()).proto(50).payload(40),
+            XDP_PASS,
+            Rule("v6-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv6 dest-opts then ESP",
+            eth().ipv6(v6(1), dst6()).ext(60, 0).proto(50).payload(40),
+            XDP_PASS,
+            Rule("v6-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv6 No Next Header after dest-opts",
+            eth().ipv6(v6(1), dst6()).ext(60, 0),
+            XDP_PASS,
+            Rule("v6-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv6 atomic fragment (offset 0, no more): a whole packet",
+            eth().ipv6(v6(1), dst6()).frag6(0, false).ident(7).tcp(1000, 80),
+            XDP_DROP,
+            Rule("v6-web", verdict::DENIED),
+        ),
+        (
+            "IPv6 extension header cut short (unfragmented): the stack discards it; passed",
             eth()
                 .ipv6(v6(1), dst6())
                 .ext(60, 2)
                 .tcp(1000, 80)
                 .truncate(14 + 40 + 12),
             XDP_PASS,
-            Both(global::TRUNCATED_L4, "v6-all", verdict::ALLOWED),
+            Global(global::TRUNCATED_L4),
         ),
         (
             "IPv6 TCP header cut short",
@@ -356,7 +745,13 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
             XDP_PASS,
             Global(global::NO_MATCH),
         ),
-    ]
+    ];
+    cases.extend(chains);
+    cases
+}
+
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
 }
 
 #[test]
@@ -365,7 +760,7 @@ fn every_parser_branch_has_its_verdict_and_counter() {
     let mut dp = TestDataplane::new("packets", 1024).expect("load");
     let set = dp.install_toml(RULES).expect("install");
     let id = |name: &str| set.by_name(name).expect("rule").id;
-    let all_rules = ["v4-dns", "v4-all", "v6-web", "v6-all"];
+    let all_rules = ALL_RULES;
     let mut failures = Vec::new();
     for (desc, frame, want_action, moves) in cases() {
         let bytes = frame.build();
@@ -386,6 +781,14 @@ fn every_parser_branch_has_its_verdict_and_counter() {
             Moves::Both(g, name, v) => {
                 want_global[g] += 1;
                 want_rule[all_rules.iter().position(|n| *n == name).unwrap()][v] = 1;
+            }
+            Moves::Many(gs, rule) => {
+                for &g in gs {
+                    want_global[g] += 1;
+                }
+                if let Some((name, v)) = rule {
+                    want_rule[all_rules.iter().position(|n| *n == name).unwrap()][v] = 1;
+                }
             }
         }
         let got_global: Vec<u64> = (0..global::COUNT)

@@ -30,7 +30,7 @@ use std::{
 };
 
 use ratelimit::{
-    compile::{compile, CompiledRuleSet, RuleIds},
+    compile::{compile, CompiledRuleSet, RuleIds, WithoutL4},
     config::{Action, Config, Per, RuleConfig},
 };
 use ratelimit_common::{
@@ -145,19 +145,46 @@ fn env_or(name: &str, default: u64) -> u64 {
 // ---------------------------------------------------------------------------------------------
 // The reference parser: what parse.rs documents, written for a byte slice.
 
+/// How a frame is cut (parse.rs's `shape`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// Unfragmented, L4 header read (or not TCP/UDP).
+    Whole,
+    /// Unfragmented, TCP/UDP header cut short (`truncated_l4`): classified without ports.
+    Truncated,
+    /// Unfragmented IPv6 chain cut by the frame's end (`truncated_l4`): protocol unknown.
+    CutChain,
+    /// First fragment with its whole L4 header.
+    FirstFragment,
+    /// First fragment without its whole TCP/UDP header.
+    TinyFragment,
+    /// A fragment other than the first (`fragments`).
+    LaterFragment,
+    /// IPv6 chain longer than walked, or a first fragment's chain not reaching L4.
+    LongChain,
+}
+
 /// What the program needs to know about a frame it could parse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Parsed {
     src: IpAddr,
-    /// IP protocol (IPv6: the last next-header reached).
+    dst: IpAddr,
+    /// IP protocol (IPv6: the header the chain ends with); 255 when not reached.
     protocol: u8,
     /// TCP/UDP destination port; 0 when none was read.
     dst_port: u16,
-    /// A non-first fragment (counted in `fragments`).
-    fragment: bool,
-    /// L4 header or extension header chain cut short, or longer than walked (`truncated_l4`).
-    truncated_l4: bool,
+    shape: Shape,
+    /// A first fragment (whatever its shape).
+    first_fragment: bool,
+    /// For fragments: the datagram's protocol (IPv6: the fragment header's next header) and
+    /// identification.
+    frag_protocol: u8,
+    frag_id: u32,
 }
+
+/// Most IPv6 extension headers walked, and bytes of them.
+const MAX_IPV6_EXT: usize = 8;
+const MAX_IPV6_EXT_BYTES: usize = 1024;
 
 fn be16(b: &[u8], off: usize) -> Option<u16> {
     b.get(off..off + 2)
@@ -192,20 +219,35 @@ fn model_ipv4(b: &[u8], off: usize) -> Result<Parsed, usize> {
     if h[0] >> 4 != 4 || ihl < 20 || off + ihl > b.len() {
         return Err(global::BAD_IPV4);
     }
-    let src = IpAddr::V4(Ipv4Addr::new(h[12], h[13], h[14], h[15]));
     let protocol = h[9];
     let mut p = Parsed {
-        src,
+        src: IpAddr::V4(Ipv4Addr::new(h[12], h[13], h[14], h[15])),
+        dst: IpAddr::V4(Ipv4Addr::new(h[16], h[17], h[18], h[19])),
         protocol,
         dst_port: 0,
-        fragment: false,
-        truncated_l4: false,
+        shape: Shape::Whole,
+        first_fragment: false,
+        frag_protocol: protocol,
+        frag_id: u32::from(u16::from_be_bytes([h[4], h[5]])),
     };
-    if u16::from_be_bytes([h[6], h[7]]) & 0x1fff != 0 {
-        p.fragment = true;
+    let frag = u16::from_be_bytes([h[6], h[7]]);
+    if frag & 0x1fff != 0 {
+        p.shape = Shape::LaterFragment;
         return Ok(p);
     }
-    (p.dst_port, p.truncated_l4) = model_l4_port(b, off + ihl, protocol);
+    p.first_fragment = frag & 0x2000 != 0;
+    p.shape = match (model_l4_port(b, off + ihl, protocol), p.first_fragment) {
+        (Some(port), first) => {
+            p.dst_port = port;
+            if first {
+                Shape::FirstFragment
+            } else {
+                Shape::Whole
+            }
+        }
+        (None, true) => Shape::TinyFragment,
+        (None, false) => Shape::Truncated,
+    };
     Ok(p)
 }
 
@@ -215,58 +257,93 @@ fn model_ipv6(b: &[u8], off: usize) -> Result<Parsed, usize> {
         return Err(global::BAD_IPV6);
     }
     let src: [u8; 16] = h[8..24].try_into().expect("16 bytes");
+    let dst: [u8; 16] = h[24..40].try_into().expect("16 bytes");
     let mut next = h[6];
     let mut p = Parsed {
         src: IpAddr::V6(Ipv6Addr::from(src)),
+        dst: IpAddr::V6(Ipv6Addr::from(dst)),
         protocol: next,
         dst_port: 0,
-        fragment: false,
-        truncated_l4: false,
+        shape: Shape::Whole,
+        first_fragment: false,
+        frag_protocol: 0,
+        frag_id: 0,
     };
-    let mut hdr = off + 40;
-    // Hop-by-hop, routing, fragment, AH and destination options are walked, four at most.
-    for _ in 0..4 {
-        if !matches!(next, 0 | 43 | 44 | 51 | 60) {
-            p.protocol = next;
-            (p.dst_port, p.truncated_l4) = model_l4_port(b, hdr, next);
-            return Ok(p);
+    let is_ext = |n: u8| matches!(n, 0 | 43 | 44 | 51 | 60);
+    let start = off + 40;
+    let mut hdr = start;
+    let cut = |mut p: Parsed| {
+        p.protocol = 255;
+        p.shape = if p.first_fragment {
+            Shape::LongChain
+        } else {
+            Shape::CutChain
+        };
+        Ok(p)
+    };
+    // Hop-by-hop, routing, fragment, AH and destination options are walked, eight at most.
+    for _ in 0..MAX_IPV6_EXT {
+        if !is_ext(next) || hdr > start + MAX_IPV6_EXT_BYTES {
+            break;
         }
         let Some(e) = b.get(hdr..hdr + 8) else {
-            p.truncated_l4 = true;
-            return Ok(p);
+            return cut(p);
         };
         let len = match next {
             51 => (usize::from(e[1]) + 2) * 4,
             44 => {
-                if u16::from_be_bytes([e[2], e[3]]) >> 3 != 0 {
+                let frag = u16::from_be_bytes([e[2], e[3]]);
+                p.frag_protocol = e[0];
+                p.frag_id = u32::from_be_bytes([e[4], e[5], e[6], e[7]]);
+                if frag >> 3 != 0 {
                     p.protocol = e[0];
-                    p.fragment = true;
+                    p.shape = Shape::LaterFragment;
                     return Ok(p);
                 }
+                p.first_fragment = frag & 1 != 0;
                 8
             }
             _ => (usize::from(e[1]) + 1) * 8,
         };
         next = e[0];
-        p.protocol = next;
         hdr += len;
+        if hdr > b.len() {
+            return cut(p);
+        }
     }
-    p.truncated_l4 = true;
+    if is_ext(next) {
+        p.protocol = 255;
+        p.shape = Shape::LongChain;
+        return Ok(p);
+    }
+    p.protocol = next;
+    p.shape = match (model_l4_port(b, hdr, next), p.first_fragment) {
+        (Some(port), first) => {
+            p.dst_port = port;
+            if first {
+                Shape::FirstFragment
+            } else {
+                Shape::Whole
+            }
+        }
+        (None, true) => Shape::TinyFragment,
+        (None, false) => Shape::Truncated,
+    };
     Ok(p)
 }
 
-/// The destination port at `l4` for TCP/UDP whose whole header (20/8 bytes) is in the frame, and
-/// whether the header was cut short.
-fn model_l4_port(b: &[u8], l4: usize, protocol: u8) -> (u16, bool) {
+/// The destination port at `l4` for TCP/UDP whose whole header (20/8 bytes) is in the frame (0 for
+/// other protocols), or `None` when the header is cut short.
+fn model_l4_port(b: &[u8], l4: usize, protocol: u8) -> Option<u16> {
     let min = match protocol {
         IPPROTO_TCP => 20,
         IPPROTO_UDP => 8,
-        _ => return (0, false),
+        _ => return Some(0),
     };
     if l4 + min > b.len() {
-        return (0, true);
+        return None;
     }
-    (be16(b, l4 + 2).expect("inside the frame"), false)
+    Some(be16(b, l4 + 2).expect("inside the frame"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -356,8 +433,13 @@ struct Model<'a> {
     seed: [u64; 2],
     sets: u32,
     per_set: HashMap<[u32; 2], u32>,
+    /// Fragmented datagrams whose first fragment was seen: its rule, or the reason they drop.
+    fragments: HashMap<Datagram, (Option<u32>, Option<usize>)>,
     agent_dry_run: bool,
 }
+
+/// A fragmented datagram: source, destination, protocol, identification.
+type Datagram = (IpAddr, IpAddr, u8, u32);
 
 impl<'a> Model<'a> {
     fn new(
@@ -378,7 +460,34 @@ impl<'a> Model<'a> {
             seed: store.seed,
             sets: store.bucket_sets,
             per_set: HashMap::new(),
+            fragments: HashMap::new(),
             agent_dry_run,
+        }
+    }
+
+    /// ratelimit-ebpf/src/frag.rs `remember`: the datagram's first fragment decided `id` (or
+    /// `drop` for `reason`); `Some(reason)` if this fragment is dropped.
+    fn remember(
+        &mut self,
+        datagram: Datagram,
+        id: Option<u32>,
+        drop: Option<usize>,
+    ) -> Option<usize> {
+        match self.fragments.get_mut(&datagram) {
+            Some((_, Some(reason))) => Some(*reason),
+            Some(entry) => {
+                if entry.0 != id || drop.is_some() {
+                    let reason = drop.unwrap_or(global::DROPPED_FRAGMENT_CONFLICTS);
+                    entry.1 = Some(reason);
+                    Some(reason)
+                } else {
+                    None
+                }
+            }
+            None => {
+                self.fragments.insert(datagram, (id, drop));
+                drop
+            }
         }
     }
 
@@ -396,20 +505,87 @@ impl<'a> Model<'a> {
                 };
             }
         };
-        if parsed.fragment {
-            g[global::FRAGMENTS] += 1;
+        match parsed.shape {
+            Shape::LaterFragment => g[global::FRAGMENTS] += 1,
+            Shape::Truncated | Shape::CutChain => g[global::TRUNCATED_L4] += 1,
+            _ => {}
         }
-        if parsed.truncated_l4 {
-            g[global::TRUNCATED_L4] += 1;
-        }
-        let port = (parsed.dst_port != 0).then_some(parsed.dst_port);
-        let Some(compiled) = self.set.classify(parsed.src, parsed.protocol, port) else {
-            g[global::NO_MATCH] += 1;
-            return Expect {
-                action: XDP_PASS,
+        let pass = |g| Expect {
+            action: XDP_PASS,
+            global: g,
+            rule: None,
+        };
+        let drop = |mut g: [u64; global::COUNT], reason: usize, dry_run: bool| {
+            g[reason] += 1;
+            Expect {
+                action: if dry_run { XDP_PASS } else { XDP_DROP },
                 global: g,
                 rule: None,
-            };
+            }
+        };
+        let datagram = (parsed.src, parsed.dst, parsed.frag_protocol, parsed.frag_id);
+        let port = (parsed.dst_port != 0).then_some(parsed.dst_port);
+        // The rule (id) that decides, as ratelimit-ebpf/src/main.rs `decide` does.
+        let id: Option<u32> = match parsed.shape {
+            Shape::FirstFragment => {
+                let id = self
+                    .set
+                    .classify(parsed.src, parsed.protocol, port)
+                    .map(|c| c.id);
+                if let Some(reason) = self.remember(datagram, id, None) {
+                    return drop(g, reason, self.agent_dry_run);
+                }
+                id
+            }
+            Shape::LaterFragment => match self.fragments.get(&datagram) {
+                Some(&(_, Some(reason))) => return drop(g, reason, self.agent_dry_run),
+                Some(&(id, None)) => id,
+                None => {
+                    g[global::FRAGMENTS_UNMATCHED] += 1;
+                    self.set
+                        .classify(parsed.src, parsed.protocol, None)
+                        .map(|c| c.id)
+                }
+            },
+            Shape::TinyFragment | Shape::LongChain => {
+                let id = match self.set.classify_without_l4(parsed.src) {
+                    WithoutL4::Dependent => {
+                        let reason = if parsed.shape == Shape::TinyFragment {
+                            global::DROPPED_TINY_FRAGMENTS
+                        } else {
+                            global::DROPPED_LONG_CHAINS
+                        };
+                        if parsed.first_fragment {
+                            self.remember(datagram, None, Some(reason));
+                        }
+                        return drop(g, reason, self.agent_dry_run);
+                    }
+                    WithoutL4::NoRule => None,
+                    WithoutL4::Rule(r) => Some(r.id),
+                };
+                if parsed.shape == Shape::LongChain {
+                    g[global::LONG_CHAINS] += 1;
+                }
+                if parsed.first_fragment {
+                    if let Some(reason) = self.remember(datagram, id, None) {
+                        return drop(g, reason, self.agent_dry_run);
+                    }
+                }
+                id
+            }
+            Shape::CutChain => match self.set.classify_without_l4(parsed.src) {
+                WithoutL4::Dependent => return pass(g),
+                WithoutL4::NoRule => None,
+                WithoutL4::Rule(r) => Some(r.id),
+            },
+            Shape::Whole | Shape::Truncated => self
+                .set
+                .classify(parsed.src, parsed.protocol, port)
+                .map(|c| c.id),
+        };
+        let Some(compiled) = id.and_then(|id| self.set.rule(id)) else {
+            g[global::NO_MATCH] += 1;
+            return pass(g);
         };
         let rule = self.rules[&compiled.id];
         let len = bytes.len() as u64;
@@ -979,8 +1155,8 @@ fn the_model_parses_known_shapes() {
         .udp(1, 53)
         .build());
     assert_eq!(
-        (p.src, p.protocol, p.dst_port, p.fragment, p.truncated_l4),
-        (IpAddr::V4(v4(1)), 17, 53, false, false)
+        (p.src, p.protocol, p.dst_port, p.shape),
+        (IpAddr::V4(v4(1)), 17, 53, Shape::Whole)
     );
     let p = ok(eth()
         .ipv4(v4(1), dst4)
@@ -988,13 +1164,20 @@ fn the_model_parses_known_shapes() {
         .payload(32)
         .frag(185, false)
         .build());
-    assert!(p.fragment && p.dst_port == 0);
+    assert!(p.shape == Shape::LaterFragment && p.dst_port == 0);
     let p = ok(eth()
         .ipv4(v4(1), dst4)
         .tcp(1, 80)
         .truncate(14 + 20 + 12)
         .build());
-    assert!(p.truncated_l4 && p.dst_port == 0 && p.protocol == 6);
+    assert!(p.shape == Shape::Truncated && p.dst_port == 0 && p.protocol == 6);
+    let p = ok(eth()
+        .ipv4(v4(1), dst4)
+        .tcp(1, 80)
+        .frag(0, true)
+        .truncate(14 + 20 + 8)
+        .build());
+    assert!(p.shape == Shape::TinyFragment && p.first_fragment);
     let p = ok(eth()
         .ipv6(v6(1), dst6)
         .ext(60, 1)
@@ -1008,7 +1191,7 @@ fn the_model_parses_known_shapes() {
         .proto(6)
         .payload(40)
         .build());
-    assert!(p.fragment && p.protocol == 6 && p.dst_port == 0);
+    assert!(p.shape == Shape::LaterFragment && p.protocol == 6 && p.dst_port == 0);
     let p = ok(eth()
         .ipv6(v6(1), dst6)
         .ext(0, 0)
@@ -1018,7 +1201,13 @@ fn the_model_parses_known_shapes() {
         .ext(60, 0)
         .tcp(1, 80)
         .build());
-    assert!(p.truncated_l4 && p.protocol == 60);
+    assert_eq!((p.shape, p.protocol, p.dst_port), (Shape::Whole, 6, 80));
+    let mut nine = eth().ipv6(v6(1), dst6);
+    for _ in 0..9 {
+        nine = nine.ext(60, 0);
+    }
+    let p = ok(nine.tcp(1, 80).build());
+    assert_eq!((p.shape, p.protocol), (Shape::LongChain, 255));
     let err = |b: Vec<u8>| model_parse(&b).expect_err("unparseable");
     assert_eq!(err(eth().ethertype(0x0806, 28).build()), global::NON_IP);
     assert_eq!(
