@@ -488,3 +488,84 @@ rate = 1000
     assert!(left.iter().all(|(k, _)| k.rule == a && k.rule != b));
     assert_eq!(dp.maps().bucket_count().unwrap(), u64::from(na));
 }
+
+/// The fragments of a limited datagram charge its source's bucket like whole packets: a first
+/// fragment and the fragments that follow it each take a token, and once the burst is spent the
+/// next fragment is dropped for its rate like any packet.
+#[test]
+fn fragments_of_a_limited_datagram_charge_the_same_bucket() {
+    require_root();
+    let mut dp = TestDataplane::new("fragbucket", 1024).unwrap();
+    let set = dp
+        .install_toml(
+            r#"[[rule]]
+name = "dns"
+source = "198.18.0.0/16"
+protocol = "udp"
+dst_port = 53
+rate = 1
+burst = 3
+
+[[rule]]
+name = "rest"
+source = "198.18.0.0/16"
+action = "allow"
+"#,
+        )
+        .unwrap();
+    let (dns, rest) = (id(&set, "dns"), id(&set, "rest"));
+    let src = ip("198.18.0.1");
+    let dst = Ipv4Addr::new(198, 18, 0, 254);
+    let first = |ident| {
+        eth()
+            .ipv4(src, dst)
+            .udp(1000, 53)
+            .payload(16)
+            .frag(0, true)
+            .ident(ident)
+            .build()
+    };
+    let later = |ident| {
+        eth()
+            .ipv4(src, dst)
+            .proto(17)
+            .payload(16)
+            .frag(3, false)
+            .ident(ident)
+            .build()
+    };
+    // Datagram 1: both fragments pass and take a token each; datagram 2's first takes the last.
+    assert_eq!(dp.run(&first(1)), XDP_PASS);
+    assert_eq!(dp.run(&later(1)), XDP_PASS);
+    assert_eq!(dp.run(&first(2)), XDP_PASS);
+    // Its second fragment finds the bucket empty: dropped for the rate, not passed as "no port".
+    assert_eq!(dp.run(&later(2)), XDP_DROP);
+    let s = dp.rule(dns);
+    assert_eq!(
+        (s.pkts[verdict::PASSED], s.pkts[verdict::DROPPED_RATE]),
+        (3, 1)
+    );
+    assert_eq!(
+        dp.rule(rest).pkts[verdict::ALLOWED],
+        0,
+        "a fragment fell to the rule without ports"
+    );
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&src.octets());
+    let b = dp
+        .maps()
+        .bucket(&ratelimit_common::BucketKey {
+            rule: dns,
+            family: ratelimit_common::family::V4,
+            _pad: [0; 3],
+            addr,
+        })
+        .unwrap()
+        .expect("one bucket for the source");
+    assert_eq!((b.passed_pkts, b.dropped_pkts), (3, 1));
+    // A fragment of a datagram whose first fragment never came: no port, so the rule without one.
+    assert_eq!(dp.run(&later(3)), XDP_PASS);
+    assert_eq!(dp.rule(rest).pkts[verdict::ALLOWED], 1);
+    let g = dp.global();
+    assert_eq!(g.counters[global::FRAGMENTS_UNMATCHED], 1);
+}
