@@ -539,6 +539,30 @@ impl Agent {
         Ok((now, self.dp.maps().buckets()?))
     }
 
+    /// What happens to packets from `ip` whose protocol and port the program cannot know.
+    fn cut_packets(&self, ip: IpAddr) -> CutPackets {
+        use crate::compile::WithoutL4;
+        let (verdict, rule) = match self.set.classify_without_l4(ip) {
+            WithoutL4::Dependent => ("dropped", None),
+            WithoutL4::NoRule => ("passed", None),
+            WithoutL4::Rule(r) => ("rule", Some(r.name.clone())),
+        };
+        CutPackets {
+            verdict,
+            rule,
+            why: match verdict {
+                "dropped" => "a rule for this source looks at the protocol or port, which such a \
+                              packet hides: tiny first fragments (and their datagrams) and IPv6 \
+                              chains of more than 8 extension headers are dropped \
+                              (dropped_tiny_fragments, dropped_long_chains)",
+                "passed" => "no rule's source prefix contains this address",
+                _ => "no rule for this source looks at the protocol or port: such packets fall \
+                      under its first rule",
+            }
+            .to_string(),
+        }
+    }
+
     /// Which rule a packet from `ip` (with `protocol`/`dst_port`) falls under, why, and its bucket.
     pub fn explain(
         &self,
@@ -556,6 +580,7 @@ impl Agent {
                     .collect()
             })
             .unwrap_or_default();
+        let cut = self.cut_packets(ip);
         let Some(rule) = self.set.classify(ip, protocol, dst_port) else {
             let why = match prefix {
                 None => "no rule's source prefix contains this address: the packet passes".to_string(),
@@ -575,6 +600,7 @@ impl Agent {
                 candidates,
                 why,
                 bucket: None,
+                cut,
             });
         };
         let net = prefix.map(|p| p.net().to_string());
@@ -610,6 +636,7 @@ impl Agent {
             candidates,
             why,
             bucket,
+            cut,
         })
     }
 
@@ -884,6 +911,21 @@ pub struct Explain {
     pub why: String,
     /// The source's bucket, if one is tracked.
     pub bucket: Option<BucketView>,
+    /// What happens to the source's packets that hide their protocol or port (tiny first
+    /// fragments, over-long IPv6 header chains). Fragments other than the first follow their
+    /// datagram's first fragment.
+    pub cut: CutPackets,
+}
+
+/// `explain`'s account of a source's packets whose protocol and port cannot be known.
+#[derive(Clone, Debug, Serialize)]
+pub struct CutPackets {
+    /// `dropped`, `passed` (no rule), or `rule` (classified by [`CutPackets::rule`]).
+    pub verdict: &'static str,
+    /// The rule that applies when `verdict` is `rule`.
+    pub rule: Option<String>,
+    /// Why, in words.
+    pub why: String,
 }
 
 /// The rule `explain` found.

@@ -15,7 +15,7 @@
 //! | `POST /v1/reload` | re-reads the config file: `{"reloaded": true, "rules": N, "restart_needed": [..]}` |
 //! | `GET /v1/stats` | the `ratelimit stats --json` report (see [`crate::stats`]) |
 //! | `GET /v1/top?n=N&interval_ms=M` | `{"interval_ms", "buckets_tracked", "active", "top": [TOP, ...]}` |
-//! | `GET /v1/explain?ip=IP&protocol=P&dst_port=N` | `{"ip", "protocol", "dst_port", "rule": {"name", "id", "line", "config": RULE} or null, "prefix", "candidates", "why", "bucket": BUCKET or null}` |
+//! | `GET /v1/explain?ip=IP&protocol=P&dst_port=N` | `{"ip", "protocol", "dst_port", "rule": {"name", "id", "line", "config": RULE} or null, "prefix", "candidates", "why", "bucket": BUCKET or null, "cut": {"verdict": "dropped"/"passed"/"rule", "rule", "why"}}` |
 //! | `POST /v1/detach` | optional body `{"iface": "eth0"}`; `{"detached": ["eth0"]}` |
 //!
 //! RULE is a rule with the config file's keys: `{"name", "source": "CIDR" or ["CIDR", ..],

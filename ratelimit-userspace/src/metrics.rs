@@ -18,6 +18,8 @@
 //! | `ratelimit_non_ip_packets_total`, `ratelimit_fragments_total`, `ratelimit_unmatched_packets_total`, `ratelimit_new_buckets_total`, `ratelimit_bucket_errors_total`, `ratelimit_internal_errors_total` | counter | |
 //! | `ratelimit_buckets_tracked`, `ratelimit_buckets_capacity` | gauge | |
 //! | `ratelimit_bucket_evictions_total` | counter | `state` (`full`, `lost`) |
+//! | `ratelimit_shape_drops_total` | counter | `reason` (`tiny_fragment`, `long_header_chain`, `fragment_conflict`) |
+//! | `ratelimit_fragments_unmatched_total`, `ratelimit_long_header_chains_total` | counter | |
 //! | `ratelimit_reloads_total` | counter | `result` (`ok`, `failed`) |
 //! | `ratelimit_build_info` | info | `version` |
 //! | `ratelimit_interface_attached` | gauge | `interface`, `mode` |
@@ -48,7 +50,8 @@ use crate::{
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Global counters exported as `ratelimit_parse_failures_total{reason}`: frames the program could
-/// not parse (passed unclassified, or for `truncated_l4` classified without ports).
+/// not parse (passed unclassified, or for `truncated_l4` classified without ports: the receiving
+/// stack discards them).
 const PARSE_FAILURES: [usize; 6] = [
     global::TRUNCATED_ETH,
     global::BAD_VLAN,
@@ -58,14 +61,33 @@ const PARSE_FAILURES: [usize; 6] = [
     global::TRUNCATED_L4,
 ];
 
+/// Global counters exported as `ratelimit_shape_drops_total{reason}`: packets dropped for how they
+/// are cut, where a protocol or port rule could apply to their source.
+const SHAPE_DROPS: [(usize, &str); 3] = [
+    (global::DROPPED_TINY_FRAGMENTS, "tiny_fragment"),
+    (global::DROPPED_LONG_CHAINS, "long_header_chain"),
+    (global::DROPPED_FRAGMENT_CONFLICTS, "fragment_conflict"),
+];
+
 /// Global counters exported as a metric of their own: (index, metric name without `_total`, help).
-const GLOBAL_COUNTERS: [(usize, &str, &str); 7] = [
+const GLOBAL_COUNTERS: [(usize, &str, &str); 9] = [
     (global::PACKETS, "ratelimit_packets", "Packets the XDP program saw, on every attached interface."),
     (global::NON_IP, "ratelimit_non_ip_packets", "Packets that were neither IPv4 nor IPv6 (ARP, LLDP...): passed."),
     (
         global::FRAGMENTS,
         "ratelimit_fragments",
-        "IP fragments other than the first: classified without ports.",
+        "IP fragments other than the first: classified as their datagram's first fragment was.",
+    ),
+    (
+        global::FRAGMENTS_UNMATCHED,
+        "ratelimit_fragments_unmatched",
+        "IP fragments other than the first whose first fragment was not seen: classified without ports.",
+    ),
+    (
+        global::LONG_CHAINS,
+        "ratelimit_long_header_chains",
+        "IPv6 packets whose extension header chain the program does not walk to its end, from sources \
+         no protocol or port rule applies to: passed.",
     ),
     (global::NO_MATCH, "ratelimit_unmatched_packets", "IP packets that matched no rule: passed."),
     (global::NEW_BUCKETS, "ratelimit_new_buckets", "Token buckets created (one per new source and rule)."),
@@ -395,6 +417,17 @@ impl Collector for Snapshot {
         }
         family(
             &mut enc,
+            "ratelimit_shape_drops",
+            "Packets dropped for how they are cut, where a protocol or port rule could apply to \
+             their source, by reason: tiny_fragment (a first fragment without its whole TCP/UDP \
+             header, and the rest of its datagram), long_header_chain (an IPv6 chain of more than 8 \
+             extension headers, or a first fragment whose chain ends before the L4 header), \
+             fragment_conflict (a first fragment sent again with other ports, and the rest of its \
+             datagram).",
+            SHAPE_DROPS.map(|(i, reason)| (vec![("reason", reason)], ConstCounter::new(g(i)))),
+        )?;
+        family(
+            &mut enc,
             "ratelimit_bucket_evictions",
             "Buckets whose record a new source took, by the evicted bucket's state: full (it had \
              refilled: nothing lost) or lost (it had not: that source starts full again if it \
@@ -571,6 +604,13 @@ mod tests {
             "ratelimit_new_buckets_total 100",
             "ratelimit_bucket_errors_total 110",
             "ratelimit_internal_errors_total 120",
+            r#"ratelimit_bucket_evictions_total{state="full"} 130"#,
+            r#"ratelimit_bucket_evictions_total{state="lost"} 140"#,
+            "ratelimit_fragments_unmatched_total 150",
+            r#"ratelimit_shape_drops_total{reason="tiny_fragment"} 160"#,
+            r#"ratelimit_shape_drops_total{reason="long_header_chain"} 170"#,
+            r#"ratelimit_shape_drops_total{reason="fragment_conflict"} 180"#,
+            "ratelimit_long_header_chains_total 190",
             "ratelimit_buckets_tracked 5",
             "ratelimit_buckets_capacity 4096",
             r#"ratelimit_reloads_total{result="ok"} 2"#,

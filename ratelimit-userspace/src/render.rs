@@ -406,6 +406,15 @@ pub fn explain(v: &Value) -> String {
         };
         rows.push(("bucket", bucket));
     }
+    let cut = &v["cut"];
+    if cut.is_object() {
+        let what = match cut["verdict"].as_str() {
+            Some("rule") => format!("rule {}", text(cut, "rule")),
+            Some(other) => other.to_string(),
+            None => "?".to_string(),
+        };
+        rows.push(("fragments", format!("{what}: {}", text(cut, "why"))));
+    }
     for (k, val) in rows {
         let _ = writeln!(out, "{k:<11} {val}");
     }
@@ -570,11 +579,16 @@ mod tests {
     #[test]
     fn explain_lines() {
         let v = json!({"ip": "198.18.1.5", "protocol": 17, "dst_port": 53, "rule": null, "prefix": null,
-                       "candidates": [], "why": "no rule's source prefix contains this address: the packet passes", "bucket": null});
+                       "candidates": [], "why": "no rule's source prefix contains this address: the packet passes", "bucket": null,
+                       "cut": {"verdict": "passed", "rule": null, "why": "no rule"}});
         assert_eq!(
             explain(&v),
             "packet      198.18.1.5 protocol udp dst_port 53\nrule        none: the packet passes\n\
-             why         no rule's source prefix contains this address: the packet passes\n"
+             why         no rule's source prefix contains this address: the packet passes\n\
+             fragments   passed: no rule\n"
         );
+        let v = json!({"ip": "198.18.1.5", "protocol": 0, "rule": null, "why": "w",
+                       "cut": {"verdict": "rule", "rule": "web", "why": "no port rule"}});
+        assert!(explain(&v).ends_with("fragments   rule web: no port rule\n"), "{}", explain(&v));
     }
 }

@@ -1201,3 +1201,34 @@ fn classify_matches_reference_with_prefix_lists() {
         "{checked} checked, {conflicts} conflicts"
     );
 }
+
+/// What the program does with a source's packets that hide their protocol and port: the first
+/// rule where no rule of the prefix looks at them (inherited ones included), dropped where one
+/// does, passed where no prefix holds the source.
+#[test]
+fn packets_without_l4_fall_to_the_first_rule_only_where_no_rule_needs_l4() {
+    let set = build(&[
+        with_action("any16", "198.18.0.0/16", Action::Allow),
+        proto(
+            with_action("dns24", "198.18.1.0/24", Action::Deny),
+            Protocol::Udp,
+            Some(53),
+        ),
+        limit("any25", "198.18.1.128/25", 10),
+        proto(limit("tcp-v6", "2001:db8::/32", 10), Protocol::Tcp, None),
+    ]);
+    let name = |w: WithoutL4<'_>| match w {
+        WithoutL4::Rule(r) => r.name.clone(),
+        WithoutL4::NoRule => "none".into(),
+        WithoutL4::Dependent => "dropped".into(),
+    };
+    assert_eq!(name(set.classify_without_l4(ip("198.18.0.1"))), "any16");
+    // The /24 has a port rule.
+    assert_eq!(name(set.classify_without_l4(ip("198.18.1.1"))), "dropped");
+    // The /25's own rule takes every packet of it (longest prefix), so the /24's port rule can
+    // never apply there.
+    assert_eq!(name(set.classify_without_l4(ip("198.18.1.200"))), "any25");
+    // A protocol rule is enough.
+    assert_eq!(name(set.classify_without_l4(ip("2001:db8::1"))), "dropped");
+    assert_eq!(name(set.classify_without_l4(ip("198.19.0.1"))), "none");
+}
