@@ -23,7 +23,8 @@ use crate::{build, cmd, setup};
 /// second over a veth pair from a live-frames generator, for the limiter, a drop-all floor, an
 /// XDP_PASS receiver, nftables and iptables, with one hot source and with random sources; the
 /// agent's CPU and memory; rule update latency with 10,000 rules. Prints a table and writes
-/// `target/bench/results.json`. Not a test: nothing fails on a slow result.
+/// `target/bench/results.json` and a chart of the bucket store, `target/bench/store.svg`. Not a
+/// test: nothing fails on a slow result.
 #[derive(Debug, clap::Args)]
 pub struct Options {
     /// Arguments for the runner, after `--`: `--runs 7`, `--only kernel,e2e`, `--quick`,

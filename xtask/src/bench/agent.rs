@@ -74,8 +74,8 @@ pub fn rss_kib(pid: u32) -> Result<u64> {
     vm_field(pid, "VmRSS:")
 }
 
-/// One window: CPU share (percent of one core) and RSS (MiB) at its end.
-fn window(pid: u32, during: impl FnOnce() -> Result<()>) -> Result<(f64, f64)> {
+/// One window: CPU share (percent of one core), and RSS and its anonymous part (MiB) at its end.
+fn window(pid: u32, during: impl FnOnce() -> Result<()>) -> Result<(f64, f64, f64)> {
     let (c0, t0) = (cpu_ns(pid)?, Instant::now());
     during()?;
     let (c1, secs) = (cpu_ns(pid)?, t0.elapsed().as_secs_f64());
@@ -83,6 +83,7 @@ fn window(pid: u32, during: impl FnOnce() -> Result<()>) -> Result<(f64, f64)> {
     Ok((
         (c1 - c0) as f64 / 1e9 / secs * 100.0,
         rss_kib(pid)? as f64 / 1024.0,
+        vm_field(pid, "RssAnon:")? as f64 / 1024.0,
     ))
 }
 
@@ -102,19 +103,21 @@ pub fn run(report: &mut Report, opts: &Options, refs: &Refs) -> Result<()> {
     let window_time = opts.e2e_run;
     let (mut idle_cpu, mut idle_rss, mut flood_cpu, mut flood_rss) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut idle_anon, mut flood_anon) = (Vec::new(), Vec::new());
     let mut flood_mpps = Vec::new();
     for _ in 0..opts.runs {
         crate::check_interrupted()?;
-        let (c, m) = window(pid, || {
+        let (c, m, a) = window(pid, || {
             thread::sleep(window_time);
             Ok(())
         })?;
         idle_cpu.push(c);
         idle_rss.push(m);
+        idle_anon.push(a);
     }
     for _ in 0..opts.runs {
         crate::check_interrupted()?;
-        let (c, m) = window(pid, || {
+        let (c, m, a) = window(pid, || {
             let b = bed.blast_random(refs, window_time, opts.cpu)?;
             #[expect(clippy::cast_precision_loss, reason = "frame counts")]
             flood_mpps.push(b.frames as f64 / b.elapsed.as_secs_f64() / 1e6);
@@ -122,6 +125,7 @@ pub fn run(report: &mut Report, opts: &Options, refs: &Refs) -> Result<()> {
         })?;
         flood_cpu.push(c);
         flood_rss.push(m);
+        flood_anon.push(a);
     }
     let stats = agent.stats();
     let status = agent.stop()?;
@@ -142,15 +146,27 @@ pub fn run(report: &mut Report, opts: &Options, refs: &Refs) -> Result<()> {
         ),
         (
             "agent.idle.rss",
-            "agent resident memory, idle",
+            "agent resident memory (VmRSS, with the mapped store), idle",
             "MiB",
             idle_rss,
         ),
         (
             "agent.flood.rss",
-            "agent resident memory, random-source flood",
+            "agent resident memory (VmRSS), random-source flood",
             "MiB",
             flood_rss,
+        ),
+        (
+            "agent.idle.anon",
+            "agent anonymous memory (RssAnon: its heap), idle",
+            "MiB",
+            idle_anon,
+        ),
+        (
+            "agent.flood.anon",
+            "agent anonymous memory (RssAnon), random-source flood",
+            "MiB",
+            flood_anon,
         ),
     ] {
         report.add(Figure {

@@ -37,7 +37,7 @@ use crate::{
 pub const RATE: u64 = 1000;
 /// See [`RATE`].
 pub const BURST: u64 = 2000;
-/// Sources each contender can track: the limiter's default bucket map capacity.
+/// Sources each contender can track: the limiter's default bucket store capacity.
 pub const TRACKED: u32 = DEFAULT_MAX_BUCKETS;
 
 const E2E_RULES: &str = r#"
@@ -490,9 +490,8 @@ fn measure_attached(
         Pattern::Random => (refs.random(), &bed.random_frame),
     };
     let run_time = opts.e2e_run;
-    // The limiter creates a bucket only for a source's second packet, so a spoofed flood alone
-    // hardly fills its table; a long flood with repeats does (see `cargo xtask soak`). Fill it
-    // with other sources first, so that it too is measured with its table full.
+    // Fill the limiter's store with other sources first (one packet each), so that it is measured
+    // with its table full from the first run, as nftables' set is after its warm-up.
     let prefilled = if contender == Contender::Limiter && pattern == Pattern::Random {
         let n = limiter.tdp.maps().bucket_capacity()?;
         crate::kernel::fill(limiter, refs, PREFILL_FROM, n)?
@@ -639,6 +638,8 @@ fn measure_attached(
         let d = |i: usize| global_after.counters[i] - global_before.counters[i];
         detail["limiter_new_buckets"] = json!(d(global::NEW_BUCKETS));
         detail["limiter_bucket_errors"] = json!(d(global::BUCKET_ERRORS));
+        detail["limiter_evicted_full"] = json!(d(global::EVICTED_FULL));
+        detail["limiter_evicted_lost"] = json!(d(global::EVICTED_LOST));
         let id = limiter.id("per-source")?;
         let mut addr = [0u8; 16];
         addr[..4].copy_from_slice(&POLITE.octets());

@@ -12,12 +12,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 use aya::{
-    maps::{HashMap, Map, MapData},
+    maps::MapData,
     programs::{TestRun as _, TestRunOptions, Xdp},
 };
 use ratelimit::{
     compile::{compile, CompiledRuleSet, RuleIds},
     config::{Config, RuleConfig},
+    maps::store::Slot,
 };
 use ratelimit_common::{global, map_names, rule_flags, Bucket, BucketKey};
 use ratelimit_testbed::{packet::eth, TestDataplane};
@@ -354,7 +355,7 @@ struct Driver {
 }
 
 impl Driver {
-    fn new(name: &str, sources: Sources, target: &Xdp, refs: &Refs) -> Result<Self> {
+    fn new(name: &str, sources: Sources<'_>, target: &Xdp, refs: &Refs) -> Result<Self> {
         use std::os::fd::AsFd as _;
         let array = progs::prog_array(target)?;
         let program = progs::load(name, &progs::driver(sources, array.as_fd()), refs.dir())?;
@@ -374,22 +375,17 @@ impl Driver {
     }
 }
 
-/// Runs `n` sources from `first` on through the limiter twice each, which gives each a bucket
-/// (first-packet admission creates it on the second packet); returns how many buckets that created.
+/// Runs `n` sources from `first` on through the limiter, one packet each (a source's first
+/// packet creates its bucket); returns how many buckets that created.
 pub fn fill(limiter: &Limiter, refs: &Refs, first: [u8; 4], n: u32) -> Result<u64> {
     let before = limiter.tdp.global().counters[global::NEW_BUCKETS];
-    let driver = Driver::new(
-        "rlb_fill",
-        Sources::SequentialTwice,
-        limiter.program(),
-        refs,
-    )?;
+    let driver = Driver::new("rlb_fill", Sources::Sequential, limiter.program(), refs)?;
     let mut left = n;
     let mut from = first;
     while left > 0 {
         crate::check_interrupted()?;
-        let chunk = left.min(1 << 18);
-        driver.run(&sequential_from(from), 2 * chunk)?;
+        let chunk = left.min(1 << 20);
+        driver.run(&sequential_from(from), chunk)?;
         from = (u32::from_be_bytes(from) + chunk).to_be_bytes();
         left -= chunk;
     }
@@ -401,67 +397,208 @@ fn sequential_from(first: [u8; 4]) -> Vec<u8> {
     v4_frame((u32::from_be_bytes(first).wrapping_sub(1)).to_be_bytes())
 }
 
+/// Live buckets of rule `rule` in the store: `(tracked population, never-seen sources)`, i.e.
+/// addresses in 10.0.0.0/9 and in 10.128.0.0/9 (see [`tracked_addr`]).
+fn census(limiter: &Limiter, rule: u32) -> Result<(u64, u64)> {
+    let (mut population, mut fresh) = (0, 0);
+    limiter.tdp.maps().for_each_bucket(|_, b| {
+        if u32::from(b.rule) == rule && b.family == 4 && b.addr[0] == 10 {
+            if b.addr[1] & 0x80 == 0 {
+                population += 1;
+            } else {
+                fresh += 1;
+            }
+        }
+    })?;
+    Ok((population, fresh))
+}
+
+/// The addresses of the tracked population of rule `rule` that hold a bucket now.
+fn population_addrs(limiter: &Limiter, rule: u32) -> Result<Vec<[u8; 4]>> {
+    let mut addrs = Vec::new();
+    limiter.tdp.maps().for_each_bucket(|_, b| {
+        if u32::from(b.rule) == rule && b.family == 4 && b.addr[0] == 10 && b.addr[1] & 0x80 == 0 {
+            addrs.push([b.addr[0], b.addr[1], b.addr[2], b.addr[3]]);
+        }
+    })?;
+    Ok(addrs)
+}
+
+/// Frees the records of never-seen sources `first..end` (see [`tracked_addr`]) that hold a
+/// bucket, as an empty record (the program takes those first); returns how many it freed.
+fn free_fresh(limiter: &Limiter, rule: u32, first: usize, end: usize) -> Result<u64> {
+    let maps = limiter.tdp.maps();
+    let mut freed = 0;
+    for i in first..end {
+        let mut addr = [0u8; 16];
+        addr[..4].copy_from_slice(&tracked_addr(i, true));
+        let key = BucketKey {
+            rule,
+            family: 4,
+            _pad: [0; 3],
+            addr,
+        };
+        if let (Slot::Found(index), _) = maps.locate_bucket(&key, 0)? {
+            let old = maps.store().get(index).header();
+            if maps.store().install(index, old, &Bucket::default()) {
+                freed += 1;
+            }
+        }
+    }
+    Ok(freed)
+}
+
+/// Puts back the buckets of `addrs` (rule `rule`) that are no longer in the store, as full
+/// buckets written the way the program writes a new one (into the record it would take);
+/// returns how many it put back.
+fn restore(limiter: &Limiter, rule: u32, addrs: &[[u8; 4]]) -> Result<u64> {
+    let maps = limiter.tdp.maps();
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to write to.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) };
+    let now = u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000
+        + u64::try_from(ts.tv_nsec).unwrap_or(0);
+    let mut restored = 0;
+    for a in addrs {
+        let mut addr = [0u8; 16];
+        addr[..4].copy_from_slice(a);
+        let key = BucketKey {
+            rule,
+            family: 4,
+            _pad: [0; 3],
+            addr,
+        };
+        if let (Slot::Vacant { index, header, .. }, gen) = maps.locate_bucket(&key, now)? {
+            let fresh = Bucket {
+                addr,
+                rule: u16::try_from(rule).context("rule id")?,
+                family: 4,
+                state: 0,
+                rule_gen: gen,
+                created_ns: now,
+                ..Bucket::default()
+            };
+            if maps.store().install(index, header, &fresh) {
+                restored += 1;
+            }
+        }
+    }
+    Ok(restored)
+}
+
+/// Grows the tracked population of rule `tracked` (sources from 10.0.0.0 on, one packet each)
+/// until the store holds `target` of them, sending at most `limit` sources in all; `sent` is how
+/// many were sent so far and is advanced. Returns the population's live buckets.
+fn grow(
+    limiter: &Limiter,
+    refs: &Refs,
+    tracked: u32,
+    sent: &mut usize,
+    target: u64,
+    limit: usize,
+) -> Result<u64> {
+    loop {
+        let (population, _) = census(limiter, tracked)?;
+        if population >= target || *sent >= limit {
+            return Ok(population);
+        }
+        // At least 1/64 of the gap's worth at a time: near capacity most new sources take the
+        // record of another (every set of the source full), so the count creeps up.
+        let want = usize::try_from(target - population)
+            .unwrap_or(usize::MAX)
+            .max(usize::try_from(target / 64).unwrap_or(0))
+            .max(1)
+            .min(limit - *sent);
+        fill(
+            limiter,
+            refs,
+            tracked_addr(*sent, false),
+            u32::try_from(want).context("population")?,
+        )?;
+        *sent += want;
+    }
+}
+
 /// Tracked-source populations: the hot path, a random known source and a new source, with the
-/// bucket map holding each population in turn (grown by running frames through the program).
+/// bucket store holding each population in turn (grown by running frames through the program,
+/// one per source, until `bucket_count` says the store holds it).
 ///
 /// New and random known sources come from drivers that rewrite the frame's source on every run
-/// and tail-call the limiter; the same drivers tail-calling `bench_pass` are their floors.
+/// and tail-calls the limiter; the same drivers tail-calling `bench_pass` are their floors. The
+/// new sources' buckets are freed again after each run, and sources they pushed out are sent
+/// again, so that the population stays what it says.
+///
+/// Returns the live buckets at the last population measured.
+#[expect(clippy::too_many_lines, reason = "one measurement, step by step")]
 pub fn populations(
     report: &mut Report,
     opts: &Options,
     refs: &Refs,
     limiter: &Limiter,
-) -> Result<()> {
+) -> Result<u64> {
+    use std::os::fd::AsFd as _;
     let tracked = limiter.id("tracked")?;
     let capacity = limiter.tdp.maps().bucket_capacity()?;
-    let mut buckets = bucket_map(limiter)?;
     // Measures new sources (the next addresses after a start): each one's first packet.
-    let grow = Driver::new("rlb_seq_lim", Sources::Sequential, limiter.program(), refs)?;
+    let new_lim = Driver::new("rlb_seq_lim", Sources::Sequential, limiter.program(), refs)?;
     let new_floor = Driver::new(
         "rlb_seq_pass",
         Sources::Sequential,
         refs.program(PASS),
         refs,
     )?;
-    let mut populated = 0usize;
+    let mut sent = 0usize;
     let mut fresh_next = 0usize;
-    let mut steps: Vec<(usize, &str, &str)> = vec![
-        (1_000, "1k", "1k tracked"),
-        (100_000, "100k", "100k tracked"),
-        (1_000_000, "1m", "1M tracked"),
+    let cap = capacity as usize;
+    // (population wanted, most sources sent to get it, tag, label)
+    let mut steps: Vec<(u64, usize, &str, &str)> = vec![
+        (1_000, 1_000 * 2, "1k", "1k tracked"),
+        (100_000, 100_000 * 2, "100k", "100k tracked"),
+        (1_000_000, cap * 3 / 2, "1m", "1M tracked"),
         (
-            capacity as usize + capacity as usize / 8,
+            u64::from(capacity),
+            cap * 3 / 2,
             "full",
-            "map full, evicting",
+            "store full, evicting",
         ),
     ];
     if opts.quick {
         steps.truncate(2);
     }
+    let mut last = 0;
     let new_repeat = u32::try_from(opts.new_sources).context("--new-sources")?;
-    for (target, tag, what) in steps {
+    for (target, limit, tag, what) in steps {
         crate::check_interrupted()?;
         crate::announce(&format!(
-            "in-kernel cost with {what} (populating to {target} sources)"
+            "in-kernel cost with {what} (populating to {target} buckets)"
         ));
         let start = Instant::now();
-        if target > populated {
-            let n = u32::try_from(target - populated).context("population")?;
-            fill(limiter, refs, tracked_addr(populated, false), n)?;
-            populated = target;
-        }
+        let population = grow(limiter, refs, tracked, &mut sent, target, limit)?;
         let fill_secs = start.elapsed().as_secs_f64();
-        let entries = limiter.tdp.global().counters[global::NEW_BUCKETS];
-        let n = u32::try_from(populated.min(1 << 23)).context("population")?;
+        let count = limiter.tdp.maps().bucket_count()?;
+        eprintln!(
+            "    {what}: {population} buckets of the population ({sent} sources sent), \
+             {count} buckets tracked in all, capacity {capacity}"
+        );
+        if tag != "full" && population < target {
+            bail!("{what}: the store holds only {population} of {target} buckets after {sent} sources");
+        }
+        // Random known sources are drawn from the addresses that hold a bucket now.
+        let addrs = population_addrs(limiter, tracked)?;
+        let n = u32::try_from(addrs.len()).context("population")?;
+        let addr_array = progs::u32_array(&addrs)?;
         let known = Driver::new(
             "rlb_known_lim",
-            Sources::RandomAmong(n),
+            Sources::RandomOf(addr_array.as_fd(), n),
             limiter.program(),
             refs,
         )?;
         let known_floor = Driver::new(
             "rlb_known_pass",
-            Sources::RandomAmong(n),
+            Sources::RandomOf(addr_array.as_fd(), n),
             refs.program(PASS),
             refs,
         )?;
@@ -474,41 +611,76 @@ pub fn populations(
             Vec::new(),
             Vec::new(),
         );
-        let hot_frame = v4_frame(tracked_addr(populated / 2, false));
+        let (mut known_misses, mut new_created, mut evicted_full, mut evicted_lost, mut resent) =
+            (0u64, 0u64, 0u64, 0u64, 0u64);
+        let mut population_min = population;
+        let hot_frame = v4_frame(addrs[addrs.len() / 2]);
         repeat_ns(limiter.program(), &hot_frame, 10)?;
         let floor_frame = v4_frame([198, 18, 0, 1]);
         let known_frame = v4_frame(tracked_addr(0, false));
+        let counter = |i: usize| limiter.tdp.global().counters[i];
         for _ in 0..opts.runs {
             crate::check_interrupted()?;
             floor.push(repeat_ns(refs.program(PASS), &floor_frame, opts.repeat)?.0 + TRUNCATION);
             hot.push(repeat_ns(limiter.program(), &hot_frame, opts.repeat)?.0 + TRUNCATION);
             known_floor_ns.push(known_floor.run(&known_frame, opts.repeat)?);
+            let created = counter(global::NEW_BUCKETS);
             known_ns.push(known.run(&known_frame, opts.repeat)?);
+            known_misses += counter(global::NEW_BUCKETS) - created;
             let first = fresh_next;
             new_floor_ns
                 .push(new_floor.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
-            new_ns.push(grow.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
+            let (created, full, lost) = (
+                counter(global::NEW_BUCKETS),
+                counter(global::EVICTED_FULL),
+                counter(global::EVICTED_LOST),
+            );
+            new_ns.push(new_lim.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
+            new_created += counter(global::NEW_BUCKETS) - created;
+            evicted_full += counter(global::EVICTED_FULL) - full;
+            evicted_lost += counter(global::EVICTED_LOST) - lost;
             fresh_next += opts.new_sources;
-            // Take the new sources out again, so the population stays what it says.
-            for i in first..fresh_next {
-                let mut addr = [0u8; 16];
-                addr[..4].copy_from_slice(&tracked_addr(i, true));
-                let key = BucketKey {
-                    rule: tracked,
-                    family: 4,
-                    _pad: [0; 3],
-                    addr,
-                };
-                let _ = buckets.remove(&key);
+            // Take the new sources out again, and put back the population they pushed out.
+            free_fresh(limiter, tracked, first, fresh_next)?;
+            let (now, _) = census(limiter, tracked)?;
+            population_min = population_min.min(now);
+            if now < population {
+                resent += restore(limiter, tracked, &addrs)?;
             }
         }
+        let (population_end, fresh_left) = census(limiter, tracked)?;
+        let count_end = limiter.tdp.maps().bucket_count()?;
+        last = count_end;
+        let runs = opts.runs as u64;
         let detail = json!({
-            "target_sources": target,
-            "buckets_created_so_far": entries,
+            "target_buckets": target,
+            "sources_sent": sent,
+            "population_buckets": population,
+            "population_buckets_min_between_runs": population_min,
+            "population_buckets_end": population_end,
+            "tracked_buckets": count,
+            "tracked_buckets_end": count_end,
+            "new_sources_left_end": fresh_left,
             "bucket_capacity": capacity,
             "populate_seconds": fill_secs,
+            "random_known_among": n,
+            "random_known_new_buckets_per_run": known_misses / runs,
             "new_sources_per_run": opts.new_sources,
+            "new_buckets_per_new_run": new_created / runs,
+            "evicted_full_per_new_run": evicted_full / runs,
+            "evicted_lost_per_new_run": evicted_lost / runs,
+            "population_resent_buckets": resent,
         });
+        eprintln!(
+            "    {what}: random known: {} of {} runs created a bucket per run (pushed out by the \
+             previous run's new sources); new sources: {} buckets created, {} refilled and {} \
+             in-debt buckets evicted per run",
+            known_misses / runs,
+            opts.repeat,
+            new_created / runs,
+            evicted_full / runs,
+            evicted_lost / runs
+        );
         let mut add = |key: String, label: String, runs: Vec<f64>, baseline: Option<String>| {
             report.add(Figure {
                 key,
@@ -520,6 +692,7 @@ pub fn populations(
                 detail: detail.clone(),
             });
         };
+        let what = format!("{what}, {count} in store");
         let k = |what: &str| format!("kernel.pop.{tag}.{what}");
         add(k("floor"), format!("floor: XDP_PASS ({what})"), floor, None);
         add(
@@ -553,7 +726,7 @@ pub fn populations(
             Some(k("new_floor")),
         );
     }
-    Ok(())
+    Ok(last)
 }
 
 const SECTION_PROBES: &str =
@@ -612,16 +785,20 @@ pub fn probes(
     let stats = pinned(limiter, map_names::GLOBAL_STATS)?;
     let rules = pinned(limiter, map_names::RULES)?;
     let hot_src = [198, 18, 0, 1];
-    // Make sure the hot source's bucket exists.
+    // Make sure the hot source's bucket exists, and find its record.
     repeat_ns(limiter.program(), &v4_frame(hot_src), 10)?;
     let mut addr = [0u8; 16];
     addr[..4].copy_from_slice(&hot_src);
-    let bucket_key = key_bytes(&BucketKey {
+    let key = BucketKey {
         rule: admit,
         family: 4,
         _pad: [0; 3],
         addr,
-    });
+    };
+    let (Slot::Found(record), _) = limiter.tdp.maps().locate_bucket(&key, 0)? else {
+        bail!("the hot source has no bucket in the store");
+    };
+    let record_key = record.to_ne_bytes();
     let prefix_key = prefix_key(generation, hot_src);
     let zero = 0u32.to_ne_bytes();
     let admit_key = admit.to_ne_bytes();
@@ -659,9 +836,9 @@ pub fn probes(
         progs::probe(Probe::Lookup(prefixes.fd().as_fd(), &prefix_key)),
     ));
     list.push((
-        format!("bucket_lookup.{tag}"),
-        format!("bucket map (LRU hash) lookup, hit ({what})"),
-        progs::probe(Probe::Lookup(buckets.fd().as_fd(), &bucket_key)),
+        format!("bucket_record.{tag}"),
+        format!("bucket store: array lookup of the record ({what})"),
+        progs::probe(Probe::Lookup(buckets.fd().as_fd(), &record_key)),
     ));
     let programs: Vec<(String, String, Xdp)> = list
         .into_iter()
@@ -711,140 +888,6 @@ pub fn probes(
     Ok(())
 }
 
-const SECTION_MAPS: &str =
-    "Bucket map types, 1M entries, full (probes: one insert or lookup, then XDP_PASS)";
-
-/// The bucket map's candidates side by side, outside the limiter: a map of 2^20 entries with the
-/// limiter's key and value sizes is filled past capacity, then timed inserting a new source (an
-/// LRU map evicts the least recently used entry; a plain hash map refuses, as nftables' dynamic
-/// set does when full) and looking up a present one.
-pub fn map_variants(report: &mut Report, opts: &Options, refs: &Refs) -> Result<()> {
-    use std::os::fd::AsFd as _;
-    let capacity = 1u32 << 20;
-    let new_repeat = u32::try_from(opts.new_sources).context("--new-sources")?;
-    let floor_driver = Driver::new(
-        "rlb_seq_pass",
-        Sources::Sequential,
-        refs.program(PASS),
-        refs,
-    )?;
-    for (tag, label, map_type, flags, key_size) in [
-        (
-            "lru",
-            "LRU hash (as the bucket map)",
-            progs::MAP_LRU_HASH,
-            0,
-            24,
-        ),
-        (
-            "lru_no_common",
-            "LRU hash, NO_COMMON_LRU",
-            progs::MAP_LRU_HASH,
-            progs::F_NO_COMMON_LRU,
-            24,
-        ),
-        (
-            "lru_key8",
-            "LRU hash, 8-byte key (rule, IPv4)",
-            progs::MAP_LRU_HASH,
-            0,
-            8,
-        ),
-        ("hash", "hash (full: inserts fail)", progs::MAP_HASH, 0, 24),
-    ] {
-        crate::check_interrupted()?;
-        crate::announce(&format!("bucket map candidates: {label}"));
-        let map = progs::create_map(map_type, key_size, 64, capacity, flags)?;
-        let insert = progs::load(
-            "rlb_insert",
-            &progs::probe(Probe::InsertSource(map.as_fd())),
-            refs.dir(),
-        )?;
-        let driver = Driver::new("rlb_seq_insert", Sources::Sequential, &insert, refs)?;
-        // Fill past capacity, from 10.0.0.0 on.
-        let filled = capacity + capacity / 8;
-        driver.run(&sequential_from([10, 0, 0, 0]), filled)?;
-        // A key that is there: an LRU map keeps the last ones inserted, a hash map the first.
-        let present = if map_type == progs::MAP_HASH {
-            0
-        } else {
-            filled - 1
-        };
-        let mut key = (u32::from_be_bytes([10, 0, 0, 0]) + present)
-            .to_be_bytes()
-            .to_vec();
-        key.resize(key_size as usize, 0);
-        let lookup = progs::load(
-            "rlb_lookup",
-            &progs::probe(Probe::Lookup(map.as_fd(), &key)),
-            refs.dir(),
-        )?;
-        let frame = v4_frame([198, 18, 0, 1]);
-        let (mut ins, mut ins_floor, mut look, mut floor) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut next = u32::from_be_bytes([10, 128, 0, 0]);
-        for _ in 0..opts.runs {
-            crate::check_interrupted()?;
-            floor.push(repeat_ns(refs.program(PASS), &frame, opts.repeat)?.0 + TRUNCATION);
-            let (ns, _, action) = repeat_ns(&lookup, &frame, opts.repeat)?;
-            if action != 2 {
-                bail!("{label}: a key that should be there is not");
-            }
-            look.push(ns + TRUNCATION);
-            let start = sequential_from(next.to_be_bytes());
-            ins_floor.push(floor_driver.run(&start, new_repeat)?);
-            ins.push(driver.run(&start, new_repeat)?);
-            next += new_repeat;
-        }
-        let k = |what: &str| format!("kernel.map.{tag}.{what}");
-        let detail = json!({ "capacity": capacity, "filled_with": filled, "key_size": key_size, "value_size": 64 });
-        for (key, label, runs, baseline) in [
-            (
-                k("floor"),
-                format!("floor: XDP_PASS (next to {tag})"),
-                floor,
-                None,
-            ),
-            (
-                k("lookup"),
-                format!("{label}: lookup, hit"),
-                look,
-                Some(k("floor")),
-            ),
-            (
-                k("insert_floor"),
-                format!("floor: new-source driver + XDP_PASS ({tag})"),
-                ins_floor,
-                None,
-            ),
-            (
-                k("insert"),
-                format!("{label}: insert new source (driver)"),
-                ins,
-                Some(k("insert_floor")),
-            ),
-        ] {
-            report.add(Figure {
-                key,
-                section: SECTION_MAPS,
-                label,
-                unit: "ns/pkt",
-                runs,
-                baseline,
-                detail: detail.clone(),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// The limiter's bucket map, opened from its pin.
-fn bucket_map(limiter: &Limiter) -> Result<HashMap<MapData, BucketKey, Bucket>> {
-    let path = limiter.tdp.pin_dir().join(map_names::BUCKETS);
-    let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
-    HashMap::try_from(Map::LruHashMap(data)).context("the bucket map as a hash map")
-}
-
 /// `memlock` and `max_entries` of a pinned map, from /proc/self/fdinfo.
 pub fn map_memory(limiter: &Limiter, name: &str) -> Result<(u64, u64)> {
     use std::os::fd::{AsFd as _, AsRawFd as _};
@@ -861,20 +904,153 @@ pub fn map_memory(limiter: &Limiter, name: &str) -> Result<(u64, u64)> {
     Ok((field("memlock:")?, field("max_entries:")?))
 }
 
-/// Kernel memory per tracked source: the bucket map's memory over its capacity (an LRU hash
-/// map allocates every entry when it is created).
-pub fn memory(report: &mut Report, limiter: &Limiter) -> Result<()> {
+/// Kernel memory of the bucket store: its `memlock` over its records, and over the buckets it
+/// tracks (`tracked`, counted with the store full; `None` when it was not filled in this run).
+pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> Result<()> {
     let (memlock, entries) = map_memory(limiter, map_names::BUCKETS)?;
     #[expect(clippy::cast_precision_loss, reason = "bytes")]
-    let per = memlock as f64 / entries as f64;
+    let per = |n: u64| memlock as f64 / n as f64;
     report.add(Figure {
-        key: "memory.kernel_per_tracked_source".into(),
+        key: "memory.kernel_per_record".into(),
         section: "Memory and control plane",
-        label: format!("kernel memory per tracked source ({entries} slots, preallocated)"),
+        label: format!("kernel memory per record of the bucket store ({entries} records)"),
         unit: "bytes",
-        runs: vec![per],
+        runs: vec![per(entries)],
         baseline: None,
         detail: json!({ "memlock_bytes": memlock, "max_entries": entries }),
     });
+    if let Some(tracked) = tracked.filter(|&t| t > 0) {
+        report.add(Figure {
+            key: "memory.kernel_per_tracked_source".into(),
+            section: "Memory and control plane",
+            label: format!("kernel memory per tracked source ({tracked} tracked, store full)"),
+            unit: "bytes",
+            runs: vec![per(tracked)],
+            baseline: None,
+            detail: json!({
+                "memlock_bytes": memlock,
+                "max_entries": entries,
+                "tracked_buckets": tracked,
+            }),
+        });
+    }
+    Ok(())
+}
+
+const SECTION_CPUS: &str =
+    "One hot source charged from every CPU at once (BPF_PROG_TEST_RUN, a thread pinned to each CPU)";
+
+/// How the cost of one hot source grows with CPUs: the admitted and the dropped hot frames run
+/// on one CPU alone, then on every CPU at once (a thread pinned to each, started together, each
+/// a BPF_PROG_TEST_RUN of `repeat` runs of the same frame: the same bucket from every CPU).
+/// Reports the kernel's ns per packet on each CPU (the mean of the CPUs) against one CPU alone.
+pub fn cpus(report: &mut Report, opts: &Options, limiter: &Limiter) -> Result<()> {
+    let n = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    if n < 2 {
+        crate::announce("one CPU only: no figure for the cost on several CPUs");
+        return Ok(());
+    }
+    crate::announce(&format!(
+        "in-kernel cost of one hot source on {n} CPUs at once"
+    ));
+    let prog = limiter.program();
+    // The kernel's ns per run, and when the call started and ended.
+    let run_on =
+        |cpu: usize, frame: &[u8], start: &std::sync::Barrier| -> Result<(f64, Instant, Instant)> {
+            ratelimit_testbed::xdp::pin_to_cpu(cpu)
+                .with_context(|| format!("pinning to CPU {cpu}"))?;
+            start.wait();
+            let t0 = Instant::now();
+            let ns = repeat_ns(prog, frame, opts.repeat)?.0 + TRUNCATION;
+            Ok((ns, t0, Instant::now()))
+        };
+    for (tag, what, frame) in [
+        (
+            "admitted",
+            "known source, admitted",
+            v4_frame([198, 18, 0, 1]),
+        ),
+        (
+            "dropped",
+            "known source, dropped",
+            v4_frame([198, 18, 2, 1]),
+        ),
+    ] {
+        repeat_ns(prog, &frame, 1000)?;
+        let (mut one, mut all, mut each, mut overlaps) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..opts.runs {
+            crate::check_interrupted()?;
+            let alone = std::sync::Barrier::new(1);
+            one.push(
+                std::thread::scope(|s| {
+                    s.spawn(|| run_on(0, &frame, &alone))
+                        .join()
+                        .map_err(|_| anyhow::anyhow!("a test-run thread panicked"))?
+                })?
+                .0,
+            );
+            let together = std::sync::Barrier::new(n);
+            let per_cpu = std::thread::scope(|s| {
+                let threads: Vec<_> = (0..n)
+                    .map(|cpu| {
+                        let (frame, together) = (&frame, &together);
+                        s.spawn(move || run_on(cpu, frame, together))
+                    })
+                    .collect();
+                threads
+                    .into_iter()
+                    .map(|t| {
+                        t.join()
+                            .map_err(|_| anyhow::anyhow!("a test-run thread panicked"))?
+                    })
+                    .collect::<Result<Vec<(f64, Instant, Instant)>>>()
+            })?;
+            // How much of the longest call ran while every call ran (1: fully at once).
+            let first_end = per_cpu.iter().map(|r| r.2).min().expect("threads");
+            let last_start = per_cpu.iter().map(|r| r.1).max().expect("threads");
+            let longest = per_cpu
+                .iter()
+                .map(|r| (r.2 - r.1).as_secs_f64())
+                .fold(0.0, f64::max);
+            overlaps.push(
+                first_end
+                    .checked_duration_since(last_start)
+                    .map_or(0.0, |d| d.as_secs_f64() / longest.max(1e-9)),
+            );
+            let per_cpu: Vec<f64> = per_cpu.iter().map(|r| r.0).collect();
+            #[expect(clippy::cast_precision_loss, reason = "a few CPUs")]
+            all.push(per_cpu.iter().sum::<f64>() / n as f64);
+            each.push(per_cpu);
+        }
+        eprintln!(
+            "    {what}: calls overlapped {:.0}% (median of runs)",
+            crate::report::median(&overlaps) * 100.0
+        );
+        let one_key = format!("kernel.cpus.{tag}.one");
+        report.add(Figure {
+            key: one_key.clone(),
+            section: SECTION_CPUS,
+            label: format!("{what}: one CPU alone (CPU 0)"),
+            unit: "ns/pkt",
+            runs: one,
+            baseline: None,
+            detail: json!({ "repeat": opts.repeat }),
+        });
+        report.add(Figure {
+            key: format!("kernel.cpus.{tag}.all"),
+            section: SECTION_CPUS,
+            label: format!("{what}: {n} CPUs at once, per CPU (mean)"),
+            unit: "ns/pkt",
+            runs: all,
+            baseline: Some(one_key),
+            detail: json!({
+                "repeat": opts.repeat,
+                "cpus": n,
+                "ns_per_cpu": each,
+                "overlap": overlaps,
+            }),
+        });
+    }
     Ok(())
 }

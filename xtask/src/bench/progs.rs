@@ -8,8 +8,8 @@
 //!   limiter, or `bench_pass` as the floor), so that BPF_PROG_TEST_RUN with `repeat` sees a new
 //!   source on every run: the frame buffer is shared by the runs of one call, so each run finds
 //!   the previous run's address;
-//! - *probes* that do one thing the limiter does (read a clock, look up a map) and pass, to weigh
-//!   the parts of its fast path.
+//! - *probes* that do one thing the limiter does (read a clock, look up a map, e.g. the bucket
+//!   store's record of a source) and pass, to weigh the parts of its fast path.
 
 use std::{
     ffi::CString,
@@ -32,15 +32,12 @@ pub const XOR64_IMM: u8 = 0xa7;
 pub const MOD64_IMM: u8 = 0x97;
 pub const TO_BE: u8 = 0xdc;
 pub const LDX_W: u8 = 0x61;
-pub const LDX_B: u8 = 0x71;
 pub const STX_B: u8 = 0x73;
 pub const STX_W: u8 = 0x63;
 pub const ST_B: u8 = 0x72;
-pub const ST_W: u8 = 0x62;
 pub const JGT_REG: u8 = 0x2d;
 pub const JEQ_IMM: u8 = 0x15;
 pub const JNE_IMM: u8 = 0x55;
-pub const JA: u8 = 0x05;
 pub const LD_IMM64: u8 = 0x18;
 pub const CALL: u8 = 0x85;
 pub const EXIT: u8 = 0x95;
@@ -48,7 +45,6 @@ pub const EXIT: u8 = 0x95;
 const PSEUDO_MAP_FD: u8 = 1;
 
 pub const FUNC_MAP_LOOKUP_ELEM: i32 = 1;
-pub const FUNC_MAP_UPDATE_ELEM: i32 = 2;
 pub const FUNC_KTIME_GET_NS: i32 = 5;
 pub const FUNC_GET_PRANDOM_U32: i32 = 7;
 pub const FUNC_TAIL_CALL: i32 = 12;
@@ -186,12 +182,38 @@ pub fn load(name: &str, insns: &[Insn], pin_dir: &Path) -> Result<Xdp> {
     program.with_context(|| format!("opening the pinned {name}"))
 }
 
-/// `BPF_MAP_TYPE_HASH`.
-pub const MAP_HASH: u32 = 1;
-/// `BPF_MAP_TYPE_LRU_HASH`.
-pub const MAP_LRU_HASH: u32 = 9;
-/// `BPF_F_NO_COMMON_LRU`: per-CPU LRU lists.
-pub const F_NO_COMMON_LRU: u32 = 2;
+/// `BPF_MAP_TYPE_ARRAY`.
+pub const MAP_ARRAY: u32 = 2;
+/// `BPF_F_MMAPABLE`.
+pub const F_MMAPABLE: u32 = 1 << 10;
+
+/// An array map of `values` (u32 each, in memory order), for [`Sources::RandomOf`]: created
+/// memory-mappable and written through the mapping.
+pub fn u32_array(values: &[[u8; 4]]) -> Result<OwnedFd> {
+    let n = u32::try_from(values.len().max(1)).context("array length")?;
+    let map = create_map(MAP_ARRAY, 4, 4, n, F_MMAPABLE)?;
+    let bytes = values.len() * 4;
+    if bytes > 0 {
+        // SAFETY: a fresh shared mapping of the whole array (the kernel checks the length),
+        // written once and unmapped before anything else can use it.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.as_raw_fd(),
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error()).context("mapping an array map");
+            }
+            std::ptr::copy_nonoverlapping(values.as_ptr().cast::<u8>(), p.cast::<u8>(), bytes);
+            libc::munmap(p, bytes);
+        }
+    }
+    Ok(map)
+}
 
 /// Creates a map.
 pub fn create_map(
@@ -249,8 +271,6 @@ pub fn prog_array(target: &Xdp) -> Result<OwnedFd> {
 /// Offsets in an Ethernet + IPv4 frame.
 pub const IP_ID: i16 = 14 + 4;
 pub const IP_SRC: i16 = 14 + 12;
-/// Offset of the IPv4 TOS byte in a frame.
-pub const IP_TOS: i16 = 14 + 1;
 
 /// `r2 = data`, `r3 = data_end`, and a jump of `skip` instructions when the frame is shorter than
 /// Ethernet + IPv4 (`ctx` in r6).
@@ -311,55 +331,38 @@ const NEXT_SOURCE: [Insn; 5] = [
 
 /// How a driver picks the next source.
 #[derive(Clone, Copy, Debug)]
-pub enum Sources {
+pub enum Sources<'a> {
     /// The previous run's address plus one: a source never seen before on every run.
     Sequential,
-    /// Every address twice in a row, then the next one: the limiter creates a source's bucket on
-    /// its second packet (first-packet admission), so this is how the bucket map is filled. The
-    /// IPv4 TOS byte (which the limiter ignores) keeps which of the two runs is next.
-    SequentialTwice,
-    /// `10.0.0.0/9` address number `random % n` (see `kernel::tracked_addr`): a random one of the
-    /// first `n` tracked sources.
-    RandomAmong(u32),
+    /// A random one of the `n` IPv4 addresses (4 bytes each, as in the header) in the array
+    /// map: entry `random % n`.
+    RandomOf(BorrowedFd<'a>, u32),
 }
 
 /// A driver: rewrites the IPv4 source as `sources` says, then tail-calls slot 0 of `prog_array`.
 /// Returns `XDP_ABORTED` if the tail call fails (so a failed call cannot pass for the target's
 /// `XDP_PASS`).
-pub fn driver(sources: Sources, prog_array: BorrowedFd<'_>) -> Vec<Insn> {
+pub fn driver(sources: Sources<'_>, prog_array: BorrowedFd<'_>) -> Vec<Insn> {
     let mut p = vec![insn(MOV64_REG, 6, 1, 0, 0)];
     let body: Vec<Insn> = match sources {
         Sources::Sequential => NEXT_SOURCE.to_vec(),
-        Sources::SequentialTwice => {
-            let mut b = vec![
-                insn(LDX_B, 5, 2, IP_TOS, 0), // r5 = toggle
-                // Second of the two: over the next address and the toggle's set, to its reset.
-                insn(JNE_IMM, 5, 0, NEXT_SOURCE.len() as i16 + 2, 0),
-            ];
-            b.extend(NEXT_SOURCE); // first of the two: the next address
-            b.extend([
-                insn(ST_B, 2, 0, IP_TOS, 1), // toggle = 1
-                insn(JA, 0, 0, 1, 0),
-                insn(ST_B, 2, 0, IP_TOS, 0), // toggle = 0
-            ]);
-            b
-        }
-        Sources::RandomAmong(n) => {
+        Sources::RandomOf(map, n) => {
             p.extend([
                 insn(CALL, 0, 0, 0, FUNC_GET_PRANDOM_U32),
                 insn(MOD64_IMM, 0, 0, 0, i32::try_from(n).expect("n < 2^31")),
-                insn(MOV64_REG, 7, 0, 0, 0),
+                insn(STX_W, 10, 0, -4, 0), // key = random % n, at r10-4
             ]);
-            vec![
-                insn(MOV64_REG, 5, 7, 0, 0), // src[1] = (i >> 16) & 0x7f
-                insn(RSH64_IMM, 5, 0, 0, 16),
-                insn(AND64_IMM, 5, 0, 0, 0x7f),
-                insn(STX_B, 2, 5, IP_SRC + 1, 0),
-                insn(MOV64_REG, 5, 7, 0, 0), // src[2] = i >> 8
-                insn(RSH64_IMM, 5, 0, 0, 8),
-                insn(STX_B, 2, 5, IP_SRC + 2, 0),
-                insn(STX_B, 2, 7, IP_SRC + 3, 0), // src[3] = i
-            ]
+            p.extend(ld_map_fd(1, map));
+            p.extend([
+                insn(MOV64_REG, 2, 10, 0, 0),
+                insn(ADD64_IMM, 2, 0, 0, -4),
+                insn(CALL, 0, 0, 0, FUNC_MAP_LOOKUP_ELEM),
+                insn(JNE_IMM, 0, 0, 2, 0), // a miss cannot happen (key < n): abort
+                insn(MOV64_IMM, 0, 0, 0, XDP_ABORTED),
+                insn(EXIT, 0, 0, 0, 0),
+                insn(LDX_W, 7, 0, 0, 0), // r7 = the address
+            ]);
+            vec![insn(STX_W, 2, 7, IP_SRC, 0)]
         }
     };
     p.extend(bounds(i16::try_from(body.len()).expect("short")));
@@ -386,11 +389,6 @@ pub enum Probe<'a> {
     Jiffies,
     /// `bpf_map_lookup_elem(map, key)`; the lookup must hit (else the probe returns XDP_ABORTED).
     Lookup(BorrowedFd<'a>, &'a [u8]),
-    /// `bpf_map_update_elem(map, key, zeros, BPF_ANY)` with a key made of the frame's IPv4
-    /// source and zeros (up to 24 bytes, the limiter's bucket key size; the map's key size says
-    /// how many are read) and a 64-byte value (the bucket's size); whether it succeeds is not
-    /// looked at.
-    InsertSource(BorrowedFd<'a>),
 }
 
 /// A probe program: does `probe` once, then returns XDP_PASS.
@@ -401,28 +399,6 @@ pub fn probe(probe: Probe<'_>) -> Vec<Insn> {
         Probe::CoarseClock => p.push(insn(CALL, 0, 0, 0, FUNC_KTIME_GET_COARSE_NS)),
         Probe::Jiffies => p.push(insn(CALL, 0, 0, 0, FUNC_JIFFIES64)),
         Probe::Lookup(..) => {}
-        Probe::InsertSource(map) => {
-            // Key at r10-24 (source, then zeros), value at r10-88 (zeros).
-            let mut body = vec![insn(LDX_W, 5, 2, IP_SRC, 0), insn(STX_W, 10, 5, -24, 0)];
-            for off in (-20..0).step_by(4) {
-                body.push(insn(ST_W, 10, 0, off, 0));
-            }
-            for off in (-88..-24).step_by(4) {
-                body.push(insn(ST_W, 10, 0, off, 0));
-            }
-            body.extend(ld_map_fd(1, map));
-            body.extend([
-                insn(MOV64_REG, 2, 10, 0, 0),
-                insn(ADD64_IMM, 2, 0, 0, -24),
-                insn(MOV64_REG, 3, 10, 0, 0),
-                insn(ADD64_IMM, 3, 0, 0, -88),
-                insn(MOV64_IMM, 4, 0, 0, 0),
-                insn(CALL, 0, 0, 0, FUNC_MAP_UPDATE_ELEM),
-            ]);
-            p.push(insn(MOV64_REG, 6, 1, 0, 0));
-            p.extend(bounds(i16::try_from(body.len()).expect("short")));
-            p.extend(body);
-        }
     }
     p.extend([insn(MOV64_IMM, 0, 0, 0, XDP_PASS), insn(EXIT, 0, 0, 0, 0)]);
     if let Probe::Lookup(map, key) = probe {

@@ -14,9 +14,11 @@
 //! - every minute a reload of an equivalent config, in turn by rewriting the config file (the
 //!   agent's file watcher), by SIGHUP and by `ratelimit rules reload`.
 //!
-//! Evictions: the kernel does not count LRU evictions, and no rule is removed during the soak, so
-//! every bucket that disappeared was evicted: evicted = buckets created (`new_buckets`) - buckets
-//! tracked, both since the soak started (read through `ratelimit stats --json`, not from the maps).
+//! Evictions: the XDP program counts them itself, split by what the evicted bucket held
+//! (`evicted_full`: it had refilled, nothing lost; `evicted_lost`: it was in debt), read through
+//! `ratelimit stats --json` (global counters) and the metrics, not from the maps. No rule is
+//! removed during the soak, so at rest they must add up to buckets created (`new_buckets`) minus
+//! the growth of the tracked count: the soak checks that too.
 //!
 //! Memory: VmRSS at rest (read every second between the samples' calls) moves in a band, as the
 //! allocator keeps or trims the buffers of the map walks behind the operator paths. From the
@@ -63,14 +65,18 @@ const METRICS: &str = "127.0.0.1:9477";
 /// allocations are over by then; shorter runs use their second half), and not before the bucket
 /// map is full: until then the agent's answers grow with the map.
 const SETTLE: Duration = Duration::from_secs(60);
-/// The soak's default bucket map capacity. A source's bucket is created on its second packet
-/// (first-packet admission), so 2^24 random sources create only about one bucket per 500 frames
-/// here (some 1,300 a second): the default capacity (2^20) would take about 14 minutes to fill,
-/// 2^17 fills in under two minutes and is evicting for the rest of the soak.
+/// The soak's default bucket store capacity, as in the soaks before the store was an array (so
+/// their figures compare). A source's first packet creates its bucket, so the flood fills it in
+/// seconds and it evicts for the rest of the soak (`--max-buckets 1048576` for the default size,
+/// which fills as fast now).
 const SOAK_MAX_BUCKETS: u32 = 1 << 17;
-/// The bucket map counts as full from this share of its capacity on: the kernel's LRU frees
-/// entries in batches (and keeps some on per-CPU free lists), so a full map hovers just below it.
+/// The bucket store counts as full from this share of its capacity on: a new source takes a free
+/// record only in its own two sets, so the last free records fill slowly.
 const FULL_SHARE: f64 = 0.99;
+/// Most `evicted_lost` a flood of one-packet sources may cause, as a share of all evictions: such
+/// a source's bucket has refilled a millisecond (its one packet's cost) after it was created, long
+/// before a new source comes to its set, so nearly every eviction is of a full bucket.
+const LOST_SHARE: f64 = 0.01;
 
 /// Flood the limiter with random sources for minutes, operator paths in use (needs root).
 #[derive(Debug, clap::Args)]
@@ -127,8 +133,14 @@ struct Sample {
     passed: u64,
     dropped_rate: u64,
     no_bucket: u64,
-    /// Buckets created minus buckets tracked, since the soak started.
+    /// Evictions counted by the program since the soak started (`evicted_full + evicted_lost`).
     evicted: i64,
+    /// `evicted_full` and `evicted_lost` (global counters, since the agent started).
+    evicted_full: u64,
+    evicted_lost: u64,
+    /// From the metrics endpoint: `ratelimit_bucket_evictions_total` by state (full, lost).
+    metrics_evicted_full: u64,
+    metrics_evicted_lost: u64,
     /// From `status --json`.
     status_tracked: u64,
     reloads_ok: u64,
@@ -203,6 +215,10 @@ pub fn run(args: &Args) -> Result<()> {
     let (before, _) = ops.cli(&["stats", "--json"])?;
     let created0 = counter(&before["global"]["new_buckets"]);
     let tracked0 = counter(&before["buckets"]["tracked"]);
+    let evicted0 = (
+        counter(&before["global"]["evicted_full"]),
+        counter(&before["global"]["evicted_lost"]),
+    );
     let receiver = Receiver::bind(bed.rx(), SocketAddr::new(SERVER.into(), 0))?;
     let dst = receiver.local_addr();
 
@@ -289,8 +305,7 @@ pub fn run(args: &Args) -> Result<()> {
                 sample.t = (now - started).as_secs_f64();
                 // (Without an answer from `stats`, capacity is 0 and the sample has no count.)
                 if sample.capacity > 0 {
-                    sample.evicted =
-                        evictions(created0, sample.new_buckets, tracked0, sample.tracked);
+                    sample.evicted = evictions(evicted0, sample.evicted_full, sample.evicted_lost);
                 }
                 println!("{}", sample.row());
                 samples.push(sample);
@@ -318,7 +333,7 @@ pub fn run(args: &Args) -> Result<()> {
 
     crate::announce("flood stopped: final reads, then stopping the agent");
     receiver.wait_idle(Duration::from_millis(300), Duration::from_secs(3));
-    // The final reads see a bucket map at rest: the eviction count is exact here.
+    // The final reads see a bucket store at rest: created - tracked is exact here.
     let (after, _) = ops.cli(&["stats", "--json"])?;
     let (explain, _) = ops.cli(&["explain", &POLITE.to_string(), "--json"])?;
     let (status, _) = ops.cli(&["status", "--json"])?;
@@ -335,6 +350,8 @@ pub fn run(args: &Args) -> Result<()> {
         .unwrap_or_default();
     let fin = Final {
         created: counter(&after["global"]["new_buckets"]).saturating_sub(created0),
+        evicted_full: counter(&after["global"]["evicted_full"]).saturating_sub(evicted0.0),
+        evicted_lost: counter(&after["global"]["evicted_lost"]).saturating_sub(evicted0.1),
         tracked: counter(&after["buckets"]["tracked"]),
         tracked0,
         capacity: counter(&after["buckets"]["capacity"]),
@@ -522,6 +539,12 @@ impl Ops<'_> {
                 s.capacity = counter(&v["buckets"]["capacity"]);
                 s.new_buckets = counter(&v["global"]["new_buckets"]);
                 s.bucket_errors = counter(&v["global"]["bucket_errors"]);
+                s.evicted_full = counter(&v["global"]["evicted_full"]);
+                s.evicted_lost = counter(&v["global"]["evicted_lost"]);
+                if v["global"]["evicted_full"].is_null() || v["global"]["evicted_lost"].is_null() {
+                    s.errors
+                        .push("stats: no evicted_full or evicted_lost counter".to_string());
+                }
                 if let Some(rule) = v["rules"]
                     .as_array()
                     .and_then(|r| r.iter().find(|r| r["name"] == RULE))
@@ -555,6 +578,11 @@ impl Ops<'_> {
                 s.ms_metrics = ms(d);
                 s.metrics_new_buckets = metric(&text, "ratelimit_new_buckets_total").unwrap_or(0);
                 s.metrics_tracked = metric(&text, "ratelimit_buckets_tracked").unwrap_or(0);
+                s.metrics_evicted_full = metric(&text, EVICTIONS_FULL).unwrap_or(0);
+                s.metrics_evicted_lost = metric(&text, EVICTIONS_LOST).unwrap_or(0);
+                if metric(&text, EVICTIONS_FULL).is_none() {
+                    s.errors.push(format!("metrics: no {EVICTIONS_FULL}"));
+                }
                 if metric(&text, "ratelimit_new_buckets_total").is_none() {
                     s.errors
                         .push("metrics: no ratelimit_new_buckets_total".to_string());
@@ -649,6 +677,10 @@ impl Sample {
             "dropped_rate": self.dropped_rate,
             "no_bucket": self.no_bucket,
             "evicted": self.evicted,
+            "evicted_full": self.evicted_full,
+            "evicted_lost": self.evicted_lost,
+            "metrics_evicted_full": self.metrics_evicted_full,
+            "metrics_evicted_lost": self.metrics_evicted_lost,
             "status_tracked": self.status_tracked,
             "reloads_ok": self.reloads_ok,
             "reloads_failed": self.reloads_failed,
@@ -729,6 +761,9 @@ impl Sample {
 struct Final {
     /// Buckets created during the soak (at rest, after the flood).
     created: u64,
+    /// Evictions counted by the program during the soak (at rest), by state.
+    evicted_full: u64,
+    evicted_lost: u64,
     tracked: u64,
     tracked0: u64,
     capacity: u64,
@@ -750,14 +785,30 @@ struct Final {
     errors: usize,
 }
 
-/// Buckets evicted since the start: created since then minus the growth of the tracked count.
+/// Evictions the program counted since the start (`evicted_full + evicted_lost`), given the two
+/// counters at the start and now.
 #[expect(
     clippy::cast_possible_wrap,
     reason = "bucket counts are far below 2^63"
 )]
-fn evictions(created0: u64, created: u64, tracked0: u64, tracked: u64) -> i64 {
-    created.saturating_sub(created0) as i64 - (tracked as i64 - tracked0 as i64)
+fn evictions(at_start: (u64, u64), full: u64, lost: u64) -> i64 {
+    (full.saturating_sub(at_start.0) + lost.saturating_sub(at_start.1)) as i64
 }
+
+/// Buckets that left the store since the start, by the counts alone: created since then minus
+/// the growth of the tracked count (the evictions, as long as no rule is removed).
+#[expect(
+    clippy::cast_possible_wrap,
+    reason = "bucket counts are far below 2^63"
+)]
+fn departed(created: u64, tracked0: u64, tracked: u64) -> i64 {
+    created as i64 - (tracked as i64 - tracked0 as i64)
+}
+
+/// `ratelimit_bucket_evictions_total` of a full bucket, as the metrics name it.
+const EVICTIONS_FULL: &str = "ratelimit_bucket_evictions_total{state=\"full\"}";
+/// ... and of a bucket in debt.
+const EVICTIONS_LOST: &str = "ratelimit_bucket_evictions_total{state=\"lost\"}";
 
 /// A counter from a JSON answer (0 if absent).
 fn counter(v: &Value) -> u64 {
@@ -827,7 +878,7 @@ fn slope(points: &[(f64, f64)]) -> Option<f64> {
 }
 
 const SECTION_TRAFFIC: &str = "Soak: traffic (each run is one sample interval)";
-const SECTION_MAP: &str = "Soak: bucket map (from `ratelimit stats --json`, each sample)";
+const SECTION_MAP: &str = "Soak: bucket store (from `ratelimit stats --json`, each sample)";
 const SECTION_AGENT: &str =
     "Soak: agent (release build; /proc and its operator paths, each sample)";
 
@@ -861,13 +912,14 @@ fn judge(samples: &[Sample], fin: &Final, duration: Duration, machine: Value) ->
         .map(|s| s.t);
     // Per-interval rates of bucket creation, and of eviction once the map is full.
     let mut created_ps = Vec::new();
-    let mut evicted_ps = Vec::new();
+    let (mut evicted_ps, mut lost_ps) = (Vec::new(), Vec::new());
     for w in samples.windows(2) {
         let dt = w[1].t - w[0].t;
         if dt > 0.0 {
             created_ps.push(w[1].new_buckets.saturating_sub(w[0].new_buckets) as f64 / dt);
             if full_at.is_some_and(|t| w[0].t >= t) {
                 evicted_ps.push((w[1].evicted - w[0].evicted) as f64 / dt);
+                lost_ps.push(w[1].evicted_lost.saturating_sub(w[0].evicted_lost) as f64 / dt);
             }
         }
     }
@@ -902,9 +954,16 @@ fn judge(samples: &[Sample], fin: &Final, duration: Duration, machine: Value) ->
     fig(
         "evicted_per_sec",
         SECTION_MAP,
-        "buckets evicted (created - tracked) per second, map full",
+        "buckets evicted (evicted_full + evicted_lost) per second, full",
         "1/s",
         evicted_ps,
+    );
+    fig(
+        "evicted_lost_per_sec",
+        SECTION_MAP,
+        "of which in debt (evicted_lost) per second, full",
+        "1/s",
+        lost_ps,
     );
     fig(
         "rss",
@@ -945,7 +1004,7 @@ fn judge(samples: &[Sample], fin: &Final, duration: Duration, machine: Value) ->
     let space = f64::from(1u32 << RANDOM_BITS);
     let distinct = space * (1.0 - (-(fin.frames as f64) / space).exp());
     targets.push(Target {
-        goal: "the flood offers more sources than the bucket map can track".into(),
+        goal: "the flood offers more sources than the bucket store can track".into(),
         met: Some(distinct > capacity as f64 && fin.created > capacity),
         evidence: format!(
             "{} frames with 24 random source bits (2^24 = {} addresses): about {:.0} distinct \
@@ -959,8 +1018,9 @@ fn judge(samples: &[Sample], fin: &Final, duration: Duration, machine: Value) ->
             fin.created as f64 / capacity as f64,
         ),
     });
-    // 2. Evictions counted, map at capacity, never above it.
-    let evicted = evictions(0, fin.created, fin.tracked0, fin.tracked);
+    // 2. Evictions counted by the program, store at capacity, never above it.
+    let evicted = (fin.evicted_full + fin.evicted_lost) as i64;
+    let left = departed(fin.created, fin.tracked0, fin.tracked);
     let max_tracked = samples
         .iter()
         .map(|s| s.tracked.max(s.status_tracked).max(s.metrics_tracked))
@@ -972,15 +1032,26 @@ fn judge(samples: &[Sample], fin: &Final, duration: Duration, machine: Value) ->
         let s = samples.iter().find(|s| s.t >= t)?;
         Some(evicted - s.evicted)
     });
+    let last = samples.last();
+    let metrics_agree = last.is_some_and(|s| {
+        s.metrics_evicted_full == s.evicted_full && s.metrics_evicted_lost == s.evicted_lost
+    });
     targets.push(Target {
-        goal: "evictions are counted: the bucket map fills and the LRU evicts".into(),
-        met: Some(evicted > 0 && full_at.is_some()),
+        goal: "evictions are counted by the program: the store fills, evicts, and evicted_full + \
+               evicted_lost = created - tracked at rest"
+            .into(),
+        met: Some(evicted > 0 && full_at.is_some() && evicted == left),
         evidence: format!(
-            "{evicted} buckets evicted (created {} - tracked at the end {} + tracked at the start \
-             {}); full (>= {:.0}% of {capacity}) from {}; {}",
+            "{evicted} buckets evicted ({} full, {} lost); by the counts: created {} - tracked \
+             at the end {} + tracked at the start {} = {left} ({}); full (>= {:.0}% of \
+             {capacity}) from {}; {}; the metrics in the last sample (read a moment after \
+             stats, so {} them during the flood): {} full, {} lost",
+            fin.evicted_full,
+            fin.evicted_lost,
             fin.created,
             fin.tracked,
             fin.tracked0,
+            if evicted == left { "agree" } else { "DISAGREE" },
             FULL_SHARE * 100.0,
             full_at.map_or_else(|| "never".into(), |t| format!("{t:.0} s on")),
             match (evicted_since_full, evicting_secs) {
@@ -989,7 +1060,29 @@ fn judge(samples: &[Sample], fin: &Final, duration: Duration, machine: Value) ->
                     e as f64 / secs
                 ),
                 _ => "no eviction rate (never full)".into(),
-            }
+            },
+            if metrics_agree {
+                "agree with"
+            } else {
+                "differ from"
+            },
+            last.map_or(0, |s| s.metrics_evicted_full),
+            last.map_or(0, |s| s.metrics_evicted_lost),
+        ),
+    });
+    let lost_share = fin.evicted_lost as f64 / (evicted.max(1) as f64);
+    targets.push(Target {
+        goal: format!(
+            "one-packet sources evict buckets that have refilled: evicted_lost <= {:.0}% of \
+             evictions",
+            LOST_SHARE * 100.0
+        ),
+        met: (evicted > 0).then_some(lost_share <= LOST_SHARE),
+        evidence: format!(
+            "{} of {evicted} evictions lost state ({:.3}%); {} were of full buckets",
+            fin.evicted_lost,
+            lost_share * 100.0,
+            fin.evicted_full,
         ),
     });
     let over = samples
@@ -997,7 +1090,7 @@ fn judge(samples: &[Sample], fin: &Final, duration: Duration, machine: Value) ->
         .filter(|s| s.tracked.max(s.status_tracked).max(s.metrics_tracked) > capacity)
         .count();
     targets.push(Target {
-        goal: "kernel side: the bucket map never tracks more than its capacity".into(),
+        goal: "kernel side: the bucket store never tracks more than its capacity".into(),
         met: Some(over == 0 && !samples.is_empty()),
         evidence: format!(
             "largest tracked count {max_tracked} of {capacity} (status, stats and metrics; {over} \
@@ -1127,9 +1220,10 @@ fn judge(samples: &[Sample], fin: &Final, duration: Duration, machine: Value) ->
             )
         };
     targets.push(Target {
-        goal: "agent memory is flat once the map is full: the band of VmRSS at rest neither rises \
+        goal:
+            "agent memory is flat once the store is full: the band of VmRSS at rest neither rises \
                (floor, ceiling, floor's trend within max(2 MiB, 5%))"
-            .into(),
+                .into(),
         met: memory.0,
         evidence: memory.1.clone(),
     });
@@ -1159,17 +1253,14 @@ fn judge(samples: &[Sample], fin: &Final, duration: Duration, machine: Value) ->
              sampling have the other.",
             fin.traffic_secs
         ),
-        "Evicted = buckets created (global new_buckets) - buckets tracked, both since the start: \
-         no rule is removed during the soak, so every bucket that disappeared was evicted. \
-         During the flood the two are read a moment apart (stats reads the counters, then walks \
-         the map), so a sample's figure is off by the buckets created meanwhile; the final \
-         figure is read at rest."
+        "Evicted = the program's own counters, evicted_full (the bucket had refilled: nothing \
+         lost) + evicted_lost (it was in debt), from `stats --json`, since the start; at rest they \
+         must equal buckets created (new_buckets) - the growth of the tracked count, as no rule \
+         is removed during the soak."
             .into(),
         format!(
-            "A source's bucket is created on its second packet (first-packet admission): with \
-             2^24 random sources a frame creates one only when its source repeats while its first \
-             packet's slot in the 64k-slot table still holds it (at most 1 frame in 256); here 1 \
-             in {:.0}.",
+            "A source's first packet creates its bucket: 1 frame in {:.1} created one here \
+             (the others came from sources already tracked).",
             fin.frames as f64 / fin.created.max(1) as f64
         ),
     ];
@@ -1182,6 +1273,9 @@ fn judge(samples: &[Sample], fin: &Final, duration: Duration, machine: Value) ->
         "buckets_tracked_start": fin.tracked0,
         "buckets_tracked_end": fin.tracked,
         "evicted": evicted,
+        "evicted_full": fin.evicted_full,
+        "evicted_lost": fin.evicted_lost,
+        "created_minus_tracked": left,
         "full_from_seconds": full_at,
         "evicted_since_full": evicted_since_full,
         "max_tracked": max_tracked,
@@ -1303,5 +1397,9 @@ mod tests {
         assert_eq!(metric(text, "ratelimit_buckets_tracked"), Some(12));
         assert_eq!(metric(text, "ratelimit_new_buckets_total"), Some(34));
         assert_eq!(metric(text, "ratelimit_missing"), None);
+        let text = "ratelimit_bucket_evictions_total{state=\"full\"} 5\n\
+                    ratelimit_bucket_evictions_total{state=\"lost\"} 0\n";
+        assert_eq!(metric(text, EVICTIONS_FULL), Some(5));
+        assert_eq!(metric(text, EVICTIONS_LOST), Some(0));
     }
 }
