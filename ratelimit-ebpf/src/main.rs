@@ -60,10 +60,13 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
     // SAFETY: a live map value; the agent writes each word whole.
     let (epoch, flags) = unsafe { ((*config).generation, (*config).flags) };
     let s = scratch::get().ok_or(())?;
-    // The parse's outcome, then the decision, each laundered (see `scratch::launder`).
-    let (pkt, _) = scratch::launder(s, &pkt, 0);
-    let d = decide(&pkt, epoch, s);
-    let (pkt, d) = scratch::launder(s, &pkt, d);
+    // A rarely cut packet and the decision are laundered (see `scratch::launder`).
+    let pkt = if pkt.shape == shape::WHOLE {
+        pkt
+    } else {
+        scratch::launder_packet(s, &pkt)
+    };
+    let d = scratch::launder(s, decide(&pkt, epoch, s));
     let what = d >> 56;
     let id = d as u32;
     if what == decision::DROP {
@@ -251,7 +254,7 @@ fn limit(
             ratelimit_common::bucket_hash(seed, id, pkt.family, addr),
             sets,
         );
-        match store::scan(&key, sets, scratch::coarse_now(s)) {
+        match store::scan(&key, sets, scratch::coarse_now(s), s) {
             Scan::Hit(i, r) => {
                 // SAFETY: as above.
                 unsafe { (*slot).bucket = i };

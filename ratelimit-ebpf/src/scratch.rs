@@ -4,6 +4,8 @@
 
 use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
 
+use ratelimit_common::VictimChooser;
+
 use crate::{maps::SCRATCH, parse::Packet};
 
 /// Slots of the classification cache (a power of two). Direct-mapped by a hash of the source: a
@@ -64,26 +66,37 @@ pub struct Scratch {
     /// fragment, packets without an L4 header): emptied before each use, so no drop window or
     /// record index carries over.
     pub uncached: ClassSlot,
-    /// See [`launder`].
+    /// See [`launder_packet`].
     pub packet: Packet,
     /// See [`launder`].
     pub word: u64,
+    /// The bucket store's choice of a record for a new key, kept here rather than on the stack
+    /// for the same reason as [`launder`] (see `store::scan`).
+    pub chooser: VictimChooser,
 }
 
-/// `pkt` and `word`, written to this CPU's scratch record and read back. The verifier does not
-/// track values through map memory, so what comes back is "some packet" rather than one of the
-/// parser's many constant outcomes: the code after it is verified once, not once per way a
-/// packet can be cut (which multiplied the verification time past seconds).
+/// `word`, written to this CPU's scratch record and read back. The verifier does not track
+/// values through map memory, so what comes back is "some word" rather than one of the many
+/// constants it could be: the code after it is verified once for all of them, not once each
+/// (which multiplied the verification time). One aligned word costs about a nanosecond.
 #[inline(always)]
-pub fn launder(s: *mut Scratch, pkt: &Packet, word: u64) -> (Packet, u64) {
+pub fn launder(s: *mut Scratch, word: u64) -> u64 {
     // SAFETY: this CPU's live map value (see `coarse_now`); volatile so the round trip stays.
     unsafe {
-        core::ptr::write_volatile(&raw mut (*s).packet, *pkt);
         core::ptr::write_volatile(&raw mut (*s).word, word);
-        (
-            core::ptr::read_volatile(&raw const (*s).packet),
-            core::ptr::read_volatile(&raw const (*s).word),
-        )
+        core::ptr::read_volatile(&raw const (*s).word)
+    }
+}
+
+/// [`launder`] for a whole packet: for the rare shapes (fragments, packets without an L4
+/// header), whose many constant outcomes of the parse would each be verified through the rest of
+/// the program. Whole packets skip it: the round trip costs tens of nanoseconds.
+#[inline(always)]
+pub fn launder_packet(s: *mut Scratch, pkt: &Packet) -> Packet {
+    // SAFETY: as above.
+    unsafe {
+        core::ptr::write_volatile(&raw mut (*s).packet, *pkt);
+        core::ptr::read_volatile(&raw const (*s).packet)
     }
 }
 

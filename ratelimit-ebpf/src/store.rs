@@ -18,7 +18,10 @@ use ratelimit_common::{
     BUCKET_CANDIDATES,
 };
 
-use crate::maps::{BUCKETS, RULES};
+use crate::{
+    maps::{BUCKETS, RULES},
+    scratch::Scratch,
+};
 
 /// "No record" in the classification cache.
 pub const NO_RECORD: u32 = u32::MAX;
@@ -84,7 +87,7 @@ fn score(b: *mut Bucket, header: u64, now: u64) -> u64 {
 /// `choose_victim`). `now` is the coarse clock: never ahead of any rule's clock, so a bucket
 /// judged refilled has refilled.
 #[inline(always)]
-pub fn scan(key: &Key, sets: [u32; 2], now: u64) -> Scan {
+pub fn scan(key: &Key, sets: [u32; 2], now: u64, s: *mut Scratch) -> Scan {
     // First the key alone: eight independent loads, so a cold set costs about one miss.
     for c in 0..BUCKET_CANDIDATES {
         let i = bucket_candidate(sets, c);
@@ -95,17 +98,29 @@ pub fn scan(key: &Key, sets: [u32; 2], now: u64) -> Scan {
             return Scan::Hit(i, b);
         }
     }
-    // A miss: what taking each record would lose.
-    let mut chooser = VictimChooser::new();
+    // A miss: what taking each record would lose. The chooser lives in this CPU's scratch record,
+    // not on the stack, so its many constant states do not each get verified (see
+    // `scratch::launder`).
+    // SAFETY: this CPU's live scratch record.
+    let chooser = unsafe { &raw mut (*s).chooser };
+    // SAFETY: as above.
+    unsafe { core::ptr::write_volatile(chooser, VictimChooser::new()) };
     for c in 0..BUCKET_CANDIDATES {
         let Some(b) = BUCKETS.get_ptr_mut(bucket_candidate(sets, c)) else {
             return Scan::None;
         };
         // SAFETY: a live record.
         let header = unsafe { core::ptr::read_volatile(header_ptr(b)) };
-        chooser.offer(c, score(b, header, now));
+        let score = score(b, header, now);
+        // SAFETY: as above; read and written whole (volatile) so nothing is kept in registers.
+        unsafe {
+            let mut ch = core::ptr::read_volatile(chooser);
+            ch.offer(c, score);
+            core::ptr::write_volatile(chooser, ch);
+        }
     }
-    let Some((c, kind)) = chooser.choose() else {
+    // SAFETY: as above.
+    let Some((c, kind)) = (unsafe { core::ptr::read_volatile(chooser) }).choose() else {
         return Scan::None;
     };
     let victim = bucket_candidate(sets, c);
