@@ -379,6 +379,21 @@ pub struct Bucket {
 }
 const _: () = assert!(size_of::<Bucket>() == 64);
 
+/// How far a bucket's 32-bit packet counter moved from `old` to `new` (it wraps), or `None` if it
+/// moved back. The program counts with plain read-modify-writes, so two CPUs updating one bucket
+/// in the same instant can make it step back a little (a stale write lands last); a reader that
+/// took that for a wrap would see four billion packets. Keep the larger value as the next `old`.
+#[inline(always)]
+#[must_use]
+pub const fn counter_advance(new: u32, old: u32) -> Option<u32> {
+    let d = new.wrapping_sub(old);
+    if d > 1 << 31 {
+        None
+    } else {
+        Some(d)
+    }
+}
+
 /// [`Bucket::state`]: the record is being written for a new key (matches no key, is no victim).
 pub const BUCKET_BUSY: u8 = 1;
 

@@ -462,11 +462,12 @@ pub fn top_entries(
                 .get(&(k.rule, k.family, k.addr))
                 .filter(|(created, _, _)| *created == b.created_ns)
                 .map_or((0, 0), |&(_, p, d)| (p, d));
-            // The bucket's packet counters are 32 bits, wrapping.
+            // The bucket's packet counters are 32 bits, wrapping, and may step back a little
+            // (see `counter_advance`): that is no packet.
             #[expect(clippy::cast_possible_truncation, reason = "32-bit counters")]
             let (dp, dd) = (
-                u64::from(b.passed_pkts.wrapping_sub(p0 as u32)),
-                u64::from(b.dropped_pkts.wrapping_sub(d0 as u32)),
+                u64::from(ratelimit_common::counter_advance(b.passed_pkts, p0 as u32).unwrap_or(0)),
+                u64::from(ratelimit_common::counter_advance(b.dropped_pkts, d0 as u32).unwrap_or(0)),
             );
             (dp != 0 || dd != 0).then_some((dp.saturating_add(dd), dp, dd, i))
         })

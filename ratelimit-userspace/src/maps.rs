@@ -358,7 +358,7 @@ impl PinnedMaps {
         let mut gens = HashMap::new();
         let mut err = None;
         self.store.for_each(|i, b| {
-            if err.is_some() || b.family == 0 {
+            if err.is_some() {
                 return;
             }
             match self.live(b, &mut gens) {

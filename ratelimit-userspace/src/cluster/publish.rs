@@ -172,21 +172,37 @@ impl LocalTracker {
     pub fn update(&mut self, now: u64, seen: &HashMap<KeyName, BucketObs>, full: bool) {
         for (name, p) in &mut self.published {
             let (gained_pkts, gained_bytes, created) = match seen.get(name) {
-                // Same life of the bucket: what it gained since the last look (the packet
-                // counter is 32 bits, wrapping).
-                Some(b) if b.created_ns == p.created_ns => (
-                    u64::from((b.passed_pkts as u32).wrapping_sub(p.last_pkts as u32)),
-                    b.passed_bytes.saturating_sub(p.last_bytes),
-                    b.created_ns,
-                ),
+                // Same life of the bucket: what it gained since the last look. The packet counter
+                // is 32 bits and wraps; either counter may step back a little when two CPUs
+                // update the bucket at once (`counter_advance`): that is no gain, and the last
+                // value stays the higher one, so nothing is counted twice.
+                #[expect(clippy::cast_possible_truncation, reason = "32-bit counters")]
+                Some(b) if b.created_ns == p.created_ns => {
+                    let pkts = ratelimit_common::counter_advance(
+                        b.passed_pkts as u32,
+                        p.last_pkts as u32,
+                    );
+                    let bytes = b.passed_bytes.checked_sub(p.last_bytes);
+                    if pkts.is_some() {
+                        p.last_pkts = b.passed_pkts;
+                    }
+                    if bytes.is_some() {
+                        p.last_bytes = b.passed_bytes;
+                    }
+                    (
+                        u64::from(pkts.unwrap_or(0)),
+                        bytes.unwrap_or(0),
+                        b.created_ns,
+                    )
+                }
                 // A new life (the old one was evicted): everything it holds is new.
-                Some(b) => (b.passed_pkts, b.passed_bytes, b.created_ns),
+                Some(b) => {
+                    p.last_pkts = b.passed_pkts;
+                    p.last_bytes = b.passed_bytes;
+                    (b.passed_pkts, b.passed_bytes, b.created_ns)
+                }
                 None => (0, 0, 0),
             };
-            if let Some(b) = seen.get(name) {
-                p.last_pkts = b.passed_pkts;
-                p.last_bytes = b.passed_bytes;
-            }
             p.created_ns = created;
             #[expect(clippy::cast_precision_loss, reason = "a rate estimate")]
             let dt = (now.saturating_sub(p.last_ns) as f64 / 1e9).max(1e-3);
@@ -368,6 +384,34 @@ mod tests {
             t.changes().0,
             vec![(name(1).to_key(), "1:87:8700".to_string())]
         );
+    }
+
+    /// Two CPUs updating one bucket at once can leave its counters a little lower than a moment
+    /// before (a stale write lands last). That is no consumption: the key's count stays, and the
+    /// packets after it are counted from the higher value, once. (Read as a 32-bit wrap it was
+    /// four billion packets, which the peers charged as debt.) A real wrap still counts.
+    #[test]
+    fn counters_stepping_back_count_nothing_and_wraps_count() {
+        let start = 10 * S;
+        let mut t = LocalTracker::new(10, start);
+        let born = start + S / 2;
+        t.update(start + S, &HashMap::from([(name(1), obs(born, 50))]), true);
+        assert_eq!(t.changes().0, vec![(name(1).to_key(), "1:50:5000".to_string())]);
+        t.update(start + 2 * S, &HashMap::from([(name(1), obs(born, 48))]), false);
+        assert!(t.changes().0.is_empty(), "a step back counted");
+        t.update(start + 3 * S, &HashMap::from([(name(1), obs(born, 53))]), false);
+        assert_eq!(t.changes().0, vec![(name(1).to_key(), "1:53:5300".to_string())]);
+        // The 32-bit packet counter wrapping from 2^32 - 3 to 4: 7 packets.
+        let mut t = LocalTracker::new(10, start);
+        let near = u64::from(u32::MAX) - 2;
+        t.update(start + S, &HashMap::from([(name(2), obs(born, near))]), true);
+        let _ = t.changes();
+        let mut wrapped = obs(born, 4);
+        wrapped.passed_bytes = near * 100 + 700;
+        t.update(start + 2 * S, &HashMap::from([(name(2), wrapped)]), false);
+        let (set, _) = t.changes();
+        let count = Count::parse(&set[0].1).unwrap();
+        assert_eq!((count.pkts, count.bytes), (near + 7, near * 100 + 700));
     }
 
     #[test]
