@@ -280,6 +280,45 @@ fn hot_cases() -> Vec<HotCase> {
                 .build(),
         ),
         HotCase::new(
+            "kernel.limiter.ipv6_3ext",
+            "limiter: IPv6 known source behind 3 extension headers, admitted",
+            eth()
+                .ipv6(
+                    "2001:db8::1".parse().expect("address"),
+                    "2001:db8::2".parse().expect("address"),
+                )
+                .ext(0, 0)
+                .ext(43, 0)
+                .ext(60, 0)
+                .udp(40_000, 9)
+                .pad_to(102)
+                .build(),
+        ),
+        // A datagram's first fragment, then one of its others: the first looks its datagram up in
+        // the fragment table (inserted by the warm-up), the other follows it.
+        HotCase::new(
+            "kernel.limiter.first_fragment",
+            "limiter: IPv4 first fragment, admitted (fragment table lookup)",
+            eth()
+                .ipv4([198, 18, 0, 1].into(), [198, 18, 255, 254].into())
+                .udp(40_000, 9)
+                .frag(0, true)
+                .ident(77)
+                .pad_to(60)
+                .build(),
+        ),
+        HotCase::new(
+            "kernel.limiter.later_fragment",
+            "limiter: IPv4 later fragment, admitted (follows its first)",
+            eth()
+                .ipv4([198, 18, 0, 1].into(), [198, 18, 255, 254].into())
+                .proto(17)
+                .payload(26)
+                .frag(3, false)
+                .ident(77)
+                .build(),
+        ),
+        HotCase::new(
             "kernel.limiter.admitted_precise_clock",
             "variant: admitted, precise clock (tolerance < 20 ms)",
             v4_frame([198, 18, 1, 1]),
