@@ -49,7 +49,7 @@ pub fn ratelimit(ctx: XdpContext) -> u32 {
 #[inline(always)]
 fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
     bump_global(global::PACKETS);
-    let pkt = match parse::parse(ctx) {
+    let mut pkt = match parse::parse(ctx) {
         Ok(pkt) => pkt,
         Err(counter) => {
             bump_global(counter);
@@ -60,13 +60,12 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
     // SAFETY: a live map value; the agent writes each word whole.
     let (epoch, flags) = unsafe { ((*config).generation, (*config).flags) };
     let s = scratch::get().ok_or(())?;
-    // A rarely cut packet and the decision are laundered (see `scratch::launder`).
-    let pkt = if pkt.shape == shape::WHOLE {
-        pkt
-    } else {
-        scratch::launder_packet(s, &pkt)
-    };
-    let d = scratch::launder(s, decide(&pkt, epoch, s));
+    // A rarely cut packet is laundered (see `scratch::launder`), in place: a copy of the packet
+    // on every packet cost several ns.
+    if pkt.shape != shape::WHOLE {
+        scratch::launder_packet(s, &mut pkt);
+    }
+    let d = decide(&pkt, epoch, s);
     let what = d >> 56;
     let id = d as u32;
     if what == decision::DROP {
@@ -137,6 +136,20 @@ mod decision {
 /// states few and small.
 #[inline(always)]
 fn decide(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
+    if pkt.shape == shape::WHOLE || pkt.shape == shape::TRUNCATED {
+        // Whole packets (also with the TCP/UDP header cut short: without ports).
+        return classify::classify(pkt, epoch, s);
+    }
+    // Laundered (see `scratch::launder`): the cut paths' many constant outcomes would each be
+    // verified through the rest of the program.
+    scratch::launder(s, decide_cut(pkt, epoch, s))
+}
+
+/// [`decide`] for fragments and packets without an L4 header: a function of its own (a BPF
+/// call), so the whole packet's path stays compact (inlined, these paths doubled the program and
+/// slowed every packet by several ns).
+#[inline(never)]
+fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
     let uncached = |id: u32| decision::UNCACHED << 56 | u64::from(id);
     let drop = |reason: usize| decision::DROP << 56 | reason as u64;
     match pkt.shape {
@@ -189,7 +202,6 @@ fn decide(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
             WithoutL4::NoRule => uncached(NO_RULE),
             WithoutL4::Rule(id) => uncached(id),
         },
-        // Whole packets, and whole ones with the TCP/UDP header cut short (without ports).
         _ => classify::classify(pkt, epoch, s),
     }
 }

@@ -92,11 +92,11 @@ pub fn launder(s: *mut Scratch, word: u64) -> u64 {
 /// header), whose many constant outcomes of the parse would each be verified through the rest of
 /// the program. Whole packets skip it: the round trip costs tens of nanoseconds.
 #[inline(always)]
-pub fn launder_packet(s: *mut Scratch, pkt: &Packet) -> Packet {
+pub fn launder_packet(s: *mut Scratch, pkt: &mut Packet) {
     // SAFETY: as above.
     unsafe {
         core::ptr::write_volatile(&raw mut (*s).packet, *pkt);
-        core::ptr::read_volatile(&raw const (*s).packet)
+        *pkt = core::ptr::read_volatile(&raw const (*s).packet);
     }
 }
 
