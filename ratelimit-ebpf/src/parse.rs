@@ -167,20 +167,7 @@ fn parse_ipv4(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
     }
     let first = frag & 0x2000 != 0;
     pkt.first_fragment = u8::from(first);
-    match l4_port(ctx, l4, protocol) {
-        Some(port) => {
-            pkt.dst_port = port;
-            if first {
-                pkt.shape = shape::FIRST_FRAGMENT;
-            }
-        }
-        None if first => pkt.shape = shape::TINY_FRAGMENT,
-        None => {
-            bump_global(global::TRUNCATED_L4);
-            pkt.shape = shape::TRUNCATED;
-        }
-    }
-    Ok(pkt)
+    at_l4(ctx, pkt, l4, first)
 }
 
 #[inline(always)]
@@ -216,14 +203,7 @@ fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
         }
         // Every extension header is at least 8 bytes: next header, length, and (fragment) offset.
         let Some(e) = read::<[u8; 8]>(ctx, hdr) else {
-            pkt.protocol = PROTOCOL_UNKNOWN;
-            if first {
-                pkt.shape = shape::LONG_CHAIN;
-            } else {
-                bump_global(global::TRUNCATED_L4);
-                pkt.shape = shape::CUT_CHAIN;
-            }
-            return Ok(pkt);
+            return chain_cut(pkt, first);
         };
         let len = match next {
             IPPROTO_AH => (usize::from(e[1]) + 2) * 4,
@@ -250,14 +230,7 @@ fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
         hdr += len;
         if hdr > ctx.data_end() - ctx.data() {
             // The header runs past the frame's end: the chain is cut before the L4 header.
-            pkt.protocol = PROTOCOL_UNKNOWN;
-            if first {
-                pkt.shape = shape::LONG_CHAIN;
-            } else {
-                bump_global(global::TRUNCATED_L4);
-                pkt.shape = shape::CUT_CHAIN;
-            }
-            return Ok(pkt);
+            return chain_cut(pkt, first);
         }
     }
     if is_extension(next) {
@@ -268,7 +241,13 @@ fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
     }
     // The L4 header (ESP and No Next Header end the chain with no ports to read).
     pkt.protocol = next;
-    match l4_port(ctx, hdr, next) {
+    at_l4(ctx, pkt, hdr, first)
+}
+
+/// `pkt` with its L4 header at `l4` read: its port, and its shape (a first fragment's, if `first`).
+#[inline(always)]
+fn at_l4(ctx: &XdpContext, mut pkt: Packet, l4: usize, first: bool) -> Result<Packet, usize> {
+    match l4_port(ctx, l4, pkt.protocol) {
         Some(port) => {
             pkt.dst_port = port;
             if first {
@@ -280,6 +259,20 @@ fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
             bump_global(global::TRUNCATED_L4);
             pkt.shape = shape::TRUNCATED;
         }
+    }
+    Ok(pkt)
+}
+
+/// `pkt` whose IPv6 chain the frame cuts before the L4 header: a first fragment's chain is too
+/// long (RFC 7112), any other packet is cut short.
+#[inline(always)]
+fn chain_cut(mut pkt: Packet, first: bool) -> Result<Packet, usize> {
+    pkt.protocol = PROTOCOL_UNKNOWN;
+    if first {
+        pkt.shape = shape::LONG_CHAIN;
+    } else {
+        bump_global(global::TRUNCATED_L4);
+        pkt.shape = shape::CUT_CHAIN;
     }
     Ok(pkt)
 }

@@ -236,7 +236,12 @@ fn model_ipv4(b: &[u8], off: usize) -> Result<Parsed, usize> {
         return Ok(p);
     }
     p.first_fragment = frag & 0x2000 != 0;
-    p.shape = match (model_l4_port(b, off + ihl, protocol), p.first_fragment) {
+    Ok(model_at_l4(b, p, off + ihl))
+}
+
+/// `p` with its L4 header at `l4` read: its port and its shape.
+fn model_at_l4(b: &[u8], mut p: Parsed, l4: usize) -> Parsed {
+    p.shape = match (model_l4_port(b, l4, p.protocol), p.first_fragment) {
         (Some(port), first) => {
             p.dst_port = port;
             if first {
@@ -248,7 +253,7 @@ fn model_ipv4(b: &[u8], off: usize) -> Result<Parsed, usize> {
         (None, true) => Shape::TinyFragment,
         (None, false) => Shape::Truncated,
     };
-    Ok(p)
+    p
 }
 
 fn model_ipv6(b: &[u8], off: usize) -> Result<Parsed, usize> {
@@ -317,19 +322,7 @@ fn model_ipv6(b: &[u8], off: usize) -> Result<Parsed, usize> {
         return Ok(p);
     }
     p.protocol = next;
-    p.shape = match (model_l4_port(b, hdr, next), p.first_fragment) {
-        (Some(port), first) => {
-            p.dst_port = port;
-            if first {
-                Shape::FirstFragment
-            } else {
-                Shape::Whole
-            }
-        }
-        (None, true) => Shape::TinyFragment,
-        (None, false) => Shape::Truncated,
-    };
-    Ok(p)
+    Ok(model_at_l4(b, p, hdr))
 }
 
 /// The destination port at `l4` for TCP/UDP whose whole header (20/8 bytes) is in the frame (0 for
