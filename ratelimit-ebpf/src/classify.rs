@@ -7,7 +7,7 @@
 
 use aya_ebpf::maps::lpm_trie::Key;
 use ratelimit_common::{
-    family, prefix_generation, PrefixKey, Rule, MAX_CANDIDATES, PREFIX_KEY_HEADER_BITS,
+    family, prefix_generation, PrefixKey, MAX_CANDIDATES, PREFIX_KEY_HEADER_BITS,
 };
 
 use crate::{
@@ -37,10 +37,9 @@ pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
         && c.family == pkt.family
         && (c.flags & SLOT_ANY_L4 != 0
             || (c.protocol == pkt.protocol && c.dst_port == pkt.dst_port))
+        && (c.rule == NO_RULE || RULES.get(c.rule).is_some())
     {
-        if c.rule == NO_RULE || RULES.get(c.rule).is_some() {
-            return hit(c.rule);
-        }
+        return hit(c.rule);
     }
     let found = lookup(pkt, epoch);
     let rule = found as u32;
@@ -79,7 +78,7 @@ pub enum WithoutL4 {
 /// Classifies a packet whose protocol and port are unknown (not cached: such packets are rare).
 #[inline(always)]
 pub fn without_l4(pkt: &Packet, epoch: u32) -> WithoutL4 {
-    let Some(set) = PREFIXES.get(&prefix_key(pkt, epoch)) else {
+    let Some(set) = PREFIXES.get(prefix_key(pkt, epoch)) else {
         return WithoutL4::NoRule;
     };
     let len = set.len as usize;
@@ -128,7 +127,7 @@ const ANY_L4: u64 = 1 << 32;
 /// candidate matches any). One integer rather than a tuple: simpler code for the verifier.
 #[inline(always)]
 fn lookup(pkt: &Packet, epoch: u32) -> u64 {
-    let Some(set) = PREFIXES.get(&prefix_key(pkt, epoch)) else {
+    let Some(set) = PREFIXES.get(prefix_key(pkt, epoch)) else {
         return ANY_L4 | u64::from(NO_RULE);
     };
     let len = set.len as usize;

@@ -31,7 +31,7 @@ pub const REASON_SHIFT: u32 = 8;
 /// was not seen under this rule-set `epoch` within the last few seconds.
 #[inline(always)]
 pub fn recall(pkt: &Packet, epoch: u32, now: u64) -> Option<FragEntry> {
-    let e = FRAGMENTS.get_ptr(&key(pkt))?;
+    let e = FRAGMENTS.get_ptr(key(pkt))?;
     // SAFETY: a live map value.
     let e = unsafe { *e };
     (e.epoch == epoch && now.wrapping_sub(e.time_ns) < FRAGMENT_TIMEOUT_NS).then_some(e)
@@ -50,7 +50,7 @@ pub fn remember(
     drop: Option<usize>,
 ) -> Option<usize> {
     let key = key(pkt);
-    if let Some(e) = FRAGMENTS.get_ptr_mut(&key) {
+    if let Some(e) = FRAGMENTS.get_ptr_mut(key) {
         // SAFETY: a live map value; a race with another CPU's first fragment of the same
         // datagram at worst keeps one classification or the other, both already judged.
         let old = unsafe { *e };
@@ -82,6 +82,6 @@ pub fn remember(
     // A full map evicts the least recently used datagram: its later fragments then fall to the
     // rules without ports (counted `fragments_unmatched`), which walks past nothing a denied
     // first fragment did not already stop.
-    let _ = FRAGMENTS.insert(&key, &entry, u64::from(BPF_ANY));
+    let _ = FRAGMENTS.insert(key, entry, u64::from(BPF_ANY));
     drop
 }

@@ -551,13 +551,17 @@ impl Agent {
             verdict,
             rule,
             why: match verdict {
-                "dropped" => "a rule for this source looks at the protocol or port, which such a \
+                "dropped" => {
+                    "a rule for this source looks at the protocol or port, which such a \
                               packet hides: tiny first fragments (and their datagrams) and IPv6 \
                               chains of more than 8 extension headers are dropped \
-                              (dropped_tiny_fragments, dropped_long_chains)",
+                              (dropped_tiny_fragments, dropped_long_chains)"
+                }
                 "passed" => "no rule's source prefix contains this address",
-                _ => "no rule for this source looks at the protocol or port: such packets fall \
-                      under its first rule",
+                _ => {
+                    "no rule for this source looks at the protocol or port: such packets fall \
+                      under its first rule"
+                }
             }
             .to_string(),
         }

@@ -467,7 +467,9 @@ pub fn top_entries(
             #[expect(clippy::cast_possible_truncation, reason = "32-bit counters")]
             let (dp, dd) = (
                 u64::from(ratelimit_common::counter_advance(b.passed_pkts, p0 as u32).unwrap_or(0)),
-                u64::from(ratelimit_common::counter_advance(b.dropped_pkts, d0 as u32).unwrap_or(0)),
+                u64::from(
+                    ratelimit_common::counter_advance(b.dropped_pkts, d0 as u32).unwrap_or(0),
+                ),
             );
             (dp != 0 || dd != 0).then_some((dp.saturating_add(dd), dp, dd, i))
         })

@@ -589,6 +589,10 @@ mod tests {
         );
         let v = json!({"ip": "198.18.1.5", "protocol": 0, "rule": null, "why": "w",
                        "cut": {"verdict": "rule", "rule": "web", "why": "no port rule"}});
-        assert!(explain(&v).ends_with("fragments   rule web: no port rule\n"), "{}", explain(&v));
+        assert!(
+            explain(&v).ends_with("fragments   rule web: no port rule\n"),
+            "{}",
+            explain(&v)
+        );
     }
 }

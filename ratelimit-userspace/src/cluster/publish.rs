@@ -178,10 +178,8 @@ impl LocalTracker {
                 // value stays the higher one, so nothing is counted twice.
                 #[expect(clippy::cast_possible_truncation, reason = "32-bit counters")]
                 Some(b) if b.created_ns == p.created_ns => {
-                    let pkts = ratelimit_common::counter_advance(
-                        b.passed_pkts as u32,
-                        p.last_pkts as u32,
-                    );
+                    let pkts =
+                        ratelimit_common::counter_advance(b.passed_pkts as u32, p.last_pkts as u32);
                     let bytes = b.passed_bytes.checked_sub(p.last_bytes);
                     if pkts.is_some() {
                         p.last_pkts = b.passed_pkts;
@@ -396,15 +394,33 @@ mod tests {
         let mut t = LocalTracker::new(10, start);
         let born = start + S / 2;
         t.update(start + S, &HashMap::from([(name(1), obs(born, 50))]), true);
-        assert_eq!(t.changes().0, vec![(name(1).to_key(), "1:50:5000".to_string())]);
-        t.update(start + 2 * S, &HashMap::from([(name(1), obs(born, 48))]), false);
+        assert_eq!(
+            t.changes().0,
+            vec![(name(1).to_key(), "1:50:5000".to_string())]
+        );
+        t.update(
+            start + 2 * S,
+            &HashMap::from([(name(1), obs(born, 48))]),
+            false,
+        );
         assert!(t.changes().0.is_empty(), "a step back counted");
-        t.update(start + 3 * S, &HashMap::from([(name(1), obs(born, 53))]), false);
-        assert_eq!(t.changes().0, vec![(name(1).to_key(), "1:53:5300".to_string())]);
+        t.update(
+            start + 3 * S,
+            &HashMap::from([(name(1), obs(born, 53))]),
+            false,
+        );
+        assert_eq!(
+            t.changes().0,
+            vec![(name(1).to_key(), "1:53:5300".to_string())]
+        );
         // The 32-bit packet counter wrapping from 2^32 - 3 to 4: 7 packets.
         let mut t = LocalTracker::new(10, start);
         let near = u64::from(u32::MAX) - 2;
-        t.update(start + S, &HashMap::from([(name(2), obs(born, near))]), true);
+        t.update(
+            start + S,
+            &HashMap::from([(name(2), obs(born, near))]),
+            true,
+        );
         let _ = t.changes();
         let mut wrapped = obs(born, 4);
         wrapped.passed_bytes = near * 100 + 700;
