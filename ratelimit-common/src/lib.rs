@@ -554,25 +554,29 @@ impl VictimChooser {
     }
 
     /// Candidate `c` would lose `score`.
+    ///
+    /// Every field is read and written with a volatile access: the XDP program keeps its chooser
+    /// in per-CPU map memory, where the verifier does not track values, and this keeps the
+    /// compiler from holding them in registers instead (whose many constant states the verifier
+    /// would check one by one). Field by field, not the whole struct: a copy of it per candidate
+    /// cost tens of ns.
     #[inline(always)]
     pub fn offer(&mut self, c: u32, score: u64) {
-        let second = c >= BUCKET_WAYS;
-        if score == victim::FREE {
-            if second {
-                if self.free[1] == u32::MAX {
-                    self.free[1] = c;
+        use core::ptr::{read_volatile as get, write_volatile as set};
+        let half = usize::from(c >= BUCKET_WAYS);
+        // SAFETY: fields of `self`, valid for reads and writes.
+        unsafe {
+            if score == victim::FREE {
+                if get(&raw const self.free[half]) == u32::MAX {
+                    set(&raw mut self.free[half], c);
                 }
-            } else if self.free[0] == u32::MAX {
-                self.free[0] = c;
+            } else {
+                set(&raw mut self.used[half], get(&raw const self.used[half]) + 1);
             }
-        } else if second {
-            self.used[1] += 1;
-        } else {
-            self.used[0] += 1;
-        }
-        if score < self.best {
-            self.best = score;
-            self.best_at = c;
+            if score < get(&raw const self.best) {
+                set(&raw mut self.best, score);
+                set(&raw mut self.best_at, c);
+            }
         }
     }
 
@@ -580,16 +584,26 @@ impl VictimChooser {
     #[inline(always)]
     #[must_use]
     pub fn choose(&self) -> Option<(u32, u64)> {
-        if self.free[0] != u32::MAX && (self.free[1] == u32::MAX || self.used[0] <= self.used[1]) {
-            return Some((self.free[0], victim::FREE));
+        use core::ptr::read_volatile as get;
+        // SAFETY: fields of `self`, valid for reads.
+        let (free, used, best, best_at) = unsafe {
+            (
+                [get(&raw const self.free[0]), get(&raw const self.free[1])],
+                [get(&raw const self.used[0]), get(&raw const self.used[1])],
+                get(&raw const self.best),
+                get(&raw const self.best_at),
+            )
+        };
+        if free[0] != u32::MAX && (free[1] == u32::MAX || used[0] <= used[1]) {
+            return Some((free[0], victim::FREE));
         }
-        if self.free[1] != u32::MAX {
-            return Some((self.free[1], victim::FREE));
+        if free[1] != u32::MAX {
+            return Some((free[1], victim::FREE));
         }
-        if self.best == victim::BUSY {
+        if best == victim::BUSY {
             None
         } else {
-            Some((self.best_at, self.best))
+            Some((best_at, best))
         }
     }
 }

@@ -112,15 +112,11 @@ pub fn scan(key: &Key, sets: [u32; 2], now: u64, s: *mut Scratch) -> Scan {
         // SAFETY: a live record.
         let header = unsafe { core::ptr::read_volatile(header_ptr(b)) };
         let score = score(b, header, now);
-        // SAFETY: as above; read and written whole (volatile) so nothing is kept in registers.
-        unsafe {
-            let mut ch = core::ptr::read_volatile(chooser);
-            ch.offer(c, score);
-            core::ptr::write_volatile(chooser, ch);
-        }
+        // SAFETY: as above (`offer` reads and writes the fields in place, volatile).
+        unsafe { (*chooser).offer(c, score) };
     }
     // SAFETY: as above.
-    let Some((c, kind)) = (unsafe { core::ptr::read_volatile(chooser) }).choose() else {
+    let Some((c, kind)) = (unsafe { (*chooser).choose() }) else {
         return Scan::None;
     };
     let victim = bucket_candidate(sets, c);
