@@ -449,7 +449,7 @@ impl Collector for Snapshot {
         single(
             &mut enc,
             "ratelimit_buckets_capacity",
-            "Capacity of the bucket store (max_buckets, rounded up to whole sets of 4); a new source \
+            "Capacity of the bucket store (max_buckets, rounded up to a multiple of 64: whole pages of sets); a new source \
              takes the record of an empty, stale or refilled bucket among its 8 candidates, else \
              of the one least in debt (see ratelimit_bucket_evictions).",
             &ConstGauge::new(s.buckets.capacity),
