@@ -468,25 +468,33 @@ rate = 1000
     };
     send([198, 18], na);
     send([198, 19], nb);
+    // At a third of the store's capacity a few sources may find both their sets full (of
+    // refilled buckets, at 1000/s) and take one's record: counted, so the count is still exact.
+    let g = dp.global();
+    assert_eq!(g.counters[global::NEW_BUCKETS], u64::from(na + nb));
+    let evicted = g.counters[global::EVICTED_FULL] + g.counters[global::EVICTED_LOST];
+    assert!(
+        evicted * 100 < u64::from(na + nb),
+        "{evicted} evicted at a third of capacity"
+    );
     let all = dp.maps().buckets().unwrap();
     let mut keys: Vec<_> = all.iter().map(|(k, _)| (k.rule, k.addr)).collect();
     keys.sort_unstable();
     keys.dedup();
     assert_eq!(keys.len(), all.len(), "a bucket seen twice");
-    assert_eq!(all.len(), (na + nb) as usize);
-    assert_eq!(all.iter().filter(|(k, _)| k.rule == a).count(), na as usize);
+    assert_eq!(all.len() as u64, u64::from(na + nb) - evicted);
+    let of_a = all.iter().filter(|(k, _)| k.rule == a).count() as u64;
+    assert!(of_a <= u64::from(na) && of_a + evicted >= u64::from(na));
     assert!(all.iter().all(|(_, v)| v.passed_pkts == 2));
-    assert_eq!(dp.maps().bucket_count().unwrap(), u64::from(na + nb));
-    let g = dp.global();
-    assert_eq!(g.counters[global::NEW_BUCKETS], u64::from(na + nb));
+    assert_eq!(dp.maps().bucket_count().unwrap(), all.len() as u64);
 
     // Rule "b" goes: its buckets with it, "a"'s stay.
     dp.install_toml(two_rules.split("\n[[rule]]\nname = \"b\"").next().unwrap())
         .unwrap();
     let left = dp.maps().buckets().unwrap();
-    assert_eq!(left.len(), na as usize);
+    assert_eq!(left.len() as u64, of_a);
     assert!(left.iter().all(|(k, _)| k.rule == a && k.rule != b));
-    assert_eq!(dp.maps().bucket_count().unwrap(), u64::from(na));
+    assert_eq!(dp.maps().bucket_count().unwrap(), of_a);
 }
 
 /// The fragments of a limited datagram charge its source's bucket like whole packets: a first
