@@ -7,7 +7,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ratelimit_common::{global, verdict};
+use ratelimit::maps::store::Slot;
+use ratelimit_common::{bucket_header, family, global, verdict, BucketKey};
 use ratelimit_testbed::{
     packet::eth,
     require_root,
@@ -377,6 +378,213 @@ burst = 20000
         passed >= 20_000,
         "passed {passed}: the burst itself must be admitted"
     );
+}
+
+/// `CLOCK_MONOTONIC` in ns: the clock of `bpf_ktime_get_ns` (and, a tick behind, of the coarse
+/// clock the program may use).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to write to.
+    assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) }, 0);
+    u64::try_from(ts.tv_sec).unwrap() * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap()
+}
+
+/// Exact under forced contention: two CPUs run one source's packets while a third thread keeps
+/// moving the bucket's TAT through the mapped store (the agent's in-place cluster charge, 1 ns
+/// each), so that compare-and-swaps fail again and again and `bucket.rs` falls back to its
+/// fetch-and-add. Whichever path admitted a packet, the bucket's own clock must show that every
+/// admitted packet paid its interval and that the bucket never went past its burst:
+///   created + passed x interval + hammer_ns <= TAT_final <= end + tolerance + hammer_ns,
+/// an exact account (no timing tolerance: `end` is read after the last packet), which gives
+/// passed <= (end - created + tolerance) / interval = burst + rate x t.
+#[test]
+fn contended_buckets_pay_for_every_admitted_packet_on_any_path() {
+    require_root();
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    assert!(cpus >= 2, "needs two CPUs");
+    let mut dp = TestDataplane::new("casfall", 1024).unwrap();
+    // 1 us per token and a burst of 100k: the burst is spent by both CPUs at once (every packet
+    // conforms, every packet is a compare-and-swap), then each token is raced for.
+    let set = dp
+        .install_toml(
+            "[[rule]]\nname = \"l\"\nsource = \"198.18.0.0/16\"\nrate = 1000000\nburst = 100000\n",
+        )
+        .unwrap();
+    let rid = id(&set, "l");
+    let rule = dp.maps().rule(rid).unwrap();
+    let (interval, tolerance) = (rule.pkt_interval_ns, rule.pkt_tolerance_ns);
+    assert_eq!((interval, tolerance), (1000, 100_000_000));
+    let src = ip("198.18.0.1");
+    let frame = udp4(src);
+    assert_eq!(dp.run(&frame), XDP_PASS, "creates the bucket");
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&src.octets());
+    let key = BucketKey {
+        rule: rid,
+        family: family::V4,
+        _pad: [0; 3],
+        addr,
+    };
+    let (Slot::Found(record), gen) = dp.maps().locate_bucket(&key, 0).unwrap() else {
+        panic!("the source's bucket is not in the store");
+    };
+    let header = bucket_header(rid, family::V4, gen);
+    let store = dp.maps().store();
+    let created = store.get(record).created_ns;
+
+    const REPEAT: u32 = 2_000_000;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let hammer_ns = std::thread::scope(|s| {
+        let hammer = s.spawn(|| {
+            let mut n = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                assert!(store.advance(record, header, monotonic_ns(), 1, 0));
+                n += 1;
+            }
+            n
+        });
+        let runners: Vec<_> = (0..2)
+            .map(|cpu| {
+                let (dp, frame) = (&dp, &frame);
+                s.spawn(move || {
+                    pin_to_cpu(cpu).unwrap_or_else(|e| panic!("pin to CPU {cpu}: {e}"));
+                    let _ = dp.run_repeat(frame, REPEAT);
+                })
+            })
+            .collect();
+        for r in runners {
+            r.join().unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        hammer.join().unwrap()
+    });
+    let end = monotonic_ns();
+    let tat = store.get(record).tat_ns;
+    let s = dp.rule(rid);
+    let (passed, dropped) = (s.pkts[verdict::PASSED], s.pkts[verdict::DROPPED_RATE]);
+    assert_eq!(passed + dropped, 2 * u64::from(REPEAT) + 1, "every run counted");
+    let bound = (end - created + tolerance) / interval;
+    println!(
+        "contended: passed {passed} of {}, bound {bound} over {:.3} s; hammer moved the TAT \
+         {hammer_ns} times; TAT - created {} ns, passed x interval {} ns",
+        2 * u64::from(REPEAT) + 1,
+        (end - created) as f64 / 1e9,
+        tat - created,
+        passed * interval
+    );
+    assert!(hammer_ns > 0, "the hammer never ran: no contention was forced");
+    assert!(
+        created + passed * interval + hammer_ns <= tat,
+        "{passed} admitted packets and {hammer_ns} charges should have moved the TAT by {} ns, \
+         it moved {} ns: a packet passed without paying",
+        passed * interval + hammer_ns,
+        tat - created
+    );
+    assert!(
+        tat <= end + tolerance + hammer_ns,
+        "TAT {} ns past the end, beyond the tolerance {tolerance} (+{hammer_ns} ns charged): \
+         the bucket was overdrawn",
+        tat - end
+    );
+    assert!(passed <= bound, "passed {passed} > burst + rate x t = {bound}");
+    assert!(
+        passed >= 100_000 / 2,
+        "passed {passed}: the burst (less the hammer's charges) was not admitted"
+    );
+}
+
+/// Every verdict counts its packets and their frame bytes under the rule, exactly: `passed`,
+/// `allowed`, `dropped_rate`, `dropped_bytes`, `denied`, `dry_run` (`no_bucket`: store.rs), one
+/// rule per verdict pair, each with frames of its own length, every other slot zero.
+#[test]
+fn every_verdict_counts_packets_and_frame_bytes() {
+    require_root();
+    let mut dp = TestDataplane::new("vbytes", 1024).unwrap();
+    let set = dp
+        .install_toml(
+            r#"[[rule]]
+name = "lim"
+source = "198.18.1.0/24"
+rate = 1
+burst = 2
+
+[[rule]]
+name = "bytes"
+source = "198.18.2.0/24"
+bytes_rate = 1
+bytes_burst = 1514
+
+[[rule]]
+name = "allow"
+source = "198.18.3.0/24"
+action = "allow"
+
+[[rule]]
+name = "deny"
+source = "198.18.4.0/24"
+action = "deny"
+
+[[rule]]
+name = "dry"
+source = "198.18.5.0/24"
+rate = 1
+burst = 1
+dry_run = true
+"#,
+        )
+        .unwrap();
+    // (rule, source, frame length, packets sent, [(verdict, packets)], XDP actions expected)
+    let cases: [(&str, &str, usize, u64, &[(usize, u64)]); 5] = [
+        (
+            "lim",
+            "198.18.1.1",
+            100,
+            5,
+            &[(verdict::PASSED, 2), (verdict::DROPPED_RATE, 3)],
+        ),
+        (
+            "bytes",
+            "198.18.2.1",
+            1000,
+            3,
+            &[(verdict::PASSED, 1), (verdict::DROPPED_BYTES, 2)],
+        ),
+        ("allow", "198.18.3.1", 150, 4, &[(verdict::ALLOWED, 4)]),
+        ("deny", "198.18.4.1", 170, 2, &[(verdict::DENIED, 2)]),
+        (
+            "dry",
+            "198.18.5.1",
+            130,
+            3,
+            &[(verdict::PASSED, 1), (verdict::DRY_RUN, 2)],
+        ),
+    ];
+    for (name, src, len, n, want) in cases {
+        let frame = eth()
+            .ipv4(ip(src), ip("198.18.0.254"))
+            .udp(1000, 9)
+            .pad_to(len)
+            .build();
+        assert_eq!(frame.len(), len);
+        let delivered = passes(&dp, &frame, usize::try_from(n).unwrap()) as u64;
+        let dropped: u64 = want
+            .iter()
+            .filter(|(v, _)| [verdict::DROPPED_RATE, verdict::DROPPED_BYTES, verdict::DENIED].contains(v))
+            .map(|(_, k)| k)
+            .sum();
+        assert_eq!(delivered, n - dropped, "{name}: delivered");
+        let mut pkts = [0u64; verdict::COUNT];
+        for &(v, k) in want {
+            pkts[v] = k;
+        }
+        let bytes = pkts.map(|k| k * len as u64);
+        let got = dp.rule(id(&set, name));
+        assert_eq!(got.pkts, pkts, "{name}: packets by verdict {:?}", verdict::NAMES);
+        assert_eq!(got.bytes, bytes, "{name}: bytes by verdict {:?}", verdict::NAMES);
+    }
 }
 
 /// A source over its limit is dropped from a per-CPU window without the bucket lookup (until its
