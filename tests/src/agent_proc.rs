@@ -222,11 +222,42 @@ impl AgentProcess {
             .unwrap_or_else(|e| panic!("`ratelimit stats --json` printed {stdout:?}: {e}"))
     }
 
-    /// Sends SIGTERM and waits (up to 10 s) for the agent to exit; then checks that it removed its
-    /// pin directory. Fails with the log if it does not exit (it is then killed) or leaves the
-    /// pin directory behind (which is then removed).
-    pub fn stop(mut self) -> Result<ExitStatus> {
+    /// Sends SIGTERM and waits (up to 10 s) for the agent to exit; then checks that it exited with
+    /// status 0 and removed its pin directory. Fails with the log if it does not exit (it is then
+    /// killed), exits with another status, or leaves the pin directory behind (which is then
+    /// removed).
+    pub fn stop(self) -> Result<ExitStatus> {
+        self.stop_with(libc::SIGTERM)
+    }
+
+    /// Like [`AgentProcess::stop`], for an agent run with `--keep-attached`: its pins (maps, XDP
+    /// links) are left for the next agent started with the same `pin_path` to adopt. The returned
+    /// [`KeptPins`] removes them when dropped, if they are still there then: keep it alive for
+    /// the rest of the test, declared before the next agent so that it is dropped after it.
+    pub fn stop_keeping_pins(mut self) -> Result<(ExitStatus, KeptPins)> {
+        self.keep_pins = true;
+        let kept = KeptPins {
+            path: self.pin_path.clone(),
+        };
         let status = self.terminate()?;
+        if !status.success() {
+            bail!(
+                "agent exited with {status} after SIGTERM, not 0. Log:\n{}",
+                self.log()
+            );
+        }
+        Ok((status, kept))
+    }
+
+    /// Like [`AgentProcess::stop`], with `signal` (SIGINT) instead of SIGTERM.
+    pub fn stop_with(mut self, signal: libc::c_int) -> Result<ExitStatus> {
+        let status = self.terminate_with(signal)?;
+        if !status.success() {
+            bail!(
+                "agent exited with {status} after signal {signal}, not 0. Log:\n{}",
+                self.log()
+            );
+        }
         if self.pin_path.exists() {
             let listing = list_dir(&self.pin_path);
             self.remove_pins();
@@ -240,32 +271,35 @@ impl AgentProcess {
         Ok(status)
     }
 
-    /// Like [`AgentProcess::stop`], for an agent run with `--keep-attached`: its pins (maps, XDP
-    /// links) are left for the next agent started with the same `pin_path` to adopt. The returned
-    /// [`KeptPins`] removes them when dropped, if they are still there then: keep it alive for
-    /// the rest of the test, declared before the next agent so that it is dropped after it.
-    pub fn stop_keeping_pins(mut self) -> Result<(ExitStatus, KeptPins)> {
-        self.keep_pins = true;
-        let kept = KeptPins {
-            path: self.pin_path.clone(),
-        };
-        Ok((self.terminate()?, kept))
+    /// Sends `signal` to the agent (SIGHUP: reload) if it still runs.
+    pub fn signal(&mut self, signal: libc::c_int) -> Result<()> {
+        let pid = self.pid().context("the agent was never started")?;
+        if self.try_wait()?.is_none() {
+            // SAFETY: kill has no memory-safety preconditions; `pid` is our unreaped child.
+            if unsafe { libc::kill(pid, signal) } != 0 {
+                return Err(std::io::Error::last_os_error())
+                    .with_context(|| format!("kill({pid}, {signal})"));
+            }
+        }
+        Ok(())
     }
 
     /// SIGTERM, then waits up to [`STOP_TIMEOUT`]; kills the agent and fails if it is still
     /// running then.
     fn terminate(&mut self) -> Result<ExitStatus> {
+        self.terminate_with(libc::SIGTERM)
+    }
+
+    /// `signal`, then as [`AgentProcess::terminate`].
+    fn terminate_with(&mut self, signal: libc::c_int) -> Result<ExitStatus> {
         let pid = self.pid().context("the agent was never started")?;
-        if self.try_wait()?.is_none() {
-            // SAFETY: kill has no memory-safety preconditions; `pid` is our unreaped child.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
+        self.signal(signal)?;
         match self.wait_timeout(STOP_TIMEOUT)? {
             Some(status) => Ok(status),
             None => {
                 self.kill();
                 bail!(
-                    "agent (pid {pid}) still running {STOP_TIMEOUT:?} after SIGTERM; killed it. \
+                    "agent (pid {pid}) still running {STOP_TIMEOUT:?} after signal {signal}; killed it. \
                      Log:\n{}",
                     self.log()
                 )

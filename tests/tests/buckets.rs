@@ -388,7 +388,10 @@ fn monotonic_ns() -> u64 {
         tv_nsec: 0,
     };
     // SAFETY: a valid timespec to write to.
-    assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) }, 0);
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) },
+        0
+    );
     u64::try_from(ts.tv_sec).unwrap() * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap()
 }
 
@@ -483,7 +486,11 @@ fn contended_buckets_pay_for_every_admitted_packet_on_any_path() {
     let (tat, created) = (store.get(record).tat_ns, store.get(record).created_ns);
     let s = dp.rule(rid);
     let (passed, dropped) = (s.pkts[verdict::PASSED], s.pkts[verdict::DROPPED_RATE]);
-    assert_eq!(passed + dropped, nr * u64::from(REPEAT), "every run counted");
+    assert_eq!(
+        passed + dropped,
+        nr * u64::from(REPEAT),
+        "every run counted"
+    );
     let bound = (end - created + tolerance) / interval;
     println!(
         "contended: passed {passed} of {}, bound {bound} over {:.3} s; hammer moved the TAT \
@@ -494,7 +501,10 @@ fn contended_buckets_pay_for_every_admitted_packet_on_any_path() {
         passed * interval,
         (tat - created).saturating_sub(passed * interval + hammer_ns)
     );
-    assert!(hammer_ns > 0, "the hammer never ran: no contention was forced");
+    assert!(
+        hammer_ns > 0,
+        "the hammer never ran: no contention was forced"
+    );
     assert!(
         created + passed * interval + hammer_ns <= tat,
         "{passed} admitted packets and {hammer_ns} charges should have moved the TAT by {} ns, \
@@ -508,7 +518,10 @@ fn contended_buckets_pay_for_every_admitted_packet_on_any_path() {
          the bucket was overdrawn",
         tat - end
     );
-    assert!(passed <= bound, "passed {passed} > burst + rate x t = {bound}");
+    assert!(
+        passed <= bound,
+        "passed {passed} > burst + rate x t = {bound}"
+    );
     assert!(
         passed >= 100_000 / 2,
         "passed {passed}: the burst (less the hammer's charges) was not admitted"
@@ -591,7 +604,14 @@ dry_run = true
         let delivered = passes(&dp, &frame, usize::try_from(n).unwrap()) as u64;
         let dropped: u64 = want
             .iter()
-            .filter(|(v, _)| [verdict::DROPPED_RATE, verdict::DROPPED_BYTES, verdict::DENIED].contains(v))
+            .filter(|(v, _)| {
+                [
+                    verdict::DROPPED_RATE,
+                    verdict::DROPPED_BYTES,
+                    verdict::DENIED,
+                ]
+                .contains(v)
+            })
             .map(|(_, k)| k)
             .sum();
         assert_eq!(delivered, n - dropped, "{name}: delivered");
@@ -601,8 +621,18 @@ dry_run = true
         }
         let bytes = pkts.map(|k| k * len as u64);
         let got = dp.rule(id(&set, name));
-        assert_eq!(got.pkts, pkts, "{name}: packets by verdict {:?}", verdict::NAMES);
-        assert_eq!(got.bytes, bytes, "{name}: bytes by verdict {:?}", verdict::NAMES);
+        assert_eq!(
+            got.pkts,
+            pkts,
+            "{name}: packets by verdict {:?}",
+            verdict::NAMES
+        );
+        assert_eq!(
+            got.bytes,
+            bytes,
+            "{name}: bytes by verdict {:?}",
+            verdict::NAMES
+        );
     }
 }
 

@@ -282,7 +282,11 @@ fn a_bucket_evicted_in_debt_restarts_full_and_is_counted_lost() {
     let g3 = dp.global();
     assert_eq!(delta(&g3, &g2, global::NEW_BUCKETS), 1);
     assert_eq!(delta(&g3, &g2, global::EVICTED_LOST), 1);
-    let b = dp.maps().bucket(&key(id, first)).unwrap().expect("tracked again");
+    let b = dp
+        .maps()
+        .bucket(&key(id, first))
+        .unwrap()
+        .expect("tracked again");
     assert_eq!(u64::from(b.passed_pkts), back, "a new bucket's own count");
     assert!(dp.maps().bucket(&key(id, ninth)).unwrap().is_none());
 }
@@ -319,7 +323,10 @@ fn a_refilled_bucket_is_evicted_first_counted_full() {
         .iter()
         .filter(|&&ip| dp.maps().bucket(&key(id, ip)).unwrap().is_some())
         .count();
-    assert_eq!(tracked, 7, "one of the eight refilled buckets gave its record");
+    assert_eq!(
+        tracked, 7,
+        "one of the eight refilled buckets gave its record"
+    );
 }
 
 /// A store that is not set up (no sets: what the program sees before the agent writes its
@@ -336,7 +343,10 @@ fn without_a_store_packets_pass_counted_as_no_bucket() {
     })
     .unwrap();
     let frame = eth()
-        .ipv4(Ipv4Addr::new(198, 18, 0, 1), Ipv4Addr::new(198, 19, 255, 254))
+        .ipv4(
+            Ipv4Addr::new(198, 18, 0, 1),
+            Ipv4Addr::new(198, 19, 255, 254),
+        )
         .udp(1000, 9)
         .pad_to(321)
         .build();
@@ -355,7 +365,9 @@ fn without_a_store_packets_pass_counted_as_no_bucket() {
     assert_eq!(delta(&g1, &g0, global::INTERNAL), 0);
     // Set up again, the same source gets a bucket and is limited.
     maps.set_config(config).unwrap();
-    let passed = (0..2 * BURST).filter(|_| dp.run(&frame) == XDP_PASS).count() as u64;
+    let passed = (0..2 * BURST)
+        .filter(|_| dp.run(&frame) == XDP_PASS)
+        .count() as u64;
     assert_eq!(passed, BURST);
     assert_eq!(delta(&dp.global(), &g1, global::BUCKET_ERRORS), 0);
 }
