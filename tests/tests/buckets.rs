@@ -745,3 +745,62 @@ rate = 1000
     assert!(left.iter().all(|(k, _)| k.rule == a && k.rule != b));
     assert_eq!(dp.maps().bucket_count().unwrap(), u64::from(na));
 }
+
+/// No packet sees half a rule set: while one CPU runs a source's packets without pause, the
+/// other swaps 100 times between a set that allows its prefix and one that denies it (plus a UDP
+/// rule on a longer prefix). Every packet is counted under a rule of the set in force with that
+/// rule's verdict: none falls through to "no rule", an internal error or a failed bucket, which
+/// is what a trie of one set read against the rule records of the other would give. (The
+/// rules' ids change with every swap, so the count per rule is not kept across them.)
+#[test]
+fn a_rule_set_swap_is_seen_whole_by_every_packet() {
+    require_root();
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    assert!(cpus >= 2, "needs two CPUs");
+    let mut dp = TestDataplane::new("swap", 1024).unwrap();
+    let a = "[[rule]]\nname = \"open\"\nsource = \"198.18.0.0/16\"\naction = \"allow\"\n";
+    let b = "[[rule]]\nname = \"shut\"\nsource = \"198.18.0.0/16\"\naction = \"deny\"\n\n\
+             [[rule]]\nname = \"dns\"\nsource = \"198.18.0.0/24\"\nprotocol = \"udp\"\n\
+             dst_port = 53\naction = \"allow\"\n";
+    dp.install_toml(a).unwrap();
+    let frame = udp4(ip("198.18.0.1"));
+    let g0 = dp.global();
+    let runner = dp.runner();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (runs, passes, drops) = std::thread::scope(|s| {
+        let run = s.spawn(|| {
+            pin_to_cpu(1).unwrap();
+            let (mut runs, mut passes, mut drops) = (0u64, 0u64, 0u64);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match runner.run_repeat(&frame, 1) {
+                    XDP_PASS => passes += 1,
+                    XDP_DROP => drops += 1,
+                    other => panic!("XDP action {other}"),
+                }
+                runs += 1;
+            }
+            (runs, passes, drops)
+        });
+        pin_to_cpu(0).unwrap();
+        for i in 0..100 {
+            dp.install_toml(if i % 2 == 0 { b } else { a }).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        run.join().unwrap()
+    });
+    let g = dp.global();
+    println!("{runs} packets during 100 swaps: {passes} passed, {drops} dropped");
+    assert_eq!(
+        g.counters[global::PACKETS] - g0.counters[global::PACKETS],
+        runs
+    );
+    assert!(passes > 0 && drops > 0, "the runs did not span the swaps");
+    for c in [global::NO_MATCH, global::INTERNAL, global::BUCKET_ERRORS] {
+        assert_eq!(
+            g.counters[c] - g0.counters[c],
+            0,
+            "packets counted as {} during the swaps",
+            global::NAMES[c]
+        );
+    }
+}
