@@ -225,10 +225,10 @@ impl AgentProcess {
             .unwrap_or_else(|e| panic!("`ratelimit stats --json` printed {stdout:?}: {e}"))
     }
 
-    /// Sends SIGTERM and waits (up to 10 s) for the agent to exit; then checks that it exited with
-    /// status 0 (unless it was [`AgentProcess::crash`]ed) and removed its pin directory. Fails with the log if it does not exit (it is then
-    /// killed), exits with another status, or leaves the pin directory behind (which is then
-    /// removed).
+    /// Sends SIGTERM and waits (up to 10 s) for the agent to exit; then checks that it removed its
+    /// pin directory. Fails with the log if it does not exit (it is then killed), exits with a
+    /// status other than 0 when it was running (not [`AgentProcess::crash`]ed, not exited on its
+    /// own before), or leaves the pin directory behind (which is then removed).
     pub fn stop(self) -> Result<ExitStatus> {
         self.stop_with(libc::SIGTERM)
     }
@@ -242,25 +242,12 @@ impl AgentProcess {
         let kept = KeptPins {
             path: self.pin_path.clone(),
         };
-        let status = self.terminate()?;
-        if !status.success() && !self.crashed {
-            bail!(
-                "agent exited with {status} after SIGTERM, not 0. Log:\n{}",
-                self.log()
-            );
-        }
-        Ok((status, kept))
+        Ok((self.terminate()?, kept))
     }
 
     /// Like [`AgentProcess::stop`], with `signal` (SIGINT) instead of SIGTERM.
     pub fn stop_with(mut self, signal: libc::c_int) -> Result<ExitStatus> {
         let status = self.terminate_with(signal)?;
-        if !status.success() && !self.crashed {
-            bail!(
-                "agent exited with {status} after signal {signal}, not 0. Log:\n{}",
-                self.log()
-            );
-        }
         if self.pin_path.exists() {
             let listing = list_dir(&self.pin_path);
             self.remove_pins();
@@ -294,10 +281,16 @@ impl AgentProcess {
     }
 
     /// `signal`, then as [`AgentProcess::terminate`].
+    /// Fails if the agent was running when signalled and exited with a status other than 0.
     fn terminate_with(&mut self, signal: libc::c_int) -> Result<ExitStatus> {
         let pid = self.pid().context("the agent was never started")?;
+        let running = self.try_wait()?.is_none();
         self.signal(signal)?;
         match self.wait_timeout(STOP_TIMEOUT)? {
+            Some(status) if running && !status.success() && !self.crashed => bail!(
+                "agent exited with {status} after signal {signal}, not 0. Log:\n{}",
+                self.log()
+            ),
             Some(status) => Ok(status),
             None => {
                 self.kill();
