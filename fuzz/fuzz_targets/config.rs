@@ -14,7 +14,10 @@ use ratelimit::{
 /// the config "lives" there, so relative names resolve to them (or to nothing).
 const LISTS: [(&str, &str); 4] = [
     ("a.list", "# office\n198.18.0.0/24\n\n198.18.1.7\n"),
-    ("b.list", "2001:db8::/32\n198.19.0.0/16 # trailing comment\n"),
+    (
+        "b.list",
+        "2001:db8::/32\n198.19.0.0/16 # trailing comment\n",
+    ),
     ("empty.list", ""),
     ("bad.list", "198.18.0.0/24\nnot a cidr\n"),
 ];
@@ -23,7 +26,8 @@ const LISTS: [(&str, &str); 4] = [
 fn origin() -> &'static str {
     static ORIGIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     ORIGIN.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("ratelimit-fuzz-config-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("ratelimit-fuzz-config-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("list directory");
         for (name, text) in LISTS {
             std::fs::write(dir.join(name), text).expect("list file");

@@ -70,7 +70,8 @@ fn bed() -> &'static Bed {
             .build()
             .expect("runtime");
         let key = key();
-        let transport = SecureTransport::new(self::key(), CLUSTER.into(), Arc::new(Shared::default()));
+        let transport =
+            SecureTransport::new(self::key(), CLUSTER.into(), Arc::new(Shared::default()));
         let mut socket = rt
             .block_on(transport.open((Ipv4Addr::LOCALHOST, 0).into()))
             .expect("gossip socket");

@@ -119,17 +119,26 @@ fuzz_target!(|data: &[u8]| {
             let (pkts0, bytes0, counted0) = before.get(&id).copied().unwrap_or((0, 0, false));
             let (dp, db) = (info.charged_pkts - pkts0, info.charged_bytes - bytes0);
             if !info.heard || !info.counted {
-                assert_eq!((dp, db), (0, 0), "peer {id:?} charged while not heard/counted");
+                assert_eq!(
+                    (dp, db),
+                    (0, 0),
+                    "peer {id:?} charged while not heard/counted"
+                );
             }
             if !counted0 {
-                assert_eq!((dp, db), (0, 0), "peer {id:?} charged in its baseline round");
+                assert_eq!(
+                    (dp, db),
+                    (0, 0),
+                    "peer {id:?} charged in its baseline round"
+                );
             }
             // The clamp, per key of this peer's view, with the longest dt possible.
             let dt = now - peer.first_seen_ns.unwrap();
             let keys = peer.keys.keys().filter(|k| k.rule == "flood").count() as u64;
             let max_pkts = (2 * LIMITS.pkt_tolerance_ns + dt + S) / LIMITS.pkt_interval_ns + 1;
-            let max_bytes =
-                (u128::from(2 * LIMITS.byte_tolerance_ns + dt + S) << 16) / u128::from(LIMITS.byte_interval_fp) + 1;
+            let max_bytes = (u128::from(2 * LIMITS.byte_tolerance_ns + dt + S) << 16)
+                / u128::from(LIMITS.byte_interval_fp)
+                + 1;
             assert!(
                 dp <= keys * max_pkts,
                 "peer {id:?} charged {dp} packets in one round over {keys} keys (clamp {max_pkts} each)"
