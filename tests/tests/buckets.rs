@@ -568,8 +568,15 @@ dry_run = true
 "#,
         )
         .unwrap();
-    // (rule, source, frame length, packets sent, [(verdict, packets)], XDP actions expected)
-    let cases: [(&str, &str, usize, u64, &[(usize, u64)]); 5] = [
+    // (rule, source, frame length, packets sent, [(verdict, packets)])
+    type Case = (
+        &'static str,
+        &'static str,
+        usize,
+        u64,
+        &'static [(usize, u64)],
+    );
+    let cases: [Case; 5] = [
         (
             "lim",
             "198.18.1.1",
