@@ -19,7 +19,7 @@ const FILES: [&str; 6] = [
     "ratelimit-userspace/src/stats.rs",
 ];
 
-/// Run cargo-mutants on the modules that need no root; writes `target/mutants/mutants.out`.
+/// Run cargo-mutants on the modules that need no root; writes `target/mutants.out/`.
 #[derive(Debug, clap::Args)]
 pub struct Options {
     /// Further arguments for `cargo mutants`, after `--`: `--list`, `--file PATH` (only that
