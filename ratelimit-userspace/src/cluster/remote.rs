@@ -469,4 +469,96 @@ mod tests {
         ));
         assert!(t.round(400 * MS, &[other], &l).charges.is_empty());
     }
+
+    /// What a round reports besides the charges, exactly: keys read, per-key packets and bytes,
+    /// the clamp count, and each peer's running totals; a key that gained nothing has no entry.
+    #[test]
+    fn rounds_count_keys_bytes_clamps_and_per_peer_totals() {
+        let mut t = RemoteTracker::new(3 * S);
+        let l = limits();
+        let r = t.round(0, &[view("a", 1, 2, &[(2, 100)])], &l);
+        assert_eq!(
+            (r.keys_synced, r.clamped),
+            (0, 0),
+            "the baseline reads nothing"
+        );
+        let r = t.round(100 * MS, &[view("a", 2, 2, &[(2, 160)])], &l);
+        assert_eq!(r.charges.get(&name()), Some(&(60, 6000)));
+        assert_eq!((r.keys_synced, r.clamped), (1, 0));
+        // Nothing new: no entry at all, not a zero one.
+        let r = t.round(200 * MS, &[view("a", 3, 2, &[(2, 160)])], &l);
+        assert!(r.charges.is_empty(), "{:?}", r.charges);
+        assert_eq!(r.keys_synced, 1);
+        // Two peers gaining on the same key: summed.
+        t.round(
+            300 * MS,
+            &[view("a", 4, 2, &[(2, 160)]), view("b", 1, 2, &[])],
+            &l,
+        );
+        let r = t.round(
+            400 * MS,
+            &[view("a", 5, 2, &[(2, 170)]), view("b", 2, 2, &[(2, 5)])],
+            &l,
+        );
+        assert_eq!(r.charges.get(&name()), Some(&(15, 1500)));
+        assert_eq!(r.keys_synced, 2);
+        let info: HashMap<String, PeerInfo> =
+            t.info(400 * MS).map(|(id, i)| (id.clone(), i)).collect();
+        assert_eq!(
+            (
+                info["a"].charged_pkts,
+                info["a"].charged_bytes,
+                info["a"].keys
+            ),
+            (70, 7000, 1)
+        );
+        assert_eq!((info["b"].charged_pkts, info["b"].charged_bytes), (5, 500));
+        // Two clamped keys in one round count twice.
+        let other = KeyName {
+            rule: "flood".into(),
+            addr: IpAddr::from([198, 18, 0, 200]),
+        };
+        let mut big = view("a", 6, 2, &[(2, 10_000_000)]);
+        big.keys.push((
+            other.clone(),
+            Count {
+                epoch: 2,
+                pkts: 10_000_000,
+                bytes: 0,
+            },
+        ));
+        let r = t.round(500 * MS, &[big, view("b", 3, 2, &[(2, 5)])], &l);
+        assert_eq!(r.clamped, 2, "{:?}", r.charges);
+    }
+
+    /// A report of an epoch older than the one already seen, but started while the peer was
+    /// counted (so not below its baseline): stale, nothing charged, the newer count kept.
+    #[test]
+    fn an_older_epoch_after_a_newer_one_charges_nothing() {
+        let mut t = RemoteTracker::new(3 * S);
+        let l = limits();
+        t.round(0, &[view("a", 1, 2, &[])], &l);
+        assert_eq!(
+            charged(&t.round(100 * MS, &[view("a", 2, 3, &[(2, 40)])], &l)),
+            40
+        );
+        assert_eq!(
+            charged(&t.round(200 * MS, &[view("a", 3, 4, &[(3, 10)])], &l)),
+            10
+        );
+        // Reordered gossip: epoch 2 again, with more than before.
+        assert_eq!(
+            charged(&t.round(300 * MS, &[view("a", 4, 4, &[(2, 90)])], &l)),
+            0
+        );
+        assert_eq!(
+            charged(&t.round(400 * MS, &[view("a", 5, 4, &[(3, 15)])], &l)),
+            5
+        );
+        // The same epoch reported again with the same count: nothing.
+        assert_eq!(
+            charged(&t.round(500 * MS, &[view("a", 6, 4, &[(3, 15)])], &l)),
+            0
+        );
+    }
 }
