@@ -561,4 +561,50 @@ mod tests {
             0
         );
     }
+
+    /// The clamp on bytes as on packets: a gain beyond what the bucket could have admitted is cut
+    /// to exactly that and counted; a gain of exactly that is not.
+    #[test]
+    fn byte_gains_are_clamped_like_packets_and_the_limit_itself_is_not() {
+        // 1000 pps, burst 500; 1 MB/s (1000 ns a byte, 48.16 fixed point), burst 64 KiB.
+        let l = HashMap::from([(
+            "flood".to_string(),
+            Limits {
+                pkt_interval_ns: MS,
+                pkt_tolerance_ns: 500 * MS,
+                byte_interval_fp: 1000 << 16,
+                byte_tolerance_ns: 65_536 * 1000,
+            },
+        )]);
+        // Over 100 ms: 2 x tolerance + 100 ms + 1 s, in units of one packet or one byte, + 1.
+        let (max_pkts, max_bytes) = (2101, 1_231_073);
+        let key = |pkts, bytes| {
+            let mut v = view("a", 0, 2, &[]);
+            v.keys.push((
+                name(),
+                Count {
+                    epoch: 2,
+                    pkts,
+                    bytes,
+                },
+            ));
+            v
+        };
+        let mut t = RemoteTracker::new(3 * S);
+        let mut at = |n: u64, pkts, bytes| {
+            let mut v = key(pkts, bytes);
+            v.heartbeat = n;
+            t.round(n * 100 * MS, &[v], &l)
+        };
+        at(0, 0, 0);
+        let r = at(1, 10, 10_000_000);
+        assert_eq!(r.charges.get(&name()), Some(&(10, max_bytes)));
+        assert_eq!(r.clamped, 1);
+        let r = at(2, 10 + max_pkts, 10_000_000 + max_bytes);
+        assert_eq!(r.charges.get(&name()), Some(&(max_pkts, max_bytes)));
+        assert_eq!(r.clamped, 0, "a gain of exactly the limit is not clamped");
+        let r = at(3, 11 + 2 * max_pkts, 10_000_000 + 2 * max_bytes);
+        assert_eq!(r.charges.get(&name()), Some(&(max_pkts, max_bytes)));
+        assert_eq!(r.clamped, 1, "one packet over");
+    }
 }
