@@ -8,9 +8,9 @@ use core::intrinsics::{atomic_cxchg, atomic_xadd, atomic_xsub, AtomicOrdering};
 
 use ratelimit_common::{byte_cost_ns, rule_flags, verdict, Bucket, Rule};
 
-/// CAS attempts before giving up. Each failure means another CPU made progress on this bucket, so
-/// a handful covers any realistic contention; the verifier needs a bound (an unbounded loop is
-/// rejected as "too complex").
+/// CAS attempts before the fetch-and-add fallback in [`gcra`]. Each failure means another CPU
+/// made progress on this bucket, so a handful covers any realistic contention; the verifier needs
+/// a bound (an unbounded loop is rejected as "too complex").
 const CAS_RETRIES: usize = 8;
 
 /// Result of charging one limit.
@@ -48,11 +48,22 @@ fn gcra(tat: *mut u64, now: u64, cost: u64, tolerance: u64) -> Charge {
             return Charge::Conforms;
         }
     }
-    // Still contended after every retry: charge unconditionally and pass (fail open). The charge
-    // keeps the bucket's long-run accounting right even though this packet skipped the check.
+    // Still contended after every retry (other CPUs, or the agent's cluster charge, keep moving
+    // this TAT). One atomic fetch-and-add cannot fail: when the TAT it added to was not behind
+    // `now` (the bucket not full), `old + cost` is exactly the step the CAS would have made, so
+    // the packet is judged as it would have been. Otherwise (a full bucket, whose TAT the add did
+    // not lift to `now`; or a packet that does not conform) the charge is taken back and the
+    // packet dropped: under contention a packet may be dropped that would have fitted, never
+    // admitted beyond `burst + rate x t`. No drop window (`until` 0): the refunds of other CPUs
+    // may lower the TAT below what this CPU saw.
     // SAFETY: as above.
-    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(tat, cost) };
-    Charge::Conforms
+    let old = unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(tat, cost) };
+    if old >= now && old + cost - now <= tolerance {
+        return Charge::Conforms;
+    }
+    // SAFETY: as above.
+    unsafe { atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(tat, cost) };
+    Charge::Exceeds { until: 0 }
 }
 
 /// Charges a packet of `len` bytes to `bucket` under `rule` and returns its [`verdict`]

@@ -134,3 +134,62 @@ impl StatsReport {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report() -> StatsReport {
+        let counts = |v: [u64; verdict::COUNT]| verdict::NAMES.iter().copied().zip(v).collect();
+        StatsReport {
+            global: BTreeMap::from([("packets", 42), ("no_match", 2)]),
+            rules: vec![
+                RuleReport {
+                    id: 0,
+                    name: "default".into(),
+                    line: 9,
+                    packets: counts([10, 0, 30, 0, 0, 0, 1]),
+                    bytes: counts([1000, 0, 3000, 0, 0, 0, 100]),
+                },
+                RuleReport {
+                    id: 3,
+                    name: "a-much-longer-name".into(),
+                    line: 20,
+                    packets: counts([0, 4, 0, 5, 6, 7, 0]),
+                    bytes: counts([0; verdict::COUNT]),
+                },
+            ],
+            buckets: BucketReport {
+                tracked: 5,
+                capacity: 1024,
+            },
+        }
+    }
+
+    #[test]
+    fn rule_packets_finds_the_rule_and_verdict() {
+        let r = report();
+        assert_eq!(r.rule_packets("default", "passed"), 10);
+        assert_eq!(r.rule_packets("default", "dropped_rate"), 30);
+        assert_eq!(r.rule_packets("a-much-longer-name", "dry_run"), 7);
+        assert_eq!(r.rule_packets("nosuch", "passed"), 0);
+        assert_eq!(r.rule_packets("default", "nosuch"), 0);
+    }
+
+    #[test]
+    fn the_table_has_a_row_per_rule_the_buckets_and_the_global_counters() {
+        assert_eq!(
+            report().to_table(),
+            "RULE                      PASSED      ALLOWED    DROP_RATE   DROP_BYTES       DENIED      DRY_RUN\n\
+             default                       10            0           30            0            0            0\n\
+             a-much-longer-name             0            4            0            5            6            7\n\
+             \n\
+             buckets: 5 tracked of 1024\n\
+             global: no_match=2 packets=42\n"
+        );
+        // No rules: the header is four columns wide at least.
+        assert!(StatsReport::default()
+            .to_table()
+            .starts_with("RULE        PASSED"));
+    }
+}

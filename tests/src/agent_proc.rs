@@ -60,6 +60,8 @@ pub struct AgentProcess {
     interfaces: Vec<String>,
     /// Set by [`AgentProcess::stop_keeping_pins`]: drop leaves the pin directory alone.
     keep_pins: bool,
+    /// Set by [`AgentProcess::crash`]: its exit status is SIGKILL's, not checked on stop.
+    crashed: bool,
 }
 
 impl AgentProcess {
@@ -97,6 +99,7 @@ impl AgentProcess {
             socket,
             interfaces,
             keep_pins: false,
+            crashed: false,
         };
         let bpffs_mnt = agent.dir.join("bpffs");
         fs::create_dir(&bpffs_mnt)?;
@@ -223,21 +226,11 @@ impl AgentProcess {
     }
 
     /// Sends SIGTERM and waits (up to 10 s) for the agent to exit; then checks that it removed its
-    /// pin directory. Fails with the log if it does not exit (it is then killed) or leaves the
-    /// pin directory behind (which is then removed).
-    pub fn stop(mut self) -> Result<ExitStatus> {
-        let status = self.terminate()?;
-        if self.pin_path.exists() {
-            let listing = list_dir(&self.pin_path);
-            self.remove_pins();
-            bail!(
-                "agent exited ({status}) but left its pin directory {} behind ({listing}); \
-                 removed it. Log:\n{}",
-                self.pin_path.display(),
-                self.log()
-            );
-        }
-        Ok(status)
+    /// pin directory. Fails with the log if it does not exit (it is then killed), exits with a
+    /// status other than 0 when it was running (not [`AgentProcess::crash`]ed, not exited on its
+    /// own before), or leaves the pin directory behind (which is then removed).
+    pub fn stop(self) -> Result<ExitStatus> {
+        self.stop_with(libc::SIGTERM)
     }
 
     /// Like [`AgentProcess::stop`], for an agent run with `--keep-attached`: its pins (maps, XDP
@@ -252,20 +245,57 @@ impl AgentProcess {
         Ok((self.terminate()?, kept))
     }
 
-    /// SIGTERM, then waits up to [`STOP_TIMEOUT`]; kills the agent and fails if it is still
-    /// running then.
-    fn terminate(&mut self) -> Result<ExitStatus> {
+    /// Like [`AgentProcess::stop`], with `signal` (SIGINT) instead of SIGTERM.
+    pub fn stop_with(mut self, signal: libc::c_int) -> Result<ExitStatus> {
+        let status = self.terminate_with(signal)?;
+        if self.pin_path.exists() {
+            let listing = list_dir(&self.pin_path);
+            self.remove_pins();
+            bail!(
+                "agent exited ({status}) but left its pin directory {} behind ({listing}); \
+                 removed it. Log:\n{}",
+                self.pin_path.display(),
+                self.log()
+            );
+        }
+        Ok(status)
+    }
+
+    /// Sends `signal` to the agent (SIGHUP: reload) if it still runs.
+    pub fn signal(&mut self, signal: libc::c_int) -> Result<()> {
         let pid = self.pid().context("the agent was never started")?;
         if self.try_wait()?.is_none() {
             // SAFETY: kill has no memory-safety preconditions; `pid` is our unreaped child.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
+            if unsafe { libc::kill(pid, signal) } != 0 {
+                return Err(std::io::Error::last_os_error())
+                    .with_context(|| format!("kill({pid}, {signal})"));
+            }
         }
+        Ok(())
+    }
+
+    /// SIGTERM, then waits up to [`STOP_TIMEOUT`]; kills the agent and fails if it is still
+    /// running then.
+    fn terminate(&mut self) -> Result<ExitStatus> {
+        self.terminate_with(libc::SIGTERM)
+    }
+
+    /// `signal`, then as [`AgentProcess::terminate`].
+    /// Fails if the agent was running when signalled and exited with a status other than 0.
+    fn terminate_with(&mut self, signal: libc::c_int) -> Result<ExitStatus> {
+        let pid = self.pid().context("the agent was never started")?;
+        let running = self.try_wait()?.is_none();
+        self.signal(signal)?;
         match self.wait_timeout(STOP_TIMEOUT)? {
+            Some(status) if running && !status.success() && !self.crashed => bail!(
+                "agent exited with {status} after signal {signal}, not 0. Log:\n{}",
+                self.log()
+            ),
             Some(status) => Ok(status),
             None => {
                 self.kill();
                 bail!(
-                    "agent (pid {pid}) still running {STOP_TIMEOUT:?} after SIGTERM; killed it. \
+                    "agent (pid {pid}) still running {STOP_TIMEOUT:?} after signal {signal}; killed it. \
                      Log:\n{}",
                     self.log()
                 )
@@ -291,6 +321,7 @@ impl AgentProcess {
     /// Kills the agent with SIGKILL, as a crash would, and reaps it: what it pinned (maps, the
     /// XDP links) stays until [`Drop`] removes it.
     pub fn crash(&mut self) -> Result<ExitStatus> {
+        self.crashed = true;
         match self.child.as_mut() {
             Some(child) => {
                 if matches!(child.try_wait(), Ok(None)) {

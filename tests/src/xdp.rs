@@ -115,6 +115,19 @@ impl TestDataplane {
         (res.return_value, res.duration)
     }
 
+    /// A handle on the loaded program that runs frames without borrowing the data plane, so one
+    /// thread can run packets while another installs rule sets.
+    #[must_use]
+    pub fn runner(&self) -> ProgramRunner {
+        let fd = self
+            .program()
+            .fd()
+            .expect("a loaded program")
+            .try_clone()
+            .expect("dup of the program fd");
+        ProgramRunner(fd)
+    }
+
     /// Global counters summed over CPUs.
     #[must_use]
     pub fn global(&self) -> GlobalStats {
@@ -153,5 +166,66 @@ pub fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
         Ok(())
     } else {
         Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The loaded program's own descriptor (see [`TestDataplane::runner`]): runs frames through it
+/// with `BPF_PROG_TEST_RUN`, issued directly (aya's `test_run` needs the program object).
+pub struct ProgramRunner(aya::programs::ProgramFd);
+
+/// `union bpf_attr`'s `test` member (linux/bpf.h), up to `batch_size`.
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+}
+
+impl ProgramRunner {
+    /// Runs `frame` `repeat` times on this CPU and returns the last XDP action.
+    ///
+    /// # Panics
+    /// If the kernel refuses the run.
+    #[must_use]
+    pub fn run_repeat(&self, frame: &[u8], repeat: u32) -> u32 {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+        const BPF_PROG_TEST_RUN: libc::c_long = 10;
+        let mut attr = TestRunAttr {
+            prog_fd: u32::try_from(self.0.as_fd().as_raw_fd()).expect("a valid fd"),
+            data_size_in: u32::try_from(frame.len()).expect("a frame"),
+            data_in: frame.as_ptr() as u64,
+            repeat,
+            ..TestRunAttr::default()
+        };
+        // SAFETY: `attr` is a valid bpf_attr prefix of the size given; `data_in` points at
+        // `frame`, which outlives the call; no output buffers are passed.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_TEST_RUN,
+                std::ptr::from_mut(&mut attr),
+                std::mem::size_of::<TestRunAttr>(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "BPF_PROG_TEST_RUN: {}",
+            std::io::Error::last_os_error()
+        );
+        attr.retval
     }
 }

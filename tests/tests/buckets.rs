@@ -7,7 +7,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ratelimit_common::{global, verdict};
+use ratelimit::maps::store::Slot;
+use ratelimit_common::{bucket_header, family, global, verdict, BucketKey};
 use ratelimit_testbed::{
     packet::eth,
     require_root,
@@ -379,6 +380,269 @@ burst = 20000
     );
 }
 
+/// `CLOCK_MONOTONIC` in ns: the clock of `bpf_ktime_get_ns` (and, a tick behind, of the coarse
+/// clock the program may use).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to write to.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) },
+        0
+    );
+    u64::try_from(ts.tv_sec).unwrap() * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap()
+}
+
+/// Exact under forced contention: two CPUs run one source's packets while a third thread keeps
+/// moving the bucket's TAT through the mapped store (the agent's in-place cluster charge, 1 ns
+/// each), so that compare-and-swaps fail again and again and `bucket.rs` falls back to its
+/// fetch-and-add. Whichever path admitted a packet, the bucket's own clock must show that every
+/// admitted packet paid its interval and that the bucket never went past its burst:
+///   created + passed x interval + hammer_ns <= TAT_final <= end + tolerance + hammer_ns,
+/// an exact account (no timing tolerance: `end` is read after the last packet; the left side is
+/// an equality unless both CPUs stall longer than the bucket is ahead), which gives
+/// passed <= (end - created + tolerance) / interval = burst + rate x t.
+///
+/// On this 2-CPU machine 8 failures in a row were never seen (none in 4M packets, counted with a
+/// temporary counter), so the fallback runs here only as often as contention makes it; with
+/// `CAS_RETRIES` set to 1 (tens of thousands of fallbacks per run) the test passes, and fails if
+/// the fallback admits without charging. A plain store instead of the CAS (lost charges) fails it.
+#[test]
+fn contended_buckets_pay_for_every_admitted_packet_on_any_path() {
+    require_root();
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    assert!(cpus >= 2, "needs two CPUs");
+    let mut dp = TestDataplane::new("casfall", 1024).unwrap();
+    // 1 us per token and a burst of 100k: the burst is spent by both CPUs at once (every packet
+    // conforms, every packet is a compare-and-swap), then each token is raced for.
+    let set = dp
+        .install_toml(
+            "[[rule]]\nname = \"l\"\nsource = \"198.18.0.0/16\"\nrate = 1000000\nburst = 100000\n",
+        )
+        .unwrap();
+    let rid = id(&set, "l");
+    let rule = dp.maps().rule(rid).unwrap();
+    let (interval, tolerance) = (rule.pkt_interval_ns, rule.pkt_tolerance_ns);
+    assert_eq!((interval, tolerance), (1000, 100_000_000));
+    let src = ip("198.18.0.1");
+    let frame = udp4(src);
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&src.octets());
+    let key = BucketKey {
+        rule: rid,
+        family: family::V4,
+        _pad: [0; 3],
+        addr,
+    };
+    // The record the source's bucket will take (the store is empty: the first record of its
+    // less occupied set), so the hammer can start before the first packet and no time passes
+    // between the bucket's creation and the contention.
+    let (Slot::Vacant { index: record, .. }, gen) =
+        dp.maps().locate_bucket(&key, monotonic_ns()).unwrap()
+    else {
+        panic!("the source already has a bucket");
+    };
+    let header = bucket_header(rid, family::V4, gen);
+    let store = dp.maps().store();
+
+    const REPEAT: u32 = 2_000_000;
+    let nr: u64 = 2;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let hammer_ns = std::thread::scope(|s| {
+        let hammer = s.spawn(|| {
+            let mut n = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                // `false` until the first packet has created the bucket. At `now` 0: a charge
+                // added to the TAT as it is, never lifting it to a clock the program's coarse
+                // one lags (which would blur the account below by up to a jiffy).
+                if store.advance(record, header, 0, 1, 0) {
+                    n += 1;
+                }
+            }
+            n
+        });
+        let runners: Vec<_> = (0..nr as usize)
+            .map(|cpu| {
+                let (dp, frame) = (&dp, &frame);
+                s.spawn(move || {
+                    pin_to_cpu(cpu).unwrap_or_else(|e| panic!("pin to CPU {cpu}: {e}"));
+                    let _ = dp.run_repeat(frame, REPEAT);
+                })
+            })
+            .collect();
+        for r in runners {
+            r.join().unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        hammer.join().unwrap()
+    });
+    let end = monotonic_ns();
+    assert!(
+        matches!(dp.maps().locate_bucket(&key, 0).unwrap().0, Slot::Found(r) if r == record),
+        "the bucket is not in the record foreseen"
+    );
+    let (tat, created) = (store.get(record).tat_ns, store.get(record).created_ns);
+    let s = dp.rule(rid);
+    let (passed, dropped) = (s.pkts[verdict::PASSED], s.pkts[verdict::DROPPED_RATE]);
+    assert_eq!(
+        passed + dropped,
+        nr * u64::from(REPEAT),
+        "every run counted"
+    );
+    let bound = (end - created + tolerance) / interval;
+    println!(
+        "contended: passed {passed} of {}, bound {bound} over {:.3} s; hammer moved the TAT \
+         {hammer_ns} times; TAT - created {} ns, passed x interval {} ns, unaccounted {} ns",
+        nr * u64::from(REPEAT),
+        (end - created) as f64 / 1e9,
+        tat - created,
+        passed * interval,
+        (tat - created).saturating_sub(passed * interval + hammer_ns)
+    );
+    assert!(
+        hammer_ns > 0,
+        "the hammer never ran: no contention was forced"
+    );
+    assert!(
+        created + passed * interval + hammer_ns <= tat,
+        "{passed} admitted packets and {hammer_ns} charges should have moved the TAT by {} ns, \
+         it moved {} ns: a packet passed without paying, or a charge was lost",
+        passed * interval + hammer_ns,
+        tat - created
+    );
+    assert!(
+        tat <= end + tolerance + hammer_ns,
+        "TAT {} ns past the end, beyond the tolerance {tolerance} (+{hammer_ns} ns charged): \
+         the bucket was overdrawn",
+        tat - end
+    );
+    assert!(
+        passed <= bound,
+        "passed {passed} > burst + rate x t = {bound}"
+    );
+    assert!(
+        passed >= 100_000 / 2,
+        "passed {passed}: the burst (less the hammer's charges) was not admitted"
+    );
+}
+
+/// Every verdict counts its packets and their frame bytes under the rule, exactly: `passed`,
+/// `allowed`, `dropped_rate`, `dropped_bytes`, `denied`, `dry_run` (`no_bucket`: store.rs), one
+/// rule per verdict pair, each with frames of its own length, every other slot zero.
+#[test]
+fn every_verdict_counts_packets_and_frame_bytes() {
+    require_root();
+    let mut dp = TestDataplane::new("vbytes", 1024).unwrap();
+    let set = dp
+        .install_toml(
+            r#"[[rule]]
+name = "lim"
+source = "198.18.1.0/24"
+rate = 1
+burst = 2
+
+[[rule]]
+name = "bytes"
+source = "198.18.2.0/24"
+bytes_rate = 1
+bytes_burst = 1514
+
+[[rule]]
+name = "allow"
+source = "198.18.3.0/24"
+action = "allow"
+
+[[rule]]
+name = "deny"
+source = "198.18.4.0/24"
+action = "deny"
+
+[[rule]]
+name = "dry"
+source = "198.18.5.0/24"
+rate = 1
+burst = 1
+dry_run = true
+"#,
+        )
+        .unwrap();
+    // (rule, source, frame length, packets sent, [(verdict, packets)])
+    type Case = (
+        &'static str,
+        &'static str,
+        usize,
+        u64,
+        &'static [(usize, u64)],
+    );
+    let cases: [Case; 5] = [
+        (
+            "lim",
+            "198.18.1.1",
+            100,
+            5,
+            &[(verdict::PASSED, 2), (verdict::DROPPED_RATE, 3)],
+        ),
+        (
+            "bytes",
+            "198.18.2.1",
+            1000,
+            3,
+            &[(verdict::PASSED, 1), (verdict::DROPPED_BYTES, 2)],
+        ),
+        ("allow", "198.18.3.1", 150, 4, &[(verdict::ALLOWED, 4)]),
+        ("deny", "198.18.4.1", 170, 2, &[(verdict::DENIED, 2)]),
+        (
+            "dry",
+            "198.18.5.1",
+            130,
+            3,
+            &[(verdict::PASSED, 1), (verdict::DRY_RUN, 2)],
+        ),
+    ];
+    for (name, src, len, n, want) in cases {
+        let frame = eth()
+            .ipv4(ip(src), ip("198.18.0.254"))
+            .udp(1000, 9)
+            .pad_to(len)
+            .build();
+        assert_eq!(frame.len(), len);
+        let delivered = passes(&dp, &frame, usize::try_from(n).unwrap()) as u64;
+        let dropped: u64 = want
+            .iter()
+            .filter(|(v, _)| {
+                [
+                    verdict::DROPPED_RATE,
+                    verdict::DROPPED_BYTES,
+                    verdict::DENIED,
+                ]
+                .contains(v)
+            })
+            .map(|(_, k)| k)
+            .sum();
+        assert_eq!(delivered, n - dropped, "{name}: delivered");
+        let mut pkts = [0u64; verdict::COUNT];
+        for &(v, k) in want {
+            pkts[v] = k;
+        }
+        let bytes = pkts.map(|k| k * len as u64);
+        let got = dp.rule(id(&set, name));
+        assert_eq!(
+            got.pkts,
+            pkts,
+            "{name}: packets by verdict {:?}",
+            verdict::NAMES
+        );
+        assert_eq!(
+            got.bytes,
+            bytes,
+            "{name}: bytes by verdict {:?}",
+            verdict::NAMES
+        );
+    }
+}
+
 /// A source over its limit is dropped from a per-CPU window without the bucket lookup (until its
 /// next token is due, at most `DROP_BATCH` = 64 packets in a row): every packet is still dropped
 /// and counted under its rule, the bucket's own counter catches up at each batch, and the next
@@ -576,4 +840,63 @@ action = "allow"
     assert_eq!(dp.rule(rest).pkts[verdict::ALLOWED], 1);
     let g = dp.global();
     assert_eq!(g.counters[global::FRAGMENTS_UNMATCHED], 1);
+}
+
+/// No packet sees half a rule set: while one CPU runs a source's packets without pause, the
+/// other swaps 100 times between a set that allows its prefix and one that denies it (plus a UDP
+/// rule on a longer prefix). Every packet is counted under a rule of the set in force with that
+/// rule's verdict: none falls through to "no rule", an internal error or a failed bucket, which
+/// is what a trie of one set read against the rule records of the other would give. (The
+/// rules' ids change with every swap, so the count per rule is not kept across them.)
+#[test]
+fn a_rule_set_swap_is_seen_whole_by_every_packet() {
+    require_root();
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    assert!(cpus >= 2, "needs two CPUs");
+    let mut dp = TestDataplane::new("swap", 1024).unwrap();
+    let a = "[[rule]]\nname = \"open\"\nsource = \"198.18.0.0/16\"\naction = \"allow\"\n";
+    let b = "[[rule]]\nname = \"shut\"\nsource = \"198.18.0.0/16\"\naction = \"deny\"\n\n\
+             [[rule]]\nname = \"dns\"\nsource = \"198.18.0.0/24\"\nprotocol = \"udp\"\n\
+             dst_port = 53\naction = \"allow\"\n";
+    dp.install_toml(a).unwrap();
+    let frame = udp4(ip("198.18.0.1"));
+    let g0 = dp.global();
+    let runner = dp.runner();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (runs, passes, drops) = std::thread::scope(|s| {
+        let run = s.spawn(|| {
+            pin_to_cpu(1).unwrap();
+            let (mut runs, mut passes, mut drops) = (0u64, 0u64, 0u64);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match runner.run_repeat(&frame, 1) {
+                    XDP_PASS => passes += 1,
+                    XDP_DROP => drops += 1,
+                    other => panic!("XDP action {other}"),
+                }
+                runs += 1;
+            }
+            (runs, passes, drops)
+        });
+        pin_to_cpu(0).unwrap();
+        for i in 0..100 {
+            dp.install_toml(if i % 2 == 0 { b } else { a }).unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        run.join().unwrap()
+    });
+    let g = dp.global();
+    println!("{runs} packets during 100 swaps: {passes} passed, {drops} dropped");
+    assert_eq!(
+        g.counters[global::PACKETS] - g0.counters[global::PACKETS],
+        runs
+    );
+    assert!(passes > 0 && drops > 0, "the runs did not span the swaps");
+    for c in [global::NO_MATCH, global::INTERNAL, global::BUCKET_ERRORS] {
+        assert_eq!(
+            g.counters[c] - g0.counters[c],
+            0,
+            "packets counted as {} during the swaps",
+            global::NAMES[c]
+        );
+    }
 }

@@ -801,6 +801,90 @@ fn adopting_agent(bed: &Bed, config: &str, pin: &Path, sets: &Sets, k: usize) ->
     agent
 }
 
+/// Where in a reload a kill lands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Point {
+    /// The new set partly written into the inactive generation.
+    Writing,
+    /// The switch made (the epoch moved), the old generation maybe not yet retired.
+    Switched,
+    /// The reload finished (counted by the agent).
+    Done,
+}
+
+/// What a [`Probe`] sees.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    /// None of the sampled entries of the new set in the inactive generation.
+    Before,
+    /// Some of them, not all.
+    Writing,
+    /// All of them.
+    Written,
+    /// The epoch moved.
+    Switched,
+}
+
+/// Watches a reload to set `target` in the pinned maps with single lookups: the epoch, and 16
+/// of the new set's list entries, spread over it, in the generation being written.
+struct Probe {
+    maps: PinnedMaps,
+    trie: aya::maps::LpmTrie<
+        aya::maps::MapData,
+        ratelimit_common::PrefixKey,
+        ratelimit_common::RuleSet,
+    >,
+    epoch: u32,
+    keys: Vec<aya::maps::lpm_trie::Key<ratelimit_common::PrefixKey>>,
+}
+
+impl Probe {
+    fn new(pin: &Path, epoch: u32, target: usize) -> Probe {
+        let data =
+            aya::maps::MapData::from_pin(pin.join(ratelimit_common::map_names::PREFIXES)).unwrap();
+        let trie = aya::maps::LpmTrie::try_from(aya::maps::Map::LpmTrie(data)).unwrap();
+        let next = ratelimit_common::prefix_generation(epoch.wrapping_add(1));
+        let keys = (0..16u32)
+            .map(|n| {
+                let i = n * (LIST_LEN - 1) / 15;
+                let addr = 0xC613_0000u32 + i * 2 + u32::try_from(target).unwrap();
+                let mut bytes = [0u8; 16];
+                bytes[..4].copy_from_slice(&addr.to_be_bytes());
+                aya::maps::lpm_trie::Key::new(
+                    ratelimit_common::PREFIX_KEY_HEADER_BITS + 32,
+                    ratelimit_common::PrefixKey {
+                        generation: next,
+                        family: ratelimit_common::family::V4,
+                        addr: bytes,
+                    },
+                )
+            })
+            .collect();
+        Probe {
+            maps: PinnedMaps::open(pin).unwrap(),
+            trie,
+            epoch,
+            keys,
+        }
+    }
+
+    fn look(&self) -> Seen {
+        if self.maps.config().unwrap().generation != self.epoch {
+            return Seen::Switched;
+        }
+        let present = self
+            .keys
+            .iter()
+            .filter(|k| self.trie.get(k, 0).is_ok())
+            .count();
+        match present {
+            0 => Seen::Before,
+            n if n == self.keys.len() => Seen::Written,
+            _ => Seen::Writing,
+        }
+    }
+}
+
 #[test]
 fn killed_in_the_middle_of_a_reload_leaves_one_whole_rule_set_that_a_new_agent_adopts() {
     let bed = bed("kil");
@@ -820,14 +904,33 @@ fn killed_in_the_middle_of_a_reload_leaves_one_whole_rule_set_that_a_new_agent_a
     assert_eq!(pinned_state(&pin, &sets), (Some(1), 0));
     println!("a reload of {LIST_LEN} prefixes takes {full:?} from the file change");
 
-    // Kill at fractions of that: while reading the file, while writing the new set, after.
+    // Kill at exact points of a reload, each observed in the pinned maps (no sleep: a kill that
+    // missed its point is seen and named): while the new set is being written into the inactive
+    // generation (some of its entries there, some not yet), right after the switch (the rule
+    // set's epoch moved; the old generation not yet retired), and after the reload is done.
     let mut current = 1;
     let mut kept = Vec::new();
     let mut outcomes = Vec::new();
-    for percent in [30u32, 55, 75, 95, 200] {
+    for point in [Point::Writing, Point::Switched, Point::Writing, Point::Done] {
         let target = 1 - current;
+        let epoch = PinnedMaps::open(&pin).unwrap().config().unwrap().generation;
+        let ok_before = status(&agent)["reloads"]["ok"].as_u64().unwrap();
+        let probe = Probe::new(&pin, epoch, target);
         replace_file(agent.config_path(), &sets.configs[target]);
-        thread::sleep(full * percent / 100);
+        let reached = wait_for(
+            Duration::from_secs(60),
+            "the reload to reach its point",
+            || {
+                let seen = probe.look();
+                let reached = match point {
+                    Point::Writing => seen == Seen::Writing,
+                    Point::Switched => seen == Seen::Switched,
+                    Point::Done => status(&agent)["reloads"]["ok"].as_u64() == Some(ok_before + 1),
+                };
+                // Past the point (a reload quicker than the polls): kill anyway and say so.
+                (reached || (point == Point::Writing && seen == Seen::Switched)).then_some(reached)
+            },
+        );
         agent.crash().unwrap();
         let (_, pins) = agent.stop_keeping_pins().unwrap();
         kept.push(pins);
@@ -836,29 +939,55 @@ fn killed_in_the_middle_of_a_reload_leaves_one_whole_rule_set_that_a_new_agent_a
         let (in_force, leftover) = pinned_state(&pin, &sets);
         let (a, b) = (bed.delivered(SOURCES[0]), bed.delivered(SOURCES[1]));
         println!(
-            "killed at {percent}% of a reload from set {current} to set {target}: set in force \
-             {in_force:?}, {leftover} entries in the inactive generation; A got {a}, B got {b} through"
+            "killed at {point:?} (reached: {reached}) of a reload from set {current} to set \
+             {target}: set in force {in_force:?}, {leftover} entries in the inactive generation; \
+             A got {a}, B got {b} through"
         );
         let k = in_force
-            .unwrap_or_else(|| panic!("killed at {percent}%: the pinned rules are neither set"));
+            .unwrap_or_else(|| panic!("killed at {point:?}: the pinned rules are neither set"));
         assert!(bed.xdp().is_some(), "detached by the kill");
         assert_eq!(
             (a == 0, b == 0),
             (k == 0, k == 1),
             "packets disagree with the pinned set {k}"
         );
-        outcomes.push((percent, k == target, leftover));
+        if reached {
+            // Before the switch the old set is whole in force, the new one half written; after
+            // it, the new set is.
+            let want = if point == Point::Writing {
+                current
+            } else {
+                target
+            };
+            assert_eq!(k, want, "killed at {point:?}");
+            if point == Point::Writing {
+                assert!(
+                    leftover > 0,
+                    "killed while writing, but nothing was written"
+                );
+            }
+            if point == Point::Done {
+                assert_eq!(leftover, 0, "a finished reload left its old generation");
+            }
+        }
+        outcomes.push((point, reached, k == target, leftover));
 
-        // A new agent adopts it and applies its own config: the set not in force, so that it has
-        // an interrupted generation to clear and a swap to make.
-        current = 1 - k;
+        // A new agent adopts it and applies its own config, the set in force: it writes it into
+        // the inactive generation, which holds what the kill interrupted (the other set, half
+        // written or half retired), so that must be cleared first or the set after the swap is
+        // a mix of both.
+        current = k;
         agent = adopting_agent(&bed, &sets.configs[current], &pin, &sets, current);
     }
-    println!("(percent of a reload, new set in force, leftover inactive entries): {outcomes:?}");
+    println!("(point, reached, new set in force, leftover inactive entries): {outcomes:?}");
     assert!(
-        outcomes.iter().any(|o| !o.1) && outcomes.iter().any(|o| o.1),
-        "every kill had the same outcome: {outcomes:?}"
+        outcomes
+            .iter()
+            .any(|o| o.0 == Point::Writing && o.1 && o.3 > 0),
+        "no kill landed while the new set was being written: the recovery from a half-written \
+         generation never ran: {outcomes:?}"
     );
+
     agent.stop().unwrap();
     assert!(!pin.exists());
     drop(kept);

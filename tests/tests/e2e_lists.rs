@@ -1,7 +1,8 @@
 //! A 100,000-entry deny list loaded from a file by the real agent: it loads (the time is
 //! printed), it drops the listed source's real packets and passes an unlisted one, and replacing
 //! the file swaps the list in: afterwards the two sources have traded places. (That no packet
-//! ever sees half a rule set is the generation flip's job, covered in tests/buckets.rs.)
+//! ever sees half a rule set is the generation flip's job, covered in tests/buckets.rs,
+//! `a_rule_set_swap_is_seen_whole_by_every_packet`.)
 
 use std::{
     fmt::Write as _,

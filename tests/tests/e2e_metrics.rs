@@ -268,14 +268,51 @@ fn scrape_matches_the_packets_sent() {
     for verdict in ["allowed", "dropped_bytes", "denied", "dry_run", "no_bucket"] {
         assert_eq!(value(&text, &rule_series(verdict)), 0, "verdict {verdict}");
     }
-    assert!(
+    // Each datagram is one frame: Ethernet (14), IPv4 (20) and UDP (8) headers and the payload.
+    let frame_len = (14 + 20 + 8 + PAYLOAD) as u64;
+    for (verdict, packets) in [("passed", passed), ("dropped_rate", dropped)] {
+        assert_eq!(
+            value(
+                &text,
+                &format!(r#"ratelimit_rule_bytes_total{{rule="{RULE}",verdict="{verdict}"}}"#)
+            ),
+            packets * frame_len,
+            "bytes {verdict}"
+        );
+    }
+    // Every frame the program saw is counted once: unparsed (not IP, or a parse failure other
+    // than truncated_l4, which is still classified), matching no rule (the interfaces' own IPv6
+    // neighbour discovery), or under the one rule, which only the test's datagrams match.
+    let unparsed: u64 = [
+        "truncated_eth",
+        "bad_vlan",
+        "truncated_ipv4",
+        "bad_ipv4",
+        "bad_ipv6",
+    ]
+    .iter()
+    .map(|r| {
         value(
             &text,
-            &format!(r#"ratelimit_rule_bytes_total{{rule="{RULE}",verdict="passed"}}"#)
-        ) >= passed * PAYLOAD as u64
+            &format!(r#"ratelimit_parse_failures_total{{reason="{r}"}}"#),
+        )
+    })
+    .sum::<u64>()
+        + value(&text, "ratelimit_non_ip_packets_total");
+    assert_eq!(
+        value(&text, "ratelimit_packets_total"),
+        sent.sent
+            + unparsed
+            + value(&text, "ratelimit_unmatched_packets_total")
+            + value(&text, "ratelimit_internal_errors_total"),
+        "packets_total against its parts"
     );
-    assert!(value(&text, "ratelimit_packets_total") >= sent.sent);
-    assert!(value(&text, "ratelimit_buckets_tracked") >= 1);
+    assert_eq!(value(&text, "ratelimit_internal_errors_total"), 0);
+    assert_eq!(
+        value(&text, "ratelimit_buckets_tracked"),
+        1,
+        "one source, one bucket"
+    );
     assert_eq!(value(&text, "ratelimit_new_buckets_total"), 1);
     assert_eq!(
         value(

@@ -21,8 +21,12 @@ const FLOOD_PPS: u64 = 12 * RATE;
 const POLITE_PPS: u64 = RATE / 2;
 const DURATION: Duration = Duration::from_secs(4);
 const PAYLOAD: usize = 64;
-/// Tolerance on the flooder's admitted count against burst + rate x time.
-const TOLERANCE: f64 = 0.05;
+/// How much later (or earlier, relative to each other) the program may see the first and the
+/// last packet of the flood than the sender's clock says: veth delivery and softirq scheduling on
+/// a loaded 2-core machine. At the flooder's rate this is the only tolerance above the bucket.
+const SKEW_SECS: f64 = 0.05;
+/// How far the coarse clock the program uses for this rule lags (one jiffy, 4 ms at HZ=250).
+const JIFFY_SECS: f64 = 0.004;
 
 struct Family {
     /// Namespace and veth prefix.
@@ -143,26 +147,39 @@ fn noisy_neighbour(f: &Family) {
         b_got, polite.sent,
         "the polite source lost packets (veth drops: {link_drops})"
     );
+    // Exactly the bucket, but for timing: the program's window may be `SKEW_SECS` longer or
+    // shorter than the sender's (x rate), one token may come due between two packets, and below
+    // the bucket a lagging coarse clock refills a jiffy later and a stalled sender (skipped
+    // slots) leaves a bucket at its burst unable to fill further.
+    let stalled = flood.skipped as f64 / flood.achieved_pps().max(1.0);
+    let (low, high) = (
+        expected - RATE as f64 * (SKEW_SECS + JIFFY_SECS + stalled) - 1.0,
+        expected + RATE as f64 * SKEW_SECS + 1.0,
+    );
     assert!(
-        (ratio - 1.0).abs() <= TOLERANCE,
-        "flooder admitted {a_got}, expected {expected:.0} +- {:.0}%",
-        TOLERANCE * 100.0
+        (low..=high).contains(&(a_got as f64)),
+        "flooder admitted {a_got}, expected {expected:.1} ({low:.1}..{high:.1})"
     );
     // The agent's own counters tell the same story as the receiver.
+    // Only the two sources' datagrams fall under the rule (the neighbours are static: no
+    // neighbour discovery from them), the receiver's socket dropped nothing, and the veth pair
+    // dropped `link_drops` (before or after the program): the counts are exact up to those.
     let received = a_got + b_got;
     assert!(
-        passed.abs_diff(received) <= 2,
-        "agent counted {passed} passed, receiver got {received}"
+        (received..=received + link_drops).contains(&passed),
+        "agent counted {passed} passed, receiver got {received} (veth drops {link_drops})"
     );
     let sent = flood.sent + polite.sent;
     assert!(
-        (passed + dropped).abs_diff(sent) as f64 <= 0.01 * sent as f64,
-        "agent saw {} packets (passed {passed} + dropped {dropped}), senders sent {sent}",
+        (sent - link_drops..=sent).contains(&(passed + dropped)),
+        "agent saw {} packets (passed {passed} + dropped {dropped}), senders sent {sent} (veth \
+         drops {link_drops})",
         passed + dropped
     );
     assert!(
-        dropped.abs_diff(flood.sent - a_got) as f64 <= 0.01 * flood.sent as f64,
-        "agent dropped {dropped}, flooder lost {}",
+        (flood.sent - a_got - link_drops.min(flood.sent - a_got)..=flood.sent - a_got)
+            .contains(&dropped),
+        "agent dropped {dropped}, flooder lost {} (veth drops {link_drops})",
         flood.sent - a_got
     );
     assert_eq!(rule_packets(&stats, "e2e", "dry_run"), 0);

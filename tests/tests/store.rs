@@ -223,3 +223,151 @@ fn a_dropped_source_is_not_pushed_out_by_one_packet_sources() {
         .expect("still tracked");
     assert_eq!(u64::from(b.passed_pkts), BURST + passed_after);
 }
+
+/// A bucket evicted while in debt loses its state, and only that: its source comes back to a
+/// full bucket, exactly one burst (the allowance README "When the store is full" states), and
+/// the eviction is counted as `evicted_lost`. Nine sources on one set pair (eight records): the
+/// first spends 4 of its 5 tokens, seven others all 5, so the first is the least in debt and the
+/// ninth takes its record.
+#[test]
+fn a_bucket_evicted_in_debt_restarts_full_and_is_counted_lost() {
+    let (dp, id) = setup("restart", 64);
+    let (seed, sets) = store_params(dp.pin_dir()).unwrap();
+    let sources = colliding_v4(seed, sets, id, BASE, 17, 9, &[]).unwrap();
+    let (first, others, ninth) = (sources[0], &sources[1..8], sources[8]);
+    let runs = |ip: Ipv4Addr, n: u64| -> u64 {
+        let f = udp4(ip);
+        (0..n).filter(|_| dp.run(&f) == XDP_PASS).count() as u64
+    };
+    let g0 = dp.global();
+    assert_eq!(runs(first, BURST - 1), BURST - 1);
+    for &ip in others {
+        assert_eq!(runs(ip, BURST), BURST, "{ip}: a new source's burst");
+    }
+    let g1 = dp.global();
+    assert_eq!(delta(&g1, &g0, global::NEW_BUCKETS), 8);
+    assert_eq!(delta(&g1, &g0, global::EVICTED_LOST), 0);
+    assert!(dp.maps().bucket(&key(id, first)).unwrap().is_some());
+
+    assert_eq!(runs(ninth, 1), 1, "the ninth source's first packet");
+    let g2 = dp.global();
+    assert_eq!(delta(&g2, &g1, global::NEW_BUCKETS), 1);
+    assert_eq!(
+        delta(&g2, &g1, global::EVICTED_LOST),
+        1,
+        "the least indebted bucket was taken"
+    );
+    assert_eq!(delta(&g2, &g1, global::EVICTED_FULL), 0);
+    assert!(
+        dp.maps().bucket(&key(id, first)).unwrap().is_none(),
+        "the first source (least in debt) was the one evicted"
+    );
+    for &ip in others {
+        assert!(dp.maps().bucket(&key(id, ip)).unwrap().is_some(), "{ip}");
+    }
+
+    // Back: a full bucket, one burst, where its old bucket had one token left. It takes the
+    // record of the ninth source (one token spent: the least in debt now).
+    let start = Instant::now();
+    let back = runs(first, 2 * BURST);
+    let secs = start.elapsed().as_secs_f64();
+    assert!(
+        (BURST..=bucket_bound(secs)).contains(&back),
+        "came back to {back} passes in {secs:.3} s; a full bucket gives {BURST}"
+    );
+    if secs < 0.9 {
+        // No token can come due within 0.9 s of the new bucket's creation (1 per second).
+        assert_eq!(back, BURST);
+    }
+    let g3 = dp.global();
+    assert_eq!(delta(&g3, &g2, global::NEW_BUCKETS), 1);
+    assert_eq!(delta(&g3, &g2, global::EVICTED_LOST), 1);
+    let b = dp
+        .maps()
+        .bucket(&key(id, first))
+        .unwrap()
+        .expect("tracked again");
+    assert_eq!(u64::from(b.passed_pkts), back, "a new bucket's own count");
+    assert!(dp.maps().bucket(&key(id, ninth)).unwrap().is_none());
+}
+
+/// A bucket that has refilled is taken first and nothing is lost: counted as `evicted_full`, not
+/// `evicted_lost`, and its source, coming back, gets the burst it had anyway.
+#[test]
+fn a_refilled_bucket_is_evicted_first_counted_full() {
+    require_root();
+    let mut dp = TestDataplane::new("refilled", 64).unwrap();
+    set_seed(dp.pin_dir(), TEST_SEED).unwrap();
+    // Refills in burst / rate = 5 ms.
+    let set = dp
+        .install_toml(
+            "[[rule]]\nname = \"fast\"\nsource = \"198.18.0.0/15\"\nrate = 1000\nburst = 5\n",
+        )
+        .unwrap();
+    let id = set.by_name("fast").unwrap().id;
+    let (seed, sets) = store_params(dp.pin_dir()).unwrap();
+    let sources = colliding_v4(seed, sets, id, BASE, 17, 9, &[]).unwrap();
+    let g0 = dp.global();
+    for &ip in &sources[..8] {
+        assert_eq!(dp.run(&udp4(ip)), XDP_PASS);
+    }
+    // Long past the 5 ms refill (and the coarse clock's tick): a sleep here cannot hide a
+    // failure, a longer one only makes the buckets fuller.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(dp.run(&udp4(sources[8])), XDP_PASS);
+    let g1 = dp.global();
+    assert_eq!(delta(&g1, &g0, global::NEW_BUCKETS), 9);
+    assert_eq!(delta(&g1, &g0, global::EVICTED_FULL), 1);
+    assert_eq!(delta(&g1, &g0, global::EVICTED_LOST), 0);
+    let tracked = sources[..8]
+        .iter()
+        .filter(|&&ip| dp.maps().bucket(&key(id, ip)).unwrap().is_some())
+        .count();
+    assert_eq!(
+        tracked, 7,
+        "one of the eight refilled buckets gave its record"
+    );
+}
+
+/// A store that is not set up (no sets: what the program sees before the agent writes its
+/// config) cannot create buckets: packets under a limit rule pass (fail open), each counted as
+/// `no_bucket` under its rule (packets and frame bytes) and as `bucket_errors` globally.
+#[test]
+fn without_a_store_packets_pass_counted_as_no_bucket() {
+    let (dp, id) = setup("nostore", 64);
+    let mut maps = ratelimit::maps::PinnedMaps::open(dp.pin_dir()).unwrap();
+    let config = maps.config().unwrap();
+    maps.set_config(ratelimit_common::Config {
+        bucket_sets: 0,
+        ..config
+    })
+    .unwrap();
+    let frame = eth()
+        .ipv4(
+            Ipv4Addr::new(198, 18, 0, 1),
+            Ipv4Addr::new(198, 19, 255, 254),
+        )
+        .udp(1000, 9)
+        .pad_to(321)
+        .build();
+    let n = 3 * BURST;
+    let g0 = dp.global();
+    for i in 0..n {
+        assert_eq!(dp.run(&frame), XDP_PASS, "packet {i} passes: fail open");
+    }
+    let g1 = dp.global();
+    let r = dp.rule(id);
+    assert_eq!(r.pkts[verdict::NO_BUCKET], n);
+    assert_eq!(r.bytes[verdict::NO_BUCKET], n * 321);
+    assert_eq!(r.pkts[verdict::PASSED] + r.pkts[verdict::DROPPED_RATE], 0);
+    assert_eq!(delta(&g1, &g0, global::BUCKET_ERRORS), n);
+    assert_eq!(delta(&g1, &g0, global::NEW_BUCKETS), 0);
+    assert_eq!(delta(&g1, &g0, global::INTERNAL), 0);
+    // Set up again, the same source gets a bucket and is limited.
+    maps.set_config(config).unwrap();
+    let passed = (0..2 * BURST)
+        .filter(|_| dp.run(&frame) == XDP_PASS)
+        .count() as u64;
+    assert_eq!(passed, BURST);
+    assert_eq!(delta(&dp.global(), &g1, global::BUCKET_ERRORS), 0);
+}

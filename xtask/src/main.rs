@@ -7,6 +7,7 @@ mod build;
 mod cmd;
 mod demo;
 mod lint;
+mod mutants;
 mod run;
 mod setup;
 mod soak;
@@ -45,6 +46,8 @@ enum Command {
     Bench(bench::Options),
     /// Flood the limiter with random sources for 10 minutes; check memory, evictions, polite source.
     Soak(soak::Options),
+    /// Mutation testing (cargo-mutants) of the modules that need no root; not run by CI.
+    Mutants(mutants::Options),
 }
 
 fn main() -> ExitCode {
@@ -58,6 +61,7 @@ fn main() -> ExitCode {
         Command::Demo(opts) => demo::run(&opts),
         Command::Bench(opts) => bench::run(&opts),
         Command::Soak(opts) => soak::run(&opts),
+        Command::Mutants(opts) => mutants::run(&opts),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -469,4 +469,142 @@ mod tests {
         ));
         assert!(t.round(400 * MS, &[other], &l).charges.is_empty());
     }
+
+    /// What a round reports besides the charges, exactly: keys read, per-key packets and bytes,
+    /// the clamp count, and each peer's running totals; a key that gained nothing has no entry.
+    #[test]
+    fn rounds_count_keys_bytes_clamps_and_per_peer_totals() {
+        let mut t = RemoteTracker::new(3 * S);
+        let l = limits();
+        let r = t.round(0, &[view("a", 1, 2, &[(2, 100)])], &l);
+        assert_eq!(
+            (r.keys_synced, r.clamped),
+            (0, 0),
+            "the baseline reads nothing"
+        );
+        let r = t.round(100 * MS, &[view("a", 2, 2, &[(2, 160)])], &l);
+        assert_eq!(r.charges.get(&name()), Some(&(60, 6000)));
+        assert_eq!((r.keys_synced, r.clamped), (1, 0));
+        // Nothing new: no entry at all, not a zero one.
+        let r = t.round(200 * MS, &[view("a", 3, 2, &[(2, 160)])], &l);
+        assert!(r.charges.is_empty(), "{:?}", r.charges);
+        assert_eq!(r.keys_synced, 1);
+        // Two peers gaining on the same key: summed.
+        t.round(
+            300 * MS,
+            &[view("a", 4, 2, &[(2, 160)]), view("b", 1, 2, &[])],
+            &l,
+        );
+        let r = t.round(
+            400 * MS,
+            &[view("a", 5, 2, &[(2, 170)]), view("b", 2, 2, &[(2, 5)])],
+            &l,
+        );
+        assert_eq!(r.charges.get(&name()), Some(&(15, 1500)));
+        assert_eq!(r.keys_synced, 2);
+        let info: HashMap<String, PeerInfo> =
+            t.info(400 * MS).map(|(id, i)| (id.clone(), i)).collect();
+        assert_eq!(
+            (
+                info["a"].charged_pkts,
+                info["a"].charged_bytes,
+                info["a"].keys
+            ),
+            (70, 7000, 1)
+        );
+        assert_eq!((info["b"].charged_pkts, info["b"].charged_bytes), (5, 500));
+        // Two clamped keys in one round count twice.
+        let other = KeyName {
+            rule: "flood".into(),
+            addr: IpAddr::from([198, 18, 0, 200]),
+        };
+        let mut big = view("a", 6, 2, &[(2, 10_000_000)]);
+        big.keys.push((
+            other.clone(),
+            Count {
+                epoch: 2,
+                pkts: 10_000_000,
+                bytes: 0,
+            },
+        ));
+        let r = t.round(500 * MS, &[big, view("b", 3, 2, &[(2, 5)])], &l);
+        assert_eq!(r.clamped, 2, "{:?}", r.charges);
+    }
+
+    /// A report of an epoch older than the one already seen, but started while the peer was
+    /// counted (so not below its baseline): stale, nothing charged, the newer count kept.
+    #[test]
+    fn an_older_epoch_after_a_newer_one_charges_nothing() {
+        let mut t = RemoteTracker::new(3 * S);
+        let l = limits();
+        t.round(0, &[view("a", 1, 2, &[])], &l);
+        assert_eq!(
+            charged(&t.round(100 * MS, &[view("a", 2, 3, &[(2, 40)])], &l)),
+            40
+        );
+        assert_eq!(
+            charged(&t.round(200 * MS, &[view("a", 3, 4, &[(3, 10)])], &l)),
+            10
+        );
+        // Reordered gossip: epoch 2 again, with more than before.
+        assert_eq!(
+            charged(&t.round(300 * MS, &[view("a", 4, 4, &[(2, 90)])], &l)),
+            0
+        );
+        assert_eq!(
+            charged(&t.round(400 * MS, &[view("a", 5, 4, &[(3, 15)])], &l)),
+            5
+        );
+        // The same epoch reported again with the same count: nothing.
+        assert_eq!(
+            charged(&t.round(500 * MS, &[view("a", 6, 4, &[(3, 15)])], &l)),
+            0
+        );
+    }
+
+    /// The clamp on bytes as on packets: a gain beyond what the bucket could have admitted is cut
+    /// to exactly that and counted; a gain of exactly that is not.
+    #[test]
+    fn byte_gains_are_clamped_like_packets_and_the_limit_itself_is_not() {
+        // 1000 pps, burst 500; 1 MB/s (1000 ns a byte, 48.16 fixed point), burst 64 KiB.
+        let l = HashMap::from([(
+            "flood".to_string(),
+            Limits {
+                pkt_interval_ns: MS,
+                pkt_tolerance_ns: 500 * MS,
+                byte_interval_fp: 1000 << 16,
+                byte_tolerance_ns: 65_536 * 1000,
+            },
+        )]);
+        // Over 100 ms: 2 x tolerance + 100 ms + 1 s, in units of one packet or one byte, + 1.
+        let (max_pkts, max_bytes) = (2101, 1_231_073);
+        let key = |pkts, bytes| {
+            let mut v = view("a", 0, 2, &[]);
+            v.keys.push((
+                name(),
+                Count {
+                    epoch: 2,
+                    pkts,
+                    bytes,
+                },
+            ));
+            v
+        };
+        let mut t = RemoteTracker::new(3 * S);
+        let mut at = |n: u64, pkts, bytes| {
+            let mut v = key(pkts, bytes);
+            v.heartbeat = n;
+            t.round(n * 100 * MS, &[v], &l)
+        };
+        at(0, 0, 0);
+        let r = at(1, 10, 10_000_000);
+        assert_eq!(r.charges.get(&name()), Some(&(10, max_bytes)));
+        assert_eq!(r.clamped, 1);
+        let r = at(2, 10 + max_pkts, 10_000_000 + max_bytes);
+        assert_eq!(r.charges.get(&name()), Some(&(max_pkts, max_bytes)));
+        assert_eq!(r.clamped, 0, "a gain of exactly the limit is not clamped");
+        let r = at(3, 11 + 2 * max_pkts, 10_000_000 + 2 * max_bytes);
+        assert_eq!(r.charges.get(&name()), Some(&(max_pkts, max_bytes)));
+        assert_eq!(r.clamped, 1, "one packet over");
+    }
 }
