@@ -577,7 +577,10 @@ impl VictimChooser {
                     set(&raw mut self.free[half], c);
                 }
             } else {
-                set(&raw mut self.used[half], get(&raw const self.used[half]) + 1);
+                set(
+                    &raw mut self.used[half],
+                    get(&raw const self.used[half]) + 1,
+                );
             }
             if score < get(&raw const self.best) {
                 set(&raw mut self.best, score);
