@@ -606,5 +606,8 @@ mod tests {
         let r = at(3, 11 + 2 * max_pkts, 10_000_000 + 2 * max_bytes);
         assert_eq!(r.charges.get(&name()), Some(&(max_pkts, max_bytes)));
         assert_eq!(r.clamped, 1, "one packet over");
+        // Bytes gained alone are charged too.
+        let r = at(4, 11 + 2 * max_pkts, 10_000_100 + 2 * max_bytes);
+        assert_eq!(r.charges.get(&name()), Some(&(0, 100)));
     }
 }
