@@ -21,7 +21,7 @@ pub const SLOT_ANY_L4: u8 = 1 << 1;
 pub const NO_RULE: u32 = u32::MAX;
 
 /// Dropped packets a CPU decides from [`ClassSlot::drop_until`] before it looks at the bucket
-/// again (which refreshes the bucket's place in the LRU and adds those drops to its counter).
+/// again (which adds those drops to its counter, and sees whether the record still holds it).
 pub const DROP_BATCH: u32 = 64;
 
 /// One cached classification: under rule-set `epoch`, a packet from `src` (with `protocol` and

@@ -2,7 +2,7 @@
 //! bytes it admitted since it started publishing the key, as cumulative counters.
 //!
 //! The counters come from the buckets' own `passed_pkts`/`passed_bytes`, which the XDP program
-//! keeps per bucket. A bucket can vanish (LRU eviction) and come back with counters from zero; a
+//! keeps per bucket. A bucket can vanish (evicted) and come back with counters from zero; a
 //! bucket may predate this agent (adopted pinned state). So each published key keeps its own
 //! cumulative count in memory, advanced by what the bucket gained since the last look.
 //!

@@ -37,7 +37,7 @@ interfaces = ["eth0"]            # where XDP attaches
 mode = "auto"                    # auto (native, else generic) | native | skb
 socket = "/run/ratelimit/agent.sock"
 metrics = "127.0.0.1:9477"       # optional Prometheus endpoint
-max_buckets = 1048576            # tracked sources (LRU capacity)
+max_buckets = 1048576            # tracked sources (bucket store capacity)
 
 [[rule]]
 name = "default"
