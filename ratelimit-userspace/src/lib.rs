@@ -18,6 +18,7 @@ pub mod client;
 pub mod cluster;
 pub mod compile;
 pub mod config;
+pub mod daemon;
 pub mod dataplane;
 pub mod maps;
 pub mod metrics;

@@ -9,10 +9,10 @@ use std::{
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use ratelimit::{
-    agent::{self, AgentOptions},
+    agent::AgentOptions,
     client::{Client, ClientError},
     config::{AttachMode, Config, DEFAULT_SOCKET},
-    dataplane,
+    daemon, dataplane,
     maps::PinnedMaps,
     render,
     stats::StatsReport,
@@ -312,7 +312,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 keep_attached,
             };
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-            rt.block_on(agent::run(opts))?;
+            rt.block_on(daemon::run(opts))?;
             Ok(())
         }
         Command::Check { config } => {

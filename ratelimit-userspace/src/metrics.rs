@@ -43,6 +43,7 @@ use ratelimit_common::{global, verdict};
 
 use crate::{
     agent::{Agent, AgentError, SharedAgent},
+    cluster::{ClusterHandle, ClusterStatus},
     stats::StatsReport,
 };
 
@@ -109,12 +110,13 @@ const GLOBAL_COUNTERS: [(usize, &str, &str); 9] = [
 pub async fn serve(
     addr: SocketAddr,
     agent: SharedAgent,
+    cluster: Option<ClusterHandle>,
 ) -> Result<tokio::task::JoinHandle<()>, AgentError> {
     let listener = bind(addr).await?;
     let local = listener.local_addr().unwrap_or(addr);
     let app = Router::new()
         .route("/metrics", get(scrape))
-        .with_state(agent);
+        .with_state((agent, cluster));
     tracing::info!(addr = %local, "serving metrics at http://{local}/metrics");
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -131,12 +133,17 @@ async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, AgentError> {
     })
 }
 
-async fn scrape(axum::extract::State(agent): axum::extract::State<SharedAgent>) -> Response {
+async fn scrape(
+    axum::extract::State((agent, cluster)): axum::extract::State<(
+        SharedAgent,
+        Option<ClusterHandle>,
+    )>,
+) -> Response {
     // The map reads are blocking syscalls (and many of them with a large bucket map): they run on
     // a blocking thread holding the lock, which is released before anything goes to the client.
     let guard = agent.lock_owned().await;
     let result = tokio::task::spawn_blocking(move || {
-        let snapshot = Snapshot::take(&guard);
+        let snapshot = Snapshot::take(&guard, cluster.as_ref());
         drop(guard);
         snapshot.map(|mut s| {
             s.read_interface_counters(Path::new("/sys/class/net"));
@@ -173,7 +180,7 @@ pub struct Snapshot {
     /// Attached interfaces.
     pub interfaces: Vec<InterfaceSnapshot>,
     /// Cluster sync counters and peer states, when the agent is in a cluster.
-    pub cluster: Option<crate::cluster::ClusterStatus>,
+    pub cluster: Option<ClusterStatus>,
 }
 
 /// One attached interface.
@@ -190,9 +197,9 @@ pub struct InterfaceSnapshot {
 }
 
 impl Snapshot {
-    /// Reads the agent's counters, attachments and reload counts (not the sysfs counters: see
-    /// [`Snapshot::read_interface_counters`], which needs no lock).
-    pub fn take(agent: &Agent) -> Result<Self, AgentError> {
+    /// Reads the agent's counters, attachments and reload counts, and the cluster's status (not
+    /// the sysfs counters: see [`Snapshot::read_interface_counters`], which needs no lock).
+    pub fn take(agent: &Agent, cluster: Option<&ClusterHandle>) -> Result<Self, AgentError> {
         let reload = agent.reload_state();
         Ok(Self {
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -209,7 +216,7 @@ impl Snapshot {
                     ..Default::default()
                 })
                 .collect(),
-            cluster: agent.cluster_status(),
+            cluster: cluster.map(ClusterHandle::status),
         })
     }
 
@@ -260,10 +267,7 @@ where
 }
 
 /// The cluster sync's metrics (`ratelimit_cluster_*`).
-fn encode_cluster(
-    enc: &mut DescriptorEncoder,
-    cluster: &crate::cluster::ClusterStatus,
-) -> Result<(), fmt::Error> {
+fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Result<(), fmt::Error> {
     let c = &cluster.counters;
     family(
         enc,

@@ -1,30 +1,34 @@
-//! The agent: validates the config, loads the XDP program, installs the rules, attaches to the
-//! interfaces, serves the control API, reloads on change, and on shutdown detaches cleanly (or,
-//! with `--keep-attached`, leaves the limiter enforcing for the next agent to adopt).
+//! The agent's state: the config and rule set in force, the data plane they are installed in, and
+//! every change to them (start, reload, rules added or removed, interfaces rechecked, detach,
+//! shutdown). It serves nothing itself: [`crate::daemon`] runs it and hands it to the servers
+//! (the control API, the metrics endpoint, the watchers), and the cluster sync reads only the
+//! rules in force ([`Agent::rules_in_force`]) and its own handles on the pinned maps.
 //!
 //! Everything that can be refused (config syntax, rule semantics, unknown interfaces) is checked
 //! before anything on the host changes: at start, before the program is loaded; on a reload or an
 //! API change, before the new rule set is swapped in. A refused change leaves the rules in force.
+//!
+//! [`report`] holds what the agent shows of itself: `status` and `explain`.
+
+mod report;
 
 use std::{
     collections::BTreeSet,
-    net::IpAddr,
     path::{Path, PathBuf},
     sync::Arc,
-    time::{Duration, Instant, SystemTime},
+    time::{Instant, SystemTime},
 };
 
-use aya_log::EbpfLogger;
-use ratelimit_common::{config_flags, family, global, Bucket, BucketKey};
+use ratelimit_common::config_flags;
 use serde::Serialize;
-use tokio::{io::unix::AsyncFd, sync::Mutex};
+use tokio::sync::{watch, Mutex};
 
+pub use self::report::{CutPackets, Evictions, Explain, ExplainRule, InterfaceStatus, Status};
 use crate::{
     compile::{compile, CompileError, CompiledRuleSet, RuleIds},
     config::{AttachMode, Config, ConfigError, RuleConfig},
     dataplane::{Dataplane, DataplaneError, LinkHealth, LoadOptions},
     maps::MapsError,
-    stats::StatsReport,
 };
 
 /// Errors of the agent: at start they stop it; for a change they refuse the change.
@@ -104,9 +108,6 @@ pub fn prepare(opts: &AgentOptions) -> Result<Config, AgentError> {
         return Err(AgentError::NoInterfaces(opts.config_path.clone()));
     }
     check_interfaces(&config.agent.interfaces, &origin)?;
-    if let Some(cluster) = &config.cluster {
-        crate::cluster::check(cluster)?;
-    }
     // Compile once against empty ids: proves the rule set is valid before anything is loaded.
     compile(&config.rules, &RuleIds::new()).map_err(|source| AgentError::Compile {
         origin: opts.config_path.display().to_string(),
@@ -148,12 +149,13 @@ pub struct Agent {
     opts: AgentOptions,
     config: Config,
     ids: RuleIds,
-    set: CompiledRuleSet,
+    set: Arc<CompiledRuleSet>,
     dp: Dataplane,
     reload: ReloadState,
     started: Instant,
-    /// The cluster sync, when `[cluster]` is set and it runs.
-    cluster: Option<crate::cluster::ClusterHandle>,
+    /// The rule set in force, for readers outside the lock (the cluster sync): replaced on every
+    /// install.
+    in_force: watch::Sender<Arc<CompiledRuleSet>>,
     /// Configured interfaces that are gone (deleted, or failing to attach again after they came
     /// back); see [`Agent::recheck_interfaces`].
     missing: BTreeSet<String>,
@@ -179,19 +181,19 @@ impl Agent {
             tracing::warn!(error = %e, "pinned rule ids unusable; assigning new ones");
             RuleIds::new()
         });
-        let set = compile(&[], &ids).map_err(|source| AgentError::Compile {
+        let set = Arc::new(compile(&[], &ids).map_err(|source| AgentError::Compile {
             origin: "empty rule set".into(),
             source,
-        })?;
+        })?);
         let mut agent = Self {
             opts,
             config: config.clone(),
             ids,
-            set,
+            set: set.clone(),
             dp,
             reload: ReloadState::default(),
             started: Instant::now(),
-            cluster: None,
+            in_force: watch::Sender::new(set),
             missing: BTreeSet::new(),
         };
         if let Err(e) = agent.bring_up(&config, adopted) {
@@ -236,7 +238,8 @@ impl Agent {
                 origin: origin.to_string(),
                 source,
             })?;
-        self.set = set;
+        self.set = Arc::new(set);
+        self.in_force.send_replace(self.set.clone());
         self.config.rules = rules.to_vec();
         Ok(())
     }
@@ -447,6 +450,13 @@ impl Agent {
         &self.set
     }
 
+    /// The rule set in force now and after every change, without the agent's lock (the cluster
+    /// sync reads its cluster-scoped rules each round).
+    #[must_use]
+    pub fn rules_in_force(&self) -> watch::Receiver<Arc<CompiledRuleSet>> {
+        self.in_force.subscribe()
+    }
+
     /// The data plane.
     #[must_use]
     pub fn dataplane(&self) -> &Dataplane {
@@ -457,191 +467,6 @@ impl Agent {
     #[must_use]
     pub fn reload_state(&self) -> &ReloadState {
         &self.reload
-    }
-
-    /// The cluster's members and counters (`None` without `[cluster]`).
-    #[must_use]
-    pub fn cluster_status(&self) -> Option<crate::cluster::ClusterStatus> {
-        self.cluster
-            .as_ref()
-            .map(crate::cluster::ClusterHandle::status)
-    }
-
-    /// What `ratelimit status` shows.
-    pub fn status(&self) -> Result<Status, AgentError> {
-        let maps = self.dp.maps();
-        let generation = maps.config()?.generation;
-        Ok(Status {
-            version: env!("CARGO_PKG_VERSION"),
-            pid: std::process::id(),
-            uptime_secs: self.started.elapsed().as_secs(),
-            config: self.opts.config_path.display().to_string(),
-            pin_path: self.config.agent.pin_path.display().to_string(),
-            socket: self.config.agent.socket.display().to_string(),
-            interfaces: self.interface_status(),
-            rules: self.set.rules.len(),
-            prefixes: self.set.prefixes.len(),
-            generation,
-            dry_run: self.config.agent.dry_run,
-            buckets_tracked: maps.bucket_count()?,
-            buckets_capacity: u64::from(maps.bucket_capacity()?),
-            buckets_evicted: {
-                let g = maps.global_stats()?;
-                Evictions {
-                    full: g.counters[global::EVICTED_FULL],
-                    lost: g.counters[global::EVICTED_LOST],
-                }
-            },
-            reloads: self.reload.clone(),
-            cluster: self.cluster_status(),
-        })
-    }
-
-    /// The attached interfaces, and the configured ones that are missing.
-    fn interface_status(&self) -> Vec<InterfaceStatus> {
-        let state = |iface: &str| {
-            if self.missing.contains(iface) {
-                "missing"
-            } else {
-                "attached"
-            }
-        };
-        let mut out: Vec<InterfaceStatus> = self
-            .dp
-            .attachments()
-            .iter()
-            .map(|a| InterfaceStatus {
-                iface: a.iface.clone(),
-                mode: a.mode.to_string(),
-                state: state(&a.iface),
-            })
-            .collect();
-        for iface in &self.missing {
-            if !out.iter().any(|i| &i.iface == iface) {
-                out.push(InterfaceStatus {
-                    iface: iface.clone(),
-                    mode: "-".to_string(),
-                    state: "missing",
-                });
-            }
-        }
-        out
-    }
-
-    /// Counters.
-    pub fn stats(&self) -> Result<StatsReport, AgentError> {
-        Ok(StatsReport::read(self.dp.maps())?)
-    }
-
-    /// Every tracked bucket, with the time it was read (`CLOCK_MONOTONIC` ns).
-    pub fn buckets(&self) -> Result<(u64, Vec<(BucketKey, Bucket)>), AgentError> {
-        let now = monotonic_ns();
-        Ok((now, self.dp.maps().buckets()?))
-    }
-
-    /// What happens to packets from `ip` whose protocol and port the program cannot know.
-    fn cut_packets(&self, ip: IpAddr) -> CutPackets {
-        use crate::compile::WithoutL4;
-        let (verdict, rule) = match self.set.classify_without_l4(ip) {
-            WithoutL4::Dependent => ("dropped", None),
-            WithoutL4::NoRule => ("passed", None),
-            WithoutL4::Rule(r) => ("rule", Some(r.name.clone())),
-        };
-        CutPackets {
-            verdict,
-            rule,
-            why: match verdict {
-                "dropped" => {
-                    "a rule for this source looks at the protocol or port, which such a \
-                              packet hides: tiny first fragments (and their datagrams) and IPv6 \
-                              chains of more than 8 extension headers are dropped \
-                              (dropped_tiny_fragments, dropped_long_chains)"
-                }
-                "passed" => "no rule's source prefix contains this address",
-                _ => {
-                    "no rule for this source looks at the protocol or port: such packets fall \
-                      under its first rule"
-                }
-            }
-            .to_string(),
-        }
-    }
-
-    /// Which rule a packet from `ip` (with `protocol`/`dst_port`) falls under, why, and its bucket.
-    pub fn explain(
-        &self,
-        ip: IpAddr,
-        protocol: u8,
-        dst_port: Option<u16>,
-    ) -> Result<Explain, AgentError> {
-        let prefix = self.set.lookup(ip);
-        let candidates: Vec<String> = prefix
-            .map(|p| {
-                p.candidates()
-                    .iter()
-                    .filter_map(|&id| self.set.rule(id))
-                    .map(|r| r.name.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let cut = self.cut_packets(ip);
-        let Some(rule) = self.set.classify(ip, protocol, dst_port) else {
-            let why = match prefix {
-                None => "no rule's source prefix contains this address: the packet passes".to_string(),
-                Some(p) => format!(
-                    "the longest matching prefix {} has rules [{}], none of which matches protocol {protocol} port {}: the packet passes",
-                    p.net(),
-                    candidates.join(", "),
-                    dst_port.map_or_else(|| "-".to_string(), |p| p.to_string())
-                ),
-            };
-            return Ok(Explain {
-                ip,
-                protocol,
-                dst_port,
-                rule: None,
-                prefix: prefix.map(|p| p.net().to_string()),
-                candidates,
-                why,
-                bucket: None,
-                cut,
-            });
-        };
-        let net = prefix.map(|p| p.net().to_string());
-        let why = format!(
-            "longest matching prefix {} ; candidates in order [{}] ; first matching protocol/port: {:?}",
-            net.as_deref().unwrap_or("?"),
-            candidates.join(", "),
-            rule.name
-        );
-        let key = bucket_key(rule.id, &rule.rule, ip);
-        let bucket = self
-            .dp
-            .maps()
-            .bucket(&key)?
-            .map(|b| BucketView::new(&b, &rule.rule, monotonic_ns()));
-        let config = self
-            .config
-            .rules
-            .iter()
-            .find(|r| r.name == rule.name)
-            .cloned();
-        Ok(Explain {
-            ip,
-            protocol,
-            dst_port,
-            rule: Some(ExplainRule {
-                name: rule.name.clone(),
-                id: rule.id,
-                line: rule.line,
-                config,
-            }),
-            prefix: net,
-            candidates,
-            why,
-            bucket,
-            cut,
-        })
     }
 
     /// Detaches from `iface`, or from every interface.
@@ -678,6 +503,17 @@ impl Agent {
             tracing::info!("detaching and removing pinned state");
             self.dp.remove()?;
         }
+        Ok(())
+    }
+
+    /// [`Agent::shutdown`] for an agent still shared (a task that held it was just aborted):
+    /// detaches and unpins directly, unless `keep_attached`. The agent must not be used after.
+    pub fn shutdown_in_place(&mut self) -> Result<(), AgentError> {
+        if self.opts.keep_attached {
+            return Ok(());
+        }
+        self.dp.detach_all()?;
+        crate::dataplane::remove_pin_dir(self.dp.pin_dir())?;
         Ok(())
     }
 
@@ -727,402 +563,10 @@ fn flags_of(config: &Config) -> u32 {
     flags
 }
 
-/// The bucket key the XDP program uses for `ip` under `rule`.
-#[must_use]
-pub fn bucket_key(id: u32, rule: &ratelimit_common::Rule, ip: IpAddr) -> BucketKey {
-    let (fam, bytes) = match ip {
-        IpAddr::V4(a) => {
-            let mut b = [0u8; 16];
-            b[..4].copy_from_slice(&a.octets());
-            (family::V4, b)
-        }
-        IpAddr::V6(a) => (family::V6, a.octets()),
-    };
-    let mut addr = [0u8; 16];
-    for w in 0..4 {
-        let word = u32::from_ne_bytes(bytes[w * 4..w * 4 + 4].try_into().expect("4 bytes"))
-            & rule.src_mask[w];
-        addr[w * 4..w * 4 + 4].copy_from_slice(&word.to_ne_bytes());
-    }
-    BucketKey {
-        rule: id,
-        family: fam,
-        _pad: [0; 3],
-        addr,
-    }
-}
-
-/// The address (masked source) a bucket key stands for.
-#[must_use]
-pub fn bucket_addr(key: &BucketKey) -> IpAddr {
-    if key.family == family::V4 {
-        IpAddr::from([key.addr[0], key.addr[1], key.addr[2], key.addr[3]])
-    } else {
-        IpAddr::from(key.addr)
-    }
-}
-
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns` reads.
-#[must_use]
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
-}
-
-/// `CLOCK_MONOTONIC_COARSE` in nanoseconds: the clock `bpf_ktime_get_coarse_ns` reads, never
-/// ahead of [`monotonic_ns`].
-#[must_use]
-pub fn monotonic_coarse_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC_COARSE exists since Linux 2.6.32.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
-}
-
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-/// A bucket's state in user terms.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct BucketView {
-    /// Packet tokens available now (negative: in debt); `None` without a packet limit.
-    pub tokens: Option<f64>,
-    /// Byte tokens available now; `None` without a byte limit.
-    pub byte_tokens: Option<f64>,
-    /// Packets passed under this bucket since it was created.
-    pub passed: u64,
-    /// Packets dropped (or counted as dry-run drops) by this bucket.
-    pub dropped: u64,
-    /// Seconds since the bucket was created.
-    pub age_secs: f64,
-}
-
-impl BucketView {
-    /// Reads `b` under `rule` at `now` (`CLOCK_MONOTONIC` ns).
-    #[must_use]
-    pub fn new(b: &Bucket, rule: &ratelimit_common::Rule, now: u64) -> Self {
-        use ratelimit_common::rule_flags;
-        let level = |tat: u64, tolerance: u64, unit: f64| {
-            // Tokens = (now + tolerance - max(tat, now)) / cost of one token.
-            #[expect(clippy::cast_precision_loss, reason = "display only")]
-            let v = (now as f64 + tolerance as f64 - tat.max(now) as f64) / unit;
-            v
-        };
-        #[expect(clippy::cast_precision_loss, reason = "display only")]
-        Self {
-            tokens: (rule.flags & rule_flags::PKT_LIMIT != 0 && rule.pkt_interval_ns > 0)
-                .then(|| level(b.tat_ns, rule.pkt_tolerance_ns, rule.pkt_interval_ns as f64)),
-            byte_tokens: (rule.flags & rule_flags::BYTE_LIMIT != 0 && rule.byte_interval_fp > 0)
-                .then(|| {
-                    level(
-                        b.byte_tat_ns,
-                        rule.byte_tolerance_ns,
-                        rule.byte_interval_fp as f64 / 65536.0,
-                    )
-                }),
-            passed: u64::from(b.passed_pkts),
-            dropped: u64::from(b.dropped_pkts),
-            age_secs: now.saturating_sub(b.created_ns) as f64 / 1e9,
-        }
-    }
-}
-
-/// Buckets whose record a new source took (the program's own counters).
-#[derive(Clone, Copy, Debug, Default, Serialize)]
-pub struct Evictions {
-    /// The bucket had refilled: nothing lost.
-    pub full: u64,
-    /// The bucket had not refilled: its source starts full again if it comes back.
-    pub lost: u64,
-}
-
-/// `status` output.
-#[derive(Clone, Debug, Serialize)]
-pub struct Status {
-    /// Agent version.
-    pub version: &'static str,
-    /// Agent process id.
-    pub pid: u32,
-    /// Seconds since the agent started.
-    pub uptime_secs: u64,
-    /// Config file.
-    pub config: String,
-    /// Pin directory.
-    pub pin_path: String,
-    /// Control socket.
-    pub socket: String,
-    /// Attached interfaces.
-    pub interfaces: Vec<InterfaceStatus>,
-    /// Rules in force.
-    pub rules: usize,
-    /// Distinct source prefixes in force.
-    pub prefixes: usize,
-    /// Rule-set epoch: counts installs; its low bit is the prefix-trie half in force.
-    pub generation: u32,
-    /// Whole-agent dry run.
-    pub dry_run: bool,
-    /// Buckets tracked.
-    pub buckets_tracked: u64,
-    /// Bucket capacity.
-    pub buckets_capacity: u64,
-    /// Buckets evicted for new sources, by what the eviction lost.
-    pub buckets_evicted: Evictions,
-    /// Reload bookkeeping.
-    pub reloads: ReloadState,
-    /// Cluster members and counters, when `[cluster]` is set.
-    pub cluster: Option<crate::cluster::ClusterStatus>,
-}
-
-/// One attached interface.
-#[derive(Clone, Debug, Serialize)]
-pub struct InterfaceStatus {
-    /// Interface name.
-    pub iface: String,
-    /// native, skb or adopted ("-" while missing and not attached).
-    pub mode: String,
-    /// `attached`, or `missing`: the interface was deleted (the program went with it) and is
-    /// attached again when an interface of that name appears.
-    pub state: &'static str,
-}
-
-/// `explain` output.
-#[derive(Clone, Debug, Serialize)]
-pub struct Explain {
-    /// The address asked about.
-    pub ip: IpAddr,
-    /// IP protocol number asked about (0: unspecified).
-    pub protocol: u8,
-    /// Destination port asked about.
-    pub dst_port: Option<u16>,
-    /// The matching rule, if any.
-    pub rule: Option<ExplainRule>,
-    /// The longest rule prefix containing the address.
-    pub prefix: Option<String>,
-    /// Rules listed for that prefix, in the order they are tried.
-    pub candidates: Vec<String>,
-    /// The decision in words.
-    pub why: String,
-    /// The source's bucket, if one is tracked.
-    pub bucket: Option<BucketView>,
-    /// What happens to the source's packets that hide their protocol or port (tiny first
-    /// fragments, over-long IPv6 header chains). Fragments other than the first follow their
-    /// datagram's first fragment.
-    pub cut: CutPackets,
-}
-
-/// `explain`'s account of a source's packets whose protocol and port cannot be known.
-#[derive(Clone, Debug, Serialize)]
-pub struct CutPackets {
-    /// `dropped`, `passed` (no rule), or `rule` (classified by [`CutPackets::rule`]).
-    pub verdict: &'static str,
-    /// The rule that applies when `verdict` is `rule`.
-    pub rule: Option<String>,
-    /// Why, in words.
-    pub why: String,
-}
-
-/// The rule `explain` found.
-#[derive(Clone, Debug, Serialize)]
-pub struct ExplainRule {
-    /// Rule name.
-    pub name: String,
-    /// Rule id.
-    pub id: u32,
-    /// Config line.
-    pub line: usize,
-    /// The rule's settings.
-    pub config: Option<RuleConfig>,
-}
-
-/// Runs the agent until SIGINT/SIGTERM: starts it, serves the control API and metrics, reloads on
-/// SIGHUP and when the config file changes, then shuts down.
-pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let sig = |kind: SignalKind, name: &str| {
-        signal(kind).map_err(|e| AgentError::Runtime(format!("installing the {name} handler: {e}")))
-    };
-    let (mut int, mut term, mut hup) = (
-        sig(SignalKind::interrupt(), "SIGINT")?,
-        sig(SignalKind::terminate(), "SIGTERM")?,
-        sig(SignalKind::hangup(), "SIGHUP")?,
-    );
-
-    let config_path = opts.config_path.clone();
-    // The control socket is bound before anything is loaded: if another agent answers on it,
-    // this one stops here, before it could adopt and then tear down the other's pinned state.
-    let socket = prepare(&opts)?.agent.socket;
-    let listener = crate::api::bind(&socket)?;
-    let agent = match Agent::start(opts) {
-        Ok(agent) => agent,
-        Err(e) => {
-            let _ = std::fs::remove_file(&socket);
-            return Err(e);
-        }
-    };
-    let (metrics_addr, ebpf_log) = (agent.config.agent.metrics, agent.config.agent.ebpf_log);
-    let (cluster, pin_dir) = (
-        agent.config.cluster.clone(),
-        agent.dp.pin_dir().to_path_buf(),
-    );
-    let agent: SharedAgent = Arc::new(Mutex::new(agent));
-
-    let mut tasks = Vec::new();
-    if ebpf_log {
-        tasks.push(spawn_ebpf_log_reader(&agent).await?);
-    }
-    tasks.push(crate::api::serve(listener, agent.clone()));
-    if let Some(addr) = metrics_addr {
-        match crate::metrics::serve(addr, agent.clone()).await {
-            Ok(task) => tasks.push(task),
-            Err(e) => {
-                let _ = std::fs::remove_file(&socket);
-                shutdown_shared(agent).await?;
-                return Err(e);
-            }
-        }
-    }
-    if let Some(cluster) = cluster {
-        match crate::cluster::spawn(&cluster, agent.clone(), &pin_dir).await {
-            Ok((handle, task)) => {
-                agent.lock().await.cluster = Some(handle);
-                tasks.push(task);
-            }
-            Err(e) => {
-                for task in tasks {
-                    task.abort();
-                }
-                let _ = std::fs::remove_file(&socket);
-                shutdown_shared(agent).await?;
-                return Err(e);
-            }
-        }
-    }
-    tasks.push(spawn_config_watcher(config_path, agent.clone()));
-    tasks.push(spawn_interface_watcher(agent.clone()));
-    tracing::info!(socket = %socket.display(), "running; SIGHUP reloads, SIGINT or SIGTERM exits");
-
-    loop {
-        tokio::select! {
-            _ = int.recv() => { tracing::info!("SIGINT"); break; }
-            _ = term.recv() => { tracing::info!("SIGTERM"); break; }
-            _ = hup.recv() => {
-                tracing::info!("SIGHUP: reloading");
-                let _ = agent.lock().await.reload();
-            }
-        }
-    }
-    for task in tasks {
-        task.abort();
-        // Wait for it to go, so its reference to the agent is dropped before shutdown.
-        let _ = task.await;
-    }
-    let _ = std::fs::remove_file(&socket);
-    shutdown_shared(agent).await
-}
-
-async fn shutdown_shared(agent: SharedAgent) -> Result<(), AgentError> {
-    match Arc::try_unwrap(agent) {
-        Ok(mutex) => mutex.into_inner().shutdown(),
-        Err(shared) => {
-            // A task still holds a reference (it was just aborted): take the state out under the
-            // lock by detaching directly.
-            let mut guard = shared.lock().await;
-            if guard.opts.keep_attached {
-                return Ok(());
-            }
-            guard.dp.detach_all()?;
-            crate::dataplane::remove_pin_dir(guard.dp.pin_dir())?;
-            Ok(())
-        }
-    }
-}
-
-/// Polls the config file's identity and content every 250 ms and reloads when it changes.
-///
-/// Polling rather than inotify: editors and config managers replace files by rename, create them
-/// anew or edit in place, and a poll of (inode, size, mtime) sees all of these without watching the
-/// directory; 250 ms is far below what an operator notices.
-fn spawn_config_watcher(path: PathBuf, agent: SharedAgent) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let stamp = |p: &Path| {
-            use std::os::unix::fs::MetadataExt as _;
-            std::fs::metadata(p)
-                .ok()
-                .map(|m| (m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
-        };
-        // The config file and the list files (`source_file`) of the rules in force.
-        let watched = |lists: Vec<PathBuf>| {
-            std::iter::once(path.clone())
-                .chain(lists)
-                .map(|p| (stamp(&p), p))
-                .collect::<Vec<_>>()
-        };
-        let mut last = watched(agent.lock().await.list_files());
-        let mut tick = tokio::time::interval(Duration::from_millis(250));
-        loop {
-            tick.tick().await;
-            let lists = agent.lock().await.list_files();
-            let now = watched(lists);
-            if now != last {
-                let changed: Vec<String> = now
-                    .iter()
-                    .filter(|n| !last.contains(n))
-                    .map(|(_, p)| p.display().to_string())
-                    .collect();
-                let mut guard = agent.lock().await;
-                // Our own write-back also changes the file: reloading it is harmless (same rules).
-                tracing::info!(changed = ?changed, "config or list file changed: reloading");
-                let _ = guard.reload();
-                // Stamp after the reload: the rules in force may name other list files now.
-                last = watched(guard.list_files());
-            }
-        }
-    })
-}
-
-/// Every second, [`Agent::recheck_interfaces`]: notices deleted interfaces and attaches again to
-/// re-created ones. (Polling: a few `if_nametoindex` calls a second cost nothing, and need no
-/// netlink subscription that could overflow.)
-fn spawn_interface_watcher(agent: SharedAgent) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tick.tick().await;
-            agent.lock().await.recheck_interfaces();
-        }
-    })
-}
-
-/// Forwards the program's aya-log records to the agent's log (only emitted when `ebpf_log` is on).
-async fn spawn_ebpf_log_reader(
-    agent: &SharedAgent,
-) -> Result<tokio::task::JoinHandle<()>, AgentError> {
-    let logger = EbpfLogger::init(agent.lock().await.dataplane_mut().ebpf_mut())
-        .map_err(|e| AgentError::Runtime(format!("starting the eBPF log reader: {e}")))?;
-    // SAFETY: the logger owns the ring buffer's fd and moves into the AsyncFd, so the fd stays
-    // open for as long as it is registered.
-    let mut fd = unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) }
-        .map_err(|e| AgentError::Runtime(format!("polling the eBPF log ring buffer: {e}")))?;
-    Ok(tokio::spawn(async move {
-        loop {
-            let Ok(mut guard) = fd.readable_mut().await else {
-                return;
-            };
-            guard.get_inner_mut().flush();
-            guard.clear_ready();
-        }
-    }))
 }
 
 #[cfg(test)]

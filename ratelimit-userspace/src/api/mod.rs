@@ -61,7 +61,7 @@ use std::{
 
 use axum::{
     body::Bytes,
-    extract::{Path as UrlPath, Query, State},
+    extract::{FromRef, Path as UrlPath, Query, State},
     http::{Method, StatusCode, Uri},
     response::{IntoResponse, Response},
     routing::{delete, get, post},
@@ -73,11 +73,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::{
-    agent::{bucket_addr, AgentError, BucketView, SharedAgent},
+    agent::{AgentError, SharedAgent, Status},
+    cluster::{ClusterHandle, ClusterStatus},
     compile::CompiledRuleSet,
     config::{
         Action, Per, Protocol, RuleConfig, Scope, DEFAULT_BYTES_BURST_FLOOR, MAX_TOLERANCE_NS,
     },
+    maps::bucket::{bucket_addr, BucketView},
 };
 
 /// Default and bounds of `top`'s `interval_ms`.
@@ -85,12 +87,24 @@ const TOP_INTERVAL_MS: (u64, u64, u64) = (1000, 10, 60_000);
 /// Default and largest `top` `n`.
 const TOP_N: (usize, usize) = (10, 100_000);
 
+/// What the API serves: the agent, and the cluster sync's handle when the agent is in a cluster.
+#[derive(Clone)]
+pub struct ApiState {
+    /// The agent.
+    pub agent: SharedAgent,
+    /// The cluster sync (`None` without `[cluster]`).
+    pub cluster: Option<ClusterHandle>,
+}
+
+impl FromRef<ApiState> for SharedAgent {
+    fn from_ref(state: &ApiState) -> Self {
+        state.agent.clone()
+    }
+}
+
 /// Serves the API on `listener` (from [`bind`]) until the task is aborted.
-pub fn serve(
-    listener: tokio::net::UnixListener,
-    agent: SharedAgent,
-) -> tokio::task::JoinHandle<()> {
-    let app = router(agent);
+pub fn serve(listener: tokio::net::UnixListener, state: ApiState) -> tokio::task::JoinHandle<()> {
+    let app = router(state);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "control API stopped");
@@ -152,8 +166,8 @@ pub fn bind(socket: &Path) -> Result<tokio::net::UnixListener, AgentError> {
     Ok(listener)
 }
 
-/// The API's routes over `agent`.
-pub fn router(agent: SharedAgent) -> Router {
+/// The API's routes over `state`.
+pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/status", get(status))
         .route("/v1/rules", get(rules_list).post(rules_add))
@@ -166,7 +180,7 @@ pub fn router(agent: SharedAgent) -> Router {
         .route("/v1/cluster", get(cluster))
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
-        .with_state(agent)
+        .with_state(state)
 }
 
 /// A refused or failed request: its status and the message of `{"error": ...}`.
@@ -237,9 +251,21 @@ async fn no_method(method: Method, uri: Uri) -> ApiError {
     }
 }
 
-async fn status(State(agent): State<SharedAgent>) -> ApiResult {
-    let status = agent.lock().await.status()?;
-    to_json(&status)
+/// `status` as the API answers it: the agent's, and the cluster's when in one.
+#[derive(Serialize)]
+struct StatusAnswer {
+    #[serde(flatten)]
+    agent: Status,
+    /// Cluster members and counters, when `[cluster]` is set.
+    cluster: Option<ClusterStatus>,
+}
+
+async fn status(State(state): State<ApiState>) -> ApiResult {
+    let agent = state.agent.lock().await.status()?;
+    to_json(&StatusAnswer {
+        agent,
+        cluster: state.cluster.as_ref().map(ClusterHandle::status),
+    })
 }
 
 async fn rules_list(State(agent): State<SharedAgent>) -> ApiResult {
@@ -289,23 +315,22 @@ async fn reload(State(agent): State<SharedAgent>) -> ApiResult {
     })))
 }
 
-async fn stats(State(agent): State<SharedAgent>) -> ApiResult {
-    let guard = agent.lock().await;
-    let report = guard.stats()?;
+async fn stats(State(state): State<ApiState>) -> ApiResult {
+    let report = state.agent.lock().await.stats()?;
     let mut value = serde_json::to_value(&report).map_err(|e| ApiError {
         status: StatusCode::INTERNAL_SERVER_ERROR,
         message: e.to_string(),
     })?;
     // The cluster sync's counters, when this agent is in a cluster.
-    if let Some(cluster) = guard.cluster_status() {
-        value["cluster"] = json!(cluster.counters);
+    if let Some(cluster) = &state.cluster {
+        value["cluster"] = json!(cluster.status().counters);
     }
     Ok(Json(value))
 }
 
-async fn cluster(State(agent): State<SharedAgent>) -> ApiResult {
-    match agent.lock().await.cluster_status() {
-        Some(status) => to_json(&status),
+async fn cluster(State(state): State<ApiState>) -> ApiResult {
+    match &state.cluster {
+        Some(cluster) => to_json(&cluster.status()),
         None => Err(ApiError {
             status: StatusCode::NOT_FOUND,
             message: "this agent is not in a cluster: its config has no [cluster] table".into(),

@@ -2,9 +2,9 @@ use serde_json::json;
 
 use super::*;
 use crate::{
-    agent::bucket_key,
     compile::{compile, RuleIds},
     config::Config,
+    maps::bucket::bucket_key,
 };
 
 fn err(v: Value) -> String {

@@ -44,15 +44,16 @@ use chitchat::{
 
 pub use self::status::{ClusterStatus, CounterValues, PeerStatus};
 use self::{key::ClusterKey, status::Shared, transport::SecureTransport};
-use crate::{
-    agent::{AgentError, SharedAgent},
-    config::ClusterConfig,
-    maps::PinnedMaps,
-};
+use tokio::sync::watch;
 
-/// Default of `[cluster] max_keys`: most keys each agent publishes, and reads from each peer, per
-/// sync, the heaviest first. Bounds message size, memory and CPU however many sources there are.
-pub const MAX_KEYS: usize = 1000;
+use crate::{compile::CompiledRuleSet, config::ClusterConfig, maps::PinnedMaps};
+
+/// Why the cluster sync cannot start (the key file, the listen address, the pinned maps, gossip).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ClusterError(String);
+
+pub use crate::config::MAX_KEYS;
 /// A peer is no longer counted after this long without news, unless 10 sync intervals are
 /// longer.
 pub const MIN_PEER_TIMEOUT: Duration = Duration::from_secs(3);
@@ -70,13 +71,13 @@ pub fn peer_timeout(config: &ClusterConfig) -> Duration {
 }
 
 /// Checks what can be checked before anything starts: the key file.
-pub fn check(config: &ClusterConfig) -> Result<(), AgentError> {
+pub fn check(config: &ClusterConfig) -> Result<(), ClusterError> {
     ClusterKey::load(&config.key_file, &config.cluster_id)
         .map(|_| ())
-        .map_err(|e| AgentError::Runtime(e.to_string()))
+        .map_err(|e| ClusterError(e.to_string()))
 }
 
-/// The running cluster sync, as the agent holds it.
+/// The running cluster sync, as the servers that show its status hold it.
 #[derive(Clone, Debug)]
 pub struct ClusterHandle {
     shared: Arc<Shared>,
@@ -90,18 +91,18 @@ impl ClusterHandle {
     }
 }
 
-/// Starts gossip on `[cluster] listen` and the sync loop over the maps pinned in `pin_dir`.
+/// Starts gossip on `[cluster] listen` and the sync loop over the maps pinned in `pin_dir`, for
+/// the cluster-scoped rules among `rules` (the agent's rules in force, followed as they change).
 /// Returns the handle for the status and the task to abort at shutdown (which also stops gossip).
 pub async fn spawn(
     config: &ClusterConfig,
-    agent: SharedAgent,
+    rules: watch::Receiver<Arc<CompiledRuleSet>>,
     pin_dir: &Path,
-) -> Result<(ClusterHandle, tokio::task::JoinHandle<()>), AgentError> {
-    let err = |what: &str, e: &dyn std::fmt::Display| {
-        AgentError::Runtime(format!("[cluster] {what}: {e}"))
-    };
+) -> Result<(ClusterHandle, tokio::task::JoinHandle<()>), ClusterError> {
+    let err =
+        |what: &str, e: &dyn std::fmt::Display| ClusterError(format!("[cluster] {what}: {e}"));
     let key = ClusterKey::load(&config.key_file, &config.cluster_id)
-        .map_err(|e| AgentError::Runtime(e.to_string()))?;
+        .map_err(|e| ClusterError(e.to_string()))?;
     let advertise = advertise_addr(config)?;
     let generation = unix_ms();
     let node_id = format!("{}/{advertise}", hostname());
@@ -162,7 +163,7 @@ pub async fn spawn(
     );
     let task = tokio::spawn(
         sync::SyncLoop {
-            agent,
+            rules,
             chitchat,
             maps,
             shared: shared.clone(),
@@ -177,7 +178,7 @@ pub async fn spawn(
 
 /// The address peers reach us at: `listen`, or when that is a wildcard, the local address the
 /// kernel would use towards the first seed.
-fn advertise_addr(config: &ClusterConfig) -> Result<SocketAddr, AgentError> {
+fn advertise_addr(config: &ClusterConfig) -> Result<SocketAddr, ClusterError> {
     if !config.listen.ip().is_unspecified() {
         return Ok(config.listen);
     }
@@ -196,7 +197,7 @@ fn advertise_addr(config: &ClusterConfig) -> Result<SocketAddr, AgentError> {
             }
         }
     }
-    Err(AgentError::Runtime(format!(
+    Err(ClusterError(format!(
         "[cluster] listen = \"{}\" is a wildcard address and no seed is reachable to tell which address peers should use; \
          set listen to this host's address",
         config.listen

@@ -18,10 +18,14 @@ use super::{
     remote::{Limits, PeerView, RemoteTracker, Round},
     status::{Counters, PeerStatus, Shared},
 };
+use tokio::sync::watch;
+
 use crate::{
-    agent::{bucket_addr, bucket_key, monotonic_coarse_ns, monotonic_ns, SharedAgent},
     compile::CompiledRuleSet,
-    maps::PinnedMaps,
+    maps::{
+        bucket::{bucket_addr, bucket_key, monotonic_coarse_ns, monotonic_ns},
+        PinnedMaps,
+    },
 };
 
 /// Most peer incarnations read per round; more are ignored (and their keys counted as dropped).
@@ -70,8 +74,8 @@ impl ClusterRules {
 
 /// Everything the sync loop owns.
 pub struct SyncLoop {
-    /// The agent (for the rules in force).
-    pub agent: SharedAgent,
+    /// The agent's rules in force.
+    pub rules: watch::Receiver<Arc<CompiledRuleSet>>,
     /// chitchat's server (dropping it stops gossip).
     pub chitchat: ChitchatHandle,
     /// Our own handles on the pinned maps (the agent's stay behind its lock).
@@ -96,7 +100,7 @@ impl SyncLoop {
     /// Runs until the task is aborted.
     pub async fn run(self) {
         let Self {
-            agent,
+            rules: in_force,
             chitchat,
             maps,
             shared,
@@ -121,7 +125,7 @@ impl SyncLoop {
         loop {
             tick.tick().await;
             let began = Instant::now();
-            let rules = ClusterRules::of(agent.lock().await.rule_set());
+            let rules = ClusterRules::of(&in_force.borrow());
 
             // 1. Local buckets -> published counters (map syscalls off the async threads).
             let Some(mut b) = blocking.take() else { return };

@@ -66,6 +66,10 @@ pub const MAX_RULE_PREFIXES: usize = 250_000;
 /// the installed and the next rule set during a swap.
 pub const MAX_TOTAL_PREFIXES: usize = ratelimit_common::MAX_PREFIXES as usize / 2;
 
+/// Default of `[cluster] max_keys`: most keys each agent publishes, and reads from each peer, per
+/// sync, the heaviest first. Bounds message size, memory and CPU however many sources there are.
+pub const MAX_KEYS: usize = 1000;
+
 const NS_PER_SEC: u64 = 1_000_000_000;
 
 /// A parsed and validated config file.
@@ -1387,7 +1391,7 @@ fn cluster_from_raw(src: &Source, raw: RawCluster) -> Result<ClusterConfig, Conf
         }
     };
     let max_keys = match raw.max_keys {
-        None => crate::cluster::MAX_KEYS,
+        None => MAX_KEYS,
         Some(v) => {
             let n = *v.get_ref();
             if !(1..=100_000).contains(&n) {

@@ -3,7 +3,13 @@
 //! Everything user space does with the maps (install rules, read counters, list buckets) goes
 //! through the files pinned under the pin directory, so the agent and a CLI reading the same
 //! directory see the same state, and a restarted agent picks up where the last one stopped.
+//!
+//! - this file: [`PinnedMaps`], one typed handle per pinned map (rules, prefix tries, counters).
+//! - [`store`]: the bucket store, the memory-mapped array of bucket records, read and charged in
+//!   place.
+//! - [`bucket`]: bucket keys, the clocks bucket times are kept in, and buckets in user terms.
 
+pub mod bucket;
 pub mod store;
 
 use std::{

@@ -1,0 +1,298 @@
+//! What the agent shows of itself: `status` (interfaces, rules, buckets, reloads) and `explain`
+//! (which rule a packet falls under, why, and its bucket). Read under the agent's lock; the
+//! cluster's part of `status` is added by the control API, which holds the cluster handle.
+
+use std::net::IpAddr;
+
+use ratelimit_common::{global, Bucket, BucketKey};
+use serde::Serialize;
+
+use super::{Agent, AgentError, ReloadState};
+use crate::{
+    config::RuleConfig,
+    maps::bucket::{bucket_key, monotonic_ns, BucketView},
+    stats::StatsReport,
+};
+
+impl Agent {
+    /// What `ratelimit status` shows.
+    pub fn status(&self) -> Result<Status, AgentError> {
+        let maps = self.dp.maps();
+        let generation = maps.config()?.generation;
+        Ok(Status {
+            version: env!("CARGO_PKG_VERSION"),
+            pid: std::process::id(),
+            uptime_secs: self.started.elapsed().as_secs(),
+            config: self.opts.config_path.display().to_string(),
+            pin_path: self.config.agent.pin_path.display().to_string(),
+            socket: self.config.agent.socket.display().to_string(),
+            interfaces: self.interface_status(),
+            rules: self.set.rules.len(),
+            prefixes: self.set.prefixes.len(),
+            generation,
+            dry_run: self.config.agent.dry_run,
+            buckets_tracked: maps.bucket_count()?,
+            buckets_capacity: u64::from(maps.bucket_capacity()?),
+            buckets_evicted: {
+                let g = maps.global_stats()?;
+                Evictions {
+                    full: g.counters[global::EVICTED_FULL],
+                    lost: g.counters[global::EVICTED_LOST],
+                }
+            },
+            reloads: self.reload.clone(),
+        })
+    }
+
+    /// The attached interfaces, and the configured ones that are missing.
+    fn interface_status(&self) -> Vec<InterfaceStatus> {
+        let state = |iface: &str| {
+            if self.missing.contains(iface) {
+                "missing"
+            } else {
+                "attached"
+            }
+        };
+        let mut out: Vec<InterfaceStatus> = self
+            .dp
+            .attachments()
+            .iter()
+            .map(|a| InterfaceStatus {
+                iface: a.iface.clone(),
+                mode: a.mode.to_string(),
+                state: state(&a.iface),
+            })
+            .collect();
+        for iface in &self.missing {
+            if !out.iter().any(|i| &i.iface == iface) {
+                out.push(InterfaceStatus {
+                    iface: iface.clone(),
+                    mode: "-".to_string(),
+                    state: "missing",
+                });
+            }
+        }
+        out
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Result<StatsReport, AgentError> {
+        Ok(StatsReport::read(self.dp.maps())?)
+    }
+
+    /// Every tracked bucket, with the time it was read (`CLOCK_MONOTONIC` ns).
+    pub fn buckets(&self) -> Result<(u64, Vec<(BucketKey, Bucket)>), AgentError> {
+        let now = monotonic_ns();
+        Ok((now, self.dp.maps().buckets()?))
+    }
+
+    /// What happens to packets from `ip` whose protocol and port the program cannot know.
+    fn cut_packets(&self, ip: IpAddr) -> CutPackets {
+        use crate::compile::WithoutL4;
+        let (verdict, rule) = match self.set.classify_without_l4(ip) {
+            WithoutL4::Dependent => ("dropped", None),
+            WithoutL4::NoRule => ("passed", None),
+            WithoutL4::Rule(r) => ("rule", Some(r.name.clone())),
+        };
+        CutPackets {
+            verdict,
+            rule,
+            why: match verdict {
+                "dropped" => {
+                    "a rule for this source looks at the protocol or port, which such a \
+                              packet hides: tiny first fragments (and their datagrams) and IPv6 \
+                              chains of more than 8 extension headers are dropped \
+                              (dropped_tiny_fragments, dropped_long_chains)"
+                }
+                "passed" => "no rule's source prefix contains this address",
+                _ => {
+                    "no rule for this source looks at the protocol or port: such packets fall \
+                      under its first rule"
+                }
+            }
+            .to_string(),
+        }
+    }
+
+    /// Which rule a packet from `ip` (with `protocol`/`dst_port`) falls under, why, and its bucket.
+    pub fn explain(
+        &self,
+        ip: IpAddr,
+        protocol: u8,
+        dst_port: Option<u16>,
+    ) -> Result<Explain, AgentError> {
+        let prefix = self.set.lookup(ip);
+        let candidates: Vec<String> = prefix
+            .map(|p| {
+                p.candidates()
+                    .iter()
+                    .filter_map(|&id| self.set.rule(id))
+                    .map(|r| r.name.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let cut = self.cut_packets(ip);
+        let Some(rule) = self.set.classify(ip, protocol, dst_port) else {
+            let why = match prefix {
+                None => "no rule's source prefix contains this address: the packet passes".to_string(),
+                Some(p) => format!(
+                    "the longest matching prefix {} has rules [{}], none of which matches protocol {protocol} port {}: the packet passes",
+                    p.net(),
+                    candidates.join(", "),
+                    dst_port.map_or_else(|| "-".to_string(), |p| p.to_string())
+                ),
+            };
+            return Ok(Explain {
+                ip,
+                protocol,
+                dst_port,
+                rule: None,
+                prefix: prefix.map(|p| p.net().to_string()),
+                candidates,
+                why,
+                bucket: None,
+                cut,
+            });
+        };
+        let net = prefix.map(|p| p.net().to_string());
+        let why = format!(
+            "longest matching prefix {} ; candidates in order [{}] ; first matching protocol/port: {:?}",
+            net.as_deref().unwrap_or("?"),
+            candidates.join(", "),
+            rule.name
+        );
+        let key = bucket_key(rule.id, &rule.rule, ip);
+        let bucket = self
+            .dp
+            .maps()
+            .bucket(&key)?
+            .map(|b| BucketView::new(&b, &rule.rule, monotonic_ns()));
+        let config = self
+            .config
+            .rules
+            .iter()
+            .find(|r| r.name == rule.name)
+            .cloned();
+        Ok(Explain {
+            ip,
+            protocol,
+            dst_port,
+            rule: Some(ExplainRule {
+                name: rule.name.clone(),
+                id: rule.id,
+                line: rule.line,
+                config,
+            }),
+            prefix: net,
+            candidates,
+            why,
+            bucket,
+            cut,
+        })
+    }
+}
+
+/// Buckets whose record a new source took (the program's own counters).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Evictions {
+    /// The bucket had refilled: nothing lost.
+    pub full: u64,
+    /// The bucket had not refilled: its source starts full again if it comes back.
+    pub lost: u64,
+}
+
+/// `status` output.
+#[derive(Clone, Debug, Serialize)]
+pub struct Status {
+    /// Agent version.
+    pub version: &'static str,
+    /// Agent process id.
+    pub pid: u32,
+    /// Seconds since the agent started.
+    pub uptime_secs: u64,
+    /// Config file.
+    pub config: String,
+    /// Pin directory.
+    pub pin_path: String,
+    /// Control socket.
+    pub socket: String,
+    /// Attached interfaces.
+    pub interfaces: Vec<InterfaceStatus>,
+    /// Rules in force.
+    pub rules: usize,
+    /// Distinct source prefixes in force.
+    pub prefixes: usize,
+    /// Rule-set epoch: counts installs; its low bit is the prefix-trie half in force.
+    pub generation: u32,
+    /// Whole-agent dry run.
+    pub dry_run: bool,
+    /// Buckets tracked.
+    pub buckets_tracked: u64,
+    /// Bucket capacity.
+    pub buckets_capacity: u64,
+    /// Buckets evicted for new sources, by what the eviction lost.
+    pub buckets_evicted: Evictions,
+    /// Reload bookkeeping.
+    pub reloads: ReloadState,
+}
+
+/// One attached interface.
+#[derive(Clone, Debug, Serialize)]
+pub struct InterfaceStatus {
+    /// Interface name.
+    pub iface: String,
+    /// native, skb or adopted ("-" while missing and not attached).
+    pub mode: String,
+    /// `attached`, or `missing`: the interface was deleted (the program went with it) and is
+    /// attached again when an interface of that name appears.
+    pub state: &'static str,
+}
+
+/// `explain` output.
+#[derive(Clone, Debug, Serialize)]
+pub struct Explain {
+    /// The address asked about.
+    pub ip: IpAddr,
+    /// IP protocol number asked about (0: unspecified).
+    pub protocol: u8,
+    /// Destination port asked about.
+    pub dst_port: Option<u16>,
+    /// The matching rule, if any.
+    pub rule: Option<ExplainRule>,
+    /// The longest rule prefix containing the address.
+    pub prefix: Option<String>,
+    /// Rules listed for that prefix, in the order they are tried.
+    pub candidates: Vec<String>,
+    /// The decision in words.
+    pub why: String,
+    /// The source's bucket, if one is tracked.
+    pub bucket: Option<BucketView>,
+    /// What happens to the source's packets that hide their protocol or port (tiny first
+    /// fragments, over-long IPv6 header chains). Fragments other than the first follow their
+    /// datagram's first fragment.
+    pub cut: CutPackets,
+}
+
+/// `explain`'s account of a source's packets whose protocol and port cannot be known.
+#[derive(Clone, Debug, Serialize)]
+pub struct CutPackets {
+    /// `dropped`, `passed` (no rule), or `rule` (classified by [`CutPackets::rule`]).
+    pub verdict: &'static str,
+    /// The rule that applies when `verdict` is `rule`.
+    pub rule: Option<String>,
+    /// Why, in words.
+    pub why: String,
+}
+
+/// The rule `explain` found.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExplainRule {
+    /// Rule name.
+    pub name: String,
+    /// Rule id.
+    pub id: u32,
+    /// Config line.
+    pub line: usize,
+    /// The rule's settings.
+    pub config: Option<RuleConfig>,
+}

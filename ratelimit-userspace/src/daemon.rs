@@ -1,0 +1,209 @@
+//! The daemon: `ratelimit agent`. Starts the agent ([`crate::agent`]), then runs what serves and
+//! watches it, each handed only what it needs:
+//! - the control API ([`crate::api`]) on the Unix socket, and the metrics endpoint
+//!   ([`crate::metrics`]): the shared agent, and the cluster handle for its status;
+//! - the cluster sync ([`crate::cluster`]): the rules in force and the pin directory;
+//! - the config watcher (reload when the config or a list file changes), the interface watcher
+//!   (deleted and re-created interfaces), SIGHUP (reload), the eBPF log reader;
+//!
+//! and on SIGINT or SIGTERM stops them all before the agent shuts down (detaches, or leaves the
+//! limiter enforcing with `--keep-attached`).
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use aya_log::EbpfLogger;
+use tokio::{io::unix::AsyncFd, sync::Mutex, task::JoinHandle};
+
+use crate::{
+    agent::{self, Agent, AgentError, AgentOptions, SharedAgent},
+    api, cluster, metrics,
+};
+
+/// Runs the agent until SIGINT/SIGTERM: starts it, serves the control API and metrics, runs the
+/// cluster sync, reloads on SIGHUP and when the config file changes, then shuts down.
+pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let sig = |kind: SignalKind, name: &str| {
+        signal(kind).map_err(|e| AgentError::Runtime(format!("installing the {name} handler: {e}")))
+    };
+    let (mut int, mut term, mut hup) = (
+        sig(SignalKind::interrupt(), "SIGINT")?,
+        sig(SignalKind::terminate(), "SIGTERM")?,
+        sig(SignalKind::hangup(), "SIGHUP")?,
+    );
+
+    let config_path = opts.config_path.clone();
+    let prepared = agent::prepare(&opts)?;
+    if let Some(cluster) = &prepared.cluster {
+        cluster::check(cluster).map_err(runtime)?;
+    }
+    // The control socket is bound before anything is loaded: if another agent answers on it,
+    // this one stops here, before it could adopt and then tear down the other's pinned state.
+    let socket = prepared.agent.socket;
+    let listener = api::bind(&socket)?;
+    let agent = match Agent::start(opts) {
+        Ok(agent) => agent,
+        Err(e) => {
+            let _ = std::fs::remove_file(&socket);
+            return Err(e);
+        }
+    };
+    let config = agent.config().clone();
+    let pin_dir = agent.dataplane().pin_dir().to_path_buf();
+    let rules = agent.rules_in_force();
+    let agent: SharedAgent = Arc::new(Mutex::new(agent));
+
+    // Each server gets what it serves: the agent, and the cluster's handle for its status.
+    let mut tasks = Vec::new();
+    let socket_path = &socket;
+    let fail = |tasks: Vec<JoinHandle<()>>, agent: SharedAgent, e: AgentError| async move {
+        for task in tasks {
+            task.abort();
+            let _ = task.await;
+        }
+        let _ = std::fs::remove_file(socket_path);
+        shutdown_shared(agent).await?;
+        Err(e)
+    };
+    if config.agent.ebpf_log {
+        match spawn_ebpf_log_reader(&agent).await {
+            Ok(task) => tasks.push(task),
+            Err(e) => return fail(tasks, agent, e).await,
+        }
+    }
+    let mut cluster_handle = None;
+    if let Some(cluster) = &config.cluster {
+        match cluster::spawn(cluster, rules, &pin_dir).await {
+            Ok((handle, task)) => {
+                cluster_handle = Some(handle);
+                tasks.push(task);
+            }
+            Err(e) => return fail(tasks, agent, runtime(e)).await,
+        }
+    }
+    tasks.push(api::serve(
+        listener,
+        api::ApiState {
+            agent: agent.clone(),
+            cluster: cluster_handle.clone(),
+        },
+    ));
+    if let Some(addr) = config.agent.metrics {
+        match metrics::serve(addr, agent.clone(), cluster_handle).await {
+            Ok(task) => tasks.push(task),
+            Err(e) => return fail(tasks, agent, e).await,
+        }
+    }
+    tasks.push(spawn_config_watcher(config_path, agent.clone()));
+    tasks.push(spawn_interface_watcher(agent.clone()));
+    tracing::info!(socket = %socket.display(), "running; SIGHUP reloads, SIGINT or SIGTERM exits");
+
+    loop {
+        tokio::select! {
+            _ = int.recv() => { tracing::info!("SIGINT"); break; }
+            _ = term.recv() => { tracing::info!("SIGTERM"); break; }
+            _ = hup.recv() => {
+                tracing::info!("SIGHUP: reloading");
+                let _ = agent.lock().await.reload();
+            }
+        }
+    }
+    for task in tasks {
+        task.abort();
+        // Wait for it to go, so its reference to the agent is dropped before shutdown.
+        let _ = task.await;
+    }
+    let _ = std::fs::remove_file(&socket);
+    shutdown_shared(agent).await
+}
+
+fn runtime(e: impl std::fmt::Display) -> AgentError {
+    AgentError::Runtime(e.to_string())
+}
+
+async fn shutdown_shared(agent: SharedAgent) -> Result<(), AgentError> {
+    match Arc::try_unwrap(agent) {
+        Ok(mutex) => mutex.into_inner().shutdown(),
+        // A task still holds a reference (it was just aborted): shut down under the lock.
+        Err(shared) => shared.lock().await.shutdown_in_place(),
+    }
+}
+
+/// Polls the config file's identity and content every 250 ms and reloads when it changes.
+///
+/// Polling rather than inotify: editors and config managers replace files by rename, create them
+/// anew or edit in place, and a poll of (inode, size, mtime) sees all of these without watching the
+/// directory; 250 ms is far below what an operator notices.
+fn spawn_config_watcher(path: PathBuf, agent: SharedAgent) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let stamp = |p: &Path| {
+            use std::os::unix::fs::MetadataExt as _;
+            std::fs::metadata(p)
+                .ok()
+                .map(|m| (m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+        };
+        // The config file and the list files (`source_file`) of the rules in force.
+        let watched = |lists: Vec<PathBuf>| {
+            std::iter::once(path.clone())
+                .chain(lists)
+                .map(|p| (stamp(&p), p))
+                .collect::<Vec<_>>()
+        };
+        let mut last = watched(agent.lock().await.list_files());
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tick.tick().await;
+            let lists = agent.lock().await.list_files();
+            let now = watched(lists);
+            if now != last {
+                let changed: Vec<String> = now
+                    .iter()
+                    .filter(|n| !last.contains(n))
+                    .map(|(_, p)| p.display().to_string())
+                    .collect();
+                let mut guard = agent.lock().await;
+                // Our own write-back also changes the file: reloading it is harmless (same rules).
+                tracing::info!(changed = ?changed, "config or list file changed: reloading");
+                let _ = guard.reload();
+                // Stamp after the reload: the rules in force may name other list files now.
+                last = watched(guard.list_files());
+            }
+        }
+    })
+}
+
+/// Every second, [`Agent::recheck_interfaces`]: notices deleted interfaces and attaches again to
+/// re-created ones. (Polling: a few `if_nametoindex` calls a second cost nothing, and need no
+/// netlink subscription that could overflow.)
+fn spawn_interface_watcher(agent: SharedAgent) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            agent.lock().await.recheck_interfaces();
+        }
+    })
+}
+
+/// Forwards the program's aya-log records to the agent's log (only emitted when `ebpf_log` is on).
+async fn spawn_ebpf_log_reader(agent: &SharedAgent) -> Result<JoinHandle<()>, AgentError> {
+    let logger = EbpfLogger::init(agent.lock().await.dataplane_mut().ebpf_mut())
+        .map_err(|e| AgentError::Runtime(format!("starting the eBPF log reader: {e}")))?;
+    // SAFETY: the logger owns the ring buffer's fd and moves into the AsyncFd, so the fd stays
+    // open for as long as it is registered.
+    let mut fd = unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) }
+        .map_err(|e| AgentError::Runtime(format!("polling the eBPF log ring buffer: {e}")))?;
+    Ok(tokio::spawn(async move {
+        loop {
+            let Ok(mut guard) = fd.readable_mut().await else {
+                return;
+            };
+            guard.get_inner_mut().flush();
+            guard.clear_ready();
+        }
+    }))
+}

@@ -1,0 +1,113 @@
+//! Buckets in user terms: the key the XDP program gives a source under a rule, the address a key
+//! stands for, the clocks bucket times are kept in, and a bucket's tokens as `top` and `explain`
+//! show them.
+
+use std::net::IpAddr;
+
+use ratelimit_common::{family, Bucket, BucketKey};
+use serde::Serialize;
+
+/// The bucket key the XDP program uses for `ip` under `rule`.
+#[must_use]
+pub fn bucket_key(id: u32, rule: &ratelimit_common::Rule, ip: IpAddr) -> BucketKey {
+    let (fam, bytes) = match ip {
+        IpAddr::V4(a) => {
+            let mut b = [0u8; 16];
+            b[..4].copy_from_slice(&a.octets());
+            (family::V4, b)
+        }
+        IpAddr::V6(a) => (family::V6, a.octets()),
+    };
+    let mut addr = [0u8; 16];
+    for w in 0..4 {
+        let word = u32::from_ne_bytes(bytes[w * 4..w * 4 + 4].try_into().expect("4 bytes"))
+            & rule.src_mask[w];
+        addr[w * 4..w * 4 + 4].copy_from_slice(&word.to_ne_bytes());
+    }
+    BucketKey {
+        rule: id,
+        family: fam,
+        _pad: [0; 3],
+        addr,
+    }
+}
+
+/// The address (masked source) a bucket key stands for.
+#[must_use]
+pub fn bucket_addr(key: &BucketKey) -> IpAddr {
+    if key.family == family::V4 {
+        IpAddr::from([key.addr[0], key.addr[1], key.addr[2], key.addr[3]])
+    } else {
+        IpAddr::from(key.addr)
+    }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns` reads.
+#[must_use]
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// `CLOCK_MONOTONIC_COARSE` in nanoseconds: the clock `bpf_ktime_get_coarse_ns` reads, never
+/// ahead of [`monotonic_ns`].
+#[must_use]
+pub fn monotonic_coarse_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC_COARSE exists since Linux 2.6.32.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+/// A bucket's state in user terms.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct BucketView {
+    /// Packet tokens available now (negative: in debt); `None` without a packet limit.
+    pub tokens: Option<f64>,
+    /// Byte tokens available now; `None` without a byte limit.
+    pub byte_tokens: Option<f64>,
+    /// Packets passed under this bucket since it was created.
+    pub passed: u64,
+    /// Packets dropped (or counted as dry-run drops) by this bucket.
+    pub dropped: u64,
+    /// Seconds since the bucket was created.
+    pub age_secs: f64,
+}
+
+impl BucketView {
+    /// Reads `b` under `rule` at `now` (`CLOCK_MONOTONIC` ns).
+    #[must_use]
+    pub fn new(b: &Bucket, rule: &ratelimit_common::Rule, now: u64) -> Self {
+        use ratelimit_common::rule_flags;
+        let level = |tat: u64, tolerance: u64, unit: f64| {
+            // Tokens = (now + tolerance - max(tat, now)) / cost of one token.
+            #[expect(clippy::cast_precision_loss, reason = "display only")]
+            let v = (now as f64 + tolerance as f64 - tat.max(now) as f64) / unit;
+            v
+        };
+        #[expect(clippy::cast_precision_loss, reason = "display only")]
+        Self {
+            tokens: (rule.flags & rule_flags::PKT_LIMIT != 0 && rule.pkt_interval_ns > 0)
+                .then(|| level(b.tat_ns, rule.pkt_tolerance_ns, rule.pkt_interval_ns as f64)),
+            byte_tokens: (rule.flags & rule_flags::BYTE_LIMIT != 0 && rule.byte_interval_fp > 0)
+                .then(|| {
+                    level(
+                        b.byte_tat_ns,
+                        rule.byte_tolerance_ns,
+                        rule.byte_interval_fp as f64 / 65536.0,
+                    )
+                }),
+            passed: u64::from(b.passed_pkts),
+            dropped: u64::from(b.dropped_pkts),
+            age_secs: now.saturating_sub(b.created_ns) as f64 / 1e9,
+        }
+    }
+}
