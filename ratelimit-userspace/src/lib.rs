@@ -1,17 +1,28 @@
 //! ratelimit: the user-space half of the XDP rate limiter.
 //!
-//! # Layout
-//! - [`agent`]: the agent's life cycle: validate, load, install, attach, detach on shutdown.
-//! - [`config`]: the TOML config file, parsed and validated with file/line/field errors.
-//! - [`compile`]: turns validated rules into the records the XDP program reads (rule ids, prefix
-//!   candidate lists), and a user-space reference classifier with the same semantics.
-//! - [`maps`]: typed access to the pinned maps (rules, prefixes, buckets, counters).
-//! - [`dataplane`]: loads and attaches the XDP program and swaps rule sets in atomically.
-//! - [`api`]: the control API (HTTP/JSON on a root-only Unix socket): routes and JSON shapes.
-//! - [`client`]: the API's client, used by the CLI; [`render`]: its human output (tables).
-//! - [`cluster`]: cluster-wide budgets: gossip (chitchat, authenticated) of heavy sources'
-//!   consumption, charged into the local buckets.
-//! - [`stats`]: counter reports for `ratelimit stats` (table and JSON).
+//! # How data flows
+//! - **Rules:** config file -> [`config`] (parsed and validated, errors with file:line:key) ->
+//!   [`compile`] (rule ids, records and prefix tries the XDP program reads) -> [`dataplane`]
+//!   (installed into the pinned maps and swapped in atomically) -> [`maps`] (typed access to the
+//!   pinned maps).
+//! - **Packets** never come here: the XDP program (crate `ratelimit-ebpf`) parses each one,
+//!   classifies it by source prefix, protocol and port, and charges its bucket in the pinned bucket
+//!   store. User space reads the counters and buckets back ([`stats`], [`maps::bucket`]) and, in a
+//!   cluster, charges them for what peers admitted ([`cluster`]).
+//!
+//! # Layers, bottom up
+//! 1. [`config`], [`compile`], [`maps`], [`stats`]: plain data and the pinned maps; no runtime.
+//! 2. [`dataplane`]: loads and attaches the program, installs rule sets.
+//! 3. [`agent`]: the agent's state (the config and rules in force, reloads, `status`,
+//!    `explain`, detach, shutdown). It imports nothing above it.
+//! 4. The servers, each handed only what it needs: [`api`] (the control API on a Unix socket),
+//!    [`metrics`] (Prometheus), [`cluster`] (gossip and charging; it reads the rules in force and
+//!    its own handles on the pinned maps, never the agent).
+//! 5. [`daemon`]: `ratelimit agent`: starts the agent, runs the servers, the watchers and the
+//!    signals, and shuts it all down.
+//!
+//! Beside them, for the CLI: [`client`] (the API's client) and [`render`] (its tables). The
+//! binary (`main.rs`) only parses the command line and calls into these.
 pub mod agent;
 pub mod api;
 pub mod client;

@@ -8,7 +8,7 @@
 //! before anything on the host changes: at start, before the program is loaded; on a reload or an
 //! API change, before the new rule set is swapped in. A refused change leaves the rules in force.
 //!
-//! [`report`] holds what the agent shows of itself: `status` and `explain`.
+//! `report.rs` holds what the agent shows of itself: `status` and `explain`.
 
 mod report;
 

@@ -1,3 +1,8 @@
+use std::path::{Path, PathBuf};
+
+use ipnet::IpNet;
+use serde::Serialize;
+
 use super::*;
 
 const ORIGIN: &str = "/etc/ratelimit/ratelimit.toml";

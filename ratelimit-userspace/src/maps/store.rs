@@ -43,14 +43,14 @@ impl Drop for MappedStore {
 pub enum Slot {
     /// Record `index` holds the key's bucket.
     Found(u32),
-    /// The key has no bucket; record `index` (holding `header` now, with [`victim`] score
+    /// The key has no bucket; record `index` (holding `header` now, with `victim_score` score
     /// `score`) is the one a new bucket would take.
     Vacant {
         /// The record.
         index: u32,
         /// Its header word when scanned.
         header: u64,
-        /// What taking it loses ([`victim`]).
+        /// What taking it loses (`victim_score`).
         score: u64,
     },
     /// Every record of the set is being written.

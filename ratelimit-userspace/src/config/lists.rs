@@ -1,0 +1,167 @@
+//! Rule sources: inline CIDRs (`source`) and list files (`source_file`, one CIDR per line), each
+//! prefix remembered with where it was written so that an error can point at it.
+
+use std::{
+    collections::HashSet,
+    path::{Path, PathBuf},
+};
+
+use ipnet::IpNet;
+use toml::Spanned;
+
+use super::{
+    error::ConfigError,
+    model::{parse_source, validate_source, MAX_RULE_PREFIXES},
+    parse::{resolve, Source},
+};
+
+/// Where a rule's source prefixes were written, parallel to [`RuleConfig::sources`], so that
+/// errors about one prefix can point at it.
+pub(super) enum SourcesFrom {
+    /// `source`: byte offsets of the key's value and of each prefix in the config text.
+    Inline { key_offset: usize, at: Vec<usize> },
+    /// `source_file`: offset of the key's value in the config text; the list file and the line
+    /// of each prefix in it.
+    List {
+        key_offset: usize,
+        path: PathBuf,
+        lines: Vec<usize>,
+    },
+}
+
+impl SourcesFrom {
+    pub(super) fn key(&self) -> &'static str {
+        match self {
+            SourcesFrom::Inline { .. } => "source",
+            SourcesFrom::List { .. } => "source_file",
+        }
+    }
+
+    pub(super) fn key_offset(&self) -> usize {
+        match self {
+            SourcesFrom::Inline { key_offset, .. } | SourcesFrom::List { key_offset, .. } => {
+                *key_offset
+            }
+        }
+    }
+
+    /// An error about the rule's `index`th prefix.
+    pub(super) fn error_at(
+        &self,
+        src: &Source,
+        section: &str,
+        rule: &str,
+        index: usize,
+        message: String,
+    ) -> ConfigError {
+        match self {
+            SourcesFrom::Inline { at, .. } => src.invalid(at[index], section, "source", message),
+            SourcesFrom::List {
+                key_offset,
+                path,
+                lines,
+            } => ConfigError::List {
+                path: path.clone(),
+                list_line: lines[index],
+                message,
+                rule: rule.to_owned(),
+                origin: src.origin.to_owned(),
+                line: src.line(*key_offset),
+            },
+        }
+    }
+}
+
+/// Reads a `source_file`: one CIDR (or address) per line, `#` comments, blank lines ignored.
+/// Returns the distinct prefixes in file order with their 1-based lines, or the line and the
+/// message of the first bad entry.
+pub(super) fn read_list(path: &Path) -> Result<(Vec<IpNet>, Vec<usize>), ListError> {
+    if std::fs::metadata(path).map_err(ListError::Io)?.is_dir() {
+        return Err(ListError::Io(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            "is a directory, expected a file with one CIDR per line",
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(ListError::Io)?;
+    parse_list(&bytes).map_err(|(line, message)| ListError::At(line, message))
+}
+
+/// Parses the contents of a `source_file` list: one CIDR (or address) per line, `#` comments,
+/// blank lines ignored. Returns the distinct prefixes in order with their 1-based lines, or the
+/// line and the message of the first bad entry.
+pub fn parse_list(bytes: &[u8]) -> Result<(Vec<IpNet>, Vec<usize>), (usize, String)> {
+    let mut seen = HashSet::new();
+    let (mut nets, mut lines) = (Vec::new(), Vec::new());
+    for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
+        let content = match line.iter().position(|&b| b == b'#') {
+            Some(end) => &line[..end],
+            None => line,
+        };
+        let text = std::str::from_utf8(content)
+            .map_err(|_| (i + 1, "not valid UTF-8 text".to_owned()))?
+            .trim();
+        if text.is_empty() {
+            continue;
+        }
+        let net = parse_source(text).map_err(|_| (i + 1, format!("invalid CIDR {text:?}")))?;
+        validate_source(&net).map_err(|m| (i + 1, m))?;
+        if seen.insert(net) {
+            if nets.len() == MAX_RULE_PREFIXES {
+                return Err((
+                    i + 1,
+                    format!(
+                        "more than {MAX_RULE_PREFIXES} prefixes: one rule may list at most \
+                         {MAX_RULE_PREFIXES}"
+                    ),
+                ));
+            }
+            nets.push(net);
+            lines.push(i + 1);
+        }
+    }
+    Ok((nets, lines))
+}
+
+pub(super) enum ListError {
+    Io(std::io::Error),
+    At(usize, String),
+}
+
+/// The prefixes of a `source_file`, without duplicates.
+pub(super) fn list_sources(
+    src: &Source,
+    section: &str,
+    rule: &str,
+    file: Spanned<PathBuf>,
+) -> Result<(Vec<IpNet>, SourcesFrom), ConfigError> {
+    let key_offset = file.span().start;
+    if file.get_ref().as_os_str().is_empty() {
+        return Err(src.invalid(key_offset, section, "source_file", "must not be empty"));
+    }
+    let path = resolve(src.base, file.get_ref());
+    let (nets, lines) = read_list(&path).map_err(|e| match e {
+        ListError::Io(source) => ConfigError::ListRead {
+            path: path.clone(),
+            rule: rule.to_owned(),
+            origin: src.origin.to_owned(),
+            line: src.line(key_offset),
+            source,
+        },
+        ListError::At(list_line, message) => ConfigError::List {
+            path: path.clone(),
+            list_line,
+            message,
+            rule: rule.to_owned(),
+            origin: src.origin.to_owned(),
+            line: src.line(key_offset),
+        },
+    })?;
+    Ok((
+        nets,
+        SourcesFrom::List {
+            key_offset,
+            path,
+            lines,
+        },
+    ))
+}

@@ -1,0 +1,595 @@
+//! TOML text to [`Config`]: the document is deserialized into `Raw*` mirrors whose fields keep
+//! their spans, then converted to the typed form with defaults filled in and every value checked
+//! where it was written.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fmt,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+};
+
+use ipnet::IpNet;
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::{
+    error::{schema_error, syntax_error, ConfigError},
+    lists::{list_sources, SourcesFrom},
+    model::{
+        no_meaning, parse_source, validate_name, validate_source, Action, AgentConfig, AttachMode,
+        ClusterConfig, Config, Per, Protocol, RuleConfig, Scope, MAX_KEYS, MAX_MAX_BUCKETS,
+        MAX_TOTAL_PREFIXES, MIN_MAX_BUCKETS,
+    },
+    write::default_bytes_burst,
+};
+
+// ---------------------------------------------------------------------------------------------
+// Raw (as written) form.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    pub(super) agent: Option<RawAgent>,
+    #[serde(default, rename = "rule")]
+    pub(super) rules: Vec<Spanned<RawRule>>,
+    pub(super) cluster: Option<RawCluster>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAgent {
+    pub(super) interfaces: Option<Vec<Spanned<String>>>,
+    pub(super) mode: Option<AttachMode>,
+    pub(super) socket: Option<Spanned<PathBuf>>,
+    pub(super) metrics: Option<SocketAddr>,
+    pub(super) max_buckets: Option<Spanned<i64>>,
+    pub(super) pin_path: Option<Spanned<PathBuf>>,
+    pub(super) dry_run: Option<bool>,
+    pub(super) ebpf_log: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCluster {
+    pub(super) listen: SocketAddr,
+    pub(super) seeds: Option<Vec<SocketAddr>>,
+    pub(super) key_file: Spanned<PathBuf>,
+    pub(super) sync_interval_ms: Option<Spanned<i64>>,
+    pub(super) cluster_id: Option<Spanned<String>>,
+    pub(super) max_keys: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRule {
+    pub(super) name: Spanned<String>,
+    pub(super) source: Option<Spanned<RawSource>>,
+    pub(super) source_file: Option<Spanned<PathBuf>>,
+    pub(super) action: Option<Spanned<Action>>,
+    pub(super) rate: Option<Spanned<i64>>,
+    pub(super) burst: Option<Spanned<i64>>,
+    pub(super) bytes_rate: Option<Spanned<i64>>,
+    pub(super) bytes_burst: Option<Spanned<i64>>,
+    pub(super) per: Option<Spanned<Per>>,
+    pub(super) protocol: Option<Spanned<Protocol>>,
+    pub(super) dst_port: Option<Spanned<i64>>,
+    pub(super) scope: Option<Spanned<Scope>>,
+    pub(super) dry_run: Option<Spanned<bool>>,
+}
+
+/// A rule's `source` as written: one CIDR or an array of them.
+pub(super) enum RawSource {
+    One(String),
+    Many(Vec<Spanned<String>>),
+}
+
+impl<'de> Deserialize<'de> for RawSource {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = RawSource;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a CIDR string or an array of CIDR strings")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<RawSource, E> {
+                Ok(RawSource::One(s.to_owned()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<RawSource, A::Error> {
+                let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(item) = seq.next_element::<Spanned<String>>()? {
+                    list.push(item);
+                }
+                Ok(RawSource::Many(list))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+/// The text being parsed, for turning byte offsets into lines in error messages.
+pub(super) struct Source<'a> {
+    pub(super) origin: &'a str,
+    pub(super) text: &'a str,
+    /// Directory relative `source_file` paths are resolved against.
+    pub(super) base: &'a Path,
+}
+
+impl Source<'_> {
+    pub(super) fn line(&self, offset: usize) -> usize {
+        line_of(self.text, offset)
+    }
+
+    pub(super) fn invalid(
+        &self,
+        offset: usize,
+        section: &str,
+        field: &str,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::Invalid {
+            origin: self.origin.to_owned(),
+            line: self.line(offset),
+            section: section.to_owned(),
+            field: field.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+pub(super) fn line_of(text: &str, offset: usize) -> usize {
+    let offset = offset.min(text.len());
+    text.as_bytes()[..offset]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// Converts a non-negative TOML integer (TOML integers are i64) to u64.
+pub(super) fn non_negative(
+    src: &Source,
+    v: &Spanned<i64>,
+    section: &str,
+    field: &str,
+) -> Result<u64, ConfigError> {
+    u64::try_from(*v.get_ref()).map_err(|_| {
+        src.invalid(
+            v.span().start,
+            section,
+            field,
+            format!("must not be negative (got {})", v.get_ref()),
+        )
+    })
+}
+
+/// The text of the config file at `path`.
+pub(super) fn read_text(path: &Path) -> Result<String, ConfigError> {
+    // Checked first because reading a directory fails with a less helpful EISDIR.
+    if path.is_dir() {
+        return Err(ConfigError::IsDirectory {
+            path: path.to_owned(),
+        });
+    }
+    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    String::from_utf8(bytes).map_err(|e| {
+        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        ConfigError::NotUtf8 {
+            line: valid.iter().filter(|&&b| b == b'\n').count() + 1,
+            origin: path.display().to_string(),
+        }
+    })
+}
+
+/// The directory relative paths in the config file at `path` are resolved against.
+pub(super) fn base_dir(path: &Path) -> &Path {
+    path.parent().unwrap_or(Path::new(""))
+}
+
+/// `path` as named in a config file in directory `base`.
+pub(super) fn resolve(base: &Path, path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        path.to_owned()
+    } else {
+        base.join(path)
+    }
+}
+
+impl Config {
+    /// Reads and validates the config file at `path` (and the `source_file` lists it names).
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = read_text(path)?;
+        Config::parse_in(&text, &path.display().to_string(), base_dir(path))
+    }
+
+    /// Parses and validates config `text`; `origin` is the file name that error messages show.
+    /// Relative `source_file` paths are resolved against the directory part of `origin`.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        Config::parse_in(text, origin, base_dir(Path::new(origin)))
+    }
+
+    pub(super) fn parse_in(text: &str, origin: &str, base: &Path) -> Result<Config, ConfigError> {
+        let src = Source { origin, text, base };
+        let doc = toml_edit::ImDocument::parse(text).map_err(|e| syntax_error(&src, &e))?;
+        let raw = RawConfig::deserialize(toml_edit::de::Deserializer::from(doc.clone()))
+            .map_err(|e| schema_error(&src, doc.as_table(), &e))?;
+
+        let agent = match raw.agent {
+            Some(a) => agent_from_raw(&src, a)?,
+            None => AgentConfig::default(),
+        };
+        let cluster = raw.cluster.map(|c| cluster_from_raw(&src, c)).transpose()?;
+        if raw.rules.len() > ratelimit_common::MAX_RULES as usize {
+            let extra = &raw.rules[ratelimit_common::MAX_RULES as usize];
+            return Err(src.invalid(
+                extra.span().start,
+                &rule_section(
+                    extra.get_ref().name.get_ref(),
+                    ratelimit_common::MAX_RULES as usize,
+                ),
+                "name",
+                format!(
+                    "too many rules: at most {} are supported",
+                    ratelimit_common::MAX_RULES
+                ),
+            ));
+        }
+        let mut rules: Vec<RuleConfig> = Vec::with_capacity(raw.rules.len());
+        // Uniqueness, remembering the line that came first for the message.
+        let mut names: HashMap<String, usize> = HashMap::new();
+        // (prefix, protocol, port) -> index of the rule that matches it.
+        let mut matches: HashMap<(IpNet, Protocol, Option<u16>), usize> = HashMap::new();
+        let mut distinct: HashSet<IpNet> = HashSet::new();
+        for (index, raw_rule) in raw.rules.into_iter().enumerate() {
+            let name_offset = raw_rule.get_ref().name.span().start;
+            let (rule, from) = rule_from_raw(&src, index, raw_rule, cluster.is_some())?;
+            let section = rule_section(&rule.name, index);
+            if let Some(first) = names.insert(rule.name.clone(), rule.line) {
+                return Err(src.invalid(
+                    name_offset,
+                    &section,
+                    "name",
+                    format!("duplicate rule name (first used by the rule at line {first})"),
+                ));
+            }
+            matches.reserve(rule.sources.len());
+            for (i, &net) in rule.sources.iter().enumerate() {
+                match matches.entry((net, rule.protocol, rule.dst_port)) {
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(index);
+                    }
+                    std::collections::hash_map::Entry::Occupied(e) => {
+                        let other = &rules[*e.get()];
+                        let message = format!(
+                            "rule {:?} (line {}) already matches source {net}, protocol {}{}; \
+                             two rules cannot match the same traffic",
+                            other.name,
+                            other.line,
+                            rule.protocol,
+                            rule.dst_port
+                                .map(|p| format!(", dst_port {p}"))
+                                .unwrap_or_default(),
+                        );
+                        return Err(from.error_at(&src, &section, &rule.name, i, message));
+                    }
+                }
+            }
+            distinct.extend(rule.sources.iter().copied());
+            if distinct.len() > MAX_TOTAL_PREFIXES {
+                return Err(src.invalid(
+                    from.key_offset(),
+                    &section,
+                    from.key(),
+                    format!(
+                        "the rules up to this one list {} distinct source prefixes; at most \
+                         {MAX_TOTAL_PREFIXES} fit over all rules (the prefix trie holds two rule \
+                         sets during a swap)",
+                        distinct.len()
+                    ),
+                ));
+            }
+            rules.push(rule);
+        }
+        Ok(Config {
+            agent,
+            rules,
+            cluster,
+        })
+    }
+}
+
+pub(super) fn rule_section(name: &str, index: usize) -> String {
+    if name.is_empty() {
+        format!("rule #{}", index + 1)
+    } else {
+        format!("rule {name:?}")
+    }
+}
+
+pub(super) fn agent_from_raw(src: &Source, raw: RawAgent) -> Result<AgentConfig, ConfigError> {
+    const S: &str = "[agent]";
+    let mut agent = AgentConfig::default();
+    let mut seen = HashSet::new();
+    for ifname in raw.interfaces.unwrap_or_default() {
+        let at = ifname.span().start;
+        let name = ifname.into_inner();
+        if let Err(why) = validate_ifname(&name) {
+            return Err(src.invalid(at, S, "interfaces", why));
+        }
+        if !seen.insert(name.clone()) {
+            return Err(src.invalid(at, S, "interfaces", format!("{name:?} is listed twice")));
+        }
+        agent.interfaces.push(name);
+    }
+    agent.mode = raw.mode.unwrap_or_default();
+    if let Some(socket) = raw.socket {
+        if socket.get_ref().as_os_str().is_empty() {
+            return Err(src.invalid(socket.span().start, S, "socket", "must not be empty"));
+        }
+        agent.socket = socket.into_inner();
+    }
+    agent.metrics = raw.metrics;
+    if let Some(v) = raw.max_buckets {
+        let n = *v.get_ref();
+        agent.max_buckets = u32::try_from(n)
+            .ok()
+            .filter(|n| (MIN_MAX_BUCKETS..=MAX_MAX_BUCKETS).contains(n))
+            .ok_or_else(|| {
+                src.invalid(
+                    v.span().start,
+                    S,
+                    "max_buckets",
+                    format!("must be between {MIN_MAX_BUCKETS} and {MAX_MAX_BUCKETS} (got {n})"),
+                )
+            })?;
+    }
+    if let Some(pin) = raw.pin_path {
+        if !pin.get_ref().is_absolute() {
+            return Err(src.invalid(
+                pin.span().start,
+                S,
+                "pin_path",
+                format!(
+                    "{:?} must be an absolute path (under a bpffs mount)",
+                    pin.get_ref()
+                ),
+            ));
+        }
+        agent.pin_path = pin.into_inner();
+    }
+    agent.dry_run = raw.dry_run.unwrap_or(false);
+    agent.ebpf_log = raw.ebpf_log.unwrap_or(false);
+    Ok(agent)
+}
+
+/// Linux interface name rules (`dev_valid_name` in net/core/dev.c).
+pub(super) fn validate_ifname(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 15 {
+        return Err(format!(
+            "{name:?} is not a valid interface name: must be 1 to 15 bytes long"
+        ));
+    }
+    if name == "." || name == ".." {
+        return Err(format!("{name:?} is not a valid interface name"));
+    }
+    if name.contains('/') || name.contains(':') || name.chars().any(char::is_whitespace) {
+        return Err(format!(
+            "{name:?} is not a valid interface name: no '/', ':' or whitespace allowed"
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn cluster_from_raw(
+    src: &Source,
+    raw: RawCluster,
+) -> Result<ClusterConfig, ConfigError> {
+    const S: &str = "[cluster]";
+    if raw.key_file.get_ref().as_os_str().is_empty() {
+        return Err(src.invalid(
+            raw.key_file.span().start,
+            S,
+            "key_file",
+            "must not be empty",
+        ));
+    }
+    let sync_interval_ms = match raw.sync_interval_ms {
+        None => 100,
+        Some(v) => {
+            let n = *v.get_ref();
+            if !(10..=10_000).contains(&n) {
+                return Err(src.invalid(
+                    v.span().start,
+                    S,
+                    "sync_interval_ms",
+                    format!("must be between 10 and 10000 milliseconds (got {n})"),
+                ));
+            }
+            n as u64
+        }
+    };
+    let cluster_id = match raw.cluster_id {
+        None => "ratelimit".to_owned(),
+        Some(id) => {
+            validate_name(id.get_ref())
+                .map_err(|m| src.invalid(id.span().start, S, "cluster_id", m))?;
+            id.into_inner()
+        }
+    };
+    let max_keys = match raw.max_keys {
+        None => MAX_KEYS,
+        Some(v) => {
+            let n = *v.get_ref();
+            if !(1..=100_000).contains(&n) {
+                return Err(src.invalid(
+                    v.span().start,
+                    S,
+                    "max_keys",
+                    format!("must be between 1 and 100000 (got {n})"),
+                ));
+            }
+            usize::try_from(n).expect("bounded above")
+        }
+    };
+    Ok(ClusterConfig {
+        listen: raw.listen,
+        seeds: raw.seeds.unwrap_or_default(),
+        key_file: raw.key_file.into_inner(),
+        sync_interval_ms,
+        cluster_id,
+        max_keys,
+    })
+}
+
+pub(super) fn rule_from_raw(
+    src: &Source,
+    index: usize,
+    raw: Spanned<RawRule>,
+    has_cluster: bool,
+) -> Result<(RuleConfig, SourcesFrom), ConfigError> {
+    let table_offset = raw.span().start;
+    let mut raw = raw.into_inner();
+    let section = rule_section(raw.name.get_ref(), index);
+    let (sources, from) =
+        match (raw.source.take(), raw.source_file.take()) {
+            (Some(_), Some(file)) => return Err(src.invalid(
+                file.span().start,
+                &section,
+                "source_file",
+                "cannot be combined with `source`: give the prefixes inline (`source`) or in a \
+                 file (`source_file`), not both",
+            )),
+            (None, None) => {
+                return Err(src.invalid(
+                    table_offset,
+                    &section,
+                    "source",
+                    "required, but missing: give `source` (a CIDR or an array of CIDRs) or \
+                 `source_file` (a file with one CIDR per line)",
+                ))
+            }
+            (Some(source), None) => inline_sources(src, &section, source)?,
+            (None, Some(file)) => list_sources(src, &section, raw.name.get_ref(), file)?,
+        };
+    let mut rule = RuleConfig::with_sources(raw.name.get_ref().clone(), sources);
+    if let SourcesFrom::List { path, .. } = &from {
+        rule.source_file = Some(path.clone());
+    }
+    rule.line = src.line(table_offset);
+    rule.action = raw.action.as_ref().map_or(Action::Limit, |a| *a.get_ref());
+
+    // Where each key was written, so that errors found on the typed rule point at it.
+    let mut offsets: HashMap<&'static str, usize> = HashMap::new();
+    offsets.insert("name", raw.name.span().start);
+    offsets.insert(from.key(), from.key_offset());
+    let limit_keys = [
+        ("rate", raw.rate.as_ref().map(|v| v.span())),
+        ("burst", raw.burst.as_ref().map(|v| v.span())),
+        ("bytes_rate", raw.bytes_rate.as_ref().map(|v| v.span())),
+        ("bytes_burst", raw.bytes_burst.as_ref().map(|v| v.span())),
+        ("per", raw.per.as_ref().map(|v| v.span())),
+        ("scope", raw.scope.as_ref().map(|v| v.span())),
+    ];
+    for (key, span) in limit_keys {
+        if let Some(span) = span {
+            // Checked on the raw form: the typed form cannot tell `per = "source"` from no `per`.
+            if rule.action != Action::Limit {
+                let e = no_meaning(key, rule.action);
+                return Err(src.invalid(span.start, &section, key, e.message));
+            }
+            offsets.insert(key, span.start);
+        }
+    }
+    for (key, span) in [
+        ("action", raw.action.as_ref().map(|v| v.span())),
+        ("protocol", raw.protocol.as_ref().map(|v| v.span())),
+        ("dst_port", raw.dst_port.as_ref().map(|v| v.span())),
+    ] {
+        if let Some(span) = span {
+            offsets.insert(key, span.start);
+        }
+    }
+
+    let number = |v: &Option<Spanned<i64>>, key| {
+        v.as_ref()
+            .map(|v| non_negative(src, v, &section, key))
+            .transpose()
+    };
+    rule.rate = number(&raw.rate, "rate")?;
+    rule.burst = number(&raw.burst, "burst")?.or(rule.rate);
+    rule.bytes_rate = number(&raw.bytes_rate, "bytes_rate")?;
+    rule.bytes_burst =
+        number(&raw.bytes_burst, "bytes_burst")?.or_else(|| default_bytes_burst(rule.bytes_rate));
+    rule.per = raw.per.map_or(Per::Source, Spanned::into_inner);
+    rule.protocol = raw.protocol.map_or(Protocol::Any, Spanned::into_inner);
+    if let Some(port) = raw.dst_port {
+        let n = *port.get_ref();
+        let p = u16::try_from(n).ok().filter(|&p| p != 0).ok_or_else(|| {
+            src.invalid(
+                port.span().start,
+                &section,
+                "dst_port",
+                format!("must be between 1 and 65535 (got {n})"),
+            )
+        })?;
+        rule.dst_port = Some(p);
+    }
+    if let Some(scope) = raw.scope {
+        if *scope.get_ref() == Scope::Cluster && !has_cluster {
+            return Err(src.invalid(
+                scope.span().start,
+                &section,
+                "scope",
+                "scope = \"cluster\" needs a [cluster] table (the peers that share the budget); \
+                 add one, or use scope = \"local\"",
+            ));
+        }
+        rule.scope = scope.into_inner();
+    }
+    rule.dry_run = raw.dry_run.is_some_and(Spanned::into_inner);
+
+    rule.validate().map_err(|e| {
+        // A key that was not written (e.g. the missing `rate`) is reported at the table's line.
+        let offset = offsets.get(e.field).copied().unwrap_or(table_offset);
+        src.invalid(offset, &section, e.field, e.message)
+    })?;
+    Ok((rule, from))
+}
+
+/// The prefixes of an inline `source`, without duplicates.
+pub(super) fn inline_sources(
+    src: &Source,
+    section: &str,
+    source: Spanned<RawSource>,
+) -> Result<(Vec<IpNet>, SourcesFrom), ConfigError> {
+    let key_offset = source.span().start;
+    let written: Vec<(String, usize)> = match source.into_inner() {
+        RawSource::One(text) => vec![(text, key_offset)],
+        RawSource::Many(list) => list
+            .into_iter()
+            .map(|s| {
+                let at = s.span().start;
+                (s.into_inner(), at)
+            })
+            .collect(),
+    };
+    let mut seen = HashSet::with_capacity(written.len());
+    let mut nets = Vec::with_capacity(written.len());
+    let mut at = Vec::with_capacity(written.len());
+    for (text, offset) in written {
+        let net = parse_source(&text)
+            .and_then(|net| validate_source(&net).map(|()| net))
+            .map_err(|m| src.invalid(offset, section, "source", m))?;
+        if seen.insert(net) {
+            nets.push(net);
+            at.push(offset);
+        }
+    }
+    Ok((nets, SourcesFrom::Inline { key_offset, at }))
+}

@@ -1,0 +1,403 @@
+//! Writing a changed rule set back into the config file ([`write_rules`]): `toml_edit` keeps the
+//! rest of the document (comments, formatting, other tables) as it is; the result is read back
+//! and compared before it replaces the file.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::Path,
+    str::FromStr,
+};
+
+use ipnet::IpNet;
+
+use super::{
+    error::{syntax_error, ConfigError},
+    model::{
+        parse_source, Action, Config, Per, Protocol, RuleConfig, Scope, DEFAULT_BYTES_BURST_FLOOR,
+        MAX_TOLERANCE_NS, NS_PER_SEC,
+    },
+    parse::{base_dir, read_text, resolve, Source},
+};
+
+// ---------------------------------------------------------------------------------------------
+// Writing rules back.
+
+/// The keys of a `[[rule]]` table, in the order a new table gets them.
+pub(super) const RULE_KEYS: [&str; 13] = [
+    "name",
+    "source",
+    "source_file",
+    "action",
+    "protocol",
+    "dst_port",
+    "rate",
+    "burst",
+    "bytes_rate",
+    "bytes_burst",
+    "per",
+    "scope",
+    "dry_run",
+];
+
+/// The default `bytes_burst` for `bytes_rate`: `max(bytes_rate, 65536)`, capped at one hour's
+/// worth so that a tiny rate does not make its own default invalid.
+pub(super) fn default_bytes_burst(bytes_rate: Option<u64>) -> Option<u64> {
+    bytes_rate.map(|r| {
+        r.max(DEFAULT_BYTES_BURST_FLOOR)
+            .min(r.saturating_mul(MAX_TOLERANCE_NS / NS_PER_SEC))
+    })
+}
+
+pub(super) fn int_value(n: u64) -> toml_edit::Value {
+    // Validated values are far below i64::MAX; anything else fails the read-back check.
+    i64::try_from(n).unwrap_or(i64::MAX).into()
+}
+
+/// `source` for `sources`: a string for one prefix, else an array (one prefix per line when
+/// there are more than three).
+pub(super) fn sources_value(sources: &[IpNet]) -> toml_edit::Value {
+    if let [one] = sources {
+        return one.to_string().into();
+    }
+    let mut array = toml_edit::Array::new();
+    for net in sources {
+        array.push(net.to_string());
+    }
+    if sources.len() > 3 {
+        for v in array.iter_mut() {
+            v.decor_mut().set_prefix("\n    ");
+            v.decor_mut().set_suffix("");
+        }
+        array.set_trailing_comma(true);
+        array.set_trailing("\n");
+    }
+    toml_edit::Value::Array(array)
+}
+
+/// The value `key` needs in a table for `rule`; `None` when the key should be left out (its
+/// default, or meaningless for the rule).
+pub(super) fn wanted_value(rule: &RuleConfig, key: &str) -> Option<toml_edit::Value> {
+    let limit = rule.action == Action::Limit;
+    match key {
+        "name" => Some(rule.name.as_str().into()),
+        "source" => rule
+            .source_file
+            .is_none()
+            .then(|| sources_value(&rule.sources)),
+        "source_file" => rule
+            .source_file
+            .as_ref()
+            .map(|p| p.to_string_lossy().into_owned().into()),
+        "action" => (rule.action != Action::Limit).then(|| rule.action.as_str().into()),
+        "protocol" => (rule.protocol != Protocol::Any).then(|| rule.protocol.as_str().into()),
+        "dst_port" => rule.dst_port.map(|p| i64::from(p).into()),
+        "rate" if limit => rule.rate.map(int_value),
+        "burst" if limit && rule.burst != rule.rate => rule.burst.map(int_value),
+        "bytes_rate" if limit => rule.bytes_rate.map(int_value),
+        "bytes_burst" if limit && rule.bytes_burst != default_bytes_burst(rule.bytes_rate) => {
+            rule.bytes_burst.map(int_value)
+        }
+        "per" if limit && rule.per != Per::Source => Some(rule.per.to_string().into()),
+        "scope" if limit && rule.scope != Scope::Local => Some(rule.scope.as_str().into()),
+        "dry_run" if rule.dry_run => Some(true.into()),
+        _ => None,
+    }
+}
+
+/// Whether `item`, written for `key` in a rule table of a config file in directory `base`,
+/// already says what `rule` has.
+pub(super) fn written_as(
+    rule: &RuleConfig,
+    key: &str,
+    item: &toml_edit::Item,
+    base: &Path,
+) -> bool {
+    let limit = rule.action == Action::Limit;
+    let Some(v) = item.as_value() else {
+        return false;
+    };
+    let int_is = |want: Option<u64>| {
+        want.is_some() && v.as_integer().and_then(|i| u64::try_from(i).ok()) == want
+    };
+    fn word<T: FromStr>(v: &toml_edit::Value) -> Option<T> {
+        v.as_str().and_then(|s| s.parse().ok())
+    }
+    match key {
+        "name" => v.as_str() == Some(rule.name.as_str()),
+        "source" => {
+            rule.source_file.is_none()
+                && written_sources(v).is_some_and(|nets| nets == rule.sources)
+        }
+        "source_file" => v.as_str().is_some_and(|p| {
+            !p.is_empty() && rule.source_file.as_deref() == Some(&*resolve(base, Path::new(p)))
+        }),
+        "action" => word(v) == Some(rule.action),
+        "protocol" => word(v) == Some(rule.protocol),
+        "dst_port" => int_is(rule.dst_port.map(u64::from)),
+        "rate" => limit && int_is(rule.rate),
+        "burst" => limit && int_is(rule.burst),
+        "bytes_rate" => limit && int_is(rule.bytes_rate),
+        "bytes_burst" => limit && int_is(rule.bytes_burst),
+        "per" => limit && word(v) == Some(rule.per),
+        "scope" => limit && word(v) == Some(rule.scope),
+        "dry_run" => v.as_bool() == Some(rule.dry_run),
+        _ => false,
+    }
+}
+
+/// The prefixes a `source` value stands for, as the parser reads them.
+pub(super) fn written_sources(v: &toml_edit::Value) -> Option<Vec<IpNet>> {
+    let texts: Vec<&str> = match v {
+        toml_edit::Value::String(s) => vec![s.value().as_str()],
+        toml_edit::Value::Array(a) => a.iter().map(|e| e.as_str()).collect::<Option<_>>()?,
+        _ => return None,
+    };
+    let mut seen = HashSet::new();
+    let mut nets = Vec::new();
+    for text in texts {
+        let net = parse_source(text).ok()?;
+        if seen.insert(net) {
+            nets.push(net);
+        }
+    }
+    Some(nets)
+}
+
+/// A new `[[rule]]` table for `rule` with only the keys that differ from their defaults.
+pub(super) fn new_rule_table(rule: &RuleConfig) -> toml_edit::Table {
+    let mut table = toml_edit::Table::new();
+    for key in RULE_KEYS {
+        if let Some(v) = wanted_value(rule, key) {
+            table.insert(key, toml_edit::Item::Value(v));
+        }
+    }
+    table
+}
+
+/// Makes an existing `[[rule]]` table say `rule`, leaving the keys that already do (their
+/// spelling, comments and order) alone. A changed value keeps the comment after it.
+pub(super) fn update_rule_table(table: &mut toml_edit::Table, rule: &RuleConfig, base: &Path) {
+    for key in RULE_KEYS {
+        if table
+            .get(key)
+            .is_some_and(|item| written_as(rule, key, item, base))
+        {
+            continue;
+        }
+        match (wanted_value(rule, key), table.get_mut(key)) {
+            (None, _) => {
+                table.remove(key);
+            }
+            (Some(mut v), Some(item)) => {
+                if let Some(old) = item.as_value() {
+                    *v.decor_mut() = old.decor().clone();
+                }
+                // Assigning through the entry keeps the key's own decor (comment lines above it).
+                *item = toml_edit::Item::Value(v);
+            }
+            (Some(v), None) => {
+                table.insert(key, toml_edit::Item::Value(v));
+            }
+        }
+    }
+}
+
+/// The config file `text` with its rules replaced by `rules`, as [`write_rules`] writes it.
+/// `origin` is the file's path (relative `source_file` paths in it are resolved against its
+/// directory). Only fails if `text` is not TOML.
+pub fn render_rules(text: &str, origin: &str, rules: &[RuleConfig]) -> Result<String, ConfigError> {
+    let base = base_dir(Path::new(origin));
+    let mut doc: toml_edit::DocumentMut = text
+        .parse()
+        .map_err(|e| syntax_error(&Source { origin, text, base }, &e))?;
+    let had_content = !text.trim().is_empty();
+    let root = doc.as_table_mut();
+    let old: Vec<toml_edit::Table> = match root.get_mut("rule").map(std::mem::take) {
+        Some(toml_edit::Item::ArrayOfTables(tables)) => tables.into_iter().collect(),
+        // `rule = [{ ... }, ...]`: becomes [[rule]] tables; the comments above the key go
+        // above the first table.
+        Some(toml_edit::Item::Value(toml_edit::Value::Array(values))) => {
+            let above = root
+                .key("rule")
+                .and_then(|k| k.leaf_decor().prefix())
+                .and_then(toml_edit::RawString::as_str)
+                .map(str::to_owned);
+            // A table header prints its key with the key's decor: reset it.
+            if let Some(mut key) = root.key_mut("rule") {
+                key.fmt();
+            }
+            let mut tables: Vec<toml_edit::Table> = values
+                .into_iter()
+                .filter_map(|v| match v {
+                    toml_edit::Value::InlineTable(t) => Some(t.into_table()),
+                    _ => None,
+                })
+                .collect();
+            for (i, t) in tables.iter_mut().enumerate() {
+                match (i, &above) {
+                    (0, Some(above)) => t.decor_mut().set_prefix(above.clone()),
+                    (0, None) => {}
+                    _ => t.decor_mut().set_prefix("\n"),
+                }
+            }
+            tables
+        }
+        _ => Vec::new(),
+    };
+    let mut by_name: HashMap<String, usize> = HashMap::new();
+    for (i, t) in old.iter().enumerate() {
+        if let Some(name) = t.get("name").and_then(toml_edit::Item::as_str) {
+            by_name.entry(name.to_owned()).or_insert(i);
+        }
+    }
+    let mut old: Vec<Option<toml_edit::Table>> = old.into_iter().map(Some).collect();
+    let mut tables = Vec::with_capacity(rules.len());
+    for rule in rules {
+        let kept = by_name.remove(&rule.name).and_then(|i| old[i].take());
+        let table = match kept {
+            Some(mut table) => {
+                update_rule_table(&mut table, rule, base);
+                table
+            }
+            None => {
+                let mut table = new_rule_table(rule);
+                if had_content || !tables.is_empty() {
+                    table.decor_mut().set_prefix("\n");
+                }
+                table
+            }
+        };
+        tables.push(table);
+    }
+    // Tables are printed in the order of their positions in the original document (new tables
+    // follow the table before them). Kept tables take the positions the kept tables had, in
+    // their new order, so that the file lists the rules in the order given.
+    let mut positions: Vec<usize> = tables
+        .iter()
+        .filter_map(toml_edit::Table::position)
+        .collect();
+    positions.sort_unstable();
+    let mut positions = positions.into_iter();
+    for table in &mut tables {
+        if table.position().is_some() {
+            table.set_position(positions.next().expect("one position per kept table"));
+        }
+    }
+    if tables.is_empty() {
+        root.remove("rule");
+    } else {
+        let mut array = toml_edit::ArrayOfTables::new();
+        for table in tables {
+            array.push(table);
+        }
+        // Through the entry: `insert` would reset the key's formatting.
+        match root.entry("rule") {
+            toml_edit::Entry::Occupied(mut e) => {
+                e.insert(toml_edit::Item::ArrayOfTables(array));
+            }
+            toml_edit::Entry::Vacant(e) => {
+                e.insert(toml_edit::Item::ArrayOfTables(array));
+            }
+        }
+    }
+    Ok(doc.to_string())
+}
+
+/// Writes `rules` back to the config file at `path`, replacing its `[[rule]]` tables and keeping
+/// everything else as it is: comments, `[agent]`, `[cluster]`, and the text of the rules that did
+/// not change.
+///
+/// Rules are matched to the file's tables by name. A kept rule's table is updated in place: keys
+/// that already say the right thing (even a default spelled out) stay as written, changed values
+/// keep the comment after them, keys now at their default are removed. Tables of rules not in
+/// `rules` are removed; new rules are appended as new `[[rule]]` tables with only their
+/// non-default keys. A `source_file` rule keeps its `source_file` key; the list file itself is
+/// never written.
+///
+/// The new text must read back as exactly `rules` (ignoring [`RuleConfig::line`], and the
+/// prefixes of `source_file` rules, which come from their files), else nothing is written
+/// ([`ConfigError::NotWritten`]). The file is replaced atomically: `path.tmp-<pid>` is written in
+/// the same directory, synced, given the original's permissions (and owner, where allowed) and
+/// renamed over the file, then the directory is synced. A symlinked `path` stays a symlink: its
+/// target is replaced. Callers must not write the same file from two threads at once.
+pub fn write_rules(path: &Path, rules: &[RuleConfig]) -> Result<(), ConfigError> {
+    let text = read_text(path)?;
+    let origin = path.display().to_string();
+    let new_text = render_rules(&text, &origin, rules)?;
+    let not_written = |reason: String| ConfigError::NotWritten {
+        path: path.to_owned(),
+        reason,
+    };
+    let again = Config::parse_in(&new_text, &origin, base_dir(path))
+        .map_err(|e| not_written(format!("the rules would make the file invalid: {e}")))?;
+    if let Some(reason) = read_back_difference(rules, &again.rules) {
+        return Err(not_written(reason));
+    }
+    write_atomically(path, new_text.as_bytes()).map_err(|source| ConfigError::Write {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// How `read` (parsed back from the written text) differs from `rules`, if it does.
+pub(super) fn read_back_difference(rules: &[RuleConfig], read: &[RuleConfig]) -> Option<String> {
+    if rules.len() != read.len() {
+        return Some(format!(
+            "{} rules given but {} would be read back",
+            rules.len(),
+            read.len()
+        ));
+    }
+    for (want, got) in rules.iter().zip(read) {
+        let mut got = got.clone();
+        got.line = want.line;
+        if want.source_file.is_some() && got.source_file == want.source_file {
+            got.sources.clone_from(&want.sources);
+        }
+        if got != *want {
+            return Some(format!(
+                "rule {:?} would read back differently (are its sources free of duplicates \
+                 and host bits?)",
+                want.name
+            ));
+        }
+    }
+    None
+}
+
+/// Replaces the file at `path` (or the target of a symlink there) with `contents`, atomically.
+pub(super) fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::{
+        io::Write,
+        os::unix::fs::{MetadataExt, OpenOptionsExt},
+    };
+    let target = std::fs::canonicalize(path)?;
+    let meta = std::fs::metadata(&target)?;
+    let dir = base_dir(&target);
+    let mut tmp_name = target
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("not a file name"))?
+        .to_owned();
+    tmp_name.push(format!(".tmp-{}", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(contents)?;
+        // The owner matters when root edits a file someone else owns; only root may change it.
+        let _ = std::os::unix::fs::fchown(&file, Some(meta.uid()), Some(meta.gid()));
+        file.set_permissions(meta.permissions())?;
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(&tmp, &target)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    std::fs::File::open(dir)?.sync_all()
+}
