@@ -13,8 +13,7 @@ use ratelimit_common::{
 use crate::{
     maps::{PREFIXES, RULES},
     parse::Packet,
-    scratch::{self, ClassSlot, Scratch, CLASS_SLOTS, NO_RULE, SLOT_ANY_L4, SLOT_VALID},
-    store::NO_RECORD,
+    scratch::{self, ClassSlot, Scratch, CLASS_SLOTS, NO_RECORD, NO_RULE, SLOT_ANY_L4, SLOT_VALID},
 };
 
 /// The rule `pkt` falls under in rule-set `epoch` (`Config::generation`), if any ([`NO_RULE`]),

@@ -30,9 +30,9 @@ use crate::{
     classify::WithoutL4,
     maps::{BUCKETS, CONFIG, RULES},
     parse::{shape, Packet},
-    scratch::{ClassSlot, Scratch, CLASS_SLOTS, DROP_BATCH, NO_RULE},
+    scratch::{ClassSlot, Scratch, CLASS_SLOTS, DROP_BATCH, NO_RECORD, NO_RULE},
     stats::{bump_global, count_rule},
-    store::{Key, Scan, NO_RECORD},
+    store::{Key, Scan},
 };
 
 #[xdp]

@@ -1,5 +1,6 @@
 //! The program's maps. Names and record types come from `ratelimit-common`; every map is pinned by
-//! name so an agent restart (or crash) leaves rules, buckets and counters in place.
+//! name so an agent restart (or crash) leaves rules, buckets and counters in place. (The per-CPU
+//! caches, which are not pinned, live with their record type in `scratch`.)
 
 use aya_ebpf::{
     macros::map,
@@ -10,8 +11,6 @@ use ratelimit_common::{
     RuleSet, RuleStats, BPF_F_MMAPABLE, DEFAULT_MAX_BUCKETS, MAX_FRAGMENTED, MAX_PREFIXES,
     MAX_RULES,
 };
-
-use crate::scratch::Scratch;
 
 #[map(name = "RL_CONFIG")]
 pub static CONFIG: Array<Config> = Array::pinned(1, 0);
@@ -38,10 +37,6 @@ pub static GLOBAL_STATS: PerCpuArray<GlobalStats> = PerCpuArray::pinned(1, 0);
 /// it is created and pinned with the rest.
 #[map(name = "RL_RULE_META")]
 pub static RULE_META: Array<RuleMeta> = Array::pinned(MAX_RULES, 0);
-
-/// Per-CPU caches (see `scratch`). Not pinned: they only hold what packets would compute anyway.
-#[map(name = "RL_SCRATCH")]
-pub static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// Recent fragmented datagrams and their first fragment's classification (see `frag`). Not
 /// pinned: a few seconds of memory that a new program may start without.

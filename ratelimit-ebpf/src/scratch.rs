@@ -2,11 +2,21 @@
 //! small classification cache. Both are caches of what the packet would compute anyway, so they
 //! change no verdict; the map is not pinned (a fresh program starts with empty caches).
 
-use aya_ebpf::helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns};
-
+use aya_ebpf::{
+    helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns},
+    macros::map,
+    maps::PerCpuArray,
+};
 use ratelimit_common::VictimChooser;
 
-use crate::{maps::SCRATCH, parse::Packet};
+use crate::parse::Packet;
+
+/// Per-CPU caches. Not pinned: they only hold what packets would compute anyway.
+#[map(name = "RL_SCRATCH")]
+pub static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// A [`ClassSlot::bucket`] that names no record.
+pub const NO_RECORD: u32 = u32::MAX;
 
 /// Slots of the classification cache (a power of two). Direct-mapped by a hash of the source: a
 /// busy source keeps its slot, a spoofed flood overwrites slots and pays only the miss.
@@ -50,7 +60,7 @@ pub struct ClassSlot {
     /// Packets dropped from the window since the bucket was last looked at.
     pub drop_count: u32,
     /// Index of the record that held this source's bucket when last found (verified against the
-    /// key at every use), or `store::NO_RECORD`.
+    /// key at every use), or [`NO_RECORD`].
     pub bucket: u32,
 }
 
@@ -108,7 +118,7 @@ pub fn uncached_slot(s: *mut Scratch) -> *mut ClassSlot {
         let slot = &raw mut (*s).uncached;
         (*slot).drop_until = 0;
         (*slot).drop_count = 0;
-        (*slot).bucket = crate::store::NO_RECORD;
+        (*slot).bucket = NO_RECORD;
         slot
     }
 }

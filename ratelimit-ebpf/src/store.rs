@@ -23,9 +23,6 @@ use crate::{
     scratch::Scratch,
 };
 
-/// "No record" in the classification cache.
-pub const NO_RECORD: u32 = u32::MAX;
-
 /// A bucket key as the records hold it: the masked address as two words and the header word
 /// (rule id, family, rule generation; state 0).
 #[derive(Clone, Copy)]

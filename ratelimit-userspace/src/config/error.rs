@@ -1,9 +1,12 @@
 //! [`ConfigError`]: why a config file was refused, always naming the file, the line and the key;
-//! and how a TOML error's byte offset is traced back to the key (and `[[rule]]`) it is about.
+//! [`Source`], the text being parsed, which turns byte offsets into lines; and how a TOML error's
+//! byte offset is traced back to the key (and `[[rule]]`) it is about.
 
-use std::{fmt, ops::Range, path::PathBuf};
-
-use super::parse::{rule_section, Source};
+use std::{
+    fmt,
+    ops::Range,
+    path::{Path, PathBuf},
+};
 
 /// Why a config file was rejected. Every variant's message starts with the file name, and those
 /// about the content with the line and the key at fault.
@@ -318,4 +321,51 @@ pub(super) fn locate_in_value(
         _ => {}
     }
     contains(value.span(), offset)
+}
+
+/// The text being parsed, for turning byte offsets into lines in error messages.
+pub(super) struct Source<'a> {
+    pub(super) origin: &'a str,
+    pub(super) text: &'a str,
+    /// Directory relative `source_file` paths are resolved against.
+    pub(super) base: &'a Path,
+}
+
+impl Source<'_> {
+    pub(super) fn line(&self, offset: usize) -> usize {
+        line_of(self.text, offset)
+    }
+
+    pub(super) fn invalid(
+        &self,
+        offset: usize,
+        section: &str,
+        field: &str,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::Invalid {
+            origin: self.origin.to_owned(),
+            line: self.line(offset),
+            section: section.to_owned(),
+            field: field.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+pub(super) fn line_of(text: &str, offset: usize) -> usize {
+    let offset = offset.min(text.len());
+    text.as_bytes()[..offset]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+pub(super) fn rule_section(name: &str, index: usize) -> String {
+    if name.is_empty() {
+        format!("rule #{}", index + 1)
+    } else {
+        format!("rule {name:?}")
+    }
 }

@@ -1,5 +1,6 @@
-//! Rule sources: inline CIDRs (`source`) and list files (`source_file`, one CIDR per line), each
-//! prefix remembered with where it was written so that an error can point at it.
+//! The files a config names, and rule sources: reading the config text, resolving paths relative
+//! to it, inline CIDRs (`source`) and list files (`source_file`, one CIDR per line), each prefix
+//! remembered with where it was written so that an error can point at it.
 
 use std::{
     collections::HashSet,
@@ -10,9 +11,8 @@ use ipnet::IpNet;
 use toml::Spanned;
 
 use super::{
-    error::ConfigError,
+    error::{ConfigError, Source},
     model::{parse_source, validate_source, MAX_RULE_PREFIXES},
-    parse::{resolve, Source},
 };
 
 /// Where a rule's source prefixes were written, parallel to [`RuleConfig::sources`], so that
@@ -164,4 +164,39 @@ pub(super) fn list_sources(
             lines,
         },
     ))
+}
+
+/// The text of the config file at `path`.
+pub(super) fn read_text(path: &Path) -> Result<String, ConfigError> {
+    // Checked first because reading a directory fails with a less helpful EISDIR.
+    if path.is_dir() {
+        return Err(ConfigError::IsDirectory {
+            path: path.to_owned(),
+        });
+    }
+    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    String::from_utf8(bytes).map_err(|e| {
+        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        ConfigError::NotUtf8 {
+            line: valid.iter().filter(|&&b| b == b'\n').count() + 1,
+            origin: path.display().to_string(),
+        }
+    })
+}
+
+/// The directory relative paths in the config file at `path` are resolved against.
+pub(super) fn base_dir(path: &Path) -> &Path {
+    path.parent().unwrap_or(Path::new(""))
+}
+
+/// `path` as named in a config file in directory `base`.
+pub(super) fn resolve(base: &Path, path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        path.to_owned()
+    } else {
+        base.join(path)
+    }
 }

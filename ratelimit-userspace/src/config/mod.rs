@@ -29,9 +29,13 @@
 //! # Layout
 //! - `model.rs`: the typed config ([`Config`], [`AgentConfig`], [`ClusterConfig`], [`RuleConfig`]),
 //!   the limits and defaults, and rule validation.
-//! - `parse.rs`: TOML text to the model, with positions; `lists.rs`: `source_file` lists.
-//! - `write.rs`: writing a changed rule set back into the file.
-//! - `error.rs`: [`ConfigError`], and locating a TOML error's key and rule.
+//! - `parse.rs`: TOML text to the model, with positions.
+//! - `lists.rs`: the files a config names: its own text, `source_file` lists, relative paths.
+//! - `write.rs`: writing a changed rule set back into the file; a rule as TOML.
+//! - `error.rs`: [`ConfigError`], the positions errors name, and locating a TOML error's key.
+//!
+//! `model.rs` and `error.rs` import no other file of the folder; `lists.rs` imports those two, and
+//! `parse.rs` and `write.rs` import the three.
 
 mod error;
 mod lists;

@@ -12,8 +12,6 @@ use std::{
 use ipnet::{IpNet, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
-use super::write::new_rule_table;
-
 /// Default control socket path (`[agent] socket`).
 pub const DEFAULT_SOCKET: &str = "/run/ratelimit/agent.sock";
 /// Default bpffs directory for pinned maps and links (`[agent] pin_path`).
@@ -498,17 +496,6 @@ impl RuleConfig {
             [first, ..] => format!("{} prefixes ({first}, ...)", self.sources.len()),
         }
     }
-
-    /// The rule as a `[[rule]]` table of the config file, with only the keys that differ from
-    /// their defaults (for `rules list` and the like). A `source_file` rule shows its file, not
-    /// the prefixes read from it.
-    pub fn to_toml(&self) -> String {
-        let mut doc = toml_edit::DocumentMut::new();
-        let mut tables = toml_edit::ArrayOfTables::new();
-        tables.push(new_rule_table(self));
-        doc.insert("rule", toml_edit::Item::ArrayOfTables(tables));
-        doc.to_string()
-    }
 }
 
 /// The error for a limit-only key (`field`) on an allow or deny rule.
@@ -697,4 +684,13 @@ impl Serialize for RuleConfig {
         }
         .serialize(s)
     }
+}
+
+/// The default `bytes_burst` for `bytes_rate`: `max(bytes_rate, 65536)`, capped at one hour's
+/// worth so that a tiny rate does not make its own default invalid.
+pub(super) fn default_bytes_burst(bytes_rate: Option<u64>) -> Option<u64> {
+    bytes_rate.map(|r| {
+        r.max(DEFAULT_BYTES_BURST_FLOOR)
+            .min(r.saturating_mul(MAX_TOLERANCE_NS / NS_PER_SEC))
+    })
 }

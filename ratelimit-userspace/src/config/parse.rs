@@ -14,14 +14,13 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{
-    error::{schema_error, syntax_error, ConfigError},
-    lists::{list_sources, SourcesFrom},
+    error::{rule_section, schema_error, syntax_error, ConfigError, Source},
+    lists::{base_dir, list_sources, read_text, SourcesFrom},
     model::{
-        no_meaning, parse_source, validate_name, validate_source, Action, AgentConfig, AttachMode,
-        ClusterConfig, Config, Per, Protocol, RuleConfig, Scope, MAX_KEYS, MAX_MAX_BUCKETS,
-        MAX_TOTAL_PREFIXES, MIN_MAX_BUCKETS,
+        default_bytes_burst, no_meaning, parse_source, validate_name, validate_source, Action,
+        AgentConfig, AttachMode, ClusterConfig, Config, Per, Protocol, RuleConfig, Scope, MAX_KEYS,
+        MAX_MAX_BUCKETS, MAX_TOTAL_PREFIXES, MIN_MAX_BUCKETS,
     },
-    write::default_bytes_burst,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -110,45 +109,6 @@ impl<'de> Deserialize<'de> for RawSource {
     }
 }
 
-/// The text being parsed, for turning byte offsets into lines in error messages.
-pub(super) struct Source<'a> {
-    pub(super) origin: &'a str,
-    pub(super) text: &'a str,
-    /// Directory relative `source_file` paths are resolved against.
-    pub(super) base: &'a Path,
-}
-
-impl Source<'_> {
-    pub(super) fn line(&self, offset: usize) -> usize {
-        line_of(self.text, offset)
-    }
-
-    pub(super) fn invalid(
-        &self,
-        offset: usize,
-        section: &str,
-        field: &str,
-        message: impl Into<String>,
-    ) -> ConfigError {
-        ConfigError::Invalid {
-            origin: self.origin.to_owned(),
-            line: self.line(offset),
-            section: section.to_owned(),
-            field: field.to_owned(),
-            message: message.into(),
-        }
-    }
-}
-
-pub(super) fn line_of(text: &str, offset: usize) -> usize {
-    let offset = offset.min(text.len());
-    text.as_bytes()[..offset]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
-}
-
 /// Converts a non-negative TOML integer (TOML integers are i64) to u64.
 pub(super) fn non_negative(
     src: &Source,
@@ -164,41 +124,6 @@ pub(super) fn non_negative(
             format!("must not be negative (got {})", v.get_ref()),
         )
     })
-}
-
-/// The text of the config file at `path`.
-pub(super) fn read_text(path: &Path) -> Result<String, ConfigError> {
-    // Checked first because reading a directory fails with a less helpful EISDIR.
-    if path.is_dir() {
-        return Err(ConfigError::IsDirectory {
-            path: path.to_owned(),
-        });
-    }
-    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    String::from_utf8(bytes).map_err(|e| {
-        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
-        ConfigError::NotUtf8 {
-            line: valid.iter().filter(|&&b| b == b'\n').count() + 1,
-            origin: path.display().to_string(),
-        }
-    })
-}
-
-/// The directory relative paths in the config file at `path` are resolved against.
-pub(super) fn base_dir(path: &Path) -> &Path {
-    path.parent().unwrap_or(Path::new(""))
-}
-
-/// `path` as named in a config file in directory `base`.
-pub(super) fn resolve(base: &Path, path: &Path) -> PathBuf {
-    if path.is_absolute() {
-        path.to_owned()
-    } else {
-        base.join(path)
-    }
 }
 
 impl Config {
@@ -301,14 +226,6 @@ impl Config {
             rules,
             cluster,
         })
-    }
-}
-
-pub(super) fn rule_section(name: &str, index: usize) -> String {
-    if name.is_empty() {
-        format!("rule #{}", index + 1)
-    } else {
-        format!("rule {name:?}")
     }
 }
 

@@ -1,6 +1,6 @@
 //! Writing a changed rule set back into the config file ([`write_rules`]): `toml_edit` keeps the
 //! rest of the document (comments, formatting, other tables) as it is; the result is read back
-//! and compared before it replaces the file.
+//! and compared before it replaces the file. A rule as TOML ([`RuleConfig::to_toml`]) too.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -11,12 +11,10 @@ use std::{
 use ipnet::IpNet;
 
 use super::{
+    error::Source,
     error::{syntax_error, ConfigError},
-    model::{
-        parse_source, Action, Config, Per, Protocol, RuleConfig, Scope, DEFAULT_BYTES_BURST_FLOOR,
-        MAX_TOLERANCE_NS, NS_PER_SEC,
-    },
-    parse::{base_dir, read_text, resolve, Source},
+    lists::{base_dir, read_text, resolve},
+    model::{default_bytes_burst, parse_source, Action, Config, Per, Protocol, RuleConfig, Scope},
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -38,15 +36,6 @@ pub(super) const RULE_KEYS: [&str; 13] = [
     "scope",
     "dry_run",
 ];
-
-/// The default `bytes_burst` for `bytes_rate`: `max(bytes_rate, 65536)`, capped at one hour's
-/// worth so that a tiny rate does not make its own default invalid.
-pub(super) fn default_bytes_burst(bytes_rate: Option<u64>) -> Option<u64> {
-    bytes_rate.map(|r| {
-        r.max(DEFAULT_BYTES_BURST_FLOOR)
-            .min(r.saturating_mul(MAX_TOLERANCE_NS / NS_PER_SEC))
-    })
-}
 
 pub(super) fn int_value(n: u64) -> toml_edit::Value {
     // Validated values are far below i64::MAX; anything else fails the read-back check.
@@ -400,4 +389,17 @@ pub(super) fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<
     }
     written?;
     std::fs::File::open(dir)?.sync_all()
+}
+
+impl RuleConfig {
+    /// The rule as a `[[rule]]` table of the config file, with only the keys that differ from
+    /// their defaults (for `rules list` and the like). A `source_file` rule shows its file, not
+    /// the prefixes read from it.
+    pub fn to_toml(&self) -> String {
+        let mut doc = toml_edit::DocumentMut::new();
+        let mut tables = toml_edit::ArrayOfTables::new();
+        tables.push(new_rule_table(self));
+        doc.insert("rule", toml_edit::Item::ArrayOfTables(tables));
+        doc.to_string()
+    }
 }
