@@ -355,39 +355,53 @@ pub(super) fn read_back_difference(rules: &[RuleConfig], read: &[RuleConfig]) ->
 }
 
 /// Replaces the file at `path` (or the target of a symlink there) with `contents`, atomically.
+///
+/// The target must be a regular file owned by root or by this process's user: rules are never
+/// written into a file that another user controls. The new text goes to a temporary file created
+/// with `O_EXCL` under an unpredictable name in the same directory (`tempfile`), so nothing planted
+/// in that directory (a symlink to `/etc/shadow`, say) is opened, truncated or handed over; it is
+/// then renamed over the target.
 pub(super) fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     use std::{
         io::Write,
-        os::unix::fs::{MetadataExt, OpenOptionsExt},
+        os::unix::fs::{MetadataExt, PermissionsExt},
     };
     let target = std::fs::canonicalize(path)?;
     let meta = std::fs::metadata(&target)?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file",
+            target.display()
+        )));
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if meta.uid() != 0 && meta.uid() != euid {
+        return Err(std::io::Error::other(format!(
+            "{} is owned by uid {}, neither root nor this agent's user (uid {euid}): refusing to \
+             write rules into a file another user controls",
+            target.display(),
+            meta.uid()
+        )));
+    }
     let dir = base_dir(&target);
-    let mut tmp_name = target
+    let name = target
         .file_name()
         .ok_or_else(|| std::io::Error::other("not a file name"))?
-        .to_owned();
-    tmp_name.push(format!(".tmp-{}", std::process::id()));
-    let tmp = dir.join(tmp_name);
-    let written = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        file.write_all(contents)?;
-        // The owner matters when root edits a file someone else owns; only root may change it.
-        let _ = std::os::unix::fs::fchown(&file, Some(meta.uid()), Some(meta.gid()));
-        file.set_permissions(meta.permissions())?;
-        file.sync_all()?;
-        drop(file);
-        std::fs::rename(&tmp, &target)
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written?;
+        .to_string_lossy()
+        .into_owned();
+    let mut file = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .permissions(std::fs::Permissions::from_mode(0o600))
+        .tempfile_in(dir)?;
+    file.write_all(contents)?;
+    // The owner matters when root edits a file someone else owns; only root may change it.
+    let _ = std::os::unix::fs::fchown(file.as_file(), Some(meta.uid()), Some(meta.gid()));
+    file.as_file().set_permissions(meta.permissions())?;
+    file.as_file().sync_all()?;
+    // On error the temporary file is removed when `file` drops.
+    file.persist(&target).map_err(|e| e.error)?;
     std::fs::File::open(dir)?.sync_all()
 }
 
