@@ -2,9 +2,9 @@
 //! floor, nftables and iptables, and writes `target/bench/results.json` (see BENCHMARKS.md).
 //!
 //! This module sets up the toolchain, builds the agent and the benchmark runner in release mode,
-//! then runs the runner (`src/bench/main.rs`, binary `ratelimit-bench`), which does the measuring.
-//! The runner is a binary of its own, behind the `bench` feature, for the reason the demo driver
-//! is (see src/demo.rs): it uses the test bed, which needs the eBPF toolchain that setup installs.
+//! then runs the runner (crate `bench/`, binary `ratelimit-bench`), which does the measuring.
+//! The runner is a crate of its own for the reason the demo driver is (see src/demo.rs): it uses
+//! the test bed, which needs the eBPF toolchain that setup installs.
 
 use std::{
     ffi::OsString,
@@ -92,9 +92,7 @@ pub fn run_runner(r: &Runner) -> Result<()> {
         "build",
         "--release",
         "--package",
-        "xtask",
-        "--features",
-        "bench",
+        "ratelimit-bench",
         "--bin",
         "ratelimit-bench",
     ]);

@@ -4,7 +4,7 @@
 //! `target/bench/soak.json` next to the benchmark's results (see BENCHMARKS.md, "Soak").
 //!
 //! Like `cargo xtask bench` (see src/bench.rs): setup, the agent and the benchmark runner built in
-//! release mode, then `ratelimit-bench soak` (src/bench/soak.rs) does the work. Not run by CI.
+//! release mode, then `ratelimit-bench soak` (bench/src/soak.rs) does the work. Not run by CI.
 
 use std::ffi::OsString;
 
