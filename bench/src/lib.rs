@@ -9,7 +9,7 @@
 //! (BPF_PROG_TEST_RUN, or the live-frames [`generator`] over a veth pair of the test bed), takes the
 //! median of several runs into a [`report::Report`], and [`run`] prints the report as a table, judges
 //! it against the targets and writes it as JSON (plus a [`chart`] of the bucket store). The parts,
-//! each the median of several runs and every ratio against a baseline measured in the same run:
+//! every ratio against a baseline measured in the same run:
 //! - [`kernel`]: in-kernel cost per packet through BPF_PROG_TEST_RUN, the limiter against an
 //!   XDP_PASS floor, hot and with 1k to 1M tracked sources;
 //! - [`rules`]: rule update latency with 10,000 rules, and kernel memory;
@@ -21,8 +21,11 @@
 //! `ratelimit-bench soak` runs the [`soak`] instead (`cargo xtask soak`): minutes of a random-source
 //! flood larger than the bucket map against the real agent, its operator paths in use.
 //!
-//! Everything it makes (namespaces, pins, the agent) is owned by a guard that removes it on drop;
-//! Ctrl-C stops the run between measurements ([`check_interrupted`]), so the guards run.
+//! What every part shares, the settings ([`Options`]), progress lines, the interrupt flag and the
+//! machine's facts, is in [`session`], at the bottom: the parts use it, and only this file uses the
+//! parts. Everything a run makes (namespaces, pins, the agent) is owned by a guard that removes it
+//! on drop; Ctrl-C stops the run between measurements ([`session::check_interrupted`]), so the
+//! guards run.
 
 mod agent;
 mod chart;
@@ -33,22 +36,20 @@ mod progs;
 mod refs;
 mod report;
 mod rules;
+mod session;
 pub mod soak;
 
-use std::{
-    path::Path,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, OnceLock,
-    },
-    time::Duration,
-};
+use std::path::Path;
 
 use anyhow::{bail, Result};
 use ratelimit_common::DEFAULT_MAX_BUCKETS;
 use serde_json::json;
 
-use crate::report::{Report, Target};
+pub use crate::session::{start, Options};
+use crate::{
+    report::{Report, Target},
+    session::{loadavg, machine},
+};
 
 /// The parts of the benchmark (`--only`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -57,68 +58,6 @@ pub enum Part {
     Rules,
     E2e,
     Agent,
-}
-
-/// Settings every part reads.
-#[derive(Debug)]
-pub struct Options {
-    /// Runs per figure.
-    pub runs: usize,
-    /// Repeat count of in-kernel repeat measurements.
-    pub repeat: u32,
-    /// New sources per in-kernel new-source run.
-    pub new_sources: usize,
-    /// Length of one end-to-end run.
-    pub e2e_run: Duration,
-    /// Warm-up before each end-to-end contender.
-    pub e2e_warmup: Duration,
-    /// Smaller populations.
-    pub quick: bool,
-    /// CPU of the end-to-end pipeline.
-    pub cpu: usize,
-}
-
-static INTERRUPTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
-
-/// Fails once SIGINT, SIGTERM or SIGHUP arrived: long loops call it between measurements, and the
-/// error unwinds through the guards that clean up.
-pub fn check_interrupted() -> Result<()> {
-    if INTERRUPTED.get().is_some_and(|f| f.load(Ordering::Relaxed)) {
-        bail!("interrupted");
-    }
-    Ok(())
-}
-
-static START: OnceLock<std::time::Instant> = OnceLock::new();
-/// `bench` or `soak`, for [`announce`].
-static MODE: OnceLock<&'static str> = OnceLock::new();
-
-/// Progress, on stderr, with the time since the start.
-pub fn announce(what: &str) {
-    let t = START
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_secs_f64();
-    let mode = MODE.get().copied().unwrap_or("bench");
-    eprintln!("==> {mode} [{t:6.1} s]: {what}");
-}
-
-/// Starts the clock of [`announce`] for `mode` (`bench` or `soak`), and makes SIGINT, SIGTERM
-/// and SIGHUP set the flag that [`check_interrupted`] reads. The binary calls it first.
-pub fn start(mode: &'static str) {
-    let flag = Arc::new(AtomicBool::new(false));
-    for sig in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ] {
-        if let Err(e) = signal_hook::flag::register(sig, Arc::clone(&flag)) {
-            eprintln!("ratelimit-bench: cannot handle signal {sig}: {e}");
-        }
-    }
-    let _ = INTERRUPTED.set(flag);
-    let _ = START.set(std::time::Instant::now());
-    let _ = MODE.set(mode);
 }
 
 /// Runs the benchmark's `parts` (all if empty), prints the table and writes the results to
@@ -221,52 +160,6 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
         eprintln!("==> bench: chart written to {}", svg.display());
     }
     Ok(())
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
-fn command_line(program: &str, args: &[&str]) -> String {
-    std::process::Command::new(program)
-        .args(args)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
-}
-
-/// Facts about the machine and the checkout, for the table's header and the JSON.
-fn machine() -> serde_json::Value {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
-        .unwrap_or_default();
-    let mem_kib: u64 = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0);
-    json!({
-        "date": command_line("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
-        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
-        "cpus": std::thread::available_parallelism().map(std::num::NonZero::get).unwrap_or(0),
-        "cpu_model": model,
-        "memory_mib": mem_kib / 1024,
-        "loadavg_before": loadavg(),
-        "git": command_line("git", &["describe", "--always", "--dirty"]),
-        "nft": command_line("nft", &["-v"]),
-        "iptables": command_line("iptables", &["-V"]),
-    })
 }
 
 fn targets(r: &Report) -> Vec<Target> {
