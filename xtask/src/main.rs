@@ -6,9 +6,10 @@
 //! checks, builds and starts cargo or a program, and the work happens there. [`setup`] installs the
 //! toolchain; [`build`] builds `ratelimit` (ratelimit-userspace, whose build script compiles and
 //! embeds the XDP program), which [`run`], [`test`], [`demo`], [`bench`] and [`soak`] build first;
-//! [`lint`] and [`mutants`] run cargo's checkers; [`cmd`] is what they share (the workspace's
-//! paths, a command run as a described step). The programs it starts live in crates of their
-//! own: the demo driver in `demo/` (`ratelimit-demo`), the benchmark and soak runner in `bench/`
+//! [`bench`] and [`soak`] start the benchmark runner the same way, through [`runner`]; [`lint`]
+//! and [`mutants`] run cargo's checkers; [`cmd`] is what they all share (the workspace's paths, a
+//! command run as a described step). The programs it starts live in crates of their own: the
+//! demo driver in `demo/` (`ratelimit-demo`), the benchmark and soak runner in `bench/`
 //! (`ratelimit-bench`). xtask depends on none of the project's crates, so that it compiles before
 //! `setup` has installed what they need.
 
@@ -19,6 +20,7 @@ mod demo;
 mod lint;
 mod mutants;
 mod run;
+mod runner;
 mod setup;
 mod soak;
 mod test;
