@@ -2,10 +2,10 @@
 //! flooding client and a polite one, with live counters; then everything it made is removed.
 //!
 //! This module sets up the toolchain, builds the agent, then builds and runs the demo driver
-//! (`src/bin/ratelimit-demo/`), which does the demo itself, and passes Ctrl-C on to it. The driver
-//! is a binary of its own, behind the `demo` feature, because it uses the test bed (crate `tests`),
-//! which depends on ratelimit-userspace and so on the eBPF toolchain: were xtask to depend on it,
-//! xtask could not be compiled on a fresh machine to run the setup that installs that toolchain.
+//! (crate `demo/`, binary `ratelimit-demo`), which does the demo itself, and passes Ctrl-C on to
+//! it. The driver is a crate of its own because it uses the test bed (crate `tests`), which
+//! depends on ratelimit-userspace and so on the eBPF toolchain: were xtask to depend on it, xtask
+//! could not be compiled on a fresh machine to run the setup that installs that toolchain.
 
 use std::{
     os::unix::process::CommandExt as _,
@@ -61,9 +61,7 @@ pub fn run(opts: &Options) -> Result<()> {
     cargo.args([
         "build",
         "--package",
-        "xtask",
-        "--features",
-        "demo",
+        "ratelimit-demo",
         "--bin",
         "ratelimit-demo",
     ]);

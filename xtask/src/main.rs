@@ -1,6 +1,17 @@
 //! `cargo xtask`: the one entry point for building, running, testing and benchmarking ratelimit,
 //! and for installing the toolchain the XDP program needs. Every subcommand runs `setup` first, so a
 //! fresh Debian 12 machine needs nothing but rustup (stable and nightly) before `cargo xtask test`.
+//!
+//! It only orchestrates: each subcommand is a module with an `Options` struct and a `run` that
+//! checks, builds and starts cargo or a program, and the work happens there. [`setup`] installs the
+//! toolchain; [`build`] builds `ratelimit` (ratelimit-userspace, whose build script compiles and
+//! embeds the XDP program), which [`run`], [`test`], [`demo`], [`bench`] and [`soak`] build first;
+//! [`bench`] and [`soak`] start the benchmark runner the same way, through [`runner`]; [`lint`]
+//! and [`mutants`] run cargo's checkers; [`cmd`] is what they all share (the workspace's paths, a
+//! command run as a described step). The programs it starts live in crates of their own: the
+//! demo driver in `demo/` (`ratelimit-demo`), the benchmark and soak runner in `bench/`
+//! (`ratelimit-bench`). xtask depends on none of the project's crates, so that it compiles before
+//! `setup` has installed what they need.
 
 mod bench;
 mod build;
@@ -9,6 +20,7 @@ mod demo;
 mod lint;
 mod mutants;
 mod run;
+mod runner;
 mod setup;
 mod soak;
 mod test;

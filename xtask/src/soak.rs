@@ -3,14 +3,15 @@
 //! dropped, the agent's memory stays flat and evictions are counted, and writes
 //! `target/bench/soak.json` next to the benchmark's results (see BENCHMARKS.md, "Soak").
 //!
-//! Like `cargo xtask bench` (see src/bench.rs): setup, the agent and the benchmark runner built in
-//! release mode, then `ratelimit-bench soak` (src/bench/soak.rs) does the work. Not run by CI.
+//! Like `cargo xtask bench`, through [`crate::runner`]: setup, the agent and the benchmark runner
+//! built in release mode, then `ratelimit-bench soak` (bench/src/soak.rs) does the work. Not run
+//! by CI.
 
 use std::ffi::OsString;
 
 use anyhow::Result;
 
-use crate::bench::{run_runner, Runner};
+use crate::runner::{run_runner, Runner};
 
 /// Soak the limiter: a random-source flood larger than the bucket map for 10 minutes (needs root).
 ///

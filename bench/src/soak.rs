@@ -189,9 +189,9 @@ pub fn run(args: &Args) -> Result<()> {
     let duration = Duration::from_secs_f64(args.minutes * 60.0);
     let interval = Duration::from_secs_f64(args.interval);
     let reload_every = Duration::from_secs_f64(args.reload_every);
-    let mut machine = crate::machine();
+    let mut machine = crate::session::machine();
 
-    crate::announce("loading the random-source generator; creating namespaces");
+    crate::session::announce("loading the random-source generator; creating namespaces");
     let refs = Refs::load()?;
     let bed = Testbed::new()?;
     let config = format!(
@@ -201,7 +201,7 @@ pub fn run(args: &Args) -> Result<()> {
         bed.rx_if(),
         args.max_buckets
     );
-    crate::announce(&format!(
+    crate::session::announce(&format!(
         "starting the release agent on {} (native XDP, max_buckets {})",
         bed.rx_if(),
         args.max_buckets
@@ -222,7 +222,7 @@ pub fn run(args: &Args) -> Result<()> {
     let receiver = Receiver::bind(bed.rx(), SocketAddr::new(SERVER.into(), 0))?;
     let dst = receiver.local_addr();
 
-    crate::announce(&format!(
+    crate::session::announce(&format!(
         "soak: {:.1} min of random-source flood on CPU {cpu}, polite source {POLITE} at \
          {POLITE_PPS} pps; a sample every {:.0} s, a reload every {:.0} s (Ctrl-C stops it and \
          cleans up)",
@@ -240,7 +240,7 @@ pub fn run(args: &Args) -> Result<()> {
         let flood = s.spawn(|| -> Result<()> {
             let result = (|| {
                 while !stop.load(Ordering::Relaxed) {
-                    crate::check_interrupted()?;
+                    crate::session::check_interrupted()?;
                     let b = bed.blast_random(&refs, CHUNK, cpu)?;
                     traffic.frames.fetch_add(b.frames, Ordering::Relaxed);
                 }
@@ -283,7 +283,7 @@ pub fn run(args: &Args) -> Result<()> {
                 // the agent exiting.
                 let end = started + duration;
                 while Instant::now() < next_sample.min(end) {
-                    crate::check_interrupted()?;
+                    crate::session::check_interrupted()?;
                     if stop.load(Ordering::Relaxed) {
                         bail!("a traffic thread stopped early (see its error below)");
                     }
@@ -331,7 +331,7 @@ pub fn run(args: &Args) -> Result<()> {
     let traffic_secs = started.elapsed().as_secs_f64();
     sampled?;
 
-    crate::announce("flood stopped: final reads, then stopping the agent");
+    crate::session::announce("flood stopped: final reads, then stopping the agent");
     receiver.wait_idle(Duration::from_millis(300), Duration::from_secs(3));
     // The final reads see a bucket store at rest: created - tracked is exact here.
     let (after, _) = ops.cli(&["stats", "--json"])?;
@@ -341,7 +341,7 @@ pub fn run(args: &Args) -> Result<()> {
     let log = agent.log();
     let exit = agent.stop()?;
     let received = receiver.stop()?;
-    machine["loadavg_after"] = json!(crate::loadavg());
+    machine["loadavg_after"] = json!(crate::session::loadavg());
 
     let polite_stats = received
         .sources

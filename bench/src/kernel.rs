@@ -28,7 +28,7 @@ use crate::{
     progs::{self, Probe, Sources},
     refs::{Refs, PASS},
     report::{Figure, Report},
-    Options,
+    session::Options,
 };
 
 const SECTION: &str = "In-kernel cost per packet (BPF_PROG_TEST_RUN)";
@@ -203,7 +203,7 @@ fn measure_hot(
         repeat_ns(limiter.program(), &c.frame, 1000)?;
     }
     for _ in 0..opts.runs {
-        crate::check_interrupted()?;
+        crate::session::check_interrupted()?;
         let (k, w, _) = repeat_ns(refs.program(PASS), &floor_frame, opts.repeat)?;
         floor.push(k + TRUNCATION);
         floor_wall.push(w);
@@ -338,7 +338,7 @@ fn hot_cases() -> Vec<HotCase> {
 
 /// The hot-path figures.
 pub fn hot(report: &mut Report, opts: &Options, refs: &Refs, limiter: &Limiter) -> Result<()> {
-    crate::announce("in-kernel cost: floor and limiter, hot frames");
+    crate::session::announce("in-kernel cost: floor and limiter, hot frames");
     for (name, coarse) in [("admit", true), ("admit-precise-clock", false)] {
         let rule = limiter
             .set
@@ -422,7 +422,7 @@ pub fn fill(limiter: &Limiter, refs: &Refs, first: [u8; 4], n: u32) -> Result<u6
     let mut left = n;
     let mut from = first;
     while left > 0 {
-        crate::check_interrupted()?;
+        crate::session::check_interrupted()?;
         let chunk = left.min(1 << 20);
         driver.run(&sequential_from(from), chunk)?;
         from = (u32::from_be_bytes(from) + chunk).to_be_bytes();
@@ -610,8 +610,8 @@ pub fn populations(
     let mut last = 0;
     let new_repeat = u32::try_from(opts.new_sources).context("--new-sources")?;
     for (target, limit, tag, what) in steps {
-        crate::check_interrupted()?;
-        crate::announce(&format!(
+        crate::session::check_interrupted()?;
+        crate::session::announce(&format!(
             "in-kernel cost with {what} (populating to {target} buckets)"
         ));
         let start = Instant::now();
@@ -659,7 +659,7 @@ pub fn populations(
         let known_frame = v4_frame(tracked_addr(0, false));
         let counter = |i: usize| limiter.tdp.global().counters[i];
         for _ in 0..opts.runs {
-            crate::check_interrupted()?;
+            crate::session::check_interrupted()?;
             floor.push(repeat_ns(refs.program(PASS), &floor_frame, opts.repeat)?.0 + TRUNCATION);
             hot.push(repeat_ns(limiter.program(), &hot_frame, opts.repeat)?.0 + TRUNCATION);
             known_floor_ns.push(known_floor.run(&known_frame, opts.repeat)?);
@@ -816,7 +816,7 @@ pub fn probes(
     clocks: bool,
 ) -> Result<()> {
     use std::os::fd::AsFd as _;
-    crate::announce(&format!("probes of the fast path's parts ({what})"));
+    crate::session::announce(&format!("probes of the fast path's parts ({what})"));
     let generation = limiter.tdp.maps().config()?.generation;
     let admit = limiter.id("admit")?;
     let prefixes = pinned(limiter, map_names::PREFIXES)?;
@@ -894,7 +894,7 @@ pub fn probes(
     let mut floor = Vec::new();
     let mut runs: Vec<Vec<f64>> = vec![Vec::new(); programs.len()];
     for _ in 0..opts.runs {
-        crate::check_interrupted()?;
+        crate::session::check_interrupted()?;
         floor.push(repeat_ns(refs.program(PASS), &frame, opts.repeat)?.0 + TRUNCATION);
         for (i, (key, _, prog)) in programs.iter().enumerate() {
             let (ns, _, action) = repeat_ns(prog, &frame, opts.repeat)?;
@@ -986,10 +986,10 @@ const SECTION_CPUS: &str =
 pub fn cpus(report: &mut Report, opts: &Options, limiter: &Limiter) -> Result<()> {
     let n = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     if n < 2 {
-        crate::announce("one CPU only: no figure for the cost on several CPUs");
+        crate::session::announce("one CPU only: no figure for the cost on several CPUs");
         return Ok(());
     }
-    crate::announce(&format!(
+    crate::session::announce(&format!(
         "in-kernel cost of one hot source on {n} CPUs at once"
     ));
     let prog = limiter.program();
@@ -1019,7 +1019,7 @@ pub fn cpus(report: &mut Report, opts: &Options, limiter: &Limiter) -> Result<()
         let (mut one, mut all, mut each, mut overlaps) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..opts.runs {
-            crate::check_interrupted()?;
+            crate::session::check_interrupted()?;
             let alone = std::sync::Barrier::new(1);
             one.push(
                 std::thread::scope(|s| {

@@ -30,7 +30,7 @@ use crate::{
     kernel::Limiter,
     refs::{Refs, DROP, PASS, TX},
     report::{Figure, Report},
-    Options,
+    session::Options,
 };
 
 /// The limiter's rule and the contenders' equivalents: 1000 packets/s per source, bursts of 2000.
@@ -280,8 +280,8 @@ pub fn run(report: &mut Report, opts: &Options, refs: &mut Refs) -> Result<()> {
     let mut semantics = Vec::new();
     for pattern in [Pattern::Hot, Pattern::Random] {
         for contender in contenders {
-            crate::check_interrupted()?;
-            crate::announce(&format!(
+            crate::session::check_interrupted()?;
+            crate::session::announce(&format!(
                 "end to end, {} source{}: {}",
                 pattern.tag(),
                 if pattern == Pattern::Hot { "" } else { "s" },
@@ -518,7 +518,7 @@ fn measure_attached(
         if pattern == Pattern::Hot || full || warm_start.elapsed() > WARMUP_LIMIT {
             break;
         }
-        crate::check_interrupted()?;
+        crate::session::check_interrupted()?;
     }
     let (w1, _) = bed.rx_stats()?;
     let warm_secs = warm_start.elapsed().as_secs_f64();
@@ -548,7 +548,7 @@ fn measure_attached(
         });
         let mut abuser = None;
         for run in 0..opts.runs {
-            crate::check_interrupted()?;
+            crate::session::check_interrupted()?;
             if run + 1 == opts.runs {
                 // A fresh source floods (over its limit) while the flood runs: is it limited?
                 abuser = Some(s.spawn(move || {

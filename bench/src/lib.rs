@@ -1,8 +1,15 @@
-//! `ratelimit-bench`: the benchmark behind `cargo xtask bench`, which sets up the toolchain, builds
-//! the agent and this runner in release mode, and then hands over to it (see xtask/src/bench.rs).
+//! The benchmark and soak runner behind `cargo xtask bench` and `cargo xtask soak`. xtask sets up
+//! the toolchain, builds the agent and this crate in release mode, and starts the binary
+//! (`src/main.rs`, `ratelimit-bench`), which parses the command line and calls [`run`] or
+//! [`soak::run`]; the agent it measures is the `ratelimit` that `RATELIMIT_BIN` names.
 //!
-//! Measures, each figure the median of several runs and every ratio against a baseline measured
-//! in the same run:
+//! # Layout
+//! How a figure is made: a part loads the project's XDP object and the reference programs
+//! ([`refs`], [`progs`]: hand-assembled floors, probes and drivers), runs frames through them
+//! (BPF_PROG_TEST_RUN, or the live-frames [`generator`] over a veth pair of the test bed), takes the
+//! median of several runs into a [`report::Report`], and [`run`] prints the report as a table, judges
+//! it against the targets and writes it as JSON (plus a [`chart`] of the bucket store). The parts,
+//! every ratio against a baseline measured in the same run:
 //! - [`kernel`]: in-kernel cost per packet through BPF_PROG_TEST_RUN, the limiter against an
 //!   XDP_PASS floor, hot and with 1k to 1M tracked sources;
 //! - [`rules`]: rule update latency with 10,000 rules, and kernel memory;
@@ -14,8 +21,10 @@
 //! `ratelimit-bench soak` runs the [`soak`] instead (`cargo xtask soak`): minutes of a random-source
 //! flood larger than the bucket map against the real agent, its operator paths in use.
 //!
-//! Prints a table and writes JSON (`--json`). Everything it makes (namespaces, pins, the agent) is
-//! owned by a guard that removes it on drop; Ctrl-C stops the run between measurements, so the
+//! What every part shares, the settings ([`Options`]), progress lines, the interrupt flag and the
+//! machine's facts, is in [`session`], at the bottom: the parts use it, and only this file uses the
+//! parts. Everything a run makes (namespaces, pins, the agent) is owned by a guard that removes it
+//! on drop; Ctrl-C stops the run between measurements ([`session::check_interrupted`]), so the
 //! guards run.
 
 mod agent;
@@ -27,165 +36,37 @@ mod progs;
 mod refs;
 mod report;
 mod rules;
-mod soak;
+mod session;
+pub mod soak;
 
-use std::{
-    path::PathBuf,
-    process::ExitCode,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, OnceLock,
-    },
-    time::Duration,
-};
+use std::path::Path;
 
 use anyhow::{bail, Result};
-use clap::Parser;
 use ratelimit_common::DEFAULT_MAX_BUCKETS;
 use serde_json::json;
 
-use crate::report::{Report, Target};
+pub use crate::session::{start, Options};
+use crate::{
+    report::{Report, Target},
+    session::{loadavg, machine},
+};
 
-/// Measure ratelimit against its floor, nftables and iptables (needs root).
-#[derive(Debug, Parser)]
-#[command(name = "ratelimit-bench", args_conflicts_with_subcommands = true)]
-struct Cli {
-    #[command(subcommand)]
-    mode: Option<Mode>,
-    /// Runs per figure; the median is reported.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
-    runs: u32,
-    /// Runs of one frame per in-kernel "repeat" measurement.
-    #[arg(long, default_value_t = 1_000_000)]
-    repeat: u32,
-    /// New sources per in-kernel new-source run (each creates a bucket, removed afterwards).
-    #[arg(long, default_value_t = 20_000)]
-    new_sources: usize,
-    /// Seconds per end-to-end run (and per agent sampling window).
-    #[arg(long, default_value_t = 1.0)]
-    seconds: f64,
-    /// Seconds of traffic before each end-to-end contender's runs.
-    #[arg(long, default_value_t = 1.0)]
-    warmup: f64,
-    /// CPU for the end-to-end generator (and so the receiving veth's NAPI poll); default: the last.
-    #[arg(long)]
-    cpu: Option<usize>,
-    /// Only these parts (default: all): kernel, rules, e2e, agent.
-    #[arg(long, value_delimiter = ',')]
-    only: Vec<Part>,
-    /// Tracked-source populations up to 100k only (for trying the bench out).
-    #[arg(long)]
-    quick: bool,
-    /// Where to write the results as JSON.
-    #[arg(long, default_value = "target/bench/results.json")]
-    json: PathBuf,
-}
-
-#[derive(Debug, clap::Subcommand)]
-enum Mode {
-    /// Soak: a random-source flood larger than the bucket map for minutes (default 10) against
-    /// the release agent, its operator paths in use; writes target/bench/soak.json.
-    Soak(soak::Args),
-}
-
+/// The parts of the benchmark (`--only`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum Part {
+pub enum Part {
     Kernel,
     Rules,
     E2e,
     Agent,
 }
 
-/// Settings every part reads.
-#[derive(Debug)]
-pub struct Options {
-    /// Runs per figure.
-    pub runs: usize,
-    /// Repeat count of in-kernel repeat measurements.
-    pub repeat: u32,
-    /// New sources per in-kernel new-source run.
-    pub new_sources: usize,
-    /// Length of one end-to-end run.
-    pub e2e_run: Duration,
-    /// Warm-up before each end-to-end contender.
-    pub e2e_warmup: Duration,
-    /// Smaller populations.
-    pub quick: bool,
-    /// CPU of the end-to-end pipeline.
-    pub cpu: usize,
-}
-
-static INTERRUPTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
-
-/// Fails once SIGINT, SIGTERM or SIGHUP arrived: long loops call it between measurements, and the
-/// error unwinds through the guards that clean up.
-pub fn check_interrupted() -> Result<()> {
-    if INTERRUPTED.get().is_some_and(|f| f.load(Ordering::Relaxed)) {
-        bail!("interrupted");
-    }
-    Ok(())
-}
-
-static START: OnceLock<std::time::Instant> = OnceLock::new();
-/// `bench` or `soak`, for [`announce`].
-static MODE: OnceLock<&'static str> = OnceLock::new();
-
-/// Progress, on stderr, with the time since the start.
-pub fn announce(what: &str) {
-    let t = START
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_secs_f64();
-    let mode = MODE.get().copied().unwrap_or("bench");
-    eprintln!("==> {mode} [{t:6.1} s]: {what}");
-}
-
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let flag = Arc::new(AtomicBool::new(false));
-    for sig in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ] {
-        if let Err(e) = signal_hook::flag::register(sig, Arc::clone(&flag)) {
-            eprintln!("ratelimit-bench: cannot handle signal {sig}: {e}");
-        }
-    }
-    let _ = INTERRUPTED.set(flag);
-    let _ = START.set(std::time::Instant::now());
-    let result = match &cli.mode {
-        Some(Mode::Soak(args)) => {
-            let _ = MODE.set("soak");
-            soak::run(args)
-        }
-        None => run(&cli),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("Error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn run(cli: &Cli) -> Result<()> {
+/// Runs the benchmark's `parts` (all if empty), prints the table and writes the results to
+/// `json` (and the bucket store's chart, `store.svg`, next to it).
+pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
     if !ratelimit_testbed::is_root() {
         bail!("the benchmark needs root (network namespaces, XDP, BPF_PROG_TEST_RUN)");
     }
-    let opts = Options {
-        runs: cli.runs as usize,
-        repeat: cli.repeat,
-        new_sources: cli.new_sources,
-        e2e_run: Duration::from_secs_f64(cli.seconds),
-        e2e_warmup: Duration::from_secs_f64(cli.warmup),
-        quick: cli.quick,
-        cpu: cli.cpu.unwrap_or_else(|| {
-            std::thread::available_parallelism().map_or(1, std::num::NonZero::get) - 1
-        }),
-    };
-    let want = |p: Part| cli.only.is_empty() || cli.only.contains(&p);
+    let want = |p: Part| parts.is_empty() || parts.contains(&p);
     let mut report = Report {
         machine: machine(),
         ..Report::default()
@@ -197,10 +78,10 @@ fn run(cli: &Cli) -> Result<()> {
         let mut limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::BASE_RULES)?;
         let mut tracked_full = None;
         if want(Part::Kernel) {
-            kernel::hot(&mut report, &opts, &refs, &limiter)?;
+            kernel::hot(&mut report, opts, &refs, &limiter)?;
             kernel::probes(
                 &mut report,
-                &opts,
+                opts,
                 &refs,
                 &limiter,
                 "6_rules",
@@ -211,7 +92,7 @@ fn run(cli: &Cli) -> Result<()> {
         if want(Part::Rules) {
             rules::latency(
                 &mut report,
-                &opts,
+                opts,
                 &mut limiter,
                 "empty",
                 "bucket store nearly empty",
@@ -219,10 +100,10 @@ fn run(cli: &Cli) -> Result<()> {
         }
         if want(Part::Kernel) {
             limiter.install(&rules::many_rules(1000)?)?;
-            kernel::hot_with_rules(&mut report, &opts, &refs, &limiter)?;
+            kernel::hot_with_rules(&mut report, opts, &refs, &limiter)?;
             kernel::probes(
                 &mut report,
-                &opts,
+                opts,
                 &refs,
                 &limiter,
                 "10k_rules",
@@ -232,13 +113,13 @@ fn run(cli: &Cli) -> Result<()> {
             limiter.install(
                 &ratelimit::config::Config::parse(kernel::BASE_RULES, "bench.toml")?.rules,
             )?;
-            let tracked = kernel::populations(&mut report, &opts, &refs, &limiter)?;
+            let tracked = kernel::populations(&mut report, opts, &refs, &limiter)?;
             if !opts.quick {
                 tracked_full = Some(tracked);
             }
             kernel::probes(
                 &mut report,
-                &opts,
+                opts,
                 &refs,
                 &limiter,
                 "full",
@@ -249,20 +130,20 @@ fn run(cli: &Cli) -> Result<()> {
                 },
                 false,
             )?;
-            kernel::cpus(&mut report, &opts, &limiter)?;
+            kernel::cpus(&mut report, opts, &limiter)?;
             if want(Part::Rules) {
                 let what = format!("{} tracked sources", limiter.tdp.maps().bucket_count()?);
-                rules::latency(&mut report, &opts, &mut limiter, "full", &what)?;
+                rules::latency(&mut report, opts, &mut limiter, "full", &what)?;
             }
         }
         kernel::memory(&mut report, &limiter, tracked_full)?;
         drop(limiter);
     }
     if want(Part::E2e) {
-        e2e::run(&mut report, &opts, &mut refs)?;
+        e2e::run(&mut report, opts, &mut refs)?;
     }
     if want(Part::Agent) {
-        agent::run(&mut report, &opts, &refs)?;
+        agent::run(&mut report, opts, &refs)?;
     }
     drop(refs);
 
@@ -271,60 +152,14 @@ fn run(cli: &Cli) -> Result<()> {
     report.targets = targets(&report);
     report.notes = notes();
     print!("{}", report.table());
-    report.write_json(&cli.json)?;
-    eprintln!("==> bench: results written to {}", cli.json.display());
+    report.write_json(json)?;
+    eprintln!("==> bench: results written to {}", json.display());
     if report.get("kernel.pop.1k.known").is_some() {
-        let svg = cli.json.with_file_name("store.svg");
+        let svg = json.with_file_name("store.svg");
         chart::store(&report, &svg)?;
         eprintln!("==> bench: chart written to {}", svg.display());
     }
     Ok(())
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
-fn command_line(program: &str, args: &[&str]) -> String {
-    std::process::Command::new(program)
-        .args(args)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
-}
-
-/// Facts about the machine and the checkout, for the table's header and the JSON.
-fn machine() -> serde_json::Value {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
-        .unwrap_or_default();
-    let mem_kib: u64 = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemTotal:"))?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0);
-    json!({
-        "date": command_line("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
-        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
-        "cpus": std::thread::available_parallelism().map(std::num::NonZero::get).unwrap_or(0),
-        "cpu_model": model,
-        "memory_mib": mem_kib / 1024,
-        "loadavg_before": loadavg(),
-        "git": command_line("git", &["describe", "--always", "--dirty"]),
-        "nft": command_line("nft", &["-v"]),
-        "iptables": command_line("iptables", &["-V"]),
-    })
 }
 
 fn targets(r: &Report) -> Vec<Target> {

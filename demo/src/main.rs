@@ -1,5 +1,14 @@
 //! `ratelimit-demo`: the demo behind `cargo xtask demo`, which sets up the toolchain, builds the
-//! agent and this driver, and then hands over to it (see xtask/src/demo.rs).
+//! agent and this driver, and then hands over to it (see xtask/src/demo.rs), with the agent's
+//! binary in `RATELIMIT_BIN`. Namespaces, veth pairs, the receiver and the agent as a child
+//! process come from the test bed (crate `tests`, `ratelimit_testbed`).
+//!
+//! What lives where: this file sets the scene and tells the story ([`run`]: namespaces, the
+//! agent with [`CONFIG`], the clients, the live table, the summary, cleanup); [`traffic`] holds
+//! the clients, paced UDP senders that count what they send; [`live`] reads what arrived and the
+//! agent's counters (`ratelimit stats --json`) every second and prints the rows and the summary.
+//! Data flows one way: clients -> veth -> XDP (the agent's program) -> receiver, and the counts of
+//! all three -> [`live`] -> stdout.
 //!
 //! Two throwaway namespaces joined by a veth pair: `client`, holding a flooding source
 //! (198.18.0.1) and a polite one (198.18.0.2), and `server` (198.18.0.254), where the real agent

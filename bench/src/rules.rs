@@ -11,7 +11,7 @@ use serde_json::json;
 use crate::{
     kernel::{map_memory, Limiter, BASE_RULES},
     report::{Figure, Report},
-    Options,
+    session::Options,
 };
 
 const SECTION: &str = "Memory and control plane";
@@ -45,14 +45,14 @@ pub fn latency(
     tag: &str,
     what: &str,
 ) -> Result<()> {
-    crate::announce(&format!("rule update latency, 10,000 rules ({what})"));
+    crate::session::announce(&format!("rule update latency, 10,000 rules ({what})"));
     let base = Config::parse(BASE_RULES, "bench.toml")?.rules;
     let runs = opts.runs.max(3);
     let (mut add, mut add_compile, mut remove, mut change, mut change_compile) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut prefix_memory = 0;
     for run in 0..runs {
-        crate::check_interrupted()?;
+        crate::session::check_interrupted()?;
         let (c, i) = limiter.install(&many_rules(1000)?)?;
         add_compile.push(ms(c));
         add.push(ms(i));

@@ -158,7 +158,7 @@ pub fn store(report: &Report, path: &Path) -> Result<()> {
             .border_style(BLACK)
             .draw()?;
         root.draw(&Text::new(
-            format!("new store: this run, {date}; {source} (xtask/src/bench/old_store.json)"),
+            format!("new store: this run, {date}; {source} (bench/src/old_store.json)"),
             (16, 540),
             ("sans-serif", 12),
         ))?;

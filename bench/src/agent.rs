@@ -17,7 +17,7 @@ use crate::{
     e2e::Testbed,
     refs::Refs,
     report::{Figure, Report},
-    Options,
+    session::Options,
 };
 
 const SECTION: &str = "Agent (release build, attached to the receiving veth)";
@@ -89,7 +89,7 @@ fn window(pid: u32, during: impl FnOnce() -> Result<()>) -> Result<(f64, f64, f6
 
 /// Idle and flooded CPU and memory of the agent.
 pub fn run(report: &mut Report, opts: &Options, refs: &Refs) -> Result<()> {
-    crate::announce("agent CPU and memory, idle and under a random-source flood");
+    crate::session::announce("agent CPU and memory, idle and under a random-source flood");
     let bed = Testbed::new()?;
     let config = format!(
         "[agent]\ninterfaces = [\"{}\"]\nmode = \"native\"\n\n[[rule]]\nname = \"per-source\"\n\
@@ -106,7 +106,7 @@ pub fn run(report: &mut Report, opts: &Options, refs: &Refs) -> Result<()> {
     let (mut idle_anon, mut flood_anon) = (Vec::new(), Vec::new());
     let mut flood_mpps = Vec::new();
     for _ in 0..opts.runs {
-        crate::check_interrupted()?;
+        crate::session::check_interrupted()?;
         let (c, m, a) = window(pid, || {
             thread::sleep(window_time);
             Ok(())
@@ -116,7 +116,7 @@ pub fn run(report: &mut Report, opts: &Options, refs: &Refs) -> Result<()> {
         idle_anon.push(a);
     }
     for _ in 0..opts.runs {
-        crate::check_interrupted()?;
+        crate::session::check_interrupted()?;
         let (c, m, a) = window(pid, || {
             let b = bed.blast_random(refs, window_time, opts.cpu)?;
             #[expect(clippy::cast_precision_loss, reason = "frame counts")]

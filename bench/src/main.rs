@@ -1,0 +1,84 @@
+//! `ratelimit-bench`: the command line of the benchmark and soak runner (the library, `src/lib.rs`,
+//! says what lives where). It parses the arguments, then calls [`ratelimit_bench::run`] or, for
+//! `ratelimit-bench soak`, [`ratelimit_bench::soak::run`]. Started by `cargo xtask bench` and
+//! `cargo xtask soak` (xtask/src/bench.rs), which build the release agent first and pass it in
+//! `RATELIMIT_BIN`; as root, it can also be run by hand: `ratelimit-bench --help`.
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::Parser;
+use ratelimit_bench::{soak, Options, Part};
+
+/// Measure ratelimit against its floor, nftables and iptables (needs root).
+#[derive(Debug, Parser)]
+#[command(name = "ratelimit-bench", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    mode: Option<Mode>,
+    /// Runs per figure; the median is reported.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    runs: u32,
+    /// Runs of one frame per in-kernel "repeat" measurement.
+    #[arg(long, default_value_t = 1_000_000)]
+    repeat: u32,
+    /// New sources per in-kernel new-source run (each creates a bucket, removed afterwards).
+    #[arg(long, default_value_t = 20_000)]
+    new_sources: usize,
+    /// Seconds per end-to-end run (and per agent sampling window).
+    #[arg(long, default_value_t = 1.0)]
+    seconds: f64,
+    /// Seconds of traffic before each end-to-end contender's runs.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// CPU for the end-to-end generator (and so the receiving veth's NAPI poll); default: the last.
+    #[arg(long)]
+    cpu: Option<usize>,
+    /// Only these parts (default: all): kernel, rules, e2e, agent.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<Part>,
+    /// Tracked-source populations up to 100k only (for trying the bench out).
+    #[arg(long)]
+    quick: bool,
+    /// Where to write the results as JSON.
+    #[arg(long, default_value = "target/bench/results.json")]
+    json: PathBuf,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Mode {
+    /// Soak: a random-source flood larger than the bucket map for minutes (default 10) against
+    /// the release agent, its operator paths in use; writes target/bench/soak.json.
+    Soak(soak::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.mode {
+        Some(Mode::Soak(args)) => {
+            ratelimit_bench::start("soak");
+            soak::run(args)
+        }
+        None => {
+            ratelimit_bench::start("bench");
+            let opts = Options {
+                runs: cli.runs as usize,
+                repeat: cli.repeat,
+                new_sources: cli.new_sources,
+                e2e_run: Duration::from_secs_f64(cli.seconds),
+                e2e_warmup: Duration::from_secs_f64(cli.warmup),
+                quick: cli.quick,
+                cpu: cli.cpu.unwrap_or_else(|| {
+                    std::thread::available_parallelism().map_or(1, std::num::NonZero::get) - 1
+                }),
+            };
+            ratelimit_bench::run(&opts, &cli.only, &cli.json)
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
