@@ -98,6 +98,8 @@ pub struct AgentConfig {
     pub dry_run: bool,
     /// Emit debug records from the XDP program.
     pub ebpf_log: bool,
+    /// Log format on stderr (`--log-format` overrides it; read at start, not on reload).
+    pub log_format: crate::logging::LogFormat,
 }
 
 impl Default for AgentConfig {
@@ -111,6 +113,7 @@ impl Default for AgentConfig {
             pin_path: PathBuf::from(DEFAULT_PIN_PATH),
             dry_run: false,
             ebpf_log: false,
+            log_format: crate::logging::LogFormat::Plain,
         }
     }
 }
@@ -902,6 +905,7 @@ struct RawAgent {
     pin_path: Option<Spanned<PathBuf>>,
     dry_run: Option<bool>,
     ebpf_log: Option<bool>,
+    log_format: Option<crate::logging::LogFormat>,
 }
 
 #[derive(Deserialize)]
@@ -1332,6 +1336,7 @@ fn agent_from_raw(src: &Source, raw: RawAgent) -> Result<AgentConfig, ConfigErro
     }
     agent.dry_run = raw.dry_run.unwrap_or(false);
     agent.ebpf_log = raw.ebpf_log.unwrap_or(false);
+    agent.log_format = raw.log_format.unwrap_or_default();
     Ok(agent)
 }
 

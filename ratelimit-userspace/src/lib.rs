@@ -12,6 +12,8 @@
 //! - [`cluster`]: cluster-wide budgets: gossip (chitchat, authenticated) of heavy sources'
 //!   consumption, charged into the local buckets.
 //! - [`stats`]: counter reports for `ratelimit stats` (table and JSON).
+//! - [`logging`], [`notify`], [`manpages`]: running as a system daemon: log format, systemd's
+//!   readiness protocol, man pages.
 pub mod agent;
 pub mod api;
 pub mod client;
@@ -19,7 +21,10 @@ pub mod cluster;
 pub mod compile;
 pub mod config;
 pub mod dataplane;
+pub mod logging;
+pub mod manpages;
 pub mod maps;
 pub mod metrics;
+pub mod notify;
 pub mod render;
 pub mod stats;
