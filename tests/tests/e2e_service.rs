@@ -96,22 +96,31 @@ impl ServiceAgent {
         let caps = format!("-all,{}", caps.join(","));
         let log = fs::File::create(dir.join("agent.log")).unwrap();
         let mut cmd = Command::new("unshare");
-        cmd.args(["--mount", "--propagation", "slave", "--", "sh", "-c", LAUNCH, "sh"])
-            .arg(ns.name())
-            .arg(dir.join("bpffs"))
-            .arg("setpriv")
-            .arg(format!("--bounding-set={caps}"))
-            .arg(format!("--inh-caps={caps}"))
-            .arg(format!("--ambient-caps={caps}"))
-            .arg(agent_binary())
-            .arg("agent")
-            .arg("-c")
-            .arg(&config)
-            .env("NOTIFY_SOCKET", &notify_path)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
+        cmd.args([
+            "--mount",
+            "--propagation",
+            "slave",
+            "--",
+            "sh",
+            "-c",
+            LAUNCH,
+            "sh",
+        ])
+        .arg(ns.name())
+        .arg(dir.join("bpffs"))
+        .arg("setpriv")
+        .arg(format!("--bounding-set={caps}"))
+        .arg(format!("--inh-caps={caps}"))
+        .arg(format!("--ambient-caps={caps}"))
+        .arg(agent_binary())
+        .arg("agent")
+        .arg("-c")
+        .arg(&config)
+        .env("NOTIFY_SOCKET", &notify_path)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log);
         // SAFETY: only prctl, async-signal-safe, between fork and exec.
         unsafe {
             cmd.pre_exec(|| {
@@ -139,7 +148,10 @@ impl ServiceAgent {
         let mut buf = [0u8; 4096];
         match self.notify.recv(&mut buf) {
             Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
-            Err(e) => panic!("no notification on $NOTIFY_SOCKET ({e}); agent log:\n{}", self.log()),
+            Err(e) => panic!(
+                "no notification on $NOTIFY_SOCKET ({e}); agent log:\n{}",
+                self.log()
+            ),
         }
     }
 
@@ -155,7 +167,10 @@ impl ServiceAgent {
                 return seen;
             }
         }
-        panic!("no {line} within {READY_TIMEOUT:?}; got {seen:?}; log:\n{}", self.log());
+        panic!(
+            "no {line} within {READY_TIMEOUT:?}; got {seen:?}; log:\n{}",
+            self.log()
+        );
     }
 
     fn pid(&self) -> i32 {
@@ -187,7 +202,11 @@ impl ServiceAgent {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "agent did not exit; log:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "agent did not exit; log:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -198,7 +217,11 @@ impl ServiceAgent {
             .arg(&self.pin)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice(&out.stdout).unwrap()
     }
 }
@@ -245,8 +268,14 @@ fn runs_with_the_units_capabilities_notifies_ready_and_enforces() {
     // It runs with exactly the unit's capabilities, no more.
     let want: u64 = caps.iter().map(|c| 1u64 << cap_bit(c)).sum();
     let (eff, bnd) = agent.caps();
-    assert_eq!(eff, want, "CapEff {eff:#x}, unit grants {caps:?} = {want:#x}");
-    assert_eq!(bnd, want, "CapBnd {bnd:#x}, unit grants {caps:?} = {want:#x}");
+    assert_eq!(
+        eff, want,
+        "CapEff {eff:#x}, unit grants {caps:?} = {want:#x}"
+    );
+    assert_eq!(
+        bnd, want,
+        "CapBnd {bnd:#x}, unit grants {caps:?} = {want:#x}"
+    );
 
     // READY=1 means enforcing: attached, and a flood from one source is cut to its bucket.
     assert!(

@@ -59,7 +59,12 @@ fn package() -> &'static Unpacked {
                     .args(["xtask", "package", "--out"])
                     .arg(dir.join("out")),
             );
-            PathBuf::from(out.lines().last().expect("cargo xtask package prints the .deb").trim())
+            PathBuf::from(
+                out.lines()
+                    .last()
+                    .expect("cargo xtask package prints the .deb")
+                    .trim(),
+            )
         };
         let (root, control) = (dir.join("root"), dir.join("control"));
         run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root));
@@ -72,7 +77,13 @@ fn package() -> &'static Unpacked {
 fn package_holds_binary_conffile_unit_pages_completions_and_scripts() {
     let pkg = package();
     assert_eq!(
-        stdout(Command::new("dpkg-deb").arg("-f").arg(&pkg.deb).arg("Package")).trim(),
+        stdout(
+            Command::new("dpkg-deb")
+                .arg("-f")
+                .arg(&pkg.deb)
+                .arg("Package")
+        )
+        .trim(),
         "ratelimit"
     );
     let listing = stdout(Command::new("dpkg-deb").arg("-c").arg(&pkg.deb));
@@ -92,7 +103,9 @@ fn package_holds_binary_conffile_unit_pages_completions_and_scripts() {
         "./usr/share/doc/ratelimit/examples/ratelimit.toml",
     ] {
         assert!(
-            listing.lines().any(|l| l.split_whitespace().last() == Some(path)),
+            listing
+                .lines()
+                .any(|l| l.split_whitespace().last() == Some(path)),
             "{path} not in the package:\n{listing}"
         );
     }
@@ -119,7 +132,10 @@ fn package_holds_binary_conffile_unit_pages_completions_and_scripts() {
         Some(0),
         "{parsed}"
     );
-    assert!(parsed.get("rule").is_none(), "the conffile has active rules: {parsed}");
+    assert!(
+        parsed.get("rule").is_none(),
+        "the conffile has active rules: {parsed}"
+    );
 
     for script in ["postinst", "prerm", "postrm"] {
         let path = pkg.control.join(script);
@@ -134,7 +150,10 @@ fn package_holds_binary_conffile_unit_pages_completions_and_scripts() {
     // never enables the unit.
     let postinst = fs::read_to_string(pkg.control.join("postinst")).unwrap();
     assert!(!postinst.contains("systemctl enable"), "{postinst}");
-    assert!(postinst.contains(r#"if [ -n "$2" ] && systemctl is-active"#), "{postinst}");
+    assert!(
+        postinst.contains(r#"if [ -n "$2" ] && systemctl is-active"#),
+        "{postinst}"
+    );
 }
 
 #[test]
@@ -195,8 +214,15 @@ fn every_man_page_renders_without_warnings() {
         .collect();
     assert!(pages.len() > 10, "{pages:?}");
     pages.push(pkg.root.join("usr/share/man/man5/ratelimit.toml.5.gz"));
-    let shipped = fs::read_dir(pkg.root.join("usr/share/man/man8")).unwrap().count() + 1;
-    assert_eq!(shipped, pages.len(), "pages shipped vs subcommands: {pages:?}");
+    let shipped = fs::read_dir(pkg.root.join("usr/share/man/man8"))
+        .unwrap()
+        .count()
+        + 1;
+    assert_eq!(
+        shipped,
+        pages.len(),
+        "pages shipped vs subcommands: {pages:?}"
+    );
     for page in &pages {
         assert!(page.exists(), "missing man page {}", page.display());
         let out = run(Command::new("man")
@@ -222,7 +248,11 @@ fn every_man_page_renders_without_warnings() {
             .arg(page));
         let warnings = String::from_utf8_lossy(&groff.stderr);
         assert!(warnings.trim().is_empty(), "{}: {warnings}", page.display());
-        assert!(text.contains("NAME") && text.contains("DESCRIPTION"), "{}:\n{text}", page.display());
+        assert!(
+            text.contains("NAME") && text.contains("DESCRIPTION"),
+            "{}:\n{text}",
+            page.display()
+        );
     }
 }
 
@@ -236,7 +266,9 @@ fn have(program: &str) -> bool {
 #[test]
 fn completion_scripts_parse_and_complete() {
     let pkg = package();
-    let bash = pkg.root.join("usr/share/bash-completion/completions/ratelimit");
+    let bash = pkg
+        .root
+        .join("usr/share/bash-completion/completions/ratelimit");
     run(Command::new("bash").arg("-n").arg(&bash));
     // Loaded, it completes the subcommands.
     let words = stdout(Command::new("bash").arg("-c").arg(format!(
@@ -244,7 +276,11 @@ fn completion_scripts_parse_and_complete() {
          _ratelimit ratelimit ru ratelimit; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
         bash.display()
     )));
-    assert_eq!(words.trim(), "rules", "bash completion of `ratelimit ru`: {words:?}");
+    assert_eq!(
+        words.trim(),
+        "rules",
+        "bash completion of `ratelimit ru`: {words:?}"
+    );
     for (shell, path) in [
         ("zsh", "usr/share/zsh/vendor-completions/_ratelimit"),
         ("fish", "usr/share/fish/vendor_completions.d/ratelimit.fish"),
@@ -281,7 +317,8 @@ fn metric_names(text: &str) -> Vec<String> {
 }
 
 fn assert_exported(names: &[String], what: &str) {
-    let source = fs::read_to_string(workspace().join("ratelimit-userspace/src/metrics.rs")).unwrap();
+    let source =
+        fs::read_to_string(workspace().join("ratelimit-userspace/src/metrics.rs")).unwrap();
     for name in names {
         assert!(
             source.contains(&format!("\"{name}\"")),
@@ -291,19 +328,28 @@ fn assert_exported(names: &[String], what: &str) {
 }
 
 fn promtool() -> &'static str {
-    assert!(have("promtool"), "promtool missing: `cargo xtask setup` installs it");
+    assert!(
+        have("promtool"),
+        "promtool missing: `cargo xtask setup` installs it"
+    );
     "promtool"
 }
 
 #[test]
 fn alert_rules_pass_promtool_and_name_exported_metrics() {
     let rules = workspace().join("packaging/prometheus/ratelimit-alerts.yml");
-    run(Command::new(promtool()).args(["check", "rules"]).arg(&rules));
+    run(Command::new(promtool())
+        .args(["check", "rules"])
+        .arg(&rules));
     let text = fs::read_to_string(&rules).unwrap();
     let names = metric_names(&text);
     assert!(names.len() >= 4, "{names:?}");
     assert_exported(&names, "ratelimit-alerts.yml");
-    for wanted in ["up{", "ratelimit_buckets_capacity", "ratelimit_cluster_peers"] {
+    for wanted in [
+        "up{",
+        "ratelimit_buckets_capacity",
+        "ratelimit_cluster_peers",
+    ] {
         assert!(text.contains(wanted), "no alert on {wanted}");
     }
 }
@@ -317,7 +363,10 @@ fn dashboard_queries_parse_and_name_exported_metrics() {
     let mut exprs = Vec::new();
     let mut ids = std::collections::HashSet::new();
     for panel in panels {
-        assert!(ids.insert(panel["id"].as_u64().expect("panel id")), "duplicate panel id");
+        assert!(
+            ids.insert(panel["id"].as_u64().expect("panel id")),
+            "duplicate panel id"
+        );
         for target in panel["targets"].as_array().expect("targets") {
             exprs.push(target["expr"].as_str().expect("expr").to_owned());
         }
@@ -338,7 +387,11 @@ fn dashboard_queries_parse_and_name_exported_metrics() {
     }
     let file = std::env::temp_dir().join(format!("rl-dashboard-{}.yml", std::process::id()));
     fs::write(&file, &rules).unwrap();
-    let out = Command::new(promtool()).args(["check", "rules"]).arg(&file).output().unwrap();
+    let out = Command::new(promtool())
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .unwrap();
     let _ = fs::remove_file(&file);
     assert!(
         out.status.success(),

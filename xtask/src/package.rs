@@ -39,7 +39,8 @@ pub fn run(opts: &Options) -> Result<()> {
     if let Some(dir) = &opts.out {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let to = dir.join(deb.file_name().context("a .deb has a file name")?);
-        fs::copy(&deb, &to).with_context(|| format!("copying {} to {}", deb.display(), to.display()))?;
+        fs::copy(&deb, &to)
+            .with_context(|| format!("copying {} to {}", deb.display(), to.display()))?;
         println!("{}", to.display());
     } else {
         println!("{}", deb.display());
@@ -59,7 +60,13 @@ fn package() -> Result<PathBuf> {
     write_completions(&binary, &staging.join("completions"))?;
 
     let mut deb = cmd::cargo();
-    deb.args(["deb", "--package", "ratelimit-userspace", "--no-build", "--no-strip"]);
+    deb.args([
+        "deb",
+        "--package",
+        "ratelimit-userspace",
+        "--no-build",
+        "--no-strip",
+    ]);
     let (status, stdout, stderr) = cmd::output(&mut deb).context("running cargo deb")?;
     if !status.success() {
         bail!("cargo deb failed ({status}): {}{}", stdout, stderr);
@@ -85,7 +92,10 @@ fn write_man_pages(binary: &Path, staging: &Path) -> Result<()> {
     )?;
     for entry in fs::read_dir(&raw)? {
         let path = entry?.path();
-        let section = path.extension().and_then(|e| e.to_str()).unwrap_or_default();
+        let section = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .unwrap_or_default();
         let dir = staging.join(format!("man{section}"));
         fs::create_dir_all(&dir)?;
         let to = dir.join(path.file_name().context("a page has a name")?);
@@ -103,7 +113,11 @@ fn write_man_pages(binary: &Path, staging: &Path) -> Result<()> {
 /// `ratelimit completions SHELL` for bash, zsh and fish, under the names each shell looks for.
 fn write_completions(binary: &Path, dir: &Path) -> Result<()> {
     fs::create_dir_all(dir)?;
-    for (shell, name) in [("bash", "ratelimit"), ("zsh", "_ratelimit"), ("fish", "ratelimit.fish")] {
+    for (shell, name) in [
+        ("bash", "ratelimit"),
+        ("zsh", "_ratelimit"),
+        ("fish", "ratelimit.fish"),
+    ] {
         let out = Command::new(binary)
             .args(["completions", shell])
             .output()
@@ -145,10 +159,15 @@ pub fn ensure_tools(root: bool) -> Result<()> {
         if !missing.is_empty() {
             cmd::run_step(
                 "Updating apt's package lists (packaging test tools are missing)",
-                Command::new("apt-get").arg("update").env("DEBIAN_FRONTEND", "noninteractive"),
+                Command::new("apt-get")
+                    .arg("update")
+                    .env("DEBIAN_FRONTEND", "noninteractive"),
             )?;
             cmd::run_step(
-                &format!("Installing {} (the packaging tests check with them)", missing.join(" ")),
+                &format!(
+                    "Installing {} (the packaging tests check with them)",
+                    missing.join(" ")
+                ),
                 Command::new("apt-get")
                     .args(["install", "-y", "--no-install-recommends"])
                     .args(&missing)
@@ -193,25 +212,26 @@ fn cargo_deb_ok() -> bool {
 fn install_promtool() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("xtask-promtool-{}", std::process::id()));
     fs::create_dir_all(&dir)?;
-    let result = (|| {
-        cmd::run_step(
+    let result =
+        (|| {
+            cmd::run_step(
             "Downloading Debian's prometheus package for its promtool (not installing the server)",
             Command::new("apt-get").arg("download").arg("prometheus").current_dir(&dir),
         )?;
-        let deb = fs::read_dir(&dir)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| p.extension().is_some_and(|e| e == "deb"))
-            .context("apt-get download left no .deb")?;
-        let tree = dir.join("tree");
-        cmd::run_step(
-            "Unpacking it into a temporary directory",
-            Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tree),
-        )?;
-        fs::copy(tree.join("usr/bin/promtool"), PROMTOOL)
-            .with_context(|| format!("copying promtool to {PROMTOOL}"))?;
-        eprintln!("==> setup: installed {PROMTOOL} (from {})", deb.display());
-        anyhow::Ok(())
-    })();
+            let deb = fs::read_dir(&dir)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .find(|p| p.extension().is_some_and(|e| e == "deb"))
+                .context("apt-get download left no .deb")?;
+            let tree = dir.join("tree");
+            cmd::run_step(
+                "Unpacking it into a temporary directory",
+                Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tree),
+            )?;
+            fs::copy(tree.join("usr/bin/promtool"), PROMTOOL)
+                .with_context(|| format!("copying promtool to {PROMTOOL}"))?;
+            eprintln!("==> setup: installed {PROMTOOL} (from {})", deb.display());
+            anyhow::Ok(())
+        })();
     let _ = fs::remove_dir_all(&dir);
     result
 }
