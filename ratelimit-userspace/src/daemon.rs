@@ -35,6 +35,8 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         sig(SignalKind::terminate(), "SIGTERM")?,
         sig(SignalKind::hangup(), "SIGHUP")?,
     );
+    // SIGUSR2: exit as with --keep-attached, for a package upgrade's restart (see debian/postinst).
+    let mut usr2 = sig(SignalKind::user_defined2(), "SIGUSR2")?;
 
     let config_path = opts.config_path.clone();
     let prepared = agent::prepare(&opts)?;
@@ -101,17 +103,26 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     tasks.push(spawn_config_watcher(config_path, agent.clone()));
     tasks.push(spawn_interface_watcher(agent.clone()));
     tracing::info!(socket = %socket.display(), "running; SIGHUP reloads, SIGINT or SIGTERM exits");
+    crate::notify::ready("enforcing");
 
     loop {
         tokio::select! {
             _ = int.recv() => { tracing::info!("SIGINT"); break; }
             _ = term.recv() => { tracing::info!("SIGTERM"); break; }
+            _ = usr2.recv() => {
+                tracing::info!("SIGUSR2: exiting, leaving the limiter attached for the next agent");
+                agent.lock().await.keep_attached();
+                break;
+            }
             _ = hup.recv() => {
                 tracing::info!("SIGHUP: reloading");
+                crate::notify::reloading();
                 let _ = agent.lock().await.reload();
+                crate::notify::ready("enforcing");
             }
         }
     }
+    crate::notify::stopping();
     for task in tasks {
         task.abort();
         // Wait for it to go, so its reference to the agent is dropped before shutdown.

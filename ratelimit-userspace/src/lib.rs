@@ -21,8 +21,10 @@
 //! 5. [`daemon`]: `ratelimit agent`: starts the agent, runs the servers, the watchers and the
 //!    signals, and shuts it all down.
 //!
-//! Beside them, for the CLI: [`client`] (the API's client) and [`render`] (its tables). The
-//! binary (`main.rs`) only parses the command line and calls into these.
+//! Beside them, for the CLI: [`client`] (the API's client) and [`render`] (its tables); for
+//! running as a system daemon: [`logging`] (log format), [`notify`] (systemd's readiness
+//! protocol), [`manpages`]. The binary (`main.rs`) only parses the command line and calls into
+//! these.
 pub mod agent;
 pub mod api;
 pub mod client;
@@ -31,7 +33,10 @@ pub mod compile;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
+pub mod logging;
+pub mod manpages;
 pub mod maps;
 pub mod metrics;
+pub mod notify;
 pub mod render;
 pub mod stats;

@@ -25,6 +25,10 @@ struct Cli {
     /// Control socket of the agent (client commands).
     #[arg(long, global = true, default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
+    /// Log format on stderr: plain (default; journald-friendly) or json (one object per line).
+    /// For the agent, overrides `[agent] log_format`.
+    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    log_format: Option<ratelimit::logging::LogFormat>,
     #[command(subcommand)]
     command: Command,
 }
@@ -125,6 +129,17 @@ enum Command {
         /// Print the API's JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Print a shell completion script, e.g. `ratelimit completions bash > /etc/bash_completion.d/ratelimit`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages into DIR (for packaging).
+    #[command(hide = true)]
+    Manpages {
+        /// Directory to write them to.
+        dir: PathBuf,
     },
 }
 
@@ -265,14 +280,12 @@ fn main() -> ExitCode {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    let agent_config = match &cli.command {
+        Command::Agent { config, .. } => Some(config.as_path()),
+        _ => None,
+    };
+    ratelimit::logging::init(ratelimit::logging::choose(cli.log_format, agent_config));
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -356,6 +369,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     Ok(())
                 }
             }
+        }
+        Command::Completions { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "ratelimit",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        Command::Manpages { dir } => {
+            use clap::CommandFactory as _;
+            for page in ratelimit::manpages::write_all(&Cli::command(), &dir)? {
+                println!("{}", page.display());
+            }
+            Ok(())
         }
         client_command => block_on(run_client(&Client::new(&cli.socket), client_command)),
     }
@@ -442,7 +472,11 @@ async fn run_client(client: &Client, command: Command) -> anyhow::Result<()> {
             let v = client.explain(&ip, protocol.as_deref(), dst_port).await?;
             print_answer(&v, json, render::explain);
         }
-        Command::Agent { .. } | Command::Check { .. } | Command::Detach { .. } => {
+        Command::Agent { .. }
+        | Command::Check { .. }
+        | Command::Detach { .. }
+        | Command::Completions { .. }
+        | Command::Manpages { .. } => {
             unreachable!("handled by run()")
         }
     }

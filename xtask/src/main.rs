@@ -19,6 +19,7 @@ mod cmd;
 mod demo;
 mod lint;
 mod mutants;
+mod package;
 mod run;
 mod runner;
 mod setup;
@@ -60,6 +61,8 @@ enum Command {
     Soak(soak::Options),
     /// Mutation testing (cargo-mutants) of the modules that need no root; not run by CI.
     Mutants(mutants::Options),
+    /// Build the Debian package: binary, systemd unit, conffile, man pages, completions.
+    Package(package::Options),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
         Command::Bench(opts) => bench::run(&opts),
         Command::Soak(opts) => soak::run(&opts),
         Command::Mutants(opts) => mutants::run(&opts),
+        Command::Package(opts) => package::run(&opts),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -358,6 +358,9 @@ impl Agent {
         if a.pin_path != b.pin_path {
             restart.push("pin_path".to_string());
         }
+        if a.log_format != b.log_format {
+            restart.push("log_format".to_string());
+        }
         if self.config.cluster != new.cluster {
             restart.push("cluster".to_string());
         }
@@ -368,6 +371,7 @@ impl Agent {
         agent.metrics = a.metrics;
         agent.max_buckets = a.max_buckets;
         agent.pin_path.clone_from(&a.pin_path);
+        agent.log_format = a.log_format;
         self.config.agent = agent;
         self.reload.restart_needed = restart;
         tracing::info!(rules = self.set.rules.len(), "reloaded");
@@ -515,6 +519,11 @@ impl Agent {
         self.dp.detach_all()?;
         crate::dataplane::remove_pin_dir(self.dp.pin_dir())?;
         Ok(())
+    }
+
+    /// From now on, [`Agent::shutdown`] leaves the limiter attached as `--keep-attached` does.
+    pub fn keep_attached(&mut self) {
+        self.opts.keep_attached = true;
     }
 
     /// Mutable access to the data plane (the eBPF log reader needs the object).

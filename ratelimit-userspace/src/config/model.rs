@@ -75,6 +75,8 @@ pub struct AgentConfig {
     pub dry_run: bool,
     /// Emit debug records from the XDP program.
     pub ebpf_log: bool,
+    /// Log format on stderr (`--log-format` overrides it; read at start, not on reload).
+    pub log_format: crate::logging::LogFormat,
 }
 
 impl Default for AgentConfig {
@@ -88,6 +90,7 @@ impl Default for AgentConfig {
             pin_path: PathBuf::from(DEFAULT_PIN_PATH),
             dry_run: false,
             ebpf_log: false,
+            log_format: crate::logging::LogFormat::Plain,
         }
     }
 }

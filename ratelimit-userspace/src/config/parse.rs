@@ -46,6 +46,7 @@ pub(super) struct RawAgent {
     pub(super) pin_path: Option<Spanned<PathBuf>>,
     pub(super) dry_run: Option<bool>,
     pub(super) ebpf_log: Option<bool>,
+    pub(super) log_format: Option<crate::logging::LogFormat>,
 }
 
 #[derive(Deserialize)]
@@ -282,6 +283,7 @@ pub(super) fn agent_from_raw(src: &Source, raw: RawAgent) -> Result<AgentConfig,
     }
     agent.dry_run = raw.dry_run.unwrap_or(false);
     agent.ebpf_log = raw.ebpf_log.unwrap_or(false);
+    agent.log_format = raw.log_format.unwrap_or_default();
     Ok(agent)
 }
 
