@@ -113,15 +113,26 @@ impl Client {
         self.request(Method::GET, "/v1/rules", None).await
     }
 
-    /// `POST /v1/rules`: adds `rule` (an object with the config file's keys).
-    pub async fn add_rule(&self, rule: &Value) -> Result<Value, ClientError> {
-        self.request(Method::POST, "/v1/rules", Some(rule)).await
+    /// `POST /v1/rules`: adds `rule` (an object with the config file's keys); with `force`, even
+    /// when the config file's rules are not those in force.
+    pub async fn add_rule(&self, rule: &Value, force: bool) -> Result<Value, ClientError> {
+        let path = if force {
+            "/v1/rules?force=true"
+        } else {
+            "/v1/rules"
+        };
+        self.request(Method::POST, path, Some(rule)).await
     }
 
-    /// `DELETE /v1/rules/{name}`.
-    pub async fn remove_rule(&self, name: &str) -> Result<Value, ClientError> {
-        self.request(Method::DELETE, &format!("/v1/rules/{}", encode(name)), None)
-            .await
+    /// `DELETE /v1/rules/{name}`; `force` as for [`Client::add_rule`].
+    pub async fn remove_rule(&self, name: &str, force: bool) -> Result<Value, ClientError> {
+        let query = if force { "?force=true" } else { "" };
+        self.request(
+            Method::DELETE,
+            &format!("/v1/rules/{}{query}", encode(name)),
+            None,
+        )
+        .await
     }
 
     /// `POST /v1/reload`: the agent re-reads its config file.

@@ -336,6 +336,8 @@ impl Dataplane {
             .map_err(|e| attach_err(error_chain(&e)))?;
         let link = FdLink::try_from(link).map_err(|e| attach_err(error_chain(&e)))?;
         let ifindex = ifindex(iface);
+        // One record per interface: adopting a link this agent already holds replaces its record.
+        self.attachments.retain(|a| a.iface != iface);
         self.attachments.push(Attachment {
             iface: iface.to_string(),
             mode: "adopted",

@@ -157,6 +157,10 @@ enum RulesCommand {
     Remove {
         /// Rule name.
         name: String,
+        /// Write the change even if the config file's rules are not those in force (an edit not
+        /// loaded yet is then lost).
+        #[arg(long)]
+        force: bool,
         /// Print the API's JSON.
         #[arg(long)]
         json: bool,
@@ -211,6 +215,10 @@ struct AddArgs {
     /// Print the API's JSON.
     #[arg(long)]
     json: bool,
+    /// Write the change even if the config file's rules are not those in force (an edit not
+    /// loaded yet is then lost).
+    #[arg(long)]
+    force: bool,
 }
 
 impl AddArgs {
@@ -429,13 +437,17 @@ async fn run_client(client: &Client, command: Command) -> anyhow::Result<()> {
             }
             RulesCommand::Add(args) => {
                 print_answer(
-                    &client.add_rule(&args.to_json()).await?,
+                    &client.add_rule(&args.to_json(), args.force).await?,
                     args.json,
                     render::added,
                 );
             }
-            RulesCommand::Remove { name, json } => {
-                print_answer(&client.remove_rule(&name).await?, json, render::removed);
+            RulesCommand::Remove { name, force, json } => {
+                print_answer(
+                    &client.remove_rule(&name, force).await?,
+                    json,
+                    render::removed,
+                );
             }
             RulesCommand::Reload { json } => {
                 print_answer(&client.reload().await?, json, render::reloaded)

@@ -67,6 +67,19 @@ pub enum AgentError {
     /// A request is malformed.
     #[error("{0}")]
     BadRequest(String),
+    /// `rules add`/`remove` found the config file's rules different from those loaded (an edit
+    /// not applied yet): writing the change back would drop that edit.
+    #[error(
+        "{path}: the file's rules differ from the rules in force ({what}): writing this change \
+         back would drop that edit. Apply the file first (`ratelimit rules reload`), or pass \
+         --force to write the rules in force plus this change over it"
+    )]
+    FileChanged {
+        /// The config file.
+        path: String,
+        /// How the file differs.
+        what: String,
+    },
     /// Loading, attaching or updating the data plane failed.
     #[error(transparent)]
     Dataplane(#[from] DataplaneError),
@@ -246,11 +259,18 @@ impl Agent {
 
     /// Replaces the rule set (from the API): validated whole, swapped in atomically, then written
     /// back to the config file. Counts as a reload.
+    ///
+    /// Unless `force`, refused (and not counted) when the file's rules are not those in force,
+    /// so that an edit not loaded yet is never overwritten.
     pub fn replace_rules(
         &mut self,
         rules: Vec<RuleConfig>,
         origin: &str,
+        force: bool,
     ) -> Result<(), AgentError> {
+        if !force {
+            self.check_file_unchanged()?;
+        }
         let previous = self.config.rules.clone();
         let mut result = self.install_rules(&rules, origin);
         if result.is_ok() {
@@ -267,26 +287,44 @@ impl Agent {
         result
     }
 
+    /// Refuses when the config file's rules (and the lists they name) are not the rules in force.
+    fn check_file_unchanged(&self) -> Result<(), AgentError> {
+        let path = self.opts.config_path.display().to_string();
+        let on_disk = match Config::load(&self.opts.config_path) {
+            Ok(c) => c,
+            Err(e) => {
+                return Err(AgentError::FileChanged {
+                    path,
+                    what: format!("it does not load: {e}"),
+                })
+            }
+        };
+        match rules_difference(&self.config.rules, &on_disk.rules) {
+            None => Ok(()),
+            Some(what) => Err(AgentError::FileChanged { path, what }),
+        }
+    }
+
     /// Adds one rule (from the API).
-    pub fn add_rule(&mut self, rule: RuleConfig) -> Result<(), AgentError> {
+    pub fn add_rule(&mut self, rule: RuleConfig, force: bool) -> Result<(), AgentError> {
         if self.config.rules.iter().any(|r| r.name == rule.name) {
             return Err(AgentError::RuleExists(rule.name));
         }
         let mut rules = self.config.rules.clone();
         let name = rule.name.clone();
         rules.push(rule);
-        self.replace_rules(rules, &format!("rules add {name:?}"))
+        self.replace_rules(rules, &format!("rules add {name:?}"), force)
     }
 
     /// Removes one rule by name (from the API).
-    pub fn remove_rule(&mut self, name: &str) -> Result<(), AgentError> {
+    pub fn remove_rule(&mut self, name: &str, force: bool) -> Result<(), AgentError> {
         let mut rules = self.config.rules.clone();
         let before = rules.len();
         rules.retain(|r| r.name != name);
         if rules.len() == before {
             return Err(AgentError::NoSuchRule(name.to_string()));
         }
-        self.replace_rules(rules, &format!("rules remove {name:?}"))
+        self.replace_rules(rules, &format!("rules remove {name:?}"), force)
     }
 
     /// Re-reads the config file and applies it: rules swapped in whole, `dry_run` and `ebpf_log`
@@ -326,20 +364,58 @@ impl Agent {
             .cloned()
             .collect();
         check_interfaces(&added, &format!("[agent] interfaces in {origin}"))?;
-        // Everything validated: from here on each step is applied.
-        self.install_rules(&new.rules, &origin)?;
-        self.dp.set_flags(flags_of(&new))?;
+        // Everything validated. The new interfaces are attached first (running the rules in force
+        // for a moment), then the rules swapped: a failure at any step undoes the earlier ones, so
+        // a refused reload leaves the rules, the interfaces and `config.agent` as they were.
+        let mut attached: Vec<String> = Vec::new();
+        let undo_attach = |dp: &mut Dataplane, attached: &[String]| {
+            for iface in attached {
+                if let Err(e) = dp.detach(iface) {
+                    tracing::error!(iface = %iface, error = %e, "undoing an attach of a refused reload");
+                }
+            }
+        };
         for iface in &added {
-            let att = self.dp.attach(iface, new.agent.mode)?;
-            tracing::info!(iface = %att.iface, mode = att.mode, "attached (reload)");
+            match self.dp.attach(iface, new.agent.mode) {
+                Ok(att) => {
+                    tracing::info!(iface = %att.iface, mode = att.mode, "attached (reload)");
+                    attached.push(iface.clone());
+                }
+                Err(e) => {
+                    undo_attach(&mut self.dp, &attached);
+                    return Err(e.into());
+                }
+            }
         }
+        let previous = self.config.rules.clone();
+        if let Err(e) = self.install_rules(&new.rules, &origin) {
+            undo_attach(&mut self.dp, &attached);
+            return Err(e);
+        }
+        if let Err(e) = self.dp.set_flags(flags_of(&new)) {
+            if let Err(undo) = self.install_rules(&previous, "restoring the rules in force") {
+                tracing::error!(error = %undo, "restoring the rules after a failed reload");
+            }
+            undo_attach(&mut self.dp, &attached);
+            return Err(e.into());
+        }
+        // Interfaces left out of the config: a detach that fails keeps the interface configured
+        // (and attached), so what the agent reports stays what is on the host.
+        let mut interfaces = new.agent.interfaces.clone();
         for iface in old_ifaces
             .iter()
             .filter(|i| !new.agent.interfaces.contains(i))
         {
-            self.dp.detach(iface)?;
-            self.missing.remove(iface);
-            tracing::info!(iface = %iface, "detached (reload)");
+            match self.dp.detach(iface) {
+                Ok(_) => {
+                    self.missing.remove(iface);
+                    tracing::info!(iface = %iface, "detached (reload)");
+                }
+                Err(e) => {
+                    tracing::error!(iface = %iface, error = %e, "detaching (reload) failed; it stays attached");
+                    interfaces.push(iface.clone());
+                }
+            }
         }
         let mut restart = Vec::new();
         let (a, b) = (&self.config.agent, &new.agent);
@@ -372,6 +448,7 @@ impl Agent {
         agent.max_buckets = a.max_buckets;
         agent.pin_path.clone_from(&a.pin_path);
         agent.log_format = a.log_format;
+        agent.interfaces = interfaces;
         self.config.agent = agent;
         self.reload.restart_needed = restart;
         tracing::info!(rules = self.set.rules.len(), "reloaded");
@@ -554,6 +631,37 @@ fn installed_ids(
             (name, id, rule)
         })
         .collect()
+}
+
+/// How the rules in a file (`on_disk`) differ from those `loaded`, in words; `None` when they are
+/// the same (their line numbers apart).
+fn rules_difference(loaded: &[RuleConfig], on_disk: &[RuleConfig]) -> Option<String> {
+    let find = |set: &[RuleConfig], name: &str| set.iter().position(|r| r.name == name);
+    let mut what = Vec::new();
+    for r in on_disk {
+        match find(loaded, &r.name) {
+            None => what.push(format!("rule {:?} added", r.name)),
+            Some(i) => {
+                let mut l = loaded[i].clone();
+                l.line = r.line;
+                if l != *r {
+                    what.push(format!("rule {:?} changed", r.name));
+                }
+            }
+        }
+    }
+    for r in loaded {
+        if find(on_disk, &r.name).is_none() {
+            what.push(format!("rule {:?} removed", r.name));
+        }
+    }
+    if what.is_empty() {
+        let order = |set: &[RuleConfig]| set.iter().map(|r| r.name.clone()).collect::<Vec<_>>();
+        if order(loaded) != order(on_disk) {
+            what.push("rules reordered".to_string());
+        }
+    }
+    (!what.is_empty()).then(|| what.join(", "))
 }
 
 /// Writes the rules in force back to the config file (atomically, keeping comments).

@@ -10,8 +10,8 @@
 //! | --- | --- |
 //! | `GET /v1/status` | `{"version", "pid", "uptime_secs", "config", "pin_path", "socket", "interfaces": [{"iface", "mode", "state"}], "rules", "prefixes", "generation", "dry_run", "buckets_tracked", "buckets_capacity", "buckets_evicted": {"full", "lost"}, "reloads": {"ok", "failed", "last_error", "last_ok_unix", "restart_needed"}}` |
 //! | `GET /v1/rules` | `{"rules": [RULE, ...]}` in config order |
-//! | `POST /v1/rules` | body: one RULE; `201 {"added": RULE, "rules": N}` |
-//! | `DELETE /v1/rules/{name}` | `{"removed": "name", "rules": N}` |
+//! | `POST /v1/rules[?force=true]` | body: one RULE; `201 {"added": RULE, "rules": N}`; `409` when the file's rules are not those in force, unless `force` |
+//! | `DELETE /v1/rules/{name}[?force=true]` | `{"removed": "name", "rules": N}`; `409` as above |
 //! | `POST /v1/reload` | re-reads the config file: `{"reloaded": true, "rules": N, "restart_needed": [..]}` |
 //! | `GET /v1/stats` | the `ratelimit stats --json` report (see [`crate::stats`]) |
 //! | `GET /v1/top?n=N&interval_ms=M` | `{"interval_ms", "buckets_tracked", "active", "top": [TOP, ...]}` |
@@ -203,7 +203,9 @@ impl From<AgentError> for ApiError {
     fn from(e: AgentError) -> Self {
         let status = match &e {
             AgentError::NoSuchRule(_) => StatusCode::NOT_FOUND,
-            AgentError::RuleExists(_) | AgentError::Compile { .. } => StatusCode::CONFLICT,
+            AgentError::RuleExists(_)
+            | AgentError::Compile { .. }
+            | AgentError::FileChanged { .. } => StatusCode::CONFLICT,
             AgentError::Config(_) => StatusCode::UNPROCESSABLE_ENTITY,
             AgentError::BadRequest(_)
             | AgentError::NoSuchInterface { .. }
@@ -273,15 +275,35 @@ async fn rules_list(State(agent): State<SharedAgent>) -> ApiResult {
     to_json(&json!({ "rules": guard.config().rules }))
 }
 
+/// Query of `POST /v1/rules` and `DELETE /v1/rules/{name}`.
+#[derive(Deserialize)]
+struct ChangeQuery {
+    force: Option<String>,
+}
+
+impl ChangeQuery {
+    fn force(&self) -> Result<bool, ApiError> {
+        match self.force.as_deref() {
+            None | Some("false" | "0") => Ok(false),
+            Some("true" | "1" | "") => Ok(true),
+            Some(other) => Err(ApiError::bad_request(format!(
+                "force: expected true or false, got {other:?}"
+            ))),
+        }
+    }
+}
+
 async fn rules_add(
     State(agent): State<SharedAgent>,
+    Query(q): Query<ChangeQuery>,
     body: Bytes,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
+    let force = q.force()?;
     let value: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("the request body is not JSON: {e}")))?;
     let rule = rule_from_json(&value).map_err(ApiError::bad_request)?;
     let mut guard = agent.lock().await;
-    guard.add_rule(rule.clone())?;
+    guard.add_rule(rule.clone(), force)?;
     let added = guard
         .config()
         .rules
@@ -296,9 +318,11 @@ async fn rules_add(
 async fn rules_remove(
     State(agent): State<SharedAgent>,
     UrlPath(name): UrlPath<String>,
+    Query(q): Query<ChangeQuery>,
 ) -> ApiResult {
+    let force = q.force()?;
     let mut guard = agent.lock().await;
-    guard.remove_rule(&name)?;
+    guard.remove_rule(&name, force)?;
     tracing::info!(rule = %name, "rule removed (API)");
     Ok(Json(
         json!({ "removed": name, "rules": guard.config().rules.len() }),
