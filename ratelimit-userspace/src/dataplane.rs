@@ -506,6 +506,7 @@ fn init_store(maps: &mut PinnedMaps) -> Result<()> {
     if config.seed != [0, 0] && config.bucket_sets == sets {
         return Ok(());
     }
+    // New pins: this version's layout stamp goes with the seed.
     let mut seed = [0u64; 2];
     while seed == [0, 0] {
         let mut bytes = [0u8; 16];
@@ -525,6 +526,7 @@ fn init_store(maps: &mut PinnedMaps) -> Result<()> {
     maps.set_config(Config {
         seed,
         bucket_sets: sets,
+        layout: ratelimit_common::layout::STAMP,
         ..config
     })?;
     Ok(())

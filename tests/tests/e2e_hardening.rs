@@ -392,3 +392,119 @@ fn tempfile_dir(prefix: &str) -> std::path::PathBuf {
     fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// Pins whose layout stamp is not this version's (as a release that reorders a pinned record's
+/// fields at the same size would leave) are refused by the agent, by `stats --pin-path` and by
+/// anything that opens them, with a message that says how to move on; nothing pinned changes
+/// and the program left attached keeps running until `detach --pin-path` removes it.
+#[test]
+fn pins_of_another_layout_are_refused_not_misread() {
+    let bed = bed("layout");
+    let first = AgentProcess::start(
+        &bed.rx,
+        &config(&[&bed.rx_if], "auto", RULE_A),
+        &["--keep-attached"],
+    )
+    .unwrap();
+    let (status, kept) = first.stop_keeping_pins().unwrap();
+    assert!(status.success());
+    let dir = kept.path().to_owned();
+    let stamp = {
+        let mut maps = ratelimit::maps::PinnedMaps::open(&dir).unwrap();
+        let config = maps.config().unwrap();
+        assert_eq!(
+            config.layout,
+            ratelimit_common::layout::STAMP,
+            "new pins carry the stamp"
+        );
+        maps.set_config(ratelimit_common::Config {
+            layout: config.layout ^ 0x5a5a,
+            ..config
+        })
+        .unwrap();
+        config.layout ^ 0x5a5a
+    };
+    let expect_refusal = |what: &str, text: &str| {
+        assert!(
+            text.contains(&format!("layout stamp {stamp:08x}"))
+                && text.contains(&format!("ratelimit detach --pin-path {}", dir.display())),
+            "{what} did not refuse the pins of another layout: {text}"
+        );
+    };
+    assert!(matches!(
+        ratelimit::maps::PinnedMaps::open(&dir),
+        Err(ratelimit::maps::MapsError::Mismatch { .. })
+    ));
+
+    let out = Command::new(agent_binary())
+        .args(["stats", "--pin-path"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    expect_refusal("stats --pin-path", &String::from_utf8_lossy(&out.stderr));
+
+    // An agent told to use them, in the namespace of the interface (nsenter keeps the host's
+    // bpffs, where the pins are).
+    let tmp = tempfile_dir("rl-hard-layout");
+    let cfg = tmp.join("ratelimit.toml");
+    fs::write(
+        &cfg,
+        format!(
+            "[agent]\ninterfaces = [\"{}\"]\npin_path = \"{}\"\nsocket = \"{}\"\n\n{RULE_A}",
+            bed.rx_if,
+            dir.display(),
+            tmp.join("agent.sock").display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new("nsenter")
+        .arg(format!("--net={}", bed.rx.path().display()))
+        .arg(agent_binary())
+        .args(["agent", "-c"])
+        .arg(&cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("an agent given pins of another layout did not exit");
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
+    assert!(
+        !status.success(),
+        "an agent adopted pins of another layout: {log}"
+    );
+    expect_refusal("the agent", &log);
+    fs::remove_dir_all(&tmp).unwrap();
+
+    // Nothing changed: the program the first agent left still runs on the interface.
+    assert!(xdp_attachment(&bed.rx, &bed.rx_if).unwrap().is_some());
+    let out = Command::new(agent_binary())
+        .args([
+            "--socket",
+            "/nonexistent/rl-hard.sock",
+            "detach",
+            "--pin-path",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "detach --pin-path: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(xdp_attachment(&bed.rx, &bed.rx_if).unwrap(), None);
+    assert!(!dir.exists());
+    drop(kept);
+}

@@ -22,8 +22,8 @@ use aya::{
     util::nr_cpus,
 };
 use ratelimit_common::{
-    bucket_capacity, global, map_names, verdict, Bucket, BucketKey, Config, GlobalStats, PrefixKey,
-    Rule, RuleMeta, RuleSet, RuleStats, MAX_PREFIXES, MAX_RULES,
+    bucket_capacity, global, layout, map_names, verdict, Bucket, BucketKey, Config, GlobalStats,
+    PrefixKey, Rule, RuleMeta, RuleSet, RuleStats, MAX_PREFIXES, MAX_RULES,
 };
 
 use self::store::{MappedStore, Slot};
@@ -42,7 +42,7 @@ pub enum MapsError {
         reason: String,
     },
     /// A pinned map exists but has a different shape than this version expects.
-    #[error("pinned map {path} does not match this version of ratelimit ({detail}); remove it with `ratelimit detach` or `rm -r {dir}`")]
+    #[error("pinned map {path} does not match this version of ratelimit ({detail}); stop the agent that uses {dir}, then remove its pins with `ratelimit detach --pin-path {dir}`, and start this one")]
     Mismatch {
         /// The pinned file.
         path: PathBuf,
@@ -103,10 +103,12 @@ pub const ALL: [&str; 7] = [
 ];
 
 /// Checks that whatever is already pinned in `dir` has the shapes this version uses, so a stale
-/// pin from another version is refused with a clear message instead of being misread.
-/// `max_buckets` is the capacity the agent is about to ask for: a different one is a mismatch too
-/// (the bucket store cannot be resized in place). A pinned first-seen table (of a version before
-/// the bucket store) means the whole directory is of that version: refused the same way.
+/// pin from another version is refused with a clear message instead of being misread: each map's
+/// type, flags, key and value sizes and capacity, and the layout stamp in the config record
+/// ([`check_stamp`]). `max_buckets` is the capacity the agent is about to ask for: a different
+/// one is a mismatch too (the bucket store cannot be resized in place). A pinned first-seen table
+/// (of a version before the bucket store) means the whole directory is of that version: refused
+/// the same way.
 pub fn check_pinned(dir: &Path, max_buckets: u32) -> Result<()> {
     let legacy = dir.join(map_names::LEGACY_FIRST_SEEN);
     if legacy.exists() {
@@ -118,29 +120,82 @@ pub fn check_pinned(dir: &Path, max_buckets: u32) -> Result<()> {
     }
     for name in ALL {
         let path = dir.join(name);
-        if !path.exists() {
-            continue;
-        }
-        let info = aya::maps::MapInfo::from_pin(&path).map_err(|e| MapsError::Open {
-            path: path.clone(),
-            reason: format!("{e}"),
-        })?;
-        let (key, value, max) = expected_shape(name).expect("known map");
-        let max = max.unwrap_or(bucket_capacity(max_buckets));
-        if info.key_size() != key || info.value_size() != value || info.max_entries() != max {
-            return Err(MapsError::Mismatch {
-                path,
-                dir: dir.to_path_buf(),
-                detail: format!(
-                    "key/value/capacity {}/{}/{}, expected {key}/{value}/{max}",
-                    info.key_size(),
-                    info.value_size(),
-                    info.max_entries()
-                ),
-            });
+        if path.exists() {
+            check_map(dir, name, Some(bucket_capacity(max_buckets)))?;
         }
     }
+    if dir.join(map_names::CONFIG).exists() {
+        check_stamp(dir)?;
+    }
     Ok(())
+}
+
+/// Checks one pinned map's type, flags, key and value sizes and capacity (the bucket store's
+/// against `buckets`, unless `None`).
+fn check_map(dir: &Path, name: &str, buckets: Option<u32>) -> Result<()> {
+    let path = dir.join(name);
+    let info = aya::maps::MapInfo::from_pin(&path).map_err(|e| MapsError::Open {
+        path: path.clone(),
+        reason: format!("{e}"),
+    })?;
+    let (key, value, max) = expected_shape(name).expect("known map");
+    let (_, kind, flags) = layout::PINNED_MAPS
+        .into_iter()
+        .find(|(n, _, _)| *n == name)
+        .expect("every pinned map has a layout entry");
+    let max = max.or(buckets);
+    let actual_kind = info.map_type().map_or(u32::MAX, |t| t as u32);
+    let mismatch = |detail: String| MapsError::Mismatch {
+        path: path.clone(),
+        dir: dir.to_path_buf(),
+        detail,
+    };
+    if actual_kind != kind || info.map_flags() != flags {
+        return Err(mismatch(format!(
+            "map type/flags {actual_kind}/{:#x}, expected {kind}/{flags:#x}",
+            info.map_flags()
+        )));
+    }
+    if info.key_size() != key
+        || info.value_size() != value
+        || max.is_some_and(|m| info.max_entries() != m)
+    {
+        return Err(mismatch(format!(
+            "key/value/capacity {}/{}/{}, expected {key}/{value}/{}",
+            info.key_size(),
+            info.value_size(),
+            info.max_entries(),
+            max.map_or_else(|| "any".to_string(), |m| m.to_string())
+        )));
+    }
+    Ok(())
+}
+
+/// Checks the layout stamp the pins were created with ([`Config::layout`]) against this
+/// version's ([`layout::STAMP`]). Pins not initialised yet (no seed drawn: an agent stopped
+/// between creating and initialising them) carry none and pass.
+fn check_stamp(dir: &Path) -> Result<()> {
+    let path = dir.join(map_names::CONFIG);
+    let open_err = |e: &dyn std::fmt::Display| MapsError::Open {
+        path: path.clone(),
+        reason: e.to_string(),
+    };
+    let data = MapData::from_pin(&path).map_err(|e| open_err(&e))?;
+    let map = Map::from_map_data(data).map_err(|e| open_err(&e))?;
+    let config: Array<_, Config> = Array::try_from(&map).map_err(op(map_names::CONFIG))?;
+    let config = config.get(&0, 0).map_err(op(map_names::CONFIG))?;
+    if config.layout == layout::STAMP || (config.layout == 0 && config.seed == [0, 0]) {
+        return Ok(());
+    }
+    Err(MapsError::Mismatch {
+        path,
+        dir: dir.to_path_buf(),
+        detail: format!(
+            "pinned by another version of ratelimit: layout stamp {:08x}, this version's {:08x}",
+            config.layout,
+            layout::STAMP
+        ),
+    })
 }
 
 /// Removes every pinned map file in `dir`, then `dir` itself if it is left empty.
@@ -174,8 +229,14 @@ pub struct PinnedMaps {
 }
 
 impl PinnedMaps {
-    /// Opens the maps pinned in `dir`.
+    /// Opens the maps pinned in `dir`, after checking that they are of this version's layout
+    /// (types, flags, record sizes, layout stamp): pins of another version are refused, never
+    /// misread.
     pub fn open(dir: &Path) -> Result<Self> {
+        for name in ALL {
+            check_map(dir, name, None)?;
+        }
+        check_stamp(dir)?;
         let open = |name: &str| -> Result<Map> {
             let path = dir.join(name);
             let data = MapData::from_pin(&path).map_err(|e| MapsError::Open {
