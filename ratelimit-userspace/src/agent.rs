@@ -970,7 +970,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
             return Err(e);
         }
     };
-    let (metrics_addr, ebpf_log) = (agent.config.agent.metrics, agent.config.agent.ebpf_log);
+    let metrics_addr = agent.config.agent.metrics;
     let (cluster, pin_dir) = (
         agent.config.cluster.clone(),
         agent.dp.pin_dir().to_path_buf(),
@@ -978,9 +978,9 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     let agent: SharedAgent = Arc::new(Mutex::new(agent));
 
     let mut tasks = Vec::new();
-    if ebpf_log {
-        tasks.push(spawn_ebpf_log_reader(&agent).await?);
-    }
+    // Whatever `ebpf_log` says now: a reload can turn it on, and the program emits records only
+    // while it is on.
+    tasks.push(spawn_ebpf_log_reader(&agent).await?);
     tasks.push(crate::api::serve(listener, agent.clone()));
     if let Some(addr) = metrics_addr {
         match crate::metrics::serve(addr, agent.clone()).await {
