@@ -316,3 +316,145 @@ fn ebpf_log_turns_the_programs_records_on_and_off_live() {
     );
     assert!(agent.stop().unwrap().success());
 }
+
+/// An `[agent]` table with its own pin path and socket, so two agents started with it share
+/// both: the second adopts what the first pinned.
+fn shared_agent_table(interfaces: &[&str], pin: &Path) -> String {
+    let sock = std::env::temp_dir().join(format!(
+        "{}.sock",
+        pin.file_name().unwrap().to_string_lossy()
+    ));
+    format!(
+        "[agent]\ninterfaces = {interfaces:?}\npin_path = \"{}\"\nsocket = \"{}\"\nmode = \"auto\"\n\n",
+        pin.display(),
+        sock.display()
+    )
+}
+
+/// An agent killed with SIGKILL while a source floods: the pinned program goes on dropping its
+/// excess with no agent, and the next agent adopts the link and the bucket store as they are.
+/// Over the whole flood, across the kill and the restart, the source gets one bucket's worth,
+/// `burst + rate x t`: a new agent that started the source's bucket full again would let one
+/// more burst through (50 here, against a tolerance of 6), one that detached or replaced the
+/// program for a moment would let that moment's 2000/s through. The kill is synchronised on the
+/// bucket's state (the source in debt, its packets being dropped), not on a sleep.
+#[test]
+fn a_killed_agents_buckets_are_adopted_by_the_next_with_no_gap() {
+    const RATE: u64 = 100;
+    const BURST: u64 = 50;
+    const PPS: u64 = 2000;
+    let bed = bed("kill");
+    let a = bed.rx_a.as_str();
+    let pin = AgentProcess::unique_pin_path();
+    let config = format!(
+        "{}[[rule]]\nname = \"r\"\nsource = \"198.18.0.0/24\"\nrate = {RATE}\nburst = {BURST}\n",
+        shared_agent_table(&[a], &pin)
+    );
+    let mut first = AgentProcess::start(&bed.rx, &config, &[]).unwrap();
+    let receiver = Receiver::bind(&bed.rx, SocketAddr::new(DST_A.parse().unwrap(), 0)).unwrap();
+    let dropped = |agent: &AgentProcess| rule_packets(&agent.stats(), "r", "dropped_rate");
+
+    let (sent, kept, second) = thread::scope(|s| {
+        let sender = s.spawn(|| {
+            send_udp_from(
+                &bed.tx,
+                SocketAddr::new(SRC_A.parse().unwrap(), 0),
+                receiver.local_addr(),
+                PPS,
+                Duration::from_secs(3),
+                PAYLOAD,
+            )
+            .unwrap()
+        });
+        // The source has spent its burst and is being dropped: its bucket is empty.
+        wait_for("the source's bucket empty", Duration::from_secs(10), || {
+            let explain = json(&first, &["explain", SRC_A]);
+            let tokens = explain["bucket"]["tokens"].as_f64()?;
+            (tokens < 1.0 && dropped(&first) > 0).then_some(())
+        });
+        let status = first.crash().unwrap();
+        assert!(!status.success(), "SIGKILL: {status}");
+        // With no agent, the pinned program keeps dropping the source's excess.
+        let d0 = dropped(&first);
+        wait_for("drops with no agent", Duration::from_secs(10), || {
+            (dropped(&first) > d0 + 100).then_some(())
+        });
+        assert_eq!(bed.xdp(a), Some(("native".to_owned(), "ratelimit".to_owned())));
+        let (_, kept) = first.stop_keeping_pins().unwrap();
+        let second = AgentProcess::start(&bed.rx, &config, &[]).unwrap();
+        assert!(
+            second.log().contains("adopted"),
+            "the second agent did not adopt the pinned link: {}",
+            second.log()
+        );
+        let sent = sender.join().unwrap();
+        assert!(
+            sent.last - sent.first > Duration::from_secs(2),
+            "the flood ended before the second agent was up"
+        );
+        (sent, kept, second)
+    });
+    let got = received(&finish(receiver), SRC_A);
+    assert_limited("one flood across a SIGKILL and a restart", &sent, got, RATE, BURST);
+    // The counters are pinned too: they cover the whole flood, through both agents.
+    let stats = second.stats();
+    assert_eq!(rule_packets(&stats, "r", "passed"), got, "{stats}");
+    assert_eq!(rule_packets(&stats, "r", "dropped_rate"), sent.sent - got, "{stats}");
+    assert!(second.stop().unwrap().success());
+    assert!(!pin.exists(), "{} left behind", pin.display());
+    assert_eq!(bed.xdp(a), None);
+    drop(kept);
+}
+
+/// `mode = "auto"` tries native XDP and falls back to generic (skb) where the driver has none.
+/// Every veth takes native XDP, so the agent here runs on a macvlan on top of one: macvlan has
+/// no native XDP (no `ndo_bpf`; `mode = "native"` is refused on it, checked first), and packets
+/// reach it through the veth. With `auto` the program is attached in skb mode, as `ip link` and
+/// `status` report, and limits the source.
+#[test]
+fn auto_mode_falls_back_to_skb_where_native_xdp_is_refused() {
+    const SRC: &str = "198.18.2.1";
+    const DST: &str = "198.18.2.254";
+    let bed = bed("auto");
+    // The veth ends are named `lva…` in both namespaces; find tx's by its address.
+    let tx_if = {
+        let out = bed.tx.ip(&["-j", "addr", "show", "to", "198.18.0.1/32"]).unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v[0]["ifname"].as_str().unwrap().to_owned()
+    };
+    let mv = "mvl0";
+    bed.rx
+        .ip(&["link", "add", "link", &bed.rx_a, "name", mv, "type", "macvlan", "mode", "bridge"])
+        .unwrap();
+    bed.rx.ip(&["link", "set", mv, "up"]).unwrap();
+    add_addr(&bed.rx, mv, &format!("{DST}/24")).unwrap();
+    add_addr(&bed.tx, &tx_if, &format!("{SRC}/24")).unwrap();
+    neigh_to_peer(&bed.tx, &tx_if, DST.parse().unwrap(), &bed.rx, mv).unwrap();
+    let rule = "[[rule]]\nname = \"r\"\nsource = \"198.18.2.0/24\"\nrate = 10\nburst = 5\n";
+
+    // The control: native XDP really is refused on this device.
+    let native = format!("[agent]\ninterfaces = [\"{mv}\"]\nmode = \"native\"\n\n{rule}");
+    let refused = AgentProcess::spawn(&bed.rx, &native, &[]).unwrap();
+    let (status, log) = refused.wait_exit(Duration::from_secs(20)).unwrap();
+    assert!(!status.success(), "native XDP attached to a macvlan: {log}");
+    assert!(log.contains(mv) && log.contains("native"), "{log}");
+    assert_eq!(bed.xdp(mv), None);
+
+    let auto = format!("[agent]\ninterfaces = [\"{mv}\"]\nmode = \"auto\"\n\n{rule}");
+    let agent = AgentProcess::start(&bed.rx, &auto, &[]).unwrap();
+    assert_eq!(
+        bed.xdp(mv),
+        Some(("skb".to_owned(), "ratelimit".to_owned())),
+        "auto on a device without native XDP"
+    );
+    let listed = status_interfaces(&agent);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!((listed[0].0.as_str(), listed[0].1.as_str()), (mv, "skb"), "{listed:?}");
+    let (sent, got) = bed.flood(SRC, DST, 2000, Duration::from_millis(100));
+    assert_limited("through the macvlan in skb mode", &sent, got, 10, 5);
+    let stats = agent.stats();
+    assert_eq!(rule_packets(&stats, "r", "passed"), got);
+    assert_eq!(rule_packets(&stats, "r", "dropped_rate"), sent.sent - got);
+    assert!(agent.stop().unwrap().success());
+    assert_eq!(bed.xdp(mv), None);
+}
