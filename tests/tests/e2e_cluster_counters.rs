@@ -465,3 +465,136 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
         assert!(a.stop().unwrap().success());
     }
 }
+
+/// The peer entries of h1 at h0 (one per incarnation).
+fn h1_at_h0(h0: &AgentProcess) -> Vec<Value> {
+    peer_at(&cluster(h0), gossip_addr(1))
+}
+
+fn charged_by(h0: &AgentProcess, generation: u64) -> u64 {
+    h1_at_h0(h0)
+        .iter()
+        .find(|p| p["generation"].as_u64() == Some(generation))
+        .and_then(|p| p["charged_pkts"].as_u64())
+        .unwrap_or_else(|| panic!("no peer of generation {generation} at h0: {}", cluster(h0)))
+}
+
+/// A peer cut off stops being counted within max(3 s, 10 x `sync_interval_ms`) (here 10 x 400
+/// ms = 4 s; chitchat's failure detector declares it dead sooner, and `peers`, `status` and the
+/// metrics show it dead); what it admits while cut off is not charged late when it is heard
+/// again, what it admits after that is, exactly. Then its agent is killed and started again (it
+/// adopts the pinned buckets): the new incarnation is a peer of its own, counted, the old one is
+/// shown dead, and what the new one charges is at most what it admitted (its adopted buckets'
+/// past is not published again).
+#[test]
+#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
+fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_new_incarnation() {
+    const SYNC_MS: u64 = 400;
+    const TIMEOUT: f64 = 4.0;
+    let net = net("inc", 2);
+    let mut agents = start_agents(&net, 2, SYNC_MS, 1000);
+    assert_eq!(cluster(&agents[0])["peer_timeout_ms"], 4000);
+    let generation = |a: &AgentProcess| cluster(a)["generation"].as_u64().unwrap();
+    let g1 = generation(&agents[1]);
+
+    // Charged as admitted while connected.
+    let first = flood(&net, 1, 300, Duration::from_secs(1));
+    wait_for("the first flood charged", Duration::from_secs(10), || {
+        (charged_by(&agents[0], g1) == first).then_some(())
+    });
+
+    // Cut: not counted within the timeout (plus a sync round and a poll: when the status is
+    // refreshed), shown dead.
+    net.hosts[1].ns.ip(&["link", "set", &net.hosts[1].gossip_if, "down"]).unwrap();
+    let cut = Instant::now();
+    let uncounted = wait_for("h1 no longer counted", Duration::from_secs(20), || {
+        let p = h1_at_h0(&agents[0]);
+        p.iter().all(|p| p["counted"] == false).then(|| cut.elapsed().as_secs_f64())
+    });
+    let dead = wait_for("h1 shown dead", Duration::from_secs(30), || {
+        h1_at_h0(&agents[0]).iter().any(|p| p["state"] == "dead").then(|| cut.elapsed().as_secs_f64())
+    });
+    println!("h1 cut off: uncounted after {uncounted:.2} s, dead after {dead:.2} s (timeout {TIMEOUT} s)");
+    #[expect(clippy::cast_precision_loss, reason = "small numbers")]
+    let bound = TIMEOUT + 2.0 * SYNC_MS as f64 / 1000.0 + 0.1;
+    assert!(uncounted <= bound, "still counted {uncounted:.2} s after the cut (bound {bound:.2} s)");
+    let table = cli(&agents[0], &["peers"]);
+    assert!(table.contains("dead"), "peers table:\n{table}");
+    let body = scrape(&net.hosts[0].ns);
+    assert_eq!(metric(&body, r#"ratelimit_cluster_peers{state="dead"}"#), 1, "{body}");
+    assert_eq!(metric(&body, r#"ratelimit_cluster_peers{state="alive"}"#), 0, "{body}");
+
+    // Admitted while cut off: not charged when h1 is heard again.
+    let during = flood(&net, 1, 300, Duration::from_secs(1));
+    net.hosts[1].ns.ip(&["link", "set", &net.hosts[1].gossip_if, "up"]).unwrap();
+    wait_for("h1 counted again", Duration::from_secs(30), || {
+        h1_at_h0(&agents[0])
+            .iter()
+            .any(|p| p["counted"] == true && p["state"] == "alive")
+            .then_some(())
+    });
+    thread::sleep(Duration::from_millis(4 * SYNC_MS));
+    assert_eq!(
+        charged_by(&agents[0], g1),
+        first,
+        "the {during} packets admitted during the cut were charged late"
+    );
+    let after = flood(&net, 1, 300, Duration::from_secs(1));
+    wait_for("the flood after the rejoin charged", Duration::from_secs(10), || {
+        (charged_by(&agents[0], g1) >= first + after).then_some(())
+    });
+    thread::sleep(Duration::from_millis(4 * SYNC_MS));
+    assert_eq!(charged_by(&agents[0], g1), first + after, "charged after the rejoin");
+
+    // Restart: SIGKILL, and a new agent adopting the pins.
+    let status = agents[1].crash().unwrap();
+    assert!(!status.success());
+    let old = agents.pop().unwrap();
+    let (_, kept) = old.stop_keeping_pins().unwrap();
+    // The restarted agent needs its own pins to adopt: the same config names no pin_path, so
+    // start it on the kept directory.
+    let cfg = config(&net, 1, 2, SYNC_MS, 1000).replacen(
+        "[agent]\n",
+        &format!("[agent]\npin_path = \"{}\"\n", kept.path().display()),
+        1,
+    );
+    let restarted = AgentProcess::start(&net.hosts[1].ns, &cfg, &[]).unwrap();
+    assert!(restarted.log().contains("adopted"), "{}", restarted.log());
+    let g2 = generation(&restarted);
+    assert_ne!(g2, g1, "a restarted agent keeps its incarnation");
+    let entries = wait_for("the new incarnation counted, the old one dead", Duration::from_secs(30), || {
+        let e = h1_at_h0(&agents[0]);
+        let new = e.iter().any(|p| p["generation"].as_u64() == Some(g2) && p["counted"] == true);
+        let gone = e.iter().all(|p| p["generation"].as_u64() != Some(g1) || p["state"] == "dead");
+        (new && gone).then_some(e)
+    });
+    println!("h1 at h0 after the restart: {entries:#?}");
+    let (passed_before, _) = passed(&restarted);
+    let fourth = flood(&net, 1, 300, Duration::from_secs(2));
+    let (passed_after, _) = passed(&restarted);
+    assert_eq!(passed_after - passed_before, fourth, "the adopted counters go on");
+    thread::sleep(Duration::from_millis(6 * SYNC_MS));
+    let charged_new = charged_by(&agents[0], g2);
+    let total = counter(&cluster(&agents[0]), "charged_pkts");
+    println!(
+        "after the restart h1 admitted {fourth}; h0 charged the new incarnation {charged_new} \
+         ({total} in all; h1 admitted {} in all, {during} of them during the cut)",
+        passed_after
+    );
+    // Never more than the new incarnation admitted: the adopted bucket held everything the old
+    // one admitted, none of which may be charged again. At least what it admitted once the key
+    // was published: the first full scan after the flood began (one sync) and the next sync.
+    assert!(charged_new <= fourth, "charged {charged_new} for the {fourth} the new incarnation admitted");
+    #[expect(clippy::cast_precision_loss, reason = "small numbers")]
+    let unpublished = 300.0 * 3.0 * SYNC_MS as f64 / 1000.0;
+    assert!(
+        charged_new as f64 >= fourth as f64 - unpublished,
+        "charged only {charged_new} of {fourth} (up to {unpublished:.0} unpublished)"
+    );
+    assert_eq!(total, first + after + charged_new, "h0's total over both incarnations");
+
+    assert!(restarted.stop().unwrap().success());
+    drop(kept);
+    let h0 = agents.pop().unwrap();
+    assert!(h0.stop().unwrap().success());
+}
