@@ -36,6 +36,8 @@ const GOSSIP_PORT: u16 = 7946;
 const METRICS: &str = "127.0.0.1:9477";
 const PAYLOAD: usize = 64;
 const FLOOD: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
+/// A second source, after [`FLOOD`] in key order.
+const FLOOD2: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 101);
 const CLUSTER_ID: &str = "e2e-counters";
 const SECRET: &str = "k8Qx2v9Lm4Tz7Rb1Nc6Yh3Wd5Gf0Ps8Ju2Ea4Ko7Ui1";
 /// Ethernet (14), IPv4 (20) and UDP (8) headers around every gossip datagram on the link.
@@ -90,6 +92,7 @@ fn net(tag: &str, n: usize) -> Net {
     let tx = Netns::new(&format!("rl-cc-{tag}-tx")).unwrap();
     let (tx_if, _) = plug(&tx, "kt", "rlbd");
     add_addr(&tx, &tx_if, &format!("{FLOOD}/24")).unwrap();
+    add_addr(&tx, &tx_if, &format!("{FLOOD2}/24")).unwrap();
     let mut hosts = Vec::new();
     for i in 0..n {
         let ns = Netns::new(&format!("rl-cc-{tag}-h{i}")).unwrap();
@@ -274,11 +277,15 @@ fn start_agents(net: &Net, n: usize, sync_ms: u64, max_keys: usize) -> Vec<Agent
 /// Sends `pps` x `duration` from the flood source to host `i`; every datagram must arrive (the
 /// floods stay under the rule's budget). Returns the count.
 fn flood(net: &Net, i: usize, pps: u64, duration: Duration) -> u64 {
+    flood_from(net, FLOOD, i, pps, duration)
+}
+
+fn flood_from(net: &Net, src: Ipv4Addr, i: usize, pps: u64, duration: Duration) -> u64 {
     let receiver = Receiver::bind(&net.hosts[i].ns, SocketAddr::new(IpAddr::V4(data_ip(i)), 0)).unwrap();
-    let sock = bind_udp(&net.tx, SocketAddr::new(IpAddr::V4(FLOOD), 0)).unwrap();
+    let sock = bind_udp(&net.tx, SocketAddr::new(IpAddr::V4(src), 0)).unwrap();
     let sent = send_udp(&sock, receiver.local_addr(), pps, duration, PAYLOAD).unwrap();
     receiver.wait_idle(Duration::from_millis(200), Duration::from_secs(5));
-    let got = receiver.stop().unwrap().counts()[&IpAddr::V4(FLOOD)];
+    let got = receiver.stop().unwrap().counts()[&IpAddr::V4(src)];
     assert_eq!(got, sent.sent, "the flood (under the budget) lost packets");
     got
 }
@@ -597,4 +604,61 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
     drop(kept);
     let h0 = agents.pop().unwrap();
     assert!(h0.stop().unwrap().success());
+}
+
+/// `max_keys` caps what is read from each peer: h0 (max_keys 1) reads one of the two keys h1
+/// publishes (the first in key order), charges exactly that source's packets, none of the
+/// other's, and counts the key left out in `keys_dropped` (status and metrics).
+#[test]
+fn keys_beyond_max_keys_are_dropped_counted_and_not_charged() {
+    let net = net("kd", 2);
+    let agents: Vec<AgentProcess> = [1, 1000]
+        .iter()
+        .enumerate()
+        .map(|(i, &max_keys)| {
+            AgentProcess::start(&net.hosts[i].ns, &config(&net, i, 2, 100, max_keys), &[]).unwrap()
+        })
+        .collect();
+    let (h0, h1) = (&agents[0], &agents[1]);
+    wait_for("the cluster to form", Duration::from_secs(20), || {
+        agents
+            .iter()
+            .all(|a| peers(&cluster(a)).iter().any(|p| p["counted"] == true))
+            .then_some(())
+    });
+    assert_eq!(counter(&cluster(h0), "keys_dropped"), 0);
+    let (first, second) = thread::scope(|s| {
+        let a = s.spawn(|| flood_from(&net, FLOOD, 1, 200, Duration::from_secs(2)));
+        let b = s.spawn(|| flood_from(&net, FLOOD2, 1, 300, Duration::from_secs(2)));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(passed(h1).0, first + second);
+    wait_for("h1 publishing both keys", Duration::from_secs(10), || {
+        (counter(&cluster(h1), "keys_published") == 2).then_some(())
+    });
+    let c = wait_for("h0 to charge the first key", Duration::from_secs(10), || {
+        let c = cluster(h0);
+        (counter(&c, "charged_pkts") >= first).then_some(c)
+    });
+    thread::sleep(Duration::from_millis(500));
+    let c2 = cluster(h0);
+    println!(
+        "h1 admitted {first} from {FLOOD} and {second} from {FLOOD2}; h0 (max_keys 1) charged {}, \
+         keys_dropped {}",
+        counter(&c2, "charged_pkts"),
+        counter(&c2, "keys_dropped")
+    );
+    assert_eq!(counter(&c, "charged_pkts"), first, "{c}");
+    assert_eq!(counter(&c2, "charged_pkts"), first, "the second key was charged: {c2}");
+    let dropped = counter(&c2, "keys_dropped");
+    assert!(dropped > 0, "{c2}");
+    let body = scrape(&net.hosts[0].ns);
+    let scraped = metric(&body, "ratelimit_cluster_keys_dropped_total");
+    assert!(
+        (dropped..=counter(&cluster(h0), "keys_dropped")).contains(&scraped),
+        "metric keys_dropped {scraped}, status {dropped}"
+    );
+    for a in agents {
+        assert!(a.stop().unwrap().success());
+    }
 }
