@@ -168,7 +168,10 @@ fn malformed_requests_are_refused_the_agent_keeps_answering_and_nothing_in_force
             let (status, text) = exchange(&socket, &request(method, path, b""));
             let want = if allowed.is_empty() { 404 } else { 405 };
             assert_eq!(status, Some(want), "{method} {path}: {text}");
-            assert!(json_body(&text)["error"].is_string(), "{method} {path}: {text}");
+            assert!(
+                json_body(&text)["error"].is_string(),
+                "{method} {path}: {text}"
+            );
         }
     }
     alive("wrong methods");
@@ -181,15 +184,36 @@ fn malformed_requests_are_refused_the_agent_keeps_answering_and_nothing_in_force
     let bodies: Vec<(&str, Vec<u8>)> = vec![
         ("empty", b"".to_vec()),
         ("not JSON", b"rate = 5".to_vec()),
-        ("truncated JSON", b"{\"name\": \"x\", \"source\": \"198.18".to_vec()),
+        (
+            "truncated JSON",
+            b"{\"name\": \"x\", \"source\": \"198.18".to_vec(),
+        ),
         ("an array", b"[1, 2, 3]".to_vec()),
-        ("wrong types", br#"{"name": 5, "source": true, "rate": "fast"}"#.to_vec()),
-        ("unknown key", br#"{"name": "x", "source": "198.18.1.0/24", "rate": 1, "brust": 2}"#.to_vec()),
-        ("invalid UTF-8", b"{\"name\": \"\xff\xfe\", \"source\": \"198.18.1.0/24\", \"rate\": 1}".to_vec()),
-        ("deep nesting", format!("{}{}", "[".repeat(100_000), "]".repeat(100_000)).into_bytes()),
+        (
+            "wrong types",
+            br#"{"name": 5, "source": true, "rate": "fast"}"#.to_vec(),
+        ),
+        (
+            "unknown key",
+            br#"{"name": "x", "source": "198.18.1.0/24", "rate": 1, "brust": 2}"#.to_vec(),
+        ),
+        (
+            "invalid UTF-8",
+            b"{\"name\": \"\xff\xfe\", \"source\": \"198.18.1.0/24\", \"rate\": 1}".to_vec(),
+        ),
+        (
+            "deep nesting",
+            format!("{}{}", "[".repeat(100_000), "]".repeat(100_000)).into_bytes(),
+        ),
         ("3 MiB name", big_name.into_bytes()),
-        ("a huge number", br#"{"name": "x", "source": "198.18.1.0/24", "rate": 1e999}"#.to_vec()),
-        ("a list file", br#"{"name": "x", "source_file": "/etc/passwd", "rate": 1}"#.to_vec()),
+        (
+            "a huge number",
+            br#"{"name": "x", "source": "198.18.1.0/24", "rate": 1e999}"#.to_vec(),
+        ),
+        (
+            "a list file",
+            br#"{"name": "x", "source_file": "/etc/passwd", "rate": 1}"#.to_vec(),
+        ),
     ];
     for (what, body) in &bodies {
         let (status, text) = exchange(&socket, &request("POST", "/v1/rules", body));
@@ -274,7 +298,11 @@ fn malformed_requests_are_refused_the_agent_keeps_answering_and_nothing_in_force
             let (path, allowed) = ROUTES[rng.below(ROUTES.len())];
             let method = allowed.first().copied().unwrap_or("GET");
             // No rule of that name: a DELETE that parses anyway removes nothing.
-            let path = if method == "DELETE" { "/v1/rules/absent" } else { path };
+            let path = if method == "DELETE" {
+                "/v1/rules/absent"
+            } else {
+                path
+            };
             let mut r = request(method, path, b"{\"name\": \"r\"}");
             let at = rng.below(r.len());
             let n = 1 + rng.below(16);

@@ -654,7 +654,11 @@ fn scenario(readme_accuracy: bool) {
     // the receivers one after the other, and delivery lags the program's decision).
     let connected_end = phase_bounds[1].1;
     let mut excess: f64 = f64::MIN;
-    for (i, a) in samples.iter().enumerate().filter(|(_, s)| s.t <= connected_end) {
+    for (i, a) in samples
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.t <= connected_end)
+    {
         for b in samples[i + 1..].iter().filter(|s| s.t <= connected_end) {
             let sum = |s: &Sample| s.flood[..3].iter().sum::<u64>();
             #[expect(clippy::cast_precision_loss, reason = "small counts")]
@@ -687,7 +691,9 @@ fn scenario(readme_accuracy: bool) {
     // The README's "about 1 s" is stated for the change of split; the cut, the heal and the
     // kill change the budget itself (and wait for the failure detector), so for them only that
     // the rate gets there.
-    let conv = results[1].2.expect("never back within 10% after the split changed");
+    let conv = results[1]
+        .2
+        .expect("never back within 10% after the split changed");
     assert!(
         conv <= CONVERGENCE_SECS,
         "back within 10% only {conv:.2} s after the split changed (README: about 1 s; bound \

@@ -81,7 +81,8 @@ fn net(tag: &str, n: usize) -> Net {
     std::fs::create_dir_all(&keys).unwrap();
     let sw = Netns::new(&format!("rl-cc-{tag}-sw")).unwrap();
     for br in ["rlbd", "rlbg"] {
-        sw.ip(&["link", "add", "name", br, "type", "bridge"]).unwrap();
+        sw.ip(&["link", "add", "name", br, "type", "bridge"])
+            .unwrap();
         sw.ip(&["link", "set", br, "up"]).unwrap();
     }
     let plug = |ns: &Netns, prefix: &str, bridge: &str| -> (String, String) {
@@ -126,8 +127,14 @@ fn net(tag: &str, n: usize) -> Net {
         for j in 0..n {
             if i != j {
                 let (a, b) = (&hosts[i], &hosts[j]);
-                neigh_to_peer(&a.ns, &a.gossip_if, IpAddr::V4(gossip_ip(j)), &b.ns, &b.gossip_if)
-                    .unwrap();
+                neigh_to_peer(
+                    &a.ns,
+                    &a.gossip_if,
+                    IpAddr::V4(gossip_ip(j)),
+                    &b.ns,
+                    &b.gossip_if,
+                )
+                .unwrap();
             }
         }
     }
@@ -145,7 +152,10 @@ fn net(tag: &str, n: usize) -> Net {
 /// A host's config: the cluster rule (rate 1000, burst 1000: the test's floods stay under it, so
 /// every packet is admitted and the charges are known exactly), metrics on loopback.
 fn config(net: &Net, i: usize, n: usize, sync_ms: u64, max_keys: usize) -> String {
-    let seeds: Vec<String> = (0..n).filter(|&j| j != i).map(|j| gossip_addr(j).to_string()).collect();
+    let seeds: Vec<String> = (0..n)
+        .filter(|&j| j != i)
+        .map(|j| gossip_addr(j).to_string())
+        .collect();
     format!(
         r#"[agent]
 interfaces = ["{}"]
@@ -281,7 +291,8 @@ fn flood(net: &Net, i: usize, pps: u64, duration: Duration) -> u64 {
 }
 
 fn flood_from(net: &Net, src: Ipv4Addr, i: usize, pps: u64, duration: Duration) -> u64 {
-    let receiver = Receiver::bind(&net.hosts[i].ns, SocketAddr::new(IpAddr::V4(data_ip(i)), 0)).unwrap();
+    let receiver =
+        Receiver::bind(&net.hosts[i].ns, SocketAddr::new(IpAddr::V4(data_ip(i)), 0)).unwrap();
     let sock = bind_udp(&net.tx, SocketAddr::new(IpAddr::V4(src), 0)).unwrap();
     let sent = send_udp(&sock, receiver.local_addr(), pps, duration, PAYLOAD).unwrap();
     receiver.wait_idle(Duration::from_millis(200), Duration::from_secs(5));
@@ -307,13 +318,23 @@ fn passed(agent: &AgentProcess) -> (u64, u64) {
 }
 
 fn unix_ms() -> u64 {
-    u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
+    u64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
 }
 
 /// A socket in h1's namespace on h1's gossip address (another port than its agent's), for
 /// datagrams crafted by the test.
 fn crafter(net: &Net) -> UdpSocket {
-    bind_udp(&net.hosts[1].ns, SocketAddr::new(IpAddr::V4(gossip_ip(1)), 0)).unwrap()
+    bind_udp(
+        &net.hosts[1].ns,
+        SocketAddr::new(IpAddr::V4(gossip_ip(1)), 0),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -326,12 +347,17 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
     // --- cluster_bytes: what h0 says it sent is what left its gossip link. A snapshot of the
     // agent's counters is taken only if the link counter did not move across it.
     let snapshot = || {
-        wait_for("a still moment on the gossip link", Duration::from_secs(10), || {
-            let before = tx_bytes(&net.hosts[0].ns, &net.hosts[0].gossip_if);
-            let c = cluster(h0);
-            let after = tx_bytes(&net.hosts[0].ns, &net.hosts[0].gossip_if);
-            (before == after).then(|| (after, counter(&c, "bytes_out"), counter(&c, "messages_out")))
-        })
+        wait_for(
+            "a still moment on the gossip link",
+            Duration::from_secs(10),
+            || {
+                let before = tx_bytes(&net.hosts[0].ns, &net.hosts[0].gossip_if);
+                let c = cluster(h0);
+                let after = tx_bytes(&net.hosts[0].ns, &net.hosts[0].gossip_if);
+                (before == after)
+                    .then(|| (after, counter(&c, "bytes_out"), counter(&c, "messages_out")))
+            },
+        )
     };
     let (l0, b0, m0) = snapshot();
     let t0 = Instant::now();
@@ -367,14 +393,22 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
     let sent = flood(&net, 1, 400, Duration::from_secs(2));
     let (pkts, bytes) = passed(h1);
     assert_eq!(pkts, sent, "h1 admitted every packet");
-    let c = wait_for("h0 to charge what h1 admitted", Duration::from_secs(10), || {
-        let c = cluster(h0);
-        (counter(&c, "charged_pkts") >= pkts).then_some(c)
-    });
+    let c = wait_for(
+        "h0 to charge what h1 admitted",
+        Duration::from_secs(10),
+        || {
+            let c = cluster(h0);
+            (counter(&c, "charged_pkts") >= pkts).then_some(c)
+        },
+    );
     thread::sleep(Duration::from_millis(500));
     let c = {
         let again = cluster(h0);
-        assert_eq!(counter(&again, "charged_pkts"), counter(&c, "charged_pkts"), "charges kept coming");
+        assert_eq!(
+            counter(&again, "charged_pkts"),
+            counter(&c, "charged_pkts"),
+            "charges kept coming"
+        );
         again
     };
     println!(
@@ -384,25 +418,51 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
     );
     assert_eq!(counter(&c, "charged_pkts"), pkts, "charged packets: {c}");
     assert_eq!(counter(&c, "charged_bytes"), bytes, "charged bytes: {c}");
-    assert_eq!(counter(&c, "charges_clamped"), 0, "an honest peer was clamped: {c}");
+    assert_eq!(
+        counter(&c, "charges_clamped"),
+        0,
+        "an honest peer was clamped: {c}"
+    );
     let p = peer_at(&c, gossip_addr(1));
     assert_eq!(p.len(), 1, "{c}");
-    assert_eq!((p[0]["charged_pkts"].as_u64(), p[0]["charged_bytes"].as_u64()), (Some(pkts), Some(bytes)));
+    assert_eq!(
+        (
+            p[0]["charged_pkts"].as_u64(),
+            p[0]["charged_bytes"].as_u64()
+        ),
+        (Some(pkts), Some(bytes))
+    );
     let body = scrape(&net.hosts[0].ns);
-    assert_eq!(metric(&body, "ratelimit_cluster_charged_packets_total"), pkts);
-    assert_eq!(metric(&body, "ratelimit_cluster_charged_bytes_total"), bytes);
+    assert_eq!(
+        metric(&body, "ratelimit_cluster_charged_packets_total"),
+        pkts
+    );
+    assert_eq!(
+        metric(&body, "ratelimit_cluster_charged_bytes_total"),
+        bytes
+    );
     assert_eq!(metric(&body, "ratelimit_cluster_charges_clamped_total"), 0);
     let c1 = cluster(h1);
     assert_eq!(counter(&c1, "charged_pkts"), 0, "h0 admitted nothing: {c1}");
     assert_eq!(counter(&c1, "keys_published"), 1, "{c1}");
-    assert_eq!(metric(&scrape(&net.hosts[1].ns), "ratelimit_cluster_keys_published"), 1);
+    assert_eq!(
+        metric(
+            &scrape(&net.hosts[1].ns),
+            "ratelimit_cluster_keys_published"
+        ),
+        1
+    );
     let table = cli(h0, &["peers"]);
-    assert!(table.contains(&pkts.to_string()), "peers table does not show the charge:\n{table}");
+    assert!(
+        table.contains(&pkts.to_string()),
+        "peers table does not show the charge:\n{table}"
+    );
 
     // --- Rejections, by reason, exactly: junk (malformed), sealed with the cluster key but a
     // minute old or ahead, or replayed (stale), sealed with another key (auth).
     let key = ClusterKey::from_secret(format!("{SECRET}\n").as_bytes(), CLUSTER_ID).unwrap();
-    let wrong = ClusterKey::from_secret(b"Zq1Xw2Ce3Rv4Tb5Yn6Um7Ii8Oo9Pp0Aa1Ss2Dd3Ff4G", CLUSTER_ID).unwrap();
+    let wrong = ClusterKey::from_secret(b"Zq1Xw2Ce3Rv4Tb5Yn6Um7Ii8Oo9Pp0Aa1Ss2Dd3Ff4G", CLUSTER_ID)
+        .unwrap();
     let mut codec = Codec::new(&key, CLUSTER_ID);
     let mut wrong_codec = Codec::new(&wrong, CLUSTER_ID);
     let seal = |c: &mut Codec, at: u64| c.seal(b"not a chitchat message", at).unwrap().remove(0);
@@ -410,7 +470,13 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
     let to = gossip_addr(0);
     let r0 = cluster(h0);
     let count = |c: &Value| {
-        ["rejected_malformed", "rejected_stale", "rejected_auth", "messages_in"].map(|k| counter(c, k))
+        [
+            "rejected_malformed",
+            "rejected_stale",
+            "rejected_auth",
+            "messages_in",
+        ]
+        .map(|k| counter(c, k))
     };
     let before = count(&r0);
     for junk in [&b"hello"[..], &[0u8; 100][..], b"RLC1\x11short"] {
@@ -421,25 +487,41 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
         sock.send_to(&seal(&mut codec, at), to).unwrap();
     }
     for _ in 0..2 {
-        sock.send_to(&seal(&mut wrong_codec, unix_ms()), to).unwrap();
+        sock.send_to(&seal(&mut wrong_codec, unix_ms()), to)
+            .unwrap();
     }
     let fresh = seal(&mut codec, unix_ms());
     sock.send_to(&fresh, to).unwrap();
     sock.send_to(&fresh, to).unwrap();
     let want = [before[0] + 3, before[1] + 4, before[2] + 2];
-    let got = wait_for("h0 to count the crafted datagrams", Duration::from_secs(10), || {
-        let c = count(&cluster(h0));
-        (c.iter().zip(&want).all(|(c, w)| c >= w)).then_some(c)
-    });
+    let got = wait_for(
+        "h0 to count the crafted datagrams",
+        Duration::from_secs(10),
+        || {
+            let c = count(&cluster(h0));
+            (c.iter().zip(&want).all(|(c, w)| c >= w)).then_some(c)
+        },
+    );
     thread::sleep(Duration::from_millis(300));
     let after = count(&cluster(h0));
-    println!("rejected (malformed, stale, auth) before {:?} after {:?}", &before[..3], &after[..3]);
+    println!(
+        "rejected (malformed, stale, auth) before {:?} after {:?}",
+        &before[..3],
+        &after[..3]
+    );
     assert_eq!(after[..3], want[..], "rejections by reason");
     assert_eq!(got[..3], after[..3]);
     let body = scrape(&net.hosts[0].ns);
-    for (reason, v) in [("malformed", after[0]), ("stale", after[1]), ("auth", after[2])] {
+    for (reason, v) in [
+        ("malformed", after[0]),
+        ("stale", after[1]),
+        ("auth", after[2]),
+    ] {
         assert_eq!(
-            metric(&body, &format!("ratelimit_cluster_rejected_total{{reason=\"{reason}\"}}")),
+            metric(
+                &body,
+                &format!("ratelimit_cluster_rejected_total{{reason=\"{reason}\"}}")
+            ),
             v
         );
     }
@@ -452,12 +534,22 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
     let e0 = counter(&cluster(h0), "send_errors");
     assert_eq!(e0, 0, "send errors on a healthy link");
     assert_eq!(counter(&cluster(h1), "send_errors"), 0);
-    net.hosts[0].ns.ip(&["link", "set", &net.hosts[0].gossip_if, "down"]).unwrap();
-    let errors = wait_for("send errors with the link down", Duration::from_secs(10), || {
-        let n = counter(&cluster(h0), "send_errors");
-        (n > 0).then_some(n)
-    });
-    net.hosts[0].ns.ip(&["link", "set", &net.hosts[0].gossip_if, "up"]).unwrap();
+    net.hosts[0]
+        .ns
+        .ip(&["link", "set", &net.hosts[0].gossip_if, "down"])
+        .unwrap();
+    let errors = wait_for(
+        "send errors with the link down",
+        Duration::from_secs(10),
+        || {
+            let n = counter(&cluster(h0), "send_errors");
+            (n > 0).then_some(n)
+        },
+    );
+    net.hosts[0]
+        .ns
+        .ip(&["link", "set", &net.hosts[0].gossip_if, "up"])
+        .unwrap();
     let body = scrape(&net.hosts[0].ns);
     assert!(metric(&body, "ratelimit_cluster_send_errors_total") >= errors);
     // The agent carried on: h1 is counted again once the link is back.
@@ -512,28 +604,50 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
 
     // Cut: not counted within the timeout (plus a sync round and a poll: when the status is
     // refreshed), shown dead.
-    net.hosts[1].ns.ip(&["link", "set", &net.hosts[1].gossip_if, "down"]).unwrap();
+    net.hosts[1]
+        .ns
+        .ip(&["link", "set", &net.hosts[1].gossip_if, "down"])
+        .unwrap();
     let cut = Instant::now();
     let uncounted = wait_for("h1 no longer counted", Duration::from_secs(20), || {
         let p = h1_at_h0(&agents[0]);
-        p.iter().all(|p| p["counted"] == false).then(|| cut.elapsed().as_secs_f64())
+        p.iter()
+            .all(|p| p["counted"] == false)
+            .then(|| cut.elapsed().as_secs_f64())
     });
     let dead = wait_for("h1 shown dead", Duration::from_secs(30), || {
-        h1_at_h0(&agents[0]).iter().any(|p| p["state"] == "dead").then(|| cut.elapsed().as_secs_f64())
+        h1_at_h0(&agents[0])
+            .iter()
+            .any(|p| p["state"] == "dead")
+            .then(|| cut.elapsed().as_secs_f64())
     });
     println!("h1 cut off: uncounted after {uncounted:.2} s, dead after {dead:.2} s (timeout {TIMEOUT} s)");
     #[expect(clippy::cast_precision_loss, reason = "small numbers")]
     let bound = TIMEOUT + 2.0 * SYNC_MS as f64 / 1000.0 + 0.1;
-    assert!(uncounted <= bound, "still counted {uncounted:.2} s after the cut (bound {bound:.2} s)");
+    assert!(
+        uncounted <= bound,
+        "still counted {uncounted:.2} s after the cut (bound {bound:.2} s)"
+    );
     let table = cli(&agents[0], &["peers"]);
     assert!(table.contains("dead"), "peers table:\n{table}");
     let body = scrape(&net.hosts[0].ns);
-    assert_eq!(metric(&body, r#"ratelimit_cluster_peers{state="dead"}"#), 1, "{body}");
-    assert_eq!(metric(&body, r#"ratelimit_cluster_peers{state="alive"}"#), 0, "{body}");
+    assert_eq!(
+        metric(&body, r#"ratelimit_cluster_peers{state="dead"}"#),
+        1,
+        "{body}"
+    );
+    assert_eq!(
+        metric(&body, r#"ratelimit_cluster_peers{state="alive"}"#),
+        0,
+        "{body}"
+    );
 
     // Admitted while cut off: not charged when h1 is heard again.
     let during = flood(&net, 1, 300, Duration::from_secs(1));
-    net.hosts[1].ns.ip(&["link", "set", &net.hosts[1].gossip_if, "up"]).unwrap();
+    net.hosts[1]
+        .ns
+        .ip(&["link", "set", &net.hosts[1].gossip_if, "up"])
+        .unwrap();
     wait_for("h1 counted again", Duration::from_secs(30), || {
         h1_at_h0(&agents[0])
             .iter()
@@ -547,11 +661,17 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
         "the {during} packets admitted during the cut were charged late"
     );
     let after = flood(&net, 1, 300, Duration::from_secs(1));
-    wait_for("the flood after the rejoin charged", Duration::from_secs(10), || {
-        (charged_by(&agents[0], g1) >= first + after).then_some(())
-    });
+    wait_for(
+        "the flood after the rejoin charged",
+        Duration::from_secs(10),
+        || (charged_by(&agents[0], g1) >= first + after).then_some(()),
+    );
     thread::sleep(Duration::from_millis(4 * SYNC_MS));
-    assert_eq!(charged_by(&agents[0], g1), first + after, "charged after the rejoin");
+    assert_eq!(
+        charged_by(&agents[0], g1),
+        first + after,
+        "charged after the rejoin"
+    );
 
     // Restart: SIGKILL, and a new agent adopting the pins.
     let status = agents[1].crash().unwrap();
@@ -569,17 +689,29 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
     assert!(restarted.log().contains("adopted"), "{}", restarted.log());
     let g2 = generation(&restarted);
     assert_ne!(g2, g1, "a restarted agent keeps its incarnation");
-    let entries = wait_for("the new incarnation counted, the old one dead", Duration::from_secs(30), || {
-        let e = h1_at_h0(&agents[0]);
-        let new = e.iter().any(|p| p["generation"].as_u64() == Some(g2) && p["counted"] == true);
-        let gone = e.iter().all(|p| p["generation"].as_u64() != Some(g1) || p["state"] == "dead");
-        (new && gone).then_some(e)
-    });
+    let entries = wait_for(
+        "the new incarnation counted, the old one dead",
+        Duration::from_secs(30),
+        || {
+            let e = h1_at_h0(&agents[0]);
+            let new = e
+                .iter()
+                .any(|p| p["generation"].as_u64() == Some(g2) && p["counted"] == true);
+            let gone = e
+                .iter()
+                .all(|p| p["generation"].as_u64() != Some(g1) || p["state"] == "dead");
+            (new && gone).then_some(e)
+        },
+    );
     println!("h1 at h0 after the restart: {entries:#?}");
     let (passed_before, _) = passed(&restarted);
     let fourth = flood(&net, 1, 300, Duration::from_secs(2));
     let (passed_after, _) = passed(&restarted);
-    assert_eq!(passed_after - passed_before, fourth, "the adopted counters go on");
+    assert_eq!(
+        passed_after - passed_before,
+        fourth,
+        "the adopted counters go on"
+    );
     thread::sleep(Duration::from_millis(6 * SYNC_MS));
     let charged_new = charged_by(&agents[0], g2);
     let total = counter(&cluster(&agents[0]), "charged_pkts");
@@ -591,14 +723,21 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
     // Never more than the new incarnation admitted: the adopted bucket held everything the old
     // one admitted, none of which may be charged again. At least what it admitted once the key
     // was published: the first full scan after the flood began (one sync) and the next sync.
-    assert!(charged_new <= fourth, "charged {charged_new} for the {fourth} the new incarnation admitted");
+    assert!(
+        charged_new <= fourth,
+        "charged {charged_new} for the {fourth} the new incarnation admitted"
+    );
     #[expect(clippy::cast_precision_loss, reason = "small numbers")]
     let unpublished = 300.0 * 3.0 * SYNC_MS as f64 / 1000.0;
     assert!(
         charged_new as f64 >= fourth as f64 - unpublished,
         "charged only {charged_new} of {fourth} (up to {unpublished:.0} unpublished)"
     );
-    assert_eq!(total, first + after + charged_new, "h0's total over both incarnations");
+    assert_eq!(
+        total,
+        first + after + charged_new,
+        "h0's total over both incarnations"
+    );
 
     assert!(restarted.stop().unwrap().success());
     drop(kept);
@@ -636,10 +775,14 @@ fn keys_beyond_max_keys_are_dropped_counted_and_not_charged() {
     wait_for("h1 publishing both keys", Duration::from_secs(10), || {
         (counter(&cluster(h1), "keys_published") == 2).then_some(())
     });
-    let c = wait_for("h0 to charge the first key", Duration::from_secs(10), || {
-        let c = cluster(h0);
-        (counter(&c, "charged_pkts") >= first).then_some(c)
-    });
+    let c = wait_for(
+        "h0 to charge the first key",
+        Duration::from_secs(10),
+        || {
+            let c = cluster(h0);
+            (counter(&c, "charged_pkts") >= first).then_some(c)
+        },
+    );
     thread::sleep(Duration::from_millis(500));
     let c2 = cluster(h0);
     println!(
@@ -649,7 +792,11 @@ fn keys_beyond_max_keys_are_dropped_counted_and_not_charged() {
         counter(&c2, "keys_dropped")
     );
     assert_eq!(counter(&c, "charged_pkts"), first, "{c}");
-    assert_eq!(counter(&c2, "charged_pkts"), first, "the second key was charged: {c2}");
+    assert_eq!(
+        counter(&c2, "charged_pkts"),
+        first,
+        "the second key was charged: {c2}"
+    );
     let dropped = counter(&c2, "keys_dropped");
     assert!(dropped > 0, "{c2}");
     let body = scrape(&net.hosts[0].ns);

@@ -114,7 +114,8 @@ fn json(agent: &AgentProcess, args: &[&str]) -> Value {
     let mut args = args.to_vec();
     args.push("--json");
     let out = ok(agent, &args);
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("`{}` printed {out:?}: {e}", args.join(" ")))
+    serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("`{}` printed {out:?}: {e}", args.join(" ")))
 }
 
 /// Received count of a source whose bucket starts full against what its token bucket admits
@@ -205,8 +206,16 @@ fn interfaces_added_and_removed_in_the_config_attach_and_detach_live() {
     let agent = AgentProcess::start(&bed.rx, &config_with(&[a], ""), &[]).unwrap();
     // `start` inserted pin_path and socket after `[agent]`: later configs keep them.
     let head = fs::read_to_string(agent.config_path()).unwrap();
-    let own_paths: String = head.lines().skip(1).take(2).map(|l| format!("{l}\n")).collect();
-    assert!(own_paths.contains("pin_path") && own_paths.contains("socket"), "{head}");
+    let own_paths: String = head
+        .lines()
+        .skip(1)
+        .take(2)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(
+        own_paths.contains("pin_path") && own_paths.contains("socket"),
+        "{head}"
+    );
     let config = |ifs: &[&str]| config_with(ifs, &own_paths);
     let reload = |ifs: &[&str]| {
         replace_config(agent.config_path(), &config(ifs));
@@ -234,7 +243,11 @@ fn interfaces_added_and_removed_in_the_config_attach_and_detach_live() {
     assert_limited("b after it was added", &sent, got, 10, 5);
 
     reload(&[b]);
-    assert_eq!(bed.xdp(a), None, "{a} removed from the config, still attached");
+    assert_eq!(
+        bed.xdp(a),
+        None,
+        "{a} removed from the config, still attached"
+    );
     assert_eq!(bed.xdp(b), native);
     let listed = status_interfaces(&agent);
     assert!(
@@ -248,8 +261,16 @@ fn interfaces_added_and_removed_in_the_config_attach_and_detach_live() {
     let (sent, got) = bed.flood(SRC_B, DST_B, 2000, Duration::from_millis(100));
     let after = rule_packets(&agent.stats(), "r", "passed");
     println!("b still enforced: sent {}, received {got}", sent.sent);
-    assert!(got < sent.sent / 10, "b no longer limited: {got} of {}", sent.sent);
-    assert_eq!(after - before, got, "the rule's passed counter is what arrived");
+    assert!(
+        got < sent.sent / 10,
+        "b no longer limited: {got} of {}",
+        sent.sent
+    );
+    assert_eq!(
+        after - before,
+        got,
+        "the rule's passed counter is what arrived"
+    );
 
     assert!(agent.stop().unwrap().success());
     assert_eq!(bed.xdp(a), None);
@@ -270,11 +291,20 @@ fn ebpf_log_turns_the_programs_records_on_and_off_live() {
     const PACKETS: u64 = 20;
     let bed = bed("log");
     let a = bed.rx_a.as_str();
-    let agent =
-        AgentProcess::start_logging(&bed.rx, &config_with(&[a], "ebpf_log = false"), &[], "debug")
-            .unwrap();
+    let agent = AgentProcess::start_logging(
+        &bed.rx,
+        &config_with(&[a], "ebpf_log = false"),
+        &[],
+        "debug",
+    )
+    .unwrap();
     let head = fs::read_to_string(agent.config_path()).unwrap();
-    let own_paths: String = head.lines().skip(1).take(2).map(|l| format!("{l}\n")).collect();
+    let own_paths: String = head
+        .lines()
+        .skip(1)
+        .take(2)
+        .map(|l| format!("{l}\n"))
+        .collect();
     let reload = |on: bool| {
         let extra = format!("{own_paths}ebpf_log = {on}");
         replace_config(agent.config_path(), &config_with(&[a], &extra));
@@ -284,12 +314,20 @@ fn ebpf_log_turns_the_programs_records_on_and_off_live() {
     };
     // 20 packets at 100/s: within the burst of 5 plus 10/s, some pass and some are dropped;
     // every one of them is a record when the log is on.
-    let send = || bed.flood(SRC_A, DST_A, 100, Duration::from_millis(200)).0.sent;
+    let send = || {
+        bed.flood(SRC_A, DST_A, 100, Duration::from_millis(200))
+            .0
+            .sent
+    };
 
     let sent = send();
     assert_eq!(sent, PACKETS);
     thread::sleep(Duration::from_millis(500));
-    assert_eq!(ebpf_records(&agent.log(), SRC_A), 0, "records while ebpf_log is off");
+    assert_eq!(
+        ebpf_records(&agent.log(), SRC_A),
+        0,
+        "records while ebpf_log is off"
+    );
 
     reload(true);
     let sent = send();
@@ -379,7 +417,10 @@ fn a_killed_agents_buckets_are_adopted_by_the_next_with_no_gap() {
         wait_for("drops with no agent", Duration::from_secs(10), || {
             (dropped(&first) > d0 + 100).then_some(())
         });
-        assert_eq!(bed.xdp(a), Some(("native".to_owned(), "ratelimit".to_owned())));
+        assert_eq!(
+            bed.xdp(a),
+            Some(("native".to_owned(), "ratelimit".to_owned()))
+        );
         let (_, kept) = first.stop_keeping_pins().unwrap();
         let second = AgentProcess::start(&bed.rx, &config, &[]).unwrap();
         assert!(
@@ -395,11 +436,21 @@ fn a_killed_agents_buckets_are_adopted_by_the_next_with_no_gap() {
         (sent, kept, second)
     });
     let got = received(&finish(receiver), SRC_A);
-    assert_limited("one flood across a SIGKILL and a restart", &sent, got, RATE, BURST);
+    assert_limited(
+        "one flood across a SIGKILL and a restart",
+        &sent,
+        got,
+        RATE,
+        BURST,
+    );
     // The counters are pinned too: they cover the whole flood, through both agents.
     let stats = second.stats();
     assert_eq!(rule_packets(&stats, "r", "passed"), got, "{stats}");
-    assert_eq!(rule_packets(&stats, "r", "dropped_rate"), sent.sent - got, "{stats}");
+    assert_eq!(
+        rule_packets(&stats, "r", "dropped_rate"),
+        sent.sent - got,
+        "{stats}"
+    );
     assert!(second.stop().unwrap().success());
     assert!(!pin.exists(), "{} left behind", pin.display());
     assert_eq!(bed.xdp(a), None);
@@ -418,13 +469,18 @@ fn auto_mode_falls_back_to_skb_where_native_xdp_is_refused() {
     let bed = bed("auto");
     // The veth ends are named `lva…` in both namespaces; find tx's by its address.
     let tx_if = {
-        let out = bed.tx.ip(&["-j", "addr", "show", "to", "198.18.0.1/32"]).unwrap();
+        let out = bed
+            .tx
+            .ip(&["-j", "addr", "show", "to", "198.18.0.1/32"])
+            .unwrap();
         let v: Value = serde_json::from_str(&out).unwrap();
         v[0]["ifname"].as_str().unwrap().to_owned()
     };
     let mv = "mvl0";
     bed.rx
-        .ip(&["link", "add", "link", &bed.rx_a, "name", mv, "type", "macvlan", "mode", "bridge"])
+        .ip(&[
+            "link", "add", "link", &bed.rx_a, "name", mv, "type", "macvlan", "mode", "bridge",
+        ])
         .unwrap();
     bed.rx.ip(&["link", "set", mv, "up"]).unwrap();
     add_addr(&bed.rx, mv, &format!("{DST}/24")).unwrap();
@@ -449,7 +505,11 @@ fn auto_mode_falls_back_to_skb_where_native_xdp_is_refused() {
     );
     let listed = status_interfaces(&agent);
     assert_eq!(listed.len(), 1, "{listed:?}");
-    assert_eq!((listed[0].0.as_str(), listed[0].1.as_str()), (mv, "skb"), "{listed:?}");
+    assert_eq!(
+        (listed[0].0.as_str(), listed[0].1.as_str()),
+        (mv, "skb"),
+        "{listed:?}"
+    );
     let (sent, got) = bed.flood(SRC, DST, 2000, Duration::from_millis(100));
     assert_limited("through the macvlan in skb mode", &sent, got, 10, 5);
     let stats = agent.stats();
