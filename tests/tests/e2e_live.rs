@@ -355,13 +355,27 @@ fn ebpf_log_turns_the_programs_records_on_and_off_live() {
     assert!(agent.stop().unwrap().success());
 }
 
+/// The socket of [`shared_agent_table`].
+fn shared_socket(pin: &Path) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "{}.sock",
+        pin.file_name().unwrap().to_string_lossy()
+    ))
+}
+
+/// Removes a file when dropped.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
 /// An `[agent]` table with its own pin path and socket, so two agents started with it share
 /// both: the second adopts what the first pinned.
 fn shared_agent_table(interfaces: &[&str], pin: &Path) -> String {
-    let sock = std::env::temp_dir().join(format!(
-        "{}.sock",
-        pin.file_name().unwrap().to_string_lossy()
-    ));
+    let sock = shared_socket(pin);
     format!(
         "[agent]\ninterfaces = {interfaces:?}\npin_path = \"{}\"\nsocket = \"{}\"\nmode = \"auto\"\n\n",
         pin.display(),
@@ -388,6 +402,9 @@ fn a_killed_agents_buckets_are_adopted_by_the_next_with_no_gap() {
         "{}[[rule]]\nname = \"r\"\nsource = \"198.18.0.0/24\"\nrate = {RATE}\nburst = {BURST}\n",
         shared_agent_table(&[a], &pin)
     );
+    // A killed agent leaves its socket: removed even if the test fails before the second agent
+    // stops (which removes it).
+    let _socket = RemoveOnDrop(shared_socket(&pin));
     let mut first = AgentProcess::start(&bed.rx, &config, &[]).unwrap();
     let receiver = Receiver::bind(&bed.rx, SocketAddr::new(DST_A.parse().unwrap(), 0)).unwrap();
     let dropped = |agent: &AgentProcess| rule_packets(&agent.stats(), "r", "dropped_rate");
