@@ -71,11 +71,11 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         shutdown_shared(agent).await?;
         Err(e)
     };
-    if config.agent.ebpf_log {
-        match spawn_ebpf_log_reader(&agent).await {
-            Ok(task) => tasks.push(task),
-            Err(e) => return fail(tasks, agent, e).await,
-        }
+    // Whatever `ebpf_log` says now: a reload can turn it on, and the program emits records only
+    // while it is on.
+    match spawn_ebpf_log_reader(&agent).await {
+        Ok(task) => tasks.push(task),
+        Err(e) => return fail(tasks, agent, e).await,
     }
     let mut cluster_handle = None;
     if let Some(cluster) = &config.cluster {

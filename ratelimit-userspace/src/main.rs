@@ -274,10 +274,6 @@ fn parse_mode(s: &str) -> Result<AttachMode, String> {
 }
 
 fn main() -> ExitCode {
-    // Like any Unix filter: a closed pipe (`ratelimit stats --json | head`) ends the process
-    // quietly instead of panicking in println!.
-    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     // The agent's big transient buffers (a walk of the bucket map for `top`: tens of MiB with a
     // million sources) must go back to the system when freed. glibc raises its mmap threshold
     // after the first such free and then serves them from per-thread arenas, which keep the
@@ -294,6 +290,13 @@ fn main() -> ExitCode {
         _ => None,
     };
     ratelimit::logging::init(ratelimit::logging::choose(cli.log_format, agent_config));
+    // Like any Unix filter: a closed pipe (`ratelimit stats --json | head`) ends a client
+    // command quietly instead of panicking in println!. Not the agent: a client that closes its
+    // connection before the answer (control socket, metrics) would kill it with SIGPIPE.
+    if !matches!(cli.command, Command::Agent { .. }) {
+        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -82,6 +82,28 @@ impl AgentProcess {
     /// Starts the agent like [`AgentProcess::start`] but does not wait for anything: for configs
     /// the agent is expected to refuse (see [`AgentProcess::wait_exit`]).
     pub fn spawn(ns: &Netns, config_toml: &str, extra_args: &[&str]) -> Result<AgentProcess> {
+        Self::spawn_logging(ns, config_toml, extra_args, "info")
+    }
+
+    /// Like [`AgentProcess::start`], with the agent's `RUST_LOG` set to `rust_log` instead of
+    /// `info` (`"debug"` shows the XDP program's records when `ebpf_log` is on).
+    pub fn start_logging(
+        ns: &Netns,
+        config_toml: &str,
+        extra_args: &[&str],
+        rust_log: &str,
+    ) -> Result<AgentProcess> {
+        let mut agent = Self::spawn_logging(ns, config_toml, extra_args, rust_log)?;
+        agent.wait_attached()?;
+        Ok(agent)
+    }
+
+    fn spawn_logging(
+        ns: &Netns,
+        config_toml: &str,
+        extra_args: &[&str],
+        rust_log: &str,
+    ) -> Result<AgentProcess> {
         ensure_host_bpffs()?;
         let id = format!("{}-{}", std::process::id(), next_id());
         let dir = std::env::temp_dir().join(format!("rl-e2e-{id}"));
@@ -127,7 +149,7 @@ impl AgentProcess {
         .arg("-c")
         .arg(&agent.config)
         .args(extra_args)
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", rust_log)
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)

@@ -1,7 +1,9 @@
 //! Cluster-wide budget, end to end: three real agents, each in its own namespace with the limiter
 //! attached, gossiping over their own addresses, share one `scope = "cluster"` budget. One sender
 //! spreads a single source's flood across them unevenly at 5x the budget; the cluster as a whole
-//! must admit the budget (within 10%). Then the split changes; one host is cut off (each side of
+//! must admit the budget (0.98-1.04 x, as the README states; within its burst bound over any
+//! window; back within 10% about 1 s after the split changes; about 10 KB/s of gossip per host).
+//! Then the split changes; one host is cut off (each side of
 //! the partition then enforces the budget on its own: fail open); the cut is healed (one budget
 //! again); one host's agent is killed (that host keeps enforcing its local limit, the others stop
 //! counting it). A fourth agent with the wrong key gossips at the others all along and must change
@@ -46,8 +48,24 @@ const PAYLOAD: usize = 64;
 const PORT: u16 = 9000;
 const GOSSIP_PORT: u16 = 7946;
 const SYNC_MS: u64 = 100;
-/// Allowed deviation of an admitted rate from what is expected.
+/// Allowed deviation of an admitted rate from what is expected where the README states no
+/// figure (each side of a partition, a host whose agent is down), and what "back within" means
+/// for the convergence time.
 const TOLERANCE: f64 = 0.10;
+/// The README's accuracy of one budget: 0.98-1.04 x the budget over 5-6 s windows.
+const ACCURACY: (f64, f64) = (0.98, 1.04);
+/// The README's "back within 10% about 1 s after a change": the rate is looked at every
+/// `SAMPLE` (250 ms), so a return at 1.0 s is seen up to one sample later.
+const CONVERGENCE_SECS: f64 = 1.25;
+/// The README's gossip figure for 3 hosts at 100 ms, bytes per second per host ...
+const GOSSIP_BPS: f64 = 10_000.0;
+/// ... "about": +-30% (measured 9.5-11.7 KB/s per host in the connected phases of 3 runs on the
+/// 2-core VM).
+const GOSSIP_TOLERANCE: f64 = 0.30;
+/// The README's largest sync lag at the default interval (50-200 ms).
+const MAX_LAG_SECS: f64 = 0.2;
+/// How far the sampling can misplace an admission in time (see the burst bound).
+const SKEW_SECS: f64 = 0.05;
 const FLOOD: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
 const POLITE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 101);
 const SAMPLE: Duration = Duration::from_millis(250);
@@ -308,6 +326,17 @@ fn write_key(dir: &Path, name: &str, secret: &str) -> PathBuf {
     path
 }
 
+/// The README's accuracy of one budget over a phase's 5-6 s window: 0.98-1.04 x the budget.
+fn assert_accuracy(what: &str, got: f64) {
+    let ratio = got / RATE;
+    assert!(
+        (ACCURACY.0..=ACCURACY.1).contains(&ratio),
+        "{what}: {got:.0} pps = {ratio:.3} x the budget, the README says {}-{}",
+        ACCURACY.0,
+        ACCURACY.1
+    );
+}
+
 fn assert_within(what: &str, got: f64, want: f64) {
     let dev = got / want - 1.0;
     assert!(
@@ -319,8 +348,24 @@ fn assert_within(what: &str, got: f64, want: f64) {
 }
 
 #[test]
-#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
 fn cluster_enforces_one_budget_fails_open_on_partition_and_ignores_a_wrong_key() {
+    scenario(false);
+}
+
+/// The same run, with the README's accuracy for one budget: 0.98-1.04 x over the splits' 5-6 s
+/// windows. Ignored: the product misses it now and then (5 runs on the 2-core VM, phases 1 and
+/// 2: 0.992, 0.987, 1.012, 0.992, 0.993 and 1.006, 1.001, 1.005, 1.005, 0.974); the cluster
+/// sync is being reworked under issue #15. Run it with `-- --ignored`.
+#[test]
+#[ignore = "the README's 0.98-1.04 accuracy is missed in about 1 of 10 phase windows (0.974 measured); issue #15"]
+fn cluster_accuracy_is_the_readmes_0_98_to_1_04_of_the_budget() {
+    scenario(true);
+}
+
+/// The whole run; with `readme_accuracy`, the one-budget phases 1 and 2 are held to the
+/// README's 0.98-1.04, else to +-10%.
+#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
+fn scenario(readme_accuracy: bool) {
     require_root();
     let keys = TempDir(std::env::temp_dir().join(format!("rl-cl-keys-{}", std::process::id())));
     std::fs::create_dir_all(&keys.0).unwrap();
@@ -602,26 +647,73 @@ fn cluster_enforces_one_budget_fails_open_on_partition_and_ignores_a_wrong_key()
             .collect::<Vec<_>>()
     );
 
+    // The README's burst bound: over any window T while the three hosts hear each other (from
+    // the start, fresh buckets, to the end of phase 2), the cluster admits at most
+    // `rate x T + hosts x burst + (hosts - 1) x rate x lag`, lag at most 200 ms (the README's
+    // 50-200 ms at the default sync), plus `rate x SKEW` for the sampling (each sample reads
+    // the receivers one after the other, and delivery lags the program's decision).
+    let connected_end = phase_bounds[1].1;
+    let mut excess: f64 = f64::MIN;
+    for (i, a) in samples
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.t <= connected_end)
+    {
+        for b in samples[i + 1..].iter().filter(|s| s.t <= connected_end) {
+            let sum = |s: &Sample| s.flood[..3].iter().sum::<u64>();
+            #[expect(clippy::cast_precision_loss, reason = "small counts")]
+            let admitted = (sum(b) - sum(a)) as f64;
+            excess = excess.max(admitted - RATE * (b.t - a.t));
+        }
+    }
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let burst_bound = 3.0 * BURST as f64 + 2.0 * RATE * MAX_LAG_SECS + RATE * SKEW_SECS;
+    println!(
+        "largest excess over rate x T of any window while connected: {excess:.0} packets \
+         (bound {burst_bound:.0})"
+    );
+    assert!(
+        excess <= burst_bound,
+        "a window admitted {excess:.0} packets over rate x T, more than the README's bound {burst_bound:.0}"
+    );
+
     // --- Assertions. ---
-    // 1. One budget for the cluster, whatever the split.
-    assert_within(
-        "phase 1 (70/20/10): cluster-wide admitted rate",
-        results[0].1,
-        RATE,
-    );
-    assert_within(
-        "phase 2 (10/20/70): cluster-wide admitted rate",
-        results[1].1,
-        RATE,
+    // 1. One budget for the cluster, whatever the split: the README's 0.98-1.04 x the budget
+    //    over the phases' 5-6 s windows, back within 10% about 1 s after a change.
+    for (phase, what) in [(0, "phase 1 (70/20/10)"), (1, "phase 2 (10/20/70)")] {
+        let what = format!("{what}: cluster-wide admitted rate");
+        if readme_accuracy {
+            assert_accuracy(&what, results[phase].1);
+        } else {
+            assert_within(&what, results[phase].1, RATE);
+        }
+    }
+    // The README's "about 1 s" is stated for the change of split; the cut, the heal and the
+    // kill change the budget itself (and wait for the failure detector), so for them only that
+    // the rate gets there.
+    let conv = results[1]
+        .2
+        .expect("never back within 10% after the split changed");
+    assert!(
+        conv <= CONVERGENCE_SECS,
+        "back within 10% only {conv:.2} s after the split changed (README: about 1 s; bound \
+         {CONVERGENCE_SECS} s)"
     );
     assert!(
-        results[1].2.is_some(),
-        "no convergence after the split changed"
+        results[2].2.is_some() && results[3].2.is_some() && results[4].2.is_some(),
+        "no convergence after the cut, the heal or the kill"
     );
-    assert!(
-        results[2].2.is_some() && results[3].2.is_some(),
-        "no convergence after the cut or the heal"
-    );
+    // Gossip: about 10 KB/s per host for 3 hosts at 100 ms, while all three gossip.
+    for &p in &[0, 1, 3] {
+        for (h, (sent, _)) in gossip_bytes[p].iter().enumerate() {
+            assert!(
+                (GOSSIP_BPS * (1.0 - GOSSIP_TOLERANCE)..=GOSSIP_BPS * (1.0 + GOSSIP_TOLERANCE))
+                    .contains(sent),
+                "{}: h{h} sent {sent:.0} B/s of gossip, the README says about {GOSSIP_BPS:.0}",
+                PHASES[p].name
+            );
+        }
+    }
     // 2. Partition: each side enforces the budget on its own (fail open): h0 alone admits the
     //    budget, h1 and h2 share one.
     assert_within("phase 3 (h0 cut off): h0 alone", results[2].0[0], RATE);
@@ -645,6 +737,8 @@ fn cluster_enforces_one_budget_fails_open_on_partition_and_ignores_a_wrong_key()
         );
     }
     // 3. Healed: one budget again, without a blackout from the backlog.
+    // The README's 0.98-1.04 is stated for the two splits (phases 1 and 2); after a heal, the
+    // debt of the partition is still being settled: +-10% (measured 0.97-1.03).
     assert_within(
         "phase 4 (healed): cluster-wide admitted rate",
         results[3].1,
