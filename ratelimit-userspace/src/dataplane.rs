@@ -62,6 +62,20 @@ pub enum DataplaneError {
          another `pin_path` in [agent]"
     )]
     PinDirBusy(PathBuf),
+    /// The pin directory holds pins and belongs to another user: neither used nor removed.
+    #[error(
+        "pin directory {dir} is owned by uid {uid}, not by this agent's user (uid {euid}), and \
+         holds pins: refusing to use or remove state another user controls. Remove it as its \
+         owner (or as root: `ratelimit detach --pin-path {dir}`), or set another `pin_path`"
+    )]
+    PinDirForeign {
+        /// The pin directory.
+        dir: String,
+        /// Its owner.
+        uid: u32,
+        /// This process's effective user.
+        euid: u32,
+    },
     /// A file system operation on the pin directory failed.
     #[error("{what} {path}: {source}")]
     Io {
@@ -164,12 +178,8 @@ impl Dataplane {
             return Err(DataplaneError::NoObject);
         }
         ensure_bpffs(&opts.pin_dir)?;
-        let fresh = !opts.pin_dir.exists();
-        fs::create_dir_all(&opts.pin_dir).map_err(|source| DataplaneError::Io {
-            what: "creating pin directory",
-            path: opts.pin_dir.clone(),
-            source,
-        })?;
+        warn_if_private_bpffs(&opts.pin_dir);
+        let fresh = prepare_pin_dir(&opts.pin_dir)?;
         // Before anything in the directory is read or written: another agent's pins are its own.
         let lock = lock_pin_dir(&opts.pin_dir)?;
         let loaded = Self::load_pinned(opts, lock);
@@ -532,6 +542,70 @@ fn init_store(maps: &mut PinnedMaps) -> Result<()> {
     Ok(())
 }
 
+/// Makes `dir` the agent's own pin directory: created 0700 if missing; if it exists and belongs to
+/// another user (anyone may create directories in a bpffs mounted with the kernel's default
+/// mode 1777), replaced when it holds none of ratelimit's pins, refused when it does. Its mode is
+/// set to 0700, so no other user can open it, take its lock or touch the pins in it. Returns
+/// whether the directory is new.
+fn prepare_pin_dir(dir: &Path) -> Result<bool> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
+    let io_err = |what, source| DataplaneError::Io {
+        what,
+        path: dir.to_path_buf(),
+        source,
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    match fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("inspecting pin directory", e)),
+        Ok(meta) if !meta.is_dir() => {
+            return Err(io_err(
+                "using pin directory",
+                std::io::Error::other("exists and is not a directory"),
+            ))
+        }
+        Ok(meta) if meta.uid() != euid => {
+            let ours = fs::read_dir(dir)
+                .map_err(|e| io_err("reading pin directory", e))?
+                .flatten()
+                .any(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.starts_with("link_")
+                        || maps::ALL.contains(&name.as_str())
+                        || name == map_names::LEGACY_FIRST_SEEN
+                });
+            if ours {
+                return Err(DataplaneError::PinDirForeign {
+                    dir: dir.display().to_string(),
+                    uid: meta.uid(),
+                    euid,
+                });
+            }
+            tracing::warn!(
+                pin_dir = %dir.display(),
+                owner = meta.uid(),
+                "the pin directory was created by another user and holds no pins: replacing it"
+            );
+            fs::remove_dir_all(dir).map_err(|e| io_err("removing a foreign pin directory", e))?;
+        }
+        Ok(_) => {
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+                .map_err(|e| io_err("setting mode 0700 on pin directory", e))?;
+            return Ok(false);
+        }
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| io_err("creating pin directory", e))?;
+    // The umask may have narrowed it further; never wider.
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+        .map_err(|e| io_err("setting mode 0700 on pin directory", e))?;
+    Ok(true)
+}
+
 /// Takes an exclusive `flock` on the pin directory, so that one agent at a time uses it: a second
 /// agent started with the same `pin_path` (but another socket) would otherwise adopt the first's
 /// maps and links, replace its rules, and unpin everything when it exits. The kernel drops the
@@ -678,8 +752,10 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
              at /sys/fs/bpf, or run the agent in the host's mount namespace"
         );
     }
+    // Mode 0700: only root may create pins or directories in it (the kernel's default, 1777,
+    // lets any user plant a directory where an agent will put its pins).
     let status = std::process::Command::new("mount")
-        .args(["-t", "bpf", "bpf"])
+        .args(["-t", "bpf", "-o", "mode=0700", "bpf"])
         .arg(root)
         .status()
         .map_err(|source| DataplaneError::Bpffs {
@@ -694,6 +770,52 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
     }
     tracing::info!(path = %root.display(), "mounted bpffs");
     Ok(())
+}
+
+/// Warns when the bpffs that holds `pin_dir` is not the one PID 1 sees (a bpffs mounted in a
+/// private mount namespace: `ip netns exec`, a container without the host's /sys/fs/bpf): the
+/// pins end with that namespace, so enforcement does not outlive the agent as the README says.
+fn warn_if_private_bpffs(pin_dir: &Path) {
+    let (Ok(ours), Ok(init)) = (
+        fs::read_to_string("/proc/self/mountinfo"),
+        fs::read_to_string("/proc/1/mountinfo"),
+    ) else {
+        return;
+    };
+    let Some((mount_point, dev)) = bpffs_of(&ours, pin_dir) else {
+        return;
+    };
+    let shared = bpffs_devices(&init).any(|(_, d)| d == dev);
+    if !shared {
+        tracing::warn!(
+            bpffs = %mount_point,
+            "the bpffs holding the pins is private to this agent's mount namespace (PID 1 does not \
+             see it): the pins, and enforcement after the agent exits or crashes, end with this \
+             namespace. Run the agent in the host's mount namespace (`nsenter --net=/run/netns/NAME \
+             ratelimit agent ...` rather than `ip netns exec`), or bind-mount the host's \
+             /sys/fs/bpf into the container"
+        );
+    }
+}
+
+/// (mount point, device) of every bpffs in a `/proc/PID/mountinfo` text.
+fn bpffs_devices(mountinfo: &str) -> impl Iterator<Item = (&str, &str)> {
+    mountinfo.lines().filter_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let sep = f.iter().position(|x| *x == "-")?;
+        if f.get(sep + 1) != Some(&"bpf") {
+            return None;
+        }
+        Some((*f.get(4)?, *f.get(2)?))
+    })
+}
+
+/// The bpffs mount (mount point, device) that `path` lives on: the longest mount point that
+/// contains it.
+fn bpffs_of<'a>(mountinfo: &'a str, path: &Path) -> Option<(&'a str, &'a str)> {
+    bpffs_devices(mountinfo)
+        .filter(|(mnt, _)| path.starts_with(mnt))
+        .max_by_key(|(mnt, _)| mnt.len())
 }
 
 fn in_host_mount_namespace() -> bool {
@@ -714,4 +836,34 @@ fn is_bpffs(path: &Path) -> bool {
             mnt == path.to_str() && fstype == Some("bpf")
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+22 1 0:21 / /sys rw,nosuid shared:7 - sysfs sysfs rw
+30 22 0:26 / /sys/fs/bpf rw,nosuid shared:12 - bpf bpf rw,mode=700
+31 30 0:40 / /sys/fs/bpf/inner rw - bpf bpf rw
+40 1 0:50 / /mnt/other rw - tmpfs tmpfs rw
+";
+
+    #[test]
+    fn the_pins_bpffs_is_the_longest_bpf_mount_that_holds_them() {
+        let all: Vec<_> = bpffs_devices(MOUNTINFO).collect();
+        assert_eq!(
+            all,
+            [("/sys/fs/bpf", "0:26"), ("/sys/fs/bpf/inner", "0:40")]
+        );
+        let of = |p: &str| bpffs_of(MOUNTINFO, Path::new(p));
+        assert_eq!(of("/sys/fs/bpf/ratelimit"), Some(("/sys/fs/bpf", "0:26")));
+        assert_eq!(
+            of("/sys/fs/bpf/inner/rl"),
+            Some(("/sys/fs/bpf/inner", "0:40"))
+        );
+        assert_eq!(of("/mnt/other/rl"), None);
+        // A path that only shares a prefix of characters is not under the mount.
+        assert_eq!(of("/sys/fs/bpfx/rl"), None);
+    }
 }

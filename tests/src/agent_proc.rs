@@ -615,7 +615,7 @@ fn ensure_host_bpffs() -> Result<()> {
         f.get(1) == Some(&BPFFS) && f.get(2) == Some(&"bpf")
     });
     if !mounted {
-        crate::cmd::run("mount", &["-t", "bpf", "bpf", BPFFS])?;
+        crate::cmd::run("mount", &["-t", "bpf", "-o", "mode=0700", "bpf", BPFFS])?;
     }
     Ok(())
 }

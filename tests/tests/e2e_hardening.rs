@@ -508,3 +508,184 @@ fn pins_of_another_layout_are_refused_not_misread() {
     assert!(!dir.exists());
     drop(kept);
 }
+
+/// Waits for `child` to exit (a hang guard), returning its status and what it wrote to stderr.
+fn wait_child(mut child: std::process::Child, what: &str) -> (std::process::ExitStatus, String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("{what} did not exit");
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    let mut log = String::new();
+    if let Some(mut err) = child.stderr.take() {
+        std::io::Read::read_to_string(&mut err, &mut log).unwrap();
+    }
+    (status, log)
+}
+
+/// Another user created the pin directory before the agent (possible wherever bpffs has the
+/// kernel's default mode, 1777) and holds a lock on it: the agent is not blocked. A directory
+/// holding none of ratelimit's pins is not trusted either: it is replaced by one of the agent's
+/// own, mode 0700, that no other user can open (so no other user can take its lock).
+#[test]
+fn a_planted_locked_pin_directory_neither_blocks_nor_is_trusted() {
+    use std::os::fd::AsRawFd as _;
+    let bed = bed("plantdir");
+    let pin = AgentProcess::unique_pin_path();
+    fs::create_dir(&pin).unwrap();
+    std::os::unix::fs::chown(&pin, Some(65534), Some(65534)).unwrap();
+    let planted = fs::File::open(&pin).unwrap();
+    // SAFETY: flock on a descriptor we own.
+    assert_eq!(
+        unsafe { libc::flock(planted.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    let cfg = format!(
+        "[agent]\ninterfaces = [\"{}\"]\npin_path = \"{}\"\n\n{RULE_A}",
+        bed.rx_if,
+        pin.display()
+    );
+    let agent = AgentProcess::start(&bed.rx, &cfg, &[]).unwrap();
+    let meta = fs::metadata(&pin).unwrap();
+    assert_eq!(
+        meta.uid(),
+        0,
+        "the agent uses a pin directory another user owns"
+    );
+    assert_eq!(
+        meta.mode() & 0o777,
+        0o700,
+        "pin directory mode {:o}",
+        meta.mode()
+    );
+    assert!(
+        agent
+            .log()
+            .contains("created by another user and holds no pins: replacing it"),
+        "{}",
+        agent.log()
+    );
+    assert_eq!(rule_names(&agent), ["a"]);
+    agent.stop().unwrap();
+    drop(planted);
+}
+
+/// A pin directory of another user that holds pins is neither used nor removed: the agent stops
+/// with an error naming the owner and the way out.
+#[test]
+fn a_pin_directory_of_another_user_with_pins_is_refused() {
+    let bed = bed("foreign");
+    let first = AgentProcess::start(
+        &bed.rx,
+        &config(&[&bed.rx_if], "auto", RULE_A),
+        &["--keep-attached"],
+    )
+    .unwrap();
+    let (_, kept) = first.stop_keeping_pins().unwrap();
+    let dir = kept.path().to_owned();
+    std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+
+    let tmp = tempfile_dir("rl-hard-foreign");
+    let cfg = tmp.join("ratelimit.toml");
+    fs::write(
+        &cfg,
+        format!(
+            "[agent]\ninterfaces = [\"{}\"]\npin_path = \"{}\"\nsocket = \"{}\"\n\n{RULE_A}",
+            bed.rx_if,
+            dir.display(),
+            tmp.join("agent.sock").display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new("nsenter")
+        .arg(format!("--net={}", bed.rx.path().display()))
+        .arg(agent_binary())
+        .args(["agent", "-c"])
+        .arg(&cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (status, log) = wait_child(child, "an agent given another user's pins");
+    assert!(
+        !status.success(),
+        "the agent used another user's pins: {log}"
+    );
+    assert!(
+        log.contains("owned by uid 65534") && log.contains("holds pins"),
+        "{log}"
+    );
+    assert!(dir.join("RL_CONFIG").exists(), "the pins were removed");
+    assert!(xdp_attachment(&bed.rx, &bed.rx_if).unwrap().is_some());
+
+    std::os::unix::fs::chown(&dir, Some(0), Some(0)).unwrap();
+    fs::remove_dir_all(&tmp).unwrap();
+    drop(kept);
+}
+
+/// An agent whose /sys/fs/bpf is a bpffs of its own mount namespace (a container with its own
+/// bpffs; `ip netns exec`) says at start that its pins, and enforcement after it exits, end with
+/// that namespace.
+#[test]
+fn a_private_bpffs_is_warned_about() {
+    let bed = bed("private");
+    let tmp = tempfile_dir("rl-hard-private");
+    let cfg = tmp.join("ratelimit.toml");
+    fs::write(
+        &cfg,
+        format!(
+            "[agent]\ninterfaces = [\"{}\"]\npin_path = \"/sys/fs/bpf/rl-hard-private\"\nsocket = \"{}\"\n\n{RULE_A}",
+            bed.rx_if,
+            tmp.join("agent.sock").display()
+        ),
+    )
+    .unwrap();
+    let log_path = tmp.join("agent.log");
+    let log = fs::File::create(&log_path).unwrap();
+    let launch =
+        r#"mount -t bpf -o mode=0700 bpf /sys/fs/bpf || exit 125; exec nsenter --net="$0" "$@""#;
+    let mut child = Command::new("unshare")
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            launch,
+        ])
+        .arg(bed.rx.path())
+        .arg(agent_binary())
+        .args(["agent", "-c"])
+        .arg(&cfg)
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    wait_until("the agent running", Duration::from_secs(20), || {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{}",
+            fs::read_to_string(&log_path).unwrap()
+        );
+        fs::read_to_string(&log_path).unwrap().contains("running;")
+    });
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(i32::try_from(child.id()).unwrap(), libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    let text = fs::read_to_string(&log_path).unwrap();
+    assert!(status.success(), "{text}");
+    assert!(
+        text.contains("private to this agent's mount namespace") && text.contains("nsenter --net"),
+        "no warning about the private bpffs: {text}"
+    );
+    assert!(!Path::new("/sys/fs/bpf/rl-hard-private").exists());
+    fs::remove_dir_all(&tmp).unwrap();
+}

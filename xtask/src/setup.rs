@@ -99,7 +99,7 @@ pub fn ensure() -> Result<()> {
             commands.push(apt_command_line(&missing));
         }
         if !bpffs {
-            commands.push(format!("mount -t bpf bpf {BPFFS}"));
+            commands.push(format!("mount -t bpf -o mode=0700 bpf {BPFFS}"));
         }
         if !commands.is_empty() {
             eprintln!("==> setup: not running as root, so not doing these; run them as root:");
@@ -131,7 +131,7 @@ pub fn ensure() -> Result<()> {
     if !bpffs && root {
         cmd::run_step(
             &format!("Mounting bpffs at {BPFFS} (the agent pins its maps and XDP link there)"),
-            Command::new("mount").args(["-t", "bpf", "bpf", BPFFS]),
+            Command::new("mount").args(["-t", "bpf", "-o", "mode=0700", "bpf", BPFFS]),
         )?;
     }
     eprintln!("==> setup: done");
