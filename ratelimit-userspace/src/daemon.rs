@@ -117,7 +117,9 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
             _ = hup.recv() => {
                 tracing::info!("SIGHUP: reloading");
                 crate::notify::reloading();
-                let _ = agent.lock().await.reload();
+                let mut guard = agent.lock().await;
+                // Reading files: off the runtime's worker threads.
+                let _ = tokio::task::block_in_place(|| guard.reload());
                 crate::notify::ready("enforcing");
             }
         }
@@ -179,7 +181,7 @@ fn spawn_config_watcher(path: PathBuf, agent: SharedAgent) -> JoinHandle<()> {
                 let mut guard = agent.lock().await;
                 // Our own write-back also changes the file: reloading it is harmless (same rules).
                 tracing::info!(changed = ?changed, "config or list file changed: reloading");
-                let _ = guard.reload();
+                let _ = tokio::task::block_in_place(|| guard.reload());
                 // Stamp after the reload: the rules in force may name other list files now.
                 last = watched(guard.list_files());
             }

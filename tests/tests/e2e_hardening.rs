@@ -689,3 +689,98 @@ fn a_private_bpffs_is_warned_about() {
     assert!(!Path::new("/sys/fs/bpf/rl-hard-private").exists());
     fs::remove_dir_all(&tmp).unwrap();
 }
+
+/// `ratelimit status --json`, failing if the agent does not answer within 5 s.
+fn status_within_5s(agent: &AgentProcess) -> Value {
+    let out = Command::new("timeout")
+        .arg("5")
+        .arg(agent_binary())
+        .arg("--socket")
+        .arg(agent.socket_path())
+        .args(["status", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the agent did not answer `status` within 5 s ({}): {}\nagent log:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        agent.log()
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A `source_file` (or the config itself) that is a FIFO, a device such as /dev/zero, or larger
+/// than 64 MiB is refused at once, naming the file and what it is; the agent keeps answering
+/// and the rules in force stay.
+#[test]
+fn a_fifo_or_device_as_a_list_file_is_refused_quickly_and_the_agent_keeps_answering() {
+    let bed = bed("fifo");
+    let dir = tempfile_dir("rl-hard-fifo");
+    let list = dir.join("list.txt");
+    fs::write(&list, "198.18.5.0/24\n").unwrap();
+    let with_list = |file: &Path| {
+        format!(
+            "[agent]\ninterfaces = [\"{}\"]\n\n[[rule]]\nname = \"listed\"\nsource_file = \"{}\"\nrate = 10\n",
+            bed.rx_if,
+            file.display()
+        )
+    };
+    let agent = AgentProcess::start(&bed.rx, &with_list(&list), &[]).unwrap();
+    let failed = |st: &Value| st["reloads"]["failed"].as_u64().unwrap();
+    let refused_with = |what: &str, expect: &[&str]| {
+        let before = failed(&status_within_5s(&agent));
+        let t0 = Instant::now();
+        let st = loop {
+            let st = status_within_5s(&agent);
+            if failed(&st) > before {
+                break st;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{what}: no refused reload"
+            );
+            thread::sleep(Duration::from_millis(50));
+        };
+        let err = st["reloads"]["last_error"].as_str().unwrap().to_owned();
+        for e in expect {
+            assert!(err.contains(e), "{what}: {err:?} does not say {e:?}");
+        }
+        assert_eq!(rule_names(&agent), ["listed"]);
+        println!("{what}: refused in {:?}: {err}", t0.elapsed());
+    };
+
+    // The list replaced by a FIFO nobody writes to (opening it would block).
+    let fifo = dir.join("fifo.txt");
+    let ok = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(ok.success());
+    let text = fs::read_to_string(agent.config_path()).unwrap();
+    rewrite(
+        agent.config_path(),
+        &text.replace(&list.display().to_string(), &fifo.display().to_string()),
+    );
+    refused_with("a FIFO as the list", &["fifo.txt", "a FIFO"]);
+
+    // The list pointing at /dev/zero (reading it whole would never end).
+    rewrite(
+        agent.config_path(),
+        &text.replace(&list.display().to_string(), "/dev/zero"),
+    );
+    refused_with("/dev/zero as the list", &["/dev/zero", "a device"]);
+
+    // A list over the limit (sparse: no disk used).
+    let big = dir.join("big.txt");
+    fs::File::create(&big)
+        .unwrap()
+        .set_len((64 << 20) + 1)
+        .unwrap();
+    rewrite(
+        agent.config_path(),
+        &text.replace(&list.display().to_string(), &big.display().to_string()),
+    );
+    refused_with("a list over 64 MiB", &["big.txt", "larger than 64 MiB"]);
+
+    rewrite(agent.config_path(), &text);
+    agent.stop().unwrap();
+    fs::remove_dir_all(&dir).unwrap();
+}

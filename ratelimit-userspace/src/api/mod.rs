@@ -303,7 +303,7 @@ async fn rules_add(
         .map_err(|e| ApiError::bad_request(format!("the request body is not JSON: {e}")))?;
     let rule = rule_from_json(&value).map_err(ApiError::bad_request)?;
     let mut guard = agent.lock().await;
-    guard.add_rule(rule.clone(), force)?;
+    tokio::task::block_in_place(|| guard.add_rule(rule.clone(), force))?;
     let added = guard
         .config()
         .rules
@@ -322,7 +322,7 @@ async fn rules_remove(
 ) -> ApiResult {
     let force = q.force()?;
     let mut guard = agent.lock().await;
-    guard.remove_rule(&name, force)?;
+    tokio::task::block_in_place(|| guard.remove_rule(&name, force))?;
     tracing::info!(rule = %name, "rule removed (API)");
     Ok(Json(
         json!({ "removed": name, "rules": guard.config().rules.len() }),
@@ -331,7 +331,8 @@ async fn rules_remove(
 
 async fn reload(State(agent): State<SharedAgent>) -> ApiResult {
     let mut guard = agent.lock().await;
-    guard.reload()?;
+    // These read the config file (and its lists): off the runtime's worker threads.
+    tokio::task::block_in_place(|| guard.reload())?;
     Ok(Json(json!({
         "reloaded": true,
         "rules": guard.config().rules.len(),

@@ -82,7 +82,7 @@ pub(super) fn read_list(path: &Path) -> Result<(Vec<IpNet>, Vec<usize>), ListErr
             "is a directory, expected a file with one CIDR per line",
         )));
     }
-    let bytes = std::fs::read(path).map_err(ListError::Io)?;
+    let bytes = read_bounded(path).map_err(ListError::Io)?;
     parse_list(&bytes).map_err(|(line, message)| ListError::At(line, message))
 }
 
@@ -174,7 +174,7 @@ pub(super) fn read_text(path: &Path) -> Result<String, ConfigError> {
             path: path.to_owned(),
         });
     }
-    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
+    let bytes = read_bounded(path).map_err(|source| ConfigError::Read {
         path: path.to_owned(),
         source,
     })?;
@@ -185,6 +185,52 @@ pub(super) fn read_text(path: &Path) -> Result<String, ConfigError> {
             origin: path.display().to_string(),
         }
     })
+}
+
+/// Largest config or list file the agent reads.
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
+/// Reads the file at `path` whole, if it is a regular file of at most [`MAX_FILE_BYTES`]: a FIFO,
+/// a device (`/dev/zero`), a socket or an oversized file is refused at once instead of hanging
+/// or exhausting the agent. Opened non-blocking (a FIFO without a writer would block the open),
+/// checked on the open descriptor (so the file cannot be swapped between check and read), and
+/// read no further than the limit even if it grows meanwhile.
+pub(super) fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::{
+        io::Read as _,
+        os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _},
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_char_device() || kind.is_block_device() {
+            "a device"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "something other than a file"
+        };
+        return Err(std::io::Error::other(format!(
+            "is {what}, not a regular file: refused"
+        )));
+    }
+    let too_big =
+        || std::io::Error::other(format!("larger than {} MiB: refused", MAX_FILE_BYTES >> 20));
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(too_big());
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_big());
+    }
+    Ok(bytes)
 }
 
 /// The directory relative paths in the config file at `path` are resolved against.
