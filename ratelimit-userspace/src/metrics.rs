@@ -352,6 +352,12 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
         "Charges cut down because a peer reported more than its bucket could admit.",
         &ConstCounter::new(c.charges_clamped),
     )?;
+    single(
+        enc,
+        "ratelimit_cluster_debt_capped",
+        "Charges cut short because a bucket's debt reached its ceiling.",
+        &ConstCounter::new(c.debt_capped),
+    )?;
     #[expect(clippy::cast_precision_loss, reason = "milliseconds as seconds")]
     single(
         enc,
@@ -579,6 +585,7 @@ mod tests {
                     keys: 3,
                     charged_pkts: 7,
                     charged_bytes: 700,
+                    clamped: 0,
                 }],
                 counters: crate::cluster::CounterValues {
                     rejected_auth: 4,

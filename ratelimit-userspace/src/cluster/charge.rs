@@ -1,11 +1,46 @@
 //! Charging a local bucket for what peers admitted, from user space (the XDP program is not
 //! involved): the bucket's theoretical arrival time moves forward by the cost of the packets and
-//! bytes, with no cap, so a source whose burst slipped through on every host at once goes into
-//! debt here and is paid back at the rule's rate over the following seconds.
+//! bytes, so a source whose burst slipped through on every host at once goes into debt here and
+//! is paid back at the rule's rate over the following seconds.
+//!
+//! The debt is capped: a charge never moves a TAT past `now + tolerance + peers x allowance`,
+//! where `allowance` is the depth of one peer's allowance ([`Limits::pkt_allowance_ns`]: the
+//! burst plus the lag allowance of rate) and `peers` the peers counted in the round. So a
+//! bucket's debt beyond its burst is at most `peers x (burst + rate x lag allowance)`, and it
+//! admits again at most that long (`peers x (burst / rate + lag allowance)`) after the charges
+//! stop.
 
 use ratelimit_common::{bucket_header, rule_flags, Bucket, BucketKey, Rule};
 
+use super::remote::Limits;
 use crate::maps::{store::Slot, MapsError, PinnedMaps};
+
+/// `tat` moved by `cost` from `now` (`max(tat, now) + cost`) but not past `ceiling` (a TAT already
+/// past it stays): the new TAT and whether the ceiling cut the cost short.
+#[must_use]
+pub fn advance_tat(tat: u64, now: u64, cost: u64, ceiling: u64) -> (u64, bool) {
+    let want = tat.max(now).saturating_add(cost);
+    if want <= ceiling {
+        (want, false)
+    } else {
+        (tat.max(ceiling), true)
+    }
+}
+
+/// The ceilings of a bucket's packet and byte TATs at `now` with `peers` peers counted and a lag
+/// allowance of `lag_ns`: `now + tolerance + peers x allowance depth`.
+#[must_use]
+pub fn ceilings(rule: &Rule, peers: u64, lag_ns: u64, now: u64) -> (u64, u64) {
+    let l = Limits::of(rule);
+    let ceiling = |tolerance: u64, depth: u64| {
+        now.saturating_add(tolerance)
+            .saturating_add(peers.saturating_mul(depth))
+    };
+    (
+        ceiling(rule.pkt_tolerance_ns, l.pkt_allowance_ns(lag_ns)),
+        ceiling(rule.byte_tolerance_ns, l.byte_allowance_ns(lag_ns)),
+    )
+}
 
 /// The TAT costs (packets, bytes) of `pkts` packets and `bytes` bytes under `rule`.
 #[must_use]
@@ -25,21 +60,38 @@ pub fn costs(rule: &Rule, pkts: u64, bytes: u64) -> (u64, u64) {
     (pkt, byte)
 }
 
-/// Adds the cost of `pkts` packets and `bytes` bytes to `b` at `now` (`CLOCK_MONOTONIC` ns).
-pub fn apply(b: &mut Bucket, rule: &Rule, pkts: u64, bytes: u64, now: u64) {
+/// Adds the cost of `pkts` packets and `bytes` bytes to `b` at `now` (`CLOCK_MONOTONIC` ns), up
+/// to `ceilings` (packet, byte; see [`ceilings`]). Whether a ceiling cut a cost short.
+pub fn apply(
+    b: &mut Bucket,
+    rule: &Rule,
+    pkts: u64,
+    bytes: u64,
+    now: u64,
+    ceilings: (u64, u64),
+) -> bool {
     let (pkt, byte) = costs(rule, pkts, bytes);
+    let mut capped = false;
     if pkt > 0 {
-        b.tat_ns = b.tat_ns.max(now).saturating_add(pkt);
+        let (tat, cut) = advance_tat(b.tat_ns, now, pkt, ceilings.0);
+        b.tat_ns = tat;
+        capped |= cut;
     }
     if byte > 0 {
-        b.byte_tat_ns = b.byte_tat_ns.max(now).saturating_add(byte);
+        let (tat, cut) = advance_tat(b.byte_tat_ns, now, byte, ceilings.1);
+        b.byte_tat_ns = tat;
+        capped |= cut;
     }
+    capped
 }
 
 /// Charges the bucket under `key` in place in the bucket store, with the XDP program's
 /// compare-and-swap (no packet admitted meanwhile is lost from the TAT), creating it (as the
 /// program would, a full bucket, in the record the program would choose) if the source has not
 /// been seen here. `coarse_now` is `CLOCK_MONOTONIC_COARSE`, which judges what eviction loses.
+/// No TAT moves past its ceiling (`(packet, byte)`, see [`ceilings`]); `Ok(true)` when one cut
+/// the charge short.
+#[expect(clippy::too_many_arguments, reason = "the bucket, the charge, two clocks and the ceilings")]
 pub fn charge(
     maps: &PinnedMaps,
     key: &BucketKey,
@@ -48,20 +100,27 @@ pub fn charge(
     bytes: u64,
     now: u64,
     coarse_now: u64,
-) -> Result<(), MapsError> {
+    ceilings: (u64, u64),
+) -> Result<bool, MapsError> {
     let (pkt_cost, byte_cost) = costs(rule, pkts, bytes);
     // Two tries: the record may be taken by a packet between the scan and the write.
     for _ in 0..2 {
         let (slot, gen) = maps.locate_bucket(key, coarse_now)?;
         if gen == 0 {
             // The rule left the set meanwhile: nothing to charge.
-            return Ok(());
+            return Ok(false);
         }
         let header = bucket_header(key.rule, key.family, gen);
         match slot {
             Slot::Found(i) => {
-                if maps.store().advance(i, header, now, pkt_cost, byte_cost) {
-                    return Ok(());
+                if let Some(capped) = maps.store().advance_capped(
+                    i,
+                    header,
+                    now,
+                    (pkt_cost, ceilings.0),
+                    (byte_cost, ceilings.1),
+                ) {
+                    return Ok(capped);
                 }
             }
             Slot::Vacant {
@@ -75,9 +134,9 @@ pub fn charge(
                     created_ns: now,
                     ..Bucket::default()
                 };
-                apply(&mut fresh, rule, pkts, bytes, now);
+                let capped = apply(&mut fresh, rule, pkts, bytes, now, ceilings);
                 if maps.store().install(index, old, &fresh) {
-                    return Ok(());
+                    return Ok(capped);
                 }
             }
             Slot::Busy => {}
@@ -112,11 +171,11 @@ mod tests {
             byte_tat_ns: 0,
             ..Bucket::default()
         };
-        apply(&mut b, &rule, 100, 5000, now);
+        apply(&mut b, &rule, 100, 5000, now, (u64::MAX, u64::MAX));
         assert_eq!(b.tat_ns, now + 100 * MS);
         assert_eq!(b.byte_tat_ns, now + 5000);
         // A busy one from its TAT, past the tolerance (debt).
-        apply(&mut b, &rule, 1000, 0, now);
+        apply(&mut b, &rule, 1000, 0, now, (u64::MAX, u64::MAX));
         assert_eq!(b.tat_ns, now + 1100 * MS);
         // No packet limit: packets are not charged.
         let mut b2 = Bucket::default();
@@ -130,7 +189,134 @@ mod tests {
             10,
             10,
             now,
+            (u64::MAX, u64::MAX),
         );
         assert_eq!((b2.tat_ns, b2.byte_tat_ns), (0, now + 10));
+    }
+
+    /// The XDP program's packet check: conforms if the TAT after it is within the tolerance.
+    fn admit(b: &mut Bucket, rule: &Rule, now: u64) -> bool {
+        let new = b.tat_ns.max(now) + rule.pkt_interval_ns;
+        if new - now > rule.pkt_tolerance_ns {
+            return false;
+        }
+        b.tat_ns = new;
+        true
+    }
+
+    /// A peer with the key claims, every 100 ms sync for 60 s, that a victim source sent a
+    /// million packets through it; the victim sends here at the rule's rate. With bounded trust
+    /// the bucket's debt never exceeds `peers x (burst + rate x lag allowance)` beyond the
+    /// burst, and once the claims stop the victim is admitted again within that time (0.8 s,
+    /// inside one 3 s peer timeout), at its full rate.
+    #[test]
+    fn an_inflating_peer_leaves_a_bounded_debt_that_is_repaid_within_a_peer_timeout() {
+        use std::collections::HashMap;
+
+        use crate::cluster::{
+            publish::{Count, KeyName},
+            remote::{lag_allowance_ns, PeerView, RemoteTracker},
+        };
+
+        const S: u64 = 1_000_000_000;
+        let rule = Rule {
+            flags: rule_flags::PKT_LIMIT,
+            pkt_interval_ns: MS,        // 1000 pps
+            pkt_tolerance_ns: 500 * MS, // burst 500
+            ..Rule::default()
+        };
+        let interval = 100 * MS;
+        let lag = lag_allowance_ns(interval);
+        let timeout = 3 * S;
+        let limits = HashMap::from([("flood".to_string(), Limits::of(&rule))]);
+        let name = KeyName {
+            rule: "flood".into(),
+            addr: std::net::IpAddr::from([198, 18, 0, 100]),
+        };
+        let view = |hb: u64, pkts: u64| PeerView {
+            id: "evil".to_string(),
+            live: true,
+            heartbeat: hb,
+            sync: Some((hb, 0, 2)),
+            keys: vec![(
+                name.clone(),
+                Count {
+                    epoch: 2,
+                    pkts,
+                    bytes: 0,
+                },
+            )],
+        };
+        let mut tracker = RemoteTracker::new(timeout, lag);
+        let mut b = Bucket::default();
+        let start = 1000 * S;
+        let attack_end = start + 60 * S;
+        let (bound_ns, mut worst_debt, mut last_drop) = (500 * MS + lag, 0, 0);
+        let mut admitted_after = 0u64;
+        // One packet a millisecond (the rate), a sync every 100 ms.
+        for ms in 0..70_000u64 {
+            let now = start + ms * MS;
+            if ms % 100 == 0 {
+                let hb = ms / 100 + 1;
+                let claim = if now <= attack_end { hb * 1_000_000 } else { 0 };
+                let mut v = view(hb, claim);
+                if now > attack_end {
+                    v.keys.clear();
+                }
+                let r = tracker.round(now, &[v], &limits);
+                if let Some(&(p, bytes)) = r.charges.get(&name) {
+                    let c = ceilings(&rule, r.counted_peers, lag, now);
+                    apply(&mut b, &rule, p, bytes, now, c);
+                }
+                let debt = b.tat_ns.saturating_sub(now + rule.pkt_tolerance_ns);
+                worst_debt = worst_debt.max(debt);
+            }
+            if admit(&mut b, &rule, now) {
+                if now > attack_end {
+                    admitted_after += 1;
+                }
+            } else {
+                last_drop = now;
+            }
+        }
+        assert!(
+            worst_debt <= bound_ns,
+            "debt {worst_debt} ns over the bound {bound_ns} ns"
+        );
+        let recovered_in = last_drop.saturating_sub(attack_end);
+        assert!(
+            recovered_in <= bound_ns && recovered_in < timeout,
+            "victim still dropped {recovered_in} ns after the claims stopped"
+        );
+        // After that, every packet at the rate passes.
+        assert!(
+            admitted_after >= (10 * S - bound_ns) / MS,
+            "{admitted_after}"
+        );
+    }
+
+    /// The ceiling holds whatever a charge asks, never moves a TAT back, and is reported.
+    #[test]
+    fn charges_stop_at_the_ceiling() {
+        let rule = Rule {
+            flags: rule_flags::PKT_LIMIT,
+            pkt_interval_ns: MS,
+            pkt_tolerance_ns: 500 * MS,
+            ..Rule::default()
+        };
+        let now = 1_000_000 * MS;
+        // Two peers, 300 ms of lag: 500 ms + 2 x 800 ms.
+        let c = ceilings(&rule, 2, 300 * MS, now);
+        assert_eq!(c.0, now + 2100 * MS);
+        let mut b = Bucket::default();
+        assert!(!apply(&mut b, &rule, 2100, 0, now, c));
+        assert_eq!(b.tat_ns, now + 2100 * MS);
+        assert!(apply(&mut b, &rule, 1, 0, now, c));
+        assert_eq!(b.tat_ns, now + 2100 * MS);
+        // A TAT already past a (lower) ceiling stays.
+        assert_eq!(
+            advance_tat(now + 5 * MS, now, 10 * MS, now),
+            (now + 5 * MS, true)
+        );
     }
 }

@@ -26,6 +26,13 @@
 //! counted; when heard again its consumption meanwhile is not charged late: in a partition each
 //! side enforces the budget on its own (fail open). The XDP program enforces the local bucket
 //! whether or not the agent runs.
+//!
+//! # Trust
+//! A peer holding the key is trusted only as far as its own bucket: per source, it makes this
+//! host charge at most `burst + rate x (t + lag allowance)` over any span `t` ([`remote`]; the
+//! lag allowance is 3 sync intervals), and no bucket's debt beyond its burst exceeds
+//! `counted peers x (burst + rate x lag allowance)` ([`charge`]). Claims beyond either are cut,
+//! counted (`charges_clamped`, `debt_capped`) and logged once per peer.
 
 pub mod charge;
 pub mod key;

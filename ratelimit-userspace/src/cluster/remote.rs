@@ -11,6 +11,17 @@
 //! has arrived (its keys are then complete as of that sync). When it starts being counted (first
 //! seen, back from a partition or a silence), what it reports is taken as the baseline: its past
 //! consumption, which this host could not charge in time, is not charged late (fail open).
+//!
+//! # Bounded trust
+//! A peer holding the cluster key could report anything. What it can make this host charge is
+//! bounded by what its own bucket could have admitted: per peer incarnation and key, this keeps
+//! an *allowance*, a token bucket of the rule's rate whose depth is the rule's burst plus
+//! [`lag_allowance_ns`] (reports arrive with jitter) and whose time is this host's clock. A
+//! round charges at most what the allowance holds; the rest is dropped (clamped), counted and
+//! logged once per peer. So over any span `t`, one peer incarnation makes this host charge a
+//! key at most `burst + rate x (t + lag allowance)`, and never faster than the rule's rate once
+//! that depth is spent. The allowance outlives the key (a peer cannot refill it by withdrawing
+//! and republishing a key).
 
 use std::{collections::HashMap, hash::Hash};
 
@@ -44,10 +55,66 @@ pub struct Limits {
     pub byte_tolerance_ns: u64,
 }
 
+impl Limits {
+    /// The limits of `rule` (a zero interval for a limit the rule does not set).
+    #[must_use]
+    pub fn of(r: &ratelimit_common::Rule) -> Self {
+        use ratelimit_common::rule_flags;
+        let pkt = r.flags & rule_flags::PKT_LIMIT != 0;
+        let byte = r.flags & rule_flags::BYTE_LIMIT != 0;
+        Self {
+            pkt_interval_ns: if pkt { r.pkt_interval_ns } else { 0 },
+            pkt_tolerance_ns: r.pkt_tolerance_ns,
+            byte_interval_fp: if byte { r.byte_interval_fp } else { 0 },
+            byte_tolerance_ns: r.byte_tolerance_ns,
+        }
+    }
+
+    /// The depth of a peer's allowance on packets, in TAT ns: the burst plus `lag_ns` of rate.
+    #[must_use]
+    pub fn pkt_allowance_ns(&self, lag_ns: u64) -> u64 {
+        self.pkt_tolerance_ns.saturating_add(lag_ns)
+    }
+
+    /// The depth of a peer's allowance on bytes, in TAT ns: the byte burst, one largest packet
+    /// (the XDP program admits a packet that ends past the burst if it starts inside it) and
+    /// `lag_ns` of rate.
+    #[must_use]
+    pub fn byte_allowance_ns(&self, lag_ns: u64) -> u64 {
+        let packet =
+            u64::try_from((u128::from(MAX_PACKET_BYTES) * u128::from(self.byte_interval_fp)) >> 16)
+                .unwrap_or(u64::MAX);
+        self.byte_tolerance_ns
+            .saturating_add(packet)
+            .saturating_add(lag_ns)
+    }
+}
+
+/// The largest packet the byte allowance makes room for beyond the burst (an XDP frame is at most
+/// one page without multi-buffer; 64 KiB covers multi-buffer frames too).
+pub const MAX_PACKET_BYTES: u64 = 65_536;
+
+/// How much report jitter the allowance absorbs: this many sync intervals of the rule's rate.
+pub const LAG_ROUNDS: u64 = 3;
+
+/// The lag allowance for a sync interval of `interval_ns`: [`LAG_ROUNDS`] intervals.
+#[must_use]
+pub fn lag_allowance_ns(interval_ns: u64) -> u64 {
+    interval_ns.saturating_mul(LAG_ROUNDS)
+}
+
+/// What a peer may still make this host charge for one key: the TATs of its packet and byte
+/// allowances (a token bucket each, as the XDP program keeps them; a TAT at or before now is a
+/// full allowance).
+#[derive(Clone, Copy, Debug, Default)]
+struct Allowance {
+    pkt_tat: u64,
+    byte_tat: u64,
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Applied {
     count: Count,
-    at_ns: u64,
 }
 
 #[derive(Debug)]
@@ -63,6 +130,11 @@ struct PeerTrack {
     charged_pkts: u64,
     charged_bytes: u64,
     live: bool,
+    /// Per key, what the peer may still make us charge (entries back to full are dropped).
+    allowance: HashMap<KeyName, Allowance>,
+    /// Whether a clamp of this peer was logged already.
+    clamp_logged: bool,
+    clamped: u64,
 }
 
 /// A peer's state for `peers`.
@@ -84,6 +156,8 @@ pub struct PeerInfo {
     pub charged_pkts: u64,
     /// Charged so far.
     pub charged_bytes: u64,
+    /// Charges of this peer cut down to its allowance so far.
+    pub clamped: u64,
 }
 
 /// The outcome of one sync.
@@ -95,21 +169,26 @@ pub struct Round {
     pub keys_synced: u64,
     /// Charges cut down to what a bucket could have admitted.
     pub clamped: u64,
+    /// Peers counted in this round.
+    pub counted_peers: u64,
 }
 
 /// Every peer incarnation seen, with what was charged for it.
 #[derive(Debug)]
 pub struct RemoteTracker<P> {
     timeout_ns: u64,
+    lag_ns: u64,
     peers: HashMap<P, PeerTrack>,
 }
 
-impl<P: Clone + Eq + Hash> RemoteTracker<P> {
-    /// A tracker that stops counting a peer not heard for `timeout_ns`.
+impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
+    /// A tracker that stops counting a peer not heard for `timeout_ns` and lets a peer's reports
+    /// run `lag_ns` ahead of its rate (see [`lag_allowance_ns`]).
     #[must_use]
-    pub fn new(timeout_ns: u64) -> Self {
+    pub fn new(timeout_ns: u64, lag_ns: u64) -> Self {
         Self {
             timeout_ns,
+            lag_ns,
             peers: HashMap::new(),
         }
     }
@@ -140,7 +219,14 @@ impl<P: Clone + Eq + Hash> RemoteTracker<P> {
                     charged_pkts: 0,
                     charged_bytes: 0,
                     live: view.live,
+                    allowance: HashMap::new(),
+                    clamp_logged: false,
+                    clamped: 0,
                 });
+            // Full allowances (TAT at or before now) are the same as none: forget them.
+            track
+                .allowance
+                .retain(|_, a| a.pkt_tat > now || a.byte_tat > now);
             if view.heartbeat != track.heartbeat {
                 track.heartbeat = view.heartbeat;
                 track.last_heard_ns = now;
@@ -153,6 +239,7 @@ impl<P: Clone + Eq + Hash> RemoteTracker<P> {
                 continue;
             };
             track.sync = Some(sync);
+            round.counted_peers += 1;
             if !track.counted {
                 // (Re)joining: everything reported so far is the baseline.
                 track.counted = true;
@@ -160,15 +247,7 @@ impl<P: Clone + Eq + Hash> RemoteTracker<P> {
                 track.keys = view
                     .keys
                     .iter()
-                    .map(|(k, c)| {
-                        (
-                            k.clone(),
-                            Applied {
-                                count: *c,
-                                at_ns: now,
-                            },
-                        )
-                    })
+                    .map(|(k, c)| (k.clone(), Applied { count: *c }))
                     .collect();
                 continue;
             }
@@ -176,11 +255,10 @@ impl<P: Clone + Eq + Hash> RemoteTracker<P> {
             for (name, count) in &view.keys {
                 round.keys_synced += 1;
                 let prev = track.keys.get(name);
-                let (dp, db, since) = match prev {
+                let (dp, db) = match prev {
                     Some(a) if a.count.epoch == count.epoch => (
                         count.pkts.saturating_sub(a.count.pkts),
                         count.bytes.saturating_sub(a.count.bytes),
-                        a.at_ns,
                     ),
                     // An older epoch than the one already seen: a stale report, nothing new.
                     Some(a) if a.count.epoch > count.epoch => {
@@ -189,34 +267,46 @@ impl<P: Clone + Eq + Hash> RemoteTracker<P> {
                     }
                     // A key (or a new epoch of it) that began while we counted the peer: all of
                     // it is consumption we have not charged.
-                    _ if count.epoch >= track.baseline_epoch => {
-                        (count.pkts, count.bytes, prev.map_or(now, |a| a.at_ns))
-                    }
+                    _ if count.epoch >= track.baseline_epoch => (count.pkts, count.bytes),
                     // A key older than our counting that we had not seen (state still arriving):
                     // baseline.
-                    _ => (0, 0, now),
+                    _ => (0, 0),
                 };
                 // The high-water mark never goes down (an older report of the same epoch).
-                let mut applied = Applied {
-                    count: *count,
-                    at_ns: now,
-                };
+                let mut applied = Applied { count: *count };
                 if let Some(a) = prev.filter(|a| a.count.epoch == count.epoch) {
                     applied.count.pkts = applied.count.pkts.max(a.count.pkts);
                     applied.count.bytes = applied.count.bytes.max(a.count.bytes);
                 }
                 if dp > 0 || db > 0 {
                     if let Some(l) = limits.get(&name.rule) {
-                        let (dp, db, clamped) = clamp(l, dp, db, now.saturating_sub(since));
-                        round.clamped += u64::from(clamped);
+                        let allowance = track.allowance.entry(name.clone()).or_default();
+                        let (cp, cb) = (dp, db);
+                        let (dp, db, clamped) = clamp(l, allowance, dp, db, now, self.lag_ns);
+                        if clamped {
+                            round.clamped += 1;
+                            track.clamped += 1;
+                            if !track.clamp_logged {
+                                track.clamp_logged = true;
+                                tracing::warn!(
+                                    peer = ?view.id,
+                                    rule = %name.rule,
+                                    addr = %name.addr,
+                                    claimed_pkts = cp,
+                                    claimed_bytes = cb,
+                                    charged_pkts = dp,
+                                    charged_bytes = db,
+                                    "cluster peer claimed more than its bucket could have admitted: charge clamped \
+                                     (logged once per peer; see charges_clamped)"
+                                );
+                            }
+                        }
                         let e = round.charges.entry(name.clone()).or_default();
                         e.0 += dp;
                         e.1 += db;
                         track.charged_pkts += dp;
                         track.charged_bytes += db;
                     }
-                } else {
-                    applied.at_ns = prev.map_or(now, |a| a.at_ns);
                 }
                 keys.insert(name.clone(), applied);
             }
@@ -240,40 +330,49 @@ impl<P: Clone + Eq + Hash> RemoteTracker<P> {
                     keys: t.published,
                     charged_pkts: t.charged_pkts,
                     charged_bytes: t.charged_bytes,
+                    clamped: t.clamped,
                 },
             )
         })
     }
 }
 
-/// Cuts a peer's reported gain down to what its bucket could have admitted over `dt_ns`: at most
-/// its tolerance plus the elapsed time, in TAT nanoseconds; doubled and with a second of slack,
-/// since reports arrive with jitter. This bounds what a faulty peer can charge; an honest one
-/// never comes near it.
-fn clamp(l: &Limits, pkts: u64, bytes: u64, dt_ns: u64) -> (u64, u64, bool) {
-    let allowed = |tolerance: u64| {
-        tolerance
-            .saturating_mul(2)
-            .saturating_add(dt_ns)
-            .saturating_add(1_000_000_000)
-    };
+/// Cuts a peer's reported gain down to what its allowance for the key holds at `now`, and takes
+/// what is charged from it: `(packets, bytes, clamped)`.
+fn clamp(
+    l: &Limits,
+    a: &mut Allowance,
+    pkts: u64,
+    bytes: u64,
+    now: u64,
+    lag_ns: u64,
+) -> (u64, u64, bool) {
     let mut clamped = false;
-    let pkts = match allowed(l.pkt_tolerance_ns).checked_div(l.pkt_interval_ns) {
-        Some(max) => {
-            let max = max + 1;
-            clamped |= pkts > max;
-            pkts.min(max)
-        }
-        None => pkts,
+    let pkts = if l.pkt_interval_ns > 0 && pkts > 0 {
+        let from = a.pkt_tat.max(now);
+        let room = now
+            .saturating_add(l.pkt_allowance_ns(lag_ns))
+            .saturating_sub(from);
+        let granted = pkts.min(room / l.pkt_interval_ns);
+        clamped |= granted < pkts;
+        a.pkt_tat = from.saturating_add(granted.saturating_mul(l.pkt_interval_ns));
+        granted
+    } else {
+        pkts
     };
-    let bytes = if l.byte_interval_fp > 0 {
-        let max = u64::try_from(
-            (u128::from(allowed(l.byte_tolerance_ns)) << 16) / u128::from(l.byte_interval_fp),
-        )
-        .unwrap_or(u64::MAX)
-        .saturating_add(1);
-        clamped |= bytes > max;
-        bytes.min(max)
+    let bytes = if l.byte_interval_fp > 0 && bytes > 0 {
+        let from = a.byte_tat.max(now);
+        let room = now
+            .saturating_add(l.byte_allowance_ns(lag_ns))
+            .saturating_sub(from);
+        let max = u64::try_from((u128::from(room) << 16) / u128::from(l.byte_interval_fp))
+            .unwrap_or(u64::MAX);
+        let granted = bytes.min(max);
+        clamped |= granted < bytes;
+        let cost = u64::try_from((u128::from(granted) * u128::from(l.byte_interval_fp)) >> 16)
+            .unwrap_or(u64::MAX);
+        a.byte_tat = from.saturating_add(cost);
+        granted
     } else {
         bytes
     };
@@ -288,6 +387,8 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
     const MS: u64 = 1_000_000;
+    /// Three 100 ms sync intervals.
+    const LAG: u64 = 300 * MS;
 
     fn name() -> KeyName {
         KeyName {
@@ -337,7 +438,7 @@ mod tests {
 
     #[test]
     fn cumulative_counters_survive_loss_duplicates_and_reordering() {
-        let mut t = RemoteTracker::new(3 * S);
+        let mut t = RemoteTracker::new(3 * S, LAG);
         let l = limits();
         // First sight: baseline, nothing charged.
         assert_eq!(charged(&t.round(0, &[view("a", 1, 2, &[(1, 100)])], &l)), 0);
@@ -374,7 +475,7 @@ mod tests {
 
     #[test]
     fn restarted_peer_is_a_new_incarnation_and_not_counted_twice() {
-        let mut t = RemoteTracker::new(3 * S);
+        let mut t = RemoteTracker::new(3 * S, LAG);
         let l = limits();
         t.round(0, &[view("a@1", 1, 2, &[(1, 100)])], &l);
         assert_eq!(
@@ -405,7 +506,7 @@ mod tests {
 
     #[test]
     fn silent_peer_stops_counting_and_rejoins_from_a_new_baseline() {
-        let mut t = RemoteTracker::new(3 * S);
+        let mut t = RemoteTracker::new(3 * S, LAG);
         let l = limits();
         t.round(0, &[view("a", 1, 2, &[(1, 0)])], &l);
         assert_eq!(
@@ -438,7 +539,7 @@ mod tests {
 
     #[test]
     fn keys_older_than_counting_are_baselined_and_absurd_gains_clamped() {
-        let mut t = RemoteTracker::new(3 * S);
+        let mut t = RemoteTracker::new(3 * S, LAG);
         let l = limits();
         t.round(0, &[view("a", 1, 5, &[])], &l);
         // A key of epoch 3 < 5 shows up late (state still arriving): baseline.
@@ -450,9 +551,11 @@ mod tests {
             charged(&t.round(200 * MS, &[view("a", 3, 5, &[(3, 100_100)])], &l)),
             100
         );
-        // A gain no bucket could have admitted in 100 ms: cut to 2 x burst + 1.1 s of rate.
+        // A gain no bucket could have admitted in 100 ms: cut to what the allowance holds, its
+        // depth (burst 500 + 300 ms of lag at 1000/s) less the 100 charged 100 ms ago, refilled
+        // by the 100 ms since.
         let r = t.round(300 * MS, &[view("a", 4, 5, &[(3, 10_000_000)])], &l);
-        assert_eq!(charged(&r), 2101);
+        assert_eq!(charged(&r), 800);
         assert_eq!(r.clamped, 1);
         // Keys of rules that are not cluster-scoped here are not charged.
         let mut other = view("a", 5, 5, &[]);
@@ -474,7 +577,7 @@ mod tests {
     /// the clamp count, and each peer's running totals; a key that gained nothing has no entry.
     #[test]
     fn rounds_count_keys_bytes_clamps_and_per_peer_totals() {
-        let mut t = RemoteTracker::new(3 * S);
+        let mut t = RemoteTracker::new(3 * S, LAG);
         let l = limits();
         let r = t.round(0, &[view("a", 1, 2, &[(2, 100)])], &l);
         assert_eq!(
@@ -535,7 +638,7 @@ mod tests {
     /// counted (so not below its baseline): stale, nothing charged, the newer count kept.
     #[test]
     fn an_older_epoch_after_a_newer_one_charges_nothing() {
-        let mut t = RemoteTracker::new(3 * S);
+        let mut t = RemoteTracker::new(3 * S, LAG);
         let l = limits();
         t.round(0, &[view("a", 1, 2, &[])], &l);
         assert_eq!(
@@ -562,8 +665,8 @@ mod tests {
         );
     }
 
-    /// The clamp on bytes as on packets: a gain beyond what the bucket could have admitted is cut
-    /// to exactly that and counted; a gain of exactly that is not.
+    /// The clamp on bytes as on packets: a gain beyond what the allowance holds is cut to exactly
+    /// that and counted; a gain of exactly that is not.
     #[test]
     fn byte_gains_are_clamped_like_packets_and_the_limit_itself_is_not() {
         // 1000 pps, burst 500; 1 MB/s (1000 ns a byte, 48.16 fixed point), burst 64 KiB.
@@ -576,8 +679,8 @@ mod tests {
                 byte_tolerance_ns: 65_536 * 1000,
             },
         )]);
-        // Over 100 ms: 2 x tolerance + 100 ms + 1 s, in units of one packet or one byte, + 1.
-        let (max_pkts, max_bytes) = (2101, 1_231_073);
+        // Allowance depths: 500 packets + 300 ms of rate; 64 KiB + one 64 KiB packet + 300 ms.
+        let (depth_pkts, depth_bytes) = (800, 431_072);
         let key = |pkts, bytes| {
             let mut v = view("a", 0, 2, &[]);
             v.keys.push((
@@ -590,7 +693,7 @@ mod tests {
             ));
             v
         };
-        let mut t = RemoteTracker::new(3 * S);
+        let mut t = RemoteTracker::new(3 * S, LAG);
         let mut at = |n: u64, pkts, bytes| {
             let mut v = key(pkts, bytes);
             v.heartbeat = n;
@@ -598,16 +701,82 @@ mod tests {
         };
         at(0, 0, 0);
         let r = at(1, 10, 10_000_000);
-        assert_eq!(r.charges.get(&name()), Some(&(10, max_bytes)));
+        assert_eq!(r.charges.get(&name()), Some(&(10, depth_bytes)));
         assert_eq!(r.clamped, 1);
-        let r = at(2, 10 + max_pkts, 10_000_000 + max_bytes);
-        assert_eq!(r.charges.get(&name()), Some(&(max_pkts, max_bytes)));
-        assert_eq!(r.clamped, 0, "a gain of exactly the limit is not clamped");
-        let r = at(3, 11 + 2 * max_pkts, 10_000_000 + 2 * max_bytes);
-        assert_eq!(r.charges.get(&name()), Some(&(max_pkts, max_bytes)));
-        assert_eq!(r.clamped, 1, "one packet over");
+        // 100 ms later: the byte allowance refilled by 100 ms (100 000 bytes), the packet one
+        // (10 taken 100 ms ago) is full again.
+        let (p, b) = (10 + depth_pkts, 10_000_000 + 100_000);
+        let r = at(2, p, b);
+        assert_eq!(r.charges.get(&name()), Some(&(depth_pkts, 100_000)));
+        assert_eq!(
+            r.clamped, 0,
+            "a gain of exactly the allowance is not clamped"
+        );
+        let r = at(3, p + 101, b + 100_001);
+        assert_eq!(r.charges.get(&name()), Some(&(100, 100_000)));
+        assert_eq!(r.clamped, 1, "one packet and one byte over: one clamp");
         // Bytes gained alone are charged too.
-        let r = at(4, 11 + 2 * max_pkts, 10_000_100 + 2 * max_bytes);
+        let r = at(4, p + 101, b + 100_101);
         assert_eq!(r.charges.get(&name()), Some(&(0, 100)));
+    }
+
+    /// A peer with the key claiming a victim source consumed a million packets every round: over
+    /// any span `t` of rounds it makes this host charge at most `burst + rate x (t + lag)`, once
+    /// the depth is spent exactly the rate, every claim is clamped, counted, and the peer's
+    /// own clamp count shows it.
+    #[test]
+    fn an_inflating_peer_charges_at_most_what_its_own_bucket_could_admit() {
+        let mut t = RemoteTracker::new(3 * S, LAG);
+        let l = limits();
+        t.round(0, &[view("evil", 1, 2, &[(2, 0)])], &l);
+        let mut total = vec![(0u64, 0u64)]; // (time, cumulative charge)
+        let mut clamped = 0;
+        for k in 1..=200u64 {
+            let now = k * 100 * MS;
+            let r = t.round(now, &[view("evil", k + 1, 2, &[(2, k * 1_000_000)])], &l);
+            clamped += r.clamped;
+            let sum = total.last().unwrap().1 + charged(&r);
+            total.push((now, sum));
+        }
+        // Burst 500 + 300 ms of lag, at 1000/s.
+        let (burst, lag_pkts) = (500, 300);
+        for (i, &(ti, ci)) in total.iter().enumerate() {
+            for &(tj, cj) in &total[i + 1..] {
+                let bound = burst + lag_pkts + (tj - ti) / MS;
+                assert!(
+                    cj - ci <= bound,
+                    "charged {} over {} ms: more than {bound}",
+                    cj - ci,
+                    (tj - ti) / MS
+                );
+            }
+        }
+        // The depth in the first round, then the rate over the 19.9 s after it.
+        assert_eq!(total.last().unwrap().1, burst + lag_pkts + 19_900);
+        assert_eq!(clamped, 200);
+        let info = t.info(20 * S).next().unwrap().1;
+        assert_eq!((info.clamped, info.charged_pkts), (200, 20_700));
+    }
+
+    /// Withdrawing a key and publishing it again (a new epoch, counted from zero) does not
+    /// refill the peer's allowance for it.
+    #[test]
+    fn republishing_a_key_does_not_refill_the_allowance() {
+        let mut t = RemoteTracker::new(3 * S, LAG);
+        let l = limits();
+        t.round(0, &[view("evil", 1, 2, &[])], &l);
+        assert_eq!(
+            charged(&t.round(100 * MS, &[view("evil", 2, 3, &[(2, 1_000_000)])], &l)),
+            800
+        );
+        assert_eq!(
+            charged(&t.round(200 * MS, &[view("evil", 3, 3, &[])], &l)),
+            0
+        );
+        // 200 ms after the depth was spent: 200 packets of allowance, whatever the new epoch
+        // claims.
+        let r = t.round(300 * MS, &[view("evil", 4, 4, &[(3, 1_000_000)])], &l);
+        assert_eq!(charged(&r), 200);
+        assert_eq!(r.clamped, 1);
     }
 }

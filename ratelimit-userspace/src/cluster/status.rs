@@ -64,6 +64,8 @@ pub struct PeerStatus {
     pub charged_pkts: u64,
     /// Bytes of its consumption charged here so far.
     pub charged_bytes: u64,
+    /// Its charges cut down to what its own bucket could have admitted, so far.
+    pub clamped: u64,
 }
 
 /// Counter values (see [`Counters`]).
@@ -96,6 +98,9 @@ pub struct CounterValues {
     pub keys_dropped: u64,
     /// Charges cut down because a peer reported more than its bucket could have admitted.
     pub charges_clamped: u64,
+    /// Charges cut short because the bucket's debt reached its ceiling (`peers x (burst + rate x
+    /// lag allowance)` beyond the burst).
+    pub debt_capped: u64,
     /// Packets charged to local buckets for peers' consumption.
     pub charged_pkts: u64,
     /// Bytes charged to local buckets for peers' consumption.
@@ -137,6 +142,8 @@ pub struct Counters {
     pub keys_dropped: AtomicU64,
     /// See [`CounterValues::charges_clamped`].
     pub charges_clamped: AtomicU64,
+    /// See [`CounterValues::debt_capped`].
+    pub debt_capped: AtomicU64,
     /// See [`CounterValues::charged_pkts`].
     pub charged_pkts: AtomicU64,
     /// See [`CounterValues::charged_bytes`].
@@ -172,6 +179,7 @@ impl Counters {
             keys_synced: self.keys_synced.load(Relaxed),
             keys_dropped: self.keys_dropped.load(Relaxed),
             charges_clamped: self.charges_clamped.load(Relaxed),
+            debt_capped: self.debt_capped.load(Relaxed),
             charged_pkts: self.charged_pkts.load(Relaxed),
             charged_bytes: self.charged_bytes.load(Relaxed),
             charge_errors: self.charge_errors.load(Relaxed),

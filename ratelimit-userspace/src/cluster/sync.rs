@@ -55,19 +55,7 @@ impl ClusterRules {
     fn limits(&self) -> HashMap<String, Limits> {
         self.by_name
             .iter()
-            .map(|(name, (_, r))| {
-                let pkt = r.flags & rule_flags::PKT_LIMIT != 0;
-                let byte = r.flags & rule_flags::BYTE_LIMIT != 0;
-                (
-                    name.clone(),
-                    Limits {
-                        pkt_interval_ns: if pkt { r.pkt_interval_ns } else { 0 },
-                        pkt_tolerance_ns: r.pkt_tolerance_ns,
-                        byte_interval_fp: if byte { r.byte_interval_fp } else { 0 },
-                        byte_tolerance_ns: r.byte_tolerance_ns,
-                    },
-                )
-            })
+            .map(|(name, (_, r))| (name.clone(), Limits::of(r)))
             .collect()
     }
 }
@@ -114,14 +102,17 @@ impl SyncLoop {
             local: LocalTracker::new(max_keys, start_ns),
             next_full_ns: 0,
         });
-        let mut remote: RemoteTracker<ChitchatId> =
-            RemoteTracker::new(u64::try_from(peer_timeout.as_nanos()).unwrap_or(u64::MAX));
+        let mut remote: RemoteTracker<ChitchatId> = RemoteTracker::new(
+            u64::try_from(peer_timeout.as_nanos()).unwrap_or(u64::MAX),
+            super::remote::lag_allowance_ns(u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX)),
+        );
         let self_id = chitchat.chitchat_id().clone();
         let mut seq = 0u64;
         let mut was_counted: HashSet<ChitchatId> = HashSet::new();
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
+        let lag_ns = super::remote::lag_allowance_ns(interval_ns);
         loop {
             tick.tick().await;
             let began = Instant::now();
@@ -173,11 +164,11 @@ impl SyncLoop {
                 let Some(mut b) = blocking.take() else { return };
                 let round = std::mem::take(&mut round);
                 let charged = tokio::task::spawn_blocking(move || {
-                    let r = b.charge(&rules, &round);
+                    let r = b.charge(&rules, &round, lag_ns);
                     (b, r)
                 })
                 .await;
-                let Ok((b, (pkts, bytes, errors, clamped))) = charged else {
+                let Ok((b, (pkts, bytes, errors, clamped, capped))) = charged else {
                     tracing::error!("cluster sync: charging panicked; cluster sync stopped");
                     return;
                 };
@@ -186,6 +177,7 @@ impl SyncLoop {
                 Counters::add(&c.charged_bytes, bytes);
                 Counters::add(&c.charge_errors, errors);
                 Counters::add(&c.charges_clamped, clamped);
+                Counters::add(&c.debt_capped, capped);
             }
             c.keys_synced
                 .store(keys_synced, std::sync::atomic::Ordering::Relaxed);
@@ -269,19 +261,36 @@ impl Blocking {
         self.local.changes()
     }
 
-    /// Charges the round's consumption: (packets, bytes, errors, clamped).
-    fn charge(&mut self, rules: &ClusterRules, round: &Round) -> (u64, u64, u64, u64) {
-        let (mut pkts, mut bytes, mut errors) = (0, 0, 0);
+    /// Charges the round's consumption, no bucket past its debt ceiling (see
+    /// [`charge::ceilings`]): (packets, bytes, errors, clamped, capped by the ceiling).
+    fn charge(
+        &mut self,
+        rules: &ClusterRules,
+        round: &Round,
+        lag_ns: u64,
+    ) -> (u64, u64, u64, u64, u64) {
+        let (mut pkts, mut bytes, mut errors, mut capped) = (0, 0, 0, 0);
         let now = monotonic_ns();
         for (name, &(p, b)) in &round.charges {
             let Some((id, rule)) = rules.by_name.get(&name.rule) else {
                 continue;
             };
             let key = bucket_key(*id, rule, name.addr);
-            match charge::charge(&self.maps, &key, rule, p, b, now, monotonic_coarse_ns()) {
-                Ok(()) => {
+            let ceilings = charge::ceilings(rule, round.counted_peers, lag_ns, now);
+            match charge::charge(
+                &self.maps,
+                &key,
+                rule,
+                p,
+                b,
+                now,
+                monotonic_coarse_ns(),
+                ceilings,
+            ) {
+                Ok(cut) => {
                     pkts += p;
                     bytes += b;
+                    capped += u64::from(cut);
                 }
                 Err(e) => {
                     errors += 1;
@@ -289,7 +298,7 @@ impl Blocking {
                 }
             }
         }
-        (pkts, bytes, errors, round.clamped)
+        (pkts, bytes, errors, round.clamped, capped)
     }
 }
 
@@ -369,6 +378,7 @@ fn peer_statuses(remote: &RemoteTracker<ChitchatId>, now: u64, unix_ms: u64) -> 
                 keys: info.keys,
                 charged_pkts: info.charged_pkts,
                 charged_bytes: info.charged_bytes,
+                clamped: info.clamped,
             },
         );
     }

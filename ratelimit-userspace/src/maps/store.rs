@@ -191,22 +191,42 @@ impl MappedStore {
     /// Moves record `i`'s packet TAT (`tat = max(tat, now) + cost`) and byte TAT likewise, with
     /// the program's compare-and-swap, if it still holds `header`. `false` if it no longer does.
     pub fn advance(&self, i: u32, header: u64, now: u64, cost: u64, byte_cost: u64) -> bool {
+        self.advance_capped(i, header, now, (cost, u64::MAX), (byte_cost, u64::MAX))
+            .is_some()
+    }
+
+    /// As [`Self::advance`], but neither TAT is moved past its ceiling (`(cost, ceiling)` each;
+    /// a TAT already past it stays where it is). `None` if the record no longer holds `header`,
+    /// else whether a ceiling cut a cost short.
+    pub fn advance_capped(
+        &self,
+        i: u32,
+        header: u64,
+        now: u64,
+        pkt: (u64, u64),
+        byte: (u64, u64),
+    ) -> Option<bool> {
         self.require_writable();
-        let advance = |offset: usize, cost: u64| {
+        let mut capped = false;
+        let mut advance = |offset: usize, (cost, ceiling): (u64, u64)| {
             if cost == 0 {
                 return;
             }
             let w = self.word(i, offset);
+            let mut cut_short = false;
             let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
-                Some(tat.max(now).saturating_add(cost))
+                let (new, cut) = crate::cluster::charge::advance_tat(tat, now, cost, ceiling);
+                cut_short = cut;
+                Some(new)
             });
+            capped |= cut_short;
         };
         if self.word(i, BUCKET_HEADER_OFFSET).load(Ordering::Acquire) != header {
-            return false;
+            return None;
         }
-        advance(std::mem::offset_of!(Bucket, tat_ns), cost);
-        advance(std::mem::offset_of!(Bucket, byte_tat_ns), byte_cost);
-        true
+        advance(std::mem::offset_of!(Bucket, tat_ns), pkt);
+        advance(std::mem::offset_of!(Bucket, byte_tat_ns), byte);
+        Some(capped)
     }
 
     /// Writes `fresh` into record `i` (which held `old` when scanned) as the program does: claim
