@@ -31,6 +31,8 @@ const LIMITS: Limits = Limits {
     byte_tolerance_ns: 65_536 * 1000,
 };
 const TIMEOUT_NS: u64 = 3 * S;
+/// Three 100 ms sync intervals of report jitter.
+const LAG_NS: u64 = 300 * MS;
 
 fn key(k: u8) -> KeyName {
     KeyName {
@@ -47,12 +49,14 @@ struct Peer {
     live: bool,
     sync: Option<(u64, u64, u64)>,
     keys: BTreeMap<KeyName, Count>,
+    /// Every cluster-rule key this incarnation ever published.
+    ever: std::collections::BTreeSet<KeyName>,
     first_seen_ns: Option<u64>,
 }
 
 fuzz_target!(|data: &[u8]| {
     let limits = HashMap::from([("flood".to_string(), LIMITS)]);
-    let mut tracker = RemoteTracker::<(u8, u8)>::new(TIMEOUT_NS);
+    let mut tracker = RemoteTracker::<(u8, u8)>::new(TIMEOUT_NS, LAG_NS);
     let mut peers: [Peer; 3] = Default::default();
     let mut now = S;
     // (charged packets, charged bytes, counted) per incarnation after the last round.
@@ -78,6 +82,9 @@ fuzz_target!(|data: &[u8]| {
         if flags & 4 != 0 {
             peer.keys.remove(&name);
         } else {
+            if name.rule == "flood" {
+                peer.ever.insert(name.clone());
+            }
             let value = u64::from(u16::from_be_bytes([op[5], op[6]]));
             // Scaled by the flags' high bits: small, large, and absurd counts.
             let value = value << ((flags >> 4) * 4);
@@ -100,6 +107,7 @@ fuzz_target!(|data: &[u8]| {
                 PeerView {
                     id: (u8::try_from(i).unwrap(), peer.incarnation),
                     live: peer.live,
+                    verified: true,
                     heartbeat: peer.heartbeat,
                     sync: peer.sync,
                     keys: peer.keys.iter().map(|(k, c)| (k.clone(), *c)).collect(),
@@ -132,20 +140,22 @@ fuzz_target!(|data: &[u8]| {
                     "peer {id:?} charged in its baseline round"
                 );
             }
-            // The clamp, per key of this peer's view, with the longest dt possible.
+            // Bounded trust: over its whole life, per key it ever published, an incarnation
+            // charged at most its allowance's depth plus the rate over the time since.
             let dt = now - peer.first_seen_ns.unwrap();
-            let keys = peer.keys.keys().filter(|k| k.rule == "flood").count() as u64;
-            let max_pkts = (2 * LIMITS.pkt_tolerance_ns + dt + S) / LIMITS.pkt_interval_ns + 1;
-            let max_bytes = (u128::from(2 * LIMITS.byte_tolerance_ns + dt + S) << 16)
-                / u128::from(LIMITS.byte_interval_fp)
-                + 1;
+            let keys = peer.ever.len() as u64;
+            let max_pkts = (LIMITS.pkt_allowance_ns(LAG_NS) + dt) / LIMITS.pkt_interval_ns;
+            let max_bytes = (u128::from(LIMITS.byte_allowance_ns(LAG_NS) + dt) << 16)
+                / u128::from(LIMITS.byte_interval_fp);
             assert!(
-                dp <= keys * max_pkts,
-                "peer {id:?} charged {dp} packets in one round over {keys} keys (clamp {max_pkts} each)"
+                info.charged_pkts <= keys * max_pkts,
+                "peer {id:?} charged {} packets over {keys} keys in {dt} ns (bound {max_pkts} each)",
+                info.charged_pkts
             );
             assert!(
-                u128::from(db) <= u128::from(keys) * max_bytes,
-                "peer {id:?} charged {db} bytes in one round over {keys} keys (clamp {max_bytes} each)"
+                u128::from(info.charged_bytes) <= u128::from(keys) * max_bytes,
+                "peer {id:?} charged {} bytes over {keys} keys in {dt} ns (bound {max_bytes} each)",
+                info.charged_bytes
             );
             before.insert(id, (info.charged_pkts, info.charged_bytes, info.counted));
         }

@@ -91,7 +91,10 @@ pub fn apply(
 /// been seen here. `coarse_now` is `CLOCK_MONOTONIC_COARSE`, which judges what eviction loses.
 /// No TAT moves past its ceiling (`(packet, byte)`, see [`ceilings`]); `Ok(true)` when one cut
 /// the charge short.
-#[expect(clippy::too_many_arguments, reason = "the bucket, the charge, two clocks and the ceilings")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the bucket, the charge, two clocks and the ceilings"
+)]
 pub fn charge(
     maps: &PinnedMaps,
     key: &BucketKey,
@@ -236,6 +239,7 @@ mod tests {
         let view = |hb: u64, pkts: u64| PeerView {
             id: "evil".to_string(),
             live: true,
+            verified: true,
             heartbeat: hb,
             sync: Some((hb, 0, 2)),
             keys: vec![(

@@ -34,6 +34,9 @@ pub struct PeerView<P> {
     pub id: P,
     /// Alive according to chitchat's failure detector.
     pub live: bool,
+    /// An authentic datagram came from its address lately, and it is the newest incarnation
+    /// there: only such a peer can be counted.
+    pub verified: bool,
     /// Its heartbeat counter.
     pub heartbeat: u64,
     /// Its sync key: `(sequence, Unix ms, next epoch)`, once it arrived.
@@ -130,6 +133,7 @@ struct PeerTrack {
     charged_pkts: u64,
     charged_bytes: u64,
     live: bool,
+    verified: bool,
     /// Per key, what the peer may still make us charge (entries back to full are dropped).
     allowance: HashMap<KeyName, Allowance>,
     /// Whether a clamp of this peer was logged already.
@@ -146,6 +150,8 @@ pub struct PeerInfo {
     pub counted: bool,
     /// Alive according to the failure detector.
     pub live: bool,
+    /// See [`PeerView::verified`].
+    pub verified: bool,
     /// ns since its heartbeat last advanced.
     pub silent_ns: u64,
     /// Its last sync key's Unix ms.
@@ -219,6 +225,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                     charged_pkts: 0,
                     charged_bytes: 0,
                     live: view.live,
+                    verified: view.verified,
                     allowance: HashMap::new(),
                     clamp_logged: false,
                     clamped: 0,
@@ -232,8 +239,11 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                 track.last_heard_ns = now;
             }
             track.live = view.live;
+            track.verified = view.verified;
             track.published = view.keys.len();
-            let heard = view.live && now.saturating_sub(track.last_heard_ns) <= self.timeout_ns;
+            let heard = view.live
+                && view.verified
+                && now.saturating_sub(track.last_heard_ns) <= self.timeout_ns;
             let Some(sync) = view.sync.filter(|_| heard) else {
                 track.counted = false;
                 continue;
@@ -322,9 +332,10 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
             (
                 id,
                 PeerInfo {
-                    heard: t.live && silent_ns <= self.timeout_ns,
+                    heard: t.live && t.verified && silent_ns <= self.timeout_ns,
                     counted: t.counted,
                     live: t.live,
+                    verified: t.verified,
                     silent_ns,
                     published_unix_ms: t.sync.map(|s| s.1),
                     keys: t.published,
@@ -414,6 +425,7 @@ mod tests {
         PeerView {
             id: id.to_string(),
             live: true,
+            verified: true,
             heartbeat: hb,
             sync: Some((hb, 0, epoch_next)),
             keys: counts

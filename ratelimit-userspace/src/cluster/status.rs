@@ -48,7 +48,9 @@ pub struct PeerStatus {
     /// Its gossip address.
     pub addr: SocketAddr,
     /// `alive` (heard within the timeout, its consumption is charged), `joining` (heard, but its
-    /// state has not fully arrived yet), `silent` (not heard within the timeout: not counted),
+    /// state has not fully arrived yet), `unverified` (alive according to gossip, but no
+    /// authentic datagram came from its address lately: an id only named by others, not
+    /// counted), `silent` (not heard within the timeout: not counted),
     /// `dead` (the failure detector gave up on it, or a newer incarnation replaced it).
     pub state: &'static str,
     /// Whether its consumption is being charged to the local buckets.
@@ -196,6 +198,38 @@ pub struct Shared {
     pub counters: Counters,
     /// Everything but the counters, replaced after every sync.
     pub view: Mutex<ClusterStatus>,
+    /// Source addresses of authentic datagrams, with when the last one arrived.
+    pub authenticated: Mutex<Authenticated>,
+}
+
+/// Most source addresses remembered as having sent an authentic datagram.
+pub const MAX_AUTHENTICATED: usize = 1024;
+
+/// Source addresses that sent an authentic datagram, with the time of the last one (monotonic
+/// ns), at most [`MAX_AUTHENTICATED`] (the least recent forgotten first).
+#[derive(Debug, Default)]
+pub struct Authenticated(std::collections::HashMap<SocketAddr, u64>);
+
+impl Authenticated {
+    /// Notes an authentic datagram from `from` at `now`.
+    pub fn note(&mut self, from: SocketAddr, now: u64) {
+        if self.0.len() >= MAX_AUTHENTICATED && !self.0.contains_key(&from) {
+            if let Some(old) = self.0.iter().min_by_key(|(_, t)| **t).map(|(a, _)| *a) {
+                self.0.remove(&old);
+            }
+        }
+        self.0.insert(from, now);
+    }
+
+    /// The addresses that sent an authentic datagram at or after `since`.
+    #[must_use]
+    pub fn all_since(&self, since: u64) -> std::collections::HashSet<SocketAddr> {
+        self.0
+            .iter()
+            .filter(|(_, t)| **t >= since)
+            .map(|(a, _)| *a)
+            .collect()
+    }
 }
 
 impl Shared {

@@ -102,8 +102,9 @@ impl SyncLoop {
             local: LocalTracker::new(max_keys, start_ns),
             next_full_ns: 0,
         });
+        let timeout_ns = u64::try_from(peer_timeout.as_nanos()).unwrap_or(u64::MAX);
         let mut remote: RemoteTracker<ChitchatId> = RemoteTracker::new(
-            u64::try_from(peer_timeout.as_nanos()).unwrap_or(u64::MAX),
+            timeout_ns,
             super::remote::lag_allowance_ns(u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX)),
         );
         let self_id = chitchat.chitchat_id().clone();
@@ -136,7 +137,14 @@ impl SyncLoop {
             seq += 1;
             let unix_ms = super::unix_ms();
 
-            // 2. Publish, and read the peers.
+            // 2. Publish, and read the peers (counting only addresses that sent an authentic
+            // datagram within ten peer timeouts).
+            let since = monotonic_ns().saturating_sub(timeout_ns.saturating_mul(10));
+            let trusted = shared
+                .authenticated
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .all_since(since);
             let (views, dropped) = chitchat
                 .with_chitchat(|c| {
                     let node = c.self_node_state();
@@ -148,7 +156,7 @@ impl SyncLoop {
                     }
                     // Last: a peer holding this sync key holds every key set before it.
                     node.set(SYNC_KEY, format!("{seq}:{unix_ms}:{next_epoch}"));
-                    read_peers(c, &self_id, max_keys)
+                    read_peers(c, &self_id, max_keys, |addr| trusted.contains(addr))
                 })
                 .await;
             let c = &shared.counters;
@@ -302,42 +310,136 @@ impl Blocking {
     }
 }
 
-/// The other members' views (at most [`MAX_PEERS`], each with at most `max_keys` keys) and the
-/// number of keys left out.
+/// Where a member stands in one sync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Live, its address sent an authentic datagram lately, and it is the newest incarnation
+    /// with a sync key at that address: may be counted (the first [`MAX_PEERS`] of them).
+    Candidate,
+    /// Live in gossip, but no authentic datagram came from its address lately (an id only named
+    /// in others' digests or deltas): never counted.
+    Unverified,
+    /// Live and authenticated, but no sync key yet (joining, or an id only named in a digest at
+    /// a real peer's address): shown, takes no place under [`MAX_PEERS`], charges nothing.
+    Pending,
+    /// A newer incarnation at the same address took over: shown dead, never counted.
+    Superseded,
+    /// Dead according to the failure detector.
+    Dead,
+}
+
+/// A member as `standings` sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Member<'a> {
+    /// Its identity.
+    pub id: &'a ChitchatId,
+    /// Alive according to the failure detector.
+    pub live: bool,
+    /// It published a sync key.
+    pub has_sync: bool,
+    /// An authentic datagram came from its advertised address lately.
+    pub authenticated: bool,
+}
+
+/// The standing of every member: only live, authenticated members that are the newest
+/// incarnation with a sync key at their address are candidates, so ids merely named in gossip
+/// create no charging peer and neither they nor dead incarnations take a place under
+/// [`MAX_PEERS`].
+#[must_use]
+pub fn standings(members: &[Member<'_>]) -> Vec<Standing> {
+    let mut newest: HashMap<SocketAddr, u64> = HashMap::new();
+    for m in members {
+        if m.live && m.authenticated && m.has_sync {
+            let g = newest.entry(m.id.gossip_advertise_addr).or_insert(0);
+            *g = (*g).max(m.id.generation_id);
+        }
+    }
+    members
+        .iter()
+        .map(|m| {
+            if !m.live {
+                Standing::Dead
+            } else if !m.authenticated {
+                Standing::Unverified
+            } else if newest
+                .get(&m.id.gossip_advertise_addr)
+                .is_some_and(|g| *g > m.id.generation_id)
+            {
+                Standing::Superseded
+            } else if !m.has_sync {
+                Standing::Pending
+            } else {
+                Standing::Candidate
+            }
+        })
+        .collect()
+}
+
+/// The other members' views and the number of keys left out: the first [`MAX_PEERS`]
+/// candidates (see [`standings`]) with at most `max_keys` keys each, then at most as many other
+/// members, without keys, to show. `authenticated` says whether an address sent an authentic
+/// datagram lately.
 fn read_peers(
     c: &chitchat::Chitchat,
     self_id: &ChitchatId,
     max_keys: usize,
+    authenticated: impl Fn(&SocketAddr) -> bool,
 ) -> (Vec<PeerView<ChitchatId>>, u64) {
     let live: HashSet<&ChitchatId> = c.live_nodes().collect();
+    let states: Vec<(&ChitchatId, &chitchat::NodeState)> = c
+        .node_states()
+        .iter()
+        .filter(|(id, _)| *id != self_id)
+        .collect();
+    let members: Vec<Member<'_>> = states
+        .iter()
+        .map(|(id, state)| Member {
+            id,
+            live: live.contains(id),
+            has_sync: state.get(SYNC_KEY).is_some(),
+            authenticated: authenticated(&id.gossip_advertise_addr),
+        })
+        .collect();
+    let standing = standings(&members);
     let mut views = Vec::new();
+    let (mut candidates, mut others) = (0usize, 0usize);
     let mut dropped = 0u64;
-    for (id, state) in c.node_states() {
-        if id == self_id {
-            continue;
-        }
+    for ((id, state), standing) in states.iter().zip(standing) {
+        let counting = standing == Standing::Candidate && candidates < MAX_PEERS;
         let mut keys = Vec::new();
-        let mut extra = 0u64;
-        for (k, v) in state.iter_prefix(KEY_PREFIX) {
-            if views.len() >= MAX_PEERS || keys.len() >= max_keys {
-                extra += 1;
+        if standing == Standing::Candidate {
+            let mut extra = 0u64;
+            for (k, v) in state.iter_prefix(KEY_PREFIX) {
+                if !counting || keys.len() >= max_keys {
+                    extra += 1;
+                    continue;
+                }
+                if let (Some(name), Some(count)) = (KeyName::parse(k), Count::parse(&v.value)) {
+                    keys.push((name, count));
+                }
+            }
+            dropped += extra;
+            if !counting {
                 continue;
             }
-            if let (Some(name), Some(count)) = (KeyName::parse(k), Count::parse(&v.value)) {
-                keys.push((name, count));
+            candidates += 1;
+        } else {
+            if others >= MAX_PEERS {
+                continue;
             }
-        }
-        dropped += extra;
-        if views.len() >= MAX_PEERS {
-            continue;
+            others += 1;
         }
         let sync = state.get(SYNC_KEY).and_then(|s| {
             let mut it = s.split(':').map(str::parse::<u64>);
             Some((it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?))
         });
         views.push(PeerView {
-            id: id.clone(),
-            live: live.contains(id),
+            id: (*id).clone(),
+            live: matches!(
+                standing,
+                Standing::Candidate | Standing::Pending | Standing::Unverified
+            ),
+            verified: matches!(standing, Standing::Candidate | Standing::Pending),
             heartbeat: u64::from(state.heartbeat()),
             sync,
             keys,
@@ -351,6 +453,8 @@ fn peer_statuses(remote: &RemoteTracker<ChitchatId>, now: u64, unix_ms: u64) -> 
     for (id, info) in remote.info(now) {
         let state = if !info.live {
             "dead"
+        } else if !info.verified {
+            "unverified"
         } else if !info.heard {
             "silent"
         } else if !info.counted {
@@ -408,4 +512,78 @@ fn log_membership(peers: &[PeerStatus], was: &mut HashSet<ChitchatId>) {
         }
     }
     *was = now_counted;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(name: &str, generation: u64, port: u16) -> ChitchatId {
+        ChitchatId::new(name.to_string(), generation, ([192, 0, 2, 1], port).into())
+    }
+
+    /// 100 ids that only appear in gossip (their addresses never sent an authentic datagram),
+    /// sorting before the real peer, dead incarnations of it, and a forged newer incarnation at
+    /// its address that published no sync key: none is a candidate, none pushes the real peer
+    /// out of [`MAX_PEERS`].
+    #[test]
+    fn only_authenticated_live_newest_incarnations_are_candidates() {
+        let forged: Vec<ChitchatId> = (0..100)
+            .map(|i| id(&format!("aaa{i:03}"), 1, 1000 + i))
+            .collect();
+        let dead: Vec<ChitchatId> = (0..100).map(|g| id("real", g, 7946)).collect();
+        let real = id("real", 1000, 7946);
+        let digest_only = id("real", 2000, 7946);
+        let mut members: Vec<Member<'_>> = forged
+            .iter()
+            .map(|id| Member {
+                id,
+                live: true,
+                has_sync: true,
+                authenticated: false,
+            })
+            .collect();
+        members.extend(dead.iter().map(|id| Member {
+            id,
+            live: false,
+            has_sync: true,
+            authenticated: true,
+        }));
+        members.push(Member {
+            id: &real,
+            live: true,
+            has_sync: true,
+            authenticated: true,
+        });
+        members.push(Member {
+            id: &digest_only,
+            live: true,
+            has_sync: false,
+            authenticated: true,
+        });
+        let s = standings(&members);
+        assert!(s[..100].iter().all(|s| *s == Standing::Unverified));
+        assert!(s[100..200].iter().all(|s| *s == Standing::Dead));
+        assert_eq!(s[200], Standing::Candidate, "the real peer");
+        // Named without a sync key: it cannot take over, nor take a place.
+        assert_eq!(s[201], Standing::Pending);
+        assert_eq!(
+            s.iter().filter(|s| **s == Standing::Candidate).count(),
+            1,
+            "{s:?}"
+        );
+        // A restart: the new incarnation (with its sync key) supersedes the old one.
+        let newer = id("real", 3000, 7946);
+        members.push(Member {
+            id: &newer,
+            live: true,
+            has_sync: true,
+            authenticated: true,
+        });
+        let s = standings(&members);
+        assert_eq!(
+            (s[200], s[202]),
+            (Standing::Superseded, Standing::Candidate)
+        );
+    }
 }

@@ -184,6 +184,11 @@ impl SecureSocket {
             }
         };
         Counters::add(&c.messages_in, 1);
+        self.shared
+            .authenticated
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .note(from, crate::maps::bucket::monotonic_ns());
         let relay = self.relay(from).await?;
         if let Err(e) = relay.socket.send(&message).await {
             tracing::debug!(%from, error = %e, "handing a gossip message to chitchat");
