@@ -96,7 +96,9 @@ impl Census {
     }
 
     /// A count from a walk that began after this call, if one finishes within [`FRESH_WAIT`];
-    /// else the latest one (waiting, only at start, for the first walk to finish).
+    /// else the latest one (waiting, only at start, for the first walk to finish). When the last
+    /// walk shows that the next cannot be done within the wait (a large store, or pacing), the
+    /// latest count is returned at once.
     pub async fn fresh(&self) -> Reading {
         self.fresh_within(FRESH_WAIT).await
     }
@@ -105,6 +107,13 @@ impl Census {
     pub async fn fresh_within(&self, wait: Duration) -> Reading {
         let asked = Instant::now();
         self.kick.notify_one();
+        // A walk that cannot both begin (pacing) and end within the wait is not waited for.
+        if let Some(last) = self.latest() {
+            let next_ends = (last.began + last.took * (PACE + 1)).max(asked) + last.took;
+            if next_ends > asked + wait {
+                return last;
+            }
+        }
         let mut rx = self.latest.clone();
         let newer = rx.wait_for(|r| r.is_some_and(|r| r.began >= asked));
         if let Ok(Ok(r)) = tokio::time::timeout(wait, newer).await {
