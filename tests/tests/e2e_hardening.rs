@@ -343,7 +343,7 @@ fn a_reload_whose_attach_fails_changes_nothing() {
         ["a"],
         "the refused reload's rule is in force"
     );
-    assert_eq!(interfaces(&st), [bed.rx_if.clone()]);
+    assert_eq!(interfaces(&st), std::slice::from_ref(&bed.rx_if));
     assert_eq!(
         xdp_attachment(&bed.rx, "rl-va").unwrap(),
         None,
