@@ -106,7 +106,7 @@ pub const ALL: [&str; 7] = [
 /// Checks that whatever is already pinned in `dir` has the shapes this version uses, so a stale
 /// pin from another version is refused with a clear message instead of being misread: each map's
 /// type, flags, key and value sizes and capacity, and the layout stamp in the config record
-/// ([`check_stamp`]). `max_buckets` is the capacity the agent is about to ask for: a different
+/// (`check_stamp`). `max_buckets` is the capacity the agent is about to ask for: a different
 /// one is a mismatch too (the bucket store cannot be resized in place). A pinned first-seen table
 /// (of a version before the bucket store) means the whole directory is of that version: refused
 /// the same way.
