@@ -1,5 +1,18 @@
 //! The ratelimit XDP program: parse, classify by longest source prefix, charge the source's token
 //! bucket, and pass or drop. Anything it cannot decide passes (fail open).
+//!
+//! A packet goes through, in order:
+//! - `parse.rs`: Ethernet, VLANs, IPv4/IPv6 (extension headers), L4 ports, and the packet's
+//!   *shape* (whole, truncated, a fragment, a chain too long to classify);
+//! - `frag.rs`: fragments other than the first take their datagram's first fragment's verdict;
+//! - `classify.rs`: the rule, from the prefix trie (`maps.rs`) through the per-CPU classification
+//!   cache (`scratch.rs`);
+//! - `store.rs`: the source's bucket record in the bucket store (found, or claimed for a new
+//!   source); `bucket.rs`: its GCRA charge by compare-and-swap;
+//! - `stats.rs`: the rule's and the global counters.
+//!
+//! The maps and record types are shared with user space through `ratelimit-common`; this file
+//! holds the entry point and the decision (`decide`).
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]

@@ -1,7 +1,9 @@
 //! The daemon: `ratelimit agent`. Starts the agent ([`crate::agent`]), then runs what serves and
 //! watches it, each handed only what it needs:
+//! - the bucket census ([`crate::census`]), over handles on the pinned maps of its own;
 //! - the control API ([`crate::api`]) on the Unix socket, and the metrics endpoint
-//!   ([`crate::metrics`]): the shared agent, and the cluster handle for its status;
+//!   ([`crate::metrics`]): the shared agent, what they read without its lock (the census, the
+//!   pinned maps, the rules in force), and the cluster handle for its status;
 //! - the cluster sync ([`crate::cluster`]): the rules in force and the pin directory;
 //! - the config watcher (reload when the config or a list file changes), the interface watcher
 //!   (deleted and re-created interfaces), SIGHUP (reload), the eBPF log reader;
@@ -20,7 +22,9 @@ use tokio::{io::unix::AsyncFd, sync::Mutex, task::JoinHandle};
 
 use crate::{
     agent::{self, Agent, AgentError, AgentOptions, SharedAgent},
-    api, cluster, metrics,
+    api,
+    census::ReadSide,
+    cluster, metrics,
 };
 
 /// Runs the agent until SIGINT/SIGTERM: starts it, serves the control API and metrics, runs the
@@ -57,6 +61,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     let config = agent.config().clone();
     let pin_dir = agent.dataplane().pin_dir().to_path_buf();
     let rules = agent.rules_in_force();
+    let read_rules = agent.rules_in_force();
     let agent: SharedAgent = Arc::new(Mutex::new(agent));
 
     // Each server gets what it serves: the agent, and the cluster's handle for its status.
@@ -87,15 +92,21 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
             Err(e) => return fail(tasks, agent, runtime(e)).await,
         }
     }
+    // The servers' own handles on the pinned maps and the bucket census: what they read without
+    // the agent's lock.
+    let read = match ReadSide::start(&pin_dir, read_rules) {
+        Ok((read, task)) => {
+            tasks.push(task);
+            read
+        }
+        Err(e) => return fail(tasks, agent, e.into()).await,
+    };
     tasks.push(api::serve(
         listener,
-        api::ApiState {
-            agent: agent.clone(),
-            cluster: cluster_handle.clone(),
-        },
+        api::ApiState::new(agent.clone(), read.clone(), cluster_handle.clone()),
     ));
     if let Some(addr) = config.agent.metrics {
-        match metrics::serve(addr, agent.clone(), cluster_handle).await {
+        match metrics::serve(addr, agent.clone(), cluster_handle, read).await {
             Ok(task) => tasks.push(task),
             Err(e) => return fail(tasks, agent, e).await,
         }

@@ -16,8 +16,10 @@
 //! 3. [`agent`]: the agent's state (the config and rules in force, reloads, `status`,
 //!    `explain`, detach, shutdown). It imports nothing above it.
 //! 4. The servers, each handed only what it needs: [`api`] (the control API on a Unix socket),
-//!    [`metrics`] (Prometheus), [`cluster`] (gossip and charging; it reads the rules in force and
-//!    its own handles on the pinned maps, never the agent).
+//!    [`metrics`] (Prometheus), both served by [`http`] (connection cap, timeouts) and reading
+//!    the bucket count from [`census`] (a paced walk of the bucket store off the agent's lock),
+//!    [`cluster`] (gossip and charging; it reads the rules in force and its own handles on the
+//!    pinned maps, never the agent).
 //! 5. [`daemon`]: `ratelimit agent`: starts the agent, runs the servers, the watchers and the
 //!    signals, and shuts it all down.
 //!
@@ -27,12 +29,14 @@
 //! these.
 pub mod agent;
 pub mod api;
+pub mod census;
 pub mod client;
 pub mod cluster;
 pub mod compile;
 pub mod config;
 pub mod daemon;
 pub mod dataplane;
+pub mod http;
 pub mod logging;
 pub mod manpages;
 pub mod maps;

@@ -1,4 +1,15 @@
-//! `ratelimit`: the agent and its command-line client.
+//! `ratelimit`: the agent and its command-line client, as one thin binary (in the manner of
+//! mini-redis's `server`/`cli`): this file only parses the command line (clap) and calls the
+//! library.
+//!
+//! - `ratelimit agent` -> [`ratelimit::daemon::run`], which starts the agent's state
+//!   ([`ratelimit::agent`]) and the servers around it.
+//! - `ratelimit check`, `stats --pin-path`, `detach --pin-path` work without an agent: straight on
+//!   the config ([`ratelimit::config`], [`ratelimit::compile`]) or the pinned maps
+//!   ([`ratelimit::maps`], [`ratelimit::dataplane`]).
+//! - Every other command asks the running agent over its control socket
+//!   ([`ratelimit::client`]) and prints the answer as a table ([`ratelimit::render`]) or JSON.
+//! - `completions` and the hidden `manpages` are generated from these clap definitions.
 
 use std::{
     path::{Path, PathBuf},

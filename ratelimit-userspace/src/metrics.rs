@@ -1,12 +1,14 @@
 //! The Prometheus metrics endpoint: `GET /metrics` on the `[agent] metrics` address, in the
 //! OpenMetrics text format (which Prometheus negotiates by default).
 //!
-//! Nothing is kept between scrapes: each scrape takes a [`Snapshot`] of the agent (its counters
-//! from the pinned maps, its attachments and reload bookkeeping) under the agent lock, on a
-//! blocking thread, releases the lock, reads the kernel's interface counters from sysfs and
-//! encodes the snapshot through a `prometheus-client` collector. So the numbers are the maps'
-//! own, with no drift between the endpoint and `ratelimit stats`, and a slow or stuck client never
-//! holds the lock: the lock is held only while the maps are read, never across network I/O.
+//! Nothing is kept between scrapes: each scrape takes a [`Snapshot`]: the bucket count from the
+//! census ([`crate::census`]), the attachments and reload bookkeeping under the agent's lock
+//! (copies of a few fields, no system call), then, off the lock on a blocking thread, the
+//! counters from the endpoint's own handles on the pinned maps (for the rules in force) and the
+//! kernel's interface counters from sysfs, encoded through a `prometheus-client` collector. So
+//! the numbers are the maps' own, with no drift between the endpoint and `ratelimit stats`, and
+//! no scrape, however frequent, walks the bucket store or holds the lock for more than a moment.
+//! The server caps its connections and times out slow clients ([`crate::http`]).
 //!
 //! The metric names and labels are part of the user-facing contract (documented in the README):
 //!
@@ -43,6 +45,7 @@ use ratelimit_common::{global, verdict};
 
 use crate::{
     agent::{Agent, AgentError, SharedAgent},
+    census::ReadSide,
     cluster::{ClusterHandle, ClusterStatus},
     stats::StatsReport,
 };
@@ -111,18 +114,32 @@ pub async fn serve(
     addr: SocketAddr,
     agent: SharedAgent,
     cluster: Option<ClusterHandle>,
+    read: ReadSide,
 ) -> Result<tokio::task::JoinHandle<()>, AgentError> {
     let listener = bind(addr).await?;
     let local = listener.local_addr().unwrap_or(addr);
     let app = Router::new()
         .route("/metrics", get(scrape))
-        .with_state((agent, cluster));
+        .with_state(ScrapeState {
+            agent,
+            cluster,
+            read,
+        });
     tracing::info!(addr = %local, "serving metrics at http://{local}/metrics");
-    Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(addr = %local, error = %e, "metrics endpoint stopped");
-        }
-    }))
+    Ok(tokio::spawn(crate::http::serve(
+        listener,
+        app,
+        crate::http::Limits::default(),
+        "metrics endpoint",
+    )))
+}
+
+/// What a scrape reads.
+#[derive(Clone)]
+struct ScrapeState {
+    agent: SharedAgent,
+    cluster: Option<ClusterHandle>,
+    read: ReadSide,
 }
 
 async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, AgentError> {
@@ -133,22 +150,19 @@ async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, AgentError> {
     })
 }
 
-async fn scrape(
-    axum::extract::State((agent, cluster)): axum::extract::State<(
-        SharedAgent,
-        Option<ClusterHandle>,
-    )>,
-) -> Response {
-    // The map reads are blocking syscalls (and many of them with a large bucket map): they run on
-    // a blocking thread holding the lock, which is released before anything goes to the client.
-    let guard = agent.lock_owned().await;
+async fn scrape(axum::extract::State(state): axum::extract::State<ScrapeState>) -> Response {
+    let census = state.read.census.fresh().await;
+    let partial = Snapshot::of_agent(&*state.agent.lock().await);
+    // The map reads are system calls (a few per rule): on a blocking thread, off the lock.
     let result = tokio::task::spawn_blocking(move || {
-        let snapshot = Snapshot::take(&guard, cluster.as_ref());
-        drop(guard);
-        snapshot.map(|mut s| {
-            s.read_interface_counters(Path::new("/sys/class/net"));
-            s.encode()
-        })
+        let stats = state.read.stats(&census)?;
+        let mut s = Snapshot {
+            stats,
+            cluster: state.cluster.as_ref().map(ClusterHandle::status),
+            ..partial
+        };
+        s.read_interface_counters(Path::new("/sys/class/net"));
+        Ok::<_, crate::maps::MapsError>(s.encode())
     })
     .await;
     match result {
@@ -197,13 +211,14 @@ pub struct InterfaceSnapshot {
 }
 
 impl Snapshot {
-    /// Reads the agent's counters, attachments and reload counts, and the cluster's status (not
-    /// the sysfs counters: see [`Snapshot::read_interface_counters`], which needs no lock).
-    pub fn take(agent: &Agent, cluster: Option<&ClusterHandle>) -> Result<Self, AgentError> {
+    /// What the agent itself holds: its version, reload counts and attachments (copies, no
+    /// system call; taken under the lock). The counters and the cluster's status are added off
+    /// the lock.
+    #[must_use]
+    pub fn of_agent(agent: &Agent) -> Self {
         let reload = agent.reload_state();
-        Ok(Self {
+        Self {
             version: env!("CARGO_PKG_VERSION").to_string(),
-            stats: agent.stats()?,
             reloads_ok: reload.ok,
             reloads_failed: reload.failed,
             interfaces: agent
@@ -216,8 +231,8 @@ impl Snapshot {
                     ..Default::default()
                 })
                 .collect(),
-            cluster: cluster.map(ClusterHandle::status),
-        })
+            ..Default::default()
+        }
     }
 
     /// Fills in each interface's kernel counters from `sys_class_net/IF/statistics/`; an

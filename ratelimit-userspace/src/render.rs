@@ -304,13 +304,18 @@ pub fn top(v: &Value) -> String {
             &rows,
         )
     };
-    let _ = writeln!(
+    let _ = write!(
         out,
         "{} of {} tracked buckets saw packets in the last {} ms",
         num(v, "active"),
         num(v, "buckets_tracked"),
         num(v, "interval_ms")
     );
+    let windows = v["windows"].as_u64().unwrap_or(1);
+    if windows > 1 {
+        let _ = write!(out, " (measured in {windows} successive windows)");
+    }
+    let _ = writeln!(out);
     out
 }
 

@@ -48,8 +48,24 @@ pub struct StatsReport {
 }
 
 impl StatsReport {
-    /// Reads the counters from the pinned maps.
+    /// Reads the counters from the pinned maps, and counts the buckets by walking the store: for
+    /// `stats --pin-path`, which has no agent to ask. The agent reports its census instead
+    /// ([`StatsReport::read_counters`]).
     pub fn read(maps: &PinnedMaps) -> Result<Self, MapsError> {
+        let rules = maps
+            .named_rules()?
+            .into_iter()
+            .map(|(id, (name, line, _))| (id, name, line));
+        Self::read_counters(maps, rules, maps.bucket_count()?)
+    }
+
+    /// Reads the program's counters and those of `rules` (id, name, config line), with `tracked`
+    /// buckets: a few system calls per rule, no walk of the bucket store.
+    pub fn read_counters(
+        maps: &PinnedMaps,
+        rules: impl IntoIterator<Item = (u32, String, u32)>,
+        tracked: u64,
+    ) -> Result<Self, MapsError> {
         let g = maps.global_stats()?;
         let global = global::NAMES
             .iter()
@@ -57,10 +73,12 @@ impl StatsReport {
             .filter(|(name, _)| !name.is_empty())
             .map(|(name, v)| (*name, v))
             .collect();
-        let mut rules = Vec::new();
-        for (id, (name, line, _)) in maps.named_rules()? {
+        let mut rules: Vec<_> = rules.into_iter().collect();
+        rules.sort_by_key(|r| r.0);
+        let mut reports = Vec::with_capacity(rules.len());
+        for (id, name, line) in rules {
             let s = maps.rule_stats(id)?;
-            rules.push(RuleReport {
+            reports.push(RuleReport {
                 id,
                 name,
                 line,
@@ -69,12 +87,12 @@ impl StatsReport {
             });
         }
         let buckets = BucketReport {
-            tracked: maps.bucket_count()?,
+            tracked,
             capacity: u64::from(maps.bucket_capacity()?),
         };
         Ok(Self {
             global,
-            rules,
+            rules: reports,
             buckets,
         })
     }

@@ -360,7 +360,9 @@ impl AgentProcess {
         matches!(self.try_wait(), Ok(None))
     }
 
-    fn pid(&self) -> Option<libc::pid_t> {
+    /// The agent's process id (the launcher execs into the agent).
+    #[must_use]
+    pub fn pid(&self) -> Option<libc::pid_t> {
         self.child
             .as_ref()
             .and_then(|c| libc::pid_t::try_from(c.id()).ok())

@@ -25,6 +25,7 @@ mod runner;
 mod setup;
 mod soak;
 mod test;
+mod tools;
 
 use std::process::ExitCode;
 

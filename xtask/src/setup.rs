@@ -75,7 +75,7 @@ pub fn ensure() -> Result<()> {
     let path_note = put_on_path(&cargo_bin);
     let root = is_root()?;
     // cargo-deb and the packaging tests' tools (systemd-analyze, man, zsh, fish, promtool).
-    crate::package::ensure_tools(root)?;
+    crate::tools::ensure_tools(root)?;
     let missing: Vec<&AptPackage> = missing_apt_packages(APT_PACKAGES)?;
     let rust_src = nightly_has_rust_src()?;
     let mut linker = bpf_linker();

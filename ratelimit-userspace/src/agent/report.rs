@@ -1,22 +1,24 @@
 //! What the agent shows of itself: `status` (interfaces, rules, buckets, reloads) and `explain`
-//! (which rule a packet falls under, why, and its bucket). Read under the agent's lock; the
-//! cluster's part of `status` is added by the control API, which holds the cluster handle.
+//! (which rule a packet falls under, why, and its bucket). Read under the agent's lock, and cheap:
+//! a few system calls, never a walk of the bucket store (the bucket count comes from the census,
+//! [`crate::census`], read before the lock is taken). The cluster's part of `status` is added by
+//! the control API, which holds the cluster handle.
 
 use std::net::IpAddr;
 
-use ratelimit_common::{global, Bucket, BucketKey};
+use ratelimit_common::global;
 use serde::Serialize;
 
 use super::{Agent, AgentError, ReloadState};
 use crate::{
+    census::{CensusAge, Reading},
     config::RuleConfig,
     maps::bucket::{bucket_key, monotonic_ns, BucketView},
-    stats::StatsReport,
 };
 
 impl Agent {
-    /// What `ratelimit status` shows.
-    pub fn status(&self) -> Result<Status, AgentError> {
+    /// What `ratelimit status` shows, with the bucket count of `census`.
+    pub fn status(&self, census: &Reading) -> Result<Status, AgentError> {
         let maps = self.dp.maps();
         let generation = maps.config()?.generation;
         Ok(Status {
@@ -31,7 +33,8 @@ impl Agent {
             prefixes: self.set.prefixes.len(),
             generation,
             dry_run: self.config.agent.dry_run,
-            buckets_tracked: maps.bucket_count()?,
+            buckets_tracked: census.tracked,
+            buckets_census: CensusAge::from(census),
             buckets_capacity: u64::from(maps.bucket_capacity()?),
             buckets_evicted: {
                 let g = maps.global_stats()?;
@@ -73,17 +76,6 @@ impl Agent {
             }
         }
         out
-    }
-
-    /// Counters.
-    pub fn stats(&self) -> Result<StatsReport, AgentError> {
-        Ok(StatsReport::read(self.dp.maps())?)
-    }
-
-    /// Every tracked bucket, with the time it was read (`CLOCK_MONOTONIC` ns).
-    pub fn buckets(&self) -> Result<(u64, Vec<(BucketKey, Bucket)>), AgentError> {
-        let now = monotonic_ns();
-        Ok((now, self.dp.maps().buckets()?))
     }
 
     /// What happens to packets from `ip` whose protocol and port the program cannot know.
@@ -226,8 +218,10 @@ pub struct Status {
     pub generation: u32,
     /// Whole-agent dry run.
     pub dry_run: bool,
-    /// Buckets tracked.
+    /// Buckets tracked, as the latest census counted them.
     pub buckets_tracked: u64,
+    /// How old that count is.
+    pub buckets_census: CensusAge,
     /// Bucket capacity.
     pub buckets_capacity: u64,
     /// Buckets evicted for new sources, by what the eviction lost.

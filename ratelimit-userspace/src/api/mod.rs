@@ -8,13 +8,13 @@
 //! # Routes
 //! | route | answer |
 //! | --- | --- |
-//! | `GET /v1/status` | `{"version", "pid", "uptime_secs", "config", "pin_path", "socket", "interfaces": [{"iface", "mode", "state"}], "rules", "prefixes", "generation", "dry_run", "buckets_tracked", "buckets_capacity", "buckets_evicted": {"full", "lost"}, "reloads": {"ok", "failed", "last_error", "last_ok_unix", "restart_needed"}}` |
+//! | `GET /v1/status` | `{"version", "pid", "uptime_secs", "config", "pin_path", "socket", "interfaces": [{"iface", "mode", "state"}], "rules", "prefixes", "generation", "dry_run", "buckets_tracked", "buckets_census": {"age_ms", "walk_us"}, "buckets_capacity", "buckets_evicted": {"full", "lost"}, "reloads": {"ok", "failed", "last_error", "last_ok_unix", "restart_needed"}}` |
 //! | `GET /v1/rules` | `{"rules": [RULE, ...]}` in config order |
 //! | `POST /v1/rules[?force=true]` | body: one RULE; `201 {"added": RULE, "rules": N}`; `409` when the file's rules are not those in force, unless `force` |
 //! | `DELETE /v1/rules/{name}[?force=true]` | `{"removed": "name", "rules": N}`; `409` as above |
 //! | `POST /v1/reload` | re-reads the config file: `{"reloaded": true, "rules": N, "restart_needed": [..]}` |
 //! | `GET /v1/stats` | the `ratelimit stats --json` report (see [`crate::stats`]) |
-//! | `GET /v1/top?n=N&interval_ms=M` | `{"interval_ms", "buckets_tracked", "active", "top": [TOP, ...]}` |
+//! | `GET /v1/top?n=N&interval_ms=M` | `{"interval_ms", "buckets_tracked", "active", "windows", "top": [TOP, ...]}` |
 //! | `GET /v1/explain?ip=IP&protocol=P&dst_port=N` | `{"ip", "protocol", "dst_port", "rule": {"name", "id", "line", "config": RULE} or null, "prefix", "candidates", "why", "bucket": BUCKET or null, "cut": {"verdict": "dropped"/"passed"/"rule", "rule", "why"}}` |
 //! | `POST /v1/detach` | optional body `{"iface": "eth0"}`; `{"detached": ["eth0"]}` |
 //!
@@ -28,7 +28,13 @@
 //! second), "drops_per_sec", "tokens" (packet tokens left now, negative in debt, null without a
 //! packet limit), "byte_tokens", "passed", "dropped" (totals since the bucket was created)}`,
 //! sorted by `pps + drops_per_sec`, highest first; buckets that saw no packet in the interval are
-//! left out. `n` defaults to 10, `interval_ms` to 1000 (10..=60000).
+//! left out. `n` defaults to 10, `interval_ms` to 1000 (10..=60000). `top` keeps at most 16 MiB
+//! however many buckets are tracked: beyond a million it measures the store in successive
+//! windows of `interval_ms` each (`windows`; see `api/top.rs`). One `top` runs at a time.
+//!
+//! `buckets_tracked` (in `status` and `stats`) comes from the bucket census, a paced walk of the
+//! store off the agent's lock: exact when the store is small enough to walk within 30 ms of the
+//! question, else the latest count, `buckets_census.age_ms` old.
 //!
 //! BUCKET is `{"tokens", "byte_tokens", "passed", "dropped", "age_secs"}`. In `explain`,
 //! `protocol` is `tcp`, `udp`, `icmp` or a protocol number (answered as the number, 0 for none).
@@ -40,6 +46,9 @@
 //! exists or the rule set would not compile, 422 the config file is invalid (reload), 500 the data
 //! plane failed. Body `{"error": "message"}`.
 //!
+//! The socket takes at most 64 connections (the oldest idle one is closed for a new one), and a
+//! request's headers and body must each arrive within 10 s ([`crate::http`]).
+//!
 //! ```text
 //! curl --unix-socket /run/ratelimit/agent.sock http://agent/v1/status
 //! curl --unix-socket /run/ratelimit/agent.sock http://agent/v1/rules \
@@ -48,14 +57,16 @@
 //! curl --unix-socket /run/ratelimit/agent.sock 'http://agent/v1/top?n=5&interval_ms=500'
 //! ```
 
+mod top;
+
 use std::{
-    collections::HashMap,
     fs,
     io::ErrorKind,
     net::IpAddr,
     os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, PermissionsExt as _},
     path::Path,
     str::FromStr,
+    sync::Arc,
     time::Duration,
 };
 
@@ -68,18 +79,19 @@ use axum::{
     Json, Router,
 };
 use ipnet::IpNet;
-use ratelimit_common::{family, Bucket, BucketKey};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use tokio::sync::Semaphore;
+
+pub use self::top::{top_entries, TopBaseline, TopEntry, TopRanker, TopReport, BASELINE_BUDGET};
 
 use crate::{
     agent::{AgentError, SharedAgent, Status},
+    census::ReadSide,
     cluster::{ClusterHandle, ClusterStatus},
-    compile::CompiledRuleSet,
     config::{
         Action, Per, Protocol, RuleConfig, Scope, DEFAULT_BYTES_BURST_FLOOR, MAX_TOLERANCE_NS,
     },
-    maps::bucket::{bucket_addr, BucketView},
 };
 
 /// Default and bounds of `top`'s `interval_ms`.
@@ -87,13 +99,32 @@ const TOP_INTERVAL_MS: (u64, u64, u64) = (1000, 10, 60_000);
 /// Default and largest `top` `n`.
 const TOP_N: (usize, usize) = (10, 100_000);
 
-/// What the API serves: the agent, and the cluster sync's handle when the agent is in a cluster.
+/// What the API serves: the agent, what is read without its lock, and the cluster sync's handle
+/// when the agent is in a cluster.
 #[derive(Clone)]
 pub struct ApiState {
     /// The agent.
     pub agent: SharedAgent,
+    /// The pinned maps, the bucket census and the rules in force, read without the agent's lock
+    /// (`status`'s bucket count, `stats`, `top`).
+    pub read: ReadSide,
     /// The cluster sync (`None` without `[cluster]`).
     pub cluster: Option<ClusterHandle>,
+    /// One `top` at a time.
+    pub top_turn: Arc<Semaphore>,
+}
+
+impl ApiState {
+    /// The state for `agent`, `read` and `cluster`.
+    #[must_use]
+    pub fn new(agent: SharedAgent, read: ReadSide, cluster: Option<ClusterHandle>) -> Self {
+        Self {
+            agent,
+            read,
+            cluster,
+            top_turn: Arc::new(Semaphore::new(1)),
+        }
+    }
 }
 
 impl FromRef<ApiState> for SharedAgent {
@@ -103,13 +134,14 @@ impl FromRef<ApiState> for SharedAgent {
 }
 
 /// Serves the API on `listener` (from [`bind`]) until the task is aborted.
+/// Connections are capped and slow clients timed out ([`crate::http`]).
 pub fn serve(listener: tokio::net::UnixListener, state: ApiState) -> tokio::task::JoinHandle<()> {
-    let app = router(state);
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "control API stopped");
-        }
-    })
+    tokio::spawn(crate::http::serve(
+        listener,
+        router(state),
+        crate::http::Limits::default(),
+        "control API",
+    ))
 }
 
 /// Creates the socket's directory (0755) if missing, removes a stale socket left by a dead agent,
@@ -263,7 +295,9 @@ struct StatusAnswer {
 }
 
 async fn status(State(state): State<ApiState>) -> ApiResult {
-    let agent = state.agent.lock().await.status()?;
+    // The bucket count first, without the lock: the lock is then held for a few system calls.
+    let census = state.read.census.fresh().await;
+    let agent = state.agent.lock().await.status(&census)?;
     to_json(&StatusAnswer {
         agent,
         cluster: state.cluster.as_ref().map(ClusterHandle::status),
@@ -341,7 +375,12 @@ async fn reload(State(agent): State<SharedAgent>) -> ApiResult {
 }
 
 async fn stats(State(state): State<ApiState>) -> ApiResult {
-    let report = state.agent.lock().await.stats()?;
+    let census = state.read.census.fresh().await;
+    let read = state.read.clone();
+    let report = tokio::task::spawn_blocking(move || read.stats(&census))
+        .await
+        .map_err(|e| AgentError::Runtime(format!("stats: {e}")))?
+        .map_err(AgentError::from)?;
     let mut value = serde_json::to_value(&report).map_err(|e| ApiError {
         status: StatusCode::INTERNAL_SERVER_ERROR,
         message: e.to_string(),
@@ -370,7 +409,7 @@ struct TopQuery {
     interval_ms: Option<String>,
 }
 
-async fn top(State(agent): State<SharedAgent>, Query(q): Query<TopQuery>) -> ApiResult {
+async fn top(State(state): State<ApiState>, Query(q): Query<TopQuery>) -> ApiResult {
     let n = match q.n.as_deref() {
         None => TOP_N.0,
         Some(s) => s
@@ -397,184 +436,22 @@ async fn top(State(agent): State<SharedAgent>, Query(q): Query<TopQuery>) -> Api
                 ))
             })?,
     };
-    // Two snapshots apart, without holding the lock in between: changes go on meanwhile.
-    // Only what the second snapshot is compared with (a third of a bucket's size); the snapshot
-    // itself is freed at once.
-    let (t0, first) = {
-        let (t0, snapshot) = agent.lock().await.buckets()?;
-        (t0, TopBaseline::new(&snapshot))
-    };
-    tokio::time::sleep(Duration::from_millis(interval_ms)).await;
-    let guard = agent.lock().await;
-    let (t1, second) = guard.buckets()?;
-    let tracked = second.len();
-    let (active, entries) = top_entries(&first, t0, &second, t1, guard.rule_set(), n);
-    drop(guard);
-    to_json(&TopReport {
-        interval_ms,
-        buckets_tracked: tracked,
-        active,
-        top: entries,
-    })
-}
-
-/// `GET /v1/top`'s answer.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct TopReport {
-    /// Time between the two bucket snapshots.
-    pub interval_ms: u64,
-    /// Buckets tracked at the second snapshot.
-    pub buckets_tracked: usize,
-    /// Buckets that saw packets in the interval.
-    pub active: usize,
-    /// The busiest of them, busiest first.
-    pub top: Vec<TopEntry>,
-}
-
-/// One bucket's use over `top`'s interval.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct TopEntry {
-    /// Rule name.
-    pub rule: String,
-    /// Rule id.
-    pub rule_id: u32,
-    /// The bucket's source: the address masked to the rule's `per`, as a prefix.
-    pub source: String,
-    /// Packets passed per second.
-    pub pps: f64,
-    /// Packets dropped (or counted as dry-run drops) per second.
-    pub drops_per_sec: f64,
-    /// Packet tokens left now (negative: in debt); `None` without a packet limit.
-    pub tokens: Option<f64>,
-    /// Byte tokens left now; `None` without a byte limit.
-    pub byte_tokens: Option<f64>,
-    /// Packets passed since the bucket was created.
-    pub passed: u64,
-    /// Packets dropped since the bucket was created.
-    pub dropped: u64,
-}
-
-/// What [`top_entries`] needs of the first snapshot: per bucket, its creation time and counters.
-pub struct TopBaseline(HashMap<BucketId, (u64, u64, u64)>);
-
-/// A bucket key's parts: rule, family, address.
-type BucketId = (u32, u8, [u8; 16]);
-
-impl TopBaseline {
-    /// From a snapshot of the bucket map.
-    #[must_use]
-    pub fn new(first: &[(BucketKey, Bucket)]) -> Self {
-        Self(
-            first
-                .iter()
-                .map(|(k, b)| {
-                    (
-                        (k.rule, k.family, k.addr),
-                        (
-                            b.created_ns,
-                            u64::from(b.passed_pkts),
-                            u64::from(b.dropped_pkts),
-                        ),
-                    )
-                })
-                .collect(),
-        )
-    }
-}
-
-/// How many buckets of `second` (read at `t1`, `CLOCK_MONOTONIC` ns) saw packets since `first`
-/// (read at `t0`), and the `n` busiest of them, busiest first (ties: by rule, then address). A
-/// bucket absent from `first`, or created anew since (evicted meanwhile), counts from zero. Buckets of
-/// rules no longer in `set` are left out. Only the `n` reported are rendered: with a million
-/// active sources, the rest cost a few words each.
-#[must_use]
-pub fn top_entries(
-    first: &TopBaseline,
-    t0: u64,
-    second: &[(BucketKey, Bucket)],
-    t1: u64,
-    set: &CompiledRuleSet,
-    n: usize,
-) -> (usize, Vec<TopEntry>) {
-    #[expect(
-        clippy::cast_precision_loss,
-        reason = "nanoseconds and packet counts, display only"
-    )]
-    let secs = t1.saturating_sub(t0).max(1) as f64 / 1e9;
-    // (packets in the interval, passed, dropped, index into `second`).
-    let mut active: Vec<(u64, u64, u64, usize)> = second
-        .iter()
-        .enumerate()
-        .filter_map(|(i, (k, b))| {
-            set.rule(k.rule)?;
-            let (p0, d0) = first
-                .0
-                .get(&(k.rule, k.family, k.addr))
-                .filter(|(created, _, _)| *created == b.created_ns)
-                .map_or((0, 0), |&(_, p, d)| (p, d));
-            // The bucket's packet counters are 32 bits, wrapping, and may step back a little
-            // (see `counter_advance`): that is no packet.
-            #[expect(clippy::cast_possible_truncation, reason = "32-bit counters")]
-            let (dp, dd) = (
-                u64::from(ratelimit_common::counter_advance(b.passed_pkts, p0 as u32).unwrap_or(0)),
-                u64::from(
-                    ratelimit_common::counter_advance(b.dropped_pkts, d0 as u32).unwrap_or(0),
-                ),
-            );
-            (dp != 0 || dd != 0).then_some((dp.saturating_add(dd), dp, dd, i))
-        })
-        .collect();
-    let count = active.len();
-    let order = |a: &(u64, u64, u64, usize), b: &(u64, u64, u64, usize)| {
-        let (ka, kb) = (&second[a.3].0, &second[b.3].0);
-        b.0.cmp(&a.0)
-            .then_with(|| (ka.rule, ka.family, ka.addr).cmp(&(kb.rule, kb.family, kb.addr)))
-    };
-    if n < active.len() {
-        if n > 0 {
-            active.select_nth_unstable_by(n - 1, order);
-        }
-        active.truncate(n);
-    }
-    active.sort_unstable_by(order);
-    let entries = active
-        .into_iter()
-        .filter_map(|(_, dp, dd, i)| {
-            let (k, b) = &second[i];
-            let rule = set.rule(k.rule)?;
-            let view = BucketView::new(b, &rule.rule, t1);
-            #[expect(clippy::cast_precision_loss, reason = "display only")]
-            let (pps, drops) = (dp as f64 / secs, dd as f64 / secs);
-            Some(TopEntry {
-                rule: rule.name.clone(),
-                rule_id: rule.id,
-                source: bucket_source(k, &rule.rule),
-                pps,
-                drops_per_sec: drops,
-                tokens: view.tokens,
-                byte_tokens: view.byte_tokens,
-                passed: u64::from(b.passed_pkts),
-                dropped: u64::from(b.dropped_pkts),
-            })
-        })
-        .collect();
-    (count, entries)
-}
-
-/// The bucket's address as a prefix of the rule's granularity (`198.18.1.0/24`).
-fn bucket_source(key: &BucketKey, rule: &ratelimit_common::Rule) -> String {
-    let len = if key.family == family::V4 {
-        rule.src_mask[0].count_ones().min(32)
-    } else {
-        rule.src_mask
-            .iter()
-            .map(|w| w.count_ones())
-            .sum::<u32>()
-            .min(128)
-    };
-    let len = u8::try_from(len).unwrap_or(0);
-    IpNet::new(bucket_addr(key), len)
-        .map_or_else(|_| bucket_addr(key).to_string(), |n| n.trunc().to_string())
+    // Off the agent's lock, one `top` at a time (each keeps up to 16 MiB of baseline).
+    let _turn = state
+        .top_turn
+        .acquire()
+        .await
+        .map_err(|e| AgentError::Runtime(format!("top: {e}")))?;
+    let report = top::measure(
+        state.read.maps.clone(),
+        state.read.rules.clone(),
+        n,
+        Duration::from_millis(interval_ms),
+        top::BASELINE_BUDGET,
+    )
+    .await
+    .map_err(AgentError::from)?;
+    to_json(&report)
 }
 
 /// Query of `GET /v1/explain`.

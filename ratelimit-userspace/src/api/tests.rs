@@ -1,3 +1,4 @@
+use ratelimit_common::Bucket;
 use serde_json::json;
 
 use super::*;
@@ -177,26 +178,30 @@ fn top_ranks_buckets_by_use_over_the_interval() {
     let hosts = set.by_name("hosts").unwrap();
     let key =
         |r: &crate::compile::CompiledRule, ip: &str| bucket_key(r.id, &r.rule, ip.parse().unwrap());
-    let b = |passed, dropped, created_ns| Bucket {
+    let b = |k: ratelimit_common::BucketKey, passed, dropped, created_ns| Bucket {
+        addr: k.addr,
+        rule: u16::try_from(k.rule).unwrap(),
+        family: k.family,
         passed_pkts: passed,
         dropped_pkts: dropped,
         created_ns,
         ..Bucket::default()
     };
     let (t0, t1) = (10_000_000_000, 12_000_000_000); // two seconds apart
-    let first = vec![
-        (key(nets, "198.18.1.7"), b(100, 0, 1)),
-        (key(hosts, "2001:db8::5"), b(50, 10, 1)),
-        (key(nets, "198.18.9.1"), b(10, 0, 1)),
-    ];
+    let mut first = TopBaseline::default();
+    first.push(3, &b(key(nets, "198.18.1.7"), 100, 0, 1));
+    first.push(5, &b(key(hosts, "2001:db8::5"), 50, 10, 1));
+    first.push(8, &b(key(nets, "198.18.9.1"), 10, 0, 1));
+    first.push(9, &b(key(hosts, "2001:db8::6"), 40, 0, 1));
     let second = vec![
-        (key(nets, "198.18.1.9"), b(2100, 20_000, 1)), // same /24 bucket as .7
-        (key(hosts, "2001:db8::5"), b(70, 30, 1)),
-        (key(nets, "198.18.9.1"), b(10, 0, 1)), // idle: left out
-        (key(nets, "198.18.2.1"), b(4, 0, t0 + 1)), // new since the first snapshot
-        (key(hosts, "2001:db8::6"), b(9, 0, 1)), // recreated (absent from first): counts from 0
+        (3, b(key(nets, "198.18.1.9"), 2100, 20_000, 1)), // same /24 bucket as .7
+        (5, b(key(hosts, "2001:db8::5"), 70, 30, 1)),
+        (8, b(key(nets, "198.18.9.1"), 10, 0, 1)), // idle: left out
+        (2, b(key(nets, "198.18.2.1"), 4, 0, t0 + 1)), // new since the first read
+        // Record 9 taken by a new bucket since (another life): counts from 0.
+        (9, b(key(hosts, "2001:db8::6"), 9, 0, t0 + 2)),
     ];
-    let (active, top) = top_entries(&TopBaseline::new(&first), t0, &second, t1, &set, 10);
+    let (active, top) = top_entries(&first, t0, &second, t1, &set, 10);
     assert_eq!(active, 4);
     let got: Vec<(&str, &str, f64, f64)> = top
         .iter()
@@ -214,7 +219,7 @@ fn top_ranks_buckets_by_use_over_the_interval() {
     assert_eq!((top[0].passed, top[0].dropped), (2100, 20_000));
     assert!(top[0].tokens.is_some() && top[0].byte_tokens.is_none());
     // Only the busiest n are rendered, still busiest first; the count covers all.
-    let (active, top2) = top_entries(&TopBaseline::new(&first), t0, &second, t1, &set, 2);
+    let (active, top2) = top_entries(&first, t0, &second, t1, &set, 2);
     assert_eq!(active, 4);
     assert_eq!(
         top2.iter().map(|e| e.source.as_str()).collect::<Vec<_>>(),

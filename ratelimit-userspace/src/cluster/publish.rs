@@ -106,6 +106,75 @@ struct Published {
     dirty: bool,
 }
 
+/// A candidate's weight for the published set: its lifetime average rate (all there is without
+/// history), at `now`.
+#[must_use]
+pub fn candidate_rate(now: u64, b: &BucketObs) -> f64 {
+    #[expect(clippy::cast_precision_loss, reason = "a rate estimate")]
+    let age = (now.saturating_sub(b.created_ns) as f64 / 1e9).max(1.0);
+    #[expect(clippy::cast_precision_loss, reason = "a rate estimate")]
+    let rate = b.passed_pkts as f64 / age;
+    rate
+}
+
+/// The `k` heaviest candidates of a full scan, in bounded memory: the scan offers every bucket
+/// that is not published, and only those [`LocalTracker::update`] could take are kept (it takes at
+/// most `max_keys` candidates, heaviest first, ties by key).
+pub struct Heaviest {
+    k: usize,
+    heap: std::collections::BinaryHeap<Ranked>,
+}
+
+/// A candidate in [`Heaviest`]: ordered heaviest first (less), then by key.
+struct Ranked(f64, KeyName, BucketObs);
+
+impl PartialEq for Ranked {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+impl Eq for Ranked {}
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Ranked {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other
+            .0
+            .total_cmp(&self.0)
+            .then_with(|| self.1.cmp(&other.1))
+    }
+}
+
+impl Heaviest {
+    /// Keeps the `k` heaviest.
+    #[must_use]
+    pub fn new(k: usize) -> Self {
+        Self {
+            k,
+            heap: std::collections::BinaryHeap::new(),
+        }
+    }
+
+    /// Offers a candidate of weight `rate`.
+    pub fn offer(&mut self, rate: f64, key: KeyName, b: BucketObs) {
+        let r = Ranked(rate, key, b);
+        if self.heap.len() < self.k {
+            self.heap.push(r);
+        } else if self.heap.peek().is_some_and(|worst| r < *worst) {
+            self.heap.pop();
+            self.heap.push(r);
+        }
+    }
+
+    /// The candidates kept.
+    pub fn into_candidates(self) -> impl Iterator<Item = (KeyName, BucketObs)> {
+        self.heap.into_iter().map(|Ranked(_, k, b)| (k, b))
+    }
+}
+
 /// Keys whose count did not move for this long leave the published set.
 pub const IDLE_NS: u64 = 30_000_000_000;
 /// Time constant of the rate estimate.
@@ -163,6 +232,18 @@ impl LocalTracker {
     /// The keys to look up for a partial update.
     pub fn keys(&self) -> impl Iterator<Item = &KeyName> {
         self.published.keys()
+    }
+
+    /// Whether `key` is published.
+    #[must_use]
+    pub fn is_published(&self, key: &KeyName) -> bool {
+        self.published.contains_key(key)
+    }
+
+    /// Most keys published.
+    #[must_use]
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
     }
 
     /// Folds in what the buckets show at `now`. `seen` holds the published keys' buckets (a
@@ -243,13 +324,7 @@ impl LocalTracker {
         let mut candidates: Vec<(f64, &KeyName, &BucketObs)> = seen
             .iter()
             .filter(|(k, b)| b.passed_pkts > 0 && !self.published.contains_key(*k))
-            .map(|(k, b)| {
-                #[expect(clippy::cast_precision_loss, reason = "a rate estimate")]
-                let age = (now.saturating_sub(b.created_ns) as f64 / 1e9).max(1.0);
-                #[expect(clippy::cast_precision_loss, reason = "a rate estimate")]
-                let rate = b.passed_pkts as f64 / age;
-                (rate, k, b)
-            })
+            .map(|(k, b)| (candidate_rate(now, b), k, b))
             .collect();
         candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
         let mut lightest: Vec<(f64, KeyName)> = self
@@ -497,5 +572,53 @@ mod tests {
         );
         assert!(t.is_empty());
         assert_eq!(t.changes().1.len(), 2);
+    }
+
+    /// The full scan keeps only the published keys and the `max_keys` heaviest others
+    /// ([`Heaviest`]): the published set chosen from those is the one chosen from every bucket.
+    #[test]
+    fn the_bounded_scan_chooses_as_the_full_one() {
+        let start = 0;
+        let every = |round: u64| -> HashMap<KeyName, BucketObs> {
+            (0..=255u8)
+                .map(|i| {
+                    // Weights that reorder between rounds, with ties.
+                    let w = (u64::from(i) * 7919 * (round + 1)) % 97;
+                    (name(i), obs(1, w * 10 * (round + 1)))
+                })
+                .collect()
+        };
+        let (mut full, mut bounded) = (LocalTracker::new(8, start), LocalTracker::new(8, start));
+        for round in 0..6 {
+            let now = (round + 2) * S;
+            let seen = every(round);
+            full.update(now, &seen, true);
+            let mut heaviest = Heaviest::new(bounded.max_keys());
+            let mut kept = HashMap::new();
+            for (k, b) in &seen {
+                if bounded.is_published(k) {
+                    kept.insert(k.clone(), *b);
+                } else if b.passed_pkts > 0 {
+                    heaviest.offer(candidate_rate(now, b), k.clone(), *b);
+                }
+            }
+            assert!(kept.len() <= 8);
+            kept.extend(heaviest.into_candidates());
+            assert!(kept.len() <= 16, "kept {}", kept.len());
+            bounded.update(now, &kept, true);
+            let sorted = |t: &LocalTracker| {
+                let mut k: Vec<_> = t.keys().cloned().collect();
+                k.sort();
+                k
+            };
+            assert_eq!(sorted(&full), sorted(&bounded), "round {round}");
+            let changes = |t: &mut LocalTracker| {
+                let (mut set, mut del) = t.changes();
+                set.sort();
+                del.sort();
+                (set, del)
+            };
+            assert_eq!(changes(&mut full), changes(&mut bounded), "round {round}");
+        }
     }
 }

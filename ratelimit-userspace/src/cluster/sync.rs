@@ -14,7 +14,9 @@ use ratelimit_common::{action, rule_flags, Rule};
 
 use super::{
     charge,
-    publish::{BucketObs, Count, KeyName, LocalTracker, KEY_PREFIX, SYNC_KEY},
+    publish::{
+        candidate_rate, BucketObs, Count, Heaviest, KeyName, LocalTracker, KEY_PREFIX, SYNC_KEY,
+    },
     remote::{Limits, PeerView, RemoteTracker, Round},
     status::{Counters, PeerStatus, Shared},
 };
@@ -234,22 +236,27 @@ impl Blocking {
             passed_bytes: b.passed_bytes,
         };
         if full {
-            match self.maps.buckets() {
-                Ok(all) => {
-                    for (key, b) in all {
-                        if let Some(name) = rules.by_id.get(&key.rule) {
-                            seen.insert(
-                                KeyName {
-                                    rule: name.clone(),
-                                    addr: bucket_addr(&key),
-                                },
-                                obs(&b),
-                            );
-                        }
-                    }
+            // Streamed: only the published keys' buckets and the `max_keys` heaviest others
+            // are kept (all `select` can take), whatever the size of the store.
+            let mut heaviest = Heaviest::new(self.local.max_keys());
+            let scan = self.maps.for_each_bucket(|_, b| {
+                let Some(name) = rules.by_id.get(&u32::from(b.rule)) else {
+                    return;
+                };
+                let key = KeyName {
+                    rule: name.clone(),
+                    addr: bucket_addr(&b.key()),
+                };
+                if self.local.is_published(&key) {
+                    seen.insert(key, obs(b));
+                } else if b.passed_pkts > 0 {
+                    heaviest.offer(candidate_rate(now, &obs(b)), key, obs(b));
                 }
-                Err(e) => tracing::warn!(error = %e, "cluster sync: reading the buckets"),
+            });
+            if let Err(e) = scan {
+                tracing::warn!(error = %e, "cluster sync: reading the buckets");
             }
+            seen.extend(heaviest.into_candidates());
             // A full scan reads the whole store (64 MiB for a million buckets), so it runs at
             // most a tenth of the time; in between only the published keys are read (one
             // lookup each).
@@ -265,7 +272,7 @@ impl Blocking {
                 }
             }
         }
-        self.local.update(monotonic_ns(), &seen, full);
+        self.local.update(now, &seen, full);
         self.local.changes()
     }
 

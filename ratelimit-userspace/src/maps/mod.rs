@@ -14,6 +14,7 @@ pub mod store;
 
 use std::{
     collections::{BTreeMap, HashMap},
+    ops::ControlFlow,
     path::{Path, PathBuf},
 };
 
@@ -105,7 +106,7 @@ pub const ALL: [&str; 7] = [
 /// Checks that whatever is already pinned in `dir` has the shapes this version uses, so a stale
 /// pin from another version is refused with a clear message instead of being misread: each map's
 /// type, flags, key and value sizes and capacity, and the layout stamp in the config record
-/// ([`check_stamp`]). `max_buckets` is the capacity the agent is about to ask for: a different
+/// (`check_stamp`). `max_buckets` is the capacity the agent is about to ask for: a different
 /// one is a mismatch too (the bucket store cannot be resized in place). A pinned first-seen table
 /// (of a version before the bucket store) means the whole directory is of that version: refused
 /// the same way.
@@ -422,29 +423,46 @@ impl PinnedMaps {
     /// Hands every live bucket to `f`, with its record index. Buckets created or evicted during
     /// the walk may be seen or not, as with any walk of a live store.
     pub fn for_each_bucket(&self, mut f: impl FnMut(u32, &Bucket)) -> Result<()> {
-        let mut gens = HashMap::new();
-        let mut err = None;
-        self.store.for_each(|i, b| {
-            if err.is_some() {
-                return;
-            }
-            match self.live(b, &mut gens) {
-                Ok(true) => f(i, b),
-                Ok(false) => {}
-                Err(e) => err = Some(e),
-            }
-        });
-        err.map_or(Ok(()), Err)
+        self.for_each_bucket_in(0..self.store.records(), |i, b| {
+            f(i, b);
+            ControlFlow::Continue(())
+        })
+        .map(|_| ())
     }
 
-    /// Every tracked bucket.
+    /// [`PinnedMaps::for_each_bucket`] over the records of `range`, until `f` breaks: returns
+    /// the index of the record `f` broke on (not done), else the range's end (clamped to the
+    /// store). Nothing is kept: memory stays bounded however large the store.
+    pub fn for_each_bucket_in(
+        &self,
+        range: std::ops::Range<u32>,
+        mut f: impl FnMut(u32, &Bucket) -> ControlFlow<()>,
+    ) -> Result<u32> {
+        let mut gens = HashMap::new();
+        let mut err = None;
+        let end = self
+            .store
+            .for_each_in(range, |i, b| match self.live(b, &mut gens) {
+                Ok(true) => f(i, b),
+                Ok(false) => ControlFlow::Continue(()),
+                Err(e) => {
+                    err = Some(e);
+                    ControlFlow::Break(())
+                }
+            });
+        err.map_or(Ok(end), Err)
+    }
+
+    /// Every tracked bucket, all in memory at once (88 bytes each and more): for tests and tools
+    /// on small stores only. The agent streams ([`PinnedMaps::for_each_bucket_in`]).
     pub fn buckets(&self) -> Result<Vec<(BucketKey, Bucket)>> {
         let mut all = Vec::new();
         self.for_each_bucket(|_, b| all.push((b.key(), *b)))?;
         Ok(all)
     }
 
-    /// How many buckets are tracked (nothing kept), for status and stats, which need no more.
+    /// How many buckets are tracked (a walk of the whole store, nothing kept): for `stats
+    /// --pin-path` and the agent's census ([`crate::census`]), never under the agent's lock.
     pub fn bucket_count(&self) -> Result<u64> {
         let mut count = 0u64;
         self.for_each_bucket(|_, _| count += 1)?;

@@ -8,6 +8,7 @@
 
 use std::{
     io,
+    ops::ControlFlow,
     os::fd::{AsRawFd as _, BorrowedFd},
     sync::atomic::{AtomicU64, Ordering},
 };
@@ -123,8 +124,22 @@ impl MappedStore {
     /// Hands `f` a copy of every record that holds a key, with its index. An empty record costs
     /// one load of its header word, so a walk of a mostly empty store is cheap.
     pub fn for_each(&self, mut f: impl FnMut(u32, &Bucket)) {
+        self.for_each_in(0..self.records, |i, b| {
+            f(i, b);
+            ControlFlow::Continue(())
+        });
+    }
+
+    /// [`MappedStore::for_each`] over the records of `range` (clamped to the store), until `f`
+    /// breaks: returns the index of the record `f` broke on (not done), else the range's end.
+    pub fn for_each_in(
+        &self,
+        range: std::ops::Range<u32>,
+        mut f: impl FnMut(u32, &Bucket) -> ControlFlow<()>,
+    ) -> u32 {
         let base = self.ptr.cast::<u8>();
-        for i in 0..self.records {
+        let end = range.end.min(self.records);
+        for i in range.start..end {
             // SAFETY: the header word of record `i`, in bounds and 8-aligned.
             let header = unsafe {
                 std::ptr::read_volatile(
@@ -135,8 +150,11 @@ impl MappedStore {
             if (header >> 16) & 0xff == 0 {
                 continue;
             }
-            f(i, &self.get(i));
+            if f(i, &self.get(i)).is_break() {
+                return i;
+            }
         }
+        end
     }
 
     /// Where `key`'s bucket of generation `gen` is in a store of `sets` sets under `seed`, or

@@ -1,0 +1,234 @@
+//! Serving HTTP/1.1 with limits, for the control API ([`crate::api`]) and the metrics endpoint
+//! ([`crate::metrics`]): whoever reaches an endpoint must not exhaust the agent's file
+//! descriptors, memory or tasks by opening connections and sending nothing, or sending slowly.
+//!
+//! - At most [`Limits::max_connections`] connections are open at once. When another one arrives
+//!   at the cap, the oldest *idle* connection (no request being answered: a connection that has
+//!   not sent its request headers yet, or a keep-alive one between requests) is closed to make
+//!   room; if every connection is busy answering, the new one is closed instead. So idle
+//!   connections, however many, never keep a real client out, and the agent holds a bounded
+//!   number of descriptors.
+//! - A request's headers must arrive within [`Limits::header_timeout`] (hyper's
+//!   `header_read_timeout`), its body within [`Limits::body_timeout`] and be at most
+//!   [`Limits::max_body`] bytes; else the connection is closed (headers) or answered 408/413.
+//!
+//! Built on hyper's own HTTP/1 connection (`hyper::server::conn::http1`, whose header timeout is
+//! made for this; axum's `serve` exposes neither it nor a connection cap) driving the axum router.
+
+use std::{
+    collections::BTreeMap,
+    convert::Infallible,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use axum::{
+    body::Body,
+    http::{Request, StatusCode},
+    response::{IntoResponse, Response},
+    Router,
+};
+use http_body_util::{BodyExt as _, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    sync::Notify,
+};
+use tower::ServiceExt as _;
+
+/// The limits of one server.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// Time for a request's headers to arrive, from the moment the server waits for them.
+    pub header_timeout: Duration,
+    /// Time for a request's body to arrive.
+    pub body_timeout: Duration,
+    /// Largest request body.
+    pub max_body: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 64,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+            max_body: 1 << 20,
+        }
+    }
+}
+
+/// A listener the server accepts connections from (TCP for metrics, Unix for the API).
+pub trait Accept: Send + 'static {
+    /// A connection.
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// The next connection.
+    fn accept(&mut self) -> impl std::future::Future<Output = std::io::Result<Self::Io>> + Send;
+}
+
+impl Accept for tokio::net::TcpListener {
+    type Io = tokio::net::TcpStream;
+    async fn accept(&mut self) -> std::io::Result<Self::Io> {
+        tokio::net::TcpListener::accept(self).await.map(|(s, _)| s)
+    }
+}
+
+impl Accept for tokio::net::UnixListener {
+    type Io = tokio::net::UnixStream;
+    async fn accept(&mut self) -> std::io::Result<Self::Io> {
+        tokio::net::UnixListener::accept(self).await.map(|(s, _)| s)
+    }
+}
+
+/// One open connection, as the accept loop sees it.
+struct Conn {
+    /// Requests being answered on it.
+    busy: AtomicUsize,
+    /// Closes it.
+    close: Notify,
+}
+
+/// The open connections, oldest first.
+#[derive(Default)]
+struct Table {
+    next: u64,
+    open: BTreeMap<u64, Arc<Conn>>,
+}
+
+/// Serves `router` on `listener` with `limits` until the task is aborted. `what` names the server
+/// in the log.
+pub async fn serve<L: Accept>(mut listener: L, router: Router, limits: Limits, what: &'static str) {
+    let table = Arc::new(Mutex::new(Table::default()));
+    let mut refused_logged = false;
+    loop {
+        let io = match listener.accept().await {
+            Ok(io) => io,
+            Err(e) => {
+                // Out of descriptors or memory, or the peer gave up: not fatal. Wait a little so
+                // the loop does not spin.
+                tracing::warn!(server = what, error = %e, "accepting a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let admitted = {
+            let mut t = table
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if t.open.len() >= limits.max_connections {
+                let idle = t
+                    .open
+                    .iter()
+                    .find(|(_, c)| c.busy.load(Ordering::Acquire) == 0)
+                    .map(|(&id, _)| id);
+                if let Some(id) = idle {
+                    if let Some(c) = t.open.remove(&id) {
+                        c.close.notify_one();
+                    }
+                }
+            }
+            if t.open.len() < limits.max_connections {
+                let id = t.next;
+                t.next += 1;
+                let conn = Arc::new(Conn {
+                    busy: AtomicUsize::new(0),
+                    close: Notify::new(),
+                });
+                t.open.insert(id, conn.clone());
+                Some((id, conn))
+            } else {
+                None
+            }
+        };
+        let Some((id, conn)) = admitted else {
+            if !refused_logged {
+                tracing::warn!(
+                    server = what,
+                    max = limits.max_connections,
+                    "every connection is busy: refusing new ones until one is free"
+                );
+                refused_logged = true;
+            }
+            drop(io);
+            continue;
+        };
+        refused_logged = false;
+        let (router, table) = (router.clone(), table.clone());
+        tokio::spawn(async move {
+            serve_connection(io, router, limits, &conn).await;
+            table
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .open
+                .remove(&id);
+        });
+    }
+}
+
+/// Counts a request as being answered while it lives.
+struct Busy(Arc<Conn>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+async fn serve_connection<I>(io: I, router: Router, limits: Limits, conn: &Arc<Conn>)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let for_requests = conn.clone();
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        for_requests.busy.fetch_add(1, Ordering::AcqRel);
+        let busy = Busy(for_requests.clone());
+        let router = router.clone();
+        async move {
+            let _busy = busy;
+            let (parts, body) = req.into_parts();
+            let body = Limited::new(body, limits.max_body).collect();
+            let bytes = match tokio::time::timeout(limits.body_timeout, body).await {
+                Ok(Ok(b)) => b.to_bytes(),
+                Ok(Err(e)) => {
+                    let status = if e.is::<http_body_util::LengthLimitError>() {
+                        StatusCode::PAYLOAD_TOO_LARGE
+                    } else {
+                        StatusCode::BAD_REQUEST
+                    };
+                    return Ok::<_, Infallible>(
+                        (status, format!("reading the request body: {e}\n")).into_response(),
+                    );
+                }
+                Err(_) => {
+                    return Ok((
+                        StatusCode::REQUEST_TIMEOUT,
+                        format!(
+                            "the request body did not arrive within {} s\n",
+                            limits.body_timeout.as_secs()
+                        ),
+                    )
+                        .into_response())
+                }
+            };
+            let req = Request::from_parts(parts, Body::from(bytes));
+            let response: Response = router.oneshot(req).await?;
+            Ok(response)
+        }
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .serve_connection(TokioIo::new(io), service);
+    tokio::select! {
+        // An error here is the client's (it went away, sent garbage, was too slow): nothing to
+        // report.
+        _ = connection => {}
+        () = conn.close.notified() => {}
+    }
+}
