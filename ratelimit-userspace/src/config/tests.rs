@@ -1180,7 +1180,7 @@ fn hundred_thousand_line_list() {
     assert_eq!(c.rules[1].sources.len(), 100_000);
     assert_eq!(set.prefixes.len(), 100_002);
     let hit = |ip: &str| {
-        set.classify(ip.parse().unwrap(), 6, Some(80))
+        set.classify(ip.parse().unwrap(), 6, Some(80), 0)
             .map(|r| r.name.as_str())
     };
     assert_eq!(hit("1.0.0.0"), Some("blocklist"));
