@@ -243,6 +243,12 @@ impl Frame {
         self
     }
 
+    /// Offset of the L4 header in the built frame, once added.
+    #[must_use]
+    pub fn l4_offset(&self) -> Option<usize> {
+        self.l4
+    }
+
     /// Adds an ICMP (IPv4) or ICMPv6 echo request header.
     #[must_use]
     pub fn icmp(mut self) -> Self {
