@@ -958,7 +958,15 @@ action = "allow"
             .build()
     };
     // (what, frame, verdict, rule, rule verdict, global counter that must move too)
-    let cases: Vec<(&str, Vec<u8>, u32, &str, usize, Option<usize>)> = vec![
+    type Case = (
+        &'static str,
+        Vec<u8>,
+        u32,
+        &'static str,
+        usize,
+        Option<usize>,
+    );
+    let cases: Vec<Case> = vec![
         (
             "SYN",
             tcp4(443, SYN),
