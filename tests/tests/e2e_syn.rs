@@ -4,7 +4,8 @@
 //! crafted SYNs (an AF_PACKET socket, many times the SYN rule's rate). The SYN rule must admit
 //! exactly its bucket's worth of SYNs and count every SYN (and nothing else); the established
 //! connection's segments, from the very same source, fall under the general rule and every byte
-//! arrives.
+//! arrives. And the SYN rule through the CLI: `rules add --tcp-flags syn`, written back to the
+//! config file, listed, and `explain --tcp-flags`.
 
 use std::{
     io::{Read, Write},
@@ -14,8 +15,8 @@ use std::{
 };
 
 use ratelimit_testbed::{
-    add_addr, agent_proc::rule_packets, in_netns, neigh_to_peer, require_root, veth_pair,
-    AgentProcess, Netns,
+    add_addr, agent_binary, agent_proc::rule_packets, in_netns, neigh_to_peer, require_root,
+    veth_pair, AgentProcess, Netns,
 };
 
 /// The SYN rule: SYNs per second and burst, per source.
@@ -260,5 +261,176 @@ fn a_syn_flood_is_limited_while_the_same_sources_connection_flows() {
         tcp_passed >= u64::try_from(written / CHUNK).unwrap() / 2,
         "the connection's segments were not counted under the general rule: {tcp_passed}"
     );
+    assert!(agent.stop().unwrap().success());
+}
+
+/// Runs the CLI against `agent`; returns (success, stdout, stderr).
+fn cli(agent: &AgentProcess, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(agent_binary())
+        .arg("--socket")
+        .arg(agent.socket_path())
+        .args(args)
+        .output()
+        .expect("running the ratelimit CLI");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn json(agent: &AgentProcess, args: &[&str]) -> serde_json::Value {
+    let mut args = args.to_vec();
+    args.push("--json");
+    let (ok, out, err) = cli(agent, &args);
+    assert!(ok, "`ratelimit {}` failed: {err}", args.join(" "));
+    serde_json::from_str(&out).unwrap()
+}
+
+#[test]
+fn syn_rules_through_the_cli_add_list_write_back_and_explain() {
+    require_root();
+    let tx = Netns::new("rl-e2e-syncli-tx").unwrap();
+    let rx = Netns::new("rl-e2e-syncli-rx").unwrap();
+    let (_tx_if, rx_if) = veth_pair(&tx, &rx, "sc").unwrap();
+    let config = format!(
+        "[agent]\ninterfaces = [\"{rx_if}\"]\n\n\
+         [[rule]]\nname = \"tcp\"\nsource = \"198.18.11.0/24\"\nprotocol = \"tcp\"\n\
+         rate = 1000\n"
+    );
+    let agent = AgentProcess::start(&rx, &config, &[]).unwrap();
+    let add = [
+        "rules",
+        "add",
+        "--name",
+        "syn",
+        "--source",
+        "198.18.11.0/24",
+        "--protocol",
+        "tcp",
+        "--tcp-flags",
+        "syn",
+        "--rate",
+        "10",
+    ];
+    let (ok, _, err) = cli(&agent, &add);
+    assert!(ok, "rules add: {err}");
+    // Written back to the config file.
+    let file = std::fs::read_to_string(agent.config_path()).unwrap();
+    assert!(file.contains("tcp_flags = \"syn\""), "{file}");
+    // Listed.
+    let list = json(&agent, &["rules", "list"]);
+    let syn = list["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "syn")
+        .unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(syn["tcp_flags"], "syn", "{list}");
+    // Explained: a SYN meets the SYN rule, a SYN-ACK or an ACK the general one, and why.
+    let e = json(
+        &agent,
+        &[
+            "explain",
+            "198.18.11.5",
+            "--protocol",
+            "tcp",
+            "--dst-port",
+            "443",
+            "--tcp-flags",
+            "syn",
+        ],
+    );
+    assert_eq!(e["rule"]["name"], "syn", "{e}");
+    assert_eq!(e["tcp_flags"], 2, "{e}");
+    let why = e["why"].as_str().unwrap();
+    assert!(why.contains("SYN set, ACK clear"), "{why}");
+    for flags in ["syn,ack", "ack"] {
+        let e = json(
+            &agent,
+            &[
+                "explain",
+                "198.18.11.5",
+                "--protocol",
+                "tcp",
+                "--tcp-flags",
+                flags,
+            ],
+        );
+        assert_eq!(e["rule"]["name"], "tcp", "{flags}: {e}");
+        let why = e["why"].as_str().unwrap();
+        assert!(why.contains("do not fit") && why.contains("syn"), "{why}");
+    }
+    let (ok, human, err) = cli(
+        &agent,
+        &[
+            "explain",
+            "198.18.11.5",
+            "--protocol",
+            "tcp",
+            "--tcp-flags",
+            "syn",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(human.contains("tcp_flags SYN"), "{human}");
+    assert!(human.contains("tcp_flags=syn"), "{human}");
+    // Refused, and nothing changes: a second SYN rule for the same prefix, flags without tcp,
+    // flags on a packet that is not TCP.
+    let (ok, _, err) = cli(
+        &agent,
+        &[
+            "rules",
+            "add",
+            "--name",
+            "syn2",
+            "--source",
+            "198.18.11.0/24",
+            "--protocol",
+            "tcp",
+            "--tcp-flags",
+            "syn",
+            "--rate",
+            "5",
+        ],
+    );
+    assert!(!ok && err.contains("tcp_flags syn"), "{err}");
+    let (ok, _, err) = cli(
+        &agent,
+        &[
+            "rules",
+            "add",
+            "--name",
+            "syn3",
+            "--source",
+            "198.18.12.0/24",
+            "--protocol",
+            "udp",
+            "--tcp-flags",
+            "syn",
+            "--rate",
+            "5",
+        ],
+    );
+    assert!(
+        !ok && err.contains("tcp_flags") && err.contains("only valid with protocol tcp"),
+        "{err}"
+    );
+    let (ok, _, err) = cli(
+        &agent,
+        &[
+            "explain",
+            "198.18.11.5",
+            "--protocol",
+            "udp",
+            "--tcp-flags",
+            "syn",
+        ],
+    );
+    assert!(
+        !ok && err.contains("only meaningful with protocol tcp"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(agent.config_path()).unwrap(), file);
     assert!(agent.stop().unwrap().success());
 }
