@@ -387,6 +387,92 @@ pub fn hot_with_rules(
     Ok(())
 }
 
+/// Rules for [`hot_tcp_flags`]: a port rule, a protocol rule, and a SYN rule beside a protocol
+/// rule, each on its own /24, all admitting everything.
+pub const TCP_RULES: &str = r#"
+[[rule]]
+name = "tcp-port"
+source = "198.18.4.0/24"
+protocol = "tcp"
+dst_port = 443
+rate = 1000000000
+burst = 1000000000
+
+[[rule]]
+name = "tcp-syn"
+source = "198.18.5.0/24"
+protocol = "tcp"
+tcp_flags = "syn"
+rate = 1000000000
+burst = 1000000000
+
+[[rule]]
+name = "tcp-beside-syn"
+source = "198.18.5.0/24"
+protocol = "tcp"
+rate = 1000000000
+burst = 1000000000
+
+[[rule]]
+name = "tcp-any-flags"
+source = "198.18.6.0/24"
+protocol = "tcp"
+rate = 1000000000
+burst = 1000000000
+"#;
+
+fn tcp_frame(src: [u8; 4], flags: u8) -> Vec<u8> {
+    eth()
+        .ipv4(src.into(), [198, 18, 255, 254].into())
+        .tcp(40_000, 443)
+        .tcp_flags(flags)
+        .pad_to(60)
+        .build()
+}
+
+/// The cost of classifying by TCP flags: a SYN under a SYN rule, and an ACK from a source whose
+/// prefix has one (the walk tries the SYN rule first), against a port rule and a protocol rule.
+/// Expects [`TCP_RULES`] installed.
+pub fn hot_tcp_flags(
+    report: &mut Report,
+    opts: &Options,
+    refs: &Refs,
+    limiter: &Limiter,
+) -> Result<()> {
+    crate::session::announce("in-kernel cost: TCP port, protocol and SYN rules");
+    let mut cases = vec![
+        HotCase::new(
+            "kernel.limiter.tcp_port_rule",
+            "TCP: SYN under a protocol+port rule, admitted",
+            tcp_frame([198, 18, 4, 1], 0x02),
+        ),
+        HotCase::new(
+            "kernel.limiter.tcp_protocol_rule",
+            "TCP: ACK under a protocol rule (no flag rule for the source), admitted",
+            tcp_frame([198, 18, 6, 1], 0x10),
+        ),
+        HotCase::new(
+            "kernel.limiter.syn_rule",
+            "TCP: SYN under a tcp_flags = \"syn\" rule, admitted",
+            tcp_frame([198, 18, 5, 1], 0x02),
+        ),
+        HotCase::new(
+            "kernel.limiter.syn_rule_ack",
+            "TCP: ACK past a SYN rule to its prefix's protocol rule, admitted",
+            tcp_frame([198, 18, 5, 2], 0x10),
+        ),
+    ];
+    measure_hot(report, opts, refs, limiter, "kernel.floor_tcp", &mut cases)?;
+    if let Some(f) = report
+        .figures
+        .iter_mut()
+        .find(|f| f.key == "kernel.floor_tcp")
+    {
+        f.label = "floor: XDP_PASS, re-measured next to the TCP cases".into();
+    }
+    Ok(())
+}
+
 /// A driver ([`progs::driver`]) that tail-calls `target`, with the program array it needs.
 struct Driver {
     program: Xdp,

@@ -88,6 +88,13 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
                 "6 rules, few buckets",
                 true,
             )?;
+            limiter.install(
+                &ratelimit::config::Config::parse(kernel::TCP_RULES, "bench.toml")?.rules,
+            )?;
+            kernel::hot_tcp_flags(&mut report, opts, &refs, &limiter)?;
+            limiter.install(
+                &ratelimit::config::Config::parse(kernel::BASE_RULES, "bench.toml")?.rules,
+            )?;
         }
         if want(Part::Rules) {
             rules::latency(

@@ -327,10 +327,36 @@ pub struct Rule {
     /// 0 while the id is free. A bucket whose [`Bucket::rule_gen`] differs is stale: ignored by
     /// every reader and recycled by the program, so a removed rule's buckets need no purge.
     pub bucket_gen: u32,
+    /// TCP flag bits the rule looks at ([`tcp_flags`]); 0 looks at none. Only TCP rules set it.
+    pub tcp_mask: u8,
+    /// The values those bits must have: a packet matches if `flags & tcp_mask == tcp_flags`
+    /// (its TCP header's byte 13; 0 for other protocols).
+    pub tcp_flags: u8,
     /// Always zero.
-    pub _pad: u32,
+    pub _pad: [u8; 2],
 }
 const _: () = assert!(size_of::<Rule>() == 64);
+
+/// TCP header flag bits (byte 13 of the TCP header), for [`Rule::tcp_mask`] and
+/// [`Rule::tcp_flags`].
+pub mod tcp_flags {
+    /// FIN.
+    pub const FIN: u8 = 0x01;
+    /// SYN.
+    pub const SYN: u8 = 0x02;
+    /// RST.
+    pub const RST: u8 = 0x04;
+    /// PSH.
+    pub const PSH: u8 = 0x08;
+    /// ACK.
+    pub const ACK: u8 = 0x10;
+    /// URG.
+    pub const URG: u8 = 0x20;
+    /// ECE.
+    pub const ECE: u8 = 0x40;
+    /// CWR.
+    pub const CWR: u8 = 0x80;
+}
 
 /// What a bucket is for: a rule and the source address masked to the rule's granularity. The
 /// bucket store keeps it inside each [`Bucket`]; user space passes it around in this form.
@@ -860,7 +886,7 @@ pub mod layout {
         h = record!(h, RuleSet; len, rules);
         h = record!(
             h, Rule; action, protocol, dst_port, flags, src_mask, pkt_interval_ns,
-            pkt_tolerance_ns, byte_interval_fp, byte_tolerance_ns, bucket_gen, _pad
+            pkt_tolerance_ns, byte_interval_fp, byte_tolerance_ns, bucket_gen, tcp_mask, tcp_flags, _pad
         );
         h = record!(
             h, Bucket; addr, rule, family, state, rule_gen, tat_ns, byte_tat_ns, created_ns,

@@ -2,7 +2,7 @@
 //!
 //! One LPM lookup on the source address (under the active generation) yields the candidate rules
 //! for the longest matching prefix, already ordered by the agent (see `RuleSet`); the first whose
-//! protocol and destination port match wins. The result is cached per CPU by source (see
+//! protocol, destination port and TCP flags match wins. The result is cached per CPU by source (see
 //! `scratch`), keyed by the rule-set epoch, so a known source skips the trie.
 
 use aya_ebpf::maps::lpm_trie::Key;
@@ -35,13 +35,16 @@ pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
         && c.src == pkt.src
         && c.family == pkt.family
         && (c.flags & SLOT_ANY_L4 != 0
-            || (c.protocol == pkt.protocol && c.dst_port == pkt.dst_port))
+            || (c.protocol == pkt.protocol
+                && c.dst_port == pkt.dst_port
+                && pkt.tcp_flags & c.tcp_mask == c.tcp_flags))
         && (c.rule == NO_RULE || RULES.get(c.rule).is_some())
     {
         return hit(c.rule);
     }
     let found = lookup(pkt, epoch);
     let rule = found as u32;
+    let tcp_mask = (found >> TCP_MASK_SHIFT) as u8;
     // SAFETY: as above.
     unsafe {
         *slot = ClassSlot {
@@ -51,7 +54,9 @@ pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
             flags: SLOT_VALID | if found & ANY_L4 != 0 { SLOT_ANY_L4 } else { 0 },
             dst_port: pkt.dst_port,
             protocol: pkt.protocol,
-            _pad: [0; 3],
+            tcp_mask,
+            tcp_flags: pkt.tcp_flags & tcp_mask,
+            _pad: 0,
             src: pkt.src,
             drop_until: 0,
             drop_count: 0,
@@ -88,7 +93,7 @@ pub fn without_l4(pkt: &Packet, epoch: u32) -> WithoutL4 {
         }
         let id = set.rules[i];
         let Some(rule) = RULES.get(id) else { continue };
-        if rule.protocol != 0 || rule.dst_port != 0 {
+        if rule.protocol != 0 || rule.dst_port != 0 || rule.tcp_mask != 0 {
             return WithoutL4::Dependent;
         }
         if first == NO_RULE {
@@ -120,30 +125,39 @@ fn prefix_key(pkt: &Packet, epoch: u32) -> Key<PrefixKey> {
 
 /// Bit of [`lookup`]'s result: the result holds for every protocol and port.
 const ANY_L4: u64 = 1 << 32;
+/// Where [`lookup`]'s result keeps the TCP flag bits its walk looked at.
+const TCP_MASK_SHIFT: u32 = 40;
 
-/// The trie lookup and candidate walk: the rule id ([`NO_RULE`]: none) in the low 32 bits, and
+/// The trie lookup and candidate walk: the rule id ([`NO_RULE`]: none) in the low 32 bits,
 /// [`ANY_L4`] when the result holds for every protocol and port (no prefix matched, or the first
-/// candidate matches any). One integer rather than a tuple: simpler code for the verifier.
+/// candidate matches any), and from [`TCP_MASK_SHIFT`] the union of the TCP flag bits of the
+/// rules tried (the cache keys on those bits: see `ClassSlot`). One integer rather than a tuple:
+/// simpler code for the verifier.
 #[inline(always)]
 fn lookup(pkt: &Packet, epoch: u32) -> u64 {
     let Some(set) = PREFIXES.get(prefix_key(pkt, epoch)) else {
         return ANY_L4 | u64::from(NO_RULE);
     };
     let len = set.len as usize;
+    let mut looked: u64 = 0;
     for i in 0..MAX_CANDIDATES {
         if i >= len {
             break;
         }
         let id = set.rules[i];
         let Some(rule) = RULES.get(id) else { continue };
+        looked |= u64::from(rule.tcp_mask);
         if rule.protocol != 0 && rule.protocol != pkt.protocol {
             continue;
         }
         if rule.dst_port != 0 && pkt.dst_port != rule.dst_port {
             continue;
         }
-        let any = i == 0 && rule.protocol == 0 && rule.dst_port == 0;
-        return if any { ANY_L4 } else { 0 } | u64::from(id);
+        if pkt.tcp_flags & rule.tcp_mask != rule.tcp_flags {
+            continue;
+        }
+        let any = i == 0 && rule.protocol == 0 && rule.dst_port == 0 && rule.tcp_mask == 0;
+        return if any { ANY_L4 } else { 0 } | looked << TCP_MASK_SHIFT | u64::from(id);
     }
-    u64::from(NO_RULE)
+    looked << TCP_MASK_SHIFT | u64::from(NO_RULE)
 }

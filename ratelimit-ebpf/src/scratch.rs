@@ -34,8 +34,14 @@ pub const NO_RULE: u32 = u32::MAX;
 /// again (which adds those drops to its counter, and sees whether the record still holds it).
 pub const DROP_BATCH: u32 = 64;
 
-/// One cached classification: under rule-set `epoch`, a packet from `src` (with `protocol` and
-/// `dst_port`, unless [`SLOT_ANY_L4`]) falls under `rule` ([`NO_RULE`]: none).
+/// One cached classification: under rule-set `epoch`, a packet from `src` (with `protocol`,
+/// `dst_port` and TCP flags `tcp_flags` under `tcp_mask`, unless [`SLOT_ANY_L4`]) falls under
+/// `rule` ([`NO_RULE`]: none).
+///
+/// `tcp_mask` is the union of the flag bits the candidate walk looked at (every rule it tried,
+/// up to the one that matched): the walk's outcome depends on those bits only, so a packet that
+/// agrees on them gets the same rule. For a source no flag rule applies to it is 0, and every
+/// packet agrees: a SYN flood and its source's ACKs then share the slot.
 ///
 /// Plus a drop window for that source's bucket. A bucket's TAT only moves forward (packets and
 /// cluster charges add to it; a rule change starts a new epoch, which empties every slot), so once
@@ -53,7 +59,9 @@ pub struct ClassSlot {
     pub flags: u8,
     pub dst_port: u16,
     pub protocol: u8,
-    pub _pad: [u8; 3],
+    pub tcp_mask: u8,
+    pub tcp_flags: u8,
+    pub _pad: u8,
     pub src: [u32; 4],
     /// Packets under the rule's packet limit are dropped before this time (rule's clock, ns).
     pub drop_until: u64,

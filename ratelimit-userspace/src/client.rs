@@ -158,6 +158,7 @@ impl Client {
         ip: &str,
         protocol: Option<&str>,
         dst_port: Option<u16>,
+        tcp_flags: Option<&str>,
     ) -> Result<Value, ClientError> {
         let mut path = format!("/v1/explain?ip={}", encode(ip));
         if let Some(p) = protocol {
@@ -165,6 +166,9 @@ impl Client {
         }
         if let Some(p) = dst_port {
             path.push_str(&format!("&dst_port={p}"));
+        }
+        if let Some(f) = tcp_flags {
+            path.push_str(&format!("&tcp_flags={}", encode(f)));
         }
         self.request(Method::GET, &path, None).await
     }

@@ -124,6 +124,10 @@ enum Command {
         /// Its destination port (with --protocol tcp or udp).
         #[arg(long)]
         dst_port: Option<u16>,
+        /// The TCP flags it carries (with --protocol tcp): names joined by commas, e.g. syn,
+        /// syn,ack or ack (default: none, which no flag rule matches).
+        #[arg(long, value_name = "FLAGS")]
+        tcp_flags: Option<String>,
         /// Print the API's JSON.
         #[arg(long)]
         json: bool,
@@ -208,6 +212,9 @@ struct AddArgs {
     /// Destination port (with --protocol tcp or udp).
     #[arg(long, value_name = "PORT")]
     dst_port: Option<u64>,
+    /// TCP flags to match (with --protocol tcp): syn (SYN set, ACK clear).
+    #[arg(long, value_name = "FLAGS")]
+    tcp_flags: Option<String>,
     /// limit (default), allow or deny.
     #[arg(long)]
     action: Option<String>,
@@ -261,6 +268,7 @@ impl AddArgs {
         for (key, v) in [
             ("per", &self.per),
             ("protocol", &self.protocol),
+            ("tcp_flags", &self.tcp_flags),
             ("action", &self.action),
             ("scope", &self.scope),
         ] {
@@ -493,9 +501,12 @@ async fn run_client(client: &Client, command: Command) -> anyhow::Result<()> {
             ip,
             protocol,
             dst_port,
+            tcp_flags,
             json,
         } => {
-            let v = client.explain(&ip, protocol.as_deref(), dst_port).await?;
+            let v = client
+                .explain(&ip, protocol.as_deref(), dst_port, tcp_flags.as_deref())
+                .await?;
             print_answer(&v, json, render::explain);
         }
         Command::Agent { .. }

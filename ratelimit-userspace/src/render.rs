@@ -189,6 +189,7 @@ pub fn rules(v: &Value) -> String {
                 cell(&r["action"]),
                 cell(&r["protocol"]),
                 cell(&r["dst_port"]),
+                cell(&r["tcp_flags"]),
             ];
             row.extend(keys.iter().map(|k| cell(&r[*k])));
             row.push(cell(&r["dry_run"]));
@@ -202,6 +203,7 @@ pub fn rules(v: &Value) -> String {
             "ACTION",
             "PROTOCOL",
             "DST_PORT",
+            "TCP_FLAGS",
             "RATE",
             "BURST",
             "PER",
@@ -341,6 +343,13 @@ pub fn explain(v: &Value) -> String {
     if let Some(p) = v["dst_port"].as_u64() {
         let _ = write!(asked, " dst_port {p}");
     }
+    if let Some(f) = v["tcp_flags"].as_u64() {
+        let _ = write!(
+            asked,
+            " tcp_flags {}",
+            crate::agent::flag_names(u8::try_from(f).unwrap_or(0))
+        );
+    }
     let mut rows = vec![("packet", asked)];
     match v["rule"].as_object() {
         None => rows.push(("rule", "none: the packet passes".to_string())),
@@ -365,6 +374,7 @@ pub fn explain(v: &Value) -> String {
                     "bytes_burst",
                     "protocol",
                     "dst_port",
+                    "tcp_flags",
                     "scope",
                 ];
                 let settings: Vec<String> = keys

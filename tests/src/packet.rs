@@ -235,6 +235,20 @@ impl Frame {
         self
     }
 
+    /// Sets the TCP header's flags byte (FIN 0x01, SYN 0x02, RST 0x04, PSH 0x08, ACK 0x10).
+    #[must_use]
+    pub fn tcp_flags(mut self, flags: u8) -> Self {
+        let l4 = self.l4.expect("tcp first");
+        self.bytes[l4 + 13] = flags;
+        self
+    }
+
+    /// Offset of the L4 header in the built frame, once added.
+    #[must_use]
+    pub fn l4_offset(&self) -> Option<usize> {
+        self.l4
+    }
+
     /// Adds an ICMP (IPv4) or ICMPv6 echo request header.
     #[must_use]
     pub fn icmp(mut self) -> Self {

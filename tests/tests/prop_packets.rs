@@ -1,10 +1,11 @@
 //! Property tests of the real XDP program against a user-space reference model, through
 //! BPF_PROG_TEST_RUN.
 //!
-//! Random rule sets (prefixes from a small pool, so that they nest and overlap; random protocol and
-//! port; allow, deny, and limit rules with rate 1 and bursts of at most 5 packets, some with a
+//! Random rule sets (prefixes from a small pool, so that they nest and overlap; random protocol,
+//! port and `tcp_flags = "syn"`; allow, deny, and limit rules with rate 1 and bursts of at most 5 packets, some with a
 //! byte limit of 1 byte/s) meet random frames (IPv4 and IPv6, VLAN tags, IPv4 options, IPv6
-//! extension headers, fragments, TCP/UDP/ICMP/other, and then mutations: truncated, bytes flipped,
+//! extension headers, fragments, TCP (SYN, SYN-ACK, ACK, ... any flags byte)/UDP/ICMP/other, and
+//! then mutations: truncated, bytes flipped,
 //! bad IHL or version, retyped headers). For every frame the model
 //! - parses it the way `ratelimit-ebpf/src/parse.rs` documents (or names the counter of the reason
 //!   it cannot: an unparseable frame must pass, whatever the rules say),
@@ -173,6 +174,8 @@ struct Parsed {
     protocol: u8,
     /// TCP/UDP destination port; 0 when none was read.
     dst_port: u16,
+    /// The TCP flags byte; 0 when no whole TCP header was read.
+    tcp_flags: u8,
     shape: Shape,
     /// A first fragment (whatever its shape).
     first_fragment: bool,
@@ -225,6 +228,7 @@ fn model_ipv4(b: &[u8], off: usize) -> Result<Parsed, usize> {
         dst: IpAddr::V4(Ipv4Addr::new(h[16], h[17], h[18], h[19])),
         protocol,
         dst_port: 0,
+        tcp_flags: 0,
         shape: Shape::Whole,
         first_fragment: false,
         frag_protocol: protocol,
@@ -242,8 +246,9 @@ fn model_ipv4(b: &[u8], off: usize) -> Result<Parsed, usize> {
 /// `p` with its L4 header at `l4` read: its port and its shape.
 fn model_at_l4(b: &[u8], mut p: Parsed, l4: usize) -> Parsed {
     p.shape = match (model_l4_port(b, l4, p.protocol), p.first_fragment) {
-        (Some(port), first) => {
+        (Some((port, flags)), first) => {
             p.dst_port = port;
+            p.tcp_flags = flags;
             if first {
                 Shape::FirstFragment
             } else {
@@ -269,6 +274,7 @@ fn model_ipv6(b: &[u8], off: usize) -> Result<Parsed, usize> {
         dst: IpAddr::V6(Ipv6Addr::from(dst)),
         protocol: next,
         dst_port: 0,
+        tcp_flags: 0,
         shape: Shape::Whole,
         first_fragment: false,
         frag_protocol: 0,
@@ -326,17 +332,23 @@ fn model_ipv6(b: &[u8], off: usize) -> Result<Parsed, usize> {
 }
 
 /// The destination port at `l4` for TCP/UDP whose whole header (20/8 bytes) is in the frame (0 for
-/// other protocols), or `None` when the header is cut short.
-fn model_l4_port(b: &[u8], l4: usize, protocol: u8) -> Option<u16> {
+/// other protocols) and the TCP flags byte (0 for other protocols), or `None` when the header is
+/// cut short.
+fn model_l4_port(b: &[u8], l4: usize, protocol: u8) -> Option<(u16, u8)> {
     let min = match protocol {
         IPPROTO_TCP => 20,
         IPPROTO_UDP => 8,
-        _ => return Some(0),
+        _ => return Some((0, 0)),
     };
     if l4 + min > b.len() {
         return None;
     }
-    Some(be16(b, l4 + 2).expect("inside the frame"))
+    let flags = if protocol == IPPROTO_TCP {
+        b[l4 + 13]
+    } else {
+        0
+    };
+    Some((be16(b, l4 + 2).expect("inside the frame"), flags))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -523,7 +535,7 @@ impl<'a> Model<'a> {
             Shape::FirstFragment => {
                 let id = self
                     .set
-                    .classify(parsed.src, parsed.protocol, port)
+                    .classify(parsed.src, parsed.protocol, port, parsed.tcp_flags)
                     .map(|c| c.id);
                 if let Some(reason) = self.remember(datagram, id, None) {
                     return drop(g, reason, self.agent_dry_run);
@@ -536,7 +548,7 @@ impl<'a> Model<'a> {
                 None => {
                     g[global::FRAGMENTS_UNMATCHED] += 1;
                     self.set
-                        .classify(parsed.src, parsed.protocol, None)
+                        .classify(parsed.src, parsed.protocol, None, 0)
                         .map(|c| c.id)
                 }
             },
@@ -573,7 +585,7 @@ impl<'a> Model<'a> {
             },
             Shape::Whole | Shape::Truncated => self
                 .set
-                .classify(parsed.src, parsed.protocol, port)
+                .classify(parsed.src, parsed.protocol, port, parsed.tcp_flags)
                 .map(|c| c.id),
         };
         let Some(compiled) = id.and_then(|id| self.set.rule(id)) else {
@@ -701,6 +713,9 @@ fn random_rule(rng: &mut Rng, name: &str) -> String {
             if rng.chance(60) {
                 let _ = writeln!(t, "dst_port = {}", rng.pick(&PORTS));
             }
+            if rng.chance(40) {
+                t.push_str("tcp_flags = \"syn\"\n");
+            }
         }
         _ => t.push_str("protocol = \"icmp\"\n"),
     }
@@ -731,6 +746,12 @@ fn random_rule_set(rng: &mut Rng, case: usize) -> (String, Config) {
 
 /// A random frame (built with the testbed's builder, then maybe mutated) and a description.
 fn random_frame(rng: &mut Rng) -> (Vec<u8>, String) {
+    let (bytes, desc, _) = random_frame_flags_at(rng);
+    (bytes, desc)
+}
+
+/// [`random_frame`], and where a TCP header's flags byte is in it.
+fn random_frame_flags_at(rng: &mut Rng) -> (Vec<u8>, String, Option<usize>) {
     let mut desc = String::new();
     let mut f = eth();
     let tags = match rng.below(20) {
@@ -794,21 +815,34 @@ fn random_frame(rng: &mut Rng) -> (Vec<u8>, String) {
         let any = rng.u16();
         let ty = *rng.pick(&[0x0806, 0x88cc, 0x8847, any]);
         let _ = write!(desc, "ethertype {ty:#06x}");
-        return (f.ethertype(ty, rng.below(64)).build(), desc);
+        return (f.ethertype(ty, rng.below(64)).build(), desc, None);
     }
     let dst_port = if rng.chance(70) {
         *rng.pick(&PORTS)
     } else {
         rng.u16()
     };
+    let mut flags_at = None;
     f = match rng.below(10) {
         0..=3 => {
             let _ = write!(desc, "udp {dst_port} ");
             f.udp(rng.u16(), dst_port)
         }
         4..=6 => {
-            let _ = write!(desc, "tcp {dst_port} ");
-            f.tcp(rng.u16(), dst_port)
+            // SYN, SYN-ACK, ACK, PSH-ACK, SYN+FIN, none, or any byte.
+            let flags = match rng.below(7) {
+                0 => 0x02,
+                1 => 0x12,
+                2 => 0x10,
+                3 => 0x18,
+                4 => 0x03,
+                5 => 0,
+                _ => rng.byte(),
+            };
+            let _ = write!(desc, "tcp {dst_port} flags {flags:#04x} ");
+            let f = f.tcp(rng.u16(), dst_port).tcp_flags(flags);
+            flags_at = f.l4_offset().map(|l4| l4 + 13);
+            f
         }
         7 => {
             desc.push_str("icmp ");
@@ -848,7 +882,7 @@ fn random_frame(rng: &mut Rng) -> (Vec<u8>, String) {
             mutate(rng, &mut bytes, l3, v6, &mut desc);
         }
     }
-    (bytes, desc)
+    (bytes, desc, flags_at)
 }
 
 /// Damages a frame: cuts it, flips header bytes, breaks IHL or version, retypes headers.
@@ -946,12 +980,28 @@ fn verdicts_and_counters_match_the_reference_model() {
         let case_start = Instant::now();
         let mut g0 = dp.global();
         let mut r0: Vec<RuleStats> = ids.iter().map(|&id| dp.rule(id)).collect();
+        let mut twin: Option<(Vec<u8>, String, usize)> = None;
         for n in 0..FRAMES_PER_CASE {
             if case_start.elapsed() > CASE_BUDGET {
                 cut_short += 1;
                 break;
             }
-            let (bytes, desc) = random_frame(&mut rng);
+            // Now and then the last TCP frame again with other flags: one source's SYNs, SYN-ACKs
+            // and ACKs in a row, as the per-CPU classification cache sees them.
+            let (bytes, desc) = match twin.take() {
+                Some((mut bytes, desc, at)) if rng.chance(70) => {
+                    let flags = *rng.pick(&[0x02u8, 0x12, 0x10, 0x18, 0x00]);
+                    bytes[at] = flags;
+                    (bytes, format!("{desc} (again, flags {flags:#04x})"))
+                }
+                _ => {
+                    let (bytes, desc, at) = random_frame_flags_at(&mut rng);
+                    if let Some(at) = at.filter(|&at| at < bytes.len()) {
+                        twin = Some((bytes.clone(), desc.clone(), at));
+                    }
+                    (bytes, desc)
+                }
+            };
             let want = model.frame(&bytes);
             let action = dp.run(&bytes);
             let g1 = dp.global();

@@ -23,7 +23,9 @@ use ratelimit_common::config_flags;
 use serde::Serialize;
 use tokio::sync::{watch, Mutex};
 
-pub use self::report::{CutPackets, Evictions, Explain, ExplainRule, InterfaceStatus, Status};
+pub use self::report::{
+    flag_names, CutPackets, Evictions, Explain, ExplainRule, InterfaceStatus, Status,
+};
 use crate::{
     compile::{compile, CompileError, CompiledRuleSet, RuleIds},
     config::{AttachMode, Config, ConfigError, RuleConfig},

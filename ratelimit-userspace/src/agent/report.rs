@@ -106,12 +106,15 @@ impl Agent {
         }
     }
 
-    /// Which rule a packet from `ip` (with `protocol`/`dst_port`) falls under, why, and its bucket.
+    /// Which rule a packet from `ip` (with `protocol`/`dst_port`/`tcp_flags`) falls under, why,
+    /// and its bucket. Without `tcp_flags`, a TCP packet is taken to carry none (which no flag
+    /// rule matches).
     pub fn explain(
         &self,
         ip: IpAddr,
         protocol: u8,
         dst_port: Option<u16>,
+        tcp_flags: Option<u8>,
     ) -> Result<Explain, AgentError> {
         let prefix = self.set.lookup(ip);
         let candidates: Vec<String> = prefix
@@ -124,20 +127,23 @@ impl Agent {
             })
             .unwrap_or_default();
         let cut = self.cut_packets(ip);
-        let Some(rule) = self.set.classify(ip, protocol, dst_port) else {
+        let flags = tcp_flags.unwrap_or(0);
+        let Some(rule) = self.set.classify(ip, protocol, dst_port, flags) else {
             let why = match prefix {
                 None => "no rule's source prefix contains this address: the packet passes".to_string(),
                 Some(p) => format!(
-                    "the longest matching prefix {} has rules [{}], none of which matches protocol {protocol} port {}: the packet passes",
+                    "the longest matching prefix {} has rules [{}], none of which matches protocol {protocol} port {}{}: the packet passes",
                     p.net(),
                     candidates.join(", "),
-                    dst_port.map_or_else(|| "-".to_string(), |p| p.to_string())
+                    dst_port.map_or_else(|| "-".to_string(), |p| p.to_string()),
+                    if protocol == 6 { format!(" tcp flags {}", flag_names(flags)) } else { String::new() }
                 ),
             };
             return Ok(Explain {
                 ip,
                 protocol,
                 dst_port,
+                tcp_flags,
                 rule: None,
                 prefix: prefix.map(|p| p.net().to_string()),
                 candidates,
@@ -147,8 +153,43 @@ impl Agent {
             });
         };
         let net = prefix.map(|p| p.net().to_string());
+        let config = self
+            .config
+            .rules
+            .iter()
+            .find(|r| r.name == rule.name)
+            .cloned();
+        // The flag rules tried before the one that matched, which this packet's flags did not fit.
+        let passed_over: Vec<&str> = prefix
+            .map(|p| {
+                p.candidates()
+                    .iter()
+                    .filter_map(|&id| self.set.rule(id))
+                    .take_while(|r| r.id != rule.id)
+                    .filter(|r| {
+                        r.rule.tcp_mask != 0
+                            && r.rule.protocol == protocol
+                            && (r.rule.dst_port == 0 || dst_port == Some(r.rule.dst_port))
+                    })
+                    .map(|r| r.name.as_str())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let flags_why = match config.as_ref().and_then(|c| c.tcp_flags) {
+            Some(f) => format!(
+                " ; it matches TCP flags {} ({f}: {}) before the same prefix's rules without flags",
+                flag_names(flags),
+                f.describe()
+            ),
+            None if !passed_over.is_empty() => format!(
+                " ; TCP flags {} do not fit the flag rule(s) [{}] tried before it",
+                flag_names(flags),
+                passed_over.join(", ")
+            ),
+            None => String::new(),
+        };
         let why = format!(
-            "longest matching prefix {} ; candidates in order [{}] ; first matching protocol/port: {:?}",
+            "longest matching prefix {} ; candidates in order [{}] ; first matching protocol/port/flags: {:?}{flags_why}",
             net.as_deref().unwrap_or("?"),
             candidates.join(", "),
             rule.name
@@ -159,16 +200,11 @@ impl Agent {
             .maps()
             .bucket(&key)?
             .map(|b| BucketView::new(&b, &rule.rule, monotonic_ns()));
-        let config = self
-            .config
-            .rules
-            .iter()
-            .find(|r| r.name == rule.name)
-            .cloned();
         Ok(Explain {
             ip,
             protocol,
             dst_port,
+            tcp_flags,
             rule: Some(ExplainRule {
                 name: rule.name.clone(),
                 id: rule.id,
@@ -251,6 +287,8 @@ pub struct Explain {
     pub protocol: u8,
     /// Destination port asked about.
     pub dst_port: Option<u16>,
+    /// TCP flags byte asked about (`None`: not given, explained as no flag set).
+    pub tcp_flags: Option<u8>,
     /// The matching rule, if any.
     pub rule: Option<ExplainRule>,
     /// The longest rule prefix containing the address.
@@ -289,4 +327,20 @@ pub struct ExplainRule {
     pub line: usize,
     /// The rule's settings.
     pub config: Option<RuleConfig>,
+}
+
+/// A TCP flags byte as names (`SYN+ACK`), or `none`.
+pub fn flag_names(flags: u8) -> String {
+    const NAMES: [&str; 8] = ["FIN", "SYN", "RST", "PSH", "ACK", "URG", "ECE", "CWR"];
+    let names: Vec<&str> = NAMES
+        .iter()
+        .enumerate()
+        .filter(|&(bit, _)| flags & (1 << bit) != 0)
+        .map(|(_, n)| *n)
+        .collect();
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join("+")
+    }
 }

@@ -15,11 +15,11 @@
 //! | `POST /v1/reload` | re-reads the config file: `{"reloaded": true, "rules": N, "restart_needed": [..]}` |
 //! | `GET /v1/stats` | the `ratelimit stats --json` report (see [`crate::stats`]) |
 //! | `GET /v1/top?n=N&interval_ms=M` | `{"interval_ms", "buckets_tracked", "active", "windows", "top": [TOP, ...]}` |
-//! | `GET /v1/explain?ip=IP&protocol=P&dst_port=N` | `{"ip", "protocol", "dst_port", "rule": {"name", "id", "line", "config": RULE} or null, "prefix", "candidates", "why", "bucket": BUCKET or null, "cut": {"verdict": "dropped"/"passed"/"rule", "rule", "why"}}` |
+//! | `GET /v1/explain?ip=IP&protocol=P&dst_port=N&tcp_flags=F` | `{"ip", "protocol", "dst_port", "tcp_flags", "rule": {"name", "id", "line", "config": RULE} or null, "prefix", "candidates", "why", "bucket": BUCKET or null, "cut": {"verdict": "dropped"/"passed"/"rule", "rule", "why"}}` |
 //! | `POST /v1/detach` | optional body `{"iface": "eth0"}`; `{"detached": ["eth0"]}` |
 //!
 //! RULE is a rule with the config file's keys: `{"name", "source": "CIDR" or ["CIDR", ..],
-//! "action", "rate", "burst", "bytes_rate", "bytes_burst", "per", "protocol", "dst_port", "scope",
+//! "action", "rate", "burst", "bytes_rate", "bytes_burst", "per", "protocol", "dst_port", "tcp_flags", "scope",
 //! "dry_run"}`; keys meaningless for the rule's action are left out, and sent rules take the
 //! config file's defaults and spellings (`burst` defaults to `rate`, `protocol` to `any`...).
 //!
@@ -37,7 +37,9 @@
 //! question, else the latest count, `buckets_census.age_ms` old.
 //!
 //! BUCKET is `{"tokens", "byte_tokens", "passed", "dropped", "age_secs"}`. In `explain`,
-//! `protocol` is `tcp`, `udp`, `icmp` or a protocol number (answered as the number, 0 for none).
+//! `protocol` is `tcp`, `udp`, `icmp` or a protocol number (answered as the number, 0 for none);
+//! `tcp_flags` (protocol tcp only) the flags the packet carries, e.g. `syn`, `syn,ack`, `ack`
+//! (answered as the flags byte; null when not given, which explains a packet with no flag set).
 //!
 //! A rule read from a list file shows `"source_file": "PATH"` instead of `source`; list files can
 //! only be named in the config file, not sent.
@@ -460,6 +462,7 @@ struct ExplainQuery {
     ip: Option<String>,
     protocol: Option<String>,
     dst_port: Option<String>,
+    tcp_flags: Option<String>,
 }
 
 async fn explain(State(agent): State<SharedAgent>, Query(q): Query<ExplainQuery>) -> ApiResult {
@@ -469,8 +472,59 @@ async fn explain(State(agent): State<SharedAgent>, Query(q): Query<ExplainQuery>
         q.dst_port.as_deref(),
     )
     .map_err(ApiError::bad_request)?;
-    let answer = agent.lock().await.explain(ip, protocol, dst_port)?;
+    let tcp_flags = q
+        .tcp_flags
+        .as_deref()
+        .map(|f| explain_tcp_flags(f, protocol))
+        .transpose()
+        .map_err(ApiError::bad_request)?;
+    let answer = agent
+        .lock()
+        .await
+        .explain(ip, protocol, dst_port, tcp_flags)?;
     to_json(&answer)
+}
+
+/// Parses `explain`'s `tcp_flags`: the flags the packet carries, as names joined by `,` or `+`
+/// (`syn`, `syn,ack`, `ack,psh`; also `fin`, `rst`, `urg`, `ece`, `cwr`) or the flags byte as
+/// a number (`2`, `0x12`); `none` for no flag. Only with protocol tcp.
+pub fn explain_tcp_flags(text: &str, protocol: u8) -> Result<u8, String> {
+    use ratelimit_common::tcp_flags::{ACK, CWR, ECE, FIN, PSH, RST, SYN, URG};
+    if protocol != 6 {
+        return Err("tcp_flags: only meaningful with protocol tcp".to_string());
+    }
+    let t = text.trim().to_ascii_lowercase();
+    if t == "none" {
+        return Ok(0);
+    }
+    if let Some(hex) = t.strip_prefix("0x") {
+        return u8::from_str_radix(hex, 16)
+            .map_err(|_| format!("tcp_flags: {text:?} is not a flags byte"));
+    }
+    if let Ok(n) = t.parse::<u8>() {
+        return Ok(n);
+    }
+    let mut flags = 0;
+    for name in t.split([',', '+']).map(str::trim) {
+        flags |= match name {
+            "fin" => FIN,
+            "syn" => SYN,
+            "rst" => RST,
+            "psh" => PSH,
+            "ack" => ACK,
+            "urg" => URG,
+            "ece" => ECE,
+            "cwr" => CWR,
+            _ => {
+                return Err(format!(
+                    "tcp_flags: unknown flag {name:?}; give the packet's flags as names joined \
+                     by commas (syn, ack, fin, rst, psh, urg, ece, cwr; e.g. \"syn,ack\"), \
+                     \"none\", or the flags byte as a number"
+                ))
+            }
+        };
+    }
+    Ok(flags)
 }
 
 /// Parses `explain`'s query: the address, the IP protocol number (`icmp` is ICMPv6 for an IPv6
@@ -537,7 +591,7 @@ async fn detach(State(agent): State<SharedAgent>, body: Bytes) -> ApiResult {
 }
 
 /// Keys a rule object may have.
-const RULE_KEYS: [&str; 12] = [
+const RULE_KEYS: [&str; 13] = [
     "name",
     "source",
     "action",
@@ -548,6 +602,7 @@ const RULE_KEYS: [&str; 12] = [
     "per",
     "protocol",
     "dst_port",
+    "tcp_flags",
     "scope",
     "dry_run",
 ];
@@ -619,6 +674,7 @@ pub fn rule_from_json(v: &Value) -> Result<RuleConfig, String> {
     }
     rule.action = parsed(keyword("action")?, |m| fail("action", m))?.unwrap_or(Action::Limit);
     rule.protocol = parsed(keyword("protocol")?, |m| fail("protocol", m))?.unwrap_or(Protocol::Any);
+    rule.tcp_flags = parsed(keyword("tcp_flags")?, |m| fail("tcp_flags", m))?;
     let per: Option<Per> = parsed(keyword("per")?, |m| fail("per", m))?;
     let scope: Option<Scope> = parsed(keyword("scope")?, |m| fail("scope", m))?;
     let (rate, burst) = (number("rate")?, number("burst")?);

@@ -226,3 +226,37 @@ fn top_ranks_buckets_by_use_over_the_interval() {
         ["198.18.1.0/24", "2001:db8::5/128"]
     );
 }
+
+#[test]
+fn rule_from_json_takes_tcp_flags() {
+    let rule = rule_from_json(&json!({
+        "name": "syn", "source": "0.0.0.0/0", "rate": 10, "protocol": "tcp", "tcp_flags": "syn",
+    }))
+    .unwrap();
+    assert_eq!(rule.tcp_flags, Some(crate::config::TcpFlags::Syn));
+    let e = err(json!({"name": "syn", "source": "0.0.0.0/0", "rate": 10, "tcp_flags": "syn"}));
+    assert!(
+        e.contains("tcp_flags") && e.contains("only valid with protocol tcp"),
+        "{e}"
+    );
+    let e = err(json!({
+        "name": "syn", "source": "0.0.0.0/0", "rate": 10, "protocol": "tcp", "tcp_flags": "fin",
+    }));
+    assert!(e.contains("tcp_flags") && e.contains("syn"), "{e}");
+}
+
+#[test]
+fn explain_tcp_flags_parse() {
+    assert_eq!(explain_tcp_flags("syn", 6), Ok(0x02));
+    assert_eq!(explain_tcp_flags("syn,ack", 6), Ok(0x12));
+    assert_eq!(explain_tcp_flags("ACK+PSH", 6), Ok(0x18));
+    assert_eq!(explain_tcp_flags("none", 6), Ok(0));
+    assert_eq!(explain_tcp_flags("0x12", 6), Ok(0x12));
+    assert_eq!(explain_tcp_flags("2", 6), Ok(0x02));
+    assert!(explain_tcp_flags("syn", 17)
+        .unwrap_err()
+        .contains("only meaningful with protocol tcp"));
+    assert!(explain_tcp_flags("syn,bogus", 6)
+        .unwrap_err()
+        .contains("unknown flag \"bogus\""));
+}

@@ -1,11 +1,14 @@
 //! Compiles validated rules into what the XDP program reads, and classifies packets the same way.
 //!
 //! The XDP program does one longest-prefix lookup of the packet's source in the prefix trie and
-//! walks the [`RuleSet`] it finds, taking the first rule whose protocol and destination port
-//! match. To give "the matching rule with the longest source prefix wins; among rules of one
-//! prefix, the most specific wins", each distinct rule prefix gets the list:
+//! walks the [`RuleSet`] it finds, taking the first rule whose protocol, destination port and TCP
+//! flags match. To give "the matching rule with the longest source prefix wins; among rules of
+//! one prefix, the most specific wins", each distinct rule prefix gets the list:
 //!
-//! 1. its own rules, most specific first (protocol+port, then protocol, then any);
+//! 1. its own rules, most specific first: protocol+port+flags, protocol+port, protocol+flags,
+//!    protocol, any. A port outranks flags, so a SYN cannot walk past a port's rule (a `deny`
+//!    among them) just by being a SYN: a SYN limit for a port that has its own rule names the
+//!    port too;
 //! 2. then the list of its longest enclosing rule prefix (itself built the same way), minus the
 //!    entries an earlier entry already covers: those could never be reached by the walk. Dropping
 //!    them keeps lists short, and implies cutting the list after the first protocol-any entry.
@@ -30,7 +33,7 @@ use ratelimit_common::{
     PREFIX_KEY_HEADER_BITS,
 };
 
-use crate::config::{Action, Per, Protocol, RuleConfig, RuleError, Scope};
+use crate::config::{Action, Per, Protocol, RuleConfig, RuleError, Scope, TcpFlags};
 
 const NS_PER_SEC: u128 = 1_000_000_000;
 /// The coarse clock ticks every 4 ms at HZ=250; at five ticks of tolerance its granularity no
@@ -151,12 +154,14 @@ impl CompiledRuleSet {
 
     /// The rule the XDP program applies to a packet from `src` with IP protocol number `protocol`
     /// and, for TCP/UDP packets whose header was readable, destination port `dst_port` (host
-    /// order). `None`: no rule, the packet passes.
+    /// order) and TCP flags byte `tcp_flags` (0 for other packets). `None`: no rule, the packet
+    /// passes.
     pub fn classify(
         &self,
         src: IpAddr,
         protocol: u8,
         dst_port: Option<u16>,
+        tcp_flags: u8,
     ) -> Option<&CompiledRule> {
         self.lookup(src)?
             .candidates()
@@ -165,6 +170,7 @@ impl CompiledRuleSet {
             .find(|r| {
                 (r.rule.protocol == 0 || r.rule.protocol == protocol)
                     && (r.rule.dst_port == 0 || dst_port == Some(r.rule.dst_port))
+                    && tcp_flags & r.rule.tcp_mask == r.rule.tcp_flags
             })
     }
 
@@ -181,7 +187,7 @@ impl CompiledRuleSet {
             .collect();
         if rules
             .iter()
-            .any(|r| r.rule.protocol != 0 || r.rule.dst_port != 0)
+            .any(|r| r.rule.protocol != 0 || r.rule.dst_port != 0 || r.rule.tcp_mask != 0)
         {
             return WithoutL4::Dependent;
         }
@@ -233,11 +239,13 @@ pub enum CompileError {
         /// Line of the second.
         line: usize,
     },
-    /// Two rules have the same source, protocol and port, so one of them could never apply.
+    /// Two rules have the same source, protocol, port and TCP flags, so one of them could never
+    /// apply.
     #[error(
-        "rules {first:?}{} and {second:?}{} both match source {prefix}, protocol {protocol}{}: \
+        "rules {first:?}{} and {second:?}{} both match source {prefix}, protocol {protocol}{}{}: \
          one of them would never apply",
-        Line(*first_line), Line(*second_line), dst_port.map(|p| format!(", dst_port {p}")).unwrap_or_default()
+        Line(*first_line), Line(*second_line), dst_port.map(|p| format!(", dst_port {p}")).unwrap_or_default(),
+        tcp_flags.map(|f| format!(", tcp_flags {f}")).unwrap_or_default()
     )]
     Conflict {
         /// First rule's name.
@@ -254,6 +262,8 @@ pub enum CompileError {
         protocol: Protocol,
         /// The shared port.
         dst_port: Option<u16>,
+        /// The shared TCP flags.
+        tcp_flags: Option<TcpFlags>,
     },
     /// A prefix would list more candidate rules than the XDP program scans.
     #[error(
@@ -498,6 +508,9 @@ pub fn rule_record(r: &RuleConfig) -> Rule {
         flags: if r.dry_run { rule_flags::DRY_RUN } else { 0 },
         ..Rule::default()
     };
+    if let Some(f) = r.tcp_flags {
+        (rule.tcp_mask, rule.tcp_flags) = f.mask_value();
+    }
     if r.action != Action::Limit {
         return rule;
     }
@@ -545,24 +558,52 @@ struct Candidate {
     index: usize,
     protocol: u8,
     port: u16,
+    tcp_mask: u8,
+    tcp_flags: u8,
 }
 
 impl Candidate {
+    fn new(index: usize, rule: &Rule) -> Self {
+        Self {
+            index,
+            protocol: rule.protocol,
+            port: rule.dst_port,
+            tcp_mask: rule.tcp_mask,
+            tcp_flags: rule.tcp_flags,
+        }
+    }
+
     /// Whether every packet `other` matches is matched by `self` (so `other` after `self` is
-    /// unreachable).
+    /// unreachable): `self`'s flag bits are a subset of `other`'s, with the same values.
     fn covers(&self, other: &Candidate) -> bool {
         (self.protocol == 0 || self.protocol == other.protocol)
             && (self.port == 0 || self.port == other.port)
+            && self.tcp_mask & !other.tcp_mask == 0
+            && other.tcp_flags & self.tcp_mask == self.tcp_flags
     }
 
-    /// Within one prefix: protocol+port, then protocol, then any.
-    fn specificity_order(&self) -> (u8, u8, u16) {
-        let class = match (self.protocol, self.port) {
-            (0, _) => 2,
-            (_, 0) => 1,
+    /// What the XDP program compares: two candidates of one prefix that agree on it conflict.
+    fn matches_on(&self) -> (u8, u16, u8, u8) {
+        (self.protocol, self.port, self.tcp_mask, self.tcp_flags)
+    }
+
+    /// Within one prefix: protocol+port+flags, protocol+port, protocol+flags, protocol, any.
+    /// A port outranks flags: see the module docs.
+    fn specificity_order(&self) -> (u8, u8, u16, u8, u8) {
+        let class = match (self.protocol, self.port, self.tcp_mask) {
+            (0, _, _) => 4,
+            (_, 0, 0) => 3,
+            (_, 0, _) => 2,
+            (_, _, 0) => 1,
             _ => 0,
         };
-        (class, self.protocol, self.port)
+        (
+            class,
+            self.protocol,
+            self.port,
+            self.tcp_mask,
+            self.tcp_flags,
+        )
     }
 }
 
@@ -631,16 +672,12 @@ fn build_prefixes(
         let (fam, bits, len) = group[0].0;
         let mut list: Vec<Candidate> = group
             .iter()
-            .map(|&(_, index)| Candidate {
-                index,
-                protocol: compiled[index].rule.protocol,
-                port: compiled[index].rule.dst_port,
-            })
+            .map(|&(_, index)| Candidate::new(index, &compiled[index].rule))
             .collect();
         list.sort_unstable_by_key(|c| (c.specificity_order(), c.index));
         if let Some(pair) = list
             .windows(2)
-            .find(|w| (w[0].protocol, w[0].port) == (w[1].protocol, w[1].port))
+            .find(|w| w[0].matches_on() == w[1].matches_on())
         {
             let (a, b) = (&rules[pair[0].index], &rules[pair[1].index]);
             return Err(CompileError::Conflict {
@@ -651,6 +688,7 @@ fn build_prefixes(
                 prefix: key_net(fam, bits, len),
                 protocol: a.protocol,
                 dst_port: a.dst_port,
+                tcp_flags: a.tcp_flags,
             });
         }
 

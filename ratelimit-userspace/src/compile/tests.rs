@@ -46,7 +46,7 @@ fn name_of<'a>(
     protocol: u8,
     port: Option<u16>,
 ) -> Option<&'a str> {
-    set.classify(ip(src), protocol, port)
+    set.classify(ip(src), protocol, port, 0)
         .map(|r| r.name.as_str())
 }
 
@@ -269,6 +269,167 @@ fn most_specific_rule_of_a_prefix_wins() {
     assert_eq!(name_of(&set, "10.0.0.1", TCP, None), Some("any"));
 }
 
+fn syn(mut r: RuleConfig) -> RuleConfig {
+    r.tcp_flags = Some(TcpFlags::Syn);
+    r
+}
+
+#[test]
+fn syn_rule_record() {
+    let rec = rule_record(&syn(proto(
+        limit("syn", "0.0.0.0/0", 10),
+        Protocol::Tcp,
+        None,
+    )));
+    assert_eq!(
+        (rec.protocol, rec.tcp_mask, rec.tcp_flags),
+        (TCP, 0x12, 0x02)
+    );
+    let rec = rule_record(&proto(limit("tcp", "0.0.0.0/0", 10), Protocol::Tcp, None));
+    assert_eq!((rec.tcp_mask, rec.tcp_flags), (0, 0));
+}
+
+#[test]
+fn syn_rule_beats_the_same_prefixs_rule_without_flags() {
+    let set = build(&[
+        limit("any", "10.0.0.0/8", 1000),
+        proto(limit("tcp", "10.0.0.0/8", 500), Protocol::Tcp, None),
+        syn(proto(limit("syn", "10.0.0.0/8", 10), Protocol::Tcp, None)),
+        proto(limit("web", "10.0.0.0/8", 100), Protocol::Tcp, Some(80)),
+        syn(proto(
+            limit("web-syn", "10.0.0.0/8", 5),
+            Protocol::Tcp,
+            Some(80),
+        )),
+    ]);
+    // protocol+port+flags, protocol+port, protocol+flags, protocol, any.
+    assert_eq!(
+        candidate_names(&set, "10.0.0.0/8"),
+        ["web-syn", "web", "syn", "tcp", "any"]
+    );
+    let at = |port: u16, flags: u8| {
+        set.classify(ip("10.1.2.3"), TCP, Some(port), flags)
+            .map(|r| r.name.as_str())
+    };
+    assert_eq!(at(22, 0x02), Some("syn"));
+    assert_eq!(at(22, 0x02 | 0x08), Some("syn"), "SYN+PSH is still a SYN");
+    assert_eq!(at(22, 0x12), Some("tcp"), "SYN-ACK is not");
+    assert_eq!(at(22, 0x10), Some("tcp"));
+    assert_eq!(at(22, 0), Some("tcp"));
+    assert_eq!(at(80, 0x02), Some("web-syn"));
+    assert_eq!(at(80, 0x12), Some("web"));
+    // Without its header (a cut packet), a TCP packet has no flags.
+    assert_eq!(name_of(&set, "10.1.2.3", TCP, None), Some("tcp"));
+    assert_eq!(name_of(&set, "10.1.2.3", UDP, Some(80)), Some("any"));
+}
+
+#[test]
+fn port_rule_outranks_a_syn_rule_without_the_port() {
+    // A SYN cannot walk past a port's deny rule by being a SYN.
+    let set = build(&[
+        syn(proto(limit("syn", "0.0.0.0/0", 10), Protocol::Tcp, None)),
+        proto(
+            with_action("no-ssh", "0.0.0.0/0", Action::Deny),
+            Protocol::Tcp,
+            Some(22),
+        ),
+    ]);
+    assert_eq!(candidate_names(&set, "0.0.0.0/0"), ["no-ssh", "syn"]);
+    let at = |port: u16, flags: u8| {
+        set.classify(ip("192.0.2.1"), TCP, Some(port), flags)
+            .map(|r| r.name.as_str())
+    };
+    assert_eq!(at(22, 0x02), Some("no-ssh"));
+    assert_eq!(at(80, 0x02), Some("syn"));
+    assert_eq!(at(80, 0x10), None);
+}
+
+#[test]
+fn syn_rules_inherit_and_shadow_by_flags() {
+    let set = build(&[
+        syn(proto(limit("syn", "0.0.0.0/0", 10), Protocol::Tcp, None)),
+        limit("default", "0.0.0.0/0", 1000),
+        // A longer prefix's TCP rule covers the SYN rule: SYNs from it are its own.
+        proto(limit("lab-tcp", "10.0.0.0/8", 100), Protocol::Tcp, None),
+        // A longer prefix's UDP rule does not: its SYNs still meet the SYN rule.
+        proto(limit("lab-udp", "192.168.0.0/16", 100), Protocol::Udp, None),
+        // A longer prefix's own SYN rule covers the inherited one.
+        syn(proto(
+            limit("lab-syn", "172.16.0.0/12", 1),
+            Protocol::Tcp,
+            None,
+        )),
+    ]);
+    assert_eq!(candidate_names(&set, "0.0.0.0/0"), ["syn", "default"]);
+    assert_eq!(candidate_names(&set, "10.0.0.0/8"), ["lab-tcp", "default"]);
+    assert_eq!(
+        candidate_names(&set, "192.168.0.0/16"),
+        ["lab-udp", "syn", "default"]
+    );
+    assert_eq!(
+        candidate_names(&set, "172.16.0.0/12"),
+        ["lab-syn", "default"]
+    );
+    let at = |src: &str, flags: u8| {
+        set.classify(ip(src), TCP, Some(443), flags)
+            .map(|r| r.name.as_str())
+    };
+    assert_eq!(at("10.1.1.1", 0x02), Some("lab-tcp"));
+    assert_eq!(at("192.168.1.1", 0x02), Some("syn"));
+    assert_eq!(at("192.168.1.1", 0x10), Some("default"));
+    assert_eq!(at("172.16.1.1", 0x02), Some("lab-syn"));
+    assert_eq!(at("203.0.113.1", 0x02), Some("syn"));
+    assert_eq!(at("203.0.113.1", 0x12), Some("default"));
+}
+
+#[test]
+fn two_syn_rules_on_one_prefix_conflict_but_a_syn_rule_beside_a_tcp_rule_does_not() {
+    let tcp = proto(limit("tcp", "10.0.0.0/8", 100), Protocol::Tcp, None);
+    let a = syn(proto(limit("a", "10.0.0.0/8", 10), Protocol::Tcp, None));
+    let b = RuleConfig {
+        line: 7,
+        ..syn(proto(limit("b", "10.0.0.0/8", 10), Protocol::Tcp, None))
+    };
+    assert!(compile(&[tcp, a.clone()], &RuleIds::new()).is_ok());
+    let err = compile(&[a, b], &RuleIds::new()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CompileError::Conflict {
+                tcp_flags: Some(TcpFlags::Syn),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("tcp_flags syn"), "{err}");
+}
+
+#[test]
+fn syn_rule_needs_protocol_tcp() {
+    let bad = syn(proto(limit("bad", "10.0.0.0/8", 10), Protocol::Udp, None));
+    let err = compile(&[bad], &RuleIds::new()).unwrap_err();
+    assert!(
+        err.to_string().contains("tcp_flags") && err.to_string().contains("protocol tcp"),
+        "{err}"
+    );
+    let any = syn(limit("any", "10.0.0.0/8", 10));
+    assert!(compile(&[any], &RuleIds::new()).is_err());
+}
+
+#[test]
+fn flag_rules_make_cut_packets_dependent() {
+    let set = build(&[syn(proto(
+        limit("syn", "0.0.0.0/0", 10),
+        Protocol::Tcp,
+        None,
+    ))]);
+    assert!(matches!(
+        set.classify_without_l4(ip("192.0.2.1")),
+        WithoutL4::Dependent
+    ));
+}
+
 #[test]
 fn falls_back_to_shorter_prefix() {
     let set = build(&[
@@ -367,7 +528,9 @@ fn ipv6_rules() {
 
 #[test]
 fn no_match() {
-    assert!(build(&[]).classify(ip("10.0.0.1"), TCP, Some(80)).is_none());
+    assert!(build(&[])
+        .classify(ip("10.0.0.1"), TCP, Some(80), 0)
+        .is_none());
     assert!(build(&[]).prefixes.is_empty());
     let set = build(&[
         limit("corp", "10.0.0.0/8", 1),
@@ -683,7 +846,7 @@ fn thousands_of_rules() {
     assert_eq!(ids.len(), rules.len());
     for r in rules.iter().skip(2).take(500) {
         assert_eq!(
-            set.classify(r.sources[0].network(), UDP, Some(53))
+            set.classify(r.sources[0].network(), UDP, Some(53), 0)
                 .unwrap()
                 .rule
                 .action,
@@ -755,10 +918,10 @@ fn hundred_thousand_prefixes() {
         let expected = if protocol == UDP && (listed.contains(&s32) || listed.contains(&s24)) {
             Some("deny-list")
         } else {
-            reference(broad, IpAddr::V4(src), protocol, port)
+            reference(broad, IpAddr::V4(src), protocol, port, 0)
         };
         assert_eq!(
-            set.classify(IpAddr::V4(src), protocol, port)
+            set.classify(IpAddr::V4(src), protocol, port, 0)
                 .map(|r| r.name.as_str()),
             expected,
             "{src}"
@@ -780,8 +943,15 @@ fn hundred_thousand_prefixes() {
 
 /// The reference semantics, written independently of the candidate lists: among the rules with
 /// a source prefix containing the address and whose protocol/port match the packet, the one
-/// with the longest such prefix wins, then the most specific.
-fn reference(rules: &[RuleConfig], src: IpAddr, protocol: u8, port: Option<u16>) -> Option<&str> {
+/// with the longest such prefix wins, then the most specific (a port outranks TCP flags, which
+/// outrank the protocol alone).
+fn reference(
+    rules: &[RuleConfig],
+    src: IpAddr,
+    protocol: u8,
+    port: Option<u16>,
+    tcp_flags: u8,
+) -> Option<&str> {
     rules
         .iter()
         .filter_map(|r| {
@@ -792,11 +962,20 @@ fn reference(rules: &[RuleConfig], src: IpAddr, protocol: u8, port: Option<u16>)
                 .map(IpNet::prefix_len)
                 .max()?;
             let rec = rule_record(r);
+            let syn = tcp_flags & 0x12 == 0x02;
             ((rec.protocol == 0 || rec.protocol == protocol)
-                && (rec.dst_port == 0 || Some(rec.dst_port) == port))
+                && (rec.dst_port == 0 || Some(rec.dst_port) == port)
+                && (r.tcp_flags.is_none() || syn))
                 .then_some((len, r))
         })
-        .max_by_key(|&(len, r)| (len, r.dst_port.is_some(), r.protocol != Protocol::Any))
+        .max_by_key(|&(len, r)| {
+            (
+                len,
+                r.dst_port.is_some(),
+                r.tcp_flags.is_some(),
+                r.protocol != Protocol::Any,
+            )
+        })
         .map(|(_, r)| r.name.as_str())
 }
 
@@ -821,7 +1000,8 @@ fn classify_matches_reference_semantics() {
                 }
                 _ => None,
             };
-            if !taken.insert((source, protocol, port)) {
+            let flags = (protocol == Protocol::Tcp && rng.below(2) == 0).then_some(TcpFlags::Syn);
+            if !taken.insert((source, protocol, port, flags)) {
                 continue;
             }
             let action = [Action::Limit, Action::Allow, Action::Deny][rng.below(3) as usize];
@@ -829,7 +1009,9 @@ fn classify_matches_reference_semantics() {
                 Action::Limit => limit(&format!("r{i}"), &source.to_string(), 1 + rng.below(5)),
                 a => with_action(&format!("r{i}"), &source.to_string(), a),
             };
-            rules.push(proto(r, protocol, port));
+            let mut r = proto(r, protocol, port);
+            r.tcp_flags = flags;
+            rules.push(r);
         }
         let set = match compile(&rules, &RuleIds::new()) {
             Ok(set) => set,
@@ -841,17 +1023,25 @@ fn classify_matches_reference_semantics() {
                 u32::from(bases[rng.below(5) as usize].parse::<Ipv4Addr>().unwrap())
                     + rng.below(4) as u32,
             ));
-            let (protocol, port) = match rng.below(5) {
-                0 => (TCP, Some(53 + rng.below(3) as u16)),
+            // TCP packets with no flag, SYN, SYN-ACK or ACK (flags only where the header was read).
+            let flags = [0, 0x02, 0x12, 0x10][rng.below(4) as usize];
+            let (protocol, port) = match rng.below(6) {
+                0 | 5 => (TCP, Some(53 + rng.below(3) as u16)),
                 1 => (UDP, Some(53 + rng.below(3) as u16)),
                 2 => (UDP, None),
                 3 => (ICMP, None),
                 _ => (47, None),
             };
+            let flags = if protocol == TCP && port.is_some() {
+                flags
+            } else {
+                0
+            };
             assert_eq!(
-                set.classify(src, protocol, port).map(|r| r.name.as_str()),
-                reference(&rules, src, protocol, port),
-                "round {round}: {src} {protocol} {port:?} with {rules:#?}"
+                set.classify(src, protocol, port, flags)
+                    .map(|r| r.name.as_str()),
+                reference(&rules, src, protocol, port, flags),
+                "round {round}: {src} {protocol} {port:?} flags {flags:#x} with {rules:#?}"
             );
         }
     }
@@ -960,6 +1150,7 @@ fn two_rules_listing_one_prefix() {
             prefix: net("11.0.0.0/8"),
             protocol: Protocol::Tcp,
             dst_port: None,
+            tcp_flags: None,
         }
     );
     assert!(
@@ -1126,6 +1317,9 @@ fn classify_matches_reference_with_prefix_lists() {
         (Protocol::Tcp, Some(80)),
         (Protocol::Udp, Some(53)),
         (Protocol::Tcp, Some(443)),
+        // SYN rules: see below.
+        (Protocol::Tcp, None),
+        (Protocol::Tcp, Some(80)),
     ];
     let (mut checked, mut conflicts) = (0, 0);
     for round in 0..300 {
@@ -1136,7 +1330,8 @@ fn classify_matches_reference_with_prefix_lists() {
             let sources: Vec<IpNet> = (0..count)
                 .map(|_| pool[rng.below(pool.len() as u64) as usize])
                 .collect();
-            let (mut protocol, port) = combos[rng.below(combos.len() as u64) as usize];
+            let combo = rng.below(combos.len() as u64) as usize;
+            let (mut protocol, port) = combos[combo];
             let r = RuleConfig::with_sources(format!("r{i}"), sources);
             if protocol == Protocol::Icmp && r.families() == (true, true) {
                 protocol = Protocol::Any;
@@ -1147,12 +1342,15 @@ fn classify_matches_reference_with_prefix_lists() {
                 r.rate = Some(1);
                 r.burst = Some(1);
             }
-            rules.push(proto(r, protocol, port));
+            let mut r = proto(r, protocol, port);
+            r.tcp_flags = (combo >= 7).then_some(TcpFlags::Syn);
+            rules.push(r);
         }
-        // Brute force: two rules sharing a prefix with the same protocol and port conflict.
+        // Brute force: two rules sharing a prefix with the same protocol, port and flags
+        // conflict.
         let expect_conflict = rules.iter().enumerate().any(|(i, a)| {
             rules[i + 1..].iter().any(|b| {
-                (a.protocol, a.dst_port) == (b.protocol, b.dst_port)
+                (a.protocol, a.dst_port, a.tcp_flags) == (b.protocol, b.dst_port, b.tcp_flags)
                     && a.sources.iter().any(|s| b.sources.contains(s))
             })
         });
@@ -1179,6 +1377,7 @@ fn classify_matches_reference_with_prefix_lists() {
                     IpAddr::V6(Ipv6Addr::from(u128::from(p.network()) | host))
                 }
             };
+            let flags = [0, 0x02, 0x12, 0x10][rng.below(4) as usize];
             let (protocol, port) = match rng.below(7) {
                 0 => (TCP, Some(80)),
                 1 => (TCP, Some(443 + rng.below(2) as u16)),
@@ -1188,10 +1387,12 @@ fn classify_matches_reference_with_prefix_lists() {
                 5 => (ICMPV6, None),
                 _ => (47, None),
             };
+            let flags = if protocol == TCP { flags } else { 0 };
             assert_eq!(
-                set.classify(src, protocol, port).map(|r| r.name.as_str()),
-                reference(&rules, src, protocol, port),
-                "round {round}: {src} {protocol} {port:?}"
+                set.classify(src, protocol, port, flags)
+                    .map(|r| r.name.as_str()),
+                reference(&rules, src, protocol, port, flags),
+                "round {round}: {src} {protocol} {port:?} flags {flags:#x}"
             );
         }
     }

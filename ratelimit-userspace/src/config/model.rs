@@ -156,6 +156,35 @@ pub enum Protocol {
     Any,
 }
 
+/// The TCP flag set a `protocol = "tcp"` rule matches (`tcp_flags`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum TcpFlags {
+    /// SYN set and ACK clear: a connection attempt (not the server's SYN-ACK).
+    #[default]
+    Syn,
+}
+
+impl TcpFlags {
+    /// The flag bits the set looks at and the values they must have, as the XDP program
+    /// compares them (`flags & mask == value`; see `ratelimit_common::tcp_flags`).
+    pub const fn mask_value(self) -> (u8, u8) {
+        use ratelimit_common::tcp_flags::{ACK, SYN};
+        match self {
+            Self::Syn => (SYN | ACK, SYN),
+        }
+    }
+
+    /// In words, for `explain`.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Self::Syn => "SYN set, ACK clear",
+        }
+    }
+}
+
 /// Whose consumption a limit rule's budget counts (`scope`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -210,6 +239,7 @@ keyword_enum!(AttachMode, "mode", Auto => "auto", Native => "native", Skb => "sk
 keyword_enum!(Action, "action", Limit => "limit", Allow => "allow", Deny => "deny");
 keyword_enum!(Protocol, "protocol", Tcp => "tcp", Udp => "udp", Icmp => "icmp", Any => "any");
 keyword_enum!(Scope, "scope", Local => "local", Cluster => "cluster");
+keyword_enum!(TcpFlags, "tcp_flags", Syn => "syn");
 
 impl fmt::Display for Per {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -292,6 +322,8 @@ pub struct RuleConfig {
     pub protocol: Protocol,
     /// Destination port to match (TCP or UDP rules only).
     pub dst_port: Option<u16>,
+    /// TCP flags to match (`protocol = "tcp"` rules only).
+    pub tcp_flags: Option<TcpFlags>,
     /// Local or cluster-wide budget (limit rules only).
     pub scope: Scope,
     /// Count would-be drops but pass the packets.
@@ -338,6 +370,7 @@ impl RuleConfig {
             per: Per::Source,
             protocol: Protocol::Any,
             dst_port: None,
+            tcp_flags: None,
             scope: Scope::Local,
             dry_run: false,
             line: 0,
@@ -364,6 +397,15 @@ impl RuleConfig {
                     ),
                 ));
             }
+        }
+        if self.tcp_flags.is_some() && self.protocol != Protocol::Tcp {
+            return Err(rule_error(
+                "tcp_flags",
+                format!(
+                    "only valid with protocol tcp (this rule has protocol {})",
+                    self.protocol
+                ),
+            ));
         }
         if self.action != Action::Limit {
             let stray = [
@@ -648,6 +690,8 @@ pub(super) struct RuleView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) dst_port: Option<u16>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) tcp_flags: Option<TcpFlags>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) scope: Option<Scope>,
     pub(super) dry_run: bool,
 }
@@ -682,6 +726,7 @@ impl Serialize for RuleConfig {
             per: limit.then_some(self.per),
             protocol: self.protocol,
             dst_port: self.dst_port,
+            tcp_flags: self.tcp_flags,
             scope: limit.then_some(self.scope),
             dry_run: self.dry_run,
         }

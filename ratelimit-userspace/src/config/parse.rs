@@ -18,8 +18,8 @@ use super::{
     lists::{base_dir, list_sources, read_text, SourcesFrom},
     model::{
         default_bytes_burst, no_meaning, parse_source, validate_name, validate_source, Action,
-        AgentConfig, AttachMode, ClusterConfig, Config, Per, Protocol, RuleConfig, Scope, MAX_KEYS,
-        MAX_MAX_BUCKETS, MAX_TOTAL_PREFIXES, MIN_MAX_BUCKETS,
+        AgentConfig, AttachMode, ClusterConfig, Config, Per, Protocol, RuleConfig, Scope, TcpFlags,
+        MAX_KEYS, MAX_MAX_BUCKETS, MAX_TOTAL_PREFIXES, MIN_MAX_BUCKETS,
     },
 };
 
@@ -74,6 +74,7 @@ pub(super) struct RawRule {
     pub(super) per: Option<Spanned<Per>>,
     pub(super) protocol: Option<Spanned<Protocol>>,
     pub(super) dst_port: Option<Spanned<i64>>,
+    pub(super) tcp_flags: Option<Spanned<TcpFlags>>,
     pub(super) scope: Option<Spanned<Scope>>,
     pub(super) dry_run: Option<Spanned<bool>>,
 }
@@ -169,8 +170,9 @@ impl Config {
         let mut rules: Vec<RuleConfig> = Vec::with_capacity(raw.rules.len());
         // Uniqueness, remembering the line that came first for the message.
         let mut names: HashMap<String, usize> = HashMap::new();
-        // (prefix, protocol, port) -> index of the rule that matches it.
-        let mut matches: HashMap<(IpNet, Protocol, Option<u16>), usize> = HashMap::new();
+        // (prefix, protocol, port, TCP flags) -> index of the rule that matches it.
+        let mut matches: HashMap<(IpNet, Protocol, Option<u16>, Option<TcpFlags>), usize> =
+            HashMap::new();
         let mut distinct: HashSet<IpNet> = HashSet::new();
         for (index, raw_rule) in raw.rules.into_iter().enumerate() {
             let name_offset = raw_rule.get_ref().name.span().start;
@@ -186,7 +188,7 @@ impl Config {
             }
             matches.reserve(rule.sources.len());
             for (i, &net) in rule.sources.iter().enumerate() {
-                match matches.entry((net, rule.protocol, rule.dst_port)) {
+                match matches.entry((net, rule.protocol, rule.dst_port, rule.tcp_flags)) {
                     std::collections::hash_map::Entry::Vacant(e) => {
                         e.insert(index);
                     }
@@ -200,7 +202,11 @@ impl Config {
                             rule.protocol,
                             rule.dst_port
                                 .map(|p| format!(", dst_port {p}"))
-                                .unwrap_or_default(),
+                                .unwrap_or_default()
+                                + &rule
+                                    .tcp_flags
+                                    .map(|f| format!(", tcp_flags {f}"))
+                                    .unwrap_or_default(),
                         );
                         return Err(from.error_at(&src, &section, &rule.name, i, message));
                     }
@@ -429,6 +435,7 @@ pub(super) fn rule_from_raw(
         ("action", raw.action.as_ref().map(|v| v.span())),
         ("protocol", raw.protocol.as_ref().map(|v| v.span())),
         ("dst_port", raw.dst_port.as_ref().map(|v| v.span())),
+        ("tcp_flags", raw.tcp_flags.as_ref().map(|v| v.span())),
     ] {
         if let Some(span) = span {
             offsets.insert(key, span.start);
@@ -459,6 +466,7 @@ pub(super) fn rule_from_raw(
         })?;
         rule.dst_port = Some(p);
     }
+    rule.tcp_flags = raw.tcp_flags.map(Spanned::into_inner);
     if let Some(scope) = raw.scope {
         if *scope.get_ref() == Scope::Cluster && !has_cluster {
             return Err(src.invalid(

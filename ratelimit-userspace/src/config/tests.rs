@@ -1180,7 +1180,7 @@ fn hundred_thousand_line_list() {
     assert_eq!(c.rules[1].sources.len(), 100_000);
     assert_eq!(set.prefixes.len(), 100_002);
     let hit = |ip: &str| {
-        set.classify(ip.parse().unwrap(), 6, Some(80))
+        set.classify(ip.parse().unwrap(), 6, Some(80), 0)
             .map(|r| r.name.as_str())
     };
     assert_eq!(hit("1.0.0.0"), Some("blocklist"));
@@ -1673,5 +1673,98 @@ fn serialized_source_forms() {
         })
     );
     assert_eq!(c.rules[0].source_summary(), "11.0.0.0/8, ::/0");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn tcp_flags_parse() {
+    let c = parse(&rule(
+        "name = \"syn\"\nsource = \"0.0.0.0/0\"\nprotocol = \"tcp\"\ntcp_flags = \"syn\"\nrate = 10",
+    ));
+    assert_eq!(c.rules[0].tcp_flags, Some(TcpFlags::Syn));
+    // Without the key: no flags.
+    let c = parse(&rule(
+        "name = \"tcp\"\nsource = \"0.0.0.0/0\"\nprotocol = \"tcp\"\nrate = 10",
+    ));
+    assert_eq!(c.rules[0].tcp_flags, None);
+}
+
+#[test]
+fn tcp_flags_errors() {
+    // Only with protocol tcp: the error points at the key.
+    assert_error(
+        &rule("name = \"syn\"\nsource = \"0.0.0.0/0\"\ntcp_flags = \"syn\"\nrate = 10"),
+        BODY + 2,
+        "tcp_flags",
+        "only valid with protocol tcp (this rule has protocol any)",
+    );
+    assert_error(
+        &rule(
+            "name = \"syn\"\nsource = \"0.0.0.0/0\"\nprotocol = \"udp\"\nrate = 10\ntcp_flags = \"syn\"",
+        ),
+        BODY + 4,
+        "tcp_flags",
+        "protocol udp",
+    );
+    // Only "syn".
+    let e = Config::parse(
+        &rule(
+            "name = \"syn\"\nsource = \"0.0.0.0/0\"\nprotocol = \"tcp\"\ntcp_flags = \"ack\"\nrate = 10",
+        ),
+        ORIGIN,
+    )
+    .unwrap_err();
+    assert_eq!(e.line(), Some(BODY + 3), "{e}");
+    assert!(e.to_string().contains("syn"), "{e}");
+    // Two SYN rules for one source conflict; a SYN rule beside a TCP rule does not.
+    let text = "[[rule]]\nname = \"a\"\nsource = \"10.0.0.0/8\"\nprotocol = \"tcp\"\ntcp_flags = \"syn\"\nrate = 1\n\n\
+                [[rule]]\nname = \"b\"\nsource = \"10.0.0.0/8\"\nprotocol = \"tcp\"\ntcp_flags = \"syn\"\nrate = 2\n";
+    let e = assert_error(text, 10, "source", "tcp_flags syn");
+    assert!(e.to_string().contains("rule \"a\" (line 1)"), "{e}");
+    let ok = text.replace("tcp_flags = \"syn\"\nrate = 2", "rate = 2");
+    assert_eq!(parse(&ok).rules.len(), 2);
+}
+
+#[test]
+fn tcp_flags_write_back_and_serialize() {
+    let dir = scratch("write-syn");
+    let path = dir.join("ratelimit.toml");
+    std::fs::write(&path, "[agent]\ninterfaces = [\"eth0\"]\n").unwrap();
+    let syn = RuleConfig {
+        rate: Some(10),
+        burst: Some(10),
+        protocol: Protocol::Tcp,
+        tcp_flags: Some(TcpFlags::Syn),
+        ..RuleConfig::new("syn", net("0.0.0.0/0"))
+    };
+    write_rules(&path, std::slice::from_ref(&syn)).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains("protocol = \"tcp\"\ntcp_flags = \"syn\"\nrate = 10\n"),
+        "{text}"
+    );
+    let back = Config::load(&path).unwrap();
+    assert_eq!(
+        RuleConfig {
+            line: 0,
+            ..back.rules[0].clone()
+        },
+        syn
+    );
+    // Unchanged: byte for byte; and removing the flags removes the key.
+    write_rules(&path, &back.rules).unwrap();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+    let plain = RuleConfig {
+        tcp_flags: None,
+        ..syn.clone()
+    };
+    write_rules(&path, &[plain]).unwrap();
+    assert!(!std::fs::read_to_string(&path)
+        .unwrap()
+        .contains("tcp_flags"));
+    // JSON (the API's form) keeps it too.
+    let v = serde_json::to_value(&syn).unwrap();
+    assert_eq!(v["tcp_flags"], "syn");
+    assert!(syn.to_toml().contains("tcp_flags = \"syn\""));
     std::fs::remove_dir_all(&dir).unwrap();
 }

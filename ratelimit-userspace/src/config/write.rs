@@ -21,13 +21,14 @@ use super::{
 // Writing rules back.
 
 /// The keys of a `[[rule]]` table, in the order a new table gets them.
-pub(super) const RULE_KEYS: [&str; 13] = [
+pub(super) const RULE_KEYS: [&str; 14] = [
     "name",
     "source",
     "source_file",
     "action",
     "protocol",
     "dst_port",
+    "tcp_flags",
     "rate",
     "burst",
     "bytes_rate",
@@ -80,6 +81,7 @@ pub(super) fn wanted_value(rule: &RuleConfig, key: &str) -> Option<toml_edit::Va
         "action" => (rule.action != Action::Limit).then(|| rule.action.as_str().into()),
         "protocol" => (rule.protocol != Protocol::Any).then(|| rule.protocol.as_str().into()),
         "dst_port" => rule.dst_port.map(|p| i64::from(p).into()),
+        "tcp_flags" => rule.tcp_flags.map(|f| f.as_str().into()),
         "rate" if limit => rule.rate.map(int_value),
         "burst" if limit && rule.burst != rule.rate => rule.burst.map(int_value),
         "bytes_rate" if limit => rule.bytes_rate.map(int_value),
@@ -123,6 +125,7 @@ pub(super) fn written_as(
         "action" => word(v) == Some(rule.action),
         "protocol" => word(v) == Some(rule.protocol),
         "dst_port" => int_is(rule.dst_port.map(u64::from)),
+        "tcp_flags" => rule.tcp_flags.is_some() && word(v) == rule.tcp_flags,
         "rate" => limit && int_is(rule.rate),
         "burst" => limit && int_is(rule.burst),
         "bytes_rate" => limit && int_is(rule.bytes_rate),
