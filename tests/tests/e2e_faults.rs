@@ -897,9 +897,17 @@ fn killed_in_the_middle_of_a_reload_leaves_one_whole_rule_set_that_a_new_agent_a
     // 250 ms) until it is done: status answers once the reload lets go of the agent.
     let t0 = Instant::now();
     replace_file(agent.config_path(), &sets.configs[1]);
-    wait_for(Duration::from_secs(60), "the first reload", || {
-        (status(&agent)["reloads"]["ok"] == 1).then_some(())
-    });
+    let mut last = Value::Null;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while last["reloads"]["ok"] != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after 60 s waiting for the first reload; last status {last}\nagent log:\n{}",
+            agent.log()
+        );
+        thread::sleep(Duration::from_millis(100));
+        last = status(&agent);
+    }
     let full = t0.elapsed();
     assert_eq!(pinned_state(&pin, &sets), (Some(1), 0));
     println!("a reload of {LIST_LEN} prefixes takes {full:?} from the file change");

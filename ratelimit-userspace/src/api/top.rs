@@ -147,11 +147,13 @@ impl PartialOrd for Candidate {
     }
 }
 impl Ord for Candidate {
-    /// Busiest first (less), ties by rule, then address.
+    /// Busiest first (less): by rate (packets passed and dropped per second, so that buckets
+    /// measured in windows of different lengths compare fairly), then by packets, ties by rule,
+    /// then address.
     fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .total
-            .cmp(&self.total)
+        (other.pps + other.drops_per_sec)
+            .total_cmp(&(self.pps + self.drops_per_sec))
+            .then_with(|| other.total.cmp(&self.total))
             .then_with(|| self.key.cmp(&other.key))
     }
 }
