@@ -380,6 +380,18 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
         "Largest age of the newest consumption data from a counted peer at the last sync.",
         &ConstGauge::new(c.sync_lag_ms as f64 / 1000.0),
     )?;
+    single(
+        enc,
+        "ratelimit_cluster_gossip_restarts",
+        "Restarts of the gossip loop attempted after a socket error ended it.",
+        &ConstCounter::new(c.gossip_restarts),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_gossip_up",
+        "1 while the gossip loop runs, 0 while it is being restarted.",
+        &ConstGauge::new(u64::from(cluster.gossip != "restarting")),
+    )?;
     Ok(())
 }
 
@@ -590,6 +602,7 @@ mod tests {
             ],
             cluster: Some(crate::cluster::ClusterStatus {
                 peers: vec![crate::cluster::PeerStatus {
+                    stored_keys: 3,
                     node_id: "b".into(),
                     generation: 1,
                     addr: "192.0.2.2:7946".parse().unwrap(),

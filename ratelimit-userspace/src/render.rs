@@ -528,6 +528,16 @@ pub fn peers(v: &Value) -> String {
         c["rejected_stale"], c["rejected_malformed"], c["keys_published"], c["keys_synced"],
         c["charged_pkts"], c["sync_lag_ms"],
     );
+    if v["gossip"].as_str() == Some("restarting") {
+        let _ = writeln!(
+            out,
+            "gossip: RESTARTING ({}); peers are not heard meanwhile; restarts {}",
+            v["gossip_error"].as_str().unwrap_or("?"),
+            c["gossip_restarts"],
+        );
+    } else if c["gossip_restarts"].as_u64().unwrap_or(0) > 0 {
+        let _ = writeln!(out, "gossip: running; restarts {}", c["gossip_restarts"]);
+    }
     out
 }
 

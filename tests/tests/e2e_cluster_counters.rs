@@ -747,7 +747,8 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
 
 /// `max_keys` caps what is read from each peer: h0 (max_keys 1) reads one of the two keys h1
 /// publishes (the first in key order), charges exactly that source's packets, none of the
-/// other's, and counts the key left out in `keys_dropped` (status and metrics).
+/// other's, counts the key left out in `keys_dropped` (status and metrics), and stores no more
+/// than that key and h1's sync key (`stored_keys`).
 #[test]
 fn keys_beyond_max_keys_are_dropped_counted_and_not_charged() {
     let net = net("kd", 2);
@@ -799,6 +800,13 @@ fn keys_beyond_max_keys_are_dropped_counted_and_not_charged() {
     );
     let dropped = counter(&c2, "keys_dropped");
     assert!(dropped > 0, "{c2}");
+    // Stored, not only read: h0 holds h1's first key and its sync key, not the second key.
+    let stored: Vec<u64> = peers(&c2)
+        .iter()
+        .filter(|p| p["counted"] == true)
+        .map(|p| p["stored_keys"].as_u64().expect("stored_keys"))
+        .collect();
+    assert_eq!(stored, [2], "h1's keys stored at h0 (max_keys 1): {c2}");
     let body = scrape(&net.hosts[0].ns);
     let scraped = metric(&body, "ratelimit_cluster_keys_dropped_total");
     assert!(

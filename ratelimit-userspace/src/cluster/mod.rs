@@ -12,6 +12,7 @@
 //! - [`key`]: the key file, its checks, the derived key.
 //! - [`wire`]: the sealed datagram format (nonce, time, fragments, replay window).
 //! - [`transport`]: chitchat's transport over the sealed format.
+//! - [`gossip`]: chitchat's server, restarted (as a new generation) when a socket error ends it.
 //! - [`publish`]: the local counters and the choice of the heaviest keys.
 //! - [`remote`]: the peers' counters and what is still to be charged, per peer incarnation.
 //! - [`charge`]: charging a pinned bucket from user space.
@@ -35,6 +36,7 @@
 //! counted (`charges_clamped`, `debt_capped`) and logged once per peer.
 
 pub mod charge;
+pub mod gossip;
 pub mod key;
 pub mod publish;
 pub mod remote;
@@ -45,12 +47,10 @@ pub mod wire;
 
 use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
-use chitchat::{
-    spawn_chitchat, ChitchatConfig, ChitchatId, FailureDetectorConfig, ProtocolVersion,
-};
+use chitchat::{ChitchatConfig, ChitchatId, FailureDetectorConfig, ProtocolVersion};
 
 pub use self::status::{ClusterStatus, CounterValues, PeerStatus};
-use self::{key::ClusterKey, status::Shared, transport::SecureTransport};
+use self::{gossip::Gossip, key::ClusterKey, status::Shared, transport::SecureTransport};
 use tokio::sync::watch;
 
 use crate::{compile::CompiledRuleSet, config::ClusterConfig, maps::PinnedMaps};
@@ -130,35 +130,48 @@ pub async fn spawn(
             sync_interval_ms: config.sync_interval_ms,
             max_keys: config.max_keys,
             peer_timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            gossip: "running",
             ..ClusterStatus::default()
         };
     }
-    let chitchat_config = ChitchatConfig {
-        chitchat_id: ChitchatId::new(node_id.as_str(), generation, advertise),
-        cluster_id: config.cluster_id.clone(),
-        gossip_interval: interval,
-        listen_addr: config.listen,
-        seed_nodes: config.seeds.iter().map(ToString::to_string).collect(),
-        failure_detector_config: FailureDetectorConfig {
-            // chitchat's default threshold; the prior interval is the gossip interval (not its
-            // default 5 s), so a silent peer is declared dead within seconds, not a minute.
-            phi_threshold: 8.0,
-            sampling_window_size: 1000,
-            max_interval: Duration::from_secs(10),
-            initial_interval: interval,
-            dead_node_grace_period: DEAD_NODE_GRACE,
-        },
-        marked_for_deletion_grace_period: TOMBSTONE_GRACE,
-        catchup_callback: None,
-        extra_liveness_predicate: None,
-        // Every agent of this version decodes V1 (compressed digests).
-        protocol_version: ProtocolVersion::V1,
+    let config_of = {
+        let (node_id, cluster_id, listen) =
+            (node_id.clone(), config.cluster_id.clone(), config.listen);
+        let seeds: Vec<String> = config.seeds.iter().map(ToString::to_string).collect();
+        move |generation| ChitchatConfig {
+            chitchat_id: ChitchatId::new(node_id.as_str(), generation, advertise),
+            cluster_id: cluster_id.clone(),
+            gossip_interval: interval,
+            listen_addr: listen,
+            seed_nodes: seeds.clone(),
+            failure_detector_config: FailureDetectorConfig {
+                // chitchat's default threshold; the prior interval is the gossip interval (not
+                // its default 5 s), so a silent peer is declared dead within seconds, not a
+                // minute.
+                phi_threshold: 8.0,
+                sampling_window_size: 1000,
+                max_interval: Duration::from_secs(10),
+                initial_interval: interval,
+                dead_node_grace_period: DEAD_NODE_GRACE,
+            },
+            marked_for_deletion_grace_period: TOMBSTONE_GRACE,
+            catchup_callback: None,
+            extra_liveness_predicate: None,
+            // Every agent of this version decodes V1 (compressed digests).
+            protocol_version: ProtocolVersion::V1,
+        }
     };
     let transport = SecureTransport::new(key, config.cluster_id.clone(), shared.clone());
     let maps = PinnedMaps::open(pin_dir).map_err(|e| err("opening the pinned maps", &e))?;
-    let chitchat = spawn_chitchat(chitchat_config, Vec::new(), &transport)
-        .await
-        .map_err(|e| err("starting gossip", &format!("{e:#}")))?;
+    let chitchat = Gossip::spawn(
+        generation,
+        Box::new(config_of),
+        Box::new(transport),
+        shared.clone(),
+        gossip::MIN_BACKOFF,
+    )
+    .await
+    .map_err(|e| err("starting gossip", &format!("{e:#}")))?;
     tracing::info!(
         node = %node_id,
         generation,

@@ -32,6 +32,11 @@ pub struct ClusterStatus {
     pub max_keys: usize,
     /// A peer not heard from for this long stops being counted.
     pub peer_timeout_ms: u64,
+    /// `running`, or `restarting`: chitchat's loop ended (a socket error) and is restarted
+    /// with backoff; meanwhile no peer is heard, and none stays counted past the peer timeout.
+    pub gossip: &'static str,
+    /// Why the gossip loop last ended or failed to restart, while it is `restarting`.
+    pub gossip_error: Option<String>,
     /// Other members, by node id then generation.
     pub peers: Vec<PeerStatus>,
     /// Counters since the agent started.
@@ -62,6 +67,9 @@ pub struct PeerStatus {
     pub lag_ms: Option<i64>,
     /// Keys it publishes (as read here, after the cap).
     pub keys: usize,
+    /// Keys of its node state held in this agent's gossip state (deleted ones included): at
+    /// most `max_keys` and its sync key after each sync, whatever it publishes.
+    pub stored_keys: usize,
     /// Packets of its consumption charged here so far.
     pub charged_pkts: u64,
     /// Bytes of its consumption charged here so far.
@@ -113,6 +121,9 @@ pub struct CounterValues {
     pub sync_lag_ms: u64,
     /// Microseconds the last sync round took.
     pub last_sync_us: u64,
+    /// Restarts of the gossip loop attempted after it ended (each successful one is a new
+    /// generation).
+    pub gossip_restarts: u64,
 }
 
 /// Live counters, shared by the transport and the sync task.
@@ -156,6 +167,8 @@ pub struct Counters {
     pub sync_lag_ms: AtomicU64,
     /// See [`CounterValues::last_sync_us`].
     pub last_sync_us: AtomicU64,
+    /// See [`CounterValues::gossip_restarts`].
+    pub gossip_restarts: AtomicU64,
 }
 
 impl Counters {
@@ -187,6 +200,7 @@ impl Counters {
             charge_errors: self.charge_errors.load(Relaxed),
             sync_lag_ms: self.sync_lag_ms.load(Relaxed),
             last_sync_us: self.last_sync_us.load(Relaxed),
+            gossip_restarts: self.gossip_restarts.load(Relaxed),
         }
     }
 }

@@ -9,11 +9,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use chitchat::{ChitchatHandle, ChitchatId};
+use chitchat::ChitchatId;
 use ratelimit_common::{action, rule_flags, Rule};
 
 use super::{
     charge,
+    gossip::Gossip,
     publish::{
         candidate_rate, BucketObs, Count, Heaviest, KeyName, LocalTracker, KEY_PREFIX, SYNC_KEY,
     },
@@ -66,8 +67,8 @@ impl ClusterRules {
 pub struct SyncLoop {
     /// The agent's rules in force.
     pub rules: watch::Receiver<Arc<CompiledRuleSet>>,
-    /// chitchat's server (dropping it stops gossip).
-    pub chitchat: ChitchatHandle,
+    /// chitchat's server, supervised (dropping it stops gossip).
+    pub chitchat: Gossip,
     /// Our own handles on the pinned maps (the agent's stay behind its lock).
     pub maps: PinnedMaps,
     /// Shared with the agent.
@@ -91,7 +92,7 @@ impl SyncLoop {
     pub async fn run(self) {
         let Self {
             rules: in_force,
-            chitchat,
+            mut chitchat,
             maps,
             shared,
             interval,
@@ -109,7 +110,6 @@ impl SyncLoop {
             timeout_ns,
             super::remote::lag_allowance_ns(u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX)),
         );
-        let self_id = chitchat.chitchat_id().clone();
         let mut seq = 0u64;
         let mut was_counted: HashSet<ChitchatId> = HashSet::new();
         let mut tick = tokio::time::interval(interval);
@@ -147,7 +147,11 @@ impl SyncLoop {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .all_since(since);
+            // A loop that ended is restarted here (as a new incarnation, see [`Gossip`]).
+            chitchat.supervise().await;
+            let self_id = chitchat.handle().chitchat_id().clone();
             let (views, dropped) = chitchat
+                .handle()
                 .with_chitchat(|c| {
                     let node = c.self_node_state();
                     for (k, v) in &set {
@@ -158,9 +162,13 @@ impl SyncLoop {
                     }
                     // Last: a peer holding this sync key holds every key set before it.
                     node.set(SYNC_KEY, format!("{seq}:{unix_ms}:{next_epoch}"));
-                    read_peers(c, &self_id, max_keys, |addr| trusted.contains(addr))
+                    let trimmed = trim_peer_states(c, &self_id, max_keys);
+                    let (views, dropped, stored) =
+                        read_peers(c, &self_id, max_keys, |addr| trusted.contains(addr));
+                    ((views, stored), dropped + trimmed)
                 })
                 .await;
+            let (views, stored) = views;
             let c = &shared.counters;
             Counters::add(&c.keys_dropped, dropped);
             c.keys_published
@@ -193,7 +201,7 @@ impl SyncLoop {
                 .store(keys_synced, std::sync::atomic::Ordering::Relaxed);
 
             // 4. Status.
-            let peers = peer_statuses(&remote, now, super::unix_ms());
+            let peers = peer_statuses(&remote, now, super::unix_ms(), &stored);
             log_membership(&peers, &mut was_counted);
             let lag = peers
                 .iter()
@@ -382,21 +390,86 @@ pub fn standings(members: &[Member<'_>]) -> Vec<Standing> {
         .collect()
 }
 
-/// The other members' views and the number of keys left out: the first [`MAX_PEERS`]
-/// candidates (see [`standings`]) with at most `max_keys` keys each, then at most as many other
-/// members, without keys, to show. `authenticated` says whether an address sent an authentic
-/// datagram lately.
+/// Keeps at most `max_keys` consumption keys and the sync key in every other member's node
+/// state, so a peer publishing more keys than `max_keys` holds no more of this agent's memory
+/// than that after each round (whatever arrives within one round, at most). Kept: the sync
+/// key, then the consumption keys [`read_peers`] reads (the first in key order), then
+/// tombstones; anything else goes. Returns the number of keys removed.
+///
+/// chitchat offers no hook where it applies deltas, so the state is rewritten through
+/// `reset_node_state_if_update`, which requires `(last_gc_version, max_version)` to grow: the
+/// last GC version is raised to the max version (as if the removed keys had been deleted and
+/// collected), so the peer's later updates (newer versions) still apply here, and members
+/// behind us on that peer get a full reset of the trimmed state from us rather than a delta
+/// missing deletions. Only when that pair cannot grow (a state received in a reset whose GC
+/// version already equals its max version: only a peer that published too many keys sends
+/// that) is the max version raised by one, which skips at most that peer's next version.
+pub(crate) fn trim_peer_states(
+    c: &mut chitchat::Chitchat,
+    self_id: &ChitchatId,
+    max_keys: usize,
+) -> u64 {
+    let mut rewrites = Vec::new();
+    for (id, state) in c.node_states() {
+        if id == self_id || state.key_values_including_deleted().count() <= max_keys + 1 {
+            continue;
+        }
+        let mut kept: Vec<(String, chitchat::VersionedValue)> = Vec::with_capacity(max_keys + 1);
+        if let Some(v) = state.get_versioned(SYNC_KEY) {
+            kept.push((SYNC_KEY.to_string(), v.clone()));
+        }
+        let counters = || {
+            state
+                .key_values_including_deleted()
+                .filter(|(k, _)| k.starts_with(KEY_PREFIX))
+        };
+        kept.extend(
+            counters()
+                .filter(|(_, v)| !v.is_deleted())
+                .chain(counters().filter(|(_, v)| v.is_deleted()))
+                .take(max_keys)
+                .map(|(k, v)| (k.to_string(), v.clone())),
+        );
+        let removed = state.key_values_including_deleted().count() - kept.len();
+        let (gc, max) = (state.last_gc_version(), state.max_version());
+        let to = if gc < max { max } else { max + 1 };
+        rewrites.push((id.clone(), kept, to, removed));
+    }
+    let mut removed_total = 0u64;
+    for (id, kept, to, removed) in rewrites {
+        c.reset_node_state_if_update(&id, kept.into_iter(), to, to);
+        removed_total += removed as u64;
+    }
+    if removed_total > 0 {
+        tracing::debug!(
+            removed = removed_total,
+            max_keys,
+            "cluster sync: peers' keys beyond max_keys removed from the gossip state"
+        );
+    }
+    removed_total
+}
+
+/// The other members' views, the number of keys left out, and the number of keys stored for
+/// each member (tombstones included): the first [`MAX_PEERS`] candidates (see [`standings`])
+/// with at most `max_keys` keys each, then at most as many other members, without keys, to
+/// show. `authenticated` says whether an address sent an authentic datagram lately.
 fn read_peers(
     c: &chitchat::Chitchat,
     self_id: &ChitchatId,
     max_keys: usize,
     authenticated: impl Fn(&SocketAddr) -> bool,
-) -> (Vec<PeerView<ChitchatId>>, u64) {
+) -> (Vec<PeerView<ChitchatId>>, u64, HashMap<ChitchatId, usize>) {
     let live: HashSet<&ChitchatId> = c.live_nodes().collect();
     let states: Vec<(&ChitchatId, &chitchat::NodeState)> = c
         .node_states()
         .iter()
-        .filter(|(id, _)| *id != self_id)
+        // Our own earlier incarnations (before a gossip restart) come back through peers'
+        // gossip: they are not peers.
+        .filter(|(id, _)| {
+            id.node_id != self_id.node_id
+                || id.gossip_advertise_addr != self_id.gossip_advertise_addr
+        })
         .collect();
     let members: Vec<Member<'_>> = states
         .iter()
@@ -411,6 +484,10 @@ fn read_peers(
     let mut views = Vec::new();
     let (mut candidates, mut others) = (0usize, 0usize);
     let mut dropped = 0u64;
+    let stored = states
+        .iter()
+        .map(|(id, state)| ((*id).clone(), state.key_values_including_deleted().count()))
+        .collect();
     for ((id, state), standing) in states.iter().zip(standing) {
         let counting = standing == Standing::Candidate && candidates < MAX_PEERS;
         let mut keys = Vec::new();
@@ -452,10 +529,15 @@ fn read_peers(
             keys,
         });
     }
-    (views, dropped)
+    (views, dropped, stored)
 }
 
-fn peer_statuses(remote: &RemoteTracker<ChitchatId>, now: u64, unix_ms: u64) -> Vec<PeerStatus> {
+fn peer_statuses(
+    remote: &RemoteTracker<ChitchatId>,
+    now: u64,
+    unix_ms: u64,
+    stored: &HashMap<ChitchatId, usize>,
+) -> Vec<PeerStatus> {
     let mut peers: BTreeMap<(String, u64, SocketAddr), PeerStatus> = BTreeMap::new();
     for (id, info) in remote.info(now) {
         let state = if !info.live {
@@ -487,6 +569,7 @@ fn peer_statuses(remote: &RemoteTracker<ChitchatId>, now: u64, unix_ms: u64) -> 
                         - i64::try_from(p).unwrap_or(i64::MAX)
                 }),
                 keys: info.keys,
+                stored_keys: stored.get(id).copied().unwrap_or(0),
                 charged_pkts: info.charged_pkts,
                 charged_bytes: info.charged_bytes,
                 clamped: info.clamped,
@@ -592,5 +675,130 @@ mod tests {
             (s[200], s[202]),
             (Standing::Superseded, Standing::Candidate)
         );
+    }
+
+    fn chitchat(self_id: &ChitchatId) -> chitchat::Chitchat {
+        let (_tx, seeds) = tokio::sync::watch::channel(HashSet::new());
+        let config = chitchat::ChitchatConfig {
+            chitchat_id: self_id.clone(),
+            cluster_id: "test".to_string(),
+            gossip_interval: Duration::from_millis(100),
+            listen_addr: self_id.gossip_advertise_addr,
+            seed_nodes: Vec::new(),
+            failure_detector_config: chitchat::FailureDetectorConfig::default(),
+            marked_for_deletion_grace_period: Duration::from_secs(60),
+            catchup_callback: None,
+            extra_liveness_predicate: None,
+            protocol_version: chitchat::ProtocolVersion::V1,
+        };
+        chitchat::Chitchat::with_chitchat_id_and_seeds(config, seeds, Vec::new())
+    }
+
+    fn value(value: &str, version: u64, deleted: bool) -> chitchat::VersionedValue {
+        chitchat::VersionedValue {
+            value: value.to_string(),
+            version,
+            status: if deleted {
+                chitchat::DeletionStatus::Deleted(tokio::time::Instant::now())
+            } else {
+                chitchat::DeletionStatus::Set
+            },
+        }
+    }
+
+    /// A peer publishing 10 x `max_keys` keys (and as many tombstones) keeps `max_keys` of them
+    /// and its sync key here: the first in key order, which `read_peers` reads; the rest are
+    /// gone from chitchat's state and counted. Its later keys (newer versions) still arrive,
+    /// and are trimmed again; a peer within the cap is not touched.
+    #[test]
+    fn peers_keep_at_most_max_keys_stored() {
+        let me = id("me", 1, 1);
+        let flood = id("flood", 1, 2);
+        let honest = id("honest", 1, 3);
+        let max_keys = 10;
+        let mut c = chitchat(&me);
+        let mut kvs: Vec<(String, chitchat::VersionedValue)> = (0..10 * max_keys)
+            .map(|i| {
+                let k = format!("{KEY_PREFIX}r/10.0.{}.{}", i / 256, i % 256);
+                (k, value("0:1:1", i as u64 + 1, false))
+            })
+            .collect();
+        kvs.extend((0..10 * max_keys).map(|i| {
+            let k = format!("{KEY_PREFIX}gone/{i}");
+            (k, value("", (10 * max_keys + i) as u64 + 1, true))
+        }));
+        kvs.push((SYNC_KEY.to_string(), value("1:1:1", 201, false)));
+        c.reset_node_state_if_update(&flood, kvs.into_iter(), 201, 0);
+        let small: Vec<(String, chitchat::VersionedValue)> = vec![
+            (format!("{KEY_PREFIX}r/10.9.0.1"), value("0:1:1", 1, false)),
+            (SYNC_KEY.to_string(), value("1:1:1", 2, false)),
+        ];
+        c.reset_node_state_if_update(&honest, small.into_iter(), 2, 0);
+        let stored = |c: &chitchat::Chitchat, id: &ChitchatId| {
+            c.node_state(id)
+                .unwrap()
+                .key_values_including_deleted()
+                .count()
+        };
+        assert_eq!(stored(&c, &flood), 20 * max_keys + 1);
+
+        let removed = trim_peer_states(&mut c, &me, max_keys);
+        assert_eq!(removed as usize, 19 * max_keys);
+        assert_eq!(stored(&c, &flood), max_keys + 1);
+        let state = c.node_state(&flood).unwrap();
+        assert!(state.get(SYNC_KEY).is_some());
+        let kept: Vec<&str> = state.iter_prefix(KEY_PREFIX).map(|(k, _)| k).collect();
+        assert_eq!(kept.len(), max_keys);
+        assert_eq!(kept[0], format!("{KEY_PREFIX}r/10.0.0.0"));
+        assert_eq!((state.last_gc_version(), state.max_version()), (201, 201));
+        assert_eq!(stored(&c, &honest), 2, "within the cap: untouched");
+        assert_eq!(c.node_state(&honest).unwrap().max_version(), 2);
+        assert_eq!(
+            trim_peer_states(&mut c, &me, max_keys),
+            0,
+            "nothing left to trim"
+        );
+
+        // The peer publishes 10 x max_keys more: the state grows, and is trimmed again.
+        let more: Vec<(String, chitchat::VersionedValue)> = c
+            .node_state(&flood)
+            .unwrap()
+            .key_values_including_deleted()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .chain((0..10 * max_keys).map(|i| {
+                (
+                    format!("{KEY_PREFIX}s/10.1.0.{i}"),
+                    value("0:1:1", 202 + i as u64, false),
+                )
+            }))
+            .collect();
+        let top = 201 + 10 * max_keys as u64;
+        c.reset_node_state_if_update(&flood, more.into_iter(), top, 201);
+        assert_eq!(stored(&c, &flood), 11 * max_keys + 1);
+        assert_eq!(
+            trim_peer_states(&mut c, &me, max_keys) as usize,
+            10 * max_keys
+        );
+        assert_eq!(stored(&c, &flood), max_keys + 1);
+        assert_eq!(c.node_state(&flood).unwrap().max_version(), top);
+
+        // A state whose GC version already equals its max version (sent in a reset): the max
+        // version moves on by one so the trim can apply.
+        let reset: Vec<(String, chitchat::VersionedValue)> = (0..3 * max_keys)
+            .map(|i| (format!("{KEY_PREFIX}t/{i}"), value("0:1:1", 1, false)))
+            .collect();
+        let evil = id("evil", 1, 4);
+        c.reset_node_state_if_update(&evil, reset.into_iter(), 500, 500);
+        assert_eq!(
+            trim_peer_states(&mut c, &me, max_keys) as usize,
+            2 * max_keys
+        );
+        assert_eq!(stored(&c, &evil), max_keys);
+        assert_eq!(c.node_state(&evil).unwrap().max_version(), 501);
+        // Our own state is never trimmed.
+        for i in 0..3 * max_keys {
+            c.self_node_state().set(format!("{KEY_PREFIX}x/{i}"), "v");
+        }
+        assert_eq!(trim_peer_states(&mut c, &me, max_keys), 0);
     }
 }
