@@ -76,13 +76,17 @@ fn bed() -> &'static Bed {
             .block_on(transport.open((Ipv4Addr::LOCALHOST, 0).into()))
             .expect("gossip socket");
         let bind = || UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("peer socket");
-        let (peer, marker) = (bind(), bind());
+        let (peer_socket, marker) = (bind(), bind());
+        let (peer, marker_addr) = (
+            peer_socket.local_addr().unwrap(),
+            marker.local_addr().unwrap(),
+        );
         // The transport's public address: the one it seals from when it sends.
         rt.block_on(socket.send(marker.local_addr().unwrap(), sentinel()))
             .expect("send the sentinel");
         let mut buf = vec![0; 65_536];
         let (len, public) = marker.recv_from(&mut buf).expect("the sealed sentinel");
-        let mut opener = Codec::new(&key, CLUSTER);
+        let mut opener = Codec::new(&key, CLUSTER, marker.local_addr().unwrap());
         let plain = opener
             .open(&buf[..len], public, unix_ms())
             .expect("opens")
@@ -91,8 +95,8 @@ fn bed() -> &'static Bed {
             rt,
             socket: Mutex::new(socket),
             public,
-            peer: (peer, Mutex::new(Codec::new(&key, CLUSTER))),
-            marker: (marker, Mutex::new(Codec::new(&key, CLUSTER)), plain),
+            peer: (peer_socket, Mutex::new(Codec::new(&key, CLUSTER, peer))),
+            marker: (marker, Mutex::new(Codec::new(&key, CLUSTER, marker_addr)), plain),
         }
     })
 }
@@ -101,7 +105,7 @@ fn send(from: &UdpSocket, codec: &Mutex<Codec>, message: &[u8], to: SocketAddr) 
     let parts = codec
         .lock()
         .unwrap()
-        .seal(message, unix_ms())
+        .seal(message, to, unix_ms())
         .expect("within MAX_MESSAGE");
     for part in parts {
         from.send_to(&part, to).expect("loopback send");

@@ -154,8 +154,8 @@ pub async fn spawn(
         // Every agent of this version decodes V1 (compressed digests).
         protocol_version: ProtocolVersion::V1,
     };
-    let transport =
-        SecureTransport::new(key, config.cluster_id.clone(), shared.clone()).with_advertise(advertise);
+    let transport = SecureTransport::new(key, config.cluster_id.clone(), shared.clone())
+        .with_advertise(advertise);
     let maps = PinnedMaps::open(pin_dir).map_err(|e| err("opening the pinned maps", &e))?;
     let chitchat = spawn_chitchat(chitchat_config, Vec::new(), &transport)
         .await

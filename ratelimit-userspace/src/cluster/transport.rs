@@ -425,7 +425,9 @@ mod tests {
         let (a, a_shared, a_addr) = node("a", 1, &[capture.local_addr().unwrap()]).await;
         let (b, b_shared, b_addr) = node("b", 1, &[]).await;
         let mut buf = vec![0; 65_536];
-        capture.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        capture
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         let (len, from) = capture.recv_from(&mut buf).unwrap();
         let syn = Codec::new(&key, "test", capture.local_addr().unwrap())
             .open(&buf[..len], from, unix_ms())
@@ -442,7 +444,11 @@ mod tests {
         assert_eq!(heard(&victim, quiet), None, "a reflected a reply");
         // Sealed for `a`, replayed to `b` (from the sealer's own address): dropped unanswered.
         sender.send_to(&to_a, b_addr).unwrap();
-        assert_eq!(heard(&sender, quiet), None, "b answered a datagram sealed for a");
+        assert_eq!(
+            heard(&sender, quiet),
+            None,
+            "b answered a datagram sealed for a"
+        );
         assert_eq!(a_shared.counters.rejected_auth.load(Relaxed), 1);
         assert_eq!(b_shared.counters.rejected_auth.load(Relaxed), 1);
         assert_eq!(b_shared.counters.values().messages_in, 0);

@@ -400,7 +400,10 @@ mod tests {
             Ok(Some(b"v6".to_vec()))
         );
         // Another port of the same host is another address.
-        let d = a.seal(b"x", addr("198.18.1.2:7947"), 1_000_000).unwrap().remove(0);
+        let d = a
+            .seal(b"x", addr("198.18.1.2:7947"), 1_000_000)
+            .unwrap()
+            .remove(0);
         assert_eq!(b.open(&d, from, 1_000_004), Err(Reject::Auth));
     }
 
