@@ -46,7 +46,9 @@ fuzz_target!(|data: &[u8]| {
         _ => data.to_vec(),
     };
     let mut sender = Codec::new(&key, "fuzz", from);
-    let parts = sender.seal(&message, to, NOW_MS).expect("within MAX_MESSAGE");
+    let parts = sender
+        .seal(&message, to, NOW_MS)
+        .expect("within MAX_MESSAGE");
     // Replayed to another host, or spoofed from another address: refused, remembering nothing.
     let mut elsewhere = Codec::new(&key, "fuzz", other);
     let mut receiver = Codec::new(&key, "fuzz", to);

@@ -97,7 +97,11 @@ fn bed() -> &'static Bed {
             socket: Mutex::new((socket, public, 0)),
             transport,
             peer: (peer_socket, Mutex::new(Codec::new(&key, CLUSTER, peer))),
-            marker: (marker, Mutex::new(Codec::new(&key, CLUSTER, marker_addr)), plain),
+            marker: (
+                marker,
+                Mutex::new(Codec::new(&key, CLUSTER, marker_addr)),
+                plain,
+            ),
         }
     })
 }
