@@ -1,6 +1,7 @@
 //! What cluster peers send (`cluster::wire::Codec::open`, and the consumption keys and values of
 //! `cluster::publish`): any datagram is opened or dropped, never a panic; a sealed message opens
-//! to itself once, in any order of its parts, and not twice (replay) or tampered with.
+//! to itself once, in any order of its parts, and not twice (replay), tampered with, at another
+//! host or from another source address.
 #![no_main]
 
 use std::net::SocketAddr;
@@ -18,9 +19,11 @@ const NOW_MS: u64 = 1_800_000_000_000;
 fuzz_target!(|data: &[u8]| {
     let key = ClusterKey::from_secret(SECRET, "fuzz").expect("long enough");
     let from: SocketAddr = "192.0.2.1:7946".parse().expect("address");
+    let to: SocketAddr = "192.0.2.2:7946".parse().expect("address");
+    let other: SocketAddr = "192.0.2.3:7946".parse().expect("address");
 
     // 1. Anything off the network.
-    let mut receiver = Codec::new(&key, "fuzz");
+    let mut receiver = Codec::new(&key, "fuzz", to);
     let _ = receiver.open(data, from, NOW_MS);
 
     // 2. Keys and values of the consumption gossip.
@@ -42,9 +45,25 @@ fuzz_target!(|data: &[u8]| {
         }
         _ => data.to_vec(),
     };
-    let mut sender = Codec::new(&key, "fuzz");
-    let parts = sender.seal(&message, NOW_MS).expect("within MAX_MESSAGE");
-    let mut receiver = Codec::new(&key, "fuzz");
+    let mut sender = Codec::new(&key, "fuzz", from);
+    let parts = sender
+        .seal(&message, to, NOW_MS)
+        .expect("within MAX_MESSAGE");
+    // Replayed to another host, or spoofed from another address: refused, remembering nothing.
+    let mut elsewhere = Codec::new(&key, "fuzz", other);
+    let mut receiver = Codec::new(&key, "fuzz", to);
+    for part in &parts {
+        assert_eq!(
+            elsewhere.open(part, from, NOW_MS + 1),
+            Err(Reject::Auth),
+            "opened at another host"
+        );
+        assert_eq!(
+            receiver.open(part, other, NOW_MS + 1),
+            Err(Reject::Auth),
+            "opened from another source"
+        );
+    }
     // Parts in an order chosen by the input.
     let mut order: Vec<usize> = (0..parts.len()).collect();
     let spin = data.first().copied().map_or(0, usize::from);
@@ -81,7 +100,7 @@ fuzz_target!(|data: &[u8]| {
     let mut tampered = parts[order[0]].clone();
     let at = usize::from(data.get(1).copied().unwrap_or(0)) * 257 % tampered.len();
     tampered[at] ^= 1 << (data.get(2).copied().unwrap_or(0) % 8);
-    let mut fresh = Codec::new(&key, "fuzz");
+    let mut fresh = Codec::new(&key, "fuzz", to);
     assert!(
         fresh.open(&tampered, from, NOW_MS).is_err(),
         "a datagram with byte {at} flipped was accepted"

@@ -24,7 +24,7 @@ use ratelimit::cluster::{
     key::ClusterKey,
     status::Shared,
     transport::SecureTransport,
-    wire::{Codec, MAX_MESSAGE},
+    wire::{Codec, MAX_MESSAGE, REPLAY_CAPACITY},
 };
 
 const SECRET: &[u8] = b"a fuzzing secret, long enough for the key file\n";
@@ -34,8 +34,9 @@ const RECV_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Bed {
     rt: tokio::runtime::Runtime,
-    socket: Mutex<Box<dyn Socket>>,
-    public: SocketAddr,
+    transport: SecureTransport,
+    /// The transport's socket, its public address, and the inputs it has taken.
+    socket: Mutex<(Box<dyn Socket>, SocketAddr, usize)>,
     /// The peer whose datagrams are the fuzzer's, and its sealing codec.
     peer: (UdpSocket, Mutex<Codec>),
     /// The peer that sends the sentinel after each input, its codec, and the sentinel's
@@ -76,23 +77,31 @@ fn bed() -> &'static Bed {
             .block_on(transport.open((Ipv4Addr::LOCALHOST, 0).into()))
             .expect("gossip socket");
         let bind = || UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("peer socket");
-        let (peer, marker) = (bind(), bind());
+        let (peer_socket, marker) = (bind(), bind());
+        let (peer, marker_addr) = (
+            peer_socket.local_addr().unwrap(),
+            marker.local_addr().unwrap(),
+        );
         // The transport's public address: the one it seals from when it sends.
         rt.block_on(socket.send(marker.local_addr().unwrap(), sentinel()))
             .expect("send the sentinel");
         let mut buf = vec![0; 65_536];
         let (len, public) = marker.recv_from(&mut buf).expect("the sealed sentinel");
-        let mut opener = Codec::new(&key, CLUSTER);
+        let mut opener = Codec::new(&key, CLUSTER, marker.local_addr().unwrap());
         let plain = opener
             .open(&buf[..len], public, unix_ms())
             .expect("opens")
             .expect("one part");
         Bed {
             rt,
-            socket: Mutex::new(socket),
-            public,
-            peer: (peer, Mutex::new(Codec::new(&key, CLUSTER))),
-            marker: (marker, Mutex::new(Codec::new(&key, CLUSTER)), plain),
+            socket: Mutex::new((socket, public, 0)),
+            transport,
+            peer: (peer_socket, Mutex::new(Codec::new(&key, CLUSTER, peer))),
+            marker: (
+                marker,
+                Mutex::new(Codec::new(&key, CLUSTER, marker_addr)),
+                plain,
+            ),
         }
     })
 }
@@ -101,7 +110,7 @@ fn send(from: &UdpSocket, codec: &Mutex<Codec>, message: &[u8], to: SocketAddr) 
     let parts = codec
         .lock()
         .unwrap()
-        .seal(message, unix_ms())
+        .seal(message, to, unix_ms())
         .expect("within MAX_MESSAGE");
     for part in parts {
         from.send_to(&part, to).expect("loopback send");
@@ -117,9 +126,23 @@ fuzz_target!(|data: &[u8]| {
         bed.peer.0.local_addr().unwrap(),
         bed.marker.0.local_addr().unwrap(),
     );
-    send(&bed.peer.0, &bed.peer.1, data, bed.public);
-    send(&bed.marker.0, &bed.marker.1, &bed.marker.2, bed.public);
-    let mut socket = bed.socket.lock().unwrap();
+    let mut guard = bed.socket.lock().unwrap();
+    // The replay window refuses datagrams once it holds `REPLAY_CAPACITY` from the last minute,
+    // and the fuzzer sends far faster than peers do: start over on a fresh socket (a restarted
+    // agent) before it fills (each input is at most 4 parts and the sentinel).
+    if guard.2 >= REPLAY_CAPACITY / 8 {
+        let socket = bed
+            .rt
+            .block_on(bed.transport.open((Ipv4Addr::LOCALHOST, 0).into()))
+            .expect("gossip socket");
+        let public = socket.local_addr().expect("bound");
+        *guard = (socket, public, 0);
+    }
+    guard.2 += 1;
+    let public = guard.1;
+    let socket = &mut guard.0;
+    send(&bed.peer.0, &bed.peer.1, data, public);
+    send(&bed.marker.0, &bed.marker.1, &bed.marker.2, public);
     bed.rt.block_on(async {
         loop {
             let got = tokio::time::timeout(RECV_TIMEOUT, socket.recv())

@@ -459,15 +459,18 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
     );
 
     // --- Rejections, by reason, exactly: junk (malformed), sealed with the cluster key but a
-    // minute old or ahead, or replayed (stale), sealed with another key (auth).
+    // minute old or ahead, or replayed (stale), sealed with another key, sealed for another host
+    // (h1) or sealed from another source address than it came from (auth).
     let key = ClusterKey::from_secret(format!("{SECRET}\n").as_bytes(), CLUSTER_ID).unwrap();
     let wrong = ClusterKey::from_secret(b"Zq1Xw2Ce3Rv4Tb5Yn6Um7Ii8Oo9Pp0Aa1Ss2Dd3Ff4G", CLUSTER_ID)
         .unwrap();
-    let mut codec = Codec::new(&key, CLUSTER_ID);
-    let mut wrong_codec = Codec::new(&wrong, CLUSTER_ID);
-    let seal = |c: &mut Codec, at: u64| c.seal(b"not a chitchat message", at).unwrap().remove(0);
     let sock = crafter(&net);
+    let here = sock.local_addr().unwrap();
     let to = gossip_addr(0);
+    let mut codec = Codec::new(&key, CLUSTER_ID, here);
+    let mut wrong_codec = Codec::new(&wrong, CLUSTER_ID, here);
+    let seal =
+        |c: &mut Codec, at: u64| c.seal(b"not a chitchat message", to, at).unwrap().remove(0);
     let r0 = cluster(h0);
     let count = |c: &Value| {
         [
@@ -479,7 +482,7 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
         .map(|k| counter(c, k))
     };
     let before = count(&r0);
-    for junk in [&b"hello"[..], &[0u8; 100][..], b"RLC1\x11short"] {
+    for junk in [&b"hello"[..], &[0u8; 100][..], b"RLC2\x11short"] {
         sock.send_to(junk, to).unwrap();
     }
     let now = unix_ms();
@@ -490,10 +493,22 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
         sock.send_to(&seal(&mut wrong_codec, unix_ms()), to)
             .unwrap();
     }
+    // Recorded on its way to h1 (a peer's genuine datagram), replayed to h0.
+    let for_h1 = codec
+        .seal(b"not a chitchat message", gossip_addr(1), unix_ms())
+        .unwrap()
+        .remove(0);
+    sock.send_to(&for_h1, to).unwrap();
+    // Sealed by h1's address, sent from ours (a spoofed source, to reflect a reply).
+    let from_h1 = Codec::new(&key, CLUSTER_ID, gossip_addr(1))
+        .seal(b"not a chitchat message", to, unix_ms())
+        .unwrap()
+        .remove(0);
+    sock.send_to(&from_h1, to).unwrap();
     let fresh = seal(&mut codec, unix_ms());
     sock.send_to(&fresh, to).unwrap();
     sock.send_to(&fresh, to).unwrap();
-    let want = [before[0] + 3, before[1] + 4, before[2] + 2];
+    let want = [before[0] + 3, before[1] + 4, before[2] + 4];
     let got = wait_for(
         "h0 to count the crafted datagrams",
         Duration::from_secs(10),

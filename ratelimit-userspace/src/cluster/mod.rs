@@ -161,7 +161,8 @@ pub async fn spawn(
             protocol_version: ProtocolVersion::V1,
         }
     };
-    let transport = SecureTransport::new(key, config.cluster_id.clone(), shared.clone());
+    let transport = SecureTransport::new(key, config.cluster_id.clone(), shared.clone())
+        .with_advertise(advertise);
     let maps = PinnedMaps::open(pin_dir).map_err(|e| err("opening the pinned maps", &e))?;
     let chitchat = Gossip::spawn(
         generation,

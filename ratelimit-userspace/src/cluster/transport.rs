@@ -11,7 +11,11 @@
 //!   and well formed is its plaintext handed to chitchat's socket through P's relay, and chitchat
 //!   is told it came from P (the relay's address maps back to P).
 //!
-//! chitchat therefore never sees a byte that did not verify. Its loopback socket is reachable by
+//! chitchat therefore never sees a byte that did not verify, and so never answers one: a datagram
+//! opens only if it was sealed by a key holder at the address it came from and for this host's
+//! address ([`super::wire`]), so a forged, replayed or source-spoofed datagram gets no reply, and
+//! the one reply an authentic Syn gets goes to the address that sealed it (no reflection, no
+//! amplification towards a third party). Its loopback socket is reachable by
 //! local processes, so whatever reaches it from an address that is not one of our relays is
 //! dropped and counted as malformed. Relays exist only for addresses chitchat sends to (members
 //! and seeds) or that sent an authentic datagram, at most [`MAX_RELAYS`] (least recently used
@@ -49,6 +53,7 @@ const RELAY_READ_TIMEOUT: Duration = Duration::from_millis(500);
 pub struct SecureTransport {
     key: ClusterKey,
     cluster_id: String,
+    advertise: Option<SocketAddr>,
     shared: Arc<Shared>,
 }
 
@@ -59,8 +64,17 @@ impl SecureTransport {
         Self {
             key,
             cluster_id,
+            advertise: None,
             shared,
         }
+    }
+
+    /// This host's advertised gossip address, which datagrams are sealed from and must be sent
+    /// to. Without it, the address the socket is bound to (which then must not be a wildcard).
+    #[must_use]
+    pub fn with_advertise(mut self, advertise: SocketAddr) -> Self {
+        self.advertise = Some(advertise);
+        self
     }
 }
 
@@ -70,17 +84,28 @@ impl Transport for SecureTransport {
         let public = UdpSocket::bind(listen_addr)
             .await
             .map_err(|e| anyhow::anyhow!("binding the gossip socket to {listen_addr}: {e}"))?;
+        let local = match self.advertise {
+            Some(a) => a,
+            None => public.local_addr()?,
+        };
+        if local.ip().is_unspecified() || local.port() == 0 {
+            anyhow::bail!(
+                "the gossip socket at {listen_addr} needs this host's advertised address \
+                 ({local} is not one): datagrams are sealed for it"
+            );
+        }
         let inner = ChitchatUdpSocket::open((Ipv4Addr::LOCALHOST, 0).into()).await?;
         let inner_addr = inner.local_addr()?;
         Ok(Box::new(SecureSocket {
             public,
             inner,
             inner_addr,
-            codec: Codec::new(&self.key, &self.cluster_id),
+            codec: Codec::new(&self.key, &self.cluster_id, local),
             relays: HashMap::new(),
             by_relay: HashMap::new(),
             buf: vec![0; 65_536],
             shared: self.shared.clone(),
+            replay_full: 0,
         }))
     }
 }
@@ -100,6 +125,9 @@ struct SecureSocket {
     by_relay: HashMap<SocketAddr, SocketAddr>,
     buf: Vec<u8>,
     shared: Arc<Shared>,
+    /// Datagrams refused because the replay memory was full (counted as stale; this paces their
+    /// own log line).
+    replay_full: u64,
 }
 
 fn counters(shared: &Shared) -> &Counters {
@@ -171,11 +199,25 @@ impl SecureSocket {
             Ok(None) => return Ok(()),
             Err(reject) => {
                 let (counter, what) = match reject {
-                    Reject::Auth => (&c.rejected_auth, "not authentic (wrong key or cluster id?)"),
+                    Reject::Auth => (
+                        &c.rejected_auth,
+                        "not authentic (wrong key or cluster id, sealed for another address, \
+                         or from a source address other than the sender's advertised one?)",
+                    ),
                     Reject::Stale => (&c.rejected_stale, "stale or replayed"),
+                    // Counted as stale (`rejected{stale}`: refused by the replay memory); its own
+                    // log line, first and every 1000th, tells the two apart.
+                    Reject::ReplayFull => (
+                        &c.rejected_stale,
+                        "refused: the replay window is full of live datagrams",
+                    ),
                     Reject::Malformed => (&c.rejected_malformed, "malformed"),
                 };
-                let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let mut n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if reject == Reject::ReplayFull {
+                    n = self.replay_full;
+                    self.replay_full += 1;
+                }
                 // The first of each kind, then every 1000th: a flood of junk must not flood the log.
                 if n % 1000 == 0 {
                     tracing::warn!(%from, bytes = len, total = n + 1, "gossip datagram dropped: {what}");
@@ -220,7 +262,7 @@ impl Socket for SecureSocket {
             .await
             .map_err(|_| anyhow::anyhow!("chitchat's message did not come through the relay"))??;
         let c = counters(&self.shared);
-        let Some(datagrams) = self.codec.seal(&self.buf[..len], unix_ms()) else {
+        let Some(datagrams) = self.codec.seal(&self.buf[..len], to, unix_ms()) else {
             Counters::add(&c.send_errors, 1);
             tracing::warn!(%to, bytes = len, "gossip message too large to send");
             return Ok(SendOutcome { num_bytes_sent: 0 });
@@ -362,6 +404,62 @@ mod tests {
         );
         assert_eq!(intruder_shared.counters.values().messages_in, 0);
         for h in [a, b, intruder] {
+            h.shutdown().await.unwrap();
+        }
+    }
+
+    /// Waits up to `wait` for a datagram on `socket`: its length, or `None`.
+    fn heard(socket: &std::net::UdpSocket, wait: Duration) -> Option<usize> {
+        socket.set_read_timeout(Some(wait)).unwrap();
+        let mut buf = vec![0; 65_536];
+        socket.recv_from(&mut buf).ok().map(|(n, _)| n)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_syn_gets_a_reply_only_at_the_address_that_sealed_it_for_this_host() {
+        // `a` seeds on a socket of ours, so the first thing it sends us is a genuine Syn: its
+        // plaintext is what a recorded datagram carries.
+        let bind = || std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let (capture, sender, victim) = (bind(), bind(), bind());
+        let key = ClusterKey::from_secret(&[1; 32], "test").unwrap();
+        let (a, a_shared, a_addr) = node("a", 1, &[capture.local_addr().unwrap()]).await;
+        let (b, b_shared, b_addr) = node("b", 1, &[]).await;
+        let mut buf = vec![0; 65_536];
+        capture
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let (len, from) = capture.recv_from(&mut buf).unwrap();
+        let syn = Codec::new(&key, "test", capture.local_addr().unwrap())
+            .open(&buf[..len], from, unix_ms())
+            .unwrap()
+            .unwrap();
+        let mut codec = Codec::new(&key, "test", sender.local_addr().unwrap());
+        let mut seal = |to| codec.seal(&syn, to, unix_ms()).unwrap().remove(0);
+        let quiet = Duration::from_millis(1500);
+
+        // Sealed by `sender` for `a`, sent to `a` with the victim's source address: dropped
+        // unanswered.
+        let to_a = seal(a_addr);
+        victim.send_to(&to_a, a_addr).unwrap();
+        assert_eq!(heard(&victim, quiet), None, "a reflected a reply");
+        // Sealed for `a`, replayed to `b` (from the sealer's own address): dropped unanswered.
+        sender.send_to(&to_a, b_addr).unwrap();
+        assert_eq!(
+            heard(&sender, quiet),
+            None,
+            "b answered a datagram sealed for a"
+        );
+        assert_eq!(a_shared.counters.rejected_auth.load(Relaxed), 1);
+        assert_eq!(b_shared.counters.rejected_auth.load(Relaxed), 1);
+        assert_eq!(b_shared.counters.values().messages_in, 0);
+
+        // The same Syn, sealed for `a` and sent from the sealer's address, is answered there:
+        // the drops above were the binding, not a Syn chitchat ignores.
+        let request = to_a.len();
+        sender.send_to(&to_a, a_addr).unwrap();
+        let reply = heard(&sender, Duration::from_secs(10)).expect("a answers a genuine Syn");
+        println!("a genuine Syn of {request} B got a reply of {reply} B");
+        for h in [a, b] {
             h.shutdown().await.unwrap();
         }
     }

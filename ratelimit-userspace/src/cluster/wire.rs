@@ -1,24 +1,32 @@
 //! The authenticated datagram format around chitchat's messages.
 //!
 //! Every datagram is sealed with ChaCha20-Poly1305 under the cluster key (see [`super::key`]),
-//! with a fresh random 96-bit nonce, and carries its send time. The header (and the cluster id)
-//! are the associated data, so nothing in the datagram can be changed without the tag failing.
+//! with a fresh random 96-bit nonce, and carries its send time. The associated data is the
+//! header, the sender's and the receiver's gossip addresses, and the cluster id, so nothing in
+//! the datagram can be changed without the tag failing, and it opens only at the address it was
+//! sent to, coming from the address that sealed it: replayed to another host, or sent with
+//! another source address, it fails authentication. The addresses are not carried (each end
+//! knows them: its own, and the datagram's source or destination).
 //!
 //! ```text
 //! 0      4        5        9           17         29            len-16   len
-//! | RLC1 | part   | msg id | unix ms   | nonce    | ciphertext   | tag    |
+//! | RLC2 | part   | msg id | unix ms   | nonce    | ciphertext   | tag    |
 //!          hi nibble: index, lo nibble: count (1..=4)
+//! associated data: header (29) | source addr (18) | destination addr (18) | cluster id
+//!                  addr = IPv6 (an IPv4 address as ::ffff:a.b.c.d), port big endian
 //! ```
 //! A chitchat message may be as large as a UDP datagram can be (65,507 bytes); with the 45 bytes
 //! of header and tag that no longer fits, so a large message is split into parts, each sealed on
 //! its own, and put back together by the receiver (bounded: a few messages in flight, 2 s each).
 //! A datagram is refused as *stale* when its time is more than [`MAX_SKEW_MS`] away from ours
 //! (peers need clocks within that of each other, which NTP gives) or when its nonce was already
-//! accepted within that window (a replay).
+//! accepted within that window (a replay). The replay memory is bounded ([`REPLAY_CAPACITY`]) and
+//! never forgets a nonce that could still be accepted: when it is full, new datagrams are refused
+//! ([`Reject::ReplayFull`]) until the oldest entries age out.
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
 };
 
 use chacha20poly1305::{
@@ -28,7 +36,9 @@ use chacha20poly1305::{
 
 use super::key::ClusterKey;
 
-const MAGIC: &[u8; 4] = b"RLC1";
+/// Magic and wire version: `RLC2` binds the addresses (`RLC1` did not). Every agent of a cluster
+/// must speak the same version.
+const MAGIC: &[u8; 4] = b"RLC2";
 /// Bytes before the ciphertext.
 pub const HEADER_LEN: usize = 29;
 /// Poly1305 tag length.
@@ -43,9 +53,10 @@ const MAX_PARTS: usize = 4;
 pub const MAX_MESSAGE: usize = MAX_PART_PLAIN * MAX_PARTS;
 /// Datagrams whose time differs from ours by more than this are stale.
 pub const MAX_SKEW_MS: u64 = 30_000;
-/// Accepted nonces remembered for replay detection (the window holds far fewer in practice: a
-/// few hundred datagrams per second per host).
-const REPLAY_CAPACITY: usize = 65_536;
+/// Accepted nonces remembered for replay detection: at most this many authentic datagrams are
+/// accepted per 2 x [`MAX_SKEW_MS`] (an average of 1,092/s over 60 s; a host receives a few hundred
+/// per second at most, and a peer's backlog refused now is resent in a later round). About 3 MB.
+pub const REPLAY_CAPACITY: usize = 65_536;
 /// Partly received messages kept at once.
 const MAX_PENDING: usize = 16;
 /// How long the parts of a message wait for the rest.
@@ -60,12 +71,17 @@ pub enum Reject {
     Auth,
     /// Authentic but too old, from the future, or a replay.
     Stale,
+    /// Authentic and fresh, but the replay memory is full of nonces still inside their lifetime:
+    /// refused rather than forgetting one (which would let its replay through).
+    ReplayFull,
 }
 
 /// Seals and opens datagrams; remembers nonces and partial messages.
 pub struct Codec {
     cipher: ChaCha20Poly1305,
     cluster_id: Vec<u8>,
+    /// Our gossip address: the source of what we seal, the destination of what we open.
+    local: SocketAddr,
     replay: ReplayFilter,
     pending: HashMap<(SocketAddr, u32), Pending>,
     next_msg_id: u32,
@@ -77,21 +93,23 @@ struct Pending {
 }
 
 impl Codec {
-    /// A codec for `key` and `cluster_id`.
+    /// A codec for `key` and `cluster_id`, at gossip address `local` (this host's advertised
+    /// address: where peers send to, and where its datagrams come from).
     #[must_use]
-    pub fn new(key: &ClusterKey, cluster_id: &str) -> Self {
+    pub fn new(key: &ClusterKey, cluster_id: &str, local: SocketAddr) -> Self {
         Self {
             cipher: ChaCha20Poly1305::new(Key::from_slice(key.bytes())),
             cluster_id: cluster_id.as_bytes().to_vec(),
+            local,
             replay: ReplayFilter::default(),
             pending: HashMap::new(),
             next_msg_id: rand_u32(),
         }
     }
 
-    /// Seals `message` (sent at `now_ms`, Unix milliseconds) into one datagram, or a few when it
-    /// is too large for one. `None` if it exceeds even [`MAX_MESSAGE`].
-    pub fn seal(&mut self, message: &[u8], now_ms: u64) -> Option<Vec<Vec<u8>>> {
+    /// Seals `message` for `to` (sent at `now_ms`, Unix milliseconds) into one datagram, or a few
+    /// when it is too large for one. `None` if it exceeds even [`MAX_MESSAGE`].
+    pub fn seal(&mut self, message: &[u8], to: SocketAddr, now_ms: u64) -> Option<Vec<Vec<u8>>> {
         if message.len() > MAX_MESSAGE {
             return None;
         }
@@ -113,7 +131,7 @@ impl Codec {
             datagram.extend_from_slice(&msg_id.to_le_bytes());
             datagram.extend_from_slice(&now_ms.to_le_bytes());
             datagram.extend_from_slice(&nonce);
-            let aad = self.aad(&datagram[..HEADER_LEN]);
+            let aad = self.aad(&datagram[..HEADER_LEN], self.local, to);
             let sealed = self
                 .cipher
                 .encrypt(
@@ -151,7 +169,7 @@ impl Codec {
         let msg_id = u32::from_le_bytes(datagram[5..9].try_into().expect("4 bytes"));
         let sent_ms = u64::from_le_bytes(datagram[9..17].try_into().expect("8 bytes"));
         let nonce_bytes: [u8; 12] = datagram[17..29].try_into().expect("12 bytes");
-        let aad = self.aad(&datagram[..HEADER_LEN]);
+        let aad = self.aad(&datagram[..HEADER_LEN], from, self.local);
         let plain = self
             .cipher
             .decrypt(
@@ -164,9 +182,10 @@ impl Codec {
             .map_err(|_| Reject::Auth)?;
         // Time and replay are checked only once the datagram is known to be authentic, so a
         // forger cannot fill the replay memory.
-        if sent_ms.abs_diff(now_ms) > MAX_SKEW_MS || !self.replay.insert(nonce_bytes, now_ms) {
+        if sent_ms.abs_diff(now_ms) > MAX_SKEW_MS {
             return Err(Reject::Stale);
         }
+        self.replay.insert(nonce_bytes, now_ms)?;
         if count == 1 {
             return Ok(Some(plain));
         }
@@ -201,12 +220,27 @@ impl Codec {
         Ok(None)
     }
 
-    fn aad(&self, header: &[u8]) -> Vec<u8> {
-        let mut aad = Vec::with_capacity(header.len() + self.cluster_id.len());
+    fn aad(&self, header: &[u8], from: SocketAddr, to: SocketAddr) -> Vec<u8> {
+        let mut aad = Vec::with_capacity(header.len() + 2 * ADDR_LEN + self.cluster_id.len());
         aad.extend_from_slice(header);
+        push_addr(&mut aad, from);
+        push_addr(&mut aad, to);
         aad.extend_from_slice(&self.cluster_id);
         aad
     }
+}
+
+const ADDR_LEN: usize = 18;
+
+/// An address in the associated data: IPv4 as its IPv6-mapped form, so a dual-stack socket
+/// (which reports IPv4 peers as `::ffff:a.b.c.d`) and an IPv4 one agree.
+fn push_addr(out: &mut Vec<u8>, addr: SocketAddr) {
+    let ip = match addr.ip() {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    out.extend_from_slice(&ip.octets());
+    out.extend_from_slice(&addr.port().to_be_bytes());
 }
 
 fn rand_u32() -> u32 {
@@ -214,9 +248,10 @@ fn rand_u32() -> u32 {
     u32::from_le_bytes(nonce[..4].try_into().expect("4 bytes"))
 }
 
-/// Nonces accepted within the last 2 x [`MAX_SKEW_MS`] (bounded by [`REPLAY_CAPACITY`]): a
-/// datagram accepted at time T was sent at most `MAX_SKEW_MS` after T, so a replay of it arriving
-/// later than T + 2 x `MAX_SKEW_MS` is refused as stale by its time alone.
+/// Nonces accepted within the last 2 x [`MAX_SKEW_MS`], at most [`REPLAY_CAPACITY`]: a datagram
+/// accepted at time T was sent at most `MAX_SKEW_MS` after T, so a replay of it arriving later
+/// than T + 2 x `MAX_SKEW_MS` is refused as stale by its time alone, and until then its nonce is
+/// kept whatever the load (when full, new datagrams are refused instead).
 #[derive(Default)]
 struct ReplayFilter {
     seen: HashSet<[u8; 12]>,
@@ -224,21 +259,28 @@ struct ReplayFilter {
 }
 
 impl ReplayFilter {
-    /// Records `nonce` (accepted at `now_ms`); false if it was already accepted.
-    fn insert(&mut self, nonce: [u8; 12], now_ms: u64) -> bool {
+    /// Records `nonce` (accepted at `now_ms`): `Stale` if it was already accepted, `ReplayFull`
+    /// if the memory holds [`REPLAY_CAPACITY`] nonces that are all still live.
+    fn insert(&mut self, nonce: [u8; 12], now_ms: u64) -> Result<(), Reject> {
+        // Only entries past their lifetime are forgotten. A wall clock stepping back keeps them
+        // longer (refusing more, never less); stepping forward ages them and every datagram
+        // sent before the step alike, by the same clock.
         while let Some(&(t, n)) = self.order.front() {
-            if now_ms.saturating_sub(t) > 2 * MAX_SKEW_MS || self.order.len() >= REPLAY_CAPACITY {
-                self.order.pop_front();
-                self.seen.remove(&n);
-            } else {
+            if now_ms.saturating_sub(t) <= 2 * MAX_SKEW_MS {
                 break;
             }
+            self.order.pop_front();
+            self.seen.remove(&n);
         }
-        if !self.seen.insert(nonce) {
-            return false;
+        if self.seen.contains(&nonce) {
+            return Err(Reject::Stale);
         }
+        if self.order.len() >= REPLAY_CAPACITY {
+            return Err(Reject::ReplayFull);
+        }
+        self.seen.insert(nonce);
         self.order.push_back((now_ms, nonce));
-        true
+        Ok(())
     }
 }
 
@@ -246,20 +288,38 @@ impl ReplayFilter {
 mod tests {
     use super::*;
 
-    fn codec(secret: u8, cluster: &str) -> Codec {
+    const FROM: &str = "198.18.1.1:7946";
+    const TO: &str = "198.18.1.2:7946";
+    const OTHER: &str = "198.18.1.3:7946";
+
+    fn addr(a: &str) -> SocketAddr {
+        a.parse().unwrap()
+    }
+
+    /// A codec at gossip address `local`.
+    fn codec_at(secret: u8, cluster: &str, local: &str) -> Codec {
         Codec::new(
             &ClusterKey::from_secret(&[secret; 32], cluster).unwrap(),
             cluster,
+            addr(local),
         )
     }
 
-    const FROM: &str = "198.18.1.1:7946";
+    /// The sender's codec (at `FROM`) for `codec(..)`'s receiver.
+    fn sender(secret: u8, cluster: &str) -> Codec {
+        codec_at(secret, cluster, FROM)
+    }
+
+    /// A receiver at `TO`.
+    fn codec(secret: u8, cluster: &str) -> Codec {
+        codec_at(secret, cluster, TO)
+    }
 
     #[test]
     fn round_trip_and_rejections() {
-        let (mut a, mut b) = (codec(1, "c"), codec(1, "c"));
-        let from: SocketAddr = FROM.parse().unwrap();
-        let d = a.seal(b"hello", 1_000_000).unwrap();
+        let (mut a, mut b) = (sender(1, "c"), codec(1, "c"));
+        let (from, to) = (addr(FROM), addr(TO));
+        let d = a.seal(b"hello", to, 1_000_000).unwrap();
         assert_eq!(d.len(), 1);
         assert_eq!(b.open(&d[0], from, 1_000_100), Ok(Some(b"hello".to_vec())));
         // Replayed: stale.
@@ -274,47 +334,102 @@ mod tests {
             Err(Reject::Auth)
         );
         // Too old or from the future.
-        let old = a.seal(b"x", 1_000_000 - MAX_SKEW_MS - 1).unwrap();
+        let old = a.seal(b"x", to, 1_000_000 - MAX_SKEW_MS - 1).unwrap();
         assert_eq!(b.open(&old[0], from, 1_000_000), Err(Reject::Stale));
-        let future = a.seal(b"x", 1_000_000 + MAX_SKEW_MS + 1).unwrap();
+        let future = a.seal(b"x", to, 1_000_000 + MAX_SKEW_MS + 1).unwrap();
         assert_eq!(b.open(&future[0], from, 1_000_000), Err(Reject::Stale));
         // Tampered header (the time) or body: auth.
-        let mut t = a.seal(b"x", 1_000_000).unwrap().remove(0);
+        let mut t = a.seal(b"x", to, 1_000_000).unwrap().remove(0);
         t[10] ^= 1;
         assert_eq!(b.open(&t, from, 1_000_000), Err(Reject::Auth));
-        let mut t = a.seal(b"x", 1_000_000).unwrap().remove(0);
+        let mut t = a.seal(b"x", to, 1_000_000).unwrap().remove(0);
         *t.last_mut().unwrap() ^= 1;
         assert_eq!(b.open(&t, from, 1_000_000), Err(Reject::Auth));
         // Garbage.
         assert_eq!(b.open(b"junk", from, 1_000_000), Err(Reject::Malformed));
-        let mut bad = a.seal(b"x", 1_000_000).unwrap().remove(0);
+        let mut bad = a.seal(b"x", to, 1_000_000).unwrap().remove(0);
         bad[4] = 0x11;
         assert_eq!(b.open(&bad, from, 1_000_000), Err(Reject::Malformed));
     }
 
     #[test]
     fn large_messages_are_split_and_joined_in_any_order() {
-        let (mut a, mut b) = (codec(3, "c"), codec(3, "c"));
-        let from: SocketAddr = FROM.parse().unwrap();
+        let (mut a, mut b) = (sender(3, "c"), codec(3, "c"));
+        let (from, to) = (addr(FROM), addr(TO));
         let message: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
-        let mut parts = a.seal(&message, 5_000).unwrap();
+        let mut parts = a.seal(&message, to, 5_000).unwrap();
         assert_eq!(parts.len(), 2);
         assert!(parts.iter().all(|p| p.len() <= MAX_DATAGRAM));
         parts.reverse();
         assert_eq!(b.open(&parts[0], from, 5_001), Ok(None));
         assert_eq!(b.open(&parts[1], from, 5_002), Ok(Some(message)));
-        assert!(a.seal(&vec![0; MAX_MESSAGE + 1], 5_000).is_none());
+        assert!(a.seal(&vec![0; MAX_MESSAGE + 1], to, 5_000).is_none());
     }
 
     #[test]
     fn pending_parts_are_bounded() {
-        let (mut a, mut b) = (codec(4, "c"), codec(4, "c"));
-        let from: SocketAddr = FROM.parse().unwrap();
+        let (mut a, mut b) = (sender(4, "c"), codec(4, "c"));
+        let (from, to) = (addr(FROM), addr(TO));
         let message = vec![7u8; MAX_PART_PLAIN + 1];
         for i in 0..(MAX_PENDING as u64 * 3) {
-            let parts = a.seal(&message, 10_000 + i).unwrap();
+            let parts = a.seal(&message, to, 10_000 + i).unwrap();
             assert_eq!(b.open(&parts[0], from, 10_000 + i), Ok(None));
         }
         assert!(b.pending.len() <= MAX_PENDING);
+    }
+
+    #[test]
+    fn bound_to_the_receiver_and_the_sender() {
+        let mut a = sender(5, "c");
+        let (from, to) = (addr(FROM), addr(TO));
+        let d = a.seal(b"for TO", to, 1_000_000).unwrap().remove(0);
+        // Replayed to another host of the cluster (same key), from the real sender's address.
+        assert_eq!(
+            codec_at(5, "c", OTHER).open(&d, from, 1_000_001),
+            Err(Reject::Auth)
+        );
+        // Delivered to TO but with another source address (spoofed, to reflect the reply).
+        let mut b = codec(5, "c");
+        assert_eq!(b.open(&d, addr(OTHER), 1_000_001), Err(Reject::Auth));
+        // A failed open remembers nothing: the genuine delivery still opens, from FROM at TO, and
+        // a dual-stack socket's `::ffff:a.b.c.d` is the same address.
+        assert_eq!(b.open(&d, from, 1_000_002), Ok(Some(b"for TO".to_vec())));
+        let d = a.seal(b"v6", to, 1_000_000).unwrap().remove(0);
+        assert_eq!(
+            b.open(&d, addr("[::ffff:198.18.1.1]:7946"), 1_000_003),
+            Ok(Some(b"v6".to_vec()))
+        );
+        // Another port of the same host is another address.
+        let d = a
+            .seal(b"x", addr("198.18.1.2:7947"), 1_000_000)
+            .unwrap()
+            .remove(0);
+        assert_eq!(b.open(&d, from, 1_000_004), Err(Reject::Auth));
+    }
+
+    #[test]
+    fn a_full_replay_window_refuses_new_datagrams_and_forgets_no_live_one() {
+        let (mut a, mut b) = (sender(6, "c"), codec(6, "c"));
+        let (from, to) = (addr(FROM), addr(TO));
+        let t0 = 1_000_000;
+        let first = a.seal(b"first", to, t0).unwrap().remove(0);
+        assert_eq!(b.open(&first, from, t0), Ok(Some(b"first".to_vec())));
+        for _ in 1..REPLAY_CAPACITY {
+            let d = a.seal(b"", to, t0 + 1).unwrap().remove(0);
+            assert_eq!(b.open(&d, from, t0 + 1), Ok(Some(Vec::new())));
+        }
+        // Full of live nonces: a new datagram is refused, and the oldest stays remembered.
+        let late = a.seal(b"late", to, t0 + 2).unwrap().remove(0);
+        assert_eq!(b.open(&late, from, t0 + 2), Err(Reject::ReplayFull));
+        let live = t0 + MAX_SKEW_MS; // `first` is still within its time window here
+        assert_eq!(b.open(&first, from, live), Err(Reject::Stale));
+        assert_eq!(b.replay.order.len(), REPLAY_CAPACITY);
+        // Once `first` is past its lifetime it is forgotten (its time alone refuses a replay),
+        // which makes room.
+        let after = t0 + 2 * MAX_SKEW_MS + 1;
+        let next = a.seal(b"next", to, after).unwrap().remove(0);
+        assert_eq!(b.open(&next, from, after), Ok(Some(b"next".to_vec())));
+        assert_eq!(b.open(&first, from, after), Err(Reject::Stale));
+        assert_eq!(b.replay.order.len(), REPLAY_CAPACITY);
     }
 }
