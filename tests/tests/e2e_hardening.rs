@@ -444,48 +444,13 @@ fn pins_of_another_layout_are_refused_not_misread() {
     assert!(!out.status.success());
     expect_refusal("stats --pin-path", &String::from_utf8_lossy(&out.stderr));
 
-    // An agent told to use them, in the namespace of the interface (nsenter keeps the host's
-    // bpffs, where the pins are).
-    let tmp = tempfile_dir("rl-hard-layout");
-    let cfg = tmp.join("ratelimit.toml");
-    fs::write(
-        &cfg,
-        format!(
-            "[agent]\ninterfaces = [\"{}\"]\npin_path = \"{}\"\nsocket = \"{}\"\n\n{RULE_A}",
-            bed.rx_if,
-            dir.display(),
-            tmp.join("agent.sock").display()
-        ),
-    )
-    .unwrap();
-    let mut child = Command::new("nsenter")
-        .arg(format!("--net={}", bed.rx.path().display()))
-        .arg(agent_binary())
-        .args(["agent", "-c"])
-        .arg(&cfg)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            panic!("an agent given pins of another layout did not exit");
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    let mut log = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
+    // An agent told to use them, in the namespace of the interface.
+    let (status, log) = agent_on_pins(&bed, &dir, "an agent given pins of another layout");
     assert!(
         !status.success(),
         "an agent adopted pins of another layout: {log}"
     );
     expect_refusal("the agent", &log);
-    fs::remove_dir_all(&tmp).unwrap();
 
     // Nothing changed: the program the first agent left still runs on the interface.
     assert!(xdp_attachment(&bed.rx, &bed.rx_if).unwrap().is_some());
@@ -507,6 +472,36 @@ fn pins_of_another_layout_are_refused_not_misread() {
     assert_eq!(xdp_attachment(&bed.rx, &bed.rx_if).unwrap(), None);
     assert!(!dir.exists());
     drop(kept);
+}
+
+/// Runs an agent on the pins in `dir` for `bed`'s interface until it exits (it is expected to
+/// refuse them): in the interface's network namespace by `nsenter`, which keeps the host's bpffs
+/// where the pins are (the testbed's `AgentProcess` would remove them when it is dropped).
+fn agent_on_pins(bed: &Bed, dir: &Path, what: &str) -> (std::process::ExitStatus, String) {
+    let tmp = tempfile_dir("rl-hard-pins");
+    let cfg = tmp.join("ratelimit.toml");
+    fs::write(
+        &cfg,
+        format!(
+            "[agent]\ninterfaces = [\"{}\"]\npin_path = \"{}\"\nsocket = \"{}\"\n\n{RULE_A}",
+            bed.rx_if,
+            dir.display(),
+            tmp.join("agent.sock").display()
+        ),
+    )
+    .unwrap();
+    let child = Command::new("nsenter")
+        .arg(format!("--net={}", bed.rx.path().display()))
+        .arg(agent_binary())
+        .args(["agent", "-c"])
+        .arg(&cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_child(child, what);
+    fs::remove_dir_all(&tmp).unwrap();
+    out
 }
 
 /// Waits for `child` to exit (a hang guard), returning its status and what it wrote to stderr.
@@ -591,28 +586,7 @@ fn a_pin_directory_of_another_user_with_pins_is_refused() {
     let dir = kept.path().to_owned();
     std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
 
-    let tmp = tempfile_dir("rl-hard-foreign");
-    let cfg = tmp.join("ratelimit.toml");
-    fs::write(
-        &cfg,
-        format!(
-            "[agent]\ninterfaces = [\"{}\"]\npin_path = \"{}\"\nsocket = \"{}\"\n\n{RULE_A}",
-            bed.rx_if,
-            dir.display(),
-            tmp.join("agent.sock").display()
-        ),
-    )
-    .unwrap();
-    let child = Command::new("nsenter")
-        .arg(format!("--net={}", bed.rx.path().display()))
-        .arg(agent_binary())
-        .args(["agent", "-c"])
-        .arg(&cfg)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (status, log) = wait_child(child, "an agent given another user's pins");
+    let (status, log) = agent_on_pins(&bed, &dir, "an agent given another user's pins");
     assert!(
         !status.success(),
         "the agent used another user's pins: {log}"
@@ -625,7 +599,6 @@ fn a_pin_directory_of_another_user_with_pins_is_refused() {
     assert!(xdp_attachment(&bed.rx, &bed.rx_if).unwrap().is_some());
 
     std::os::unix::fs::chown(&dir, Some(0), Some(0)).unwrap();
-    fs::remove_dir_all(&tmp).unwrap();
     drop(kept);
 }
 
