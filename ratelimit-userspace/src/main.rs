@@ -308,7 +308,8 @@ fn main() -> ExitCode {
         Command::Agent { config, .. } => Some(config.as_path()),
         _ => None,
     };
-    ratelimit::logging::init(ratelimit::logging::choose(cli.log_format, agent_config));
+    let log_format = ratelimit::logging::choose(cli.log_format, agent_config);
+    ratelimit::logging::init(log_format);
     // Like any Unix filter: a closed pipe (`ratelimit stats --json | head`) ends a client
     // command quietly instead of panicking in println!. Not the agent: a client that closes its
     // connection before the answer (control socket, metrics) would kill it with SIGPIPE.
@@ -319,7 +320,13 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", error_chain(&e));
+            // With `--log-format json` the last word is a JSON record too: a collector reading
+            // the agent's stderr must be able to parse every line, the fatal one above all.
+            if log_format == ratelimit::logging::LogFormat::Json {
+                tracing::error!(error = %error_chain(&e), "exiting");
+            } else {
+                eprintln!("error: {}", error_chain(&e));
+            }
             ExitCode::FAILURE
         }
     }
