@@ -742,16 +742,8 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
     if !pin_dir.starts_with(root) || is_bpffs(root) {
         return Ok(());
     }
-    if !in_host_mount_namespace() {
-        // E.g. under `ip netns exec`, which gives its command a private mount namespace with a
-        // fresh /sys: a bpffs mounted here is private to this process tree, so the pins (and the
-        // attachment) would not outlive the agent and `ratelimit stats` elsewhere cannot see them.
-        tracing::warn!(
-            "bpffs is not mounted at /sys/fs/bpf in this (private) mount namespace; mounting a \
-             private one: pinned state will not survive this agent. Bind-mount the host's bpffs \
-             at /sys/fs/bpf, or run the agent in the host's mount namespace"
-        );
-    }
+    // Under `ip netns exec` (a private mount namespace with a fresh /sys) the bpffs mounted here
+    // is private to this process tree: `warn_if_private_bpffs`, run next, says so.
     // Mode 0700: only root may create pins or directories in it (the kernel's default, 1777,
     // lets any user plant a directory where an agent will put its pins).
     let status = std::process::Command::new("mount")
@@ -818,24 +810,9 @@ fn bpffs_of<'a>(mountinfo: &'a str, path: &Path) -> Option<(&'a str, &'a str)> {
         .max_by_key(|(mnt, _)| mnt.len())
 }
 
-fn in_host_mount_namespace() -> bool {
-    match (
-        fs::read_link("/proc/self/ns/mnt"),
-        fs::read_link("/proc/1/ns/mnt"),
-    ) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => true,
-    }
-}
-
 fn is_bpffs(path: &Path) -> bool {
-    std::fs::read_to_string("/proc/mounts").is_ok_and(|m| {
-        m.lines().any(|l| {
-            let mut f = l.split_whitespace();
-            let (_, mnt, fstype) = (f.next(), f.next(), f.next());
-            mnt == path.to_str() && fstype == Some("bpf")
-        })
-    })
+    fs::read_to_string("/proc/self/mountinfo")
+        .is_ok_and(|m| bpffs_devices(&m).any(|(mnt, _)| Path::new(mnt) == path))
 }
 
 #[cfg(test)]
