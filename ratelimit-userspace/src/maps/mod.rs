@@ -92,16 +92,16 @@ fn expected_shape(name: &str) -> Option<(u32, u32, Option<u32>)> {
     })
 }
 
-/// Every map the program pins.
-pub const ALL: [&str; 7] = [
-    map_names::CONFIG,
-    map_names::RULES,
-    map_names::RULE_META,
-    map_names::PREFIXES,
-    map_names::BUCKETS,
-    map_names::RULE_STATS,
-    map_names::GLOBAL_STATS,
-];
+/// Every map the program pins: the names of [`layout::PINNED_MAPS`], the one list of them.
+pub const ALL: [&str; layout::PINNED_MAPS.len()] = {
+    let mut names = [""; layout::PINNED_MAPS.len()];
+    let mut i = 0;
+    while i < names.len() {
+        names[i] = layout::PINNED_MAPS[i].0;
+        i += 1;
+    }
+    names
+};
 
 /// Checks that whatever is already pinned in `dir` has the shapes this version uses, so a stale
 /// pin from another version is refused with a clear message instead of being misread: each map's
@@ -119,10 +119,9 @@ pub fn check_pinned(dir: &Path, max_buckets: u32) -> Result<()> {
             detail: "pinned by a version with the first-seen table and an LRU bucket map".into(),
         });
     }
-    for name in ALL {
-        let path = dir.join(name);
-        if path.exists() {
-            check_map(dir, name, Some(bucket_capacity(max_buckets)))?;
+    for map in layout::PINNED_MAPS {
+        if dir.join(map.0).exists() {
+            check_map(dir, map, Some(bucket_capacity(max_buckets)))?;
         }
     }
     if dir.join(map_names::CONFIG).exists() {
@@ -131,19 +130,19 @@ pub fn check_pinned(dir: &Path, max_buckets: u32) -> Result<()> {
     Ok(())
 }
 
-/// Checks one pinned map's type, flags, key and value sizes and capacity (the bucket store's
-/// against `buckets`, unless `None`).
-fn check_map(dir: &Path, name: &str, buckets: Option<u32>) -> Result<()> {
+/// Checks one pinned map (name, type, flags as [`layout::PINNED_MAPS`] has them): its type, flags,
+/// key and value sizes and capacity (the bucket store's against `buckets`, unless `None`).
+fn check_map(
+    dir: &Path,
+    (name, kind, flags): (&str, u32, u32),
+    buckets: Option<u32>,
+) -> Result<()> {
     let path = dir.join(name);
     let info = aya::maps::MapInfo::from_pin(&path).map_err(|e| MapsError::Open {
         path: path.clone(),
         reason: format!("{e}"),
     })?;
     let (key, value, max) = expected_shape(name).expect("known map");
-    let (_, kind, flags) = layout::PINNED_MAPS
-        .into_iter()
-        .find(|(n, _, _)| *n == name)
-        .expect("every pinned map has a layout entry");
     let max = max.or(buckets);
     let actual_kind = info.map_type().map_or(u32::MAX, |t| t as u32);
     let mismatch = |detail: String| MapsError::Mismatch {
@@ -234,8 +233,8 @@ impl PinnedMaps {
     /// (types, flags, record sizes, layout stamp): pins of another version are refused, never
     /// misread.
     pub fn open(dir: &Path) -> Result<Self> {
-        for name in ALL {
-            check_map(dir, name, None)?;
+        for map in layout::PINNED_MAPS {
+            check_map(dir, map, None)?;
         }
         check_stamp(dir)?;
         let open = |name: &str| -> Result<Map> {
