@@ -56,7 +56,10 @@ pub use agent_proc::AgentProcess;
 pub use link::{add_addr, add_neigh, ifindex, mac, neigh_to_peer, veth_pair};
 pub use netns::{in_netns, leftover_check, netns_exists, Netns};
 pub use receiver::{ReceiveReport, Receiver, SourceStats};
-pub use traffic::{bind_udp, bind_udp_transparent, send_udp, send_udp_from, SendReport};
+pub use traffic::{
+    assert_limited, bind_udp, bind_udp_transparent, send_udp, send_udp_from, SendReport,
+    JIFFY_SECS, SKEW_SECS,
+};
 pub use xdp::TestDataplane;
 
 /// Whether this process runs as root (network namespaces and veth pairs need it).

@@ -175,3 +175,47 @@ fn is_transient(e: &io::Error) -> bool {
         Some(libc::ENOBUFS | libc::EAGAIN | libc::ECONNREFUSED)
     )
 }
+
+/// How much later (or earlier, relative to each other) the program may see the first and the
+/// last packet of a send than the sender's clock says: veth delivery and softirq scheduling on a
+/// loaded 2-core machine.
+pub const SKEW_SECS: f64 = 0.05;
+/// How far the coarse clock the program uses for these rules lags (one jiffy, 4 ms at HZ=250).
+pub const JIFFY_SECS: f64 = 0.004;
+
+/// Received count of a source whose bucket starts full (a new bucket or a refilled one) against
+/// what its token bucket admits over the send's duration t (the sender's first to last packet),
+/// `burst + rate x t`, with only the tolerances timing makes necessary:
+/// - above: `rate x SKEW_SECS` (the program's window may be that much longer) and one token that
+///   comes due between two packets;
+/// - below: the same, plus `rate x JIFFY_SECS` (a lagging clock refills later), plus the refill
+///   lost while the sender was stalled (`skipped` slots, `skipped / pps` seconds, during which a
+///   bucket at its burst stops filling).
+///
+/// A limiter that started sources empty (no burst), or let more than the burst through, fails.
+/// Prints the figures it checks.
+#[expect(clippy::cast_precision_loss, reason = "small counts")]
+pub fn assert_limited(what: &str, sent: &SendReport, got: u64, rate: u64, burst: u64) {
+    let t = (sent.last - sent.first).as_secs_f64();
+    let rate_f = rate as f64;
+    let stalled = sent.skipped as f64 / sent.achieved_pps().max(1.0);
+    let exact = burst as f64 + rate_f * t;
+    let (low, high) = (
+        exact - rate_f * (SKEW_SECS + JIFFY_SECS + stalled) - 1.0,
+        exact + rate_f * SKEW_SECS + 1.0,
+    );
+    println!(
+        "{what}: sent {} (skipped {}), received {got}, bucket admits {exact:.1} ({low:.1}..{high:.1})",
+        sent.sent, sent.skipped
+    );
+    assert!(
+        sent.sent as f64 >= 2.0 * high,
+        "{what}: only {} sent against a bucket of {high:.0}: too slow to test the limit",
+        sent.sent
+    );
+    assert!(
+        (low..=high).contains(&(got as f64)),
+        "{what}: received {got} of {}, want {low:.1}..{high:.1} (burst {burst} + {rate}/s x {t:.3} s)",
+        sent.sent
+    );
+}

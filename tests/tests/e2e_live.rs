@@ -13,19 +13,12 @@ use std::time::{Duration, Instant};
 
 use ratelimit_testbed::agent_proc::{rule_packets, xdp_attachment};
 use ratelimit_testbed::{
-    add_addr, agent_binary, neigh_to_peer, require_root, send_udp_from, veth_pair, AgentProcess,
-    Netns, ReceiveReport, Receiver, SendReport,
+    add_addr, agent_binary, assert_limited, neigh_to_peer, require_root, send_udp_from, veth_pair,
+    AgentProcess, Netns, ReceiveReport, Receiver, SendReport,
 };
 use serde_json::Value;
 
 const PAYLOAD: usize = 64;
-
-/// How much later (or earlier, relative to each other) the program may see the first and the
-/// last packet of a send than the sender's clock says: veth delivery and softirq scheduling on a
-/// loaded 2-core machine (as in `e2e_api.rs`).
-const SKEW_SECS: f64 = 0.05;
-/// How far the coarse clock the program uses lags (one jiffy, 4 ms at HZ=250).
-const JIFFY_SECS: f64 = 0.004;
 
 /// `tx` and `rx` joined by two veth pairs: link `a` carries 198.18.0.0/24 (sender .1, receiver
 /// .254), link `b` 198.18.1.0/24 (sender .1, receiver .254). The agent runs in `rx`.
@@ -116,37 +109,6 @@ fn json(agent: &AgentProcess, args: &[&str]) -> Value {
     let out = ok(agent, &args);
     serde_json::from_str(&out)
         .unwrap_or_else(|e| panic!("`{}` printed {out:?}: {e}", args.join(" ")))
-}
-
-/// Received count of a source whose bucket starts full against what its token bucket admits
-/// over the send (first to last packet), `burst + rate x t`, with only the tolerances timing
-/// makes necessary (derived in `e2e_api.rs::assert_limited`): above, `rate x SKEW_SECS` and one
-/// token coming due between two packets; below, also a jiffy's lag of the clock and the refill
-/// lost while the sender stalled. A bucket that started empty, or a second burst, fails.
-#[expect(clippy::cast_precision_loss, reason = "small counts")]
-fn assert_limited(what: &str, sent: &SendReport, got: u64, rate: u64, burst: u64) {
-    let t = (sent.last - sent.first).as_secs_f64();
-    let rate_f = rate as f64;
-    let stalled = sent.skipped as f64 / sent.achieved_pps().max(1.0);
-    let exact = burst as f64 + rate_f * t;
-    let (low, high) = (
-        exact - rate_f * (SKEW_SECS + JIFFY_SECS + stalled) - 1.0,
-        exact + rate_f * SKEW_SECS + 1.0,
-    );
-    println!(
-        "{what}: sent {} (skipped {}), received {got}, bucket admits {exact:.1} ({low:.1}..{high:.1})",
-        sent.sent, sent.skipped
-    );
-    assert!(
-        sent.sent as f64 >= 2.0 * high,
-        "{what}: only {} sent against a bucket of {high:.0}: too slow to test the limit",
-        sent.sent
-    );
-    assert!(
-        (low..=high).contains(&(got as f64)),
-        "{what}: received {got} of {}, want {low:.1}..{high:.1} (burst {burst} + {rate}/s x {t:.3} s)",
-        sent.sent
-    );
 }
 
 fn assert_unlimited(what: &str, sent: &SendReport, got: u64) {
