@@ -43,6 +43,8 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     let mut usr2 = sig(SignalKind::user_defined2(), "SIGUSR2")?;
 
     let config_path = opts.config_path.clone();
+    // Stamped before it is read: an edit made while the agent starts is seen by the watcher.
+    let config_stamp = file_stamp(&config_path);
     let prepared = agent::prepare(&opts)?;
     if let Some(cluster) = &prepared.cluster {
         cluster::check(cluster).map_err(runtime)?;
@@ -59,6 +61,9 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         }
     };
     let config = agent.config().clone();
+    let first_stamps: Vec<_> = std::iter::once((config_stamp, config_path.clone()))
+        .chain(stamps(agent.list_files()))
+        .collect();
     let pin_dir = agent.dataplane().pin_dir().to_path_buf();
     let rules = agent.rules_in_force();
     let read_rules = agent.rules_in_force();
@@ -111,7 +116,11 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
             Err(e) => return fail(tasks, agent, e).await,
         }
     }
-    tasks.push(spawn_config_watcher(config_path, agent.clone()));
+    tasks.push(spawn_config_watcher(
+        config_path,
+        first_stamps,
+        agent.clone(),
+    ));
     tasks.push(spawn_interface_watcher(agent.clone()));
     tracing::info!(socket = %socket.display(), "running; SIGHUP reloads, SIGINT or SIGTERM exits");
     crate::notify::ready("enforcing");
@@ -157,27 +166,37 @@ async fn shutdown_shared(agent: SharedAgent) -> Result<(), AgentError> {
     }
 }
 
+/// A file's identity and content stamp: (inode, size, mtime), or `None` when it cannot be read.
+type Stamp = Option<(u64, u64, i64, i64)>;
+
+fn file_stamp(p: &Path) -> Stamp {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(p)
+        .ok()
+        .map(|m| (m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+}
+
+fn stamps(paths: impl IntoIterator<Item = PathBuf>) -> impl Iterator<Item = (Stamp, PathBuf)> {
+    paths.into_iter().map(|p| (file_stamp(&p), p))
+}
+
 /// Polls the config file's identity and content every 250 ms and reloads when it changes.
 ///
 /// Polling rather than inotify: editors and config managers replace files by rename, create them
 /// anew or edit in place, and a poll of (inode, size, mtime) sees all of these without watching the
-/// directory; 250 ms is far below what an operator notices.
-fn spawn_config_watcher(path: PathBuf, agent: SharedAgent) -> JoinHandle<()> {
+/// directory; 250 ms is far below what an operator notices. `first` holds the stamps taken when
+/// the files were read (before this task runs), so an edit made meanwhile is not missed.
+fn spawn_config_watcher(
+    path: PathBuf,
+    first: Vec<(Stamp, PathBuf)>,
+    agent: SharedAgent,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let stamp = |p: &Path| {
-            use std::os::unix::fs::MetadataExt as _;
-            std::fs::metadata(p)
-                .ok()
-                .map(|m| (m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
-        };
         // The config file and the list files (`source_file`) of the rules in force.
         let watched = |lists: Vec<PathBuf>| {
-            std::iter::once(path.clone())
-                .chain(lists)
-                .map(|p| (stamp(&p), p))
-                .collect::<Vec<_>>()
+            stamps(std::iter::once(path.clone()).chain(lists)).collect::<Vec<_>>()
         };
-        let mut last = watched(agent.lock().await.list_files());
+        let mut last = first;
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         loop {
             tick.tick().await;
@@ -192,9 +211,18 @@ fn spawn_config_watcher(path: PathBuf, agent: SharedAgent) -> JoinHandle<()> {
                 let mut guard = agent.lock().await;
                 // Our own write-back also changes the file: reloading it is harmless (same rules).
                 tracing::info!(changed = ?changed, "config or list file changed: reloading");
+                // Stamped before the reload reads them, so an edit made during it is seen next
+                // tick; list files the new rules name are stamped after (they had none before).
+                let before = watched(guard.list_files());
                 let _ = tokio::task::block_in_place(|| guard.reload());
-                // Stamp after the reload: the rules in force may name other list files now.
-                last = watched(guard.list_files());
+                last = Vec::new();
+                for p in std::iter::once(path.clone()).chain(guard.list_files()) {
+                    let stamp = match before.iter().find(|(_, q)| *q == p) {
+                        Some((s, _)) => *s,
+                        None => file_stamp(&p),
+                    };
+                    last.push((stamp, p));
+                }
             }
         }
     })

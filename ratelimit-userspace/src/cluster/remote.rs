@@ -248,6 +248,13 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                 track.counted = false;
                 continue;
             };
+            if !track.counted && track.sync.is_some_and(|s| s.0 >= sync.0) {
+                // Heard again (its heartbeat travels in digests, ahead of its keys), but its
+                // state is still what it was before the silence: wait for a newer sync key,
+                // so the baseline is its present and what it admitted meanwhile is not
+                // charged late.
+                continue;
+            }
             track.sync = Some(sync);
             round.counted_peers += 1;
             if !track.counted {
@@ -547,6 +554,41 @@ mod tests {
         let mut dead = view("a", 5, 2, &[(1, 4200)]);
         dead.live = false;
         assert_eq!(charged(&t.round(4 * S + 200 * MS, &[dead], &l)), 0);
+    }
+
+    /// Back from a partition, a peer's heartbeat (carried by digests) is heard before its
+    /// newer keys arrive: the baseline waits for a newer sync key, so what it admitted while cut
+    /// off is not charged when those keys come.
+    #[test]
+    fn a_rejoining_peer_is_baselined_on_its_fresh_state_not_on_what_was_left() {
+        let mut t = RemoteTracker::new(3 * S, LAG);
+        let l = limits();
+        t.round(0, &[view("a", 1, 2, &[(1, 0)])], &l);
+        assert_eq!(
+            charged(&t.round(100 * MS, &[view("a", 2, 2, &[(1, 300)])], &l)),
+            300
+        );
+        // Silent past the timeout.
+        t.round(4 * S, &[view("a", 2, 2, &[(1, 300)])], &l);
+        assert!(!t.info(4 * S).next().unwrap().1.counted);
+        // Its heartbeat is heard again, its keys and sync key are still the old ones.
+        let mut stale = view("a", 9, 2, &[(1, 300)]);
+        stale.sync = Some((2, 0, 2));
+        assert_eq!(charged(&t.round(5 * S, &[stale], &l)), 0);
+        assert!(
+            !t.info(5 * S).next().unwrap().1.counted,
+            "counted on stale state"
+        );
+        // Its state arrives: 300 more admitted while cut off, the baseline, not charged.
+        assert_eq!(
+            charged(&t.round(5 * S + 100 * MS, &[view("a", 10, 2, &[(1, 600)])], &l)),
+            0
+        );
+        assert!(t.info(5 * S + 100 * MS).next().unwrap().1.counted);
+        assert_eq!(
+            charged(&t.round(5 * S + 200 * MS, &[view("a", 11, 2, &[(1, 650)])], &l)),
+            50
+        );
     }
 
     #[test]
