@@ -5,7 +5,7 @@
 //! flipping one word in the config map, so a packet sees either the old set or the new one whole.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeSet, HashMap},
     fs,
     path::{Path, PathBuf},
     thread,
@@ -21,7 +21,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use ratelimit_common::{
-    bucket_capacity, map_names, prefix_generation, Config, PrefixKey, BUCKET_WAYS, PROGRAM_NAME,
+    bucket_capacity, map_names, prefix_generation, Config, PrefixKey, Rule, RuleSet, BUCKET_WAYS,
+    PROGRAM_NAME,
 };
 
 use crate::compile::CompiledRuleSet;
@@ -159,13 +160,15 @@ pub struct Dataplane {
     attachments: Vec<Attachment>,
     /// Rule ids named in the rule set in force.
     live_ids: BTreeSet<u32>,
-    /// Prefix keys (data, LPM prefix length) of the generation in force, so retiring it deletes
-    /// exactly those instead of walking the trie (an LPM walk of 200k keys takes seconds).
-    /// `None` until known: after an adoption, the first install walks the trie once.
-    live_keys: Option<Vec<(PrefixKey, u32)>>,
-    /// The inactive generation is known to be empty (false at start and while an install that
-    /// may fail half-way is writing it).
-    inactive_clean: bool,
+    /// What this data plane wrote to each rule record it knows (the record with its bucket
+    /// generation, the name and the config line), so an install rewrites only what changed.
+    /// Empty after an adoption: the first install writes every record.
+    records: HashMap<u32, (Rule, String, u32)>,
+    /// The prefix entries both generations of the trie hold (key data under generation 0, LPM
+    /// prefix length), when they hold the same, known set: an install then writes only the
+    /// difference, into each generation in turn. `None` until known (after an adoption, or while
+    /// an install that may fail half-way is writing): the next install clears and rewrites both.
+    mirror: Option<HashMap<(PrefixKey, u32), RuleSet>>,
     /// The exclusive lock on the pin directory (see [`lock_pin_dir`]), held until the data plane
     /// is dropped or removed.
     lock: fs::File,
@@ -209,8 +212,8 @@ impl Dataplane {
             maps,
             attachments: Vec::new(),
             live_ids,
-            live_keys: None,
-            inactive_clean: false,
+            records: HashMap::new(),
+            mirror: None,
             lock,
         })
     }
@@ -428,6 +431,10 @@ impl Dataplane {
     /// generation, then switched to with one word. Buckets of rules that left the set go stale
     /// (their generation ends), so their ids can be reused with a clean slate; buckets of rules
     /// that stayed keep their level.
+    ///
+    /// Both generations hold the set in force between installs (the old one is brought up to
+    /// the new set after the switch), so an install writes only what changed: a change of one
+    /// rule among 10,000 is a few map writes and the grace period, not the whole set twice.
     pub fn install(&mut self, set: &CompiledRuleSet) -> Result<()> {
         let config = self.maps.config()?;
         // A new epoch (it keys the XDP program's classification cache); its low bit is the
@@ -441,53 +448,62 @@ impl Dataplane {
         //    and a new bucket generation (the epoch being installed: unique, never 0), so no
         //    bucket of the id's last rule counts for it.
         for r in &set.rules {
+            let line = u32::try_from(r.line).unwrap_or(0);
+            let live = self.live_ids.contains(&r.id);
+            let known = self.records.get(&r.id).filter(|_| live);
             let mut record = r.rule;
-            if self.live_ids.contains(&r.id) {
-                record.bucket_gen = self.maps.rule(r.id)?.bucket_gen;
-            } else {
+            record.bucket_gen = match known {
+                Some((k, _, _)) => k.bucket_gen,
+                None if live => self.maps.rule(r.id)?.bucket_gen,
+                None => 0,
+            };
+            if !live {
                 self.maps.reset_rule_stats(r.id)?;
             }
             if record.bucket_gen == 0 {
                 record.bucket_gen = epoch.max(1);
             }
-            self.maps.set_rule(r.id, record)?;
-            let line = u32::try_from(r.line).unwrap_or(0);
-            self.maps.set_rule_meta(r.id, Some((&r.name, line)))?;
+            let (same_record, same_meta) = known.map_or((false, false), |(k, name, l)| {
+                (*k == record, *name == r.name && *l == line)
+            });
+            // Forgotten first: a write that fails leaves the record unknown, rewritten next time.
+            self.records.remove(&r.id);
+            if !same_record {
+                self.maps.set_rule(r.id, record)?;
+            }
+            if !same_meta {
+                self.maps.set_rule_meta(r.id, Some((&r.name, line)))?;
+            }
+            self.records.insert(r.id, (record, r.name.clone(), line));
         }
-        // 2. The inactive generation: clear leftovers (say, of a crash mid-install), then fill.
-        if !self.inactive_clean {
-            // Unknown contents (first install, pins left by another agent, or an install that
-            // failed half-way): clear whatever the inactive generation holds.
-            self.maps.clear_generation(next)?;
-        }
-        self.inactive_clean = false;
-        for p in &set.prefixes {
-            self.maps
-                .insert_prefix(p.key(next), p.lpm_prefix_len(), p.rules)?;
-        }
+        // 2. The inactive generation: brought from the set both generations hold to the new one
+        //    (or, not known, cleared of whatever it holds, say a crash mid-install's, and filled).
+        let new: HashMap<(PrefixKey, u32), RuleSet> = set
+            .prefixes
+            .iter()
+            .map(|p| ((p.key(0), p.lpm_prefix_len()), p.rules))
+            .collect();
+        let old = self.mirror.take();
+        self.write_generation(next, old.as_ref(), &new)?;
         // 3. The switch.
         self.maps.set_config(Config {
             generation: epoch,
             ..config
         })?;
-        // 4. Retire the old generation once no packet can still be reading it.
+        // 4. Once no packet can still be reading the old generation, bring it to the new set
+        //    too.
         thread::sleep(GRACE);
-        let new_keys: Vec<(PrefixKey, u32)> = set
-            .prefixes
-            .iter()
-            .map(|p| (p.key(next), p.lpm_prefix_len()))
-            .collect();
-        match self.live_keys.replace(new_keys) {
-            Some(old) => self.maps.remove_prefixes(&old)?,
-            None => self.maps.clear_generation(1 - next)?,
-        }
-        self.inactive_clean = true;
+        self.write_generation(1 - next, old.as_ref(), &new)?;
+        self.mirror = Some(new);
         // Rules that left the set: their buckets go stale with their generation (readers ignore
         // them, the program recycles their records), so nothing is walked or deleted.
         let gone: BTreeSet<u32> = self.live_ids.difference(&new_ids).copied().collect();
         for &id in &gone {
+            let rule = match self.records.remove(&id) {
+                Some((rule, _, _)) => rule,
+                None => self.maps.rule(id)?,
+            };
             self.maps.set_rule_meta(id, None)?;
-            let rule = self.maps.rule(id)?;
             self.maps.set_rule(
                 id,
                 ratelimit_common::Rule {
@@ -497,6 +513,42 @@ impl Dataplane {
             )?;
         }
         self.live_ids = new_ids;
+        Ok(())
+    }
+
+    /// Makes `generation` of the prefix trie hold exactly `new`: from `old` (what it holds)
+    /// by writing the difference, removals first so it never holds more than the larger set;
+    /// from unknown contents (`None`) by clearing it and writing every entry.
+    fn write_generation(
+        &mut self,
+        generation: u8,
+        old: Option<&HashMap<(PrefixKey, u32), RuleSet>>,
+        new: &HashMap<(PrefixKey, u32), RuleSet>,
+    ) -> Result<()> {
+        let at = |(key, len): &(PrefixKey, u32)| (PrefixKey { generation, ..*key }, *len);
+        match old {
+            Some(old) => {
+                let gone: Vec<_> = old
+                    .keys()
+                    .filter(|k| !new.contains_key(*k))
+                    .map(at)
+                    .collect();
+                self.maps.remove_prefixes(&gone)?;
+                for (k, rules) in new {
+                    if old.get(k) != Some(rules) {
+                        let (key, len) = at(k);
+                        self.maps.insert_prefix(key, len, *rules)?;
+                    }
+                }
+            }
+            None => {
+                self.maps.clear_generation(generation)?;
+                for (k, rules) in new {
+                    let (key, len) = at(k);
+                    self.maps.insert_prefix(key, len, *rules)?;
+                }
+            }
+        }
         Ok(())
     }
 

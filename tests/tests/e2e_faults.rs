@@ -719,16 +719,23 @@ fn write_sets(dir: &Scratch, iface: &str, pin: &Path, socket: &Path) -> Sets {
 type Entry = (Vec<u8>, u32, Vec<(String, ratelimit_common::Rule)>);
 
 /// What the pinned maps hold: `Some(k)` when the active generation's prefixes and the rules they
-/// name are exactly set `k`'s (`None`: a mix, or neither), and how many entries the inactive
-/// generation holds (left by an install that was cut short).
-fn pinned_state(pin: &Path, sets: &Sets) -> (Option<usize>, usize) {
+/// name are exactly set `k`'s (`None`: a mix, or neither), the same for the inactive generation
+/// (between reloads it mirrors the active one; an install cut short leaves it a mix), and how
+/// many entries the inactive generation holds.
+fn pinned_state(pin: &Path, sets: &Sets) -> (Option<usize>, Option<usize>, usize) {
     let maps = PinnedMaps::open(pin).unwrap();
     let generation = ratelimit_common::prefix_generation(maps.config().unwrap().generation);
+    let active = generation_state(&maps, sets, generation);
+    let inactive = generation_state(&maps, sets, 1 - generation);
+    (active.0, inactive.0, inactive.1)
+}
+
+/// Which set generation `generation` of the pinned prefix trie holds exactly, and its entries.
+fn generation_state(maps: &PinnedMaps, sets: &Sets, generation: u8) -> (Option<usize>, usize) {
     let named = maps.named_rules().unwrap();
-    let (mut active, mut inactive) = (Vec::<Entry>::new(), 0);
+    let mut active = Vec::<Entry>::new();
     for (key, len, set) in maps.prefixes().unwrap() {
         if key.generation != generation {
-            inactive += 1;
             continue;
         }
         let rules = set.rules[..set.len as usize]
@@ -773,7 +780,7 @@ fn pinned_state(pin: &Path, sets: &Sets) -> (Option<usize>, usize) {
         want.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
         want == active
     });
-    (k, inactive)
+    (k, active.len())
 }
 
 /// Starts an agent on `config` and checks that it adopted the pinned state cleanly and put its
@@ -791,7 +798,8 @@ fn adopting_agent(bed: &Bed, config: &str, pin: &Path, sets: &Sets, k: usize) ->
         (Some(2), Some(0)),
         "{s}"
     );
-    assert_eq!(pinned_state(pin, sets), (Some(k), 0), "after adoption");
+    let (active, mirror, _) = pinned_state(pin, sets);
+    assert_eq!((active, mirror), (Some(k), Some(k)), "after adoption");
     let (a, b) = (bed.delivered(SOURCES[0]), bed.delivered(SOURCES[1]));
     assert_eq!(
         (a == 0, b == 0),
@@ -909,7 +917,12 @@ fn killed_in_the_middle_of_a_reload_leaves_one_whole_rule_set_that_a_new_agent_a
         last = status(&agent);
     }
     let full = t0.elapsed();
-    assert_eq!(pinned_state(&pin, &sets), (Some(1), 0));
+    let (active, mirror, _) = pinned_state(&pin, &sets);
+    assert_eq!(
+        (active, mirror),
+        (Some(1), Some(1)),
+        "both generations hold the set in force"
+    );
     println!("a reload of {LIST_LEN} prefixes takes {full:?} from the file change");
 
     // Kill at exact points of a reload, each observed in the pinned maps (no sleep: a kill that
@@ -944,11 +957,12 @@ fn killed_in_the_middle_of_a_reload_leaves_one_whole_rule_set_that_a_new_agent_a
         kept.push(pins);
 
         // The pinned state, and what real packets see: the link stays attached without an agent.
-        let (in_force, leftover) = pinned_state(&pin, &sets);
+        let (in_force, inactive, leftover) = pinned_state(&pin, &sets);
         let (a, b) = (bed.delivered(SOURCES[0]), bed.delivered(SOURCES[1]));
         println!(
             "killed at {point:?} (reached: {reached}) of a reload from set {current} to set \
-             {target}: set in force {in_force:?}, {leftover} entries in the inactive generation; \
+             {target}: set in force {in_force:?}, the inactive generation holds {inactive:?} \
+             ({leftover} entries); \
              A got {a}, B got {b} through"
         );
         let k = in_force
@@ -969,16 +983,20 @@ fn killed_in_the_middle_of_a_reload_leaves_one_whole_rule_set_that_a_new_agent_a
             };
             assert_eq!(k, want, "killed at {point:?}");
             if point == Point::Writing {
-                assert!(
-                    leftover > 0,
-                    "killed while writing, but nothing was written"
+                assert_eq!(
+                    inactive, None,
+                    "killed while writing, but the inactive generation holds one whole set"
                 );
             }
             if point == Point::Done {
-                assert_eq!(leftover, 0, "a finished reload left its old generation");
+                assert_eq!(
+                    inactive,
+                    Some(target),
+                    "a finished reload left its old generation behind the new set"
+                );
             }
         }
-        outcomes.push((point, reached, k == target, leftover));
+        outcomes.push((point, reached, k == target, inactive));
 
         // A new agent adopts it and applies its own config, the set in force: it writes it into
         // the inactive generation, which holds what the kill interrupted (the other set, half
@@ -987,11 +1005,11 @@ fn killed_in_the_middle_of_a_reload_leaves_one_whole_rule_set_that_a_new_agent_a
         current = k;
         agent = adopting_agent(&bed, &sets.configs[current], &pin, &sets, current);
     }
-    println!("(point, reached, new set in force, leftover inactive entries): {outcomes:?}");
+    println!("(point, reached, new set in force, set the inactive generation holds): {outcomes:?}");
     assert!(
         outcomes
             .iter()
-            .any(|o| o.0 == Point::Writing && o.1 && o.3 > 0),
+            .any(|o| o.0 == Point::Writing && o.1 && o.3.is_none()),
         "no kill landed while the new set was being written: the recovery from a half-written \
          generation never ran: {outcomes:?}"
     );
