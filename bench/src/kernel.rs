@@ -686,12 +686,7 @@ pub fn populations(
         // Full: every record holding a source. Near the end a new source finds a free record
         // only when one of its 16 candidates is free (the others recycle refilled buckets), so
         // the last free records take a few million sources to find.
-        (
-            u64::from(capacity),
-            cap * 4,
-            "full",
-            "store full, evicting",
-        ),
+        (u64::from(capacity), cap * 4, "full", "store full, evicting"),
     ];
     if opts.quick {
         steps.truncate(2);

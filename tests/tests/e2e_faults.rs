@@ -100,8 +100,9 @@ impl Bed {
         .unwrap();
     }
 
-    /// Sends 40 datagrams from `src` (any address of 198.18.0.0/24) within about 20 ms and
-    /// returns how many arrived.
+    /// Sends 40 datagrams from `src` (any address of 198.18.0.0/24) within about 100 ms and
+    /// returns how many arrived. (Paced, not a burst: a sender descheduled on a loaded machine
+    /// catches up rather than skipping most of them.)
     fn delivered(&self, src: &str) -> u64 {
         let receiver =
             Receiver::bind(&self.rx, SocketAddr::new(RECEIVER.parse().unwrap(), 0)).unwrap();
@@ -110,8 +111,8 @@ impl Bed {
         let sent = send_udp(
             &socket,
             receiver.local_addr(),
-            2000,
-            Duration::from_millis(20),
+            400,
+            Duration::from_millis(100),
             64,
         )
         .unwrap();
@@ -229,12 +230,21 @@ fn replace_file(path: &Path, contents: &str) {
     fs::rename(&tmp, path).unwrap();
 }
 
-/// Waits until the agent has counted `n` refused reloads, and returns its status.
-fn wait_failed_reloads(agent: &AgentProcess, n: u64) -> Value {
-    wait_for(NOTICE, &format!("{n} failed reloads"), || {
-        let s = status(agent);
-        (s["reloads"]["failed"].as_u64() == Some(n)).then_some(s)
-    })
+/// Waits until the agent has counted at least `n` refused reloads, the last refused for an error
+/// holding every one of `words`, and returns its status. (At least: a file replaced in two steps,
+/// say removed and then made a directory, may be seen, and refused, in between.)
+fn wait_failed_reloads(agent: &AgentProcess, n: u64, words: &[String]) -> Value {
+    wait_for(
+        NOTICE,
+        &format!("{n} failed reloads, the last for {words:?}"),
+        || {
+            let s = status(agent);
+            let error = s["reloads"]["last_error"].as_str().unwrap_or_default();
+            (s["reloads"]["failed"].as_u64() >= Some(n)
+                && words.iter().all(|w| error.contains(w.as_str())))
+            .then_some(s)
+        },
+    )
 }
 
 #[test]
@@ -273,13 +283,14 @@ fn config_replaced_by_garbage_an_empty_file_or_a_directory_is_refused_and_the_ru
             vec![origin.clone(), "is a directory".into()],
         ),
     ];
+    let mut failed = 0;
     for (i, (what, make, words)) in faults.iter().enumerate() {
         if path.is_dir() {
             fs::remove_dir(&path).unwrap();
         }
         make();
-        let n = u64::try_from(i).unwrap() + 1;
-        let s = wait_failed_reloads(&agent, n);
+        let s = wait_failed_reloads(&agent, failed + 1, words);
+        failed = s["reloads"]["failed"].as_u64().unwrap();
         let error = s["reloads"]["last_error"]
             .as_str()
             .unwrap_or_default()
@@ -313,17 +324,23 @@ fn config_replaced_by_garbage_an_empty_file_or_a_directory_is_refused_and_the_ru
     }
 
     // A good file again: it is applied (a visible change: burst 3 -> 5) and the error clears.
+    // The directory goes first, so the watcher may see (and refuse) a missing file in between:
+    // at most one more refusal.
+    let tmp = path.with_extension("new");
+    fs::write(&tmp, good.replace(&format!("burst = {BURST}"), "burst = 5")).unwrap();
     fs::remove_dir(&path).unwrap();
-    replace_file(
-        &path,
-        &good.replace(&format!("burst = {BURST}"), "burst = 5"),
-    );
+    fs::rename(&tmp, &path).unwrap();
     let s = wait_for(NOTICE, "a successful reload", || {
         let s = status(&agent);
         (s["reloads"]["ok"].as_u64() >= Some(1)).then_some(s)
     });
     assert_eq!(s["reloads"]["last_error"], Value::Null, "{s}");
-    assert_eq!(s["reloads"]["failed"], 3, "{s}");
+    let after = s["reloads"]["failed"].as_u64().unwrap();
+    assert!(
+        after == failed || after == failed + 1,
+        "{} refusals after the good file came back: {s}",
+        after - failed
+    );
     bed.assert_limited("198.18.0.20", 5, "after a good file came back", &agent);
     agent.stop().unwrap();
 }
