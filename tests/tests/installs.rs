@@ -48,27 +48,16 @@ const PROBES: &[&str] = &[
     "2001:db9::1",
 ];
 
-/// xorshift64: a fixed sequence of rule sets, the same on every run.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 /// A rule set drawn from the pool: each prefix present with probability 2/3, as a deny, an
 /// allow, or a limit (burst far above what a probe sends, so its packets pass) whose rate is
 /// drawn from three values (a changed rate is a changed rule), some with a UDP-only sibling.
-fn draw(rng: &mut Rng) -> String {
+fn draw(rng: &mut fastrand::Rng) -> String {
     let mut toml = String::new();
     for (i, net) in POOL.iter().enumerate() {
-        if rng.next() % 3 == 0 {
+        if rng.u64(..3) == 0 {
             continue;
         }
-        match rng.next() % 3 {
+        match rng.u64(..3) {
             0 => {
                 toml +=
                     &format!("[[rule]]\nname = \"p{i}\"\nsource = \"{net}\"\naction = \"deny\"\n")
@@ -78,14 +67,14 @@ fn draw(rng: &mut Rng) -> String {
                     &format!("[[rule]]\nname = \"p{i}\"\nsource = \"{net}\"\naction = \"allow\"\n")
             }
             _ => {
-                let rate = 1000 * (1 + rng.next() % 3);
+                let rate = 1000 * (1 + rng.u64(..3));
                 toml += &format!(
                     "[[rule]]\nname = \"p{i}\"\nsource = \"{net}\"\nrate = {rate}\nburst = 1000000\n"
                 );
             }
         }
-        if rng.next() % 4 == 0 {
-            let act = if rng.next() % 2 == 0 { "deny" } else { "allow" };
+        if rng.u64(..4) == 0 {
+            let act = if rng.u64(..2) == 0 { "deny" } else { "allow" };
             toml += &format!(
                 "[[rule]]\nname = \"u{i}\"\nsource = \"{net}\"\nprotocol = \"udp\"\naction = \"{act}\"\n"
             );
@@ -149,7 +138,8 @@ fn frame(src: IpAddr) -> Vec<u8> {
 fn every_install_leaves_both_generations_holding_exactly_the_set_in_force() {
     require_root();
     let mut dp = TestDataplane::new("installs", 4096).unwrap();
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    // A fixed sequence of rule sets, the same on every run.
+    let mut rng = fastrand::Rng::with_seed(0x9e37_79b9_7f4a_7c15);
     let mut sets = vec![String::new()];
     sets.extend((0..40).map(|_| draw(&mut rng)));
     // Then back to nothing, and a set installed twice in a row (nothing to write).
