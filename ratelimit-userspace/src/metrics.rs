@@ -181,7 +181,7 @@ fn error_response(message: &str) -> Response {
 }
 
 /// Everything one scrape reports, read from the agent at one moment.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
     /// Agent version (`ratelimit_build_info`).
     pub version: String,
@@ -391,6 +391,30 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
         "ratelimit_cluster_gossip_up",
         "1 while the gossip loop runs, 0 while it is being restarted.",
         &ConstGauge::new(u64::from(cluster.gossip != "restarting")),
+    )?;
+    family(
+        enc,
+        "ratelimit_cluster_hosts",
+        "Hosts heard now (this one and the peers counted) and hosts last known alive (heard \
+         within partition_memory_s).",
+        [
+            ("heard", cluster.hosts_heard),
+            ("known", cluster.hosts_known),
+        ]
+        .map(|(v, n)| (vec![("view", v)], ConstGauge::new(n))),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_budget_share",
+        "Share of each cluster budget this host enforces with the hosts it hears (heard / known \
+         under on_partition = share, else 1).",
+        &ConstGauge::new(cluster.budget_share),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_share_charged_packets",
+        "Packets charged to local buckets for hosts known but not heard (on_partition = share).",
+        &ConstCounter::new(c.share_charged_pkts),
     )?;
     Ok(())
 }

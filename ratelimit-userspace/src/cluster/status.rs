@@ -13,7 +13,7 @@ use std::{
 use serde::Serialize;
 
 /// The cluster as one agent sees it.
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct ClusterStatus {
     /// `[cluster] cluster_id`.
     pub cluster_id: String,
@@ -37,6 +37,16 @@ pub struct ClusterStatus {
     pub gossip: &'static str,
     /// Why the gossip loop last ended or failed to restart, while it is `restarting`.
     pub gossip_error: Option<String>,
+    /// `[cluster] on_partition`: `fail_open` or `share`.
+    pub on_partition: &'static str,
+    /// This host and the peers counted now (distinct addresses).
+    pub hosts_heard: u64,
+    /// This host and every peer address counted within `partition_memory_s`: the hosts last
+    /// known alive.
+    pub hosts_known: u64,
+    /// The share of each cluster budget this host enforces with the hosts it hears:
+    /// `hosts_heard / hosts_known` under `share`, 1 under `fail_open`.
+    pub budget_share: f64,
     /// Other members, by node id then generation.
     pub peers: Vec<PeerStatus>,
     /// Counters since the agent started.
@@ -124,6 +134,8 @@ pub struct CounterValues {
     /// Restarts of the gossip loop attempted after it ended (each successful one is a new
     /// generation).
     pub gossip_restarts: u64,
+    /// Packets charged to local buckets for hosts known but not heard (`on_partition = "share"`).
+    pub share_charged_pkts: u64,
 }
 
 /// Live counters, shared by the transport and the sync task.
@@ -169,6 +181,8 @@ pub struct Counters {
     pub last_sync_us: AtomicU64,
     /// See [`CounterValues::gossip_restarts`].
     pub gossip_restarts: AtomicU64,
+    /// See [`CounterValues::share_charged_pkts`].
+    pub share_charged_pkts: AtomicU64,
 }
 
 impl Counters {
@@ -201,6 +215,7 @@ impl Counters {
             sync_lag_ms: self.sync_lag_ms.load(Relaxed),
             last_sync_us: self.last_sync_us.load(Relaxed),
             gossip_restarts: self.gossip_restarts.load(Relaxed),
+            share_charged_pkts: self.share_charged_pkts.load(Relaxed),
         }
     }
 }

@@ -15,6 +15,7 @@ use ratelimit_common::{action, rule_flags, Rule};
 use super::{
     charge,
     gossip::Gossip,
+    partition::Partition,
     publish::{
         candidate_rate, BucketObs, Count, Heaviest, KeyName, LocalTracker, KEY_PREFIX, SYNC_KEY,
     },
@@ -79,12 +80,40 @@ pub struct SyncLoop {
     pub max_keys: usize,
     /// Silence after which a peer stops being counted.
     pub peer_timeout: Duration,
+    /// `[cluster] on_partition` and the memory of hosts last known alive.
+    pub partition: Partition,
 }
 
 struct Blocking {
     maps: PinnedMaps,
     local: LocalTracker,
     next_full_ns: u64,
+    /// The buckets read in the last round, for what this host admitted since (see
+    /// [`Partition::charges`]).
+    last_seen: HashMap<KeyName, BucketObs>,
+}
+
+/// What this host admitted per key between two reads of its bucket (the same life of it; a
+/// bucket first seen counts from zero, a 32-bit packet counter wraps).
+fn local_gains(
+    before: &HashMap<KeyName, BucketObs>,
+    now: &HashMap<KeyName, BucketObs>,
+) -> HashMap<KeyName, (u64, u64)> {
+    now.iter()
+        .filter_map(|(k, b)| {
+            let (p0, b0) = match before.get(k) {
+                Some(o) if o.created_ns == b.created_ns => (o.passed_pkts, o.passed_bytes),
+                Some(_) | None => (0, 0),
+            };
+            let pkts = u64::from(
+                u32::try_from(b.passed_pkts & 0xffff_ffff)
+                    .unwrap_or(0)
+                    .wrapping_sub(u32::try_from(p0 & 0xffff_ffff).unwrap_or(0)),
+            );
+            let bytes = b.passed_bytes.saturating_sub(b0);
+            (pkts > 0 || bytes > 0).then(|| (k.clone(), (pkts, bytes)))
+        })
+        .collect()
 }
 
 impl SyncLoop {
@@ -98,12 +127,14 @@ impl SyncLoop {
             interval,
             max_keys,
             peer_timeout,
+            mut partition,
         } = self;
         let start_ns = monotonic_ns();
         let mut blocking = Some(Blocking {
             maps,
             local: LocalTracker::new(max_keys, start_ns),
             next_full_ns: 0,
+            last_seen: HashMap::new(),
         });
         let timeout_ns = u64::try_from(peer_timeout.as_nanos()).unwrap_or(u64::MAX);
         let mut remote: RemoteTracker<ChitchatId> = RemoteTracker::new(
@@ -125,11 +156,11 @@ impl SyncLoop {
             let Some(mut b) = blocking.take() else { return };
             let rules_for_scan = rules.clone();
             let joined = tokio::task::spawn_blocking(move || {
-                let (set, deleted) = b.observe(&rules_for_scan, interval_ns);
-                (b, set, deleted)
+                let (set, deleted, gains) = b.observe(&rules_for_scan, interval_ns);
+                (b, set, deleted, gains)
             })
             .await;
-            let Ok((b, set, deleted)) = joined else {
+            let Ok((b, set, deleted, local_gains)) = joined else {
                 tracing::error!("cluster sync: the bucket scan panicked; cluster sync stopped");
                 return;
             };
@@ -178,24 +209,45 @@ impl SyncLoop {
             let now = monotonic_ns();
             let mut round = remote.round(now, &views, &rules.limits());
             let keys_synced = round.keys_synced;
-            if !round.charges.is_empty() {
+            // `on_partition`: the hosts heard (distinct addresses), the hosts last known alive,
+            // and what to charge for the ones missing.
+            let counted_addrs: Vec<SocketAddr> = remote
+                .info(now)
+                .filter(|(_, i)| i.counted)
+                .map(|(id, _)| id.gossip_advertise_addr)
+                .collect();
+            let share = partition.observe(now, &counted_addrs);
+            let shares = partition.charges(share, &local_gains, &round.charges);
+            if !round.charges.is_empty() || !shares.is_empty() {
                 let Some(mut b) = blocking.take() else { return };
                 let round = std::mem::take(&mut round);
+                let missing = partition.missing(share);
                 let charged = tokio::task::spawn_blocking(move || {
-                    let r = b.charge(&rules, &round, lag_ns);
-                    (b, r)
+                    let r = b.charge(&rules, &round, lag_ns, missing);
+                    let s = b.charge(
+                        &rules,
+                        &Round {
+                            charges: shares,
+                            counted_peers: round.counted_peers,
+                            ..Round::default()
+                        },
+                        lag_ns,
+                        missing,
+                    );
+                    (b, r, s)
                 })
                 .await;
-                let Ok((b, (pkts, bytes, errors, clamped, capped))) = charged else {
+                let Ok((b, (pkts, bytes, errors, clamped, capped), share_charged)) = charged else {
                     tracing::error!("cluster sync: charging panicked; cluster sync stopped");
                     return;
                 };
                 blocking = Some(b);
                 Counters::add(&c.charged_pkts, pkts);
                 Counters::add(&c.charged_bytes, bytes);
-                Counters::add(&c.charge_errors, errors);
+                Counters::add(&c.charge_errors, errors + share_charged.2);
                 Counters::add(&c.charges_clamped, clamped);
-                Counters::add(&c.debt_capped, capped);
+                Counters::add(&c.debt_capped, capped + share_charged.4);
+                Counters::add(&c.share_charged_pkts, share_charged.0);
             }
             c.keys_synced
                 .store(keys_synced, std::sync::atomic::Ordering::Relaxed);
@@ -218,11 +270,14 @@ impl SyncLoop {
                 u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX),
                 std::sync::atomic::Ordering::Relaxed,
             );
-            shared
+            let mut view = shared
                 .view
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .peers = peers;
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            view.peers = peers;
+            view.hosts_heard = share.heard;
+            view.hosts_known = share.known;
+            view.budget_share = partition.budget_share(share);
         }
     }
 }
@@ -234,7 +289,11 @@ impl Blocking {
         &mut self,
         rules: &ClusterRules,
         interval_ns: u64,
-    ) -> (Vec<(String, String)>, Vec<String>) {
+    ) -> (
+        Vec<(String, String)>,
+        Vec<String>,
+        HashMap<KeyName, (u64, u64)>,
+    ) {
         let now = monotonic_ns();
         let full = now >= self.next_full_ns;
         let mut seen: HashMap<KeyName, BucketObs> = HashMap::new();
@@ -281,16 +340,28 @@ impl Blocking {
             }
         }
         self.local.update(now, &seen, full);
-        self.local.changes()
+        let gains = local_gains(&self.last_seen, &seen);
+        // A full scan reads every key worth tracking (bounded by `max_keys` twice over); in
+        // between, keys not read keep their last reading.
+        if full {
+            self.last_seen = seen;
+        } else {
+            self.last_seen.extend(seen);
+        }
+        let (set, deleted) = self.local.changes();
+        (set, deleted, gains)
     }
 
     /// Charges the round's consumption, no bucket past its debt ceiling (see
-    /// [`charge::ceilings`]): (packets, bytes, errors, clamped, capped by the ceiling).
+    /// [`charge::ceilings`]; `missing` hosts known but not heard count as peers there, so what
+    /// `on_partition = "share"` charges for them fits): (packets, bytes, errors, clamped, capped
+    /// by the ceiling).
     fn charge(
         &mut self,
         rules: &ClusterRules,
         round: &Round,
         lag_ns: u64,
+        missing: u64,
     ) -> (u64, u64, u64, u64, u64) {
         let (mut pkts, mut bytes, mut errors, mut capped) = (0, 0, 0, 0);
         let now = monotonic_ns();
@@ -299,7 +370,7 @@ impl Blocking {
                 continue;
             };
             let key = bucket_key(*id, rule, name.addr);
-            let ceilings = charge::ceilings(rule, round.counted_peers, lag_ns, now);
+            let ceilings = charge::ceilings(rule, round.counted_peers + missing, lag_ns, now);
             match charge::charge(
                 &self.maps,
                 &key,
