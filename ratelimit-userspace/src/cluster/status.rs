@@ -227,32 +227,37 @@ pub struct Shared {
     pub counters: Counters,
     /// Everything but the counters, replaced after every sync.
     pub view: Mutex<ClusterStatus>,
-    /// Source addresses of authentic datagrams, with when the last one arrived.
+    /// Source addresses of authentic datagrams and the identities that sealed them, with when
+    /// the last one arrived.
     pub authenticated: Mutex<Authenticated>,
+    /// This agent's identity as sealed into its datagrams ([`super::wire::sender_tag`] of the
+    /// running gossip incarnation).
+    pub self_tag: AtomicU64,
 }
 
-/// Most source addresses remembered as having sent an authentic datagram.
+/// Most (source address, sender identity) pairs remembered as having sent an authentic datagram.
 pub const MAX_AUTHENTICATED: usize = 1024;
 
-/// Source addresses that sent an authentic datagram, with the time of the last one (monotonic
-/// ns), at most [`MAX_AUTHENTICATED`] (the least recent forgotten first).
+/// Source addresses that sent an authentic datagram, with the identity that sealed it
+/// ([`super::wire::sender_tag`]) and the time of the last one (monotonic ns), at most
+/// [`MAX_AUTHENTICATED`] pairs (the least recent forgotten first).
 #[derive(Debug, Default)]
-pub struct Authenticated(std::collections::HashMap<SocketAddr, u64>);
+pub struct Authenticated(std::collections::HashMap<(SocketAddr, u64), u64>);
 
 impl Authenticated {
-    /// Notes an authentic datagram from `from` at `now`.
-    pub fn note(&mut self, from: SocketAddr, now: u64) {
-        if self.0.len() >= MAX_AUTHENTICATED && !self.0.contains_key(&from) {
+    /// Notes an authentic datagram from `from`, sealed by identity `sender`, at `now`.
+    pub fn note(&mut self, from: SocketAddr, sender: u64, now: u64) {
+        if self.0.len() >= MAX_AUTHENTICATED && !self.0.contains_key(&(from, sender)) {
             if let Some(old) = self.0.iter().min_by_key(|(_, t)| **t).map(|(a, _)| *a) {
                 self.0.remove(&old);
             }
         }
-        self.0.insert(from, now);
+        self.0.insert((from, sender), now);
     }
 
-    /// The addresses that sent an authentic datagram at or after `since`.
+    /// The (address, identity) pairs that sent an authentic datagram at or after `since`.
     #[must_use]
-    pub fn all_since(&self, since: u64) -> std::collections::HashSet<SocketAddr> {
+    pub fn all_since(&self, since: u64) -> std::collections::HashSet<(SocketAddr, u64)> {
         self.0
             .iter()
             .filter(|(_, t)| **t >= since)

@@ -170,8 +170,8 @@ impl SyncLoop {
             seq += 1;
             let unix_ms = super::unix_ms();
 
-            // 2. Publish, and read the peers (counting only addresses that sent an authentic
-            // datagram within ten peer timeouts).
+            // 2. Publish, and read the peers (counting only identities that sealed an authentic
+            // datagram from their advertised address within ten peer timeouts).
             let since = monotonic_ns().saturating_sub(timeout_ns.saturating_mul(10));
             let trusted = shared
                 .authenticated
@@ -194,8 +194,12 @@ impl SyncLoop {
                     // Last: a peer holding this sync key holds every key set before it.
                     node.set(SYNC_KEY, format!("{seq}:{unix_ms}:{next_epoch}"));
                     let trimmed = trim_peer_states(c, &self_id, max_keys);
-                    let (views, dropped, stored) =
-                        read_peers(c, &self_id, max_keys, |addr| trusted.contains(addr));
+                    let (views, dropped, stored) = read_peers(c, &self_id, max_keys, |id| {
+                        trusted.contains(&(
+                            id.gossip_advertise_addr,
+                            super::wire::sender_tag(&id.node_id, id.generation_id),
+                        ))
+                    });
                     ((views, stored), dropped + trimmed)
                 })
                 .await;
@@ -402,8 +406,9 @@ pub enum Standing {
     /// Live, its address sent an authentic datagram lately, and it is the newest incarnation
     /// with a sync key at that address: may be counted (the first [`MAX_PEERS`] of them).
     Candidate,
-    /// Live in gossip, but no authentic datagram came from its address lately (an id only named
-    /// in others' digests or deltas): never counted.
+    /// Live in gossip, but no authentic datagram sealed by this identity came from its address
+    /// lately (an id only named in others' digests or deltas, at any address, even a real
+    /// member's): never counted.
     Unverified,
     /// Live and authenticated, but no sync key yet (joining, or an id only named in a digest at
     /// a real peer's address): shown, takes no place under [`MAX_PEERS`], charges nothing.
@@ -423,7 +428,7 @@ pub struct Member<'a> {
     pub live: bool,
     /// It published a sync key.
     pub has_sync: bool,
-    /// An authentic datagram came from its advertised address lately.
+    /// An authentic datagram sealed by this identity came from its advertised address lately.
     pub authenticated: bool,
 }
 
@@ -524,12 +529,13 @@ pub(crate) fn trim_peer_states(
 /// The other members' views, the number of keys left out, and the number of keys stored for
 /// each member (tombstones included): the first [`MAX_PEERS`] candidates (see [`standings`])
 /// with at most `max_keys` keys each, then at most as many other members, without keys, to
-/// show. `authenticated` says whether an address sent an authentic datagram lately.
+/// show. `authenticated` says whether an authentic datagram sealed by a member's identity came
+/// from its advertised address lately.
 fn read_peers(
     c: &chitchat::Chitchat,
     self_id: &ChitchatId,
     max_keys: usize,
-    authenticated: impl Fn(&SocketAddr) -> bool,
+    authenticated: impl Fn(&ChitchatId) -> bool,
 ) -> (Vec<PeerView<ChitchatId>>, u64, HashMap<ChitchatId, usize>) {
     let live: HashSet<&ChitchatId> = c.live_nodes().collect();
     let states: Vec<(&ChitchatId, &chitchat::NodeState)> = c
@@ -548,7 +554,7 @@ fn read_peers(
             id,
             live: live.contains(id),
             has_sync: state.get(SYNC_KEY).is_some(),
-            authenticated: authenticated(&id.gossip_advertise_addr),
+            authenticated: authenticated(id),
         })
         .collect();
     let standing = standings(&members);
