@@ -368,8 +368,8 @@ fn set_nofile(pid: libc::pid_t, soft: u64) -> u64 {
 
 #[test]
 fn a_gossip_socket_error_is_survived_shown_and_counted() {
-    let net = Net::new("rl-cs", 2, &[VICTIM]);
-    let (ans, _) = net.gossip_only("rl-cs-x", ATTACKER_IP);
+    let net = Net::new("rl-cg", 2, &[VICTIM]);
+    let (ans, _) = net.gossip_only("rl-cg-x", ATTACKER_IP);
     let agents = start(&net, &[]);
     let (h0, h1) = (&agents[0], &agents[1]);
     let pid = h0.pid().expect("h0's pid");

@@ -355,6 +355,26 @@ mod tests {
         codec_at(secret, cluster, TO)
     }
 
+    /// The sender's identity travels sealed: it comes out as it went in, and a datagram whose
+    /// identity was changed on the way fails authentication.
+    #[test]
+    fn the_senders_identity_is_carried_and_authenticated() {
+        let (mut a, mut b) = (sender(1, "c"), codec(1, "c"));
+        let (from, to) = (addr(FROM), addr(TO));
+        let me = sender_tag("host/198.18.1.1:7946", 1_000);
+        assert_ne!(me, sender_tag("host/198.18.1.1:7946", 1_001));
+        assert_ne!(me, sender_tag("other/198.18.1.1:7946", 1_000));
+        a.set_sender(me);
+        let d = a.seal(b"hello", to, 1_000_000).unwrap().remove(0);
+        assert_eq!(
+            b.open_tagged(&d, from, 1_000_000),
+            Ok(Some((b"hello".to_vec(), me)))
+        );
+        let mut forged = a.seal(b"hello", to, 1_000_000).unwrap().remove(0);
+        forged[17..25].copy_from_slice(&sender_tag("impostor", 2_000).to_le_bytes());
+        assert_eq!(b.open_tagged(&forged, from, 1_000_000), Err(Reject::Auth));
+    }
+
     #[test]
     fn round_trip_and_rejections() {
         let (mut a, mut b) = (sender(1, "c"), codec(1, "c"));
