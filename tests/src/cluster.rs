@@ -458,7 +458,6 @@ async fn run(
     stop: Arc<Mutex<bool>>,
     ready: std::sync::mpsc::Sender<()>,
 ) {
-    let key = ClusterKey::from_secret(format!("{SECRET}\n").as_bytes(), &cluster_id).unwrap();
     let mut handles: Vec<ChitchatHandle> = Vec::new();
     for ident in &ids {
         let interval = Duration::from_millis(100);
@@ -493,7 +492,6 @@ async fn run(
                 .expect("an attacker's chitchat server"),
         );
     }
-    drop(key);
     let _ = ready.send(());
     let mut seq = 0u64;
     let mut published: HashSet<String> = HashSet::new();

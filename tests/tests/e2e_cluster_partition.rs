@@ -352,8 +352,8 @@ fn scenario(policy: &str, steps: &[Step]) {
         // the missing hosts were forgotten (through the heal: a forgotten host counted again is
         // heard as soon as it is known).
         if step.status.iter().all(|s| s.0 == s.1) {
-            for h in 0..2 {
-                let now = counter(&c[h], "share_charged_pkts");
+            for (h, ch) in c.iter().enumerate() {
+                let now = counter(ch, "share_charged_pkts");
                 let before = i.checked_sub(1).map_or(0, |p| {
                     if steps[p].status.iter().all(|s| s.0 == s.1) {
                         counter(&statuses[p].0[h], "share_charged_pkts")

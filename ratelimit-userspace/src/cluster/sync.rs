@@ -93,12 +93,12 @@ struct Blocking {
     last_seen: HashMap<KeyName, BucketObs>,
 }
 
+/// Packets and bytes per key.
+type Gains = HashMap<KeyName, (u64, u64)>;
+
 /// What this host admitted per key between two reads of its bucket (the same life of it; a
 /// bucket first seen counts from zero, a 32-bit packet counter wraps).
-fn local_gains(
-    before: &HashMap<KeyName, BucketObs>,
-    now: &HashMap<KeyName, BucketObs>,
-) -> HashMap<KeyName, (u64, u64)> {
+fn local_gains(before: &HashMap<KeyName, BucketObs>, now: &HashMap<KeyName, BucketObs>) -> Gains {
     now.iter()
         .filter_map(|(k, b)| {
             let (p0, b0) = match before.get(k) {
@@ -293,11 +293,7 @@ impl Blocking {
         &mut self,
         rules: &ClusterRules,
         interval_ns: u64,
-    ) -> (
-        Vec<(String, String)>,
-        Vec<String>,
-        HashMap<KeyName, (u64, u64)>,
-    ) {
+    ) -> (Vec<(String, String)>, Vec<String>, Gains) {
         let now = monotonic_ns();
         let full = now >= self.next_full_ns;
         let mut seen: HashMap<KeyName, BucketObs> = HashMap::new();
