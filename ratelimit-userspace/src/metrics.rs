@@ -643,8 +643,13 @@ mod tests {
                     rejected_auth: 4,
                     messages_in: 9,
                     sync_lag_ms: 250,
+                    share_charged_pkts: 66,
                     ..Default::default()
                 },
+                on_partition: "share",
+                hosts_heard: 1,
+                hosts_known: 3,
+                budget_share: 0.5,
                 ..Default::default()
             }),
         }
@@ -688,6 +693,10 @@ mod tests {
             r#"ratelimit_cluster_peers{state="alive"} 1"#,
             r#"ratelimit_cluster_peers{state="dead"} 0"#,
             "ratelimit_cluster_sync_lag_seconds 0.25",
+            r#"ratelimit_cluster_hosts{view="heard"} 1"#,
+            r#"ratelimit_cluster_hosts{view="known"} 3"#,
+            "ratelimit_cluster_budget_share 0.5",
+            "ratelimit_cluster_share_charged_packets_total 66",
             "# TYPE ratelimit_rule_packets counter",
             "# TYPE ratelimit_buckets_tracked gauge",
             "# TYPE ratelimit_build info",
