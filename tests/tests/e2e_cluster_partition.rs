@@ -470,3 +470,42 @@ fn fail_open_each_side_enforces_the_whole_budget() {
         ],
     );
 }
+
+/// A bad `on_partition` or `partition_memory_s` is refused by `ratelimit check` and `ratelimit
+/// agent` alike, with the file, the line and the field, before anything is attached.
+#[test]
+fn a_bad_on_partition_is_refused_with_file_line_and_field() {
+    let dir = std::env::temp_dir().join(format!("rl-cpb-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = "[agent]\ninterfaces = [\"lo\"]\n\n[cluster]\nlisten = \"127.0.0.1:7946\"\nkey_file = \"/nonexistent\"\n";
+    for (extra, want) in [
+        (
+            "on_partition = \"fail_closed\"\n",
+            ":7: [cluster]: field `on_partition`: must be \"fail_open\" or \"share\" (got \"fail_closed\")",
+        ),
+        (
+            "partition_memory_s = 0\n",
+            ":7: [cluster]: field `partition_memory_s`: must be between 1 and 86400 seconds (got 0)",
+        ),
+    ] {
+        let file = dir.join("bad.toml");
+        std::fs::write(&file, format!("{base}{extra}")).unwrap();
+        for args in [&["check"][..], &["agent"][..]] {
+            let out = std::process::Command::new(ratelimit_testbed::agent_binary())
+                .arg("--socket")
+                .arg(dir.join("agent.sock"))
+                .args(args)
+                .arg("-c")
+                .arg(&file)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{args:?} accepted {extra:?}");
+            assert!(
+                err.contains(&format!("{}{want}", file.display())),
+                "{args:?}: {err}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
