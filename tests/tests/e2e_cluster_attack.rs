@@ -2,17 +2,19 @@
 //! h1) share a `scope = "cluster"` rule; an attacker in its own namespace on the gossip link
 //! speaks the real sealed protocol (chitchat over the agent's own transport, see
 //! `ratelimit_testbed::cluster::Attacker`) and
-//! - claims a victim source's consumption at 100x the rule's rate, from its own identity and
-//!   from forged ones: an id at an address nobody sends from, an id at h1's address (a newer
-//!   "incarnation" of h1) and an older incarnation at its own address;
+//! - claims a victim source's consumption at 100x the rule's rate, from five identities of its
+//!   own (each at an address it sends from: ports of its own) and from forged ones: an id at an
+//!   address nobody sends from, an id at h1's address (a newer "incarnation" of h1) and an older
+//!   incarnation at its own address;
 //! - publishes five times `max_keys` keys.
 //!
 //! What must hold (README, "What a peer with the key can do", "Which members count", "What a
-//! peer can store here"): the victim, sending under its budget at h0, loses at most what the
-//! counted attacker identities could have admitted themselves (`burst + rate x (T + 3 x
-//! sync_interval_ms)` each, over the attack's span T); after the attacker stops it is admitted in
-//! full again within one peer timeout; no forged id is counted and h1 stays counted; no agent
-//! stores more than `max_keys` keys and the sync key of any member. Then a datagram that h0
+//! peer can store here"): h0 charges at most what the counted attacker identities could have
+//! admitted themselves (`burst + rate x (T + 3 x sync_interval_ms)` each, over the attack's span
+//! T), and the victim, sending under its budget at h0, loses no more; after the attacker stops it
+//! is admitted in full again within one peer timeout or the debt cap's `counted peers x (burst /
+//! rate + 3 x sync)`, whichever is longer (here 6 x 0.8 s); no forged id is counted and h1 stays
+//! counted; no agent stores more than `max_keys` keys and the sync key of any member. Then a datagram that h0
 //! sealed for the attacker, replayed to h1 from h0's address, is rejected (`rejected{auth}`).
 //!
 //! And a gossip socket error (EMFILE: h0's agent runs out of file descriptors, lowered with
@@ -48,6 +50,8 @@ const VICTIM: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
 const VICTIM_PPS: u64 = 500;
 const PAYLOAD: usize = 64;
 const ATTACKER_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 9);
+/// Identities of the attacker's own beyond its first, each at a port of its own.
+const EXTRA_SENDERS: u16 = 4;
 
 fn config(net: &Net, i: usize, extra_seeds: &[SocketAddr]) -> String {
     let mut seeds: Vec<String> = (0..2)
@@ -176,6 +180,18 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
             bind: at(7949),
         },
     ];
+    // And more identities of its own, each at an address it sends from (another port): these
+    // are members like any other (the README says so), each with an allowance of its own, and
+    // the debt cap must hold whatever their number.
+    let mut ids = ids;
+    ids.extend((0..EXTRA_SENDERS).map(|k| {
+        let a = at(7950 + k);
+        Identity {
+            id: ChitchatId::new(format!("sender{k}/{a}"), generation, a),
+            bind: a,
+        }
+    }));
+    let senders = 1 + usize::from(EXTRA_SENDERS);
     let forged = ["ghost", "impostor"];
     let attacker = Attacker::start(&ans, CLUSTER_ID, &[gossip_addr(0), gossip_addr(1)], ids);
     attacker.claims(|c| {
@@ -189,9 +205,19 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
             c.iter()
                 .any(|p| p["node_id"].as_str().is_some_and(|n| n.starts_with(prefix)))
         };
+        let counted_senders = c
+            .iter()
+            .filter(|p| {
+                p["counted"] == true
+                    && p["node_id"]
+                        .as_str()
+                        .is_some_and(|n| n.starts_with("attacker/") || n.starts_with("sender"))
+            })
+            .count();
         (peer_named(&c, &format!("attacker/{me}"))
             .iter()
             .any(|p| p["counted"] == true)
+            && counted_senders == senders
             && forged.iter().all(|f| named(f)))
         .then_some(())
     });
@@ -238,8 +264,8 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
         "claims at 100x the rate were not clamped"
     );
     assert_eq!(
-        counted_attackers, 1,
-        "forged identities counted: {during:#}"
+        counted_attackers, senders,
+        "forged identities counted (or senders not): {during:#}"
     );
     #[expect(clippy::cast_precision_loss, reason = "small counts")]
     {
@@ -280,10 +306,18 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
         "h1 is no longer counted at h0: {during:#}"
     );
 
-    // --- The attacker stops: within one peer timeout the victim is admitted in full again.
+    // --- The attacker stops: the victim is admitted in full again within one peer timeout, or
+    // the README's `counted peers x (burst / rate + 3 x sync)` (the debt cap) if longer, plus
+    // one round of gossip for the last claims to arrive.
     attacker.stop();
     let stopped = Instant::now();
-    thread::sleep(PEER_TIMEOUT);
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let debt_secs = (counted_attackers + 1) as f64 * (BURST as f64 / RATE as f64 + LAG_SECS);
+    println!(
+        "debt cap: {} counted peers x (burst / rate + 3 x sync) = {debt_secs:.1} s",
+        counted_attackers + 1
+    );
+    thread::sleep(PEER_TIMEOUT.max(Duration::from_secs_f64(debt_secs + 0.5)));
     let (sent, got) = victim(&net, 2.0);
     println!(
         "{:.1} s after the attacker stopped: victim sent {sent}, h0 admitted {got}",
@@ -291,7 +325,8 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
     );
     assert_eq!(
         got, sent,
-        "the victim still loses packets one peer timeout after the attack"
+        "the victim still loses packets past one peer timeout and the debt cap's bound after \
+         the attack"
     );
 
     // --- Replay: a datagram h0 sealed for the attacker's capture socket, sent to h1 from h0's
