@@ -181,7 +181,7 @@ fn error_response(message: &str) -> Response {
 }
 
 /// Everything one scrape reports, read from the agent at one moment.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Snapshot {
     /// Agent version (`ratelimit_build_info`).
     pub version: String,
@@ -391,6 +391,30 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
         "ratelimit_cluster_gossip_up",
         "1 while the gossip loop runs, 0 while it is being restarted.",
         &ConstGauge::new(u64::from(cluster.gossip != "restarting")),
+    )?;
+    family(
+        enc,
+        "ratelimit_cluster_hosts",
+        "Hosts heard now (this one and the peers counted) and hosts last known alive (heard \
+         within partition_memory_s).",
+        [
+            ("heard", cluster.hosts_heard),
+            ("known", cluster.hosts_known),
+        ]
+        .map(|(v, n)| (vec![("view", v)], ConstGauge::new(n))),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_budget_share",
+        "Share of each cluster budget this host enforces with the hosts it hears (heard / known \
+         under on_partition = share, else 1).",
+        &ConstGauge::new(cluster.budget_share),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_share_charged_packets",
+        "Packets charged to local buckets for hosts known but not heard (on_partition = share).",
+        &ConstCounter::new(c.share_charged_pkts),
     )?;
     Ok(())
 }
@@ -619,8 +643,13 @@ mod tests {
                     rejected_auth: 4,
                     messages_in: 9,
                     sync_lag_ms: 250,
+                    share_charged_pkts: 66,
                     ..Default::default()
                 },
+                on_partition: "share",
+                hosts_heard: 1,
+                hosts_known: 3,
+                budget_share: 0.5,
                 ..Default::default()
             }),
         }
@@ -664,6 +693,10 @@ mod tests {
             r#"ratelimit_cluster_peers{state="alive"} 1"#,
             r#"ratelimit_cluster_peers{state="dead"} 0"#,
             "ratelimit_cluster_sync_lag_seconds 0.25",
+            r#"ratelimit_cluster_hosts{view="heard"} 1"#,
+            r#"ratelimit_cluster_hosts{view="known"} 3"#,
+            "ratelimit_cluster_budget_share 0.5",
+            "ratelimit_cluster_share_charged_packets_total 66",
             "# TYPE ratelimit_rule_packets counter",
             "# TYPE ratelimit_buckets_tracked gauge",
             "# TYPE ratelimit_build info",

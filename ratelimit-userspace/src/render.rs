@@ -148,6 +148,20 @@ pub fn status(v: &Value) -> String {
     if let Some(e) = r["last_error"].as_str() {
         rows.push(("last refusal", e.to_string()));
     }
+    let cl = &v["cluster"];
+    if cl.is_object() {
+        rows.push((
+            "cluster",
+            format!(
+                "{} of {} hosts heard (last known alive), gossip {}; on_partition {}: enforcing {:.3} of each cluster budget",
+                num(cl, "hosts_heard"),
+                num(cl, "hosts_known"),
+                text(cl, "gossip"),
+                text(cl, "on_partition"),
+                cl["budget_share"].as_f64().unwrap_or(1.0),
+            ),
+        ));
+    }
     if let Some(list) = r["restart_needed"].as_array().filter(|a| !a.is_empty()) {
         let keys: Vec<String> = list.iter().map(cell).collect();
         rows.push(("restart", format!("needed to apply: {}", keys.join(", "))));
@@ -538,6 +552,14 @@ pub fn peers(v: &Value) -> String {
     } else if c["gossip_restarts"].as_u64().unwrap_or(0) > 0 {
         let _ = writeln!(out, "gossip: running; restarts {}", c["gossip_restarts"]);
     }
+    let _ = writeln!(
+        out,
+        "hosts: {} heard of {} last known alive; on_partition {}: enforcing {:.3} of each cluster budget",
+        v["hosts_heard"],
+        v["hosts_known"],
+        v["on_partition"].as_str().unwrap_or("?"),
+        v["budget_share"].as_f64().unwrap_or(1.0),
+    );
     out
 }
 

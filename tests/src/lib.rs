@@ -13,6 +13,8 @@
 //! - [`agent`]: where the real `ratelimit` binary is, for tests that run it as an agent.
 //! - [`wire`]: the header every test datagram carries (sender id, sequence number).
 //! - [`collide`]: sources chosen to collide in the bucket store under a known seed.
+//! - [`cluster`]: cluster test beds (hosts with data and gossip links), the agents' cluster
+//!   status, and [`cluster::Attacker`], a key-holding peer speaking the real sealed protocol.
 //!
 //! Only addresses from the benchmarking range 198.18.0.0/15 and 2001:db8::/32 are meant to be used,
 //! and only between namespaces the test created.
@@ -38,6 +40,7 @@
 
 pub mod agent;
 pub mod agent_proc;
+pub mod cluster;
 mod cmd;
 pub mod collide;
 pub mod link;

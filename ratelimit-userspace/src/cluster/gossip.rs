@@ -29,6 +29,14 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// A loop that ran this long before ending restarts after [`MIN_BACKOFF`] again.
 const STABLE: Duration = Duration::from_secs(60);
 
+/// Seals `id` into the datagrams sent from now on (see [`super::wire::sender_tag`]).
+pub fn set_self_tag(shared: &Shared, id: &chitchat::ChitchatId) {
+    shared.self_tag.store(
+        super::wire::sender_tag(&id.node_id, id.generation_id),
+        Relaxed,
+    );
+}
+
 type Ended = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
 
 /// chitchat's server and what it takes to start it again.
@@ -54,7 +62,9 @@ impl Gossip {
         shared: Arc<Shared>,
         min_backoff: Duration,
     ) -> anyhow::Result<Self> {
-        let handle = spawn_chitchat(config(generation), Vec::new(), &*transport).await?;
+        let first = config(generation);
+        set_self_tag(&shared, &first.chitchat_id);
+        let handle = spawn_chitchat(first, Vec::new(), &*transport).await?;
         Ok(Self {
             ended: Box::pin(handle.termination_watcher()),
             handle,
@@ -129,7 +139,9 @@ impl Gossip {
             .await;
         let counters = &self.shared.counters;
         counters.gossip_restarts.fetch_add(1, Relaxed);
-        match spawn_chitchat((self.config)(generation), carried, &*self.transport).await {
+        let config = (self.config)(generation);
+        set_self_tag(&self.shared, &config.chitchat_id);
+        match spawn_chitchat(config, carried, &*self.transport).await {
             Ok(handle) => {
                 tracing::warn!(
                     generation,

@@ -38,6 +38,7 @@
 pub mod charge;
 pub mod gossip;
 pub mod key;
+pub mod partition;
 pub mod publish;
 pub mod remote;
 pub mod status;
@@ -131,6 +132,10 @@ pub async fn spawn(
             max_keys: config.max_keys,
             peer_timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
             gossip: "running",
+            on_partition: config.on_partition.as_str(),
+            hosts_heard: 1,
+            hosts_known: 1,
+            budget_share: 1.0,
             ..ClusterStatus::default()
         };
     }
@@ -191,6 +196,10 @@ pub async fn spawn(
             interval,
             max_keys: config.max_keys,
             peer_timeout: timeout,
+            partition: partition::Partition::new(
+                config.on_partition,
+                config.partition_memory_s.saturating_mul(1_000_000_000),
+            ),
         }
         .run(),
     );

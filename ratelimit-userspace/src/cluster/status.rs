@@ -13,7 +13,7 @@ use std::{
 use serde::Serialize;
 
 /// The cluster as one agent sees it.
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct ClusterStatus {
     /// `[cluster] cluster_id`.
     pub cluster_id: String,
@@ -37,6 +37,16 @@ pub struct ClusterStatus {
     pub gossip: &'static str,
     /// Why the gossip loop last ended or failed to restart, while it is `restarting`.
     pub gossip_error: Option<String>,
+    /// `[cluster] on_partition`: `fail_open` or `share`.
+    pub on_partition: &'static str,
+    /// This host and the peers counted now (distinct addresses).
+    pub hosts_heard: u64,
+    /// This host and every peer address counted within `partition_memory_s`: the hosts last
+    /// known alive.
+    pub hosts_known: u64,
+    /// The share of each cluster budget this host enforces with the hosts it hears:
+    /// `hosts_heard / hosts_known` under `share`, 1 under `fail_open`.
+    pub budget_share: f64,
     /// Other members, by node id then generation.
     pub peers: Vec<PeerStatus>,
     /// Counters since the agent started.
@@ -124,6 +134,8 @@ pub struct CounterValues {
     /// Restarts of the gossip loop attempted after it ended (each successful one is a new
     /// generation).
     pub gossip_restarts: u64,
+    /// Packets charged to local buckets for hosts known but not heard (`on_partition = "share"`).
+    pub share_charged_pkts: u64,
 }
 
 /// Live counters, shared by the transport and the sync task.
@@ -169,6 +181,8 @@ pub struct Counters {
     pub last_sync_us: AtomicU64,
     /// See [`CounterValues::gossip_restarts`].
     pub gossip_restarts: AtomicU64,
+    /// See [`CounterValues::share_charged_pkts`].
+    pub share_charged_pkts: AtomicU64,
 }
 
 impl Counters {
@@ -201,6 +215,7 @@ impl Counters {
             sync_lag_ms: self.sync_lag_ms.load(Relaxed),
             last_sync_us: self.last_sync_us.load(Relaxed),
             gossip_restarts: self.gossip_restarts.load(Relaxed),
+            share_charged_pkts: self.share_charged_pkts.load(Relaxed),
         }
     }
 }
@@ -212,32 +227,37 @@ pub struct Shared {
     pub counters: Counters,
     /// Everything but the counters, replaced after every sync.
     pub view: Mutex<ClusterStatus>,
-    /// Source addresses of authentic datagrams, with when the last one arrived.
+    /// Source addresses of authentic datagrams and the identities that sealed them, with when
+    /// the last one arrived.
     pub authenticated: Mutex<Authenticated>,
+    /// This agent's identity as sealed into its datagrams ([`super::wire::sender_tag`] of the
+    /// running gossip incarnation).
+    pub self_tag: AtomicU64,
 }
 
-/// Most source addresses remembered as having sent an authentic datagram.
+/// Most (source address, sender identity) pairs remembered as having sent an authentic datagram.
 pub const MAX_AUTHENTICATED: usize = 1024;
 
-/// Source addresses that sent an authentic datagram, with the time of the last one (monotonic
-/// ns), at most [`MAX_AUTHENTICATED`] (the least recent forgotten first).
+/// Source addresses that sent an authentic datagram, with the identity that sealed it
+/// ([`super::wire::sender_tag`]) and the time of the last one (monotonic ns), at most
+/// [`MAX_AUTHENTICATED`] pairs (the least recent forgotten first).
 #[derive(Debug, Default)]
-pub struct Authenticated(std::collections::HashMap<SocketAddr, u64>);
+pub struct Authenticated(std::collections::HashMap<(SocketAddr, u64), u64>);
 
 impl Authenticated {
-    /// Notes an authentic datagram from `from` at `now`.
-    pub fn note(&mut self, from: SocketAddr, now: u64) {
-        if self.0.len() >= MAX_AUTHENTICATED && !self.0.contains_key(&from) {
+    /// Notes an authentic datagram from `from`, sealed by identity `sender`, at `now`.
+    pub fn note(&mut self, from: SocketAddr, sender: u64, now: u64) {
+        if self.0.len() >= MAX_AUTHENTICATED && !self.0.contains_key(&(from, sender)) {
             if let Some(old) = self.0.iter().min_by_key(|(_, t)| **t).map(|(a, _)| *a) {
                 self.0.remove(&old);
             }
         }
-        self.0.insert(from, now);
+        self.0.insert((from, sender), now);
     }
 
-    /// The addresses that sent an authentic datagram at or after `since`.
+    /// The (address, identity) pairs that sent an authentic datagram at or after `since`.
     #[must_use]
-    pub fn all_since(&self, since: u64) -> std::collections::HashSet<SocketAddr> {
+    pub fn all_since(&self, since: u64) -> std::collections::HashSet<(SocketAddr, u64)> {
         self.0
             .iter()
             .filter(|(_, t)| **t >= since)

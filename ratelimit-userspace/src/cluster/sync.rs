@@ -15,6 +15,7 @@ use ratelimit_common::{action, rule_flags, Rule};
 use super::{
     charge,
     gossip::Gossip,
+    partition::Partition,
     publish::{
         candidate_rate, BucketObs, Count, Heaviest, KeyName, LocalTracker, KEY_PREFIX, SYNC_KEY,
     },
@@ -79,12 +80,40 @@ pub struct SyncLoop {
     pub max_keys: usize,
     /// Silence after which a peer stops being counted.
     pub peer_timeout: Duration,
+    /// `[cluster] on_partition` and the memory of hosts last known alive.
+    pub partition: Partition,
 }
 
 struct Blocking {
     maps: PinnedMaps,
     local: LocalTracker,
     next_full_ns: u64,
+    /// The buckets read in the last round, for what this host admitted since (see
+    /// [`Partition::charges`]).
+    last_seen: HashMap<KeyName, BucketObs>,
+}
+
+/// Packets and bytes per key.
+type Gains = HashMap<KeyName, (u64, u64)>;
+
+/// What this host admitted per key between two reads of its bucket (the same life of it; a
+/// bucket first seen counts from zero, a 32-bit packet counter wraps).
+fn local_gains(before: &HashMap<KeyName, BucketObs>, now: &HashMap<KeyName, BucketObs>) -> Gains {
+    now.iter()
+        .filter_map(|(k, b)| {
+            let (p0, b0) = match before.get(k) {
+                Some(o) if o.created_ns == b.created_ns => (o.passed_pkts, o.passed_bytes),
+                Some(_) | None => (0, 0),
+            };
+            let pkts = u64::from(
+                u32::try_from(b.passed_pkts & 0xffff_ffff)
+                    .unwrap_or(0)
+                    .wrapping_sub(u32::try_from(p0 & 0xffff_ffff).unwrap_or(0)),
+            );
+            let bytes = b.passed_bytes.saturating_sub(b0);
+            (pkts > 0 || bytes > 0).then(|| (k.clone(), (pkts, bytes)))
+        })
+        .collect()
 }
 
 impl SyncLoop {
@@ -98,12 +127,14 @@ impl SyncLoop {
             interval,
             max_keys,
             peer_timeout,
+            mut partition,
         } = self;
         let start_ns = monotonic_ns();
         let mut blocking = Some(Blocking {
             maps,
             local: LocalTracker::new(max_keys, start_ns),
             next_full_ns: 0,
+            last_seen: HashMap::new(),
         });
         let timeout_ns = u64::try_from(peer_timeout.as_nanos()).unwrap_or(u64::MAX);
         let mut remote: RemoteTracker<ChitchatId> = RemoteTracker::new(
@@ -125,11 +156,11 @@ impl SyncLoop {
             let Some(mut b) = blocking.take() else { return };
             let rules_for_scan = rules.clone();
             let joined = tokio::task::spawn_blocking(move || {
-                let (set, deleted) = b.observe(&rules_for_scan, interval_ns);
-                (b, set, deleted)
+                let (set, deleted, gains) = b.observe(&rules_for_scan, interval_ns);
+                (b, set, deleted, gains)
             })
             .await;
-            let Ok((b, set, deleted)) = joined else {
+            let Ok((b, set, deleted, local_gains)) = joined else {
                 tracing::error!("cluster sync: the bucket scan panicked; cluster sync stopped");
                 return;
             };
@@ -139,8 +170,8 @@ impl SyncLoop {
             seq += 1;
             let unix_ms = super::unix_ms();
 
-            // 2. Publish, and read the peers (counting only addresses that sent an authentic
-            // datagram within ten peer timeouts).
+            // 2. Publish, and read the peers (counting only identities that sealed an authentic
+            // datagram from their advertised address within ten peer timeouts).
             let since = monotonic_ns().saturating_sub(timeout_ns.saturating_mul(10));
             let trusted = shared
                 .authenticated
@@ -163,8 +194,12 @@ impl SyncLoop {
                     // Last: a peer holding this sync key holds every key set before it.
                     node.set(SYNC_KEY, format!("{seq}:{unix_ms}:{next_epoch}"));
                     let trimmed = trim_peer_states(c, &self_id, max_keys);
-                    let (views, dropped, stored) =
-                        read_peers(c, &self_id, max_keys, |addr| trusted.contains(addr));
+                    let (views, dropped, stored) = read_peers(c, &self_id, max_keys, |id| {
+                        trusted.contains(&(
+                            id.gossip_advertise_addr,
+                            super::wire::sender_tag(&id.node_id, id.generation_id),
+                        ))
+                    });
                     ((views, stored), dropped + trimmed)
                 })
                 .await;
@@ -178,24 +213,45 @@ impl SyncLoop {
             let now = monotonic_ns();
             let mut round = remote.round(now, &views, &rules.limits());
             let keys_synced = round.keys_synced;
-            if !round.charges.is_empty() {
+            // `on_partition`: the hosts heard (distinct addresses), the hosts last known alive,
+            // and what to charge for the ones missing.
+            let counted_addrs: Vec<SocketAddr> = remote
+                .info(now)
+                .filter(|(_, i)| i.counted)
+                .map(|(id, _)| id.gossip_advertise_addr)
+                .collect();
+            let share = partition.observe(now, &counted_addrs);
+            let shares = partition.charges(share, &local_gains, &round.charges);
+            if !round.charges.is_empty() || !shares.is_empty() {
                 let Some(mut b) = blocking.take() else { return };
                 let round = std::mem::take(&mut round);
+                let missing = partition.missing(share);
                 let charged = tokio::task::spawn_blocking(move || {
-                    let r = b.charge(&rules, &round, lag_ns);
-                    (b, r)
+                    let r = b.charge(&rules, &round, lag_ns, missing);
+                    let s = b.charge(
+                        &rules,
+                        &Round {
+                            charges: shares,
+                            counted_peers: round.counted_peers,
+                            ..Round::default()
+                        },
+                        lag_ns,
+                        missing,
+                    );
+                    (b, r, s)
                 })
                 .await;
-                let Ok((b, (pkts, bytes, errors, clamped, capped))) = charged else {
+                let Ok((b, (pkts, bytes, errors, clamped, capped), share_charged)) = charged else {
                     tracing::error!("cluster sync: charging panicked; cluster sync stopped");
                     return;
                 };
                 blocking = Some(b);
                 Counters::add(&c.charged_pkts, pkts);
                 Counters::add(&c.charged_bytes, bytes);
-                Counters::add(&c.charge_errors, errors);
+                Counters::add(&c.charge_errors, errors + share_charged.2);
                 Counters::add(&c.charges_clamped, clamped);
-                Counters::add(&c.debt_capped, capped);
+                Counters::add(&c.debt_capped, capped + share_charged.4);
+                Counters::add(&c.share_charged_pkts, share_charged.0);
             }
             c.keys_synced
                 .store(keys_synced, std::sync::atomic::Ordering::Relaxed);
@@ -218,11 +274,14 @@ impl SyncLoop {
                 u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX),
                 std::sync::atomic::Ordering::Relaxed,
             );
-            shared
+            let mut view = shared
                 .view
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .peers = peers;
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            view.peers = peers;
+            view.hosts_heard = share.heard;
+            view.hosts_known = share.known;
+            view.budget_share = partition.budget_share(share);
         }
     }
 }
@@ -234,7 +293,7 @@ impl Blocking {
         &mut self,
         rules: &ClusterRules,
         interval_ns: u64,
-    ) -> (Vec<(String, String)>, Vec<String>) {
+    ) -> (Vec<(String, String)>, Vec<String>, Gains) {
         let now = monotonic_ns();
         let full = now >= self.next_full_ns;
         let mut seen: HashMap<KeyName, BucketObs> = HashMap::new();
@@ -281,16 +340,28 @@ impl Blocking {
             }
         }
         self.local.update(now, &seen, full);
-        self.local.changes()
+        let gains = local_gains(&self.last_seen, &seen);
+        // A full scan reads every key worth tracking (bounded by `max_keys` twice over); in
+        // between, keys not read keep their last reading.
+        if full {
+            self.last_seen = seen;
+        } else {
+            self.last_seen.extend(seen);
+        }
+        let (set, deleted) = self.local.changes();
+        (set, deleted, gains)
     }
 
     /// Charges the round's consumption, no bucket past its debt ceiling (see
-    /// [`charge::ceilings`]): (packets, bytes, errors, clamped, capped by the ceiling).
+    /// [`charge::ceilings`]; `missing` hosts known but not heard count as peers there, so what
+    /// `on_partition = "share"` charges for them fits): (packets, bytes, errors, clamped, capped
+    /// by the ceiling).
     fn charge(
         &mut self,
         rules: &ClusterRules,
         round: &Round,
         lag_ns: u64,
+        missing: u64,
     ) -> (u64, u64, u64, u64, u64) {
         let (mut pkts, mut bytes, mut errors, mut capped) = (0, 0, 0, 0);
         let now = monotonic_ns();
@@ -299,7 +370,7 @@ impl Blocking {
                 continue;
             };
             let key = bucket_key(*id, rule, name.addr);
-            let ceilings = charge::ceilings(rule, round.counted_peers, lag_ns, now);
+            let ceilings = charge::ceilings(rule, round.counted_peers + missing, lag_ns, now);
             match charge::charge(
                 &self.maps,
                 &key,
@@ -331,8 +402,9 @@ pub enum Standing {
     /// Live, its address sent an authentic datagram lately, and it is the newest incarnation
     /// with a sync key at that address: may be counted (the first [`MAX_PEERS`] of them).
     Candidate,
-    /// Live in gossip, but no authentic datagram came from its address lately (an id only named
-    /// in others' digests or deltas): never counted.
+    /// Live in gossip, but no authentic datagram sealed by this identity came from its address
+    /// lately (an id only named in others' digests or deltas, at any address, even a real
+    /// member's): never counted.
     Unverified,
     /// Live and authenticated, but no sync key yet (joining, or an id only named in a digest at
     /// a real peer's address): shown, takes no place under [`MAX_PEERS`], charges nothing.
@@ -352,7 +424,7 @@ pub struct Member<'a> {
     pub live: bool,
     /// It published a sync key.
     pub has_sync: bool,
-    /// An authentic datagram came from its advertised address lately.
+    /// An authentic datagram sealed by this identity came from its advertised address lately.
     pub authenticated: bool,
 }
 
@@ -453,12 +525,13 @@ pub(crate) fn trim_peer_states(
 /// The other members' views, the number of keys left out, and the number of keys stored for
 /// each member (tombstones included): the first [`MAX_PEERS`] candidates (see [`standings`])
 /// with at most `max_keys` keys each, then at most as many other members, without keys, to
-/// show. `authenticated` says whether an address sent an authentic datagram lately.
+/// show. `authenticated` says whether an authentic datagram sealed by a member's identity came
+/// from its advertised address lately.
 fn read_peers(
     c: &chitchat::Chitchat,
     self_id: &ChitchatId,
     max_keys: usize,
-    authenticated: impl Fn(&SocketAddr) -> bool,
+    authenticated: impl Fn(&ChitchatId) -> bool,
 ) -> (Vec<PeerView<ChitchatId>>, u64, HashMap<ChitchatId, usize>) {
     let live: HashSet<&ChitchatId> = c.live_nodes().collect();
     let states: Vec<(&ChitchatId, &chitchat::NodeState)> = c
@@ -477,7 +550,7 @@ fn read_peers(
             id,
             live: live.contains(id),
             has_sync: state.get(SYNC_KEY).is_some(),
-            authenticated: authenticated(&id.gossip_advertise_addr),
+            authenticated: authenticated(id),
         })
         .collect();
     let standing = standings(&members);

@@ -194,8 +194,8 @@ impl SecureSocket {
     async fn accept(&mut self, len: usize, from: SocketAddr) -> anyhow::Result<()> {
         let c = counters(&self.shared);
         Counters::add(&c.bytes_in, len as u64);
-        let message = match self.codec.open(&self.buf[..len], from, unix_ms()) {
-            Ok(Some(message)) => message,
+        let (message, sender) = match self.codec.open_tagged(&self.buf[..len], from, unix_ms()) {
+            Ok(Some(opened)) => opened,
             Ok(None) => return Ok(()),
             Err(reject) => {
                 let (counter, what) = match reject {
@@ -230,7 +230,7 @@ impl SecureSocket {
             .authenticated
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .note(from, crate::maps::bucket::monotonic_ns());
+            .note(from, sender, crate::maps::bucket::monotonic_ns());
         let relay = self.relay(from).await?;
         if let Err(e) = relay.socket.send(&message).await {
             tracing::debug!(%from, error = %e, "handing a gossip message to chitchat");
@@ -262,6 +262,11 @@ impl Socket for SecureSocket {
             .await
             .map_err(|_| anyhow::anyhow!("chitchat's message did not come through the relay"))??;
         let c = counters(&self.shared);
+        self.codec.set_sender(
+            self.shared
+                .self_tag
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
         let Some(datagrams) = self.codec.seal(&self.buf[..len], to, unix_ms()) else {
             Counters::add(&c.send_errors, 1);
             tracing::warn!(%to, bytes = len, "gossip message too large to send");

@@ -1,18 +1,21 @@
 //! The authenticated datagram format around chitchat's messages.
 //!
 //! Every datagram is sealed with ChaCha20-Poly1305 under the cluster key (see [`super::key`]),
-//! with a fresh random 96-bit nonce, and carries its send time. The associated data is the
-//! header, the sender's and the receiver's gossip addresses, and the cluster id, so nothing in
-//! the datagram can be changed without the tag failing, and it opens only at the address it was
+//! with a fresh random 96-bit nonce, and carries its send time and its sender's identity (a tag
+//! of the sender's node id and generation, [`sender_tag`]). The associated data is the header,
+//! the sender's and the receiver's gossip addresses, and the cluster id, so nothing in the
+//! datagram can be changed without the tag failing, and it opens only at the address it was
 //! sent to, coming from the address that sealed it: replayed to another host, or sent with
 //! another source address, it fails authentication. The addresses are not carried (each end
-//! knows them: its own, and the datagram's source or destination).
+//! knows them: its own, and the datagram's source or destination). The sender tag lets the
+//! receiver tell which incarnation actually speaks from an address, so an id merely named in
+//! gossip at another member's address is never taken for it.
 //!
 //! ```text
-//! 0      4        5        9           17         29            len-16   len
-//! | RLC2 | part   | msg id | unix ms   | nonce    | ciphertext   | tag    |
+//! 0      4        5        9           17         25         37            len-16   len
+//! | RLC3 | part   | msg id | unix ms   | sender   | nonce    | ciphertext   | tag    |
 //!          hi nibble: index, lo nibble: count (1..=4)
-//! associated data: header (29) | source addr (18) | destination addr (18) | cluster id
+//! associated data: header (37) | source addr (18) | destination addr (18) | cluster id
 //!                  addr = IPv6 (an IPv4 address as ::ffff:a.b.c.d), port big endian
 //! ```
 //! A chitchat message may be as large as a UDP datagram can be (65,507 bytes); with the 45 bytes
@@ -36,11 +39,24 @@ use chacha20poly1305::{
 
 use super::key::ClusterKey;
 
-/// Magic and wire version: `RLC2` binds the addresses (`RLC1` did not). Every agent of a cluster
-/// must speak the same version.
-const MAGIC: &[u8; 4] = b"RLC2";
+/// Magic and wire version: `RLC3` carries the sender's identity, `RLC2` bound the addresses
+/// (`RLC1` did not). Every agent of a cluster must speak the same version.
+const MAGIC: &[u8; 4] = b"RLC3";
 /// Bytes before the ciphertext.
-pub const HEADER_LEN: usize = 29;
+pub const HEADER_LEN: usize = 37;
+
+/// The tag of a sender's identity (node id and generation) carried in every datagram it seals:
+/// the first 8 bytes of SHA-256 over a label, the node id and the generation.
+#[must_use]
+pub fn sender_tag(node_id: &str, generation: u64) -> u64 {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"ratelimit-cluster-sender\0");
+    h.update(node_id.as_bytes());
+    h.update([0]);
+    h.update(generation.to_le_bytes());
+    u64::from_le_bytes(h.finalize()[..8].try_into().expect("8 bytes"))
+}
 /// Poly1305 tag length.
 pub const TAG_LEN: usize = 16;
 /// Largest datagram sent: fits IPv4's largest UDP payload (65,507 bytes).
@@ -82,6 +98,8 @@ pub struct Codec {
     cluster_id: Vec<u8>,
     /// Our gossip address: the source of what we seal, the destination of what we open.
     local: SocketAddr,
+    /// Our identity's [`sender_tag`], sealed into every datagram.
+    sender: u64,
     replay: ReplayFilter,
     pending: HashMap<(SocketAddr, u32), Pending>,
     next_msg_id: u32,
@@ -101,10 +119,16 @@ impl Codec {
             cipher: ChaCha20Poly1305::new(Key::from_slice(key.bytes())),
             cluster_id: cluster_id.as_bytes().to_vec(),
             local,
+            sender: 0,
             replay: ReplayFilter::default(),
             pending: HashMap::new(),
             next_msg_id: rand_u32(),
         }
+    }
+
+    /// Sets the identity ([`sender_tag`]) sealed into what is sealed from now on.
+    pub fn set_sender(&mut self, tag: u64) {
+        self.sender = tag;
     }
 
     /// Seals `message` for `to` (sent at `now_ms`, Unix milliseconds) into one datagram, or a few
@@ -130,6 +154,7 @@ impl Codec {
             datagram.push(((index as u8) << 4) | count as u8);
             datagram.extend_from_slice(&msg_id.to_le_bytes());
             datagram.extend_from_slice(&now_ms.to_le_bytes());
+            datagram.extend_from_slice(&self.sender.to_le_bytes());
             datagram.extend_from_slice(&nonce);
             let aad = self.aad(&datagram[..HEADER_LEN], self.local, to);
             let sealed = self
@@ -156,6 +181,17 @@ impl Codec {
         from: SocketAddr,
         now_ms: u64,
     ) -> Result<Option<Vec<u8>>, Reject> {
+        self.open_tagged(datagram, from, now_ms)
+            .map(|m| m.map(|(message, _)| message))
+    }
+
+    /// [`Codec::open`], with the sender's identity ([`sender_tag`]) of a complete message.
+    pub fn open_tagged(
+        &mut self,
+        datagram: &[u8],
+        from: SocketAddr,
+        now_ms: u64,
+    ) -> Result<Option<(Vec<u8>, u64)>, Reject> {
         if datagram.len() < HEADER_LEN + TAG_LEN || &datagram[..4] != MAGIC {
             return Err(Reject::Malformed);
         }
@@ -168,7 +204,8 @@ impl Codec {
         }
         let msg_id = u32::from_le_bytes(datagram[5..9].try_into().expect("4 bytes"));
         let sent_ms = u64::from_le_bytes(datagram[9..17].try_into().expect("8 bytes"));
-        let nonce_bytes: [u8; 12] = datagram[17..29].try_into().expect("12 bytes");
+        let sender = u64::from_le_bytes(datagram[17..25].try_into().expect("8 bytes"));
+        let nonce_bytes: [u8; 12] = datagram[25..37].try_into().expect("12 bytes");
         let aad = self.aad(&datagram[..HEADER_LEN], from, self.local);
         let plain = self
             .cipher
@@ -187,7 +224,7 @@ impl Codec {
         }
         self.replay.insert(nonce_bytes, now_ms)?;
         if count == 1 {
-            return Ok(Some(plain));
+            return Ok(Some((plain, sender)));
         }
         self.pending
             .retain(|_, p| now_ms.saturating_sub(p.first_ms) <= PENDING_MS);
@@ -215,7 +252,10 @@ impl Codec {
         entry.parts[index] = Some(plain);
         if entry.parts.iter().all(Option::is_some) {
             let done = self.pending.remove(&(from, msg_id)).expect("present");
-            return Ok(Some(done.parts.into_iter().flatten().flatten().collect()));
+            return Ok(Some((
+                done.parts.into_iter().flatten().flatten().collect(),
+                sender,
+            )));
         }
         Ok(None)
     }
@@ -313,6 +353,26 @@ mod tests {
     /// A receiver at `TO`.
     fn codec(secret: u8, cluster: &str) -> Codec {
         codec_at(secret, cluster, TO)
+    }
+
+    /// The sender's identity travels sealed: it comes out as it went in, and a datagram whose
+    /// identity was changed on the way fails authentication.
+    #[test]
+    fn the_senders_identity_is_carried_and_authenticated() {
+        let (mut a, mut b) = (sender(1, "c"), codec(1, "c"));
+        let (from, to) = (addr(FROM), addr(TO));
+        let me = sender_tag("host/198.18.1.1:7946", 1_000);
+        assert_ne!(me, sender_tag("host/198.18.1.1:7946", 1_001));
+        assert_ne!(me, sender_tag("other/198.18.1.1:7946", 1_000));
+        a.set_sender(me);
+        let d = a.seal(b"hello", to, 1_000_000).unwrap().remove(0);
+        assert_eq!(
+            b.open_tagged(&d, from, 1_000_000),
+            Ok(Some((b"hello".to_vec(), me)))
+        );
+        let mut forged = a.seal(b"hello", to, 1_000_000).unwrap().remove(0);
+        forged[17..25].copy_from_slice(&sender_tag("impostor", 2_000).to_le_bytes());
+        assert_eq!(b.open_tagged(&forged, from, 1_000_000), Err(Reject::Auth));
     }
 
     #[test]

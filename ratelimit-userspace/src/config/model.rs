@@ -124,6 +124,37 @@ pub struct ClusterConfig {
     /// Most keys (heavy sources) published per sync, and read from each peer (1..=100000,
     /// default 1000): bounds message size, CPU and the state a peer can make us hold.
     pub max_keys: usize,
+    /// What a part of the cluster enforces while it cannot hear the rest.
+    pub on_partition: OnPartition,
+    /// Under `share`, how long a host no longer heard still counts among the hosts last known
+    /// alive, in seconds (1..=86400, default 600).
+    pub partition_memory_s: u64,
+}
+
+/// Default of `[cluster] partition_memory_s`: ten minutes, as long as the gossip library keeps a
+/// dead member's state.
+pub const DEFAULT_PARTITION_MEMORY_S: u64 = 600;
+
+/// `[cluster] on_partition`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnPartition {
+    /// Each side of a partition enforces the whole budget on its own.
+    #[default]
+    FailOpen,
+    /// Each side enforces `budget x hosts it hears / hosts last known alive`.
+    Share,
+}
+
+impl OnPartition {
+    /// The spelling in the config file and the status.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::FailOpen => "fail_open",
+            Self::Share => "share",
+        }
+    }
 }
 
 /// What a rule does with the packets it matches (`action`).

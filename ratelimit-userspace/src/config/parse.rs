@@ -18,8 +18,9 @@ use super::{
     lists::{base_dir, list_sources, read_text, SourcesFrom},
     model::{
         default_bytes_burst, no_meaning, parse_source, validate_name, validate_source, Action,
-        AgentConfig, AttachMode, ClusterConfig, Config, Per, Protocol, RuleConfig, Scope, TcpFlags,
-        MAX_KEYS, MAX_MAX_BUCKETS, MAX_TOTAL_PREFIXES, MIN_MAX_BUCKETS,
+        AgentConfig, AttachMode, ClusterConfig, Config, OnPartition, Per, Protocol, RuleConfig,
+        Scope, TcpFlags, DEFAULT_PARTITION_MEMORY_S, MAX_KEYS, MAX_MAX_BUCKETS, MAX_TOTAL_PREFIXES,
+        MIN_MAX_BUCKETS,
     },
 };
 
@@ -58,6 +59,8 @@ pub(super) struct RawCluster {
     pub(super) sync_interval_ms: Option<Spanned<i64>>,
     pub(super) cluster_id: Option<Spanned<String>>,
     pub(super) max_keys: Option<Spanned<i64>>,
+    pub(super) on_partition: Option<Spanned<String>>,
+    pub(super) partition_memory_s: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -362,6 +365,36 @@ pub(super) fn cluster_from_raw(
             usize::try_from(n).expect("bounded above")
         }
     };
+    let on_partition = match raw.on_partition {
+        None => OnPartition::FailOpen,
+        Some(v) => match v.get_ref().as_str() {
+            "fail_open" => OnPartition::FailOpen,
+            "share" => OnPartition::Share,
+            other => {
+                return Err(src.invalid(
+                    v.span().start,
+                    S,
+                    "on_partition",
+                    format!("must be \"fail_open\" or \"share\" (got {other:?})"),
+                ))
+            }
+        },
+    };
+    let partition_memory_s = match raw.partition_memory_s {
+        None => DEFAULT_PARTITION_MEMORY_S,
+        Some(v) => {
+            let n = *v.get_ref();
+            if !(1..=86_400).contains(&n) {
+                return Err(src.invalid(
+                    v.span().start,
+                    S,
+                    "partition_memory_s",
+                    format!("must be between 1 and 86400 seconds (got {n})"),
+                ));
+            }
+            n as u64
+        }
+    };
     Ok(ClusterConfig {
         listen: raw.listen,
         seeds: raw.seeds.unwrap_or_default(),
@@ -369,6 +402,8 @@ pub(super) fn cluster_from_raw(
         sync_interval_ms,
         cluster_id,
         max_keys,
+        on_partition,
+        partition_memory_s,
     })
 }
 

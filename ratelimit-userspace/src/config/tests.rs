@@ -712,6 +712,38 @@ fn cluster_errors() {
     );
     assert_eq!(parse(base).cluster.unwrap().max_keys, 1000);
     assert_error(
+        &format!("{base}on_partition = \"fail_closed\"\n"),
+        4,
+        "on_partition",
+        "must be \"fail_open\" or \"share\" (got \"fail_closed\")",
+    );
+    assert_error(
+        &format!("{base}on_partition = 1\n"),
+        4,
+        "on_partition",
+        "string",
+    );
+    assert_error(
+        &format!("{base}partition_memory_s = 0\n"),
+        4,
+        "partition_memory_s",
+        "between 1 and 86400",
+    );
+    let c = parse(base).cluster.unwrap();
+    assert_eq!(
+        (c.on_partition, c.partition_memory_s),
+        (OnPartition::FailOpen, 600)
+    );
+    let c = parse(&format!(
+        "{base}on_partition = \"share\"\npartition_memory_s = 30\n"
+    ))
+    .cluster
+    .unwrap();
+    assert_eq!(
+        (c.on_partition, c.partition_memory_s),
+        (OnPartition::Share, 30)
+    );
+    assert_error(
         &format!("{base}cluster_id = \"\"\n"),
         4,
         "cluster_id",

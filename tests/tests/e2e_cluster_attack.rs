@@ -1,0 +1,478 @@
+//! A cluster member holding the key, turned against the cluster, end to end: two real agents (h0,
+//! h1) share a `scope = "cluster"` rule; an attacker in its own namespace on the gossip link
+//! speaks the real sealed protocol (chitchat over the agent's own transport, see
+//! `ratelimit_testbed::cluster::Attacker`) and
+//! - claims a victim source's consumption at 100x the rule's rate, from five identities of its
+//!   own (each at an address it sends from: ports of its own) and from forged ones: an id at an
+//!   address nobody sends from, an id at h1's address (a newer "incarnation" of h1) and an older
+//!   incarnation at its own address;
+//! - publishes five times `max_keys` keys.
+//!
+//! What must hold (README, "What a peer with the key can do", "Which members count", "What a
+//! peer can store here"): h0 charges at most what the counted attacker identities could have
+//! admitted themselves (`burst + rate x (T + 3 x sync_interval_ms)` each, over the attack's span
+//! T), and the victim, sending under its budget at h0, loses no more; after the attacker stops it
+//! is admitted in full again within one peer timeout or the debt cap's `counted peers x (burst /
+//! rate + 3 x sync)`, whichever is longer (here 6 x 0.8 s); no forged id is counted and h1 stays
+//! counted; no agent stores more than `max_keys` keys and the sync key of any member. Then a datagram that h0
+//! sealed for the attacker, replayed to h1 from h0's address, is rejected (`rejected{auth}`).
+//!
+//! And a gossip socket error (EMFILE: h0's agent runs out of file descriptors, lowered with
+//! prlimit while it runs, when a new peer address sends it an authentic datagram) ends the
+//! gossip loop: `status` shows `restarting` and the error, the loop is restarted once the limit
+//! is back, h1 is counted again, and `gossip_restarts` (status, metrics) counts it.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use chitchat::ChitchatId;
+use ratelimit::cluster::key::ClusterKey;
+use ratelimit::cluster::wire::Codec;
+use ratelimit_testbed::cluster::{
+    cli, cluster, counted, counter, gossip_addr, metric, peers, scrape, unix_ms, wait_for,
+    Attacker, Identity, Net, GOSSIP_PORT, METRICS, SECRET,
+};
+use ratelimit_testbed::{bind_udp, bind_udp_transparent, send_udp, AgentProcess, Receiver};
+use serde_json::Value;
+
+const CLUSTER_ID: &str = "e2e-attack";
+const RATE: u64 = 1000;
+const BURST: u64 = 500;
+const SYNC_MS: u64 = 100;
+/// The README's lag allowance: 3 sync intervals.
+const LAG_SECS: f64 = 3.0 * SYNC_MS as f64 / 1000.0;
+/// The peer timeout at 100 ms sync: max(3 s, 10 x 100 ms).
+const PEER_TIMEOUT: Duration = Duration::from_secs(3);
+const MAX_KEYS: usize = 20;
+const VICTIM: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
+/// The victim's rate at h0: half the budget, all of it admitted while nobody lies.
+const VICTIM_PPS: u64 = 500;
+const PAYLOAD: usize = 64;
+const ATTACKER_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 9);
+/// Identities of the attacker's own beyond its first, each at a port of its own.
+const EXTRA_SENDERS: u16 = 4;
+
+fn config(net: &Net, i: usize, extra_seeds: &[SocketAddr]) -> String {
+    let mut seeds: Vec<String> = (0..2)
+        .filter(|&j| j != i)
+        .map(|j| gossip_addr(j).to_string())
+        .collect();
+    seeds.extend(extra_seeds.iter().map(ToString::to_string));
+    format!(
+        r#"[agent]
+interfaces = ["{}"]
+metrics = "{METRICS}"
+
+[[rule]]
+name = "cl"
+source = "198.18.0.0/24"
+rate = {RATE}
+burst = {BURST}
+scope = "cluster"
+
+[cluster]
+listen = "{}"
+seeds = {seeds:?}
+key_file = "{}"
+sync_interval_ms = {SYNC_MS}
+cluster_id = "{CLUSTER_ID}"
+max_keys = {MAX_KEYS}
+"#,
+        net.hosts[i].data_if,
+        gossip_addr(i),
+        net.key_file().display()
+    )
+}
+
+fn start(net: &Net, extra_seeds: &[SocketAddr]) -> Vec<AgentProcess> {
+    let agents: Vec<AgentProcess> = (0..2)
+        .map(|i| {
+            AgentProcess::start(&net.hosts[i].ns, &config(net, i, extra_seeds), &[])
+                .unwrap_or_else(|e| panic!("agent h{i}: {e:#}"))
+        })
+        .collect();
+    wait_for("the cluster to form", Duration::from_secs(20), || {
+        agents
+            .iter()
+            .all(|a| counted(&cluster(a)).len() == 1)
+            .then_some(())
+    });
+    agents
+}
+
+/// Sends the victim's traffic to h0 for `secs`: (sent, received).
+fn victim(net: &Net, secs: f64) -> (u64, u64) {
+    let dst = SocketAddr::new(IpAddr::V4(ratelimit_testbed::cluster::data_ip(0)), 9000);
+    let receiver = Receiver::bind(&net.hosts[0].ns, dst).unwrap();
+    let sock = bind_udp(&net.tx, SocketAddr::new(IpAddr::V4(VICTIM), 0)).unwrap();
+    let sent = send_udp(
+        &sock,
+        dst,
+        VICTIM_PPS,
+        Duration::from_secs_f64(secs),
+        PAYLOAD,
+    )
+    .unwrap();
+    receiver.wait_idle(Duration::from_millis(200), Duration::from_secs(5));
+    let got = receiver
+        .stop()
+        .unwrap()
+        .counts()
+        .get(&IpAddr::V4(VICTIM))
+        .copied()
+        .unwrap_or(0);
+    (sent.sent, got)
+}
+
+fn peer_named<'a>(c: &'a [Value], name: &str) -> Vec<&'a Value> {
+    c.iter().filter(|p| p["node_id"] == name).collect()
+}
+
+#[test]
+#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
+fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_max_keys() {
+    let net = Net::new("rl-ca", 2, &[VICTIM]);
+    let (ans, _) = net.gossip_only("rl-ca-x", ATTACKER_IP);
+    // A plain socket at the attacker's, named as a seed by h0: it receives genuine datagrams
+    // sealed by h0 for it (chitchat sends Syns to seeds), to replay elsewhere.
+    let capture = bind_udp(&ans, SocketAddr::new(IpAddr::V4(ATTACKER_IP), 7999)).unwrap();
+    let agents = start(&net, &[capture.local_addr().unwrap()]);
+    let (h0, h1) = (&agents[0], &agents[1]);
+
+    // --- Nobody lies yet: the victim, at half the budget, loses nothing.
+    let (sent, got) = victim(&net, 2.0);
+    println!("before the attack: victim sent {sent}, h0 admitted {got}");
+    assert_eq!(got, sent, "the victim lost packets before any attack");
+
+    // --- The attacker's identities.
+    let h1_generation = peers(&cluster(h0))
+        .iter()
+        .find(|p| p["counted"] == true)
+        .and_then(|p| p["generation"].as_u64())
+        .expect("h1's generation at h0");
+    let me = SocketAddr::new(IpAddr::V4(ATTACKER_IP), GOSSIP_PORT);
+    let at = |port: u16| SocketAddr::new(IpAddr::V4(ATTACKER_IP), port);
+    let generation = unix_ms();
+    let nobody = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 1, 200)), GOSSIP_PORT);
+    let ids = vec![
+        Identity {
+            id: ChitchatId::new(format!("attacker/{me}"), generation, me),
+            bind: me,
+        },
+        // Named at an address that never sends anything.
+        Identity {
+            id: ChitchatId::new(format!("ghost/{nobody}"), generation, nobody),
+            bind: at(7947),
+        },
+        // A "newer incarnation" of h1, at h1's address.
+        Identity {
+            id: ChitchatId::new(
+                format!("impostor/{}", gossip_addr(1)),
+                h1_generation + 1_000_000,
+                gossip_addr(1),
+            ),
+            bind: at(7948),
+        },
+        // An older incarnation at the attacker's own address.
+        Identity {
+            id: ChitchatId::new(format!("attacker/{me}"), generation - 1_000, me),
+            bind: at(7949),
+        },
+    ];
+    // And more identities of its own, each at an address it sends from (another port): these
+    // are members like any other (the README says so), each with an allowance of its own, and
+    // the debt cap must hold whatever their number.
+    let mut ids = ids;
+    ids.extend((0..EXTRA_SENDERS).map(|k| {
+        let a = at(7950 + k);
+        Identity {
+            id: ChitchatId::new(format!("sender{k}/{a}"), generation, a),
+            bind: a,
+        }
+    }));
+    let senders = 1 + usize::from(EXTRA_SENDERS);
+    let forged = ["ghost", "impostor"];
+    let attacker = Attacker::start(&ans, CLUSTER_ID, &[gossip_addr(0), gossip_addr(1)], ids);
+    attacker.claims(|c| {
+        c.keys = vec![(("cl".to_string(), IpAddr::V4(VICTIM)), 0)];
+        c.junk = 5 * MAX_KEYS;
+    });
+    // Heard and counted (its claims so far, zero, are its baseline), the identities all known.
+    wait_for("h0 to count the attacker", Duration::from_secs(20), || {
+        let c = peers(&cluster(h0));
+        let named = |prefix: &str| {
+            c.iter()
+                .any(|p| p["node_id"].as_str().is_some_and(|n| n.starts_with(prefix)))
+        };
+        let counted_senders = c
+            .iter()
+            .filter(|p| {
+                p["counted"] == true
+                    && p["node_id"]
+                        .as_str()
+                        .is_some_and(|n| n.starts_with("attacker/") || n.starts_with("sender"))
+            })
+            .count();
+        (peer_named(&c, &format!("attacker/{me}"))
+            .iter()
+            .any(|p| p["counted"] == true)
+            && counted_senders == senders
+            && forged.iter().all(|f| named(f)))
+        .then_some(())
+    });
+
+    // --- The attack: 100x the rule's rate claimed for the victim, every round, by every
+    // identity, while the victim sends at half the budget.
+    let c0 = cluster(h0);
+    let charged_before = counter(&c0, "charged_pkts");
+    let clamped_before = counter(&c0, "charges_clamped");
+    attacker.claims(|c| c.per_round = 100 * RATE / 10);
+    let began = Instant::now();
+    let (sent, got) = victim(&net, 4.0);
+    let during = cluster(h0);
+    attacker.claims(|c| c.per_round = 0);
+    let span = began.elapsed().as_secs_f64();
+    let lost = sent - got;
+    let ps = peers(&during);
+    // Every member but the real h1 is one of the attacker's identities.
+    let is_h1 = |p: &Value| p["generation"].as_u64() == Some(h1_generation);
+    let charged_by_attackers: u64 = ps
+        .iter()
+        .filter(|p| !is_h1(p))
+        .map(|p| p["charged_pkts"].as_u64().unwrap_or(0))
+        .sum();
+    let counted_attackers = ps
+        .iter()
+        .filter(|p| p["counted"] == true && !is_h1(p))
+        .count();
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let bound = counted_attackers as f64 * (BURST as f64 + RATE as f64 * (span + LAG_SECS));
+    println!(
+        "attack over {span:.2} s: victim sent {sent}, h0 admitted {got} (lost {lost}); h0 charged \
+         the attacker identities {charged_by_attackers} packets (bound {bound:.0} for \
+         {counted_attackers} counted), clamped {} times; peers at h0: {:#}",
+        counter(&during, "charges_clamped") - clamped_before,
+        Value::Array(ps.clone())
+    );
+    assert!(
+        counter(&during, "charged_pkts") > charged_before,
+        "h0 charged nothing for the attacker's claims: the test did not attack"
+    );
+    assert!(
+        counter(&during, "charges_clamped") > clamped_before,
+        "claims at 100x the rate were not clamped"
+    );
+    assert_eq!(
+        counted_attackers, senders,
+        "forged identities counted (or senders not): {during:#}"
+    );
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    {
+        assert!(
+            charged_by_attackers as f64 <= bound,
+            "h0 charged the attacker {charged_by_attackers} packets, more than the README's \
+             burst + rate x (T + 3 x sync) = {bound:.0}"
+        );
+        assert!(
+            lost as f64 <= bound,
+            "the victim lost {lost} packets, more than the README's bound {bound:.0}"
+        );
+    }
+    // No forged id counted, at either agent; h1 still counted at h0, as itself.
+    for (i, a) in agents.iter().enumerate() {
+        let c = cluster(a);
+        for p in peers(&c) {
+            let name = p["node_id"].as_str().unwrap_or("");
+            if forged.iter().any(|f| name.starts_with(f)) {
+                assert_eq!(p["counted"], false, "h{i} counts the forged id {p}");
+                assert_eq!(p["charged_pkts"], 0, "h{i} charged the forged id {p}");
+            }
+            // Stored: at most max_keys and the sync key of anyone, whatever they publish.
+            let stored = p["stored_keys"].as_u64().unwrap();
+            assert!(
+                stored <= MAX_KEYS as u64 + 1,
+                "h{i} stores {stored} keys of {name} (max_keys {MAX_KEYS})"
+            );
+        }
+        assert!(counter(&c, "keys_dropped") > 0, "h{i}: {c}");
+    }
+    let h1_at_h0: Vec<Value> = peers(&during)
+        .into_iter()
+        .filter(|p| p["generation"].as_u64() == Some(h1_generation))
+        .collect();
+    assert!(
+        h1_at_h0.len() == 1 && h1_at_h0[0]["counted"] == true,
+        "h1 is no longer counted at h0: {during:#}"
+    );
+
+    // --- The attacker stops: the victim is admitted in full again within one peer timeout, or
+    // the README's `counted peers x (burst / rate + 3 x sync)` (the debt cap) if longer, plus
+    // one round of gossip for the last claims to arrive.
+    attacker.stop();
+    let stopped = Instant::now();
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let debt_secs = (counted_attackers + 1) as f64 * (BURST as f64 / RATE as f64 + LAG_SECS);
+    println!(
+        "debt cap: {} counted peers x (burst / rate + 3 x sync) = {debt_secs:.1} s",
+        counted_attackers + 1
+    );
+    thread::sleep(PEER_TIMEOUT.max(Duration::from_secs_f64(debt_secs + 0.5)));
+    let (sent, got) = victim(&net, 2.0);
+    println!(
+        "{:.1} s after the attacker stopped: victim sent {sent}, h0 admitted {got}",
+        stopped.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        got, sent,
+        "the victim still loses packets past one peer timeout and the debt cap's bound after \
+         the attack"
+    );
+
+    // --- Replay: a datagram h0 sealed for the attacker's capture socket, sent to h1 from h0's
+    // gossip address, fails authentication there.
+    capture
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut buf = vec![0; 65_536];
+    let (len, from) = capture.recv_from(&mut buf).expect("h0 gossips to its seed");
+    assert_eq!(from, gossip_addr(0));
+    let key = ClusterKey::from_secret(format!("{SECRET}\n").as_bytes(), CLUSTER_ID).unwrap();
+    let opened = Codec::new(&key, CLUSTER_ID, capture.local_addr().unwrap()).open(
+        &buf[..len],
+        from,
+        unix_ms(),
+    );
+    assert!(
+        matches!(opened, Ok(Some(_))),
+        "the captured datagram is genuine and sealed for the capture socket: {opened:?}"
+    );
+    let spoof = bind_udp_transparent(&ans, gossip_addr(0)).unwrap();
+    let before = counter(&cluster(h1), "rejected_auth");
+    spoof.send_to(&buf[..len], gossip_addr(1)).unwrap();
+    let after = wait_for("h1 to reject the replay", Duration::from_secs(5), || {
+        let n = counter(&cluster(h1), "rejected_auth");
+        (n > before).then_some(n)
+    });
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        counter(&cluster(h1), "rejected_auth"),
+        before + 1,
+        "one replayed datagram, one rejection"
+    );
+    println!("replayed to h1 from h0's address: rejected_auth {before} -> {after}");
+    assert!(
+        metric(
+            &scrape(&net.hosts[1].ns),
+            r#"ratelimit_cluster_rejected_total{reason="auth"}"#
+        ) >= (before + 1) as f64
+    );
+    drop(ans);
+    for a in agents {
+        assert!(a.stop().unwrap().success());
+    }
+}
+
+/// The lowest file descriptor number not open in `pid`.
+fn lowest_free_fd(pid: libc::pid_t) -> u64 {
+    let open: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    (0..).find(|n| !open.contains(n)).unwrap()
+}
+
+/// Sets the soft `RLIMIT_NOFILE` of `pid` (its hard limit unchanged); returns the old soft one.
+fn set_nofile(pid: libc::pid_t, soft: u64) -> u64 {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid pointer to an rlimit struct for the call's duration; no new limit.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let new = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: old.rlim_max,
+    };
+    // SAFETY: as above.
+    let rc = unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    old.rlim_cur
+}
+
+#[test]
+fn a_gossip_socket_error_is_survived_shown_and_counted() {
+    let net = Net::new("rl-cg", 2, &[VICTIM]);
+    let (ans, _) = net.gossip_only("rl-cg-x", ATTACKER_IP);
+    let agents = start(&net, &[]);
+    let (h0, h1) = (&agents[0], &agents[1]);
+    let pid = h0.pid().expect("h0's pid");
+    assert_eq!(counter(&cluster(h0), "gossip_restarts"), 0);
+    let generation = cluster(h0)["generation"].as_u64().unwrap();
+
+    // Out of file descriptors: no new one can be opened. A new address sending an authentic
+    // datagram needs a relay socket: EMFILE ends chitchat's loop.
+    let free = lowest_free_fd(pid);
+    let soft = set_nofile(pid, free);
+    let sock = bind_udp(&ans, SocketAddr::new(IpAddr::V4(ATTACKER_IP), 0)).unwrap();
+    let key = ClusterKey::from_secret(format!("{SECRET}\n").as_bytes(), CLUSTER_ID).unwrap();
+    let mut codec = Codec::new(&key, CLUSTER_ID, sock.local_addr().unwrap());
+    let sealed = codec
+        .seal(b"not a chitchat message", gossip_addr(0), unix_ms())
+        .unwrap()
+        .remove(0);
+    sock.send_to(&sealed, gossip_addr(0)).unwrap();
+    wait_for("h0's gossip loop to stop", Duration::from_secs(10), || {
+        h0.log().contains("cluster gossip stopped").then_some(())
+    });
+    // Its sockets are closed with it: the status can be read (its descriptors are free), and
+    // says so until the restart (1 s later).
+    let down = cluster(h0);
+    println!(
+        "h0 while gossip is down: gossip {} ({}), restarts {}",
+        down["gossip"],
+        down["gossip_error"],
+        counter(&down, "gossip_restarts")
+    );
+    assert_eq!(down["gossip"], "restarting", "{down:#}");
+    assert!(
+        down["gossip_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("Too many open files") || e.contains("os error 24")),
+        "{down:#}"
+    );
+    let table = cli(h0, &["peers"]);
+    assert!(table.contains("RESTARTING"), "{table}");
+    let body = scrape(&net.hosts[0].ns);
+    assert!((metric(&body, "ratelimit_cluster_gossip_up") - 0.0).abs() < f64::EPSILON);
+
+    // The limit back: the loop is restarted (a new generation), h1 is counted again, and h1
+    // counts h0's new generation.
+    set_nofile(pid, soft);
+    let back = wait_for("h0's gossip to come back", Duration::from_secs(30), || {
+        let c = cluster(h0);
+        (c["gossip"] == "running" && counted(&c).len() == 1).then_some(c)
+    });
+    let restarts = counter(&back, "gossip_restarts");
+    assert!(restarts >= 1, "{back:#}");
+    let new_generation = back["generation"].as_u64().unwrap_or(generation);
+    wait_for("h1 to count h0 again", Duration::from_secs(20), || {
+        peers(&cluster(h1))
+            .iter()
+            .any(|p| p["counted"] == true && p["addr"] == gossip_addr(0).to_string().as_str())
+            .then_some(())
+    });
+    let body = scrape(&net.hosts[0].ns);
+    assert!(metric(&body, "ratelimit_cluster_gossip_restarts_total") >= 1.0);
+    assert!((metric(&body, "ratelimit_cluster_gossip_up") - 1.0).abs() < f64::EPSILON);
+    let table = cli(h0, &["peers"]);
+    assert!(table.contains("restarts"), "{table}");
+    println!(
+        "h0's gossip restarted {restarts} time(s); generation {generation} -> {new_generation}"
+    );
+    drop(ans);
+    for a in agents {
+        assert!(a.stop().unwrap().success());
+    }
+}
