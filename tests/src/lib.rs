@@ -38,6 +38,7 @@
 
 pub mod agent;
 pub mod agent_proc;
+pub mod cluster_net;
 mod cmd;
 pub mod collide;
 pub mod link;
