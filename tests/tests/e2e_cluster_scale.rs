@@ -1,9 +1,10 @@
 //! The cluster budget at 8 hosts, end to end: eight real agents, each in its own namespace with
 //! the limiter attached, share one `scope = "cluster"` budget (1,000 pps, burst 500, sync
-//! 100 ms). One source floods at 4x the budget, spread (a) evenly over the eight hosts, (b) 95/5
-//! over two of them, then evenly again, then 95/5 over two others. After each phase has settled,
-//! the cluster admits the budget within 5%; after each change of split, every 1 s window that
-//! starts 3 sync intervals or more after the change admits within 10% of the budget.
+//! 100 ms). One source floods at 4x the budget, spread evenly over the eight hosts (a start, not
+//! measured), then 95/5 over two of them, evenly, 95/5 over two others, evenly again. After each
+//! phase has settled (1 s), the cluster admits the budget within 5%; after each change of split,
+//! every 1 s window that starts 3 sync intervals or more after the change admits within 10% of
+//! the budget.
 //!
 //! The first phase starts with fresh buckets: every host admits its burst at once (8 x 500
 //! packets), which the cluster then pays back (one budget: `burst + rate x t` from the start,
