@@ -60,7 +60,7 @@ pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
         let n = r.hosts;
         let base = |what: &str| (n != 2).then(|| format!("cluster.n2.{what}"));
         for (name, t0, t1, admitted, conv) in &r.phases {
-            let tag = name.replace('/', "_").replace(' ', "_");
+            let tag = name.replace(['/', ' '], "_");
             report.add(Figure {
                 key: format!("cluster.n{n}.{tag}.admitted"),
                 section: "cluster",
