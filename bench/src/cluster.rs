@@ -28,7 +28,8 @@ const BURST: u64 = 500;
 const SYNC_MS: u64 = 100;
 const FLOOD_PPS: f64 = 4000.0;
 /// Seconds of each phase; the first is a warm-up (every host's first burst and its payback,
-/// `hosts x burst / rate`), at least [`WARMUP`] and 4 s more than the payback.
+/// `hosts x burst / rate` and what the hosts admitted before hearing of each other), at least
+/// [`WARMUP`] and twice that payback plus 4 s.
 const WARMUP: f64 = 8.0;
 const PHASE: f64 = 8.0;
 /// Seconds into a phase after which it is measured.
@@ -137,7 +138,7 @@ fn one(n: usize) -> Result<Run> {
         #[expect(clippy::cast_precision_loss, reason = "small counts")]
         let payback = (n as u64 * BURST) as f64 / RATE as f64;
         let secs = if i == 0 {
-            WARMUP.max(payback + 4.0)
+            WARMUP.max(2.0 * payback + 4.0)
         } else {
             PHASE
         };
