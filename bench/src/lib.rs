@@ -16,7 +16,9 @@
 //! - [`e2e`]: packets per second over a veth pair from a live-frames generator, for the limiter,
 //!   a drop-all floor, an XDP_PASS receiver, nftables and iptables, with one hot source and with
 //!   random sources;
-//! - [`agent`]: the real agent's CPU and memory, idle and under a random-source flood.
+//! - [`agent`]: the real agent's CPU and memory, idle and under a random-source flood;
+//! - [`cluster`]: 2 to 16 real agents sharing a cluster budget: admitted / budget, time to
+//!   converge, gossip bytes and CPU per host against the number of hosts (and two charts).
 //!
 //! `ratelimit-bench soak` runs the [`soak`] instead (`cargo xtask soak`): minutes of a random-source
 //! flood larger than the bucket map against the real agent, its operator paths in use.
@@ -29,6 +31,7 @@
 
 mod agent;
 mod chart;
+mod cluster;
 mod e2e;
 mod generator;
 mod kernel;
@@ -58,6 +61,7 @@ pub enum Part {
     Rules,
     E2e,
     Agent,
+    Cluster,
 }
 
 /// Runs the benchmark's `parts` (all if empty), prints the table and writes the results to
@@ -151,6 +155,9 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
     }
     if want(Part::Agent) {
         agent::run(&mut report, opts, &refs)?;
+    }
+    if want(Part::Cluster) {
+        cluster::run(&mut report, opts, json)?;
     }
     drop(refs);
 

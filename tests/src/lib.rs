@@ -41,6 +41,7 @@
 pub mod agent;
 pub mod agent_proc;
 pub mod cluster;
+pub mod cluster_net;
 mod cmd;
 pub mod collide;
 pub mod link;

@@ -1,0 +1,321 @@
+//! The cluster budget against the number of hosts: N real agents (2, 4, 8, 16; `--quick`: 2 and
+//! 4) in their own namespaces share one `scope = "cluster"` rule (1,000 pps, burst 500, sync
+//! 100 ms) while one source floods at 4x the budget (see `ratelimit_testbed::cluster_net`). Per
+//! N: what the cluster admits over the budget for a 95/5 split and an even split (each measured
+//! over its last 6 s), the time until every 1 s window is back within 10% of the budget after the
+//! change to each, gossip bytes per second per host and agent CPU per host over both phases.
+//! Ratios are against the 2-host cluster of the same run. For 4 hosts the run goes on through a
+//! partition (h0's gossip link down) and its heal, and `cluster.svg` charts the admitted rate over
+//! the whole run; `cluster_gossip.svg` charts gossip bytes per host against N.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context as _, Result};
+use plotters::prelude::*;
+use ratelimit_testbed::cluster_net::{
+    cluster_counter, cpu_time, status, ClusterNet, Samples, Split,
+};
+use serde_json::json;
+
+use crate::{
+    report::{Figure, Report},
+    session::{announce, check_interrupted, Options},
+};
+
+const RATE: u64 = 1000;
+const BURST: u64 = 500;
+const SYNC_MS: u64 = 100;
+const FLOOD_PPS: f64 = 4000.0;
+/// Seconds of each phase; the first is a warm-up (every host's first burst and its payback,
+/// `hosts x burst / rate` and what the hosts admitted before hearing of each other), at least
+/// [`WARMUP`] and twice that payback plus 4 s.
+const WARMUP: f64 = 8.0;
+const PHASE: f64 = 8.0;
+/// Seconds into a phase after which it is measured.
+const SETTLE: f64 = 2.0;
+/// The host count whose run also goes through a partition and its heal, for the chart.
+const CHART_HOSTS: usize = 4;
+
+/// What one cluster size measured.
+struct Run {
+    hosts: usize,
+    /// (phase name, start, end, admitted pps over the measured part, convergence s).
+    phases: Vec<(String, f64, f64, f64, Option<f64>)>,
+    gossip_bps: f64,
+    cpu_pct: f64,
+    /// The admitted rate over 0.5 s windows, for the chart.
+    timeline: Vec<(f64, f64)>,
+}
+
+/// Runs the part and adds its figures to `report`; writes the charts next to `json`.
+pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
+    let sizes: &[usize] = if opts.quick { &[2, 4] } else { &[2, 4, 8, 16] };
+    let mut runs = Vec::new();
+    for &n in sizes {
+        check_interrupted()?;
+        announce(&format!("cluster: {n} agents"));
+        runs.push(one(n).with_context(|| format!("cluster of {n}"))?);
+    }
+    for r in &runs {
+        let n = r.hosts;
+        let base = |what: &str| (n != 2).then(|| format!("cluster.n2.{what}"));
+        for (name, t0, t1, admitted, conv) in &r.phases {
+            let tag = name.replace(['/', ' '], "_");
+            report.add(Figure {
+                key: format!("cluster.n{n}.{tag}.admitted"),
+                section: "cluster",
+                label: format!("{n} hosts, {name}: admitted / budget"),
+                unit: "x",
+                runs: vec![admitted / f64::from(u32::try_from(RATE).unwrap_or(1000))],
+                baseline: base(&format!("{tag}.admitted")),
+                detail: json!({ "phase_s": [t0, t1], "measured_from_s": t0 + SETTLE }),
+            });
+            report.add(Figure {
+                key: format!("cluster.n{n}.{tag}.converge"),
+                section: "cluster",
+                label: format!(
+                    "{n} hosts, {name}: s until every 1 s window is within 10% (-1: never)"
+                ),
+                unit: "s",
+                runs: vec![conv.unwrap_or(-1.0)],
+                baseline: base(&format!("{tag}.converge")),
+                detail: json!({ "sync_intervals": conv.map(|c| c * 1000.0 / 100.0) }),
+            });
+        }
+        report.add(Figure {
+            key: format!("cluster.n{n}.gossip"),
+            section: "cluster",
+            label: format!("{n} hosts: gossip sent per host"),
+            unit: "B/s",
+            runs: vec![r.gossip_bps],
+            baseline: base("gossip"),
+            detail: json!({}),
+        });
+        report.add(Figure {
+            key: format!("cluster.n{n}.cpu"),
+            section: "cluster",
+            label: format!("{n} hosts: agent CPU per host"),
+            unit: "%",
+            runs: vec![r.cpu_pct],
+            baseline: base("cpu"),
+            detail: json!({ "binary": ratelimit_testbed::agent_binary().display().to_string() }),
+        });
+    }
+    if let Some(r) = runs.iter().find(|r| r.hosts == CHART_HOSTS) {
+        let svg = json.with_file_name("cluster.svg");
+        timeline_chart(r, &svg)?;
+        eprintln!("==> bench: chart written to {}", svg.display());
+    }
+    let svg = json.with_file_name("cluster_gossip.svg");
+    gossip_chart(&runs, &svg)?;
+    eprintln!("==> bench: chart written to {}", svg.display());
+    Ok(())
+}
+
+fn one(n: usize) -> Result<Run> {
+    let net = ClusterNet::new(&format!("rl-bc{n}"), n)?;
+    let agents = net.start_agents(RATE, BURST, SYNC_MS, Duration::from_secs(60 + 5 * n as u64))?;
+    let receivers = net.receivers()?;
+    let even = vec![1.0; n];
+    let mut skew = vec![0.0; n];
+    skew[0] = 95.0;
+    skew[1] = 5.0;
+    // (name, weights, h0's gossip link up or down at its start)
+    let mut phases: Vec<(&str, Vec<f64>, Option<bool>)> = vec![
+        ("warm-up (even)", even.clone(), None),
+        ("95/5", skew.clone(), None),
+        ("even", even.clone(), None),
+    ];
+    if n == CHART_HOSTS {
+        phases.push(("h0 cut off (95/5)", skew.clone(), Some(false)));
+        phases.push(("healed (95/5)", skew, Some(true)));
+    }
+    let mut schedule = Vec::new();
+    let mut bounds = Vec::new();
+    let mut t = 0.0;
+    for (i, (_, w, _)) in phases.iter().enumerate() {
+        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+        let payback = (n as u64 * BURST) as f64 / RATE as f64;
+        let secs = if i == 0 {
+            WARMUP.max(2.0 * payback + 4.0)
+        } else {
+            PHASE
+        };
+        bounds.push((t, t + secs));
+        t += secs;
+        schedule.push(Split {
+            end: t,
+            pps: FLOOD_PPS,
+            weights: w.clone(),
+        });
+    }
+    let start = Instant::now();
+    let sender = net.flood(schedule, start)?;
+    let mut samples = Samples::default();
+    let mut before = None;
+    let mut after = None;
+    let every = Duration::from_millis(50);
+    for (i, ((_, _, link), &(_, t1))) in phases.iter().zip(&bounds).enumerate() {
+        if let Some(up) = link {
+            net.set_gossip(0, *up)?;
+        }
+        if i == 1 {
+            before = Some(usage(&agents)?);
+        }
+        samples.take_until(&receivers, start, t1, every);
+        if i == 2 {
+            after = Some(usage(&agents)?);
+        }
+    }
+    let _ = sender.join();
+    let (b, a) = (before.expect("phase 1 ran"), after.expect("phase 2 ran"));
+    let secs = a.0.duration_since(b.0).as_secs_f64();
+    #[expect(clippy::cast_precision_loss, reason = "byte counts")]
+    let gossip_bps =
+        a.1.iter()
+            .zip(&b.1)
+            .map(|(x, y)| (x - y) as f64)
+            .sum::<f64>()
+            / secs
+            / n as f64;
+    #[expect(clippy::cast_precision_loss, reason = "host count")]
+    let cpu_pct =
+        a.2.iter()
+            .zip(&b.2)
+            .map(|(x, y)| x.saturating_sub(*y).as_secs_f64())
+            .sum::<f64>()
+            / secs
+            / n as f64
+            * 100.0;
+    let budget = f64::from(u32::try_from(RATE).unwrap_or(1000));
+    let mut measured = Vec::new();
+    for (i, ((name, _, _), &(t0, t1))) in phases.iter().zip(&bounds).enumerate() {
+        if i == 0 {
+            continue;
+        }
+        let want = if *name == "h0 cut off (95/5)" {
+            // Each side of the partition enforces the whole budget (fail open): h0 admits the
+            // budget, the others what h1 is sent (5% of the flood), under theirs.
+            budget + budget.min(0.05 * FLOOD_PPS)
+        } else {
+            budget
+        };
+        measured.push((
+            (*name).to_string(),
+            t0,
+            t1,
+            samples.rate(t0 + SETTLE, t1),
+            samples.converged_after(t0, t1, 1.0, want, 0.10),
+        ));
+    }
+    let timeline = samples.trailing_rates(0.0, t, 0.5);
+    drop(receivers);
+    for a in agents {
+        let _ = a.stop();
+    }
+    drop(net);
+    Ok(Run {
+        hosts: n,
+        phases: measured,
+        gossip_bps,
+        cpu_pct,
+        timeline,
+    })
+}
+
+/// (when, bytes sent by each agent's gossip, CPU time of each agent).
+fn usage(agents: &[ratelimit_testbed::AgentProcess]) -> Result<(Instant, Vec<u64>, Vec<Duration>)> {
+    let mut bytes = Vec::new();
+    let mut cpu = Vec::new();
+    for a in agents {
+        bytes.push(cluster_counter(&status(a)?, "bytes_out"));
+        cpu.push(cpu_time(a.pid().ok_or_else(|| anyhow!("agent exited"))?)?);
+    }
+    Ok((Instant::now(), bytes, cpu))
+}
+
+fn timeline_chart(r: &Run, path: &Path) -> Result<()> {
+    let top = r.timeline.iter().map(|p| p.1).fold(2500.0, f64::max) * 1.1;
+    let end = r.timeline.last().map_or(40.0, |p| p.0);
+    let draw = || -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!(
+                    "{} hosts, one source at 4x a 1,000 pps cluster budget: admitted pps (0.5 s windows)",
+                    r.hosts
+                ),
+                ("sans-serif", 18),
+            )
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..end, 0f64..top)?;
+        chart
+            .configure_mesh()
+            .x_desc("seconds since the flood started")
+            .y_desc("packets per second admitted, all hosts")
+            .draw()?;
+        let grey = RGBColor(150, 150, 150);
+        chart.draw_series(LineSeries::new(
+            vec![(0.0, 1000.0), (end, 1000.0)],
+            grey.stroke_width(1),
+        ))?;
+        for (name, t0, _, _, _) in &r.phases {
+            let x = *t0;
+            chart.draw_series(LineSeries::new(
+                vec![(x, 0.0), (x, top)],
+                grey.stroke_width(1),
+            ))?;
+            chart.draw_series(std::iter::once(Text::new(
+                name.clone(),
+                (x + 0.2, top * 0.95),
+                ("sans-serif", 12),
+            )))?;
+        }
+        let blue = RGBColor(31, 90, 180);
+        chart.draw_series(LineSeries::new(
+            r.timeline.iter().copied(),
+            blue.stroke_width(2),
+        ))?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| anyhow!("drawing {}: {e}", path.display()))
+}
+
+fn gossip_chart(runs: &[Run], path: &Path) -> Result<()> {
+    #[expect(clippy::cast_precision_loss, reason = "host counts")]
+    let points: Vec<(f64, f64)> = runs
+        .iter()
+        .map(|r| (r.hosts as f64, r.gossip_bps / 1000.0))
+        .collect();
+    let top = points.iter().map(|p| p.1).fold(10.0, f64::max) * 1.2;
+    let right = points.iter().map(|p| p.0).fold(2.0, f64::max) + 1.0;
+    let draw = || -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let root = SVGBackend::new(path, (760, 480)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                "Gossip sent per host against cluster size (sync 100 ms)",
+                ("sans-serif", 18),
+            )
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..right, 0f64..top)?;
+        chart
+            .configure_mesh()
+            .x_desc("hosts in the cluster")
+            .y_desc("KB/s sent per host")
+            .draw()?;
+        let red = RGBColor(200, 50, 40);
+        chart.draw_series(LineSeries::new(points.iter().copied(), red.stroke_width(2)))?;
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, red.filled())))?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| anyhow!("drawing {}: {e}", path.display()))
+}

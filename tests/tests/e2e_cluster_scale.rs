@@ -1,0 +1,256 @@
+//! The cluster budget at 8 hosts, end to end: eight real agents, each in its own namespace with
+//! the limiter attached, share one `scope = "cluster"` budget (1,000 pps, burst 500, sync
+//! 100 ms). One source floods at 4x the budget, spread evenly over the eight hosts (a start, not
+//! measured), then 95/5 over two of them, evenly, 95/5 over two others, evenly again. After each
+//! phase has settled (1 s), the cluster admits the budget within 5%; after each change of split,
+//! every 1 s window that starts 3 sync intervals or more after the change admits within 10% of
+//! the budget.
+//!
+//! The first phase starts with fresh buckets: every host admits its burst at once (8 x 500
+//! packets), which the cluster then pays back (one budget: `burst + rate x t` from the start,
+//! see the README's burst bound), so that phase is not measured (the issue's "0.925 x the budget
+//! with an even split" was a window that held part of that payback).
+//!
+//! Run with `--nocapture` for the figures, and `RL_CLUSTER_TRACE=1` for the rate every 100 ms.
+
+use std::time::{Duration, Instant};
+
+use ratelimit_testbed::{
+    cluster_net::{cluster_counter, status, ClusterNet, Samples, Split},
+    leftover_check, require_root,
+};
+
+const HOSTS: usize = 8;
+const RATE: f64 = 1000.0;
+const BURST: u64 = 500;
+const SYNC_MS: u64 = 100;
+/// The flood, in total: 4x the budget.
+const FLOOD_PPS: f64 = 4000.0;
+/// Each phase, after settling, admits within this of the budget (the issue's 5%).
+const ACCURACY: f64 = 0.05;
+/// "Back within 10% of the budget" ...
+const CONVERGED: f64 = 0.10;
+/// ... over 1 s windows: over a shorter one, a host's admissions come in steps of one sync
+/// (its bucket opens and closes as each round's charges land: up to a round of the budget,
+/// 100 packets, on one side of a window), which alone is 10% of 1 s.
+const WINDOW: f64 = 1.0;
+/// ... from this many sync intervals after a change of split on.
+const CONVERGE_ROUNDS: f64 = 3.0;
+/// How often the receivers are read.
+const SAMPLE: Duration = Duration::from_millis(50);
+
+struct Phase {
+    name: &'static str,
+    secs: f64,
+    weights: [f64; HOSTS],
+    /// Seconds into the phase after which its accuracy is measured.
+    settle: f64,
+}
+
+const EVEN: [f64; HOSTS] = [1.0; HOSTS];
+
+const PHASES: [Phase; 5] = [
+    Phase {
+        name: "start (even)",
+        secs: 10.0,
+        weights: EVEN,
+        // Not measured: every host admits its burst at once (8 x 500 packets) before the
+        // shares are known, then the cluster pays the excess back.
+        settle: f64::NAN,
+    },
+    Phase {
+        name: "95/5 (h0/h1)",
+        secs: 8.0,
+        weights: [95.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        settle: 1.0,
+    },
+    Phase {
+        name: "even",
+        secs: 8.0,
+        weights: EVEN,
+        settle: 1.0,
+    },
+    Phase {
+        name: "95/5 (h7/h6)",
+        secs: 8.0,
+        weights: [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0, 95.0],
+        settle: 1.0,
+    },
+    Phase {
+        name: "even again",
+        secs: 8.0,
+        weights: EVEN,
+        settle: 1.0,
+    },
+];
+
+/// Ignored: the cluster sync misses the convergence target (issue #15). Measured at f9f2218
+/// on the 2-core VM (one run): admitted 1.002, 0.996, 1.012, 1.001 x the budget over the four
+/// phases' 7 s windows (the 5% holds), but over 1 s windows 0.89-1.09 (95/5) and 0.50-1.57
+/// (even), and every 1 s window within 10% only 3.1, 7.0, 6.0 and 7.0 s after the changes: each
+/// host charges the others' admissions a sync late, so while a source's bucket is open
+/// everywhere all hosts admit their whole share of the flood at once, then all pay back together
+/// (a loop gain of `hosts - 1`). Run it with `-- --ignored`.
+#[test]
+#[ignore = "the cluster misses convergence within 3 sync intervals at 8 hosts (7 s measured); issue #15"]
+#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
+fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_3_sync_intervals() {
+    require_root();
+    let net = ClusterNet::new("rl-cs", HOSTS).unwrap();
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "1000"
+    )]
+    let agents = net
+        .start_agents(RATE as u64, BURST, SYNC_MS, Duration::from_secs(60))
+        .unwrap();
+    let receivers = net.receivers().unwrap();
+
+    let mut schedule = Vec::new();
+    let mut t = 0.0;
+    let mut bounds = Vec::new();
+    for p in &PHASES {
+        bounds.push((t, t + p.secs));
+        t += p.secs;
+        schedule.push(Split {
+            end: t,
+            pps: FLOOD_PPS,
+            weights: p.weights.to_vec(),
+        });
+    }
+    let end = t;
+    let before: Vec<u64> = agents
+        .iter()
+        .map(|a| cluster_counter(&status(a).unwrap(), "bytes_out"))
+        .collect();
+    let start = Instant::now();
+    let sender = net.flood(schedule, start).unwrap();
+    let mut samples = Samples::default();
+    samples.take_until(&receivers, start, end, SAMPLE);
+    let sent = sender.join().unwrap();
+    let elapsed = start.elapsed().as_secs_f64();
+    let statuses: Vec<_> = agents.iter().map(|a| status(a).unwrap()).collect();
+
+    // --- Figures. ---
+    println!(
+        "\n{HOSTS} hosts, budget {RATE} pps (burst {BURST}) cluster-wide, flood {FLOOD_PPS} pps, sync {SYNC_MS} ms; sent {:?}",
+        sent
+    );
+    let mut results = Vec::new();
+    for (i, (p, &(t0, t1))) in PHASES.iter().zip(&bounds).enumerate() {
+        if p.settle.is_nan() {
+            println!(
+                "{:<14} {:>4.1}-{:>4.1} s: not measured (the first bursts and their payback)",
+                p.name, t0, t1
+            );
+            results.push((f64::NAN, None));
+            continue;
+        }
+        let measured = samples.rate(t0 + p.settle, t1);
+        let conv = (i > 0).then(|| samples.converged_after(t0, t1, WINDOW, RATE, CONVERGED));
+        let per_host: Vec<String> = (0..HOSTS)
+            .map(|h| format!("{:.0}", samples.host_rate(h, t0 + p.settle, t1)))
+            .collect();
+        let worst = samples
+            .trailing_rates(t0 + p.settle, t1, WINDOW)
+            .iter()
+            .map(|(_, r)| r / RATE)
+            .fold((f64::MAX, f64::MIN), |(lo, hi), r| (lo.min(r), hi.max(r)));
+        println!(
+            "{:<14} measured {:>4.1}-{:>4.1} s: {:>6.0} pps = {:.3} x budget (1 s windows {:.3}-{:.3}); per host [{}]; {}",
+            p.name,
+            t0 + p.settle,
+            t1,
+            measured,
+            measured / RATE,
+            worst.0,
+            worst.1,
+            per_host.join(" "),
+            match conv {
+                None => String::new(),
+                Some(None) => "never within 10% over 1 s".to_string(),
+                Some(Some(c)) => format!(
+                    "within 10% over every 1 s window from {:.2} s ({:.1} sync intervals) after the change",
+                    c,
+                    c * 1000.0 / f64::from(u32::try_from(SYNC_MS).unwrap())
+                ),
+            }
+        );
+        results.push((measured, conv));
+    }
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let gossip: Vec<String> = statuses
+        .iter()
+        .zip(&before)
+        .map(|(s, b)| {
+            format!(
+                "{:.0}",
+                (cluster_counter(s, "bytes_out") - b) as f64 / elapsed
+            )
+        })
+        .collect();
+    println!("gossip sent per host, B/s: [{}]", gossip.join(" "));
+    println!(
+        "charges clamped: {:?}, debt capped: {:?}",
+        statuses
+            .iter()
+            .map(|s| cluster_counter(s, "charges_clamped"))
+            .collect::<Vec<_>>(),
+        statuses
+            .iter()
+            .map(|s| cluster_counter(s, "debt_capped"))
+            .collect::<Vec<_>>()
+    );
+    if std::env::var_os("RL_CLUSTER_TRACE").is_some() {
+        for (t, r) in samples.trailing_rates(0.0, end, 0.5) {
+            println!("t {t:6.2} cluster rate over the last 0.5 s {r:6.0}");
+        }
+    }
+
+    // --- Assertions. ---
+    for (p, (measured, conv)) in PHASES.iter().zip(&results) {
+        if measured.is_nan() {
+            continue;
+        }
+        let ratio = measured / RATE;
+        assert!(
+            (ratio - 1.0).abs() <= ACCURACY,
+            "{}: the cluster admitted {measured:.0} pps = {ratio:.3} x the budget after settling, want within {:.0}%",
+            p.name,
+            ACCURACY * 100.0
+        );
+        if let Some(conv) = conv {
+            let limit = CONVERGE_ROUNDS * f64::from(u32::try_from(SYNC_MS).unwrap()) / 1000.0;
+            let c = conv.unwrap_or_else(|| {
+                panic!("{}: never back within 10% of the budget over 1 s", p.name)
+            });
+            assert!(
+                c <= limit + 1e-9,
+                "{}: within 10% of the budget over every 1 s window only from {c:.2} s after the change, want {limit:.1} s ({CONVERGE_ROUNDS} sync intervals)",
+                p.name
+            );
+        }
+    }
+    for (i, s) in statuses.iter().enumerate() {
+        assert_eq!(
+            ratelimit_testbed::cluster_net::counted_peers(s).len(),
+            HOSTS - 1,
+            "h{i} no longer counts every peer: {}",
+            s["cluster"]
+        );
+    }
+
+    // --- Clean up. ---
+    drop(receivers);
+    for (i, a) in agents.into_iter().enumerate() {
+        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+    }
+    drop(net);
+    let ours = format!("-{}-", std::process::id());
+    let left: Vec<String> = leftover_check("rl-cs-")
+        .into_iter()
+        .filter(|n| n.contains(&ours))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
