@@ -670,6 +670,9 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
             .then_some(())
     });
     thread::sleep(Duration::from_millis(4 * SYNC_MS));
+    if charged_by(&agents[0], g1) != first {
+        eprintln!("H0 LOG:\n{}\nH1 LOG:\n{}", agents[0].log(), agents[1].log());
+    }
     assert_eq!(
         charged_by(&agents[0], g1),
         first,

@@ -127,6 +127,9 @@ struct PeerTrack {
     counted: bool,
     /// Keys with an epoch below this existed before we started counting the peer.
     baseline_epoch: u64,
+    /// Heard again after a silence: the first fresh sync sequence read; the baseline waits for a
+    /// newer one (see [`RemoteTracker::round`]).
+    rejoin_seq: Option<u64>,
     sync: Option<(u64, u64, u64)>,
     keys: HashMap<KeyName, Applied>,
     published: usize,
@@ -219,6 +222,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                     last_heard_ns: now,
                     counted: false,
                     baseline_epoch: 0,
+                    rejoin_seq: None,
                     sync: None,
                     keys: HashMap::new(),
                     published: 0,
@@ -246,14 +250,30 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                 && now.saturating_sub(track.last_heard_ns) <= self.timeout_ns;
             let Some(sync) = view.sync.filter(|_| heard) else {
                 track.counted = false;
+                track.rejoin_seq = None;
                 continue;
             };
-            if !track.counted && track.sync.is_some_and(|s| s.0 >= sync.0) {
-                // Heard again (its heartbeat travels in digests, ahead of its keys), but its
-                // state is still what it was before the silence: wait for a newer sync key,
-                // so the baseline is its present and what it admitted meanwhile is not
-                // charged late.
-                continue;
+            if !track.counted {
+                if let Some(last) = track.sync {
+                    // Heard again after a silence. Its heartbeat travels in digests, ahead of its
+                    // keys, so what is read first may still be its state from before the silence;
+                    // and the first newer sync key may be a snapshot taken before it could be
+                    // heard again (it publishes once a sync interval), so admissions after that
+                    // snapshot would show up later and be charged late. The baseline waits for
+                    // a sync key newer than the first fresh one: published after this host
+                    // heard it again, so everything it admitted while not counted is in it.
+                    if sync.0 <= last.0 {
+                        continue;
+                    }
+                    match track.rejoin_seq {
+                        Some(first) if sync.0 > first => track.rejoin_seq = None,
+                        Some(_) => continue,
+                        None => {
+                            track.rejoin_seq = Some(sync.0);
+                            continue;
+                        }
+                    }
+                }
             }
             track.sync = Some(sync);
             round.counted_peers += 1;
@@ -541,17 +561,22 @@ mod tests {
         assert_eq!(charged(&r), 0);
         let info = t.info(3 * S + 200 * MS).next().unwrap().1;
         assert!(!info.heard && !info.counted);
-        // Heard again: what it admitted meanwhile is the new baseline, not charged late.
+        // Heard again: what it admitted meanwhile is the new baseline (taken at the second
+        // fresh sync key, see the next test), not charged late.
         assert_eq!(
             charged(&t.round(4 * S, &[view("a", 3, 2, &[(1, 4000)])], &l)),
             0
         );
         assert_eq!(
-            charged(&t.round(4 * S + 100 * MS, &[view("a", 4, 2, &[(1, 4100)])], &l)),
+            charged(&t.round(4 * S + 50 * MS, &[view("a", 4, 2, &[(1, 4000)])], &l)),
+            0
+        );
+        assert_eq!(
+            charged(&t.round(4 * S + 100 * MS, &[view("a", 5, 2, &[(1, 4100)])], &l)),
             100
         );
         // Dead according to the failure detector: not counted either.
-        let mut dead = view("a", 5, 2, &[(1, 4200)]);
+        let mut dead = view("a", 6, 2, &[(1, 4200)]);
         dead.live = false;
         assert_eq!(charged(&t.round(4 * S + 200 * MS, &[dead], &l)), 0);
     }
@@ -579,14 +604,22 @@ mod tests {
             !t.info(5 * S).next().unwrap().1.counted,
             "counted on stale state"
         );
-        // Its state arrives: 300 more admitted while cut off, the baseline, not charged.
+        // Its first fresh state: a snapshot it took before it could be heard again, while it
+        // was still admitting (582 of what it admits while not counted): not the baseline yet.
         assert_eq!(
-            charged(&t.round(5 * S + 100 * MS, &[view("a", 10, 2, &[(1, 600)])], &l)),
+            charged(&t.round(5 * S + 100 * MS, &[view("a", 10, 2, &[(1, 582)])], &l)),
             0
         );
-        assert!(t.info(5 * S + 100 * MS).next().unwrap().1.counted);
+        assert!(!t.info(5 * S + 100 * MS).next().unwrap().1.counted);
+        // The next sync key, published after it was heard again, holds all of it (600): the
+        // baseline, nothing charged late.
         assert_eq!(
-            charged(&t.round(5 * S + 200 * MS, &[view("a", 11, 2, &[(1, 650)])], &l)),
+            charged(&t.round(5 * S + 200 * MS, &[view("a", 11, 2, &[(1, 600)])], &l)),
+            0
+        );
+        assert!(t.info(5 * S + 200 * MS).next().unwrap().1.counted);
+        assert_eq!(
+            charged(&t.round(5 * S + 300 * MS, &[view("a", 12, 2, &[(1, 650)])], &l)),
             50
         );
     }
