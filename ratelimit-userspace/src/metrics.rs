@@ -15,6 +15,7 @@
 //! | metric | type | labels |
 //! |---|---|---|
 //! | `ratelimit_rule_packets_total`, `ratelimit_rule_bytes_total` | counter | `rule`, `verdict` |
+//! | `ratelimit_limit_dropped_packets_total` | counter | `rule`, `limit` (1: the rule's own, 2..: its `[[rule.limit]]`s), `verdict` (`dropped_rate`, `dropped_bytes`) |
 //! | `ratelimit_packets_total` | counter | |
 //! | `ratelimit_parse_failures_total` | counter | `reason` |
 //! | `ratelimit_non_ip_packets_total`, `ratelimit_fragments_total`, `ratelimit_unmatched_packets_total`, `ratelimit_new_buckets_total`, `ratelimit_bucket_errors_total`, `ratelimit_internal_errors_total` | counter | |
@@ -437,6 +438,38 @@ impl Collector for Snapshot {
             "ratelimit_rule_bytes",
             "Bytes (whole frames, Ethernet header included) that matched each rule, by verdict (see ratelimit_rule_packets).",
             per_rule(|r| &r.bytes),
+        )?;
+
+        let limit_names: Vec<(
+            String,
+            &crate::stats::RuleReport,
+            &crate::stats::LimitReport,
+        )> = s
+            .rules
+            .iter()
+            .flat_map(|r| r.limits.iter().map(move |l| (l.limit.to_string(), r, l)))
+            .collect();
+        family(
+            &mut enc,
+            "ratelimit_limit_dropped_packets",
+            "Packets dropped by each limit of each limit rule (1: the rule's own, 2..: its \
+             [[rule.limit]]s in order), by verdict: dropped_rate or dropped_bytes. The sum over a \
+             rule's limits is its ratelimit_rule_packets of that verdict.",
+            limit_names.iter().flat_map(|(n, r, l)| {
+                [
+                    ("dropped_rate", l.dropped_rate),
+                    ("dropped_bytes", l.dropped_bytes),
+                ]
+                .into_iter()
+                .map(move |(v, c)| {
+                    let labels: Labels = vec![
+                        ("rule", r.name.as_str()),
+                        ("limit", n.as_str()),
+                        ("verdict", v),
+                    ];
+                    (labels, ConstCounter::new(c))
+                })
+            }),
         )?;
 
         let g = |i: usize| s.global.get(global::NAMES[i]).copied().unwrap_or(0);

@@ -460,6 +460,17 @@ pub fn stats(v: &Value) -> String {
                 line: u32::try_from(num(r, "line")).unwrap_or(0),
                 packets: known(&verdict::NAMES, &r["packets"]),
                 bytes: known(&verdict::NAMES, &r["bytes"]),
+                limits: r["limits"]
+                    .as_array()
+                    .unwrap_or(&empty)
+                    .iter()
+                    .map(|l| crate::stats::LimitReport {
+                        limit: usize::try_from(num(l, "limit")).unwrap_or(0),
+                        per: text(l, "per").to_string(),
+                        dropped_rate: num(l, "dropped_rate"),
+                        dropped_bytes: num(l, "dropped_bytes"),
+                    })
+                    .collect(),
             })
             .collect(),
         buckets: BucketReport {
