@@ -611,6 +611,20 @@ mod tests {
                     line: 7,
                     packets,
                     bytes,
+                    limits: vec![
+                        crate::stats::LimitReport {
+                            limit: 1,
+                            per: "source".into(),
+                            dropped_rate: 150,
+                            dropped_bytes: 0,
+                        },
+                        crate::stats::LimitReport {
+                            limit: 2,
+                            per: "/24".into(),
+                            dropped_rate: 50,
+                            dropped_bytes: 0,
+                        },
+                    ],
                 }],
                 buckets: BucketReport {
                     tracked: 5,
@@ -664,6 +678,9 @@ mod tests {
         let text = snapshot().encode().unwrap();
         for line in [
             r#"ratelimit_rule_packets_total{rule="web \"edge\"",verdict="passed"} 100"#,
+            r#"ratelimit_limit_dropped_packets_total{rule="web \"edge\"",limit="1",verdict="dropped_rate"} 150"#,
+            r#"ratelimit_limit_dropped_packets_total{rule="web \"edge\"",limit="2",verdict="dropped_rate"} 50"#,
+            r#"ratelimit_limit_dropped_packets_total{rule="web \"edge\"",limit="2",verdict="dropped_bytes"} 0"#,
             r#"ratelimit_rule_packets_total{rule="web \"edge\"",verdict="dropped_rate"} 200"#,
             r#"ratelimit_rule_packets_total{rule="web \"edge\"",verdict="no_bucket"} 0"#,
             r#"ratelimit_rule_bytes_total{rule="web \"edge\"",verdict="passed"} 10600"#,

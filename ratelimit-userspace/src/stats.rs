@@ -47,7 +47,7 @@ pub struct LimitReport {
 }
 
 /// The `per` a limit's source mask stands for.
-fn per_of(mask: &[u32; 4]) -> String {
+pub(crate) fn per_of(mask: &[u32; 4]) -> String {
     let bits: u32 = mask.iter().map(|w| w.count_ones()).sum();
     match bits {
         0 => "rule".to_owned(),

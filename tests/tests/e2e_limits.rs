@@ -359,3 +359,156 @@ fn a_spoofed_flood_gets_the_rules_aggregate_while_a_polite_source_loses_nothing(
     assert_eq!(rule_packets(&stats, "polite", "dropped_rate"), 0);
     assert!(agent.stop().unwrap().success());
 }
+
+/// Runs the CLI against `agent`; returns (success, stdout, stderr).
+fn cli(agent: &AgentProcess, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(ratelimit_testbed::agent_binary())
+        .arg("--socket")
+        .arg(agent.socket_path())
+        .args(args)
+        .output()
+        .expect("running the ratelimit CLI");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn json(agent: &AgentProcess, args: &[&str]) -> Value {
+    let mut args = args.to_vec();
+    args.push("--json");
+    let (ok, out, err) = cli(agent, &args);
+    assert!(ok, "`ratelimit {}` failed: {err}", args.join(" "));
+    serde_json::from_str(&out).unwrap()
+}
+
+/// `rules add --limit` (written back, listed, a bad limit refused naming the key), then traffic:
+/// `explain` shows the source's bucket under every limit, `top --limit 2` ranks the /24s,
+/// `stats` says the /24's limit dropped the excess.
+#[test]
+fn limits_through_the_cli_add_list_explain_top_and_stats() {
+    require_root();
+    let tx = Netns::new("rl-e2e-limcli-tx").unwrap();
+    let rx = Netns::new("rl-e2e-limcli-rx").unwrap();
+    let (tx_if, rx_if) = veth_pair(&tx, &rx, "lc").unwrap();
+    let sources: Vec<IpAddr> = (1..=3)
+        .map(|i| format!("198.18.22.{i}").parse().unwrap())
+        .collect();
+    for s in &sources {
+        add_addr(&tx, &tx_if, &format!("{s}/24")).unwrap();
+    }
+    let dst_ip: IpAddr = "198.18.22.254".parse().unwrap();
+    add_addr(&rx, &rx_if, "198.18.22.254/24").unwrap();
+    neigh_to_peer(&tx, &tx_if, dst_ip, &rx, &rx_if).unwrap();
+    let config = format!(
+        "[agent]\ninterfaces = [\"{rx_if}\"]\n\n\
+         [[rule]]\nname = \"other\"\nsource = \"198.18.23.0/24\"\nrate = 10\n"
+    );
+    let agent = AgentProcess::start(&rx, &config, &[]).unwrap();
+    let (ok, _, err) = cli(
+        &agent,
+        &[
+            "rules",
+            "add",
+            "--name",
+            "bad",
+            "--source",
+            "10.0.0.0/8",
+            "--rate",
+            "1",
+            "--limit",
+            "rate=5",
+        ],
+    );
+    assert!(!ok, "a limit without per was accepted");
+    assert!(err.contains("limit 2") && err.contains("per"), "{err}");
+    let (ok, _, err) = cli(
+        &agent,
+        &[
+            "rules",
+            "add",
+            "--name",
+            "web",
+            "--source",
+            "198.18.22.0/24",
+            "--rate",
+            "100",
+            "--limit",
+            "per=/24,rate=150,burst=150",
+        ],
+    );
+    assert!(ok, "rules add: {err}");
+    let file = std::fs::read_to_string(agent.config_path()).unwrap();
+    assert!(
+        file.contains("[[rule.limit]]\nper = \"/24\"\nrate = 150\n"),
+        "{file}"
+    );
+    let list = json(&agent, &["rules", "list"]);
+    let web = list["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "web")
+        .unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(web["limit"][0]["per"], "/24", "{list}");
+
+    let receiver = Receiver::bind(&rx, SocketAddr::new(dst_ip, 0)).unwrap();
+    let dst = receiver.local_addr();
+    let top = thread::scope(|s| {
+        for &src in &sources {
+            let tx = &tx;
+            s.spawn(move || {
+                send_udp_from(
+                    tx,
+                    SocketAddr::new(src, 0),
+                    dst,
+                    200,
+                    Duration::from_secs(2),
+                    PAYLOAD,
+                )
+                .unwrap()
+            });
+        }
+        thread::sleep(Duration::from_millis(500));
+        json(
+            &agent,
+            &["top", "-n", "5", "--interval-ms", "500", "--limit", "2"],
+        )
+    });
+    let entries = top["top"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "one /24 bucket: {top}");
+    assert_eq!(entries[0]["limit"], 2, "{top}");
+    assert_eq!(entries[0]["source"], "198.18.22.0/24", "{top}");
+    assert_eq!(entries[0]["rule"], "web", "{top}");
+    let all = json(&agent, &["top", "-n", "10", "--interval-ms", "200"]);
+    println!("top --limit 2: {top}\ntop: {all}");
+
+    let explain = json(&agent, &["explain", "198.18.22.1"]);
+    let limits = explain["limits"].as_array().unwrap();
+    assert_eq!(limits.len(), 2, "{explain}");
+    assert_eq!(limits[0]["per"], "source");
+    assert_eq!(limits[0]["key"], "198.18.22.1/32");
+    assert_eq!(limits[1]["per"], "/24");
+    assert_eq!(limits[1]["key"], "198.18.22.0/24");
+    assert!(
+        limits[0]["bucket"]["passed"].as_u64().unwrap() > 0,
+        "{explain}"
+    );
+    assert!(
+        limits[1]["bucket"]["passed"].as_u64().unwrap()
+            > limits[0]["bucket"]["passed"].as_u64().unwrap(),
+        "the /24's bucket counts all three sources: {explain}"
+    );
+    let (ok, table, _) = cli(&agent, &["explain", "198.18.22.1"]);
+    assert!(ok);
+    assert!(
+        table.contains("limit 2 (per /24, bucket 198.18.22.0/24)"),
+        "{table}"
+    );
+    let stats = agent.stats();
+    assert!(limit_dropped(&stats, "web", 2) > 0, "{stats}");
+    assert_eq!(limit_dropped(&stats, "web", 1), 0, "{stats}");
+    drop(receiver);
+    assert!(agent.stop().unwrap().success());
+}

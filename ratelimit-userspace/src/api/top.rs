@@ -164,6 +164,8 @@ impl Ord for Candidate {
 /// busy kept) and a count of the rest.
 pub struct TopRanker {
     n: usize,
+    /// Only buckets of this limit of their rule (1: its own), if set.
+    limit: Option<usize>,
     heap: BinaryHeap<Candidate>,
     active: usize,
     tracked: usize,
@@ -173,8 +175,17 @@ impl TopRanker {
     /// Keeps the `n` busiest.
     #[must_use]
     pub fn new(n: usize) -> Self {
+        Self::of_limit(n, None)
+    }
+
+    /// Keeps the `n` busiest buckets of limit `limit` of their rules (1: the rule's own; 2..:
+    /// its `[[rule.limit]]`s), or of any limit (`None`): `top --limit 2` ranks the /24s of a
+    /// rule whose second limit is `per = "/24"`.
+    #[must_use]
+    pub fn of_limit(n: usize, limit: Option<usize>) -> Self {
         Self {
             n,
+            limit,
             heap: BinaryHeap::new(),
             active: 0,
             tracked: 0,
@@ -194,10 +205,8 @@ impl TopRanker {
         set: &CompiledRuleSet,
     ) {
         self.tracked += 1;
-        if set
-            .rule(ratelimit_common::split_bucket_rule(u32::from(b.rule)).0)
-            .is_none()
-        {
+        let (id, limit) = ratelimit_common::split_bucket_rule(u32::from(b.rule));
+        if set.rule(id).is_none() || self.limit.is_some_and(|l| l != limit + 1) {
             return;
         }
         let (p0, d0) = first.counters(index, b).unwrap_or((0, 0));
@@ -289,12 +298,12 @@ pub fn top_entries(
 pub async fn measure(
     maps: Arc<PinnedMaps>,
     rules: watch::Receiver<Arc<CompiledRuleSet>>,
-    n: usize,
+    (n, limit): (usize, Option<usize>),
     interval: Duration,
     budget: usize,
 ) -> Result<TopReport, MapsError> {
     let records = maps.store().records();
-    let mut ranker = TopRanker::new(n);
+    let mut ranker = TopRanker::of_limit(n, limit);
     let mut start = 0u32;
     let mut windows = 0;
     loop {
