@@ -569,6 +569,7 @@ fn limits_from_raw(
         l.bytes_burst =
             number(&raw.bytes_burst, "bytes_burst")?.or_else(|| default_bytes_burst(l.bytes_rate));
         if let Some(scope) = raw.scope {
+            offsets.insert("scope", scope.span().start);
             if *scope.get_ref() == Scope::Cluster && !has_cluster {
                 return Err(src.invalid(
                     scope.span().start,

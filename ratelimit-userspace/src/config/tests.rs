@@ -1845,6 +1845,14 @@ fn rule_limit_errors_name_the_file_line_and_key() {
         "scope",
         "[cluster]",
     );
+    // With a [cluster], a cluster-wide [[rule.limit]] is refused (the sync shares a rule's own
+    // limit only), pointing at the key.
+    assert_error(
+        &format!("{CLUSTER}{head}[[rule.limit]]\nper = \"rule\"\nrate = 5\nscope = \"cluster\"\n"),
+        11,
+        "scope",
+        "not supported on a [[rule.limit]]",
+    );
     assert_error(
         &format!("{head}[[rule.limit]]\nper = \"rule\"\nrate = 5\nbytes_burst = 100\n"),
         8,
