@@ -257,7 +257,6 @@ fn flood(ifindex: u32, dst_mac: [u8; 6], frames: &[Vec<u8>], pps: u64) -> SendRe
 }
 
 #[test]
-#[expect(clippy::cast_precision_loss, reason = "packet counts far below 2^52")]
 fn a_spoofed_flood_gets_the_rules_aggregate_while_a_polite_source_loses_nothing() {
     const RULE_RATE: u64 = 2000;
     const RULE_BURST: u64 = 200;
