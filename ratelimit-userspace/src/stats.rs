@@ -6,7 +6,7 @@
 //! "bytes": {...}, "limits": [{"limit": 1, "per": "source", "dropped_rate": N, "dropped_bytes": N},
 //! ...]}], "buckets": {"tracked": N, "capacity": N}}`. `limits` (limit rules only) says which of
 //! the rule's limits dropped what: 1 is the rule's own, 2.. its `[[rule.limit]]`s in order; their
-//! sums are the rule's `dropped_rate` and `dropped_bytes`.
+//! sums are the rule's `dropped_rate` and `dropped_bytes` (under dry run, its would-be drops).
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
