@@ -421,6 +421,95 @@ rate = 1000000000
 burst = 1000000000
 "#;
 
+/// Rules for [`hot_limits`]: one, two and three limits (per source; + per /24; + per rule), each
+/// rule on its own /24, all admitting everything (on the coarse clock, as a one-limit rule).
+pub const LIMIT_RULES: &str = r#"
+[[rule]]
+name = "limits-1"
+source = "198.18.7.0/24"
+rate = 1000000000
+burst = 1000000000
+
+[[rule]]
+name = "limits-2"
+source = "198.18.8.0/24"
+rate = 1000000000
+burst = 1000000000
+[[rule.limit]]
+per = "/24"
+rate = 1000000000
+burst = 1000000000
+
+[[rule]]
+name = "limits-3"
+source = "198.18.9.0/24"
+rate = 1000000000
+burst = 1000000000
+[[rule.limit]]
+per = "/24"
+rate = 1000000000
+burst = 1000000000
+[[rule.limit]]
+per = "rule"
+rate = 1000000000
+burst = 1000000000
+"#;
+
+/// The cost of several limits per rule: a known source's admitted packet under a rule with one,
+/// two and three limits (each extra limit is one more bucket charge). Expects [`LIMIT_RULES`]
+/// installed.
+pub fn hot_limits(
+    report: &mut Report,
+    opts: &Options,
+    refs: &Refs,
+    limiter: &Limiter,
+) -> Result<()> {
+    crate::session::announce("in-kernel cost: rules with 1, 2 and 3 limits");
+    for (name, n) in [("limits-1", 1), ("limits-2", 2), ("limits-3", 3)] {
+        let rule = limiter
+            .set
+            .rule(limiter.id(name)?)
+            .context("rule in set")?
+            .rule;
+        if rule.limits() != n || rule.flags & rule_flags::COARSE_CLOCK == 0 {
+            bail!("rule {name}: expected {n} limits on the coarse clock");
+        }
+    }
+    let mut cases = vec![
+        HotCase::new(
+            "kernel.limiter.limits_1",
+            "limits: known source, admitted, rule with 1 limit",
+            v4_frame([198, 18, 7, 1]),
+        ),
+        HotCase::new(
+            "kernel.limiter.limits_2",
+            "limits: known source, admitted, 2 limits (+ per /24)",
+            v4_frame([198, 18, 8, 1]),
+        ),
+        HotCase::new(
+            "kernel.limiter.limits_3",
+            "limits: known source, admitted, 3 limits (+ /24 + rule)",
+            v4_frame([198, 18, 9, 1]),
+        ),
+    ];
+    measure_hot(
+        report,
+        opts,
+        refs,
+        limiter,
+        "kernel.floor_limits",
+        &mut cases,
+    )?;
+    if let Some(f) = report
+        .figures
+        .iter_mut()
+        .find(|f| f.key == "kernel.floor_limits")
+    {
+        f.label = "floor: XDP_PASS, re-measured next to the limits cases".into();
+    }
+    Ok(())
+}
+
 fn tcp_frame(src: [u8; 4], flags: u8) -> Vec<u8> {
     eth()
         .ipv4(src.into(), [198, 18, 255, 254].into())

@@ -97,6 +97,10 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
             )?;
             kernel::hot_tcp_flags(&mut report, opts, &refs, &limiter)?;
             limiter.install(
+                &ratelimit::config::Config::parse(kernel::LIMIT_RULES, "bench.toml")?.rules,
+            )?;
+            kernel::hot_limits(&mut report, opts, &refs, &limiter)?;
+            limiter.install(
                 &ratelimit::config::Config::parse(kernel::BASE_RULES, "bench.toml")?.rules,
             )?;
         }
@@ -194,6 +198,29 @@ fn targets(r: &Report) -> Vec<Target> {
                 fmt(r.value(key)),
                 fmt(r.value("kernel.floor")),
                 fmt(x)
+            ),
+        });
+    }
+    for (key, n, most) in [
+        ("kernel.limiter.limits_2", 2, 1.5),
+        ("kernel.limiter.limits_3", 3, 2.0),
+    ] {
+        let x = ratio(key, "kernel.limiter.limits_1");
+        let floor = r.value("kernel.floor_limits");
+        let over = |k: &str| Some(r.value(k)? - floor?);
+        t.push(Target {
+            goal: format!(
+                "admitted packet under a rule with {n} limits <= {most}x the one-limit figure"
+            ),
+            met: x.map(|x| x <= most),
+            evidence: format!(
+                "{} ns vs {} ns: {}x (over the floor {} ns: {} vs {} ns)",
+                fmt(r.value(key)),
+                fmt(r.value("kernel.limiter.limits_1")),
+                fmt(x),
+                fmt(floor),
+                fmt(over(key)),
+                fmt(over("kernel.limiter.limits_1")),
             ),
         });
     }

@@ -332,10 +332,126 @@ pub struct Rule {
     /// The values those bits must have: a packet matches if `flags & tcp_mask == tcp_flags`
     /// (its TCP header's byte 13; 0 for other protocols).
     pub tcp_flags: u8,
+    /// Number of valid entries in `extra` (0..[`MAX_LIMITS`] - 1): the rule's limits after its
+    /// first (whose fields are the ones above).
+    pub extra_len: u8,
     /// Always zero.
-    pub _pad: [u8; 2],
+    pub _pad: u8,
+    /// The rule's second, third and fourth limits (`[[rule.limit]]`), in order: a packet passes
+    /// only if it conforms to every limit, charged in order; a packet one limit drops is refunded
+    /// to the limits before it (see the XDP program's `limit`).
+    pub extra: [Limit; MAX_LIMITS - 1],
 }
-const _: () = assert!(size_of::<Rule>() == 64);
+const _: () = assert!(size_of::<Rule>() == 64 + 56 * (MAX_LIMITS - 1));
+
+/// Most limits one rule may have: its own and up to three `[[rule.limit]]`.
+pub const MAX_LIMITS: usize = 4;
+
+/// A rule's bucket key holds its id in the low [`LIMIT_SHIFT`] bits of [`Bucket::rule`] and the
+/// index of the limit (0: the rule's own) above: each limit of a rule has its own buckets.
+pub const LIMIT_SHIFT: u32 = 14;
+const _: () = assert!(MAX_RULES <= 1 << LIMIT_SHIFT);
+const _: () = assert!(MAX_LIMITS <= 1 << (16 - LIMIT_SHIFT));
+
+/// The [`BucketKey::rule`] word of limit `limit` of rule `id`.
+#[inline(always)]
+#[must_use]
+pub const fn bucket_rule(id: u32, limit: u32) -> u32 {
+    id | limit << LIMIT_SHIFT
+}
+
+/// The rule id and limit index of a [`BucketKey::rule`] word (see [`bucket_rule`]).
+#[inline(always)]
+#[must_use]
+pub const fn split_bucket_rule(word: u32) -> (u32, usize) {
+    (
+        word & ((1 << LIMIT_SHIFT) - 1),
+        ((word & 0xffff) >> LIMIT_SHIFT) as usize,
+    )
+}
+
+/// One limit of a rule after its first ([`Rule::extra`]); the first lives in the [`Rule`]'s own
+/// fields of the same names. [`Rule::limit`] gives any of them in this form.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Limit {
+    /// The [`rule_flags::PKT_LIMIT`], [`rule_flags::BYTE_LIMIT`] and [`rule_flags::CLUSTER`]
+    /// bits, for this limit.
+    pub flags: u32,
+    /// Always zero.
+    pub _pad: u32,
+    /// As [`Rule::src_mask`], for this limit's buckets.
+    pub src_mask: [u32; 4],
+    /// As [`Rule::pkt_interval_ns`].
+    pub pkt_interval_ns: u64,
+    /// As [`Rule::pkt_tolerance_ns`].
+    pub pkt_tolerance_ns: u64,
+    /// As [`Rule::byte_interval_fp`].
+    pub byte_interval_fp: u64,
+    /// As [`Rule::byte_tolerance_ns`].
+    pub byte_tolerance_ns: u64,
+}
+const _: () = assert!(size_of::<Limit>() == 56);
+
+/// The bits of [`Rule::flags`] that belong to its first limit (the others' are in [`Limit::flags`]).
+pub const LIMIT_FLAGS: u32 = rule_flags::PKT_LIMIT | rule_flags::BYTE_LIMIT | rule_flags::CLUSTER;
+
+impl Rule {
+    /// Number of limits: 1 + [`Rule::extra_len`] (capped at [`MAX_LIMITS`]).
+    #[inline(always)]
+    #[must_use]
+    pub fn limits(&self) -> usize {
+        let n = 1 + self.extra_len as usize;
+        if n > MAX_LIMITS {
+            MAX_LIMITS
+        } else {
+            n
+        }
+    }
+
+    /// Limit `k` (0: the rule's own fields), or `None` past the last.
+    #[inline(always)]
+    #[must_use]
+    pub fn limit(&self, k: usize) -> Option<Limit> {
+        if k == 0 {
+            return Some(Limit {
+                flags: self.flags & LIMIT_FLAGS,
+                _pad: 0,
+                src_mask: self.src_mask,
+                pkt_interval_ns: self.pkt_interval_ns,
+                pkt_tolerance_ns: self.pkt_tolerance_ns,
+                byte_interval_fp: self.byte_interval_fp,
+                byte_tolerance_ns: self.byte_tolerance_ns,
+            });
+        }
+        if k >= self.limits() {
+            return None;
+        }
+        Some(self.extra[k - 1])
+    }
+
+    /// Sets limit `k` (0: the rule's own fields; else `extra[k - 1]`, which must be below
+    /// [`MAX_LIMITS`]; `extra_len` grows to cover it).
+    pub fn set_limit(&mut self, k: usize, l: Limit) {
+        if k == 0 {
+            self.flags = (self.flags & !LIMIT_FLAGS) | (l.flags & LIMIT_FLAGS);
+            self.src_mask = l.src_mask;
+            self.pkt_interval_ns = l.pkt_interval_ns;
+            self.pkt_tolerance_ns = l.pkt_tolerance_ns;
+            self.byte_interval_fp = l.byte_interval_fp;
+            self.byte_tolerance_ns = l.byte_tolerance_ns;
+        } else {
+            self.extra[k - 1] = Limit {
+                flags: l.flags & LIMIT_FLAGS,
+                _pad: 0,
+                ..l
+            };
+            if self.extra_len < k as u8 {
+                self.extra_len = k as u8;
+            }
+        }
+    }
+}
 
 /// TCP header flag bits (byte 13 of the TCP header), for [`Rule::tcp_mask`] and
 /// [`Rule::tcp_flags`].
@@ -529,7 +645,8 @@ pub mod victim {
 }
 
 /// The [`victim`] score of a record with header `header` and TATs `tat`, `byte_tat` at `now`,
-/// given `rule`, the current record of its rule id (`None`: no such id). `now` must not be ahead
+/// given `rule`, the current record of its rule id (`None`: no such id), whose limit the header
+/// names (see [`bucket_rule`]) is the record's. `now` must not be ahead
 /// of the clock of the rule's buckets (the coarse clock never is), so a bucket judged refilled
 /// has refilled.
 #[inline(always)]
@@ -550,8 +667,18 @@ pub fn victim_score(header: u64, tat: u64, byte_tat: u64, rule: Option<&Rule>, n
     if tat <= now && byte_tat <= now {
         return victim::FULL;
     }
-    let pkt = debt_fraction(tat, now, rule.pkt_tolerance_ns);
-    let bytes = debt_fraction(byte_tat, now, rule.byte_tolerance_ns);
+    let (pkt_tolerance, byte_tolerance) = match split_bucket_rule(header as u32).1 {
+        0 => (rule.pkt_tolerance_ns, rule.byte_tolerance_ns),
+        k => {
+            let k = (k - 1) & (MAX_LIMITS - 2);
+            (
+                rule.extra[k].pkt_tolerance_ns,
+                rule.extra[k].byte_tolerance_ns,
+            )
+        }
+    };
+    let pkt = debt_fraction(tat, now, pkt_tolerance);
+    let bytes = debt_fraction(byte_tat, now, byte_tolerance);
     victim::DEBT + if pkt > bytes { pkt } else { bytes }
 }
 
@@ -783,8 +910,13 @@ pub struct RuleStats {
     pub pkts: [u64; verdict::COUNT],
     /// Bytes by [`verdict`].
     pub bytes: [u64; verdict::COUNT],
+    /// Packets dropped for their packet rate ([`verdict::DROPPED_RATE`]) by each limit of the
+    /// rule (0: its own, then its `[[rule.limit]]`s in order).
+    pub limit_dropped_rate: [u64; MAX_LIMITS],
+    /// Packets dropped for their byte rate ([`verdict::DROPPED_BYTES`]) by each limit.
+    pub limit_dropped_bytes: [u64; MAX_LIMITS],
 }
-const _: () = assert!(size_of::<RuleStats>() == 16 * verdict::COUNT);
+const _: () = assert!(size_of::<RuleStats>() == 16 * verdict::COUNT + 16 * MAX_LIMITS);
 
 /// Global counters, the single record of [`map_names::GLOBAL_STATS`] (one copy per CPU).
 #[repr(C)]
@@ -816,13 +948,13 @@ pub mod layout {
     use core::mem::{align_of, offset_of, size_of};
 
     use super::{
-        global, map_names, verdict, Bucket, Config, GlobalStats, PrefixKey, Rule, RuleMeta,
+        global, map_names, verdict, Bucket, Config, GlobalStats, Limit, PrefixKey, Rule, RuleMeta,
         RuleSet, RuleStats, BPF_F_MMAPABLE,
     };
 
     /// Bumped by hand when a pinned field, counter or flag changes meaning without changing the
     /// layout.
-    pub const EPOCH: u64 = 1;
+    pub const EPOCH: u64 = 2;
 
     /// `BPF_MAP_TYPE_ARRAY`.
     pub const MAP_ARRAY: u32 = 2;
@@ -886,14 +1018,19 @@ pub mod layout {
         h = record!(h, RuleSet; len, rules);
         h = record!(
             h, Rule; action, protocol, dst_port, flags, src_mask, pkt_interval_ns,
-            pkt_tolerance_ns, byte_interval_fp, byte_tolerance_ns, bucket_gen, tcp_mask, tcp_flags, _pad
+            pkt_tolerance_ns, byte_interval_fp, byte_tolerance_ns, bucket_gen, tcp_mask, tcp_flags,
+            extra_len, _pad, extra
+        );
+        h = record!(
+            h, Limit; flags, _pad, src_mask, pkt_interval_ns, pkt_tolerance_ns, byte_interval_fp,
+            byte_tolerance_ns
         );
         h = record!(
             h, Bucket; addr, rule, family, state, rule_gen, tat_ns, byte_tat_ns, created_ns,
             passed_bytes, passed_pkts, dropped_pkts
         );
         h = record!(h, RuleMeta; name_len, line, name);
-        h = record!(h, RuleStats; pkts, bytes);
+        h = record!(h, RuleStats; pkts, bytes, limit_dropped_rate, limit_dropped_bytes);
         h = record!(h, GlobalStats; counters);
         h = fnv(h, global::COUNT as u64);
         h = fnv(h, verdict::COUNT as u64);
@@ -962,6 +1099,7 @@ mod pod {
     unsafe impl aya::Pod for super::PrefixKey {}
     unsafe impl aya::Pod for super::RuleSet {}
     unsafe impl aya::Pod for super::Rule {}
+    unsafe impl aya::Pod for super::Limit {}
     unsafe impl aya::Pod for super::BucketKey {}
     unsafe impl aya::Pod for super::Bucket {}
     unsafe impl aya::Pod for super::RuleStats {}
@@ -1065,6 +1203,46 @@ mod tests {
             Some((1, DEBT + 3))
         );
         assert_eq!(choose([BUSY; 8]), None);
+    }
+
+    /// A bucket of a rule's second limit is judged by that limit's tolerance, not the first's.
+    #[test]
+    fn what_eviction_loses_is_judged_by_the_limit_the_key_names() {
+        let mut rule = Rule {
+            bucket_gen: 7,
+            pkt_tolerance_ns: 1000,
+            ..Rule::default()
+        };
+        rule.set_limit(
+            1,
+            Limit {
+                pkt_tolerance_ns: 4000,
+                ..Limit::default()
+            },
+        );
+        assert_eq!(rule.limits(), 2);
+        assert_eq!(split_bucket_rule(bucket_rule(3, 1)), (3, 1));
+        assert_eq!(
+            split_bucket_rule(bucket_rule(MAX_RULES - 1, 3)),
+            (MAX_RULES - 1, 3)
+        );
+        let now = 10_000;
+        let first = victim_score(
+            bucket_header(3, family::V4, 7),
+            now + 1000,
+            0,
+            Some(&rule),
+            now,
+        );
+        let second = victim_score(
+            bucket_header(bucket_rule(3, 1), family::V4, 7),
+            now + 1000,
+            0,
+            Some(&rule),
+            now,
+        );
+        assert_eq!(first - victim::DEBT, (1000 << 20) / 1001);
+        assert_eq!(second - victim::DEBT, (1000 << 20) / 4001);
     }
 
     #[test]

@@ -6,7 +6,47 @@
 
 use core::intrinsics::{atomic_cxchg, atomic_xadd, atomic_xsub, AtomicOrdering};
 
-use ratelimit_common::{byte_cost_ns, rule_flags, verdict, Bucket, Rule};
+use ratelimit_common::{byte_cost_ns, rule_flags, verdict, Bucket, Limit, Rule};
+
+/// The parameters of one limit: a rule's first (its own fields) or one of its `extra` limits.
+/// A trait rather than a copy into one form, so the first limit's path reads the rule's fields
+/// in place, as it did before rules had several limits.
+pub trait Params {
+    fn flags(&self) -> u32;
+    fn pkt_interval_ns(&self) -> u64;
+    fn pkt_tolerance_ns(&self) -> u64;
+    fn byte_interval_fp(&self) -> u64;
+    fn byte_tolerance_ns(&self) -> u64;
+}
+
+macro_rules! params {
+    ($t:ty) => {
+        impl Params for $t {
+            #[inline(always)]
+            fn flags(&self) -> u32 {
+                self.flags
+            }
+            #[inline(always)]
+            fn pkt_interval_ns(&self) -> u64 {
+                self.pkt_interval_ns
+            }
+            #[inline(always)]
+            fn pkt_tolerance_ns(&self) -> u64 {
+                self.pkt_tolerance_ns
+            }
+            #[inline(always)]
+            fn byte_interval_fp(&self) -> u64 {
+                self.byte_interval_fp
+            }
+            #[inline(always)]
+            fn byte_tolerance_ns(&self) -> u64 {
+                self.byte_tolerance_ns
+            }
+        }
+    };
+}
+params!(Rule);
+params!(Limit);
 
 /// CAS attempts before the fetch-and-add fallback in [`gcra`]. Each failure means another CPU
 /// made progress on this bucket, so a handful covers any realistic contention; the verifier needs
@@ -70,26 +110,35 @@ fn gcra(tat: *mut u64, now: u64, cost: u64, tolerance: u64) -> Charge {
 /// (`PASSED`, `DROPPED_RATE` or `DROPPED_BYTES`). On `DROPPED_RATE`, `*drop_until` is the time
 /// before which every packet under this bucket would be dropped for its rate too.
 #[inline(always)]
-pub fn charge(bucket: *mut Bucket, rule: &Rule, now: u64, len: u64, drop_until: &mut u64) -> usize {
+pub fn charge<P: Params>(
+    bucket: *mut Bucket,
+    rule: &P,
+    now: u64,
+    len: u64,
+    drop_until: &mut u64,
+) -> usize {
     // SAFETY: `bucket` points at a live map value; only addresses of fields are taken here.
     let (tat, byte_tat) = unsafe { (&raw mut (*bucket).tat_ns, &raw mut (*bucket).byte_tat_ns) };
-    let limits_pkts = rule.flags & rule_flags::PKT_LIMIT != 0;
+    let limits_pkts = rule.flags() & rule_flags::PKT_LIMIT != 0;
     if limits_pkts {
         if let Charge::Exceeds { until } =
-            gcra(tat, now, rule.pkt_interval_ns, rule.pkt_tolerance_ns)
+            gcra(tat, now, rule.pkt_interval_ns(), rule.pkt_tolerance_ns())
         {
             *drop_until = until;
             return verdict::DROPPED_RATE;
         }
     }
-    if rule.flags & rule_flags::BYTE_LIMIT != 0 {
-        let cost = byte_cost_ns(len, rule.byte_interval_fp);
-        if gcra(byte_tat, now, cost, rule.byte_tolerance_ns) != Charge::Conforms {
+    if rule.flags() & rule_flags::BYTE_LIMIT != 0 {
+        let cost = byte_cost_ns(len, rule.byte_interval_fp());
+        if gcra(byte_tat, now, cost, rule.byte_tolerance_ns()) != Charge::Conforms {
             if limits_pkts {
                 // The packet was charged a packet token above but is dropped: give it back.
                 // SAFETY: as in gcra.
                 unsafe {
-                    atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(tat, rule.pkt_interval_ns)
+                    atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(
+                        tat,
+                        rule.pkt_interval_ns(),
+                    )
                 };
             }
             return verdict::DROPPED_BYTES;
@@ -101,26 +150,53 @@ pub fn charge(bucket: *mut Bucket, rule: &Rule, now: u64, len: u64, drop_until: 
 /// [`charge`] for a bucket no other CPU can see (not yet in the map), so without atomics. On a
 /// default bucket (TATs zero) this is a new source's full bucket.
 #[inline(always)]
-pub fn charge_local(bucket: &mut Bucket, rule: &Rule, now: u64, len: u64) -> usize {
+pub fn charge_local<P: Params>(bucket: &mut Bucket, rule: &P, now: u64, len: u64) -> usize {
     let old_tat = bucket.tat_ns;
-    if rule.flags & rule_flags::PKT_LIMIT != 0 {
-        let new = if old_tat > now { old_tat } else { now } + rule.pkt_interval_ns;
-        if new - now > rule.pkt_tolerance_ns {
+    if rule.flags() & rule_flags::PKT_LIMIT != 0 {
+        let new = if old_tat > now { old_tat } else { now } + rule.pkt_interval_ns();
+        if new - now > rule.pkt_tolerance_ns() {
             return verdict::DROPPED_RATE;
         }
         bucket.tat_ns = new;
     }
-    if rule.flags & rule_flags::BYTE_LIMIT != 0 {
-        let cost = byte_cost_ns(len, rule.byte_interval_fp);
+    if rule.flags() & rule_flags::BYTE_LIMIT != 0 {
+        let cost = byte_cost_ns(len, rule.byte_interval_fp());
         let old = bucket.byte_tat_ns;
         let new = if old > now { old } else { now } + cost;
-        if new - now > rule.byte_tolerance_ns {
+        if new - now > rule.byte_tolerance_ns() {
             bucket.tat_ns = old_tat;
             return verdict::DROPPED_BYTES;
         }
         bucket.byte_tat_ns = new;
     }
     verdict::PASSED
+}
+
+/// Gives back what [`charge`] took from `bucket` for a packet of `len` bytes that conformed to
+/// it but that a later limit of its rule dropped: the packet spends no token of this limit.
+///
+/// Exact: the charge moved the TAT from `old` to `max(old, now) + cost`; taking `cost` back
+/// leaves `max(old, now)`, which is `old` or a full bucket, the same thing to every later packet.
+/// Other CPUs' charges in between commute with it (atomic adds). The only effect the charge has
+/// is while it stands: a packet of the same bucket judged on another CPU in those few
+/// nanoseconds sees one packet's cost more (and may be dropped where it would have fitted).
+#[inline(always)]
+pub fn refund<P: Params>(bucket: *mut Bucket, rule: &P, len: u64) {
+    // SAFETY: `bucket` points at a live map value; atomic subtractions of its TAT words.
+    unsafe {
+        if rule.flags() & rule_flags::PKT_LIMIT != 0 {
+            atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(
+                &raw mut (*bucket).tat_ns,
+                rule.pkt_interval_ns(),
+            );
+        }
+        if rule.flags() & rule_flags::BYTE_LIMIT != 0 {
+            atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(
+                &raw mut (*bucket).byte_tat_ns,
+                byte_cost_ns(len, rule.byte_interval_fp()),
+            );
+        }
+    }
 }
 
 /// Counts the packet in the bucket's own counters (read by `top` and the cluster sync).

@@ -56,11 +56,13 @@ pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
             protocol: pkt.protocol,
             tcp_mask,
             tcp_flags: pkt.tcp_flags & tcp_mask,
-            _pad: 0,
+            drop_limit: 0,
             src: pkt.src,
             drop_until: 0,
             drop_count: 0,
             bucket: NO_RECORD,
+            extra: [NO_RECORD; 3],
+            _pad: 0,
         };
     }
     hit(rule)

@@ -35,16 +35,17 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use ratelimit_common::{
-    action, bucket_header, bucket_sets, config_flags, family, frag_flags, global, rule_flags,
-    verdict, Bucket, Config, Rule,
+    action, bucket_sets, config_flags, family, frag_flags, global, rule_flags, verdict, Bucket,
+    Config, Rule, MAX_LIMITS,
 };
 
 use crate::{
+    bucket::Params,
     classify::WithoutL4,
     maps::{BUCKETS, CONFIG, RULES},
     parse::{shape, Packet},
-    scratch::{ClassSlot, Scratch, CLASS_SLOTS, DROP_BATCH, NO_RECORD, NO_RULE},
-    stats::{bump_global, count_rule},
+    scratch::{ClassSlot, Extra, Scratch, CLASS_SLOTS, DROP_BATCH, NO_RECORD, NO_RULE},
+    stats::{bump_global, count_limit, count_rule},
     store::{Key, Scan},
 };
 
@@ -108,13 +109,19 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
     };
     let len = (ctx.data_end() - ctx.data()) as u64;
     let dry_run = rule.flags & rule_flags::DRY_RUN != 0 || flags & config_flags::DRY_RUN != 0;
-    let mut v = match rule.action {
-        action::ALLOW => verdict::ALLOWED,
-        action::DENY => verdict::DENIED,
-        _ => limit(&pkt, id, rule, len, s, slot, config),
+    let (mut v, by) = match rule.action {
+        action::ALLOW => (verdict::ALLOWED, 0),
+        action::DENY => (verdict::DENIED, 0),
+        _ => {
+            let d = limit(&pkt, id, rule, len, s, slot, config);
+            (d & 0xff, d >> 8)
+        }
     };
     let mut xdp = xdp_action::XDP_PASS;
     if v == verdict::DROPPED_RATE || v == verdict::DROPPED_BYTES || v == verdict::DENIED {
+        if v != verdict::DENIED {
+            count_limit(id, v, by);
+        }
         if dry_run {
             v = verdict::DRY_RUN;
         } else {
@@ -219,7 +226,13 @@ fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
     }
 }
 
-/// Charges the packet to its bucket, creating the bucket for a source not seen before.
+/// Charges the packet to the buckets of its rule's limits, creating a bucket for a source (or
+/// group) not seen before. Returns the verdict, and in bits 8.. the limit that dropped it.
+///
+/// Limits are charged in order; a packet one limit drops is refunded to the limits before it
+/// (`bucket::refund`, exact), so it spends no token of any limit. The first limit's path is the
+/// one-limit rule's whole path, unchanged; the others go through `charge_extra`, a function of
+/// its own (a BPF call), so a one-limit rule's packet pays nothing for them.
 #[inline(always)]
 fn limit(
     pkt: &Packet,
@@ -230,22 +243,9 @@ fn limit(
     slot: *mut ClassSlot,
     config: *const Config,
 ) -> usize {
-    let masked = [
-        pkt.src[0] & rule.src_mask[0],
-        pkt.src[1] & rule.src_mask[1],
-        pkt.src[2] & rule.src_mask[2],
-        pkt.src[3] & rule.src_mask[3],
-    ];
-    // SAFETY: [u32; 4] and [u64; 2] have the same size and any bit pattern is valid for both (the
-    // words are the address bytes read little-endian, as `addr_words` reads them).
-    let addr: [u64; 2] = unsafe { core::mem::transmute(masked) };
-    let key = Key {
-        addr,
-        header: bucket_header(id, pkt.family, rule.bucket_gen),
-    };
     // The coarse clock, cached per jiffy, costs next to nothing (ktime_get_ns about 30 ns); the
-    // agent picks it only for buckets whose tolerance spans several jiffies, where a tick-old
-    // `now` changes nothing measurable.
+    // agent picks it only for rules whose every limit's tolerance spans several jiffies, where a
+    // tick-old `now` changes nothing measurable.
     let now = if rule.flags & rule_flags::COARSE_CLOCK != 0 {
         scratch::coarse_now(s)
     } else {
@@ -253,92 +253,273 @@ fn limit(
         unsafe { bpf_ktime_get_ns() }
     };
     // SAFETY: this CPU's classification slot for this packet (see `scratch`).
-    let (drop_until, drop_count, cached) =
-        unsafe { ((*slot).drop_until, (*slot).drop_count, (*slot).bucket) };
+    let (drop_until, drop_count, drop_limit, cached) = unsafe {
+        (
+            (*slot).drop_until,
+            (*slot).drop_count,
+            (*slot).drop_limit,
+            (*slot).bucket,
+        )
+    };
     if now < drop_until && drop_count < DROP_BATCH {
         // SAFETY: as above.
         unsafe { (*slot).drop_count = drop_count + 1 };
-        return verdict::DROPPED_RATE;
+        return verdict::DROPPED_RATE | usize::from(drop_limit) << 8;
     }
-    // The record this CPU found for the source last time, if it still holds the key.
-    let mut b = core::ptr::null_mut();
-    if cached != NO_RECORD {
-        if let Some(r) = BUCKETS.get_ptr_mut(cached) {
-            if store::holds(r, &key) {
-                b = r;
-            }
-        }
-    }
-    if b.is_null() {
-        // SAFETY: a live map value, written whole by the agent before it attaches.
-        let (seed, sets) = unsafe { ((*config).seed, (*config).bucket_sets) };
-        if sets == 0 {
-            return no_bucket();
-        }
-        let sets = bucket_sets(
-            ratelimit_common::bucket_hash(seed, id, pkt.family, addr),
-            sets,
-        );
-        match store::scan(&key, sets, scratch::coarse_now(s), s) {
-            Scan::Hit(i, r) => {
-                // SAFETY: as above.
-                unsafe { (*slot).bucket = i };
-                b = r;
-            }
-            Scan::Miss {
-                victim,
-                header,
-                kind,
-            } => return create(rule, len, now, &key, victim, header, kind, slot),
-            Scan::None => return no_bucket(),
-        }
-    }
+    let key = store::key(pkt, id, 0, &rule.src_mask, rule.bucket_gen);
     let mut until = 0;
-    let v = bucket::charge(b, rule, now, len, &mut until);
-    bucket::count(b, v == verdict::PASSED, len);
-    // SAFETY: as above, and `b` is a live record.
+    let (v, b) = find_and_charge(
+        pkt, &key, rule, cached, len, now, s, slot, config, 0, &mut until,
+    );
+    if v == verdict::DROPPED_RATE || v == verdict::DROPPED_BYTES {
+        bucket::count(b, false, len);
+        // SAFETY: as above, and `b` is a live record (a drop always has one).
+        unsafe {
+            if drop_limit == 0 {
+                (*b).dropped_pkts = (*b).dropped_pkts.wrapping_add(drop_count);
+            }
+            (*slot).drop_until = until;
+            (*slot).drop_count = 0;
+            (*slot).drop_limit = 0;
+        }
+        return v;
+    }
+    if rule.extra_len != 0 {
+        // SAFETY: this CPU's live scratch record.
+        let c = unsafe { &raw mut (*s).extra };
+        // SAFETY: as above.
+        unsafe {
+            (*c).id = id;
+            (*c).drop_count = drop_count;
+            (*c).len = len;
+            (*c).now = now;
+            (*c).until = 0;
+            (*c).drop_limit = u32::from(drop_limit);
+            (*c).records = [NO_RECORD; 3];
+        }
+        let d = extra_limits(pkt, rule, slot, c);
+        if d != verdict::PASSED {
+            // Dropped by limit `d >> 8` (> 0): the first limit's charge is given back.
+            if !b.is_null() {
+                bucket::refund(b, rule, len);
+            }
+            // SAFETY: as above.
+            unsafe {
+                (*slot).drop_until = (*c).until;
+                (*slot).drop_count = 0;
+                (*slot).drop_limit = (d >> 8) as u8;
+            }
+            return d;
+        }
+    }
+    if !b.is_null() {
+        bucket::count(b, true, len);
+        // SAFETY: as above.
+        unsafe {
+            if drop_limit == 0 {
+                (*b).dropped_pkts = (*b).dropped_pkts.wrapping_add(drop_count);
+            }
+        }
+    }
+    // SAFETY: as above.
     unsafe {
-        (*b).dropped_pkts = (*b).dropped_pkts.wrapping_add(drop_count);
-        (*slot).drop_until = until;
+        (*slot).drop_until = 0;
         (*slot).drop_count = 0;
     }
     v
 }
 
-/// A new bucket for `key` (a full one, charged for this packet) in record `victim` of its set.
+/// Charges the packet to the rule's limits after its first, in order: `PASSED` (counted in each
+/// of their buckets), or a drop (with the limit in bits 8..), after which the limits before the
+/// dropping one got their charge back.
+#[inline(always)]
+fn extra_limits(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, c: *mut Extra) -> usize {
+    let n = rule.extra_len as usize;
+    for k in 0..MAX_LIMITS - 1 {
+        if k >= n {
+            break;
+        }
+        let v = one_limit(pkt, rule, slot, k);
+        if v == verdict::DROPPED_RATE || v == verdict::DROPPED_BYTES {
+            // Give the limits before this one (after the first, which the caller refunds)
+            // their charge back.
+            for j in 0..MAX_LIMITS - 1 {
+                if j >= k {
+                    break;
+                }
+                // SAFETY: this CPU's live scratch record; `j` is in bounds.
+                if let Some(r) = BUCKETS.get_ptr_mut(unsafe { (*c).records[j] }) {
+                    bucket::refund(r, &rule.extra[j], unsafe { (*c).len });
+                }
+            }
+            return v | (k + 1) << 8;
+        }
+    }
+    for j in 0..MAX_LIMITS - 1 {
+        if j >= n {
+            break;
+        }
+        // SAFETY: as above.
+        if let Some(r) = BUCKETS.get_ptr_mut(unsafe { (*c).records[j] }) {
+            bucket::count(r, true, unsafe { (*c).len });
+        }
+    }
+    verdict::PASSED
+}
+
+/// Charges the packet to limit `k + 1` of `rule` (`rule.extra[k]`): the verdict; the record is
+/// left in the scratch record's `Extra::records[k]`, the drop window's end in `Extra::until`.
+/// Not inlined (a BPF call, with the packet's context in the scratch record): a one-limit rule's
+/// packet pays nothing for it, and its stack is its own (inlined three times, the program's
+/// frame outgrew what the verifier allows beside `decide_cut`'s).
+#[inline(never)]
+fn one_limit(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, k: usize) -> usize {
+    let Some(s) = scratch::get() else {
+        return verdict::NO_BUCKET;
+    };
+    let Some(config) = CONFIG.get_ptr(0) else {
+        return verdict::NO_BUCKET;
+    };
+    if k >= MAX_LIMITS - 1 {
+        return verdict::NO_BUCKET;
+    }
+    // SAFETY: this CPU's live scratch record, filled by the caller.
+    let c = unsafe { &mut (*s).extra };
+    let l = &rule.extra[k];
+    let limit = k as u32 + 1;
+    let key = store::key(pkt, c.id, limit, &l.src_mask, rule.bucket_gen);
+    // SAFETY: this CPU's classification slot; `k` is in bounds.
+    let cached = unsafe { (*slot).extra[k] };
+    let mut until = 0;
+    let (v, b) = find_and_charge(
+        pkt, &key, l, cached, c.len, c.now, s, slot, config, limit, &mut until,
+    );
+    c.records[k] = NO_RECORD;
+    if b.is_null() {
+        return v;
+    }
+    // SAFETY: `b` is a live record.
+    unsafe {
+        if c.drop_limit == limit {
+            (*b).dropped_pkts = (*b).dropped_pkts.wrapping_add(c.drop_count);
+        }
+    }
+    if v == verdict::DROPPED_RATE || v == verdict::DROPPED_BYTES {
+        bucket::count(b, false, c.len);
+        c.until = until;
+    } else {
+        // SAFETY: this CPU's classification slot; `k` is in bounds.
+        c.records[k] = unsafe { (*slot).extra[k] };
+    }
+    v
+}
+
+/// Finds (or creates) the bucket of `key`, limit `limit` of its rule with parameters `p`, and
+/// charges the packet to it: the verdict and the record (null if there is none: `NO_BUCKET`,
+/// fail open). The record found is remembered in the slot. On `DROPPED_RATE`, `*until` is the
+/// end of the drop window.
 #[inline(always)]
 #[expect(
     clippy::too_many_arguments,
     reason = "the packet's whole context, inlined"
 )]
-fn create(
-    rule: &Rule,
+fn find_and_charge<P: Params>(
+    pkt: &Packet,
+    key: &Key,
+    p: &P,
+    cached: u32,
+    len: u64,
+    now: u64,
+    s: *mut Scratch,
+    slot: *mut ClassSlot,
+    config: *const Config,
+    limit: u32,
+    until: &mut u64,
+) -> (usize, *mut Bucket) {
+    // The record this CPU found for the source last time, if it still holds the key.
+    if cached != NO_RECORD {
+        if let Some(r) = BUCKETS.get_ptr_mut(cached) {
+            if store::holds(r, key) {
+                return (bucket::charge(r, p, now, len, until), r);
+            }
+        }
+    }
+    // SAFETY: a live map value, written whole by the agent before it attaches.
+    let (seed, sets) = unsafe { ((*config).seed, (*config).bucket_sets) };
+    if sets == 0 {
+        return (no_bucket(), core::ptr::null_mut());
+    }
+    let sets = bucket_sets(
+        ratelimit_common::bucket_hash(seed, key.header as u32 & 0xffff, pkt.family, key.addr),
+        sets,
+    );
+    match store::scan(key, sets, scratch::coarse_now(s), s) {
+        Scan::Hit(i, r) => {
+            remember(slot, limit, i);
+            (bucket::charge(r, p, now, len, until), r)
+        }
+        Scan::Miss {
+            victim,
+            header,
+            kind,
+        } => create(p, len, now, key, victim, header, kind, s, slot, limit),
+        Scan::None => (no_bucket(), core::ptr::null_mut()),
+    }
+}
+
+/// Remembers in the slot that limit `limit`'s bucket is in record `i`.
+#[inline(always)]
+fn remember(slot: *mut ClassSlot, limit: u32, i: u32) {
+    // SAFETY: this CPU's classification slot; the index is checked in bounds.
+    unsafe {
+        if limit == 0 {
+            (*slot).bucket = i;
+        } else if (limit as usize) < MAX_LIMITS {
+            (*slot).extra[limit as usize - 1] = i;
+        }
+    }
+}
+
+/// A new bucket for `key` (a full one, charged for this packet) in record `victim` of its set.
+/// The packet is counted in it only if dropped (the caller counts a pass, once every limit
+/// passed it).
+#[inline(always)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the packet's whole context, inlined"
+)]
+fn create<P: Params>(
+    p: &P,
     len: u64,
     now: u64,
     key: &Key,
     victim: u32,
     header: u64,
     kind: u64,
+    s: *mut Scratch,
     slot: *mut ClassSlot,
-) -> usize {
-    let mut fresh = Bucket {
+    limit: u32,
+) -> (usize, *mut Bucket) {
+    // Built in this CPU's scratch record rather than on the stack, which the BPF calls of a rule
+    // with several limits share (512 bytes in all).
+    // SAFETY: this CPU's live scratch record.
+    let fresh = unsafe { &mut (*s).fresh };
+    *fresh = Bucket {
         created_ns: now,
         ..Bucket::default()
     };
-    let v = bucket::charge_local(&mut fresh, rule, now, len);
-    bucket::count(&raw mut fresh, v == verdict::PASSED, len);
-    if store::install(victim, header, &fresh, key).is_none() {
+    let v = bucket::charge_local(fresh, p, now, len);
+    let Some(b) = store::install(victim, header, fresh, key) else {
         // Another CPU took the record in the same instant: this one packet passes uncharged
-        // (fail open), counted.
-        return no_bucket();
-    }
+        // by this limit (fail open), counted.
+        return (no_bucket(), core::ptr::null_mut());
+    };
     bump_global(global::NEW_BUCKETS);
     if let Some(c) = store::eviction_counter(kind) {
         bump_global(c);
     }
-    // SAFETY: this CPU's classification slot.
-    unsafe { (*slot).bucket = victim };
-    v
+    remember(slot, limit, victim);
+    (v, b)
 }
 
 #[inline(always)]

@@ -61,16 +61,21 @@ pub struct ClassSlot {
     pub protocol: u8,
     pub tcp_mask: u8,
     pub tcp_flags: u8,
-    pub _pad: u8,
+    /// The limit of the rule (0: its own) whose drop window `drop_until` is.
+    pub drop_limit: u8,
     pub src: [u32; 4],
     /// Packets under the rule's packet limit are dropped before this time (rule's clock, ns).
     pub drop_until: u64,
     /// Packets dropped from the window since the bucket was last looked at.
     pub drop_count: u32,
     /// Index of the record that held this source's bucket when last found (verified against the
-    /// key at every use), or [`NO_RECORD`].
+    /// key at every use), or [`NO_RECORD`]: the bucket of the rule's first limit.
     pub bucket: u32,
+    /// Likewise for the buckets of the rule's other limits (`Rule::extra`).
+    pub extra: [u32; 3],
+    pub _pad: u32,
 }
+const _: () = assert!(core::mem::size_of::<ClassSlot>() == 64);
 
 /// The single record of [`SCRATCH`] (one per CPU).
 #[repr(C)]
@@ -91,6 +96,26 @@ pub struct Scratch {
     /// The bucket store's choice of a record for a new key, kept here rather than on the stack
     /// for the same reason as [`launder`] (see `store::scan`).
     pub chooser: VictimChooser,
+    /// What `extra_limits` (a BPF call) needs of the packet and gives back: here, not on the
+    /// stack, which the calls share (512 bytes in all).
+    pub extra: Extra,
+    /// A new bucket while it is built (see `create`).
+    pub fresh: ratelimit_common::Bucket,
+}
+
+/// See [`Scratch::extra`].
+#[repr(C)]
+pub struct Extra {
+    pub id: u32,
+    /// Drops the slot's window made (to add to limit `drop_limit`'s bucket when it is found).
+    pub drop_count: u32,
+    pub len: u64,
+    pub now: u64,
+    /// On a rate drop: the end of the dropping limit's window.
+    pub until: u64,
+    pub drop_limit: u32,
+    /// The record each extra limit's bucket was found in (`NO_RECORD`: none, fail open).
+    pub records: [u32; 3],
 }
 
 /// `word`, written to this CPU's scratch record and read back. The verifier does not track
@@ -126,7 +151,9 @@ pub fn uncached_slot(s: *mut Scratch) -> *mut ClassSlot {
         let slot = &raw mut (*s).uncached;
         (*slot).drop_until = 0;
         (*slot).drop_count = 0;
+        (*slot).drop_limit = 0;
         (*slot).bucket = NO_RECORD;
+        (*slot).extra = [NO_RECORD; 3];
         slot
     }
 }

@@ -14,12 +14,13 @@
 use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 
 use ratelimit_common::{
-    bucket_candidate, global, victim, victim_score, Bucket, VictimChooser, BUCKET_BUSY,
-    BUCKET_CANDIDATES,
+    bucket_candidate, bucket_header, bucket_rule, global, split_bucket_rule, victim, victim_score,
+    Bucket, VictimChooser, BUCKET_BUSY, BUCKET_CANDIDATES,
 };
 
 use crate::{
     maps::{BUCKETS, RULES},
+    parse::Packet,
     scratch::Scratch,
 };
 
@@ -29,6 +30,24 @@ use crate::{
 pub struct Key {
     pub addr: [u64; 2],
     pub header: u64,
+}
+
+/// The key of limit `limit` of rule `id` (generation `gen`) for `pkt`'s source under `mask`.
+#[inline(always)]
+pub fn key(pkt: &Packet, id: u32, limit: u32, mask: &[u32; 4], gen: u32) -> Key {
+    let masked = [
+        pkt.src[0] & mask[0],
+        pkt.src[1] & mask[1],
+        pkt.src[2] & mask[2],
+        pkt.src[3] & mask[3],
+    ];
+    // SAFETY: [u32; 4] and [u64; 2] have the same size and any bit pattern is valid for both (the
+    // words are the address bytes read little-endian, as `addr_words` reads them).
+    let addr: [u64; 2] = unsafe { core::mem::transmute(masked) };
+    Key {
+        addr,
+        header: bucket_header(bucket_rule(id, limit), pkt.family, gen),
+    }
 }
 
 /// The header word of record `b`.
@@ -75,7 +94,7 @@ fn score(b: *mut Bucket, header: u64, now: u64) -> u64 {
         header,
         tat,
         byte_tat,
-        RULES.get((header & 0xffff) as u32),
+        RULES.get(split_bucket_rule(header as u32).0),
         now,
     )
 }

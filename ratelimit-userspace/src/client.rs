@@ -146,8 +146,16 @@ impl Client {
     }
 
     /// `GET /v1/top`: the `n` busiest buckets over `interval_ms`.
-    pub async fn top(&self, n: usize, interval_ms: u64) -> Result<Value, ClientError> {
-        let path = format!("/v1/top?n={n}&interval_ms={interval_ms}");
+    pub async fn top(
+        &self,
+        n: usize,
+        interval_ms: u64,
+        limit: Option<usize>,
+    ) -> Result<Value, ClientError> {
+        let mut path = format!("/v1/top?n={n}&interval_ms={interval_ms}");
+        if let Some(l) = limit {
+            path.push_str(&format!("&limit={l}"));
+        }
         let timeout = ANSWER_TIMEOUT + Duration::from_millis(interval_ms);
         self.request_within(Method::GET, &path, None, timeout).await
     }

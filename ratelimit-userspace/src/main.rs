@@ -107,6 +107,10 @@ enum Command {
         /// Measure over this many milliseconds.
         #[arg(long, default_value_t = 1000, value_name = "MS")]
         interval_ms: u64,
+        /// Only the buckets of this limit of their rule: 1 its own, 2.. its `[[rule.limit]]`s
+        /// (e.g. the /24s of a rule whose second limit is per = "/24"). Default: every limit.
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
         /// Print the API's JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -230,6 +234,11 @@ struct AddArgs {
     /// Count the would-be drops but pass the packets.
     #[arg(long)]
     dry_run: bool,
+    /// A further limit of the rule (a `[[rule.limit]]`), as comma-separated KEY=VALUE pairs:
+    /// per (required), rate, burst, bytes_rate, bytes_burst, scope; e.g.
+    /// `--limit per=/24,rate=20000`. Repeat for up to three.
+    #[arg(long, value_name = "KEY=VALUE,...")]
+    limit: Vec<String>,
     /// Print the API's JSON.
     #[arg(long)]
     json: bool,
@@ -240,6 +249,32 @@ struct AddArgs {
 }
 
 impl AddArgs {
+    /// The `limit` array of `POST /v1/rules` from the `--limit` flags (the agent checks keys and
+    /// values; numbers are sent as numbers).
+    fn limits_json(&self) -> Result<Vec<serde_json::Value>, String> {
+        self.limit
+            .iter()
+            .map(|spec| {
+                let mut obj = serde_json::Map::new();
+                for pair in spec.split(',').filter(|p| !p.trim().is_empty()) {
+                    let (k, v) = pair
+                        .split_once('=')
+                        .ok_or_else(|| format!("--limit {spec:?}: {pair:?} is not KEY=VALUE"))?;
+                    let (k, v) = (k.trim(), v.trim());
+                    let value = match k {
+                        "rate" | "burst" | "bytes_rate" | "bytes_burst" => v
+                            .parse::<u64>()
+                            .map(serde_json::Value::from)
+                            .map_err(|_| format!("--limit {spec:?}: {k} {v:?} is not a number"))?,
+                        _ => v.into(),
+                    };
+                    obj.insert(k.to_string(), value);
+                }
+                Ok(serde_json::Value::Object(obj))
+            })
+            .collect()
+    }
+
     /// The rule object of `POST /v1/rules`: only the keys given, so the agent fills in defaults.
     fn to_json(&self) -> serde_json::Value {
         let mut rule = serde_json::Map::new();
@@ -278,6 +313,12 @@ impl AddArgs {
         }
         if self.dry_run {
             put("dry_run", true.into());
+        }
+        match self.limits_json() {
+            Ok(limits) if limits.is_empty() => {}
+            Ok(limits) => put("limit", limits.into()),
+            // Sent as written: the agent names the key at fault.
+            Err(e) => put("limit", e.into()),
         }
         serde_json::Value::Object(rule)
     }
@@ -492,10 +533,11 @@ async fn run_client(client: &Client, command: Command) -> anyhow::Result<()> {
         Command::Top {
             n,
             interval_ms,
+            limit,
             json,
             watch,
         } => loop {
-            let v = client.top(n, interval_ms).await?;
+            let v = client.top(n, interval_ms, limit).await?;
             if watch && !json {
                 print!("\x1b[2J\x1b[H");
             }

@@ -15,6 +15,7 @@
 //! | metric | type | labels |
 //! |---|---|---|
 //! | `ratelimit_rule_packets_total`, `ratelimit_rule_bytes_total` | counter | `rule`, `verdict` |
+//! | `ratelimit_limit_dropped_packets_total` | counter | `rule`, `limit` (1: the rule's own, 2..: its `[[rule.limit]]`s), `verdict` (`dropped_rate`, `dropped_bytes`) |
 //! | `ratelimit_packets_total` | counter | |
 //! | `ratelimit_parse_failures_total` | counter | `reason` |
 //! | `ratelimit_non_ip_packets_total`, `ratelimit_fragments_total`, `ratelimit_unmatched_packets_total`, `ratelimit_new_buckets_total`, `ratelimit_bucket_errors_total`, `ratelimit_internal_errors_total` | counter | |
@@ -463,6 +464,38 @@ impl Collector for Snapshot {
             per_rule(|r| &r.bytes),
         )?;
 
+        let limit_names: Vec<(
+            String,
+            &crate::stats::RuleReport,
+            &crate::stats::LimitReport,
+        )> = s
+            .rules
+            .iter()
+            .flat_map(|r| r.limits.iter().map(move |l| (l.limit.to_string(), r, l)))
+            .collect();
+        family(
+            &mut enc,
+            "ratelimit_limit_dropped_packets",
+            "Packets dropped by each limit of each limit rule (1: the rule's own, 2..: its \
+             [[rule.limit]]s in order), by verdict: dropped_rate or dropped_bytes. The sum over a \
+             rule's limits is its ratelimit_rule_packets of that verdict.",
+            limit_names.iter().flat_map(|(n, r, l)| {
+                [
+                    ("dropped_rate", l.dropped_rate),
+                    ("dropped_bytes", l.dropped_bytes),
+                ]
+                .into_iter()
+                .map(move |(v, c)| {
+                    let labels: Labels = vec![
+                        ("rule", r.name.as_str()),
+                        ("limit", n.as_str()),
+                        ("verdict", v),
+                    ];
+                    (labels, ConstCounter::new(c))
+                })
+            }),
+        )?;
+
         let g = |i: usize| s.global.get(global::NAMES[i]).copied().unwrap_or(0);
         let (packets, name, help) = GLOBAL_COUNTERS[0];
         single(&mut enc, name, help, &ConstCounter::new(g(packets)))?;
@@ -602,6 +635,20 @@ mod tests {
                     line: 7,
                     packets,
                     bytes,
+                    limits: vec![
+                        crate::stats::LimitReport {
+                            limit: 1,
+                            per: "source".into(),
+                            dropped_rate: 150,
+                            dropped_bytes: 0,
+                        },
+                        crate::stats::LimitReport {
+                            limit: 2,
+                            per: "/24".into(),
+                            dropped_rate: 50,
+                            dropped_bytes: 0,
+                        },
+                    ],
                 }],
                 buckets: BucketReport {
                     tracked: 5,
@@ -660,6 +707,9 @@ mod tests {
         let text = snapshot().encode().unwrap();
         for line in [
             r#"ratelimit_rule_packets_total{rule="web \"edge\"",verdict="passed"} 100"#,
+            r#"ratelimit_limit_dropped_packets_total{rule="web \"edge\"",limit="1",verdict="dropped_rate"} 150"#,
+            r#"ratelimit_limit_dropped_packets_total{rule="web \"edge\"",limit="2",verdict="dropped_rate"} 50"#,
+            r#"ratelimit_limit_dropped_packets_total{rule="web \"edge\"",limit="2",verdict="dropped_bytes"} 0"#,
             r#"ratelimit_rule_packets_total{rule="web \"edge\"",verdict="dropped_rate"} 200"#,
             r#"ratelimit_rule_packets_total{rule="web \"edge\"",verdict="no_bucket"} 0"#,
             r#"ratelimit_rule_bytes_total{rule="web \"edge\"",verdict="passed"} 10600"#,

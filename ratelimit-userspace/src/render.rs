@@ -299,8 +299,13 @@ pub fn top(v: &Value) -> String {
     let rows: Vec<Vec<String>> = entries
         .iter()
         .map(|e| {
+            // A bucket of a rule's second or later limit: "web limit 2".
+            let rule = match e["limit"].as_u64() {
+                Some(l) if l > 1 => format!("{} limit {l}", cell(&e["rule"])),
+                _ => cell(&e["rule"]),
+            };
             vec![
-                cell(&e["rule"]),
+                rule,
                 cell(&e["source"]),
                 rate(&e["pps"]),
                 rate(&e["drops_per_sec"]),
@@ -415,9 +420,8 @@ pub fn explain(v: &Value) -> String {
         rows.push(("candidates", c.join(", ")));
     }
     rows.push(("why", text(v, "why").to_string()));
-    if v["rule"].is_object() {
-        let b = &v["bucket"];
-        let bucket = if b.is_object() {
+    let bucket_text = |b: &Value| {
+        if b.is_object() {
             let mut parts = Vec::new();
             if !b["tokens"].is_null() {
                 parts.push(format!("{} tokens", rate(&b["tokens"])));
@@ -432,8 +436,28 @@ pub fn explain(v: &Value) -> String {
         } else {
             "none tracked (no recent packet from this source under this rule: a full bucket)"
                 .to_string()
-        };
-        rows.push(("bucket", bucket));
+        }
+    };
+    let mut limit_rows = Vec::new();
+    if v["rule"].is_object() {
+        let limits = v["limits"].as_array().map_or(&[][..], Vec::as_slice);
+        if limits.len() > 1 {
+            // Every limit's bucket: the packet passes only if each has a token.
+            for l in limits {
+                limit_rows.push(format!(
+                    "limit {} (per {}, bucket {}): {}",
+                    num(l, "limit"),
+                    text(l, "per"),
+                    text(l, "key"),
+                    bucket_text(&l["bucket"])
+                ));
+            }
+        } else {
+            rows.push(("bucket", bucket_text(&v["bucket"])));
+        }
+    }
+    for r in limit_rows {
+        rows.push(("bucket", r));
     }
     let cut = &v["cut"];
     if cut.is_object() {
@@ -474,6 +498,17 @@ pub fn stats(v: &Value) -> String {
                 line: u32::try_from(num(r, "line")).unwrap_or(0),
                 packets: known(&verdict::NAMES, &r["packets"]),
                 bytes: known(&verdict::NAMES, &r["bytes"]),
+                limits: r["limits"]
+                    .as_array()
+                    .unwrap_or(&empty)
+                    .iter()
+                    .map(|l| crate::stats::LimitReport {
+                        limit: usize::try_from(num(l, "limit")).unwrap_or(0),
+                        per: text(l, "per").to_string(),
+                        dropped_rate: num(l, "dropped_rate"),
+                        dropped_bytes: num(l, "dropped_bytes"),
+                    })
+                    .collect(),
             })
             .collect(),
         buckets: BucketReport {
@@ -612,6 +647,14 @@ mod tests {
             line: 3,
             packets: verdict::NAMES.iter().map(|n| (*n, 2)).collect(),
             bytes: verdict::NAMES.iter().map(|n| (*n, 200)).collect(),
+            limits: (1..=2)
+                .map(|limit| crate::stats::LimitReport {
+                    limit,
+                    per: if limit == 1 { "source" } else { "/24" }.into(),
+                    dropped_rate: 1,
+                    dropped_bytes: 0,
+                })
+                .collect(),
         });
         report.buckets = BucketReport {
             tracked: 1,

@@ -3,11 +3,14 @@
 //! The JSON shape is part of the user-facing contract (documented in the README):
 //! `{"global": {"packets": N, "non_ip": N, ...}, "rules": [{"id", "name", "line", "packets":
 //! {"passed", "allowed", "dropped_rate", "dropped_bytes", "denied", "dry_run", "no_bucket"},
-//! "bytes": {...}}], "buckets": {"tracked": N, "capacity": N}}`.
+//! "bytes": {...}, "limits": [{"limit": 1, "per": "source", "dropped_rate": N, "dropped_bytes": N},
+//! ...]}], "buckets": {"tracked": N, "capacity": N}}`. `limits` (limit rules only) says which of
+//! the rule's limits dropped what: 1 is the rule's own, 2.. its `[[rule.limit]]`s in order; their
+//! sums are the rule's `dropped_rate` and `dropped_bytes` (under dry run, its would-be drops).
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
-use ratelimit_common::{global, verdict};
+use ratelimit_common::{action, global, verdict};
 use serde::Serialize;
 
 use crate::maps::{MapsError, PinnedMaps};
@@ -25,6 +28,33 @@ pub struct RuleReport {
     pub packets: BTreeMap<&'static str, u64>,
     /// Bytes by verdict name.
     pub bytes: BTreeMap<&'static str, u64>,
+    /// Drops by each of the rule's limits (limit rules only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<LimitReport>,
+}
+
+/// Drops of one limit of a rule.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct LimitReport {
+    /// 1: the rule's own limit; 2..: its `[[rule.limit]]`s in order.
+    pub limit: usize,
+    /// The limit's `per` as written (`source`, `/24`, `rule`).
+    pub per: String,
+    /// Packets this limit dropped for their packet rate.
+    pub dropped_rate: u64,
+    /// Packets this limit dropped for their byte rate.
+    pub dropped_bytes: u64,
+}
+
+/// The `per` a limit's source mask stands for.
+pub(crate) fn per_of(mask: &[u32; 4]) -> String {
+    let bits: u32 = mask.iter().map(|w| w.count_ones()).sum();
+    match bits {
+        0 => "rule".to_owned(),
+        32 if mask[1..] == [0; 3] => "source".to_owned(),
+        128 => "source".to_owned(),
+        n => format!("/{n}"),
+    }
 }
 
 /// Bucket map occupancy.
@@ -78,12 +108,26 @@ impl StatsReport {
         let mut reports = Vec::with_capacity(rules.len());
         for (id, name, line) in rules {
             let s = maps.rule_stats(id)?;
+            let rule = maps.rule(id)?;
+            let limits = if rule.action == action::LIMIT {
+                (0..rule.limits())
+                    .map(|k| LimitReport {
+                        limit: k + 1,
+                        per: per_of(&rule.limit(k).unwrap_or_default().src_mask),
+                        dropped_rate: s.limit_dropped_rate[k],
+                        dropped_bytes: s.limit_dropped_bytes[k],
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
             reports.push(RuleReport {
                 id,
                 name,
                 line,
                 packets: verdict::NAMES.iter().copied().zip(s.pkts).collect(),
                 bytes: verdict::NAMES.iter().copied().zip(s.bytes).collect(),
+                limits,
             });
         }
         let buckets = BucketReport {
@@ -136,6 +180,15 @@ impl StatsReport {
                 p("denied"),
                 p("dry_run"),
             );
+            if r.limits.len() > 1 {
+                for l in &r.limits {
+                    let _ = writeln!(
+                        out,
+                        "{:<width$}  limit {} (per {}): dropped_rate {} dropped_bytes {}",
+                        "", l.limit, l.per, l.dropped_rate, l.dropped_bytes
+                    );
+                }
+            }
         }
         let _ = writeln!(out);
         let _ = writeln!(
@@ -168,6 +221,7 @@ mod tests {
                     line: 9,
                     packets: counts([10, 0, 30, 0, 0, 0, 1]),
                     bytes: counts([1000, 0, 3000, 0, 0, 0, 100]),
+                    limits: Vec::new(),
                 },
                 RuleReport {
                     id: 3,
@@ -175,6 +229,7 @@ mod tests {
                     line: 20,
                     packets: counts([0, 4, 0, 5, 6, 7, 0]),
                     bytes: counts([0; verdict::COUNT]),
+                    limits: Vec::new(),
                 },
             ],
             buckets: BucketReport {
@@ -182,6 +237,41 @@ mod tests {
                 capacity: 1024,
             },
         }
+    }
+
+    #[test]
+    fn a_rule_with_several_limits_says_which_dropped_what() {
+        let mut r = report();
+        r.rules.truncate(1);
+        r.rules[0].limits = vec![
+            LimitReport {
+                limit: 1,
+                per: "source".into(),
+                dropped_rate: 10,
+                dropped_bytes: 0,
+            },
+            LimitReport {
+                limit: 2,
+                per: "/24".into(),
+                dropped_rate: 20,
+                dropped_bytes: 0,
+            },
+        ];
+        let table = r.to_table();
+        assert!(
+            table.contains("limit 2 (per /24): dropped_rate 20 dropped_bytes 0"),
+            "{table}"
+        );
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["rules"][0]["limits"][1]["dropped_rate"], 20);
+        assert_eq!(v["rules"][0]["limits"][1]["per"], "/24");
+        assert_eq!(per_of(&[u32::MAX, 0, 0, 0]), "source");
+        assert_eq!(per_of(&[u32::MAX; 4]), "source");
+        assert_eq!(per_of(&[0; 4]), "rule");
+        assert_eq!(
+            per_of(&[u32::from_ne_bytes([255, 255, 255, 0]), 0, 0, 0]),
+            "/24"
+        );
     }
 
     #[test]

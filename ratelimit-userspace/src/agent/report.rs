@@ -13,7 +13,7 @@ use super::{Agent, AgentError, ReloadState};
 use crate::{
     census::{CensusAge, Reading},
     config::RuleConfig,
-    maps::bucket::{bucket_key, monotonic_ns, BucketView},
+    maps::bucket::{bucket_addr, bucket_key, limit_bucket_key, monotonic_ns, BucketView},
 };
 
 impl Agent {
@@ -149,6 +149,7 @@ impl Agent {
                 candidates,
                 why,
                 bucket: None,
+                limits: Vec::new(),
                 cut,
             });
         };
@@ -200,6 +201,31 @@ impl Agent {
             .maps()
             .bucket(&key)?
             .map(|b| BucketView::new(&b, &rule.rule, monotonic_ns()));
+        let mut limits = Vec::new();
+        if rule.rule.action == ratelimit_common::action::LIMIT {
+            for k in 0..rule.rule.limits() {
+                let mask = rule.rule.limit(k).unwrap_or_default().src_mask;
+                let key = limit_bucket_key(rule.id, &rule.rule, k, ip);
+                let len = mask.iter().map(|w| w.count_ones()).sum::<u32>();
+                let len = if ip.is_ipv4() {
+                    len.min(32)
+                } else {
+                    len.min(128)
+                };
+                let addr = bucket_addr(&key);
+                limits.push(ExplainLimit {
+                    limit: k + 1,
+                    per: crate::stats::per_of(&mask),
+                    key: ipnet::IpNet::new(addr, u8::try_from(len).unwrap_or(0))
+                        .map_or_else(|_| addr.to_string(), |n| n.trunc().to_string()),
+                    bucket: self
+                        .dp
+                        .maps()
+                        .bucket(&key)?
+                        .map(|b| BucketView::new(&b, &rule.rule, monotonic_ns())),
+                });
+            }
+        }
         Ok(Explain {
             ip,
             protocol,
@@ -215,6 +241,7 @@ impl Agent {
             candidates,
             why,
             bucket,
+            limits,
             cut,
         })
     }
@@ -297,12 +324,28 @@ pub struct Explain {
     pub candidates: Vec<String>,
     /// The decision in words.
     pub why: String,
-    /// The source's bucket, if one is tracked.
+    /// The source's bucket (of the rule's first limit), if one is tracked.
     pub bucket: Option<BucketView>,
+    /// Every limit of the rule (limit rules), in order, with the bucket the source's packets
+    /// are charged to under it.
+    pub limits: Vec<ExplainLimit>,
     /// What happens to the source's packets that hide their protocol or port (tiny first
     /// fragments, over-long IPv6 header chains). Fragments other than the first follow their
     /// datagram's first fragment.
     pub cut: CutPackets,
+}
+
+/// One limit of the rule `explain` found, and the source's bucket under it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExplainLimit {
+    /// 1: the rule's own limit; 2..: its `[[rule.limit]]`s in order.
+    pub limit: usize,
+    /// The limit's `per` (`source`, `/24`, `rule`).
+    pub per: String,
+    /// The bucket's key: the source masked to the limit's `per`, as a prefix.
+    pub key: String,
+    /// The bucket, if tracked (none: a full bucket).
+    pub bucket: Option<BucketView>,
 }
 
 /// `explain`'s account of a source's packets whose protocol and port cannot be known.

@@ -14,7 +14,7 @@
 //! | `DELETE /v1/rules/{name}[?force=true]` | `{"removed": "name", "rules": N}`; `409` as above |
 //! | `POST /v1/reload` | re-reads the config file: `{"reloaded": true, "rules": N, "restart_needed": [..]}` |
 //! | `GET /v1/stats` | the `ratelimit stats --json` report (see [`crate::stats`]) |
-//! | `GET /v1/top?n=N&interval_ms=M` | `{"interval_ms", "buckets_tracked", "active", "windows", "top": [TOP, ...]}` |
+//! | `GET /v1/top?n=N&interval_ms=M[&limit=L]` | `{"interval_ms", "buckets_tracked", "active", "windows", "top": [TOP, ...]}` |
 //! | `GET /v1/explain?ip=IP&protocol=P&dst_port=N&tcp_flags=F` | `{"ip", "protocol", "dst_port", "tcp_flags", "rule": {"name", "id", "line", "config": RULE} or null, "prefix", "candidates", "why", "bucket": BUCKET or null, "cut": {"verdict": "dropped"/"passed"/"rule", "rule", "why"}}` |
 //! | `POST /v1/detach` | optional body `{"iface": "eth0"}`; `{"detached": ["eth0"]}` |
 //!
@@ -409,6 +409,7 @@ async fn cluster(State(state): State<ApiState>) -> ApiResult {
 struct TopQuery {
     n: Option<String>,
     interval_ms: Option<String>,
+    limit: Option<String>,
 }
 
 async fn top(State(state): State<ApiState>, Query(q): Query<TopQuery>) -> ApiResult {
@@ -438,6 +439,21 @@ async fn top(State(state): State<ApiState>, Query(q): Query<TopQuery>) -> ApiRes
                 ))
             })?,
     };
+    let limit = match q.limit.as_deref() {
+        None => None,
+        Some(s) => Some(
+            s.parse::<usize>()
+                .ok()
+                .filter(|l| (1..=ratelimit_common::MAX_LIMITS).contains(l))
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "limit: {s:?} is not a number between 1 and {} (1: a rule's own limit, \
+                         2..: its [[rule.limit]]s)",
+                        ratelimit_common::MAX_LIMITS
+                    ))
+                })?,
+        ),
+    };
     // Off the agent's lock, one `top` at a time (each keeps up to 16 MiB of baseline).
     let _turn = state
         .top_turn
@@ -447,7 +463,7 @@ async fn top(State(state): State<ApiState>, Query(q): Query<TopQuery>) -> ApiRes
     let report = top::measure(
         state.read.maps.clone(),
         state.read.rules.clone(),
-        n,
+        (n, limit),
         Duration::from_millis(interval_ms),
         top::BASELINE_BUDGET,
     )
@@ -591,7 +607,8 @@ async fn detach(State(agent): State<SharedAgent>, body: Bytes) -> ApiResult {
 }
 
 /// Keys a rule object may have.
-const RULE_KEYS: [&str; 13] = [
+const RULE_KEYS: [&str; 14] = [
+    "limit",
     "name",
     "source",
     "action",
@@ -730,8 +747,78 @@ pub fn rule_from_json(v: &Value) -> Result<RuleConfig, String> {
             ))
         }
     };
+    match obj.get("limit") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(items)) => {
+            if rule.action != Action::Limit {
+                return Err(fail(
+                    "limit",
+                    crate::config::no_meaning("limit", rule.action).message,
+                ));
+            }
+            for (i, item) in items.iter().enumerate() {
+                let l = limit_from_json(item)
+                    .map_err(|m| fail("limit", format!("limit {} (limit[{i}]): {m}", i + 2)))?;
+                rule.limits.push(l);
+            }
+        }
+        Some(other) => {
+            return Err(fail(
+                "limit",
+                format!("expected an array of limit objects, got {other}"),
+            ))
+        }
+    }
     rule.validate().map_err(|e| fail(e.field, e.message))?;
     Ok(rule)
+}
+
+/// One `[[rule.limit]]` from its JSON object (`per` required; `rate`, `burst`, `bytes_rate`,
+/// `bytes_burst`, `scope`), with the config file's defaults; checked with the rule.
+fn limit_from_json(v: &Value) -> Result<crate::config::LimitConfig, String> {
+    const KEYS: [&str; 6] = ["per", "rate", "burst", "bytes_rate", "bytes_burst", "scope"];
+    let obj = v
+        .as_object()
+        .ok_or_else(|| format!("a limit must be a JSON object, got {v}"))?;
+    if let Some(key) = obj.keys().find(|k| !KEYS.contains(&k.as_str())) {
+        return Err(format!(
+            "field `{key}`: unknown key; a limit takes {}",
+            KEYS.join(", ")
+        ));
+    }
+    let word = |field: &str| -> Result<Option<&str>, String> {
+        match obj.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.as_str())),
+            Some(other) => Err(format!("field `{field}`: expected a string, got {other}")),
+        }
+    };
+    let number = |field: &str| -> Result<Option<u64>, String> {
+        match obj.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(n) => n.as_u64().map(Some).ok_or_else(|| {
+                format!("field `{field}`: must be a non-negative integer (got {n})")
+            }),
+        }
+    };
+    let per = word("per")?
+        .ok_or_else(|| "field `per`: required, but missing".to_string())?
+        .parse::<Per>()
+        .map_err(|m| format!("field `per`: {m}"))?;
+    let mut l = crate::config::LimitConfig::new(per);
+    l.rate = number("rate")?;
+    l.burst = number("burst")?.or(l.rate);
+    l.bytes_rate = number("bytes_rate")?;
+    l.bytes_burst = number("bytes_burst")?.or_else(|| {
+        l.bytes_rate.map(|r| {
+            r.max(DEFAULT_BYTES_BURST_FLOOR)
+                .min(r.saturating_mul(MAX_TOLERANCE_NS / 1_000_000_000))
+        })
+    });
+    if let Some(s) = word("scope")? {
+        l.scope = s.parse().map_err(|m| format!("field `scope`: {m}"))?;
+    }
+    Ok(l)
 }
 
 /// A rule's `source` entry: a CIDR, or a bare address meaning a single host (as in the file).

@@ -260,3 +260,39 @@ fn explain_tcp_flags_parse() {
         .unwrap_err()
         .contains("unknown flag \"bogus\""));
 }
+
+#[test]
+fn rule_from_json_takes_limits_and_names_the_one_at_fault() {
+    let rule = rule_from_json(&json!({
+        "name": "web", "source": "0.0.0.0/0", "rate": 1000,
+        "limit": [{"per": "/24", "rate": 3000}, {"per": "rule", "bytes_rate": 1_000_000}],
+    }))
+    .unwrap();
+    assert_eq!(rule.limits.len(), 2);
+    assert_eq!(rule.limits[0].per, crate::config::Per::Prefix(24));
+    assert_eq!(rule.limits[0].burst, Some(3000));
+    assert_eq!(rule.limits[1].bytes_burst, Some(1_000_000));
+    // What the API answers with parses back as the same rule.
+    assert_eq!(
+        rule_from_json(&serde_json::to_value(&rule).unwrap()).unwrap(),
+        rule
+    );
+    let e = err(json!({"name": "w", "source": "0.0.0.0/0", "rate": 1, "limit": [{"rate": 5}]}));
+    assert!(
+        e.contains("limit 2") && e.contains("`per`: required"),
+        "{e}"
+    );
+    let e = err(json!({"name": "w", "source": "0.0.0.0/0", "rate": 1,
+        "limit": [{"per": "rule", "rate": 0}]}));
+    assert!(e.contains("limit 2") && e.contains("`rate`"), "{e}");
+    let e = err(json!({"name": "w", "source": "0.0.0.0/0", "rate": 1,
+        "limit": [{"per": "rule", "rate": 5, "protocol": "tcp"}]}));
+    assert!(e.contains("unknown key"), "{e}");
+    let four = json!({"per": "rule", "rate": 5});
+    let e = err(json!({"name": "w", "source": "0.0.0.0/0", "rate": 1,
+        "limit": [four, four, four, four]}));
+    assert!(e.contains("at most 4 limits"), "{e}");
+    let e = err(json!({"name": "w", "source": "0.0.0.0/0", "action": "deny",
+        "limit": [{"per": "rule", "rate": 5}]}));
+    assert!(e.contains("limit") && e.contains("no meaning"), "{e}");
+}

@@ -59,7 +59,9 @@ pub struct TopEntry {
     pub rule: String,
     /// Rule id.
     pub rule_id: u32,
-    /// The bucket's source: the address masked to the rule's `per`, as a prefix.
+    /// Which limit of the rule the bucket is for: 1 its own, 2.. its `[[rule.limit]]`s in order.
+    pub limit: usize,
+    /// The bucket's source: the address masked to the limit's `per`, as a prefix.
     pub source: String,
     /// Packets passed per second.
     pub pps: f64,
@@ -162,6 +164,8 @@ impl Ord for Candidate {
 /// busy kept) and a count of the rest.
 pub struct TopRanker {
     n: usize,
+    /// Only buckets of this limit of their rule (1: its own), if set.
+    limit: Option<usize>,
     heap: BinaryHeap<Candidate>,
     active: usize,
     tracked: usize,
@@ -171,8 +175,17 @@ impl TopRanker {
     /// Keeps the `n` busiest.
     #[must_use]
     pub fn new(n: usize) -> Self {
+        Self::of_limit(n, None)
+    }
+
+    /// Keeps the `n` busiest buckets of limit `limit` of their rules (1: the rule's own; 2..:
+    /// its `[[rule.limit]]`s), or of any limit (`None`): `top --limit 2` ranks the /24s of a
+    /// rule whose second limit is `per = "/24"`.
+    #[must_use]
+    pub fn of_limit(n: usize, limit: Option<usize>) -> Self {
         Self {
             n,
+            limit,
             heap: BinaryHeap::new(),
             active: 0,
             tracked: 0,
@@ -192,7 +205,8 @@ impl TopRanker {
         set: &CompiledRuleSet,
     ) {
         self.tracked += 1;
-        if set.rule(u32::from(b.rule)).is_none() {
+        let (id, limit) = ratelimit_common::split_bucket_rule(u32::from(b.rule));
+        if set.rule(id).is_none() || self.limit.is_some_and(|l| l != limit + 1) {
             return;
         }
         let (p0, d0) = first.counters(index, b).unwrap_or((0, 0));
@@ -238,11 +252,13 @@ impl TopRanker {
             .into_iter()
             .filter_map(|c| {
                 let b = &c.bucket;
-                let rule = set.rule(u32::from(b.rule))?;
+                let (id, limit) = ratelimit_common::split_bucket_rule(u32::from(b.rule));
+                let rule = set.rule(id)?;
                 let view = BucketView::new(b, &rule.rule, c.read_ns);
                 Some(TopEntry {
                     rule: rule.name.clone(),
                     rule_id: rule.id,
+                    limit: limit + 1,
                     source: bucket_source(&b.key(), &rule.rule),
                     pps: c.pps,
                     drops_per_sec: c.drops_per_sec,
@@ -282,12 +298,12 @@ pub fn top_entries(
 pub async fn measure(
     maps: Arc<PinnedMaps>,
     rules: watch::Receiver<Arc<CompiledRuleSet>>,
-    n: usize,
+    (n, limit): (usize, Option<usize>),
     interval: Duration,
     budget: usize,
 ) -> Result<TopReport, MapsError> {
     let records = maps.store().records();
-    let mut ranker = TopRanker::new(n);
+    let mut ranker = TopRanker::of_limit(n, limit);
     let mut start = 0u32;
     let mut windows = 0;
     loop {
@@ -347,14 +363,14 @@ async fn blocking<T: Send + 'static>(
 
 /// The bucket's address as a prefix of the rule's granularity (`198.18.1.0/24`).
 fn bucket_source(key: &BucketKey, rule: &ratelimit_common::Rule) -> String {
+    let mask = rule
+        .limit(ratelimit_common::split_bucket_rule(key.rule).1)
+        .unwrap_or_default()
+        .src_mask;
     let len = if key.family == family::V4 {
-        rule.src_mask[0].count_ones().min(32)
+        mask[0].count_ones().min(32)
     } else {
-        rule.src_mask
-            .iter()
-            .map(|w| w.count_ones())
-            .sum::<u32>()
-            .min(128)
+        mask.iter().map(|w| w.count_ones()).sum::<u32>().min(128)
     };
     let len = u8::try_from(len).unwrap_or(0);
     IpNet::new(bucket_addr(key), len)

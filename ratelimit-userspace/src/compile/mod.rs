@@ -29,8 +29,8 @@ use std::{
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use ratelimit_common::{
-    action, family, rule_flags, PrefixKey, Rule, RuleSet, MAX_CANDIDATES, MAX_PREFIXES, MAX_RULES,
-    PREFIX_KEY_HEADER_BITS,
+    action, family, rule_flags, Limit, PrefixKey, Rule, RuleSet, MAX_CANDIDATES, MAX_PREFIXES,
+    MAX_RULES, PREFIX_KEY_HEADER_BITS,
 };
 
 use crate::config::{Action, Per, Protocol, RuleConfig, RuleError, Scope, TcpFlags};
@@ -514,7 +514,39 @@ pub fn rule_record(r: &RuleConfig) -> Rule {
     if r.action != Action::Limit {
         return rule;
     }
-    let per_len = match r.per {
+    let (first, mut coarse) = limit_record(
+        (r.per, r.scope),
+        (r.rate, r.burst),
+        (r.bytes_rate, r.bytes_burst),
+        has_v6,
+    );
+    rule.set_limit(0, first);
+    for (k, l) in r.limits.iter().enumerate() {
+        let (limit, c) = limit_record(
+            (l.per, l.scope),
+            (l.rate, l.burst),
+            (l.bytes_rate, l.bytes_burst),
+            has_v6,
+        );
+        coarse &= c;
+        rule.set_limit(k + 1, limit);
+    }
+    if coarse {
+        rule.flags |= rule_flags::COARSE_CLOCK;
+    }
+    rule
+}
+
+/// The kernel form of one limit of a valid rule (whose sources include IPv6 ones if `has_v6`),
+/// and whether its tolerances allow the coarse clock.
+fn limit_record(
+    (per, scope): (Per, Scope),
+    (rate, burst): (Option<u64>, Option<u64>),
+    (bytes_rate, bytes_burst): (Option<u64>, Option<u64>),
+    has_v6: bool,
+) -> (Limit, bool) {
+    let mut l = Limit::default();
+    let per_len = match per {
         // An IPv4 address fills the first word of the key and the rest is zero, so a rule
         // with IPv6 sources (IPv4 too or not) can mask every word.
         Per::Source if has_v6 => 128,
@@ -524,32 +556,30 @@ pub fn rule_record(r: &RuleConfig) -> Rule {
     };
     // Read as the XDP program reads the packet's address: 4-byte chunks in memory order.
     let mask_bytes = mask(per_len).to_be_bytes();
-    for (word, chunk) in rule.src_mask.iter_mut().zip(mask_bytes.chunks_exact(4)) {
+    for (word, chunk) in l.src_mask.iter_mut().zip(mask_bytes.chunks_exact(4)) {
         *word = u32::from_ne_bytes(chunk.try_into().expect("4 bytes"));
     }
-    if r.scope == Scope::Cluster {
-        rule.flags |= rule_flags::CLUSTER;
+    if scope == Scope::Cluster {
+        l.flags |= rule_flags::CLUSTER;
     }
     // Validation bounds rate, burst and the refill time (one hour), so none of this overflows.
     let mut coarse = true;
-    if let (Some(rate), Some(burst)) = (r.rate, r.burst) {
-        rule.flags |= rule_flags::PKT_LIMIT;
+    if let (Some(rate), Some(burst)) = (rate, burst) {
+        l.flags |= rule_flags::PKT_LIMIT;
         // Integer division: the effective rate is 1e9 / floor(1e9 / rate), slightly above `rate`
         // when it does not divide 1e9 (by under 0.1% up to 1e6 packets/s).
-        rule.pkt_interval_ns = 1_000_000_000 / rate;
-        rule.pkt_tolerance_ns = burst * rule.pkt_interval_ns;
-        coarse &= rule.pkt_tolerance_ns >= COARSE_CLOCK_MIN_TOLERANCE_NS;
+        l.pkt_interval_ns = 1_000_000_000 / rate;
+        l.pkt_tolerance_ns = burst * l.pkt_interval_ns;
+        coarse &= l.pkt_tolerance_ns >= COARSE_CLOCK_MIN_TOLERANCE_NS;
     }
-    if let (Some(rate), Some(burst)) = (r.bytes_rate, r.bytes_burst) {
-        rule.flags |= rule_flags::BYTE_LIMIT;
-        rule.byte_interval_fp = ((NS_PER_SEC << 16) / u128::from(rate)) as u64;
-        rule.byte_tolerance_ns = (u128::from(burst) * NS_PER_SEC / u128::from(rate)) as u64;
-        coarse &= rule.byte_tolerance_ns >= COARSE_CLOCK_MIN_TOLERANCE_NS;
+    if let (Some(rate), Some(burst)) = (bytes_rate, bytes_burst) {
+        l.flags |= rule_flags::BYTE_LIMIT;
+        l.byte_interval_fp = ((NS_PER_SEC << 16) / u128::from(rate)) as u64;
+        l.byte_tolerance_ns = (u128::from(burst) * NS_PER_SEC / u128::from(rate)) as u64;
+        coarse &= l.byte_tolerance_ns >= COARSE_CLOCK_MIN_TOLERANCE_NS;
     }
-    if coarse && rule.flags & (rule_flags::PKT_LIMIT | rule_flags::BYTE_LIMIT) != 0 {
-        rule.flags |= rule_flags::COARSE_CLOCK;
-    }
-    rule
+    let limits = l.flags & (rule_flags::PKT_LIMIT | rule_flags::BYTE_LIMIT) != 0;
+    (l, coarse && limits)
 }
 
 /// A rule as a candidate: what the XDP program compares, and which rule it is.

@@ -1433,3 +1433,46 @@ fn packets_without_l4_fall_to_the_first_rule_only_where_no_rule_needs_l4() {
     assert_eq!(name(set.classify_without_l4(ip("2001:db8::1"))), "dropped");
     assert_eq!(name(set.classify_without_l4(ip("198.19.0.1"))), "none");
 }
+
+/// A rule's `[[rule.limit]]`s become its record's `extra` limits, in order, each with its own
+/// mask, intervals and flags; the coarse clock only when every limit allows it; a change of a
+/// limit is a change of the rule (a fresh id, fresh buckets).
+#[test]
+fn limits_compile_in_order_with_their_own_masks() {
+    use crate::config::LimitConfig;
+    let mut r = limit("web", "0.0.0.0/0", 1000);
+    let mut net24 = LimitConfig::new(Per::Prefix(24));
+    (net24.rate, net24.burst) = (Some(20_000), Some(40_000));
+    let mut all = LimitConfig::new(Per::Rule);
+    (all.bytes_rate, all.bytes_burst) = (Some(1_000_000), Some(2_000_000));
+    r.limits = vec![net24, all];
+    let rec = rule_record(&r);
+    assert_eq!(rec.limits(), 3);
+    assert_eq!(rec.extra_len, 2);
+    assert_eq!(rec.src_mask, [u32::MAX, 0, 0, 0]);
+    assert_eq!(rec.pkt_interval_ns, 1_000_000);
+    let l1 = rec.limit(1).unwrap();
+    assert_eq!(l1.src_mask[0], u32::from_ne_bytes([255, 255, 255, 0]));
+    assert_eq!(
+        (l1.pkt_interval_ns, l1.pkt_tolerance_ns),
+        (50_000, 2_000_000_000)
+    );
+    assert_eq!(l1.flags, rule_flags::PKT_LIMIT);
+    let l2 = rec.limit(2).unwrap();
+    assert_eq!(l2.src_mask, [0; 4]);
+    assert_eq!(l2.flags, rule_flags::BYTE_LIMIT);
+    assert_eq!(l2.byte_tolerance_ns, 2_000_000_000);
+    assert!(rec.limit(3).is_none());
+    assert_ne!(rec.flags & rule_flags::COARSE_CLOCK, 0);
+    // A limit with a tolerance under the coarse clock's ticks takes the whole rule off it.
+    r.limits[1].bytes_burst = Some(10_000);
+    assert_eq!(rule_record(&r).flags & rule_flags::COARSE_CLOCK, 0);
+    r.limits[1].bytes_burst = Some(2_000_000);
+    // Changing a limit changes the record: the rule gets a fresh id on reload.
+    let set = build(std::slice::from_ref(&r));
+    let mut ids = RuleIds::new();
+    ids.commit(&set).unwrap();
+    r.limits[0].rate = Some(30_000);
+    let again = compile(std::slice::from_ref(&r), &ids).unwrap();
+    assert!(again.rules[0].fresh);
+}

@@ -359,8 +359,139 @@ pub struct RuleConfig {
     pub scope: Scope,
     /// Count would-be drops but pass the packets.
     pub dry_run: bool,
+    /// The rule's further limits (`[[rule.limit]]`, at most [`MAX_EXTRA_LIMITS`]), after the one
+    /// its own `rate`/`burst`/`bytes_*`/`per`/`scope` make: a packet passes only if it conforms
+    /// to every one (limit rules only).
+    pub limits: Vec<LimitConfig>,
     /// 1-based line where the rule's table starts in its file; 0 if it did not come from a file.
     pub line: usize,
+}
+
+/// Most `[[rule.limit]]` tables one rule may have (its own limit is the first of
+/// [`ratelimit_common::MAX_LIMITS`]).
+pub const MAX_EXTRA_LIMITS: usize = ratelimit_common::MAX_LIMITS - 1;
+
+/// One `[[rule.limit]]`: a limit of a rule besides its own, with defaults filled in. Two limits
+/// are equal when they limit alike, wherever they were written (`line` is not compared).
+#[derive(Clone, Debug, Eq, Serialize)]
+pub struct LimitConfig {
+    /// Bucket granularity: required (`source`, `"/N"` or `rule`).
+    pub per: Per,
+    /// Packets per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<u64>,
+    /// Packets; `Some(rate)` when `rate` is given without `burst`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+    /// Bytes per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_rate: Option<u64>,
+    /// Bytes; defaulted as the rule's own `bytes_burst`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes_burst: Option<u64>,
+    /// Local or cluster-wide budget.
+    pub scope: Scope,
+    /// 1-based line of the `[[rule.limit]]` header; 0 if it did not come from a file.
+    #[serde(skip)]
+    pub line: usize,
+}
+
+impl PartialEq for LimitConfig {
+    fn eq(&self, other: &Self) -> bool {
+        (
+            self.per,
+            self.rate,
+            self.burst,
+            self.bytes_rate,
+            self.bytes_burst,
+            self.scope,
+        ) == (
+            other.per,
+            other.rate,
+            other.burst,
+            other.bytes_rate,
+            other.bytes_burst,
+            other.scope,
+        )
+    }
+}
+
+impl LimitConfig {
+    /// A limit with no rate yet (which [`validate`](Self::validate) rejects).
+    pub fn new(per: Per) -> Self {
+        Self {
+            per,
+            rate: None,
+            burst: None,
+            bytes_rate: None,
+            bytes_burst: None,
+            scope: Scope::Local,
+            line: 0,
+        }
+    }
+
+    /// Checks the limit alone, for a rule whose sources are of families `(v4, v6)`. The error
+    /// names the limit's own key (`rate`, `per`...).
+    pub fn validate(&self, families: (bool, bool)) -> Result<(), RuleError> {
+        if self.rate.is_none() && self.bytes_rate.is_none() {
+            return Err(rule_error(
+                "rate",
+                "a limit needs `rate` (packets/s) or `bytes_rate` (bytes/s), or both",
+            ));
+        }
+        check_limit(
+            ("rate", self.rate),
+            ("burst", self.burst),
+            (1, MAX_RATE, 1),
+            "packets",
+        )?;
+        check_limit(
+            ("bytes_rate", self.bytes_rate),
+            ("bytes_burst", self.bytes_burst),
+            (1, MAX_BYTES_RATE, MIN_BYTES_BURST),
+            "bytes",
+        )?;
+        // The cluster sync publishes and charges the buckets of a rule's own limit only; a
+        // `[[rule.limit]]` marked cluster would silently be enforced per host. Refused until the
+        // sync carries the limit in its keys.
+        if self.scope == Scope::Cluster {
+            return Err(rule_error(
+                "scope",
+                "scope = \"cluster\" is not supported on a [[rule.limit]] yet (the cluster sync \
+                 shares the buckets of a rule's own limit only): put the limit to share first, as \
+                 the rule's own rate/burst/per with scope = \"cluster\", and the local ones in \
+                 [[rule.limit]]",
+            ));
+        }
+        check_per(self.per, families)
+    }
+}
+
+/// Checks `per = "/N"` against the rule's source families.
+fn check_per(per: Per, families: (bool, bool)) -> Result<(), RuleError> {
+    if let Per::Prefix(len) = per {
+        let (width, family) = match families {
+            (true, true) => {
+                return Err(rule_error(
+                    "per",
+                    format!(
+                        "\"/{len}\" groups sources by a prefix length of one address family, \
+                         but this rule's sources mix IPv4 and IPv6 prefixes; use per = \"source\" \
+                         or \"rule\", or split the rule into one rule per family"
+                    ),
+                ))
+            }
+            (false, true) => (128, "IPv6"),
+            _ => (32, "IPv4"),
+        };
+        if len > width {
+            return Err(rule_error(
+                "per",
+                format!("/{len} is longer than an {family} address (at most /{width})"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Why a [`RuleConfig`] is invalid: the key at fault and what is wrong with it.
@@ -404,6 +535,7 @@ impl RuleConfig {
             tcp_flags: None,
             scope: Scope::Local,
             dry_run: false,
+            limits: Vec::new(),
             line: 0,
         }
     }
@@ -446,6 +578,7 @@ impl RuleConfig {
                 ("bytes_burst", self.bytes_burst.is_some()),
                 ("per", self.per != Per::Source),
                 ("scope", self.scope != Scope::Local),
+                ("limit", !self.limits.is_empty()),
             ];
             if let Some((field, _)) = stray.iter().find(|(_, set)| *set) {
                 return Err(no_meaning(field, self.action));
@@ -470,27 +603,36 @@ impl RuleConfig {
             (1, MAX_BYTES_RATE, MIN_BYTES_BURST),
             "bytes",
         )?;
-        if let Per::Prefix(len) = self.per {
-            let (width, family) = match self.families() {
-                (true, true) => {
-                    return Err(rule_error(
-                        "per",
-                        format!(
-                            "\"/{len}\" groups sources by a prefix length of one address family, \
-                             but this rule's sources mix IPv4 and IPv6 prefixes; use per = \"source\" \
-                             or \"rule\", or split the rule into one rule per family"
-                        ),
-                    ))
-                }
-                (false, true) => (128, "IPv6"),
-                _ => (32, "IPv4"),
-            };
-            if len > width {
-                return Err(rule_error(
-                    "per",
-                    format!("/{len} is longer than an {family} address (at most /{width})"),
-                ));
-            }
+        check_per(self.per, self.families())?;
+        if self.limits.len() > MAX_EXTRA_LIMITS {
+            return Err(rule_error(
+                "limit",
+                format!(
+                    "{} `[[rule.limit]]` tables; a rule may have at most {} limits, its own and \
+                     {MAX_EXTRA_LIMITS} more",
+                    self.limits.len(),
+                    MAX_EXTRA_LIMITS + 1
+                ),
+            ));
+        }
+        for (i, l) in self.limits.iter().enumerate() {
+            l.validate(self.families()).map_err(|e| {
+                rule_error(
+                    "limit",
+                    format!(
+                        "limit {} ([[rule.limit]] #{}{}): `{}` {}",
+                        i + 2,
+                        i + 1,
+                        if l.line > 0 {
+                            format!(", line {}", l.line)
+                        } else {
+                            String::new()
+                        },
+                        e.field,
+                        e.message
+                    ),
+                )
+            })?;
         }
         Ok(())
     }
@@ -725,6 +867,8 @@ pub(super) struct RuleView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) scope: Option<Scope>,
     pub(super) dry_run: bool,
+    #[serde(skip_serializing_if = "<[LimitConfig]>::is_empty")]
+    pub(super) limit: &'a [LimitConfig],
 }
 
 /// `source` as written: one CIDR, or an array of them.
@@ -760,6 +904,7 @@ impl Serialize for RuleConfig {
             tcp_flags: self.tcp_flags,
             scope: limit.then_some(self.scope),
             dry_run: self.dry_run,
+            limit: &self.limits,
         }
         .serialize(s)
     }

@@ -80,6 +80,19 @@ pub(super) struct RawRule {
     pub(super) tcp_flags: Option<Spanned<TcpFlags>>,
     pub(super) scope: Option<Spanned<Scope>>,
     pub(super) dry_run: Option<Spanned<bool>>,
+    pub(super) limit: Option<Vec<Spanned<RawLimit>>>,
+}
+
+/// One `[[rule.limit]]` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLimit {
+    pub(super) per: Option<Spanned<Per>>,
+    pub(super) rate: Option<Spanned<i64>>,
+    pub(super) burst: Option<Spanned<i64>>,
+    pub(super) bytes_rate: Option<Spanned<i64>>,
+    pub(super) bytes_burst: Option<Spanned<i64>>,
+    pub(super) scope: Option<Spanned<Scope>>,
 }
 
 /// A rule's `source` as written: one CIDR or an array of them.
@@ -515,6 +528,9 @@ pub(super) fn rule_from_raw(
         rule.scope = scope.into_inner();
     }
     rule.dry_run = raw.dry_run.is_some_and(Spanned::into_inner);
+    if let Some(limits) = raw.limit.take() {
+        rule.limits = limits_from_raw(src, &section, &rule, limits, has_cluster)?;
+    }
 
     rule.validate().map_err(|e| {
         // A key that was not written (e.g. the missing `rate`) is reported at the table's line.
@@ -522,6 +538,91 @@ pub(super) fn rule_from_raw(
         src.invalid(offset, &section, e.field, e.message)
     })?;
     Ok((rule, from))
+}
+
+/// A rule's `[[rule.limit]]` tables, each checked where it was written.
+fn limits_from_raw(
+    src: &Source,
+    section: &str,
+    rule: &RuleConfig,
+    raw: Vec<Spanned<RawLimit>>,
+    has_cluster: bool,
+) -> Result<Vec<crate::config::LimitConfig>, ConfigError> {
+    use crate::config::{LimitConfig, MAX_EXTRA_LIMITS};
+    let mut out = Vec::with_capacity(raw.len());
+    for (i, raw) in raw.into_iter().enumerate() {
+        let at = raw.span().start;
+        let raw = raw.into_inner();
+        let section = format!("{section} limit {} ([[rule.limit]] #{})", i + 2, i + 1);
+        if rule.action != Action::Limit {
+            let e = no_meaning("limit", rule.action);
+            return Err(src.invalid(at, &section, "limit", e.message));
+        }
+        if i >= MAX_EXTRA_LIMITS {
+            return Err(src.invalid(
+                at,
+                &section,
+                "limit",
+                format!(
+                    "too many limits: a rule may have at most {} (its own and {MAX_EXTRA_LIMITS} \
+                     `[[rule.limit]]` tables)",
+                    MAX_EXTRA_LIMITS + 1
+                ),
+            ));
+        }
+        let Some(per) = raw.per else {
+            return Err(src.invalid(
+                at,
+                &section,
+                "per",
+                "required, but missing: say what this limit counts together (\"source\", \"/N\" \
+                 or \"rule\")",
+            ));
+        };
+        let mut offsets: HashMap<&'static str, usize> = HashMap::new();
+        offsets.insert("per", per.span().start);
+        for (key, v) in [
+            ("rate", &raw.rate),
+            ("burst", &raw.burst),
+            ("bytes_rate", &raw.bytes_rate),
+            ("bytes_burst", &raw.bytes_burst),
+        ] {
+            if let Some(v) = v {
+                offsets.insert(key, v.span().start);
+            }
+        }
+        let number = |v: &Option<Spanned<i64>>, key| {
+            v.as_ref()
+                .map(|v| non_negative(src, v, &section, key))
+                .transpose()
+        };
+        let mut l = LimitConfig::new(per.into_inner());
+        l.line = src.line(at);
+        l.rate = number(&raw.rate, "rate")?;
+        l.burst = number(&raw.burst, "burst")?.or(l.rate);
+        l.bytes_rate = number(&raw.bytes_rate, "bytes_rate")?;
+        l.bytes_burst =
+            number(&raw.bytes_burst, "bytes_burst")?.or_else(|| default_bytes_burst(l.bytes_rate));
+        if let Some(scope) = raw.scope {
+            offsets.insert("scope", scope.span().start);
+            if *scope.get_ref() == Scope::Cluster && !has_cluster {
+                return Err(src.invalid(
+                    scope.span().start,
+                    &section,
+                    "scope",
+                    "scope = \"cluster\" needs a [cluster] table (the peers that share the \
+                     budget); add one, or use scope = \"local\"",
+                ));
+            }
+            l.scope = scope.into_inner();
+        }
+        l.validate(rule.families()).map_err(|e| {
+            let offset = offsets.get(e.field).copied().unwrap_or(at);
+            src.invalid(offset, &section, e.field, e.message)
+        })?;
+        out.push(l);
+    }
+    Ok(out)
 }
 
 /// The prefixes of an inline `source`, without duplicates.

@@ -1800,3 +1800,186 @@ fn tcp_flags_write_back_and_serialize() {
     assert!(syn.to_toml().contains("tcp_flags = \"syn\""));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `[[rule.limit]]`: a rule's further limits, in order, with defaults filled in as for the
+/// rule's own.
+#[test]
+fn rule_limits_parse() {
+    let c = parse(
+        "[[rule]]\nname = \"web\"\nsource = \"0.0.0.0/0\"\nrate = 1000\nburst = 2000\n\
+         [[rule.limit]]\nper = \"/24\"\nrate = 20000\n\
+         [[rule.limit]]\nper = \"rule\"\nrate = 500000\nbytes_rate = 1000000\n",
+    );
+    let r = &c.rules[0];
+    assert_eq!(r.limits.len(), 2);
+    assert_eq!(r.limits[0].per, Per::Prefix(24));
+    assert_eq!(
+        (r.limits[0].rate, r.limits[0].burst),
+        (Some(20000), Some(20000))
+    );
+    assert_eq!(r.limits[0].line, 6);
+    assert_eq!(r.limits[1].per, Per::Rule);
+    assert_eq!(r.limits[1].bytes_burst, Some(1_000_000));
+    assert_eq!(r.limits[1].scope, Scope::Local);
+    assert_eq!(r.limits[1].line, 9);
+    // A rule without any keeps none.
+    assert!(
+        parse(&rule("name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 1")).rules[0]
+            .limits
+            .is_empty()
+    );
+}
+
+#[test]
+fn rule_limit_errors_name_the_file_line_and_key() {
+    let head = "[[rule]]\nname = \"web\"\nsource = \"10.0.0.0/8\"\nrate = 10\n";
+    // Five limits: the fourth [[rule.limit]] (line 13) is one too many.
+    let five = format!(
+        "{head}{}",
+        "[[rule.limit]]\nper = \"rule\"\nrate = 5\n".repeat(4)
+    );
+    assert_error(&five, 14, "limit", "at most 4");
+    // `per` is required in a [[rule.limit]].
+    assert_error(
+        &format!("{head}[[rule.limit]]\nrate = 5\n"),
+        5,
+        "per",
+        "required",
+    );
+    // Bad values point at the key.
+    assert_error(
+        &format!("{head}[[rule.limit]]\nper = \"rule\"\nrate = 0\n"),
+        7,
+        "rate",
+        "between 1 and",
+    );
+    assert_error(
+        &format!("{head}[[rule.limit]]\nper = \"rule\"\nrate = 1\nburst = 3601\n"),
+        8,
+        "burst",
+        "one hour",
+    );
+    assert_error(
+        &format!("{head}[[rule.limit]]\nper = \"/33\"\nrate = 5\n"),
+        6,
+        "per",
+        "longer than an IPv4 address",
+    );
+    assert_error(
+        &format!("{head}[[rule.limit]]\nper = \"rule\"\n"),
+        5,
+        "rate",
+        "needs `rate`",
+    );
+    assert_error(
+        &format!("{head}[[rule.limit]]\nper = \"rule\"\nrate = 5\nscope = \"cluster\"\n"),
+        8,
+        "scope",
+        "[cluster]",
+    );
+    // With a [cluster], a cluster-wide [[rule.limit]] is refused (the sync shares a rule's own
+    // limit only), pointing at the key.
+    assert_error(
+        &format!("{CLUSTER}{head}[[rule.limit]]\nper = \"rule\"\nrate = 5\nscope = \"cluster\"\n"),
+        11,
+        "scope",
+        "not supported on a [[rule.limit]]",
+    );
+    assert_error(
+        &format!("{head}[[rule.limit]]\nper = \"rule\"\nrate = 5\nbytes_burst = 100\n"),
+        8,
+        "bytes_burst",
+        "`bytes_rate` is not",
+    );
+    // Unknown keys are named.
+    let e = Config::parse(
+        &format!("{head}[[rule.limit]]\nper = \"rule\"\nrate = 5\nprotocol = \"tcp\"\n"),
+        ORIGIN,
+    )
+    .unwrap_err();
+    assert_eq!(e.line(), Some(8), "{e}");
+    assert!(e.to_string().contains("protocol"), "{e}");
+    // Only limit rules take limits.
+    assert_error(
+        "[[rule]]\nname = \"ok\"\nsource = \"10.0.0.0/8\"\naction = \"allow\"\n\
+         [[rule.limit]]\nper = \"rule\"\nrate = 5\n",
+        5,
+        "limit",
+        "no meaning for an allow rule",
+    );
+    // The same checks on a rule that did not come from a file (the API's `rules add`).
+    let mut r = RuleConfig {
+        rate: Some(10),
+        burst: Some(10),
+        ..RuleConfig::new("api", net("10.0.0.0/8"))
+    };
+    r.limits = vec![LimitConfig::new(Per::Rule); 4];
+    for l in &mut r.limits {
+        l.rate = Some(1);
+        l.burst = Some(1);
+    }
+    let e = r.validate().unwrap_err();
+    assert_eq!(e.field, "limit");
+    assert!(e.message.contains("at most 4 limits"), "{e}");
+    r.limits.truncate(1);
+    r.limits[0].rate = Some(0);
+    let e = r.validate().unwrap_err();
+    assert!(
+        e.message.contains("limit 2") && e.message.contains("`rate`"),
+        "{e}"
+    );
+    r.limits[0].rate = Some(1);
+    r.validate().unwrap();
+}
+
+#[test]
+fn rule_limits_write_back_and_serialize() {
+    let dir = scratch("write-limits");
+    let path = dir.join("ratelimit.toml");
+    std::fs::write(&path, "[agent]\ninterfaces = [\"eth0\"]\n").unwrap();
+    let mut net24 = LimitConfig::new(Per::Prefix(24));
+    net24.rate = Some(3000);
+    net24.burst = Some(3000);
+    let mut all = LimitConfig::new(Per::Rule);
+    all.rate = Some(10_000);
+    all.burst = Some(20_000);
+    let web = RuleConfig {
+        rate: Some(1000),
+        burst: Some(1000),
+        limits: vec![net24, all],
+        ..RuleConfig::new("web", net("0.0.0.0/0"))
+    };
+    write_rules(&path, std::slice::from_ref(&web)).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains("[[rule.limit]]\nper = \"/24\"\nrate = 3000\n\n[[rule.limit]]\nper = \"rule\"\nrate = 10000\nburst = 20000\n"),
+        "{text}"
+    );
+    let back = Config::load(&path).unwrap();
+    let mut got = back.rules[0].clone();
+    got.line = 0;
+    for l in &mut got.limits {
+        l.line = 0;
+    }
+    assert_eq!(got, web);
+    // Unchanged: byte for byte; one limit fewer removes its table.
+    write_rules(&path, &back.rules).unwrap();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+    let fewer = RuleConfig {
+        limits: web.limits[..1].to_vec(),
+        ..web.clone()
+    };
+    write_rules(&path, &[fewer]).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.matches("[[rule.limit]]").count(), 1, "{text}");
+    // JSON (the API's form) keeps them.
+    let v = serde_json::to_value(&web).unwrap();
+    assert_eq!(v["limit"][0]["per"], "/24");
+    assert_eq!(v["limit"][1]["burst"], 20000);
+    assert!(
+        web.to_toml().contains("[[rule.limit]]"),
+        "{}",
+        web.to_toml()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -14,7 +14,10 @@ use super::{
     error::Source,
     error::{syntax_error, ConfigError},
     lists::{base_dir, read_text, resolve},
-    model::{default_bytes_burst, parse_source, Action, Config, Per, Protocol, RuleConfig, Scope},
+    model::{
+        default_bytes_burst, parse_source, Action, Config, LimitConfig, Per, Protocol, RuleConfig,
+        Scope,
+    },
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -163,12 +166,84 @@ pub(super) fn new_rule_table(rule: &RuleConfig) -> toml_edit::Table {
             table.insert(key, toml_edit::Item::Value(v));
         }
     }
+    if let Some(limits) = limits_item(&rule.limits) {
+        table.insert("limit", limits);
+    }
     table
+}
+
+/// The `[[rule.limit]]` tables for `limits`, with only the keys that differ from their defaults
+/// (`per` always); `None` for none.
+fn limits_item(limits: &[LimitConfig]) -> Option<toml_edit::Item> {
+    if limits.is_empty() {
+        return None;
+    }
+    let mut aot = toml_edit::ArrayOfTables::new();
+    for l in limits {
+        let mut t = toml_edit::Table::new();
+        t.insert("per", toml_edit::value(l.per.to_string()));
+        if let Some(r) = l.rate {
+            t.insert("rate", toml_edit::Item::Value(int_value(r)));
+        }
+        if l.burst != l.rate {
+            if let Some(b) = l.burst {
+                t.insert("burst", toml_edit::Item::Value(int_value(b)));
+            }
+        }
+        if let Some(r) = l.bytes_rate {
+            t.insert("bytes_rate", toml_edit::Item::Value(int_value(r)));
+        }
+        if l.bytes_burst != default_bytes_burst(l.bytes_rate) {
+            if let Some(b) = l.bytes_burst {
+                t.insert("bytes_burst", toml_edit::Item::Value(int_value(b)));
+            }
+        }
+        if l.scope != Scope::Local {
+            t.insert("scope", toml_edit::value(l.scope.as_str()));
+        }
+        aot.push(t);
+    }
+    Some(toml_edit::Item::ArrayOfTables(aot))
+}
+
+/// Whether the `[[rule.limit]]` tables `item` already say `limits`.
+fn limits_written_as(item: &toml_edit::Item, limits: &[LimitConfig]) -> bool {
+    let Some(aot) = item.as_array_of_tables() else {
+        return false;
+    };
+    aot.len() == limits.len()
+        && aot.iter().zip(limits).all(|(t, l)| {
+            let int = |key: &str| {
+                t.get(key)
+                    .and_then(toml_edit::Item::as_integer)
+                    .and_then(|i| u64::try_from(i).ok())
+            };
+            let word = |key: &str| t.get(key).and_then(toml_edit::Item::as_str);
+            word("per").and_then(|p| p.parse::<Per>().ok()) == Some(l.per)
+                && int("rate") == l.rate
+                && int("burst").or(l.rate) == l.burst
+                && int("bytes_rate") == l.bytes_rate
+                && int("bytes_burst").or_else(|| default_bytes_burst(l.bytes_rate)) == l.bytes_burst
+                && word("scope").map_or(Some(Scope::Local), |s| s.parse().ok()) == Some(l.scope)
+        })
 }
 
 /// Makes an existing `[[rule]]` table say `rule`, leaving the keys that already do (their
 /// spelling, comments and order) alone. A changed value keeps the comment after it.
 pub(super) fn update_rule_table(table: &mut toml_edit::Table, rule: &RuleConfig, base: &Path) {
+    if !table
+        .get("limit")
+        .is_some_and(|item| limits_written_as(item, &rule.limits))
+    {
+        match limits_item(&rule.limits) {
+            Some(item) => {
+                table.insert("limit", item);
+            }
+            None => {
+                table.remove("limit");
+            }
+        }
+    }
     for key in RULE_KEYS {
         if table
             .get(key)

@@ -7,9 +7,22 @@ use std::net::IpAddr;
 use ratelimit_common::{family, Bucket, BucketKey};
 use serde::Serialize;
 
-/// The bucket key the XDP program uses for `ip` under `rule`.
+/// The bucket key the XDP program uses for `ip` under `rule`'s first limit.
 #[must_use]
 pub fn bucket_key(id: u32, rule: &ratelimit_common::Rule, ip: IpAddr) -> BucketKey {
+    limit_bucket_key(id, rule, 0, ip)
+}
+
+/// The bucket key the XDP program uses for `ip` under limit `limit` of `rule` (0: its own;
+/// past its last limit, the first's mask).
+#[must_use]
+pub fn limit_bucket_key(
+    id: u32,
+    rule: &ratelimit_common::Rule,
+    limit: usize,
+    ip: IpAddr,
+) -> BucketKey {
+    let mask = rule.limit(limit).unwrap_or_default().src_mask;
     let (fam, bytes) = match ip {
         IpAddr::V4(a) => {
             let mut b = [0u8; 16];
@@ -20,12 +33,12 @@ pub fn bucket_key(id: u32, rule: &ratelimit_common::Rule, ip: IpAddr) -> BucketK
     };
     let mut addr = [0u8; 16];
     for w in 0..4 {
-        let word = u32::from_ne_bytes(bytes[w * 4..w * 4 + 4].try_into().expect("4 bytes"))
-            & rule.src_mask[w];
+        let word =
+            u32::from_ne_bytes(bytes[w * 4..w * 4 + 4].try_into().expect("4 bytes")) & mask[w];
         addr[w * 4..w * 4 + 4].copy_from_slice(&word.to_ne_bytes());
     }
     BucketKey {
-        rule: id,
+        rule: ratelimit_common::bucket_rule(id, u32::try_from(limit).unwrap_or(0)),
         family: fam,
         _pad: [0; 3],
         addr,
@@ -83,10 +96,13 @@ pub struct BucketView {
 }
 
 impl BucketView {
-    /// Reads `b` under `rule` at `now` (`CLOCK_MONOTONIC` ns).
+    /// Reads `b` under `rule` (the limit its key names) at `now` (`CLOCK_MONOTONIC` ns).
     #[must_use]
     pub fn new(b: &Bucket, rule: &ratelimit_common::Rule, now: u64) -> Self {
         use ratelimit_common::rule_flags;
+        let rule = &rule
+            .limit(ratelimit_common::split_bucket_rule(u32::from(b.rule)).1)
+            .unwrap_or_default();
         let level = |tat: u64, tolerance: u64, unit: f64| {
             // Tokens = (now + tolerance - max(tat, now)) / cost of one token.
             #[expect(clippy::cast_precision_loss, reason = "display only")]

@@ -407,8 +407,14 @@ impl PinnedMaps {
         let gen = match gens.get(&b.rule) {
             Some(&g) => g,
             None => {
-                let g = if u32::from(b.rule) < MAX_RULES {
-                    self.rule(u32::from(b.rule))?.bucket_gen
+                let (id, limit) = ratelimit_common::split_bucket_rule(u32::from(b.rule));
+                let g = if id < MAX_RULES {
+                    let rule = self.rule(id)?;
+                    if limit < rule.limits() {
+                        rule.bucket_gen
+                    } else {
+                        0
+                    }
                 } else {
                     0
                 };
@@ -472,14 +478,16 @@ impl PinnedMaps {
     /// With the generation of its rule in force (0 if the id is free: nothing is found).
     pub fn locate_bucket(&self, key: &BucketKey, now: u64) -> Result<(Slot, u32)> {
         let config = self.config()?;
-        if key.rule >= MAX_RULES {
+        let (id, _) = ratelimit_common::split_bucket_rule(key.rule);
+        if key.rule > 0xffff || id >= MAX_RULES {
             return Ok((Slot::Busy, 0));
         }
-        let gen = self.rule(key.rule)?.bucket_gen;
+        let gen = self.rule(id)?.bucket_gen;
         let mut rules = HashMap::new();
         let slot = self
             .store
             .locate(config.seed, config.bucket_sets, key, gen, now, |id| {
+                let id = ratelimit_common::split_bucket_rule(id).0;
                 *rules
                     .entry(id)
                     .or_insert_with(|| (id < MAX_RULES).then(|| self.rule(id).ok()).flatten())
@@ -527,6 +535,10 @@ impl PinnedMaps {
             for v in 0..verdict::COUNT {
                 sum.pkts[v] += s.pkts[v];
                 sum.bytes[v] += s.bytes[v];
+            }
+            for l in 0..ratelimit_common::MAX_LIMITS {
+                sum.limit_dropped_rate[l] += s.limit_dropped_rate[l];
+                sum.limit_dropped_bytes[l] += s.limit_dropped_bytes[l];
             }
         }
         Ok(sum)

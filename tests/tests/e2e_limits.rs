@@ -1,0 +1,513 @@
+//! Several limits per rule, end to end: the real agent on a veth, real traffic.
+//!
+//! - Five sources of one /24 at 2,000 pps each, under a per-source limit of 1,000 pps and a
+//!   per-/24 limit of 3,000 pps: no source gets more than its own bucket, and the /24 together
+//!   gets exactly the /24's bucket (burst + 3,000/s x t, within the testbed's timing tolerances,
+//!   and within 5%); the counters say the /24's limit dropped the excess.
+//! - A spoofed flood, every packet from a new random source, under a per-source limit (which
+//!   such a flood walks past: every source has a full bucket) and a per-rule limit: the flood
+//!   together gets exactly the rule's bucket, while a polite known source under another rule
+//!   loses nothing.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    thread,
+    time::{Duration, Instant},
+};
+
+use ratelimit_testbed::{
+    add_addr, agent_proc::rule_packets, assert_limited, in_netns, neigh_to_peer, require_root,
+    send_udp_from, veth_pair, AgentProcess, Netns, Receiver, SendReport,
+};
+use serde_json::Value;
+
+const DURATION: Duration = Duration::from_secs(3);
+const PAYLOAD: usize = 64;
+
+/// The per-limit report (`limits[k]`, 1-based `limit` k + 1) of rule `name` in `stats --json`.
+fn limit_dropped(stats: &Value, name: &str, limit: usize) -> u64 {
+    let rule = stats["rules"]
+        .as_array()
+        .and_then(|rules| rules.iter().find(|r| r["name"] == name))
+        .unwrap_or_else(|| panic!("no rule {name:?} in {stats}"));
+    let l = &rule["limits"][limit - 1];
+    assert_eq!(l["limit"], limit, "{rule}");
+    l["dropped_rate"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{rule}"))
+}
+
+/// The sends of several senders as one (first to last packet of any of them).
+fn combined(reports: &[SendReport]) -> SendReport {
+    SendReport {
+        sent: reports.iter().map(|r| r.sent).sum(),
+        skipped: reports.iter().map(|r| r.skipped).sum(),
+        errors: reports.iter().map(|r| r.errors).sum(),
+        sender: 0,
+        first: reports.iter().map(|r| r.first).min().unwrap(),
+        last: reports.iter().map(|r| r.last).max().unwrap(),
+    }
+}
+
+#[test]
+#[expect(clippy::cast_precision_loss, reason = "packet counts far below 2^52")]
+fn five_sources_of_a_24_get_their_own_limit_and_together_the_24s() {
+    const SRC_RATE: u64 = 1000;
+    const SRC_BURST: u64 = 100;
+    const NET_RATE: u64 = 3000;
+    const NET_BURST: u64 = 300;
+    const PPS: u64 = 2000;
+    require_root();
+    let tx = Netns::new("rl-e2e-lim24-tx").unwrap();
+    let rx = Netns::new("rl-e2e-lim24-rx").unwrap();
+    let (tx_if, rx_if) = veth_pair(&tx, &rx, "l4").unwrap();
+    let sources: Vec<IpAddr> = (1..=5)
+        .map(|i| format!("198.18.20.{i}").parse().unwrap())
+        .collect();
+    for s in &sources {
+        add_addr(&tx, &tx_if, &format!("{s}/24")).unwrap();
+    }
+    let dst_ip: IpAddr = "198.18.20.254".parse().unwrap();
+    add_addr(&rx, &rx_if, "198.18.20.254/24").unwrap();
+    neigh_to_peer(&tx, &tx_if, dst_ip, &rx, &rx_if).unwrap();
+    let config = format!(
+        "[agent]\ninterfaces = [\"{rx_if}\"]\n\n\
+         [[rule]]\nname = \"web\"\nsource = \"198.18.20.0/24\"\nrate = {SRC_RATE}\nburst = {SRC_BURST}\n\
+         [[rule.limit]]\nper = \"/24\"\nrate = {NET_RATE}\nburst = {NET_BURST}\n"
+    );
+    let agent = AgentProcess::start(&rx, &config, &[]).unwrap();
+    let receiver = Receiver::bind(&rx, SocketAddr::new(dst_ip, 0)).unwrap();
+    let dst = receiver.local_addr();
+    let reports: Vec<SendReport> = thread::scope(|s| {
+        let handles: Vec<_> = sources
+            .iter()
+            .map(|&src| {
+                let tx = &tx;
+                s.spawn(move || {
+                    send_udp_from(tx, SocketAddr::new(src, 0), dst, PPS, DURATION, PAYLOAD).unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    receiver.wait_idle(Duration::from_millis(300), Duration::from_secs(5));
+    let stats = agent.stats();
+    let got = receiver.stop().unwrap();
+    assert_eq!(
+        got.socket_drops,
+        Some(0),
+        "the receiver's socket overflowed"
+    );
+    let counts = got.counts();
+    let mut total = 0;
+    for (src, sent) in sources.iter().zip(&reports) {
+        let n = counts.get(src).copied().unwrap_or(0);
+        total += n;
+        // Each source: at most its own bucket (the /24 keeps it well below).
+        let t = (sent.last - sent.first).as_secs_f64();
+        let own = SRC_BURST as f64 + SRC_RATE as f64 * (t + ratelimit_testbed::SKEW_SECS) + 1.0;
+        println!(
+            "{src}: sent {} ({:.0} pps), received {n} (its own bucket admits at most {own:.0})",
+            sent.sent,
+            sent.achieved_pps()
+        );
+        assert!(
+            n as f64 <= own,
+            "{src} got {n}, more than its own bucket {own:.0}"
+        );
+        assert!(n > 0, "{src} got nothing");
+    }
+    // The /24 together: exactly its bucket, and within 5% of burst + 3,000/s x t.
+    let all = combined(&reports);
+    assert_limited("the /24", &all, total, NET_RATE, NET_BURST);
+    let t = (all.last - all.first).as_secs_f64();
+    let want = NET_BURST as f64 + NET_RATE as f64 * t;
+    let ratio = total as f64 / want;
+    println!(
+        "the /24: {total} of {want:.0} ({ratio:.4}); per second {:.0}",
+        total as f64 / t
+    );
+    assert!(
+        (0.95..=1.05).contains(&ratio),
+        "the /24 got {ratio:.4} of its bucket"
+    );
+    // The agent's counters: everything it dropped, the /24's limit dropped (no source was over
+    // its own), and the per-limit drops add up to the rule's.
+    let passed = rule_packets(&stats, "web", "passed");
+    let dropped = rule_packets(&stats, "web", "dropped_rate");
+    let (by_own, by_net) = (
+        limit_dropped(&stats, "web", 1),
+        limit_dropped(&stats, "web", 2),
+    );
+    println!("agent: passed {passed}, dropped {dropped} (own limit {by_own}, the /24's {by_net})");
+    assert_eq!(by_own + by_net, dropped);
+    assert_eq!(by_own, 0, "a source was over its own limit");
+    assert!(
+        passed >= total,
+        "agent passed {passed}, receiver got {total}"
+    );
+    assert_eq!(
+        passed + dropped,
+        all.sent,
+        "the rule saw every datagram once"
+    );
+    assert!(agent.stop().unwrap().success());
+}
+
+/// The Internet checksum (RFC 1071) of `data`.
+fn checksum(data: &[u8]) -> u16 {
+    let mut sum = 0u32;
+    for chunk in data.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([chunk[0], *chunk.get(1).unwrap_or(&0)]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !u16::try_from(sum).expect("folded")
+}
+
+/// An Ethernet frame with a UDP datagram from `src` to `dst`:9 (no UDP checksum, which IPv4
+/// allows).
+fn udp_frame(macs: ([u8; 6], [u8; 6]), src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
+    let payload = [0x5au8; 32];
+    let udp_len = 8 + payload.len();
+    let mut ip = [0u8; 20];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&u16::try_from(20 + udp_len).unwrap().to_be_bytes());
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&src);
+    ip[16..20].copy_from_slice(&dst);
+    let sum = checksum(&ip);
+    ip[10..12].copy_from_slice(&sum.to_be_bytes());
+    let mut f = Vec::with_capacity(14 + 20 + udp_len);
+    f.extend_from_slice(&macs.1);
+    f.extend_from_slice(&macs.0);
+    f.extend_from_slice(&[0x08, 0x00]);
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&40000u16.to_be_bytes());
+    f.extend_from_slice(&9u16.to_be_bytes());
+    f.extend_from_slice(&u16::try_from(udp_len).unwrap().to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(&payload);
+    f
+}
+
+fn parse_mac(s: &str) -> [u8; 6] {
+    let v: Vec<u8> = s
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).unwrap())
+        .collect();
+    v.try_into().unwrap()
+}
+
+/// Sends `frames` round-robin at `pps` for `DURATION` through an AF_PACKET socket on `ifindex`
+/// (in the calling thread's namespace).
+#[expect(clippy::cast_precision_loss, reason = "packet counts")]
+fn flood(ifindex: u32, dst_mac: [u8; 6], frames: &[Vec<u8>], pps: u64) -> SendReport {
+    // SAFETY: plain socket calls on a descriptor owned here and closed below.
+    unsafe {
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
+        assert!(
+            fd >= 0,
+            "AF_PACKET socket: {}",
+            std::io::Error::last_os_error()
+        );
+        let mut addr: libc::sockaddr_ll = std::mem::zeroed();
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_ifindex = i32::try_from(ifindex).unwrap();
+        addr.sll_halen = 6;
+        addr.sll_addr[..6].copy_from_slice(&dst_mac);
+        let start = Instant::now();
+        let mut report = SendReport {
+            sent: 0,
+            skipped: 0,
+            errors: 0,
+            sender: 0,
+            first: start,
+            last: start,
+        };
+        let mut n = 0u64;
+        while start.elapsed() < DURATION {
+            let due = start + Duration::from_secs_f64(n as f64 / pps as f64);
+            let now = Instant::now();
+            if now < due {
+                thread::sleep(due - now);
+            }
+            let f = &frames[usize::try_from(n).unwrap() % frames.len()];
+            n += 1;
+            let r = libc::sendto(
+                fd,
+                f.as_ptr().cast(),
+                f.len(),
+                0,
+                (&raw const addr).cast(),
+                u32::try_from(size_of::<libc::sockaddr_ll>()).unwrap(),
+            );
+            if r == isize::try_from(f.len()).unwrap() {
+                report.sent += 1;
+                report.last = Instant::now();
+            } else {
+                report.errors += 1;
+            }
+        }
+        libc::close(fd);
+        report
+    }
+}
+
+#[test]
+fn a_spoofed_flood_gets_the_rules_aggregate_while_a_polite_source_loses_nothing() {
+    const RULE_RATE: u64 = 2000;
+    const RULE_BURST: u64 = 200;
+    const FLOOD_PPS: u64 = 10_000;
+    const POLITE_PPS: u64 = 500;
+    require_root();
+    let tx = Netns::new("rl-e2e-limsp-tx").unwrap();
+    let rx = Netns::new("rl-e2e-limsp-rx").unwrap();
+    let (tx_if, rx_if) = veth_pair(&tx, &rx, "ls").unwrap();
+    let polite: IpAddr = "198.18.21.1".parse().unwrap();
+    let dst_ip: IpAddr = "198.18.21.254".parse().unwrap();
+    add_addr(&tx, &tx_if, "198.18.21.1/24").unwrap();
+    add_addr(&rx, &rx_if, "198.18.21.254/24").unwrap();
+    neigh_to_peer(&tx, &tx_if, dst_ip, &rx, &rx_if).unwrap();
+    // Per source 10 pps (a spoofed flood's sources each send a packet or two: never limited by
+    // it), and the whole rule 2,000 pps.
+    let config = format!(
+        "[agent]\ninterfaces = [\"{rx_if}\"]\n\n\
+         [[rule]]\nname = \"flood\"\nsource = \"10.99.0.0/16\"\nrate = 10\nburst = 10\n\
+         [[rule.limit]]\nper = \"rule\"\nrate = {RULE_RATE}\nburst = {RULE_BURST}\n\n\
+         [[rule]]\nname = \"polite\"\nsource = \"198.18.21.0/24\"\nrate = 1000\nburst = 1000\n"
+    );
+    let agent = AgentProcess::start(&rx, &config, &[]).unwrap();
+    let receiver = Receiver::bind(&rx, SocketAddr::new(dst_ip, 0)).unwrap();
+    let dst = receiver.local_addr();
+    let macs = (
+        parse_mac(&ratelimit_testbed::mac(&tx, &tx_if).unwrap()),
+        parse_mac(&ratelimit_testbed::mac(&rx, &rx_if).unwrap()),
+    );
+    let ifindex = ratelimit_testbed::ifindex(&tx, &tx_if).unwrap();
+    // 65,536 frames, each from its own source of 10.99.0.0/16, in a shuffled order.
+    let mut x = 0x9e37_79b9u32;
+    let mut order: Vec<u16> = (0..=u16::MAX).collect();
+    for i in (1..order.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        order.swap(i, usize::try_from(x).unwrap() % (i + 1));
+    }
+    let frames: Vec<Vec<u8>> = order
+        .iter()
+        .map(|&i| {
+            let [a, b] = i.to_be_bytes();
+            udp_frame(macs, [10, 99, a, b], [198, 18, 21, 254])
+        })
+        .collect();
+    let (spoofed, nice) = thread::scope(|s| {
+        let f = s.spawn(|| in_netns(&tx, || flood(ifindex, macs.1, &frames, FLOOD_PPS)));
+        let p = s.spawn(|| {
+            send_udp_from(
+                &tx,
+                SocketAddr::new(polite, 0),
+                dst,
+                POLITE_PPS,
+                DURATION,
+                PAYLOAD,
+            )
+            .unwrap()
+        });
+        (f.join().unwrap(), p.join().unwrap())
+    });
+    receiver.wait_idle(Duration::from_millis(300), Duration::from_secs(5));
+    let stats = agent.stats();
+    let got = receiver.stop().unwrap();
+    let polite_got = got.counts().get(&polite).copied().unwrap_or(0);
+    let passed = rule_packets(&stats, "flood", "passed");
+    let dropped = rule_packets(&stats, "flood", "dropped_rate");
+    println!(
+        "spoofed flood: sent {} ({:.0} pps, {} errors) from {} sources; the rule passed {passed}, \
+         dropped {dropped} (own limit {}, the rule's {}); polite sent {}, received {polite_got}",
+        spoofed.sent,
+        spoofed.achieved_pps(),
+        spoofed.errors,
+        frames.len(),
+        limit_dropped(&stats, "flood", 1),
+        limit_dropped(&stats, "flood", 2),
+        nice.sent
+    );
+    assert_eq!(
+        passed + dropped,
+        spoofed.sent,
+        "the rule saw every spoofed frame once"
+    );
+    // The flood together: exactly the rule's aggregate bucket.
+    assert_limited("the spoofed flood", &spoofed, passed, RULE_RATE, RULE_BURST);
+    assert_eq!(
+        limit_dropped(&stats, "flood", 1),
+        0,
+        "a spoofed source hit its own limit"
+    );
+    assert_eq!(limit_dropped(&stats, "flood", 2), dropped);
+    // The polite source, under another rule, lost nothing.
+    assert_eq!(
+        got.socket_drops,
+        Some(0),
+        "the receiver's socket overflowed"
+    );
+    assert_eq!(polite_got, nice.sent, "the polite source lost packets");
+    assert_eq!(rule_packets(&stats, "polite", "dropped_rate"), 0);
+    assert!(agent.stop().unwrap().success());
+}
+
+/// Runs the CLI against `agent`; returns (success, stdout, stderr).
+fn cli(agent: &AgentProcess, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(ratelimit_testbed::agent_binary())
+        .arg("--socket")
+        .arg(agent.socket_path())
+        .args(args)
+        .output()
+        .expect("running the ratelimit CLI");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn json(agent: &AgentProcess, args: &[&str]) -> Value {
+    let mut args = args.to_vec();
+    args.push("--json");
+    let (ok, out, err) = cli(agent, &args);
+    assert!(ok, "`ratelimit {}` failed: {err}", args.join(" "));
+    serde_json::from_str(&out).unwrap()
+}
+
+/// `rules add --limit` (written back, listed, a bad limit refused naming the key), then traffic:
+/// `explain` shows the source's bucket under every limit, `top --limit 2` ranks the /24s,
+/// `stats` says the /24's limit dropped the excess.
+#[test]
+fn limits_through_the_cli_add_list_explain_top_and_stats() {
+    require_root();
+    let tx = Netns::new("rl-e2e-limcli-tx").unwrap();
+    let rx = Netns::new("rl-e2e-limcli-rx").unwrap();
+    let (tx_if, rx_if) = veth_pair(&tx, &rx, "lc").unwrap();
+    let sources: Vec<IpAddr> = (1..=3)
+        .map(|i| format!("198.18.22.{i}").parse().unwrap())
+        .collect();
+    for s in &sources {
+        add_addr(&tx, &tx_if, &format!("{s}/24")).unwrap();
+    }
+    let dst_ip: IpAddr = "198.18.22.254".parse().unwrap();
+    add_addr(&rx, &rx_if, "198.18.22.254/24").unwrap();
+    neigh_to_peer(&tx, &tx_if, dst_ip, &rx, &rx_if).unwrap();
+    let config = format!(
+        "[agent]\ninterfaces = [\"{rx_if}\"]\n\n\
+         [[rule]]\nname = \"other\"\nsource = \"198.18.23.0/24\"\nrate = 10\n"
+    );
+    let agent = AgentProcess::start(&rx, &config, &[]).unwrap();
+    let (ok, _, err) = cli(
+        &agent,
+        &[
+            "rules",
+            "add",
+            "--name",
+            "bad",
+            "--source",
+            "10.0.0.0/8",
+            "--rate",
+            "1",
+            "--limit",
+            "rate=5",
+        ],
+    );
+    assert!(!ok, "a limit without per was accepted");
+    assert!(err.contains("limit 2") && err.contains("per"), "{err}");
+    let (ok, _, err) = cli(
+        &agent,
+        &[
+            "rules",
+            "add",
+            "--name",
+            "web",
+            "--source",
+            "198.18.22.0/24",
+            "--rate",
+            "100",
+            "--limit",
+            "per=/24,rate=150,burst=150",
+        ],
+    );
+    assert!(ok, "rules add: {err}");
+    let file = std::fs::read_to_string(agent.config_path()).unwrap();
+    assert!(
+        file.contains("[[rule.limit]]\nper = \"/24\"\nrate = 150\n"),
+        "{file}"
+    );
+    let list = json(&agent, &["rules", "list"]);
+    let web = list["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "web")
+        .unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(web["limit"][0]["per"], "/24", "{list}");
+
+    let receiver = Receiver::bind(&rx, SocketAddr::new(dst_ip, 0)).unwrap();
+    let dst = receiver.local_addr();
+    let top = thread::scope(|s| {
+        for &src in &sources {
+            let tx = &tx;
+            s.spawn(move || {
+                send_udp_from(
+                    tx,
+                    SocketAddr::new(src, 0),
+                    dst,
+                    200,
+                    Duration::from_secs(2),
+                    PAYLOAD,
+                )
+                .unwrap()
+            });
+        }
+        thread::sleep(Duration::from_millis(500));
+        json(
+            &agent,
+            &["top", "-n", "5", "--interval-ms", "500", "--limit", "2"],
+        )
+    });
+    let entries = top["top"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "one /24 bucket: {top}");
+    assert_eq!(entries[0]["limit"], 2, "{top}");
+    assert_eq!(entries[0]["source"], "198.18.22.0/24", "{top}");
+    assert_eq!(entries[0]["rule"], "web", "{top}");
+    let all = json(&agent, &["top", "-n", "10", "--interval-ms", "200"]);
+    println!("top --limit 2: {top}\ntop: {all}");
+
+    let explain = json(&agent, &["explain", "198.18.22.1"]);
+    let limits = explain["limits"].as_array().unwrap();
+    assert_eq!(limits.len(), 2, "{explain}");
+    assert_eq!(limits[0]["per"], "source");
+    assert_eq!(limits[0]["key"], "198.18.22.1/32");
+    assert_eq!(limits[1]["per"], "/24");
+    assert_eq!(limits[1]["key"], "198.18.22.0/24");
+    assert!(
+        limits[0]["bucket"]["passed"].as_u64().unwrap() > 0,
+        "{explain}"
+    );
+    assert!(
+        limits[1]["bucket"]["passed"].as_u64().unwrap()
+            > limits[0]["bucket"]["passed"].as_u64().unwrap(),
+        "the /24's bucket counts all three sources: {explain}"
+    );
+    let (ok, table, _) = cli(&agent, &["explain", "198.18.22.1"]);
+    assert!(ok);
+    assert!(
+        table.contains("limit 2 (per /24, bucket 198.18.22.0/24)"),
+        "{table}"
+    );
+    let stats = agent.stats();
+    assert!(limit_dropped(&stats, "web", 2) > 0, "{stats}");
+    assert_eq!(limit_dropped(&stats, "web", 1), 0, "{stats}");
+    drop(receiver);
+    assert!(agent.stop().unwrap().success());
+}

@@ -1,0 +1,237 @@
+//! Several limits per rule (`[[rule.limit]]`), run through the real XDP program with
+//! BPF_PROG_TEST_RUN: a packet passes only if it conforms to every limit of its rule; a packet one
+//! limit drops spends no token of the others (the limits before it are refunded exactly: their
+//! buckets' TATs are what they were before the packet); the rule's counters say which limit
+//! dropped; every limit keeps its own buckets (the limit's index in the key).
+//!
+//! Rates of 1 packet/s with bursts of a few packets: nothing refills measurably while a test
+//! runs, so every count below is exact.
+
+use std::net::Ipv4Addr;
+
+use ratelimit_common::{bucket_rule, family, split_bucket_rule, verdict, Bucket, BucketKey};
+use ratelimit_testbed::{
+    packet::eth,
+    require_root,
+    xdp::{XDP_DROP, XDP_PASS},
+    TestDataplane,
+};
+
+fn udp4(src: Ipv4Addr, len: usize) -> Vec<u8> {
+    eth()
+        .ipv4(src, Ipv4Addr::new(198, 18, 0, 254))
+        .udp(1000, 9)
+        .payload(len)
+        .build()
+}
+
+fn ip(s: &str) -> Ipv4Addr {
+    s.parse().unwrap()
+}
+
+/// The bucket of limit `limit` (0: the rule's own) of rule `id` whose masked address starts with
+/// `prefix`.
+fn bucket(dp: &TestDataplane, id: u32, limit: u32, addr: Ipv4Addr) -> Option<Bucket> {
+    let mut a = [0u8; 16];
+    a[..4].copy_from_slice(&addr.octets());
+    let want = BucketKey {
+        rule: bucket_rule(id, limit),
+        family: family::V4,
+        _pad: [0; 3],
+        addr: a,
+    };
+    dp.maps()
+        .buckets()
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| *k == want)
+        .map(|(_, b)| b)
+}
+
+#[test]
+fn a_packet_passes_only_within_every_limit_and_a_drop_spends_no_token_of_the_others() {
+    require_root();
+    let mut dp = TestDataplane::new("limits2", 1024).unwrap();
+    let set = dp
+        .install_toml(
+            r#"
+[[rule]]
+name = "web"
+source = "198.18.0.0/16"
+rate = 1
+burst = 5
+[[rule.limit]]
+per = "/24"
+rate = 1
+burst = 8
+"#,
+        )
+        .unwrap();
+    let id = set.by_name("web").unwrap().id;
+    let rule = dp.maps().rule(id).unwrap();
+    assert_eq!(rule.limits(), 2);
+    let (a, b, c) = (ip("198.18.0.1"), ip("198.18.0.2"), ip("198.18.1.1"));
+    let fa = udp4(a, 10);
+    let fb = udp4(b, 10);
+    // A: its own 5, then dropped by its own limit (limit 0), which the /24 never sees.
+    for i in 0..5 {
+        assert_eq!(dp.run(&fa), XDP_PASS, "A's packet {i}");
+    }
+    assert_eq!(dp.run(&fa), XDP_DROP, "A over its own burst");
+    let s = dp.rule(id);
+    assert_eq!(s.pkts[verdict::PASSED], 5);
+    assert_eq!(s.limit_dropped_rate, [1, 0, 0, 0]);
+    let net = bucket(&dp, id, 1, ip("198.18.0.0")).expect("the /24's bucket");
+    assert_eq!(net.passed_pkts, 5);
+    assert_eq!(net.dropped_pkts, 0);
+    // B: 3 more fill the /24's 8; B's 4th conforms to B's own limit but not to the /24's.
+    for i in 0..3 {
+        assert_eq!(dp.run(&fb), XDP_PASS, "B's packet {i}");
+    }
+    let before = bucket(&dp, id, 0, b).expect("B's bucket");
+    assert_eq!(before.passed_pkts, 3);
+    assert_eq!(dp.run(&fb), XDP_DROP, "B over the /24's burst");
+    let after = bucket(&dp, id, 0, b).unwrap();
+    // No token of B's own limit was spent on the packet the /24 dropped: the same TAT.
+    assert_eq!(
+        after.tat_ns, before.tat_ns,
+        "B's own bucket was refunded exactly"
+    );
+    assert_eq!((after.passed_pkts, after.dropped_pkts), (3, 0));
+    let net = bucket(&dp, id, 1, ip("198.18.0.0")).unwrap();
+    assert_eq!((net.passed_pkts, net.dropped_pkts), (8, 1));
+    let s = dp.rule(id);
+    assert_eq!(s.pkts[verdict::PASSED], 8);
+    assert_eq!(s.pkts[verdict::DROPPED_RATE], 2);
+    assert_eq!(s.limit_dropped_rate, [1, 1, 0, 0]);
+    // More of B, now from the CPU's drop window of the /24's limit: still the /24's drops, and
+    // still no token of B's own.
+    for _ in 0..10 {
+        assert_eq!(dp.run(&fb), XDP_DROP);
+    }
+    assert_eq!(bucket(&dp, id, 0, b).unwrap().tat_ns, before.tat_ns);
+    assert_eq!(dp.rule(id).limit_dropped_rate, [1, 11, 0, 0]);
+    // C in another /24: its own limit and its own /24.
+    for i in 0..5 {
+        assert_eq!(dp.run(&udp4(c, 10)), XDP_PASS, "C's packet {i}");
+    }
+    assert!(bucket(&dp, id, 1, ip("198.18.1.0")).is_some());
+    // Every bucket of the rule is one of its two limits, keyed by the limit's mask.
+    for (k, _) in dp.maps().buckets().unwrap() {
+        let (rid, limit) = split_bucket_rule(k.rule);
+        assert_eq!(rid, id);
+        match limit {
+            0 => assert!([a, b, c].iter().any(|x| k.addr[..4] == x.octets())),
+            1 => assert_eq!(k.addr[3], 0, "a /24 key"),
+            _ => panic!("limit {limit}"),
+        }
+    }
+}
+
+#[test]
+fn a_drop_by_the_third_limit_refunds_the_first_two() {
+    require_root();
+    let mut dp = TestDataplane::new("limits3", 1024).unwrap();
+    let set = dp
+        .install_toml(
+            r#"
+[[rule]]
+name = "svc"
+source = "198.18.0.0/16"
+rate = 1
+burst = 4
+[[rule.limit]]
+per = "/24"
+rate = 1
+burst = 6
+[[rule.limit]]
+per = "rule"
+rate = 1
+burst = 7
+"#,
+        )
+        .unwrap();
+    let id = set.by_name("svc").unwrap().id;
+    let (a, b, c) = (ip("198.18.0.1"), ip("198.18.0.2"), ip("198.18.1.1"));
+    // 4 from A, 2 from B: the /24 is full (6), the rule has 6 of 7.
+    for _ in 0..4 {
+        assert_eq!(dp.run(&udp4(a, 10)), XDP_PASS);
+    }
+    for _ in 0..2 {
+        assert_eq!(dp.run(&udp4(b, 10)), XDP_PASS);
+    }
+    // B again: its own limit has room, the /24 has not: dropped by limit 1 (the second).
+    assert_eq!(dp.run(&udp4(b, 10)), XDP_DROP);
+    // C (another /24): one fits the rule's 7th token, the next is dropped by the rule's limit.
+    assert_eq!(dp.run(&udp4(c, 10)), XDP_PASS);
+    let own = bucket(&dp, id, 0, c).unwrap();
+    let net = bucket(&dp, id, 1, ip("198.18.1.0")).unwrap();
+    assert_eq!(dp.run(&udp4(c, 10)), XDP_DROP, "over the rule's 7");
+    assert_eq!(bucket(&dp, id, 0, c).unwrap().tat_ns, own.tat_ns);
+    assert_eq!(
+        bucket(&dp, id, 1, ip("198.18.1.0")).unwrap().tat_ns,
+        net.tat_ns
+    );
+    let all = bucket(&dp, id, 2, ip("0.0.0.0")).expect("the rule's one bucket");
+    assert_eq!((all.passed_pkts, all.dropped_pkts), (7, 1));
+    let s = dp.rule(id);
+    assert_eq!(s.pkts[verdict::PASSED], 7);
+    assert_eq!(s.limit_dropped_rate, [0, 1, 1, 0]);
+    assert_eq!(s.limit_dropped_bytes, [0; 4]);
+}
+
+#[test]
+fn a_byte_limit_among_the_limits_drops_for_bytes_and_refunds_the_packet_limits() {
+    require_root();
+    let mut dp = TestDataplane::new("limitsb", 1024).unwrap();
+    // Per source 1 pps burst 100; the whole rule 1 byte/s with a burst of 3,000 bytes.
+    let set = dp
+        .install_toml(
+            r#"
+[[rule]]
+name = "b"
+source = "198.18.0.0/16"
+rate = 1
+burst = 100
+[[rule.limit]]
+per = "rule"
+bytes_rate = 1
+bytes_burst = 3000
+"#,
+        )
+        .unwrap();
+    let id = set.by_name("b").unwrap().id;
+    let a = ip("198.18.0.1");
+    let big = udp4(a, 1000 - 42);
+    assert_eq!(big.len(), 1000);
+    for i in 0..3 {
+        assert_eq!(dp.run(&big), XDP_PASS, "packet {i}");
+    }
+    let before = bucket(&dp, id, 0, a).unwrap();
+    assert_eq!(dp.run(&big), XDP_DROP);
+    assert_eq!(bucket(&dp, id, 0, a).unwrap().tat_ns, before.tat_ns);
+    let s = dp.rule(id);
+    assert_eq!(s.pkts[verdict::DROPPED_BYTES], 1);
+    assert_eq!(s.limit_dropped_bytes, [0, 1, 0, 0]);
+    assert_eq!(s.limit_dropped_rate, [0; 4]);
+}
+
+/// A one-limit rule's buckets are keyed as before: the rule id alone (limit 0).
+#[test]
+fn a_one_limit_rule_keys_its_buckets_by_the_rule_id_alone() {
+    require_root();
+    let mut dp = TestDataplane::new("limits1", 1024).unwrap();
+    let set = dp
+        .install_toml("[[rule]]\nname = \"one\"\nsource = \"198.18.0.0/16\"\nrate = 1\nburst = 2\n")
+        .unwrap();
+    let id = set.by_name("one").unwrap().id;
+    assert_eq!(dp.maps().rule(id).unwrap().limits(), 1);
+    let a = ip("198.18.0.1");
+    assert_eq!(dp.run(&udp4(a, 10)), XDP_PASS);
+    assert_eq!(dp.run(&udp4(a, 10)), XDP_PASS);
+    assert_eq!(dp.run(&udp4(a, 10)), XDP_DROP);
+    let all = dp.maps().buckets().unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].0.rule, id);
+    assert_eq!(dp.rule(id).limit_dropped_rate, [1, 0, 0, 0]);
+}
