@@ -413,19 +413,37 @@ fn a_gossip_socket_error_is_survived_shown_and_counted() {
 
     // Out of file descriptors: no new one can be opened. A new address sending an authentic
     // datagram needs a relay socket: EMFILE ends chitchat's loop.
-    let free = lowest_free_fd(pid);
-    let soft = set_nofile(pid, free);
-    let sock = bind_udp(&ans, SocketAddr::new(IpAddr::V4(ATTACKER_IP), 0)).unwrap();
+    // The agent opens and closes descriptors of its own meanwhile (API connections, map
+    // walks): one closed below the limit after it was set would let the relay socket open. So
+    // each attempt sets the limit at the lowest free descriptor again and sends from a new
+    // address (port), which needs a new relay socket.
     let key = ClusterKey::from_secret(format!("{SECRET}\n").as_bytes(), CLUSTER_ID).unwrap();
-    let mut codec = Codec::new(&key, CLUSTER_ID, sock.local_addr().unwrap());
-    let sealed = codec
-        .seal(b"not a chitchat message", gossip_addr(0), unix_ms())
-        .unwrap()
-        .remove(0);
-    sock.send_to(&sealed, gossip_addr(0)).unwrap();
-    wait_for("h0's gossip loop to stop", Duration::from_secs(10), || {
-        h0.log().contains("cluster gossip stopped").then_some(())
-    });
+    let mut soft = None;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !h0.log().contains("cluster gossip stopped") {
+        assert!(
+            Instant::now() < deadline,
+            "h0's gossip loop did not stop within 20 s of attempts:\n{}",
+            h0.log()
+        );
+        let free = lowest_free_fd(pid);
+        let old = set_nofile(pid, free);
+        soft.get_or_insert(old);
+        let sock = bind_udp(&ans, SocketAddr::new(IpAddr::V4(ATTACKER_IP), 0)).unwrap();
+        let mut codec = Codec::new(&key, CLUSTER_ID, sock.local_addr().unwrap());
+        let sealed = codec
+            .seal(b"not a chitchat message", gossip_addr(0), unix_ms())
+            .unwrap()
+            .remove(0);
+        sock.send_to(&sealed, gossip_addr(0)).unwrap();
+        let sent = Instant::now();
+        while sent.elapsed() < Duration::from_millis(500)
+            && !h0.log().contains("cluster gossip stopped")
+        {
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let soft = soft.expect("at least one attempt");
     // Its sockets are closed with it: the status can be read (its descriptors are free), and
     // says so until the restart (1 s later).
     let down = cluster(h0);
