@@ -2,7 +2,7 @@
 //! attached, gossiping over their own addresses, share one `scope = "cluster"` budget. One sender
 //! spreads a single source's flood across them unevenly at 5x the budget; the cluster as a whole
 //! must admit the budget (0.95-1.05 x, as the README states; within its burst bound over any
-//! window; back within 10% about 1 s after the split changes; about 10 KB/s of gossip per host).
+//! window; back within 10% within 2.5 s after the split changes; about 12 KB/s of gossip per host).
 //! Then the split changes; one host is cut off (each side of
 //! the partition then enforces the budget on its own: fail open); the cut is healed (one budget
 //! again); one host's agent is killed (that host keeps enforcing its local limit, the others stop
@@ -63,10 +63,12 @@ const ACCURACY: (f64, f64) = (0.95, 1.05);
 /// `SAMPLE`, 250 ms). Measured 0.33-1.28 s on a quiet machine and up to 2.07 s with the whole
 /// suite running beside it; issue #15 asks for 3 sync intervals (0.3 s), not met.
 const CONVERGENCE_SECS: f64 = 2.5;
-/// The README's gossip figure for 3 hosts at 100 ms, bytes per second per host ...
-const GOSSIP_BPS: f64 = 10_000.0;
-/// ... "about": +-30% (measured 9.5-11.7 KB/s per host in the connected phases of 3 runs on the
-/// 2-core VM).
+/// The README's gossip figure for 3 hosts at 100 ms, bytes per second per host: "about 12 KB/s"
+/// (9.4-11.2 KB/s measured with the whole suite loading the machine, 13.0-13.9 KB/s on a quiet
+/// one, after datagrams grew 8 bytes to carry their sender's identity).
+const GOSSIP_BPS: f64 = 12_000.0;
+/// ... "about": +-30% (earlier, with 8 bytes less a datagram: 9.5-11.7 KB/s per host in the
+/// connected phases of 3 runs on the 2-core VM).
 const GOSSIP_TOLERANCE: f64 = 0.30;
 /// The README's largest sync lag at the default interval (50-200 ms).
 const MAX_LAG_SECS: f64 = 0.2;
@@ -696,7 +698,7 @@ fn scenario() {
         results[2].2.is_some() && results[3].2.is_some() && results[4].2.is_some(),
         "no convergence after the cut, the heal or the kill"
     );
-    // Gossip: about 10 KB/s per host for 3 hosts at 100 ms, while all three gossip.
+    // Gossip: about 12 KB/s per host for 3 hosts at 100 ms, while all three gossip.
     for &p in &[0, 1, 3] {
         for (h, (sent, _)) in gossip_bytes[p].iter().enumerate() {
             assert!(
