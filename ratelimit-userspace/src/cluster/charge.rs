@@ -13,19 +13,10 @@
 use ratelimit_common::{bucket_header, rule_flags, Bucket, BucketKey, Rule};
 
 use super::remote::Limits;
-use crate::maps::{store::Slot, MapsError, PinnedMaps};
-
-/// `tat` moved by `cost` from `now` (`max(tat, now) + cost`) but not past `ceiling` (a TAT already
-/// past it stays): the new TAT and whether the ceiling cut the cost short.
-#[must_use]
-pub fn advance_tat(tat: u64, now: u64, cost: u64, ceiling: u64) -> (u64, bool) {
-    let want = tat.max(now).saturating_add(cost);
-    if want <= ceiling {
-        (want, false)
-    } else {
-        (tat.max(ceiling), true)
-    }
-}
+use crate::maps::{
+    store::{advance_tat, Slot},
+    MapsError, PinnedMaps,
+};
 
 /// The ceilings of a bucket's packet and byte TATs at `now` with `peers` peers counted and a lag
 /// allowance of `lag_ns`: `now + tolerance + peers x allowance depth`.

@@ -233,7 +233,7 @@ impl MappedStore {
             let w = self.word(i, offset);
             let mut cut_short = false;
             let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
-                let (new, cut) = crate::cluster::charge::advance_tat(tat, now, cost, ceiling);
+                let (new, cut) = advance_tat(tat, now, cost, ceiling);
                 cut_short = cut;
                 Some(new)
             });
@@ -274,5 +274,17 @@ impl MappedStore {
             self.writable,
             "the bucket store is mapped read-only (opened without write access)"
         );
+    }
+}
+
+/// `tat` moved by `cost` from `now` (`max(tat, now) + cost`) but not past `ceiling` (a TAT already
+/// past it stays): the new TAT and whether the ceiling cut the cost short.
+#[must_use]
+pub fn advance_tat(tat: u64, now: u64, cost: u64, ceiling: u64) -> (u64, bool) {
+    let want = tat.max(now).saturating_add(cost);
+    if want <= ceiling {
+        (want, false)
+    } else {
+        (tat.max(ceiling), true)
     }
 }
