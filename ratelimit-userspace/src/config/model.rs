@@ -433,23 +433,10 @@ impl LimitConfig {
     /// Checks the limit alone, for a rule whose sources are of families `(v4, v6)`. The error
     /// names the limit's own key (`rate`, `per`...).
     pub fn validate(&self, families: (bool, bool)) -> Result<(), RuleError> {
-        if self.rate.is_none() && self.bytes_rate.is_none() {
-            return Err(rule_error(
-                "rate",
-                "a limit needs `rate` (packets/s) or `bytes_rate` (bytes/s), or both",
-            ));
-        }
-        check_limit(
-            ("rate", self.rate),
-            ("burst", self.burst),
-            (1, MAX_RATE, 1),
-            "packets",
-        )?;
-        check_limit(
-            ("bytes_rate", self.bytes_rate),
-            ("bytes_burst", self.bytes_burst),
-            (1, MAX_BYTES_RATE, MIN_BYTES_BURST),
-            "bytes",
+        check_rates(
+            (self.rate, self.burst),
+            (self.bytes_rate, self.bytes_burst),
+            "a limit",
         )?;
         // The cluster sync publishes and charges the buckets of a rule's own limit only; a
         // `[[rule.limit]]` marked cluster would silently be enforced per host. Refused until the
@@ -585,23 +572,10 @@ impl RuleConfig {
             }
             return Ok(());
         }
-        if self.rate.is_none() && self.bytes_rate.is_none() {
-            return Err(rule_error(
-                "rate",
-                "a limit rule needs `rate` (packets/s) or `bytes_rate` (bytes/s), or both",
-            ));
-        }
-        check_limit(
-            ("rate", self.rate),
-            ("burst", self.burst),
-            (1, MAX_RATE, 1),
-            "packets",
-        )?;
-        check_limit(
-            ("bytes_rate", self.bytes_rate),
-            ("bytes_burst", self.bytes_burst),
-            (1, MAX_BYTES_RATE, MIN_BYTES_BURST),
-            "bytes",
+        check_rates(
+            (self.rate, self.burst),
+            (self.bytes_rate, self.bytes_burst),
+            "a limit rule",
         )?;
         check_per(self.per, self.families())?;
         if self.limits.len() > MAX_EXTRA_LIMITS {
@@ -728,6 +702,34 @@ pub(crate) fn no_meaning(field: &'static str, action: Action) -> RuleError {
                 "a"
             }
         ),
+    )
+}
+
+/// Checks a limit's packet and byte pairs, `(rate, burst)` and `(bytes_rate, bytes_burst)`: at
+/// least one rate, each pair in its bounds. `what` names the limit in the error ("a limit rule",
+/// "a limit").
+fn check_rates(
+    (rate, burst): (Option<u64>, Option<u64>),
+    (bytes_rate, bytes_burst): (Option<u64>, Option<u64>),
+    what: &str,
+) -> Result<(), RuleError> {
+    if rate.is_none() && bytes_rate.is_none() {
+        return Err(rule_error(
+            "rate",
+            format!("{what} needs `rate` (packets/s) or `bytes_rate` (bytes/s), or both"),
+        ));
+    }
+    check_limit(
+        ("rate", rate),
+        ("burst", burst),
+        (1, MAX_RATE, 1),
+        "packets",
+    )?;
+    check_limit(
+        ("bytes_rate", bytes_rate),
+        ("bytes_burst", bytes_burst),
+        (1, MAX_BYTES_RATE, MIN_BYTES_BURST),
+        "bytes",
     )
 }
 
