@@ -462,7 +462,7 @@ fn find_and_charge<P: Params>(
             victim,
             header,
             kind,
-        } => create(p, len, now, key, victim, header, kind, s, slot, limit),
+        } => create(p, len, now, key, sets, victim, header, kind, s, slot, limit),
         Scan::None => (no_bucket(), core::ptr::null_mut()),
     }
 }
@@ -483,6 +483,16 @@ fn remember(slot: *mut ClassSlot, limit: u32, i: u32) {
 /// A new bucket for `key` (a full one, charged for this packet) in record `victim` of its set.
 /// The packet is counted in it only if dropped (the caller counts a pass, once every limit
 /// passed it).
+///
+/// Two CPUs can create the same key's bucket at the same instant (the key's first packets on two
+/// queues), each in a record of its own: a source must never hold two buckets (two bursts). So
+/// once its record is published, a creator looks for another record holding the key and, if one
+/// does, gives its own back and charges that one instead. Of two creators, the one that
+/// published later always sees the other's record (its look comes after both publications), so
+/// at most one record survives (if both see each other, both give theirs back, and the key's
+/// next packet creates its bucket anew). The packet of a creator that gives its record back
+/// passes uncharged (`bucket_errors`), as one that loses the claim of a record does: at most one
+/// packet per CPU per such race. The record taken is evicted either way: counted.
 #[inline(always)]
 #[expect(
     clippy::too_many_arguments,
@@ -493,6 +503,7 @@ fn create<P: Params>(
     len: u64,
     now: u64,
     key: &Key,
+    sets: [u32; 2],
     victim: u32,
     header: u64,
     kind: u64,
@@ -514,10 +525,17 @@ fn create<P: Params>(
         // by this limit (fail open), counted.
         return (no_bucket(), core::ptr::null_mut());
     };
-    bump_global(global::NEW_BUCKETS);
     if let Some(c) = store::eviction_counter(kind) {
         bump_global(c);
     }
+    let other = store::other_holder(key, sets[0], sets[1], victim);
+    if other != NO_RECORD && store::release(b, key) {
+        // Another CPU created the key's bucket at the same time: this one goes, and the
+        // packet, already counted against the bucket given back, passes uncharged (counted).
+        remember(slot, limit, other);
+        return (no_bucket(), core::ptr::null_mut());
+    }
+    bump_global(global::NEW_BUCKETS);
     remember(slot, limit, victim);
     (v, b)
 }

@@ -21,7 +21,7 @@ use ratelimit_common::{
 use crate::{
     maps::{BUCKETS, RULES},
     parse::Packet,
-    scratch::Scratch,
+    scratch::{Scratch, NO_RECORD},
 };
 
 /// A bucket key as the records hold it: the masked address as two words and the header word
@@ -69,6 +69,65 @@ pub fn holds(b: *mut Bucket, key: &Key) -> bool {
     }
 }
 
+/// What a look for a key alone found.
+pub enum Found {
+    /// The key's record.
+    Hit(u32, *mut Bucket),
+    /// No record holds the key.
+    Miss,
+    /// The store is unusable.
+    Unusable,
+}
+
+/// Looks for `key` among the records of its sets.
+#[inline(always)]
+pub fn find(key: &Key, sets: [u32; 2]) -> Found {
+    for c in 0..BUCKET_CANDIDATES {
+        let i = bucket_candidate(sets, c);
+        let Some(b) = BUCKETS.get_ptr_mut(i) else {
+            return Found::Unusable;
+        };
+        if holds(b, key) {
+            return Found::Hit(i, b);
+        }
+    }
+    Found::Miss
+}
+
+/// The record of `key`'s sets (`set0`, `set1`) other than `mine` that holds `key`, or
+/// `NO_RECORD`. A BPF function of its own, returning a scalar: the creation path it serves is
+/// verified once, not once more per candidate.
+#[inline(never)]
+pub fn other_holder(key: &Key, set0: u32, set1: u32, mine: u32) -> u32 {
+    let sets = [set0, set1];
+    for c in 0..BUCKET_CANDIDATES {
+        let i = bucket_candidate(sets, c);
+        let Some(b) = BUCKETS.get_ptr_mut(i) else {
+            return NO_RECORD;
+        };
+        if i != mine && holds(b, key) {
+            return i;
+        }
+    }
+    NO_RECORD
+}
+
+/// Gives record `b`, which this CPU installed for `key` a moment ago, back (an empty record):
+/// another CPU created the same key's bucket at the same time. `false` if the record has
+/// already changed hands (then it is not this CPU's to give back).
+#[inline(always)]
+pub fn release(b: *mut Bucket, key: &Key) -> bool {
+    // SAFETY: the header word of a live record, 8-aligned.
+    let (_, ok) = unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(
+            header_ptr(b),
+            key.header,
+            0,
+        )
+    };
+    ok
+}
+
 /// What a scan of a key's set found.
 pub enum Scan {
     /// The key's record.
@@ -105,14 +164,10 @@ fn score(b: *mut Bucket, header: u64, now: u64) -> u64 {
 #[inline(always)]
 pub fn scan(key: &Key, sets: [u32; 2], now: u64, s: *mut Scratch) -> Scan {
     // First the key alone: eight independent loads, so a cold set costs about one miss.
-    for c in 0..BUCKET_CANDIDATES {
-        let i = bucket_candidate(sets, c);
-        let Some(b) = BUCKETS.get_ptr_mut(i) else {
-            return Scan::None;
-        };
-        if holds(b, key) {
-            return Scan::Hit(i, b);
-        }
+    match find(key, sets) {
+        Found::Hit(i, b) => return Scan::Hit(i, b),
+        Found::Unusable => return Scan::None,
+        Found::Miss => {}
     }
     // A miss: what taking each record would lose. The chooser lives in this CPU's scratch record,
     // not on the stack, so its many constant states do not each get verified (see

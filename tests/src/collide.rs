@@ -37,7 +37,8 @@ pub fn sets_of_v4(seed: [u64; 2], sets: u32, rule: u32, ip: Ipv4Addr) -> [u32; 2
 }
 
 /// `n` distinct IPv4 sources from the 2^`span_bits` addresses after `base` whose keys under rule
-/// `rule` (`per = "source"`) share both sets, all avoiding `avoid`.
+/// `rule` (`per = "source"`) share both sets, all avoiding `avoid`; their set pair shares no set
+/// with the keys of `avoid` (which so keep records of their own beside the `n`).
 pub fn colliding_v4(
     seed: [u64; 2],
     sets: u32,
@@ -48,13 +49,21 @@ pub fn colliding_v4(
     avoid: &[Ipv4Addr],
 ) -> Result<Vec<Ipv4Addr>> {
     let mut groups: HashMap<[u32; 2], Vec<Ipv4Addr>> = HashMap::new();
+    let taken: Vec<u32> = avoid
+        .iter()
+        .flat_map(|&ip| sets_of_v4(seed, sets, rule, ip))
+        .collect();
     let base = u32::from(base);
     for i in 1..(1u32 << span_bits) - 1 {
         let ip = Ipv4Addr::from(base + i);
         if avoid.contains(&ip) {
             continue;
         }
-        let group = groups.entry(sets_of_v4(seed, sets, rule, ip)).or_default();
+        let pair = sets_of_v4(seed, sets, rule, ip);
+        if pair.iter().any(|s| taken.contains(s)) {
+            continue;
+        }
+        let group = groups.entry(pair).or_default();
         group.push(ip);
         if group.len() == n {
             return Ok(group.clone());

@@ -900,3 +900,94 @@ fn a_rule_set_swap_is_seen_whole_by_every_packet() {
         );
     }
 }
+
+/// A new source's first packets on two CPUs at the same instant make one bucket, not two (two
+/// records of one key would give the source two bursts). Both CPUs run the same list of new
+/// sources in lockstep (a spin barrier before each source), so their creations overlap again and
+/// again; afterwards every key is held by at most one record, and `new_buckets` counts each
+/// source at most once. A packet that loses the race may pass uncharged (`bucket_errors`, the
+/// store's one fail-open case), never make a second bucket.
+#[test]
+fn a_new_source_on_two_cpus_at_once_gets_one_bucket() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    require_root();
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    assert!(cpus >= 2, "needs two CPUs");
+    const SOURCES: u32 = 30_000;
+    let mut dp = TestDataplane::new("newrace", 1 << 18).unwrap();
+    let set = dp
+        .install_toml("[[rule]]\nname = \"l\"\nsource = \"198.18.0.0/15\"\nrate = 1\nburst = 10\n")
+        .unwrap();
+    let rid = id(&set, "l");
+    let frames: Vec<Vec<u8>> = (0..SOURCES)
+        .map(|i| udp4(Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + i)))
+        .collect();
+    // Each CPU bumps `arrived` and spins until the other has too, then runs source i.
+    let arrived = AtomicU32::new(0);
+    std::thread::scope(|s| {
+        for cpu in 0..2 {
+            let (frames, arrived, runner) = (&frames, &arrived, dp.runner());
+            s.spawn(move || {
+                pin_to_cpu(cpu).unwrap_or_else(|e| panic!("pin to CPU {cpu}: {e}"));
+                for (i, frame) in (0u32..).zip(frames) {
+                    arrived.fetch_add(1, Ordering::AcqRel);
+                    while arrived.load(Ordering::Acquire) < 2 * (i + 1) {
+                        std::hint::spin_loop();
+                    }
+                    assert_eq!(
+                        runner.run_repeat(frame, 1),
+                        XDP_PASS,
+                        "source {i} on CPU {cpu}"
+                    );
+                }
+            });
+        }
+    });
+    // One more packet each, from this thread alone.
+    for frame in &frames {
+        assert_eq!(dp.run(frame), XDP_PASS);
+    }
+    let mut keys: Vec<BucketKey> = dp
+        .maps()
+        .buckets()
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.rule == rid)
+        .collect();
+    let held = keys.len();
+    keys.sort_by_key(|k| k.addr);
+    keys.dedup_by(|a, b| a.addr == b.addr);
+    let g = dp.global();
+    let (created, errors, evicted) = (
+        g.counters[global::NEW_BUCKETS],
+        g.counters[global::BUCKET_ERRORS],
+        g.counters[global::EVICTED_FULL] + g.counters[global::EVICTED_LOST],
+    );
+    println!(
+        "{SOURCES} sources on two CPUs in lockstep: {held} records for {} keys, new_buckets \
+         {created}, bucket_errors {errors}, evicted {evicted}",
+        keys.len()
+    );
+    assert_eq!(
+        held,
+        keys.len(),
+        "{} keys are held by two records: their sources got two buckets",
+        held - keys.len()
+    );
+    assert_eq!(keys.len(), SOURCES as usize, "every source has its bucket");
+    assert_eq!(
+        evicted, 0,
+        "a store of 2^18 records holds 30,000 sources without eviction"
+    );
+    assert!(
+        created >= u64::from(SOURCES),
+        "new_buckets {created} < {SOURCES} sources"
+    );
+    let s = dp.rule(rid);
+    assert_eq!(
+        s.pkts[verdict::PASSED] + s.pkts[verdict::NO_BUCKET],
+        3 * u64::from(SOURCES),
+        "every packet passed (within its burst) or, losing the race, uncharged"
+    );
+}
