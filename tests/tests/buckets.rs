@@ -991,3 +991,101 @@ fn a_new_source_on_two_cpus_at_once_gets_one_bucket() {
         "every packet passed (within its burst) or, losing the race, uncharged"
     );
 }
+
+/// The cluster's charge of a source never seen here creates its bucket from user space, as the
+/// program does: when the program creates the same source's bucket at the same instant, the
+/// source still ends with one bucket. One CPU runs each new source's first packet while the
+/// other charges the same source through `cluster::charge::charge`, in lockstep, the packet
+/// delayed by a varying few microseconds so that it lands inside the charge's scan-and-write.
+#[test]
+fn a_cluster_charge_and_a_packet_creating_one_source_at_once_make_one_bucket() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    require_root();
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    assert!(cpus >= 2, "needs two CPUs");
+    const SOURCES: u32 = 20_000;
+    let mut dp = TestDataplane::new("chgrace", 1 << 18).unwrap();
+    let set = dp
+        .install_toml("[[rule]]\nname = \"l\"\nsource = \"198.18.0.0/15\"\nrate = 1\nburst = 10\n")
+        .unwrap();
+    let rid = id(&set, "l");
+    let rule = dp.maps().rule(rid).unwrap();
+    let sources: Vec<Ipv4Addr> = (0..SOURCES)
+        .map(|i| Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + i))
+        .collect();
+    let frames: Vec<Vec<u8>> = sources.iter().map(|&s| udp4(s)).collect();
+    let key = |s: Ipv4Addr| {
+        let mut addr = [0u8; 16];
+        addr[..4].copy_from_slice(&s.octets());
+        BucketKey {
+            rule: rid,
+            family: family::V4,
+            _pad: [0; 3],
+            addr,
+        }
+    };
+    let arrived = AtomicU32::new(0);
+    let barrier = |i: u32| {
+        arrived.fetch_add(1, Ordering::AcqRel);
+        while arrived.load(Ordering::Acquire) < 2 * (i + 1) {
+            std::hint::spin_loop();
+        }
+    };
+    std::thread::scope(|s| {
+        let (frames, runner, barrier) = (&frames, dp.runner(), &barrier);
+        s.spawn(move || {
+            pin_to_cpu(0).unwrap();
+            for (i, frame) in (0u32..).zip(frames) {
+                barrier(i);
+                // 0 to ~16 us: the charge's map lookups take a few microseconds.
+                let until = Instant::now() + Duration::from_nanos(u64::from(i % 64) * 250);
+                while Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+                assert_eq!(runner.run_repeat(frame, 1), XDP_PASS);
+            }
+        });
+        let (maps, sources, rule, key) = (dp.maps(), &sources, &rule, &key);
+        s.spawn(move || {
+            pin_to_cpu(1).unwrap();
+            for (i, &src) in (0u32..).zip(sources) {
+                barrier(i);
+                let now = monotonic_ns();
+                ratelimit::cluster::charge::charge(
+                    maps,
+                    &key(src),
+                    rule,
+                    1,
+                    64,
+                    now,
+                    ratelimit::maps::bucket::monotonic_coarse_ns(),
+                    (u64::MAX, u64::MAX),
+                )
+                .unwrap();
+            }
+        });
+    });
+    let mut keys: Vec<BucketKey> = dp
+        .maps()
+        .buckets()
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.rule == rid)
+        .collect();
+    let held = keys.len();
+    keys.sort_by_key(|k| k.addr);
+    keys.dedup_by(|a, b| a.addr == b.addr);
+    println!(
+        "{SOURCES} sources created by a packet and a cluster charge at once: {held} records for \
+         {} keys",
+        keys.len()
+    );
+    assert_eq!(
+        held,
+        keys.len(),
+        "{} keys are held by two records: their sources got two buckets",
+        held - keys.len()
+    );
+    assert_eq!(keys.len(), SOURCES as usize, "every source has its bucket");
+}

@@ -97,8 +97,9 @@ pub fn charge(
     ceilings: (u64, u64),
 ) -> Result<bool, MapsError> {
     let (pkt_cost, byte_cost) = costs(rule, pkts, bytes);
-    // Two tries: the record may be taken by a packet between the scan and the write.
-    for _ in 0..2 {
+    // Three tries: the record may be taken by a packet between the scan and the write, and a
+    // bucket given back for the program's own (see below) is charged on the next.
+    for _ in 0..3 {
         let (slot, gen) = maps.locate_bucket(key, coarse_now)?;
         if gen == 0 {
             // The rule left the set meanwhile: nothing to charge.
@@ -130,7 +131,13 @@ pub fn charge(
                 };
                 let capped = apply(&mut fresh, rule, pkts, bytes, now, ceilings);
                 if maps.store().install(index, old, &fresh) {
-                    return Ok(capped);
+                    // The program may have created the same key's bucket at the same instant:
+                    // a source never holds two. Ours goes, and the charge moves to the other
+                    // (the next try finds it).
+                    match maps.other_bucket(key, gen, index)? {
+                        Some(_) if maps.store().release(index, header) => continue,
+                        _ => return Ok(capped),
+                    }
                 }
             }
             Slot::Busy => {}

@@ -495,6 +495,15 @@ impl PinnedMaps {
         Ok((slot, gen))
     }
 
+    /// Another record than `mine` holding `key`'s bucket of generation `gen`: see
+    /// [`MappedStore::other_holder`].
+    pub fn other_bucket(&self, key: &BucketKey, gen: u32, mine: u32) -> Result<Option<u32>> {
+        let config = self.config()?;
+        Ok(self
+            .store
+            .other_holder(config.seed, config.bucket_sets, key, gen, mine))
+    }
+
     /// The bucket under `key`, if tracked.
     pub fn bucket(&self, key: &BucketKey) -> Result<Option<Bucket>> {
         match self.locate_bucket(key, 0)? {

@@ -206,6 +206,40 @@ impl MappedStore {
         }
     }
 
+    /// The record of `key`'s sets, other than `mine`, that holds `key` (generation `gen`): a
+    /// second bucket of one key, made by the program at the same instant as this writer's.
+    #[must_use]
+    pub fn other_holder(
+        &self,
+        seed: [u64; 2],
+        sets: u32,
+        key: &BucketKey,
+        gen: u32,
+        mine: u32,
+    ) -> Option<u32> {
+        if sets == 0 || sets.saturating_mul(BUCKET_WAYS) > self.records {
+            return None;
+        }
+        let addr = addr_words(&key.addr);
+        let sets = bucket_sets(bucket_hash(seed, key.rule, key.family, addr), sets);
+        let header = bucket_header(key.rule, key.family, gen);
+        (0..BUCKET_CANDIDATES)
+            .map(|c| bucket_candidate(sets, c))
+            .find(|&i| {
+                let b = self.get(i);
+                i != mine && b.header() == header && addr_words(&b.addr) == addr
+            })
+    }
+
+    /// Gives record `i` back (an empty record) if it still holds `header`, as the program does
+    /// when it finds that another writer created the same key's bucket at the same instant.
+    pub fn release(&self, i: u32, header: u64) -> bool {
+        self.require_writable();
+        self.word(i, BUCKET_HEADER_OFFSET)
+            .compare_exchange(header, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
     /// Moves record `i`'s packet TAT (`tat = max(tat, now) + cost`) and byte TAT likewise, with
     /// the program's compare-and-swap, if it still holds `header`. `false` if it no longer does.
     pub fn advance(&self, i: u32, header: u64, now: u64, cost: u64, byte_cost: u64) -> bool {
