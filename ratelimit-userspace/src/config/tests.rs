@@ -1983,3 +1983,23 @@ fn rule_limits_write_back_and_serialize() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The column is the error's own (1-based, in characters), and only a line that reads as
+/// `key = ...` with a plain key names a field.
+#[test]
+fn syntax_errors_name_the_exact_column_and_only_plain_keys() {
+    let column = |text: &str| match Config::parse(text, ORIGIN).expect_err("rejected") {
+        ConfigError::Syntax { column, field, .. } => (column, field),
+        e => panic!("not a syntax error: {e:?}"),
+    };
+    // `mode = "auto` : the string opened at column 8 never ends.
+    let (c, f) = column("[agent]\nmode = \"auto\n");
+    assert_eq!(f.as_deref(), Some("mode"));
+    let (c2, _) = column("[agent]\nmode    = \"auto\n");
+    assert_eq!(c2, c + 3, "three more spaces move the error three columns");
+    // A key with a space in it, or none at all, is not named as a field.
+    let (_, f) = column("[agent]\nbad key = 1\n");
+    assert_eq!(f, None);
+    let (_, f) = column("[agent]\n = 1\n");
+    assert_eq!(f, None);
+}
