@@ -58,6 +58,9 @@ use crate::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
     Kernel,
+    /// Only the in-kernel cost of rules with 1, 2 and 3 limits (part of `kernel`): for trying a
+    /// change of the extra limits' path without the populations.
+    Limits,
     Rules,
     E2e,
     Agent,
@@ -152,6 +155,10 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
             }
         }
         kernel::memory(&mut report, &limiter, tracked_full)?;
+        drop(limiter);
+    } else if want(Part::Limits) {
+        let limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::LIMIT_RULES)?;
+        kernel::hot_limits(&mut report, opts, &refs, &limiter)?;
         drop(limiter);
     }
     if want(Part::E2e) {
