@@ -58,6 +58,11 @@ use crate::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
     Kernel,
+    /// Only the in-kernel cost of rules with 1, 2 and 3 limits (part of `kernel`): for trying a
+    /// change of the extra limits' path without the populations.
+    Limits,
+    /// Only the A/B of the handling of cut packets on whole packets (part of `kernel`).
+    Cut,
     Rules,
     E2e,
     Agent,
@@ -83,6 +88,7 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
         let mut tracked_full = None;
         if want(Part::Kernel) {
             kernel::hot(&mut report, opts, &refs, &limiter)?;
+            kernel::cut_ab(&mut report, opts, &refs, &limiter, DEFAULT_MAX_BUCKETS)?;
             kernel::probes(
                 &mut report,
                 opts,
@@ -153,6 +159,15 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
         }
         kernel::memory(&mut report, &limiter, tracked_full)?;
         drop(limiter);
+    } else {
+        if want(Part::Limits) {
+            let limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::LIMIT_RULES)?;
+            kernel::hot_limits(&mut report, opts, &refs, &limiter)?;
+        }
+        if want(Part::Cut) {
+            let limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::BASE_RULES)?;
+            kernel::cut_ab(&mut report, opts, &refs, &limiter, DEFAULT_MAX_BUCKETS)?;
+        }
     }
     if want(Part::E2e) {
         e2e::run(&mut report, opts, &mut refs)?;
@@ -221,6 +236,22 @@ fn targets(r: &Report) -> Vec<Target> {
                 fmt(floor),
                 fmt(over(key)),
                 fmt(over("kernel.limiter.limits_1")),
+            ),
+        });
+    }
+    {
+        let (with, without, diff) = kernel::cut_ab_keys("admitted");
+        let d = r.value(&diff);
+        t.push(Target {
+            goal: "the handling of cut packets adds <= 2 ns to a whole packet's admitted figure \
+                   (with and without it, alternately in this run)"
+                .into(),
+            met: d.map(|d| d <= 2.0),
+            evidence: format!(
+                "{} ns with vs {} ns without: {} ns (median of the paired differences)",
+                fmt(r.value(&with)),
+                fmt(r.value(&without)),
+                fmt(d),
             ),
         });
     }

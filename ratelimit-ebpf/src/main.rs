@@ -20,6 +20,8 @@
     internal_features,
     reason = "core_intrinsics: the only 64-bit CAS the BPF target offers"
 )]
+// The bench-only build without the handling of cut packets (see Cargo.toml) leaves that code unused.
+#![cfg_attr(feature = "bench-without-cut", allow(dead_code, unused_imports))]
 
 mod bucket;
 mod classify;
@@ -76,7 +78,7 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
     let s = scratch::get().ok_or(())?;
     // A rarely cut packet is laundered (see `scratch::launder`), in place: a copy of the packet
     // on every packet cost several ns.
-    if pkt.shape != shape::WHOLE {
+    if !cfg!(feature = "bench-without-cut") && pkt.shape != shape::WHOLE {
         scratch::launder_packet(s, &mut pkt);
     }
     let d = decide(&pkt, epoch, s);
@@ -156,6 +158,10 @@ mod decision {
 /// states few and small.
 #[inline(always)]
 fn decide(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
+    if cfg!(feature = "bench-without-cut") {
+        // Bench only: every packet as a whole one (see Cargo.toml).
+        return classify::classify(pkt, epoch, s);
+    }
     if pkt.shape == shape::WHOLE || pkt.shape == shape::TRUNCATED {
         // Whole packets (also with the TCP/UDP header cut short: without ports).
         return classify::classify(pkt, epoch, s);
@@ -339,7 +345,13 @@ fn extra_limits(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, c: *mut Extra) 
         if k >= n {
             break;
         }
-        let v = one_limit(pkt, rule, slot, k);
+        // A known source's record, remembered in its slot, is charged here (inlined); a BPF
+        // call costs far more than the charge itself (every return is a mispredicted one under
+        // the kernel's return-stack mitigations), so only a record to find or create pays it.
+        let v = match cached_limit(pkt, rule, slot, c, k) {
+            Some(v) => v,
+            None => one_limit(pkt, rule, slot, k),
+        };
         if v == verdict::DROPPED_RATE || v == verdict::DROPPED_BYTES {
             // Give the limits before this one (after the first, which the caller refunds)
             // their charge back.
@@ -394,22 +406,67 @@ fn one_limit(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, k: usize) -> usize
     let (v, b) = find_and_charge(
         pkt, &key, l, cached, c.len, c.now, s, slot, config, limit, &mut until,
     );
-    c.records[k] = NO_RECORD;
     if b.is_null() {
+        c.records[k] = NO_RECORD;
         return v;
     }
+    // SAFETY: this CPU's classification slot; `k` is in bounds.
+    let record = unsafe { (*slot).extra[k] };
+    settle(b, v, until, c, k, record)
+}
+
+/// `one_limit`'s charge through the record the slot remembers for limit `k + 1` of `rule`, if
+/// that record still holds the source's key: the verdict, or `None` (the record is to be found,
+/// or created, by `one_limit`). Inlined: no BPF call for a known source.
+#[inline(always)]
+fn cached_limit(
+    pkt: &Packet,
+    rule: &Rule,
+    slot: *mut ClassSlot,
+    c: *mut Extra,
+    k: usize,
+) -> Option<usize> {
+    if k >= MAX_LIMITS - 1 {
+        return None;
+    }
+    // SAFETY: this CPU's classification slot; `k` is in bounds.
+    let cached = unsafe { (*slot).extra[k] };
+    if cached == NO_RECORD {
+        return None;
+    }
+    let r = BUCKETS.get_ptr_mut(cached)?;
+    let l = &rule.extra[k];
+    // SAFETY: this CPU's live scratch record, filled by the caller.
+    let c = unsafe { &mut *c };
+    let key = store::key(pkt, c.id, k as u32 + 1, &l.src_mask, rule.bucket_gen);
+    if !store::holds(r, &key) {
+        return None;
+    }
+    let mut until = 0;
+    let v = bucket::charge(r, l, c.now, c.len, &mut until);
+    Some(settle(r, v, until, c, k, cached))
+}
+
+/// What a charge of limit `k + 1` (verdict `v`, record `b` at index `record`) leaves behind: the
+/// slot window's drops added to its counter if it was this limit's, the packet counted if
+/// dropped (with the window's end in `c.until`), the record in `c.records[k]` if not.
+#[inline(always)]
+fn settle(b: *mut Bucket, v: usize, until: u64, c: &mut Extra, k: usize, record: u32) -> usize {
     // SAFETY: `b` is a live record.
     unsafe {
-        if c.drop_limit == limit {
+        if c.drop_limit == k as u32 + 1 {
             (*b).dropped_pkts = (*b).dropped_pkts.wrapping_add(c.drop_count);
         }
+    }
+    if k >= MAX_LIMITS - 1 {
+        return v;
     }
     if v == verdict::DROPPED_RATE || v == verdict::DROPPED_BYTES {
         bucket::count(b, false, c.len);
         c.until = until;
+        c.records[k] = NO_RECORD;
     } else {
-        // SAFETY: this CPU's classification slot; `k` is in bounds.
-        c.records[k] = unsafe { (*slot).extra[k] };
+        c.records[k] = record;
     }
     v
 }

@@ -34,6 +34,10 @@ const MAX_IPV6_EXT: usize = 8;
 /// Most bytes of IPv6 extension headers walked (a chain must also end within them).
 const MAX_IPV6_EXT_BYTES: usize = 1024;
 
+/// The bench-only build without the handling of cut packets (see the crate's Cargo.toml): the
+/// destination address and fragment id, which only that handling reads, are not read.
+const WITHOUT_CUT: bool = cfg!(feature = "bench-without-cut");
+
 /// How a packet is cut, which decides how it can be classified.
 pub mod shape {
     /// Unfragmented (or an IPv6 atomic fragment), L4 header read (or not TCP/UDP).
@@ -158,9 +162,17 @@ fn parse_ipv4(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
         frag_protocol: protocol,
         first_fragment: 0,
         tcp_flags: 0,
-        frag_id: u32::from(u16::from_ne_bytes([h[4], h[5]])),
+        frag_id: if WITHOUT_CUT {
+            0
+        } else {
+            u32::from(u16::from_ne_bytes([h[4], h[5]]))
+        },
         src: [word(12), 0, 0, 0],
-        dst: [word(16), 0, 0, 0],
+        dst: if WITHOUT_CUT {
+            [0; 4]
+        } else {
+            [word(16), 0, 0, 0]
+        },
     };
     if frag & 0x1fff != 0 {
         // Non-first fragment: no L4 header here; it follows its first fragment (`frag`).
@@ -191,7 +203,11 @@ fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
         tcp_flags: 0,
         frag_id: 0,
         src: [word(8), word(12), word(16), word(20)],
-        dst: [word(24), word(28), word(32), word(36)],
+        dst: if WITHOUT_CUT {
+            [0; 4]
+        } else {
+            [word(24), word(28), word(32), word(36)]
+        },
     };
     let start = off + 40;
     let mut hdr = start;

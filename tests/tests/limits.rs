@@ -9,6 +9,7 @@
 
 use std::net::Ipv4Addr;
 
+use ratelimit::maps::store::Slot;
 use ratelimit_common::{bucket_rule, family, split_bucket_rule, verdict, Bucket, BucketKey};
 use ratelimit_testbed::{
     packet::eth,
@@ -234,4 +235,73 @@ fn a_one_limit_rule_keys_its_buckets_by_the_rule_id_alone() {
     assert_eq!(all.len(), 1);
     assert_eq!(all[0].0.rule, id);
     assert_eq!(dp.rule(id).limit_dropped_rate, [1, 0, 0, 0]);
+}
+
+/// A known source's extra limits are charged through the records its classification slot
+/// remembers (inline, without the program's BPF call), but only while a record still holds the
+/// limit's key: a record given to another key meanwhile is not charged, and the packet finds (here,
+/// creates) its own bucket. The record is handed over by hand here, to another /24 of the rule and
+/// deep in debt: charging it would drop the packet.
+#[test]
+fn an_extra_limit_charges_its_remembered_record_only_while_it_holds_the_key() {
+    require_root();
+    let mut dp = TestDataplane::new("limits-recheck", 1024).unwrap();
+    let set = dp
+        .install_toml(
+            r#"
+[[rule]]
+name = "web"
+source = "198.18.0.0/16"
+rate = 1
+burst = 5
+[[rule.limit]]
+per = "/24"
+rate = 1
+burst = 5
+"#,
+        )
+        .unwrap();
+    let id = set.by_name("web").unwrap().id;
+    let fa = udp4(ip("198.18.0.1"), 10);
+    // The first packet creates both buckets (the slot remembers their records), the second goes
+    // through the remembered ones.
+    assert_eq!(dp.run(&fa), XDP_PASS);
+    assert_eq!(dp.run(&fa), XDP_PASS);
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&[198, 18, 0, 0]);
+    let key = BucketKey {
+        rule: bucket_rule(id, 1),
+        family: family::V4,
+        _pad: [0; 3],
+        addr,
+    };
+    let (Slot::Found(i), _) = dp.maps().locate_bucket(&key, 0).unwrap() else {
+        panic!("the /24's bucket is not in the store");
+    };
+    let old = dp.maps().store().get(i);
+    assert_eq!((old.passed_pkts, old.dropped_pkts), (2, 0));
+    // Record i now holds the bucket of 198.18.9.0/24 (same rule, same limit), far in debt.
+    let mut other = old;
+    other.addr[2] = 9;
+    other.tat_ns = u64::MAX / 2;
+    other.passed_pkts = 0;
+    assert!(dp.maps().store().install(i, old.header(), &other));
+    assert_eq!(
+        dp.run(&fa),
+        XDP_PASS,
+        "the packet was judged by the bucket of the key now in its remembered record"
+    );
+    let now = dp.maps().store().get(i);
+    assert_eq!(
+        now.tat_ns, other.tat_ns,
+        "the other key's bucket was charged"
+    );
+    assert_eq!((now.passed_pkts, now.dropped_pkts), (0, 0));
+    let own = bucket(&dp, id, 1, ip("198.18.0.0")).expect("the /24's bucket, created again");
+    assert_eq!((own.passed_pkts, own.dropped_pkts), (1, 0));
+    // And the slot now remembers the new record: the next packet is charged there.
+    assert_eq!(dp.run(&fa), XDP_PASS);
+    let own = bucket(&dp, id, 1, ip("198.18.0.0")).unwrap();
+    assert_eq!((own.passed_pkts, own.dropped_pkts), (2, 0));
+    assert_eq!(dp.maps().store().get(i).tat_ns, other.tat_ns);
 }

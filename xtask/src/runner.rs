@@ -58,6 +58,12 @@ pub fn run_runner(r: &Runner) -> Result<()> {
         agent = copy;
     }
 
+    let without_cut = if r.subcommand.is_none() {
+        Some(build_without_cut()?)
+    } else {
+        None
+    };
+
     let mut cargo = cmd::cargo();
     cargo.args([
         "build",
@@ -80,6 +86,10 @@ pub fn run_runner(r: &Runner) -> Result<()> {
         .env("RATELIMIT_BIN", &agent)
         .args(r.subcommand)
         .args(r.args);
+    if let Some(object) = &without_cut {
+        // The A/B of the handling of cut packets (bench/src/kernel.rs, `cut_ab`).
+        bench.env("RATELIMIT_BENCH_WITHOUT_CUT", object);
+    }
     if !r
         .args
         .iter()
@@ -108,4 +118,35 @@ pub fn run_runner(r: &Runner) -> Result<()> {
         bail!("{} failed ({status}); see above", r.what);
     }
     Ok(())
+}
+
+/// Builds the bench-only XDP object without the handling of cut packets (ratelimit-ebpf's feature
+/// `bench-without-cut`) and returns its path. In a target dir of its own (target/ebpf-bench): in
+/// target/ebpf it would overwrite the object the agent's build script copies.
+fn build_without_cut() -> Result<std::path::PathBuf> {
+    let target_dir = cmd::target_dir().join("ebpf-bench");
+    let mut cargo = cmd::nightly_cargo();
+    cargo
+        .args(["build", "--package", "ratelimit-ebpf", "--bin", "ratelimit"])
+        .args(["--features", "bench-without-cut", "--release"])
+        .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .current_dir(cmd::workspace_root())
+        // The flags of ratelimit-userspace/build.rs, so the two objects differ only by the feature.
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            [
+                "-Ctarget-cpu=v3",
+                "-Cdebuginfo=2",
+                "-Clink-arg=--btf",
+                "--cfg=bpf_target_arch=\"x86_64\"",
+            ]
+            .join("\x1f"),
+        );
+    cmd::run_step(
+        "Building the bench-only XDP object without the handling of cut packets",
+        &mut cargo,
+    )?;
+    Ok(target_dir.join("bpfel-unknown-none/release/ratelimit"))
 }
