@@ -38,7 +38,7 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use ratelimit_common::{
     action, bucket_sets, config_flags, family, frag_flags, global, rule_flags, verdict, Bucket,
-    Config, Rule, MAX_LIMITS,
+    Config, Rule, BUCKET_WAYS, MAX_LIMITS,
 };
 
 use crate::{
@@ -399,12 +399,14 @@ fn one_limit(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, k: usize) -> usize
     let c = unsafe { &mut (*s).extra };
     let l = &rule.extra[k];
     let limit = k as u32 + 1;
-    let key = store::key(pkt, c.id, limit, &l.src_mask, rule.bucket_gen);
+    // SAFETY: this CPU's live scratch record.
+    let key = unsafe { &mut (*s).extra_key };
+    *key = store::key(pkt, c.id, limit, &l.src_mask, rule.bucket_gen);
     // SAFETY: this CPU's classification slot; `k` is in bounds.
     let cached = unsafe { (*slot).extra[k] };
     let mut until = 0;
     let (v, b) = find_and_charge(
-        pkt, &key, l, cached, c.len, c.now, s, slot, config, limit, &mut until,
+        pkt, key, l, cached, c.len, c.now, s, slot, config, limit, &mut until,
     );
     if b.is_null() {
         c.records[k] = NO_RECORD;
@@ -585,7 +587,10 @@ fn create<P: Params>(
     if let Some(c) = store::eviction_counter(kind) {
         bump_global(c);
     }
-    let other = store::other_holder(key, sets[0], sets[1], victim);
+    let mut other = store::other_holder(key, sets[0] * BUCKET_WAYS, victim);
+    if other == NO_RECORD {
+        other = store::other_holder(key, sets[1] * BUCKET_WAYS, victim);
+    }
     if other != NO_RECORD && store::release(b, key) {
         // Another CPU created the key's bucket at the same time: this one goes, and the
         // packet, already counted against the bucket given back, passes uncharged (counted).

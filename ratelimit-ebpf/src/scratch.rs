@@ -101,6 +101,19 @@ pub struct Scratch {
     pub extra: Extra,
     /// A new bucket while it is built (see `create`).
     pub fresh: ratelimit_common::Bucket,
+    /// The key of the extra limit being charged (`one_limit`): here, not on its BPF call's
+    /// stack, so that the call chain's frames stay within the verifier's 512 bytes.
+    pub extra_key: Key,
+}
+
+/// A bucket key as the records hold it: the masked address as two words and the header word
+/// (rule id, family, rule generation; state 0). Built by `store::key`; defined here so that an
+/// extra limit's key can live in the scratch record (see [`Scratch::extra_key`]).
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub struct Key {
+    pub addr: [u64; 2],
+    pub header: u64,
 }
 
 /// See [`Scratch::extra`].

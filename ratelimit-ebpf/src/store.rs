@@ -15,7 +15,7 @@ use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 
 use ratelimit_common::{
     bucket_candidate, bucket_header, bucket_rule, global, split_bucket_rule, victim, victim_score,
-    Bucket, VictimChooser, BUCKET_BUSY, BUCKET_CANDIDATES,
+    Bucket, VictimChooser, BUCKET_BUSY, BUCKET_CANDIDATES, BUCKET_WAYS,
 };
 
 use crate::{
@@ -24,13 +24,7 @@ use crate::{
     scratch::{Scratch, NO_RECORD},
 };
 
-/// A bucket key as the records hold it: the masked address as two words and the header word
-/// (rule id, family, rule generation; state 0).
-#[derive(Clone, Copy)]
-pub struct Key {
-    pub addr: [u64; 2],
-    pub header: u64,
-}
+pub use crate::scratch::Key;
 
 /// The key of limit `limit` of rule `id` (generation `gen`) for `pkt`'s source under `mask`.
 #[inline(always)]
@@ -94,14 +88,14 @@ pub fn find(key: &Key, sets: [u32; 2]) -> Found {
     Found::Miss
 }
 
-/// The record of `key`'s sets (`set0`, `set1`) other than `mine` that holds `key`, or
-/// `NO_RECORD`. A BPF function of its own, returning a scalar: the creation path it serves is
-/// verified once, not once more per candidate.
+/// The record of the set starting at record `base` (one of `key`'s two), other than `mine`,
+/// that holds `key`, or `NO_RECORD`. A BPF function of its own, returning a scalar, so the
+/// creation path it serves is verified once, not once more per candidate; four live values (all
+/// in callee-saved registers), so it needs no stack of its own.
 #[inline(never)]
-pub fn other_holder(key: &Key, set0: u32, set1: u32, mine: u32) -> u32 {
-    let sets = [set0, set1];
-    for c in 0..BUCKET_CANDIDATES {
-        let i = bucket_candidate(sets, c);
+pub fn other_holder(key: &Key, base: u32, mine: u32) -> u32 {
+    for c in 0..BUCKET_WAYS {
+        let i = base + c;
         let Some(b) = BUCKETS.get_ptr_mut(i) else {
             return NO_RECORD;
         };
