@@ -18,7 +18,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use ratelimit::dataplane::AttachMode;
+use ratelimit::{config::Config, dataplane::AttachMode};
 use ratelimit_common::{global, verdict, BucketKey, DEFAULT_MAX_BUCKETS};
 use ratelimit_testbed::{
     add_addr, ifindex, in_netns, mac, neigh_to_peer, send_udp_from, veth_pair, Netns, Receiver,
@@ -48,6 +48,65 @@ rate = 1000
 burst = 2000
 per = "source"
 "#;
+
+/// The layered policy of the aggregate case: per source as [`E2E_RULES`], and the whole rule
+/// together [`AGGREGATE_RATE`] (a `[[rule.limit]] per = "rule"`), so that a random-source flood,
+/// which every per-source limit lets through (each source is new, with a full bucket), is dropped
+/// by the aggregate in XDP. The test bed's own /24 (the polite and the fresh flooding sources)
+/// has a per-source rule of its own, outside the aggregate, as nftables' policy exempts it.
+const LAYERED_RULES: &str = r#"
+[[rule]]
+name = "layered"
+source = "0.0.0.0/0"
+rate = 1000
+burst = 2000
+per = "source"
+
+[[rule.limit]]
+per = "rule"
+rate = 10000
+burst = 1000
+
+[[rule]]
+name = "known"
+source = "198.18.0.0/24"
+rate = 1000
+burst = 2000
+per = "source"
+"#;
+/// [`LAYERED_RULES`] with the two limits the other way round: the per-rule limit is the rule's
+/// own (charged first), the per-source one its `[[rule.limit]]`. A packet passes under the same
+/// condition (a token in every limit; a dropped packet spends none), but the flood's excess is
+/// dropped by the shared bucket before a bucket is made for its new source.
+const LAYERED_FIRST_RULES: &str = r#"
+[[rule]]
+name = "layered"
+source = "0.0.0.0/0"
+rate = 10000
+burst = 1000
+per = "rule"
+
+[[rule.limit]]
+per = "source"
+rate = 1000
+burst = 2000
+
+[[rule]]
+name = "known"
+source = "198.18.0.0/24"
+rate = 1000
+burst = 2000
+per = "source"
+"#;
+/// The aggregate limit of [`LAYERED_RULES`], packets per second and burst: under 1% of the
+/// flood, so that what it admits (which goes on to the stack, several times a drop's cost) weighs
+/// little beside the drop-all floor, which admits nothing (at 100,000/s, 6% of the flood, each
+/// admitted packet also made a new source's bucket and crossed the stack).
+pub const AGGREGATE_RATE: u64 = 10_000;
+/// See [`AGGREGATE_RATE`].
+pub const AGGREGATE_BURST: u64 = 1_000;
+/// The test bed's own prefix (the polite and fresh flooding sources), outside the aggregate.
+const KNOWN_NET: &str = "198.18.0.0/24";
 
 /// A fresh source that floods over its limit during the last run of a flood: a contender that
 /// still limits new sources passes about `BURST + RATE * span` of its packets.
@@ -193,6 +252,14 @@ enum Contender {
     Pass,
     Nft,
     Iptables,
+    /// The limiter with [`LAYERED_RULES`].
+    LimiterAggregate,
+    /// The limiter with [`LAYERED_FIRST_RULES`].
+    LimiterAggregateFirst,
+    /// nftables with the same two-level policy.
+    NftAggregate,
+    /// nftables with the two levels the other way round (the global limit first).
+    NftAggregateFirst,
 }
 
 impl Contender {
@@ -203,7 +270,42 @@ impl Contender {
             Contender::Pass => "xdp_pass",
             Contender::Nft => "nftables",
             Contender::Iptables => "iptables",
+            Contender::LimiterAggregate => "limiter_aggregate",
+            Contender::LimiterAggregateFirst => "limiter_aggregate_first",
+            Contender::NftAggregate => "nftables_aggregate",
+            Contender::NftAggregateFirst => "nftables_aggregate_first",
         }
+    }
+
+    /// The limiter's rule the flood meets, for its counters.
+    fn rule(self) -> &'static str {
+        if self.layered() {
+            "layered"
+        } else {
+            "per-source"
+        }
+    }
+
+    /// The limiter's rule the polite source meets.
+    fn polite_rule(self) -> &'static str {
+        if self.layered() {
+            "known"
+        } else {
+            "per-source"
+        }
+    }
+
+    /// The limiter with a per-source and a per-rule limit.
+    fn layered(self) -> bool {
+        matches!(
+            self,
+            Contender::LimiterAggregate | Contender::LimiterAggregateFirst
+        )
+    }
+
+    /// A contender of the aggregate case.
+    fn aggregate(self) -> bool {
+        self.layered() || matches!(self, Contender::NftAggregate | Contender::NftAggregateFirst)
     }
 
     fn label(self) -> &'static str {
@@ -213,6 +315,16 @@ impl Contender {
             Contender::Pass => "XDP_PASS receiver, everything to the stack",
             Contender::Nft => "nftables: netdev ingress, dynamic set, limit rate over",
             Contender::Iptables => "iptables: raw PREROUTING, hashlimit per srcip",
+            Contender::LimiterAggregate => {
+                "limiter: 1000/s per source + 10,000/s per rule ([[rule.limit]])"
+            }
+            Contender::LimiterAggregateFirst => {
+                "limiter: the same two limits, the per-rule one first (the rule's own)"
+            }
+            Contender::NftAggregate => {
+                "nftables: dynamic set per source + global limit rate over 10,000/s"
+            }
+            Contender::NftAggregateFirst => "nftables: the same two levels, the global limit first",
         }
     }
 }
@@ -279,6 +391,15 @@ pub fn run(report: &mut Report, opts: &Options, refs: &mut Refs) -> Result<()> {
     ];
     let mut semantics = Vec::new();
     for pattern in [Pattern::Hot, Pattern::Random] {
+        let mut contenders = contenders.to_vec();
+        if pattern == Pattern::Random {
+            contenders.extend([
+                Contender::LimiterAggregate,
+                Contender::LimiterAggregateFirst,
+                Contender::NftAggregate,
+                Contender::NftAggregateFirst,
+            ]);
+        }
         for contender in contenders {
             crate::session::check_interrupted()?;
             crate::session::announce(&format!(
@@ -316,6 +437,50 @@ fn setup(
             let dp = limiter.tdp.dataplane();
             in_netns(ns, || dp.attach(dev, AttachMode::Native).map(|_| ()))?;
             Attached::Limiter
+        }
+        Contender::LimiterAggregate | Contender::LimiterAggregateFirst => {
+            let rules = if contender == Contender::LimiterAggregate {
+                LAYERED_RULES
+            } else {
+                LAYERED_FIRST_RULES
+            };
+            limiter.install(&Config::parse(rules, "bench.toml")?.rules)?;
+            let dp = limiter.tdp.dataplane();
+            in_netns(ns, || dp.attach(dev, AttachMode::Native).map(|_| ()))?;
+            Attached::Limiter
+        }
+        Contender::NftAggregate | Contender::NftAggregateFirst => {
+            let link = refs.attach(PASS, ns, dev)?;
+            // The same two levels: every source its own bucket, and everything but the test
+            // bed's own prefix one shared bucket. nftables has no refund: a packet the second
+            // level drops has spent a token of the first (the flood's sources are new anyway).
+            let per_source = format!(
+                "update @sources {{ ip saddr limit rate over {RATE}/second burst {BURST} packets }} drop"
+            );
+            let global = format!(
+                "ip saddr != {KNOWN_NET} limit rate over {AGGREGATE_RATE}/second burst {AGGREGATE_BURST} packets drop"
+            );
+            let (first, second) = if contender == Contender::NftAggregate {
+                (per_source, global)
+            } else {
+                (global, per_source)
+            };
+            bed.nft(&format!(
+                "table netdev rlbench {{
+                    set sources {{
+                        type ipv4_addr
+                        size {TRACKED}
+                        flags dynamic,timeout
+                        timeout 60s
+                    }}
+                    chain ingress {{
+                        type filter hook ingress device \"{dev}\" priority filter; policy accept;
+                        {first}
+                        {second}
+                    }}
+                }}"
+            ))?;
+            Attached::Ref(PASS, link)
         }
         Contender::Nft => {
             let link = refs.attach(PASS, ns, dev)?;
@@ -381,7 +546,7 @@ fn teardown(
     attached: Attached,
 ) -> Result<()> {
     match contender {
-        Contender::Nft => {
+        Contender::Nft | Contender::NftAggregate | Contender::NftAggregateFirst => {
             bed.rx
                 .run(&["nft", "delete", "table", "netdev", "rlbench"])?;
         }
@@ -395,6 +560,9 @@ fn teardown(
         Attached::Limiter => {
             limiter.tdp.dataplane().detach(&bed.rx_if)?;
         }
+    }
+    if contender.layered() {
+        limiter.install(&Config::parse(E2E_RULES, "bench.toml")?.rules)?;
     }
     Ok(())
 }
@@ -415,12 +583,12 @@ fn contender_count(
     contender: Contender,
 ) -> Result<Option<Count>> {
     Ok(match contender {
-        Contender::Limiter => {
-            let id = limiter.id("per-source")?;
+        Contender::Limiter | Contender::LimiterAggregate | Contender::LimiterAggregateFirst => {
+            let id = limiter.id(contender.rule())?;
             let s = limiter.tdp.rule(id);
             Some(Count::Dropped(s.pkts[verdict::DROPPED_RATE]))
         }
-        Contender::Nft => {
+        Contender::Nft | Contender::NftAggregate | Contender::NftAggregateFirst => {
             // Listing any nft object makes nft fetch every set element (a million, tens of
             // seconds), so count what nft let through instead: IPv4 packets that reached the IP
             // layer (`Ip: InReceives`), and report the rest of what the veth handled as dropped.
@@ -492,7 +660,8 @@ fn measure_attached(
     let run_time = opts.e2e_run;
     // Fill the limiter's store with other sources first (one packet each), so that it is measured
     // with its table full from the first run, as nftables' set is after its warm-up.
-    let prefilled = if contender == Contender::Limiter && pattern == Pattern::Random {
+    let limiting = contender == Contender::Limiter || contender.layered();
+    let prefilled = if limiting && pattern == Pattern::Random {
         let n = limiter.tdp.maps().bucket_capacity()?;
         crate::kernel::fill(limiter, refs, PREFILL_FROM, n)?
     } else {
@@ -601,7 +770,7 @@ fn measure_attached(
         "warmup_mpps": warmup_mpps,
         "handled_packets": handled_total,
         "limiter_buckets_prefilled": prefilled,
-        "limiter_buckets_tracked_after": if contender == Contender::Limiter {
+        "limiter_buckets_tracked_after": if limiting {
             Some(limiter.tdp.maps().bucket_count()?)
         } else {
             None
@@ -634,13 +803,19 @@ fn measure_attached(
     });
     detail["polite"] =
         json!({ "pps": POLITE_PPS, "sent": polite_report.sent, "received": received });
-    if contender == Contender::Limiter {
+    if limiting {
         let d = |i: usize| global_after.counters[i] - global_before.counters[i];
         detail["limiter_new_buckets"] = json!(d(global::NEW_BUCKETS));
         detail["limiter_bucket_errors"] = json!(d(global::BUCKET_ERRORS));
         detail["limiter_evicted_full"] = json!(d(global::EVICTED_FULL));
         detail["limiter_evicted_lost"] = json!(d(global::EVICTED_LOST));
-        let id = limiter.id("per-source")?;
+        if contender.layered() {
+            // Which limit dropped the flood (since the rules were installed, warm-up included):
+            // the aggregate, not the per-source one.
+            let s = limiter.tdp.rule(limiter.id("layered")?);
+            detail["limiter_dropped_by_limit"] = json!(s.limit_dropped_rate);
+        }
+        let id = limiter.id(contender.polite_rule())?;
         let mut addr = [0u8; 16];
         addr[..4].copy_from_slice(&POLITE.octets());
         let bucket = limiter.tdp.maps().bucket(&BucketKey {
@@ -654,6 +829,7 @@ fn measure_attached(
     }
     let baseline = match (pattern, contender) {
         (_, Contender::DropAll) => None,
+        (Pattern::Random, c) if c.aggregate() => Some("e2e.random.drop_all".into()),
         (Pattern::Hot, _) | (Pattern::Random, Contender::Pass) => {
             Some(format!("e2e.{}.drop_all", pattern.tag()))
         }
@@ -661,11 +837,15 @@ fn measure_attached(
     };
     Ok(Figure {
         key: format!("e2e.{}.{}", pattern.tag(), contender.tag()),
-        section: match pattern {
-            Pattern::Hot => {
+        section: match (pattern, contender) {
+            (Pattern::Random, c) if c.aggregate() => {
+                "End to end, random spoofed sources against a per-source and a per-rule \
+                 (aggregate) limit: the excess dropped (veth, live-frames generator; Mpps handled)"
+            }
+            (Pattern::Hot, _) => {
                 "End to end, one hot source (veth, live-frames generator; Mpps handled)"
             }
-            Pattern::Random => {
+            (Pattern::Random, _) => {
                 "End to end, random spoofed sources (veth, live-frames generator; Mpps handled)"
             }
         },

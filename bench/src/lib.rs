@@ -15,7 +15,8 @@
 //! - [`rules`]: rule update latency with 10,000 rules, and kernel memory;
 //! - [`e2e`]: packets per second over a veth pair from a live-frames generator, for the limiter,
 //!   a drop-all floor, an XDP_PASS receiver, nftables and iptables, with one hot source and with
-//!   random sources;
+//!   random sources, and random sources against a per-source + per-rule (aggregate) limit, the
+//!   limiter against nftables with the same two levels;
 //! - [`agent`]: the real agent's CPU and memory, idle and under a random-source flood;
 //! - [`cluster`]: 2 to 16 real agents sharing a cluster budget: admitted / budget, time to
 //!   converge, gossip bytes and CPU per host against the number of hosts (and two charts).
@@ -366,6 +367,38 @@ fn targets(r: &Report) -> Vec<Target> {
             abuser("nftables"),
         ),
     });
+    for (key, nft_key, order) in [
+        (
+            "e2e.random.limiter_aggregate",
+            "e2e.random.nftables_aggregate",
+            "per-source limit first",
+        ),
+        (
+            "e2e.random.limiter_aggregate_first",
+            "e2e.random.nftables_aggregate_first",
+            "per-rule limit first",
+        ),
+    ] {
+        let nft = ratio(nft_key, "e2e.random.drop_all");
+        let x = ratio(key, "e2e.random.drop_all");
+        t.push(Target {
+            goal: format!(
+                "end to end, random sources under a per-source + per-rule limit ({order}; the \
+                 excess dropped by the aggregate): limiter >= 90% of the drop-all floor"
+            ),
+            met: x.map(|x| x >= 0.90),
+            evidence: format!(
+                "{} Mpps vs floor {} Mpps: {}%; nftables with the same two levels in the same \
+                 order {} Mpps ({}% of the floor; limiter {}x nftables)",
+                fmt(r.value(key)),
+                fmt(r.value("e2e.random.drop_all")),
+                fmt(x.map(|x| x * 100.0)),
+                fmt(r.value(nft_key)),
+                fmt(nft.map(|x| x * 100.0)),
+                fmt(ratio(key, nft_key)),
+            ),
+        });
+    }
     let mut polite = Vec::new();
     let mut met = Some(true);
     for pattern in ["hot", "random"] {

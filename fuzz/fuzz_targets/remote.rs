@@ -7,7 +7,7 @@
 //! - a peer's first counted round is its baseline and charges nothing (fail open);
 //! - a round's charge from one peer is within the clamp: per key, what its bucket could have
 //!   admitted (twice the tolerance, plus the time since it was first seen, plus a second);
-//! - keys of rules that are not cluster rules here are never charged.
+//! - keys of rules, or of limits of a rule, that are not cluster-scoped here are never charged.
 #![no_main]
 
 use std::{
@@ -18,7 +18,7 @@ use std::{
 use libfuzzer_sys::fuzz_target;
 use ratelimit::cluster::{
     publish::{Count, KeyName},
-    remote::{Limits, PeerView, RemoteTracker},
+    remote::{ClusterLimits, Limits, PeerView, RemoteTracker},
 };
 
 const MS: u64 = 1_000_000;
@@ -38,8 +38,15 @@ fn key(k: u8) -> KeyName {
     KeyName {
         // Rule "other" is not a cluster rule here: never charged.
         rule: if k & 2 == 0 { "flood" } else { "other" }.into(),
+        // Limit 1 of "flood" is not cluster-scoped here either: never charged.
+        limit: (k >> 2) & 1,
         addr: IpAddr::from([198, 18, 0, 1 + (k & 1)]),
     }
+}
+
+/// Whether `k` is of the one cluster-scoped limit here: limit 0 of "flood".
+fn is_cluster(k: &KeyName) -> bool {
+    k.rule == "flood" && k.limit == 0
 }
 
 #[derive(Clone, Default)]
@@ -55,7 +62,7 @@ struct Peer {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let limits = HashMap::from([("flood".to_string(), LIMITS)]);
+    let limits = ClusterLimits::default().with("flood", 0, LIMITS);
     let mut tracker = RemoteTracker::<(u8, u8)>::new(TIMEOUT_NS, LAG_NS);
     let mut peers: [Peer; 3] = Default::default();
     let mut now = S;
@@ -82,7 +89,7 @@ fuzz_target!(|data: &[u8]| {
         if flags & 4 != 0 {
             peer.keys.remove(&name);
         } else {
-            if name.rule == "flood" {
+            if is_cluster(&name) {
                 peer.ever.insert(name.clone());
             }
             let value = u64::from(u16::from_be_bytes([op[5], op[6]]));
@@ -116,8 +123,8 @@ fuzz_target!(|data: &[u8]| {
             .collect();
         let round = tracker.round(now, &views, &limits);
         assert!(
-            round.charges.keys().all(|k| k.rule == "flood"),
-            "a key of a rule that is not a cluster rule was charged: {:?}",
+            round.charges.keys().all(is_cluster),
+            "a key of a rule or limit that is not cluster-scoped was charged: {:?}",
             round.charges
         );
         let infos: HashMap<(u8, u8), _> = tracker.info(now).map(|(id, i)| (*id, i)).collect();

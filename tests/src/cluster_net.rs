@@ -70,6 +70,8 @@ pub struct ClusterNet {
     pub hosts: Vec<ClusterHost>,
     /// The sender's namespace (it owns [`FLOOD`]).
     pub tx: Netns,
+    /// The sender's data link.
+    tx_if: String,
     _sw: Netns,
     keys: PathBuf,
     /// The cluster key file.
@@ -136,6 +138,7 @@ impl ClusterNet {
         Ok(Self {
             hosts,
             tx,
+            tx_if,
             _sw: sw,
             keys,
             key_file,
@@ -146,6 +149,26 @@ impl ClusterNet {
     /// source, gossip on its own link seeded with every host.
     #[must_use]
     pub fn config(&self, i: usize, rate: u64, burst: u64, sync_ms: u64) -> String {
+        self.config_with(
+            i,
+            &format!(
+                r#"[[rule]]
+name = "cluster-flood"
+source = "198.18.0.0/24"
+rate = {rate}
+burst = {burst}
+per = "source"
+scope = "cluster"
+"#
+            ),
+            sync_ms,
+        )
+    }
+
+    /// A host's config with `rules` (TOML `[[rule]]` tables), the limiter on its data link and
+    /// gossip on its own link seeded with every host.
+    #[must_use]
+    pub fn config_with(&self, i: usize, rules: &str, sync_ms: u64) -> String {
         let seeds: Vec<String> = (0..self.hosts.len())
             .filter(|&j| j != i)
             .map(|j| gossip_addr(j).to_string())
@@ -155,14 +178,7 @@ impl ClusterNet {
 interfaces = ["{}"]
 mode = "auto"
 
-[[rule]]
-name = "cluster-flood"
-source = "198.18.0.0/24"
-rate = {rate}
-burst = {burst}
-per = "source"
-scope = "cluster"
-
+{rules}
 [cluster]
 listen = "{}"
 seeds = {seeds:?}
@@ -185,11 +201,21 @@ cluster_id = "e2e-cluster-net"
         sync_ms: u64,
         timeout: Duration,
     ) -> Result<Vec<AgentProcess>> {
+        self.start_agents_with(|i| self.config(i, rate, burst, sync_ms), timeout)
+    }
+
+    /// Starts an agent on every host `i` with the config `config(i)` and waits (up to
+    /// `timeout`) until each counts all the others.
+    pub fn start_agents_with(
+        &self,
+        config: impl Fn(usize) -> String,
+        timeout: Duration,
+    ) -> Result<Vec<AgentProcess>> {
         let n = self.hosts.len();
         let mut agents = Vec::new();
         for (i, h) in self.hosts.iter().enumerate() {
             agents.push(
-                AgentProcess::start(&h.ns, &self.config(i, rate, burst, sync_ms), &[])
+                AgentProcess::start(&h.ns, &config(i), &[])
                     .with_context(|| format!("agent h{i}"))?,
             );
         }
@@ -250,12 +276,32 @@ cluster_id = "e2e-cluster-net"
         schedule: Vec<Split>,
         start: Instant,
     ) -> Result<thread::JoinHandle<Vec<u64>>> {
-        let sock = bind_udp(&self.tx, SocketAddr::new(IpAddr::V4(FLOOD), 0))?;
+        self.flood_from(FLOOD, schedule, start)
+    }
+
+    /// Gives the sender another source address in the data subnet (198.18.0.201-249: above the
+    /// hosts, below [`FLOOD`]), for [`ClusterNet::flood_from`].
+    pub fn add_source(&self, source: Ipv4Addr) -> Result<()> {
+        if !(201..250).contains(&source.octets()[3]) || source.octets()[..3] != [198, 18, 0] {
+            bail!("{source}: a source is 198.18.0.201-249");
+        }
+        add_addr(&self.tx, &self.tx_if, &format!("{source}/24"))
+    }
+
+    /// [`ClusterNet::flood`] from `source` ([`FLOOD`], or an address [`ClusterNet::add_source`]
+    /// gave the sender).
+    pub fn flood_from(
+        &self,
+        source: Ipv4Addr,
+        schedule: Vec<Split>,
+        start: Instant,
+    ) -> Result<thread::JoinHandle<Vec<u64>>> {
+        let sock = bind_udp(&self.tx, SocketAddr::new(IpAddr::V4(source), 0))?;
         let dsts: Vec<SocketAddr> = (0..self.hosts.len())
             .map(|i| SocketAddr::new(IpAddr::V4(data_ip(i)), DATA_PORT))
             .collect();
         Ok(thread::Builder::new()
-            .name("cluster-flood".into())
+            .name(format!("flood-{source}"))
             .spawn(move || send_split(&sock, &dsts, &schedule, start))?)
     }
 }
@@ -397,10 +443,21 @@ pub struct Samples(pub Vec<Sample>);
 impl Samples {
     /// Reads every receiver's count of [`FLOOD`] now.
     pub fn take(&mut self, receivers: &[Receiver], start: Instant) {
+        self.take_of(receivers, start, &[IpAddr::V4(FLOOD)]);
+    }
+
+    /// Reads every receiver's count of the datagrams from `sources` (together) now.
+    pub fn take_of(&mut self, receivers: &[Receiver], start: Instant, sources: &[IpAddr]) {
         let t = start.elapsed().as_secs_f64();
         let counts = receivers
             .iter()
-            .map(|r| r.counts().get(&IpAddr::V4(FLOOD)).copied().unwrap_or(0))
+            .map(|r| {
+                let counts = r.counts();
+                sources
+                    .iter()
+                    .map(|s| counts.get(s).copied().unwrap_or(0))
+                    .sum()
+            })
             .collect();
         self.0.push(Sample { t, counts });
     }
@@ -456,6 +513,18 @@ impl Samples {
         #[expect(clippy::cast_precision_loss, reason = "small counts")]
         let n = (b.counts[h] - a.counts[h]) as f64;
         n / (b.t - a.t)
+    }
+
+    /// Packets host `h` admitted between the samples nearest inside `[t1, t2]` (0 if there are
+    /// none).
+    #[must_use]
+    pub fn packets(&self, h: usize, t1: f64, t2: f64) -> f64 {
+        let (Some(a), Some(b)) = (self.at_or_after(t1), self.at_or_before(t2)) else {
+            return 0.0;
+        };
+        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+        let n = b.counts[h].saturating_sub(a.counts[h]) as f64;
+        n
     }
 
     /// Seconds after `t0` (a change) from which on every `window`-long window ending by `t1`

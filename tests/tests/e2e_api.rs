@@ -230,7 +230,7 @@ fn rules_added_are_enforced_listed_and_written_refused_ones_change_nothing_remov
     // Refused changes: the message names the field, the exit status is non-zero, and the rules
     // in force, the file and the packets stay as they were.
     let file_before = fs::read_to_string(agent.config_path()).unwrap();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (
             &["--name", "dns", "--source", "198.18.0.0/25", "--rate", "5", "--dst-port", "53"],
             "error: rule \"dns\": field `dst_port`: only valid with protocol tcp or udp (this rule has protocol any)",
@@ -242,6 +242,10 @@ fn rules_added_are_enforced_listed_and_written_refused_ones_change_nothing_remov
         (&["--name", "bad", "--source", "198.18.0.0/24", "--rate", "5", "--per", "/40"], "error: rule \"bad\": field `per`: /40 is longer than an IPv4 address"),
         (&["--name", "flood", "--source", "198.18.1.0/24", "--rate", "5"], "error: a rule named \"flood\" already exists"),
         (&["--name", "twin", "--source", "198.18.0.0/24", "--rate", "5"], "both match source 198.18.0.0/24, protocol any: one of them would never apply"),
+        // A cluster budget, on the rule or on one of its limits, in an agent without [cluster]:
+        // the file it would be written to would be invalid.
+        (&["--name", "shared", "--source", "198.18.1.0/24", "--rate", "5", "--scope", "cluster"], "rule \"shared\": field `scope`: scope = \"cluster\" needs a [cluster] table"),
+        (&["--name", "shared", "--source", "198.18.1.0/24", "--rate", "5", "--limit", "per=/28,rate=20", "--limit", "per=rule,rate=50,scope=cluster"], "rule \"shared\" limit 3 ([[rule.limit]] #2): field `scope`: scope = \"cluster\" needs a [cluster] table"),
     ];
     for (args, want) in cases {
         let mut full = vec!["rules", "add"];

@@ -1,7 +1,8 @@
 //! Charging a local bucket for what peers admitted, from user space (the XDP program is not
 //! involved): the bucket's theoretical arrival time moves forward by the cost of the packets and
 //! bytes, so a source whose burst slipped through on every host at once goes into debt here and
-//! is paid back at the rule's rate over the following seconds.
+//! is paid back at the rate over the following seconds. A bucket belongs to one limit of a rule
+//! (its own, or a `[[rule.limit]]`): costs, tolerances and ceilings are that limit's.
 //!
 //! The debt is capped: a charge never moves a TAT past `now + tolerance + peers x allowance`,
 //! where `allowance` is the depth of one peer's allowance ([`Limits::pkt_allowance_ns`]: the
@@ -10,7 +11,7 @@
 //! admits again at most that long (`peers x (burst / rate + lag allowance)`) after the charges
 //! stop.
 
-use ratelimit_common::{bucket_header, rule_flags, Bucket, BucketKey, Rule};
+use ratelimit_common::{bucket_header, rule_flags, Bucket, BucketKey, Limit};
 
 use super::remote::Limits;
 use crate::maps::{
@@ -18,24 +19,24 @@ use crate::maps::{
     MapsError, PinnedMaps,
 };
 
-/// The ceilings of a bucket's packet and byte TATs at `now` with `peers` peers counted and a lag
-/// allowance of `lag_ns`: `now + tolerance + peers x allowance depth`.
+/// The ceilings of the packet and byte TATs of a bucket of limit `limit` at `now` with `peers`
+/// peers counted and a lag allowance of `lag_ns`: `now + tolerance + peers x allowance depth`.
 #[must_use]
-pub fn ceilings(rule: &Rule, peers: u64, lag_ns: u64, now: u64) -> (u64, u64) {
-    let l = Limits::of(rule);
+pub fn ceilings(limit: &Limit, peers: u64, lag_ns: u64, now: u64) -> (u64, u64) {
+    let l = Limits::of(limit);
     let ceiling = |tolerance: u64, depth: u64| {
         now.saturating_add(tolerance)
             .saturating_add(peers.saturating_mul(depth))
     };
     (
-        ceiling(rule.pkt_tolerance_ns, l.pkt_allowance_ns(lag_ns)),
-        ceiling(rule.byte_tolerance_ns, l.byte_allowance_ns(lag_ns)),
+        ceiling(limit.pkt_tolerance_ns, l.pkt_allowance_ns(lag_ns)),
+        ceiling(limit.byte_tolerance_ns, l.byte_allowance_ns(lag_ns)),
     )
 }
 
-/// The TAT costs (packets, bytes) of `pkts` packets and `bytes` bytes under `rule`.
+/// The TAT costs (packets, bytes) of `pkts` packets and `bytes` bytes under `rule` (one limit).
 #[must_use]
-pub fn costs(rule: &Rule, pkts: u64, bytes: u64) -> (u64, u64) {
+pub fn costs(rule: &Limit, pkts: u64, bytes: u64) -> (u64, u64) {
     let pkt = if rule.flags & rule_flags::PKT_LIMIT != 0 {
         pkts.saturating_mul(rule.pkt_interval_ns)
     } else {
@@ -55,7 +56,7 @@ pub fn costs(rule: &Rule, pkts: u64, bytes: u64) -> (u64, u64) {
 /// to `ceilings` (packet, byte; see [`ceilings`]). Whether a ceiling cut a cost short.
 pub fn apply(
     b: &mut Bucket,
-    rule: &Rule,
+    rule: &Limit,
     pkts: u64,
     bytes: u64,
     now: u64,
@@ -76,7 +77,7 @@ pub fn apply(
     capped
 }
 
-/// Charges the bucket under `key` in place in the bucket store, with the XDP program's
+/// Charges the bucket under `key` (of limit `rule`) in place in the bucket store, with the XDP program's
 /// compare-and-swap (no packet admitted meanwhile is lost from the TAT), creating it (as the
 /// program would, a full bucket, in the record the program would choose) if the source has not
 /// been seen here. `coarse_now` is `CLOCK_MONOTONIC_COARSE`, which judges what eviction loses.
@@ -89,7 +90,7 @@ pub fn apply(
 pub fn charge(
     maps: &PinnedMaps,
     key: &BucketKey,
-    rule: &Rule,
+    rule: &Limit,
     pkts: u64,
     bytes: u64,
     now: u64,
@@ -157,13 +158,13 @@ mod tests {
 
     #[test]
     fn charges_advance_from_now_and_go_into_debt() {
-        let rule = Rule {
+        let rule = Limit {
             flags: rule_flags::PKT_LIMIT | rule_flags::BYTE_LIMIT,
             pkt_interval_ns: MS,
             pkt_tolerance_ns: 500 * MS,
             byte_interval_fp: 1 << 16, // 1 ns per byte
             byte_tolerance_ns: 1000,
-            ..Rule::default()
+            ..Limit::default()
         };
         let now = 1_000_000 * MS;
         // An idle bucket (TAT in the past) is charged from now.
@@ -182,10 +183,10 @@ mod tests {
         let mut b2 = Bucket::default();
         apply(
             &mut b2,
-            &Rule {
+            &Limit {
                 flags: rule_flags::BYTE_LIMIT,
                 byte_interval_fp: 1 << 16,
-                ..Rule::default()
+                ..Limit::default()
             },
             10,
             10,
@@ -196,7 +197,7 @@ mod tests {
     }
 
     /// The XDP program's packet check: conforms if the TAT after it is within the tolerance.
-    fn admit(b: &mut Bucket, rule: &Rule, now: u64) -> bool {
+    fn admit(b: &mut Bucket, rule: &Limit, now: u64) -> bool {
         let new = b.tat_ns.max(now) + rule.pkt_interval_ns;
         if new - now > rule.pkt_tolerance_ns {
             return false;
@@ -212,26 +213,25 @@ mod tests {
     /// inside one 3 s peer timeout), at its full rate.
     #[test]
     fn an_inflating_peer_leaves_a_bounded_debt_that_is_repaid_within_a_peer_timeout() {
-        use std::collections::HashMap;
-
         use crate::cluster::{
             publish::{Count, KeyName},
-            remote::{lag_allowance_ns, PeerView, RemoteTracker},
+            remote::{lag_allowance_ns, ClusterLimits, PeerView, RemoteTracker},
         };
 
         const S: u64 = 1_000_000_000;
-        let rule = Rule {
+        let rule = Limit {
             flags: rule_flags::PKT_LIMIT,
             pkt_interval_ns: MS,        // 1000 pps
             pkt_tolerance_ns: 500 * MS, // burst 500
-            ..Rule::default()
+            ..Limit::default()
         };
         let interval = 100 * MS;
         let lag = lag_allowance_ns(interval);
         let timeout = 3 * S;
-        let limits = HashMap::from([("flood".to_string(), Limits::of(&rule))]);
+        let limits = ClusterLimits::default().with("flood", 0, Limits::of(&rule));
         let name = KeyName {
             rule: "flood".into(),
+            limit: 0,
             addr: std::net::IpAddr::from([198, 18, 0, 100]),
         };
         let view = |hb: u64, pkts: u64| PeerView {
@@ -300,11 +300,11 @@ mod tests {
     /// The ceiling holds whatever a charge asks, never moves a TAT back, and is reported.
     #[test]
     fn charges_stop_at_the_ceiling() {
-        let rule = Rule {
+        let rule = Limit {
             flags: rule_flags::PKT_LIMIT,
             pkt_interval_ns: MS,
             pkt_tolerance_ns: 500 * MS,
-            ..Rule::default()
+            ..Limit::default()
         };
         let now = 1_000_000 * MS;
         // Two peers, 300 ms of lag: 500 ms + 2 x 800 ms.
@@ -320,5 +320,76 @@ mod tests {
             advance_tat(now + 5 * MS, now, 10 * MS, now),
             (now + 5 * MS, true)
         );
+    }
+
+    /// Two limits of one rule charged for the same peer report: each bucket moves by its own
+    /// limit's cost and stops at its own limit's ceiling (tolerance and allowance depth).
+    #[test]
+    fn each_limit_is_charged_and_capped_by_its_own_rates() {
+        let rule = {
+            let mut r = ratelimit_common::Rule::default();
+            // Limit 0: 1000 pps, burst 500; limit 1: 10,000 pps, burst 2,000.
+            r.set_limit(
+                0,
+                Limit {
+                    flags: rule_flags::PKT_LIMIT,
+                    pkt_interval_ns: MS,
+                    pkt_tolerance_ns: 500 * MS,
+                    ..Limit::default()
+                },
+            );
+            r.set_limit(
+                1,
+                Limit {
+                    flags: rule_flags::PKT_LIMIT | rule_flags::CLUSTER,
+                    pkt_interval_ns: MS / 10,
+                    pkt_tolerance_ns: 200 * MS,
+                    ..Limit::default()
+                },
+            );
+            r
+        };
+        let (own, agg) = (rule.limit(0).unwrap(), rule.limit(1).unwrap());
+        let now = 1_000_000 * MS;
+        let lag = 300 * MS;
+        // One peer: 500 ms + 800 ms for limit 0, 200 ms + 500 ms for limit 1.
+        assert_eq!(ceilings(&own, 1, lag, now).0, now + 1300 * MS);
+        assert_eq!(ceilings(&agg, 1, lag, now).0, now + 700 * MS);
+        let (mut b0, mut b1) = (Bucket::default(), Bucket::default());
+        assert!(!apply(
+            &mut b0,
+            &own,
+            1000,
+            0,
+            now,
+            ceilings(&own, 1, lag, now)
+        ));
+        assert!(!apply(
+            &mut b1,
+            &agg,
+            1000,
+            0,
+            now,
+            ceilings(&agg, 1, lag, now)
+        ));
+        assert_eq!((b0.tat_ns, b1.tat_ns), (now + 1000 * MS, now + 100 * MS));
+        // 10,000 more packets: limit 0 stops at its ceiling, limit 1 at its own.
+        assert!(apply(
+            &mut b0,
+            &own,
+            10_000,
+            0,
+            now,
+            ceilings(&own, 1, lag, now)
+        ));
+        assert!(apply(
+            &mut b1,
+            &agg,
+            10_000,
+            0,
+            now,
+            ceilings(&agg, 1, lag, now)
+        ));
+        assert_eq!((b0.tat_ns, b1.tat_ns), (now + 1300 * MS, now + 700 * MS));
     }
 }

@@ -167,6 +167,7 @@ mod tests {
     fn key() -> KeyName {
         KeyName {
             rule: "r".into(),
+            limit: 0,
             addr: IpAddr::from([198, 18, 0, 100]),
         }
     }

@@ -1,5 +1,6 @@
-//! What this host tells its peers: for the heaviest keys of cluster-scoped rules, the packets and
-//! bytes it admitted since it started publishing the key, as cumulative counters.
+//! What this host tells its peers: for the heaviest keys of cluster-scoped limits (a rule's own
+//! limit or any of its `[[rule.limit]]`s), the packets and bytes it admitted since it started
+//! publishing the key, as cumulative counters.
 //!
 //! The counters come from the buckets' own `passed_pkts`/`passed_bytes`, which the XDP program
 //! keeps per bucket. A bucket can vanish (evicted) and come back with counters from zero; a
@@ -13,17 +14,27 @@
 
 use std::{collections::HashMap, net::IpAddr};
 
-/// A key of a cluster-scoped rule: the rule's name (ids differ between hosts) and the source
-/// masked to the rule's granularity.
+/// A key of a cluster-scoped limit: the rule's name (ids differ between hosts), the index of the
+/// limit among the rule's (0: its own rate/burst/per, then its `[[rule.limit]]`s in order; each
+/// limit has buckets of its own and is cluster- or local-scoped on its own), and the source
+/// masked to that limit's granularity.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KeyName {
     /// Rule name.
     pub rule: String,
+    /// Index of the limit (0: the rule's own; below [`ratelimit_common::MAX_LIMITS`]).
+    pub limit: u8,
     /// Masked source address.
     pub addr: IpAddr,
 }
 
-/// Prefix of the chitchat keys that carry consumption: `c/RULE/ADDR`.
+/// Prefix of the chitchat keys that carry consumption: `c/RULE/ADDR` for a rule's own limit,
+/// `c/RULE/K/ADDR` for its limit `K` (1..=3, a `[[rule.limit]]`).
+///
+/// A rule's own limit keeps the form agents before per-limit scope published, so keys of such a
+/// peer are read as limit 0, which is all they ever published. Such an agent reads `c/RULE/K/ADDR`
+/// as a rule named `RULE/K`, which no rule can be (a name has no `/`): ignored, never charged to
+/// another rule's bucket. The sealed datagram format is unchanged (`RLC3`).
 pub const KEY_PREFIX: &str = "c/";
 /// The chitchat key carrying `SEQ:UNIX_MS:NEXT_EPOCH`, written last in every sync.
 pub const SYNC_KEY: &str = "s";
@@ -32,20 +43,38 @@ impl KeyName {
     /// The chitchat key.
     #[must_use]
     pub fn to_key(&self) -> String {
-        format!("{KEY_PREFIX}{}/{}", self.rule, self.addr)
+        if self.limit == 0 {
+            format!("{KEY_PREFIX}{}/{}", self.rule, self.addr)
+        } else {
+            format!("{KEY_PREFIX}{}/{}/{}", self.rule, self.limit, self.addr)
+        }
     }
 
-    /// Parses a chitchat key.
+    /// Parses a chitchat key. Only the form [`KeyName::to_key`] writes is accepted (a limit
+    /// index written `0` or `01`, an address not in its canonical form are refused), so no two
+    /// keys of one peer name the same bucket.
     #[must_use]
     pub fn parse(key: &str) -> Option<Self> {
-        let (rule, addr) = key.strip_prefix(KEY_PREFIX)?.rsplit_once('/')?;
+        let (head, addr) = key.strip_prefix(KEY_PREFIX)?.rsplit_once('/')?;
+        let (rule, limit) = match head.split_once('/') {
+            None => (head, 0),
+            Some((rule, k)) => {
+                let k: u8 = k.parse().ok()?;
+                if k == 0 || usize::from(k) >= ratelimit_common::MAX_LIMITS {
+                    return None;
+                }
+                (rule, k)
+            }
+        };
         if rule.is_empty() || rule.len() > ratelimit_common::MAX_RULE_NAME {
             return None;
         }
-        Some(Self {
+        let name = Self {
             rule: rule.to_string(),
+            limit,
             addr: addr.parse().ok()?,
-        })
+        };
+        (name.to_key() == key).then_some(name)
     }
 }
 
@@ -391,6 +420,7 @@ mod tests {
     fn name(i: u8) -> KeyName {
         KeyName {
             rule: "flood".into(),
+            limit: 0,
             addr: IpAddr::from([198, 18, 0, i]),
         }
     }
@@ -407,6 +437,7 @@ mod tests {
     fn key_and_value_round_trip() {
         let k = KeyName {
             rule: "dns.v6".into(),
+            limit: 0,
             addr: "2001:db8::1".parse().unwrap(),
         };
         assert_eq!(KeyName::parse(&k.to_key()), Some(k));
@@ -420,6 +451,99 @@ mod tests {
         assert_eq!(Count::parse(&c.to_value()), Some(c));
         assert_eq!(Count::parse("1:2"), None);
         assert_eq!(Count::parse("1:2:3:4"), None);
+    }
+
+    /// Each limit of a rule has keys of its own: the rule's own limit keeps the form older agents
+    /// publish (read as limit 0), a `[[rule.limit]]` carries its index; only the form `to_key`
+    /// writes is read, so no two keys name one bucket.
+    #[test]
+    fn keys_of_several_limits_are_distinct_and_old_keys_are_limit_0() {
+        let of = |limit: u8, addr: &str| KeyName {
+            rule: "web".into(),
+            limit,
+            addr: addr.parse().unwrap(),
+        };
+        let keys = [
+            of(0, "198.18.0.7"),
+            of(1, "198.18.0.0"),
+            of(2, "0.0.0.0"),
+            of(3, "::"),
+            of(1, "2001:db8::"),
+        ];
+        let texts: Vec<String> = keys.iter().map(KeyName::to_key).collect();
+        assert_eq!(
+            texts,
+            [
+                "c/web/198.18.0.7",
+                "c/web/1/198.18.0.0",
+                "c/web/2/0.0.0.0",
+                "c/web/3/::",
+                "c/web/1/2001:db8::"
+            ]
+        );
+        for (k, t) in keys.iter().zip(&texts) {
+            assert_eq!(KeyName::parse(t).as_ref(), Some(k), "{t}");
+        }
+        // The same rule and address under two limits: two keys.
+        assert_ne!(of(0, "0.0.0.0").to_key(), of(1, "0.0.0.0").to_key());
+        // A key as an agent without per-limit scope publishes it: the rule's own limit.
+        assert_eq!(KeyName::parse("c/web/0.0.0.0"), Some(of(0, "0.0.0.0")));
+        // Not the canonical form, or no such limit: refused.
+        for bad in [
+            "c/web/0/0.0.0.0",
+            "c/web/01/0.0.0.0",
+            "c/web/4/0.0.0.0",
+            "c/web/255/0.0.0.0",
+            "c/web/-1/0.0.0.0",
+            "c/web//0.0.0.0",
+            "c//1/0.0.0.0",
+            "c/web/1/2/0.0.0.0",
+            "c/web/1/2001:DB8::",
+            "c/web/2001:0db8::1",
+            "c/web/1/",
+        ] {
+            assert_eq!(KeyName::parse(bad), None, "{bad}");
+        }
+    }
+
+    /// Buckets of two limits of one rule are published, counted and retired apart.
+    #[test]
+    fn buckets_of_two_limits_are_published_apart() {
+        let start = 10 * S;
+        let mut t = LocalTracker::new(10, start);
+        let (own, agg) = (
+            name(1),
+            KeyName {
+                rule: "flood".into(),
+                limit: 1,
+                addr: IpAddr::from([0, 0, 0, 0]),
+            },
+        );
+        let born = start + S / 2;
+        t.update(
+            start + S,
+            &HashMap::from([(own.clone(), obs(born, 50)), (agg.clone(), obs(born, 400))]),
+            true,
+        );
+        let (mut set, _) = t.changes();
+        set.sort();
+        assert_eq!(
+            set,
+            vec![
+                ("c/flood/1/0.0.0.0".to_string(), "1:400:40000".to_string()),
+                ("c/flood/198.18.0.1".to_string(), "2:50:5000".to_string()),
+            ]
+        );
+        // Only the aggregate moves: only its key is sent.
+        t.update(
+            start + 2 * S,
+            &HashMap::from([(own.clone(), obs(born, 50)), (agg.clone(), obs(born, 900))]),
+            false,
+        );
+        assert_eq!(
+            t.changes().0,
+            vec![("c/flood/1/0.0.0.0".to_string(), "1:900:90000".to_string())]
+        );
     }
 
     #[test]

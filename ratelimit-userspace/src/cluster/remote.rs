@@ -14,14 +14,15 @@
 //!
 //! # Bounded trust
 //! A peer holding the cluster key could report anything. What it can make this host charge is
-//! bounded by what its own bucket could have admitted: per peer incarnation and key, this keeps
-//! an *allowance*, a token bucket of the rule's rate whose depth is the rule's burst plus
-//! [`lag_allowance_ns`] (reports arrive with jitter) and whose time is this host's clock. A
-//! round charges at most what the allowance holds; the rest is dropped (clamped), counted and
-//! logged once per peer. So over any span `t`, one peer incarnation makes this host charge a
-//! key at most `burst + rate x (t + lag allowance)`, and never faster than the rule's rate once
-//! that depth is spent. The allowance outlives the key (a peer cannot refill it by withdrawing
-//! and republishing a key).
+//! bounded by what its own bucket could have admitted: per peer incarnation and key (one bucket
+//! of one limit: a rule's own limit and each of its `[[rule.limit]]`s have keys of their own),
+//! this keeps an *allowance*, a token bucket of that limit's rate whose depth is the limit's
+//! burst plus [`lag_allowance_ns`] (reports arrive with jitter) and whose time is this host's
+//! clock. A round charges at most what the allowance holds; the rest is dropped (clamped),
+//! counted and logged once per peer. So over any span `t`, one peer incarnation makes this host
+//! charge a key at most `burst + rate x (t + lag allowance)` of its limit, and never faster than
+//! that limit's rate once that depth is spent. The allowance outlives the key (a peer cannot
+//! refill it by withdrawing and republishing a key).
 
 use std::{collections::HashMap, hash::Hash};
 
@@ -45,7 +46,8 @@ pub struct PeerView<P> {
     pub keys: Vec<(KeyName, Count)>,
 }
 
-/// The local rule a remote key is charged to, as far as limits go.
+/// The local limit a remote key is charged to (one limit of a rule: its own or a
+/// `[[rule.limit]]`), as far as rates go.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
     /// Nanoseconds of TAT per packet (0: no packet limit).
@@ -59,17 +61,18 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// The limits of `rule` (a zero interval for a limit the rule does not set).
+    /// The rates of limit `l` (a zero interval for a rate the limit does not set); a rule's limit
+    /// `k` is [`ratelimit_common::Rule::limit`]`(k)`.
     #[must_use]
-    pub fn of(r: &ratelimit_common::Rule) -> Self {
+    pub fn of(l: &ratelimit_common::Limit) -> Self {
         use ratelimit_common::rule_flags;
-        let pkt = r.flags & rule_flags::PKT_LIMIT != 0;
-        let byte = r.flags & rule_flags::BYTE_LIMIT != 0;
+        let pkt = l.flags & rule_flags::PKT_LIMIT != 0;
+        let byte = l.flags & rule_flags::BYTE_LIMIT != 0;
         Self {
-            pkt_interval_ns: if pkt { r.pkt_interval_ns } else { 0 },
-            pkt_tolerance_ns: r.pkt_tolerance_ns,
-            byte_interval_fp: if byte { r.byte_interval_fp } else { 0 },
-            byte_tolerance_ns: r.byte_tolerance_ns,
+            pkt_interval_ns: if pkt { l.pkt_interval_ns } else { 0 },
+            pkt_tolerance_ns: l.pkt_tolerance_ns,
+            byte_interval_fp: if byte { l.byte_interval_fp } else { 0 },
+            byte_tolerance_ns: l.byte_tolerance_ns,
         }
     }
 
@@ -96,6 +99,49 @@ impl Limits {
 /// The largest packet the byte allowance makes room for beyond the burst (an XDP frame is at most
 /// one page without multi-buffer; 64 KiB covers multi-buffer frames too).
 pub const MAX_PACKET_BYTES: u64 = 65_536;
+
+/// The cluster-scoped limits here, by rule name and limit index: the keys a peer's consumption is
+/// charged to. A key of a rule, or of a limit of it, that is not cluster-scoped here is not
+/// charged.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterLimits(HashMap<String, [Option<Limits>; ratelimit_common::MAX_LIMITS]>);
+
+impl ClusterLimits {
+    /// Marks limit `limit` of rule `rule` cluster-scoped, with rates `l` (an index past
+    /// [`ratelimit_common::MAX_LIMITS`] is ignored).
+    pub fn insert(&mut self, rule: &str, limit: u8, l: Limits) {
+        if let Some(slot) = self
+            .0
+            .entry(rule.to_string())
+            .or_default()
+            .get_mut(usize::from(limit))
+        {
+            *slot = Some(l);
+        }
+    }
+
+    /// [`ClusterLimits::insert`], chained.
+    #[must_use]
+    pub fn with(mut self, rule: &str, limit: u8, l: Limits) -> Self {
+        self.insert(rule, limit, l);
+        self
+    }
+
+    /// The limit `name` is charged to, if it is cluster-scoped here.
+    #[must_use]
+    pub fn get(&self, name: &KeyName) -> Option<&Limits> {
+        self.0
+            .get(&name.rule)?
+            .get(usize::from(name.limit))?
+            .as_ref()
+    }
+
+    /// Whether no limit is cluster-scoped here.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.values().all(|l| l.iter().all(Option::is_none))
+    }
+}
 
 /// How much report jitter the allowance absorbs: this many sync intervals of the rule's rate.
 pub const LAG_ROUNDS: u64 = 3;
@@ -203,14 +249,9 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
     }
 
     /// Folds in the peers as read at `now` (`CLOCK_MONOTONIC` ns); `limits` gives the local
-    /// cluster-scoped rules by name (keys of other rules are not charged). Peers no longer in
-    /// `views` are forgotten.
-    pub fn round(
-        &mut self,
-        now: u64,
-        views: &[PeerView<P>],
-        limits: &HashMap<String, Limits>,
-    ) -> Round {
+    /// cluster-scoped limits by rule name and index (keys of other rules and limits are not
+    /// charged). Peers no longer in `views` are forgotten.
+    pub fn round(&mut self, now: u64, views: &[PeerView<P>], limits: &ClusterLimits) -> Round {
         let mut round = Round::default();
         self.peers.retain(|id, _| views.iter().any(|v| v.id == *id));
         for view in views {
@@ -316,7 +357,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                     applied.count.bytes = applied.count.bytes.max(a.count.bytes);
                 }
                 if dp > 0 || db > 0 {
-                    if let Some(l) = limits.get(&name.rule) {
+                    if let Some(l) = limits.get(name) {
                         let allowance = track.allowance.entry(name.clone()).or_default();
                         let (cp, cb) = (dp, db);
                         let (dp, db, clamped) = clamp(l, allowance, dp, db, now, self.lag_ns);
@@ -328,6 +369,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                                 tracing::warn!(
                                     peer = ?view.id,
                                     rule = %name.rule,
+                                    limit = name.limit,
                                     addr = %name.addr,
                                     claimed_pkts = cp,
                                     claimed_bytes = cb,
@@ -431,21 +473,21 @@ mod tests {
     fn name() -> KeyName {
         KeyName {
             rule: "flood".into(),
+            limit: 0,
             addr: IpAddr::from([198, 18, 0, 100]),
         }
     }
 
-    fn limits() -> HashMap<String, Limits> {
-        // 1000 pps, burst 500.
-        HashMap::from([(
-            "flood".to_string(),
-            Limits {
-                pkt_interval_ns: MS,
-                pkt_tolerance_ns: 500 * MS,
-                byte_interval_fp: 0,
-                byte_tolerance_ns: 0,
-            },
-        )])
+    /// 1000 pps, burst 500.
+    const FLOOD: Limits = Limits {
+        pkt_interval_ns: MS,
+        pkt_tolerance_ns: 500 * MS,
+        byte_interval_fp: 0,
+        byte_tolerance_ns: 0,
+    };
+
+    fn limits() -> ClusterLimits {
+        ClusterLimits::default().with("flood", 0, FLOOD)
     }
 
     fn view(id: &str, hb: u64, epoch_next: u64, counts: &[(u64, u64)]) -> PeerView<String> {
@@ -649,6 +691,7 @@ mod tests {
         other.keys.push((
             KeyName {
                 rule: "other".into(),
+                limit: 0,
                 addr: IpAddr::from([1, 2, 3, 4]),
             },
             Count {
@@ -706,6 +749,7 @@ mod tests {
         // Two clamped keys in one round count twice.
         let other = KeyName {
             rule: "flood".into(),
+            limit: 0,
             addr: IpAddr::from([198, 18, 0, 200]),
         };
         let mut big = view("a", 6, 2, &[(2, 10_000_000)]);
@@ -757,15 +801,16 @@ mod tests {
     #[test]
     fn byte_gains_are_clamped_like_packets_and_the_limit_itself_is_not() {
         // 1000 pps, burst 500; 1 MB/s (1000 ns a byte, 48.16 fixed point), burst 64 KiB.
-        let l = HashMap::from([(
-            "flood".to_string(),
+        let l = ClusterLimits::default().with(
+            "flood",
+            0,
             Limits {
                 pkt_interval_ns: MS,
                 pkt_tolerance_ns: 500 * MS,
                 byte_interval_fp: 1000 << 16,
                 byte_tolerance_ns: 65_536 * 1000,
             },
-        )]);
+        );
         // Allowance depths: 500 packets + 300 ms of rate; 64 KiB + one 64 KiB packet + 300 ms.
         let (depth_pkts, depth_bytes) = (800, 431_072);
         let key = |pkts, bytes| {
@@ -865,5 +910,71 @@ mod tests {
         let r = t.round(300 * MS, &[view("evil", 4, 4, &[(3, 1_000_000)])], &l);
         assert_eq!(charged(&r), 200);
         assert_eq!(r.clamped, 1);
+    }
+
+    /// Two limits of one rule, both cluster-scoped, and a third that is local here: a peer's keys
+    /// of each cluster limit are charged to that limit, each clamped to that limit's own
+    /// allowance (a peer spending one limit's allowance leaves the other's whole); a key of the
+    /// local limit, or of a limit the rule does not have, is not charged.
+    #[test]
+    fn each_limit_of_a_rule_is_charged_and_clamped_on_its_own() {
+        let key = |limit: u8, addr: [u8; 4]| KeyName {
+            rule: "flood".into(),
+            limit,
+            addr: IpAddr::from(addr),
+        };
+        let (own, agg, local, none) = (
+            key(0, [198, 18, 0, 100]),
+            key(1, [0, 0, 0, 0]),
+            key(2, [198, 18, 0, 0]),
+            key(3, [0, 0, 0, 0]),
+        );
+        // Limit 1: 10,000 pps, burst 2,000.
+        let aggregate = Limits {
+            pkt_interval_ns: 100_000,
+            pkt_tolerance_ns: 200 * MS,
+            byte_interval_fp: 0,
+            byte_tolerance_ns: 0,
+        };
+        let l = limits().with("flood", 1, aggregate);
+        let at = |hb: u64, pkts: [u64; 4]| {
+            let mut v = view("a", hb, 2, &[]);
+            for (k, p) in [&own, &agg, &local, &none].into_iter().zip(pkts) {
+                v.keys.push((
+                    k.clone(),
+                    Count {
+                        epoch: 2,
+                        pkts: p,
+                        bytes: 0,
+                    },
+                ));
+            }
+            v
+        };
+        let mut t = RemoteTracker::new(3 * S, LAG);
+        t.round(0, &[at(1, [0; 4])], &l);
+        let r = t.round(100 * MS, &[at(2, [300, 5_000, 7, 9])], &l);
+        assert_eq!(r.charges.get(&own), Some(&(300, 0)));
+        assert_eq!(r.charges.get(&agg), Some(&(5_000, 0)));
+        assert_eq!(r.charges.len(), 2, "{:?}", r.charges);
+        assert_eq!(r.clamped, 0);
+        // Claims past both allowances: each cut to its own limit's, the limit-0 one (depth 800
+        // packets, 300 spent 100 ms ago, 100 back since) and the aggregate's (depth 2,000 + 300 ms
+        // at 10,000/s = 5,000 packets; 5,000 spent 100 ms ago, 1,000 back since).
+        let r = t.round(200 * MS, &[at(3, [1_000_000, 1_000_000, 1_000_000, 9])], &l);
+        assert_eq!(r.charges.get(&own), Some(&(600, 0)));
+        assert_eq!(r.charges.get(&agg), Some(&(1_000, 0)));
+        assert_eq!(r.clamped, 2);
+        // The rule's own limit made local here: its keys are no longer charged, the aggregate's
+        // still are.
+        let only_agg = ClusterLimits::default().with("flood", 1, aggregate);
+        let r = t.round(
+            300 * MS,
+            &[at(4, [1_000_100, 1_000_100, 1_000_100, 9])],
+            &only_agg,
+        );
+        assert_eq!(r.charges.get(&own), None);
+        assert_eq!(r.charges.get(&agg), Some(&(100, 0)));
+        assert!(!only_agg.is_empty() && ClusterLimits::default().is_empty());
     }
 }

@@ -1,5 +1,5 @@
-//! The sync round, every `sync_interval_ms`: read the local buckets of cluster-scoped rules and
-//! publish the heaviest keys' counters; read the peers' counters from chitchat; charge the local
+//! The sync round, every `sync_interval_ms`: read the local buckets of cluster-scoped limits (a
+//! rule's own or a `[[rule.limit]]`, each on its own) and publish the heaviest keys' counters; read the peers' counters from chitchat; charge the local
 //! buckets for what the peers admitted since the last round; refresh the status.
 
 use std::{
@@ -10,7 +10,7 @@ use std::{
 };
 
 use chitchat::ChitchatId;
-use ratelimit_common::{action, rule_flags, Rule};
+use ratelimit_common::{action, rule_flags, Limit, Rule};
 
 use super::{
     charge,
@@ -19,7 +19,7 @@ use super::{
     publish::{
         candidate_rate, BucketObs, Count, Heaviest, KeyName, LocalTracker, KEY_PREFIX, SYNC_KEY,
     },
-    remote::{Limits, PeerView, RemoteTracker, Round},
+    remote::{ClusterLimits, Limits, PeerView, RemoteTracker, Round},
     status::{Counters, PeerStatus, Shared},
 };
 use tokio::sync::watch;
@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use crate::{
     compile::CompiledRuleSet,
     maps::{
-        bucket::{bucket_addr, bucket_key, monotonic_coarse_ns, monotonic_ns},
+        bucket::{bucket_addr, limit_bucket_key, monotonic_coarse_ns, monotonic_ns},
         PinnedMaps,
     },
 };
@@ -35,7 +35,9 @@ use crate::{
 /// Most peer incarnations read per round; more are ignored (and their keys counted as dropped).
 pub const MAX_PEERS: usize = 64;
 
-/// The cluster-scoped limit rules in force here, by name.
+/// The limit rules in force here with at least one cluster-scoped limit (their own, or a
+/// `[[rule.limit]]`), by name; only the buckets of their cluster-scoped limits are published
+/// and charged.
 #[derive(Clone, Debug, Default)]
 pub struct ClusterRules {
     by_name: HashMap<String, (u32, Rule)>,
@@ -43,12 +45,12 @@ pub struct ClusterRules {
 }
 
 impl ClusterRules {
-    /// The cluster-scoped limit rules of `set`.
+    /// The rules of `set` with a cluster-scoped limit.
     #[must_use]
     pub fn of(set: &CompiledRuleSet) -> Self {
         let mut rules = Self::default();
         for r in &set.rules {
-            if r.rule.flags & rule_flags::CLUSTER != 0 && r.rule.action == action::LIMIT {
+            if r.rule.action == action::LIMIT && cluster_limits(&r.rule).next().is_some() {
                 rules.by_name.insert(r.name.clone(), (r.id, r.rule));
                 rules.by_id.insert(r.id, r.name.clone());
             }
@@ -56,12 +58,46 @@ impl ClusterRules {
         rules
     }
 
-    fn limits(&self) -> HashMap<String, Limits> {
-        self.by_name
-            .iter()
-            .map(|(name, (_, r))| (name.clone(), Limits::of(r)))
-            .collect()
+    /// Every cluster-scoped limit, by rule name and index.
+    #[must_use]
+    pub fn limits(&self) -> ClusterLimits {
+        let mut out = ClusterLimits::default();
+        for (name, (_, r)) in &self.by_name {
+            for (k, l) in cluster_limits(r) {
+                out.insert(name, k, Limits::of(&l));
+            }
+        }
+        out
     }
+
+    /// The rule (id and record) and limit `name` stands for, if that limit is cluster-scoped.
+    fn limit_of(&self, name: &KeyName) -> Option<(u32, &Rule, Limit)> {
+        let (id, rule) = self.by_name.get(&name.rule)?;
+        let l = rule.limit(usize::from(name.limit))?;
+        (l.flags & rule_flags::CLUSTER != 0).then_some((*id, rule, l))
+    }
+
+    /// The key of the bucket `b` under its rule's name, if that bucket belongs to a
+    /// cluster-scoped limit.
+    fn key_of(&self, b: &ratelimit_common::Bucket) -> Option<KeyName> {
+        let (id, limit) = ratelimit_common::split_bucket_rule(u32::from(b.rule));
+        let name = self.by_id.get(&id)?;
+        let (_, rule) = self.by_name.get(name)?;
+        let l = rule.limit(limit)?;
+        (l.flags & rule_flags::CLUSTER != 0).then(|| KeyName {
+            rule: name.clone(),
+            limit: u8::try_from(limit).unwrap_or(u8::MAX),
+            addr: bucket_addr(&b.key()),
+        })
+    }
+}
+
+/// The cluster-scoped limits of `rule`, with their indices.
+fn cluster_limits(rule: &Rule) -> impl Iterator<Item = (u8, Limit)> + '_ {
+    (0..rule.limits()).filter_map(|k| {
+        let l = rule.limit(k)?;
+        (l.flags & rule_flags::CLUSTER != 0).then(|| (u8::try_from(k).unwrap_or(u8::MAX), l))
+    })
 }
 
 /// Everything the sync loop owns.
@@ -307,12 +343,8 @@ impl Blocking {
             // are kept (all `select` can take), whatever the size of the store.
             let mut heaviest = Heaviest::new(self.local.max_keys());
             let scan = self.maps.for_each_bucket(|_, b| {
-                let Some(name) = rules.by_id.get(&u32::from(b.rule)) else {
+                let Some(key) = rules.key_of(b) else {
                     return;
-                };
-                let key = KeyName {
-                    rule: name.clone(),
-                    addr: bucket_addr(&b.key()),
                 };
                 if self.local.is_published(&key) {
                     seen.insert(key, obs(b));
@@ -331,10 +363,11 @@ impl Blocking {
             self.next_full_ns = now.saturating_add(interval_ns.max(took.saturating_mul(10)));
         } else {
             for name in self.local.keys() {
-                let Some((id, rule)) = rules.by_name.get(&name.rule) else {
+                let Some((id, rule, _)) = rules.limit_of(name) else {
                     continue;
                 };
-                if let Ok(Some(b)) = self.maps.bucket(&bucket_key(*id, rule, name.addr)) {
+                let key = limit_bucket_key(id, rule, usize::from(name.limit), name.addr);
+                if let Ok(Some(b)) = self.maps.bucket(&key) {
                     seen.insert(name.clone(), obs(&b));
                 }
             }
@@ -366,15 +399,15 @@ impl Blocking {
         let (mut pkts, mut bytes, mut errors, mut capped) = (0, 0, 0, 0);
         let now = monotonic_ns();
         for (name, &(p, b)) in &round.charges {
-            let Some((id, rule)) = rules.by_name.get(&name.rule) else {
+            let Some((id, rule, limit)) = rules.limit_of(name) else {
                 continue;
             };
-            let key = bucket_key(*id, rule, name.addr);
-            let ceilings = charge::ceilings(rule, round.counted_peers + missing, lag_ns, now);
+            let key = limit_bucket_key(id, rule, usize::from(name.limit), name.addr);
+            let ceilings = charge::ceilings(&limit, round.counted_peers + missing, lag_ns, now);
             match charge::charge(
                 &self.maps,
                 &key,
-                rule,
+                &limit,
                 p,
                 b,
                 now,
@@ -388,7 +421,7 @@ impl Blocking {
                 }
                 Err(e) => {
                     errors += 1;
-                    tracing::debug!(error = %e, rule = %name.rule, addr = %name.addr, "cluster sync: charging a bucket");
+                    tracing::debug!(error = %e, rule = %name.rule, limit = name.limit, addr = %name.addr, "cluster sync: charging a bucket");
                 }
             }
         }
@@ -748,6 +781,64 @@ mod tests {
             (s[200], s[202]),
             (Standing::Superseded, Standing::Candidate)
         );
+    }
+
+    /// Only the cluster-scoped limits of a rule are published and charged, each its own
+    /// bucket: a rule whose own limit is local and whose aggregate `[[rule.limit]]` is cluster
+    /// gives limit 1 alone; rules without a cluster-scoped limit, or not limiting, give nothing.
+    #[test]
+    fn cluster_rules_take_each_limit_by_its_own_scope() {
+        let text = "[agent]\ninterfaces = [\"eth0\"]\n\
+            [cluster]\nlisten = \"192.0.2.1:7946\"\nkey_file = \"/k\"\n\
+            [[rule]]\nname = \"web\"\nsource = \"198.18.0.0/24\"\nrate = 200\n\
+            [[rule.limit]]\nper = \"/28\"\nrate = 500\n\
+            [[rule.limit]]\nper = \"rule\"\nrate = 1000\nburst = 500\nscope = \"cluster\"\n\
+            [[rule]]\nname = \"own\"\nsource = \"10.0.0.0/8\"\nrate = 5\nscope = \"cluster\"\n\
+            [[rule.limit]]\nper = \"rule\"\nrate = 50\n\
+            [[rule]]\nname = \"local\"\nsource = \"10.1.0.0/16\"\nrate = 5\n\
+            [[rule]]\nname = \"office\"\nsource = \"10.2.0.0/16\"\naction = \"allow\"\n";
+        let config = crate::config::Config::parse(text, "test.toml").unwrap();
+        let set = crate::compile::compile(&config.rules, &crate::compile::RuleIds::new()).unwrap();
+        let rules = ClusterRules::of(&set);
+        let mut names: Vec<&String> = rules.by_name.keys().collect();
+        names.sort();
+        assert_eq!(names, ["own", "web"]);
+        let key = |rule: &str, limit: u8, addr: [u8; 4]| KeyName {
+            rule: rule.into(),
+            limit,
+            addr: std::net::IpAddr::from(addr),
+        };
+        let limits = rules.limits();
+        assert!(limits.get(&key("web", 0, [198, 18, 0, 7])).is_none());
+        assert!(limits.get(&key("web", 1, [198, 18, 0, 0])).is_none());
+        let agg = limits.get(&key("web", 2, [0, 0, 0, 0])).unwrap();
+        assert_eq!(
+            (agg.pkt_interval_ns, agg.pkt_tolerance_ns),
+            (1_000_000, 500_000_000)
+        );
+        let own = limits.get(&key("own", 0, [10, 0, 0, 1])).unwrap();
+        assert_eq!(own.pkt_interval_ns, 200_000_000);
+        assert!(limits.get(&key("own", 1, [0, 0, 0, 0])).is_none());
+        assert!(limits.get(&key("local", 0, [10, 1, 0, 1])).is_none());
+        // The bucket the aggregate's key names is the one the XDP program keys limit 2 with.
+        let (id, rule, l) = rules.limit_of(&key("web", 2, [0, 0, 0, 0])).unwrap();
+        assert_eq!(l.pkt_interval_ns, 1_000_000);
+        let b = ratelimit_common::Bucket {
+            rule: u16::try_from(ratelimit_common::bucket_rule(id, 2)).unwrap(),
+            family: ratelimit_common::family::V4,
+            ..ratelimit_common::Bucket::default()
+        };
+        assert_eq!(rules.key_of(&b), Some(key("web", 2, [0, 0, 0, 0])));
+        assert_eq!(
+            limit_bucket_key(id, rule, 2, std::net::IpAddr::from([198, 18, 0, 9])),
+            b.key()
+        );
+        // A bucket of the rule's local limits is not the cluster's.
+        let local = ratelimit_common::Bucket {
+            rule: u16::try_from(ratelimit_common::bucket_rule(id, 0)).unwrap(),
+            ..b
+        };
+        assert_eq!(rules.key_of(&local), None);
     }
 
     fn chitchat(self_id: &ChitchatId) -> chitchat::Chitchat {

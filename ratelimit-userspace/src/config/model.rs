@@ -438,18 +438,6 @@ impl LimitConfig {
             (self.bytes_rate, self.bytes_burst),
             "a limit",
         )?;
-        // The cluster sync publishes and charges the buckets of a rule's own limit only; a
-        // `[[rule.limit]]` marked cluster would silently be enforced per host. Refused until the
-        // sync carries the limit in its keys.
-        if self.scope == Scope::Cluster {
-            return Err(rule_error(
-                "scope",
-                "scope = \"cluster\" is not supported on a [[rule.limit]] yet (the cluster sync \
-                 shares the buckets of a rule's own limit only): put the limit to share first, as \
-                 the rule's own rate/burst/per with scope = \"cluster\", and the local ones in \
-                 [[rule.limit]]",
-            ));
-        }
         check_per(self.per, families)
     }
 }

@@ -1877,13 +1877,39 @@ fn rule_limit_errors_name_the_file_line_and_key() {
         "scope",
         "[cluster]",
     );
-    // With a [cluster], a cluster-wide [[rule.limit]] is refused (the sync shares a rule's own
-    // limit only), pointing at the key.
+    // With a [cluster], a cluster-wide [[rule.limit]] is taken, each limit with its own scope
+    // (the sync shares every cluster-scoped limit's buckets on their own).
+    let c = Config::parse(
+        &format!(
+            "{CLUSTER}{head}[[rule.limit]]\nper = \"/24\"\nrate = 50\n\
+             [[rule.limit]]\nper = \"rule\"\nrate = 5\nscope = \"cluster\"\n"
+        ),
+        ORIGIN,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let scopes: Vec<Scope> = c.rules[0].limits.iter().map(|l| l.scope).collect();
+    assert_eq!(
+        (c.rules[0].scope, scopes),
+        (Scope::Local, vec![Scope::Local, Scope::Cluster])
+    );
+    // ... and its bad values still point at their key, line and file.
     assert_error(
-        &format!("{CLUSTER}{head}[[rule.limit]]\nper = \"rule\"\nrate = 5\nscope = \"cluster\"\n"),
+        &format!("{CLUSTER}{head}[[rule.limit]]\nper = \"rule\"\nrate = 0\nscope = \"cluster\"\n"),
+        10,
+        "rate",
+        "between 1 and",
+    );
+    assert_error(
+        &format!("{CLUSTER}{head}[[rule.limit]]\nper = \"/33\"\nrate = 5\nscope = \"cluster\"\n"),
+        9,
+        "per",
+        "longer than an IPv4 address",
+    );
+    assert_error(
+        &format!("{CLUSTER}{head}[[rule.limit]]\nper = \"rule\"\nrate = 5\nscope = \"global\"\n"),
         11,
-        "scope",
-        "not supported on a [[rule.limit]]",
+        "",
+        "unknown variant `global`, expected `local` or `cluster`",
     );
     assert_error(
         &format!("{head}[[rule.limit]]\nper = \"rule\"\nrate = 5\nbytes_burst = 100\n"),
