@@ -172,7 +172,8 @@ pub mod global {
     pub const NEW_BUCKETS: usize = 10;
     /// Bucket creation lost a race for its record to another CPU (passed, fail open).
     pub const BUCKET_ERRORS: usize = 11;
-    /// Internal error in the program (map lookup failed): passed.
+    /// Internal error in the program: a prefix naming a rule id without a record (a state the
+    /// agent never writes), or a failed lookup of the program's own one-entry arrays: passed.
     pub const INTERNAL: usize = 12;
     /// A new bucket took the place of one that had refilled (a full bucket holds nothing a new one
     /// would not: no state lost).

@@ -130,6 +130,12 @@ const ANY_L4: u64 = 1 << 32;
 /// Where [`lookup`]'s result keeps the TCP flag bits its walk looked at.
 const TCP_MASK_SHIFT: u32 = 40;
 
+/// What [`lookup`] returns for a prefix whose candidates name a rule id without a record (an id
+/// past the rule map: never written by the agent) before one that matches: an id that is no
+/// rule, which the program passes and counts as internal. (`without_l4`, for the rare packets
+/// without an L4 header, still skips such an id.)
+pub const MISSING_RULE: u32 = ratelimit_common::MAX_RULES;
+
 /// The trie lookup and candidate walk: the rule id ([`NO_RULE`]: none) in the low 32 bits,
 /// [`ANY_L4`] when the result holds for every protocol and port (no prefix matched, or the first
 /// candidate matches any), and from [`TCP_MASK_SHIFT`] the union of the TCP flag bits of the
@@ -147,7 +153,9 @@ fn lookup(pkt: &Packet, epoch: u32) -> u64 {
             break;
         }
         let id = set.rules[i];
-        let Some(rule) = RULES.get(id) else { continue };
+        let Some(rule) = RULES.get(id) else {
+            return u64::from(MISSING_RULE);
+        };
         looked |= u64::from(rule.tcp_mask);
         if rule.protocol != 0 && rule.protocol != pkt.protocol {
             continue;

@@ -97,6 +97,9 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
     }
     let rule = match RULES.get(id) {
         Some(rule) if id != NO_RULE => rule,
+        // A prefix naming a rule id without a record (`classify::MISSING_RULE`): passed,
+        // counted as internal (the agent rewrites every prefix at its next install).
+        _ if id != NO_RULE => return Err(()),
         _ => {
             bump_global(global::NO_MATCH);
             return Ok(xdp_action::XDP_PASS);

@@ -21,8 +21,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use ratelimit_common::{
-    bucket_capacity, map_names, prefix_generation, Config, PrefixKey, Rule, RuleSet, BUCKET_WAYS,
-    PROGRAM_NAME,
+    bucket_capacity, global, map_names, prefix_generation, Config, PrefixKey, Rule, RuleSet,
+    BUCKET_WAYS, PROGRAM_NAME,
 };
 
 use crate::compile::CompiledRuleSet;
@@ -169,6 +169,9 @@ pub struct Dataplane {
     /// difference, into each generation in turn. `None` until known (after an adoption, or while
     /// an install that may fail half-way is writing): the next install clears and rewrites both.
     mirror: Option<HashMap<(PrefixKey, u32), RuleSet>>,
+    /// The program's `internal` counter when the last install began: when it has moved by the
+    /// next, the program met a state the agent never writes (see [`Dataplane::install`]).
+    internal_at_install: Option<u64>,
     /// The exclusive lock on the pin directory (see [`lock_pin_dir`]), held until the data plane
     /// is dropped or removed.
     lock: fs::File,
@@ -214,6 +217,7 @@ impl Dataplane {
             live_ids,
             records: HashMap::new(),
             mirror: None,
+            internal_at_install: None,
             lock,
         })
     }
@@ -435,7 +439,25 @@ impl Dataplane {
     /// Both generations hold the set in force between installs (the old one is brought up to
     /// the new set after the switch), so an install writes only what changed: a change of one
     /// rule among 10,000 is a few map writes and the grace period, not the whole set twice.
+    ///
+    /// When the program counted an internal error since the last install (a prefix naming a
+    /// rule id without a record: a state the agent never writes), nothing written is trusted:
+    /// every rule record and both generations of the trie are written again, which repairs
+    /// whatever was overwritten.
     pub fn install(&mut self, set: &CompiledRuleSet) -> Result<()> {
+        let internal = self.maps.global_stats()?.counters[global::INTERNAL];
+        if self
+            .internal_at_install
+            .is_some_and(|seen| seen != internal)
+        {
+            tracing::warn!(
+                internal,
+                "the XDP program counted internal errors since the last install: rewriting every \
+                 rule record and prefix"
+            );
+            self.records.clear();
+            self.mirror = None;
+        }
         let config = self.maps.config()?;
         // A new epoch (it keys the XDP program's classification cache); its low bit is the
         // inactive half of the prefix trie.
@@ -513,6 +535,8 @@ impl Dataplane {
             )?;
         }
         self.live_ids = new_ids;
+        // Only once it all was written: an install that failed half-way repairs next time.
+        self.internal_at_install = Some(internal);
         Ok(())
     }
 

@@ -594,8 +594,8 @@ fn charged_by(h0: &AgentProcess, generation: u64) -> u64 {
 }
 
 /// A peer cut off stops being counted within max(3 s, 10 x `sync_interval_ms`) (here 10 x 400
-/// ms = 4 s; chitchat's failure detector declares it dead sooner, and `peers`, `status` and the
-/// metrics show it dead); what it admits while cut off is not charged late when it is heard
+/// ms = 4 s; chitchat's failure detector declares it dead after 2 to 2.4 timeouts, and `peers`,
+/// `status` and the metrics show it dead); what it admits while cut off is not charged late when it is heard
 /// again, what it admits after that is, exactly. Then its agent is killed and started again (it
 /// adopts the pinned buckets): the new incarnation is a peer of its own, counted, the old one is
 /// shown dead, and what the new one charges is at most what it admitted (its adopted buckets'

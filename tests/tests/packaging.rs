@@ -73,6 +73,56 @@ fn package() -> &'static Unpacked {
     })
 }
 
+/// The conffile's commented examples are valid as written: every `# key = ...` and `# [[...]]`
+/// line uncommented (the `[agent]` settings, every rule, the `[[rule.limit]]`) passes
+/// `ratelimit check`, and holds the rules and the limit they show. Needs no package: it reads
+/// the source file.
+#[test]
+fn the_conffile_examples_uncommented_pass_check() {
+    let source = fs::read_to_string(workspace().join("packaging/debian/ratelimit.toml")).unwrap();
+    let uncommented: String = source
+        .lines()
+        .map(|line| {
+            let rest = line.strip_prefix("# ").unwrap_or(line);
+            let setting = rest.starts_with("[[")
+                || rest.split_once(" = ").is_some_and(|(k, _)| {
+                    !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                });
+            if setting {
+                rest
+            } else {
+                line
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let dir = std::env::temp_dir().join(format!("rl-conffile-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("ratelimit.toml");
+    fs::write(&file, &uncommented).unwrap();
+    let checked = Command::new(ratelimit_testbed::agent_binary())
+        .arg("check")
+        .arg("-c")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let _ = fs::remove_dir_all(&dir);
+    assert!(
+        checked.status.success(),
+        "{}\n{uncommented}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    let parsed: toml::Table = uncommented.parse().unwrap();
+    let rules = parsed["rule"].as_array().unwrap();
+    let names: Vec<&str> = rules.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["ipv4-per-source", "ipv6-per-64", "https", "office"]);
+    let https = rules
+        .iter()
+        .find(|r| r["name"].as_str() == Some("https"))
+        .unwrap();
+    assert_eq!(https["limit"].as_array().map(Vec::len), Some(1), "{https}");
+}
+
 #[test]
 fn package_holds_binary_conffile_unit_pages_completions_and_scripts() {
     let pkg = package();

@@ -227,6 +227,46 @@ fn top_ranks_buckets_by_use_over_the_interval() {
     );
 }
 
+/// A bucket emptied by a packet admitted after the walk began (its TAT that packet's time plus
+/// the tolerance: no token left, no debt) shows no fewer than 0 tokens: they are computed as of
+/// when it is offered, after it was read, not as of the walk's start (which showed -5 or less
+/// here).
+#[test]
+fn top_shows_a_bucket_emptied_during_the_walk_with_no_debt() {
+    let config = Config::parse(
+        "[[rule]]\nname = \"flood\"\nsource = \"198.18.0.0/24\"\nrate = 1000\nburst = 10\n",
+        "test",
+    )
+    .unwrap();
+    let set = compile(&config.rules, &RuleIds::new()).unwrap();
+    let r = set.by_name("flood").unwrap();
+    let k = bucket_key(r.id, &r.rule, "198.18.0.1".parse().unwrap());
+    let t0 = crate::maps::bucket::monotonic_ns();
+    let t1 = t0;
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let packet = crate::maps::bucket::monotonic_ns();
+    let b = Bucket {
+        addr: k.addr,
+        rule: u16::try_from(k.rule).unwrap(),
+        family: k.family,
+        passed_pkts: 10,
+        created_ns: t0,
+        tat_ns: packet + r.rule.pkt_tolerance_ns,
+        ..Bucket::default()
+    };
+    let mut ranker = TopRanker::new(1);
+    ranker.offer(&TopBaseline::default(), t0, 0, &b, t1, &set);
+    let (_, _, top) = ranker.finish(&set);
+    let since = crate::maps::bucket::monotonic_ns() - packet;
+    let tokens = top[0].tokens.unwrap();
+    #[expect(clippy::cast_precision_loss, reason = "a few ms")]
+    let refilled = since as f64 / 1e6;
+    assert!(
+        (0.0..=refilled).contains(&tokens),
+        "tokens {tokens} (refilled at most {refilled} since the packet)"
+    );
+}
+
 #[test]
 fn rule_from_json_takes_tcp_flags() {
     let rule = rule_from_json(&json!({

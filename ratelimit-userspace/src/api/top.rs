@@ -131,7 +131,8 @@ struct Candidate {
     total: u64,
     pps: f64,
     drops_per_sec: f64,
-    /// When the second read took it (`CLOCK_MONOTONIC` ns), for its tokens.
+    /// When it was offered, after the second read took it (`CLOCK_MONOTONIC` ns): its tokens
+    /// are as of then.
     read_ns: u64,
     key: (u32, u8, [u8; 16]),
     bucket: Bucket,
@@ -169,6 +170,8 @@ pub struct TopRanker {
     heap: BinaryHeap<Candidate>,
     active: usize,
     tracked: usize,
+    /// The time tokens are computed at, if fixed (see [`TopRanker::tokens_at`]).
+    tokens_at: Option<u64>,
 }
 
 impl TopRanker {
@@ -189,12 +192,25 @@ impl TopRanker {
             heap: BinaryHeap::new(),
             active: 0,
             tracked: 0,
+            tokens_at: None,
         }
     }
 
-    /// Offers record `index` holding `b`, read at `t1`, against `first` (read at `t0`). A bucket
-    /// absent from `first`, or created anew since (evicted meanwhile), counts from zero. Buckets
-    /// of rules not in `set` are counted as tracked only.
+    /// Computes every bucket's tokens as of `t` (`CLOCK_MONOTONIC` ns) instead of the clock
+    /// when it is offered: for buckets made up at a time of their own (tests). A bucket read
+    /// before `t` moved by a packet after `t` shows fewer tokens than it holds (below zero).
+    #[must_use]
+    pub fn tokens_at(mut self, t: u64) -> Self {
+        self.tokens_at = Some(t);
+        self
+    }
+
+    /// Offers record `index` holding `b`, read in the walk that began at `t1`, against `first`
+    /// (read at `t0`): its rates are over `t1 - t0`, its tokens as of now (the clock is read
+    /// here, after the bucket: every packet that moved it came before, so a bucket not in debt
+    /// never shows fewer than zero tokens; `t1`, taken before the walk, may precede them). A
+    /// bucket absent from `first`, or created anew since (evicted meanwhile), counts from zero.
+    /// Buckets of rules not in `set` are counted as tracked only.
     pub fn offer(
         &mut self,
         first: &TopBaseline,
@@ -231,7 +247,7 @@ impl TopRanker {
             total: dp.saturating_add(dd),
             pps,
             drops_per_sec,
-            read_ns: t1,
+            read_ns: self.tokens_at.unwrap_or_else(monotonic_ns),
             key: (key.rule, key.family, key.addr),
             bucket: *b,
         };
@@ -275,7 +291,7 @@ impl TopRanker {
 
 /// How many buckets of `second` (records with their index, read at `t1`, `CLOCK_MONOTONIC` ns)
 /// saw packets since `first` (read at `t0`), and the `n` busiest of them, busiest first (ties:
-/// by rule, then address). See [`TopRanker::offer`].
+/// by rule, then address), their tokens as of `t1`. See [`TopRanker::offer`].
 #[must_use]
 pub fn top_entries(
     first: &TopBaseline,
@@ -285,7 +301,7 @@ pub fn top_entries(
     set: &CompiledRuleSet,
     n: usize,
 ) -> (usize, Vec<TopEntry>) {
-    let mut ranker = TopRanker::new(n);
+    let mut ranker = TopRanker::new(n).tokens_at(t1);
     for (i, b) in second {
         ranker.offer(first, t0, *i, b, t1, set);
     }

@@ -78,6 +78,39 @@ pub fn peer_timeout(config: &ClusterConfig) -> Duration {
     ))
 }
 
+/// chitchat's phi threshold: with [`failure_detector`]'s mean, a silent peer is declared dead
+/// between [`DEAD_AFTER`] (2) and this many (2.4) peer timeouts of silence.
+pub const PHI_THRESHOLD: f64 = 2.4;
+/// The fewest peer timeouts of silence after which chitchat declares a peer dead:
+/// [`PHI_THRESHOLD`] x 5/6 (see [`failure_detector`]).
+pub const DEAD_AFTER: f64 = PHI_THRESHOLD * 5.0 / 6.0;
+
+/// chitchat's failure detector for a peer timeout of `timeout`: a peer that stops is declared
+/// dead after between [`DEAD_AFTER`] (2) and [`PHI_THRESHOLD`] (2.4) timeouts of silence (plus
+/// up to one gossip interval, when liveness is next updated), never sooner; so from the timeout
+/// on it is shown `silent` and no longer counted, and only later `dead`.
+///
+/// chitchat's phi is the silence divided by a mean heartbeat interval smoothed with a prior:
+/// `(sum of the last sampling_window_size intervals + 5 x initial_interval) / (n + 5)`, where
+/// intervals longer than `max_interval` are left out. With a window of one interval, no interval
+/// longer than the timeout, and the timeout as the prior, that mean lies between 5/6 of the
+/// timeout and the timeout whatever the heartbeats did before, so phi crosses [`PHI_THRESHOLD`]
+/// between 2 and 2.4 timeouts of silence. (chitchat's own window of 1000 intervals follows the
+/// rate at which a peer's heartbeat is seen to advance, which is every message it handles: a
+/// fraction of the sync interval. A stopped peer was then dead after about 5 sync intervals,
+/// long before the timeout, and `silent` was never shown.) After a death, chitchat forgets the
+/// interval: the peer is alive again from its second heartbeat on.
+#[must_use]
+pub fn failure_detector(timeout: Duration) -> FailureDetectorConfig {
+    FailureDetectorConfig {
+        phi_threshold: PHI_THRESHOLD,
+        sampling_window_size: 1,
+        max_interval: timeout,
+        initial_interval: timeout,
+        dead_node_grace_period: DEAD_NODE_GRACE,
+    }
+}
+
 /// Checks what can be checked before anything starts: the key file.
 pub fn check(config: &ClusterConfig) -> Result<(), ClusterError> {
     ClusterKey::load(&config.key_file, &config.cluster_id)
@@ -149,16 +182,7 @@ pub async fn spawn(
             gossip_interval: interval,
             listen_addr: listen,
             seed_nodes: seeds.clone(),
-            failure_detector_config: FailureDetectorConfig {
-                // chitchat's default threshold; the prior interval is the gossip interval (not
-                // its default 5 s), so a silent peer is declared dead within seconds, not a
-                // minute.
-                phi_threshold: 8.0,
-                sampling_window_size: 1000,
-                max_interval: Duration::from_secs(10),
-                initial_interval: interval,
-                dead_node_grace_period: DEAD_NODE_GRACE,
-            },
+            failure_detector_config: failure_detector(timeout),
             marked_for_deletion_grace_period: TOMBSTONE_GRACE,
             catchup_callback: None,
             extra_liveness_predicate: None,
@@ -244,4 +268,144 @@ pub(crate) fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::SystemTime::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use chitchat::{spawn_chitchat, transport::ChannelTransport, ChitchatHandle};
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::config::OnPartition;
+
+    fn cluster_config(sync_interval_ms: u64) -> ClusterConfig {
+        ClusterConfig {
+            listen: ([127, 0, 0, 1], 7946).into(),
+            seeds: Vec::new(),
+            key_file: "/nonexistent".into(),
+            sync_interval_ms,
+            cluster_id: "test".into(),
+            max_keys: 1000,
+            on_partition: OnPartition::FailOpen,
+            partition_memory_s: 600,
+        }
+    }
+
+    /// max(3 s, 10 x `sync_interval_ms`), over the whole range the config accepts (10..=10000).
+    #[test]
+    fn peer_timeout_is_ten_sync_intervals_and_at_least_three_seconds() {
+        for (sync_ms, want_ms) in [
+            (10, 3000),
+            (100, 3000),
+            (299, 3000),
+            (300, 3000),
+            (301, 3010),
+            (400, 4000),
+            (1000, 10_000),
+            (10_000, 100_000),
+        ] {
+            assert_eq!(
+                peer_timeout(&cluster_config(sync_ms)),
+                Duration::from_millis(want_ms),
+                "sync_interval_ms = {sync_ms}"
+            );
+        }
+    }
+
+    const GOSSIP: Duration = Duration::from_millis(100);
+
+    async fn node(
+        name: &str,
+        port: u16,
+        seed: u16,
+        timeout: Duration,
+        transport: &ChannelTransport,
+    ) -> ChitchatHandle {
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        spawn_chitchat(
+            ChitchatConfig {
+                chitchat_id: ChitchatId::new(name.to_string(), 1, addr),
+                cluster_id: "test".to_string(),
+                gossip_interval: GOSSIP,
+                listen_addr: addr,
+                seed_nodes: vec![format!("127.0.0.1:{seed}")],
+                failure_detector_config: failure_detector(timeout),
+                marked_for_deletion_grace_period: TOMBSTONE_GRACE,
+                catchup_callback: None,
+                extra_liveness_predicate: None,
+                protocol_version: ProtocolVersion::V1,
+            },
+            Vec::new(),
+            transport,
+        )
+        .await
+        .unwrap()
+    }
+
+    async fn live(at: &ChitchatHandle) -> HashSet<ChitchatId> {
+        at.with_chitchat(|c| c.live_nodes().cloned().collect())
+            .await
+    }
+
+    /// How long after `from` `at` sees `whom` become `live` (polled every 10 ms).
+    async fn until(at: &ChitchatHandle, whom: &ChitchatId, live_: bool, from: Instant) -> Duration {
+        loop {
+            if live(at).await.contains(whom) == live_ {
+                return from.elapsed();
+            }
+            assert!(
+                from.elapsed() < Duration::from_secs(60),
+                "{whom:?} never became {}",
+                if live_ { "live" } else { "dead" }
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// chitchat with [`failure_detector`] (on tokio's paused clock, which its detector uses):
+    /// a peer cut off is alive until 2 peer timeouts of silence, dead by 2.4 (plus a gossip
+    /// interval, when liveness is next updated, and the last heartbeat's age at the cut, up to
+    /// a gossip interval); heard again it is alive within a few gossip intervals; and cut off
+    /// again right after (chitchat forgot its intervals at the death) it again lives 2 timeouts.
+    /// With chitchat's default window the peer was dead after about 5 gossip intervals, before
+    /// the timeout, so `silent` could not be shown.
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_cut_off_is_declared_dead_between_two_and_two_point_four_timeouts() {
+        let timeout = Duration::from_secs(3);
+        let transport = ChannelTransport::default();
+        let a = node("a", 1, 2, timeout, &transport).await;
+        let b = node("b", 2, 1, timeout, &transport).await;
+        let (a_addr, b_addr) = (
+            a.chitchat_id().gossip_advertise_addr,
+            b.chitchat_id().gossip_advertise_addr,
+        );
+        let b_id = b.chitchat_id().clone();
+        until(&a, &b_id, true, Instant::now()).await;
+        // A long healthy run first: many short heartbeat intervals, which made chitchat's
+        // default detector quick to declare death.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(live(&a).await.contains(&b_id), "died while heard");
+
+        let min = timeout.mul_f64(DEAD_AFTER) - GOSSIP;
+        let max = timeout.mul_f64(PHI_THRESHOLD) + 2 * GOSSIP + Duration::from_millis(10);
+        for round in 0..3 {
+            transport.remove_link(a_addr, b_addr).await;
+            let dead = until(&a, &b_id, false, Instant::now()).await;
+            assert!(
+                dead >= min && dead <= max,
+                "round {round}: dead after {dead:?}, want {min:?}..={max:?}"
+            );
+            transport.add_link(a_addr, b_addr).await;
+            let back = until(&a, &b_id, true, Instant::now()).await;
+            println!("round {round}: dead after {dead:?}, alive again after {back:?}");
+            assert!(
+                back <= 5 * GOSSIP,
+                "round {round}: alive again only after {back:?}"
+            );
+        }
+        a.shutdown().await.unwrap();
+        b.shutdown().await.unwrap();
+    }
 }

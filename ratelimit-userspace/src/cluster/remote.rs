@@ -394,6 +394,15 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
         round
     }
 
+    /// Whether `id`, whose heartbeat reads `heartbeat` at `now`, is still heard: its heartbeat
+    /// advanced since the last round, or within the timeout. A peer not tracked yet is.
+    #[must_use]
+    pub fn heard(&self, id: &P, heartbeat: u64, now: u64) -> bool {
+        self.peers.get(id).is_none_or(|t| {
+            t.heartbeat != heartbeat || now.saturating_sub(t.last_heard_ns) <= self.timeout_ns
+        })
+    }
+
     /// The state of every peer, for display.
     pub fn info(&self, now: u64) -> impl Iterator<Item = (&P, PeerInfo)> {
         self.peers.iter().map(move |(id, t)| {

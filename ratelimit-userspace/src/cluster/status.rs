@@ -66,7 +66,8 @@ pub struct PeerStatus {
     /// state has not fully arrived yet), `unverified` (alive according to gossip, but no
     /// authentic datagram came from its address lately: an id only named by others, not
     /// counted), `silent` (not heard within the timeout: not counted),
-    /// `dead` (the failure detector gave up on it, or a newer incarnation replaced it).
+    /// `dead` (the failure detector gave up on it, after 2 to 2.4 timeouts of silence: see
+    /// [`super::failure_detector`]; or a newer incarnation replaced it).
     pub state: &'static str,
     /// Whether its consumption is being charged to the local buckets.
     pub counted: bool,

@@ -230,12 +230,19 @@ impl SyncLoop {
                     // Last: a peer holding this sync key holds every key set before it.
                     node.set(SYNC_KEY, format!("{seq}:{unix_ms}:{next_epoch}"));
                     let trimmed = trim_peer_states(c, &self_id, max_keys);
-                    let (views, dropped, stored) = read_peers(c, &self_id, max_keys, |id| {
-                        trusted.contains(&(
-                            id.gossip_advertise_addr,
-                            super::wire::sender_tag(&id.node_id, id.generation_id),
-                        ))
-                    });
+                    let now = monotonic_ns();
+                    let (views, dropped, stored) = read_peers(
+                        c,
+                        &self_id,
+                        max_keys,
+                        |id| {
+                            trusted.contains(&(
+                                id.gossip_advertise_addr,
+                                super::wire::sender_tag(&id.node_id, id.generation_id),
+                            ))
+                        },
+                        |id, heartbeat| remote.heard(id, heartbeat, now),
+                    );
                     ((views, stored), dropped + trimmed)
                 })
                 .await;
@@ -442,6 +449,11 @@ pub enum Standing {
     /// Live and authenticated, but no sync key yet (joining, or an id only named in a digest at
     /// a real peer's address): shown, takes no place under [`MAX_PEERS`], charges nothing.
     Pending,
+    /// Live, authenticated, the newest with a sync key at its address, but its heartbeat has
+    /// not advanced for the peer timeout (stopped, or cut off while chitchat's failure detector
+    /// still deems it alive): shown `silent`, takes no place under [`MAX_PEERS`], charges
+    /// nothing.
+    Silent,
     /// A newer incarnation at the same address took over: shown dead, never counted.
     Superseded,
     /// Dead according to the failure detector.
@@ -459,12 +471,14 @@ pub struct Member<'a> {
     pub has_sync: bool,
     /// An authentic datagram sealed by this identity came from its advertised address lately.
     pub authenticated: bool,
+    /// Its heartbeat advanced within the peer timeout (see [`RemoteTracker::heard`]).
+    pub heard: bool,
 }
 
-/// The standing of every member: only live, authenticated members that are the newest
+/// The standing of every member: only live, authenticated, heard members that are the newest
 /// incarnation with a sync key at their address are candidates, so ids merely named in gossip
-/// create no charging peer and neither they nor dead incarnations take a place under
-/// [`MAX_PEERS`].
+/// create no charging peer and neither they, silent members nor dead incarnations take a place
+/// under [`MAX_PEERS`].
 #[must_use]
 pub fn standings(members: &[Member<'_>]) -> Vec<Standing> {
     let mut newest: HashMap<SocketAddr, u64> = HashMap::new();
@@ -488,6 +502,8 @@ pub fn standings(members: &[Member<'_>]) -> Vec<Standing> {
                 Standing::Superseded
             } else if !m.has_sync {
                 Standing::Pending
+            } else if !m.heard {
+                Standing::Silent
             } else {
                 Standing::Candidate
             }
@@ -559,12 +575,14 @@ pub(crate) fn trim_peer_states(
 /// each member (tombstones included): the first [`MAX_PEERS`] candidates (see [`standings`])
 /// with at most `max_keys` keys each, then at most as many other members, without keys, to
 /// show. `authenticated` says whether an authentic datagram sealed by a member's identity came
-/// from its advertised address lately.
+/// from its advertised address lately; `heard`, whether a member with this heartbeat is still
+/// heard.
 fn read_peers(
     c: &chitchat::Chitchat,
     self_id: &ChitchatId,
     max_keys: usize,
     authenticated: impl Fn(&ChitchatId) -> bool,
+    heard: impl Fn(&ChitchatId, u64) -> bool,
 ) -> (Vec<PeerView<ChitchatId>>, u64, HashMap<ChitchatId, usize>) {
     let live: HashSet<&ChitchatId> = c.live_nodes().collect();
     let states: Vec<(&ChitchatId, &chitchat::NodeState)> = c
@@ -584,6 +602,7 @@ fn read_peers(
             live: live.contains(id),
             has_sync: state.get(SYNC_KEY).is_some(),
             authenticated: authenticated(id),
+            heard: heard(id, u64::from(state.heartbeat())),
         })
         .collect();
     let standing = standings(&members);
@@ -619,17 +638,24 @@ fn read_peers(
             }
             others += 1;
         }
-        let sync = state.get(SYNC_KEY).and_then(|s| {
-            let mut it = s.split(':').map(str::parse::<u64>);
-            Some((it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?))
-        });
+        // A silent member's sync key is not read: it cannot be counted this round.
+        let sync = state
+            .get(SYNC_KEY)
+            .filter(|_| standing != Standing::Silent)
+            .and_then(|s| {
+                let mut it = s.split(':').map(str::parse::<u64>);
+                Some((it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?))
+            });
         views.push(PeerView {
             id: (*id).clone(),
             live: matches!(
                 standing,
-                Standing::Candidate | Standing::Pending | Standing::Unverified
+                Standing::Candidate | Standing::Pending | Standing::Unverified | Standing::Silent
             ),
-            verified: matches!(standing, Standing::Candidate | Standing::Pending),
+            verified: matches!(
+                standing,
+                Standing::Candidate | Standing::Pending | Standing::Silent
+            ),
             heartbeat: u64::from(state.heartbeat()),
             sync,
             keys,
@@ -737,6 +763,7 @@ mod tests {
                 live: true,
                 has_sync: true,
                 authenticated: false,
+                heard: true,
             })
             .collect();
         members.extend(dead.iter().map(|id| Member {
@@ -744,18 +771,21 @@ mod tests {
             live: false,
             has_sync: true,
             authenticated: true,
+            heard: true,
         }));
         members.push(Member {
             id: &real,
             live: true,
             has_sync: true,
             authenticated: true,
+            heard: true,
         });
         members.push(Member {
             id: &digest_only,
             live: true,
             has_sync: false,
             authenticated: true,
+            heard: true,
         });
         let s = standings(&members);
         assert!(s[..100].iter().all(|s| *s == Standing::Unverified));
@@ -775,12 +805,19 @@ mod tests {
             live: true,
             has_sync: true,
             authenticated: true,
+            heard: true,
         });
         let s = standings(&members);
         assert_eq!(
             (s[200], s[202]),
             (Standing::Superseded, Standing::Candidate)
         );
+        // The new incarnation stops: silent, no longer a candidate, and still the newest (the
+        // old one does not come back).
+        members[202].heard = false;
+        let s = standings(&members);
+        assert_eq!((s[200], s[202]), (Standing::Superseded, Standing::Silent));
+        assert_eq!(s.iter().filter(|s| **s == Standing::Candidate).count(), 0);
     }
 
     /// Only the cluster-scoped limits of a rule are published and charged, each its own
