@@ -1009,7 +1009,7 @@ fn a_cluster_charge_and_a_packet_creating_one_source_at_once_make_one_bucket() {
         .install_toml("[[rule]]\nname = \"l\"\nsource = \"198.18.0.0/15\"\nrate = 1\nburst = 10\n")
         .unwrap();
     let rid = id(&set, "l");
-    let rule = dp.maps().rule(rid).unwrap();
+    let rule = dp.maps().rule(rid).unwrap().limit(0).unwrap();
     let sources: Vec<Ipv4Addr> = (0..SOURCES)
         .map(|i| Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + i))
         .collect();
