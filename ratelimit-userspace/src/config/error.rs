@@ -229,7 +229,20 @@ pub(super) fn schema_error(
                 .and_then(|t| t.get("name"))
                 .and_then(|n| n.as_str())
                 .unwrap_or("");
-            (rule_section(name, *i), key(2))
+            match (key(2).as_deref(), path.get(3)) {
+                // Inside a `[[rule.limit]]`: that table, named as its checks name it, and the
+                // key in it.
+                (Some("limit"), Some(Seg::Index(j))) => (
+                    format!(
+                        "{} limit {} ([[rule.limit]] #{})",
+                        rule_section(name, *i),
+                        j + 2,
+                        j + 1
+                    ),
+                    key(4).or_else(|| key(2)),
+                ),
+                _ => (rule_section(name, *i), key(2)),
+            }
         }
         (Some(table @ ("agent" | "cluster")), _) => (format!("[{table}]"), key(1)),
         (first, _) => (String::new(), first.map(str::to_owned)),

@@ -1905,12 +1905,13 @@ fn rule_limit_errors_name_the_file_line_and_key() {
         "per",
         "longer than an IPv4 address",
     );
-    assert_error(
+    let e = assert_error(
         &format!("{CLUSTER}{head}[[rule.limit]]\nper = \"rule\"\nrate = 5\nscope = \"global\"\n"),
         11,
-        "",
+        "scope",
         "unknown variant `global`, expected `local` or `cluster`",
     );
+    assert!(e.to_string().contains("[[rule.limit]] #1"), "{e}");
     assert_error(
         &format!("{head}[[rule.limit]]\nper = \"rule\"\nrate = 5\nbytes_burst = 100\n"),
         8,
