@@ -170,20 +170,13 @@ impl MappedStore {
         now: u64,
         mut rule_of: impl FnMut(u32) -> Option<Rule>,
     ) -> Slot {
-        if sets == 0 || sets.saturating_mul(BUCKET_WAYS) > self.records {
+        let Some(sets) = self.sets_of(seed, sets, key) else {
             return Slot::Busy;
-        }
-        let addr = addr_words(&key.addr);
-        let sets = bucket_sets(bucket_hash(seed, key.rule, key.family, addr), sets);
-        let header = bucket_header(key.rule, key.family, gen);
+        };
         // First the key alone, as the program looks: a lookup (explain, the cluster's reads of
         // its published keys) judges no victim and reads no rule record.
-        for c in 0..BUCKET_CANDIDATES {
-            let i = bucket_candidate(sets, c);
-            let b = self.get(i);
-            if b.header() == header && addr_words(&b.addr) == addr {
-                return Slot::Found(i);
-            }
+        if let Some(i) = self.holder(sets, key, gen, u32::MAX) {
+            return Slot::Found(i);
         }
         let mut chooser = VictimChooser::new();
         let mut headers = [0u64; BUCKET_CANDIDATES as usize];
@@ -217,11 +210,24 @@ impl MappedStore {
         gen: u32,
         mine: u32,
     ) -> Option<u32> {
+        self.holder(self.sets_of(seed, sets, key)?, key, gen, mine)
+    }
+
+    /// `key`'s two sets in a store of `sets` sets under `seed`; `None` if the store is unusable.
+    fn sets_of(&self, seed: [u64; 2], sets: u32, key: &BucketKey) -> Option<[u32; 2]> {
         if sets == 0 || sets.saturating_mul(BUCKET_WAYS) > self.records {
             return None;
         }
         let addr = addr_words(&key.addr);
-        let sets = bucket_sets(bucket_hash(seed, key.rule, key.family, addr), sets);
+        Some(bucket_sets(
+            bucket_hash(seed, key.rule, key.family, addr),
+            sets,
+        ))
+    }
+
+    /// The first record of `sets` other than `mine` holding `key` of generation `gen`.
+    fn holder(&self, sets: [u32; 2], key: &BucketKey, gen: u32, mine: u32) -> Option<u32> {
+        let addr = addr_words(&key.addr);
         let header = bucket_header(key.rule, key.family, gen);
         (0..BUCKET_CANDIDATES)
             .map(|c| bucket_candidate(sets, c))
