@@ -76,7 +76,10 @@ use std::{
 
 use axum::{
     body::Bytes,
-    extract::{Path as UrlPath, Query, State},
+    extract::{
+        rejection::{PathRejection, QueryRejection},
+        Path as UrlPath, Query, State,
+    },
     http::{Method, StatusCode, Uri},
     response::{IntoResponse, Response},
     routing::{delete, get, post},
@@ -432,6 +435,27 @@ impl From<AgentError> for ApiError {
     }
 }
 
+/// A query string axum cannot read (a key given twice, say): 400 with the API's `{"error": ...}`
+/// (axum's own rejection is plain text).
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
+        Self {
+            status: e.status(),
+            message: e.body_text(),
+        }
+    }
+}
+
+/// A path axum cannot read (a rule name that is not UTF-8 once decoded): as above.
+impl From<PathRejection> for ApiError {
+    fn from(e: PathRejection) -> Self {
+        Self {
+            status: e.status(),
+            message: e.body_text(),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status, Json(json!({ "error": self.message }))).into_response()
@@ -501,10 +525,10 @@ impl ChangeQuery {
 
 async fn rules_add<B: Backend>(
     State(b): State<B>,
-    Query(q): Query<ChangeQuery>,
+    q: Result<Query<ChangeQuery>, QueryRejection>,
     body: Bytes,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let force = q.force()?;
+    let force = q?.force()?;
     let value: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("the request body is not JSON: {e}")))?;
     let rule = rule_from_json(&value).map_err(ApiError::bad_request)?;
@@ -514,10 +538,11 @@ async fn rules_add<B: Backend>(
 
 async fn rules_remove<B: Backend>(
     State(b): State<B>,
-    UrlPath(name): UrlPath<String>,
-    Query(q): Query<ChangeQuery>,
+    name: Result<UrlPath<String>, PathRejection>,
+    q: Result<Query<ChangeQuery>, QueryRejection>,
 ) -> ApiResult {
-    let force = q.force()?;
+    let UrlPath(name) = name?;
+    let force = q?.force()?;
     b.remove_rule(name, force).await.map(Json)
 }
 
@@ -541,7 +566,11 @@ struct TopQuery {
     limit: Option<String>,
 }
 
-async fn top<B: Backend>(State(b): State<B>, Query(q): Query<TopQuery>) -> ApiResult {
+async fn top<B: Backend>(
+    State(b): State<B>,
+    q: Result<Query<TopQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = q?;
     let n = match q.n.as_deref() {
         None => TOP_N.0,
         Some(s) => s
@@ -597,7 +626,11 @@ struct ExplainQuery {
     tcp_flags: Option<String>,
 }
 
-async fn explain<B: Backend>(State(b): State<B>, Query(q): Query<ExplainQuery>) -> ApiResult {
+async fn explain<B: Backend>(
+    State(b): State<B>,
+    q: Result<Query<ExplainQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = q?;
     let (ip, protocol, dst_port) = explain_args(
         q.ip.as_deref(),
         q.protocol.as_deref(),
