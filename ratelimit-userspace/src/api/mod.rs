@@ -59,10 +59,12 @@
 //! curl --unix-socket /run/ratelimit/agent.sock 'http://agent/v1/top?n=5&interval_ms=500'
 //! ```
 
+pub mod probe;
 mod top;
 
 use std::{
     fs,
+    future::Future,
     io::ErrorKind,
     net::IpAddr,
     os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, PermissionsExt as _},
@@ -74,7 +76,10 @@ use std::{
 
 use axum::{
     body::Bytes,
-    extract::{FromRef, Path as UrlPath, Query, State},
+    extract::{
+        rejection::{PathRejection, QueryRejection},
+        Path as UrlPath, Query, State,
+    },
     http::{Method, StatusCode, Uri},
     response::{IntoResponse, Response},
     routing::{delete, get, post},
@@ -97,9 +102,9 @@ use crate::{
 };
 
 /// Default and bounds of `top`'s `interval_ms`.
-const TOP_INTERVAL_MS: (u64, u64, u64) = (1000, 10, 60_000);
+pub const TOP_INTERVAL_MS: (u64, u64, u64) = (1000, 10, 60_000);
 /// Default and largest `top` `n`.
-const TOP_N: (usize, usize) = (10, 100_000);
+pub const TOP_N: (usize, usize) = (10, 100_000);
 
 /// What the API serves: the agent, what is read without its lock, and the cluster sync's handle
 /// when the agent is in a cluster.
@@ -126,12 +131,6 @@ impl ApiState {
             cluster,
             top_turn: Arc::new(Semaphore::new(1)),
         }
-    }
-}
-
-impl FromRef<ApiState> for SharedAgent {
-    fn from_ref(state: &ApiState) -> Self {
-        state.agent.clone()
     }
 }
 
@@ -200,21 +199,190 @@ pub fn bind(socket: &Path) -> Result<tokio::net::UnixListener, AgentError> {
     Ok(listener)
 }
 
-/// The API's routes over `state`.
-pub fn router(state: ApiState) -> Router {
+/// The API's routes over `backend`: [`ApiState`] in the agent, [`probe::Recorder`] in tests and
+/// the fuzzer. Every request is parsed and validated here, in the handlers; the backend is only
+/// called with what passed.
+pub fn router<B: Backend>(backend: B) -> Router {
     Router::new()
-        .route("/v1/status", get(status))
-        .route("/v1/rules", get(rules_list).post(rules_add))
-        .route("/v1/rules/{name}", delete(rules_remove))
-        .route("/v1/reload", post(reload))
-        .route("/v1/stats", get(stats))
-        .route("/v1/top", get(top))
-        .route("/v1/explain", get(explain))
-        .route("/v1/detach", post(detach))
-        .route("/v1/cluster", get(cluster))
+        .route("/v1/status", get(status::<B>))
+        .route("/v1/rules", get(rules_list::<B>).post(rules_add::<B>))
+        .route("/v1/rules/{name}", delete(rules_remove::<B>))
+        .route("/v1/reload", post(reload::<B>))
+        .route("/v1/stats", get(stats::<B>))
+        .route("/v1/top", get(top::<B>))
+        .route("/v1/explain", get(explain::<B>))
+        .route("/v1/detach", post(detach::<B>))
+        .route("/v1/cluster", get(cluster::<B>))
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
-        .with_state(state)
+        .with_state(backend)
+}
+
+/// What the API's handlers do once a request is parsed and validated: one method per operation,
+/// each answering the JSON body of a success. [`ApiState`] does it on the agent; tests and the
+/// fuzzer use [`probe::Recorder`], which records what it is asked.
+pub trait Backend: Clone + Send + Sync + 'static {
+    /// `GET /v1/status`.
+    fn status(&self) -> impl Future<Output = Result<Value, ApiError>> + Send;
+    /// `GET /v1/rules`.
+    fn rules(&self) -> impl Future<Output = Result<Value, ApiError>> + Send;
+    /// `POST /v1/rules`: `rule` is valid ([`rule_from_json`] accepted it).
+    fn add_rule(
+        &self,
+        rule: RuleConfig,
+        force: bool,
+    ) -> impl Future<Output = Result<Value, ApiError>> + Send;
+    /// `DELETE /v1/rules/{name}`.
+    fn remove_rule(
+        &self,
+        name: String,
+        force: bool,
+    ) -> impl Future<Output = Result<Value, ApiError>> + Send;
+    /// `POST /v1/reload`.
+    fn reload(&self) -> impl Future<Output = Result<Value, ApiError>> + Send;
+    /// `GET /v1/stats`.
+    fn stats(&self) -> impl Future<Output = Result<Value, ApiError>> + Send;
+    /// `GET /v1/cluster`.
+    fn cluster(&self) -> impl Future<Output = Result<Value, ApiError>> + Send;
+    /// `GET /v1/top`: `n` in 1..=[`TOP_N`]`.1`, `interval` within [`TOP_INTERVAL_MS`], `limit`
+    /// in 1..=[`ratelimit_common::MAX_LIMITS`].
+    fn top(
+        &self,
+        n: usize,
+        interval: Duration,
+        limit: Option<usize>,
+    ) -> impl Future<Output = Result<Value, ApiError>> + Send;
+    /// `GET /v1/explain`, as [`explain_args`] and [`explain_tcp_flags`] parsed it.
+    fn explain(
+        &self,
+        ip: IpAddr,
+        protocol: u8,
+        dst_port: Option<u16>,
+        tcp_flags: Option<u8>,
+    ) -> impl Future<Output = Result<Value, ApiError>> + Send;
+    /// `POST /v1/detach`: one interface, or all.
+    fn detach(&self, iface: Option<String>)
+        -> impl Future<Output = Result<Value, ApiError>> + Send;
+}
+
+impl Backend for ApiState {
+    async fn status(&self) -> Result<Value, ApiError> {
+        // The bucket count first, without the lock: the lock is then held for a few system calls.
+        let census = self.read.census.fresh().await;
+        let agent = self.agent.lock().await.status(&census)?;
+        to_json(&StatusAnswer {
+            agent,
+            cluster: self.cluster.as_ref().map(ClusterHandle::status),
+        })
+    }
+
+    async fn rules(&self) -> Result<Value, ApiError> {
+        let guard = self.agent.lock().await;
+        to_json(&json!({ "rules": guard.config().rules }))
+    }
+
+    async fn add_rule(&self, rule: RuleConfig, force: bool) -> Result<Value, ApiError> {
+        let mut guard = self.agent.lock().await;
+        tokio::task::block_in_place(|| guard.add_rule(rule.clone(), force))?;
+        let added = guard
+            .config()
+            .rules
+            .iter()
+            .find(|r| r.name == rule.name)
+            .unwrap_or(&rule);
+        tracing::info!(rule = %rule.name, "rule added (API)");
+        Ok(json!({ "added": added, "rules": guard.config().rules.len() }))
+    }
+
+    async fn remove_rule(&self, name: String, force: bool) -> Result<Value, ApiError> {
+        let mut guard = self.agent.lock().await;
+        tokio::task::block_in_place(|| guard.remove_rule(&name, force))?;
+        tracing::info!(rule = %name, "rule removed (API)");
+        Ok(json!({ "removed": name, "rules": guard.config().rules.len() }))
+    }
+
+    async fn reload(&self) -> Result<Value, ApiError> {
+        let mut guard = self.agent.lock().await;
+        // These read the config file (and its lists): off the runtime's worker threads.
+        tokio::task::block_in_place(|| guard.reload())?;
+        Ok(json!({
+            "reloaded": true,
+            "rules": guard.config().rules.len(),
+            "restart_needed": guard.reload_state().restart_needed,
+        }))
+    }
+
+    async fn stats(&self) -> Result<Value, ApiError> {
+        let census = self.read.census.fresh().await;
+        let read = self.read.clone();
+        let report = tokio::task::spawn_blocking(move || read.stats(&census))
+            .await
+            .map_err(|e| AgentError::Runtime(format!("stats: {e}")))?
+            .map_err(AgentError::from)?;
+        let mut value = serde_json::to_value(&report).map_err(|e| ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: e.to_string(),
+        })?;
+        // The cluster sync's counters, when this agent is in a cluster.
+        if let Some(cluster) = &self.cluster {
+            value["cluster"] = json!(cluster.status().counters);
+        }
+        Ok(value)
+    }
+
+    async fn cluster(&self) -> Result<Value, ApiError> {
+        match &self.cluster {
+            Some(cluster) => to_json(&cluster.status()),
+            None => Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: "this agent is not in a cluster: its config has no [cluster] table".into(),
+            }),
+        }
+    }
+
+    async fn top(
+        &self,
+        n: usize,
+        interval: Duration,
+        limit: Option<usize>,
+    ) -> Result<Value, ApiError> {
+        // Off the agent's lock, one `top` at a time (each keeps up to 16 MiB of baseline).
+        let _turn = self
+            .top_turn
+            .acquire()
+            .await
+            .map_err(|e| AgentError::Runtime(format!("top: {e}")))?;
+        let report = top::measure(
+            self.read.maps.clone(),
+            self.read.rules.clone(),
+            (n, limit),
+            interval,
+            top::BASELINE_BUDGET,
+        )
+        .await
+        .map_err(AgentError::from)?;
+        to_json(&report)
+    }
+
+    async fn explain(
+        &self,
+        ip: IpAddr,
+        protocol: u8,
+        dst_port: Option<u16>,
+        tcp_flags: Option<u8>,
+    ) -> Result<Value, ApiError> {
+        let answer = self
+            .agent
+            .lock()
+            .await
+            .explain(ip, protocol, dst_port, tcp_flags)?;
+        to_json(&answer)
+    }
+
+    async fn detach(&self, iface: Option<String>) -> Result<Value, ApiError> {
+        let done = self.agent.lock().await.detach(iface.as_deref())?;
+        Ok(json!({ "detached": done }))
+    }
 }
 
 /// A refused or failed request: its status and the message of `{"error": ...}`.
@@ -230,6 +398,18 @@ impl ApiError {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
         }
+    }
+
+    /// The status the request is answered with.
+    #[must_use]
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The message of `{"error": ...}`.
+    #[must_use]
+    pub fn message(&self) -> &str {
+        &self.message
     }
 }
 
@@ -255,6 +435,27 @@ impl From<AgentError> for ApiError {
     }
 }
 
+/// A query string axum cannot read (a key given twice, say): 400 with the API's `{"error": ...}`
+/// (axum's own rejection is plain text).
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
+        Self {
+            status: e.status(),
+            message: e.body_text(),
+        }
+    }
+}
+
+/// A path axum cannot read (a rule name that is not UTF-8 once decoded): as above.
+impl From<PathRejection> for ApiError {
+    fn from(e: PathRejection) -> Self {
+        Self {
+            status: e.status(),
+            message: e.body_text(),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status, Json(json!({ "error": self.message }))).into_response()
@@ -263,8 +464,8 @@ impl IntoResponse for ApiError {
 
 type ApiResult<T = Json<Value>> = Result<T, ApiError>;
 
-fn to_json(v: &impl Serialize) -> ApiResult {
-    serde_json::to_value(v).map(Json).map_err(|e| ApiError {
+fn to_json(v: &impl Serialize) -> Result<Value, ApiError> {
+    serde_json::to_value(v).map_err(|e| ApiError {
         status: StatusCode::INTERNAL_SERVER_ERROR,
         message: format!("encoding the answer: {e}"),
     })
@@ -296,19 +497,12 @@ struct StatusAnswer {
     cluster: Option<ClusterStatus>,
 }
 
-async fn status(State(state): State<ApiState>) -> ApiResult {
-    // The bucket count first, without the lock: the lock is then held for a few system calls.
-    let census = state.read.census.fresh().await;
-    let agent = state.agent.lock().await.status(&census)?;
-    to_json(&StatusAnswer {
-        agent,
-        cluster: state.cluster.as_ref().map(ClusterHandle::status),
-    })
+async fn status<B: Backend>(State(b): State<B>) -> ApiResult {
+    b.status().await.map(Json)
 }
 
-async fn rules_list(State(agent): State<SharedAgent>) -> ApiResult {
-    let guard = agent.lock().await;
-    to_json(&json!({ "rules": guard.config().rules }))
+async fn rules_list<B: Backend>(State(b): State<B>) -> ApiResult {
+    b.rules().await.map(Json)
 }
 
 /// Query of `POST /v1/rules` and `DELETE /v1/rules/{name}`.
@@ -329,79 +523,39 @@ impl ChangeQuery {
     }
 }
 
-async fn rules_add(
-    State(agent): State<SharedAgent>,
-    Query(q): Query<ChangeQuery>,
+async fn rules_add<B: Backend>(
+    State(b): State<B>,
+    q: Result<Query<ChangeQuery>, QueryRejection>,
     body: Bytes,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let force = q.force()?;
+    let force = q?.force()?;
     let value: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("the request body is not JSON: {e}")))?;
     let rule = rule_from_json(&value).map_err(ApiError::bad_request)?;
-    let mut guard = agent.lock().await;
-    tokio::task::block_in_place(|| guard.add_rule(rule.clone(), force))?;
-    let added = guard
-        .config()
-        .rules
-        .iter()
-        .find(|r| r.name == rule.name)
-        .unwrap_or(&rule);
-    tracing::info!(rule = %rule.name, "rule added (API)");
-    let body = json!({ "added": added, "rules": guard.config().rules.len() });
+    let body = b.add_rule(rule, force).await?;
     Ok((StatusCode::CREATED, Json(body)))
 }
 
-async fn rules_remove(
-    State(agent): State<SharedAgent>,
-    UrlPath(name): UrlPath<String>,
-    Query(q): Query<ChangeQuery>,
+async fn rules_remove<B: Backend>(
+    State(b): State<B>,
+    name: Result<UrlPath<String>, PathRejection>,
+    q: Result<Query<ChangeQuery>, QueryRejection>,
 ) -> ApiResult {
-    let force = q.force()?;
-    let mut guard = agent.lock().await;
-    tokio::task::block_in_place(|| guard.remove_rule(&name, force))?;
-    tracing::info!(rule = %name, "rule removed (API)");
-    Ok(Json(
-        json!({ "removed": name, "rules": guard.config().rules.len() }),
-    ))
+    let UrlPath(name) = name?;
+    let force = q?.force()?;
+    b.remove_rule(name, force).await.map(Json)
 }
 
-async fn reload(State(agent): State<SharedAgent>) -> ApiResult {
-    let mut guard = agent.lock().await;
-    // These read the config file (and its lists): off the runtime's worker threads.
-    tokio::task::block_in_place(|| guard.reload())?;
-    Ok(Json(json!({
-        "reloaded": true,
-        "rules": guard.config().rules.len(),
-        "restart_needed": guard.reload_state().restart_needed,
-    })))
+async fn reload<B: Backend>(State(b): State<B>) -> ApiResult {
+    b.reload().await.map(Json)
 }
 
-async fn stats(State(state): State<ApiState>) -> ApiResult {
-    let census = state.read.census.fresh().await;
-    let read = state.read.clone();
-    let report = tokio::task::spawn_blocking(move || read.stats(&census))
-        .await
-        .map_err(|e| AgentError::Runtime(format!("stats: {e}")))?
-        .map_err(AgentError::from)?;
-    let mut value = serde_json::to_value(&report).map_err(|e| ApiError {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        message: e.to_string(),
-    })?;
-    // The cluster sync's counters, when this agent is in a cluster.
-    if let Some(cluster) = &state.cluster {
-        value["cluster"] = json!(cluster.status().counters);
-    }
-    Ok(Json(value))
+async fn stats<B: Backend>(State(b): State<B>) -> ApiResult {
+    b.stats().await.map(Json)
 }
 
-async fn cluster(State(state): State<ApiState>) -> ApiResult {
-    match &state.cluster {
-        Some(cluster) => to_json(&cluster.status()),
-        None => Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: "this agent is not in a cluster: its config has no [cluster] table".into(),
-        }),
-    }
+async fn cluster<B: Backend>(State(b): State<B>) -> ApiResult {
+    b.cluster().await.map(Json)
 }
 
 /// Query of `GET /v1/top`: strings, so that a bad value gets our message rather than a rejection.
@@ -412,7 +566,11 @@ struct TopQuery {
     limit: Option<String>,
 }
 
-async fn top(State(state): State<ApiState>, Query(q): Query<TopQuery>) -> ApiResult {
+async fn top<B: Backend>(
+    State(b): State<B>,
+    q: Result<Query<TopQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = q?;
     let n = match q.n.as_deref() {
         None => TOP_N.0,
         Some(s) => s
@@ -454,22 +612,9 @@ async fn top(State(state): State<ApiState>, Query(q): Query<TopQuery>) -> ApiRes
                 })?,
         ),
     };
-    // Off the agent's lock, one `top` at a time (each keeps up to 16 MiB of baseline).
-    let _turn = state
-        .top_turn
-        .acquire()
+    b.top(n, Duration::from_millis(interval_ms), limit)
         .await
-        .map_err(|e| AgentError::Runtime(format!("top: {e}")))?;
-    let report = top::measure(
-        state.read.maps.clone(),
-        state.read.rules.clone(),
-        (n, limit),
-        Duration::from_millis(interval_ms),
-        top::BASELINE_BUDGET,
-    )
-    .await
-    .map_err(AgentError::from)?;
-    to_json(&report)
+        .map(Json)
 }
 
 /// Query of `GET /v1/explain`.
@@ -481,7 +626,11 @@ struct ExplainQuery {
     tcp_flags: Option<String>,
 }
 
-async fn explain(State(agent): State<SharedAgent>, Query(q): Query<ExplainQuery>) -> ApiResult {
+async fn explain<B: Backend>(
+    State(b): State<B>,
+    q: Result<Query<ExplainQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = q?;
     let (ip, protocol, dst_port) = explain_args(
         q.ip.as_deref(),
         q.protocol.as_deref(),
@@ -494,11 +643,7 @@ async fn explain(State(agent): State<SharedAgent>, Query(q): Query<ExplainQuery>
         .map(|f| explain_tcp_flags(f, protocol))
         .transpose()
         .map_err(ApiError::bad_request)?;
-    let answer = agent
-        .lock()
-        .await
-        .explain(ip, protocol, dst_port, tcp_flags)?;
-    to_json(&answer)
+    b.explain(ip, protocol, dst_port, tcp_flags).await.map(Json)
 }
 
 /// Parses `explain`'s `tcp_flags`: the flags the packet carries, as names joined by `,` or `+`
@@ -586,7 +731,7 @@ pub fn explain_args(
     Ok((ip, protocol, dst_port))
 }
 
-async fn detach(State(agent): State<SharedAgent>, body: Bytes) -> ApiResult {
+async fn detach<B: Backend>(State(b): State<B>, body: Bytes) -> ApiResult {
     let iface = if body.iter().all(u8::is_ascii_whitespace) {
         None
     } else {
@@ -602,8 +747,7 @@ async fn detach(State(agent): State<SharedAgent>, body: Bytes) -> ApiResult {
             }
         }
     };
-    let done = agent.lock().await.detach(iface.as_deref())?;
-    Ok(Json(json!({ "detached": done })))
+    b.detach(iface).await.map(Json)
 }
 
 /// Keys a rule object may have.
