@@ -399,8 +399,11 @@ fn dry_run_delivers_everything_and_counts_would_be_drops() {
 
 #[test]
 fn keep_attached_restart_keeps_enforcing_and_the_buckets() {
+    // A bucket that takes 30 s to refill: the restart (several seconds on a loaded machine; 8.9 s
+    // seen in CI's company) must stay well inside it, or a kept bucket and a lost one would both
+    // have refilled to the burst by the third burst and the test could not tell them apart.
     const RATE: u64 = 1;
-    const BURST: u64 = 5;
+    const BURST: u64 = 30;
     let src = "198.18.0.1";
     let bed = bed("keep", &[src]);
     // Both agents share the pin directory (and socket), so the second adopts the first's state.
@@ -411,7 +414,7 @@ fn keep_attached_restart_keeps_enforcing_and_the_buckets() {
     );
     let burst = |phase: &str| {
         let receiver = bed.receiver();
-        let sent = bed.send(src, &receiver, 2000, Duration::from_millis(10));
+        let sent = bed.send(src, &receiver, 2000, Duration::from_millis(40));
         let got = received(&finish(receiver), src);
         println!("keep-attached, {phase}: sent {}, received {got}", sent.sent);
         assert!(sent.sent >= 2 * BURST, "sent only {}", sent.sent);
@@ -437,8 +440,14 @@ fn keep_attached_restart_keeps_enforcing_and_the_buckets() {
     );
     let (s3, got3) = burst("second agent");
     // One bucket all along: what passed in all three bursts is one bucket's worth over the whole
-    // span (the gaps are far shorter than the burst / rate = 5 s it takes to refill). A bucket
+    // span (the gaps are far shorter than the burst / rate = 30 s it takes to refill). A bucket
     // lost in the restart would have let another full burst through.
+    let span = s3.last.duration_since(s1.first);
+    assert!(
+        span < Duration::from_secs(BURST / RATE / 2),
+        "the three bursts took {span:?}: too close to the refill time for the count to tell one \
+         bucket from two"
+    );
     let total = got1 + got2 + got3;
     let expected = bucket_expectation(
         BURST,

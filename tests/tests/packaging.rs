@@ -4,8 +4,10 @@
 //! dashboard and Prometheus alert rules (`promtool check rules`, and every metric they name is
 //! one the agent exports). `cargo xtask setup` installs the tools.
 //!
-//! The package is built once per run of this file (a release build: minutes the first time);
-//! `RATELIMIT_DEB=path.deb` uses an already built one instead.
+//! The package is built once per run of this file, from the debug build the other tests run
+//! (`cargo xtask package --debug`: the release build would add minutes, and what is checked here
+//! does not depend on it); `RATELIMIT_DEB=path.deb` checks an already built one instead (e.g. the
+//! release package: `RATELIMIT_DEB=$(cargo xtask package | tail -1)`).
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt as _;
@@ -56,7 +58,9 @@ fn package() -> &'static Unpacked {
             let out = stdout(
                 Command::new(cargo)
                     .current_dir(workspace())
-                    .args(["xtask", "package", "--out"])
+                    // The debug build the other tests run: the same contents, without a
+                    // release build (about 6 minutes of CI on 2 cores).
+                    .args(["xtask", "package", "--debug", "--out"])
                     .arg(dir.join("out")),
             );
             PathBuf::from(

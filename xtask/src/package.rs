@@ -21,11 +21,16 @@ pub struct Options {
     /// Copy the .deb into this directory too.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Package the debug build instead of the release one: the same contents (binary, unit,
+    /// conffile, pages, completions) without the release build's minutes. For the packaging
+    /// tests, which check what the package holds; never ship it.
+    #[arg(long)]
+    pub debug: bool,
 }
 
 pub fn run(opts: &Options) -> Result<()> {
     setup::ensure()?;
-    let deb = package()?;
+    let deb = package(opts.debug)?;
     if let Some(dir) = &opts.out {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let to = dir.join(deb.file_name().context("a .deb has a file name")?);
@@ -38,11 +43,13 @@ pub fn run(opts: &Options) -> Result<()> {
     Ok(())
 }
 
-/// Builds the release binary, writes the generated pages and scripts, runs cargo-deb; returns the
-/// .deb's path.
-fn package() -> Result<PathBuf> {
-    let binary = build::build(true)?;
-    let staging = cmd::target_dir().join("release").join("package");
+/// Builds the release binary (the debug one with `debug`), writes the generated pages and
+/// scripts, runs cargo-deb; returns the .deb's path.
+fn package(debug: bool) -> Result<PathBuf> {
+    let binary = build::build(!debug)?;
+    // cargo-deb reads the assets' `target/release/` as the profile's own directory.
+    let profile_dir = if debug { "debug" } else { "release" };
+    let staging = cmd::target_dir().join(profile_dir).join("package");
     if staging.exists() {
         fs::remove_dir_all(&staging).with_context(|| format!("emptying {}", staging.display()))?;
     }
@@ -57,6 +64,10 @@ fn package() -> Result<PathBuf> {
         "--no-build",
         "--no-strip",
     ]);
+    if debug {
+        // cargo-deb 3 warns that a dev profile is not for releases: this package is not one.
+        deb.args(["--profile", "dev"]);
+    }
     let (status, stdout, stderr) = cmd::output(&mut deb).context("running cargo deb")?;
     if !status.success() {
         bail!("cargo deb failed ({status}): {}{}", stdout, stderr);
