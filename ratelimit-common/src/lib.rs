@@ -198,6 +198,11 @@ pub mod global {
     /// the L4 header) from a source no protocol or port rule applies to: passed, classified by
     /// its `any` rule if it has one.
     pub const LONG_CHAINS: usize = 19;
+    /// A bucket charge whose compare-and-swaps all failed (other CPUs, or the cluster's charge,
+    /// kept moving the bucket): judged by one atomic add instead, exactly when the bucket was not
+    /// full, else dropped (a packet that would have fitted may be dropped, none admitted beyond
+    /// `burst + rate x t`). Stays 0 but under extreme contention on one bucket.
+    pub const CONTENDED_FALLBACKS: usize = 20;
     /// Number of counters.
     pub const COUNT: usize = 24;
     /// Names as printed by the CLI and the metrics, by index (empty: reserved).
@@ -222,7 +227,7 @@ pub mod global {
         "dropped_long_chains",
         "dropped_fragment_conflicts",
         "long_chains",
-        "",
+        "contended_fallbacks",
         "",
         "",
         "",

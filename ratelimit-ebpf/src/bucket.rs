@@ -6,7 +6,7 @@
 
 use core::intrinsics::{atomic_cxchg, atomic_xadd, atomic_xsub, AtomicOrdering};
 
-use ratelimit_common::{byte_cost_ns, rule_flags, verdict, Bucket, Limit, Rule};
+use ratelimit_common::{byte_cost_ns, global, rule_flags, verdict, Bucket, Limit, Rule};
 
 /// The parameters of one limit: a rule's first (its own fields) or one of its `extra` limits.
 /// A trait rather than a copy into one form, so the first limit's path reads the rule's fields
@@ -50,8 +50,13 @@ params!(Limit);
 
 /// CAS attempts before the fetch-and-add fallback in [`gcra`]. Each failure means another CPU
 /// made progress on this bucket, so a handful covers any realistic contention; the verifier needs
-/// a bound (an unbounded loop is rejected as "too complex").
-const CAS_RETRIES: usize = 8;
+/// a bound (an unbounded loop is rejected as "too complex"). One with the test-only feature
+/// `test-cas-once`, so that a test on 2 CPUs drives the fallback (see Cargo.toml).
+const CAS_RETRIES: usize = if cfg!(feature = "test-cas-once") {
+    1
+} else {
+    8
+};
 
 /// Result of charging one limit.
 #[derive(PartialEq, Eq, Clone, Copy)]
@@ -96,6 +101,7 @@ fn gcra(tat: *mut u64, now: u64, cost: u64, tolerance: u64) -> Charge {
     // packet dropped: under contention a packet may be dropped that would have fitted, never
     // admitted beyond `burst + rate x t`. No drop window (`until` 0): the refunds of other CPUs
     // may lower the TAT below what this CPU saw.
+    crate::stats::bump_global(global::CONTENDED_FALLBACKS);
     // SAFETY: as above.
     let old = unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(tat, cost) };
     if old >= now && old + cost - now <= tolerance {

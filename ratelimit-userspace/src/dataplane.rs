@@ -151,6 +151,9 @@ pub struct LoadOptions {
     pub pin_dir: PathBuf,
     /// Capacity of the bucket map.
     pub max_buckets: u32,
+    /// A compiled XDP object to load instead of the one built in (`None` for the agent): the
+    /// tests' build variants of the program (ratelimit-ebpf's test-only features).
+    pub object: Option<PathBuf>,
 }
 
 /// The loaded program, its maps and its attachments.
@@ -198,10 +201,16 @@ impl Dataplane {
 
     fn load_pinned(opts: &LoadOptions, lock: fs::File) -> Result<Self> {
         maps::check_pinned(&opts.pin_dir, opts.max_buckets)?;
+        let other = match &opts.object {
+            Some(path) => Some(fs::read(path).map_err(|e| {
+                DataplaneError::Load(format!("reading the XDP object {}: {e}", path.display()))
+            })?),
+            None => None,
+        };
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&opts.pin_dir)
             .map_max_entries(map_names::BUCKETS, bucket_capacity(opts.max_buckets))
-            .load(OBJECT)
+            .load(other.as_deref().unwrap_or(OBJECT))
             .map_err(|e| DataplaneError::Load(format!("{e:#}")))?;
         let program = xdp_program(&mut ebpf)?;
         program

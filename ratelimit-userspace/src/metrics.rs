@@ -75,7 +75,7 @@ const SHAPE_DROPS: [(usize, &str); 3] = [
 ];
 
 /// Global counters exported as a metric of their own: (index, metric name without `_total`, help).
-const GLOBAL_COUNTERS: [(usize, &str, &str); 9] = [
+const GLOBAL_COUNTERS: [(usize, &str, &str); 10] = [
     (global::PACKETS, "ratelimit_packets", "Packets the XDP program saw, on every attached interface."),
     (global::NON_IP, "ratelimit_non_ip_packets", "Packets that were neither IPv4 nor IPv6 (ARP, LLDP...): passed."),
     (
@@ -105,6 +105,12 @@ const GLOBAL_COUNTERS: [(usize, &str, &str); 9] = [
         global::INTERNAL,
         "ratelimit_internal_errors",
         "Internal errors of the XDP program (a map lookup that cannot fail did): the packet passed.",
+    ),
+    (
+        global::CONTENDED_FALLBACKS,
+        "ratelimit_contended_fallbacks",
+        "Bucket charges whose compare-and-swaps all failed under contention, judged by one atomic \
+         add: exact unless the bucket was full, then dropped (never admitted beyond the limit).",
     ),
 ];
 

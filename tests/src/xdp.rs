@@ -2,7 +2,7 @@
 //! frames through it with BPF_PROG_TEST_RUN and reading its counters.
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::atomic::{AtomicU32, Ordering},
     time::Duration,
 };
@@ -33,6 +33,12 @@ impl TestDataplane {
     /// Loads the program with a bucket map of `max_buckets` under
     /// `/sys/fs/bpf/rl-test-<name>-<pid>-<n>`.
     pub fn new(name: &str, max_buckets: u32) -> Result<Self> {
+        Self::with_object(name, max_buckets, None)
+    }
+
+    /// [`TestDataplane::new`] with the XDP object at `object` (a build variant, see
+    /// [`variant_object`]) instead of the one built into the agent.
+    pub fn with_object(name: &str, max_buckets: u32, object: Option<PathBuf>) -> Result<Self> {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let pin_dir = PathBuf::from(format!(
             "/sys/fs/bpf/rl-test-{name}-{}-{n}",
@@ -41,6 +47,7 @@ impl TestDataplane {
         let dp = Dataplane::load(&LoadOptions {
             pin_dir: pin_dir.clone(),
             max_buckets,
+            object,
         })
         .with_context(|| format!("loading the XDP program under {}", pin_dir.display()))?;
         Ok(Self {
@@ -228,4 +235,76 @@ impl ProgramRunner {
         );
         attr.retval
     }
+}
+
+/// Builds the XDP program with ratelimit-ebpf's test-only `feature` (e.g. `test-cas-once`) and
+/// returns the object's path: as ratelimit-userspace/build.rs builds the real one (same flags, so
+/// the two differ only by the feature), in a target dir of its own per feature
+/// (target/ebpf-variant-FEATURE), once per test process.
+pub fn variant_object(feature: &str) -> Result<PathBuf> {
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, path)) = built.iter().find(|(f, _)| f == feature) {
+        return Ok(path.clone());
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("the tests crate has a parent")?
+        .to_path_buf();
+    let target_dir = workspace
+        .join("target")
+        .join(format!("ebpf-variant-{feature}"));
+    let mut cmd = std::process::Command::new("rustup");
+    cmd.args([
+        "run",
+        "nightly",
+        "cargo",
+        "build",
+        "--package",
+        "ratelimit-ebpf",
+    ])
+    .args(["--bin", "ratelimit", "--features", feature, "--release"])
+    .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+    .arg("--target-dir")
+    .arg(&target_dir)
+    .current_dir(&workspace)
+    .env(
+        "CARGO_ENCODED_RUSTFLAGS",
+        [
+            "-Ctarget-cpu=v3",
+            "-Cdebuginfo=2",
+            "-Clink-arg=--btf",
+            "--cfg=bpf_target_arch=\"x86_64\"",
+        ]
+        .join("\x1f"),
+    );
+    // What cargo test sets for its own build must not leak into this one (see build.rs).
+    for key in [
+        "RUSTC",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "CARGO_MAKEFLAGS",
+        "RUSTUP_TOOLCHAIN",
+        "CARGO",
+    ] {
+        cmd.env_remove(key);
+    }
+    let out = cmd
+        .output()
+        .context("running `rustup run nightly cargo build` for ratelimit-ebpf")?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "building the XDP program with feature {feature} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let path = target_dir.join("bpfel-unknown-none/release/ratelimit");
+    built.push((feature.to_owned(), path.clone()));
+    Ok(path)
 }

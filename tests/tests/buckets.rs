@@ -405,16 +405,42 @@ fn monotonic_ns() -> u64 {
 /// an equality unless both CPUs stall longer than the bucket is ahead), which gives
 /// passed <= (end - created + tolerance) / interval = burst + rate x t.
 ///
-/// On this 2-CPU machine 8 failures in a row were never seen (none in 4M packets, counted with a
-/// temporary counter), so the fallback runs here only as often as contention makes it; with
-/// `CAS_RETRIES` set to 1 (tens of thousands of fallbacks per run) the test passes, and fails if
-/// the fallback admits without charging. A plain store instead of the CAS (lost charges) fails it.
+/// On this 2-CPU machine 8 failures in a row are rare (`contended_fallbacks`, none in 4M
+/// packets), so the real program's fallback runs here only as often as contention makes it; the
+/// next test runs the same on the program built with one attempt (`test-cas-once`), where the
+/// fallback judges a large share of the packets. A plain store instead of the CAS (lost charges)
+/// fails this one.
 #[test]
 fn contended_buckets_pay_for_every_admitted_packet_on_any_path() {
     require_root();
+    let dp = TestDataplane::new("casfall", 1024).unwrap();
+    let fallbacks = contend_for_one_bucket(dp);
+    println!("the real program: {fallbacks} contended fallbacks");
+}
+
+/// The same contention on the program built with one compare-and-swap per charge
+/// (ratelimit-ebpf's test-only feature `test-cas-once`), so that the fetch-and-add fallback of
+/// `bucket.rs` judges many of the packets (counted: `contended_fallbacks`) and must keep the
+/// exact account: it fails if the fallback admits a packet without charging it, or keeps a
+/// dropped packet's charge.
+#[test]
+fn the_contended_fallback_admits_nothing_it_does_not_charge() {
+    require_root();
+    let object = ratelimit_testbed::xdp::variant_object("test-cas-once").unwrap();
+    let dp = TestDataplane::with_object("casonce", 1024, Some(object)).unwrap();
+    let fallbacks = contend_for_one_bucket(dp);
+    println!("one compare-and-swap per charge: {fallbacks} contended fallbacks");
+    assert!(
+        fallbacks > 1000,
+        "only {fallbacks} charges reached the fallback: the test did not drive it"
+    );
+}
+
+/// Both CPUs (and the agent's in-place charge) on one bucket; asserts the exact account and
+/// returns the `contended_fallbacks` counter.
+fn contend_for_one_bucket(mut dp: TestDataplane) -> u64 {
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     assert!(cpus >= 2, "needs two CPUs");
-    let mut dp = TestDataplane::new("casfall", 1024).unwrap();
     // 1 us per token and a burst of 100k: the burst is spent by both CPUs at once (every packet
     // conforms, every packet is a compare-and-swap), then each token is raced for.
     let set = dp
@@ -526,6 +552,7 @@ fn contended_buckets_pay_for_every_admitted_packet_on_any_path() {
         passed >= 100_000 / 2,
         "passed {passed}: the burst (less the hammer's charges) was not admitted"
     );
+    dp.global().counters[global::CONTENDED_FALLBACKS]
 }
 
 /// Every verdict counts its packets and their frame bytes under the rule, exactly: `passed`,

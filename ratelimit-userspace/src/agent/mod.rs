@@ -187,6 +187,7 @@ impl Agent {
         let dp = Dataplane::load(&LoadOptions {
             pin_dir: config.agent.pin_path.clone(),
             max_buckets: config.agent.max_buckets,
+            object: None,
         })?;
         // Ids of rules already installed (a previous agent's pinned state) are kept, so unchanged
         // rules keep their buckets across a restart.
