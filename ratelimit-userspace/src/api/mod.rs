@@ -59,6 +59,7 @@
 //! curl --unix-socket /run/ratelimit/agent.sock 'http://agent/v1/top?n=5&interval_ms=500'
 //! ```
 
+#[cfg(any(test, feature = "probe"))]
 pub mod probe;
 mod top;
 
