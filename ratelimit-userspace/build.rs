@@ -1,17 +1,15 @@
 //! Builds the XDP program (`ratelimit-ebpf`) for `bpfel-unknown-none` with the nightly toolchain
 //! and bpf-linker, and leaves the object at `$OUT_DIR/ratelimit.bpf.o` for `include_bytes!`.
 //!
-//! Written out rather than using aya-build so the eBPF flags live in one visible place:
-//! `-C target-cpu=v3` is what makes LLVM emit the 64-bit compare-and-swap the bucket update needs
-//! (see ../shared/TOOLCHAIN.md, "Atomics in eBPF Rust"). `cargo xtask setup` installs what this needs.
+//! Written out rather than using aya-build so the eBPF flags live in one visible place,
+//! ratelimit-ebpf/nightly_build.rs, which xtask and the tests include too. `cargo xtask setup`
+//! installs what this needs.
 
-use std::{
-    env,
-    path::PathBuf,
-    process::{Command, Stdio},
-};
+use std::{env, path::PathBuf, process::Stdio};
 
 use anyhow::{bail, Context as _, Result};
+
+include!("../ratelimit-ebpf/nightly_build.rs");
 
 fn main() -> Result<()> {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").context("OUT_DIR not set")?);
@@ -41,60 +39,15 @@ fn main() -> Result<()> {
 
     // A target dir of its own: the outer cargo holds the lock on the workspace's.
     let target_dir = workspace.join("target").join("ebpf");
-    let mut cmd = Command::new("rustup");
-    cmd.args([
-        "run",
-        "nightly",
-        "cargo",
-        "build",
-        "--package",
-        "ratelimit-ebpf",
-        "--bin",
-        "ratelimit",
-    ])
-    .args([
-        "--release",
-        "--target",
-        "bpfel-unknown-none",
-        "-Z",
-        "build-std=core",
-    ])
-    .arg("--target-dir")
-    .arg(&target_dir)
-    .current_dir(&workspace)
-    .env(
-        "CARGO_ENCODED_RUSTFLAGS",
-        [
-            "-Ctarget-cpu=v3",
-            "-Cdebuginfo=2",
-            "-Clink-arg=--btf",
-            "--cfg=bpf_target_arch=\"x86_64\"",
-        ]
-        .join("\x1f"),
-    )
-    .stdout(Stdio::inherit())
-    .stderr(Stdio::inherit());
-    // Variables the outer (stable) cargo set for this build script must not leak into the nightly one.
-    for key in [
-        "RUSTC",
-        "RUSTC_WRAPPER",
-        "RUSTC_WORKSPACE_WRAPPER",
-        "RUSTFLAGS",
-        "CARGO_TARGET_DIR",
-        "CARGO_BUILD_TARGET",
-        "CARGO_MAKEFLAGS",
-        "RUSTUP_TOOLCHAIN",
-        "CARGO",
-    ] {
-        cmd.env_remove(key);
-    }
+    let mut cmd = ebpf_build(&workspace, &target_dir, &[]);
+    cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
     let status = cmd.status().context(
         "running `rustup run nightly cargo build` for ratelimit-ebpf (run `cargo xtask setup` first)",
     )?;
     if !status.success() {
         bail!("building the XDP program failed ({status}); `cargo xtask setup` installs the nightly rust-src and bpf-linker it needs");
     }
-    let built = target_dir.join("bpfel-unknown-none/release/ratelimit");
+    let built = ebpf_object(&target_dir);
     std::fs::copy(&built, &object)
         .with_context(|| format!("copying {} to {}", built.display(), object.display()))?;
     Ok(())

@@ -237,9 +237,14 @@ impl ProgramRunner {
     }
 }
 
+/// How the XDP program is built, shared with ratelimit-userspace/build.rs and xtask.
+mod ebpf_build {
+    include!("../../ratelimit-ebpf/nightly_build.rs");
+}
+
 /// Builds the XDP program with ratelimit-ebpf's test-only `feature` (e.g. `test-cas-once`) and
-/// returns the object's path: as ratelimit-userspace/build.rs builds the real one (same flags, so
-/// the two differ only by the feature), in a target dir of its own per feature
+/// returns the object's path: as ratelimit-userspace/build.rs builds the real one (the same
+/// command, so the two differ only by the feature), in a target dir of its own per feature
 /// (target/ebpf-variant-FEATURE), once per test process.
 pub fn variant_object(feature: &str) -> Result<PathBuf> {
     static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
@@ -256,44 +261,7 @@ pub fn variant_object(feature: &str) -> Result<PathBuf> {
     let target_dir = workspace
         .join("target")
         .join(format!("ebpf-variant-{feature}"));
-    let mut cmd = std::process::Command::new("rustup");
-    cmd.args([
-        "run",
-        "nightly",
-        "cargo",
-        "build",
-        "--package",
-        "ratelimit-ebpf",
-    ])
-    .args(["--bin", "ratelimit", "--features", feature, "--release"])
-    .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
-    .arg("--target-dir")
-    .arg(&target_dir)
-    .current_dir(&workspace)
-    .env(
-        "CARGO_ENCODED_RUSTFLAGS",
-        [
-            "-Ctarget-cpu=v3",
-            "-Cdebuginfo=2",
-            "-Clink-arg=--btf",
-            "--cfg=bpf_target_arch=\"x86_64\"",
-        ]
-        .join("\x1f"),
-    );
-    // What cargo test sets for its own build must not leak into this one (see build.rs).
-    for key in [
-        "RUSTC",
-        "RUSTC_WRAPPER",
-        "RUSTC_WORKSPACE_WRAPPER",
-        "RUSTFLAGS",
-        "CARGO_TARGET_DIR",
-        "CARGO_BUILD_TARGET",
-        "CARGO_MAKEFLAGS",
-        "RUSTUP_TOOLCHAIN",
-        "CARGO",
-    ] {
-        cmd.env_remove(key);
-    }
+    let mut cmd = ebpf_build::ebpf_build(&workspace, &target_dir, &[feature]);
     let out = cmd
         .output()
         .context("running `rustup run nightly cargo build` for ratelimit-ebpf")?;
@@ -304,7 +272,7 @@ pub fn variant_object(feature: &str) -> Result<PathBuf> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let path = target_dir.join("bpfel-unknown-none/release/ratelimit");
+    let path = ebpf_build::ebpf_object(&target_dir);
     built.push((feature.to_owned(), path.clone()));
     Ok(path)
 }

@@ -36,28 +36,16 @@ pub fn cargo() -> Command {
     cmd
 }
 
-/// `rustup run nightly cargo` for the eBPF crate, with the variables the stable cargo that runs this
-/// xtask exported removed: `CARGO` in particular would make nightly's cargo-clippy call stable cargo,
-/// which rejects `-Z build-std`. The same list as in ratelimit-userspace/build.rs.
+/// `rustup run nightly cargo` for the eBPF crate, in the workspace, with the variables the stable
+/// cargo that runs this xtask exported removed (see [`ebpf_build::nightly_cargo_in`]).
 pub fn nightly_cargo() -> Command {
-    let mut cmd = Command::new("rustup");
-    cmd.args(["run", "nightly", "cargo"])
-        .current_dir(workspace_root());
-    for key in [
-        "RUSTC",
-        "RUSTC_WRAPPER",
-        "RUSTC_WORKSPACE_WRAPPER",
-        "RUSTFLAGS",
-        "CARGO_ENCODED_RUSTFLAGS",
-        "CARGO_TARGET_DIR",
-        "CARGO_BUILD_TARGET",
-        "CARGO_MAKEFLAGS",
-        "RUSTUP_TOOLCHAIN",
-        "CARGO",
-    ] {
-        cmd.env_remove(key);
-    }
-    cmd
+    ebpf_build::nightly_cargo_in(&workspace_root())
+}
+
+/// How the XDP program is built (flags, the nightly cargo), shared with
+/// ratelimit-userspace/build.rs and the tests.
+pub mod ebpf_build {
+    include!("../../ratelimit-ebpf/nightly_build.rs");
 }
 
 /// Prints a one-line description of a step about to run.

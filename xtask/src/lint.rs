@@ -5,15 +5,6 @@ use anyhow::{bail, Result};
 
 use crate::{cmd, setup};
 
-/// The eBPF crate's flags, as ratelimit-userspace/build.rs passes them (keep the two in step), so
-/// clippy sees the code as it is built: `target-cpu=v3` selects the atomics the bucket update uses.
-const EBPF_RUSTFLAGS: [&str; 4] = [
-    "-Ctarget-cpu=v3",
-    "-Cdebuginfo=2",
-    "-Clink-arg=--btf",
-    "--cfg=bpf_target_arch=\"x86_64\"",
-];
-
 /// Check formatting and run clippy with warnings as errors.
 #[derive(Debug, clap::Args)]
 pub struct Options {}
@@ -46,7 +37,10 @@ pub fn run(_opts: &Options) -> Result<()> {
         .arg("--target-dir")
         .arg(cmd::target_dir().join("ebpf-clippy"))
         .args(["--", "-D", "warnings"])
-        .env("CARGO_ENCODED_RUSTFLAGS", EBPF_RUSTFLAGS.join("\x1f"));
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            cmd::ebpf_build::EBPF_RUSTFLAGS.join("\x1f"),
+        );
 
     let steps = [
         ("Checking formatting (cargo fmt --check)", fmt),

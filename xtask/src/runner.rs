@@ -125,28 +125,13 @@ pub fn run_runner(r: &Runner) -> Result<()> {
 /// target/ebpf it would overwrite the object the agent's build script copies.
 fn build_without_cut() -> Result<std::path::PathBuf> {
     let target_dir = cmd::target_dir().join("ebpf-bench");
-    let mut cargo = cmd::nightly_cargo();
-    cargo
-        .args(["build", "--package", "ratelimit-ebpf", "--bin", "ratelimit"])
-        .args(["--features", "bench-without-cut", "--release"])
-        .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
-        .arg("--target-dir")
-        .arg(&target_dir)
-        .current_dir(cmd::workspace_root())
-        // The flags of ratelimit-userspace/build.rs, so the two objects differ only by the feature.
-        .env(
-            "CARGO_ENCODED_RUSTFLAGS",
-            [
-                "-Ctarget-cpu=v3",
-                "-Cdebuginfo=2",
-                "-Clink-arg=--btf",
-                "--cfg=bpf_target_arch=\"x86_64\"",
-            ]
-            .join("\x1f"),
-        );
+    // The flags of ratelimit-userspace/build.rs (the same file), so the two objects differ only by
+    // the feature.
+    let mut cargo =
+        cmd::ebpf_build::ebpf_build(&cmd::workspace_root(), &target_dir, &["bench-without-cut"]);
     cmd::run_step(
         "Building the bench-only XDP object without the handling of cut packets",
         &mut cargo,
     )?;
-    Ok(target_dir.join("bpfel-unknown-none/release/ratelimit"))
+    Ok(cmd::ebpf_build::ebpf_object(&target_dir))
 }
