@@ -506,6 +506,45 @@ mod tests {
         }
     }
 
+    /// A peer's key names a rule of at most `MAX_RULE_NAME` bytes (what a config accepts): one
+    /// byte more is refused, not looked up (found missed by cargo-mutants: `>` as `==`).
+    #[test]
+    fn a_key_naming_a_rule_longer_than_a_rule_name_is_refused() {
+        let longest = "r".repeat(ratelimit_common::MAX_RULE_NAME);
+        let key = format!("c/{longest}/1/198.18.0.0");
+        assert_eq!(
+            KeyName::parse(&key).map(|k| k.rule.len()),
+            Some(ratelimit_common::MAX_RULE_NAME)
+        );
+        for extra in [1, 2, 100] {
+            let long = "r".repeat(ratelimit_common::MAX_RULE_NAME + extra);
+            assert_eq!(
+                KeyName::parse(&format!("c/{long}/198.18.0.7")),
+                None,
+                "+{extra}"
+            );
+            assert_eq!(
+                KeyName::parse(&format!("c/{long}/1/198.18.0.0")),
+                None,
+                "+{extra}"
+            );
+        }
+    }
+
+    /// `Heaviest` keeps its candidates in a `BinaryHeap`, which needs `==` to agree with the
+    /// order (found missed by cargo-mutants: `eq` answering false): equal weight and key are
+    /// equal, another weight or key is not.
+    #[test]
+    fn ranked_equality_agrees_with_its_order() {
+        let r = |w: f64, i: u8| Ranked(w, name(i), obs(1, 1));
+        assert!(r(5.0, 1) == r(5.0, 1));
+        assert!(r(5.0, 1) != r(4.0, 1));
+        assert!(r(5.0, 1) != r(5.0, 2));
+        assert_eq!(r(5.0, 1).cmp(&r(5.0, 1)), std::cmp::Ordering::Equal);
+        // Heaviest first: the heavier ranks less.
+        assert!(r(5.0, 1) < r(4.0, 1));
+    }
+
     /// Buckets of two limits of one rule are published, counted and retired apart.
     #[test]
     fn buckets_of_two_limits_are_published_apart() {
