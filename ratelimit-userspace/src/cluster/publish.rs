@@ -550,6 +550,7 @@ mod tests {
     fn buckets_of_two_limits_are_published_apart() {
         let start = 10 * S;
         let mut t = LocalTracker::new(10, start);
+        assert_eq!((t.len(), t.is_empty()), (0, true));
         let (own, agg) = (
             name(1),
             KeyName {
@@ -566,6 +567,8 @@ mod tests {
         );
         let (mut set, _) = t.changes();
         set.sort();
+        // Two keys published (what `status` shows as the keys this host publishes).
+        assert_eq!((t.len(), t.is_empty()), (2, false));
         assert_eq!(
             set,
             vec![
