@@ -588,6 +588,63 @@ mod tests {
         );
     }
 
+    /// With `max_keys` published, a candidate displaces the lightest published key only when it
+    /// is `HYSTERESIS` (1.25x) heavier than that key's rate estimate, and a key that stops
+    /// gaining loses weight (its rate estimate decays), so a lighter but steady source takes its
+    /// place (found missed by cargo-mutants: `min * HYSTERESIS` as `min + HYSTERESIS`, and the
+    /// estimate's `inst - rate` as `inst + rate`).
+    #[test]
+    fn a_candidate_displaces_the_lightest_key_only_when_clearly_heavier() {
+        let start = 10 * S;
+        let mut t = LocalTracker::new(1, start);
+        // Key 1 at 100 packets/s for 20 s: its estimate settles near 100/s.
+        let mut seen = HashMap::new();
+        for s in 1..=20 {
+            seen.insert(name(1), obs(start, 100 * s));
+            t.update(start + s * S, &seen, true);
+        }
+        let published = |t: &LocalTracker| t.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(published(&t), vec![name(1)]);
+        // Key 2 appears with a lifetime average of 120/s (not 1.25 x 100): key 1 stays.
+        let now = start + 21 * S;
+        seen.insert(name(1), obs(start, 2100));
+        seen.insert(name(2), obs(now - 10 * S, 1200));
+        t.update(now, &seen, true);
+        assert_eq!(
+            published(&t),
+            vec![name(1)],
+            "120/s displaced a key of 100/s"
+        );
+        // At 130/s (more than 1.25 x 100) it takes key 1's place.
+        let now = start + 22 * S;
+        seen.insert(name(1), obs(start, 2200));
+        seen.insert(name(2), obs(now - 10 * S, 1300));
+        t.update(now, &seen, true);
+        assert_eq!(
+            published(&t),
+            vec![name(2)],
+            "130/s did not displace a key of 100/s"
+        );
+
+        // Key 2 now stops gaining while key 3 sends a steady 20/s (key 1's bucket is gone): key
+        // 2's estimate decays (time constant 2 s) below 20 / 1.25 within a few seconds, long
+        // before it is idle.
+        seen.remove(&name(1));
+        let base = now;
+        let mut displaced_at = None;
+        for s in 1..=10 {
+            let now = base + s * S;
+            seen.insert(name(3), obs(base, 20 * s));
+            t.update(now, &seen, true);
+            if published(&t) == vec![name(3)] {
+                displaced_at = Some(s);
+                break;
+            }
+        }
+        let s = displaced_at.expect("a key that stopped gaining kept its place for 10 s");
+        assert!(s <= 8, "displaced only after {s} s");
+    }
+
     #[test]
     fn counts_are_cumulative_across_bucket_lives() {
         let start = 10 * S;
