@@ -290,6 +290,24 @@ fn limit(
         return verdict::DROPPED_RATE | usize::from(drop_limit) << 8;
     }
     if rule.flags & rule_flags::GATE != 0 {
+        // The window itself, inlined (a BPF call costs more than the whole check): the packets
+        // of a flood under an empty aggregate, nearly all of them, stop here.
+        let g = gate_slot(s, id, pkt.family);
+        // SAFETY: this CPU's live scratch record (XDP runs with preemption disabled).
+        unsafe {
+            let count = (*g).drop_count;
+            if now < (*g).drop_until
+                && count < DROP_BATCH
+                && (*g).rule == id
+                && (*g).epoch == epoch
+                && (*g).family == pkt.family
+                && (*g).flags & SLOT_VALID != 0
+            {
+                (*g).drop_count = count + 1;
+                let k = (rule.flags & rule_flags::GATE_LIMIT_MASK) >> rule_flags::GATE_LIMIT_SHIFT;
+                return verdict::DROPPED_RATE | (k as usize) << 8;
+            }
+        }
         // SAFETY: this CPU's live scratch record: the packet's context for the BPF call.
         unsafe {
             let c = &raw mut (*s).extra;

@@ -1,5 +1,6 @@
-//! Per-CPU scratch state that makes a known source's packet cheaper: a cached coarse clock and a
-//! small classification cache. Both are caches of what the packet would compute anyway, so they
+//! Per-CPU scratch state that makes a known source's packet cheaper: a cached coarse clock, a
+//! small classification cache, and drop windows of rules' `per = "rule"` limits (which make a
+//! flood of new sources cheap). All are caches of what the packet would compute anyway, so they
 //! change no verdict; the map is not pinned (a fresh program starts with empty caches).
 
 use aya_ebpf::{
