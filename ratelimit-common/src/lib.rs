@@ -363,7 +363,9 @@ pub const MAX_LIMITS: usize = 4;
 pub const LIMIT_SHIFT: u32 = 14;
 const _: () = assert!(MAX_RULES <= 1 << LIMIT_SHIFT);
 const _: () = assert!(MAX_LIMITS <= 1 << (16 - LIMIT_SHIFT));
-const _: () = assert!(MAX_LIMITS <= 1 + (rule_flags::GATE_LIMIT_MASK >> rule_flags::GATE_LIMIT_SHIFT) as usize);
+const _: () = assert!(
+    MAX_LIMITS <= 1 + (rule_flags::GATE_LIMIT_MASK >> rule_flags::GATE_LIMIT_SHIFT) as usize
+);
 
 /// The [`BucketKey::rule`] word of limit `limit` of rule `id`.
 #[inline(always)]

@@ -380,7 +380,11 @@ burst = 2
         for n in 0..5 {
             assert_eq!(dp.run(&udp4(src(n), 10)), XDP_PASS, "{order}: source {n}");
         }
-        assert_eq!(dp.run(&udp4(src(5), 10)), XDP_DROP, "{order}: over the aggregate");
+        assert_eq!(
+            dp.run(&udp4(src(5), 10)),
+            XDP_DROP,
+            "{order}: over the aggregate"
+        );
         let all = bucket(&dp, id, agg, ip("0.0.0.0")).expect("the rule's one bucket");
         let made = dp.global().counters[global::NEW_BUCKETS];
         // The flood: 200 new sources, each dropped, none with a bucket of its own.
@@ -406,7 +410,11 @@ burst = 2
         // drops up to its last look (the window's batches), never more.
         let s = dp.rule(id);
         assert_eq!(s.pkts[verdict::PASSED], 5, "{order}");
-        assert_eq!(s.pkts[verdict::DROPPED_RATE], u64::from(FLOOD) + 1, "{order}");
+        assert_eq!(
+            s.pkts[verdict::DROPPED_RATE],
+            u64::from(FLOOD) + 1,
+            "{order}"
+        );
         let mut blamed = [0; 4];
         blamed[agg as usize] = u64::from(FLOOD) + 1;
         assert_eq!(s.limit_dropped_rate, blamed, "{order}");

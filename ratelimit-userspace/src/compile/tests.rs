@@ -1496,7 +1496,11 @@ fn a_per_rule_packet_limit_gates_the_rule() {
     let mut all = LimitConfig::new(Per::Rule);
     (all.rate, all.burst) = (Some(100_000), Some(1_000));
     r.limits = vec![net8.clone(), bytes.clone()];
-    assert_eq!(gate(&rule_record(&r)), None, "a /8 and a byte-only aggregate");
+    assert_eq!(
+        gate(&rule_record(&r)),
+        None,
+        "a /8 and a byte-only aggregate"
+    );
     r.limits = vec![net8, bytes, all];
     assert_eq!(gate(&rule_record(&r)), Some(3));
     // The rule's own limit per rule (IPv6 too: the mask is zero in every word).
