@@ -290,25 +290,8 @@ fn limit(
         return verdict::DROPPED_RATE | usize::from(drop_limit) << 8;
     }
     if rule.flags & rule_flags::GATE != 0 {
-        // The window itself, inlined (a BPF call costs more than the whole check): the packets
-        // of a flood under an empty aggregate, nearly all of them, stop here.
-        let g = gate_slot(s, id, pkt.family);
-        // SAFETY: this CPU's live scratch record (XDP runs with preemption disabled).
-        unsafe {
-            let count = (*g).drop_count;
-            if now < (*g).drop_until
-                && count < DROP_BATCH
-                && (*g).rule == id
-                && (*g).epoch == epoch
-                && (*g).family == pkt.family
-                && (*g).flags & SLOT_VALID != 0
-            {
-                (*g).drop_count = count + 1;
-                let k = (rule.flags & rule_flags::GATE_LIMIT_MASK) >> rule_flags::GATE_LIMIT_SHIFT;
-                return verdict::DROPPED_RATE | (k as usize) << 8;
-            }
-        }
-        // SAFETY: this CPU's live scratch record: the packet's context for the BPF call.
+        // SAFETY: this CPU's live scratch record: the packet's context for the BPF calls
+        // (`gate`, `open_gate`).
         unsafe {
             let c = &raw mut (*s).extra;
             (*c).id = id;
@@ -316,10 +299,31 @@ fn limit(
             (*c).now = now;
             (*c).epoch = epoch;
         }
-        // Laundered: the call's few outcomes would each be verified through the rest.
-        let d = scratch::launder(s, gate(pkt, rule) as u64) as usize;
-        if d != 0 {
-            return d;
+        // The window itself is checked inline (a BPF call costs more than the whole check): the
+        // packets of a flood under an empty aggregate, nearly all of them, stop here. Only a
+        // window that is over or whose batch is spent calls `gate` to look at the bucket; no
+        // window (the aggregate has tokens), no call.
+        let g = gate_slot(s, id, pkt.family);
+        // SAFETY: this CPU's live scratch record (XDP runs with preemption disabled).
+        unsafe {
+            if (*g).rule == id
+                && (*g).epoch == epoch
+                && (*g).family == pkt.family
+                && (*g).flags & SLOT_VALID != 0
+            {
+                let count = (*g).drop_count;
+                if now < (*g).drop_until && count < DROP_BATCH {
+                    (*g).drop_count = count + 1;
+                    let k =
+                        (rule.flags & rule_flags::GATE_LIMIT_MASK) >> rule_flags::GATE_LIMIT_SHIFT;
+                    return verdict::DROPPED_RATE | (k as usize) << 8;
+                }
+                // Laundered: the call's few outcomes would each be verified through the rest.
+                let d = scratch::launder(s, gate(pkt, rule) as u64) as usize;
+                if d != 0 {
+                    return d;
+                }
+            }
         }
     }
     let key = store::key(pkt, id, 0, &rule.src_mask, rule.bucket_gen);
@@ -338,6 +342,9 @@ fn limit(
             (*slot).drop_count = 0;
             (*slot).drop_limit = 0;
         }
+        // Called for every rule (it returns at once for one without a per-rule limit): a
+        // branch on the rule's flags here, even laundered, took the verifier past its limit.
+        // This path runs once per drop window (`DROP_BATCH`), or per byte-rate drop.
         open_gate(pkt, rule, slot, v, until);
         return v;
     }
@@ -367,6 +374,7 @@ fn limit(
                 (*slot).drop_limit = (d >> 8) as u8;
             }
             // SAFETY: this CPU's live scratch record.
+            // As above, for every rule.
             open_gate(pkt, rule, slot, d, unsafe { (*c).until });
             return d;
         }
@@ -392,12 +400,13 @@ fn limit(
 /// any limit is charged: from this CPU's window for the rule (up to [`DROP_BATCH`] in a row), or,
 /// once the window is over or its batch spent, from the limit's bucket (found in the record the
 /// window remembers, if it still holds the key): its TAT says whether a packet would conform, as
-/// `bucket::charge` judges it, and a drop renews the window. The verdict word of the drop
-/// (`DROPPED_RATE`, limit `k` in bits 8..), or 0: charge the limits in order.
+/// `bucket::charge` judges it, and a drop renews the window (a token closes it). The verdict word
+/// of the drop (`DROPPED_RATE`, limit `k` in bits 8..), or 0: charge the limits in order.
 ///
 /// A BPF call (the packet's context in the scratch record's `Extra`), so that its branches are
 /// verified apart from the rest of the program (inlined, they multiplied its states past the
-/// verifier's limit); only a rule with such a limit pays for the call.
+/// verifier's limit); `limit` checks the window inline and calls this only for a window that is
+/// over or whose batch is spent (once per [`DROP_BATCH`] drops, or per token).
 #[inline(never)]
 fn gate(pkt: &Packet, rule: &Rule) -> usize {
     let Some(s) = scratch::get() else {
@@ -457,7 +466,8 @@ fn gate(pkt: &Packet, rule: &Rule) -> usize {
             (*g).drop_until = next - tolerance;
             return drop;
         }
-        (*g).drop_until = 0;
+        // A token: the window closes (charged in order until the limit drops again).
+        (*g).flags = 0;
     }
     0
 }
