@@ -103,6 +103,16 @@ pub mod rule_flags {
     pub const BYTE_LIMIT: u32 = 1 << 3;
     /// The rule's budget is shared with the cluster.
     pub const CLUSTER: u32 = 1 << 4;
+    /// The rule has a `per = "rule"` packet limit (one bucket for all its sources), the one in
+    /// bits [`GATE_LIMIT_SHIFT`].. (0: the rule's own): while that bucket has no token, each CPU
+    /// drops the rule's packets from a drop window it keeps for the rule, before any other limit
+    /// is charged or a bucket made for a new source (see the XDP program's `gate`). The agent
+    /// sets it; a packet passes under the same condition either way.
+    pub const GATE: u32 = 1 << 5;
+    /// Where [`GATE`]'s limit index (2 bits) lives in [`crate::Rule::flags`].
+    pub const GATE_LIMIT_SHIFT: u32 = 6;
+    /// The bits of [`GATE_LIMIT_SHIFT`].
+    pub const GATE_LIMIT_MASK: u32 = 0b11 << GATE_LIMIT_SHIFT;
 }
 
 /// Bits of [`crate::Config::flags`].
@@ -358,6 +368,9 @@ pub const MAX_LIMITS: usize = 4;
 pub const LIMIT_SHIFT: u32 = 14;
 const _: () = assert!(MAX_RULES <= 1 << LIMIT_SHIFT);
 const _: () = assert!(MAX_LIMITS <= 1 << (16 - LIMIT_SHIFT));
+const _: () = assert!(
+    MAX_LIMITS <= 1 + (rule_flags::GATE_LIMIT_MASK >> rule_flags::GATE_LIMIT_SHIFT) as usize
+);
 
 /// The [`BucketKey::rule`] word of limit `limit` of rule `id`.
 #[inline(always)]

@@ -46,7 +46,10 @@ use crate::{
     classify::WithoutL4,
     maps::{BUCKETS, CONFIG, RULES},
     parse::{shape, Packet},
-    scratch::{ClassSlot, Extra, Scratch, CLASS_SLOTS, DROP_BATCH, NO_RECORD, NO_RULE},
+    scratch::{
+        ClassSlot, Extra, GateSlot, Scratch, CLASS_SLOTS, DROP_BATCH, NO_RECORD, NO_RULE,
+        SLOT_VALID,
+    },
     stats::{bump_global, count_limit, count_rule},
     store::{Key, Scan},
 };
@@ -118,7 +121,7 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
         action::ALLOW => (verdict::ALLOWED, 0),
         action::DENY => (verdict::DENIED, 0),
         _ => {
-            let d = limit(&pkt, id, rule, len, s, slot, config);
+            let d = limit(&pkt, id, rule, len, s, slot, config, epoch);
             (d & 0xff, d >> 8)
         }
     };
@@ -242,7 +245,17 @@ fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
 /// (`bucket::refund`, exact), so it spends no token of any limit. The first limit's path is the
 /// one-limit rule's whole path, unchanged; the others go through `charge_extra`, a function of
 /// its own (a BPF call), so a one-limit rule's packet pays nothing for them.
+///
+/// Before any of that, a rule with a `per = "rule"` packet limit ([`rule_flags::GATE`]) drops
+/// the packet if that limit's one bucket is known to have no token ([`gate`]): the same verdict
+/// and the same tokens as charging in order (a packet passes only with a token in every limit,
+/// and a dropped one spends none), but a flood of new sources makes no bucket per source, and
+/// the drop is blamed on the per-rule limit even where an earlier limit would have dropped it too.
 #[inline(always)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the packet's whole context, inlined"
+)]
 fn limit(
     pkt: &Packet,
     id: u32,
@@ -251,6 +264,7 @@ fn limit(
     s: *mut Scratch,
     slot: *mut ClassSlot,
     config: *const Config,
+    epoch: u32,
 ) -> usize {
     // The coarse clock, cached per jiffy, costs next to nothing (ktime_get_ns about 30 ns); the
     // agent picks it only for rules whose every limit's tolerance spans several jiffies, where a
@@ -275,6 +289,43 @@ fn limit(
         unsafe { (*slot).drop_count = drop_count + 1 };
         return verdict::DROPPED_RATE | usize::from(drop_limit) << 8;
     }
+    if rule.flags & rule_flags::GATE != 0 {
+        // SAFETY: this CPU's live scratch record: the packet's context for the BPF calls
+        // (`gate`, `open_gate`).
+        unsafe {
+            let c = &raw mut (*s).extra;
+            (*c).id = id;
+            (*c).len = len;
+            (*c).now = now;
+            (*c).epoch = epoch;
+        }
+        // The window itself is checked inline (a BPF call costs more than the whole check): the
+        // packets of a flood under an empty aggregate, nearly all of them, stop here. Only a
+        // window that is over or whose batch is spent calls `gate` to look at the bucket; no
+        // window (the aggregate has tokens), no call.
+        let g = gate_slot(s, id, pkt.family);
+        // SAFETY: this CPU's live scratch record (XDP runs with preemption disabled).
+        unsafe {
+            if (*g).rule == id
+                && (*g).epoch == epoch
+                && (*g).family == pkt.family
+                && (*g).flags & SLOT_VALID != 0
+            {
+                let count = (*g).drop_count;
+                if now < (*g).drop_until && count < DROP_BATCH {
+                    (*g).drop_count = count + 1;
+                    let k =
+                        (rule.flags & rule_flags::GATE_LIMIT_MASK) >> rule_flags::GATE_LIMIT_SHIFT;
+                    return verdict::DROPPED_RATE | (k as usize) << 8;
+                }
+                // Laundered: the call's few outcomes would each be verified through the rest.
+                let d = scratch::launder(s, gate(pkt, rule) as u64) as usize;
+                if d != 0 {
+                    return d;
+                }
+            }
+        }
+    }
     let key = store::key(pkt, id, 0, &rule.src_mask, rule.bucket_gen);
     let mut until = 0;
     let (v, b) = find_and_charge(
@@ -291,6 +342,10 @@ fn limit(
             (*slot).drop_count = 0;
             (*slot).drop_limit = 0;
         }
+        // Called for every rule (it returns at once for one without a per-rule limit): a
+        // branch on the rule's flags here, even laundered, took the verifier past its limit.
+        // This path runs once per drop window (`DROP_BATCH`), or per byte-rate drop.
+        open_gate(pkt, rule, slot, v, until);
         return v;
     }
     if rule.extra_len != 0 {
@@ -318,6 +373,9 @@ fn limit(
                 (*slot).drop_count = 0;
                 (*slot).drop_limit = (d >> 8) as u8;
             }
+            // SAFETY: this CPU's live scratch record.
+            // As above, for every rule.
+            open_gate(pkt, rule, slot, d, unsafe { (*c).until });
             return d;
         }
     }
@@ -336,6 +394,129 @@ fn limit(
         (*slot).drop_count = 0;
     }
     v
+}
+
+/// Whether the per-rule limit `k` of `rule` (see [`rule_flags::GATE`]) drops the packet before
+/// any limit is charged: from this CPU's window for the rule (up to [`DROP_BATCH`] in a row), or,
+/// once the window is over or its batch spent, from the limit's bucket (found in the record the
+/// window remembers, if it still holds the key): its TAT says whether a packet would conform, as
+/// `bucket::charge` judges it, and a drop renews the window (a token closes it). The verdict word
+/// of the drop (`DROPPED_RATE`, limit `k` in bits 8..), or 0: charge the limits in order.
+///
+/// A BPF call (the packet's context in the scratch record's `Extra`), so that its branches are
+/// verified apart from the rest of the program (inlined, they multiplied its states past the
+/// verifier's limit); `limit` checks the window inline and calls this only for a window that is
+/// over or whose batch is spent (once per [`DROP_BATCH`] drops, or per token).
+#[inline(never)]
+fn gate(pkt: &Packet, rule: &Rule) -> usize {
+    let Some(s) = scratch::get() else {
+        return 0;
+    };
+    // SAFETY: this CPU's live scratch record, filled by the caller.
+    let (id, len, now, epoch) = unsafe {
+        let c = &raw const (*s).extra;
+        ((*c).id, (*c).len, (*c).now, (*c).epoch)
+    };
+    let k = (rule.flags & rule_flags::GATE_LIMIT_MASK) >> rule_flags::GATE_LIMIT_SHIFT;
+    let drop = verdict::DROPPED_RATE | (k as usize) << 8;
+    let g = gate_slot(s, id, pkt.family);
+    // SAFETY: this CPU's live scratch record (XDP runs with preemption disabled).
+    let (flags, gepoch, grule, gfamily, until, count, record) = unsafe {
+        (
+            (*g).flags,
+            (*g).epoch,
+            (*g).rule,
+            (*g).family,
+            (*g).drop_until,
+            (*g).drop_count,
+            (*g).record,
+        )
+    };
+    if flags & SLOT_VALID == 0 || gepoch != epoch || grule != id || gfamily != pkt.family {
+        return 0;
+    }
+    if now < until && count < DROP_BATCH {
+        // SAFETY: as above.
+        unsafe { (*g).drop_count = count + 1 };
+        return drop;
+    }
+    let Some(b) = BUCKETS.get_ptr_mut(record) else {
+        return 0;
+    };
+    let (interval, tolerance) = if k == 0 {
+        (rule.pkt_interval_ns, rule.pkt_tolerance_ns)
+    } else {
+        let l = &rule.extra[(k as usize).wrapping_sub(1) & (MAX_LIMITS - 2)];
+        (l.pkt_interval_ns, l.pkt_tolerance_ns)
+    };
+    let key = store::key(pkt, id, k, &[0; 4], rule.bucket_gen);
+    if !store::holds(b, &key) {
+        // SAFETY: as above.
+        unsafe { (*g).flags = 0 };
+        return 0;
+    }
+    // SAFETY: `b` is a live record holding the limit's bucket; as above for `g`.
+    unsafe {
+        (*b).dropped_pkts = (*b).dropped_pkts.wrapping_add(count);
+        (*g).drop_count = 0;
+        let tat = core::ptr::read_volatile(&raw const (*b).tat_ns);
+        let next = if tat > now { tat } else { now } + interval;
+        if next - now > tolerance {
+            bucket::count(b, false, len);
+            (*g).drop_until = next - tolerance;
+            return drop;
+        }
+        // A token: the window closes (charged in order until the limit drops again).
+        (*g).flags = 0;
+    }
+    0
+}
+
+/// This CPU's window slot of rule `id` for `family` (see [`GateSlot`]).
+#[inline(always)]
+fn gate_slot(s: *mut Scratch, id: u32, family: u8) -> *mut GateSlot {
+    // SAFETY: this CPU's live scratch record; the index is masked into bounds.
+    unsafe { &raw mut (*s).gate[scratch::gate_index(id, family) & (scratch::GATE_SLOTS - 1)] }
+}
+
+/// After a drop (verdict word `d`, the limit in bits 8..), opens this CPU's window for the rule's
+/// per-rule limit (see [`gate`]) if that limit dropped the packet for its rate: its bucket is in
+/// the record the slot remembers for it, without a token before `until`. The rule's id and epoch
+/// are in the scratch record's `Extra` (see `limit`). A BPF call, as [`gate`]: it runs once per
+/// window, not per packet.
+#[inline(never)]
+fn open_gate(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, d: usize, until: u64) {
+    let k = ((rule.flags & rule_flags::GATE_LIMIT_MASK) >> rule_flags::GATE_LIMIT_SHIFT) as usize;
+    if rule.flags & rule_flags::GATE == 0 || d & 0xff != verdict::DROPPED_RATE || d >> 8 != k {
+        return;
+    }
+    // SAFETY: this CPU's classification slot; the index is masked into bounds.
+    let record = unsafe {
+        if k == 0 {
+            (*slot).bucket
+        } else {
+            (*slot).extra[k.wrapping_sub(1) & (MAX_LIMITS - 2)]
+        }
+    };
+    if record == NO_RECORD {
+        return;
+    }
+    let Some(s) = scratch::get() else {
+        return;
+    };
+    // SAFETY: this CPU's live scratch record.
+    let (id, epoch) = unsafe { ((*s).extra.id, (*s).extra.epoch) };
+    let g = gate_slot(s, id, pkt.family);
+    // SAFETY: as above.
+    unsafe {
+        (*g).epoch = epoch;
+        (*g).rule = id;
+        (*g).family = pkt.family;
+        (*g).flags = SLOT_VALID;
+        (*g).record = record;
+        (*g).drop_until = until;
+        (*g).drop_count = 0;
+    }
 }
 
 /// Charges the packet to the rule's limits after its first, in order: `PASSED` (counted in each

@@ -1,5 +1,6 @@
-//! Per-CPU scratch state that makes a known source's packet cheaper: a cached coarse clock and a
-//! small classification cache. Both are caches of what the packet would compute anyway, so they
+//! Per-CPU scratch state that makes a known source's packet cheaper: a cached coarse clock, a
+//! small classification cache, and drop windows of rules' `per = "rule"` limits (which make a
+//! flood of new sources cheap). All are caches of what the packet would compute anyway, so they
 //! change no verdict; the map is not pinned (a fresh program starts with empty caches).
 
 use aya_ebpf::{
@@ -77,6 +78,43 @@ pub struct ClassSlot {
 }
 const _: () = assert!(core::mem::size_of::<ClassSlot>() == 64);
 
+/// Slots of the per-rule drop windows (a power of two), direct-mapped by rule id and family.
+pub const GATE_SLOTS: usize = 64;
+
+/// The drop window of a rule's `per = "rule"` packet limit ([`rule_flags::GATE`]), kept by rule
+/// rather than by source: a flood of random sources misses every [`ClassSlot`] (each frame a new
+/// source), but all its frames share this slot. Under rule-set `epoch`, packets of rule `rule`
+/// (family `family`) are dropped before `drop_until` (the limit's one bucket has no token until
+/// then; its TAT only moves forward, as for [`ClassSlot::drop_until`]), up to [`DROP_BATCH`] in a
+/// row; then the bucket, in record `record` (verified against its key), is looked at again: its
+/// counter gets the window's drops, and the window is renewed while it still has no token.
+///
+/// [`rule_flags::GATE`]: ratelimit_common::rule_flags::GATE
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct GateSlot {
+    pub epoch: u32,
+    pub rule: u32,
+    /// [`SLOT_VALID`] when it holds a window.
+    pub flags: u8,
+    pub family: u8,
+    pub _pad: [u8; 2],
+    /// Index of the record that held the limit's bucket.
+    pub record: u32,
+    /// Packets of the rule are dropped before this time (rule's clock, ns).
+    pub drop_until: u64,
+    /// Packets dropped from the window since the bucket was last looked at.
+    pub drop_count: u32,
+    pub _pad2: u32,
+}
+const _: () = assert!(core::mem::size_of::<GateSlot>() == 32);
+
+/// The slot of `rule`'s windows for `family` in [`Scratch::gate`].
+#[inline(always)]
+pub fn gate_index(rule: u32, family: u8) -> usize {
+    (((rule as usize) << 1) | usize::from(family & 2 != 0)) & (GATE_SLOTS - 1)
+}
+
 /// The single record of [`SCRATCH`] (one per CPU).
 #[repr(C)]
 pub struct Scratch {
@@ -85,6 +123,8 @@ pub struct Scratch {
     /// `bpf_ktime_get_coarse_ns()` read at `clock_jiffies`.
     pub clock_ns: u64,
     pub class: [ClassSlot; CLASS_SLOTS],
+    /// Drop windows of rules' `per = "rule"` limits: see [`GateSlot`].
+    pub gate: [GateSlot; GATE_SLOTS],
     /// A slot for packets classified outside the cache (fragments that follow their first
     /// fragment, packets without an L4 header): emptied before each use, so no drop window or
     /// record index carries over.
@@ -129,6 +169,8 @@ pub struct Extra {
     pub drop_limit: u32,
     /// The record each extra limit's bucket was found in (`NO_RECORD`: none, fail open).
     pub records: [u32; 3],
+    /// The rule-set epoch (for `gate`).
+    pub epoch: u32,
 }
 
 /// `word`, written to this CPU's scratch record and read back. The verifier does not track

@@ -7,10 +7,12 @@
 //! Rates of 1 packet/s with bursts of a few packets: nothing refills measurably while a test
 //! runs, so every count below is exact.
 
-use std::net::Ipv4Addr;
+use std::{net::Ipv4Addr, time::Duration};
 
 use ratelimit::maps::store::Slot;
-use ratelimit_common::{bucket_rule, family, split_bucket_rule, verdict, Bucket, BucketKey};
+use ratelimit_common::{
+    bucket_rule, family, global, split_bucket_rule, verdict, Bucket, BucketKey,
+};
 use ratelimit_testbed::{
     packet::eth,
     require_root,
@@ -304,4 +306,141 @@ burst = 5
     let own = bucket(&dp, id, 1, ip("198.18.0.0")).unwrap();
     assert_eq!((own.passed_pkts, own.dropped_pkts), (2, 0));
     assert_eq!(dp.maps().store().get(i).tat_ns, other.tat_ns);
+}
+
+/// Pins the calling thread to the CPU it runs on, so that every BPF_PROG_TEST_RUN of a test sees
+/// the same per-CPU scratch state (the drop windows are per CPU).
+fn pin_to_this_cpu() {
+    // SAFETY: plain syscalls on this thread's own affinity, with a zeroed, sized CPU set.
+    unsafe {
+        let cpu = libc::sched_getcpu();
+        assert!(cpu >= 0, "sched_getcpu");
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const set),
+            0,
+            "sched_setaffinity"
+        );
+    }
+}
+
+/// A spoofed flood (every packet from a new source) under a per-source limit and a per-rule
+/// aggregate, in either order: once the aggregate has no token, its drop window (kept per CPU by
+/// rule, not by source) drops the flood before any per-source bucket is made, blamed on the
+/// aggregate; the totals stay exact (the aggregate's TAT is not moved by a drop, every packet is
+/// in the rule's counters, the aggregate's bucket gets the window's drops when it is looked at
+/// again), and once a token comes back the next packet passes.
+#[test]
+fn a_random_source_flood_under_an_empty_aggregate_makes_no_bucket_per_source() {
+    require_root();
+    pin_to_this_cpu();
+    for (order, toml, agg, own) in [
+        (
+            "per source first",
+            r#"
+[[rule]]
+name = "flood"
+source = "10.0.0.0/8"
+rate = 1
+burst = 2
+[[rule.limit]]
+per = "rule"
+rate = 1
+burst = 5
+"#,
+            1u32,
+            0u32,
+        ),
+        (
+            "aggregate first",
+            r#"
+[[rule]]
+name = "flood"
+source = "10.0.0.0/8"
+per = "rule"
+rate = 1
+burst = 5
+[[rule.limit]]
+per = "source"
+rate = 1
+burst = 2
+"#,
+            0,
+            1,
+        ),
+    ] {
+        let mut dp = TestDataplane::new("limits-flood", 4096).unwrap();
+        let set = dp.install_toml(toml).unwrap();
+        let id = set.by_name("flood").unwrap().id;
+        let src = |n: u32| Ipv4Addr::from(0x0a00_0000 | n.wrapping_mul(2_654_435_761) >> 8);
+        let start = std::time::Instant::now();
+        // Five sources take the aggregate's five tokens; the sixth is dropped by it (a bucket
+        // of its own made and refunded on the way when the per-source limit is charged first).
+        for n in 0..5 {
+            assert_eq!(dp.run(&udp4(src(n), 10)), XDP_PASS, "{order}: source {n}");
+        }
+        assert_eq!(
+            dp.run(&udp4(src(5), 10)),
+            XDP_DROP,
+            "{order}: over the aggregate"
+        );
+        let all = bucket(&dp, id, agg, ip("0.0.0.0")).expect("the rule's one bucket");
+        let made = dp.global().counters[global::NEW_BUCKETS];
+        // The flood: 200 new sources, each dropped, none with a bucket of its own.
+        const FLOOD: u32 = 200;
+        for n in 6..6 + FLOOD {
+            assert_eq!(dp.run(&udp4(src(n), 10)), XDP_DROP, "{order}: source {n}");
+        }
+        assert_eq!(
+            dp.global().counters[global::NEW_BUCKETS],
+            made,
+            "{order}: the flood made no bucket"
+        );
+        for n in 6..6 + FLOOD {
+            assert!(
+                bucket(&dp, id, own, src(n)).is_none(),
+                "{order}: source {n} has a bucket"
+            );
+        }
+        let after = bucket(&dp, id, agg, ip("0.0.0.0")).unwrap();
+        assert_eq!(after.tat_ns, all.tat_ns, "{order}: a drop spends no token");
+        assert_eq!(after.passed_pkts, 5, "{order}");
+        // Every drop is in the rule's counters and blamed on the aggregate; its bucket has the
+        // drops up to its last look (the window's batches), never more.
+        let s = dp.rule(id);
+        assert_eq!(s.pkts[verdict::PASSED], 5, "{order}");
+        assert_eq!(
+            s.pkts[verdict::DROPPED_RATE],
+            u64::from(FLOOD) + 1,
+            "{order}"
+        );
+        let mut blamed = [0; 4];
+        blamed[agg as usize] = u64::from(FLOOD) + 1;
+        assert_eq!(s.limit_dropped_rate, blamed, "{order}");
+        assert!(
+            (FLOOD + 1 - 64..=FLOOD + 1).contains(&after.dropped_pkts),
+            "{order}: the aggregate's bucket counted {} drops",
+            after.dropped_pkts
+        );
+        // A token comes back a second after the first packet: the window is over and the
+        // next source passes (made a bucket: the only one since the flood began); the one after
+        // it is dropped again. At most burst + rate x t in all.
+        std::thread::sleep(Duration::from_millis(1_100).saturating_sub(start.elapsed()));
+        let mut passed = 0;
+        for n in 1_000..1_010 {
+            if dp.run(&udp4(src(n), 10)) == XDP_PASS {
+                passed += 1;
+            }
+        }
+        let bound = 5 + start.elapsed().as_secs();
+        assert!(passed >= 1, "{order}: the returned token admitted nothing");
+        assert!(
+            5 + passed <= bound,
+            "{order}: {} passed in {:?}",
+            5 + passed,
+            start.elapsed()
+        );
+        assert_eq!(dp.rule(id).pkts[verdict::PASSED], 5 + passed, "{order}");
+    }
 }

@@ -534,6 +534,16 @@ pub fn rule_record(r: &RuleConfig) -> Rule {
     if coarse {
         rule.flags |= rule_flags::COARSE_CLOCK;
     }
+    // A `per = "rule"` packet limit gates the others: while its one bucket is empty, the program
+    // drops the rule's packets from a per-CPU window before charging any other limit (a flood of
+    // new sources then makes no bucket per source).
+    let gate = (0..rule.limits()).find(|&k| {
+        rule.limit(k)
+            .is_some_and(|l| l.src_mask == [0; 4] && l.flags & rule_flags::PKT_LIMIT != 0)
+    });
+    if let Some(k) = gate {
+        rule.flags |= rule_flags::GATE | (k as u32) << rule_flags::GATE_LIMIT_SHIFT;
+    }
     rule
 }
 

@@ -1476,3 +1476,41 @@ fn limits_compile_in_order_with_their_own_masks() {
     let again = compile(std::slice::from_ref(&r), &ids).unwrap();
     assert!(again.rules[0].fresh);
 }
+
+/// The first `per = "rule"` limit with a packet rate gates the rule (`rule_flags::GATE`, with
+/// its index): wherever it is written, and only a packet limit (a byte-only aggregate cannot
+/// drop by a window) of one bucket for the whole rule (a `/N` limit is not one).
+#[test]
+fn a_per_rule_packet_limit_gates_the_rule() {
+    use crate::config::LimitConfig;
+    let gate = |rec: &Rule| {
+        (rec.flags & rule_flags::GATE != 0)
+            .then_some((rec.flags & rule_flags::GATE_LIMIT_MASK) >> rule_flags::GATE_LIMIT_SHIFT)
+    };
+    let mut r = limit("web", "0.0.0.0/0", 1000);
+    assert_eq!(gate(&rule_record(&r)), None, "per source alone");
+    let mut net8 = LimitConfig::new(Per::Prefix(8));
+    (net8.rate, net8.burst) = (Some(20_000), Some(40_000));
+    let mut bytes = LimitConfig::new(Per::Rule);
+    (bytes.bytes_rate, bytes.bytes_burst) = (Some(1_000_000), Some(2_000_000));
+    let mut all = LimitConfig::new(Per::Rule);
+    (all.rate, all.burst) = (Some(100_000), Some(1_000));
+    r.limits = vec![net8.clone(), bytes.clone()];
+    assert_eq!(
+        gate(&rule_record(&r)),
+        None,
+        "a /8 and a byte-only aggregate"
+    );
+    r.limits = vec![net8, bytes, all];
+    assert_eq!(gate(&rule_record(&r)), Some(3));
+    // The rule's own limit per rule (IPv6 too: the mask is zero in every word).
+    let mut own = limit("agg", "::/0", 10_000);
+    own.per = Per::Rule;
+    let mut src = LimitConfig::new(Per::Source);
+    (src.rate, src.burst) = (Some(100), Some(200));
+    own.limits = vec![src];
+    let rec = rule_record(&own);
+    assert_eq!(gate(&rec), Some(0));
+    // The other flags are untouched.
+    assert_ne!(rec.flags & rule_flags::PKT_LIMIT, 0);
+}
