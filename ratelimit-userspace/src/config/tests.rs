@@ -2030,3 +2030,19 @@ fn syntax_errors_name_the_exact_column_and_only_plain_keys() {
     let (_, f) = column("[agent]\n = 1\n");
     assert_eq!(f, None);
 }
+
+/// A list file of exactly `MAX_FILE_BYTES` is read whole; one byte more is refused, naming the
+/// bound, also when the file grew after its size was looked at (found missed by cargo-mutants:
+/// `>` as `>=`). Sparse files: nothing is written to disk.
+#[test]
+fn a_list_file_of_the_largest_size_is_read_and_one_byte_more_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.list");
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(lists::MAX_FILE_BYTES).unwrap();
+    let bytes = lists::read_bounded(&path).unwrap();
+    assert_eq!(bytes.len() as u64, lists::MAX_FILE_BYTES);
+    file.set_len(lists::MAX_FILE_BYTES + 1).unwrap();
+    let e = lists::read_bounded(&path).unwrap_err();
+    assert!(e.to_string().contains("larger than 64 MiB"), "{e}");
+}
