@@ -591,8 +591,7 @@ mod tests {
     /// With `max_keys` published, a candidate displaces the lightest published key only when it
     /// is `HYSTERESIS` (1.25x) heavier than that key's rate estimate, and a key that stops
     /// gaining loses weight (its rate estimate decays), so a lighter but steady source takes its
-    /// place (found missed by cargo-mutants: `min * HYSTERESIS` as `min + HYSTERESIS`, and the
-    /// estimate's `inst - rate` as `inst + rate`).
+    /// place (found missed by cargo-mutants: `min * HYSTERESIS` as `min + HYSTERESIS`).
     #[test]
     fn a_candidate_displaces_the_lightest_key_only_when_clearly_heavier() {
         let start = 10 * S;
@@ -643,6 +642,39 @@ mod tests {
         }
         let s = displaced_at.expect("a key that stopped gaining kept its place for 10 s");
         assert!(s <= 8, "displaced only after {s} s");
+    }
+
+    /// A key's rate estimate is an exponential average: it climbs towards a steady rate without
+    /// passing it, and once the key gains nothing it decays towards 0 without going below
+    /// (found missed by cargo-mutants: `1.0 - e^(-dt/tau)` as `1.0 + ...`, which overshoots and
+    /// swings negative).
+    #[test]
+    fn a_keys_rate_estimate_neither_overshoots_nor_goes_negative() {
+        let start = 10 * S;
+        let mut t = LocalTracker::new(10, start);
+        let mut seen = HashMap::from([(name(1), obs(start, 10))]);
+        t.update(start + S, &seen, true);
+        let mut last = t.published[&name(1)].rate;
+        for s in 2..=12 {
+            seen.insert(name(1), obs(start, 10 + 100 * (s - 1)));
+            t.update(start + s * S, &seen, true);
+            let r = t.published[&name(1)].rate;
+            assert!(
+                last <= r && r <= 100.0,
+                "second {s}: {r} after {last}, towards 100"
+            );
+            last = r;
+        }
+        assert!(last > 90.0, "{last} after 11 s at 100/s");
+        for s in 13..=20 {
+            t.update(start + s * S, &seen, true);
+            let r = t.published[&name(1)].rate;
+            assert!(
+                (0.0..last).contains(&r),
+                "second {s}: {r} after {last}, towards 0"
+            );
+            last = r;
+        }
     }
 
     #[test]
