@@ -397,11 +397,12 @@ fn limit(
 }
 
 /// Whether the per-rule limit `k` of `rule` (see [`rule_flags::GATE`]) drops the packet before
-/// any limit is charged: from this CPU's window for the rule (up to [`DROP_BATCH`] in a row), or,
-/// once the window is over or its batch spent, from the limit's bucket (found in the record the
-/// window remembers, if it still holds the key): its TAT says whether a packet would conform, as
-/// `bucket::charge` judges it, and a drop renews the window (a token closes it). The verdict word
-/// of the drop (`DROPPED_RATE`, limit `k` in bits 8..), or 0: charge the limits in order.
+/// any limit is charged, once this CPU's window for the rule is over or its batch spent (`limit`
+/// drops from the window itself, up to [`DROP_BATCH`] in a row): from the limit's bucket (found in
+/// the record the window remembers, if it still holds the key): its TAT says whether a packet
+/// would conform, as `bucket::charge` judges it, and a drop renews the window (a token closes
+/// it). The verdict word of the drop (`DROPPED_RATE`, limit `k` in bits 8..), or 0: charge the
+/// limits in order.
 ///
 /// A BPF call (the packet's context in the scratch record's `Extra`), so that its branches are
 /// verified apart from the rest of the program (inlined, they multiplied its states past the
@@ -413,33 +414,17 @@ fn gate(pkt: &Packet, rule: &Rule) -> usize {
         return 0;
     };
     // SAFETY: this CPU's live scratch record, filled by the caller.
-    let (id, len, now, epoch) = unsafe {
+    let (id, len, now) = unsafe {
         let c = &raw const (*s).extra;
-        ((*c).id, (*c).len, (*c).now, (*c).epoch)
+        ((*c).id, (*c).len, (*c).now)
     };
     let k = (rule.flags & rule_flags::GATE_LIMIT_MASK) >> rule_flags::GATE_LIMIT_SHIFT;
     let drop = verdict::DROPPED_RATE | (k as usize) << 8;
+    // The caller found the slot valid for this rule, epoch and family, and its window over or
+    // its batch spent: look at the bucket.
     let g = gate_slot(s, id, pkt.family);
     // SAFETY: this CPU's live scratch record (XDP runs with preemption disabled).
-    let (flags, gepoch, grule, gfamily, until, count, record) = unsafe {
-        (
-            (*g).flags,
-            (*g).epoch,
-            (*g).rule,
-            (*g).family,
-            (*g).drop_until,
-            (*g).drop_count,
-            (*g).record,
-        )
-    };
-    if flags & SLOT_VALID == 0 || gepoch != epoch || grule != id || gfamily != pkt.family {
-        return 0;
-    }
-    if now < until && count < DROP_BATCH {
-        // SAFETY: as above.
-        unsafe { (*g).drop_count = count + 1 };
-        return drop;
-    }
+    let (count, record) = unsafe { ((*g).drop_count, (*g).record) };
     let Some(b) = BUCKETS.get_ptr_mut(record) else {
         return 0;
     };
