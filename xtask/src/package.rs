@@ -47,9 +47,9 @@ pub fn run(opts: &Options) -> Result<()> {
 /// scripts, runs cargo-deb; returns the .deb's path.
 fn package(debug: bool) -> Result<PathBuf> {
     let binary = build::build(!debug)?;
-    // cargo-deb reads the assets' `target/release/` as the profile's own directory.
-    let profile_dir = if debug { "debug" } else { "release" };
-    let staging = cmd::target_dir().join(profile_dir).join("package");
+    // Beside the binary, in the profile's directory: cargo-deb reads the assets'
+    // `target/release/` as that directory.
+    let staging = binary.with_file_name("package");
     if staging.exists() {
         fs::remove_dir_all(&staging).with_context(|| format!("emptying {}", staging.display()))?;
     }
