@@ -469,7 +469,8 @@ fn scenario() {
     }
 
     // --- Traffic: one paced sender per destination for the whole run, following the phases'
-    // split without a gap; the main thread acts at the phase boundaries and samples every 250 ms.
+    // split without a gap; the main thread acts at the phase boundaries, a sampler thread
+    // reads the receivers every 250 ms.
     let dst = |i: usize| SocketAddr::new(IpAddr::V4(data_ip(i)), PORT);
     let flood_ip = IpAddr::V4(FLOOD);
     let ends: Vec<f64> = PHASES
@@ -479,14 +480,13 @@ fn scenario() {
             Some(*t)
         })
         .collect();
-    let mut samples: Vec<Sample> = Vec::new();
     let mut phase_bounds = Vec::new();
     let mut gossip_bytes = Vec::new();
     let mut statuses_after = Vec::new();
     let mut down = [false; 4];
     let mut intruder_sent = 0;
     let start = Instant::now();
-    let polite_sent: Vec<u64> = thread::scope(|s| {
+    let (polite_sent, samples): (Vec<u64>, Vec<Sample>) = thread::scope(|s| {
         let flood_sender = |i: usize, schedule: Vec<(f64, u64)>| {
             let sock = bind_udp(&tx, SocketAddr::new(flood_ip, 0)).unwrap();
             s.spawn(move || paced(&sock, dst(i), &schedule, start))
@@ -511,6 +511,26 @@ fn scenario() {
                 s.spawn(move || paced(&sock, dst(i), &schedule, start))
             })
             .collect();
+        // The sampler has a thread of its own: the main thread's `status` calls at the phase
+        // boundaries took up to 5 s on a loaded CI machine, and a sampler waiting for them left
+        // a gap that read as slow convergence.
+        let last_end = ends[ends.len() - 1];
+        let receivers = &receivers;
+        let sampler = s.spawn(move || {
+            let mut samples = Vec::new();
+            loop {
+                let t = start.elapsed().as_secs_f64();
+                if t >= last_end {
+                    break samples;
+                }
+                let mut counts = [0; 4];
+                for (c, r) in counts.iter_mut().zip(receivers) {
+                    *c = r.counts().get(&flood_ip).copied().unwrap_or(0);
+                }
+                samples.push(Sample { t, flood: counts });
+                thread::sleep(SAMPLE.min(Duration::from_secs_f64(last_end - t)));
+            }
+        });
         let mut begin = 0.0;
         for (phase, &end) in PHASES.iter().zip(&ends) {
             if let Some(up) = phase.h0_gossip {
@@ -539,15 +559,9 @@ fn scenario() {
                 })
                 .collect();
             let t_before = start.elapsed().as_secs_f64();
-            while start.elapsed().as_secs_f64() < end {
-                let t = start.elapsed().as_secs_f64();
-                let mut counts = [0; 4];
-                for (c, r) in counts.iter_mut().zip(&receivers) {
-                    *c = r.counts().get(&flood_ip).copied().unwrap_or(0);
-                }
-                samples.push(Sample { t, flood: counts });
-                thread::sleep(SAMPLE.min(Duration::from_secs_f64((end - t).max(0.0))));
-            }
+            thread::sleep(Duration::from_secs_f64(
+                (end - start.elapsed().as_secs_f64()).max(0.0),
+            ));
             let statuses: Vec<Value> = agents
                 .iter()
                 .zip(down)
@@ -575,9 +589,11 @@ fn scenario() {
             phase_bounds.push((begin, end));
             begin = end;
         }
+        let samples = sampler.join().unwrap();
         let flood_sent: Vec<u64> = flood.into_iter().map(|h| h.join().unwrap()).collect();
         intruder_sent = flood_sent[3];
-        polite.into_iter().map(|h| h.join().unwrap()).collect()
+        let polite = polite.into_iter().map(|h| h.join().unwrap()).collect();
+        (polite, samples)
     });
     for r in &receivers {
         r.wait_idle(Duration::from_millis(200), Duration::from_secs(5));
