@@ -644,6 +644,11 @@ fn scenario() {
             );
         }
     }
+    let gap = samples
+        .windows(2)
+        .map(|w| w[1].t - w[0].t)
+        .fold(0.0, f64::max);
+    println!("largest gap between samples: {gap:.2} s (every {SAMPLE:?} asked)");
     // Before h2's agent was killed (the end of the heal phase), and at the end.
     let healed = &statuses_after[3];
     let final_status = &statuses_after[PHASES.len() - 1];
