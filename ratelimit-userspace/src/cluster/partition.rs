@@ -4,10 +4,9 @@
 //! - `share`: each side enforces `budget x heard / known`, where `heard` is this host plus the
 //!   peers counted now and `known` this host plus every peer *address* counted within the last
 //!   `partition_memory_s` (a restarted peer, a new incarnation at the same address, is the same
-//!   host). It is enforced by charging each bucket, every round, for what the missing hosts
-//!   would have admitted had they seen what this side saw: the side's consumption (what this
-//!   host admitted plus what its counted peers reported) times `(known - heard) / heard`. Every
-//!   bucket on the side then fills at `heard / known` of the rate.
+//!   host). Every host's share of a key (its demand over the demand it hears of, see
+//!   [`super::sync`]) is multiplied by `heard / known`, so the buckets on the side fill at
+//!   `heard / known` of the rate together.
 //!
 //! Memory is per agent and in memory only: a host not heard for `partition_memory_s` is
 //! forgotten (so a host removed for good stops reducing the others' share after that long), and
@@ -15,7 +14,6 @@
 
 use std::{collections::HashMap, net::SocketAddr};
 
-use super::publish::KeyName;
 use crate::config::OnPartition;
 
 /// The hosts heard and known, and the share of the budget this side enforces.
@@ -53,8 +51,6 @@ pub struct Partition {
     policy: OnPartition,
     memory_ns: u64,
     last_counted: HashMap<SocketAddr, u64>,
-    /// Per key, the fractions of a packet and of a byte left over by the last round's division.
-    carry: HashMap<KeyName, (u64, u64)>,
 }
 
 impl Partition {
@@ -65,7 +61,6 @@ impl Partition {
             policy,
             memory_ns,
             last_counted: HashMap::new(),
-            carry: HashMap::new(),
         }
     }
 
@@ -98,58 +93,6 @@ impl Partition {
             OnPartition::Share => share.fraction(),
         }
     }
-
-    /// Hosts missing that the debt ceiling makes room for: [`Share::missing`] under `share`, 0
-    /// under `fail_open`.
-    #[must_use]
-    pub fn missing(&self, share: Share) -> u64 {
-        match self.policy {
-            OnPartition::FailOpen => 0,
-            OnPartition::Share => share.missing(),
-        }
-    }
-
-    /// What to charge, per key, for the hosts `share` misses: the side's consumption this round
-    /// (`local` admitted here plus `peers` charged for the counted peers, packets and bytes)
-    /// times `missing / heard`, remainders carried to the next round. Nothing under `fail_open`
-    /// or when no host is missing.
-    pub fn charges(
-        &mut self,
-        share: Share,
-        local: &HashMap<KeyName, (u64, u64)>,
-        peers: &HashMap<KeyName, (u64, u64)>,
-    ) -> HashMap<KeyName, (u64, u64)> {
-        let mut out = HashMap::new();
-        if self.policy == OnPartition::FailOpen || share.missing() == 0 || share.heard == 0 {
-            self.carry.clear();
-            return out;
-        }
-        let (missing, heard) = (u128::from(share.missing()), u128::from(share.heard));
-        let mut side: HashMap<&KeyName, (u64, u64)> = HashMap::new();
-        for (k, (p, b)) in local.iter().chain(peers) {
-            let e = side.entry(k).or_default();
-            e.0 = e.0.saturating_add(*p);
-            e.1 = e.1.saturating_add(*b);
-        }
-        let mut carry = HashMap::new();
-        for (k, (p, b)) in side {
-            let (cp, cb) = self.carry.get(k).copied().unwrap_or_default();
-            let scaled = |n: u64, c: u64| {
-                let total = u128::from(n) * missing + u128::from(c);
-                (
-                    u64::try_from(total / heard).unwrap_or(u64::MAX),
-                    u64::try_from(total % heard).unwrap_or(0),
-                )
-            };
-            let ((sp, rp), (sb, rb)) = (scaled(p, cp), scaled(b, cb));
-            carry.insert(k.clone(), (rp, rb));
-            if sp > 0 || sb > 0 {
-                out.insert(k.clone(), (sp, sb));
-            }
-        }
-        self.carry = carry;
-        out
-    }
 }
 
 #[cfg(test)]
@@ -162,14 +105,6 @@ mod tests {
 
     fn addr(i: u8) -> SocketAddr {
         SocketAddr::new(IpAddr::from([192, 0, 2, i]), 7946)
-    }
-
-    fn key() -> KeyName {
-        KeyName {
-            rule: "r".into(),
-            limit: 0,
-            addr: IpAddr::from([198, 18, 0, 100]),
-        }
     }
 
     #[test]
@@ -189,30 +124,5 @@ mod tests {
         );
         assert!((Share { heard: 1, known: 3 }.fraction() - 1.0 / 3.0).abs() < 1e-9);
         assert!((Share { heard: 2, known: 2 }.fraction() - 1.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn missing_hosts_are_charged_the_sides_consumption_scaled_with_remainders_carried() {
-        let mut p = Partition::new(OnPartition::Share, 10 * S);
-        let local = HashMap::from([(key(), (10, 1000))]);
-        let none = HashMap::new();
-        // Alone of three: two missing hosts, each charged what this side admitted.
-        let c = p.charges(Share { heard: 1, known: 3 }, &local, &none);
-        assert_eq!(c[&key()], (20, 2000));
-        // Two of three: half of the side's consumption, the odd packet carried over.
-        let peers = HashMap::from([(key(), (5, 0))]);
-        let mut total = 0;
-        for _ in 0..4 {
-            total += p.charges(Share { heard: 2, known: 3 }, &local, &peers)[&key()].0;
-        }
-        assert_eq!(total, 4 * 15 / 2);
-        // Nothing missing, or fail_open: nothing.
-        assert!(p
-            .charges(Share { heard: 3, known: 3 }, &local, &peers)
-            .is_empty());
-        let mut open = Partition::new(OnPartition::FailOpen, 10 * S);
-        assert!(open
-            .charges(Share { heard: 1, known: 3 }, &local, &none)
-            .is_empty());
     }
 }

@@ -1,9 +1,10 @@
 //! What this host tells its peers: for the heaviest keys of cluster-scoped limits (a rule's own
-//! limit or any of its `[[rule.limit]]`s), the packets and bytes it admitted since it started
-//! publishing the key, as cumulative counters.
+//! limit or any of its `[[rule.limit]]`s), the packets and bytes it admitted and the packets
+//! that reached the bucket (its *demand*: admitted plus dropped) since it started publishing the
+//! key, as cumulative counters. Peers divide the budget in proportion to the demand.
 //!
-//! The counters come from the buckets' own `passed_pkts`/`passed_bytes`, which the XDP program
-//! keeps per bucket. A bucket can vanish (evicted) and come back with counters from zero; a
+//! The counters come from the buckets' own `passed_pkts`/`passed_bytes`/`dropped_pkts`, which
+//! the XDP program keeps per bucket. A bucket can vanish (evicted) and come back with counters from zero; a
 //! bucket may predate this agent (adopted pinned state). So each published key keeps its own
 //! cumulative count in memory, advanced by what the bucket gained since the last look.
 //!
@@ -78,7 +79,7 @@ impl KeyName {
     }
 }
 
-/// A published value: `EPOCH:PKTS:BYTES`.
+/// A published value: `EPOCH:PKTS:BYTES:DEMAND`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Count {
     /// Epoch (see the module docs).
@@ -87,25 +88,40 @@ pub struct Count {
     pub pkts: u64,
     /// Bytes admitted in this epoch.
     pub bytes: u64,
+    /// Packets that reached the bucket (admitted or dropped) in this epoch.
+    pub demand: u64,
 }
 
 impl Count {
     /// The chitchat value.
     #[must_use]
     pub fn to_value(&self) -> String {
-        format!("{}:{}:{}", self.epoch, self.pkts, self.bytes)
+        format!(
+            "{}:{}:{}:{}",
+            self.epoch, self.pkts, self.bytes, self.demand
+        )
     }
 
-    /// Parses a chitchat value.
+    /// Parses a chitchat value. A value of an agent that published no demand (`EPOCH:PKTS:BYTES`,
+    /// before demand-proportional shares) is read with its admitted packets as its demand.
     #[must_use]
     pub fn parse(value: &str) -> Option<Self> {
         let mut it = value.split(':');
-        let c = Self {
-            epoch: it.next()?.parse().ok()?,
-            pkts: it.next()?.parse().ok()?,
-            bytes: it.next()?.parse().ok()?,
+        let (epoch, pkts, bytes) = (
+            it.next()?.parse().ok()?,
+            it.next()?.parse().ok()?,
+            it.next()?.parse().ok()?,
+        );
+        let demand = match it.next() {
+            None => pkts,
+            Some(d) => d.parse().ok()?,
         };
-        it.next().is_none().then_some(c)
+        it.next().is_none().then_some(Self {
+            epoch,
+            pkts,
+            bytes,
+            demand,
+        })
     }
 }
 
@@ -118,6 +134,16 @@ pub struct BucketObs {
     pub passed_pkts: u64,
     /// `passed_bytes`.
     pub passed_bytes: u64,
+    /// `dropped_pkts` (a 32-bit counter, wrapping).
+    pub dropped_pkts: u64,
+}
+
+impl BucketObs {
+    /// Packets that reached the bucket, admitted or dropped (modulo 2^32, as its counters).
+    #[must_use]
+    pub fn demand(&self) -> u64 {
+        self.passed_pkts.wrapping_add(self.dropped_pkts) & 0xffff_ffff
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -127,22 +153,23 @@ struct Published {
     created_ns: u64,
     last_pkts: u64,
     last_bytes: u64,
+    last_demand: u64,
     last_ns: u64,
-    /// Packets per second, smoothed.
+    /// Packets reaching the bucket per second, smoothed.
     rate: f64,
     /// Last time the count moved.
     active_ns: u64,
     dirty: bool,
 }
 
-/// A candidate's weight for the published set: its lifetime average rate (all there is without
-/// history), at `now`.
+/// A candidate's weight for the published set: its lifetime average demand (packets that
+/// reached it, admitted or dropped; all there is without history), at `now`.
 #[must_use]
 pub fn candidate_rate(now: u64, b: &BucketObs) -> f64 {
     #[expect(clippy::cast_precision_loss, reason = "a rate estimate")]
     let age = (now.saturating_sub(b.created_ns) as f64 / 1e9).max(1.0);
     #[expect(clippy::cast_precision_loss, reason = "a rate estimate")]
-    let rate = b.passed_pkts as f64 / age;
+    let rate = b.demand() as f64 / age;
     rate
 }
 
@@ -281,7 +308,7 @@ impl LocalTracker {
     /// first, at most `max_keys`.
     pub fn update(&mut self, now: u64, seen: &HashMap<KeyName, BucketObs>, full: bool) {
         for (name, p) in &mut self.published {
-            let (gained_pkts, gained_bytes, created) = match seen.get(name) {
+            let (gained_pkts, gained_bytes, gained_demand, created) = match seen.get(name) {
                 // Same life of the bucket: what it gained since the last look. The packet counter
                 // is 32 bits and wraps; either counter may step back a little when two CPUs
                 // update the bucket at once (`counter_advance`): that is no gain, and the last
@@ -291,15 +318,21 @@ impl LocalTracker {
                     let pkts =
                         ratelimit_common::counter_advance(b.passed_pkts as u32, p.last_pkts as u32);
                     let bytes = b.passed_bytes.checked_sub(p.last_bytes);
+                    let demand =
+                        ratelimit_common::counter_advance(b.demand() as u32, p.last_demand as u32);
                     if pkts.is_some() {
                         p.last_pkts = b.passed_pkts;
                     }
                     if bytes.is_some() {
                         p.last_bytes = b.passed_bytes;
                     }
+                    if demand.is_some() {
+                        p.last_demand = b.demand();
+                    }
                     (
                         u64::from(pkts.unwrap_or(0)),
                         bytes.unwrap_or(0),
+                        u64::from(demand.unwrap_or(0)),
                         b.created_ns,
                     )
                 }
@@ -307,21 +340,23 @@ impl LocalTracker {
                 Some(b) => {
                     p.last_pkts = b.passed_pkts;
                     p.last_bytes = b.passed_bytes;
-                    (b.passed_pkts, b.passed_bytes, b.created_ns)
+                    p.last_demand = b.demand();
+                    (b.passed_pkts, b.passed_bytes, b.demand(), b.created_ns)
                 }
-                None => (0, 0, 0),
+                None => (0, 0, 0, 0),
             };
             p.created_ns = created;
             #[expect(clippy::cast_precision_loss, reason = "a rate estimate")]
             let dt = (now.saturating_sub(p.last_ns) as f64 / 1e9).max(1e-3);
             let alpha = 1.0 - (-dt / RATE_TAU_SECS).exp();
             #[expect(clippy::cast_precision_loss, reason = "a rate estimate")]
-            let inst = gained_pkts as f64 / dt;
+            let inst = gained_demand as f64 / dt;
             p.rate += alpha * (inst - p.rate);
             p.last_ns = now;
-            if gained_pkts > 0 || gained_bytes > 0 {
+            if gained_pkts > 0 || gained_bytes > 0 || gained_demand > 0 {
                 p.count.pkts += gained_pkts;
                 p.count.bytes += gained_bytes;
+                p.count.demand += gained_demand;
                 p.active_ns = now;
                 p.dirty = true;
             }
@@ -352,7 +387,7 @@ impl LocalTracker {
         // rate (all there is without history).
         let mut candidates: Vec<(f64, &KeyName, &BucketObs)> = seen
             .iter()
-            .filter(|(k, b)| b.passed_pkts > 0 && !self.published.contains_key(*k))
+            .filter(|(k, b)| b.demand() > 0 && !self.published.contains_key(*k))
             .map(|(k, b)| (candidate_rate(now, b), k, b))
             .collect();
         candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
@@ -380,6 +415,7 @@ impl LocalTracker {
                 epoch: self.next_epoch,
                 pkts: if fresh { b.passed_pkts } else { 0 },
                 bytes: if fresh { b.passed_bytes } else { 0 },
+                demand: if fresh { b.demand() } else { 0 },
             };
             self.next_epoch += 1;
             self.published.insert(
@@ -389,6 +425,7 @@ impl LocalTracker {
                     created_ns: b.created_ns,
                     last_pkts: b.passed_pkts,
                     last_bytes: b.passed_bytes,
+                    last_demand: b.demand(),
                     last_ns: now,
                     rate,
                     active_ns: now,
@@ -430,6 +467,7 @@ mod tests {
             created_ns,
             passed_pkts: pkts,
             passed_bytes: pkts * 100,
+            dropped_pkts: 0,
         }
     }
 
@@ -447,10 +485,23 @@ mod tests {
             epoch: 3,
             pkts: 10,
             bytes: 1000,
+            demand: 40,
         };
+        assert_eq!(c.to_value(), "3:10:1000:40");
         assert_eq!(Count::parse(&c.to_value()), Some(c));
         assert_eq!(Count::parse("1:2"), None);
-        assert_eq!(Count::parse("1:2:3:4"), None);
+        assert_eq!(Count::parse("1:2:3:4:5"), None);
+        assert_eq!(Count::parse("1:2:3:x"), None);
+        // An agent of before demand was published: its admitted packets are its demand.
+        assert_eq!(
+            Count::parse("1:2:3"),
+            Some(Count {
+                epoch: 1,
+                pkts: 2,
+                bytes: 3,
+                demand: 2
+            })
+        );
     }
 
     /// Each limit of a rule has keys of its own: the rule's own limit keeps the form older agents

@@ -1,6 +1,7 @@
 //! The sync round, every `sync_interval_ms`: read the local buckets of cluster-scoped limits (a
-//! rule's own or a `[[rule.limit]]`, each on its own) and publish the heaviest keys' counters; read the peers' counters from chitchat; charge the local
-//! buckets for what the peers admitted since the last round; refresh the status.
+//! rule's own or a `[[rule.limit]]`, each on its own) and publish the heaviest keys' counters
+//! (admitted and demand); read the peers' demand from chitchat; give each local bucket its
+//! share of the budget, in proportion to its demand ([`charge`]); refresh the status.
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -124,30 +125,30 @@ struct Blocking {
     maps: PinnedMaps,
     local: LocalTracker,
     next_full_ns: u64,
-    /// The buckets read in the last round, for what this host admitted since (see
-    /// [`Partition::charges`]).
-    last_seen: HashMap<KeyName, BucketObs>,
+    /// The buckets read lately, with when, for this host's demand.
+    last_seen: HashMap<KeyName, (BucketObs, u64)>,
 }
 
-/// Packets and bytes per key.
-type Gains = HashMap<KeyName, (u64, u64)>;
+/// Demand per key, packets per second.
+type Demand = HashMap<KeyName, f64>;
 
-/// What this host admitted per key between two reads of its bucket (the same life of it; a
-/// bucket first seen counts from zero, a 32-bit packet counter wraps).
-fn local_gains(before: &HashMap<KeyName, BucketObs>, now: &HashMap<KeyName, BucketObs>) -> Gains {
-    now.iter()
+/// This host's demand per key (packets that reached the bucket, admitted or dropped, per second)
+/// between the last read of its bucket and this one at `now`: one round, the freshest figure
+/// there is (the peers' are a round or two older already). Only keys read both times, in the
+/// same life of their bucket: for the others this host cannot tell, and their bucket keeps its
+/// whole refill (fail open).
+fn local_demand(before: &HashMap<KeyName, (BucketObs, u64)>, now_ns: u64, seen: &HashMap<KeyName, BucketObs>) -> Demand {
+    seen.iter()
         .filter_map(|(k, b)| {
-            let (p0, b0) = match before.get(k) {
-                Some(o) if o.created_ns == b.created_ns => (o.passed_pkts, o.passed_bytes),
-                Some(_) | None => (0, 0),
-            };
-            let pkts = u64::from(
-                u32::try_from(b.passed_pkts & 0xffff_ffff)
-                    .unwrap_or(0)
-                    .wrapping_sub(u32::try_from(p0 & 0xffff_ffff).unwrap_or(0)),
-            );
-            let bytes = b.passed_bytes.saturating_sub(b0);
-            (pkts > 0 || bytes > 0).then(|| (k.clone(), (pkts, bytes)))
+            let (o, at) = before.get(k)?;
+            if o.created_ns != b.created_ns || now_ns <= *at {
+                return None;
+            }
+            #[expect(clippy::cast_possible_truncation, reason = "32-bit counters")]
+            let gained = ratelimit_common::counter_advance(b.demand() as u32, o.demand() as u32)?;
+            #[expect(clippy::cast_precision_loss, reason = "a rate")]
+            let rate = f64::from(gained) * 1e9 / (now_ns - at) as f64;
+            Some((k.clone(), rate))
         })
         .collect()
 }
@@ -173,16 +174,16 @@ impl SyncLoop {
             last_seen: HashMap::new(),
         });
         let timeout_ns = u64::try_from(peer_timeout.as_nanos()).unwrap_or(u64::MAX);
-        let mut remote: RemoteTracker<ChitchatId> = RemoteTracker::new(
-            timeout_ns,
-            super::remote::lag_allowance_ns(u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX)),
-        );
+        let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
+        let lag_ns = super::remote::lag_allowance_ns(interval_ns);
+        let mut remote: RemoteTracker<ChitchatId> = RemoteTracker::new(timeout_ns, lag_ns);
+        let mut last_round_ns: Option<u64> = None;
+        // This host's demand as of the last round: the figure its peers divide by now.
+        let mut published_demand = Demand::new();
         let mut seq = 0u64;
         let mut was_counted: HashSet<ChitchatId> = HashSet::new();
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
-        let lag_ns = super::remote::lag_allowance_ns(interval_ns);
         loop {
             tick.tick().await;
             let began = Instant::now();
@@ -192,11 +193,11 @@ impl SyncLoop {
             let Some(mut b) = blocking.take() else { return };
             let rules_for_scan = rules.clone();
             let joined = tokio::task::spawn_blocking(move || {
-                let (set, deleted, gains) = b.observe(&rules_for_scan, interval_ns);
-                (b, set, deleted, gains)
+                let (set, deleted, demand) = b.observe(&rules_for_scan, interval_ns);
+                (b, set, deleted, demand)
             })
             .await;
-            let Ok((b, set, deleted, local_gains)) = joined else {
+            let Ok((b, set, deleted, fresh_demand)) = joined else {
                 tracing::error!("cluster sync: the bucket scan panicked; cluster sync stopped");
                 return;
             };
@@ -252,49 +253,48 @@ impl SyncLoop {
             c.keys_published
                 .store(published as u64, std::sync::atomic::Ordering::Relaxed);
 
-            // 3. Peers' gains -> charges.
+            // 3. Demand -> shares: each local bucket refills at its share of the rate.
             let now = monotonic_ns();
-            let mut round = remote.round(now, &views, &rules.limits());
+            let round = remote.round(now, &views, &rules.limits());
             let keys_synced = round.keys_synced;
-            // `on_partition`: the hosts heard (distinct addresses), the hosts last known alive,
-            // and what to charge for the ones missing.
+            // `on_partition`: the hosts heard (distinct addresses) and the hosts last known alive.
             let counted_addrs: Vec<SocketAddr> = remote
                 .info(now)
                 .filter(|(_, i)| i.counted)
                 .map(|(id, _)| id.gossip_advertise_addr)
                 .collect();
             let share = partition.observe(now, &counted_addrs);
-            let shares = partition.charges(share, &local_gains, &round.charges);
-            if !round.charges.is_empty() || !shares.is_empty() {
+            let factor = partition.budget_share(share);
+            let elapsed = last_round_ns.map_or(0, |t| now.saturating_sub(t));
+            last_round_ns = Some(now);
+            // Every host divides by the same figures: its own demand as its peers read it now
+            // (published last round), not its fresher reading. Shares computed from one vector
+            // add up to 1 whatever noise the figures carry (a bucket's drops reach its counter
+            // up to a drop window late); with a fresh figure for itself and older ones for the
+            // others, each host's error is its own and they add up (measured: 1.25 x the budget
+            // at 8 hosts, even split).
+            let local_demand = std::mem::replace(&mut published_demand, fresh_demand);
+            if elapsed > 0 && !local_demand.is_empty() {
                 let Some(mut b) = blocking.take() else { return };
-                let round = std::mem::take(&mut round);
-                let missing = partition.missing(share);
-                let charged = tokio::task::spawn_blocking(move || {
-                    let r = b.charge(&rules, &round, lag_ns, missing);
-                    let s = b.charge(
-                        &rules,
-                        &Round {
-                            charges: shares,
-                            counted_peers: round.counted_peers,
-                            ..Round::default()
-                        },
-                        lag_ns,
-                        missing,
-                    );
-                    (b, r, s)
+                let withheld = tokio::task::spawn_blocking(move || {
+                    let w = b.withhold(&rules, &round, &local_demand, factor, elapsed, lag_ns);
+                    (b, w)
                 })
                 .await;
-                let Ok((b, (pkts, bytes, errors, clamped, capped), share_charged)) = charged else {
-                    tracing::error!("cluster sync: charging panicked; cluster sync stopped");
+                let Ok((b, w)) = withheld else {
+                    tracing::error!("cluster sync: slowing the buckets panicked; cluster sync stopped");
                     return;
                 };
                 blocking = Some(b);
-                Counters::add(&c.charged_pkts, pkts);
-                Counters::add(&c.charged_bytes, bytes);
-                Counters::add(&c.charge_errors, errors + share_charged.2);
-                Counters::add(&c.charges_clamped, clamped);
-                Counters::add(&c.debt_capped, capped + share_charged.4);
-                Counters::add(&c.share_charged_pkts, share_charged.0);
+                for (id, pkts, bytes) in &w.per_peer {
+                    remote.credit(id, *pkts, *bytes);
+                }
+                Counters::add(&c.charged_pkts, w.pkts);
+                Counters::add(&c.charged_bytes, w.bytes);
+                Counters::add(&c.charge_errors, w.errors);
+                Counters::add(&c.charges_clamped, w.late);
+                Counters::add(&c.debt_capped, w.capped);
+                Counters::add(&c.share_charged_pkts, w.share_pkts);
             }
             c.keys_synced
                 .store(keys_synced, std::sync::atomic::Ordering::Relaxed);
@@ -336,7 +336,7 @@ impl Blocking {
         &mut self,
         rules: &ClusterRules,
         interval_ns: u64,
-    ) -> (Vec<(String, String)>, Vec<String>, Gains) {
+    ) -> (Vec<(String, String)>, Vec<String>, Demand) {
         let now = monotonic_ns();
         let full = now >= self.next_full_ns;
         let mut seen: HashMap<KeyName, BucketObs> = HashMap::new();
@@ -344,6 +344,7 @@ impl Blocking {
             created_ns: b.created_ns,
             passed_pkts: u64::from(b.passed_pkts),
             passed_bytes: b.passed_bytes,
+            dropped_pkts: u64::from(b.dropped_pkts),
         };
         if full {
             // Streamed: only the published keys' buckets and the `max_keys` heaviest others
@@ -355,7 +356,7 @@ impl Blocking {
                 };
                 if self.local.is_published(&key) {
                     seen.insert(key, obs(b));
-                } else if b.passed_pkts > 0 {
+                } else if b.passed_pkts > 0 || b.dropped_pkts > 0 {
                     heaviest.offer(candidate_rate(now, &obs(b)), key, obs(b));
                 }
             });
@@ -380,60 +381,109 @@ impl Blocking {
             }
         }
         self.local.update(now, &seen, full);
-        let gains = local_gains(&self.last_seen, &seen);
+        let demand = local_demand(&self.last_seen, now, &seen);
         // A full scan reads every key worth tracking (bounded by `max_keys` twice over); in
         // between, keys not read keep their last reading.
+        let seen = seen.into_iter().map(|(k, b)| (k, (b, now)));
         if full {
-            self.last_seen = seen;
+            self.last_seen = seen.collect();
         } else {
             self.last_seen.extend(seen);
         }
         let (set, deleted) = self.local.changes();
-        (set, deleted, gains)
+        (set, deleted, demand)
     }
 
-    /// Charges the round's consumption, no bucket past its debt ceiling (see
-    /// [`charge::ceilings`]; `missing` hosts known but not heard count as peers there, so what
-    /// `on_partition = "share"` charges for them fits): (packets, bytes, errors, clamped, capped
-    /// by the ceiling).
-    fn charge(
+    /// Gives every key this host has a demand figure for its share of the budget for the last
+    /// `elapsed` ns (see [`charge`]): `factor` is `heard / known` under `on_partition =
+    /// "share"`, else 1; a round later than `lag_ns` takes back no more than `lag_ns` of refill.
+    fn withhold(
         &mut self,
         rules: &ClusterRules,
-        round: &Round,
+        round: &Round<ChitchatId>,
+        local: &Demand,
+        factor: f64,
+        elapsed: u64,
         lag_ns: u64,
-        missing: u64,
-    ) -> (u64, u64, u64, u64, u64) {
-        let (mut pkts, mut bytes, mut errors, mut capped) = (0, 0, 0, 0);
+    ) -> Withheld {
+        let mut w = Withheld::default();
         let now = monotonic_ns();
-        for (name, &(p, b)) in &round.charges {
+        let coarse = monotonic_coarse_ns();
+        if elapsed > lag_ns {
+            w.late = 1;
+        }
+        for (name, &d) in local {
             let Some((id, rule, limit)) = rules.limit_of(name) else {
                 continue;
             };
+            let peers = round.peer_demand(name);
+            let s = charge::share(d, peers, factor);
+            let advance = charge::advance_ns(s, elapsed, lag_ns);
+            if advance == 0 {
+                continue;
+            }
             let key = limit_bucket_key(id, rule, usize::from(name.limit), name.addr);
-            let ceilings = charge::ceilings(&limit, round.counted_peers + missing, lag_ns, now);
-            match charge::charge(
-                &self.maps,
-                &key,
-                &limit,
-                p,
-                b,
-                now,
-                monotonic_coarse_ns(),
-                ceilings,
-            ) {
-                Ok(cut) => {
-                    pkts += p;
-                    bytes += b;
-                    capped += u64::from(cut);
+            let ceilings = charge::ceilings(&limit, lag_ns, now);
+            match charge::withhold(&self.maps, &key, &limit, advance, now, coarse, ceilings) {
+                Ok(Some((pkt_ns, byte_ns, capped))) => {
+                    let (pkts, bytes) = charge::withheld(&limit, pkt_ns, byte_ns);
+                    w.pkts += pkts;
+                    w.bytes += bytes;
+                    w.capped += u64::from(capped);
+                    // The part of it for hosts missing (`share`): what the factor took.
+                    let without = charge::advance_ns(charge::share(d, peers, 1.0), elapsed, lag_ns);
+                    if advance > without {
+                        let missing_ns = (advance - without).min(pkt_ns);
+                        w.share_pkts += charge::withheld(&limit, missing_ns, 0).0;
+                    }
+                    // Each counted peer's part of the rest, by its demand.
+                    if peers > 0.0 {
+                        if let Some(list) = round.demand.get(name) {
+                            let (pp, pb) = charge::withheld(
+                                &limit,
+                                pkt_ns.min(without),
+                                byte_ns.min(without),
+                            );
+                            for (peer, r) in list {
+                                #[expect(
+                                    clippy::cast_possible_truncation,
+                                    clippy::cast_sign_loss,
+                                    clippy::cast_precision_loss,
+                                    reason = "a part of a count"
+                                )]
+                                let part = |n: u64| (n as f64 * r / peers).round() as u64;
+                                w.per_peer.push((peer.clone(), part(pp), part(pb)));
+                            }
+                        }
+                    }
                 }
+                Ok(None) => {}
                 Err(e) => {
-                    errors += 1;
-                    tracing::debug!(error = %e, rule = %name.rule, limit = name.limit, addr = %name.addr, "cluster sync: charging a bucket");
+                    w.errors += 1;
+                    tracing::debug!(error = %e, rule = %name.rule, limit = name.limit, addr = %name.addr, "cluster sync: slowing a bucket");
                 }
             }
         }
-        (pkts, bytes, errors, round.clamped, capped)
+        w
     }
+}
+
+/// What one round withheld.
+#[derive(Debug, Default)]
+struct Withheld {
+    /// Packets and bytes of refill withheld (TAT advance in packets and bytes).
+    pkts: u64,
+    bytes: u64,
+    /// Of the packets, what `on_partition = "share"` withheld for hosts missing.
+    share_pkts: u64,
+    /// Per counted peer, its part (by demand) of the rest.
+    per_peer: Vec<(ChitchatId, u64, u64)>,
+    /// Buckets that could not be slowed.
+    errors: u64,
+    /// Advances cut short by a ceiling.
+    capped: u64,
+    /// 1 when the round ran later than the lag allowance (its advance cut to it).
+    late: u64,
 }
 
 /// Where a member stands in one sync.
@@ -704,7 +754,7 @@ fn peer_statuses(
                 stored_keys: stored.get(id).copied().unwrap_or(0),
                 charged_pkts: info.charged_pkts,
                 charged_bytes: info.charged_bytes,
-                clamped: info.clamped,
+                clamped: 0,
             },
         );
     }

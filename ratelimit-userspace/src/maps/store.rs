@@ -309,6 +309,44 @@ impl MappedStore {
         true
     }
 
+    /// Slows the refill of record `i`'s bucket, if it still holds `header`: each TAT (packet,
+    /// byte; `(advance, ceiling)` each) that is past `now` (the bucket is not full) moves on by
+    /// `advance` from where it is, not past its ceiling (one at or before `now`, a full bucket,
+    /// stays: the program's refill already stopped there). With the program's compare-and-swap,
+    /// so no packet admitted meanwhile is lost. `None` if the record no longer holds `header`,
+    /// else `(packet ns, byte ns)` actually moved and whether a ceiling cut either short.
+    pub fn withhold(
+        &self,
+        i: u32,
+        header: u64,
+        now: u64,
+        pkt: (u64, u64),
+        byte: (u64, u64),
+    ) -> Option<(u64, u64, bool)> {
+        self.require_writable();
+        let mut capped = false;
+        let mut withhold = |offset: usize, (advance, ceiling): (u64, u64)| -> u64 {
+            if advance == 0 {
+                return 0;
+            }
+            let w = self.word(i, offset);
+            let (mut moved, mut cut_short) = (0, false);
+            let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+                let (new, cut) = withhold_tat(tat, now, advance, ceiling);
+                (moved, cut_short) = (new - tat, cut);
+                (new != tat).then_some(new)
+            });
+            capped |= cut_short;
+            moved
+        };
+        if self.word(i, BUCKET_HEADER_OFFSET).load(Ordering::Acquire) != header {
+            return None;
+        }
+        let p = withhold(std::mem::offset_of!(Bucket, tat_ns), pkt);
+        let b = withhold(std::mem::offset_of!(Bucket, byte_tat_ns), byte);
+        Some((p, b, capped))
+    }
+
     fn require_writable(&self) {
         assert!(
             self.writable,
@@ -322,6 +360,22 @@ impl MappedStore {
 #[must_use]
 pub fn advance_tat(tat: u64, now: u64, cost: u64, ceiling: u64) -> (u64, bool) {
     let want = tat.max(now).saturating_add(cost);
+    if want <= ceiling {
+        (want, false)
+    } else {
+        (tat.max(ceiling), true)
+    }
+}
+
+/// `tat` moved on by `advance` from where it is if it lies past `now` (a bucket not full), but
+/// not past `ceiling` (a TAT already past it stays); a TAT at or before `now` (a full bucket)
+/// stays. The new TAT and whether the ceiling cut the advance short.
+#[must_use]
+pub fn withhold_tat(tat: u64, now: u64, advance: u64, ceiling: u64) -> (u64, bool) {
+    if tat <= now {
+        return (tat, false);
+    }
+    let want = tat.saturating_add(advance);
     if want <= ceiling {
         (want, false)
     } else {
