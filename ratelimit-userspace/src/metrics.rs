@@ -333,7 +333,7 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
     family(
         enc,
         "ratelimit_cluster_peers",
-        "Other members by state; only alive peers' consumption is charged.",
+        "Other members by state; only alive peers' demand takes a share.",
         states
             .into_iter()
             .map(|(st, n)| (vec![("state", st)], ConstGauge::new(n))),
@@ -359,32 +359,32 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
     single(
         enc,
         "ratelimit_cluster_charged_packets",
-        "Packets charged to local buckets for peers' consumption.",
+        "Refill withheld from local buckets for the peers' shares, in packets.",
         &ConstCounter::new(c.charged_pkts),
     )?;
     single(
         enc,
         "ratelimit_cluster_charged_bytes",
-        "Bytes charged to local buckets for peers' consumption.",
+        "Refill withheld from local buckets for the peers' shares, in bytes.",
         &ConstCounter::new(c.charged_bytes),
     )?;
     single(
         enc,
         "ratelimit_cluster_charges_clamped",
-        "Charges cut down because a peer reported more than its bucket could admit.",
+        "Sync rounds late by more than 3 intervals, whose withheld refill was cut to that.",
         &ConstCounter::new(c.charges_clamped),
     )?;
     single(
         enc,
         "ratelimit_cluster_debt_capped",
-        "Charges cut short because a bucket's debt reached its ceiling.",
+        "Withheld refill cut short by a bucket's ceiling (tolerance + 3 sync intervals).",
         &ConstCounter::new(c.debt_capped),
     )?;
     #[expect(clippy::cast_precision_loss, reason = "milliseconds as seconds")]
     single(
         enc,
         "ratelimit_cluster_sync_lag_seconds",
-        "Largest age of the newest consumption data from a counted peer at the last sync.",
+        "Largest age of the newest demand data from a counted peer at the last sync.",
         &ConstGauge::new(c.sync_lag_ms as f64 / 1000.0),
     )?;
     single(
@@ -420,7 +420,7 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
     single(
         enc,
         "ratelimit_cluster_share_charged_packets",
-        "Packets charged to local buckets for hosts known but not heard (on_partition = share).",
+        "Refill withheld for hosts known but not heard (on_partition = share), in packets.",
         &ConstCounter::new(c.share_charged_pkts),
     )?;
     Ok(())

@@ -1,6 +1,7 @@
-//! Cluster-wide budgets: agents gossip how much each heavy source of a `scope = "cluster"` rule
-//! consumed, and every agent charges its local bucket for what the others admitted, so N hosts
-//! together admit what one host with the rule would.
+//! Cluster-wide budgets: agents gossip each heavy source's demand under a `scope = "cluster"`
+//! limit (the packets that reached its bucket), and every agent gives its local bucket the share
+//! of the budget its own demand is of the cluster's, so N hosts together admit what one host
+//! with the rule would.
 //!
 //! Membership, failure detection and dissemination are chitchat's (Quickwit's scuttlebutt
 //! anti-entropy gossip with a phi-accrual failure detector): each agent publishes its counters as
@@ -14,26 +15,25 @@
 //! - [`transport`]: chitchat's transport over the sealed format.
 //! - [`gossip`]: chitchat's server, restarted (as a new generation) when a socket error ends it.
 //! - [`publish`]: the local counters and the choice of the heaviest keys.
-//! - [`remote`]: the peers' counters and what is still to be charged, per peer incarnation.
-//! - [`charge`]: charging a pinned bucket from user space.
+//! - [`remote`]: the peers' counters and their demand, per peer incarnation.
+//! - [`charge`]: the share of a key's budget, and slowing a pinned bucket's refill to it.
 //! - [`sync`]: the round that ties them together; [`status`]: what `peers`, `status` and the
 //!   metrics show.
 //!
 //! # Accuracy and failures
-//! Counters are cumulative and per epoch, so lost, repeated or reordered gossip charges nothing
-//! twice. A burst admitted everywhere at once is charged to every host afterwards and paid back
-//! (the bucket goes into debt). The overshoot is bounded by `hosts x burst` once, plus
-//! `rate x sync lag` while the load shifts. A peer not heard for [`peer_timeout`] stops being
-//! counted; when heard again its consumption meanwhile is not charged late: in a partition each
-//! side enforces the budget on its own (fail open). The XDP program enforces the local bucket
-//! whether or not the agent runs.
+//! Counters are cumulative and per epoch, so lost, repeated or reordered gossip counts nothing
+//! twice. Shares follow demand, not admissions: there is no feedback from what a host admitted
+//! to what the others admit, so the cluster settles within a few sync intervals of a change of
+//! demand. The overshoot is bounded by `hosts x burst` once, plus `rate x sync lag` while the
+//! load shifts. A peer not heard for [`peer_timeout`] stops being counted (its demand takes no
+//! share): in a partition each side enforces the budget on its own (fail open). The XDP program
+//! enforces the local bucket whether or not the agent runs.
 //!
 //! # Trust
-//! A peer holding the key is trusted only as far as its own bucket: per source, it makes this
-//! host charge at most `burst + rate x (t + lag allowance)` over any span `t` ([`remote`]; the
-//! lag allowance is 3 sync intervals), and no bucket's debt beyond its burst exceeds
-//! `counted peers x (burst + rate x lag allowance)` ([`charge`]). Claims beyond either are cut,
-//! counted (`charges_clamped`, `debt_capped`) and logged once per peer.
+//! A peer holding the key can claim any demand: that takes this host's share of a key down to
+//! nothing while it claims (as the peer could, by admitting the rate itself), but a round moves
+//! a bucket's TAT by at most the time since the last round, so it leaves no debt beyond one
+//! round and the source is admitted again a few rounds after the claims stop ([`charge`]).
 
 pub mod charge;
 pub mod gossip;

@@ -623,8 +623,8 @@ mod tests {
         assert_eq!(
             set,
             vec![
-                ("c/flood/1/0.0.0.0".to_string(), "1:400:40000".to_string()),
-                ("c/flood/198.18.0.1".to_string(), "2:50:5000".to_string()),
+                ("c/flood/1/0.0.0.0".to_string(), "1:400:40000:400".to_string()),
+                ("c/flood/198.18.0.1".to_string(), "2:50:5000:50".to_string()),
             ]
         );
         // Only the aggregate moves: only its key is sent.
@@ -635,7 +635,7 @@ mod tests {
         );
         assert_eq!(
             t.changes().0,
-            vec![("c/flood/1/0.0.0.0".to_string(), "1:900:90000".to_string())]
+            vec![("c/flood/1/0.0.0.0".to_string(), "1:900:90000:900".to_string())]
         );
     }
 
@@ -739,7 +739,7 @@ mod tests {
             true,
         );
         let (set, del) = t.changes();
-        assert_eq!(set, vec![(name(1).to_key(), "1:50:5000".to_string())]);
+        assert_eq!(set, vec![(name(1).to_key(), "1:50:5000:50".to_string())]);
         assert!(del.is_empty());
         t.update(
             start + 2 * S,
@@ -748,7 +748,7 @@ mod tests {
         );
         assert_eq!(
             t.changes().0,
-            vec![(name(1).to_key(), "1:80:8000".to_string())]
+            vec![(name(1).to_key(), "1:80:8000:80".to_string())]
         );
         // Evicted: nothing gained, nothing to send.
         t.update(start + 3 * S, &HashMap::new(), false);
@@ -761,7 +761,7 @@ mod tests {
         );
         assert_eq!(
             t.changes().0,
-            vec![(name(1).to_key(), "1:87:8700".to_string())]
+            vec![(name(1).to_key(), "1:87:8700:87".to_string())]
         );
     }
 
@@ -777,7 +777,7 @@ mod tests {
         t.update(start + S, &HashMap::from([(name(1), obs(born, 50))]), true);
         assert_eq!(
             t.changes().0,
-            vec![(name(1).to_key(), "1:50:5000".to_string())]
+            vec![(name(1).to_key(), "1:50:5000:50".to_string())]
         );
         t.update(
             start + 2 * S,
@@ -792,7 +792,7 @@ mod tests {
         );
         assert_eq!(
             t.changes().0,
-            vec![(name(1).to_key(), "1:53:5300".to_string())]
+            vec![(name(1).to_key(), "1:53:5300:53".to_string())]
         );
         // The 32-bit packet counter wrapping from 2^32 - 3 to 4: 7 packets.
         let mut t = LocalTracker::new(10, start);
@@ -820,7 +820,7 @@ mod tests {
             &HashMap::from([(name(1), obs(start - S, 1000))]),
             true,
         );
-        assert_eq!(t.changes().0, vec![(name(1).to_key(), "1:0:0".to_string())]);
+        assert_eq!(t.changes().0, vec![(name(1).to_key(), "1:0:0:0".to_string())]);
         t.update(
             start + 2 * S,
             &HashMap::from([(name(1), obs(start - S, 1010))]),
@@ -828,7 +828,7 @@ mod tests {
         );
         assert_eq!(
             t.changes().0,
-            vec![(name(1).to_key(), "1:10:1000".to_string())]
+            vec![(name(1).to_key(), "1:10:1000:10".to_string())]
         );
     }
 

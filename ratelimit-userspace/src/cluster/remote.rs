@@ -128,9 +128,74 @@ pub fn lag_allowance_ns(interval_ns: u64) -> u64 {
     interval_ns.saturating_mul(LAG_ROUNDS)
 }
 
-#[derive(Clone, Copy, Debug)]
+/// Demand is a rate over this many sync intervals (a peer's last syncs, and this host's own
+/// readings likewise). A bucket's drops reach its counter up to a drop window late (up to 64
+/// packets per CPU, about one sync interval for a source held to a small share), which makes
+/// one interval's figure at a few hundred packets/s mostly noise; over four, less of it, and a
+/// change of demand is fully seen four intervals after it (half of it after two). (Tried: eight
+/// intervals, restarting the window when the last two differ from it by 1.5x: worse at 8 hosts
+/// even, 1.2 x the budget over 7 s.)
+pub const DEMAND_ROUNDS: usize = 4;
+
+/// A cumulative demand counter's readings, `(time, count)`, the last [`DEMAND_ROUNDS`] + 1.
+#[derive(Clone, Debug, Default)]
+pub struct DemandWindow(std::collections::VecDeque<(u64, u64)>);
+
+impl DemandWindow {
+    /// Adds a reading (a time before the last one's is ignored).
+    pub fn push(&mut self, at: u64, count: u64) {
+        if self.0.back().is_some_and(|&(t, _)| at <= t) {
+            return;
+        }
+        self.0.push_back((at, count));
+        while self.0.len() > DEMAND_ROUNDS + 1 {
+            self.0.pop_front();
+        }
+    }
+
+    fn between((t0, c0): (u64, u64), (t1, c1): (u64, u64), per: f64) -> f64 {
+        if t1 <= t0 {
+            return 0.0;
+        }
+        #[expect(clippy::cast_precision_loss, reason = "a rate")]
+        let r = c1.saturating_sub(c0) as f64 * per / (t1 - t0) as f64;
+        r
+    }
+
+    /// The time of the newest reading.
+    #[must_use]
+    pub fn last_at(&self) -> Option<u64> {
+        self.0.back().map(|&(t, _)| t)
+    }
+
+    /// How many readings it holds.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether it holds none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The counter's gain per unit of time (per `per` units) between the oldest reading and
+    /// the newest; 0 with fewer than two.
+    #[must_use]
+    pub fn rate(&self, per: f64) -> f64 {
+        match (self.0.front(), self.0.back()) {
+            (Some(&a), Some(&b)) => Self::between(a, b, per),
+            _ => 0.0,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
 struct Applied {
     count: Count,
+    /// Its demand by the peer's sync times (ms).
+    window: DemandWindow,
 }
 
 #[derive(Debug)]
@@ -308,56 +373,61 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                 track.keys = view
                     .keys
                     .iter()
-                    .map(|(k, c)| (k.clone(), Applied { count: *c }))
+                    .map(|(k, c)| {
+                        let mut window = DemandWindow::default();
+                        window.push(sync.1, c.demand);
+                        (
+                            k.clone(),
+                            Applied {
+                                count: *c,
+                                window,
+                            },
+                        )
+                    })
                     .collect();
                 continue;
             }
             round.keys_synced += view.keys.len() as u64;
-            // A new sync of the peer: its demand since the one before, over the time between
-            // them by its clock. The same sync as last round (gossip has not brought a newer
-            // one): the demand last computed stands.
-            let span_ms = match previous {
-                Some(p) if sync.0 > p.0 => Some(sync.1.saturating_sub(p.1)),
-                Some(_) => None,
-                None => Some(0),
-            };
-            if let Some(span_ms) = span_ms {
+            // A new sync of the peer: each key's reading joins its window, and its demand is
+            // the gain over the window by the peer's clock (see [`DemandWindow`]). The same
+            // sync as last round (gossip has not brought a newer one): the demand stands.
+            if previous.is_none_or(|p| sync.0 > p.0) {
+                let last_ms = previous.map_or(0, |p| p.1);
                 let mut keys = HashMap::with_capacity(view.keys.len());
                 let mut rates = HashMap::with_capacity(view.keys.len());
                 for (name, count) in &view.keys {
-                    let prev = track.keys.get(name);
-                    let gained = match prev {
-                        Some(a) if a.count.epoch == count.epoch => {
-                            count.demand.saturating_sub(a.count.demand)
+                    let prev = track.keys.remove(name);
+                    let mut applied = match prev {
+                        // The high-water mark never goes down (an older report of the same
+                        // epoch).
+                        Some(mut a) if a.count.epoch == count.epoch => {
+                            a.count.demand = a.count.demand.max(count.demand);
+                            a
                         }
                         // An older epoch than the one already seen: a stale report, nothing new.
-                        Some(a) if a.count.epoch > count.epoch => {
-                            keys.insert(name.clone(), *a);
-                            continue;
+                        Some(a) if a.count.epoch > count.epoch => a,
+                        // A key (or a new epoch of it) that began while we counted the peer: all
+                        // of it is demand since its last sync.
+                        _ if count.epoch >= track.baseline_epoch => {
+                            let mut window = DemandWindow::default();
+                            window.push(last_ms, 0);
+                            Applied {
+                                count: *count,
+                                window,
+                            }
                         }
-                        // A key (or a new epoch of it) that began while we counted the peer:
-                        // all of it is demand since then.
-                        _ if count.epoch >= track.baseline_epoch => count.demand,
                         // A key older than our counting that we had not seen: baseline.
-                        _ => 0,
+                        _ => Applied {
+                            count: *count,
+                            window: DemandWindow::default(),
+                        },
                     };
-                    // The high-water mark never goes down (an older report of the same epoch).
-                    let mut applied = Applied { count: *count };
-                    if let Some(a) = prev.filter(|a| a.count.epoch == count.epoch) {
-                        applied.count.demand = applied.count.demand.max(a.count.demand);
-                    }
-                    keys.insert(name.clone(), applied);
-                    let rate = if span_ms > 0 {
-                        #[expect(clippy::cast_precision_loss, reason = "a rate")]
-                        let r = gained as f64 * 1000.0 / span_ms as f64;
-                        r
-                    } else {
-                        // No time passed by its clock (stepped back?): keep what was known.
-                        track.rates.get(name).copied().unwrap_or(0.0)
-                    };
+                    applied.window.push(sync.1, applied.count.demand);
+                    let rate = applied.window.rate(1000.0);
                     if rate > 0.0 {
                         rates.insert(name.clone(), rate);
                     }
+                    keys.insert(name.clone(), applied);
                 }
                 track.keys = keys;
                 track.rates = rates;
@@ -501,45 +571,58 @@ mod tests {
         );
     }
 
-    /// Demand is what the cumulative counter gained between two syncs of the peer, over the
-    /// time between them by its clock: a repeated or older report gains nothing, lost updates
-    /// are caught up over the longer span, a new epoch counts from zero, a stale epoch nothing.
+    /// Demand is what the cumulative counter gained over the peer's last syncs, by its clock: a
+    /// repeated sync changes nothing, an older count does not lower the mark, lost updates are
+    /// caught up over the longer span, a new epoch counts from zero, a stale epoch adds nothing.
     #[test]
     fn demand_is_the_counters_gain_over_the_peers_own_time() {
         let mut t = RemoteTracker::new(3 * S, LAG);
         let l = limits();
+        let rate = |r: &Round<String>| r.peer_demand(&name());
         // First sight: baseline, no demand known yet.
-        assert_eq!(per_sync(&t.round(0, &[view("a", 1, 2, &[(1, 100)])], &l)), 0);
+        assert_eq!(rate(&t.round(0, &[view("a", 1, 2, &[(1, 100)])], &l)), 0.0);
+        // 50 packets over its 100 ms.
         let r = t.round(100 * MS, &[view("a", 2, 2, &[(1, 150)])], &l);
-        assert!((r.peer_demand(&name()) - 500.0).abs() < 1e-9, "{r:?}");
+        assert!((rate(&r) - 500.0).abs() < 1e-9, "{r:?}");
         // The same sync read again (gossip brought nothing newer): the demand stands.
-        assert_eq!(
-            per_sync(&t.round(200 * MS, &[view("a", 2, 2, &[(1, 150)])], &l)),
-            50
-        );
-        // A newer sync with the same count: no demand.
-        assert_eq!(
-            per_sync(&t.round(300 * MS, &[view("a", 3, 2, &[(1, 150)])], &l)),
-            0
-        );
-        // An older count (reordered): nothing, and it does not lower the mark.
-        assert_eq!(
-            per_sync(&t.round(400 * MS, &[view("a", 4, 2, &[(1, 120)])], &l)),
-            0
-        );
-        // Two syncs lost: 250 packets over 300 ms of its clock.
-        let r = t.round(500 * MS, &[view("a", 7, 2, &[(1, 400)])], &l);
-        assert!((r.peer_demand(&name()) - 2500.0 / 3.0).abs() < 1e-6, "{r:?}");
-        // A new epoch of the key (it left and came back): counted from zero.
-        assert_eq!(
-            per_sync(&t.round(600 * MS, &[view("a", 8, 3, &[(2, 30)])], &l)),
-            30
-        );
-        // A stale report of the old epoch: nothing.
-        assert_eq!(
-            per_sync(&t.round(700 * MS, &[view("a", 9, 3, &[(1, 500)])], &l)),
-            0
-        );
+        let r = t.round(200 * MS, &[view("a", 2, 2, &[(1, 150)])], &l);
+        assert!((rate(&r) - 500.0).abs() < 1e-9, "{r:?}");
+        // 150 packets over 200 ms of its clock.
+        let r = t.round(300 * MS, &[view("a", 3, 2, &[(1, 250)])], &l);
+        assert!((rate(&r) - 750.0).abs() < 1e-9, "{r:?}");
+        // An older count (reordered): the mark stays at 250; 150 over 300 ms.
+        let r = t.round(400 * MS, &[view("a", 4, 2, &[(1, 120)])], &l);
+        assert!((rate(&r) - 500.0).abs() < 1e-9, "{r:?}");
+        // Two syncs lost: the window spans its last DEMAND_ROUNDS + 1 readings, 100..700 ms.
+        let r = t.round(500 * MS, &[view("a", 7, 2, &[(1, 550)])], &l);
+        assert!((rate(&r) - 750.0).abs() < 1e-9, "{r:?}");
+        // A new epoch of the key (it left and came back): counted from zero since its last sync.
+        let r = t.round(600 * MS, &[view("a", 8, 3, &[(2, 30)])], &l);
+        assert!((rate(&r) - 300.0).abs() < 1e-9, "{r:?}");
+        // A stale report of the old epoch adds nothing: 30 over 200 ms.
+        let r = t.round(700 * MS, &[view("a", 9, 3, &[(1, 500)])], &l);
+        assert!((rate(&r) - 150.0).abs() < 1e-9, "{r:?}");
+    }
+
+    /// A window holds the last `DEMAND_ROUNDS + 1` readings; readings out of order are
+    /// ignored.
+    #[test]
+    fn a_demand_window_spans_its_last_readings() {
+        let mut w = DemandWindow::default();
+        assert_eq!(w.rate(1.0), 0.0);
+        w.push(10, 5);
+        assert_eq!(w.rate(1.0), 0.0, "one reading");
+        for i in 1..=10u64 {
+            w.push(10 + i, 5 + i * i);
+        }
+        assert_eq!(w.len(), DEMAND_ROUNDS + 1);
+        let first = 10 - DEMAND_ROUNDS as u64;
+        #[expect(clippy::cast_precision_loss, reason = "small numbers")]
+        let want = (100 - first * first) as f64 / DEMAND_ROUNDS as f64;
+        assert!((w.rate(1.0) - want).abs() < 1e-9);
+        w.push(15, 1_000_000);
+        assert!((w.rate(1.0) - want).abs() < 1e-9, "an older reading");
+        assert_eq!(w.last_at(), Some(20));
     }
 
     /// A restarted peer is a new incarnation, baselined when first counted; the old one's last

@@ -62,14 +62,14 @@ pub struct PeerStatus {
     pub generation: u64,
     /// Its gossip address.
     pub addr: SocketAddr,
-    /// `alive` (heard within the timeout, its consumption is charged), `joining` (heard, but its
+    /// `alive` (heard within the timeout, its demand takes a share), `joining` (heard, but its
     /// state has not fully arrived yet), `unverified` (alive according to gossip, but no
     /// authentic datagram came from its address lately: an id only named by others, not
     /// counted), `silent` (not heard within the timeout: not counted),
     /// `dead` (the failure detector gave up on it, after 2 to 2.4 timeouts of silence: see
     /// [`super::failure_detector`]; or a newer incarnation replaced it).
     pub state: &'static str,
-    /// Whether its consumption is being charged to the local buckets.
+    /// Whether its demand takes a share of the budget here.
     pub counted: bool,
     /// Milliseconds since its heartbeat last advanced (as seen here).
     pub last_heard_ms: Option<u64>,
@@ -81,11 +81,14 @@ pub struct PeerStatus {
     /// Keys of its node state held in this agent's gossip state (deleted ones included): at
     /// most `max_keys` and its sync key after each sync, whatever it publishes.
     pub stored_keys: usize,
-    /// Packets of its consumption charged here so far.
+    /// Refill withheld here for its share so far (its part, by demand, of what the local
+    /// buckets did not get), in packets.
     pub charged_pkts: u64,
-    /// Bytes of its consumption charged here so far.
+    /// The same in bytes.
     pub charged_bytes: u64,
-    /// Its charges cut down to what its own bucket could have admitted, so far.
+    /// Always 0 since shares follow demand (nothing a peer reports is cut: a claim of any size
+    /// takes at most this host's refill, see the README); kept so `peers --json` keeps its
+    /// fields.
     pub clamped: u64,
 }
 
@@ -117,16 +120,18 @@ pub struct CounterValues {
     /// Keys of peers ignored because a peer published more than `max_keys`, or peers beyond the
     /// most that are tracked.
     pub keys_dropped: u64,
-    /// Charges cut down because a peer reported more than its bucket could have admitted.
+    /// Rounds that ran later than the lag allowance (3 sync intervals) after the one before:
+    /// the refill they take back from the buckets was cut to that allowance (fail open).
     pub charges_clamped: u64,
-    /// Charges cut short because the bucket's debt reached its ceiling (`peers x (burst + rate x
-    /// lag allowance)` beyond the burst).
+    /// Refill withheld from a bucket cut short by its ceiling (`tolerance + lag allowance`
+    /// ahead of now; no round of the agent reaches it).
     pub debt_capped: u64,
-    /// Packets charged to local buckets for peers' consumption.
+    /// Refill withheld from local buckets for the peers' shares (and the hosts missing under
+    /// `on_partition = "share"`), in packets of the limit's rate.
     pub charged_pkts: u64,
-    /// Bytes charged to local buckets for peers' consumption.
+    /// The same in bytes of the limit's `bytes_rate`.
     pub charged_bytes: u64,
-    /// Bucket reads or writes that failed while charging.
+    /// Bucket reads or writes that failed while slowing a bucket.
     pub charge_errors: u64,
     /// Largest `lag_ms` among counted peers at the last sync (0 without peers).
     pub sync_lag_ms: u64,
@@ -135,7 +140,8 @@ pub struct CounterValues {
     /// Restarts of the gossip loop attempted after it ended (each successful one is a new
     /// generation).
     pub gossip_restarts: u64,
-    /// Packets charged to local buckets for hosts known but not heard (`on_partition = "share"`).
+    /// Of `charged_pkts`, what was withheld for hosts known but not heard (`on_partition =
+    /// "share"`).
     pub share_charged_pkts: u64,
 }
 

@@ -20,7 +20,7 @@ use super::{
     publish::{
         candidate_rate, BucketObs, Count, Heaviest, KeyName, LocalTracker, KEY_PREFIX, SYNC_KEY,
     },
-    remote::{ClusterLimits, Limits, PeerView, RemoteTracker, Round},
+    remote::{ClusterLimits, DemandWindow, Limits, PeerView, RemoteTracker, Round},
     status::{Counters, PeerStatus, Shared},
 };
 use tokio::sync::watch;
@@ -125,30 +125,58 @@ struct Blocking {
     maps: PinnedMaps,
     local: LocalTracker,
     next_full_ns: u64,
-    /// The buckets read lately, with when, for this host's demand.
-    last_seen: HashMap<KeyName, (BucketObs, u64)>,
+    /// Per key read lately, its bucket's life, demand counter and readings, for this host's
+    /// demand.
+    demand: HashMap<KeyName, LocalDemand>,
 }
 
 /// Demand per key, packets per second.
 type Demand = HashMap<KeyName, f64>;
 
-/// This host's demand per key (packets that reached the bucket, admitted or dropped, per second)
-/// between the last read of its bucket and this one at `now`: one round, the freshest figure
-/// there is (the peers' are a round or two older already). Only keys read both times, in the
-/// same life of their bucket: for the others this host cannot tell, and their bucket keeps its
-/// whole refill (fail open).
-fn local_demand(before: &HashMap<KeyName, (BucketObs, u64)>, now_ns: u64, seen: &HashMap<KeyName, BucketObs>) -> Demand {
-    seen.iter()
-        .filter_map(|(k, b)| {
-            let (o, at) = before.get(k)?;
-            if o.created_ns != b.created_ns || now_ns <= *at {
-                return None;
-            }
-            #[expect(clippy::cast_possible_truncation, reason = "32-bit counters")]
-            let gained = ratelimit_common::counter_advance(b.demand() as u32, o.demand() as u32)?;
-            #[expect(clippy::cast_precision_loss, reason = "a rate")]
-            let rate = f64::from(gained) * 1e9 / (now_ns - at) as f64;
-            Some((k.clone(), rate))
+/// One key's demand here: its bucket's life (`created_ns`), the raw 32-bit counter last read,
+/// the count since it was first read, and the readings' window.
+#[derive(Debug, Default)]
+struct LocalDemand {
+    created_ns: u64,
+    raw: u64,
+    count: u64,
+    window: DemandWindow,
+}
+
+/// Folds the buckets read at `now_ns` into `known` and returns this host's demand per key
+/// (packets that reached the bucket, admitted or dropped, per second) over its last
+/// [`DEMAND_ROUNDS`](super::remote::DEMAND_ROUNDS) readings. Only keys read at least twice in
+/// the same life of their bucket have one: for the others this host cannot tell, and their
+/// bucket keeps its whole refill (fail open). Keys not read for `forget_ns` are forgotten.
+fn local_demand(
+    known: &mut HashMap<KeyName, LocalDemand>,
+    now_ns: u64,
+    seen: &HashMap<KeyName, BucketObs>,
+    forget_ns: u64,
+) -> Demand {
+    for (k, b) in seen {
+        let d = known.entry(k.clone()).or_default();
+        if d.created_ns != b.created_ns {
+            *d = LocalDemand {
+                created_ns: b.created_ns,
+                raw: b.demand(),
+                ..LocalDemand::default()
+            };
+        }
+        #[expect(clippy::cast_possible_truncation, reason = "32-bit counters")]
+        if let Some(gained) = ratelimit_common::counter_advance(b.demand() as u32, d.raw as u32) {
+            d.raw = b.demand();
+            d.count += u64::from(gained);
+        }
+        d.window.push(now_ns, d.count);
+    }
+    known.retain(|k, d| {
+        seen.contains_key(k) || d.window.last_at().is_some_and(|t| now_ns.saturating_sub(t) <= forget_ns)
+    });
+    seen.keys()
+        .filter_map(|k| {
+            let r = known.get(k)?.window.rate(1e9);
+            Some((k.clone(), r)).filter(|_| known[k].window.len() >= 2)
         })
         .collect()
 }
@@ -171,7 +199,7 @@ impl SyncLoop {
             maps,
             local: LocalTracker::new(max_keys, start_ns),
             next_full_ns: 0,
-            last_seen: HashMap::new(),
+            demand: HashMap::new(),
         });
         let timeout_ns = u64::try_from(peer_timeout.as_nanos()).unwrap_or(u64::MAX);
         let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
@@ -381,15 +409,9 @@ impl Blocking {
             }
         }
         self.local.update(now, &seen, full);
-        let demand = local_demand(&self.last_seen, now, &seen);
         // A full scan reads every key worth tracking (bounded by `max_keys` twice over); in
-        // between, keys not read keep their last reading.
-        let seen = seen.into_iter().map(|(k, b)| (k, (b, now)));
-        if full {
-            self.last_seen = seen.collect();
-        } else {
-            self.last_seen.extend(seen);
-        }
+        // between, keys not read keep their readings for a while.
+        let demand = local_demand(&mut self.demand, now, &seen, interval_ns.saturating_mul(30));
         let (set, deleted) = self.local.changes();
         (set, deleted, demand)
     }
