@@ -623,7 +623,10 @@ mod tests {
         assert_eq!(
             set,
             vec![
-                ("c/flood/1/0.0.0.0".to_string(), "1:400:40000:400".to_string()),
+                (
+                    "c/flood/1/0.0.0.0".to_string(),
+                    "1:400:40000:400".to_string()
+                ),
                 ("c/flood/198.18.0.1".to_string(), "2:50:5000:50".to_string()),
             ]
         );
@@ -635,7 +638,10 @@ mod tests {
         );
         assert_eq!(
             t.changes().0,
-            vec![("c/flood/1/0.0.0.0".to_string(), "1:900:90000:900".to_string())]
+            vec![(
+                "c/flood/1/0.0.0.0".to_string(),
+                "1:900:90000:900".to_string()
+            )]
         );
     }
 
@@ -820,7 +826,10 @@ mod tests {
             &HashMap::from([(name(1), obs(start - S, 1000))]),
             true,
         );
-        assert_eq!(t.changes().0, vec![(name(1).to_key(), "1:0:0:0".to_string())]);
+        assert_eq!(
+            t.changes().0,
+            vec![(name(1).to_key(), "1:0:0:0".to_string())]
+        );
         t.update(
             start + 2 * S,
             &HashMap::from([(name(1), obs(start - S, 1010))]),

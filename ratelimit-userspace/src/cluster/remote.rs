@@ -71,7 +71,6 @@ impl Limits {
             byte_tolerance_ns: l.byte_tolerance_ns,
         }
     }
-
 }
 
 /// The cluster-scoped limits here, by rule name and limit index: the keys a peer's consumption is
@@ -116,7 +115,6 @@ impl ClusterLimits {
         self.0.values().all(|l| l.iter().all(Option::is_none))
     }
 }
-
 
 /// How late a round may run and still take back all of the refill its bucket got meanwhile:
 /// this many sync intervals (the advance of a round that ran later is cut to it: fail open).
@@ -376,13 +374,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                     .map(|(k, c)| {
                         let mut window = DemandWindow::default();
                         window.push(sync.1, c.demand);
-                        (
-                            k.clone(),
-                            Applied {
-                                count: *c,
-                                window,
-                            },
-                        )
+                        (k.clone(), Applied { count: *c, window })
                     })
                     .collect();
                 continue;
@@ -546,7 +538,11 @@ mod tests {
 
     /// The counted peers' demand for [`name`], in packets per 100 ms (one sync of the views).
     fn per_sync(r: &Round<String>) -> u64 {
-        #[expect(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "test")]
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "test"
+        )]
         let d = (r.peer_demand(&name()) / 10.0).round() as u64;
         d
     }
@@ -643,7 +639,11 @@ mod tests {
             &[view("a@1", 2, 2, &[(1, 200)]), view("a@2", 1, 1, &[])],
             &l,
         );
-        assert_eq!(per_sync(&r), 100, "the old one's last demand, within 300 ms");
+        assert_eq!(
+            per_sync(&r),
+            100,
+            "the old one's last demand, within 300 ms"
+        );
         let r = t.round(
             500 * MS,
             &[
@@ -652,7 +652,11 @@ mod tests {
             ],
             &l,
         );
-        assert_eq!(per_sync(&r), 40, "the old one's is stale: only the new one's");
+        assert_eq!(
+            per_sync(&r),
+            40,
+            "the old one's is stale: only the new one's"
+        );
         assert_eq!(r.demand[&name()], vec![("a@2".to_string(), 400.0)]);
         // The old one gone from chitchat: forgotten.
         t.round(600 * MS, &[view("a@2", 3, 2, &[(1, 60)])], &l);
@@ -677,7 +681,10 @@ mod tests {
         // Heard again: its first fresh sync key may be a snapshot from before; the baseline is
         // taken at the second, its demand known from the third.
         for (at, hb, d) in [(4 * S, 3, 4000), (4 * S + 100 * MS, 4, 4050)] {
-            assert_eq!(per_sync(&t.round(at, &[view("a", hb, 2, &[(1, d)])], &l)), 0);
+            assert_eq!(
+                per_sync(&t.round(at, &[view("a", hb, 2, &[(1, d)])], &l)),
+                0
+            );
         }
         assert_eq!(
             per_sync(&t.round(4 * S + 200 * MS, &[view("a", 5, 2, &[(1, 4150)])], &l)),

@@ -171,7 +171,10 @@ fn local_demand(
         d.window.push(now_ns, d.count);
     }
     known.retain(|k, d| {
-        seen.contains_key(k) || d.window.last_at().is_some_and(|t| now_ns.saturating_sub(t) <= forget_ns)
+        seen.contains_key(k)
+            || d.window
+                .last_at()
+                .is_some_and(|t| now_ns.saturating_sub(t) <= forget_ns)
     });
     seen.keys()
         .filter_map(|k| {
@@ -310,7 +313,9 @@ impl SyncLoop {
                 })
                 .await;
                 let Ok((b, w)) = withheld else {
-                    tracing::error!("cluster sync: slowing the buckets panicked; cluster sync stopped");
+                    tracing::error!(
+                        "cluster sync: slowing the buckets panicked; cluster sync stopped"
+                    );
                     return;
                 };
                 blocking = Some(b);
@@ -461,11 +466,8 @@ impl Blocking {
                     // Each counted peer's part of the rest, by its demand.
                     if peers > 0.0 {
                         if let Some(list) = round.demand.get(name) {
-                            let (pp, pb) = charge::withheld(
-                                &limit,
-                                pkt_ns.min(without),
-                                byte_ns.min(without),
-                            );
+                            let (pp, pb) =
+                                charge::withheld(&limit, pkt_ns.min(without), byte_ns.min(without));
                             for (peer, r) in list {
                                 #[expect(
                                     clippy::cast_possible_truncation,

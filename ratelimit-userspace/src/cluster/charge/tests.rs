@@ -46,7 +46,10 @@ fn a_round_withholds_the_rest_of_its_refill_and_no_more_than_the_lag() {
     // A full bucket (TAT at or before now) stays full; one not full moves from its TAT; no
     // advance passes the ceiling.
     let now = 1_000 * S;
-    assert_eq!(withhold_tat(now - 5, now, 50 * MS, u64::MAX), (now - 5, false));
+    assert_eq!(
+        withhold_tat(now - 5, now, 50 * MS, u64::MAX),
+        (now - 5, false)
+    );
     assert_eq!(withhold_tat(now, now, 50 * MS, u64::MAX), (now, false));
     assert_eq!(
         withhold_tat(now + 10 * MS, now, 50 * MS, u64::MAX),
@@ -121,7 +124,7 @@ impl Cluster {
                     }
                 }
             }
-            if (self.now / MS) % 100 == 0 {
+            if (self.now / MS).is_multiple_of(100) {
                 let fresh: Vec<f64> = self
                     .hosts
                     .iter_mut()
@@ -168,7 +171,12 @@ fn eight_hosts_admit_the_budget_and_converge_within_three_rounds_of_a_change() {
     let h7h6 = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0, 95.0];
     // The start: every bucket spends its burst once (8 x 500), not measured.
     c.run(10_000, 4000.0, &even);
-    for (name, w) in [("95/5", &h0h1), ("even", &even), ("95/5 elsewhere", &h7h6), ("even", &even)] {
+    for (name, w) in [
+        ("95/5", &h0h1),
+        ("even", &even),
+        ("95/5 elsewhere", &h7h6),
+        ("even", &even),
+    ] {
         let rounds = c.run(8_000, 4000.0, w);
         for (i, r) in windows(&rounds, 3).iter().enumerate() {
             assert!(
