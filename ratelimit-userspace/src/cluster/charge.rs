@@ -7,9 +7,9 @@
 //! when no counted peer has demand for the key (fail open), times `heard / known` under
 //! `on_partition = "share"`. The program refills the bucket at the limit's whole rate; the round
 //! takes back what it should not have: it moves the bucket's packet and byte TATs on by
-//! `(1 - s) x elapsed` (elapsed: the time since the last round, at most [`lag_allowance_ns`]), so
-//! the bucket refills at `s x rate` (and `s x bytes_rate`). A bucket that is full (TAT at or before
-//! now) is left alone: it refilled no further than full. Nothing depends on what the peers
+//! `(1 - s) x elapsed` from `max(TAT, now)` (elapsed: the time since the last round, at most
+//! [`lag_allowance_ns`]), so the bucket refills at `s x rate` (and `s x bytes_rate`); a full
+//! bucket too (see [`withhold_tat`](crate::maps::store::withhold_tat)). Nothing depends on what the peers
 //! admitted, so there is no feedback from admissions: when the demand is steady, every host's
 //! `s x rate` is below its own demand as soon as the cluster's demand exceeds the rate (every
 //! bucket is saturated, and together they admit `rate`), and nobody is limited otherwise.
@@ -90,8 +90,8 @@ pub fn withheld(limit: &Limit, pkt_ns: u64, byte_ns: u64) -> (u64, u64) {
 
 /// Withholds `advance` ns of refill from the bucket under `key` (of limit `limit`) in place in
 /// the bucket store, with the XDP program's compare-and-swap (no packet admitted meanwhile is
-/// lost from the TAT): each TAT of a rate the limit sets that lies past `now` moves on by
-/// `advance`, not past `ceilings` (see [`ceilings`]). A source without a bucket here is left
+/// lost from the TAT): each TAT of a rate the limit sets moves on by `advance` from
+/// `max(tat, now)`, not past `ceilings` (see [`ceilings`]). A source without a bucket here is left
 /// alone (its first packet finds a full bucket, as without the cluster: its burst is spent once
 /// per host). `coarse_now` is `CLOCK_MONOTONIC_COARSE`, which the store's lookup judges records
 /// by. `Ok(None)` when there is no bucket, else the TAT ns moved (packet, byte) and whether a

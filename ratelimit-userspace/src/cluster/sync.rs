@@ -128,6 +128,12 @@ struct Blocking {
     /// Per key read lately, its bucket's life, demand counter and readings, for this host's
     /// demand.
     demand: HashMap<KeyName, LocalDemand>,
+    /// When the buckets were last read.
+    last_observed_ns: u64,
+    /// When this agent started.
+    start_ns: u64,
+    /// Per key, when its last round ran (whatever its share then).
+    withheld_at: HashMap<KeyName, u64>,
 }
 
 /// Demand per key, packets per second.
@@ -146,11 +152,14 @@ struct LocalDemand {
 /// Folds the buckets read at `now_ns` into `known` and returns this host's demand per key
 /// (packets that reached the bucket, admitted or dropped, per second) over its last
 /// [`DEMAND_ROUNDS`](super::remote::DEMAND_ROUNDS) readings. Only keys read at least twice in
-/// the same life of their bucket have one: for the others this host cannot tell, and their
-/// bucket keeps its whole refill (fail open). Keys not read for `forget_ns` are forgotten.
+/// the same life of their bucket, or whose bucket was created since `last_ns` (the readings
+/// before: its counters start at its creation), have one: for the others this host cannot
+/// tell, and their bucket keeps its whole refill (fail open). Keys not read for `forget_ns` are
+/// forgotten.
 fn local_demand(
     known: &mut HashMap<KeyName, LocalDemand>,
     now_ns: u64,
+    last_ns: u64,
     seen: &HashMap<KeyName, BucketObs>,
     forget_ns: u64,
 ) -> Demand {
@@ -162,6 +171,11 @@ fn local_demand(
                 raw: b.demand(),
                 ..LocalDemand::default()
             };
+            if b.created_ns > last_ns && b.created_ns < now_ns {
+                // Born since the last readings: all it counted is demand since its creation.
+                d.raw = 0;
+                d.window.push(b.created_ns, 0);
+            }
         }
         #[expect(clippy::cast_possible_truncation, reason = "32-bit counters")]
         if let Some(gained) = ratelimit_common::counter_advance(b.demand() as u32, d.raw as u32) {
@@ -203,6 +217,9 @@ impl SyncLoop {
             local: LocalTracker::new(max_keys, start_ns),
             next_full_ns: 0,
             demand: HashMap::new(),
+            last_observed_ns: start_ns,
+            start_ns,
+            withheld_at: HashMap::new(),
         });
         let timeout_ns = u64::try_from(peer_timeout.as_nanos()).unwrap_or(u64::MAX);
         let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
@@ -304,7 +321,12 @@ impl SyncLoop {
             // up to a drop window late); with a fresh figure for itself and older ones for the
             // others, each host's error is its own and they add up (measured: 1.25 x the budget
             // at 8 hosts, even split).
-            let local_demand = std::mem::replace(&mut published_demand, fresh_demand);
+            // A key with no figure published yet (new here) takes its fresh one: its peers have
+            // no figure for it from this host either.
+            let mut local_demand = std::mem::replace(&mut published_demand, fresh_demand.clone());
+            for (k, d) in fresh_demand {
+                local_demand.entry(k).or_insert(d);
+            }
             if elapsed > 0 && !local_demand.is_empty() {
                 let Some(mut b) = blocking.take() else { return };
                 let withheld = tokio::task::spawn_blocking(move || {
@@ -416,7 +438,14 @@ impl Blocking {
         self.local.update(now, &seen, full);
         // A full scan reads every key worth tracking (bounded by `max_keys` twice over); in
         // between, keys not read keep their readings for a while.
-        let demand = local_demand(&mut self.demand, now, &seen, interval_ns.saturating_mul(30));
+        let demand = local_demand(
+            &mut self.demand,
+            now,
+            self.last_observed_ns,
+            &seen,
+            interval_ns.saturating_mul(30),
+        );
+        self.last_observed_ns = now;
         let (set, deleted) = self.local.changes();
         (set, deleted, demand)
     }
@@ -439,10 +468,22 @@ impl Blocking {
         if elapsed > lag_ns {
             w.late = 1;
         }
+        self.withheld_at.retain(|k, _| local.contains_key(k));
         for (name, &d) in local {
             let Some((id, rule, limit)) = rules.limit_of(name) else {
                 continue;
             };
+            // The time since this key's last round; for a key in its first, since its bucket
+            // was created (if this agent saw that): the refill its bucket got before any share
+            // was known is taken back too (up to the lag allowance), as a bucket that had known
+            // its share from the start would not have had it.
+            let since = self.withheld_at.insert(name.clone(), now).or_else(|| {
+                self.demand
+                    .get(name)
+                    .map(|d| d.created_ns)
+                    .filter(|&c| c >= self.start_ns)
+            });
+            let elapsed = since.map_or(elapsed, |t| now.saturating_sub(t));
             let peers = round.peer_demand(name);
             let s = charge::share(d, peers, factor);
             let advance = charge::advance_ns(s, elapsed, lag_ns);

@@ -43,14 +43,13 @@ fn a_round_withholds_the_rest_of_its_refill_and_no_more_than_the_lag() {
     assert_eq!(advance_ns(0.0, 100 * MS, LAG), 100 * MS);
     // A round that ran late takes back no more than the lag allowance.
     assert_eq!(advance_ns(0.0, 5 * S, LAG), LAG);
-    // A full bucket (TAT at or before now) stays full; one not full moves from its TAT; no
+    // A full bucket (TAT at or before now) moves from now, one not full from its TAT; no
     // advance passes the ceiling.
     let now = 1_000 * S;
     assert_eq!(
         withhold_tat(now - 5, now, 50 * MS, u64::MAX),
-        (now - 5, false)
+        (now + 50 * MS, false)
     );
-    assert_eq!(withhold_tat(now, now, 50 * MS, u64::MAX), (now, false));
     assert_eq!(
         withhold_tat(now + 10 * MS, now, 50 * MS, u64::MAX),
         (now + 60 * MS, false)
@@ -231,7 +230,7 @@ fn a_claiming_peer_leaves_no_debt_and_the_source_recovers_a_round_after() {
         );
     }
     // The claim starved the victim once the buckets, full when it began (demand was under the
-    // budget), had spent what they held: a full bucket keeps its burst.
+    // budget), had spent what they held.
     assert!(
         during[..40].iter().sum::<u64>() <= 2 * 500 + 2 * 50,
         "{:?}",
