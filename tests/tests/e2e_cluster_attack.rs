@@ -9,12 +9,13 @@
 //! - publishes five times `max_keys` keys.
 //!
 //! What must hold (README, "What a peer with the key can do", "Which members count", "What a
-//! peer can store here"): h0 charges at most what the counted attacker identities could have
-//! admitted themselves (`burst + rate x (T + 3 x sync_interval_ms)` each, over the attack's span
-//! T), and the victim, sending under its budget at h0, loses no more; after the attacker stops it
-//! is admitted in full again within one peer timeout or the debt cap's `counted peers x (burst /
-//! rate + 3 x sync)`, whichever is longer (here 6 x 0.8 s); no forged id is counted and h1 stays
-//! counted; no agent stores more than `max_keys` keys and the sync key of any member. Then a datagram that h0
+//! peer can store here"): the claims take at most the victim's refill at h0, `rate x (T + 3 x
+//! sync_interval_ms)` over the attack's span T whatever the number of identities, nothing is cut
+//! (`charges_clamped` does not move: demand is not bounded, its effect is), and the victim,
+//! sending under its budget at h0, loses no more than that plus its burst; after the attacker
+//! stops it is admitted in full again within 1 s (10 sync intervals; the charging of claimed
+//! admissions of before needed the debt cap's `counted peers x (burst / rate + 3 x sync)`, here
+//! 6 x 0.8 s); no forged id is counted and h1 stays counted; no agent stores more than `max_keys` keys and the sync key of any member. Then a datagram that h0
 //! sealed for the attacker, replayed to h1 from h0's address, is rejected (`rejected{auth}`).
 //!
 //! And a gossip socket error (EMFILE: h0's agent runs out of file descriptors, lowered with
@@ -42,8 +43,6 @@ const BURST: u64 = 500;
 const SYNC_MS: u64 = 100;
 /// The README's lag allowance: 3 sync intervals.
 const LAG_SECS: f64 = 3.0 * SYNC_MS as f64 / 1000.0;
-/// The peer timeout at 100 ms sync: max(3 s, 10 x 100 ms).
-const PEER_TIMEOUT: Duration = Duration::from_secs(3);
 const MAX_KEYS: usize = 20;
 const VICTIM: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
 /// The victim's rate at h0: half the budget, all of it admitted while nobody lies.
@@ -246,11 +245,16 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
         .iter()
         .filter(|p| p["counted"] == true && !is_h1(p))
         .count();
+    // What the claims can take: the victim's refill at h0 over the span (and the lag allowance
+    // a late round may take back), whatever the number of identities; the victim can lose that
+    // and its burst.
     #[expect(clippy::cast_precision_loss, reason = "small counts")]
-    let bound = counted_attackers as f64 * (BURST as f64 + RATE as f64 * (span + LAG_SECS));
+    let bound = RATE as f64 * (span + LAG_SECS);
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let lost_bound = bound + BURST as f64;
     println!(
         "attack over {span:.2} s: victim sent {sent}, h0 admitted {got} (lost {lost}); h0 charged \
-         the attacker identities {charged_by_attackers} packets (bound {bound:.0} for \
+         the attacker identities {charged_by_attackers} packets of refill (bound {bound:.0}, \
          {counted_attackers} counted), clamped {} times; peers at h0: {:#}",
         counter(&during, "charges_clamped") - clamped_before,
         Value::Array(ps.clone())
@@ -259,9 +263,10 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
         counter(&during, "charged_pkts") > charged_before,
         "h0 charged nothing for the attacker's claims: the test did not attack"
     );
-    assert!(
-        counter(&during, "charges_clamped") > clamped_before,
-        "claims at 100x the rate were not clamped"
+    assert_eq!(
+        counter(&during, "charges_clamped"),
+        clamped_before,
+        "a round ran late, or claims were cut: neither should happen here"
     );
     assert_eq!(
         counted_attackers, senders,
@@ -271,12 +276,12 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
     {
         assert!(
             charged_by_attackers as f64 <= bound,
-            "h0 charged the attacker {charged_by_attackers} packets, more than the README's \
-             burst + rate x (T + 3 x sync) = {bound:.0}"
+            "h0 withheld {charged_by_attackers} packets of refill for the attacker, more than \
+             the victim's refill rate x (T + 3 x sync) = {bound:.0}"
         );
         assert!(
-            lost as f64 <= bound,
-            "the victim lost {lost} packets, more than the README's bound {bound:.0}"
+            lost as f64 <= lost_bound,
+            "the victim lost {lost} packets, more than its refill and burst {lost_bound:.0}"
         );
     }
     // No forged id counted, at either agent; h1 still counted at h0, as itself.
@@ -306,18 +311,11 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
         "h1 is no longer counted at h0: {during:#}"
     );
 
-    // --- The attacker stops: the victim is admitted in full again within one peer timeout, or
-    // the README's `counted peers x (burst / rate + 3 x sync)` (the debt cap) if longer, plus
-    // one round of gossip for the last claims to arrive.
+    // --- The attacker stops: the victim is admitted in full again within 1 s (the claims'
+    // demand leaves the figures within a few rounds, and a bucket owes at most one round).
     attacker.stop();
     let stopped = Instant::now();
-    #[expect(clippy::cast_precision_loss, reason = "small counts")]
-    let debt_secs = (counted_attackers + 1) as f64 * (BURST as f64 / RATE as f64 + LAG_SECS);
-    println!(
-        "debt cap: {} counted peers x (burst / rate + 3 x sync) = {debt_secs:.1} s",
-        counted_attackers + 1
-    );
-    thread::sleep(PEER_TIMEOUT.max(Duration::from_secs_f64(debt_secs + 0.5)));
+    thread::sleep(Duration::from_secs(1));
     let (sent, got) = victim(&net, 2.0);
     println!(
         "{:.1} s after the attacker stopped: victim sent {sent}, h0 admitted {got}",
@@ -325,8 +323,7 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
     );
     assert_eq!(
         got, sent,
-        "the victim still loses packets past one peer timeout and the debt cap's bound after \
-         the attack"
+        "the victim still loses packets 1 s after the attack"
     );
 
     // --- Replay: a datagram h0 sealed for the attacker's capture socket, sent to h1 from h0's
