@@ -2,12 +2,16 @@
 //! burst 500, sync 100 ms, so a peer timeout of max(3 s, 10 x 100 ms) = 3 s), on the cluster
 //! testbed (`cluster_net`). h1's agent is stopped with SIGSTOP (its XDP program goes on
 //! admitting; its gossip stops) while a flood under the budget reaches h1:
-//! - stopped for less than the timeout, h1 stays `alive` and counted at h0 throughout, and what
-//!   it admitted meanwhile is charged at h0 in full (exactly) once it resumes;
+//! - stopped for less than the timeout, h1 stays `alive` and counted at h0 throughout, its key
+//!   read;
 //! - stopped for longer, h0 stops counting it at the timeout (not before, within a sync round
 //!   and a gossip interval), shows it `silent` in `peers` and `peers --json` from then on, and
-//!   `dead` only from 2 timeouts (at most 2.4) on; resumed, it is `alive` and counted again, what
-//!   it admitted while not counted is not charged late, and what it admits after is, exactly.
+//!   `dead` only from 2 timeouts (at most 2.4) on; resumed, it is `alive` and counted again.
+//!
+//! The flood reaches h1 only: h0 has no bucket of the source, so h1's demand withholds nothing
+//! there (`charged_pkts` stays 0 throughout). (Until shares followed demand, h0 charged what h1
+//! admitted, and this test checked that exactly, silences and all; admissions are no longer
+//! charged, see `e2e_cluster.rs` and `e2e_cluster_scale.rs` for what the shares do.)
 //!
 //! Run with `--nocapture` for the figures.
 
@@ -176,18 +180,19 @@ fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted
     let timeout_ms = (TIMEOUT * 1000.0) as u64;
     assert_eq!(status["cluster"]["peer_timeout_ms"], timeout_ms);
 
-    // Connected: charged as admitted.
-    let first = flood(&net, 1, 1.0);
-    wait_for("the first flood charged", Duration::from_secs(10), || {
-        (charged(&h1_at_h0(h0)) == first).then_some(())
+    // Connected: h1 publishes the source's key and h0 reads it; nothing is withheld at h0,
+    // which has no bucket of the source.
+    flood(&net, 1, 1.0);
+    wait_for("h1's key read at h0", Duration::from_secs(10), || {
+        (h1_at_h0(h0)["keys"].as_u64() >= Some(1)).then_some(())
     });
+    assert_eq!(charged(&h1_at_h0(h0)), 0);
 
-    // 1. Stopped for 2 s, a second less than the timeout: counted and alive throughout, and
-    // what it admitted meanwhile is charged in full when it resumes.
+    // 1. Stopped for 2 s, a second less than the timeout: counted and alive throughout.
     let short = TIMEOUT - 1.0;
     let stop = Instant::now();
     let stopped = Stopped::new(h1);
-    let (during_short, polls) = thread::scope(|s| {
+    let (_, polls) = thread::scope(|s| {
         let sender = s.spawn(|| flood(&net, 1, 1.5));
         let polls = watch(h0, stop, short, |_| false);
         (sender.join().unwrap(), polls)
@@ -209,21 +214,14 @@ fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted
         "stopped {short} s (timeout {TIMEOUT} s), h1 was not counted alive at h0: {uncounted:?}"
     );
     assert!(polls.len() > 10, "only {} polls", polls.len());
-    wait_for(
-        "what h1 admitted while stopped charged",
-        Duration::from_secs(10),
-        || (charged(&h1_at_h0(h0)) >= first + during_short).then_some(()),
-    );
-    thread::sleep(Duration::from_millis(4 * SYNC_MS));
-    assert_eq!(
-        charged(&h1_at_h0(h0)),
-        first + during_short,
-        "a silence shorter than the timeout is charged in full, once"
-    );
     println!(
-        "stopped {short} s: counted alive in all {} polls; {during_short} admitted meanwhile, charged",
+        "stopped {short} s: counted alive in all {} polls",
         polls.len()
     );
+    // Heard again (its heartbeat moved on) before the next stop.
+    wait_for("h1 heard again", Duration::from_secs(10), || {
+        (h1_at_h0(h0)["last_heard_ms"].as_u64() < Some(2 * SYNC_MS)).then_some(())
+    });
 
     // 2. Stopped for longer: uncounted and silent at the timeout, dead from 2 timeouts on.
     let stop = Instant::now();
@@ -270,8 +268,7 @@ fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted
         "{h1_json:#}"
     );
 
-    // Admitted while silent: never charged (below).
-    let during_silent = flood(&net, 1, 1.0);
+    flood(&net, 1, 1.0);
 
     let polls = watch(h0, stop, 4.0 * TIMEOUT, |p| p.state == "dead");
     let dead = polls
@@ -312,8 +309,7 @@ fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted
         "peers table:\n{table}"
     );
 
-    // Resumed: alive and counted again; what it admitted while not counted is not charged late,
-    // what it admits after is, exactly.
+    // Resumed: alive and counted again, its key read again.
     drop(stopped);
     let resumed = Instant::now();
     wait_for("h1 counted alive again", Duration::from_secs(10), || {
@@ -324,24 +320,11 @@ fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted
         "resumed: counted alive again after {:.2} s",
         resumed.elapsed().as_secs_f64()
     );
-    thread::sleep(Duration::from_millis(4 * SYNC_MS));
-    assert_eq!(
-        charged(&h1_at_h0(h0)),
-        first + during_short,
-        "the {during_silent} packets admitted while h1 was not counted were charged late"
-    );
-    let after = flood(&net, 1, 1.0);
-    wait_for(
-        "the flood after the resume charged",
-        Duration::from_secs(10),
-        || (charged(&h1_at_h0(h0)) >= first + during_short + after).then_some(()),
-    );
-    thread::sleep(Duration::from_millis(4 * SYNC_MS));
-    assert_eq!(
-        charged(&h1_at_h0(h0)),
-        first + during_short + after,
-        "charged after the resume"
-    );
+    flood(&net, 1, 1.0);
+    wait_for("h1's key read at h0 again", Duration::from_secs(10), || {
+        (h1_at_h0(h0)["keys"].as_u64() >= Some(1)).then_some(())
+    });
+    assert_eq!(charged(&h1_at_h0(h0)), 0, "withheld at h0 without a bucket");
 
     for a in agents {
         assert!(a.stop().unwrap().success());
