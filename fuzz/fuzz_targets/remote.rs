@@ -1,13 +1,12 @@
 //! What authenticated peers report, past the seal and chitchat: `cluster::remote::RemoteTracker`
 //! driven with fuzzed peer states, round after round (peers alive or not, heard or silent, sync
-//! keys present or not, restarted as new incarnations, consumption counters of any epoch and
-//! value, keys appearing and vanishing), as a member with the key (compromised or buggy) could
-//! make them. Besides "no panic, no overflow":
-//! - a peer not heard (dead, or silent past the timeout) charges nothing;
-//! - a peer's first counted round is its baseline and charges nothing (fail open);
-//! - a round's charge from one peer is within the clamp: per key, what its bucket could have
-//!   admitted (twice the tolerance, plus the time since it was first seen, plus a second);
-//! - keys of rules, or of limits of a rule, that are not cluster-scoped here are never charged.
+//! keys present or not, restarted as new incarnations, demand counters of any epoch and value,
+//! keys appearing and vanishing), as a member with the key (compromised or buggy) could make
+//! them. Besides "no panic, no overflow":
+//! - a peer not heard (dead, or silent past the timeout), or not counted, has no demand;
+//! - a peer's first counted round is its baseline and has no demand (fail open);
+//! - every demand is a finite rate above zero (no NaN or infinity reaches a share);
+//! - keys of rules, or of limits of a rule, that are not cluster-scoped here have no demand.
 #![no_main]
 
 use std::{
@@ -66,8 +65,8 @@ fuzz_target!(|data: &[u8]| {
     let mut tracker = RemoteTracker::<(u8, u8)>::new(TIMEOUT_NS, LAG_NS);
     let mut peers: [Peer; 3] = Default::default();
     let mut now = S;
-    // (charged packets, charged bytes, counted) per incarnation after the last round.
-    let mut before: HashMap<(u8, u8), (u64, u64, bool)> = HashMap::new();
+    // Whether each incarnation was counted after the last round.
+    let mut before: HashMap<(u8, u8), bool> = HashMap::new();
     for op in data.chunks_exact(8) {
         let p = usize::from(op[0] % 3);
         let peer = &mut peers[p];
@@ -81,9 +80,12 @@ fuzz_target!(|data: &[u8]| {
         }
         peer.live = flags & 1 != 0;
         peer.heartbeat += u64::from(op[2] % 4);
+        now += u64::from(op[7]) * 20 * MS;
         if flags & 2 != 0 {
             let seq = peer.sync.map_or(0, |s| s.0 + 1);
-            peer.sync = Some((seq, 0, u64::from(op[4] % 4)));
+            // Its clock: ours, or (flag 64) stepped back.
+            let ms = if flags & 64 != 0 { 0 } else { now / MS };
+            peer.sync = Some((seq, ms, u64::from(op[4] % 4)));
         }
         let name = key(op[3]);
         if flags & 4 != 0 {
@@ -101,10 +103,10 @@ fuzz_target!(|data: &[u8]| {
                     epoch: u64::from(op[4] % 4),
                     pkts: value,
                     bytes: value.saturating_mul(1500),
+                    demand: value,
                 },
             );
         }
-        now += u64::from(op[7]) * 20 * MS;
 
         let views: Vec<PeerView<(u8, u8)>> = peers
             .iter_mut()
@@ -123,48 +125,31 @@ fuzz_target!(|data: &[u8]| {
             .collect();
         let round = tracker.round(now, &views, &limits);
         assert!(
-            round.charges.keys().all(is_cluster),
-            "a key of a rule or limit that is not cluster-scoped was charged: {:?}",
-            round.charges
+            round.demand.keys().all(is_cluster),
+            "a key of a rule or limit that is not cluster-scoped has demand: {:?}",
+            round.demand
         );
         let infos: HashMap<(u8, u8), _> = tracker.info(now).map(|(id, i)| (*id, i)).collect();
+        for (k, list) in &round.demand {
+            assert!(round.peer_demand(k).is_finite(), "{round:?}");
+            for (id, rate) in list {
+                assert!(rate.is_finite() && *rate > 0.0, "{id:?}: {rate}");
+                let info = &infos[id];
+                assert!(
+                    info.heard && info.counted,
+                    "peer {id:?} has demand while not heard/counted"
+                );
+                assert!(
+                    before.get(id).copied().unwrap_or(false),
+                    "peer {id:?} has demand in its baseline round"
+                );
+            }
+        }
         for (i, peer) in peers.iter().enumerate() {
             let id = (u8::try_from(i).unwrap(), peer.incarnation);
             let info = infos.get(&id).expect("every peer in the views is tracked");
-            let (pkts0, bytes0, counted0) = before.get(&id).copied().unwrap_or((0, 0, false));
-            let (dp, db) = (info.charged_pkts - pkts0, info.charged_bytes - bytes0);
-            if !info.heard || !info.counted {
-                assert_eq!(
-                    (dp, db),
-                    (0, 0),
-                    "peer {id:?} charged while not heard/counted"
-                );
-            }
-            if !counted0 {
-                assert_eq!(
-                    (dp, db),
-                    (0, 0),
-                    "peer {id:?} charged in its baseline round"
-                );
-            }
-            // Bounded trust: over its whole life, per key it ever published, an incarnation
-            // charged at most its allowance's depth plus the rate over the time since.
-            let dt = now - peer.first_seen_ns.unwrap();
-            let keys = peer.ever.len() as u64;
-            let max_pkts = (LIMITS.pkt_allowance_ns(LAG_NS) + dt) / LIMITS.pkt_interval_ns;
-            let max_bytes = (u128::from(LIMITS.byte_allowance_ns(LAG_NS) + dt) << 16)
-                / u128::from(LIMITS.byte_interval_fp);
-            assert!(
-                info.charged_pkts <= keys * max_pkts,
-                "peer {id:?} charged {} packets over {keys} keys in {dt} ns (bound {max_pkts} each)",
-                info.charged_pkts
-            );
-            assert!(
-                u128::from(info.charged_bytes) <= u128::from(keys) * max_bytes,
-                "peer {id:?} charged {} bytes over {keys} keys in {dt} ns (bound {max_bytes} each)",
-                info.charged_bytes
-            );
-            before.insert(id, (info.charged_pkts, info.charged_bytes, info.counted));
+            tracker.credit(&id, 1, 1);
+            before.insert(id, info.counted);
         }
     }
 });
