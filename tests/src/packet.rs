@@ -646,7 +646,10 @@ mod tests {
             .udp(12345, 54321)
             .data(b"test")
             .build();
-        assert_eq!((&plain[24..26], &plain[40..42]), (&[0u8, 0][..], &[0u8, 0][..]));
+        assert_eq!(
+            (&plain[24..26], &plain[40..42]),
+            (&[0u8, 0][..], &[0u8, 0][..])
+        );
     }
 
     #[test]
