@@ -85,7 +85,6 @@ impl AgentProcess {
     ///
     /// # Panics
     /// If the command fails, with its status, stderr and the agent's log.
-    #[must_use]
     pub fn cli_ok(&self, args: &[&str]) -> String {
         let out = self.cli(args);
         assert!(
@@ -103,7 +102,6 @@ impl AgentProcess {
     ///
     /// # Panics
     /// If the command fails (with its status, stderr and the agent's log) or does not print JSON.
-    #[must_use]
     pub fn cli_json(&self, args: &[&str]) -> Value {
         let args = [args, &["--json"]].concat();
         let out = self.cli_ok(&args);
@@ -115,7 +113,6 @@ impl AgentProcess {
     ///
     /// # Panics
     /// If the command succeeds, with its stdout.
-    #[must_use]
     pub fn cli_refused(&self, args: &[&str]) -> CliOutput {
         let out = self.cli(args);
         assert!(
