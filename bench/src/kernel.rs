@@ -1372,7 +1372,20 @@ pub fn cut_ab(
     crate::session::announce(
         "in-kernel cost: whole packets with and without the handling of cut packets",
     );
-    let without = WithoutCut::load(std::path::Path::new(&path), limiter, max_buckets)?;
+    // The variant is another build of the program: the compiler lays it out on its own, and it
+    // can fail the verifier where the agent's program passes (at e220dd3: "combined stack size of
+    // 3 calls is 544"). The A/B is then not measured, said, and the rest of the bench runs.
+    let without = match WithoutCut::load(std::path::Path::new(&path), limiter, max_buckets) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!(
+                "==> bench: no A/B of the handling of cut packets: the variant without it does \
+                 not load: {}",
+                format!("{e:#}").lines().next().unwrap_or_default()
+            );
+            return Ok(());
+        }
+    };
     let cases: [(&str, &str, Vec<u8>); 4] = [
         (
             "admitted",
