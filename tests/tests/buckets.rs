@@ -1103,10 +1103,13 @@ fn a_cluster_charge_and_a_packet_creating_one_source_at_once_make_one_bucket() {
         });
     });
     let (held, keys) = records_and_keys(&dp, rid);
+    let g = dp.global();
     println!(
         "{SOURCES} sources created by a packet and a cluster charge at once: {held} records for \
-         {} keys",
-        keys
+         {} keys; the program made {} buckets and gave {} back or found them taken",
+        keys,
+        g.counters[global::NEW_BUCKETS],
+        g.counters[global::BUCKET_ERRORS],
     );
     assert_eq!(
         held,

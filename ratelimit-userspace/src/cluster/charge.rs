@@ -133,12 +133,20 @@ pub fn charge(
                 let capped = apply(&mut fresh, rule, pkts, bytes, now, ceilings);
                 if maps.store().install(index, old, &fresh) {
                     // The program may have created the same key's bucket at the same instant:
-                    // a source never holds two. Ours goes, and the charge moves to the other
-                    // (the next try finds it).
-                    match maps.other_bucket(key, gen, index)? {
-                        Some(_) if maps.store().release(index, header) => continue,
-                        _ => return Ok(capped),
+                    // a source never holds two. The program gives its own back when it sees
+                    // this one (its packet passes uncharged, counted `bucket_errors`), so this
+                    // one stays: giving it back too could leave the source with none (both
+                    // writers seeing the other). One the program kept (it looked before this
+                    // one was published) is taken out here, its packets charged to this one.
+                    if let Some(o) = maps.other_bucket(key, gen, index)? {
+                        if let Some(taken) = maps.store().take(o, header) {
+                            let (p, b) =
+                                costs(rule, u64::from(taken.passed_pkts), taken.passed_bytes);
+                            let _ = maps.store().advance(index, header, now, p, b);
+                            maps.store().add_counts(index, header, &taken);
+                        }
                     }
+                    return Ok(capped);
                 }
             }
             Slot::Busy => {}

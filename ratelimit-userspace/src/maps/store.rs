@@ -237,13 +237,36 @@ impl MappedStore {
             })
     }
 
-    /// Gives record `i` back (an empty record) if it still holds `header`, as the program does
-    /// when it finds that another writer created the same key's bucket at the same instant.
-    pub fn release(&self, i: u32, header: u64) -> bool {
+    /// Takes record `i` out (an empty record) if it still holds `header`, and returns what it
+    /// held: a second bucket of one key that the program created and kept at the instant this
+    /// writer created its own (see `cluster::charge::charge`). `None` if the record no longer
+    /// holds `header` (the program gave it back itself, or it changed hands).
+    pub fn take(&self, i: u32, header: u64) -> Option<Bucket> {
         self.require_writable();
+        let held = self.get(i);
         self.word(i, BUCKET_HEADER_OFFSET)
             .compare_exchange(header, 0, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+            .ok()
+            .map(|_| held)
+    }
+
+    /// Adds `taken`'s passed and dropped packets and passed bytes to record `i`'s counters if it
+    /// still holds `header` (the cluster publishes from them).
+    pub fn add_counts(&self, i: u32, header: u64, taken: &Bucket) {
+        self.require_writable();
+        if self.word(i, BUCKET_HEADER_OFFSET).load(Ordering::Acquire) != header {
+            return;
+        }
+        self.word(i, std::mem::offset_of!(Bucket, passed_bytes))
+            .fetch_add(taken.passed_bytes, Ordering::AcqRel);
+        // `passed_pkts` and `dropped_pkts` share a word: each half wraps on its own.
+        let _ = self
+            .word(i, std::mem::offset_of!(Bucket, passed_pkts))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                let passed = (w as u32).wrapping_add(taken.passed_pkts);
+                let dropped = ((w >> 32) as u32).wrapping_add(taken.dropped_pkts);
+                Some(u64::from(passed) | u64::from(dropped) << 32)
+            });
     }
 
     /// Moves record `i`'s packet TAT (`tat = max(tat, now) + cost`) and byte TAT likewise, with
@@ -305,7 +328,10 @@ impl MappedStore {
         rec.state = BUCKET_BUSY;
         // SAFETY: record `i` is ours until the header is published (readers skip busy records).
         unsafe { std::ptr::write_volatile(self.ptr.add(i as usize), rec) };
-        header.store(want, Ordering::Release);
+        // A swap, not a release store: the caller looks for another holder of the key next, and
+        // a store could be passed by those loads (store buffering), so that it and a program
+        // creating the same key at once each missed the other's record.
+        header.swap(want, Ordering::SeqCst);
         true
     }
 
