@@ -298,11 +298,17 @@ fn targets(r: &Report) -> Vec<Target> {
             .get("memory.kernel_per_tracked_source")
             .map_or_else(String::new, |f| {
                 format!(
-                    "{} bytes: memlock {} of the bucket store over {} tracked buckets ({} records)",
+                    "{} bytes: {} bytes a record (memlock {} of {} records vs {} of {}; a fixed \
+                     {} bytes beside them) over {} tracked buckets ({} with the fixed part)",
                     fmt(mem),
+                    f.detail["bytes_per_record"],
                     f.detail["memlock_bytes"],
-                    f.detail["tracked_buckets"],
                     f.detail["max_entries"],
+                    f.detail["small_memlock_bytes"],
+                    f.detail["small_max_entries"],
+                    f.detail["fixed_bytes"],
+                    f.detail["tracked_buckets"],
+                    f.detail["memlock_per_tracked"],
                 )
             }),
     });

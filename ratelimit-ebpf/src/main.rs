@@ -760,9 +760,12 @@ fn create<P: Params>(
     if other == NO_RECORD {
         other = store::other_holder(key, sets[1] * BUCKET_WAYS, victim);
     }
-    if other != NO_RECORD && store::release(b, key) {
-        // Another CPU created the key's bucket at the same time: this one goes, and the
-        // packet, already counted against the bucket given back, passes uncharged (counted).
+    if other != NO_RECORD {
+        // Another CPU (or the agent) created the key's bucket at the same time: this one goes,
+        // and the packet, already counted against the bucket given back, passes uncharged
+        // (counted). Given back whatever `release` says: if it failed, the agent took it out
+        // first (it keeps its own and folds this one in), and it is not this packet's any more.
+        let _ = store::release(b, key);
         remember(slot, limit, other);
         return (no_bucket(), core::ptr::null_mut());
     }

@@ -224,6 +224,11 @@ where
     let connection = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
+        // A client may shut its side down once it has sent its requests (`nc -N`, `curl` over
+        // some proxies) and still wait for the answers: each request read is answered, then the
+        // connection closes. (Off, hyper closes at end of file and the last request goes
+        // unanswered.) The connection still counts against `max_connections` and its timeouts.
+        .half_close(true)
         .serve_connection(TokioIo::new(io), service);
     tokio::select! {
         // An error here is the client's (it went away, sent garbage, was too slow): nothing to

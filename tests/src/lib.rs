@@ -7,10 +7,16 @@
 //! - [`link`]: [`veth_pair`], [`add_addr`], static neighbours ([`neigh_to_peer`]), [`ifindex`].
 //! - [`traffic`]: [`send_udp`], a paced sender of numbered datagrams, and the sockets it uses.
 //! - [`receiver`]: [`Receiver`], counting datagrams per source address on a background thread.
-//! - [`packet`]: a frame builder for BPF_PROG_TEST_RUN cases (`eth().vlan(10).ipv4(..).udp(..)`).
+//! - [`packet`]: a frame builder for BPF_PROG_TEST_RUN cases (`eth().vlan(10).ipv4(..).udp(..)`),
+//!   and with real MACs and checksums for the wire; [`packet::checksum`] (RFC 1071).
+//! - [`raw`]: [`RawSocket`], an `AF_PACKET` socket sending such frames out of an interface, one at a
+//!   time or paced ([`RawSocket::send_paced`]).
 //! - [`xdp`]: [`TestDataplane`], the real XDP program loaded into the kernel under a throwaway pin
 //!   directory, for running frames through it with BPF_PROG_TEST_RUN.
 //! - [`agent`]: where the real `ratelimit` binary is, for tests that run it as an agent.
+//! - [`agent_proc`]: [`AgentProcess`], that binary running as an agent in a test namespace.
+//! - [`cli`]: the `ratelimit` CLI against an agent's socket ([`cli()`], [`AgentProcess::cli`],
+//!   [`AgentProcess::cli_json`], ...), its status and output.
 //! - [`wire`]: the header every test datagram carries (sender id, sequence number).
 //! - [`collide`]: sources chosen to collide in the bucket store under a known seed.
 //! - [`cluster`]: cluster test beds (hosts with data and gossip links), the agents' cluster
@@ -40,6 +46,7 @@
 
 pub mod agent;
 pub mod agent_proc;
+pub mod cli;
 pub mod cluster;
 pub mod cluster_net;
 mod cmd;
@@ -47,6 +54,7 @@ pub mod collide;
 pub mod link;
 pub mod netns;
 pub mod packet;
+pub mod raw;
 pub mod receiver;
 pub mod traffic;
 pub mod wire;
@@ -57,8 +65,10 @@ mod smoke;
 
 pub use agent::agent_binary;
 pub use agent_proc::AgentProcess;
-pub use link::{add_addr, add_neigh, ifindex, mac, neigh_to_peer, veth_pair};
+pub use cli::{cli, CliOutput};
+pub use link::{add_addr, add_neigh, ifindex, mac, mac_bytes, neigh_to_peer, parse_mac, veth_pair};
 pub use netns::{in_netns, leftover_check, netns_exists, Netns};
+pub use raw::RawSocket;
 pub use receiver::{ReceiveReport, Receiver, SourceStats};
 pub use traffic::{
     assert_limited, bind_udp, bind_udp_transparent, send_udp, send_udp_from, SendReport,

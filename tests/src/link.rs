@@ -110,6 +110,26 @@ pub fn mac(ns: &Netns, ifname: &str) -> Result<String> {
         .with_context(|| format!("`ip -j link show` gives no address for {ifname}: {link}"))
 }
 
+/// `ifname`'s MAC address in `ns`, as bytes (for frames built by hand, see [`crate::raw`]).
+pub fn mac_bytes(ns: &Netns, ifname: &str) -> Result<[u8; 6]> {
+    parse_mac(&mac(ns, ifname)?)
+}
+
+/// Parses a MAC address written `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Result<[u8; 6]> {
+    let bytes = s
+        .split(':')
+        .map(|b| {
+            (b.len() == 2)
+                .then(|| u8::from_str_radix(b, 16).ok())
+                .flatten()
+        })
+        .collect::<Option<Vec<u8>>>();
+    bytes
+        .and_then(|b| <[u8; 6]>::try_from(b).ok())
+        .with_context(|| format!("MAC address {s:?}: want six hex bytes aa:bb:cc:dd:ee:ff"))
+}
+
 /// `ifname`'s interface index in `ns` (what XDP attach and per-interface maps use).
 pub fn ifindex(ns: &Netns, ifname: &str) -> Result<u32> {
     let link = link_json(ns, ifname)?;
@@ -143,4 +163,28 @@ fn quiet_ipv6(ns: &Netns, ifname: &str) -> Result<()> {
         ns.sysctl(&format!("net/ipv6/conf/{ifname}/{knob}"), value)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_mac;
+
+    #[test]
+    fn mac_addresses_parse_and_bad_ones_are_named() {
+        assert_eq!(
+            parse_mac("02:00:0a:FF:00:01").unwrap(),
+            [0x02, 0, 0x0a, 0xff, 0, 0x01]
+        );
+        for bad in [
+            "",
+            "02:00:0a:ff:00",
+            "02:00:0a:ff:00:01:02",
+            "02:00:0a:ff:00:1",
+            "02:00:0a:ff:00:0g",
+            "0200:0a:ff:00:01:",
+        ] {
+            let e = parse_mac(bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("{bad:?}")), "{bad:?}: {e}");
+        }
+    }
 }

@@ -3,6 +3,10 @@
 //!
 //! Each layer appends its header; `build` fixes up lengths. Malformed shapes come from
 //! `truncate(n)` (cut the frame to n bytes) and the raw setters (`ihl`, `frag_offset`, ...).
+//!
+//! The same builder makes frames for the wire (sent with [`crate::raw::RawSocket`]): `macs` sets
+//! the real addresses, and `checksums` (opt-in, so the frames above keep their zero checksums)
+//! fills in the IPv4 header's and the TCP or UDP checksum, which a receiving stack verifies.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -21,6 +25,12 @@ pub struct Frame {
     payload: usize,
     /// Offset of the last IPv6 fragment header, once added.
     frag6_at: Option<usize>,
+    /// The protocol of the L4 header added (`udp`, `tcp`, `icmp`), once added.
+    l4_proto: Option<u8>,
+    /// Whether `build` fills in the IPv4 header checksum.
+    ipv4_checksum: bool,
+    /// Whether `build` fills in the TCP or UDP checksum.
+    l4_checksum: bool,
 }
 
 /// Starts an Ethernet frame (destination 02:00:00:00:00:02, source 02:00:00:00:00:01).
@@ -35,6 +45,15 @@ pub fn eth() -> Frame {
 }
 
 impl Frame {
+    /// Sets the source and destination MAC addresses (a frame for the wire: the receiving
+    /// interface drops a unicast frame that is not addressed to it).
+    #[must_use]
+    pub fn macs(mut self, src: [u8; 6], dst: [u8; 6]) -> Self {
+        self.bytes[0..6].copy_from_slice(&dst);
+        self.bytes[6..12].copy_from_slice(&src);
+        self
+    }
+
     fn set_ethertype(&mut self, ty: u16) {
         let n = self.bytes.len();
         self.bytes[n - 2..].copy_from_slice(&ty.to_be_bytes());
@@ -215,6 +234,7 @@ impl Frame {
     pub fn udp(mut self, src_port: u16, dst_port: u16) -> Self {
         self.set_next(17);
         self.l4 = Some(self.bytes.len());
+        self.l4_proto = Some(17);
         self.bytes.extend_from_slice(&src_port.to_be_bytes());
         self.bytes.extend_from_slice(&dst_port.to_be_bytes());
         self.bytes.extend_from_slice(&[0, 8, 0, 0]);
@@ -226,6 +246,7 @@ impl Frame {
     pub fn tcp(mut self, src_port: u16, dst_port: u16) -> Self {
         self.set_next(6);
         self.l4 = Some(self.bytes.len());
+        self.l4_proto = Some(6);
         let mut h = [0u8; 20];
         h[0..2].copy_from_slice(&src_port.to_be_bytes());
         h[2..4].copy_from_slice(&dst_port.to_be_bytes());
@@ -243,6 +264,27 @@ impl Frame {
         self
     }
 
+    /// Sets the TCP sequence number.
+    #[must_use]
+    pub fn tcp_seq(mut self, seq: u32) -> Self {
+        let l4 = self.tcp_at();
+        self.bytes[l4 + 4..l4 + 8].copy_from_slice(&seq.to_be_bytes());
+        self
+    }
+
+    /// Sets the TCP window.
+    #[must_use]
+    pub fn tcp_window(mut self, window: u16) -> Self {
+        let l4 = self.tcp_at();
+        self.bytes[l4 + 14..l4 + 16].copy_from_slice(&window.to_be_bytes());
+        self
+    }
+
+    fn tcp_at(&self) -> usize {
+        assert_eq!(self.l4_proto, Some(6), "tcp first");
+        self.l4.expect("tcp first")
+    }
+
     /// Offset of the L4 header in the built frame, once added.
     #[must_use]
     pub fn l4_offset(&self) -> Option<usize> {
@@ -253,8 +295,10 @@ impl Frame {
     #[must_use]
     pub fn icmp(mut self) -> Self {
         let v6 = self.v6;
-        self.set_next(if v6 { 58 } else { 1 });
+        let proto = if v6 { 58 } else { 1 };
+        self.set_next(proto);
         self.l4 = Some(self.bytes.len());
+        self.l4_proto = Some(proto);
         self.bytes
             .extend_from_slice(&[if v6 { 128 } else { 8 }, 0, 0, 0, 0, 0, 0, 0]);
         self
@@ -264,6 +308,44 @@ impl Frame {
     #[must_use]
     pub fn proto(mut self, proto: u8) -> Self {
         self.set_next(proto);
+        self
+    }
+
+    /// Appends `data` as payload (before any filler from `payload` or `pad_to`, so call it
+    /// first).
+    #[must_use]
+    pub fn data(mut self, data: &[u8]) -> Self {
+        assert_eq!(self.payload, 0, "data before payload and pad_to");
+        self.bytes.extend_from_slice(data);
+        self
+    }
+
+    /// Fills in the IPv4 header checksum and the TCP or UDP checksum when the frame is built:
+    /// [`Frame::ipv4_checksum`] and [`Frame::l4_checksum`].
+    #[must_use]
+    pub fn checksums(self) -> Self {
+        self.ipv4_checksum().l4_checksum()
+    }
+
+    /// Fills in the IPv4 header checksum when the frame is built (over the header as built,
+    /// options and overrides included).
+    #[must_use]
+    pub fn ipv4_checksum(mut self) -> Self {
+        assert!(self.l3.is_some() && !self.v6, "ipv4 first");
+        self.ipv4_checksum = true;
+        self
+    }
+
+    /// Fills in the TCP or UDP checksum (IPv4 or IPv6 pseudo-header) when the frame is built,
+    /// over the segment as built: right for a whole datagram, not for a first fragment. Without
+    /// it a UDP checksum stays 0 ("none", which IPv4 allows) and a TCP checksum 0 (wrong).
+    #[must_use]
+    pub fn l4_checksum(mut self) -> Self {
+        assert!(
+            matches!(self.l4_proto, Some(6 | 17)),
+            "l4_checksum: tcp or udp first"
+        );
+        self.l4_checksum = true;
         self
     }
 
@@ -308,24 +390,164 @@ impl Frame {
                     b[l3] = 0x40 | (ihl & 0x0f);
                 }
             }
-            if let Some(l4) = self.l4 {
-                if b.get(l3 + if self.v6 { 6 } else { 9 }) == Some(&17) || self.is_udp_at(&b, l4) {
-                    let ulen = u16::try_from(b.len() - l4).unwrap_or(u16::MAX);
-                    b[l4 + 4..l4 + 6].copy_from_slice(&ulen.to_be_bytes());
-                }
+            if let (Some(l4), Some(17)) = (self.l4, self.l4_proto) {
+                let ulen = u16::try_from(b.len() - l4).unwrap_or(u16::MAX);
+                b[l4 + 4..l4 + 6].copy_from_slice(&ulen.to_be_bytes());
             }
         }
         if let (Some(l3), Some(v)) = (self.l3, self.version_override) {
             b[l3] = (v << 4) | (b[l3] & 0x0f);
+        }
+        if let (true, Some(l3), Some(l4), Some(proto)) =
+            (self.l4_checksum, self.l3, self.l4, self.l4_proto)
+        {
+            fill_l4_checksum(&mut b, l3, self.v6, l4, proto);
+        }
+        if let (true, Some(l3)) = (self.ipv4_checksum, self.l3) {
+            let end = (l3 + usize::from(b[l3] & 0x0f) * 4).min(b.len());
+            b[l3 + 10..l3 + 12].fill(0);
+            let sum = checksum(&b[l3..end]);
+            b[l3 + 10..l3 + 12].copy_from_slice(&sum.to_be_bytes());
         }
         if let Some(n) = self.truncate_to {
             b.truncate(n);
         }
         b
     }
+}
 
-    fn is_udp_at(&self, b: &[u8], l4: usize) -> bool {
-        // The UDP length field sits where TCP keeps its sequence number; only touch it for UDP.
-        b.len() >= l4 + 8 && b[l4 + 4..l4 + 6] == [0, 8]
+/// Writes the TCP (`proto` 6) or UDP (17) checksum of the segment at `l4` to the end of `b`,
+/// over the pseudo-header of the IP header at `l3` (RFC 793, RFC 768, RFC 8200 section 8.1).
+fn fill_l4_checksum(b: &mut [u8], l3: usize, v6: bool, l4: usize, proto: u8) {
+    let at = l4 + if proto == 6 { 16 } else { 6 };
+    b[at..at + 2].fill(0);
+    let len = b.len() - l4;
+    let mut pseudo = Vec::with_capacity(40 + len);
+    if v6 {
+        pseudo.extend_from_slice(&b[l3 + 8..l3 + 40]);
+        pseudo.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+        pseudo.extend_from_slice(&[0, 0, 0, proto]);
+    } else {
+        pseudo.extend_from_slice(&b[l3 + 12..l3 + 20]);
+        pseudo.extend_from_slice(&[0, proto]);
+        pseudo.extend_from_slice(&u16::try_from(len).unwrap_or(u16::MAX).to_be_bytes());
+    }
+    pseudo.extend_from_slice(&b[l4..]);
+    let mut sum = checksum(&pseudo);
+    if proto == 17 && sum == 0 {
+        // A computed 0 goes on the wire as all ones: 0 means "no checksum" (RFC 768).
+        sum = 0xffff;
+    }
+    b[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+}
+
+/// The bytes a string of hex digits spells (`"0800"` is `[8, 0]`), for expected frames in tests.
+///
+/// # Panics
+/// On an odd length or a character that is not a hex digit.
+#[must_use]
+pub fn from_hex(hex: &str) -> Vec<u8> {
+    assert!(hex.len().is_multiple_of(2), "odd length hex {hex:?}");
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| {
+            u8::from_str_radix(&hex[i..i + 2], 16)
+                .unwrap_or_else(|e| panic!("hex {hex:?} at {i}: {e}"))
+        })
+        .collect()
+}
+
+/// The Internet checksum (RFC 1071) of `data`: the one's complement of the one's-complement sum
+/// of its 16-bit big-endian words, an odd last byte padded with a zero.
+#[must_use]
+pub fn checksum(data: &[u8]) -> u16 {
+    // In 64 bits no frame's sum can overflow before it is folded.
+    let mut sum: u64 = data
+        .chunks(2)
+        .map(|w| u64::from(u16::from_be_bytes([w[0], w.get(1).copied().unwrap_or(0)])))
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !u16::try_from(sum).expect("folded to 16 bits")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_checksum_of_known_vectors() {
+        // RFC 1071 section 3's example: the words sum to 0xddf2.
+        assert_eq!(
+            checksum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]),
+            !0xddf2
+        );
+        // An IPv4 header (checksum field zeroed) whose checksum is 0xb861.
+        let header = [
+            0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 0xc0, 0xa8,
+            0x00, 0x01, 0xc0, 0xa8, 0x00, 0xc7,
+        ];
+        assert_eq!(checksum(&header), 0xb861);
+        // An odd length pads with a zero byte; the empty sum is 0, its complement all ones.
+        assert_eq!(
+            checksum(&[0x12, 0x34, 0x56]),
+            checksum(&[0x12, 0x34, 0x56, 0x00])
+        );
+        assert_eq!(checksum(&[]), 0xffff);
+        // Carries fold back in, however many: 40,000 words of 0xffff sum to 0xffff.
+        assert_eq!(checksum(&[0xff; 80_000]), 0);
+    }
+
+    #[test]
+    fn udp_checksums_of_known_datagrams_v4_and_v6() {
+        // UDP 12345 -> 54321 carrying "test" (libpnet's udp tests give these checksums).
+        let v4 = eth()
+            .ipv4([192, 168, 0, 1].into(), [192, 168, 0, 199].into())
+            .udp(12345, 54321)
+            .data(b"test")
+            .checksums()
+            .build();
+        assert_eq!(v4[34..42], [0x30, 0x39, 0xd4, 0x31, 0x00, 0x0c, 0x91, 0x78]);
+        assert_eq!(
+            checksum(&v4[14..34]),
+            0,
+            "the IPv4 header checksum verifies"
+        );
+        let v6 = eth()
+            .ipv6(Ipv6Addr::LOCALHOST, Ipv6Addr::LOCALHOST)
+            .udp(12345, 54321)
+            .data(b"test")
+            .l4_checksum()
+            .build();
+        assert_eq!(v6[54..62], [0x30, 0x39, 0xd4, 0x31, 0x00, 0x0c, 0x13, 0x90]);
+        // Without the opt-in, the checksums stay 0 (the BPF_PROG_TEST_RUN frames).
+        let plain = eth()
+            .ipv4([192, 168, 0, 1].into(), [192, 168, 0, 199].into())
+            .udp(12345, 54321)
+            .data(b"test")
+            .build();
+        assert_eq!(
+            (&plain[24..26], &plain[40..42]),
+            (&[0u8, 0][..], &[0u8, 0][..])
+        );
+    }
+
+    #[test]
+    fn a_udp_checksum_of_zero_is_sent_as_all_ones() {
+        // Find a datagram whose checksum computes to 0 by its payload's last word: the sum of
+        // everything else plus that word must be 0xffff.
+        let frame = |word: u16| {
+            eth()
+                .ipv4([198, 18, 0, 1].into(), [198, 18, 0, 2].into())
+                .udp(1, 2)
+                .data(&word.to_be_bytes())
+                .l4_checksum()
+                .build()
+        };
+        let sum_without = !u16::from_be_bytes(frame(0)[40..42].try_into().unwrap());
+        let word = 0xffff - sum_without;
+        let f = frame(word);
+        assert_eq!(f[40..42], [0xff, 0xff]);
     }
 }

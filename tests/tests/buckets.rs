@@ -1104,10 +1104,13 @@ fn the_clusters_share_and_a_packet_creating_one_source_at_once_make_one_bucket()
         });
     });
     let (held, keys) = records_and_keys(&dp, rid);
+    let g = dp.global();
     println!(
         "{SOURCES} sources created by a packet while the cluster's share slowed them: {held} \
-         records for {} keys",
-        keys
+         records for {} keys; the program made {} buckets and gave {} back",
+        keys,
+        g.counters[global::NEW_BUCKETS],
+        g.counters[global::BUCKET_ERRORS],
     );
     assert_eq!(
         held,

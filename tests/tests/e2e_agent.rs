@@ -342,7 +342,9 @@ fn packets_matching_no_rule_pass_untouched() {
         global_counter(&stats, "no_match")
     );
     assert_eq!(out_got, out_sent.sent, "packets matching no rule were lost");
-    assert!(out_sent.sent >= 1000, "sent only {}", out_sent.sent);
+    // Guards the generator, not the limiter (any count shows that nothing is lost): 2,000 are
+    // scheduled, 989 went out once on a CI machine loaded by other work.
+    assert!(out_sent.sent >= 200, "sent only {}", out_sent.sent);
     assert!(global_counter(&stats, "no_match") >= out_sent.sent);
     assert_eq!(
         in_got, 1,

@@ -10,14 +10,14 @@ use std::fs;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::thread;
 use std::time::Duration;
 
 use ratelimit_testbed::agent_proc::{rule_packets, xdp_attachment};
 use ratelimit_testbed::{
-    add_addr, agent_binary, assert_limited, neigh_to_peer, require_root, send_udp_from, veth_pair,
-    AgentProcess, Netns, ReceiveReport, Receiver, SendReport,
+    add_addr, agent_binary, assert_limited, cli, neigh_to_peer, require_root, send_udp_from,
+    veth_pair, AgentProcess, Netns, ReceiveReport, Receiver, SendReport,
 };
 use serde_json::Value;
 
@@ -86,55 +86,15 @@ fn received(report: &ReceiveReport, src: &str) -> u64 {
     report.counts().get(&ip).copied().unwrap_or(0)
 }
 
-/// `ratelimit --socket SOCKET args...`.
-fn cli(socket: &Path, args: &[&str]) -> Output {
-    Command::new(agent_binary())
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .output()
-        .expect("running the ratelimit CLI")
-}
-
-/// Runs the CLI, asserts it succeeded, returns its stdout.
-fn ok(agent: &AgentProcess, args: &[&str]) -> String {
-    let out = cli(agent.socket_path(), args);
-    assert!(
-        out.status.success(),
-        "`ratelimit {}` failed ({}): {}\nagent log:\n{}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        agent.log()
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// Runs the CLI with `--json`, asserts it succeeded, returns the parsed output.
-fn json(agent: &AgentProcess, args: &[&str]) -> Value {
-    let mut args = args.to_vec();
-    args.push("--json");
-    let out = ok(agent, &args);
-    serde_json::from_str(&out)
-        .unwrap_or_else(|e| panic!("`{}` printed {out:?}: {e}", args.join(" ")))
-}
-
-/// Runs the CLI, asserts it failed, returns its stderr.
+/// Runs the CLI, asserts it failed and printed nothing on stdout, returns its stderr.
 fn refused(agent: &AgentProcess, args: &[&str]) -> String {
-    let out = cli(agent.socket_path(), args);
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert!(
-        !out.status.success(),
-        "`ratelimit {}` succeeded but should have been refused: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout)
-    );
+    let out = agent.cli_refused(args);
     assert!(
         out.stdout.is_empty(),
         "a refused command printed {:?}",
-        String::from_utf8_lossy(&out.stdout)
+        out.stdout
     );
-    stderr
+    out.stderr
 }
 
 fn config(rx_if: &str, rules: &str) -> String {
@@ -173,21 +133,18 @@ fn rules_added_are_enforced_listed_and_written_refused_ones_change_nothing_remov
     let (sent, got) = bed.flood(FLOODER, 2000, second);
     assert_unlimited("before any rule", &sent, got);
 
-    let out = ok(
-        &agent,
-        &[
-            "rules",
-            "add",
-            "--name",
-            "flood",
-            "--source",
-            "198.18.0.0/24",
-            "--rate",
-            "200",
-            "--burst",
-            "50",
-        ],
-    );
+    let out = agent.cli_ok(&[
+        "rules",
+        "add",
+        "--name",
+        "flood",
+        "--source",
+        "198.18.0.0/24",
+        "--rate",
+        "200",
+        "--burst",
+        "50",
+    ]);
     assert_eq!(out, "added rule \"flood\" (2 rules in force)\n");
     // In force as soon as the command returns.
     let (sent, got) = bed.flood(FLOODER, 2000, second);
@@ -195,7 +152,7 @@ fn rules_added_are_enforced_listed_and_written_refused_ones_change_nothing_remov
     // Every packet the flooder sent under the rule and did not arrive was dropped for its rate.
     let mut dropped_sent = sent.sent - got;
 
-    let list = json(&agent, &["rules", "list"]);
+    let list = agent.cli_json(&["rules", "list"]);
     let flood = list["rules"]
         .as_array()
         .unwrap()
@@ -219,7 +176,7 @@ fn rules_added_are_enforced_listed_and_written_refused_ones_change_nothing_remov
         agent.config_path().display()
     );
     assert_eq!((in_file[1].rate, in_file[1].burst), (Some(200), Some(50)));
-    let human = ok(&agent, &["rules", "list"]);
+    let human = agent.cli_ok(&["rules", "list"]);
     assert!(
         human
             .lines()
@@ -259,7 +216,7 @@ fn rules_added_are_enforced_listed_and_written_refused_ones_change_nothing_remov
         println!("refused as expected: {}", stderr.trim());
     }
     assert_eq!(
-        json(&agent, &["rules", "list"]),
+        agent.cli_json(&["rules", "list"]),
         list,
         "a refused change altered the rules in force"
     );
@@ -273,7 +230,7 @@ fn rules_added_are_enforced_listed_and_written_refused_ones_change_nothing_remov
     dropped_sent += sent.sent - got;
 
     // The API's counters saw the drops, as the pinned maps did.
-    let stats = json(&agent, &["stats"]);
+    let stats = agent.cli_json(&["stats"]);
     let dropped = |s: &Value| {
         s["rules"]
             .as_array()
@@ -292,10 +249,10 @@ fn rules_added_are_enforced_listed_and_written_refused_ones_change_nothing_remov
     );
 
     assert_eq!(
-        ok(&agent, &["rules", "remove", "flood"]),
+        agent.cli_ok(&["rules", "remove", "flood"]),
         "removed rule \"flood\" (1 rule in force)\n"
     );
-    assert_eq!(rule_names(&json(&agent, &["rules", "list"])), ["other"]);
+    assert_eq!(rule_names(&agent.cli_json(&["rules", "list"])), ["other"]);
     let names: Vec<String> = rules_in_file(&agent).into_iter().map(|r| r.name).collect();
     assert_eq!(names, ["other"]);
     let (sent, got) = bed.flood(FLOODER, 2000, second);
@@ -315,7 +272,7 @@ fn status_explain_and_top_describe_what_the_packets_see() {
                  [[rule]]\nname = \"dns\"\nsource = \"198.18.0.0/16\"\nprotocol = \"udp\"\ndst_port = 53\nrate = 50\n";
     let agent = AgentProcess::start(&bed.rx, &config(&bed.rx_if, rules), &[]).unwrap();
 
-    let status = json(&agent, &["status"]);
+    let status = agent.cli_json(&["status"]);
     println!("status: {status}");
     assert_eq!(
         status["interfaces"],
@@ -344,7 +301,7 @@ fn status_explain_and_top_describe_what_the_packets_see() {
     assert!(status["buckets_capacity"].as_u64().is_some_and(|c| c > 0));
     assert_eq!(status["reloads"]["failed"], 0);
     assert!(status["uptime_secs"].is_u64() && status["generation"].is_u64());
-    let human = ok(&agent, &["status"]);
+    let human = agent.cli_ok(&["status"]);
     assert!(
         human.contains(&format!("{} (native)", bed.rx_if)),
         "{human}"
@@ -352,47 +309,41 @@ fn status_explain_and_top_describe_what_the_packets_see() {
 
     // Explain: the longest prefix wins; a /16 UDP rule matches outside the /24; nothing matches
     // outside both.
-    let e = json(
-        &agent,
-        &["explain", FLOODER, "--protocol", "udp", "--dst-port", "53"],
-    );
+    let e = agent.cli_json(&["explain", FLOODER, "--protocol", "udp", "--dst-port", "53"]);
     assert_eq!(
         (e["rule"]["name"].as_str(), e["prefix"].as_str()),
         (Some("flood"), Some("198.18.0.0/24")),
         "{e}"
     );
     assert_eq!(e["bucket"], Value::Null, "no packet yet: {e}");
-    let e = json(
-        &agent,
-        &[
-            "explain",
-            "198.18.7.7",
-            "--protocol",
-            "udp",
-            "--dst-port",
-            "53",
-        ],
-    );
+    let e = agent.cli_json(&[
+        "explain",
+        "198.18.7.7",
+        "--protocol",
+        "udp",
+        "--dst-port",
+        "53",
+    ]);
     assert_eq!(
         (e["rule"]["name"].as_str(), e["prefix"].as_str()),
         (Some("dns"), Some("198.18.0.0/16")),
         "{e}"
     );
     assert_eq!(e["rule"]["config"]["dst_port"], 53);
-    let e = json(&agent, &["explain", "198.18.7.7", "--protocol", "tcp"]);
+    let e = agent.cli_json(&["explain", "198.18.7.7", "--protocol", "tcp"]);
     assert_eq!(e["rule"], Value::Null, "{e}");
     assert_eq!(e["candidates"], serde_json::json!(["dns"]));
     assert!(
         e["why"].as_str().unwrap().contains("none of which matches"),
         "{e}"
     );
-    let e = json(&agent, &["explain", "203.0.113.9"]);
+    let e = agent.cli_json(&["explain", "203.0.113.9"]);
     assert_eq!(
         (e["rule"].clone(), e["prefix"].clone()),
         (Value::Null, Value::Null),
         "{e}"
     );
-    let human = ok(&agent, &["explain", "203.0.113.9"]);
+    let human = agent.cli_ok(&["explain", "203.0.113.9"]);
     assert!(
         human.contains("rule        none: the packet passes"),
         "{human}"
@@ -409,9 +360,9 @@ fn status_explain_and_top_describe_what_the_packets_see() {
         let flood = s.spawn(|| send(&bed.tx, FLOODER, &receiver, 3000, Duration::from_secs(3)));
         let polite = s.spawn(|| send(&bed.tx, POLITE, &receiver, 50, Duration::from_secs(3)));
         thread::sleep(Duration::from_millis(700));
-        let top = json(&agent, &["top", "-n", "5"]);
-        let top_human = ok(&agent, &["top", "--interval-ms", "300"]);
-        let explained = json(&agent, &["explain", FLOODER]);
+        let top = agent.cli_json(&["top", "-n", "5"]);
+        let top_human = agent.cli_ok(&["top", "--interval-ms", "300"]);
+        let explained = agent.cli_json(&["explain", FLOODER]);
         (
             top,
             top_human,
@@ -495,23 +446,23 @@ fn detach_takes_xdp_off_and_traffic_flows_unlimited() {
     assert_eq!(stderr, "error: not attached to \"eth99\"\n");
     assert!(bed.xdp().is_some());
     assert_eq!(
-        json(&agent, &["detach", "--iface", &bed.rx_if]),
+        agent.cli_json(&["detach", "--iface", &bed.rx_if]),
         serde_json::json!({"detached": [bed.rx_if]})
     );
     assert_eq!(bed.xdp(), None, "XDP still attached after detach");
     assert_eq!(
-        json(&agent, &["status"])["interfaces"],
+        agent.cli_json(&["status"])["interfaces"],
         serde_json::json!([])
     );
     let (sent, got) = bed.flood(FLOODER, 1000, Duration::from_secs(1));
     assert_unlimited("detached", &sent, got);
     assert_eq!(
-        ok(&agent, &["detach"]),
+        agent.cli_ok(&["detach"]),
         "was not attached to any interface\n"
     );
 
     // Until the next reload, which attaches to the config's interfaces again.
-    let reloaded = json(&agent, &["rules", "reload"]);
+    let reloaded = agent.cli_json(&["rules", "reload"]);
     assert_eq!(reloaded["reloaded"], true, "{reloaded}");
     assert_eq!(
         bed.xdp().map(|(mode, _)| mode).as_deref(),
@@ -519,7 +470,7 @@ fn detach_takes_xdp_off_and_traffic_flows_unlimited() {
         "the reload attached again"
     );
     assert_eq!(
-        json(&agent, &["status"])["interfaces"],
+        agent.cli_json(&["status"])["interfaces"],
         serde_json::json!([{"iface": bed.rx_if, "mode": "native", "state": "attached"}])
     );
     let (sent, got) = bed.flood(FLOODER, 1000, Duration::from_secs(1));
@@ -584,10 +535,10 @@ fn sighup_and_rules_reload_apply_the_file_and_sigint_stops_cleanly() {
         bed.rx_if
     );
     let mut agent = AgentProcess::start(&bed.rx, &cfg, &[]).unwrap();
-    let status = |a: &AgentProcess| json(a, &["status"]);
+    let status = |a: &AgentProcess| a.cli_json(&["status"]);
     let reloads = |a: &AgentProcess| status(a)["reloads"]["ok"].as_u64().unwrap();
     let flood_counts = |a: &AgentProcess| {
-        let s = json(a, &["stats"]);
+        let s = a.cli_json(&["stats"]);
         ["passed", "dropped_rate", "dry_run"].map(|v| rule_packets(&s, "flood", v))
     };
     let r0 = reloads(&agent);
@@ -633,7 +584,7 @@ fn sighup_and_rules_reload_apply_the_file_and_sigint_stops_cleanly() {
         "max_buckets = 2048",
     );
     assert_eq!(reloads(&agent), r0 + 1);
-    let reloaded = json(&agent, &["rules", "reload"]);
+    let reloaded = agent.cli_json(&["rules", "reload"]);
     assert_eq!(
         reloaded,
         serde_json::json!({"reloaded": true, "rules": 1, "restart_needed": ["max_buckets"]})
@@ -649,7 +600,7 @@ fn sighup_and_rules_reload_apply_the_file_and_sigint_stops_cleanly() {
         st["buckets_capacity"], capacity,
         "max_buckets waits for a restart"
     );
-    let human = ok(&agent, &["status"]);
+    let human = agent.cli_ok(&["status"]);
     assert!(human.contains("max_buckets"), "{human}");
     let (sent, got) = bed.flood(FLOODER, 1000, Duration::from_secs(1));
     assert_limited("after rules reload", &sent, got, 100, 10);
@@ -715,7 +666,7 @@ fn socket_life_cycle_and_detach_of_a_killed_agent() {
         log.contains(&format!("another agent is running on {}", socket.display())),
         "{log}"
     );
-    assert_eq!(json(&agent, &["status"])["rules"], 1);
+    assert_eq!(agent.cli_json(&["status"])["rules"], 1);
     assert!(bed.xdp().is_some());
 
     // Killed, the agent leaves its socket (stale) and its limiter (pinned) behind.
@@ -738,8 +689,8 @@ fn socket_life_cycle_and_detach_of_a_killed_agent() {
         &socket,
         &["stats", "--json", "--pin-path", pin.to_str().unwrap()],
     );
-    assert!(offline.status.success());
-    let stats: Value = serde_json::from_slice(&offline.stdout).unwrap();
+    assert!(offline.success());
+    let stats: Value = serde_json::from_str(&offline.stdout).unwrap();
     assert_eq!(
         stats["rules"][0]["packets"]["dropped_rate"].as_u64(),
         Some(sent.sent - got),
@@ -747,10 +698,7 @@ fn socket_life_cycle_and_detach_of_a_killed_agent() {
     );
 
     let out = cli(&socket, &["detach", "--pin-path", pin.to_str().unwrap()]);
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
+    let (stdout, stderr) = (&out.stdout, &out.stderr);
     assert!(out.status.success(), "detach --pin-path failed: {stderr}");
     println!("{stderr}{stdout}");
     assert!(stdout.contains("XDP detached"), "{stdout}");
@@ -771,7 +719,7 @@ fn socket_life_cycle_and_detach_of_a_killed_agent() {
         "{}",
         agent.log()
     );
-    assert_eq!(json(&agent, &["status"])["rules"], 1);
+    assert_eq!(agent.cli_json(&["status"])["rules"], 1);
     let status = agent.stop().unwrap();
     assert!(status.success());
     assert!(!socket.exists(), "the agent left its socket behind");
@@ -796,7 +744,7 @@ fn without_an_agent_the_cli_says_how_to_start_one() {
         );
         assert!(out.stdout.is_empty());
         assert_eq!(
-            String::from_utf8_lossy(&out.stderr),
+            out.stderr,
             format!(
                 "error: cannot reach the agent at {} (No such file or directory): is it running? \
                  start it with `ratelimit agent -c /etc/ratelimit/ratelimit.toml`\n",
@@ -868,7 +816,7 @@ fn stats_json_has_every_field_the_readme_shows() {
     let agent = AgentProcess::start(&bed.rx, &config(&bed.rx_if, rules), &[]).unwrap();
     let (sent, got) = bed.flood(FLOODER, 1000, Duration::from_millis(300));
     assert!(got < sent.sent, "the rule dropped nothing");
-    let online = json(&agent, &["stats"]);
+    let online = agent.cli_json(&["stats"]);
     let offline = agent.stats();
     for (what, actual) in [
         ("stats --json", &online),

@@ -20,7 +20,7 @@ use ratelimit::{
     maps::PinnedMaps,
 };
 use ratelimit_testbed::{
-    add_addr, agent_binary, agent_proc::xdp_attachment, bind_udp_transparent, neigh_to_peer,
+    add_addr, agent_binary, agent_proc::xdp_attachment, bind_udp_transparent, cli, neigh_to_peer,
     require_root, send_udp, AgentProcess, Netns, Receiver,
 };
 use serde_json::Value;
@@ -187,24 +187,8 @@ impl Drop for Scratch {
 }
 
 /// `ratelimit --socket S ARGS --json`, parsed; `Err` with stderr when it fails.
-fn cli(socket: &Path, args: &[&str]) -> Result<Value, String> {
-    let out = Command::new(agent_binary())
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .arg("--json")
-        .output()
-        .unwrap();
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
-    }
-    serde_json::from_slice(&out.stdout)
-        .map_err(|e| format!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
-}
-
 fn status(agent: &AgentProcess) -> Value {
-    cli(agent.socket_path(), &["status"])
-        .unwrap_or_else(|e| panic!("ratelimit status: {e}\nagent log:\n{}", agent.log()))
+    agent.cli_json(&["status"])
 }
 
 /// Polls `f` every 100 ms until it returns `Some`, for at most `timeout`.
@@ -656,7 +640,7 @@ fn without_bpffs_the_agent_mounts_its_own_or_fails_saying_why() {
         "the private pins showed up on the host's bpffs at {}",
         pin.display()
     );
-    let s = cli(&socket, &["status"]).unwrap();
+    let s = cli(&socket, &["status", "--json"]).json();
     assert_eq!(s["rules"], 1, "{s}");
     let got = bed.delivered("198.18.0.10");
     assert_eq!(

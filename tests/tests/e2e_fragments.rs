@@ -5,13 +5,17 @@
 
 use std::{
     io::ErrorKind,
-    net::{IpAddr, SocketAddr, UdpSocket},
+    net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket},
     time::Duration,
 };
 
 use ratelimit_testbed::{
-    add_addr, agent_proc::global_counter, agent_proc::rule_packets, bind_udp, in_netns,
-    neigh_to_peer, require_root, veth_pair, AgentProcess, Netns,
+    add_addr,
+    agent_proc::global_counter,
+    agent_proc::rule_packets,
+    bind_udp, ifindex, in_netns, mac_bytes, neigh_to_peer,
+    packet::{eth, from_hex},
+    require_root, veth_pair, AgentProcess, Netns, RawSocket,
 };
 
 /// Bytes of UDP payload: three fragments at an MTU of 1280.
@@ -140,75 +144,86 @@ fn fragmented_ipv6_datagrams_to_a_denied_port_never_arrive() {
     });
 }
 
-/// The Internet checksum (RFC 1071) of `data`, starting from `sum`.
-fn checksum(data: &[u8], mut sum: u32) -> u16 {
-    for chunk in data.chunks(2) {
-        let word = u16::from_be_bytes([chunk[0], *chunk.get(1).unwrap_or(&0)]);
-        sum += u32::from(word);
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
-/// An Ethernet frame carrying an IPv4 fragment of `payload` at byte `offset` of the datagram.
+/// An Ethernet frame carrying an IPv4 fragment (of a TCP segment) holding `payload`, at byte
+/// `offset` of the datagram.
 fn ipv4_fragment(
     macs: ([u8; 6], [u8; 6]),
-    src: [u8; 4],
-    dst: [u8; 4],
+    (src, dst): (Ipv4Addr, Ipv4Addr),
     id: u16,
     offset: usize,
     more: bool,
     payload: &[u8],
 ) -> Vec<u8> {
-    let mut f = Vec::new();
-    f.extend_from_slice(&macs.1);
-    f.extend_from_slice(&macs.0);
-    f.extend_from_slice(&[0x08, 0x00]);
-    let mut ip = [0u8; 20];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&u16::try_from(20 + payload.len()).unwrap().to_be_bytes());
-    ip[4..6].copy_from_slice(&id.to_be_bytes());
-    let frag = u16::try_from(offset / 8).unwrap() | if more { 0x2000 } else { 0 };
-    ip[6..8].copy_from_slice(&frag.to_be_bytes());
-    ip[8] = 64;
-    ip[9] = 6;
-    ip[12..16].copy_from_slice(&src);
-    ip[16..20].copy_from_slice(&dst);
-    let sum = checksum(&ip, 0);
-    ip[10..12].copy_from_slice(&sum.to_be_bytes());
-    f.extend_from_slice(&ip);
-    f.extend_from_slice(payload);
-    f
+    eth()
+        .macs(macs.0, macs.1)
+        .ipv4(src, dst)
+        .proto(6)
+        .data(payload)
+        .frag(u16::try_from(offset / 8).unwrap(), more)
+        .ident(u32::from(id))
+        .ipv4_checksum()
+        .build()
 }
 
-/// A TCP SYN from `src`:`sport` to `dst`:`dport` carrying `data` bytes, checksum included.
-fn tcp_syn(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, data: usize) -> Vec<u8> {
-    let mut t = vec![0u8; 20 + data];
-    t[0..2].copy_from_slice(&sport.to_be_bytes());
-    t[2..4].copy_from_slice(&dport.to_be_bytes());
-    t[4..8].copy_from_slice(&0x1234_5678u32.to_be_bytes());
-    t[12] = 5 << 4;
-    t[13] = 0x02; // SYN
-    t[14..16].copy_from_slice(&64_240u16.to_be_bytes());
-    let mut pseudo = Vec::new();
-    pseudo.extend_from_slice(&src);
-    pseudo.extend_from_slice(&dst);
-    pseudo.extend_from_slice(&[0, 6]);
-    pseudo.extend_from_slice(&u16::try_from(t.len()).unwrap().to_be_bytes());
-    pseudo.extend_from_slice(&t);
-    let sum = checksum(&pseudo, 0);
-    t[16..18].copy_from_slice(&sum.to_be_bytes());
-    t
+/// A TCP SYN from `src`:`sport` to `dst`:`dport` carrying `data` zero bytes, checksum included:
+/// the segment alone, to be cut into fragments.
+fn tcp_syn((src, dst): (Ipv4Addr, Ipv4Addr), sport: u16, dport: u16, data: usize) -> Vec<u8> {
+    let frame = eth()
+        .ipv4(src, dst)
+        .tcp(sport, dport)
+        .tcp_seq(0x1234_5678)
+        .tcp_window(64_240)
+        .data(&vec![0; data])
+        .checksums();
+    frame.build()[frame.l4_offset().unwrap()..].to_vec()
 }
 
-fn parse_mac(s: &str) -> [u8; 6] {
-    let v: Vec<u8> = s
-        .split(':')
-        .map(|b| u8::from_str_radix(b, 16).unwrap())
-        .collect();
-    v.try_into().unwrap()
+/// The source and destination MACs of the frames checked against their old bytes.
+const MACS: ([u8; 6], [u8; 6]) = (
+    [0x02, 0x11, 0x22, 0x33, 0x44, 0x55],
+    [0x02, 0x66, 0x77, 0x88, 0x99, 0xaa],
+);
+
+/// `tcp_syn` and `ipv4_fragment` give the bytes the functions they replaced built by hand (at
+/// fa91d4f, for the SYNs and fragments the test sends): the test puts the same packets on the
+/// wire.
+#[test]
+fn syns_and_fragments_are_the_bytes_they_were_built_by_hand() {
+    let ips = (Ipv4Addr::new(198, 18, 8, 1), Ipv4Addr::new(198, 18, 8, 254));
+    let syn22 = tcp_syn(ips, 40_022, 22, 0);
+    assert_eq!(syn22, from_hex("9c56001612345678000000005002faf012b50000"));
+    assert_eq!(
+        ipv4_fragment(MACS, ips, 0x4242, 0, true, &syn22[..8]),
+        from_hex(
+            "0266778899aa02112233445508004500001c4242200040067b76c6120801c61208fe9c56001612345678"
+        )
+    );
+    assert_eq!(
+        ipv4_fragment(MACS, ips, 0x4242, 8, false, &syn22[8..]),
+        from_hex(concat!(
+            "0266778899aa0211223344550800450000204242000140069b71c6120801c61208fe",
+            "000000005002faf012b50000"
+        ))
+    );
+    let syn23 = tcp_syn(ips, 40_023, 23, 16);
+    assert_eq!(
+        syn23,
+        from_hex("9c57001712345678000000005002faf012a3000000000000000000000000000000000000")
+    );
+    assert_eq!(
+        ipv4_fragment(MACS, ips, 0x4343, 0, true, &syn23[..24]),
+        from_hex(concat!(
+            "0266778899aa02112233445508004500002c4343200040067a65c6120801c61208fe",
+            "9c57001712345678000000005002faf012a3000000000000"
+        ))
+    );
+    assert_eq!(
+        ipv4_fragment(MACS, ips, 0x4343, 24, false, &syn23[24..]),
+        from_hex(concat!(
+            "0266778899aa0211223344550800450000204343000340069a6ec6120801c61208fe",
+            "000000000000000000000000"
+        ))
+    );
 }
 
 /// `Tcp: InSegs` of the namespace `ns`: TCP segments its stack received (a SYN counts once
@@ -235,7 +250,7 @@ fn a_tcp_syn_in_tiny_fragments_does_not_walk_past_a_deny_rule() {
     let tx = Netns::new("rl-e2e-tiny-tx").unwrap();
     let rx = Netns::new("rl-e2e-tiny-rx").unwrap();
     let (tx_if, rx_if) = veth_pair(&tx, &rx, "ft").unwrap();
-    let (src, dst) = ([198, 18, 8, 1], [198, 18, 8, 254]);
+    let (src, dst) = (Ipv4Addr::new(198, 18, 8, 1), Ipv4Addr::new(198, 18, 8, 254));
     add_addr(&tx, &tx_if, "198.18.8.1/24").unwrap();
     add_addr(&rx, &rx_if, "198.18.8.254/24").unwrap();
     let dst_ip = IpAddr::from(dst);
@@ -258,50 +273,20 @@ fn a_tcp_syn_in_tiny_fragments_does_not_walk_past_a_deny_rule() {
         })
         .collect();
     let macs = (
-        parse_mac(&ratelimit_testbed::mac(&tx, &tx_if).unwrap()),
-        parse_mac(&ratelimit_testbed::mac(&rx, &rx_if).unwrap()),
+        mac_bytes(&tx, &tx_if).unwrap(),
+        mac_bytes(&rx, &rx_if).unwrap(),
     );
-    let ifindex = ratelimit_testbed::ifindex(&tx, &tx_if).unwrap();
+    let raw = RawSocket::open_in(&tx, ifindex(&tx, &tx_if).unwrap(), macs.1).unwrap();
     let send = |frames: &[Vec<u8>]| {
-        in_netns(&tx, || {
-            // SAFETY: plain socket calls on a descriptor owned here and closed below.
-            unsafe {
-                let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
-                assert!(
-                    fd >= 0,
-                    "AF_PACKET socket: {}",
-                    std::io::Error::last_os_error()
-                );
-                let mut addr: libc::sockaddr_ll = std::mem::zeroed();
-                addr.sll_family = libc::AF_PACKET as u16;
-                addr.sll_ifindex = i32::try_from(ifindex).unwrap();
-                addr.sll_halen = 6;
-                addr.sll_addr[..6].copy_from_slice(&macs.1);
-                for f in frames {
-                    let n = libc::sendto(
-                        fd,
-                        f.as_ptr().cast(),
-                        f.len(),
-                        0,
-                        (&raw const addr).cast(),
-                        u32::try_from(size_of::<libc::sockaddr_ll>()).unwrap(),
-                    );
-                    assert_eq!(
-                        n,
-                        isize::try_from(f.len()).unwrap(),
-                        "{}",
-                        std::io::Error::last_os_error()
-                    );
-                }
-                libc::close(fd);
-            }
-        });
+        for f in frames {
+            raw.send(f).unwrap();
+        }
     };
     let tiny = |dport: u16, id: u16| {
-        let syn = tcp_syn(src, dst, 40_000 + dport, dport, 0);
+        let syn = tcp_syn((src, dst), 40_000 + dport, dport, 0);
         vec![
-            ipv4_fragment(macs, src, dst, id, 0, true, &syn[..8]),
-            ipv4_fragment(macs, src, dst, id, 8, false, &syn[8..]),
+            ipv4_fragment(macs, (src, dst), id, 0, true, &syn[..8]),
+            ipv4_fragment(macs, (src, dst), id, 8, false, &syn[8..]),
         ]
     };
     let stats0 = agent.stats();
@@ -314,10 +299,10 @@ fn a_tcp_syn_in_tiny_fragments_does_not_walk_past_a_deny_rule() {
     // bytes of data, the second 12 bytes) to the allowed port is reassembled and received, so the
     // crafted frames are right and the first count can only be 0 because the limiter dropped them.
     let seen1 = tcp_in_segments(&rx);
-    let syn23 = tcp_syn(src, dst, 40_023, 23, 16);
+    let syn23 = tcp_syn((src, dst), 40_023, 23, 16);
     send(&[
-        ipv4_fragment(macs, src, dst, 0x4343, 0, true, &syn23[..24]),
-        ipv4_fragment(macs, src, dst, 0x4343, 24, false, &syn23[24..]),
+        ipv4_fragment(macs, (src, dst), 0x4343, 0, true, &syn23[..24]),
+        ipv4_fragment(macs, (src, dst), 0x4343, 24, false, &syn23[24..]),
     ]);
     std::thread::sleep(Duration::from_millis(300));
     let control_seen = tcp_in_segments(&rx) - seen1;

@@ -9,7 +9,7 @@
 use std::fs;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -42,43 +42,8 @@ fn config(interfaces: &[&str], mode: &str, rules: &str) -> String {
     )
 }
 
-fn cli(agent: &AgentProcess, args: &[&str]) -> Output {
-    Command::new(agent_binary())
-        .arg("--socket")
-        .arg(agent.socket_path())
-        .args(args)
-        .output()
-        .expect("running the ratelimit CLI")
-}
-
-fn ok_json(agent: &AgentProcess, args: &[&str]) -> Value {
-    let mut args = args.to_vec();
-    args.push("--json");
-    let out = cli(agent, &args);
-    assert!(
-        out.status.success(),
-        "`ratelimit {}` failed: {}\nagent log:\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr),
-        agent.log()
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// Runs the CLI, asserts it failed, returns its stderr.
-fn refused(agent: &AgentProcess, args: &[&str]) -> String {
-    let out = cli(agent, args);
-    assert!(
-        !out.status.success(),
-        "`ratelimit {}` succeeded but should have been refused: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8(out.stderr).unwrap()
-}
-
 fn rule_names(agent: &AgentProcess) -> Vec<String> {
-    ok_json(agent, &["rules", "list"])["rules"]
+    agent.cli_json(&["rules", "list"])["rules"]
         .as_array()
         .unwrap()
         .iter()
@@ -112,7 +77,7 @@ fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 }
 
 fn reloads(agent: &AgentProcess) -> (u64, u64) {
-    let st = ok_json(agent, &["status"]);
+    let st = agent.cli_json(&["status"]);
     (
         st["reloads"]["ok"].as_u64().unwrap(),
         st["reloads"]["failed"].as_u64().unwrap(),
@@ -127,7 +92,7 @@ fn reloads(agent: &AgentProcess) -> (u64, u64) {
 fn the_write_back_never_follows_a_planted_file() {
     let bed = bed("plant");
     let agent = AgentProcess::start(&bed.rx, &config(&[&bed.rx_if], "auto", RULE_A), &[]).unwrap();
-    let pid = ok_json(&agent, &["status"])["pid"].as_u64().unwrap();
+    let pid = agent.cli_json(&["status"])["pid"].as_u64().unwrap();
     let dir = agent.config_path().parent().unwrap().to_owned();
     let victim_dir = tempfile_dir("rl-hard-victim");
     let victim = victim_dir.join("shadow");
@@ -136,19 +101,16 @@ fn the_write_back_never_follows_a_planted_file() {
     let planted = dir.join(format!("{name}.tmp-{pid}"));
     std::os::unix::fs::symlink(&victim, &planted).unwrap();
 
-    let added = ok_json(
-        &agent,
-        &[
-            "rules",
-            "add",
-            "--name",
-            "b",
-            "--source",
-            "198.19.0.0/24",
-            "--rate",
-            "10",
-        ],
-    );
+    let added = agent.cli_json(&[
+        "rules",
+        "add",
+        "--name",
+        "b",
+        "--source",
+        "198.19.0.0/24",
+        "--rate",
+        "10",
+    ]);
     assert_eq!(added["added"]["name"], "b");
 
     assert_eq!(
@@ -194,9 +156,8 @@ fn a_config_owned_by_another_user_is_not_written() {
     let before = fs::read_to_string(agent.config_path()).unwrap();
     std::os::unix::fs::chown(agent.config_path(), Some(65534), Some(65534)).unwrap();
 
-    let err = refused(
-        &agent,
-        &[
+    let err = agent
+        .cli_refused(&[
             "rules",
             "add",
             "--name",
@@ -205,8 +166,8 @@ fn a_config_owned_by_another_user_is_not_written() {
             "198.19.0.0/24",
             "--rate",
             "10",
-        ],
-    );
+        ])
+        .stderr;
     assert!(err.contains("owned by uid 65534"), "{err}");
     assert_eq!(
         rule_names(&agent),
@@ -252,12 +213,12 @@ fn rules_add_and_remove_keep_an_edit_that_is_not_loaded() {
         "--rate",
         "10",
     ];
-    let err = refused(&agent, &add);
+    let err = agent.cli_refused(&add).stderr;
     assert!(
         err.contains("rule \"edited\" added") && err.contains("--force"),
         "{err}"
     );
-    let err = refused(&agent, &["rules", "remove", "a"]);
+    let err = agent.cli_refused(&["rules", "remove", "a"]).stderr;
     assert!(
         err.contains("rule \"edited\" added") && err.contains("--force"),
         "{err}"
@@ -275,7 +236,7 @@ fn rules_add_and_remove_keep_an_edit_that_is_not_loaded() {
 
     let mut forced = add.to_vec();
     forced.push("--force");
-    ok_json(&agent, &forced);
+    agent.cli_json(&forced);
     assert_eq!(rule_names(&agent), ["a", "b"]);
     let now = fs::read_to_string(agent.config_path()).unwrap();
     assert!(
@@ -329,7 +290,7 @@ fn a_reload_whose_attach_fails_changes_nothing() {
     wait_until("the reload refused", Duration::from_secs(10), || {
         reloads(&agent).1 > failed0
     });
-    let st = ok_json(&agent, &["status"]);
+    let st = agent.cli_json(&["status"]);
     assert!(
         st["reloads"]["last_error"]
             .as_str()
@@ -362,18 +323,18 @@ fn a_reload_whose_attach_fails_changes_nothing() {
     wait_until("the fixed reload applied", Duration::from_secs(10), || {
         reloads(&agent).0 > ok0
     });
-    let st = ok_json(&agent, &["status"]);
+    let st = agent.cli_json(&["status"]);
     assert_eq!(interfaces(&st), [bed.rx_if.clone(), "rl-va".to_owned()]);
     assert_eq!(rule_names(&agent), ["a", "b"]);
     assert!(xdp_attachment(&bed.rx, "rl-va").unwrap().is_some());
     // Once more with the same interfaces: nothing is attached (or recorded) twice.
     let (ok1, _) = reloads(&agent);
-    ok_json(&agent, &["rules", "reload"]);
+    agent.cli_json(&["rules", "reload"]);
     assert_eq!(reloads(&agent).0, ok1 + 1);
-    let st = ok_json(&agent, &["status"]);
+    let st = agent.cli_json(&["status"]);
     assert_eq!(interfaces(&st), [bed.rx_if.clone(), "rl-va".to_owned()]);
 
-    ok_json(&agent, &["detach", "--iface", "rl-va"]);
+    agent.cli_json(&["detach", "--iface", "rl-va"]);
     assert_eq!(
         xdp_attachment(&bed.rx, "rl-va").unwrap(),
         None,

@@ -10,15 +10,14 @@
 //! rewrites every record and prefix (the planted one goes), and the address is limited again.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::Command;
 use std::time::Duration;
 
 use ratelimit::maps::PinnedMaps;
 use ratelimit_common::{prefix_generation, verdict, MAX_RULES, PREFIX_KEY_HEADER_BITS};
 use ratelimit_testbed::agent_proc::{global_counter, rule_packets};
 use ratelimit_testbed::{
-    add_addr, agent_binary, leftover_check, neigh_to_peer, require_root, send_udp_from, veth_pair,
-    AgentProcess, Netns, Receiver,
+    add_addr, leftover_check, neigh_to_peer, require_root, send_udp_from, veth_pair, AgentProcess,
+    Netns, Receiver,
 };
 use serde_json::Value;
 
@@ -31,24 +30,8 @@ const BURST: u64 = 5;
 /// Packets per flood: 200 in 1 s, far over `BURST + RATE x 1 s` (15).
 const PPS: u64 = 200;
 
-fn cli(agent: &AgentProcess, args: &[&str]) -> String {
-    let out = Command::new(agent_binary())
-        .arg("--socket")
-        .arg(agent.socket_path())
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ratelimit {args:?}: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        agent.log()
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 fn stats(agent: &AgentProcess) -> Value {
-    serde_json::from_str(&cli(agent, &["stats", "--json"])).unwrap()
+    agent.cli_json(&["stats"])
 }
 
 /// Sends `PPS` for 1 s from `src` to a fresh receiver; (sent, received).
@@ -149,7 +132,7 @@ burst = {BURST}
     assert_eq!(global_counter(&stats(&agent), "internal"), internal);
 
     // The next reload repairs it (the file did not change): the planted prefix is gone.
-    cli(&agent, &["rules", "reload"]);
+    agent.cli_ok(&["rules", "reload"]);
     assert!(
         !maps
             .prefixes()
@@ -173,7 +156,7 @@ burst = {BURST}
     assert_eq!(global_counter(&after, "internal"), internal);
     assert_eq!(rule_total(&after) - rule_total(&before), others + sent);
     // A further reload with nothing counted since writes only what changed (no warning again).
-    cli(&agent, &["rules", "reload"]);
+    agent.cli_ok(&["rules", "reload"]);
     assert_eq!(
         agent
             .log()

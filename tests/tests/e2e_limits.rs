@@ -10,14 +10,17 @@
 //!   loses nothing.
 
 use std::{
-    net::{IpAddr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     thread,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use ratelimit_testbed::{
-    add_addr, agent_proc::rule_packets, assert_limited, in_netns, neigh_to_peer, require_root,
-    send_udp_from, veth_pair, AgentProcess, Netns, Receiver, SendReport,
+    add_addr,
+    agent_proc::rule_packets,
+    assert_limited, ifindex, mac_bytes, neigh_to_peer,
+    packet::{eth, from_hex},
+    require_root, send_udp_from, veth_pair, AgentProcess, Netns, RawSocket, Receiver, SendReport,
 };
 use serde_json::Value;
 
@@ -154,106 +157,43 @@ fn five_sources_of_a_24_get_their_own_limit_and_together_the_24s() {
     assert!(agent.stop().unwrap().success());
 }
 
-/// The Internet checksum (RFC 1071) of `data`.
-fn checksum(data: &[u8]) -> u16 {
-    let mut sum = 0u32;
-    for chunk in data.chunks(2) {
-        sum += u32::from(u16::from_be_bytes([chunk[0], *chunk.get(1).unwrap_or(&0)]));
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !u16::try_from(sum).expect("folded")
-}
-
 /// An Ethernet frame with a UDP datagram from `src` to `dst`:9 (no UDP checksum, which IPv4
 /// allows).
-fn udp_frame(macs: ([u8; 6], [u8; 6]), src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
-    let payload = [0x5au8; 32];
-    let udp_len = 8 + payload.len();
-    let mut ip = [0u8; 20];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&u16::try_from(20 + udp_len).unwrap().to_be_bytes());
-    ip[8] = 64;
-    ip[9] = 17;
-    ip[12..16].copy_from_slice(&src);
-    ip[16..20].copy_from_slice(&dst);
-    let sum = checksum(&ip);
-    ip[10..12].copy_from_slice(&sum.to_be_bytes());
-    let mut f = Vec::with_capacity(14 + 20 + udp_len);
-    f.extend_from_slice(&macs.1);
-    f.extend_from_slice(&macs.0);
-    f.extend_from_slice(&[0x08, 0x00]);
-    f.extend_from_slice(&ip);
-    f.extend_from_slice(&40000u16.to_be_bytes());
-    f.extend_from_slice(&9u16.to_be_bytes());
-    f.extend_from_slice(&u16::try_from(udp_len).unwrap().to_be_bytes());
-    f.extend_from_slice(&[0, 0]);
-    f.extend_from_slice(&payload);
-    f
+fn udp_frame(macs: ([u8; 6], [u8; 6]), src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
+    eth()
+        .macs(macs.0, macs.1)
+        .ipv4(src, dst)
+        .udp(40000, 9)
+        .data(&[0x5a; 32])
+        .ipv4_checksum()
+        .build()
 }
 
-fn parse_mac(s: &str) -> [u8; 6] {
-    let v: Vec<u8> = s
-        .split(':')
-        .map(|b| u8::from_str_radix(b, 16).unwrap())
-        .collect();
-    v.try_into().unwrap()
-}
+/// The source and destination MACs of the frames checked against their old bytes.
+const MACS: ([u8; 6], [u8; 6]) = (
+    [0x02, 0x11, 0x22, 0x33, 0x44, 0x55],
+    [0x02, 0x66, 0x77, 0x88, 0x99, 0xaa],
+);
 
-/// Sends `frames` round-robin at `pps` for `DURATION` through an AF_PACKET socket on `ifindex`
-/// (in the calling thread's namespace).
-#[expect(clippy::cast_precision_loss, reason = "packet counts")]
-fn flood(ifindex: u32, dst_mac: [u8; 6], frames: &[Vec<u8>], pps: u64) -> SendReport {
-    // SAFETY: plain socket calls on a descriptor owned here and closed below.
-    unsafe {
-        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
-        assert!(
-            fd >= 0,
-            "AF_PACKET socket: {}",
-            std::io::Error::last_os_error()
-        );
-        let mut addr: libc::sockaddr_ll = std::mem::zeroed();
-        addr.sll_family = libc::AF_PACKET as u16;
-        addr.sll_ifindex = i32::try_from(ifindex).unwrap();
-        addr.sll_halen = 6;
-        addr.sll_addr[..6].copy_from_slice(&dst_mac);
-        let start = Instant::now();
-        let mut report = SendReport {
-            sent: 0,
-            skipped: 0,
-            errors: 0,
-            sender: 0,
-            first: start,
-            last: start,
-        };
-        let mut n = 0u64;
-        while start.elapsed() < DURATION {
-            let due = start + Duration::from_secs_f64(n as f64 / pps as f64);
-            let now = Instant::now();
-            if now < due {
-                thread::sleep(due - now);
-            }
-            let f = &frames[usize::try_from(n).unwrap() % frames.len()];
-            n += 1;
-            let r = libc::sendto(
-                fd,
-                f.as_ptr().cast(),
-                f.len(),
-                0,
-                (&raw const addr).cast(),
-                u32::try_from(size_of::<libc::sockaddr_ll>()).unwrap(),
-            );
-            if r == isize::try_from(f.len()).unwrap() {
-                report.sent += 1;
-                report.last = Instant::now();
-            } else {
-                report.errors += 1;
-            }
-        }
-        libc::close(fd);
-        report
-    }
+/// `udp_frame` gives the bytes the function it replaced built by hand (at fa91d4f, for the first
+/// and the last source of the flood): the test puts the same packets on the wire.
+#[test]
+fn udp_frames_are_the_bytes_they_were_built_by_hand() {
+    let dst = Ipv4Addr::new(198, 18, 21, 254);
+    assert_eq!(
+        udp_frame(MACS, Ipv4Addr::new(10, 99, 0, 1), dst),
+        from_hex(concat!(
+            "0266778899aa02112233445508004500003c000000004011943d0a630001c61215fe",
+            "9c400009002800005a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a"
+        ))
+    );
+    assert_eq!(
+        udp_frame(MACS, Ipv4Addr::new(10, 99, 255, 254), dst),
+        from_hex(concat!(
+            "0266778899aa02112233445508004500003c000000004011943f0a63fffec61215fe",
+            "9c400009002800005a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a"
+        ))
+    );
 }
 
 #[test]
@@ -283,10 +223,10 @@ fn a_spoofed_flood_gets_the_rules_aggregate_while_a_polite_source_loses_nothing(
     let receiver = Receiver::bind(&rx, SocketAddr::new(dst_ip, 0)).unwrap();
     let dst = receiver.local_addr();
     let macs = (
-        parse_mac(&ratelimit_testbed::mac(&tx, &tx_if).unwrap()),
-        parse_mac(&ratelimit_testbed::mac(&rx, &rx_if).unwrap()),
+        mac_bytes(&tx, &tx_if).unwrap(),
+        mac_bytes(&rx, &rx_if).unwrap(),
     );
-    let ifindex = ratelimit_testbed::ifindex(&tx, &tx_if).unwrap();
+    let raw = RawSocket::open_in(&tx, ifindex(&tx, &tx_if).unwrap(), macs.1).unwrap();
     // 65,536 frames, each from its own source of 10.99.0.0/16, in a shuffled order.
     let mut x = 0x9e37_79b9u32;
     let mut order: Vec<u16> = (0..=u16::MAX).collect();
@@ -300,11 +240,15 @@ fn a_spoofed_flood_gets_the_rules_aggregate_while_a_polite_source_loses_nothing(
         .iter()
         .map(|&i| {
             let [a, b] = i.to_be_bytes();
-            udp_frame(macs, [10, 99, a, b], [198, 18, 21, 254])
+            udp_frame(
+                macs,
+                Ipv4Addr::new(10, 99, a, b),
+                Ipv4Addr::new(198, 18, 21, 254),
+            )
         })
         .collect();
     let (spoofed, nice) = thread::scope(|s| {
-        let f = s.spawn(|| in_netns(&tx, || flood(ifindex, macs.1, &frames, FLOOD_PPS)));
+        let f = s.spawn(|| raw.send_paced(&frames, FLOOD_PPS, DURATION).unwrap());
         let p = s.spawn(|| {
             send_udp_from(
                 &tx,
@@ -359,29 +303,6 @@ fn a_spoofed_flood_gets_the_rules_aggregate_while_a_polite_source_loses_nothing(
     assert!(agent.stop().unwrap().success());
 }
 
-/// Runs the CLI against `agent`; returns (success, stdout, stderr).
-fn cli(agent: &AgentProcess, args: &[&str]) -> (bool, String, String) {
-    let out = std::process::Command::new(ratelimit_testbed::agent_binary())
-        .arg("--socket")
-        .arg(agent.socket_path())
-        .args(args)
-        .output()
-        .expect("running the ratelimit CLI");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn json(agent: &AgentProcess, args: &[&str]) -> Value {
-    let mut args = args.to_vec();
-    args.push("--json");
-    let (ok, out, err) = cli(agent, &args);
-    assert!(ok, "`ratelimit {}` failed: {err}", args.join(" "));
-    serde_json::from_str(&out).unwrap()
-}
-
 /// `rules add --limit` (written back, listed, a bad limit refused naming the key), then traffic:
 /// `explain` shows the source's bucket under every limit, `top --limit 2` ranks the /24s,
 /// `stats` says the /24's limit dropped the excess.
@@ -405,49 +326,44 @@ fn limits_through_the_cli_add_list_explain_top_and_stats() {
          [[rule]]\nname = \"other\"\nsource = \"198.18.23.0/24\"\nrate = 10\n"
     );
     let agent = AgentProcess::start(&rx, &config, &[]).unwrap();
-    let (ok, _, err) = cli(
-        &agent,
-        &[
-            "rules",
-            "add",
-            "--name",
-            "bad",
-            "--source",
-            "10.0.0.0/8",
-            "--rate",
-            "1",
-            "--limit",
-            "rate=5",
-        ],
-    );
-    assert!(!ok, "a limit without per was accepted");
+    let out = agent.cli(&[
+        "rules",
+        "add",
+        "--name",
+        "bad",
+        "--source",
+        "10.0.0.0/8",
+        "--rate",
+        "1",
+        "--limit",
+        "rate=5",
+    ]);
+    assert!(!out.success(), "a limit without per was accepted");
+    let err = out.stderr;
     assert!(err.contains("limit 2") && err.contains("per"), "{err}");
     // Each source's own limit (300/s, burst 300: 900 in the 2 s below) is above anything the /24
     // (150/s, burst 150: 450 in all) can let one source through, however unevenly the three
     // share it, so only the /24's limit can drop (with 100/s, a source that won most of the /24's
     // tokens was dropped by its own limit too: 2-26 packets in 4 of 8 runs).
-    let (ok, _, err) = cli(
-        &agent,
-        &[
-            "rules",
-            "add",
-            "--name",
-            "web",
-            "--source",
-            "198.18.22.0/24",
-            "--rate",
-            "300",
-            "--limit",
-            "per=/24,rate=150,burst=150",
-        ],
-    );
-    assert!(ok, "rules add: {err}");
+    let out = agent.cli(&[
+        "rules",
+        "add",
+        "--name",
+        "web",
+        "--source",
+        "198.18.22.0/24",
+        "--rate",
+        "300",
+        "--limit",
+        "per=/24,rate=150,burst=150",
+    ]);
+    assert!(out.success(), "rules add: {}", out.stderr);
     let file = std::fs::read_to_string(agent.config_path()).unwrap();
     assert!(
         file.contains("[[rule.limit]]\nper = \"/24\"\nrate = 150\n"),
         "{file}"
     );
-    let list = json(&agent, &["rules", "list"]);
+    let list = agent.cli_json(&["rules", "list"]);
     let web = list["rules"]
         .as_array()
         .unwrap()
@@ -474,20 +390,17 @@ fn limits_through_the_cli_add_list_explain_top_and_stats() {
             });
         }
         thread::sleep(Duration::from_millis(500));
-        json(
-            &agent,
-            &["top", "-n", "5", "--interval-ms", "500", "--limit", "2"],
-        )
+        agent.cli_json(&["top", "-n", "5", "--interval-ms", "500", "--limit", "2"])
     });
     let entries = top["top"].as_array().unwrap();
     assert_eq!(entries.len(), 1, "one /24 bucket: {top}");
     assert_eq!(entries[0]["limit"], 2, "{top}");
     assert_eq!(entries[0]["source"], "198.18.22.0/24", "{top}");
     assert_eq!(entries[0]["rule"], "web", "{top}");
-    let all = json(&agent, &["top", "-n", "10", "--interval-ms", "200"]);
+    let all = agent.cli_json(&["top", "-n", "10", "--interval-ms", "200"]);
     println!("top --limit 2: {top}\ntop: {all}");
 
-    let explain = json(&agent, &["explain", "198.18.22.1"]);
+    let explain = agent.cli_json(&["explain", "198.18.22.1"]);
     let limits = explain["limits"].as_array().unwrap();
     assert_eq!(limits.len(), 2, "{explain}");
     assert_eq!(limits[0]["per"], "source");
@@ -503,8 +416,9 @@ fn limits_through_the_cli_add_list_explain_top_and_stats() {
             > limits[0]["bucket"]["passed"].as_u64().unwrap(),
         "the /24's bucket counts all three sources: {explain}"
     );
-    let (ok, table, _) = cli(&agent, &["explain", "198.18.22.1"]);
-    assert!(ok);
+    let out = agent.cli(&["explain", "198.18.22.1"]);
+    assert!(out.success());
+    let table = out.stdout;
     assert!(
         table.contains("limit 2 (per /24, bucket 198.18.22.0/24)"),
         "{table}"

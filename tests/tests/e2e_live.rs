@@ -7,14 +7,13 @@
 use std::fs;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::process::{Command, Output};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use ratelimit_testbed::agent_proc::{rule_packets, xdp_attachment};
 use ratelimit_testbed::{
-    add_addr, agent_binary, assert_limited, neigh_to_peer, require_root, send_udp_from, veth_pair,
-    AgentProcess, Netns, ReceiveReport, Receiver, SendReport,
+    add_addr, assert_limited, neigh_to_peer, require_root, send_udp_from, veth_pair, AgentProcess,
+    Netns, ReceiveReport, Receiver, SendReport,
 };
 use serde_json::Value;
 
@@ -85,32 +84,6 @@ fn received(report: &ReceiveReport, src: &str) -> u64 {
 }
 
 /// `ratelimit --socket SOCKET args...`, asserted to succeed; its stdout.
-fn ok(agent: &AgentProcess, args: &[&str]) -> String {
-    let out: Output = Command::new(agent_binary())
-        .arg("--socket")
-        .arg(agent.socket_path())
-        .args(args)
-        .output()
-        .expect("running the ratelimit CLI");
-    assert!(
-        out.status.success(),
-        "`ratelimit {}` failed ({}): {}\nagent log:\n{}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        agent.log()
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn json(agent: &AgentProcess, args: &[&str]) -> Value {
-    let mut args = args.to_vec();
-    args.push("--json");
-    let out = ok(agent, &args);
-    serde_json::from_str(&out)
-        .unwrap_or_else(|e| panic!("`{}` printed {out:?}: {e}", args.join(" ")))
-}
-
 fn assert_unlimited(what: &str, sent: &SendReport, got: u64) {
     println!("{what}: sent {}, received {got}", sent.sent);
     assert!(sent.sent > 0, "{what}: nothing sent");
@@ -127,7 +100,7 @@ fn replace_config(path: &Path, text: &str) {
 
 /// The interfaces `status --json` lists, with their mode and state.
 fn status_interfaces(agent: &AgentProcess) -> Vec<(String, String, String)> {
-    let status = json(agent, &["status"]);
+    let status = agent.cli_json(&["status"]);
     status["interfaces"]
         .as_array()
         .unwrap_or_else(|| panic!("no interfaces in status: {status}"))
@@ -181,7 +154,7 @@ fn interfaces_added_and_removed_in_the_config_attach_and_detach_live() {
     let config = |ifs: &[&str]| config_with(ifs, &own_paths);
     let reload = |ifs: &[&str]| {
         replace_config(agent.config_path(), &config(ifs));
-        let answer = json(&agent, &["rules", "reload"]);
+        let answer = agent.cli_json(&["rules", "reload"]);
         assert_eq!(answer["reloaded"], true, "{answer}");
         assert_eq!(answer["restart_needed"], serde_json::json!([]), "{answer}");
     };
@@ -270,7 +243,7 @@ fn ebpf_log_turns_the_programs_records_on_and_off_live() {
     let reload = |on: bool| {
         let extra = format!("{own_paths}ebpf_log = {on}");
         replace_config(agent.config_path(), &config_with(&[a], &extra));
-        let answer = json(&agent, &["rules", "reload"]);
+        let answer = agent.cli_json(&["rules", "reload"]);
         assert_eq!(answer["reloaded"], true, "{answer}");
         assert_eq!(answer["restart_needed"], serde_json::json!([]), "{answer}");
     };
@@ -385,7 +358,7 @@ fn a_killed_agents_buckets_are_adopted_by_the_next_with_no_gap() {
         });
         // The source has spent its burst and is being dropped: its bucket is empty.
         wait_for("the source's bucket empty", Duration::from_secs(10), || {
-            let explain = json(&first, &["explain", SRC_A]);
+            let explain = first.cli_json(&["explain", SRC_A]);
             let tokens = explain["bucket"]["tokens"].as_f64()?;
             (tokens < 1.0 && dropped(&first) > 0).then_some(())
         });

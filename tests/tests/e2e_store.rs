@@ -6,35 +6,20 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
-    path::Path,
-    process::Command,
     thread,
     time::Duration,
 };
 
 use ratelimit_testbed::{
-    add_addr, agent_binary,
+    add_addr,
     agent_proc::global_counter,
     collide::{colliding_v4, old_first_seen_pair, store_params},
     neigh_to_peer, require_root, send_udp_from, veth_pair, AgentProcess, Netns, Receiver,
 };
-use serde_json::Value;
 
 const RATE: u64 = 1;
 const BURST: u64 = 5;
 const RECEIVER: Ipv4Addr = Ipv4Addr::new(198, 19, 255, 254);
-
-fn cli(socket: &Path, args: &[&str]) -> (Value, String) {
-    let out = Command::new(agent_binary())
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{args:?}: {out:?}");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    (serde_json::from_str(&text).unwrap_or(Value::Null), text)
-}
 
 #[test]
 #[expect(clippy::cast_precision_loss, reason = "small counts and seconds")]
@@ -109,7 +94,7 @@ fn colliding_sources_each_get_their_own_bucket_end_to_end() {
     assert_eq!(global_counter(&stats, "new_buckets"), sources.len() as u64);
     assert_eq!(global_counter(&stats, "evicted_lost"), 0);
     assert_eq!(global_counter(&stats, "evicted_full"), 0);
-    let (status, _) = cli(agent.socket_path(), &["status", "--json"]);
+    let status = agent.cli_json(&["status"]);
     assert_eq!(status["buckets_tracked"], sources.len());
     assert_eq!(status["buckets_evicted"]["lost"], 0);
     assert_eq!(status["buckets_capacity"], 64);
@@ -125,7 +110,7 @@ fn colliding_sources_each_get_their_own_bucket_end_to_end() {
         &["explain", "198.18.0.1", "--json"],
         &["rules", "list", "--json"],
     ] {
-        shown.push(cli(agent.socket_path(), args).1);
+        shown.push(agent.cli_ok(args));
     }
     for text in &shown {
         for word in seed {

@@ -9,14 +9,17 @@
 
 use std::{
     io::{Read, Write},
-    net::{IpAddr, SocketAddr, TcpListener, TcpStream},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream},
     thread,
     time::{Duration, Instant},
 };
 
 use ratelimit_testbed::{
-    add_addr, agent_binary, agent_proc::rule_packets, in_netns, neigh_to_peer, require_root,
-    veth_pair, AgentProcess, Netns,
+    add_addr,
+    agent_proc::rule_packets,
+    ifindex, in_netns, mac_bytes, neigh_to_peer,
+    packet::{eth, from_hex},
+    require_root, veth_pair, AgentProcess, Netns, RawSocket,
 };
 
 /// The SYN rule: SYNs per second and burst, per source.
@@ -30,113 +33,35 @@ const CHUNK: usize = 1000;
 const WRITE_EVERY: Duration = Duration::from_millis(2);
 const PORT: u16 = 8080;
 
-/// The Internet checksum (RFC 1071) of `data`.
-fn checksum(data: &[u8]) -> u16 {
-    let mut sum = 0u32;
-    for chunk in data.chunks(2) {
-        sum += u32::from(u16::from_be_bytes([chunk[0], *chunk.get(1).unwrap_or(&0)]));
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !u16::try_from(sum).expect("folded")
-}
-
 /// An Ethernet frame with a TCP SYN from `src`:`sport` to `dst`:`PORT`, checksums included.
-fn syn_frame(macs: ([u8; 6], [u8; 6]), src: [u8; 4], dst: [u8; 4], sport: u16) -> Vec<u8> {
-    let mut t = [0u8; 20];
-    t[0..2].copy_from_slice(&sport.to_be_bytes());
-    t[2..4].copy_from_slice(&PORT.to_be_bytes());
-    t[4..8].copy_from_slice(&(u32::from(sport) * 7919).to_be_bytes());
-    t[12] = 5 << 4;
-    t[13] = 0x02; // SYN
-    t[14..16].copy_from_slice(&64_240u16.to_be_bytes());
-    let mut pseudo = Vec::new();
-    pseudo.extend_from_slice(&src);
-    pseudo.extend_from_slice(&dst);
-    pseudo.extend_from_slice(&[0, 6, 0, 20]);
-    pseudo.extend_from_slice(&t);
-    let sum = checksum(&pseudo);
-    t[16..18].copy_from_slice(&sum.to_be_bytes());
-    let mut ip = [0u8; 20];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&40u16.to_be_bytes());
-    ip[4..6].copy_from_slice(&sport.to_be_bytes());
-    ip[8] = 64;
-    ip[9] = 6;
-    ip[12..16].copy_from_slice(&src);
-    ip[16..20].copy_from_slice(&dst);
-    let sum = checksum(&ip);
-    ip[10..12].copy_from_slice(&sum.to_be_bytes());
-    let mut f = Vec::with_capacity(54);
-    f.extend_from_slice(&macs.1);
-    f.extend_from_slice(&macs.0);
-    f.extend_from_slice(&[0x08, 0x00]);
-    f.extend_from_slice(&ip);
-    f.extend_from_slice(&t);
-    f
+fn syn_frame(macs: ([u8; 6], [u8; 6]), src: Ipv4Addr, dst: Ipv4Addr, sport: u16) -> Vec<u8> {
+    eth()
+        .macs(macs.0, macs.1)
+        .ipv4(src, dst)
+        .ident(u32::from(sport))
+        .tcp(sport, PORT)
+        .tcp_seq(u32::from(sport) * 7919)
+        .tcp_window(64_240)
+        .checksums()
+        .build()
 }
 
-fn parse_mac(s: &str) -> [u8; 6] {
-    let v: Vec<u8> = s
-        .split(':')
-        .map(|b| u8::from_str_radix(b, 16).unwrap())
-        .collect();
-    v.try_into().unwrap()
-}
+/// The source and destination MACs of the frames checked against their old bytes.
+const MACS: ([u8; 6], [u8; 6]) = (
+    [0x02, 0x11, 0x22, 0x33, 0x44, 0x55],
+    [0x02, 0x66, 0x77, 0x88, 0x99, 0xaa],
+);
 
-/// Sends SYN frames from `src` at `pps` for `DURATION` on `ifindex` (in the calling thread's
-/// namespace); returns how many were sent and the time from the first to the last.
-fn flood(
-    ifindex: u32,
-    macs: ([u8; 6], [u8; 6]),
-    src: [u8; 4],
-    dst: [u8; 4],
-    pps: u64,
-) -> (u64, Duration) {
-    let frames: Vec<Vec<u8>> = (0..4096u16)
-        .map(|i| syn_frame(macs, src, dst, 20_000 + i))
-        .collect();
-    // SAFETY: plain socket calls on a descriptor owned here and closed below.
-    unsafe {
-        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
-        assert!(
-            fd >= 0,
-            "AF_PACKET socket: {}",
-            std::io::Error::last_os_error()
-        );
-        let mut addr: libc::sockaddr_ll = std::mem::zeroed();
-        addr.sll_family = libc::AF_PACKET as u16;
-        addr.sll_ifindex = i32::try_from(ifindex).unwrap();
-        addr.sll_halen = 6;
-        addr.sll_addr[..6].copy_from_slice(&macs.1);
-        let start = Instant::now();
-        let mut sent = 0u64;
-        let mut last = start;
-        while start.elapsed() < DURATION {
-            // Paced: the n-th frame goes at n / pps seconds.
-            let due = start + Duration::from_secs_f64(sent as f64 / pps as f64);
-            let now = Instant::now();
-            if now < due {
-                thread::sleep(due - now);
-            }
-            let f = &frames[usize::try_from(sent % 4096).unwrap()];
-            let n = libc::sendto(
-                fd,
-                f.as_ptr().cast(),
-                f.len(),
-                0,
-                (&raw const addr).cast(),
-                u32::try_from(size_of::<libc::sockaddr_ll>()).unwrap(),
-            );
-            if n == isize::try_from(f.len()).unwrap() {
-                sent += 1;
-                last = Instant::now();
-            }
-        }
-        libc::close(fd);
-        (sent, last - start)
-    }
+/// `syn_frame` gives the bytes the function it replaced built by hand (at fa91d4f, for the first
+/// and the last source port of the flood): the test puts the same packets on the wire.
+#[test]
+fn syn_frames_are_the_bytes_they_were_built_by_hand() {
+    let (src, dst) = (
+        Ipv4Addr::new(198, 18, 10, 1),
+        Ipv4Addr::new(198, 18, 10, 254),
+    );
+    assert_eq!(syn_frame(MACS, src, dst, 20_000), from_hex("0266778899aa0211223344550800450000284e20000040068b8cc6120a01c6120afe4e201f900970afe0000000005002faf0eccc0000"));
+    assert_eq!(syn_frame(MACS, src, dst, 24_095), from_hex("0266778899aa0211223344550800450000285e1f000040067b8dc6120a01c6120afe5e1f1f900b5f80f1000000005002faf009ce0000"));
 }
 
 #[test]
@@ -146,7 +71,10 @@ fn a_syn_flood_is_limited_while_the_same_sources_connection_flows() {
     let tx = Netns::new("rl-e2e-syn-tx").unwrap();
     let rx = Netns::new("rl-e2e-syn-rx").unwrap();
     let (tx_if, rx_if) = veth_pair(&tx, &rx, "sy").unwrap();
-    let (src, dst) = ([198, 18, 10, 1], [198, 18, 10, 254]);
+    let (src, dst) = (
+        Ipv4Addr::new(198, 18, 10, 1),
+        Ipv4Addr::new(198, 18, 10, 254),
+    );
     add_addr(&tx, &tx_if, "198.18.10.1/24").unwrap();
     add_addr(&rx, &rx_if, "198.18.10.254/24").unwrap();
     let (src_ip, dst_ip) = (IpAddr::from(src), IpAddr::from(dst));
@@ -188,12 +116,15 @@ fn a_syn_flood_is_limited_while_the_same_sources_connection_flows() {
     let before = agent.stats();
 
     let macs = (
-        parse_mac(&ratelimit_testbed::mac(&tx, &tx_if).unwrap()),
-        parse_mac(&ratelimit_testbed::mac(&rx, &rx_if).unwrap()),
+        mac_bytes(&tx, &tx_if).unwrap(),
+        mac_bytes(&rx, &rx_if).unwrap(),
     );
-    let ifindex = ratelimit_testbed::ifindex(&tx, &tx_if).unwrap();
-    let ((sent, span), written) = thread::scope(|s| {
-        let flooder = s.spawn(|| in_netns(&tx, || flood(ifindex, macs, src, dst, FLOOD_PPS)));
+    let raw = RawSocket::open_in(&tx, ifindex(&tx, &tx_if).unwrap(), macs.1).unwrap();
+    let frames: Vec<Vec<u8>> = (0..4096u16)
+        .map(|i| syn_frame(macs, src, dst, 20_000 + i))
+        .collect();
+    let (flood, written) = thread::scope(|s| {
+        let flooder = s.spawn(|| raw.send_paced(&frames, FLOOD_PPS, DURATION).unwrap());
         let writer = s.spawn(|| {
             let start = Instant::now();
             let mut written = CHUNK;
@@ -222,7 +153,7 @@ fn a_syn_flood_is_limited_while_the_same_sources_connection_flows() {
         |rule: &str, v: &str| rule_packets(&after, rule, v) - rule_packets(&before, rule, v);
     let (syn_passed, syn_dropped) = (delta("syn", "passed"), delta("syn", "dropped_rate"));
     let (tcp_passed, tcp_dropped) = (delta("tcp", "passed"), delta("tcp", "dropped_rate"));
-    let t = span.as_secs_f64();
+    let (sent, t) = (flood.sent, (flood.last - flood.first).as_secs_f64());
     let expected = SYN_BURST as f64 + SYN_RATE as f64 * t;
     println!(
         "flood: {sent} SYNs in {t:.3} s ({:.0}/s); syn rule passed {syn_passed} (expected \
@@ -264,29 +195,6 @@ fn a_syn_flood_is_limited_while_the_same_sources_connection_flows() {
     assert!(agent.stop().unwrap().success());
 }
 
-/// Runs the CLI against `agent`; returns (success, stdout, stderr).
-fn cli(agent: &AgentProcess, args: &[&str]) -> (bool, String, String) {
-    let out = std::process::Command::new(agent_binary())
-        .arg("--socket")
-        .arg(agent.socket_path())
-        .args(args)
-        .output()
-        .expect("running the ratelimit CLI");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn json(agent: &AgentProcess, args: &[&str]) -> serde_json::Value {
-    let mut args = args.to_vec();
-    args.push("--json");
-    let (ok, out, err) = cli(agent, &args);
-    assert!(ok, "`ratelimit {}` failed: {err}", args.join(" "));
-    serde_json::from_str(&out).unwrap()
-}
-
 #[test]
 fn syn_rules_through_the_cli_add_list_write_back_and_explain() {
     require_root();
@@ -313,13 +221,13 @@ fn syn_rules_through_the_cli_add_list_write_back_and_explain() {
         "--rate",
         "10",
     ];
-    let (ok, _, err) = cli(&agent, &add);
-    assert!(ok, "rules add: {err}");
+    let out = agent.cli(&add);
+    assert!(out.success(), "rules add: {}", out.stderr);
     // Written back to the config file.
     let file = std::fs::read_to_string(agent.config_path()).unwrap();
     assert!(file.contains("tcp_flags = \"syn\""), "{file}");
     // Listed.
-    let list = json(&agent, &["rules", "list"]);
+    let list = agent.cli_json(&["rules", "list"]);
     let syn = list["rules"]
         .as_array()
         .unwrap()
@@ -328,108 +236,99 @@ fn syn_rules_through_the_cli_add_list_write_back_and_explain() {
         .unwrap_or_else(|| panic!("{list}"));
     assert_eq!(syn["tcp_flags"], "syn", "{list}");
     // Explained: a SYN meets the SYN rule, a SYN-ACK or an ACK the general one, and why.
-    let e = json(
-        &agent,
-        &[
-            "explain",
-            "198.18.11.5",
-            "--protocol",
-            "tcp",
-            "--dst-port",
-            "443",
-            "--tcp-flags",
-            "syn",
-        ],
-    );
+    let e = agent.cli_json(&[
+        "explain",
+        "198.18.11.5",
+        "--protocol",
+        "tcp",
+        "--dst-port",
+        "443",
+        "--tcp-flags",
+        "syn",
+    ]);
     assert_eq!(e["rule"]["name"], "syn", "{e}");
     assert_eq!(e["tcp_flags"], 2, "{e}");
     let why = e["why"].as_str().unwrap();
     assert!(why.contains("SYN set, ACK clear"), "{why}");
     for flags in ["syn,ack", "ack"] {
-        let e = json(
-            &agent,
-            &[
-                "explain",
-                "198.18.11.5",
-                "--protocol",
-                "tcp",
-                "--tcp-flags",
-                flags,
-            ],
-        );
+        let e = agent.cli_json(&[
+            "explain",
+            "198.18.11.5",
+            "--protocol",
+            "tcp",
+            "--tcp-flags",
+            flags,
+        ]);
         assert_eq!(e["rule"]["name"], "tcp", "{flags}: {e}");
         let why = e["why"].as_str().unwrap();
         assert!(why.contains("do not fit") && why.contains("syn"), "{why}");
     }
-    let (ok, human, err) = cli(
-        &agent,
-        &[
-            "explain",
-            "198.18.11.5",
-            "--protocol",
-            "tcp",
-            "--tcp-flags",
-            "syn",
-        ],
-    );
-    assert!(ok, "{err}");
+    let out = agent.cli(&[
+        "explain",
+        "198.18.11.5",
+        "--protocol",
+        "tcp",
+        "--tcp-flags",
+        "syn",
+    ]);
+    assert!(out.success(), "{}", out.stderr);
+    let human = out.stdout;
     assert!(human.contains("tcp_flags SYN"), "{human}");
     assert!(human.contains("tcp_flags=syn"), "{human}");
     // Refused, and nothing changes: a second SYN rule for the same prefix, flags without tcp,
     // flags on a packet that is not TCP.
-    let (ok, _, err) = cli(
-        &agent,
-        &[
-            "rules",
-            "add",
-            "--name",
-            "syn2",
-            "--source",
-            "198.18.11.0/24",
-            "--protocol",
-            "tcp",
-            "--tcp-flags",
-            "syn",
-            "--rate",
-            "5",
-        ],
-    );
-    assert!(!ok && err.contains("tcp_flags syn"), "{err}");
-    let (ok, _, err) = cli(
-        &agent,
-        &[
-            "rules",
-            "add",
-            "--name",
-            "syn3",
-            "--source",
-            "198.18.12.0/24",
-            "--protocol",
-            "udp",
-            "--tcp-flags",
-            "syn",
-            "--rate",
-            "5",
-        ],
-    );
+    let out = agent.cli(&[
+        "rules",
+        "add",
+        "--name",
+        "syn2",
+        "--source",
+        "198.18.11.0/24",
+        "--protocol",
+        "tcp",
+        "--tcp-flags",
+        "syn",
+        "--rate",
+        "5",
+    ]);
     assert!(
-        !ok && err.contains("tcp_flags") && err.contains("only valid with protocol tcp"),
-        "{err}"
+        !out.success() && out.stderr.contains("tcp_flags syn"),
+        "{}",
+        out.stderr
     );
-    let (ok, _, err) = cli(
-        &agent,
-        &[
-            "explain",
-            "198.18.11.5",
-            "--protocol",
-            "udp",
-            "--tcp-flags",
-            "syn",
-        ],
-    );
+    let out = agent.cli(&[
+        "rules",
+        "add",
+        "--name",
+        "syn3",
+        "--source",
+        "198.18.12.0/24",
+        "--protocol",
+        "udp",
+        "--tcp-flags",
+        "syn",
+        "--rate",
+        "5",
+    ]);
     assert!(
-        !ok && err.contains("only meaningful with protocol tcp"),
-        "{err}"
+        !out.success()
+            && out.stderr.contains("tcp_flags")
+            && out.stderr.contains("only valid with protocol tcp"),
+        "{}",
+        out.stderr
+    );
+    let out = agent.cli(&[
+        "explain",
+        "198.18.11.5",
+        "--protocol",
+        "udp",
+        "--tcp-flags",
+        "syn",
+    ]);
+    assert!(
+        !out.success() && out.stderr.contains("only meaningful with protocol tcp"),
+        "{}",
+        out.stderr
     );
     assert_eq!(std::fs::read_to_string(agent.config_path()).unwrap(), file);
     assert!(agent.stop().unwrap().success());

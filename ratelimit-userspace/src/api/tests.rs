@@ -648,12 +648,19 @@ async fn a_truncated_request_is_not_answered_and_calls_nothing() {
     let (responses, calls) = over_http(input.as_bytes(), Close::WhenIdle).await;
     assert_eq!(statuses(&responses), [400]);
     assert_eq!(calls, []);
-    // Shut down at once, the last of pipelined requests goes unanswered (hyper drops a
-    // half-closed connection), the ones before are answered.
-    let input = get("/v1/status") + &get("/v1/rules");
-    let (responses, calls) = over_http(input.as_bytes(), Close::AtOnce).await;
+}
+
+/// A client that half-closes right after sending (`nc -N`) still gets every answer: one
+/// request, and pipelined ones (with hyper's default, the last went unanswered).
+#[tokio::test(start_paused = true)]
+async fn a_client_that_half_closes_after_sending_gets_every_answer() {
+    let (responses, calls) = over_http(get("/v1/status").as_bytes(), Close::AtOnce).await;
     assert_eq!(statuses(&responses), [200]);
     assert_eq!(calls, [Call::Status]);
+    let input = get("/v1/status") + &get("/v1/rules");
+    let (responses, calls) = over_http(input.as_bytes(), Close::AtOnce).await;
+    assert_eq!(statuses(&responses), [200, 200]);
+    assert_eq!(calls, [Call::Status, Call::Rules]);
 }
 
 /// `probe::check` refuses each kind of violation: the tests above would pass without it.

@@ -237,15 +237,6 @@ impl MappedStore {
             })
     }
 
-    /// Gives record `i` back (an empty record) if it still holds `header`, as the program does
-    /// when it finds that another writer created the same key's bucket at the same instant.
-    pub fn release(&self, i: u32, header: u64) -> bool {
-        self.require_writable();
-        self.word(i, BUCKET_HEADER_OFFSET)
-            .compare_exchange(header, 0, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-    }
-
     /// Moves record `i`'s packet TAT (`tat = max(tat, now) + cost`) and byte TAT likewise, with
     /// the program's compare-and-swap, if it still holds `header`. `false` if it no longer does.
     pub fn advance(&self, i: u32, header: u64, now: u64, cost: u64, byte_cost: u64) -> bool {
@@ -305,7 +296,10 @@ impl MappedStore {
         rec.state = BUCKET_BUSY;
         // SAFETY: record `i` is ours until the header is published (readers skip busy records).
         unsafe { std::ptr::write_volatile(self.ptr.add(i as usize), rec) };
-        header.store(want, Ordering::Release);
+        // A swap, not a release store: the caller looks for another holder of the key next, and
+        // a store could be passed by those loads (store buffering), so that it and a program
+        // creating the same key at once each missed the other's record.
+        header.swap(want, Ordering::SeqCst);
         true
     }
 
