@@ -643,8 +643,11 @@ fn a_fifo_or_device_as_a_list_file_is_refused_quickly_and_the_agent_keeps_answer
     };
     let agent = AgentProcess::start(&bed.rx, &with_list(&list), &[]).unwrap();
     let failed = |st: &Value| st["reloads"]["failed"].as_u64().unwrap();
-    let refused_with = |what: &str, expect: &[&str]| {
+    // The failed-reload count is read before the config is rewritten: read after, it could
+    // already hold the refusal (the agent watches the file), and the wait would never end.
+    let refused_with = |what: &str, config: &str, expect: &[&str]| {
         let before = failed(&status_within_5s(&agent));
+        rewrite(agent.config_path(), config);
         let t0 = Instant::now();
         let st = loop {
             let st = status_within_5s(&agent);
@@ -670,18 +673,18 @@ fn a_fifo_or_device_as_a_list_file_is_refused_quickly_and_the_agent_keeps_answer
     let ok = Command::new("mkfifo").arg(&fifo).status().unwrap();
     assert!(ok.success());
     let text = fs::read_to_string(agent.config_path()).unwrap();
-    rewrite(
-        agent.config_path(),
+    refused_with(
+        "a FIFO as the list",
         &text.replace(&list.display().to_string(), &fifo.display().to_string()),
+        &["fifo.txt", "a FIFO"],
     );
-    refused_with("a FIFO as the list", &["fifo.txt", "a FIFO"]);
 
     // The list pointing at /dev/zero (reading it whole would never end).
-    rewrite(
-        agent.config_path(),
+    refused_with(
+        "/dev/zero as the list",
         &text.replace(&list.display().to_string(), "/dev/zero"),
+        &["/dev/zero", "a device"],
     );
-    refused_with("/dev/zero as the list", &["/dev/zero", "a device"]);
 
     // A list over the limit (sparse: no disk used).
     let big = dir.join("big.txt");
@@ -689,11 +692,11 @@ fn a_fifo_or_device_as_a_list_file_is_refused_quickly_and_the_agent_keeps_answer
         .unwrap()
         .set_len((64 << 20) + 1)
         .unwrap();
-    rewrite(
-        agent.config_path(),
+    refused_with(
+        "a list over 64 MiB",
         &text.replace(&list.display().to_string(), &big.display().to_string()),
+        &["big.txt", "larger than 64 MiB"],
     );
-    refused_with("a list over 64 MiB", &["big.txt", "larger than 64 MiB"]);
 
     rewrite(agent.config_path(), &text);
     agent.stop().unwrap();
