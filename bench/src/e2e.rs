@@ -21,12 +21,13 @@ use anyhow::{bail, Context as _, Result};
 use ratelimit::{config::Config, dataplane::AttachMode};
 use ratelimit_common::{global, verdict, BucketKey, DEFAULT_MAX_BUCKETS};
 use ratelimit_testbed::{
-    add_addr, ifindex, in_netns, mac, neigh_to_peer, send_udp_from, veth_pair, Netns, Receiver,
+    add_addr, ifindex, in_netns, mac_bytes, neigh_to_peer, send_udp_from, veth_pair, Netns,
+    Receiver,
 };
 use serde_json::{json, Value};
 
 use crate::{
-    generator::{blast, parse_mac, pin_to_cpu, udp_frame, RANDOM_NET},
+    generator::{blast, pin_to_cpu, udp_frame, RANDOM_NET},
     kernel::Limiter,
     refs::{Refs, DROP, PASS, TX},
     report::{Figure, Report},
@@ -157,8 +158,8 @@ impl Testbed {
             rx.sysctl(key, value)?;
         }
         rx.sysctl(&format!("net/ipv4/conf/{rx_if}/rp_filter"), "0")?;
-        let rx_mac = parse_mac(&mac(&rx, &rx_if)?)?;
-        let tx_mac = parse_mac(&mac(&gen, &tx_if)?)?;
+        let rx_mac = mac_bytes(&rx, &rx_if)?;
+        let tx_mac = mac_bytes(&gen, &tx_if)?;
         let hot_frame = udp_frame(rx_mac, tx_mac, HOT, SINK);
         let random_frame = udp_frame(rx_mac, tx_mac, Ipv4Addr::new(RANDOM_NET, 0, 0, 0), SINK);
         let tx_ifindex = ifindex(&gen, &tx_if)?;

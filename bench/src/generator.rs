@@ -40,43 +40,13 @@ pub fn udp_frame(
     src: std::net::Ipv4Addr,
     dst: std::net::Ipv4Addr,
 ) -> Vec<u8> {
-    let mut f = ratelimit_testbed::packet::eth()
+    ratelimit_testbed::packet::eth()
+        .macs(src_mac, dst_mac)
         .ipv4(src, dst)
+        .ipv4_checksum()
         .udp(40_000, 9)
         .pad_to(FRAME_LEN)
-        .build();
-    f[0..6].copy_from_slice(&dst_mac);
-    f[6..12].copy_from_slice(&src_mac);
-    set_ipv4_checksum(&mut f[14..34]);
-    f
-}
-
-/// Writes the checksum of a 20-byte IPv4 header into it.
-pub fn set_ipv4_checksum(h: &mut [u8]) {
-    h[10] = 0;
-    h[11] = 0;
-    let mut sum: u32 = h
-        .chunks_exact(2)
-        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    #[expect(clippy::cast_possible_truncation, reason = "folded to 16 bits above")]
-    let csum = !(sum as u16);
-    h[10..12].copy_from_slice(&csum.to_be_bytes());
-}
-
-/// Parses `aa:bb:cc:dd:ee:ff`.
-pub fn parse_mac(s: &str) -> Result<[u8; 6]> {
-    let bytes: Vec<u8> = s
-        .split(':')
-        .map(|b| u8::from_str_radix(b, 16))
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("bad MAC address {s:?}"))?;
-    bytes
-        .try_into()
-        .map_err(|_| anyhow::anyhow!("bad MAC address {s:?}"))
+        .build()
 }
 
 /// The random-source generator: XDP bytecode ([`crate::progs::random_source`]) that stores 24
@@ -156,4 +126,29 @@ pub fn blast(
             elapsed: start.elapsed(),
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The frame the random-source generator rewrites: the addresses where the program and the
+    /// receiving interface look, IP ID 0 (the generator's checksum trick needs it) and a header
+    /// checksum the receiving stack accepts (the header's words sum to 0xffff).
+    #[test]
+    fn the_udp_frame_has_its_addresses_and_a_valid_header_checksum() {
+        let (dst_mac, src_mac) = ([2, 0, 0, 0, 0, 2], [2, 0, 0, 0, 0, 1]);
+        let f = udp_frame(
+            dst_mac,
+            src_mac,
+            std::net::Ipv4Addr::new(RANDOM_NET, 0, 0, 0),
+            std::net::Ipv4Addr::new(198, 18, 0, 2),
+        );
+        assert_eq!(f.len(), FRAME_LEN);
+        assert_eq!((&f[0..6], &f[6..12]), (&dst_mac[..], &src_mac[..]));
+        assert_eq!(&f[26..34], &[RANDOM_NET, 0, 0, 0, 198, 18, 0, 2]);
+        assert_eq!(&f[18..20], &[0, 0], "IP ID");
+        assert_ne!(&f[24..26], &[0, 0], "a checksum is written");
+        assert_eq!(ratelimit_testbed::packet::checksum(&f[14..34]), 0);
+    }
 }

@@ -33,6 +33,17 @@ fn bed(tag: &str) -> Bed {
 }
 
 const RULE_A: &str = "[[rule]]\nname = \"a\"\nsource = \"198.18.0.0/24\"\nrate = 100\n";
+/// `rules add` of a second rule beside [`RULE_A`], as the tests that write the config run it.
+const ADD_RULE_B: &[&str] = &[
+    "rules",
+    "add",
+    "--name",
+    "b",
+    "--source",
+    "198.19.0.0/24",
+    "--rate",
+    "10",
+];
 
 fn config(interfaces: &[&str], mode: &str, rules: &str) -> String {
     let list: Vec<String> = interfaces.iter().map(|i| format!("\"{i}\"")).collect();
@@ -101,16 +112,7 @@ fn the_write_back_never_follows_a_planted_file() {
     let planted = dir.join(format!("{name}.tmp-{pid}"));
     std::os::unix::fs::symlink(&victim, &planted).unwrap();
 
-    let added = agent.cli_json(&[
-        "rules",
-        "add",
-        "--name",
-        "b",
-        "--source",
-        "198.19.0.0/24",
-        "--rate",
-        "10",
-    ]);
+    let added = agent.cli_json(ADD_RULE_B);
     assert_eq!(added["added"]["name"], "b");
 
     assert_eq!(
@@ -156,18 +158,7 @@ fn a_config_owned_by_another_user_is_not_written() {
     let before = fs::read_to_string(agent.config_path()).unwrap();
     std::os::unix::fs::chown(agent.config_path(), Some(65534), Some(65534)).unwrap();
 
-    let err = agent
-        .cli_refused(&[
-            "rules",
-            "add",
-            "--name",
-            "b",
-            "--source",
-            "198.19.0.0/24",
-            "--rate",
-            "10",
-        ])
-        .stderr;
+    let err = agent.cli_refused(ADD_RULE_B).stderr;
     assert!(err.contains("owned by uid 65534"), "{err}");
     assert_eq!(
         rule_names(&agent),
@@ -203,17 +194,7 @@ fn rules_add_and_remove_keep_an_edit_that_is_not_loaded() {
     );
     assert_eq!(rule_names(&agent), ["a"]);
 
-    let add = [
-        "rules",
-        "add",
-        "--name",
-        "b",
-        "--source",
-        "198.19.0.0/24",
-        "--rate",
-        "10",
-    ];
-    let err = agent.cli_refused(&add).stderr;
+    let err = agent.cli_refused(ADD_RULE_B).stderr;
     assert!(
         err.contains("rule \"edited\" added") && err.contains("--force"),
         "{err}"
@@ -234,7 +215,7 @@ fn rules_add_and_remove_keep_an_edit_that_is_not_loaded() {
         "a refused change touched the rules in force"
     );
 
-    let mut forced = add.to_vec();
+    let mut forced = ADD_RULE_B.to_vec();
     forced.push("--force");
     agent.cli_json(&forced);
     assert_eq!(rule_names(&agent), ["a", "b"]);
@@ -662,8 +643,11 @@ fn a_fifo_or_device_as_a_list_file_is_refused_quickly_and_the_agent_keeps_answer
     };
     let agent = AgentProcess::start(&bed.rx, &with_list(&list), &[]).unwrap();
     let failed = |st: &Value| st["reloads"]["failed"].as_u64().unwrap();
-    let refused_with = |what: &str, expect: &[&str]| {
+    // The failed-reload count is read before the config is rewritten: read after, it could
+    // already hold the refusal (the agent watches the file), and the wait would never end.
+    let refused_with = |what: &str, config: &str, expect: &[&str]| {
         let before = failed(&status_within_5s(&agent));
+        rewrite(agent.config_path(), config);
         let t0 = Instant::now();
         let st = loop {
             let st = status_within_5s(&agent);
@@ -689,18 +673,18 @@ fn a_fifo_or_device_as_a_list_file_is_refused_quickly_and_the_agent_keeps_answer
     let ok = Command::new("mkfifo").arg(&fifo).status().unwrap();
     assert!(ok.success());
     let text = fs::read_to_string(agent.config_path()).unwrap();
-    rewrite(
-        agent.config_path(),
+    refused_with(
+        "a FIFO as the list",
         &text.replace(&list.display().to_string(), &fifo.display().to_string()),
+        &["fifo.txt", "a FIFO"],
     );
-    refused_with("a FIFO as the list", &["fifo.txt", "a FIFO"]);
 
     // The list pointing at /dev/zero (reading it whole would never end).
-    rewrite(
-        agent.config_path(),
+    refused_with(
+        "/dev/zero as the list",
         &text.replace(&list.display().to_string(), "/dev/zero"),
+        &["/dev/zero", "a device"],
     );
-    refused_with("/dev/zero as the list", &["/dev/zero", "a device"]);
 
     // A list over the limit (sparse: no disk used).
     let big = dir.join("big.txt");
@@ -708,11 +692,11 @@ fn a_fifo_or_device_as_a_list_file_is_refused_quickly_and_the_agent_keeps_answer
         .unwrap()
         .set_len((64 << 20) + 1)
         .unwrap();
-    rewrite(
-        agent.config_path(),
+    refused_with(
+        "a list over 64 MiB",
         &text.replace(&list.display().to_string(), &big.display().to_string()),
+        &["big.txt", "larger than 64 MiB"],
     );
-    refused_with("a list over 64 MiB", &["big.txt", "larger than 64 MiB"]);
 
     rewrite(agent.config_path(), &text);
     agent.stop().unwrap();

@@ -326,26 +326,27 @@ fn limits_through_the_cli_add_list_explain_top_and_stats() {
          [[rule]]\nname = \"other\"\nsource = \"198.18.23.0/24\"\nrate = 10\n"
     );
     let agent = AgentProcess::start(&rx, &config, &[]).unwrap();
-    let out = agent.cli(&[
-        "rules",
-        "add",
-        "--name",
-        "bad",
-        "--source",
-        "10.0.0.0/8",
-        "--rate",
-        "1",
-        "--limit",
-        "rate=5",
-    ]);
-    assert!(!out.success(), "a limit without per was accepted");
-    let err = out.stderr;
+    // A limit without `per` is refused.
+    let err = agent
+        .cli_refused(&[
+            "rules",
+            "add",
+            "--name",
+            "bad",
+            "--source",
+            "10.0.0.0/8",
+            "--rate",
+            "1",
+            "--limit",
+            "rate=5",
+        ])
+        .stderr;
     assert!(err.contains("limit 2") && err.contains("per"), "{err}");
     // Each source's own limit (300/s, burst 300: 900 in the 2 s below) is above anything the /24
     // (150/s, burst 150: 450 in all) can let one source through, however unevenly the three
     // share it, so only the /24's limit can drop (with 100/s, a source that won most of the /24's
     // tokens was dropped by its own limit too: 2-26 packets in 4 of 8 runs).
-    let out = agent.cli(&[
+    agent.cli_ok(&[
         "rules",
         "add",
         "--name",
@@ -357,7 +358,6 @@ fn limits_through_the_cli_add_list_explain_top_and_stats() {
         "--limit",
         "per=/24,rate=150,burst=150",
     ]);
-    assert!(out.success(), "rules add: {}", out.stderr);
     let file = std::fs::read_to_string(agent.config_path()).unwrap();
     assert!(
         file.contains("[[rule.limit]]\nper = \"/24\"\nrate = 150\n"),
@@ -416,9 +416,7 @@ fn limits_through_the_cli_add_list_explain_top_and_stats() {
             > limits[0]["bucket"]["passed"].as_u64().unwrap(),
         "the /24's bucket counts all three sources: {explain}"
     );
-    let out = agent.cli(&["explain", "198.18.22.1"]);
-    assert!(out.success());
-    let table = out.stdout;
+    let table = agent.cli_ok(&["explain", "198.18.22.1"]);
     assert!(
         table.contains("limit 2 (per /24, bucket 198.18.22.0/24)"),
         "{table}"

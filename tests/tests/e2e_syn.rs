@@ -221,8 +221,7 @@ fn syn_rules_through_the_cli_add_list_write_back_and_explain() {
         "--rate",
         "10",
     ];
-    let out = agent.cli(&add);
-    assert!(out.success(), "rules add: {}", out.stderr);
+    agent.cli_ok(&add);
     // Written back to the config file.
     let file = std::fs::read_to_string(agent.config_path()).unwrap();
     assert!(file.contains("tcp_flags = \"syn\""), "{file}");
@@ -263,7 +262,7 @@ fn syn_rules_through_the_cli_add_list_write_back_and_explain() {
         let why = e["why"].as_str().unwrap();
         assert!(why.contains("do not fit") && why.contains("syn"), "{why}");
     }
-    let out = agent.cli(&[
+    let human = agent.cli_ok(&[
         "explain",
         "198.18.11.5",
         "--protocol",
@@ -271,65 +270,58 @@ fn syn_rules_through_the_cli_add_list_write_back_and_explain() {
         "--tcp-flags",
         "syn",
     ]);
-    assert!(out.success(), "{}", out.stderr);
-    let human = out.stdout;
     assert!(human.contains("tcp_flags SYN"), "{human}");
     assert!(human.contains("tcp_flags=syn"), "{human}");
     // Refused, and nothing changes: a second SYN rule for the same prefix, flags without tcp,
     // flags on a packet that is not TCP.
-    let out = agent.cli(&[
-        "rules",
-        "add",
-        "--name",
-        "syn2",
-        "--source",
-        "198.18.11.0/24",
-        "--protocol",
-        "tcp",
-        "--tcp-flags",
-        "syn",
-        "--rate",
-        "5",
-    ]);
+    let err = agent
+        .cli_refused(&[
+            "rules",
+            "add",
+            "--name",
+            "syn2",
+            "--source",
+            "198.18.11.0/24",
+            "--protocol",
+            "tcp",
+            "--tcp-flags",
+            "syn",
+            "--rate",
+            "5",
+        ])
+        .stderr;
+    assert!(err.contains("tcp_flags syn"), "{err}");
+    let err = agent
+        .cli_refused(&[
+            "rules",
+            "add",
+            "--name",
+            "syn3",
+            "--source",
+            "198.18.12.0/24",
+            "--protocol",
+            "udp",
+            "--tcp-flags",
+            "syn",
+            "--rate",
+            "5",
+        ])
+        .stderr;
     assert!(
-        !out.success() && out.stderr.contains("tcp_flags syn"),
-        "{}",
-        out.stderr
+        err.contains("tcp_flags") && err.contains("only valid with protocol tcp"),
+        "{err}"
     );
-    let out = agent.cli(&[
-        "rules",
-        "add",
-        "--name",
-        "syn3",
-        "--source",
-        "198.18.12.0/24",
-        "--protocol",
-        "udp",
-        "--tcp-flags",
-        "syn",
-        "--rate",
-        "5",
-    ]);
-    assert!(
-        !out.success()
-            && out.stderr.contains("tcp_flags")
-            && out.stderr.contains("only valid with protocol tcp"),
-        "{}",
-        out.stderr
-    );
-    let out = agent.cli(&[
-        "explain",
-        "198.18.11.5",
-        "--protocol",
-        "udp",
-        "--tcp-flags",
-        "syn",
-    ]);
-    assert!(
-        !out.success() && out.stderr.contains("only meaningful with protocol tcp"),
-        "{}",
-        out.stderr
-    );
+    let err = agent
+        .cli_refused(&[
+            "explain",
+            "198.18.11.5",
+            "--protocol",
+            "udp",
+            "--tcp-flags",
+            "syn",
+        ])
+        .stderr;
+    assert!(err.contains("only meaningful with protocol tcp"), "{err}");
     assert_eq!(std::fs::read_to_string(agent.config_path()).unwrap(), file);
     assert!(agent.stop().unwrap().success());
 }
