@@ -127,13 +127,17 @@ pub fn lag_allowance_ns(interval_ns: u64) -> u64 {
 }
 
 /// Demand is a rate over this many sync intervals (a peer's last syncs, and this host's own
-/// readings likewise). A bucket's drops reach its counter up to a drop window late (up to 64
-/// packets per CPU, about one sync interval for a source held to a small share), which makes
-/// one interval's figure at a few hundred packets/s mostly noise; over four, less of it, and a
-/// change of demand is fully seen four intervals after it (half of it after two). (Tried: eight
-/// intervals, restarting the window when the last two differ from it by 1.5x: worse at 8 hosts
-/// even, 1.2 x the budget over 7 s.)
-pub const DEMAND_ROUNDS: usize = 4;
+/// readings likewise): a change of demand is fully seen two intervals after it. One interval's
+/// figure at a few hundred packets/s is noisy (a bucket's drops reach its counter up to a drop
+/// window late); every host divides by the same published figures, so the noise moves the shares
+/// but not their sum. Measured at 8 hosts (tests/tests/e2e_cluster_scale.rs, quiet 2-core VM):
+/// over 4 intervals, back within 10% of the budget 0.24-0.29 s after a 95/5 change (3 runs);
+/// over 2, 0.11-0.20 s, with the even split's 1 s windows no noisier (0.92-1.06 both). (Tried
+/// too: eight intervals, restarting the window when the last two differ from it by 1.5x: worse,
+/// 1.2 x the budget over 7 s with an even split. And capping a cluster-scoped limit's drop
+/// windows at 1 ms, so that drops reach the counter at once: no change in the even split's
+/// swings, 0.93-1.06 over 1 s windows in 2 runs, so the windows are not what moves them.)
+pub const DEMAND_ROUNDS: usize = 2;
 
 /// A cumulative demand counter's readings, `(time, count)`, the last [`DEMAND_ROUNDS`] + 1.
 #[derive(Clone, Debug, Default)]
