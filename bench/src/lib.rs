@@ -45,7 +45,7 @@ pub mod soak;
 
 use std::path::Path;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context as _, Result};
 use ratelimit_common::DEFAULT_MAX_BUCKETS;
 use serde_json::json;
 
@@ -75,6 +75,11 @@ pub enum Part {
 pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
     if !ratelimit_testbed::is_root() {
         bail!("the benchmark needs root (network namespaces, XDP, BPF_PROG_TEST_RUN)");
+    }
+    // The charts (`store.svg`, `cluster.svg`, ...) are drawn next to `json` as each part ends,
+    // before the report writes it: on a fresh checkout `target/bench` does not exist yet.
+    if let Some(dir) = json.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let want = |p: Part| parts.is_empty() || parts.contains(&p);
     let mut report = Report {
