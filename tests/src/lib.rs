@@ -63,7 +63,7 @@ pub mod xdp;
 #[cfg(test)]
 mod smoke;
 
-pub use agent::{agent_binary, release_agent_binary};
+pub use agent::agent_binary;
 pub use agent_proc::AgentProcess;
 pub use cli::{cli, CliOutput};
 pub use link::{add_addr, add_neigh, ifindex, mac, mac_bytes, neigh_to_peer, parse_mac, veth_pair};

