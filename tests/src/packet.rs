@@ -441,6 +441,13 @@ fn fill_l4_checksum(b: &mut [u8], l3: usize, v6: bool, l4: usize, proto: u8) {
     b[at..at + 2].copy_from_slice(&sum.to_be_bytes());
 }
 
+/// The source and destination MACs of the frames the e2e tests pin to the bytes they sent
+/// before the builder (e2e_limits, e2e_syn, e2e_fragments: their frames' byte tests).
+pub const PINNED_MACS: ([u8; 6], [u8; 6]) = (
+    [0x02, 0x11, 0x22, 0x33, 0x44, 0x55],
+    [0x02, 0x66, 0x77, 0x88, 0x99, 0xaa],
+);
+
 /// The bytes a string of hex digits spells (`"0800"` is `[8, 0]`), for expected frames in tests.
 ///
 /// # Panics

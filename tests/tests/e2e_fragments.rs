@@ -14,7 +14,7 @@ use ratelimit_testbed::{
     agent_proc::global_counter,
     agent_proc::rule_packets,
     bind_udp, ifindex, in_netns, mac_bytes, neigh_to_peer,
-    packet::{eth, from_hex},
+    packet::{eth, from_hex, PINNED_MACS},
     require_root, veth_pair, AgentProcess, Netns, RawSocket,
 };
 
@@ -178,12 +178,6 @@ fn tcp_syn((src, dst): (Ipv4Addr, Ipv4Addr), sport: u16, dport: u16, data: usize
     frame.build()[frame.l4_offset().unwrap()..].to_vec()
 }
 
-/// The source and destination MACs of the frames checked against their old bytes.
-const MACS: ([u8; 6], [u8; 6]) = (
-    [0x02, 0x11, 0x22, 0x33, 0x44, 0x55],
-    [0x02, 0x66, 0x77, 0x88, 0x99, 0xaa],
-);
-
 /// `tcp_syn` and `ipv4_fragment` give the bytes the functions they replaced built by hand (at
 /// fa91d4f, for the SYNs and fragments the test sends): the test puts the same packets on the
 /// wire.
@@ -193,13 +187,13 @@ fn syns_and_fragments_are_the_bytes_they_were_built_by_hand() {
     let syn22 = tcp_syn(ips, 40_022, 22, 0);
     assert_eq!(syn22, from_hex("9c56001612345678000000005002faf012b50000"));
     assert_eq!(
-        ipv4_fragment(MACS, ips, 0x4242, 0, true, &syn22[..8]),
+        ipv4_fragment(PINNED_MACS, ips, 0x4242, 0, true, &syn22[..8]),
         from_hex(
             "0266778899aa02112233445508004500001c4242200040067b76c6120801c61208fe9c56001612345678"
         )
     );
     assert_eq!(
-        ipv4_fragment(MACS, ips, 0x4242, 8, false, &syn22[8..]),
+        ipv4_fragment(PINNED_MACS, ips, 0x4242, 8, false, &syn22[8..]),
         from_hex(concat!(
             "0266778899aa0211223344550800450000204242000140069b71c6120801c61208fe",
             "000000005002faf012b50000"
@@ -211,14 +205,14 @@ fn syns_and_fragments_are_the_bytes_they_were_built_by_hand() {
         from_hex("9c57001712345678000000005002faf012a3000000000000000000000000000000000000")
     );
     assert_eq!(
-        ipv4_fragment(MACS, ips, 0x4343, 0, true, &syn23[..24]),
+        ipv4_fragment(PINNED_MACS, ips, 0x4343, 0, true, &syn23[..24]),
         from_hex(concat!(
             "0266778899aa02112233445508004500002c4343200040067a65c6120801c61208fe",
             "9c57001712345678000000005002faf012a3000000000000"
         ))
     );
     assert_eq!(
-        ipv4_fragment(MACS, ips, 0x4343, 24, false, &syn23[24..]),
+        ipv4_fragment(PINNED_MACS, ips, 0x4343, 24, false, &syn23[24..]),
         from_hex(concat!(
             "0266778899aa0211223344550800450000204343000340069a6ec6120801c61208fe",
             "000000000000000000000000"

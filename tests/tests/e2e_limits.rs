@@ -19,7 +19,7 @@ use ratelimit_testbed::{
     add_addr,
     agent_proc::rule_packets,
     assert_limited, ifindex, mac_bytes, neigh_to_peer,
-    packet::{eth, from_hex},
+    packet::{eth, from_hex, PINNED_MACS},
     require_root, send_udp_from, veth_pair, AgentProcess, Netns, RawSocket, Receiver, SendReport,
 };
 use serde_json::Value;
@@ -169,26 +169,20 @@ fn udp_frame(macs: ([u8; 6], [u8; 6]), src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> 
         .build()
 }
 
-/// The source and destination MACs of the frames checked against their old bytes.
-const MACS: ([u8; 6], [u8; 6]) = (
-    [0x02, 0x11, 0x22, 0x33, 0x44, 0x55],
-    [0x02, 0x66, 0x77, 0x88, 0x99, 0xaa],
-);
-
 /// `udp_frame` gives the bytes the function it replaced built by hand (at fa91d4f, for the first
 /// and the last source of the flood): the test puts the same packets on the wire.
 #[test]
 fn udp_frames_are_the_bytes_they_were_built_by_hand() {
     let dst = Ipv4Addr::new(198, 18, 21, 254);
     assert_eq!(
-        udp_frame(MACS, Ipv4Addr::new(10, 99, 0, 1), dst),
+        udp_frame(PINNED_MACS, Ipv4Addr::new(10, 99, 0, 1), dst),
         from_hex(concat!(
             "0266778899aa02112233445508004500003c000000004011943d0a630001c61215fe",
             "9c400009002800005a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a"
         ))
     );
     assert_eq!(
-        udp_frame(MACS, Ipv4Addr::new(10, 99, 255, 254), dst),
+        udp_frame(PINNED_MACS, Ipv4Addr::new(10, 99, 255, 254), dst),
         from_hex(concat!(
             "0266778899aa02112233445508004500003c000000004011943f0a63fffec61215fe",
             "9c400009002800005a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a"

@@ -18,7 +18,7 @@ use ratelimit_testbed::{
     add_addr,
     agent_proc::rule_packets,
     ifindex, in_netns, mac_bytes, neigh_to_peer,
-    packet::{eth, from_hex},
+    packet::{eth, from_hex, PINNED_MACS},
     require_root, veth_pair, AgentProcess, Netns, RawSocket,
 };
 
@@ -46,12 +46,6 @@ fn syn_frame(macs: ([u8; 6], [u8; 6]), src: Ipv4Addr, dst: Ipv4Addr, sport: u16)
         .build()
 }
 
-/// The source and destination MACs of the frames checked against their old bytes.
-const MACS: ([u8; 6], [u8; 6]) = (
-    [0x02, 0x11, 0x22, 0x33, 0x44, 0x55],
-    [0x02, 0x66, 0x77, 0x88, 0x99, 0xaa],
-);
-
 /// `syn_frame` gives the bytes the function it replaced built by hand (at fa91d4f, for the first
 /// and the last source port of the flood): the test puts the same packets on the wire.
 #[test]
@@ -60,8 +54,8 @@ fn syn_frames_are_the_bytes_they_were_built_by_hand() {
         Ipv4Addr::new(198, 18, 10, 1),
         Ipv4Addr::new(198, 18, 10, 254),
     );
-    assert_eq!(syn_frame(MACS, src, dst, 20_000), from_hex("0266778899aa0211223344550800450000284e20000040068b8cc6120a01c6120afe4e201f900970afe0000000005002faf0eccc0000"));
-    assert_eq!(syn_frame(MACS, src, dst, 24_095), from_hex("0266778899aa0211223344550800450000285e1f000040067b8dc6120a01c6120afe5e1f1f900b5f80f1000000005002faf009ce0000"));
+    assert_eq!(syn_frame(PINNED_MACS, src, dst, 20_000), from_hex("0266778899aa0211223344550800450000284e20000040068b8cc6120a01c6120afe4e201f900970afe0000000005002faf0eccc0000"));
+    assert_eq!(syn_frame(PINNED_MACS, src, dst, 24_095), from_hex("0266778899aa0211223344550800450000285e1f000040067b8dc6120a01c6120afe5e1f1f900b5f80f1000000005002faf009ce0000"));
 }
 
 #[test]
