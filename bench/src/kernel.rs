@@ -692,7 +692,7 @@ fn restore(limiter: &Limiter, rule: u32, addrs: &[[u8; 4]]) -> Result<u64> {
                 family: 4,
                 state: 0,
                 rule_gen: gen,
-                created_ns: now,
+                created_share: Bucket::created_at(now),
                 ..Bucket::default()
             };
             if maps.store().install(index, header, &fresh) {

@@ -273,8 +273,13 @@ pub struct Config {
     /// [`layout::STAMP`] of the agent that created the pins (0 until it initialised them): a
     /// version whose stamp differs refuses to adopt them rather than misread them.
     pub layout: u32,
+    /// `CLOCK_MONOTONIC` nanoseconds until which the buckets' cluster shares
+    /// ([`Bucket::share`]) hold: the agent's cluster sync moves it on every round (to the end of
+    /// its lag allowance); once it is behind `now` (the agent stopped, or its rounds stalled),
+    /// every bucket refills at its limit's whole rate again (fail open). 0: no shares.
+    pub shares_until_ns: u64,
 }
-const _: () = assert!(size_of::<Config>() == 32);
+const _: () = assert!(size_of::<Config>() == 40);
 
 /// The half of the prefix trie ([`PrefixKey::generation`]) that rule-set epoch `generation`
 /// ([`Config::generation`]) lives in.
@@ -535,8 +540,14 @@ pub struct Bucket {
     pub tat_ns: u64,
     /// Byte TAT, `CLOCK_MONOTONIC` nanoseconds.
     pub byte_tat_ns: u64,
-    /// `CLOCK_MONOTONIC` nanoseconds when the bucket was created.
-    pub created_ns: u64,
+    /// When the bucket was created and its share of a cluster budget, in one word: the
+    /// `CLOCK_MONOTONIC` nanoseconds of its creation with the low [`SHARE_BITS`] bits cleared
+    /// (65.5 us resolution; read with [`Bucket::created_ns`]), and in those bits the share
+    /// ([`Bucket::share`]): this host's part of a `scope = "cluster"` limit's rate, in units of
+    /// 1 / [`SHARE_ONE`], 0 for none (the whole rate). The agent's cluster sync writes the share
+    /// every round; the XDP program reads it only for a limit with [`rule_flags::CLUSTER`] and
+    /// only while [`Config::shares_until_ns`] is ahead of `now` (see [`share_cost`]).
+    pub created_share: u64,
     /// Bytes passed under this bucket (cumulative).
     pub passed_bytes: u64,
     /// Packets passed under this bucket (cumulative, modulo 2^32: readers take differences with
@@ -546,6 +557,51 @@ pub struct Bucket {
     pub dropped_pkts: u32,
 }
 const _: () = assert!(size_of::<Bucket>() == 64);
+
+/// Bits of [`Bucket::created_share`] that hold the share.
+pub const SHARE_BITS: u32 = 16;
+/// The share that stands for the whole rate (not storable: written as 0, "no share").
+pub const SHARE_ONE: u64 = 1 << SHARE_BITS;
+/// The share bits of [`Bucket::created_share`].
+pub const SHARE_MASK: u64 = SHARE_ONE - 1;
+
+impl Bucket {
+    /// `CLOCK_MONOTONIC` nanoseconds when the bucket was created (to 65.5 us).
+    #[inline(always)]
+    #[must_use]
+    pub const fn created_ns(&self) -> u64 {
+        self.created_share & !SHARE_MASK
+    }
+
+    /// This host's share of the limit's rate (see [`Bucket::created_share`]): 1..[`SHARE_ONE`]
+    /// - 1 in units of 1 / [`SHARE_ONE`], or 0 for none (the whole rate).
+    #[inline(always)]
+    #[must_use]
+    pub const fn share(&self) -> u16 {
+        (self.created_share & SHARE_MASK) as u16
+    }
+
+    /// The [`Bucket::created_share`] word of a bucket created at `now` (no share).
+    #[inline(always)]
+    #[must_use]
+    pub const fn created_at(now: u64) -> u64 {
+        now & !SHARE_MASK
+    }
+}
+
+/// What a packet (or its bytes) costs a bucket whose share is `share` (see
+/// [`Bucket::created_share`]) when its whole-rate cost is `cost` ns: `cost x SHARE_ONE / share`,
+/// so the bucket refills at `share / SHARE_ONE` of the rate; `cost` itself for share 0 (none).
+/// A cost of 2^47 ns or more (39 hours a packet) is left as it is.
+#[inline(always)]
+#[must_use]
+pub const fn share_cost(cost: u64, share: u64) -> u64 {
+    if share == 0 || share >= SHARE_ONE || cost >= 1 << 47 {
+        cost
+    } else {
+        (cost << SHARE_BITS) / share
+    }
+}
 
 /// How far a bucket's 32-bit packet counter moved from `old` to `new` (it wraps), or `None` if it
 /// moved back. The program counts with plain read-modify-writes, so two CPUs updating one bucket
@@ -1032,7 +1088,7 @@ pub mod layout {
 
     const fn stamp() -> u32 {
         let mut h = fnv(0xcbf2_9ce4_8422_2325, EPOCH);
-        h = record!(h, Config; generation, flags, seed, bucket_sets, layout);
+        h = record!(h, Config; generation, flags, seed, bucket_sets, layout, shares_until_ns);
         h = record!(h, PrefixKey; generation, family, addr);
         h = record!(h, RuleSet; len, rules);
         h = record!(
@@ -1045,7 +1101,7 @@ pub mod layout {
             byte_tolerance_ns
         );
         h = record!(
-            h, Bucket; addr, rule, family, state, rule_gen, tat_ns, byte_tat_ns, created_ns,
+            h, Bucket; addr, rule, family, state, rule_gen, tat_ns, byte_tat_ns, created_share,
             passed_bytes, passed_pkts, dropped_pkts
         );
         h = record!(h, RuleMeta; name_len, line, name);

@@ -6,7 +6,9 @@
 
 use core::intrinsics::{atomic_cxchg, atomic_xadd, atomic_xsub, AtomicOrdering};
 
-use ratelimit_common::{byte_cost_ns, global, rule_flags, verdict, Bucket, Limit, Rule};
+use ratelimit_common::{
+    byte_cost_ns, global, rule_flags, share_cost, verdict, Bucket, Limit, Rule, SHARE_MASK,
+};
 
 /// The parameters of one limit: a rule's first (its own fields) or one of its `extra` limits.
 /// A trait rather than a copy into one form, so the first limit's path reads the rule's fields
@@ -57,6 +59,25 @@ const CAS_RETRIES: usize = if cfg!(feature = "test-cas-once") {
 } else {
     8
 };
+
+/// Longest drop window of a cluster-scoped limit (1 ms): its drops reach its bucket's counter
+/// within it. They are its host's demand, which the agent reads every sync round to share the
+/// budget out: counted in batches of up to 64 (`DROP_BATCH`), a host's demand read over 100 ms
+/// swung several-fold, and the shares with it.
+pub const CLUSTER_WINDOW_NS: u64 = 1_000_000;
+
+/// The end of the drop window a charge of a limit with flags `flags` opened at `now` (`until`:
+/// when its bucket has a token again), at most [`CLUSTER_WINDOW_NS`] ahead for a cluster-scoped
+/// limit. Applied where the window is stored, not in the charge: the charge is inlined in the
+/// program's frame, which has no stack to spare.
+#[inline(always)]
+pub fn window_end(flags: u32, until: u64, now: u64) -> u64 {
+    if flags & rule_flags::CLUSTER != 0 && until > now + CLUSTER_WINDOW_NS {
+        now + CLUSTER_WINDOW_NS
+    } else {
+        until
+    }
+}
 
 /// Result of charging one limit.
 #[derive(PartialEq, Eq, Clone, Copy)]
@@ -112,9 +133,34 @@ fn gcra(tat: *mut u64, now: u64, cost: u64, tolerance: u64) -> Charge {
     Charge::Exceeds { until: 0 }
 }
 
+/// The share of a cluster-scoped limit's rate this bucket refills at (see
+/// `Bucket::created_share`), or 0 (the whole rate): for a limit without
+/// [`rule_flags::CLUSTER`], a bucket without a share, or once the agent's shares have lapsed
+/// (`shares_until`, `Config::shares_until_ns`, not ahead of `now`: fail open). Inline, and
+/// with the config word passed in rather than looked up: a map lookup here (a helper call at
+/// the compiler's level) cost the program's frame more stack than the verifier allows.
+#[inline(always)]
+fn share<P: Params>(bucket: *const Bucket, rule: &P, now: u64, shares_until: *const u64) -> u64 {
+    if rule.flags() & rule_flags::CLUSTER == 0 {
+        return 0;
+    }
+    // SAFETY: live map values (the bucket; this CPU's scratch record); plain reads, volatile so
+    // that they stay behind the flag's test (a value loaded before and kept live across the
+    // charge cost the callers' frames a stack slot they do not have).
+    unsafe {
+        if now >= core::ptr::read_volatile(shares_until) {
+            return 0;
+        }
+        core::ptr::read_volatile(&raw const (*bucket).created_share) & SHARE_MASK
+    }
+}
+
 /// Charges a packet of `len` bytes to `bucket` under `rule` and returns its [`verdict`]
 /// (`PASSED`, `DROPPED_RATE` or `DROPPED_BYTES`). On `DROPPED_RATE`, `*drop_until` is the time
 /// before which every packet under this bucket would be dropped for its rate too.
+///
+/// A cluster-scoped limit's bucket pays its costs scaled by its share (see [`share`]) while
+/// `now < shares_until` (`Config::shares_until_ns`).
 #[inline(always)]
 pub fn charge<P: Params>(
     bucket: *mut Bucket,
@@ -122,33 +168,32 @@ pub fn charge<P: Params>(
     now: u64,
     len: u64,
     drop_until: &mut u64,
+    shares_until: *const u64,
 ) -> usize {
     // SAFETY: `bucket` points at a live map value; only addresses of fields are taken here.
     let (tat, byte_tat) = unsafe { (&raw mut (*bucket).tat_ns, &raw mut (*bucket).byte_tat_ns) };
     let limits_pkts = rule.flags() & rule_flags::PKT_LIMIT != 0;
+    // Both costs are made before any charge, so that the share is not live across the
+    // compare-and-swap loops (kept, its two kinds of value, none and some, doubled the states
+    // the verifier walks through them).
+    let share = share(bucket, rule, now, shares_until);
+    let pkt_cost = share_cost(rule.pkt_interval_ns(), share);
+    let byte_cost = share_cost(byte_cost_ns(len, rule.byte_interval_fp()), share);
     if limits_pkts {
-        if let Charge::Exceeds { until } =
-            gcra(tat, now, rule.pkt_interval_ns(), rule.pkt_tolerance_ns())
-        {
+        if let Charge::Exceeds { until } = gcra(tat, now, pkt_cost, rule.pkt_tolerance_ns()) {
             *drop_until = until;
             return verdict::DROPPED_RATE;
         }
     }
-    if rule.flags() & rule_flags::BYTE_LIMIT != 0 {
-        let cost = byte_cost_ns(len, rule.byte_interval_fp());
-        if gcra(byte_tat, now, cost, rule.byte_tolerance_ns()) != Charge::Conforms {
-            if limits_pkts {
-                // The packet was charged a packet token above but is dropped: give it back.
-                // SAFETY: as in gcra.
-                unsafe {
-                    atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(
-                        tat,
-                        rule.pkt_interval_ns(),
-                    )
-                };
-            }
-            return verdict::DROPPED_BYTES;
+    if rule.flags() & rule_flags::BYTE_LIMIT != 0
+        && gcra(byte_tat, now, byte_cost, rule.byte_tolerance_ns()) != Charge::Conforms
+    {
+        if limits_pkts {
+            // The packet was charged a packet token above but is dropped: give it back.
+            // SAFETY: as in gcra.
+            unsafe { atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(tat, pkt_cost) };
         }
+        return verdict::DROPPED_BYTES;
     }
     verdict::PASSED
 }
@@ -187,19 +232,28 @@ pub fn charge_local<P: Params>(bucket: &mut Bucket, rule: &P, now: u64, len: u64
 /// is while it stands: a packet of the same bucket judged on another CPU in those few
 /// nanoseconds sees one packet's cost more (and may be dropped where it would have fitted).
 #[inline(always)]
-pub fn refund<P: Params>(bucket: *mut Bucket, rule: &P, len: u64) {
+pub fn refund<P: Params>(
+    bucket: *mut Bucket,
+    rule: &P,
+    len: u64,
+    now: u64,
+    shares_until: *const u64,
+) {
+    // The share as the charge read it, unless the agent changed it in between (then the refund
+    // differs from the charge by the cost's change for one packet).
+    let share = share(bucket, rule, now, shares_until);
     // SAFETY: `bucket` points at a live map value; atomic subtractions of its TAT words.
     unsafe {
         if rule.flags() & rule_flags::PKT_LIMIT != 0 {
             atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(
                 &raw mut (*bucket).tat_ns,
-                rule.pkt_interval_ns(),
+                share_cost(rule.pkt_interval_ns(), share),
             );
         }
         if rule.flags() & rule_flags::BYTE_LIMIT != 0 {
             atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(
                 &raw mut (*bucket).byte_tat_ns,
-                byte_cost_ns(len, rule.byte_interval_fp()),
+                share_cost(byte_cost_ns(len, rule.byte_interval_fp()), share),
             );
         }
     }

@@ -326,11 +326,16 @@ fn limit(
             }
         }
     }
-    let key = store::key(pkt, id, 0, &rule.src_mask, rule.bucket_gen);
+    // SAFETY: this CPU's live scratch record; `config` a live map value. Where every charge
+    // of this packet reads it (see `shares_until`).
+    unsafe {
+        (*s).extra.shares_until = core::ptr::read_volatile(&raw const (*config).shares_until_ns);
+    }
+    // SAFETY: this CPU's live scratch record.
+    let key = unsafe { &mut (*s).first_key };
+    *key = store::key(pkt, id, 0, &rule.src_mask, rule.bucket_gen);
     let mut until = 0;
-    let (v, b) = find_and_charge(
-        pkt, &key, rule, cached, len, now, s, slot, config, 0, &mut until,
-    );
+    let (v, b) = find_and_charge(pkt, key, rule, cached, len, now, s, slot, 0, &mut until);
     if v == verdict::DROPPED_RATE || v == verdict::DROPPED_BYTES {
         bucket::count(b, false, len);
         // SAFETY: as above, and `b` is a live record (a drop always has one).
@@ -338,7 +343,7 @@ fn limit(
             if drop_limit == 0 {
                 (*b).dropped_pkts = (*b).dropped_pkts.wrapping_add(drop_count);
             }
-            (*slot).drop_until = until;
+            (*slot).drop_until = bucket::window_end(rule.flags, until, now);
             (*slot).drop_count = 0;
             (*slot).drop_limit = 0;
         }
@@ -365,7 +370,9 @@ fn limit(
         if d != verdict::PASSED {
             // Dropped by limit `d >> 8` (> 0): the first limit's charge is given back.
             if !b.is_null() {
-                bucket::refund(b, rule, len);
+                // SAFETY: this CPU's live scratch record (read back rather than kept live
+                // across the calls: the frame has no room to spare).
+                unsafe { bucket::refund(b, rule, len, (*c).now, &raw const (*c).shares_until) };
             }
             // SAFETY: as above.
             unsafe {
@@ -428,11 +435,14 @@ fn gate(pkt: &Packet, rule: &Rule) -> usize {
     let Some(b) = BUCKETS.get_ptr_mut(record) else {
         return 0;
     };
-    let (interval, tolerance) = if k == 0 {
-        (rule.pkt_interval_ns, rule.pkt_tolerance_ns)
+    // The limit's whole-rate interval even for a cluster-scoped limit with a share: a share
+    // only makes a packet cost more, so what this drops the charge would drop too (it may
+    // close a window the charge then reopens).
+    let (interval, tolerance, flags) = if k == 0 {
+        (rule.pkt_interval_ns, rule.pkt_tolerance_ns, rule.flags)
     } else {
         let l = &rule.extra[(k as usize).wrapping_sub(1) & (MAX_LIMITS - 2)];
-        (l.pkt_interval_ns, l.pkt_tolerance_ns)
+        (l.pkt_interval_ns, l.pkt_tolerance_ns, l.flags)
     };
     let key = store::key(pkt, id, k, &[0; 4], rule.bucket_gen);
     if !store::holds(b, &key) {
@@ -448,7 +458,7 @@ fn gate(pkt: &Packet, rule: &Rule) -> usize {
         let next = if tat > now { tat } else { now } + interval;
         if next - now > tolerance {
             bucket::count(b, false, len);
-            (*g).drop_until = next - tolerance;
+            (*g).drop_until = bucket::window_end(flags, next - tolerance, now);
             return drop;
         }
         // A token: the window closes (charged in order until the limit drops again).
@@ -471,6 +481,22 @@ fn gate_slot(s: *mut Scratch, id: u32, family: u8) -> *mut GateSlot {
 /// window, not per packet.
 #[inline(never)]
 fn open_gate(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, d: usize, until: u64) {
+    let mut until = until;
+    let dropper = d >> 8;
+    if dropper != 0 && d & 0xff == verdict::DROPPED_RATE {
+        // An extra limit dropped the packet (`limit`'s path for them set the scratch record's
+        // `now` for this packet): a cluster-scoped one's window is capped (see
+        // `bucket::window_end`) here, in a BPF call, as neither `limit`'s frame nor
+        // `one_limit`'s has the stack to spare.
+        if let Some(s) = scratch::get() {
+            // SAFETY: this CPU's live scratch record and classification slot.
+            unsafe {
+                let flags = rule.extra[dropper.wrapping_sub(1) & (MAX_LIMITS - 2)].flags;
+                until = bucket::window_end(flags, until, (*s).extra.now);
+                (*slot).drop_until = until;
+            }
+        }
+    }
     let k = ((rule.flags & rule_flags::GATE_LIMIT_MASK) >> rule_flags::GATE_LIMIT_SHIFT) as usize;
     if rule.flags & rule_flags::GATE == 0 || d & 0xff != verdict::DROPPED_RATE || d >> 8 != k {
         return;
@@ -490,7 +516,13 @@ fn open_gate(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, d: usize, until: u
         return;
     };
     // SAFETY: this CPU's live scratch record.
-    let (id, epoch) = unsafe { ((*s).extra.id, (*s).extra.epoch) };
+    let (id, epoch, now) = unsafe { ((*s).extra.id, (*s).extra.epoch, (*s).extra.now) };
+    let flags = if k == 0 {
+        rule.flags
+    } else {
+        rule.extra[k.wrapping_sub(1) & (MAX_LIMITS - 2)].flags
+    };
+    let until = bucket::window_end(flags, until, now);
     let g = gate_slot(s, id, pkt.family);
     // SAFETY: as above.
     unsafe {
@@ -530,7 +562,13 @@ fn extra_limits(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, c: *mut Extra) 
                 }
                 // SAFETY: this CPU's live scratch record; `j` is in bounds.
                 if let Some(r) = BUCKETS.get_ptr_mut(unsafe { (*c).records[j] }) {
-                    bucket::refund(r, &rule.extra[j], unsafe { (*c).len });
+                    bucket::refund(
+                        r,
+                        &rule.extra[j],
+                        unsafe { (*c).len },
+                        unsafe { (*c).now },
+                        unsafe { &raw const (*c).shares_until },
+                    );
                 }
             }
             return v | (k + 1) << 8;
@@ -558,9 +596,6 @@ fn one_limit(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, k: usize) -> usize
     let Some(s) = scratch::get() else {
         return verdict::NO_BUCKET;
     };
-    let Some(config) = CONFIG.get_ptr(0) else {
-        return verdict::NO_BUCKET;
-    };
     if k >= MAX_LIMITS - 1 {
         return verdict::NO_BUCKET;
     }
@@ -573,10 +608,12 @@ fn one_limit(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, k: usize) -> usize
     *key = store::key(pkt, c.id, limit, &l.src_mask, rule.bucket_gen);
     // SAFETY: this CPU's classification slot; `k` is in bounds.
     let cached = unsafe { (*slot).extra[k] };
-    let mut until = 0;
-    let (v, b) = find_and_charge(
-        pkt, key, l, cached, c.len, c.now, s, slot, config, limit, &mut until,
-    );
+    let (len, now) = (c.len, c.now);
+    // SAFETY: this CPU's live scratch record: the window's end lands there, not on this frame.
+    let until = unsafe { &mut (*s).extra_until };
+    *until = 0;
+    let (v, b) = find_and_charge(pkt, key, l, cached, len, now, s, slot, limit, until);
+    let until = *until;
     if b.is_null() {
         c.records[k] = NO_RECORD;
         return v;
@@ -613,8 +650,9 @@ fn cached_limit(
     if !store::holds(r, &key) {
         return None;
     }
+    c.flags = l.flags;
     let mut until = 0;
-    let v = bucket::charge(r, l, c.now, c.len, &mut until);
+    let v = bucket::charge(r, l, c.now, c.len, &mut until, &raw const c.shares_until);
     Some(settle(r, v, until, c, k, cached))
 }
 
@@ -660,7 +698,6 @@ fn find_and_charge<P: Params>(
     now: u64,
     s: *mut Scratch,
     slot: *mut ClassSlot,
-    config: *const Config,
     limit: u32,
     until: &mut u64,
 ) -> (usize, *mut Bucket) {
@@ -668,10 +705,15 @@ fn find_and_charge<P: Params>(
     if cached != NO_RECORD {
         if let Some(r) = BUCKETS.get_ptr_mut(cached) {
             if store::holds(r, key) {
-                return (bucket::charge(r, p, now, len, until), r);
+                return (bucket::charge(r, p, now, len, until, shares_until(s)), r);
             }
         }
     }
+    // Looked up here, on the path that needs it, rather than passed in: a pointer kept live
+    // across the charge cost the callers' frames a stack slot they do not have.
+    let Some(config) = CONFIG.get_ptr(0) else {
+        return (no_bucket(), core::ptr::null_mut());
+    };
     // SAFETY: a live map value, written whole by the agent before it attaches.
     let (seed, sets) = unsafe { ((*config).seed, (*config).bucket_sets) };
     if sets == 0 {
@@ -684,7 +726,7 @@ fn find_and_charge<P: Params>(
     match store::scan(key, sets, scratch::coarse_now(s), s) {
         Scan::Hit(i, r) => {
             remember(slot, limit, i);
-            (bucket::charge(r, p, now, len, until), r)
+            (bucket::charge(r, p, now, len, until, shares_until(s)), r)
         }
         Scan::Miss {
             victim,
@@ -744,7 +786,7 @@ fn create<P: Params>(
     // SAFETY: this CPU's live scratch record.
     let fresh = unsafe { &mut (*s).fresh };
     *fresh = Bucket {
-        created_ns: now,
+        created_share: Bucket::created_at(now),
         ..Bucket::default()
     };
     let v = bucket::charge_local(fresh, p, now, len);
@@ -772,6 +814,15 @@ fn create<P: Params>(
     bump_global(global::NEW_BUCKETS);
     remember(slot, limit, victim);
     (v, b)
+}
+
+/// `Config::shares_until_ns` (until when the cluster shares in the buckets hold) as `limit`
+/// copied it to this CPU's scratch record for this packet: the scratch pointer is live wherever
+/// a bucket is charged, the config's not (kept live, it cost a stack slot).
+#[inline(always)]
+fn shares_until(s: *const Scratch) -> *const u64 {
+    // SAFETY: this CPU's live scratch record (only the address is taken).
+    unsafe { &raw const (*s).extra.shares_until }
 }
 
 #[inline(always)]

@@ -144,6 +144,11 @@ pub struct Scratch {
     /// The key of the extra limit being charged (`one_limit`): here, not on its BPF call's
     /// stack, so that the call chain's frames stay within the verifier's 512 bytes.
     pub extra_key: Key,
+    /// The first limit's bucket key (in `limit`): here rather than on the stack, which the
+    /// program's frame has no room left for beside `decide_cut`'s.
+    pub first_key: Key,
+    /// The drop window's end from `one_limit`'s charge (here rather than on its frame).
+    pub extra_until: u64,
 }
 
 /// A bucket key as the records hold it: the masked address as two words and the header word
@@ -171,6 +176,10 @@ pub struct Extra {
     pub records: [u32; 3],
     /// The rule-set epoch (for `gate`).
     pub epoch: u32,
+    /// `Config::shares_until_ns` as this packet read it (cluster shares hold before it).
+    pub shares_until: u64,
+    /// The flags of the extra limit being charged (for its drop window's end, see `settle`).
+    pub flags: u32,
 }
 
 /// `word`, written to this CPU's scratch record and read back. The verifier does not track

@@ -226,7 +226,7 @@ pub fn install(i: u32, old_header: u64, fresh: &Bucket, key: &Key) -> Option<*mu
         core::ptr::write_volatile(w.add(1), key.addr[1]);
         (*b).tat_ns = fresh.tat_ns;
         (*b).byte_tat_ns = fresh.byte_tat_ns;
-        (*b).created_ns = fresh.created_ns;
+        (*b).created_share = fresh.created_share;
         (*b).passed_bytes = fresh.passed_bytes;
         (*b).passed_pkts = fresh.passed_pkts;
         (*b).dropped_pkts = fresh.dropped_pkts;

@@ -21,8 +21,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use ratelimit_common::{
-    bucket_capacity, global, map_names, prefix_generation, Config, PrefixKey, Rule, RuleSet,
-    BUCKET_WAYS, PROGRAM_NAME,
+    bucket_capacity, global, map_names, prefix_generation, PrefixKey, Rule, RuleSet, BUCKET_WAYS,
+    PROGRAM_NAME,
 };
 
 use crate::compile::CompiledRuleSet;
@@ -517,10 +517,7 @@ impl Dataplane {
         let old = self.mirror.take();
         self.write_generation(next, old.as_ref(), &new)?;
         // 3. The switch.
-        self.maps.set_config(Config {
-            generation: epoch,
-            ..config
-        })?;
+        self.maps.update_config(|c| c.generation = epoch)?;
         // 4. Once no packet can still be reading the old generation, bring it to the new set
         //    too.
         thread::sleep(GRACE);
@@ -587,8 +584,7 @@ impl Dataplane {
 
     /// Sets the global [`ratelimit_common::config_flags`].
     pub fn set_flags(&mut self, flags: u32) -> Result<()> {
-        let config = self.maps.config()?;
-        self.maps.set_config(Config { flags, ..config })?;
+        self.maps.update_config(|c| c.flags = flags)?;
         Ok(())
     }
 }
@@ -618,11 +614,10 @@ fn init_store(maps: &mut PinnedMaps) -> Result<()> {
             u64::from_le_bytes(bytes[8..].try_into().expect("8 bytes")),
         ];
     }
-    maps.set_config(Config {
-        seed,
-        bucket_sets: sets,
-        layout: ratelimit_common::layout::STAMP,
-        ..config
+    maps.update_config(|c| {
+        c.seed = seed;
+        c.bucket_sets = sets;
+        c.layout = ratelimit_common::layout::STAMP;
     })?;
     Ok(())
 }

@@ -509,7 +509,7 @@ fn contend_for_one_bucket(mut dp: TestDataplane) -> u64 {
         matches!(dp.maps().locate_bucket(&key, 0).unwrap().0, Slot::Found(r) if r == record),
         "the bucket is not in the record foreseen"
     );
-    let (tat, created) = (store.get(record).tat_ns, store.get(record).created_ns);
+    let (tat, created) = (store.get(record).tat_ns, store.get(record).created_ns());
     let s = dp.rule(rid);
     let (passed, dropped) = (s.pkts[verdict::PASSED], s.pkts[verdict::DROPPED_RATE]);
     // Both CPUs' first packets may create the source's bucket at the same instant: the creator
@@ -1047,11 +1047,12 @@ fn a_new_source_on_two_cpus_at_once_gets_one_bucket() {
     );
 }
 
-/// The cluster's share slows a source's bucket from user space and never creates one (a source
-/// not seen here has no refill to withhold): when the program creates the source's bucket while
-/// the agent looks it up, the source still ends with one bucket. One CPU runs each new source's
-/// first packet while the other withholds refill from the same source through
-/// `cluster::charge::withhold`, in lockstep, the packet delayed by a varying few microseconds so
+/// The cluster's share is written into a source's bucket from user space, which never creates
+/// one (a source not seen here has nothing to share): when the program creates the source's
+/// bucket while the agent looks it up, the source still ends with one bucket. One CPU runs each
+/// new source's first packet while the other writes the same source's share word through
+/// `cluster::charge::set_share` (before share words, `withhold`, which moved its TATs), in
+/// lockstep, the packet delayed by a varying few microseconds so
 /// that it lands inside the lookup-and-write. (Until shares followed demand, the agent's charge
 /// created buckets: 1,436 of 20,000 sources had two before the store's user-space half.)
 #[test]
@@ -1089,15 +1090,16 @@ fn the_clusters_share_and_a_packet_creating_one_source_at_once_make_one_bucket()
             pin_to_cpu(1).unwrap();
             for (i, &src) in (0u32..).zip(sources) {
                 step.wait(i);
-                let now = monotonic_ns();
-                ratelimit::cluster::charge::withhold(
+                // What the agent's round does to a bucket: its share word (a half here; in
+                // turn the quarter, so that every write changes the word).
+                let word = if i % 2 == 0 { 1 << 15 } else { 1 << 14 };
+                ratelimit::cluster::charge::set_share(
                     maps,
                     &ratelimit::maps::bucket::bucket_key(rid, record, src.into()),
                     rule,
-                    1_000_000,
-                    now,
+                    word,
+                    monotonic_ns(),
                     ratelimit::maps::bucket::monotonic_coarse_ns(),
-                    (u64::MAX, u64::MAX),
                 )
                 .unwrap();
             }
@@ -1119,4 +1121,124 @@ fn the_clusters_share_and_a_packet_creating_one_source_at_once_make_one_bucket()
         held - keys
     );
     assert_eq!(keys, SOURCES as usize, "every source has its bucket");
+}
+
+/// Packets admitted after sleeping `ms` with the bucket drained, and the bounds a refill at
+/// `per_s` tokens a second allows for that: at least the time slept, at most the time from the
+/// end of the drain to the end of the count; one token of slack each side (the coarse clock's
+/// 4 ms tick).
+fn refill_over(dp: &TestDataplane, frame: &[u8], ms: u64, per_s: f64) -> (usize, usize, usize) {
+    assert_eq!(passes(dp, frame, 50), 0, "the bucket is drained");
+    let drained = Instant::now();
+    std::thread::sleep(Duration::from_millis(ms));
+    let slept = drained.elapsed();
+    let got = passes(dp, frame, 2_000);
+    let span = drained.elapsed();
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a few hundred tokens"
+    )]
+    let (min, max) = (
+        ((slept.as_secs_f64() * per_s).floor() as usize).saturating_sub(1),
+        (span.as_secs_f64() * per_s).ceil() as usize + 1,
+    );
+    (got, min, max)
+}
+
+/// The share word the agent's cluster sync writes into a bucket (issue #15) is what the program
+/// refills it at: a cluster-scoped bucket with a word of a quarter refills at a quarter of the
+/// rate, between any two rounds, while `Config::shares_until_ns` is ahead; once that lapses (the
+/// agent stopped) it refills at the whole rate again (fail open); a bucket of a limit without
+/// the cluster flag ignores any word. Before share words, the program always refilled at the
+/// whole rate (the agent took the refill back at each round).
+#[test]
+fn a_share_word_sets_a_cluster_buckets_refill_until_the_shares_lapse() {
+    use ratelimit::maps::PinnedMaps;
+    use ratelimit_common::{rule_flags, SHARE_ONE};
+    require_root();
+    let mut dp = TestDataplane::new("share", 1024).unwrap();
+    let set = dp
+        .install_toml(
+            "[[rule]]\nname = \"c\"\nsource = \"198.18.0.0/16\"\nrate = 1000\nburst = 1000\n",
+        )
+        .unwrap();
+    let rid = id(&set, "c");
+    let mut maps = PinnedMaps::open(dp.pin_dir()).unwrap();
+    let plain = maps.rule(rid).unwrap();
+    let mut cluster = plain;
+    cluster.flags |= rule_flags::CLUSTER;
+    maps.set_rule(rid, cluster).unwrap();
+    let src = ip("198.18.0.1");
+    let frame = udp4(src);
+    let key = ratelimit::maps::bucket::bucket_key(rid, &cluster, src.into());
+    let first = passes(&dp, &frame, 3_000);
+    assert!(
+        (1_000..1_010).contains(&first),
+        "a fresh bucket admits its burst: {first}"
+    );
+    let quarter = u16::try_from(SHARE_ONE / 4).unwrap();
+    let coarse = ratelimit::maps::bucket::monotonic_coarse_ns();
+    assert_eq!(
+        ratelimit::cluster::charge::set_share(
+            &maps,
+            &key,
+            &cluster.limit(0).unwrap(),
+            quarter,
+            ratelimit::maps::bucket::monotonic_ns(),
+            coarse
+        )
+        .unwrap(),
+        Some(0),
+        "the bucket had no share"
+    );
+    let hold = |maps: &mut PinnedMaps, for_ns: u64| {
+        let until = ratelimit::maps::bucket::monotonic_ns() + for_ns;
+        maps.update_config(|c| c.shares_until_ns = until).unwrap();
+    };
+
+    // Shares in force: a quarter of the rate.
+    hold(&mut maps, 60_000_000_000);
+    let (got, min, max) = refill_over(&dp, &frame, 300, 250.0);
+    println!("share 1/4 in force: {got} tokens in 300 ms (bounds {min}..={max})");
+    assert!(
+        (min..=max).contains(&got),
+        "refilled {got}, want {min}..={max} at 250/s"
+    );
+
+    // The shares lapsed: the whole rate (fail open).
+    hold(&mut maps, 0);
+    let (got, min, max) = refill_over(&dp, &frame, 300, 1_000.0);
+    println!("shares lapsed: {got} tokens in 300 ms (bounds {min}..={max})");
+    assert!(
+        (min..=max).contains(&got),
+        "refilled {got}, want {min}..={max} at 1000/s"
+    );
+
+    // In force again, then a limit without the cluster flag: the word is ignored.
+    hold(&mut maps, 60_000_000_000);
+    let (got, min, max) = refill_over(&dp, &frame, 300, 250.0);
+    assert!(
+        (min..=max).contains(&got),
+        "refilled {got}, want {min}..={max} at 250/s"
+    );
+    maps.set_rule(rid, plain).unwrap();
+    let (got, min, max) = refill_over(&dp, &frame, 300, 1_000.0);
+    println!("no cluster flag, word in place: {got} tokens in 300 ms (bounds {min}..={max})");
+    assert!(
+        (min..=max).contains(&got),
+        "refilled {got}, want {min}..={max} at 1000/s"
+    );
+    let Slot::Found(i) = maps
+        .locate_bucket(&key, ratelimit::maps::bucket::monotonic_coarse_ns())
+        .unwrap()
+        .0
+    else {
+        panic!("the source's bucket is gone");
+    };
+    assert_eq!(
+        maps.store().get(i).share(),
+        quarter,
+        "the word stayed in place"
+    );
 }

@@ -90,7 +90,7 @@ fn fill(pin: &Path, n: u32) {
             rule_gen: gen,
             tat_ns: now,
             byte_tat_ns: 0,
-            created_ns: now,
+            created_share: Bucket::created_at(now),
             passed_bytes: 6400,
             passed_pkts: 100,
             dropped_pkts: 0,

@@ -184,7 +184,7 @@ fn top_ranks_buckets_by_use_over_the_interval() {
         family: k.family,
         passed_pkts: passed,
         dropped_pkts: dropped,
-        created_ns,
+        created_share: Bucket::created_at(created_ns),
         ..Bucket::default()
     };
     let (t0, t1) = (10_000_000_000, 12_000_000_000); // two seconds apart
@@ -250,7 +250,7 @@ fn top_shows_a_bucket_emptied_during_the_walk_with_no_debt() {
         rule: u16::try_from(k.rule).unwrap(),
         family: k.family,
         passed_pkts: 10,
-        created_ns: t0,
+        created_share: Bucket::created_at(t0),
         tat_ns: packet + r.rule.pkt_tolerance_ns,
         ..Bucket::default()
     };

@@ -81,7 +81,8 @@ pub struct TopEntry {
 #[derive(Clone, Copy, Debug)]
 struct Mark {
     index: u32,
-    /// Low 32 bits of `created_ns`: a record holding a bucket created since is a new life.
+    /// Bits 16..48 of `created_ns()` (its low 16 are zero): a record holding a bucket created
+    /// since is a new life.
     created: u32,
     passed: u32,
     dropped: u32,
@@ -98,7 +99,7 @@ impl TopBaseline {
         debug_assert!(self.0.last().is_none_or(|m| m.index < index));
         self.0.push(Mark {
             index,
-            created: b.created_ns as u32,
+            created: (b.created_ns() >> ratelimit_common::SHARE_BITS) as u32,
             passed: b.passed_pkts,
             dropped: b.dropped_pkts,
         });
@@ -121,7 +122,8 @@ impl TopBaseline {
     fn counters(&self, index: u32, b: &Bucket) -> Option<(u32, u32)> {
         let i = self.0.binary_search_by_key(&index, |m| m.index).ok()?;
         let m = &self.0[i];
-        (m.created == b.created_ns as u32).then_some((m.passed, m.dropped))
+        (m.created == (b.created_ns() >> ratelimit_common::SHARE_BITS) as u32)
+            .then_some((m.passed, m.dropped))
     }
 }
 

@@ -1,44 +1,71 @@
-//! Giving a local bucket only its share of the cluster's budget, from user space (the XDP program
-//! is not involved).
+//! Giving a local bucket only its share of the cluster's budget.
 //!
 //! Every round, for each key of a cluster-scoped limit, this host's share of the budget is its
 //! demand (packets per second that reached its bucket, admitted or dropped) over the demand of
 //! the cluster (its own plus what its counted peers report): `s = local / (local + peers)`, 1
 //! when no counted peer has demand for the key (fail open), times `heard / known` under
-//! `on_partition = "share"`. The program refills the bucket at the limit's whole rate; the round
-//! takes back what it should not have: it moves the bucket's packet and byte TATs on by
-//! `(1 - s) x elapsed` from `max(TAT, now)` (elapsed: the time since the last round, at most
-//! [`lag_allowance_ns`]), so the bucket refills at `s x rate` (and `s x bytes_rate`); a full
-//! bucket too (see [`withhold_tat`](crate::maps::store::withhold_tat)). Nothing depends on what the peers
-//! admitted, so there is no feedback from admissions: when the demand is steady, every host's
-//! `s x rate` is below its own demand as soon as the cluster's demand exceeds the rate (every
-//! bucket is saturated, and together they admit `rate`), and nobody is limited otherwise.
+//! `on_partition = "share"`. The round writes `s` into the bucket as its share word
+//! ([`share_word`], 16 bits beside the bucket's creation time), and the XDP program charges each
+//! packet (and byte) of a cluster-scoped limit `SHARE_ONE / word` times its cost, so the bucket
+//! refills at `s x rate` (and `s x bytes_rate`) at every instant, however late the next round
+//! runs, and holds `s x burst` at most. The words hold while `Config::shares_until_ns` (moved on
+//! by every round to the end of its lag allowance, [`lag_allowance_ns`]) is ahead: an agent that
+//! stops, or whose rounds stall, leaves every bucket at the whole rate (fail open). A new key's
+//! bucket refills at the whole rate until its first round. Nothing depends on what the peers admitted, so there is no feedback from admissions: when
+//! the demand is steady, every host's `s x rate` is below its own demand as soon as the
+//! cluster's demand exceeds the rate (every bucket is saturated, and together they admit
+//! `rate`), and nobody is limited otherwise.
 //!
-//! A round moves a TAT by at most the time since the last round: a claim of any size takes a
-//! key's refill on this host down to nothing while it lasts, and leaves at most one round of
-//! debt (what the program admitted meanwhile at the whole rate), no more. Once the claims stop,
-//! the bucket refills at the whole rate again from the next round on.
+//! (Before the share words, the round took the refill back by moving the bucket's TATs on by
+//! `(1 - s) x elapsed`: between rounds the bucket refilled at the whole rate, so a host whose
+//! round ran late admitted up to its whole demand and owed it afterwards: 1 s windows of an even
+//! split over 8 hosts swung 0.85-1.14 x the budget.)
+//!
+//! A claim of any size takes a key's share on this host down to the smallest word (1 / 65,536 of
+//! the rate) while it lasts, and leaves no debt: a word only makes packets cost more. Once the
+//! claims stop, the next rounds give the word back.
 //!
 //! [`lag_allowance_ns`]: super::remote::lag_allowance_ns
 
-use ratelimit_common::{bucket_header, rule_flags, BucketKey, Limit};
+use ratelimit_common::{bucket_header, rule_flags, BucketKey, Limit, SHARE_ONE};
 
 use crate::maps::{store::Slot, MapsError, PinnedMaps};
 
-/// This host's share of a key's budget: `local / (local + peers)` demand (packets/s), 1 when no
-/// counted peer has demand (fail open), multiplied by `factor` (`heard / known` under
-/// `on_partition = "share"`, else 1). A host with no demand of its own while peers have some
-/// gets none of the refill (it keeps what its bucket holds).
+/// This host's share of a key's budget from the demand (packets/s) here (`local`) and at its
+/// counted peers (`peers`), multiplied by `factor` (`heard / known` under `on_partition =
+/// "share"`, else 1); 1 when no counted peer has demand (fail open).
+///
+/// When the cluster's demand `D = local + peers` reaches the limit's packet rate (`rate`, None
+/// for a limit without one) the share is `local / D`: every host's part of the rate is below its
+/// demand, and together they admit the rate; a host with no demand of its own gets none of the
+/// refill. Below the rate there is slack, `rate - D`, and every host, of the `hosts` counted
+/// (this one with them), gets its own demand and an even part of the slack: `(local + (rate -
+/// D) / hosts) / rate`. So nobody is limited below the budget even while the figures are a round
+/// old: a host whose demand has just begun (its published figure still 0) has its part of the
+/// slack meanwhile, not nothing (with shares proportional to demand alone, a source at two hosts
+/// under the budget lost 40% of its packets at one of them for a round).
 #[must_use]
-pub fn share(local: f64, peers: f64, factor: f64) -> f64 {
+pub fn share(local: f64, peers: f64, factor: f64, rate: Option<f64>, hosts: f64) -> f64 {
+    let local = if local.is_nan() { 0.0 } else { local.max(0.0) };
     let s = if peers.is_nan() || peers <= 0.0 {
         1.0
-    } else if local.is_nan() || local <= 0.0 {
-        0.0
     } else {
-        local / (local + peers)
+        let demand = local + peers;
+        match rate {
+            Some(r) if r > 0.0 && demand < r && hosts >= 1.0 => (local + (r - demand) / hosts) / r,
+            _ if local <= 0.0 => 0.0,
+            _ => local / demand,
+        }
     };
     (s * factor).clamp(0.0, 1.0)
+}
+
+/// A limit's packet rate (packets/s), `None` for one without a packet limit.
+#[must_use]
+pub fn packet_rate(limit: &Limit) -> Option<f64> {
+    #[expect(clippy::cast_precision_loss, reason = "a rate")]
+    (limit.flags & rule_flags::PKT_LIMIT != 0 && limit.pkt_interval_ns > 0)
+        .then(|| 1e9 / limit.pkt_interval_ns as f64)
 }
 
 /// How far a round moves a TAT for share `s` after `elapsed_ns` (at most `max_elapsed_ns`: a
@@ -88,7 +115,9 @@ pub fn withheld(limit: &Limit, pkt_ns: u64, byte_ns: u64) -> (u64, u64) {
     (pkts, bytes)
 }
 
-/// Withholds `advance` ns of refill from the bucket under `key` (of limit `limit`) in place in
+/// (Not used by the agent since the share words, see the module: kept for the tests that drive
+/// the agent's in-place writes against the program's.) Withholds `advance` ns of refill from
+/// the bucket under `key` (of limit `limit`) in place in
 /// the bucket store, with the XDP program's compare-and-swap (no packet admitted meanwhile is
 /// lost from the TAT): each TAT of a rate the limit sets moves on by `advance` from
 /// `max(tat, now)`, not past `ceilings` (see [`ceilings`]). A source without a bucket here is left
@@ -139,6 +168,64 @@ pub fn withhold(
     Err(MapsError::Op {
         map: ratelimit_common::map_names::BUCKETS,
         reason: "bucket kept changing while its refill was slowed".into(),
+    })
+}
+
+/// The share word (see `Bucket::created_share`) for share `s` of the rate: `s x SHARE_ONE`
+/// rounded, at least 1 (a host with no share refills at 1 / 65,536 of the rate, next to
+/// nothing), and 0 (none: the whole rate) for a share that rounds to the whole.
+#[must_use]
+pub fn share_word(s: f64) -> u16 {
+    #[expect(clippy::cast_precision_loss, reason = "2^16")]
+    let one = SHARE_ONE as f64;
+    let q = (s.clamp(0.0, 1.0) * one).round();
+    if q >= one {
+        0
+    } else {
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "0 <= q < 2^16"
+        )]
+        let q = q as u16;
+        q.max(1)
+    }
+}
+
+/// Gives the bucket under `key` share word `share` (see [`share_word`]) in place in the bucket
+/// store: the program then charges its packets (and bytes) `SHARE_ONE / share` times their cost,
+/// so it refills at its share of the rate, while `Config::shares_until_ns` is ahead; a bucket
+/// whose share grows keeps the tokens it holds (see `MappedStore::set_share`). A source
+/// without a bucket here is left alone. `Ok(None)` when there is no bucket, else the word the
+/// bucket had.
+pub fn set_share(
+    maps: &PinnedMaps,
+    key: &BucketKey,
+    limit: &Limit,
+    share: u16,
+    now: u64,
+    coarse_now: u64,
+) -> Result<Option<u16>, MapsError> {
+    for _ in 0..3 {
+        let (slot, gen) = maps.locate_bucket(key, coarse_now)?;
+        if gen == 0 {
+            return Ok(None);
+        }
+        match slot {
+            Slot::Found(i) => {
+                let header = bucket_header(key.rule, key.family, gen);
+                let tolerances = (limit.pkt_tolerance_ns, limit.byte_tolerance_ns);
+                if let Some(old) = maps.store().set_share(i, header, share, now, tolerances) {
+                    return Ok(Some(old));
+                }
+            }
+            Slot::Vacant { .. } => return Ok(None),
+            Slot::Busy => {}
+        }
+    }
+    Err(MapsError::Op {
+        map: ratelimit_common::map_names::BUCKETS,
+        reason: "bucket kept changing while its share was set".into(),
     })
 }
 

@@ -291,11 +291,28 @@ impl PinnedMaps {
         map.get(&0, 0).map_err(op(map_names::CONFIG))
     }
 
-    /// Overwrites the config record.
+    /// Overwrites the config record. Within the agent, prefer [`PinnedMaps::update_config`]: two
+    /// writers of different fields (an install's epoch, the cluster sync's
+    /// [`Config::shares_until_ns`]) must not undo each other's field.
     pub fn set_config(&mut self, config: Config) -> Result<()> {
         let mut map: Array<_, Config> =
             Array::try_from(&mut self.config).map_err(op(map_names::CONFIG))?;
         map.set(0, config, 0).map_err(op(map_names::CONFIG))
+    }
+
+    /// Reads the config record, changes it with `f` and writes it back, under a lock that every
+    /// `update_config` of this process takes: the fields `f` leaves alone keep what any other
+    /// writer of this process wrote (the record is written whole, so two unserialised
+    /// read-modify-writes could put an old epoch back). Returns the record written.
+    pub fn update_config(&mut self, f: impl FnOnce(&mut Config)) -> Result<Config> {
+        static WRITES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _held = WRITES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut config = self.config()?;
+        f(&mut config);
+        self.set_config(config)?;
+        Ok(config)
     }
 
     /// The rule record with `id`.

@@ -340,12 +340,103 @@ impl MappedStore {
         Some((p, b, capped))
     }
 
+    /// Gives record `i`'s bucket the cluster share `share` (see `Bucket::created_share`; 0 for
+    /// none), if it still holds `header`. The program only writes the word when it creates a
+    /// bucket (while the record is busy), so the share lands on this bucket or, if the record
+    /// was taken for a new key meanwhile (its header changed: checked again after the write),
+    /// is taken off again: the new bucket refills at its whole rate until the next round gives
+    /// it a share of its own. `None` if the record does not hold `header`, else the share it had.
+    ///
+    /// A bucket whose share grows keeps the tokens it holds, no more: its TATs move on so that
+    /// `now + tolerance - max(tat, now)` (its headroom) shrinks by `old / new` (`tolerances`:
+    /// packet, byte; `now`: `CLOCK_MONOTONIC`). Without that, a bucket held at a word of nearly
+    /// nothing (a host without demand), whose TAT fell behind `now`, would hold `new x burst` the
+    /// moment its word grew: at a change of split from 95/5 to even over 8 hosts, 6 of them took
+    /// an eighth of the burst each at once (1.14 x the budget over the next second, in
+    /// simulation).
+    pub fn set_share(
+        &self,
+        i: u32,
+        header: u64,
+        share: u16,
+        now: u64,
+        tolerances: (u64, u64),
+    ) -> Option<u16> {
+        use ratelimit_common::{SHARE_MASK, SHARE_ONE};
+        self.require_writable();
+        let headers = self.word(i, BUCKET_HEADER_OFFSET);
+        if headers.load(Ordering::Acquire) != header {
+            return None;
+        }
+        let w = self.word(i, std::mem::offset_of!(Bucket, created_share));
+        let old = w
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v & !SHARE_MASK | u64::from(share))
+            })
+            .unwrap_or_else(|v| v);
+        if headers.load(Ordering::Acquire) != header {
+            let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v & !SHARE_MASK)
+            });
+            return None;
+        }
+        let effective = |w: u64| if w == 0 { SHARE_ONE } else { w };
+        let (from, to) = (effective(old & SHARE_MASK), effective(u64::from(share)));
+        if to > from {
+            for (offset, tolerance) in [
+                (std::mem::offset_of!(Bucket, tat_ns), tolerances.0),
+                (std::mem::offset_of!(Bucket, byte_tat_ns), tolerances.1),
+            ] {
+                let _ =
+                    self.word(i, offset)
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+                            keep_tokens(tat, now, tolerance, from, to)
+                        });
+            }
+        }
+        Some(u16::try_from(old & SHARE_MASK).unwrap_or(0))
+    }
+
+    /// Clears every bucket's share word (see `Bucket::created_share`): what an agent's cluster
+    /// sync does before its first round, so that no share an earlier agent left holds once this
+    /// one renews `Config::shares_until_ns`. Returns how many it cleared.
+    pub fn clear_shares(&self) -> u64 {
+        use ratelimit_common::SHARE_MASK;
+        self.require_writable();
+        let mut cleared = 0;
+        self.for_each(|i, b| {
+            if b.share() != 0 {
+                let w = self.word(i, std::mem::offset_of!(Bucket, created_share));
+                let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                    Some(v & !SHARE_MASK)
+                });
+                cleared += 1;
+            }
+        });
+        cleared
+    }
+
     fn require_writable(&self) {
         assert!(
             self.writable,
             "the bucket store is mapped read-only (opened without write access)"
         );
     }
+}
+
+/// The TAT that keeps a bucket's tokens when its share word grows from `from` to `to` (both
+/// effective: 1..=`SHARE_ONE`): its headroom `now + tolerance - max(tat, now)` scaled by
+/// `from / to`; `None` (leave it) when there is no headroom or it would not move.
+#[must_use]
+pub fn keep_tokens(tat: u64, now: u64, tolerance: u64, from: u64, to: u64) -> Option<u64> {
+    let base = tat.max(now);
+    let top = now.saturating_add(tolerance);
+    if to <= from || base >= top {
+        return None;
+    }
+    let headroom = u128::from(top - base) * u128::from(from) / u128::from(to);
+    let new = top - u64::try_from(headroom).unwrap_or(u64::MAX).min(top - base);
+    (new > tat).then_some(new)
 }
 
 /// `tat` moved by `cost` from `now` (`max(tat, now) + cost`) but not past `ceiling` (a TAT already

@@ -1,5 +1,10 @@
 use super::*;
-use crate::{cluster::remote::DemandWindow, maps::store::withhold_tat};
+use ratelimit_common::{share_cost, Bucket, SHARE_ONE};
+
+use crate::{
+    cluster::remote::DemandWindow,
+    maps::store::{keep_tokens, withhold_tat},
+};
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000 * MS;
@@ -18,22 +23,89 @@ fn limit() -> Limit {
 
 #[test]
 fn the_share_is_the_demand_over_the_clusters_and_fails_open() {
-    // Steady state: 8 hosts of 500 pps each.
-    assert!((share(500.0, 3500.0, 1.0) - 0.125).abs() < 1e-12);
+    let r = Some(1000.0);
+    // Steady state: 8 hosts of 500 pps each, 4 x the rate.
+    assert!((share(500.0, 3500.0, 1.0, r, 8.0) - 0.125).abs() < 1e-12);
     // 95/5.
-    assert!((share(3800.0, 200.0, 1.0) - 0.95).abs() < 1e-12);
+    assert!((share(3800.0, 200.0, 1.0, r, 2.0) - 0.95).abs() < 1e-12);
     // No counted peer has demand (none counted, silent, uncounted): the whole budget.
-    assert_eq!(share(500.0, 0.0, 1.0), 1.0);
-    assert_eq!(share(0.0, 0.0, 1.0), 1.0);
-    assert_eq!(share(500.0, f64::NAN, 1.0), 1.0);
-    // No demand here while peers have some: none of the refill.
-    assert_eq!(share(0.0, 100.0, 1.0), 0.0);
+    assert_eq!(share(500.0, 0.0, 1.0, r, 1.0), 1.0);
+    assert_eq!(share(0.0, 0.0, 1.0, r, 2.0), 1.0);
+    assert_eq!(share(500.0, f64::NAN, 1.0, r, 2.0), 1.0);
+    // At or over the rate, no demand here while peers have some: none of the refill.
+    assert_eq!(share(0.0, 1000.0, 1.0, r, 2.0), 0.0);
+    // Under the rate: its own demand and an even part of the slack, so nobody is limited
+    // (a host whose demand has just begun has its part: 450 of the 900 left).
+    assert!((share(0.0, 100.0, 1.0, r, 2.0) - 0.45).abs() < 1e-12);
+    assert!((share(300.0, 300.0, 1.0, r, 2.0) - 0.5).abs() < 1e-12);
+    assert!((share(100.0, 500.0, 1.0, r, 3.0) - (100.0 + 400.0 / 3.0) / 1000.0).abs() < 1e-12);
+    // The parts add up to 1 (three hosts at 100, 200 and 300).
+    let sum: f64 = [(100.0, 500.0), (200.0, 400.0), (300.0, 300.0)]
+        .iter()
+        .map(|&(l, p)| share(l, p, 1.0, r, 3.0))
+        .sum();
+    assert!((sum - 1.0).abs() < 1e-12, "{sum}");
+    // Continuous at the rate; without a packet rate (a byte limit alone), by demand only.
+    assert!((share(500.0, 500.0, 1.0, r, 2.0) - 0.5).abs() < 1e-12);
+    assert_eq!(share(0.0, 100.0, 1.0, None, 2.0), 0.0);
     // on_partition = "share": a lone host of three.
-    assert!((share(500.0, 0.0, 1.0 / 3.0) - 1.0 / 3.0).abs() < 1e-12);
-    assert!((share(500.0, 500.0, 2.0 / 3.0) - 1.0 / 3.0).abs() < 1e-12);
+    assert!((share(500.0, 0.0, 1.0 / 3.0, r, 1.0) - 1.0 / 3.0).abs() < 1e-12);
+    assert!((share(500.0, 500.0, 2.0 / 3.0, r, 2.0) - 1.0 / 3.0).abs() < 1e-12);
     // A peer claiming any demand takes the share towards nothing, never below.
-    assert!(share(1.0, 1e300, 1.0) >= 0.0);
-    assert_eq!(share(1.0, f64::INFINITY, 1.0), 0.0);
+    assert!(share(1.0, 1e300, 1.0, r, 2.0) >= 0.0);
+    assert_eq!(share(1.0, f64::INFINITY, 1.0, r, 2.0), 0.0);
+}
+
+#[test]
+fn a_share_word_scales_the_cost_so_the_bucket_refills_at_its_share() {
+    // The whole rate is no share at all (0), and so is anything that rounds to it.
+    assert_eq!(share_word(1.0), 0);
+    assert_eq!(share_word(1.0 - 1e-6), 0);
+    assert_eq!(share_cost(MS, 0), MS);
+    // An eighth: each packet costs 8 intervals, so the bucket refills at 1/8 of the rate.
+    assert_eq!(u64::from(share_word(0.125)), SHARE_ONE / 8);
+    assert_eq!(share_cost(MS, u64::from(share_word(0.125))), 8 * MS);
+    // 95%: to within the word's resolution (1 / 65,536).
+    let c = share_cost(MS, u64::from(share_word(0.95)));
+    assert!((c as f64 / MS as f64 - 1.0 / 0.95).abs() < 1e-4, "{c}");
+    // No share (a claim took it all, or no demand here): next to nothing, never a division by
+    // zero and never the whole rate.
+    assert_eq!(share_word(0.0), 1);
+    assert_eq!(share_word(f64::NAN.max(0.0)), 1);
+    assert_eq!(share_cost(MS, 1), MS * SHARE_ONE);
+    // Costs too large to scale (39 hours a packet and more) stay as they are.
+    assert_eq!(share_cost(1 << 50, 1), 1 << 50);
+    // The creation time beside the word keeps 65.5 us of resolution.
+    let b = Bucket {
+        created_share: Bucket::created_at(123_456_789) | u64::from(share_word(0.5)),
+        ..Bucket::default()
+    };
+    assert_eq!(b.created_ns(), 123_456_789 & !0xffff);
+    assert_eq!(u64::from(b.share()), SHARE_ONE / 2);
+}
+
+#[test]
+fn a_bucket_whose_share_grows_keeps_its_tokens_and_no_more() {
+    let (now, tol) = (1_000 * S, 500 * MS);
+    // Held at nearly nothing, its TAT fell behind now: at the word's cost it holds no token; at
+    // an eighth it would hold tol / 8 ms = 62 at once. Kept: its headroom scaled by 1 / 8192,
+    // still no token at the new cost (8 ms).
+    let t = keep_tokens(now - 10 * S, now, tol, 1, SHARE_ONE / 8).unwrap();
+    let headroom = now + tol - t;
+    assert!(
+        headroom < 8 * MS,
+        "{headroom} ns of headroom: a token or more"
+    );
+    // Half full at 1/4 (cost 4 ms, 62 tokens of 125) to 1/2 (cost 2 ms): 62 tokens still.
+    let t = keep_tokens(now + 250 * MS, now, tol, SHARE_ONE / 4, SHARE_ONE / 2).unwrap();
+    assert_eq!(now + tol - t, 125 * MS);
+    // A share that shrinks, a bucket in debt or one with no headroom: left alone.
+    assert_eq!(
+        keep_tokens(now, now, tol, SHARE_ONE / 2, SHARE_ONE / 4),
+        None
+    );
+    assert_eq!(keep_tokens(now + tol, now, tol, 1, SHARE_ONE), None);
+    assert_eq!(keep_tokens(now + 2 * tol, now, tol, 1, SHARE_ONE), None);
 }
 
 #[test]
@@ -70,8 +142,9 @@ fn a_round_withholds_the_rest_of_its_refill_and_no_more_than_the_lag() {
 /// Hosts sharing one budget in a simulation of the XDP program's bucket (GCRA, one packet a
 /// time) and of the rounds: every 100 ms each host divides by the demand every host published
 /// one round earlier (gossip lag; its own figure too, as the agent does; each over the last
-/// [`DEMAND_ROUNDS`](crate::cluster::remote::DEMAND_ROUNDS) rounds), and slows its bucket to its
-/// share.
+/// [`DEMAND_ROUNDS`](crate::cluster::remote::DEMAND_ROUNDS) rounds), and gives its bucket its
+/// share word ([`share_word`]), which the program's charge scales each packet's cost by
+/// ([`share_cost`]): between rounds too, the bucket refills at its share.
 struct Cluster {
     hosts: Vec<Host>,
     /// What each host published last round (packets/s), as the others read it now.
@@ -87,6 +160,8 @@ struct Host {
     demand: u64,
     window: DemandWindow,
     admitted: u64,
+    /// The bucket's share word (0: the whole rate).
+    word: u16,
     /// Fractional packets of the flood still to send.
     carry: f64,
 }
@@ -115,7 +190,8 @@ impl Cluster {
                 while h.carry >= 1.0 {
                     h.carry -= 1.0;
                     h.demand += 1;
-                    let next = h.tat.max(self.now) + l.pkt_interval_ns;
+                    let cost = share_cost(l.pkt_interval_ns, u64::from(h.word));
+                    let next = h.tat.max(self.now) + cost;
                     if next - self.now <= l.pkt_tolerance_ns {
                         h.tat = next;
                         h.admitted += 1;
@@ -133,13 +209,21 @@ impl Cluster {
                     })
                     .collect();
                 let all: f64 = self.published.iter().sum::<f64>() + self.claim;
+                #[expect(clippy::cast_precision_loss, reason = "a few hosts")]
+                let hosts = self.hosts.len() as f64;
                 for (i, h) in self.hosts.iter_mut().enumerate() {
                     let peers = all - self.published[i];
                     // Its own figure as the others read it: published last round.
-                    let s = share(self.published[i], peers, 1.0);
-                    let a = advance_ns(s, 100 * MS, LAG);
-                    let c = ceilings(&l, LAG, self.now).0;
-                    h.tat = withhold_tat(h.tat, self.now, a, c).0;
+                    let word =
+                        share_word(share(self.published[i], peers, 1.0, Some(1000.0), hosts));
+                    // As `MappedStore::set_share`: a bucket whose share grows keeps its tokens.
+                    let eff = |w: u16| if w == 0 { SHARE_ONE } else { u64::from(w) };
+                    if let Some(t) =
+                        keep_tokens(h.tat, self.now, l.pkt_tolerance_ns, eff(h.word), eff(word))
+                    {
+                        h.tat = t;
+                    }
+                    h.word = word;
                 }
                 self.published = fresh;
                 per_round.push(admitted);
@@ -212,9 +296,9 @@ fn demand_under_the_budget_is_not_limited() {
 
 /// A peer with the key claims a huge demand for a victim source for 60 s while the victim sends
 /// at half the budget through two hosts: the claim takes the victim's refill here (as the old
-/// charging did), but leaves no more than one round of debt, and the victim is admitted in full
-/// again from the second round after the claims stop (the debt cap of the old charging needed
-/// `(identities + 1) x 0.8 s`).
+/// charging did), but leaves no debt (a share only makes packets cost more, it never moves the
+/// arrival time on by itself), and the victim is admitted in full again from the second round
+/// after the claims stop (the debt cap of the old charging needed `(identities + 1) x 0.8 s`).
 #[test]
 fn a_claiming_peer_leaves_no_debt_and_the_source_recovers_a_round_after() {
     let mut c = Cluster::new(2);
@@ -224,8 +308,8 @@ fn a_claiming_peer_leaves_no_debt_and_the_source_recovers_a_round_after() {
     let l = limit();
     for h in &c.hosts {
         assert!(
-            h.tat <= c.now + l.pkt_tolerance_ns + 100 * MS,
-            "debt beyond one round: {} ms",
+            h.tat <= c.now + l.pkt_tolerance_ns,
+            "debt: {} ms",
             (h.tat - c.now) / MS
         );
     }
