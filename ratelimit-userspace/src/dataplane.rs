@@ -5,7 +5,6 @@
 //! flipping one word in the config map, so a packet sees either the old set or the new one whole.
 
 use std::{
-    collections::{BTreeSet, HashMap},
     fs,
     path::{Path, PathBuf},
     thread,
@@ -22,7 +21,7 @@ use aya::{
 };
 use ratelimit_common::{
     bucket_capacity, global, map_names, prefix_generation, PrefixKey, Rule, RuleSet, BUCKET_WAYS,
-    PROGRAM_NAME,
+    MAX_RULES, PROGRAM_NAME,
 };
 
 use crate::compile::CompiledRuleSet;
@@ -162,16 +161,16 @@ pub struct Dataplane {
     maps: PinnedMaps,
     attachments: Vec<Attachment>,
     /// Rule ids named in the rule set in force.
-    live_ids: BTreeSet<u32>,
+    live_ids: IdSet,
     /// What this data plane wrote to each rule record it knows (the record with its bucket
-    /// generation, the name and the config line), so an install rewrites only what changed.
-    /// Empty after an adoption: the first install writes every record.
-    records: HashMap<u32, (Rule, String, u32)>,
-    /// The prefix entries both generations of the trie hold (key data under generation 0, LPM
-    /// prefix length), when they hold the same, known set: an install then writes only the
-    /// difference, into each generation in turn. `None` until known (after an adoption, or while
-    /// an install that may fail half-way is writing): the next install clears and rewrites both.
-    mirror: Option<HashMap<(PrefixKey, u32), RuleSet>>,
+    /// generation, the name and the config line), indexed by rule id, so an install rewrites
+    /// only what changed. Empty after an adoption: the first install writes every record.
+    records: Vec<Option<Written>>,
+    /// The prefix entries both generations of the trie hold, sorted by [`MirrorKey`], when they
+    /// hold the same, known set: an install then writes only the difference, into each
+    /// generation in turn. `None` until known (after an adoption, or while an install that may
+    /// fail half-way is writing): the next install clears and rewrites both.
+    mirror: Option<Vec<(MirrorKey, RuleSet)>>,
     /// The program's `internal` counter when the last install began: when it has moved by the
     /// next, the program met a state the agent never writes (see [`Dataplane::install`]).
     internal_at_install: Option<u64>,
@@ -218,13 +217,13 @@ impl Dataplane {
             .map_err(|e| DataplaneError::Load(verifier_error(&e)))?;
         let mut maps = PinnedMaps::open(&opts.pin_dir)?;
         init_store(&mut maps)?;
-        let live_ids = maps.named_rules()?.into_keys().collect();
+        let live_ids = IdSet::from_ids(maps.named_rules()?.into_keys());
         Ok(Self {
             ebpf,
             maps,
             attachments: Vec::new(),
             live_ids,
-            records: HashMap::new(),
+            records: Vec::new(),
             mirror: None,
             internal_at_install: None,
             lock,
@@ -447,13 +446,29 @@ impl Dataplane {
     ///
     /// Both generations hold the set in force between installs (the old one is brought up to
     /// the new set after the switch), so an install writes only what changed: a change of one
-    /// rule among 10,000 is a few map writes and the grace period, not the whole set twice.
+    /// rule among 10,000 is a few map writes and the grace period, not the whole set twice. What
+    /// was written is kept in memory (records by id, the prefixes as one sorted list), so
+    /// finding the change costs a comparison per rule and per prefix, no map read.
     ///
     /// When the program counted an internal error since the last install (a prefix naming a
     /// rule id without a record: a state the agent never writes), nothing written is trusted:
     /// every rule record and both generations of the trie are written again, which repairs
     /// whatever was overwritten.
     pub fn install(&mut self, set: &CompiledRuleSet) -> Result<()> {
+        // Before anything is written: an id the rule map has no record for fails the install
+        // here, not half-way (the compiler never assigns one).
+        if let Some(r) = set.rules.iter().find(|r| r.id >= MAX_RULES) {
+            return Err(MapsError::Op {
+                map: map_names::RULES,
+                reason: format!(
+                    "rule {:?} has id {}, beyond the last ({})",
+                    r.name,
+                    r.id,
+                    MAX_RULES - 1
+                ),
+            }
+            .into());
+        }
         let internal = self.maps.global_stats()?.counters[global::INTERNAL];
         if self
             .internal_at_install
@@ -472,63 +487,77 @@ impl Dataplane {
         // inactive half of the prefix trie.
         let epoch = config.generation.wrapping_add(1);
         let next = prefix_generation(epoch);
-        let new_ids: BTreeSet<u32> = set.rules.iter().map(|r| r.id).collect();
+        let new_ids = IdSet::from_ids(set.rules.iter().map(|r| r.id));
 
         // 1. Rule records. An id in force keeps its content (a changed rule gets a new id), so
         //    rewriting it changes nothing a packet can see; a new id starts with zeroed counters
         //    and a new bucket generation (the epoch being installed: unique, never 0), so no
-        //    bucket of the id's last rule counts for it.
+        //    bucket of the id's last rule counts for it. A record known to hold what it should
+        //    (an unchanged rule) is not touched: it costs a comparison, no map access.
         for r in &set.rules {
             let line = u32::try_from(r.line).unwrap_or(0);
-            let live = self.live_ids.contains(&r.id);
-            let known = self.records.get(&r.id).filter(|_| live);
+            let live = self.live_ids.contains(r.id);
+            let known = written(&self.records, r.id).filter(|_| live);
             let mut record = r.rule;
             record.bucket_gen = match known {
-                Some((k, _, _)) => k.bucket_gen,
+                Some(k) => k.rule.bucket_gen,
                 None if live => self.maps.rule(r.id)?.bucket_gen,
                 None => 0,
             };
-            if !live {
-                self.maps.reset_rule_stats(r.id)?;
-            }
             if record.bucket_gen == 0 {
                 record.bucket_gen = epoch.max(1);
             }
-            let (same_record, same_meta) = known.map_or((false, false), |(k, name, l)| {
-                (*k == record, *name == r.name && *l == line)
+            let (same_record, same_meta) = known.map_or((false, false), |k| {
+                (k.rule == record, k.name == r.name && k.line == line)
             });
+            if same_record && same_meta {
+                continue;
+            }
+            if !live {
+                self.maps.reset_rule_stats(r.id)?;
+            }
             // Forgotten first: a write that fails leaves the record unknown, rewritten next time.
-            self.records.remove(&r.id);
+            remember(&mut self.records, r.id, None);
             if !same_record {
                 self.maps.set_rule(r.id, record)?;
             }
             if !same_meta {
                 self.maps.set_rule_meta(r.id, Some((&r.name, line)))?;
             }
-            self.records.insert(r.id, (record, r.name.clone(), line));
+            remember(
+                &mut self.records,
+                r.id,
+                Some(Written {
+                    rule: record,
+                    name: r.name.clone(),
+                    line,
+                }),
+            );
         }
         // 2. The inactive generation: brought from the set both generations hold to the new one
-        //    (or, not known, cleared of whatever it holds, say a crash mid-install's, and filled).
-        let new: HashMap<(PrefixKey, u32), RuleSet> = set
-            .prefixes
-            .iter()
-            .map(|p| ((p.key(0), p.lpm_prefix_len()), p.rules))
-            .collect();
+        //    by writing the difference (or, not known, cleared of whatever it holds, say a crash
+        //    mid-install's, and filled). The difference is worked out once, for both.
+        let new = mirror_of(set);
         let old = self.mirror.take();
-        self.write_generation(next, old.as_ref(), &new)?;
+        let diff = old.as_deref().map(|old| PrefixDiff::between(old, &new));
+        self.write_generation(next, diff.as_ref(), &new)?;
         // 3. The switch.
         self.maps.update_config(|c| c.generation = epoch)?;
         // 4. Once no packet can still be reading the old generation, bring it to the new set
         //    too.
         thread::sleep(GRACE);
-        self.write_generation(1 - next, old.as_ref(), &new)?;
+        self.write_generation(1 - next, diff.as_ref(), &new)?;
         self.mirror = Some(new);
         // Rules that left the set: their buckets go stale with their generation (readers ignore
         // them, the program recycles their records), so nothing is walked or deleted.
-        let gone: BTreeSet<u32> = self.live_ids.difference(&new_ids).copied().collect();
-        for &id in &gone {
-            let rule = match self.records.remove(&id) {
-                Some((rule, _, _)) => rule,
+        let gone: Vec<u32> = self
+            .live_ids
+            .iter()
+            .filter(|&id| !new_ids.contains(id))
+            .collect();
+        for id in gone {
+            let rule = match self.records.get_mut(id as usize).and_then(Option::take) {
+                Some(w) => w.rule,
                 None => self.maps.rule(id)?,
             };
             self.maps.set_rule_meta(id, None)?;
@@ -546,35 +575,28 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Makes `generation` of the prefix trie hold exactly `new`: from `old` (what it holds)
-    /// by writing the difference, removals first so it never holds more than the larger set;
-    /// from unknown contents (`None`) by clearing it and writing every entry.
+    /// Makes `generation` of the prefix trie hold exactly `new`: from the set both generations
+    /// held by writing `diff`, removals first so it never holds more than the larger set; from
+    /// unknown contents (`None`) by clearing it and writing every entry.
     fn write_generation(
         &mut self,
         generation: u8,
-        old: Option<&HashMap<(PrefixKey, u32), RuleSet>>,
-        new: &HashMap<(PrefixKey, u32), RuleSet>,
+        diff: Option<&PrefixDiff>,
+        new: &[(MirrorKey, RuleSet)],
     ) -> Result<()> {
-        let at = |(key, len): &(PrefixKey, u32)| (PrefixKey { generation, ..*key }, *len);
-        match old {
-            Some(old) => {
-                let gone: Vec<_> = old
-                    .keys()
-                    .filter(|k| !new.contains_key(*k))
-                    .map(at)
-                    .collect();
+        match diff {
+            Some(diff) => {
+                let gone: Vec<_> = diff.gone.iter().map(|k| k.at(generation)).collect();
                 self.maps.remove_prefixes(&gone)?;
-                for (k, rules) in new {
-                    if old.get(k) != Some(rules) {
-                        let (key, len) = at(k);
-                        self.maps.insert_prefix(key, len, *rules)?;
-                    }
+                for (k, rules) in &diff.set {
+                    let (key, len) = k.at(generation);
+                    self.maps.insert_prefix(key, len, *rules)?;
                 }
             }
             None => {
                 self.maps.clear_generation(generation)?;
                 for (k, rules) in new {
-                    let (key, len) = at(k);
+                    let (key, len) = k.at(generation);
                     self.maps.insert_prefix(key, len, *rules)?;
                 }
             }
@@ -586,6 +608,161 @@ impl Dataplane {
     pub fn set_flags(&mut self, flags: u32) -> Result<()> {
         self.maps.update_config(|c| c.flags = flags)?;
         Ok(())
+    }
+}
+
+/// What the data plane wrote to a rule record and its name.
+struct Written {
+    /// The record, with its bucket generation.
+    rule: Rule,
+    /// The rule's name.
+    name: String,
+    /// The rule's config line.
+    line: u32,
+}
+
+/// What `records` knows was written for rule `id`.
+fn written(records: &[Option<Written>], id: u32) -> Option<&Written> {
+    records.get(id as usize).and_then(Option::as_ref)
+}
+
+/// Sets (or, `None`, forgets) what `records` knows was written for rule `id` (< [`MAX_RULES`]).
+fn remember(records: &mut Vec<Option<Written>>, id: u32, what: Option<Written>) {
+    let i = id as usize;
+    if i >= records.len() {
+        if what.is_none() {
+            return;
+        }
+        records.resize_with(i + 1, || None);
+    }
+    records[i] = what;
+}
+
+/// A set of rule ids (< [`MAX_RULES`]): one bit each.
+#[derive(Clone, Debug)]
+struct IdSet(Vec<u64>);
+
+impl IdSet {
+    fn from_ids(ids: impl IntoIterator<Item = u32>) -> Self {
+        let mut bits = vec![0u64; MAX_RULES.div_ceil(64) as usize];
+        for id in ids {
+            if id < MAX_RULES {
+                bits[(id / 64) as usize] |= 1 << (id % 64);
+            }
+        }
+        Self(bits)
+    }
+
+    fn contains(&self, id: u32) -> bool {
+        self.0
+            .get((id / 64) as usize)
+            .is_some_and(|w| w & (1 << (id % 64)) != 0)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..MAX_RULES).filter(|&id| self.contains(id))
+    }
+}
+
+/// A prefix trie entry's key apart from its generation: what both generations hold alike.
+/// Ordered by family, address and length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct MirrorKey {
+    family: u8,
+    addr: [u8; 16],
+    /// The LPM prefix length (header bits included).
+    prefix_len: u32,
+}
+
+impl MirrorKey {
+    /// The trie key (data, LPM prefix length) under `generation`.
+    fn at(self, generation: u8) -> (PrefixKey, u32) {
+        (
+            PrefixKey {
+                generation,
+                family: self.family,
+                addr: self.addr,
+            },
+            self.prefix_len,
+        )
+    }
+}
+
+/// The prefix entries of `set` as both generations hold them, sorted by key; a key given twice
+/// holds the later entry's rules, as the trie would after writing both.
+fn mirror_of(set: &CompiledRuleSet) -> Vec<(MirrorKey, RuleSet)> {
+    let mut entries: Vec<(MirrorKey, RuleSet)> = set
+        .prefixes
+        .iter()
+        .map(|p| {
+            let key = MirrorKey {
+                family: p.family,
+                addr: p.addr,
+                prefix_len: p.lpm_prefix_len(),
+            };
+            (key, p.rules)
+        })
+        .collect();
+    // The compiler hands them over in this order already: the check is one pass.
+    if !entries.is_sorted_by_key(|e| e.0) {
+        entries.sort_by_key(|e| e.0);
+    }
+    entries.dedup_by(|later, earlier| {
+        let same = later.0 == earlier.0;
+        if same {
+            earlier.1 = later.1;
+        }
+        same
+    });
+    entries
+}
+
+/// What turns one set of prefix entries into another: one merge of the two sorted lists, so a
+/// change of one prefix among many costs a comparison per entry and a map write for that one.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct PrefixDiff {
+    /// Keys of the old set that the new one lacks.
+    gone: Vec<MirrorKey>,
+    /// Entries of the new set that the old one lacks or holds with other rules.
+    set: Vec<(MirrorKey, RuleSet)>,
+}
+
+impl PrefixDiff {
+    /// From `old` to `new`, both sorted by key without repeats (see [`mirror_of`]).
+    fn between(old: &[(MirrorKey, RuleSet)], new: &[(MirrorKey, RuleSet)]) -> Self {
+        use std::cmp::Ordering;
+        let mut diff = Self::default();
+        let (mut o, mut n) = (old.iter().peekable(), new.iter().peekable());
+        loop {
+            match (o.peek(), n.peek()) {
+                (Some(a), Some(b)) => match a.0.cmp(&b.0) {
+                    Ordering::Less => {
+                        diff.gone.push(a.0);
+                        o.next();
+                    }
+                    Ordering::Greater => {
+                        diff.set.push(**b);
+                        n.next();
+                    }
+                    Ordering::Equal => {
+                        if a.1 != b.1 {
+                            diff.set.push(**b);
+                        }
+                        o.next();
+                        n.next();
+                    }
+                },
+                (Some(a), None) => {
+                    diff.gone.push(a.0);
+                    o.next();
+                }
+                (None, Some(b)) => {
+                    diff.set.push(**b);
+                    n.next();
+                }
+                (None, None) => return diff,
+            }
+        }
     }
 }
 
@@ -905,6 +1082,116 @@ mod tests {
 31 30 0:40 / /sys/fs/bpf/inner rw - bpf bpf rw
 40 1 0:50 / /mnt/other rw - tmpfs tmpfs rw
 ";
+
+    fn key(i: u8) -> MirrorKey {
+        MirrorKey {
+            family: 4,
+            addr: [10, i, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            prefix_len: 32,
+        }
+    }
+
+    fn rules(ids: &[u32]) -> RuleSet {
+        let mut set = RuleSet {
+            len: u32::try_from(ids.len()).unwrap(),
+            ..RuleSet::default()
+        };
+        set.rules[..ids.len()].copy_from_slice(ids);
+        set
+    }
+
+    #[test]
+    fn a_prefix_diff_holds_what_changed_and_nothing_else() {
+        // Deterministic draws: each of 40 keys absent, or present with one of 3 rule sets, in
+        // an old and a new set.
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut draw = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % 4
+        };
+        for _ in 0..200 {
+            let mut old = Vec::new();
+            let mut new = Vec::new();
+            for i in 0..40 {
+                for list in [&mut old, &mut new] {
+                    match draw() {
+                        0 => {}
+                        v => list.push((key(i), rules(&[u32::try_from(v).unwrap()]))),
+                    }
+                }
+            }
+            let diff = PrefixDiff::between(&old, &new);
+            let old_map: std::collections::BTreeMap<_, _> = old.iter().copied().collect();
+            let new_map: std::collections::BTreeMap<_, _> = new.iter().copied().collect();
+            let gone: Vec<_> = old_map
+                .keys()
+                .filter(|k| !new_map.contains_key(*k))
+                .copied()
+                .collect();
+            let set: Vec<_> = new
+                .iter()
+                .filter(|(k, r)| old_map.get(k) != Some(r))
+                .copied()
+                .collect();
+            assert_eq!(diff, PrefixDiff { gone, set });
+            // Applied to the old set, it gives the new one.
+            let mut applied = old_map.clone();
+            for k in &diff.gone {
+                applied.remove(k);
+            }
+            applied.extend(diff.set.iter().copied());
+            assert_eq!(applied, new_map);
+        }
+        assert_eq!(
+            PrefixDiff::between(&[(key(1), rules(&[1]))], &[(key(1), rules(&[1]))]),
+            PrefixDiff::default()
+        );
+    }
+
+    #[test]
+    fn the_mirror_is_sorted_and_a_repeated_prefix_holds_its_last_rules() {
+        use crate::config::RuleConfig;
+        let config: Vec<RuleConfig> =
+            ["10.2.0.0/16", "10.1.0.0/16", "2001:db8::/32", "10.1.0.0/24"]
+                .iter()
+                .enumerate()
+                .map(|(i, net)| RuleConfig {
+                    rate: Some(100),
+                    burst: Some(100),
+                    ..RuleConfig::new(format!("r{i}"), net.parse().unwrap())
+                })
+                .collect();
+        let mut set = crate::compile::compile(&config, &crate::compile::RuleIds::new()).unwrap();
+        let sorted = mirror_of(&set);
+        assert_eq!(sorted.len(), 4);
+        assert!(sorted.windows(2).all(|w| w[0].0 < w[1].0));
+        // Handed over out of order and with a prefix twice: the same, the later entry's rules.
+        set.prefixes.reverse();
+        let mut again = set.prefixes[0].clone();
+        again.rules = rules(&[7]);
+        set.prefixes.push(again.clone());
+        let mirror = mirror_of(&set);
+        assert_eq!(mirror.len(), 4);
+        assert!(mirror.windows(2).all(|w| w[0].0 < w[1].0));
+        let held = mirror
+            .iter()
+            .find(|(k, _)| k.addr == again.addr && k.prefix_len == again.lpm_prefix_len())
+            .unwrap();
+        assert_eq!(held.1, rules(&[7]));
+    }
+
+    #[test]
+    fn an_id_set_holds_exactly_its_ids() {
+        let ids = IdSet::from_ids([0, 63, 64, 700, MAX_RULES - 1]);
+        assert_eq!(
+            ids.iter().collect::<Vec<_>>(),
+            [0, 63, 64, 700, MAX_RULES - 1]
+        );
+        assert!(!ids.contains(1) && !ids.contains(MAX_RULES) && !ids.contains(u32::MAX));
+        assert_eq!(IdSet::from_ids([]).iter().count(), 0);
+    }
 
     #[test]
     fn the_pins_bpffs_is_the_longest_bpf_mount_that_holds_them() {

@@ -191,3 +191,63 @@ fn every_install_leaves_both_generations_holding_exactly_the_set_in_force() {
         }
     }
 }
+
+/// `n` per-source limits, each on a /24 of its own under 11.0.0.0/8; rule "r0"'s rate is
+/// `rate0` (another value is a changed rule).
+fn many(n: usize, rate0: u64) -> String {
+    (0..n)
+        .map(|i| {
+            let rate = if i == 0 { rate0 } else { 1000 };
+            format!(
+                "[[rule]]\nname = \"r{i}\"\nsource = \"11.{}.{}.0/24\"\nrate = {rate}\nburst = 2000\n",
+                i >> 8,
+                i & 0xff
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_one_rule_change_writes_that_rule_alone_whatever_the_set_size() {
+    require_root();
+    let mut dp = TestDataplane::new("installs-one", 4096).unwrap();
+    let src: IpAddr = "11.0.1.9".parse().unwrap();
+    for n in [10, 1000] {
+        let set = dp.install_toml(&many(n, 1000)).unwrap();
+        let r1 = set.by_name("r1").unwrap().id;
+        // A rule the change leaves alone has counted a packet.
+        assert_eq!(dp.run(&frame(src)), XDP_PASS);
+        let counted = dp.rule(r1);
+        assert!(
+            counted.pkts[ratelimit_common::verdict::PASSED] > 0,
+            "{n} rules"
+        );
+
+        let before = dp.maps().writes();
+        let changed = dp.install_toml(&many(n, 1001)).unwrap();
+        // r0's new id: its counters zeroed, its record and its name (3); r0's prefix, whose
+        // candidate is the new id, in each generation of the trie (2); the switch (1); r0's old
+        // id retired: name freed, bucket generation ended (2).
+        assert_eq!(
+            dp.maps().writes() - before,
+            8,
+            "{n} rules: a change of one rule wrote more than that rule"
+        );
+        assert_eq!(changed.by_name("r1").unwrap().id, r1);
+        assert_eq!(
+            dp.rule(r1),
+            counted,
+            "{n} rules: r1's counters were touched"
+        );
+        assert_ne!(
+            changed.by_name("r0").unwrap().id,
+            set.by_name("r0").unwrap().id
+        );
+
+        // The same set again: only the switch to a new epoch.
+        let before = dp.maps().writes();
+        dp.install_toml(&many(n, 1001)).unwrap();
+        assert_eq!(dp.maps().writes() - before, 1, "{n} rules: nothing changed");
+        assert_eq!(dp.run(&frame(src)), XDP_PASS);
+    }
+}

@@ -226,6 +226,8 @@ pub struct PinnedMaps {
     store: MappedStore,
     rule_stats: Map,
     global_stats: Map,
+    /// Entries written or deleted through this handle (see [`PinnedMaps::writes`]).
+    writes: u64,
 }
 
 impl PinnedMaps {
@@ -276,6 +278,7 @@ impl PinnedMaps {
             store,
             rule_stats: open(map_names::RULE_STATS)?,
             global_stats: open(map_names::GLOBAL_STATS)?,
+            writes: 0,
         })
     }
 
@@ -283,6 +286,15 @@ impl PinnedMaps {
     #[must_use]
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// How many map entries this handle has written or deleted (config, rule records, names,
+    /// counters, prefix entries; one per entry, failed attempts included; the bucket store is
+    /// not counted): what an install costs in bpf() calls, for tests that check it writes only
+    /// what changed.
+    #[must_use]
+    pub fn writes(&self) -> u64 {
+        self.writes
     }
 
     /// The config record.
@@ -295,6 +307,7 @@ impl PinnedMaps {
     /// writers of different fields (an install's epoch, the cluster sync's
     /// [`Config::shares_until_ns`]) must not undo each other's field.
     pub fn set_config(&mut self, config: Config) -> Result<()> {
+        self.writes += 1;
         let mut map: Array<_, Config> =
             Array::try_from(&mut self.config).map_err(op(map_names::CONFIG))?;
         map.set(0, config, 0).map_err(op(map_names::CONFIG))
@@ -323,6 +336,7 @@ impl PinnedMaps {
 
     /// Writes the rule record `id`.
     pub fn set_rule(&mut self, id: u32, rule: Rule) -> Result<()> {
+        self.writes += 1;
         let mut map: Array<_, Rule> =
             Array::try_from(&mut self.rules).map_err(op(map_names::RULES))?;
         map.set(id, rule, 0).map_err(op(map_names::RULES))
@@ -345,6 +359,7 @@ impl PinnedMaps {
 
     /// Writes the name of rule `id` (`None` frees it).
     pub fn set_rule_meta(&mut self, id: u32, name_line: Option<(&str, u32)>) -> Result<()> {
+        self.writes += 1;
         let mut meta = RuleMeta::default();
         if let Some((name, line)) = name_line {
             let bytes = name.as_bytes();
@@ -375,6 +390,7 @@ impl PinnedMaps {
 
     /// Inserts a prefix entry.
     pub fn insert_prefix(&mut self, key: PrefixKey, prefix_len: u32, set: RuleSet) -> Result<()> {
+        self.writes += 1;
         let mut trie: LpmTrie<_, PrefixKey, RuleSet> =
             LpmTrie::try_from(&mut self.prefixes).map_err(op(map_names::PREFIXES))?;
         trie.insert(&aya::maps::lpm_trie::Key::new(prefix_len, key), set, 0)
@@ -386,6 +402,7 @@ impl PinnedMaps {
         let mut trie: LpmTrie<_, PrefixKey, RuleSet> =
             LpmTrie::try_from(&mut self.prefixes).map_err(op(map_names::PREFIXES))?;
         for &(key, len) in keys {
+            self.writes += 1;
             match trie.remove(&aya::maps::lpm_trie::Key::new(len, key)) {
                 Ok(()) | Err(MapError::KeyNotFound) => {}
                 Err(e) => return Err(op(map_names::PREFIXES)(e)),
@@ -404,6 +421,7 @@ impl PinnedMaps {
             .filter(|k| k.data().generation == generation)
             .collect();
         for key in &stale {
+            self.writes += 1;
             trie.remove(key).map_err(op(map_names::PREFIXES))?;
         }
         Ok(())
@@ -536,6 +554,7 @@ impl PinnedMaps {
 
     /// Zeroes the counters of rule `id` (a freshly assigned id).
     pub fn reset_rule_stats(&mut self, id: u32) -> Result<()> {
+        self.writes += 1;
         let mut map: PerCpuArray<_, RuleStats> =
             PerCpuArray::try_from(&mut self.rule_stats).map_err(op(map_names::RULE_STATS))?;
         let cpus = nr_cpus().map_err(|(_, e)| MapsError::Op {
