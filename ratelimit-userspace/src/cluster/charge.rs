@@ -83,20 +83,6 @@ pub fn advance_ns(s: f64, elapsed_ns: u64, max_elapsed_ns: u64) -> u64 {
     a
 }
 
-/// The ceilings of a bucket's packet and byte TATs at `now`: `now + tolerance + lag_ns`. A round
-/// moves a TAT by at most `lag_ns` from at most `now + tolerance` (where the program leaves a
-/// bucket it drains), so no honest round reaches them; they bound what a bucket can owe whatever
-/// happens (counted as `debt_capped` when one cuts an advance short).
-#[must_use]
-pub fn ceilings(limit: &Limit, lag_ns: u64, now: u64) -> (u64, u64) {
-    (
-        now.saturating_add(limit.pkt_tolerance_ns)
-            .saturating_add(lag_ns),
-        now.saturating_add(limit.byte_tolerance_ns)
-            .saturating_add(lag_ns),
-    )
-}
-
 /// Packets and bytes a TAT advance of `pkt_ns` and `byte_ns` stands for under `limit` (what
 /// the refill withheld would have let through).
 #[must_use]
@@ -113,62 +99,6 @@ pub fn withheld(limit: &Limit, pkt_ns: u64, byte_ns: u64) -> (u64, u64) {
         0
     };
     (pkts, bytes)
-}
-
-/// (Not used by the agent since the share words, see the module: kept for the tests that drive
-/// the agent's in-place writes against the program's.) Withholds `advance` ns of refill from
-/// the bucket under `key` (of limit `limit`) in place in
-/// the bucket store, with the XDP program's compare-and-swap (no packet admitted meanwhile is
-/// lost from the TAT): each TAT of a rate the limit sets moves on by `advance` from
-/// `max(tat, now)`, not past `ceilings` (see [`ceilings`]). A source without a bucket here is left
-/// alone (its first packet finds a full bucket, as without the cluster: its burst is spent once
-/// per host). `coarse_now` is `CLOCK_MONOTONIC_COARSE`, which the store's lookup judges records
-/// by. `Ok(None)` when there is no bucket, else the TAT ns moved (packet, byte) and whether a
-/// ceiling cut either short.
-pub fn withhold(
-    maps: &PinnedMaps,
-    key: &BucketKey,
-    limit: &Limit,
-    advance: u64,
-    now: u64,
-    coarse_now: u64,
-    ceilings: (u64, u64),
-) -> Result<Option<(u64, u64, bool)>, MapsError> {
-    let pkt = if limit.flags & rule_flags::PKT_LIMIT != 0 {
-        advance
-    } else {
-        0
-    };
-    let byte = if limit.flags & rule_flags::BYTE_LIMIT != 0 {
-        advance
-    } else {
-        0
-    };
-    // Three tries: the record may be taken by a packet between the lookup and the write.
-    for _ in 0..3 {
-        let (slot, gen) = maps.locate_bucket(key, coarse_now)?;
-        if gen == 0 {
-            // The rule left the set meanwhile: nothing to slow.
-            return Ok(None);
-        }
-        match slot {
-            Slot::Found(i) => {
-                let header = bucket_header(key.rule, key.family, gen);
-                if let Some(moved) =
-                    maps.store()
-                        .withhold(i, header, now, (pkt, ceilings.0), (byte, ceilings.1))
-                {
-                    return Ok(Some(moved));
-                }
-            }
-            Slot::Vacant { .. } => return Ok(None),
-            Slot::Busy => {}
-        }
-    }
-    Err(MapsError::Op {
-        map: ratelimit_common::map_names::BUCKETS,
-        reason: "bucket kept changing while its refill was slowed".into(),
-    })
 }
 
 /// The share word (see `Bucket::created_share`) for share `s` of the rate: `s x SHARE_ONE`

@@ -586,7 +586,8 @@ struct Withheld {
     per_peer: Vec<(ChitchatId, u64, u64)>,
     /// Buckets that could not be slowed.
     errors: u64,
-    /// Advances cut short by a ceiling.
+    /// Advances of a bucket's TATs cut short by a ceiling: none since the share words (nothing
+    /// moves the TATs), kept for the `debt_capped` counter's readers.
     capped: u64,
     /// 1 when the round ran later than the lag allowance (its advance cut to it).
     late: u64,

@@ -303,43 +303,6 @@ impl MappedStore {
         true
     }
 
-    /// Slows the refill of record `i`'s bucket, if it still holds `header`: each TAT (packet,
-    /// byte; `(advance, ceiling)` each) moves on by `advance` from `max(tat, now)` (see
-    /// [`withhold_tat`]), not past its ceiling. With the program's compare-and-swap, so no packet
-    /// admitted meanwhile is lost. `None` if the record no longer holds `header`, else
-    /// `(packet ns, byte ns)` of refill actually withheld and whether a ceiling cut either short.
-    pub fn withhold(
-        &self,
-        i: u32,
-        header: u64,
-        now: u64,
-        pkt: (u64, u64),
-        byte: (u64, u64),
-    ) -> Option<(u64, u64, bool)> {
-        self.require_writable();
-        let mut capped = false;
-        let mut withhold = |offset: usize, (advance, ceiling): (u64, u64)| -> u64 {
-            if advance == 0 {
-                return 0;
-            }
-            let w = self.word(i, offset);
-            let (mut moved, mut cut_short) = (0, false);
-            let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
-                let (new, cut) = withhold_tat(tat, now, advance, ceiling);
-                (moved, cut_short) = (new.saturating_sub(tat.max(now)), cut);
-                (new != tat).then_some(new)
-            });
-            capped |= cut_short;
-            moved
-        };
-        if self.word(i, BUCKET_HEADER_OFFSET).load(Ordering::Acquire) != header {
-            return None;
-        }
-        let p = withhold(std::mem::offset_of!(Bucket, tat_ns), pkt);
-        let b = withhold(std::mem::offset_of!(Bucket, byte_tat_ns), byte);
-        Some((p, b, capped))
-    }
-
     /// Gives record `i`'s bucket the cluster share `share` (see `Bucket::created_share`; 0 for
     /// none), if it still holds `header`. The program only writes the word when it creates a
     /// bucket (while the record is busy), so the share lands on this bucket or, if the record
@@ -449,17 +412,4 @@ pub fn advance_tat(tat: u64, now: u64, cost: u64, ceiling: u64) -> (u64, bool) {
     } else {
         (tat.max(ceiling), true)
     }
-}
-
-/// `tat` moved on by `advance` from `max(tat, now)`, not past `ceiling` (a TAT already past it
-/// stays): the refill of the time since the last round that the bucket's share does not give
-/// it is taken back. A full bucket (TAT at or before `now`) is taken below full too: its host
-/// may admit less than the whole rate and more than its share, which a bucket left full would
-/// never limit (measured: one of three hosts at half the rate with a tenth of the share went
-/// unlimited for 4.5 s, the cluster at 1.17 x the budget). A host that admits less than its
-/// share refills faster than it spends and stays near full. The new TAT and whether the
-/// ceiling cut the advance short.
-#[must_use]
-pub fn withhold_tat(tat: u64, now: u64, advance: u64, ceiling: u64) -> (u64, bool) {
-    advance_tat(tat, now, advance, ceiling)
 }

@@ -1,10 +1,7 @@
 use super::*;
 use ratelimit_common::{share_cost, Bucket, SHARE_ONE};
 
-use crate::{
-    cluster::remote::DemandWindow,
-    maps::store::{keep_tokens, withhold_tat},
-};
+use crate::{cluster::remote::DemandWindow, maps::store::keep_tokens};
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000 * MS;
@@ -109,29 +106,12 @@ fn a_bucket_whose_share_grows_keeps_its_tokens_and_no_more() {
 }
 
 #[test]
-fn a_round_withholds_the_rest_of_its_refill_and_no_more_than_the_lag() {
+fn a_round_counts_the_rest_of_its_refill_as_withheld_and_no_more_than_the_lag() {
     assert_eq!(advance_ns(0.125, 100 * MS, LAG), 87_500_000);
     assert_eq!(advance_ns(1.0, 100 * MS, LAG), 0);
     assert_eq!(advance_ns(0.0, 100 * MS, LAG), 100 * MS);
     // A round that ran late takes back no more than the lag allowance.
     assert_eq!(advance_ns(0.0, 5 * S, LAG), LAG);
-    // A full bucket (TAT at or before now) moves from now, one not full from its TAT; no
-    // advance passes the ceiling.
-    let now = 1_000 * S;
-    assert_eq!(
-        withhold_tat(now - 5, now, 50 * MS, u64::MAX),
-        (now + 50 * MS, false)
-    );
-    assert_eq!(
-        withhold_tat(now + 10 * MS, now, 50 * MS, u64::MAX),
-        (now + 60 * MS, false)
-    );
-    let (c, _) = ceilings(&limit(), LAG, now);
-    assert_eq!(c, now + 800 * MS);
-    assert_eq!(
-        withhold_tat(now + 600 * MS, now, 300 * MS, c),
-        (now + 800 * MS, true)
-    );
     assert_eq!(
         withheld(&limit(), 87_500_000, 0),
         (87, 0),
