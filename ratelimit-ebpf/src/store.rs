@@ -91,15 +91,19 @@ pub fn find(key: &Key, sets: [u32; 2]) -> Found {
 /// The record of the set starting at record `base` (one of `key`'s two), other than `mine`,
 /// that holds `key`, or `NO_RECORD`. A BPF function of its own, returning a scalar, so the
 /// creation path it serves is verified once, not once more per candidate; four live values (all
-/// in callee-saved registers), so it needs no stack of its own.
+/// in callee-saved registers), so it needs no stack of its own beyond the lookup's index. `key`
+/// is a raw pointer, not a reference: through a reference the compiler may take the key's words
+/// as unchanging and keep them across the map lookups, which took three stack slots (and the
+/// chain of calls that creates an extra limit's bucket past the verifier's 512 bytes).
 #[inline(never)]
-pub fn other_holder(key: &Key, base: u32, mine: u32) -> u32 {
+pub fn other_holder(key: *const Key, base: u32, mine: u32) -> u32 {
     for c in 0..BUCKET_WAYS {
         let i = base + c;
         let Some(b) = BUCKETS.get_ptr_mut(i) else {
             return NO_RECORD;
         };
-        if i != mine && holds(b, key) {
+        // SAFETY: `key` points at the caller's live key (in this CPU's scratch record).
+        if i != mine && holds(b, unsafe { &*key }) {
             return i;
         }
     }

@@ -82,7 +82,7 @@ fn a_share_word_scales_the_cost_so_the_bucket_refills_at_its_share() {
 }
 
 #[test]
-fn a_bucket_whose_share_grows_keeps_its_tokens_and_no_more() {
+fn a_bucket_whose_share_changes_keeps_its_tokens_and_no_more() {
     let (now, tol) = (1_000 * S, 500 * MS);
     // Held at nearly nothing, its TAT fell behind now: at the word's cost it holds no token; at
     // an eighth it would hold tol / 8 ms = 62 at once. Kept: its headroom scaled by 1 / 8192,
@@ -96,13 +96,28 @@ fn a_bucket_whose_share_grows_keeps_its_tokens_and_no_more() {
     // Half full at 1/4 (cost 4 ms, 62 tokens of 125) to 1/2 (cost 2 ms): 62 tokens still.
     let t = keep_tokens(now + 250 * MS, now, tol, SHARE_ONE / 4, SHARE_ONE / 2).unwrap();
     assert_eq!(now + tol - t, 125 * MS);
-    // A share that shrinks, a bucket in debt or one with no headroom: left alone.
+    // A share that shrinks: the same tokens too. 62 tokens at 1/2 (cost 2 ms, headroom 125 ms)
+    // to 1/4 (cost 4 ms): headroom 250 ms.
+    let t = keep_tokens(now + 375 * MS, now, tol, SHARE_ONE / 2, SHARE_ONE / 4).unwrap();
+    assert_eq!(now + tol - t, 250 * MS);
+    // ... up to a full bucket: a full one stays full (nothing to write).
     assert_eq!(
         keep_tokens(now, now, tol, SHARE_ONE / 2, SHARE_ONE / 4),
         None
     );
+    assert_eq!(
+        keep_tokens(now - S, now, tol, SHARE_ONE / 2, SHARE_ONE / 4),
+        None
+    );
+    let t = keep_tokens(now + 300 * MS, now, tol, SHARE_ONE / 2, SHARE_ONE / 8).unwrap();
+    assert_eq!(
+        t, now,
+        "200 ms of headroom x 4 is more than the tolerance: full"
+    );
+    // An empty bucket, one in debt, or no change: left alone.
     assert_eq!(keep_tokens(now + tol, now, tol, 1, SHARE_ONE), None);
     assert_eq!(keep_tokens(now + 2 * tol, now, tol, 1, SHARE_ONE), None);
+    assert_eq!(keep_tokens(now + 100 * MS, now, tol, 7, 7), None);
 }
 
 #[test]
@@ -196,7 +211,7 @@ impl Cluster {
                     // Its own figure as the others read it: published last round.
                     let word =
                         share_word(share(self.published[i], peers, 1.0, Some(1000.0), hosts));
-                    // As `MappedStore::set_share`: a bucket whose share grows keeps its tokens.
+                    // As `MappedStore::set_share`: a bucket whose share changes keeps its tokens.
                     let eff = |w: u16| if w == 0 { SHARE_ONE } else { u64::from(w) };
                     if let Some(t) =
                         keep_tokens(h.tat, self.now, l.pkt_tolerance_ns, eff(h.word), eff(word))
