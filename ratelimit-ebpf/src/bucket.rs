@@ -178,7 +178,11 @@ pub fn charge<P: Params>(
     // the verifier walks through them).
     let share = share(bucket, rule, now, shares_until);
     let pkt_cost = share_cost(rule.pkt_interval_ns(), share);
-    let byte_cost = share_cost(byte_cost_ns(len, rule.byte_interval_fp()), share);
+    let byte_cost = if rule.flags() & rule_flags::BYTE_LIMIT != 0 {
+        share_cost(byte_cost_ns(len, rule.byte_interval_fp()), share)
+    } else {
+        0
+    };
     if limits_pkts {
         if let Charge::Exceeds { until } = gcra(tat, now, pkt_cost, rule.pkt_tolerance_ns()) {
             *drop_until = until;
