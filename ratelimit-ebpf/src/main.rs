@@ -650,7 +650,6 @@ fn cached_limit(
     if !store::holds(r, &key) {
         return None;
     }
-    c.flags = l.flags;
     let mut until = 0;
     let v = bucket::charge(r, l, c.now, c.len, &mut until, &raw const c.shares_until);
     Some(settle(r, v, until, c, k, cached))

@@ -178,8 +178,6 @@ pub struct Extra {
     pub epoch: u32,
     /// `Config::shares_until_ns` as this packet read it (cluster shares hold before it).
     pub shares_until: u64,
-    /// The flags of the extra limit being charged (for its drop window's end, see `settle`).
-    pub flags: u32,
 }
 
 /// `word`, written to this CPU's scratch record and read back. The verifier does not track

@@ -1123,11 +1123,11 @@ fn the_clusters_share_and_a_packet_creating_one_source_at_once_make_one_bucket()
     assert_eq!(keys, SOURCES as usize, "every source has its bucket");
 }
 
-/// Packets admitted after sleeping `ms` with the bucket drained, and the bounds a refill at
-/// `per_s` tokens a second allows for that: at least the time slept, at most the time from the
+/// Checks the packets admitted after sleeping `ms` with the bucket drained (`what` says how it
+/// stands) against the bounds a refill at `per_s` tokens a second allows for that: at least the time slept, at most the time from the
 /// end of the drain to the end of the count; the tokens of one tick of the coarse clock (4 ms,
 /// which the rule's 1 s tolerance selects) and one more of slack each side.
-fn refill_over(dp: &TestDataplane, frame: &[u8], ms: u64, per_s: f64) -> (usize, usize, usize) {
+fn assert_refill(dp: &TestDataplane, frame: &[u8], ms: u64, per_s: f64, what: &str) {
     // Drained (what accrued since the last count, a token or so, spent first).
     let _ = passes(dp, frame, 50);
     assert_eq!(passes(dp, frame, 1), 0, "the bucket is drained");
@@ -1146,7 +1146,11 @@ fn refill_over(dp: &TestDataplane, frame: &[u8], ms: u64, per_s: f64) -> (usize,
         ((slept.as_secs_f64() * per_s).floor() as usize).saturating_sub(tick),
         (span.as_secs_f64() * per_s).ceil() as usize + tick,
     );
-    (got, min, max)
+    println!("{what}: {got} tokens in {ms} ms (bounds {min}..={max})");
+    assert!(
+        (min..=max).contains(&got),
+        "{what}: refilled {got}, want {min}..={max} at {per_s}/s"
+    );
 }
 
 /// The share word the agent's cluster sync writes into a bucket (issue #15) is what the program
@@ -1202,36 +1206,17 @@ fn a_share_word_sets_a_cluster_buckets_refill_until_the_shares_lapse() {
 
     // Shares in force: a quarter of the rate.
     hold(&mut maps, 60_000_000_000);
-    let (got, min, max) = refill_over(&dp, &frame, 300, 250.0);
-    println!("share 1/4 in force: {got} tokens in 300 ms (bounds {min}..={max})");
-    assert!(
-        (min..=max).contains(&got),
-        "refilled {got}, want {min}..={max} at 250/s"
-    );
+    assert_refill(&dp, &frame, 300, 250.0, "share 1/4 in force");
 
     // The shares lapsed: the whole rate (fail open).
     hold(&mut maps, 0);
-    let (got, min, max) = refill_over(&dp, &frame, 300, 1_000.0);
-    println!("shares lapsed: {got} tokens in 300 ms (bounds {min}..={max})");
-    assert!(
-        (min..=max).contains(&got),
-        "refilled {got}, want {min}..={max} at 1000/s"
-    );
+    assert_refill(&dp, &frame, 300, 1_000.0, "shares lapsed");
 
     // In force again, then a limit without the cluster flag: the word is ignored.
     hold(&mut maps, 60_000_000_000);
-    let (got, min, max) = refill_over(&dp, &frame, 300, 250.0);
-    assert!(
-        (min..=max).contains(&got),
-        "refilled {got}, want {min}..={max} at 250/s"
-    );
+    assert_refill(&dp, &frame, 300, 250.0, "share 1/4 in force again");
     maps.set_rule(rid, plain).unwrap();
-    let (got, min, max) = refill_over(&dp, &frame, 300, 1_000.0);
-    println!("no cluster flag, word in place: {got} tokens in 300 ms (bounds {min}..={max})");
-    assert!(
-        (min..=max).contains(&got),
-        "refilled {got}, want {min}..={max} at 1000/s"
-    );
+    assert_refill(&dp, &frame, 300, 1_000.0, "no cluster flag, word in place");
     let Slot::Found(i) = maps
         .locate_bucket(&key, ratelimit::maps::bucket::monotonic_coarse_ns())
         .unwrap()

@@ -94,12 +94,11 @@ pub struct TopBaseline(Vec<Mark>);
 
 impl TopBaseline {
     /// Adds record `index` holding `b` (indices must come in increasing order).
-    #[expect(clippy::cast_possible_truncation, reason = "the low half, on purpose")]
     pub fn push(&mut self, index: u32, b: &Bucket) {
         debug_assert!(self.0.last().is_none_or(|m| m.index < index));
         self.0.push(Mark {
             index,
-            created: (b.created_ns() >> ratelimit_common::SHARE_BITS) as u32,
+            created: life(b),
             passed: b.passed_pkts,
             dropped: b.dropped_pkts,
         });
@@ -118,13 +117,18 @@ impl TopBaseline {
     }
 
     /// The counters of record `index` at the first read, if it held the same life of a bucket.
-    #[expect(clippy::cast_possible_truncation, reason = "the low half, on purpose")]
     fn counters(&self, index: u32, b: &Bucket) -> Option<(u32, u32)> {
         let i = self.0.binary_search_by_key(&index, |m| m.index).ok()?;
         let m = &self.0[i];
-        (m.created == (b.created_ns() >> ratelimit_common::SHARE_BITS) as u32)
-            .then_some((m.passed, m.dropped))
+        (m.created == life(b)).then_some((m.passed, m.dropped))
     }
+}
+
+/// What tells one life of a record from the next: bits 16..48 of the bucket's creation time (its
+/// low 16 hold the share word).
+#[expect(clippy::cast_possible_truncation, reason = "32 bits of it, on purpose")]
+fn life(b: &Bucket) -> u32 {
+    (b.created_ns() >> ratelimit_common::SHARE_BITS) as u32
 }
 
 /// A bucket that saw packets, as the heap keeps it.

@@ -360,7 +360,6 @@ impl SyncLoop {
                 Counters::add(&c.charged_bytes, w.bytes);
                 Counters::add(&c.charge_errors, w.errors);
                 Counters::add(&c.charges_clamped, w.late);
-                Counters::add(&c.debt_capped, w.capped);
                 Counters::add(&c.share_charged_pkts, w.share_pkts);
             }
             c.keys_synced
@@ -535,22 +534,19 @@ impl Blocking {
                     continue;
                 }
             }
-            let (pkt_ns, byte_ns) = (advance, advance);
-            let (pkts, bytes) = charge::withheld(&limit, pkt_ns, byte_ns);
+            let (pkts, bytes) = charge::withheld(&limit, advance, advance);
             w.pkts += pkts;
             w.bytes += bytes;
             // The part of it for hosts missing (`share`): what the factor took.
             let without =
                 charge::advance_ns(charge::share(d, peers, 1.0, rate, hosts), elapsed, lag_ns);
             if advance > without {
-                let missing_ns = (advance - without).min(pkt_ns);
-                w.share_pkts += charge::withheld(&limit, missing_ns, 0).0;
+                w.share_pkts += charge::withheld(&limit, advance - without, 0).0;
             }
             // Each counted peer's part of the rest, by its demand.
             if peers > 0.0 {
                 if let Some(list) = round.demand.get(name) {
-                    let (pp, pb) =
-                        charge::withheld(&limit, pkt_ns.min(without), byte_ns.min(without));
+                    let (pp, pb) = charge::withheld(&limit, without, without);
                     for (peer, r) in list {
                         #[expect(
                             clippy::cast_possible_truncation,
@@ -586,9 +582,6 @@ struct Withheld {
     per_peer: Vec<(ChitchatId, u64, u64)>,
     /// Buckets that could not be slowed.
     errors: u64,
-    /// Advances of a bucket's TATs cut short by a ceiling: none since the share words (nothing
-    /// moves the TATs), kept for the `debt_capped` counter's readers.
-    capped: u64,
     /// 1 when the round ran later than the lag allowance (its advance cut to it).
     late: u64,
 }

@@ -340,9 +340,7 @@ impl MappedStore {
             })
             .unwrap_or_else(|v| v);
         if headers.load(Ordering::Acquire) != header {
-            let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                Some(v & !SHARE_MASK)
-            });
+            self.clear_share(i);
             return None;
         }
         let effective = |w: u64| if w == 0 { SHARE_ONE } else { w };
@@ -366,19 +364,23 @@ impl MappedStore {
     /// sync does before its first round, so that no share an earlier agent left holds once this
     /// one renews `Config::shares_until_ns`. Returns how many it cleared.
     pub fn clear_shares(&self) -> u64 {
-        use ratelimit_common::SHARE_MASK;
         self.require_writable();
         let mut cleared = 0;
         self.for_each(|i, b| {
             if b.share() != 0 {
-                let w = self.word(i, std::mem::offset_of!(Bucket, created_share));
-                let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                    Some(v & !SHARE_MASK)
-                });
+                self.clear_share(i);
                 cleared += 1;
             }
         });
         cleared
+    }
+
+    /// Clears record `i`'s share word (its creation time kept), by compare-and-swap.
+    fn clear_share(&self, i: u32) {
+        let w = self.word(i, std::mem::offset_of!(Bucket, created_share));
+        let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+            Some(v & !ratelimit_common::SHARE_MASK)
+        });
     }
 
     fn require_writable(&self) {
