@@ -202,29 +202,27 @@ pub fn charge<P: Params>(
     verdict::PASSED
 }
 
-/// [`charge`] for a bucket no other CPU can see (not yet in the map), so without atomics. On a
-/// default bucket (TATs zero) this is a new source's full bucket.
+/// [`charge`] of a new source's full bucket (TATs zero, not yet in the map): the verdict and the
+/// bucket's TATs after it, packets' and bytes' (zero where the packet was dropped or the rule has
+/// no such limit). Scalars, not a bucket in memory: the caller stores them, volatile.
 #[inline(always)]
-pub fn charge_local<P: Params>(bucket: &mut Bucket, rule: &P, now: u64, len: u64) -> usize {
-    let old_tat = bucket.tat_ns;
+pub fn charge_new<P: Params>(rule: &P, now: u64, len: u64) -> (usize, u64, u64) {
+    let mut tat = 0;
     if rule.flags() & rule_flags::PKT_LIMIT != 0 {
-        let new = if old_tat > now { old_tat } else { now } + rule.pkt_interval_ns();
-        if new - now > rule.pkt_tolerance_ns() {
-            return verdict::DROPPED_RATE;
+        if rule.pkt_interval_ns() > rule.pkt_tolerance_ns() {
+            return (verdict::DROPPED_RATE, 0, 0);
         }
-        bucket.tat_ns = new;
+        tat = now + rule.pkt_interval_ns();
     }
+    let mut byte_tat = 0;
     if rule.flags() & rule_flags::BYTE_LIMIT != 0 {
         let cost = byte_cost_ns(len, rule.byte_interval_fp());
-        let old = bucket.byte_tat_ns;
-        let new = if old > now { old } else { now } + cost;
-        if new - now > rule.byte_tolerance_ns() {
-            bucket.tat_ns = old_tat;
-            return verdict::DROPPED_BYTES;
+        if cost > rule.byte_tolerance_ns() {
+            return (verdict::DROPPED_BYTES, 0, 0);
         }
-        bucket.byte_tat_ns = new;
+        byte_tat = now + cost;
     }
-    verdict::PASSED
+    (verdict::PASSED, tat, byte_tat)
 }
 
 /// Gives back what [`charge`] took from `bucket` for a packet of `len` bytes that conformed to

@@ -13,7 +13,7 @@ use ratelimit_common::{
 use crate::{
     maps::{PREFIXES, RULES},
     parse::Packet,
-    scratch::{self, ClassSlot, Scratch, CLASS_SLOTS, NO_RECORD, NO_RULE, SLOT_ANY_L4, SLOT_VALID},
+    scratch::{self, Scratch, CLASS_SLOTS, NO_RULE, SLOT_ANY_L4, SLOT_VALID},
 };
 
 /// The rule `pkt` falls under in rule-set `epoch` (`Config::generation`), if any ([`NO_RULE`]),
@@ -47,24 +47,17 @@ pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
     let tcp_mask = (found >> TCP_MASK_SHIFT) as u8;
     // SAFETY: as above.
     unsafe {
-        *slot = ClassSlot {
-            epoch,
-            rule,
-            family: pkt.family,
-            flags: SLOT_VALID | if found & ANY_L4 != 0 { SLOT_ANY_L4 } else { 0 },
-            dst_port: pkt.dst_port,
-            protocol: pkt.protocol,
-            tcp_mask,
-            tcp_flags: pkt.tcp_flags & tcp_mask,
-            drop_limit: 0,
-            src: pkt.src,
-            drop_until: 0,
-            drop_count: 0,
-            bucket: NO_RECORD,
-            extra: [NO_RECORD; 3],
-            _pad: 0,
-        };
+        (*slot).epoch = epoch;
+        (*slot).rule = rule;
+        (*slot).family = pkt.family;
+        (*slot).flags = SLOT_VALID | if found & ANY_L4 != 0 { SLOT_ANY_L4 } else { 0 };
+        (*slot).dst_port = pkt.dst_port;
+        (*slot).protocol = pkt.protocol;
+        (*slot).tcp_mask = tcp_mask;
+        (*slot).tcp_flags = pkt.tcp_flags & tcp_mask;
+        (*slot).src = pkt.src;
     }
+    scratch::empty_slot(slot);
     hit(rule)
 }
 

@@ -364,8 +364,8 @@ fn limit(
             (*c).now = now;
             (*c).until = 0;
             (*c).drop_limit = u32::from(drop_limit);
-            (*c).records = [NO_RECORD; 3];
         }
+        scratch::no_records(unsafe { &raw mut (*c).records });
         let d = extra_limits(pkt, rule, slot, c);
         if d != verdict::PASSED {
             // Dropped by limit `d >> 8` (> 0): the first limit's charge is given back.
@@ -551,7 +551,8 @@ fn extra_limits(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, c: *mut Extra) 
         // the kernel's return-stack mitigations), so only a record to find or create pays it.
         let v = match cached_limit(pkt, rule, slot, c, k) {
             Some(v) => v,
-            None => one_limit(pkt, rule, slot, k),
+            // SAFETY: the live packet, rule and slot of this packet.
+            None => unsafe { one_limit(pkt, rule, slot, k) },
         };
         if v == verdict::DROPPED_RATE || v == verdict::DROPPED_BYTES {
             // Give the limits before this one (after the first, which the caller refunds)
@@ -591,8 +592,28 @@ fn extra_limits(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, c: *mut Extra) 
 /// Not inlined (a BPF call, with the packet's context in the scratch record): a one-limit rule's
 /// packet pays nothing for it, and its stack is its own (inlined three times, the program's
 /// frame outgrew what the verifier allows beside `decide_cut`'s).
+///
+/// A *global* BPF function (`#[no_mangle]`, so its BTF linkage is global): the verifier checks
+/// it once, on its own, with its arguments as the BTF types them (pointers to memory of their
+/// types' sizes, maybe null), rather than once more for every state of every caller reaching it.
+/// The program was at the verifier's limit of 1M instructions processed, and any change of the
+/// creation path (even removing a `memset` call) took it past; with this, it has room.
+///
+/// # Safety
+/// `pkt`, `rule` and `slot` are null or point at a live packet, rule and classification slot.
 #[inline(never)]
-fn one_limit(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, k: usize) -> usize {
+#[no_mangle]
+pub unsafe extern "C" fn one_limit(
+    pkt: *const Packet,
+    rule: *const Rule,
+    slot: *mut ClassSlot,
+    k: usize,
+) -> usize {
+    if pkt.is_null() || rule.is_null() || slot.is_null() {
+        return verdict::NO_BUCKET;
+    }
+    // SAFETY: checked non-null above; the caller's live packet and rule.
+    let (pkt, rule) = unsafe { (&*pkt, &*rule) };
     let Some(s) = scratch::get() else {
         return verdict::NO_BUCKET;
     };
@@ -782,13 +803,18 @@ fn create<P: Params>(
 ) -> (usize, *mut Bucket) {
     // Built in this CPU's scratch record rather than on the stack, which the BPF calls of a rule
     // with several limits share (512 bytes in all).
+    // Only the fields `install` copies, with volatile stores: the compiler merges plain stores of
+    // zeros into calls of the program's `memset` (a byte loop behind a BPF call).
     // SAFETY: this CPU's live scratch record.
     let fresh = unsafe { &mut (*s).fresh };
-    *fresh = Bucket {
-        created_share: Bucket::created_at(now),
-        ..Bucket::default()
-    };
-    let v = bucket::charge_local(fresh, p, now, len);
+    let (v, tat, byte_tat) = bucket::charge_new(p, now, len);
+    // SAFETY: fields of the live record above.
+    unsafe {
+        use core::ptr::write_volatile as set;
+        set(&raw mut fresh.tat_ns, tat);
+        set(&raw mut fresh.byte_tat_ns, byte_tat);
+        set(&raw mut fresh.created_share, Bucket::created_at(now));
+    }
     let Some(b) = store::install(victim, header, fresh, key) else {
         // Another CPU took the record in the same instant: this one packet passes uncharged
         // by this limit (fail open), counted.
@@ -797,10 +823,7 @@ fn create<P: Params>(
     if let Some(c) = store::eviction_counter(kind) {
         bump_global(c);
     }
-    let mut other = store::other_holder(key, sets[0] * BUCKET_WAYS, victim);
-    if other == NO_RECORD {
-        other = store::other_holder(key, sets[1] * BUCKET_WAYS, victim);
-    }
+    let other = store::other_holder(key, sets[0] * BUCKET_WAYS, sets[1] * BUCKET_WAYS, victim);
     if other != NO_RECORD {
         // Another CPU (or the agent) created the key's bucket at the same time: this one goes,
         // and the packet, already counted against the bucket given back, passes uncharged

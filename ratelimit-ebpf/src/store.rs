@@ -88,17 +88,23 @@ pub fn find(key: &Key, sets: [u32; 2]) -> Found {
     Found::Miss
 }
 
-/// The record of the set starting at record `base` (one of `key`'s two), other than `mine`,
+/// The record of `key`'s sets (starting at records `first` and `second`), other than `mine`,
 /// that holds `key`, or `NO_RECORD`. A BPF function of its own, returning a scalar, so the
-/// creation path it serves is verified once, not once more per candidate; four live values (all
-/// in callee-saved registers), so it needs no stack of its own beyond the lookup's index. `key`
-/// is a raw pointer, not a reference: through a reference the compiler may take the key's words
-/// as unchanging and keep them across the map lookups, which took three stack slots (and the
-/// chain of calls that creates an extra limit's bucket past the verifier's 512 bytes).
+/// creation path it serves is verified once, not once more per candidate; few live values (all
+/// in callee-saved registers), so it needs no stack of its own beyond the lookup's index. One
+/// call for both sets: each BPF call's return costs a mispredicted return under the kernel's
+/// return-stack mitigations. `key` is a raw pointer, not a reference: through a reference the
+/// compiler may take the key's words as unchanging and keep them across the map lookups, which
+/// took three stack slots (and the chain of calls that creates an extra limit's bucket past the
+/// verifier's 512 bytes).
 #[inline(never)]
-pub fn other_holder(key: *const Key, base: u32, mine: u32) -> u32 {
-    for c in 0..BUCKET_WAYS {
-        let i = base + c;
+pub fn other_holder(key: *const Key, first: u32, second: u32, mine: u32) -> u32 {
+    for c in 0..BUCKET_CANDIDATES {
+        let i = if c < BUCKET_WAYS {
+            first + c
+        } else {
+            second + (c - BUCKET_WAYS)
+        };
         let Some(b) = BUCKETS.get_ptr_mut(i) else {
             return NO_RECORD;
         };
@@ -204,7 +210,7 @@ pub fn scan(key: &Key, sets: [u32; 2], now: u64, s: *mut Scratch) -> Scan {
 }
 
 /// Takes record `i` (now holding `old_header`) for `fresh`, a new bucket already charged for its
-/// first packet: claims it with a compare-and-swap of the header (marking it busy), writes the
+/// first packet (its TATs and creation word; the counters start at zero): claims it with a compare-and-swap of the header (marking it busy), writes the
 /// bucket, then publishes the header. `None` if another CPU claimed the record first.
 #[inline(always)]
 pub fn install(i: u32, old_header: u64, fresh: &Bucket, key: &Key) -> Option<*mut Bucket> {
@@ -228,12 +234,14 @@ pub fn install(i: u32, old_header: u64, fresh: &Bucket, key: &Key) -> Option<*mu
     unsafe {
         core::ptr::write_volatile(w, key.addr[0]);
         core::ptr::write_volatile(w.add(1), key.addr[1]);
-        (*b).tat_ns = fresh.tat_ns;
-        (*b).byte_tat_ns = fresh.byte_tat_ns;
-        (*b).created_share = fresh.created_share;
-        (*b).passed_bytes = fresh.passed_bytes;
-        (*b).passed_pkts = fresh.passed_pkts;
-        (*b).dropped_pkts = fresh.dropped_pkts;
+        // Volatile, field by field: plain stores of the zeros the compiler merges into a call
+        // of the program's `memset` (a byte loop behind a BPF call).
+        core::ptr::write_volatile(&raw mut (*b).tat_ns, fresh.tat_ns);
+        core::ptr::write_volatile(&raw mut (*b).byte_tat_ns, fresh.byte_tat_ns);
+        core::ptr::write_volatile(&raw mut (*b).created_share, fresh.created_share);
+        core::ptr::write_volatile(&raw mut (*b).passed_bytes, 0);
+        core::ptr::write_volatile(&raw mut (*b).passed_pkts, 0);
+        core::ptr::write_volatile(&raw mut (*b).dropped_pkts, 0);
         // An atomic write (BPF atomics order the writes before them): the record becomes
         // visible whole.
         atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(
