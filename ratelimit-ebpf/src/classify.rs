@@ -55,7 +55,9 @@ pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
         (*slot).protocol = pkt.protocol;
         (*slot).tcp_mask = tcp_mask;
         (*slot).tcp_flags = pkt.tcp_flags & tcp_mask;
-        (*slot).src = pkt.src;
+        // Not overlapping (the packet is not in the slot): as a plain assignment, the compiler
+        // calls the program's `memmove` (a byte loop behind a BPF call).
+        core::ptr::copy_nonoverlapping(&raw const pkt.src, &raw mut (*slot).src, 1);
     }
     scratch::empty_slot(slot);
     hit(rule)
