@@ -9,7 +9,8 @@
 //!   auth}`); sends into a link that is down are `send_errors`;
 //! - a peer cut off is shown `silent` after max(3 s, 10 x `sync_interval_ms`), then `dead`, in
 //!   `peers` and the metrics; a restarted agent is a new incarnation: the old one is shown dead,
-//!   the new one counted, and nothing is charged twice.
+//!   the new one counted, and nothing is charged twice; it clears the share words the old one
+//!   left (a bucket it does not track would otherwise hold its old, small share again).
 //!
 //! ```text
 //!   sw namespace: bridge "rlbd" (data, 198.18.0.0/24), bridge "rlbg" (gossip, 198.18.1.0/24)
@@ -40,6 +41,8 @@ const PAYLOAD: usize = 64;
 const FLOOD: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
 /// A second source, after [`FLOOD`] in key order.
 const FLOOD2: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 101);
+/// A third source.
+const FLOOD3: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 102);
 const CLUSTER_ID: &str = "e2e-counters";
 const SECRET: &str = "k8Qx2v9Lm4Tz7Rb1Nc6Yh3Wd5Gf0Ps8Ju2Ea4Ko7Ui1";
 /// Ethernet (14), IPv4 (20) and UDP (8) headers around every gossip datagram on the link.
@@ -96,6 +99,7 @@ fn net(tag: &str, n: usize) -> Net {
     let (tx_if, _) = plug(&tx, "kt", "rlbd");
     add_addr(&tx, &tx_if, &format!("{FLOOD}/24")).unwrap();
     add_addr(&tx, &tx_if, &format!("{FLOOD2}/24")).unwrap();
+    add_addr(&tx, &tx_if, &format!("{FLOOD3}/24")).unwrap();
     let mut hosts = Vec::new();
     for i in 0..n {
         let ns = Netns::new(&format!("rl-cc-{tag}-h{i}")).unwrap();
@@ -306,16 +310,20 @@ fn flood_from(net: &Net, src: Ipv4Addr, i: usize, pps: u64, duration: Duration) 
 /// Sends `pps` x `duration` from the flood source to host `i`, over the budget: returns what
 /// was sent and what arrived.
 fn flood_over(net: &Net, i: usize, pps: u64, duration: Duration) -> (u64, u64) {
+    flood_over_from(net, FLOOD, i, pps, duration)
+}
+
+fn flood_over_from(net: &Net, src: Ipv4Addr, i: usize, pps: u64, duration: Duration) -> (u64, u64) {
     let receiver =
         Receiver::bind(&net.hosts[i].ns, SocketAddr::new(IpAddr::V4(data_ip(i)), 0)).unwrap();
-    let sock = bind_udp(&net.tx, SocketAddr::new(IpAddr::V4(FLOOD), 0)).unwrap();
+    let sock = bind_udp(&net.tx, SocketAddr::new(IpAddr::V4(src), 0)).unwrap();
     let sent = send_udp(&sock, receiver.local_addr(), pps, duration, PAYLOAD).unwrap();
     receiver.wait_idle(Duration::from_millis(200), Duration::from_secs(5));
     let got = receiver
         .stop()
         .unwrap()
         .counts()
-        .get(&IpAddr::V4(FLOOD))
+        .get(&IpAddr::V4(src))
         .copied()
         .unwrap_or(0);
     (sent.sent, got)
@@ -869,4 +877,96 @@ fn keys_beyond_max_keys_are_dropped_counted_and_not_charged() {
     for a in agents {
         assert!(a.stop().unwrap().success());
     }
+}
+
+/// The share word of `src`'s bucket in the maps pinned at `dir` (0: none, the whole rate).
+fn share_of(dir: &std::path::Path, src: Ipv4Addr) -> Option<u16> {
+    let maps = ratelimit::maps::PinnedMaps::open(dir).unwrap();
+    let mut share = None;
+    maps.for_each_bucket(|_, b| {
+        if b.family != 0 && b.addr[..4] == src.octets() {
+            share = Some(b.share());
+        }
+    })
+    .unwrap();
+    share
+}
+
+/// A restarted agent clears the share words an earlier one left in the buckets it adopts, before
+/// its first round renews the shares. Its rounds rewrite the words of the keys it reads (with
+/// `max_keys` 1, the heaviest source's and the next candidate's), but not of the others: the
+/// lightest of three sources' bucket keeps the old word unless cleared. Without the clearing, the old word
+/// (a small share, from when another host took most of the budget) would hold again under the
+/// new agent's rounds, and the source, back at this host alone, would find its bucket at that
+/// share of its burst.
+#[test]
+fn a_restarted_agent_clears_the_share_words_an_earlier_one_left() {
+    const SYNC_MS: u64 = 200;
+    let net = net("shw", 2);
+    let mut agents = start_agents(&net, 2, SYNC_MS, 1000);
+    // h1 takes most of each source's budget (1000/s), h0 a little: h0's buckets get small share
+    // words. FLOOD3 is the lightest at h0. h0's agent is killed (SIGKILL) while they flow, its
+    // words in force: they stay in the pinned buckets (its XDP program too, pinned, and the
+    // words lapse with `shares_until`, so the floods keep passing).
+    let pins = agents[0].pin_path().to_path_buf();
+    let n = &net;
+    thread::scope(|s| {
+        let mut t = Vec::new();
+        for (src, pps) in [(FLOOD, 50), (FLOOD2, 35), (FLOOD3, 20)] {
+            t.push(s.spawn(move || flood_from(n, src, 0, pps, Duration::from_secs(4))));
+            t.push(s.spawn(move || flood_from(n, src, 1, 800, Duration::from_secs(4))));
+        }
+        thread::sleep(Duration::from_millis(2500));
+        assert!(!agents[0].crash().unwrap().success());
+        for t in t {
+            t.join().unwrap();
+        }
+    });
+    let before = share_of(&pins, FLOOD3).expect("h0 has a bucket for the third source");
+    println!(
+        "h0's share word for {FLOOD3} when its agent was killed: {before} of {}",
+        ratelimit_common::SHARE_ONE
+    );
+    assert!(
+        before != 0 && u64::from(before) < ratelimit_common::SHARE_ONE / 4,
+        "h0's share word {before}: expected a small share"
+    );
+
+    let old = agents.remove(0);
+    let (_, kept) = old.stop_keeping_pins().unwrap();
+    let cfg = config(&net, 0, 2, SYNC_MS, 1).replacen(
+        "[agent]\n",
+        &format!("[agent]\npin_path = \"{}\"\n", kept.path().display()),
+        1,
+    );
+    let restarted = AgentProcess::start(&net.hosts[0].ns, &cfg, &[]).unwrap();
+    assert!(restarted.log().contains("adopted"), "{}", restarted.log());
+    wait_for(
+        "h1 counted at the new agent",
+        Duration::from_secs(20),
+        || {
+            peers(&cluster(&restarted))
+                .iter()
+                .any(|p| p["counted"] == true)
+                .then_some(())
+        },
+    );
+    // Rounds of the new agent: its shares are in force (renewed every round).
+    thread::sleep(Duration::from_millis(10 * SYNC_MS));
+    let after = share_of(kept.path(), FLOOD3).expect("the adopted bucket is still there");
+    println!("h0's share word for {FLOOD3} after the restart: {after}");
+    assert_eq!(after, 0, "the earlier agent's word is still in the bucket");
+    // The source back at h0 alone: its bucket's whole burst (1000), not a share of it.
+    let (sent, got) = flood_over_from(&net, FLOOD3, 0, 4000, Duration::from_millis(150));
+    println!("{FLOOD3} back at h0 alone: {got} of {sent} admitted");
+    assert!(sent >= 300, "the burst sent only {sent}");
+    assert_eq!(
+        got, sent,
+        "the source's bucket was not whole after the restart"
+    );
+
+    assert!(restarted.stop().unwrap().success());
+    drop(kept);
+    let h1 = agents.pop().unwrap();
+    assert!(h1.stop().unwrap().success());
 }
