@@ -140,7 +140,7 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
             limiter.install(
                 &ratelimit::config::Config::parse(kernel::BASE_RULES, "bench.toml")?.rules,
             )?;
-            let tracked = kernel::populations(&mut report, opts, &refs, &limiter)?;
+            let tracked = kernel::populations(&mut report, opts, &refs, &limiter, false)?;
             if !opts.quick {
                 tracked_full = Some(tracked);
             }
@@ -165,6 +165,13 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
         }
         kernel::memory(&mut report, &limiter, tracked_full)?;
         drop(limiter);
+        if want(Part::Kernel) {
+            // The same new sources with a store of 4 MiB: what the memory beyond the last-level
+            // cache costs them.
+            let small =
+                kernel::Limiter::new("bench_cache", kernel::IN_CACHE_BUCKETS, kernel::BASE_RULES)?;
+            kernel::populations(&mut report, opts, &refs, &small, true)?;
+        }
     } else {
         if want(Part::Limits) {
             let limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::LIMIT_RULES)?;
