@@ -188,6 +188,22 @@ max_keys = {max_keys}
     )
 }
 
+/// [`config`] for an agent started on the pins `pins` an earlier agent kept (to adopt them).
+fn config_on_pins(
+    net: &Net,
+    i: usize,
+    n: usize,
+    sync_ms: u64,
+    max_keys: usize,
+    pins: &std::path::Path,
+) -> String {
+    config(net, i, n, sync_ms, max_keys).replacen(
+        "[agent]\n",
+        &format!("[agent]\npin_path = \"{}\"\n", pins.display()),
+        1,
+    )
+}
+
 fn cli(agent: &AgentProcess, args: &[&str]) -> String {
     let out = Command::new(agent_binary())
         .arg("--socket")
@@ -734,11 +750,7 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
     let (_, kept) = old.stop_keeping_pins().unwrap();
     // The restarted agent needs its own pins to adopt: the same config names no pin_path, so
     // start it on the kept directory.
-    let cfg = config(&net, 1, 2, SYNC_MS, 1000).replacen(
-        "[agent]\n",
-        &format!("[agent]\npin_path = \"{}\"\n", kept.path().display()),
-        1,
-    );
+    let cfg = config_on_pins(&net, 1, 2, SYNC_MS, 1000, kept.path());
     let restarted = AgentProcess::start(&net.hosts[1].ns, &cfg, &[]).unwrap();
     assert!(restarted.log().contains("adopted"), "{}", restarted.log());
     let g2 = generation(&restarted);
@@ -934,11 +946,7 @@ fn a_restarted_agent_clears_the_share_words_an_earlier_one_left() {
 
     let old = agents.remove(0);
     let (_, kept) = old.stop_keeping_pins().unwrap();
-    let cfg = config(&net, 0, 2, SYNC_MS, 1).replacen(
-        "[agent]\n",
-        &format!("[agent]\npin_path = \"{}\"\n", kept.path().display()),
-        1,
-    );
+    let cfg = config_on_pins(&net, 0, 2, SYNC_MS, 1, kept.path());
     let restarted = AgentProcess::start(&net.hosts[0].ns, &cfg, &[]).unwrap();
     assert!(restarted.log().contains("adopted"), "{}", restarted.log());
     wait_for(
