@@ -1230,3 +1230,26 @@ fn a_share_word_sets_a_cluster_buckets_refill_until_the_shares_lapse() {
         "the word stayed in place"
     );
 }
+
+/// The program loads well inside the verifier's budget: at most half of the 1,000,000
+/// instructions the kernel processes at most to verify a program. The program was at 974,468
+/// (e9ca2cf): removing one `memset` call took it past the limit, and any change to the creation
+/// path risked the same. `one_limit` as a global BPF function, verified once on its own rather
+/// than once per caller state, brought it to 162,548 (c4667b4). A change that nears the limit
+/// again fails here, with the count, before the program stops loading.
+#[test]
+fn the_program_loads_with_half_the_verifiers_budget_to_spare() {
+    require_root();
+    let dp = TestDataplane::new("verifier", 1024).unwrap();
+    let n = dp
+        .program()
+        .info()
+        .unwrap()
+        .verified_instruction_count()
+        .expect("the kernel reports the instructions it verified (5.16 and later)");
+    println!("the verifier processed {n} instructions to load the program (limit 1,000,000)");
+    assert!(
+        n <= 500_000,
+        "the verifier processed {n} instructions: over half its limit of 1,000,000"
+    );
+}
