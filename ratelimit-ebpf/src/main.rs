@@ -752,7 +752,7 @@ fn find_and_charge<P: Params>(
             victim,
             header,
             kind,
-        } => create(p, len, now, key, sets, victim, header, kind, s, slot, limit),
+        } => create(p, len, now, key, sets, victim, header, kind, slot, limit),
         Scan::None => (no_bucket(), core::ptr::null_mut()),
     }
 }
@@ -797,25 +797,16 @@ fn create<P: Params>(
     victim: u32,
     header: u64,
     kind: u64,
-    s: *mut Scratch,
     slot: *mut ClassSlot,
     limit: u32,
 ) -> (usize, *mut Bucket) {
-    // Built in this CPU's scratch record rather than on the stack, which the BPF calls of a rule
-    // with several limits share (512 bytes in all).
-    // Only the fields `install` copies, with volatile stores: the compiler merges plain stores of
-    // zeros into calls of the program's `memset` (a byte loop behind a BPF call).
-    // SAFETY: this CPU's live scratch record.
-    let fresh = unsafe { &mut (*s).fresh };
     let (v, tat, byte_tat) = bucket::charge_new(p, now, len);
-    // SAFETY: fields of the live record above.
-    unsafe {
-        use core::ptr::write_volatile as set;
-        set(&raw mut fresh.tat_ns, tat);
-        set(&raw mut fresh.byte_tat_ns, byte_tat);
-        set(&raw mut fresh.created_share, Bucket::created_at(now));
-    }
-    let Some(b) = store::install(victim, header, fresh, key) else {
+    let Some(b) = store::install(
+        victim,
+        header,
+        key,
+        (tat, byte_tat, Bucket::created_at(now)),
+    ) else {
         // Another CPU took the record in the same instant: this one packet passes uncharged
         // by this limit (fail open), counted.
         return (no_bucket(), core::ptr::null_mut());

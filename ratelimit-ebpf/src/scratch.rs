@@ -139,8 +139,6 @@ pub struct Scratch {
     /// What `extra_limits` (a BPF call) needs of the packet and gives back: here, not on the
     /// stack, which the calls share (512 bytes in all).
     pub extra: Extra,
-    /// A new bucket while it is built (see `create`).
-    pub fresh: ratelimit_common::Bucket,
     /// The key of the extra limit being charged (`one_limit`): here, not on its BPF call's
     /// stack, so that the call chain's frames stay within the verifier's 512 bytes.
     pub extra_key: Key,

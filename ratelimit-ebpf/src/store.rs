@@ -100,6 +100,9 @@ pub fn find(key: &Key, sets: [u32; 2]) -> Found {
 #[inline(never)]
 pub fn other_holder(key: *const Key, first: u32, second: u32, mine: u32) -> u32 {
     for c in 0..BUCKET_CANDIDATES {
+        // `bucket_candidate`'s order, from bases the caller computed: calling it here (with the
+        // sets) took 8 more bytes of `one_limit`'s frame, and the chain of calls to here exactly
+        // to the verifier's 512 bytes (main 320 + 176 + 16).
         let i = if c < BUCKET_WAYS {
             first + c
         } else {
@@ -209,11 +212,17 @@ pub fn scan(key: &Key, sets: [u32; 2], now: u64, s: *mut Scratch) -> Scan {
     }
 }
 
-/// Takes record `i` (now holding `old_header`) for `fresh`, a new bucket already charged for its
-/// first packet (its TATs and creation word; the counters start at zero): claims it with a compare-and-swap of the header (marking it busy), writes the
+/// Takes record `i` (now holding `old_header`) for `key`'s new bucket, already charged for its
+/// first packet (its TATs `tat`, `byte_tat` and its creation word `created`; the counters start
+/// at zero): claims it with a compare-and-swap of the header (marking it busy), writes the
 /// bucket, then publishes the header. `None` if another CPU claimed the record first.
 #[inline(always)]
-pub fn install(i: u32, old_header: u64, fresh: &Bucket, key: &Key) -> Option<*mut Bucket> {
+pub fn install(
+    i: u32,
+    old_header: u64,
+    key: &Key,
+    (tat, byte_tat, created): (u64, u64, u64),
+) -> Option<*mut Bucket> {
     let b = BUCKETS.get_ptr_mut(i)?;
     let busy = key.header | u64::from(BUCKET_BUSY) << 24;
     // SAFETY: the header word of a live record, 8-aligned.
@@ -236,9 +245,9 @@ pub fn install(i: u32, old_header: u64, fresh: &Bucket, key: &Key) -> Option<*mu
         core::ptr::write_volatile(w.add(1), key.addr[1]);
         // Volatile, field by field: plain stores of the zeros the compiler merges into a call
         // of the program's `memset` (a byte loop behind a BPF call).
-        core::ptr::write_volatile(&raw mut (*b).tat_ns, fresh.tat_ns);
-        core::ptr::write_volatile(&raw mut (*b).byte_tat_ns, fresh.byte_tat_ns);
-        core::ptr::write_volatile(&raw mut (*b).created_share, fresh.created_share);
+        core::ptr::write_volatile(&raw mut (*b).tat_ns, tat);
+        core::ptr::write_volatile(&raw mut (*b).byte_tat_ns, byte_tat);
+        core::ptr::write_volatile(&raw mut (*b).created_share, created);
         core::ptr::write_volatile(&raw mut (*b).passed_bytes, 0);
         core::ptr::write_volatile(&raw mut (*b).passed_pkts, 0);
         core::ptr::write_volatile(&raw mut (*b).dropped_pkts, 0);
