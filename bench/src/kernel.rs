@@ -782,25 +782,26 @@ pub fn populations(
     let mut fresh_next = 0usize;
     let cap = capacity as usize;
     // (population wanted, most sources sent to get it, tag, label)
-    let mut steps: Vec<(u64, usize, &str, &str)> = vec![
-        (1_000, 1_000 * 2, "1k", "1k tracked"),
-        (100_000, 100_000 * 2, "100k", "100k tracked"),
-        (1_000_000, cap * 3 / 2, "1m", "1M tracked"),
-        // Full: every record holding a source. Near the end a new source finds a free record
-        // only when one of its 16 candidates is free (the others recycle refilled buckets), so
-        // the last free records take a few million sources to find.
-        (u64::from(capacity), cap * 4, "full", "store full, evicting"),
-    ];
-    if opts.quick {
-        steps.truncate(2);
-    }
-    if in_cache {
-        steps = vec![(
+    let mut steps: Vec<(u64, usize, &str, &str)> = if in_cache {
+        vec![(
             1_000,
             1_000 * 2,
             "cache",
             "1k tracked, a store of 65,536 records (4 MiB)",
-        )];
+        )]
+    } else {
+        vec![
+            (1_000, 1_000 * 2, "1k", "1k tracked"),
+            (100_000, 100_000 * 2, "100k", "100k tracked"),
+            (1_000_000, cap * 3 / 2, "1m", "1M tracked"),
+            // Full: every record holding a source. Near the end a new source finds a free
+            // record only when one of its 16 candidates is free (the others recycle refilled
+            // buckets), so the last free records take a few million sources to find.
+            (u64::from(capacity), cap * 4, "full", "store full, evicting"),
+        ]
+    };
+    if opts.quick {
+        steps.truncate(2);
     }
     let mut last = 0;
     let new_repeat = u32::try_from(opts.new_sources).context("--new-sources")?;
