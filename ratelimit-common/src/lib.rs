@@ -33,6 +33,11 @@ pub mod map_names {
     /// [`crate::RuleMeta`] records indexed by rule id. Written and read by user space only, so a
     /// restarted agent can tell which named rule each id holds.
     pub const RULE_META: &str = "RL_RULE_META";
+    /// Array of `u32` words ([`v4_table`]): for each IPv4 /16 and each half of the prefix trie,
+    /// the outcome of the trie's lookup and candidate walk where one outcome holds for the whole
+    /// /16, so that most IPv4 sources are classified with one array read instead of the trie.
+    /// Memory-mappable: the agent writes it in place.
+    pub const V4_TABLE: &str = "RL_V4_TABLE";
 }
 
 /// Name of the XDP program (the function name in `ratelimit-ebpf`).
@@ -287,6 +292,51 @@ const _: () = assert!(size_of::<Config>() == 40);
 #[must_use]
 pub const fn prefix_generation(generation: u32) -> u8 {
     (generation & 1) as u8
+}
+
+/// The IPv4 table ([`map_names::V4_TABLE`]): a direct index of the prefix trie's outcomes by
+/// /16, one `u32` word per /16 and trie half.
+///
+/// A word other than [`TRIE`](v4_table::TRIE) holds the whole classification of every source of
+/// its /16 under that half: no prefix longer than /16 lies inside the /16, and the longest prefix
+/// that covers it (if any) has a first candidate rule that looks at neither protocol, port nor
+/// TCP flags, so the candidate walk stops there for every packet. Any other /16 holds
+/// [`TRIE`](v4_table::TRIE): the program looks in the trie, as it did before the table. A table
+/// never written (zeroes) is therefore always right, only slower.
+pub mod v4_table {
+    /// Words per half: one per /16.
+    pub const SLOTS: u32 = 1 << 16;
+    /// Words per map entry: a cache line each. (The kernel lays an array's values out 8 bytes
+    /// apart at least, so one `u32` a value would take twice the memory, and twice the cache.)
+    pub const WORDS_PER_ENTRY: usize = 16;
+    /// A map entry's value.
+    pub type Entry = [u32; WORDS_PER_ENTRY];
+    /// The map's capacity in entries: both halves of the trie ([`crate::prefix_generation`]),
+    /// words laid out by [`index`] (word `i` is word `i % 16` of entry `i / 16`).
+    pub const ENTRIES: u32 = 2 * SLOTS / WORDS_PER_ENTRY as u32;
+    /// Look in the trie.
+    pub const TRIE: u32 = 0;
+    /// Set in a word that holds the outcome: [`NO_RULE`] or a rule id + 1 in the low bits.
+    pub const DIRECT: u32 = 1 << 31;
+    /// The low bits of a [`DIRECT`] word when no prefix covers the /16.
+    pub const NO_RULE: u32 = 0;
+
+    /// The word of a /16 whose sources all fall under rule `id` (`None`: under no rule).
+    #[must_use]
+    pub const fn direct(id: Option<u32>) -> u32 {
+        match id {
+            Some(id) => DIRECT | (id + 1),
+            None => DIRECT | NO_RULE,
+        }
+    }
+
+    /// Index of the word of the /16 of `addr` (an IPv4 address's bytes, network order) in trie
+    /// half `generation` (0 or 1), counted over the whole map.
+    #[inline(always)]
+    #[must_use]
+    pub const fn index(generation: u8, addr: [u8; 2]) -> u32 {
+        ((generation as u32 & 1) << 16) | (addr[0] as u32) << 8 | addr[1] as u32
+    }
 }
 
 /// Key of [`map_names::PREFIXES`] after the LPM trie's `prefix_len` word.
@@ -1041,7 +1091,7 @@ pub mod layout {
     pub const BPF_F_NO_PREALLOC: u32 = 1;
 
     /// Every pinned map: (name, map type, map flags).
-    pub const PINNED_MAPS: [(&str, u32, u32); 7] = [
+    pub const PINNED_MAPS: [(&str, u32, u32); 8] = [
         (map_names::CONFIG, MAP_ARRAY, 0),
         (map_names::RULES, MAP_ARRAY, 0),
         (map_names::RULE_META, MAP_ARRAY, 0),
@@ -1049,6 +1099,7 @@ pub mod layout {
         (map_names::BUCKETS, MAP_ARRAY, BPF_F_MMAPABLE),
         (map_names::RULE_STATS, MAP_PERCPU_ARRAY, 0),
         (map_names::GLOBAL_STATS, MAP_PERCPU_ARRAY, 0),
+        (map_names::V4_TABLE, MAP_ARRAY, BPF_F_MMAPABLE),
     ];
 
     /// This version's stamp.

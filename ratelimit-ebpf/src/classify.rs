@@ -2,16 +2,19 @@
 //!
 //! One LPM lookup on the source address (under the active generation) yields the candidate rules
 //! for the longest matching prefix, already ordered by the agent (see `RuleSet`); the first whose
-//! protocol, destination port and TCP flags match wins. The result is cached per CPU by source (see
+//! protocol, destination port and TCP flags match wins. For most IPv4 sources the IPv4 table
+//! (`ratelimit_common::v4_table`) holds that outcome for the source's whole /16: one array read
+//! instead of the trie (whose lookup, a call into the kernel, was most of a new source's
+//! classification). The result is cached per CPU by source (see
 //! `scratch`), keyed by the rule-set epoch, so a known source skips the trie.
 
 use aya_ebpf::maps::lpm_trie::Key;
 use ratelimit_common::{
-    family, prefix_generation, PrefixKey, MAX_CANDIDATES, PREFIX_KEY_HEADER_BITS,
+    family, prefix_generation, v4_table, PrefixKey, MAX_CANDIDATES, PREFIX_KEY_HEADER_BITS,
 };
 
 use crate::{
-    maps::{PREFIXES, RULES},
+    maps::{PREFIXES, RULES, V4_TABLE},
     parse::Packet,
     scratch::{self, Scratch, CLASS_SLOTS, NO_RULE, SLOT_ANY_L4, SLOT_VALID},
 };
@@ -138,6 +141,25 @@ pub const MISSING_RULE: u32 = ratelimit_common::MAX_RULES;
 /// simpler code for the verifier.
 #[inline(always)]
 fn lookup(pkt: &Packet, epoch: u32) -> u64 {
+    if pkt.family == family::V4 {
+        // The source's bytes in network order: the first two are its /16.
+        let [a, b, _, _] = pkt.src[0].to_ne_bytes();
+        let i = v4_table::index(prefix_generation(epoch), [a, b]);
+        let w = i as usize % v4_table::WORDS_PER_ENTRY;
+        if let Some(entry) = V4_TABLE.get(i / v4_table::WORDS_PER_ENTRY as u32) {
+            let word = entry[w];
+            if word & v4_table::DIRECT != 0 {
+                // The first candidate matches any packet: the walk's outcome, flag bits none.
+                let low = word & !v4_table::DIRECT;
+                let id = if low == v4_table::NO_RULE {
+                    NO_RULE
+                } else {
+                    low - 1
+                };
+                return ANY_L4 | u64::from(id);
+            }
+        }
+    }
     let Some(set) = PREFIXES.get(prefix_key(pkt, epoch)) else {
         return ANY_L4 | u64::from(NO_RULE);
     };

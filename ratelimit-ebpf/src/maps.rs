@@ -7,9 +7,9 @@ use aya_ebpf::{
     maps::{lpm_trie::LpmTrie, Array, LruHashMap, PerCpuArray},
 };
 use ratelimit_common::{
-    bucket_capacity, Bucket, Config, FragEntry, FragKey, GlobalStats, PrefixKey, Rule, RuleMeta,
-    RuleSet, RuleStats, BPF_F_MMAPABLE, DEFAULT_MAX_BUCKETS, MAX_FRAGMENTED, MAX_PREFIXES,
-    MAX_RULES,
+    bucket_capacity, v4_table, Bucket, Config, FragEntry, FragKey, GlobalStats, PrefixKey, Rule,
+    RuleMeta, RuleSet, RuleStats, BPF_F_MMAPABLE, DEFAULT_MAX_BUCKETS, MAX_FRAGMENTED,
+    MAX_PREFIXES, MAX_RULES,
 };
 
 #[map(name = "RL_CONFIG")]
@@ -20,6 +20,11 @@ pub static RULES: Array<Rule> = Array::pinned(MAX_RULES, 0);
 
 #[map(name = "RL_PREFIXES")]
 pub static PREFIXES: LpmTrie<PrefixKey, RuleSet> = LpmTrie::pinned(MAX_PREFIXES, 0);
+
+/// The IPv4 table (see `ratelimit_common::v4_table`): most IPv4 sources' classification in one
+/// array read, before the trie.
+#[map(name = "RL_V4_TABLE")]
+pub static V4_TABLE: Array<v4_table::Entry> = Array::pinned(v4_table::ENTRIES, BPF_F_MMAPABLE);
 
 /// The bucket store (see `store`). Capacity is replaced at load time by the agent's `max_buckets`
 /// (rounded up to whole sets); memory-mappable so the agent reads and charges it in place.

@@ -540,13 +540,14 @@ impl Dataplane {
         let new = mirror_of(set);
         let old = self.mirror.take();
         let diff = old.as_deref().map(|old| PrefixDiff::between(old, &new));
-        self.write_generation(next, diff.as_ref(), &new)?;
+        let table = set.v4_table();
+        self.write_generation(next, diff.as_ref(), &new, &table)?;
         // 3. The switch.
         self.maps.update_config(|c| c.generation = epoch)?;
         // 4. Once no packet can still be reading the old generation, bring it to the new set
         //    too.
         thread::sleep(GRACE);
-        self.write_generation(1 - next, diff.as_ref(), &new)?;
+        self.write_generation(1 - next, diff.as_ref(), &new, &table)?;
         self.mirror = Some(new);
         // Rules that left the set: their buckets go stale with their generation (readers ignore
         // them, the program recycles their records), so nothing is walked or deleted.
@@ -577,12 +578,14 @@ impl Dataplane {
 
     /// Makes `generation` of the prefix trie hold exactly `new`: from the set both generations
     /// held by writing `diff`, removals first so it never holds more than the larger set; from
-    /// unknown contents (`None`) by clearing it and writing every entry.
+    /// unknown contents (`None`) by clearing it and writing every entry. Then that half of the
+    /// IPv4 table holds `table` (`CompiledRuleSet::v4_table`; compared word by word, in memory).
     fn write_generation(
         &mut self,
         generation: u8,
         diff: Option<&PrefixDiff>,
         new: &[(MirrorKey, RuleSet)],
+        table: &[u32],
     ) -> Result<()> {
         match diff {
             Some(diff) => {
@@ -601,6 +604,7 @@ impl Dataplane {
                 }
             }
         }
+        self.maps.v4_table().write_half(generation, table);
         Ok(())
     }
 

@@ -29,8 +29,8 @@ use std::{
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use ratelimit_common::{
-    action, family, rule_flags, Limit, PrefixKey, Rule, RuleSet, MAX_CANDIDATES, MAX_PREFIXES,
-    MAX_RULES, PREFIX_KEY_HEADER_BITS,
+    action, family, rule_flags, v4_table, Limit, PrefixKey, Rule, RuleSet, MAX_CANDIDATES,
+    MAX_PREFIXES, MAX_RULES, PREFIX_KEY_HEADER_BITS,
 };
 
 use crate::config::{Action, Per, Protocol, RuleConfig, RuleError, Scope, TcpFlags};
@@ -139,6 +139,72 @@ impl CompiledRuleSet {
     #[must_use]
     pub fn by_name(&self, name: &str) -> Option<&CompiledRule> {
         self.rules.iter().find(|r| r.name == name)
+    }
+
+    /// The IPv4 table's words for this set (see [`v4_table`]), one per /16: the outcome of the
+    /// trie's lookup and candidate walk where it is the same for every packet of the /16 (no
+    /// prefix longer than /16 inside it, and its longest covering prefix's first candidate looks
+    /// at no protocol, port or TCP flag), [`v4_table::TRIE`] elsewhere.
+    ///
+    /// Each prefix of /16 or shorter is written over the /16s it covers, shortest first, so at
+    /// most 17 x 65,536 steps however many prefixes the set has (prefixes of one length do not
+    /// overlap).
+    #[must_use]
+    pub fn v4_table(&self) -> Vec<u32> {
+        let slots = v4_table::SLOTS as usize;
+        // The longest covering prefix of /16 or shorter (index into `prefixes`), per /16.
+        let mut covering: Vec<Option<usize>> = vec![None; slots];
+        let mut longer_inside = vec![false; slots];
+        let mut short: Vec<usize> = Vec::new();
+        for (i, p) in self.prefixes.iter().enumerate() {
+            if p.family != family::V4 {
+                continue;
+            }
+            let hi = usize::from(u16::from_be_bytes([p.addr[0], p.addr[1]]));
+            if p.cidr_len > 16 {
+                longer_inside[hi] = true;
+            } else {
+                short.push(i);
+            }
+        }
+        short.sort_by_key(|&i| self.prefixes[i].cidr_len);
+        for i in short {
+            let p = &self.prefixes[i];
+            let span = 1usize << (16 - p.cidr_len);
+            let first = usize::from(u16::from_be_bytes([p.addr[0], p.addr[1]])) & !(span - 1);
+            for c in &mut covering[first..first + span] {
+                *c = Some(i);
+            }
+        }
+        covering
+            .iter()
+            .zip(&longer_inside)
+            .map(|(c, &longer)| {
+                if longer {
+                    return v4_table::TRIE;
+                }
+                let Some(i) = *c else {
+                    return v4_table::direct(None);
+                };
+                let set = &self.prefixes[i].rules;
+                let first = (set.len > 0)
+                    .then(|| self.rule(set.rules[0]))
+                    .flatten()
+                    .map(|r| (r.id, r.rule));
+                match first {
+                    Some((id, r))
+                        if r.protocol == 0
+                            && r.dst_port == 0
+                            && r.tcp_mask == 0
+                            && r.tcp_flags == 0
+                            && id < MAX_RULES =>
+                    {
+                        v4_table::direct(Some(id))
+                    }
+                    _ => v4_table::TRIE,
+                }
+            })
+            .collect()
     }
 
     /// The trie entry the XDP program finds for source `src`: the longest rule prefix containing

@@ -8,9 +8,11 @@
 //! - [`store`]: the bucket store, the memory-mapped array of bucket records, read and charged in
 //!   place.
 //! - [`bucket`]: bucket keys, the clocks bucket times are kept in, and buckets in user terms.
+//! - [`v4`]: the IPv4 table, the memory-mapped index of the trie's outcomes by /16.
 
 pub mod bucket;
 pub mod store;
+pub mod v4;
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -23,11 +25,14 @@ use aya::{
     util::nr_cpus,
 };
 use ratelimit_common::{
-    bucket_capacity, global, layout, map_names, verdict, Bucket, BucketKey, Config, GlobalStats,
-    PrefixKey, Rule, RuleMeta, RuleSet, RuleStats, MAX_PREFIXES, MAX_RULES,
+    bucket_capacity, global, layout, map_names, v4_table, verdict, Bucket, BucketKey, Config,
+    GlobalStats, PrefixKey, Rule, RuleMeta, RuleSet, RuleStats, MAX_PREFIXES, MAX_RULES,
 };
 
-use self::store::{MappedStore, Slot};
+use self::{
+    store::{MappedStore, Slot},
+    v4::MappedTable,
+};
 
 /// Errors from opening or using the pinned maps.
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +93,7 @@ fn expected_shape(name: &str) -> Option<(u32, u32, Option<u32>)> {
         map_names::BUCKETS => (4, sz(size_of::<Bucket>()), None),
         map_names::RULE_STATS => (4, sz(size_of::<RuleStats>()), Some(MAX_RULES)),
         map_names::GLOBAL_STATS => (4, sz(size_of::<GlobalStats>()), Some(1)),
+        map_names::V4_TABLE => (4, sz(size_of::<v4_table::Entry>()), Some(v4_table::ENTRIES)),
         _ => return None,
     })
 }
@@ -223,6 +229,7 @@ pub struct PinnedMaps {
     rules: Map,
     rule_meta: Map,
     prefixes: Map,
+    v4_table: MappedTable,
     store: MappedStore,
     rule_stats: Map,
     global_stats: Map,
@@ -269,12 +276,29 @@ impl PinnedMaps {
                 }
             })?
         };
+        let v4_table = {
+            use std::os::fd::AsFd as _;
+            let path = dir.join(map_names::V4_TABLE);
+            let Map::Array(data) = open(map_names::V4_TABLE)? else {
+                return Err(MapsError::Mismatch {
+                    path,
+                    dir: dir.to_path_buf(),
+                    detail: "not an array".into(),
+                });
+            };
+            // The shape (ENTRIES entries of 16 words) was checked above.
+            MappedTable::map(data.fd().as_fd()).map_err(|e| MapsError::Open {
+                path,
+                reason: format!("mapping the IPv4 table into memory: {e}"),
+            })?
+        };
         Ok(Self {
             dir: dir.to_path_buf(),
             config: open(map_names::CONFIG)?,
             rules: open(map_names::RULES)?,
             rule_meta: open(map_names::RULE_META)?,
             prefixes: open(map_names::PREFIXES)?,
+            v4_table,
             store,
             rule_stats: open(map_names::RULE_STATS)?,
             global_stats: open(map_names::GLOBAL_STATS)?,
@@ -289,9 +313,9 @@ impl PinnedMaps {
     }
 
     /// How many map entries this handle has written or deleted (config, rule records, names,
-    /// counters, prefix entries; one per entry, failed attempts included; the bucket store is
-    /// not counted): what an install costs in bpf() calls, for tests that check it writes only
-    /// what changed.
+    /// counters, prefix entries; one per entry, failed attempts included; the bucket store and
+    /// the IPv4 table, written in memory, are not counted): what an install costs in bpf()
+    /// calls, for tests that check it writes only what changed.
     #[must_use]
     pub fn writes(&self) -> u64 {
         self.writes
@@ -425,6 +449,12 @@ impl PinnedMaps {
             trie.remove(key).map_err(op(map_names::PREFIXES))?;
         }
         Ok(())
+    }
+
+    /// The IPv4 table, mapped (see [`v4_table`]).
+    #[must_use]
+    pub fn v4_table(&self) -> &MappedTable {
+        &self.v4_table
     }
 
     /// The bucket store, mapped.

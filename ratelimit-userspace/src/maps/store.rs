@@ -40,6 +40,38 @@ impl Drop for MappedStore {
     }
 }
 
+/// Maps the first `bytes` of the memory-mappable BPF array behind `fd` shared into this
+/// process: read-write if the descriptor allows, else read-only (the second value says which).
+/// The caller unmaps it (`munmap`, same length).
+pub(super) fn map_shared(
+    fd: BorrowedFd<'_>,
+    bytes: usize,
+) -> io::Result<(*mut libc::c_void, bool)> {
+    let try_map = |prot| {
+        // SAFETY: a fresh shared mapping of a BPF array map; the kernel checks the length
+        // against the map's size.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                prot,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(p)
+        }
+    };
+    match try_map(libc::PROT_READ | libc::PROT_WRITE) {
+        Ok(p) => Ok((p, true)),
+        Err(_) => Ok((try_map(libc::PROT_READ)?, false)),
+    }
+}
+
 /// Where a key's bucket is, or where it would go.
 pub enum Slot {
     /// Record `index` holds the key's bucket.
@@ -62,29 +94,7 @@ impl MappedStore {
     /// Maps the store behind `fd` (`records` records), writable if the descriptor allows.
     pub fn map(fd: BorrowedFd<'_>, records: u32) -> io::Result<Self> {
         let bytes = (records as usize * size_of::<Bucket>()).max(1);
-        let try_map = |prot| {
-            // SAFETY: a fresh shared mapping of a BPF array map; the kernel checks the length
-            // against the map's size.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    bytes,
-                    prot,
-                    libc::MAP_SHARED,
-                    fd.as_raw_fd(),
-                    0,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(p)
-            }
-        };
-        let (p, writable) = match try_map(libc::PROT_READ | libc::PROT_WRITE) {
-            Ok(p) => (p, true),
-            Err(_) => (try_map(libc::PROT_READ)?, false),
-        };
+        let (p, writable) = map_shared(fd, bytes)?;
         Ok(Self {
             ptr: p.cast(),
             records,
