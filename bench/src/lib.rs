@@ -59,8 +59,9 @@ use crate::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
     Kernel,
-    /// Only the in-kernel cost of rules with 1, 2 and 3 limits (part of `kernel`): for trying a
-    /// change of the extra limits' path without the populations.
+    /// Only the in-kernel cost of rules with 1, 2 and 3 limits and of a flood under an exhausted
+    /// per-rule limit (part of `kernel`): for trying a change of the extra limits' path without
+    /// the populations.
     Limits,
     /// Only the A/B of the handling of cut packets on whole packets (part of `kernel`).
     Cut,
@@ -115,6 +116,7 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
             limiter.install(
                 &ratelimit::config::Config::parse(kernel::BASE_RULES, "bench.toml")?.rules,
             )?;
+            kernel::layered_flood(&mut report, opts, &refs)?;
         }
         if want(Part::Rules) {
             rules::latency(
@@ -176,6 +178,8 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
         if want(Part::Limits) {
             let limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::LIMIT_RULES)?;
             kernel::hot_limits(&mut report, opts, &refs, &limiter)?;
+            drop(limiter);
+            kernel::layered_flood(&mut report, opts, &refs)?;
         }
         if want(Part::Cut) {
             let limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::BASE_RULES)?;

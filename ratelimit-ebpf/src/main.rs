@@ -50,7 +50,7 @@ use crate::{
         ClassSlot, Extra, GateSlot, Scratch, CLASS_SLOTS, DROP_BATCH, NO_RECORD, NO_RULE,
         SLOT_VALID,
     },
-    stats::{bump_global, count_limit, count_rule},
+    stats::{bump_global, count_rule},
     store::{Key, Scan},
 };
 
@@ -126,17 +126,16 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
         }
     };
     let mut xdp = xdp_action::XDP_PASS;
+    // A limit's drop counts under the limit even in dry run.
+    let decided = v;
     if v == verdict::DROPPED_RATE || v == verdict::DROPPED_BYTES || v == verdict::DENIED {
-        if v != verdict::DENIED {
-            count_limit(id, v, by);
-        }
         if dry_run {
             v = verdict::DRY_RUN;
         } else {
             xdp = xdp_action::XDP_DROP;
         }
     }
-    count_rule(id, v, len);
+    count_rule(id, v, len, decided, by);
     if flags & config_flags::DEBUG_LOG != 0 {
         log_verdict(ctx, &pkt, id, v);
     }
@@ -461,8 +460,17 @@ fn gate(pkt: &Packet, rule: &Rule) -> usize {
             (*g).drop_until = bucket::window_end(flags, next - tolerance, now);
             return drop;
         }
-        // A token: the window closes (charged in order until the limit drops again).
-        (*g).flags = 0;
+        if next + interval - now <= tolerance {
+            // Tokens for this packet and the next: the window closes (charged in order until
+            // the limit drops again).
+            (*g).flags = 0;
+        } else {
+            // This packet's token only: the window stays, over, so the next packet comes back
+            // here. Under a flood, that one is dropped before any limit is charged: closed, the
+            // window would let it be charged to the limits before this one (a new source's
+            // bucket made, then its charge given back when this limit drops it).
+            (*g).drop_until = 0;
+        }
     }
     0
 }

@@ -16,30 +16,24 @@ pub fn bump_global(index: usize) {
     }
 }
 
+/// Counts a packet of rule `rule` under `verdict` (`len` bytes); a rate or byte drop (the verdict
+/// the program turns into a drop, before dry run) also under the limit `limit` that dropped it.
+/// One lookup of the rule's counters for both.
 #[inline(always)]
-pub fn count_rule(rule: u32, verdict: usize, len: u64) {
+pub fn count_rule(rule: u32, verdict: usize, len: u64, dropped: usize, limit: usize) {
     if verdict >= verdict::COUNT {
         return;
     }
+    let limit = limit & (MAX_LIMITS - 1);
     if let Some(s) = RULE_STATS.get_ptr_mut(rule) {
-        // SAFETY: as above.
+        // SAFETY: a per-CPU slot, see the module doc; `verdict` bounds checked above, `limit`
+        // masked into bounds.
         unsafe {
             (*s).pkts[verdict] += 1;
             (*s).bytes[verdict] += len;
-        }
-    }
-}
-
-/// Counts a drop by limit `limit` of rule `rule` (verdict `DROPPED_RATE` or `DROPPED_BYTES`).
-#[inline(always)]
-pub fn count_limit(rule: u32, verdict: usize, limit: usize) {
-    let limit = limit & (MAX_LIMITS - 1);
-    if let Some(s) = RULE_STATS.get_ptr_mut(rule) {
-        // SAFETY: as above; `limit` is masked into bounds.
-        unsafe {
-            if verdict == verdict::DROPPED_RATE {
+            if dropped == verdict::DROPPED_RATE {
                 (*s).limit_dropped_rate[limit] += 1;
-            } else if verdict == verdict::DROPPED_BYTES {
+            } else if dropped == verdict::DROPPED_BYTES {
                 (*s).limit_dropped_bytes[limit] += 1;
             }
         }

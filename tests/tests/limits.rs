@@ -425,8 +425,11 @@ burst = 2
         );
         // A token comes back a second after the first packet: the window is over and the
         // next source passes (made a bucket: the only one since the flood began); the one after
-        // it is dropped again. At most burst + rate x t in all.
+        // it is dropped again, before any limit is charged: in either order it makes no bucket
+        // of its own (charged per source first, it would make one and have its charge given
+        // back). At most burst + rate x t in all.
         std::thread::sleep(Duration::from_millis(1_100).saturating_sub(start.elapsed()));
+        let made = dp.global().counters[global::NEW_BUCKETS];
         let mut passed = 0;
         for n in 1_000..1_010 {
             if dp.run(&udp4(src(n), 10)) == XDP_PASS {
@@ -435,6 +438,11 @@ burst = 2
         }
         let bound = 5 + start.elapsed().as_secs();
         assert!(passed >= 1, "{order}: the returned token admitted nothing");
+        assert_eq!(
+            dp.global().counters[global::NEW_BUCKETS] - made,
+            passed,
+            "{order}: a bucket for each source admitted, none for those dropped after it"
+        );
         assert!(
             5 + passed <= bound,
             "{order}: {} passed in {:?}",
