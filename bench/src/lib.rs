@@ -401,8 +401,8 @@ fn targets(r: &Report) -> Vec<Target> {
             "per-rule limit first",
         ),
     ] {
-        let nft = ratio(nft_key, "e2e.random.drop_all");
-        let x = ratio(key, "e2e.random.drop_all");
+        let nft = ratio(nft_key, "e2e.random.drop_all_layered");
+        let x = ratio(key, "e2e.random.drop_all_layered");
         t.push(Target {
             goal: format!(
                 "end to end, random sources under a per-source + per-rule limit ({order}; the \
@@ -413,7 +413,7 @@ fn targets(r: &Report) -> Vec<Target> {
                 "{} Mpps vs floor {} Mpps: {}%; nftables with the same two levels in the same \
                  order {} Mpps ({}% of the floor; limiter {}x nftables)",
                 fmt(r.value(key)),
-                fmt(r.value("e2e.random.drop_all")),
+                fmt(r.value("e2e.random.drop_all_layered")),
                 fmt(x.map(|x| x * 100.0)),
                 fmt(r.value(nft_key)),
                 fmt(nft.map(|x| x * 100.0)),
