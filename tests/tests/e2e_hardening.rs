@@ -336,9 +336,10 @@ fn tempfile_dir(prefix: &str) -> std::path::PathBuf {
 }
 
 /// Pins whose layout stamp is not this version's (as a release that reorders a pinned record's
-/// fields at the same size would leave) are refused by the agent, by `stats --pin-path` and by
-/// anything that opens them, with a message that says how to move on; nothing pinned changes
-/// and the program left attached keeps running until `detach --pin-path` removes it.
+/// fields at the same size would leave, or one without a map this version pins: the IPv4 table's
+/// pin is removed too) are refused by the agent, by `stats --pin-path` and by anything that
+/// opens them, with a message that says how to move on; nothing pinned changes and the program
+/// left attached keeps running until `detach --pin-path` removes it.
 #[test]
 fn pins_of_another_layout_are_refused_not_misread() {
     let bed = bed("layout");
@@ -366,6 +367,7 @@ fn pins_of_another_layout_are_refused_not_misread() {
         .unwrap();
         config.layout ^ 0x5a5a
     };
+    fs::remove_file(dir.join(ratelimit_common::map_names::V4_TABLE)).unwrap();
     let expect_refusal = |what: &str, text: &str| {
         assert!(
             text.contains(&format!("layout stamp {stamp:08x}"))

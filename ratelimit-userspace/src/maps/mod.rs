@@ -242,10 +242,12 @@ impl PinnedMaps {
     /// (types, flags, record sizes, layout stamp): pins of another version are refused, never
     /// misread.
     pub fn open(dir: &Path) -> Result<Self> {
+        // The stamp first: pins of a version without one of this version's maps are refused as
+        // another version's, not as a map missing.
+        check_stamp(dir)?;
         for map in layout::PINNED_MAPS {
             check_map(dir, map, None)?;
         }
-        check_stamp(dir)?;
         let open = |name: &str| -> Result<Map> {
             let path = dir.join(name);
             let data = MapData::from_pin(&path).map_err(|e| MapsError::Open {
