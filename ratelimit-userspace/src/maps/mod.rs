@@ -222,6 +222,43 @@ pub fn remove_pins(dir: &Path) -> std::io::Result<()> {
     }
 }
 
+/// The map pinned as `name` in `dir`.
+fn open_pinned(dir: &Path, name: &str) -> Result<Map> {
+    let path = dir.join(name);
+    let data = MapData::from_pin(&path).map_err(|e| MapsError::Open {
+        path: path.clone(),
+        reason: format!("{e}"),
+    })?;
+    Map::from_map_data(data).map_err(|e| MapsError::Open {
+        path,
+        reason: format!("{e}"),
+    })
+}
+
+/// The memory-mappable array pinned as `name` in `dir`, mapped into this process by `map`
+/// (given its descriptor and capacity); `what` names it in errors.
+fn open_mapped<T>(
+    dir: &Path,
+    name: &'static str,
+    what: &str,
+    map: impl FnOnce(std::os::fd::BorrowedFd<'_>, u32) -> std::io::Result<T>,
+) -> Result<T> {
+    use std::os::fd::AsFd as _;
+    let path = dir.join(name);
+    let Map::Array(data) = open_pinned(dir, name)? else {
+        return Err(MapsError::Mismatch {
+            path,
+            dir: dir.to_path_buf(),
+            detail: "not an array".into(),
+        });
+    };
+    let info = data.info().map_err(op(name))?;
+    map(data.fd().as_fd(), info.max_entries()).map_err(|e| MapsError::Open {
+        path,
+        reason: format!("mapping {what} into memory: {e}"),
+    })
+}
+
 /// Handles on the pinned maps.
 pub struct PinnedMaps {
     dir: PathBuf,
@@ -248,52 +285,17 @@ impl PinnedMaps {
         for map in layout::PINNED_MAPS {
             check_map(dir, map, None)?;
         }
-        let open = |name: &str| -> Result<Map> {
-            let path = dir.join(name);
-            let data = MapData::from_pin(&path).map_err(|e| MapsError::Open {
-                path: path.clone(),
-                reason: format!("{e}"),
-            })?;
-            Map::from_map_data(data).map_err(|e| MapsError::Open {
-                path,
-                reason: format!("{e}"),
-            })
-        };
-        let buckets = open(map_names::BUCKETS)?;
-        let store = {
-            use std::os::fd::AsFd as _;
-            let path = dir.join(map_names::BUCKETS);
-            let Map::Array(data) = &buckets else {
-                return Err(MapsError::Mismatch {
-                    path,
-                    dir: dir.to_path_buf(),
-                    detail: "not an array".into(),
-                });
-            };
-            let info = data.info().map_err(op(map_names::BUCKETS))?;
-            MappedStore::map(data.fd().as_fd(), info.max_entries()).map_err(|e| {
-                MapsError::Open {
-                    path,
-                    reason: format!("mapping the bucket store into memory: {e}"),
-                }
-            })?
-        };
-        let v4_table = {
-            use std::os::fd::AsFd as _;
-            let path = dir.join(map_names::V4_TABLE);
-            let Map::Array(data) = open(map_names::V4_TABLE)? else {
-                return Err(MapsError::Mismatch {
-                    path,
-                    dir: dir.to_path_buf(),
-                    detail: "not an array".into(),
-                });
-            };
-            // The shape (ENTRIES entries of 16 words) was checked above.
-            MappedTable::map(data.fd().as_fd()).map_err(|e| MapsError::Open {
-                path,
-                reason: format!("mapping the IPv4 table into memory: {e}"),
-            })?
-        };
+        let open = |name: &str| open_pinned(dir, name);
+        let store = open_mapped(
+            dir,
+            map_names::BUCKETS,
+            "the bucket store",
+            MappedStore::map,
+        )?;
+        // Its shape (ENTRIES entries of 16 words) was checked above.
+        let v4_table = open_mapped(dir, map_names::V4_TABLE, "the IPv4 table", |fd, _| {
+            MappedTable::map(fd)
+        })?;
         Ok(Self {
             dir: dir.to_path_buf(),
             config: open(map_names::CONFIG)?,

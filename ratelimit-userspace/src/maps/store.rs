@@ -21,10 +21,8 @@ use ratelimit_common::{
 
 /// The bucket store's records, mapped.
 pub struct MappedStore {
-    ptr: *mut Bucket,
+    mapping: SharedMapping,
     records: u32,
-    bytes: usize,
-    writable: bool,
 }
 
 // SAFETY: the mapping is plain shared memory; every access below is a volatile copy or an atomic
@@ -33,42 +31,66 @@ unsafe impl Send for MappedStore {}
 // SAFETY: as above.
 unsafe impl Sync for MappedStore {}
 
-impl Drop for MappedStore {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, unmapped once.
-        unsafe { libc::munmap(self.ptr.cast(), self.bytes) };
+/// The first `bytes` of a memory-mappable BPF array, mapped shared into this process (read-write
+/// if the descriptor allows, else read-only) and unmapped when dropped. The bucket store and the
+/// IPv4 table are each one.
+pub(super) struct SharedMapping {
+    ptr: *mut u8,
+    bytes: usize,
+    writable: bool,
+}
+
+impl SharedMapping {
+    /// Maps the first `bytes` of the array behind `fd`.
+    pub(super) fn map(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<Self> {
+        let try_map = |prot| {
+            // SAFETY: a fresh shared mapping of a BPF array map; the kernel checks the length
+            // against the map's size.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    bytes,
+                    prot,
+                    libc::MAP_SHARED,
+                    fd.as_raw_fd(),
+                    0,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(p.cast())
+            }
+        };
+        let (ptr, writable) = match try_map(libc::PROT_READ | libc::PROT_WRITE) {
+            Ok(p) => (p, true),
+            Err(_) => (try_map(libc::PROT_READ)?, false),
+        };
+        Ok(Self {
+            ptr,
+            bytes,
+            writable,
+        })
+    }
+
+    /// The mapping's first byte (page-aligned); valid for `bytes` while `self` lives.
+    pub(super) fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Panics unless the mapping is writable; `what` names it.
+    pub(super) fn require_writable(&self, what: &str) {
+        assert!(
+            self.writable,
+            "{what} is mapped read-only (opened without write access)"
+        );
     }
 }
 
-/// Maps the first `bytes` of the memory-mappable BPF array behind `fd` shared into this
-/// process: read-write if the descriptor allows, else read-only (the second value says which).
-/// The caller unmaps it (`munmap`, same length).
-pub(super) fn map_shared(
-    fd: BorrowedFd<'_>,
-    bytes: usize,
-) -> io::Result<(*mut libc::c_void, bool)> {
-    let try_map = |prot| {
-        // SAFETY: a fresh shared mapping of a BPF array map; the kernel checks the length
-        // against the map's size.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                prot,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(p)
-        }
-    };
-    match try_map(libc::PROT_READ | libc::PROT_WRITE) {
-        Ok(p) => Ok((p, true)),
-        Err(_) => Ok((try_map(libc::PROT_READ)?, false)),
+impl Drop for SharedMapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.bytes) };
     }
 }
 
@@ -94,13 +116,15 @@ impl MappedStore {
     /// Maps the store behind `fd` (`records` records), writable if the descriptor allows.
     pub fn map(fd: BorrowedFd<'_>, records: u32) -> io::Result<Self> {
         let bytes = (records as usize * size_of::<Bucket>()).max(1);
-        let (p, writable) = map_shared(fd, bytes)?;
         Ok(Self {
-            ptr: p.cast(),
+            mapping: SharedMapping::map(fd, bytes)?,
             records,
-            bytes,
-            writable,
         })
+    }
+
+    /// The first record.
+    fn base(&self) -> *mut Bucket {
+        self.mapping.ptr().cast()
     }
 
     /// Number of records.
@@ -114,7 +138,7 @@ impl MappedStore {
     pub fn get(&self, i: u32) -> Bucket {
         assert!(i < self.records, "record {i} out of {}", self.records);
         // SAFETY: in bounds of the mapping; a volatile copy of memory other CPUs write.
-        unsafe { std::ptr::read_volatile(self.ptr.add(i as usize)) }
+        unsafe { std::ptr::read_volatile(self.base().add(i as usize)) }
     }
 
     fn word(&self, i: u32, offset: usize) -> &AtomicU64 {
@@ -123,7 +147,7 @@ impl MappedStore {
         // records), which lives as long as `self`.
         unsafe {
             &*self
-                .ptr
+                .base()
                 .add(i as usize)
                 .cast::<u8>()
                 .add(offset)
@@ -147,7 +171,7 @@ impl MappedStore {
         range: std::ops::Range<u32>,
         mut f: impl FnMut(u32, &Bucket) -> ControlFlow<()>,
     ) -> u32 {
-        let base = self.ptr.cast::<u8>();
+        let base = self.mapping.ptr();
         let end = range.end.min(self.records);
         for i in range.start..end {
             // SAFETY: the header word of record `i`, in bounds and 8-aligned.
@@ -305,7 +329,7 @@ impl MappedStore {
         let mut rec = *fresh;
         rec.state = BUCKET_BUSY;
         // SAFETY: record `i` is ours until the header is published (readers skip busy records).
-        unsafe { std::ptr::write_volatile(self.ptr.add(i as usize), rec) };
+        unsafe { std::ptr::write_volatile(self.base().add(i as usize), rec) };
         // A swap, not a release store: the caller looks for another holder of the key next, and
         // a store could be passed by those loads (store buffering), so that it and a program
         // creating the same key at once each missed the other's record.
@@ -394,10 +418,7 @@ impl MappedStore {
     }
 
     fn require_writable(&self) {
-        assert!(
-            self.writable,
-            "the bucket store is mapped read-only (opened without write access)"
-        );
+        self.mapping.require_writable("the bucket store");
     }
 }
 

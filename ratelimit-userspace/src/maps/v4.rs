@@ -14,10 +14,11 @@ use std::{
 
 use ratelimit_common::v4_table;
 
+use super::store::SharedMapping;
+
 /// The IPv4 table's words, mapped.
 pub struct MappedTable {
-    ptr: *mut AtomicU32,
-    writable: bool,
+    mapping: SharedMapping,
 }
 
 // SAFETY: the mapping is plain shared memory, accessed only through atomics.
@@ -28,21 +29,12 @@ unsafe impl Sync for MappedTable {}
 /// The whole map: its entries lie back to back (64 bytes each, a multiple of the kernel's 8).
 const BYTES: usize = v4_table::ENTRIES as usize * size_of::<v4_table::Entry>();
 
-impl Drop for MappedTable {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, unmapped once.
-        unsafe { libc::munmap(self.ptr.cast(), BYTES) };
-    }
-}
-
 impl MappedTable {
     /// Maps the table behind `fd` (of [`v4_table::ENTRIES`] entries: the caller checked the
     /// map's shape), writable if the descriptor allows.
     pub fn map(fd: BorrowedFd<'_>) -> io::Result<Self> {
-        let (p, writable) = super::store::map_shared(fd, BYTES)?;
         Ok(Self {
-            ptr: p.cast(),
-            writable,
+            mapping: SharedMapping::map(fd, BYTES)?,
         })
     }
 
@@ -54,7 +46,7 @@ impl MappedTable {
         );
         // SAFETY: in bounds of the mapping (checked above), which lives as long as `self`;
         // `AtomicU32` has the layout of the `u32` words the program reads.
-        unsafe { &*self.ptr.add(i) }
+        unsafe { &*self.mapping.ptr().cast::<AtomicU32>().add(i) }
     }
 
     /// The words of trie half `generation`, by /16.
@@ -73,10 +65,7 @@ impl MappedTable {
     /// If `words` is not one word per /16, or the table is mapped read-only.
     pub fn write_half(&self, generation: u8, words: &[u32]) -> usize {
         assert_eq!(words.len(), v4_table::SLOTS as usize, "one word per /16");
-        assert!(
-            self.writable,
-            "the IPv4 table is mapped read-only (opened without write access)"
-        );
+        self.mapping.require_writable("the IPv4 table");
         let mut changed = 0;
         for (s, &w) in words.iter().enumerate() {
             let word = self.word(generation, s);
