@@ -330,6 +330,20 @@ pub mod v4_table {
         }
     }
 
+    /// What `word` holds: `None`, look in the trie; else the rule every source of its /16 falls
+    /// under (`Some(None)`: none). The inverse of [`direct`].
+    #[inline(always)]
+    #[must_use]
+    pub const fn outcome(word: u32) -> Option<Option<u32>> {
+        if word & DIRECT == 0 {
+            return None;
+        }
+        match word & !DIRECT {
+            NO_RULE => Some(None),
+            low => Some(Some(low - 1)),
+        }
+    }
+
     /// Index of the word of the /16 of `addr` (an IPv4 address's bytes, network order) in trie
     /// half `generation` (0 or 1), counted over the whole map.
     #[inline(always)]
@@ -1239,6 +1253,16 @@ mod pod {
 mod tests {
     use super::*;
     use core::hash::Hasher as _;
+
+    #[test]
+    fn an_ipv4_table_word_gives_back_what_it_was_made_from() {
+        use super::v4_table::{direct, outcome, TRIE};
+        assert_eq!(outcome(TRIE), None);
+        assert_eq!(outcome(direct(None)), Some(None));
+        for id in [0, 1, 7, MAX_RULES - 1] {
+            assert_eq!(outcome(direct(Some(id))), Some(Some(id)));
+        }
+    }
 
     /// [`siphash13`] is SipHash-1-3 (checked against the `siphasher` crate's implementation on
     /// the same 24 bytes), so the store's set hash is as strong as its seed.

@@ -147,16 +147,9 @@ fn lookup(pkt: &Packet, epoch: u32) -> u64 {
         let i = v4_table::index(prefix_generation(epoch), [a, b]);
         let w = i as usize % v4_table::WORDS_PER_ENTRY;
         if let Some(entry) = V4_TABLE.get(i / v4_table::WORDS_PER_ENTRY as u32) {
-            let word = entry[w];
-            if word & v4_table::DIRECT != 0 {
+            if let Some(rule) = v4_table::outcome(entry[w]) {
                 // The first candidate matches any packet: the walk's outcome, flag bits none.
-                let low = word & !v4_table::DIRECT;
-                let id = if low == v4_table::NO_RULE {
-                    NO_RULE
-                } else {
-                    low - 1
-                };
-                return ANY_L4 | u64::from(id);
+                return ANY_L4 | u64::from(rule.unwrap_or(NO_RULE));
             }
         }
     }

@@ -155,7 +155,8 @@ impl CompiledRuleSet {
         // The longest covering prefix of /16 or shorter (index into `prefixes`), per /16.
         let mut covering: Vec<Option<usize>> = vec![None; slots];
         let mut longer_inside = vec![false; slots];
-        let mut short: Vec<usize> = Vec::new();
+        // (length, first /16, index) of each prefix of /16 or shorter.
+        let mut short = Vec::new();
         for (i, p) in self.prefixes.iter().enumerate() {
             if p.family != family::V4 {
                 continue;
@@ -164,14 +165,13 @@ impl CompiledRuleSet {
             if p.cidr_len > 16 {
                 longer_inside[hi] = true;
             } else {
-                short.push(i);
+                short.push((p.cidr_len, hi, i));
             }
         }
-        short.sort_by_key(|&i| self.prefixes[i].cidr_len);
-        for i in short {
-            let p = &self.prefixes[i];
-            let span = 1usize << (16 - p.cidr_len);
-            let first = usize::from(u16::from_be_bytes([p.addr[0], p.addr[1]])) & !(span - 1);
+        short.sort_by_key(|&(len, ..)| len);
+        for (len, hi, i) in short {
+            let span = 1usize << (16 - len);
+            let first = hi & !(span - 1);
             for c in &mut covering[first..first + span] {
                 *c = Some(i);
             }
