@@ -1288,12 +1288,20 @@ fn counted_under(
     (moved.into_iter().next(), action)
 }
 
+/// The IPv4 table's half the rule set in force lives in.
+fn half_in_force(dp: &TestDataplane) -> u8 {
+    ratelimit_common::prefix_generation(dp.maps().config().unwrap().generation)
+}
+
+/// Where the word of the /16 of `src` is in a half of the IPv4 table.
+fn slot_of(src: &str) -> usize {
+    let [a, b, _, _] = ip(src).octets();
+    ratelimit_common::v4_table::index(0, [a, b]) as usize
+}
+
 /// The word of the IPv4 table's half in force for the /16 of `src`.
 fn table_word(dp: &TestDataplane, src: &str) -> u32 {
-    let maps = dp.maps();
-    let half = ratelimit_common::prefix_generation(maps.config().unwrap().generation);
-    let [a, b, _, _] = ip(src).octets();
-    maps.v4_table().half(half)[usize::from(a) << 8 | usize::from(b)]
+    dp.maps().v4_table().half(half_in_force(dp))[slot_of(src)]
 }
 
 /// The IPv4 table (one word per /16, read before the trie) gives each packet the rule the trie's
@@ -1404,11 +1412,11 @@ fn a_planted_ipv4_table_word_is_followed_and_repaired_by_the_next_install() {
         (Some("ten".into()), XDP_DROP)
     );
     {
-        let maps = dp.maps();
-        let half = ratelimit_common::prefix_generation(maps.config().unwrap().generation);
-        let mut words = maps.v4_table().half(half);
-        words[10 << 8 | 200] = direct(Some(id(&set, "all")));
-        assert_eq!(maps.v4_table().write_half(half, &words), 1);
+        let half = half_in_force(&dp);
+        let table = dp.maps().v4_table();
+        let mut words = table.half(half);
+        words[slot_of("10.200.0.0")] = direct(Some(id(&set, "all")));
+        assert_eq!(table.write_half(half, &words), 1);
     }
     assert_eq!(
         counted_under(&dp, &set, "10.200.0.2"),
