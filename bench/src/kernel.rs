@@ -620,7 +620,8 @@ pub fn layered_flood(report: &mut Report, opts: &Options, refs: &Refs) -> Result
             detail,
         });
     };
-    let mut floor_ns = Vec::new();
+    // The floor's runs beside each case's.
+    let (mut floor_ns, mut cases) = (Vec::new(), Vec::new());
     // (rule, the second byte its sources start from: 10.0.0.0/9 and 10.128.0.0/9)
     for (tag, first) in [("per_source_first", 0u8), ("per_rule_first", 128)] {
         let rule = limiter.id(&tag.replace('_', "-"))?;
@@ -630,9 +631,7 @@ pub fn layered_flood(report: &mut Report, opts: &Options, refs: &Refs) -> Result
         for run in 0..opts.runs {
             crate::session::check_interrupted()?;
             let from = [10, first + 1 + run as u8, 0, 0];
-            if tag == "per_source_first" {
-                floor_ns.push(floor.run(&sequential_from(from), opts.repeat)?);
-            }
+            floor_ns.push(floor.run(&sequential_from(from), opts.repeat)?);
             let before = counter(global::NEW_BUCKETS);
             runs.push(lim.run(&sequential_from(from), opts.repeat)?);
             created += counter(global::NEW_BUCKETS) - before;
@@ -644,15 +643,16 @@ pub fn layered_flood(report: &mut Report, opts: &Options, refs: &Refs) -> Result
             "passed": stats.pkts[verdict::PASSED],
             "dropped_rate": stats.pkts[verdict::DROPPED_RATE],
         });
-        if tag == "per_source_first" {
-            add(
-                "kernel.layered.floor",
-                "floor: new-source driver + XDP_PASS (layered flood)",
-                floor_ns.clone(),
-                None,
-                json!({}),
-            );
-        }
+        cases.push((tag, runs, detail));
+    }
+    add(
+        "kernel.layered.floor",
+        "floor: new-source driver + XDP_PASS (layered flood)",
+        floor_ns,
+        None,
+        json!({}),
+    );
+    for (tag, runs, detail) in cases {
         add(
             &format!("kernel.layered.{tag}"),
             &format!(
