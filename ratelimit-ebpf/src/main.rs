@@ -16,6 +16,7 @@
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]
+#![feature(asm_experimental_arch)]
 #![expect(
     internal_features,
     reason = "core_intrinsics: the only 64-bit CAS the BPF target offers"
