@@ -290,15 +290,6 @@ fn limit(
         return verdict::DROPPED_RATE | usize::from(drop_limit) << 8;
     }
     if rule.flags & rule_flags::GATE != 0 {
-        // SAFETY: this CPU's live scratch record: the packet's context for the BPF calls
-        // (`gate`, `open_gate`).
-        unsafe {
-            let c = &raw mut (*s).extra;
-            (*c).id = id;
-            (*c).len = len;
-            (*c).now = now;
-            (*c).epoch = epoch;
-        }
         // The window itself is checked inline (a BPF call costs more than the whole check): the
         // packets of a flood under an empty aggregate, nearly all of them, stop here. Only a
         // window that is over or whose batch is spent calls `gate` to look at the bucket; no
@@ -306,18 +297,24 @@ fn limit(
         let g = gate_slot(s, id, pkt.family);
         // SAFETY: this CPU's live scratch record (XDP runs with preemption disabled).
         unsafe {
-            if (*g).rule == id
+            let open = (*g).rule == id
                 && (*g).epoch == epoch
                 && (*g).family == pkt.family
-                && (*g).flags & SLOT_VALID != 0
-            {
-                let count = (*g).drop_count;
-                if now < (*g).drop_until && count < DROP_BATCH {
-                    (*g).drop_count = count + 1;
-                    let k =
-                        (rule.flags & rule_flags::GATE_LIMIT_MASK) >> rule_flags::GATE_LIMIT_SHIFT;
-                    return verdict::DROPPED_RATE | (k as usize) << 8;
-                }
+                && (*g).flags & SLOT_VALID != 0;
+            let count = (*g).drop_count;
+            if open && now < (*g).drop_until && count < DROP_BATCH {
+                (*g).drop_count = count + 1;
+                let k = (rule.flags & rule_flags::GATE_LIMIT_MASK) >> rule_flags::GATE_LIMIT_SHIFT;
+                return verdict::DROPPED_RATE | (k as usize) << 8;
+            }
+            // The packet's context for the BPF calls (`gate`, and `open_gate` below): stored
+            // only past the window, which drops nearly every packet of a flood.
+            let c = &raw mut (*s).extra;
+            (*c).id = id;
+            (*c).len = len;
+            (*c).now = now;
+            (*c).epoch = epoch;
+            if open {
                 // Laundered: the call's few outcomes would each be verified through the rest.
                 let d = scratch::launder(s, gate(pkt, rule) as u64) as usize;
                 if d != 0 {
