@@ -16,12 +16,20 @@ use ratelimit_common::{
 use crate::{
     maps::{PREFIXES, RULES, V4_TABLE},
     parse::Packet,
-    scratch::{self, Scratch, CLASS_SLOTS, NO_RULE, SLOT_ANY_L4, SLOT_VALID},
+    scratch::{self, ClassSlot, Scratch, CLASS_SLOTS, NO_RULE, SLOT_ANY_L4, SLOT_VALID},
 };
 
 /// The rule `pkt` falls under in rule-set `epoch` (`Config::generation`), if any ([`NO_RULE`]),
 /// in the low 32 bits, and the index of the cache slot that now holds that classification in the
 /// next 32.
+///
+/// An IPv4 source whose /16 the IPv4 table decides is classified from the table alone, without
+/// the cache, whose slot it then leaves as it is: the result says so ([`UNCLAIMED`]), and
+/// [`claim`] makes the slot this source's before anything uses its drop window or record
+/// indexes. So a packet the per-rule window drops (`limit`: every frame of a spoofed flood under
+/// an exhausted aggregate) touches no slot: one of 256 lines, each frame a random one, read and
+/// written in full by every such frame when the cache came first (the layered flood's largest
+/// cost end to end, BENCHMARKS.md).
 #[inline(always)]
 pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
     let i = scratch::slot_index(&pkt.src);
@@ -29,6 +37,11 @@ pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
         return u64::from(NO_RULE);
     }
     let hit = |rule: u32| u64::from(rule) | (i as u64) << 32;
+    if pkt.family == family::V4 {
+        if let Some(rule) = from_table(pkt, epoch) {
+            return UNCLAIMED | hit(rule.unwrap_or(NO_RULE));
+        }
+    }
     // SAFETY: this CPU's live map value (see `scratch::coarse_now`); `i` is in bounds.
     let slot = unsafe { &raw mut (*s).class[i] };
     // SAFETY: as above.
@@ -64,6 +77,52 @@ pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
     }
     scratch::empty_slot(slot);
     hit(rule)
+}
+
+/// Bit of [`classify`]'s result: the rule came from the IPv4 table and the cache slot (at the
+/// index in the result) was not looked at: [`claim`] it before using it.
+pub const UNCLAIMED: u64 = 1 << 48;
+
+/// Makes `slot`, the cache slot [`classify`] gave `pkt` with [`UNCLAIMED`], hold the packet's
+/// classification (`rule`, from the IPv4 table, which holds for any protocol and port): kept as
+/// it is where it already does (its drop window and record indexes with it), written and emptied
+/// where it holds another source, epoch or rule.
+#[inline(always)]
+pub fn claim(pkt: &Packet, epoch: u32, slot: *mut ClassSlot, rule: u32) {
+    // SAFETY: this CPU's live slot (the caller's).
+    unsafe {
+        if (*slot).flags & SLOT_VALID != 0
+            && (*slot).epoch == epoch
+            && (*slot).rule == rule
+            && (*slot).family == pkt.family
+            && (*slot).src == pkt.src
+        {
+            return;
+        }
+        (*slot).epoch = epoch;
+        (*slot).rule = rule;
+        (*slot).family = pkt.family;
+        (*slot).flags = SLOT_VALID | SLOT_ANY_L4;
+        (*slot).dst_port = pkt.dst_port;
+        (*slot).protocol = pkt.protocol;
+        (*slot).tcp_mask = 0;
+        (*slot).tcp_flags = 0;
+        // As in `classify`: not overlapping, and a plain assignment calls `memmove`.
+        core::ptr::copy_nonoverlapping(&raw const pkt.src, &raw mut (*slot).src, 1);
+    }
+    scratch::empty_slot(slot);
+}
+
+/// The IPv4 table's outcome for `pkt`'s /16 under `epoch`, where it holds one (see
+/// `ratelimit_common::v4_table`): the rule, or `Some(None)` for no rule.
+#[inline(always)]
+fn from_table(pkt: &Packet, epoch: u32) -> Option<Option<u32>> {
+    // The source's bytes in network order: the first two are its /16.
+    let [a, b, _, _] = pkt.src[0].to_ne_bytes();
+    let i = v4_table::index(prefix_generation(epoch), [a, b]);
+    let w = i as usize % v4_table::WORDS_PER_ENTRY;
+    let entry = V4_TABLE.get(i / v4_table::WORDS_PER_ENTRY as u32)?;
+    v4_table::outcome(entry[w])
 }
 
 /// How a packet whose L4 header is unknown (a tiny first fragment, an over-long IPv6 chain) can
@@ -141,18 +200,7 @@ pub const MISSING_RULE: u32 = ratelimit_common::MAX_RULES;
 /// simpler code for the verifier.
 #[inline(always)]
 fn lookup(pkt: &Packet, epoch: u32) -> u64 {
-    if pkt.family == family::V4 {
-        // The source's bytes in network order: the first two are its /16.
-        let [a, b, _, _] = pkt.src[0].to_ne_bytes();
-        let i = v4_table::index(prefix_generation(epoch), [a, b]);
-        let w = i as usize % v4_table::WORDS_PER_ENTRY;
-        if let Some(entry) = V4_TABLE.get(i / v4_table::WORDS_PER_ENTRY as u32) {
-            if let Some(rule) = v4_table::outcome(entry[w]) {
-                // The first candidate matches any packet: the walk's outcome, flag bits none.
-                return ANY_L4 | u64::from(rule.unwrap_or(NO_RULE));
-            }
-        }
-    }
+    // (An IPv4 source whose /16 the table decides does not come here: see `classify`.)
     let Some(set) = PREFIXES.get(prefix_key(pkt, epoch)) else {
         return ANY_L4 | u64::from(NO_RULE);
     };

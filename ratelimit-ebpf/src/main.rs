@@ -122,7 +122,8 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
         action::ALLOW => (verdict::ALLOWED, 0),
         action::DENY => (verdict::DENIED, 0),
         _ => {
-            let d = limit(&pkt, id, rule, len, s, slot, config, epoch);
+            let unclaimed = what == decision::CACHED && d & classify::UNCLAIMED != 0;
+            let d = limit(&pkt, id, rule, len, s, slot, config, epoch, unclaimed);
             (d & 0xff, d >> 8)
         }
     };
@@ -246,7 +247,9 @@ fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
 /// one-limit rule's whole path, unchanged; the others go through `charge_extra`, a function of
 /// its own (a BPF call), so a one-limit rule's packet pays nothing for them.
 ///
-/// Before any of that, a rule with a `per = "rule"` packet limit ([`rule_flags::GATE`]) drops
+/// Before any of that, and before the source's own drop window (in its classification slot,
+/// which the per-rule window does not need: see `classify::claim`), a rule with a `per = "rule"`
+/// packet limit ([`rule_flags::GATE`]) drops
 /// the packet if that limit's one bucket is known to have no token ([`gate`]): the same verdict
 /// and the same tokens as charging in order (a packet passes only with a token in every limit,
 /// and a dropped one spends none), but a flood of new sources makes no bucket per source, and
@@ -265,6 +268,7 @@ fn limit(
     slot: *mut ClassSlot,
     config: *const Config,
     epoch: u32,
+    unclaimed: bool,
 ) -> usize {
     // The coarse clock, cached per jiffy, costs next to nothing (ktime_get_ns about 30 ns); the
     // agent picks it only for rules whose every limit's tolerance spans several jiffies, where a
@@ -275,20 +279,6 @@ fn limit(
         // SAFETY: a helper without preconditions.
         unsafe { bpf_ktime_get_ns() }
     };
-    // SAFETY: this CPU's classification slot for this packet (see `scratch`).
-    let (drop_until, drop_count, drop_limit, cached) = unsafe {
-        (
-            (*slot).drop_until,
-            (*slot).drop_count,
-            (*slot).drop_limit,
-            (*slot).bucket,
-        )
-    };
-    if now < drop_until && drop_count < DROP_BATCH {
-        // SAFETY: as above.
-        unsafe { (*slot).drop_count = drop_count + 1 };
-        return verdict::DROPPED_RATE | usize::from(drop_limit) << 8;
-    }
     if rule.flags & rule_flags::GATE != 0 {
         // The window itself is checked inline (a BPF call costs more than the whole check): the
         // packets of a flood under an empty aggregate, nearly all of them, stop here. Only a
@@ -322,6 +312,25 @@ fn limit(
                 }
             }
         }
+    }
+    // The source's slot, from here on (the per-rule window above needs only the rule): a
+    // source classified from the IPv4 table makes it its own first (`classify::claim`).
+    if unclaimed {
+        classify::claim(pkt, epoch, slot, id);
+    }
+    // SAFETY: this CPU's classification slot for this packet (see `scratch`).
+    let (drop_until, drop_count, drop_limit, cached) = unsafe {
+        (
+            (*slot).drop_until,
+            (*slot).drop_count,
+            (*slot).drop_limit,
+            (*slot).bucket,
+        )
+    };
+    if now < drop_until && drop_count < DROP_BATCH {
+        // SAFETY: as above.
+        unsafe { (*slot).drop_count = drop_count + 1 };
+        return verdict::DROPPED_RATE | usize::from(drop_limit) << 8;
     }
     // SAFETY: this CPU's live scratch record; `config` a live map value. Where every charge
     // of this packet reads it (see `shares_until`).
