@@ -452,3 +452,91 @@ burst = 2
         assert_eq!(dp.rule(id).pkts[verdict::PASSED], 5 + passed, "{order}");
     }
 }
+
+/// The classification cache slot the program gives an IPv4 source (`scratch::slot_index` in
+/// ratelimit-ebpf: 256 slots, direct-mapped by a multiplicative hash of the address words).
+fn class_slot(addr: Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(addr.octets()).wrapping_mul(0x9e37_79b1) >> 24
+}
+
+/// A spoofed flood that an exhausted aggregate drops takes no classification cache slot: the
+/// drop window of a source over its own limit, in another rule, stays in its slot through the
+/// flood, and so do the drops it counted (they reach the source's bucket at its next look, every
+/// one of them). Before, each flood frame read and rewrote the slot of its source (each frame a
+/// random one of 256): one colliding frame and the window was gone, with its uncounted drops.
+#[test]
+fn a_flood_dropped_by_an_aggregate_leaves_other_sources_slots_alone() {
+    require_root();
+    pin_to_this_cpu();
+    let mut dp = TestDataplane::new("limits-slots", 4096).unwrap();
+    let set = dp
+        .install_toml(
+            r#"
+[[rule]]
+name = "known"
+source = "198.18.0.0/24"
+rate = 1
+burst = 1
+
+[[rule]]
+name = "flood"
+source = "10.0.0.0/8"
+rate = 1
+burst = 2
+[[rule.limit]]
+per = "rule"
+rate = 1
+burst = 1
+"#,
+        )
+        .unwrap();
+    let known = set.by_name("known").unwrap().id;
+    let flood = set.by_name("flood").unwrap().id;
+    let k = ip("198.18.0.1");
+    // The known source: its token, then a drop that opens its window, then 9 drops from the
+    // window (counted in its slot, not yet in its bucket).
+    assert_eq!(dp.run(&udp4(k, 10)), XDP_PASS);
+    for i in 0..10 {
+        assert_eq!(dp.run(&udp4(k, 10)), XDP_DROP, "known source, drop {i}");
+    }
+    let b = bucket(&dp, known, 0, k).expect("the known source's bucket");
+    assert_eq!((b.passed_pkts, b.dropped_pkts), (1, 1));
+    // The flood: the aggregate's token, its first drop (which opens the rule's window), both
+    // from sources away from the known source's slot; then 2,000 sources that the window drops,
+    // among them sources of every slot, the known source's included.
+    let src = |n: u32| Ipv4Addr::from(0x0a00_0000 | n.wrapping_mul(2_654_435_761) >> 8);
+    let mut sources = (0..).map(src).filter(|s| class_slot(*s) != class_slot(k));
+    let (first, second) = (sources.next().unwrap(), sources.next().unwrap());
+    assert_eq!(dp.run(&udp4(first, 10)), XDP_PASS);
+    assert_eq!(dp.run(&udp4(second, 10)), XDP_DROP);
+    let colliding = (10_000..12_000)
+        .map(src)
+        .filter(|s| class_slot(*s) == class_slot(k))
+        .count();
+    assert!(
+        colliding > 0,
+        "no flood source shares the known source's slot"
+    );
+    for n in 10_000..12_000 {
+        assert_eq!(dp.run(&udp4(src(n), 10)), XDP_DROP, "flood source {n}");
+    }
+    assert_eq!(dp.rule(flood).pkts[verdict::DROPPED_RATE], 2_001);
+    // The known source again: the window's batch (64 drops) is spent after 55 more, and the
+    // packet after them looks at the bucket, which then gets the batch and its own drop. A slot
+    // lost to the flood would have started over (a look, a new window): 2 drops in the bucket.
+    for i in 0..56 {
+        assert_eq!(
+            dp.run(&udp4(k, 10)),
+            XDP_DROP,
+            "known source, drop {}",
+            10 + i
+        );
+    }
+    let b = bucket(&dp, known, 0, k).unwrap();
+    assert_eq!(
+        (b.passed_pkts, b.dropped_pkts),
+        (1, 66),
+        "the known source's drops, through a flood with {colliding} frames in its slot"
+    );
+    assert_eq!(dp.rule(known).pkts[verdict::DROPPED_RATE], 66);
+}
