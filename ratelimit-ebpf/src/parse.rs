@@ -115,38 +115,27 @@ fn bytes_at<const N: usize>(ctx: &XdpContext, off: usize) -> Option<usize> {
 mod load {
     use core::arch::asm;
 
-    #[inline(always)]
-    pub unsafe fn u8<const OFF: i16>(p: usize) -> u8 {
-        let v: u64;
-        // SAFETY: the caller's (see the module doc): `p + OFF` is in the frame.
-        unsafe {
-            asm!("{v} = *(u8 *)({p} + {off})", v = out(reg) v, p = in(reg) p, off = const OFF,
-                 options(readonly, nostack, preserves_flags));
-        }
-        v as u8
+    macro_rules! loads {
+        ($($name:ident),*) => {$(
+            #[inline(always)]
+            pub unsafe fn $name<const OFF: i16>(p: usize) -> $name {
+                let v: u64;
+                // SAFETY: the caller's (see the module doc): `p + OFF` is in the frame.
+                unsafe {
+                    asm!(
+                        concat!("{v} = *(", stringify!($name), " *)({p} + {off})"),
+                        v = out(reg) v,
+                        p = in(reg) p,
+                        off = const OFF,
+                        options(readonly, nostack, preserves_flags),
+                    );
+                }
+                v as $name
+            }
+        )*};
     }
 
-    #[inline(always)]
-    pub unsafe fn u16<const OFF: i16>(p: usize) -> u16 {
-        let v: u64;
-        // SAFETY: as above.
-        unsafe {
-            asm!("{v} = *(u16 *)({p} + {off})", v = out(reg) v, p = in(reg) p, off = const OFF,
-                 options(readonly, nostack, preserves_flags));
-        }
-        v as u16
-    }
-
-    #[inline(always)]
-    pub unsafe fn u32<const OFF: i16>(p: usize) -> u32 {
-        let v: u64;
-        // SAFETY: as above.
-        unsafe {
-            asm!("{v} = *(u32 *)({p} + {off})", v = out(reg) v, p = in(reg) p, off = const OFF,
-                 options(readonly, nostack, preserves_flags));
-        }
-        v as u32
-    }
+    loads!(u8, u16, u32);
 }
 
 /// The big-endian 16 bits at `off` into the packet, if they are in the frame.
