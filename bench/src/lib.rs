@@ -477,7 +477,8 @@ fn notes() -> Vec<String> {
             .into(),
         "End to end: generator and receiver share one CPU (the receiving NAPI poll runs when the \
          test run re-enables bottom halves), so Mpps is the whole pipeline's rate on one core. \
-         The layered cases and their floor take turns of one run each (at least 10 turns)."
+         The hot source's limiter and floor, and the layered cases and their floor, take turns of \
+         one run each (at least 10 turns)."
             .into(),
         "The machine may be shared: see the load averages in the header; the spread column shows \
          how much runs disagreed."
