@@ -396,8 +396,31 @@ enum Attached {
     Limiter,
 }
 
-/// Runs every contender under both patterns.
+/// Every contender, for `--contenders`.
+const ALL: [Contender; 10] = [
+    Contender::DropAll,
+    Contender::DropAllLayered,
+    Contender::Limiter,
+    Contender::Pass,
+    Contender::Nft,
+    Contender::Iptables,
+    Contender::LimiterAggregate,
+    Contender::LimiterAggregateFirst,
+    Contender::NftAggregate,
+    Contender::NftAggregateFirst,
+];
+
+/// Runs every contender (or those `--contenders` names) under both patterns.
 pub fn run(report: &mut Report, opts: &Options, refs: &mut Refs) -> Result<()> {
+    for t in &opts.contenders {
+        if !ALL.iter().any(|c| c.tag() == t) {
+            let known: Vec<&str> = ALL.iter().map(|c| c.tag()).collect();
+            bail!(
+                "--contenders: no contender {t:?} (the contenders: {})",
+                known.join(", ")
+            );
+        }
+    }
     let bed = Testbed::new()?;
     let mut limiter = Limiter::new("e2e", TRACKED, E2E_RULES)?;
     let contenders = [
@@ -423,7 +446,13 @@ pub fn run(report: &mut Report, opts: &Options, refs: &mut Refs) -> Result<()> {
                 vec![Contender::NftAggregateFirst],
             ]);
         }
-        for group in groups {
+        for mut group in groups {
+            if !opts.contenders.is_empty() {
+                group.retain(|c| opts.contenders.iter().any(|t| t == c.tag()));
+                if group.is_empty() {
+                    continue;
+                }
+            }
             let labels: Vec<&str> = group.iter().map(|c| c.label()).collect();
             crate::session::announce(&format!(
                 "end to end, {} source{}: {}",
@@ -688,7 +717,7 @@ struct Turn {
 
 /// Measures `group`'s contenders: a lone contender runs all its runs at once; a group's take
 /// turns of one run each (attached, warmed up, measured, detached; at least [`MIN_TURNS`] of
-/// them), so that what the machine does
+/// them; the order reversed every other round), so that what the machine does
 /// over the minutes of a bench weighs alike on each and their ratio compares like with like.
 /// Each contender's figure has all its runs; its details are its first turn's, with the
 /// polite and fresh source's counts summed over all turns (the polite source's bucket counters
@@ -713,7 +742,15 @@ fn measure_group(
     let mut turns: Vec<Vec<Figure>> = vec![Vec::new(); group.len()];
     let n = opts.runs.max(MIN_TURNS);
     for run in 0..n {
-        for (i, &contender) in group.iter().enumerate() {
+        // Which contender goes first alternates from round to round, so that none gains from
+        // its place (the one after a detach and attach, or after another's flood).
+        let order: Vec<usize> = if run % 2 == 0 {
+            (0..group.len()).collect()
+        } else {
+            (0..group.len()).rev().collect()
+        };
+        for i in order {
+            let contender = group[i];
             crate::session::check_interrupted()?;
             let turn = Turn {
                 runs: 1,

@@ -37,6 +37,11 @@ struct Cli {
     /// of the handling of cut packets, parts of kernel, alone), rules, e2e, agent, cluster.
     #[arg(long, value_delimiter = ',')]
     only: Vec<Part>,
+    /// End to end: only these contenders, by their tags in results.json (such as
+    /// drop_all_layered, limiter_aggregate; default: all). A group measured in turns keeps the
+    /// members named.
+    #[arg(long, value_delimiter = ',')]
+    contenders: Vec<String>,
     /// Tracked-source populations up to 100k only (for trying the bench out).
     #[arg(long)]
     quick: bool,
@@ -68,6 +73,7 @@ fn main() -> ExitCode {
                 e2e_run: Duration::from_secs_f64(cli.seconds),
                 e2e_warmup: Duration::from_secs_f64(cli.warmup),
                 quick: cli.quick,
+                contenders: cli.contenders.clone(),
                 cpu: cli.cpu.unwrap_or_else(|| {
                     std::thread::available_parallelism().map_or(1, std::num::NonZero::get) - 1
                 }),
