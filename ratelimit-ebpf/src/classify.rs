@@ -60,13 +60,28 @@ pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
     }
     let found = lookup(pkt, epoch);
     let rule = found as u32;
-    let tcp_mask = (found >> TCP_MASK_SHIFT) as u8;
-    // SAFETY: as above.
+    fill(
+        slot,
+        pkt,
+        epoch,
+        rule,
+        found & ANY_L4 != 0,
+        (found >> TCP_MASK_SHIFT) as u8,
+    );
+    hit(rule)
+}
+
+/// Writes `pkt`'s classification into `slot` (`rule` under `epoch`, for any protocol and port
+/// if `any_l4`, else for the packet's, with the TCP flag bits `tcp_mask` looked at) and empties
+/// its drop window and record indexes.
+#[inline(always)]
+fn fill(slot: *mut ClassSlot, pkt: &Packet, epoch: u32, rule: u32, any_l4: bool, tcp_mask: u8) {
+    // SAFETY: this CPU's live slot (the caller's).
     unsafe {
         (*slot).epoch = epoch;
         (*slot).rule = rule;
         (*slot).family = pkt.family;
-        (*slot).flags = SLOT_VALID | if found & ANY_L4 != 0 { SLOT_ANY_L4 } else { 0 };
+        (*slot).flags = SLOT_VALID | if any_l4 { SLOT_ANY_L4 } else { 0 };
         (*slot).dst_port = pkt.dst_port;
         (*slot).protocol = pkt.protocol;
         (*slot).tcp_mask = tcp_mask;
@@ -76,7 +91,6 @@ pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
         core::ptr::copy_nonoverlapping(&raw const pkt.src, &raw mut (*slot).src, 1);
     }
     scratch::empty_slot(slot);
-    hit(rule)
 }
 
 /// Bit of [`classify`]'s result: the rule came from the IPv4 table and the cache slot (at the
@@ -99,18 +113,8 @@ pub fn claim(pkt: &Packet, epoch: u32, slot: *mut ClassSlot, rule: u32) {
         {
             return;
         }
-        (*slot).epoch = epoch;
-        (*slot).rule = rule;
-        (*slot).family = pkt.family;
-        (*slot).flags = SLOT_VALID | SLOT_ANY_L4;
-        (*slot).dst_port = pkt.dst_port;
-        (*slot).protocol = pkt.protocol;
-        (*slot).tcp_mask = 0;
-        (*slot).tcp_flags = 0;
-        // As in `classify`: not overlapping, and a plain assignment calls `memmove`.
-        core::ptr::copy_nonoverlapping(&raw const pkt.src, &raw mut (*slot).src, 1);
     }
-    scratch::empty_slot(slot);
+    fill(slot, pkt, epoch, rule, true, 0);
 }
 
 /// The IPv4 table's outcome for `pkt`'s /16 under `epoch`, where it holds one (see
