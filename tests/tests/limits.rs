@@ -308,6 +308,11 @@ burst = 5
     assert_eq!(dp.maps().store().get(i).tat_ns, other.tat_ns);
 }
 
+/// The `n`th source of a spoofed flood: spread over 10.0.0.0/8 (a multiplicative hash of `n`).
+fn flood_source(n: u32) -> Ipv4Addr {
+    Ipv4Addr::from(0x0a00_0000 | n.wrapping_mul(2_654_435_761) >> 8)
+}
+
 /// Pins the calling thread to the CPU it runs on, so that every BPF_PROG_TEST_RUN of a test sees
 /// the same per-CPU scratch state (the drop windows are per CPU).
 fn pin_to_this_cpu() {
@@ -373,15 +378,18 @@ burst = 2
         let mut dp = TestDataplane::new("limits-flood", 4096).unwrap();
         let set = dp.install_toml(toml).unwrap();
         let id = set.by_name("flood").unwrap().id;
-        let src = |n: u32| Ipv4Addr::from(0x0a00_0000 | n.wrapping_mul(2_654_435_761) >> 8);
         let start = std::time::Instant::now();
         // Five sources take the aggregate's five tokens; the sixth is dropped by it (a bucket
         // of its own made and refunded on the way when the per-source limit is charged first).
         for n in 0..5 {
-            assert_eq!(dp.run(&udp4(src(n), 10)), XDP_PASS, "{order}: source {n}");
+            assert_eq!(
+                dp.run(&udp4(flood_source(n), 10)),
+                XDP_PASS,
+                "{order}: source {n}"
+            );
         }
         assert_eq!(
-            dp.run(&udp4(src(5), 10)),
+            dp.run(&udp4(flood_source(5), 10)),
             XDP_DROP,
             "{order}: over the aggregate"
         );
@@ -390,7 +398,11 @@ burst = 2
         // The flood: 200 new sources, each dropped, none with a bucket of its own.
         const FLOOD: u32 = 200;
         for n in 6..6 + FLOOD {
-            assert_eq!(dp.run(&udp4(src(n), 10)), XDP_DROP, "{order}: source {n}");
+            assert_eq!(
+                dp.run(&udp4(flood_source(n), 10)),
+                XDP_DROP,
+                "{order}: source {n}"
+            );
         }
         assert_eq!(
             dp.global().counters[global::NEW_BUCKETS],
@@ -399,7 +411,7 @@ burst = 2
         );
         for n in 6..6 + FLOOD {
             assert!(
-                bucket(&dp, id, own, src(n)).is_none(),
+                bucket(&dp, id, own, flood_source(n)).is_none(),
                 "{order}: source {n} has a bucket"
             );
         }
@@ -432,7 +444,7 @@ burst = 2
         let made = dp.global().counters[global::NEW_BUCKETS];
         let mut passed = 0;
         for n in 1_000..1_010 {
-            if dp.run(&udp4(src(n), 10)) == XDP_PASS {
+            if dp.run(&udp4(flood_source(n), 10)) == XDP_PASS {
                 passed += 1;
             }
         }
@@ -504,13 +516,14 @@ burst = 1
     // The flood: the aggregate's token, its first drop (which opens the rule's window), both
     // from sources away from the known source's slot; then 2,000 sources that the window drops,
     // among them sources of every slot, the known source's included.
-    let src = |n: u32| Ipv4Addr::from(0x0a00_0000 | n.wrapping_mul(2_654_435_761) >> 8);
-    let mut sources = (0..).map(src).filter(|s| class_slot(*s) != class_slot(k));
+    let mut sources = (0..)
+        .map(flood_source)
+        .filter(|s| class_slot(*s) != class_slot(k));
     let (first, second) = (sources.next().unwrap(), sources.next().unwrap());
     assert_eq!(dp.run(&udp4(first, 10)), XDP_PASS);
     assert_eq!(dp.run(&udp4(second, 10)), XDP_DROP);
     let colliding = (10_000..12_000)
-        .map(src)
+        .map(flood_source)
         .filter(|s| class_slot(*s) == class_slot(k))
         .count();
     assert!(
@@ -518,7 +531,11 @@ burst = 1
         "no flood source shares the known source's slot"
     );
     for n in 10_000..12_000 {
-        assert_eq!(dp.run(&udp4(src(n), 10)), XDP_DROP, "flood source {n}");
+        assert_eq!(
+            dp.run(&udp4(flood_source(n), 10)),
+            XDP_DROP,
+            "flood source {n}"
+        );
     }
     assert_eq!(dp.rule(flood).pkts[verdict::DROPPED_RATE], 2_001);
     // The known source again: the window's batch (64 drops) is spent after 55 more, and the
