@@ -5,8 +5,8 @@
 //! protocol, destination port and TCP flags match wins. For most IPv4 sources the IPv4 table
 //! (`ratelimit_common::v4_table`) holds that outcome for the source's whole /16: one array read
 //! instead of the trie (whose lookup, a call into the kernel, was most of a new source's
-//! classification). The result is cached per CPU by source (see
-//! `scratch`), keyed by the rule-set epoch, so a known source skips the trie.
+//! classification), read first, before the cache. Other sources' results are cached per CPU by
+//! source (see `scratch`), keyed by the rule-set epoch, so a known source skips the trie.
 
 use aya_ebpf::maps::lpm_trie::Key;
 use ratelimit_common::{

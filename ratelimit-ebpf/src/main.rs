@@ -5,8 +5,8 @@
 //! - `parse.rs`: Ethernet, VLANs, IPv4/IPv6 (extension headers), L4 ports, and the packet's
 //!   *shape* (whole, truncated, a fragment, a chain too long to classify);
 //! - `frag.rs`: fragments other than the first take their datagram's first fragment's verdict;
-//! - `classify.rs`: the rule, from the prefix trie (`maps.rs`) through the per-CPU classification
-//!   cache (`scratch.rs`);
+//! - `classify.rs`: the rule, from the IPv4 table where it decides the source's /16, else from
+//!   the prefix trie (`maps.rs`) through the per-CPU classification cache (`scratch.rs`);
 //! - `store.rs`: the source's bucket record in the bucket store (found, or claimed for a new
 //!   source); `bucket.rs`: its GCRA charge by compare-and-swap;
 //! - `stats.rs`: the rule's and the global counters.
