@@ -675,9 +675,25 @@ struct Driver {
 
 impl Driver {
     fn new(name: &str, sources: Sources<'_>, target: &Xdp, refs: &Refs) -> Result<Self> {
+        Self::touching(name, sources, None, target, refs)
+    }
+
+    /// A driver that reads one random record of `touch` (an array map and its size) first (see
+    /// [`progs::driver`]).
+    fn touching(
+        name: &str,
+        sources: Sources<'_>,
+        touch: Option<(std::os::fd::BorrowedFd<'_>, u32)>,
+        target: &Xdp,
+        refs: &Refs,
+    ) -> Result<Self> {
         use std::os::fd::AsFd as _;
         let array = progs::prog_array(target)?;
-        let program = progs::load(name, &progs::driver(sources, array.as_fd()), refs.dir())?;
+        let program = progs::load(
+            name,
+            &progs::driver(sources, touch, array.as_fd()),
+            refs.dir(),
+        )?;
         Ok(Self {
             program,
             _array: array,
@@ -883,6 +899,17 @@ pub fn populations(
         refs.program(PASS),
         refs,
     )?;
+    // The memory floor of a new source: the new-source driver reading one random record of the
+    // store before it passes.
+    let buckets = pinned(limiter, map_names::BUCKETS)?;
+    let store = Some((buckets.fd().as_fd(), capacity));
+    let memory_floor = Driver::touching(
+        "rlb_seq_mem",
+        Sources::Sequential,
+        store,
+        refs.program(PASS),
+        refs,
+    )?;
     let mut sent = 0usize;
     let mut fresh_next = 0usize;
     let cap = capacity as usize;
@@ -942,7 +969,15 @@ pub fn populations(
             refs.program(PASS),
             refs,
         )?;
+        let known_memory_floor = Driver::touching(
+            "rlb_known_mem",
+            Sources::RandomOf(addr_array.as_fd(), n),
+            store,
+            refs.program(PASS),
+            refs,
+        )?;
 
+        let (mut memory_floor_ns, mut known_memory_floor_ns) = (Vec::new(), Vec::new());
         let (mut hot, mut known_ns, mut known_floor_ns, mut new_ns, mut new_floor_ns, mut floor) = (
             Vec::new(),
             Vec::new(),
@@ -964,12 +999,15 @@ pub fn populations(
             floor.push(repeat_ns(refs.program(PASS), &floor_frame, opts.repeat)?.0 + TRUNCATION);
             hot.push(repeat_ns(limiter.program(), &hot_frame, opts.repeat)?.0 + TRUNCATION);
             known_floor_ns.push(known_floor.run(&known_frame, opts.repeat)?);
+            known_memory_floor_ns.push(known_memory_floor.run(&known_frame, opts.repeat)?);
             let created = counter(global::NEW_BUCKETS);
             known_ns.push(known.run(&known_frame, opts.repeat)?);
             known_misses += counter(global::NEW_BUCKETS) - created;
             let first = fresh_next;
             new_floor_ns
                 .push(new_floor.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
+            memory_floor_ns
+                .push(memory_floor.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
             let (created, full, lost) = (
                 counter(global::NEW_BUCKETS),
                 counter(global::EVICTED_FULL),
@@ -1065,6 +1103,18 @@ pub fn populations(
             k("new"),
             format!("limiter: new source, first packet (driver), {what}"),
             new_ns,
+            Some(k("new_floor")),
+        );
+        add(
+            k("known_memory_floor"),
+            format!("memory: random-known driver reading one random record of the store ({what})"),
+            known_memory_floor_ns,
+            Some(k("known_floor")),
+        );
+        add(
+            k("new_memory_floor"),
+            format!("memory: new-source driver reading one random record of the store ({what})"),
+            memory_floor_ns,
             Some(k("new_floor")),
         );
     }

@@ -32,6 +32,7 @@ pub const XOR64_IMM: u8 = 0xa7;
 pub const MOD64_IMM: u8 = 0x97;
 pub const TO_BE: u8 = 0xdc;
 pub const LDX_W: u8 = 0x61;
+pub const LDX_DW: u8 = 0x79;
 pub const STX_B: u8 = 0x73;
 pub const STX_W: u8 = 0x63;
 pub const ST_B: u8 = 0x72;
@@ -339,28 +340,59 @@ pub enum Sources<'a> {
     RandomOf(BorrowedFd<'a>, u32),
 }
 
+/// `r0` = entry `random % n` of the array map (an `XDP_ABORTED` exit if the lookup misses, which
+/// cannot happen for `n` at most the map's size).
+fn random_entry(map: BorrowedFd<'_>, n: u32) -> Vec<Insn> {
+    let mut p = vec![
+        insn(CALL, 0, 0, 0, FUNC_GET_PRANDOM_U32),
+        insn(MOD64_IMM, 0, 0, 0, i32::try_from(n).expect("n < 2^31")),
+        insn(STX_W, 10, 0, -4, 0), // key = random % n, at r10-4
+    ];
+    p.extend(ld_map_fd(1, map));
+    p.extend([
+        insn(MOV64_REG, 2, 10, 0, 0),
+        insn(ADD64_IMM, 2, 0, 0, -4),
+        insn(CALL, 0, 0, 0, FUNC_MAP_LOOKUP_ELEM),
+        insn(JNE_IMM, 0, 0, 2, 0),
+        insn(MOV64_IMM, 0, 0, 0, XDP_ABORTED),
+        insn(EXIT, 0, 0, 0, 0),
+    ]);
+    p
+}
+
 /// A driver: rewrites the IPv4 source as `sources` says, then tail-calls slot 0 of `prog_array`.
 /// Returns `XDP_ABORTED` if the tail call fails (so a failed call cannot pass for the target's
 /// `XDP_PASS`).
-pub fn driver(sources: Sources<'_>, prog_array: BorrowedFd<'_>) -> Vec<Insn> {
-    let mut p = vec![insn(MOV64_REG, 6, 1, 0, 0)];
+///
+/// With `touch = Some((map, n))`, it first reads one random record of the array map of `n`
+/// records (entry `random % n`, its word at byte 16), and makes the frame's new source depend on
+/// what it read: the memory a limiter's packet cannot do without (its key's record, wherever the
+/// keyed hash puts it), with no work of the limiter's around it.
+pub fn driver(
+    sources: Sources<'_>,
+    touch: Option<(BorrowedFd<'_>, u32)>,
+    prog_array: BorrowedFd<'_>,
+) -> Vec<Insn> {
+    let mut p = vec![insn(MOV64_REG, 6, 1, 0, 0), insn(MOV64_IMM, 9, 0, 0, 0)];
+    if let Some((map, n)) = touch {
+        p.extend(random_entry(map, n));
+        p.extend([
+            insn(LDX_DW, 9, 0, 16, 0),   // r9 = the record's word at byte 16
+            insn(AND64_IMM, 9, 0, 0, 0), // zero, but only once the word is read
+        ]);
+    }
     let body: Vec<Insn> = match sources {
-        Sources::Sequential => NEXT_SOURCE.to_vec(),
+        Sources::Sequential => {
+            let mut body = NEXT_SOURCE.to_vec();
+            // The next address plus r9 (zero): with a touch, its store waits for the record.
+            body.insert(3, insn(ADD64_REG, 5, 9, 0, 0));
+            body
+        }
         Sources::RandomOf(map, n) => {
+            p.extend(random_entry(map, n));
             p.extend([
-                insn(CALL, 0, 0, 0, FUNC_GET_PRANDOM_U32),
-                insn(MOD64_IMM, 0, 0, 0, i32::try_from(n).expect("n < 2^31")),
-                insn(STX_W, 10, 0, -4, 0), // key = random % n, at r10-4
-            ]);
-            p.extend(ld_map_fd(1, map));
-            p.extend([
-                insn(MOV64_REG, 2, 10, 0, 0),
-                insn(ADD64_IMM, 2, 0, 0, -4),
-                insn(CALL, 0, 0, 0, FUNC_MAP_LOOKUP_ELEM),
-                insn(JNE_IMM, 0, 0, 2, 0), // a miss cannot happen (key < n): abort
-                insn(MOV64_IMM, 0, 0, 0, XDP_ABORTED),
-                insn(EXIT, 0, 0, 0, 0),
-                insn(LDX_W, 7, 0, 0, 0), // r7 = the address
+                insn(LDX_W, 7, 0, 0, 0),     // r7 = the address
+                insn(ADD64_REG, 7, 9, 0, 0), // plus r9 (zero), as above
             ]);
             vec![insn(STX_W, 2, 7, IP_SRC, 0)]
         }
