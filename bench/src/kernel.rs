@@ -25,7 +25,7 @@ use ratelimit_testbed::{packet::eth, TestDataplane};
 use serde_json::json;
 
 use crate::{
-    progs::{self, Probe, Sources},
+    progs::{self, Probe, Sources, Touch},
     refs::{Refs, PASS},
     report::{Figure, Report},
     session::Options,
@@ -678,12 +678,11 @@ impl Driver {
         Self::touching(name, sources, None, target, refs)
     }
 
-    /// A driver that reads one random record of `touch` (an array map and its size) first (see
-    /// [`progs::driver`]).
+    /// A driver that reads records of the bucket store first (see [`progs::driver`]).
     fn touching(
         name: &str,
         sources: Sources<'_>,
-        touch: Option<(std::os::fd::BorrowedFd<'_>, u32)>,
+        touch: Option<Touch<'_>>,
         target: &Xdp,
         refs: &Refs,
     ) -> Result<Self> {
@@ -902,11 +901,18 @@ pub fn populations(
     // The memory floor of a new source: the new-source driver reading one random record of the
     // store before it passes.
     let buckets = pinned(limiter, map_names::BUCKETS)?;
-    let store = Some((buckets.fd().as_fd(), capacity));
+    let record = Some(Touch::Record(buckets.fd().as_fd(), capacity));
     let memory_floor = Driver::touching(
         "rlb_seq_mem",
         Sources::Sequential,
-        store,
+        record,
+        refs.program(PASS),
+        refs,
+    )?;
+    let candidates_floor = Driver::touching(
+        "rlb_seq_mem8",
+        Sources::Sequential,
+        Some(Touch::Candidates(buckets.fd().as_fd(), capacity)),
         refs.program(PASS),
         refs,
     )?;
@@ -972,12 +978,13 @@ pub fn populations(
         let known_memory_floor = Driver::touching(
             "rlb_known_mem",
             Sources::RandomOf(addr_array.as_fd(), n),
-            store,
+            record,
             refs.program(PASS),
             refs,
         )?;
 
-        let (mut memory_floor_ns, mut known_memory_floor_ns) = (Vec::new(), Vec::new());
+        let (mut memory_floor_ns, mut candidates_floor_ns, mut known_memory_floor_ns) =
+            (Vec::new(), Vec::new(), Vec::new());
         let (mut hot, mut known_ns, mut known_floor_ns, mut new_ns, mut new_floor_ns, mut floor) = (
             Vec::new(),
             Vec::new(),
@@ -1008,6 +1015,9 @@ pub fn populations(
                 .push(new_floor.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
             memory_floor_ns
                 .push(memory_floor.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
+            candidates_floor_ns.push(
+                candidates_floor.run(&sequential_from(tracked_addr(first, true)), new_repeat)?,
+            );
             let (created, full, lost) = (
                 counter(global::NEW_BUCKETS),
                 counter(global::EVICTED_FULL),
@@ -1115,6 +1125,12 @@ pub fn populations(
             k("new_memory_floor"),
             format!("memory: new-source driver reading one random record of the store ({what})"),
             memory_floor_ns,
+            Some(k("new_floor")),
+        );
+        add(
+            k("new_candidates_floor"),
+            format!("memory: new-source driver reading the 8 records of a key's two sets ({what})"),
+            candidates_floor_ns,
             Some(k("new_floor")),
         );
     }

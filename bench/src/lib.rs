@@ -297,17 +297,22 @@ fn targets(r: &Report) -> Vec<Target> {
         // What one random record of the store costs by itself in the same population (see
         // `Sources::SequentialTouching`): the part of the figure no store layout can save.
         let memory = over(&format!("{key}_memory_floor"), floor);
+        // A new key's packet reads all eight of its candidate records.
+        let candidates = over(&format!("{key}_candidates_floor"), floor)
+            .map(|c| format!("; its key's 8 candidate records alone: {} ns", fmt(Some(c))))
+            .unwrap_or_default();
         t.push(Target {
             goal: goal.into(),
             met: x.map(|x| x <= most),
             evidence: format!(
                 "{} ns vs driver floor {} ns: {} ns over ({} buckets tracked); reading one \
-                 random record of the store alone: {} ns over the same driver floor",
+                 random record of the store alone: {} ns over the same driver floor{}",
                 fmt(r.value(key)),
                 fmt(r.value(floor)),
                 fmt(x),
                 tracked(key),
                 fmt(memory),
+                candidates,
             ),
         });
     }
@@ -471,9 +476,10 @@ fn notes() -> Vec<String> {
         "'(driver)' figures: a hand-assembled program rewrites the frame's source on every run \
          (next address, or a random tracked one) and tail-calls the limiter; their floor is the same \
          driver tail-calling XDP_PASS. Limiter cost = figure - its floor. 'memory:' figures: the \
-         same driver reading one random record of the bucket store first (its next source waits \
-         for the read), then XDP_PASS: what the record a packet cannot do without costs alone, \
-         with none of the limiter's work."
+         same driver reading records of the bucket store first (one random record, or the 8 \
+         records of two random sets of a page as a new key's packet reads them; its next source \
+         waits for the reads), then XDP_PASS: what the memory a packet cannot do without costs \
+         alone, with none of the limiter's work."
             .into(),
         "Probes: hand-assembled programs doing one operation of the fast path (a clock read, a map \
          lookup in the limiter's own maps), then XDP_PASS; cost = probe - floor."

@@ -32,6 +32,7 @@ pub const XOR64_IMM: u8 = 0xa7;
 pub const MOD64_IMM: u8 = 0x97;
 pub const TO_BE: u8 = 0xdc;
 pub const LDX_W: u8 = 0x61;
+pub const LSH64_IMM: u8 = 0x67;
 pub const LDX_DW: u8 = 0x79;
 pub const STX_B: u8 = 0x73;
 pub const STX_W: u8 = 0x63;
@@ -360,26 +361,96 @@ fn random_entry(map: BorrowedFd<'_>, n: u32) -> Vec<Insn> {
     p
 }
 
+/// What a driver reads of the bucket store (an array map of `n` records) before it rewrites the
+/// source: the memory a limiter's packet cannot do without, with none of the limiter's work.
+#[derive(Clone, Copy, Debug)]
+pub enum Touch<'a> {
+    /// One random record (entry `random % n`): the record of a known source, wherever the keyed
+    /// hash puts it.
+    Record(BorrowedFd<'a>, u32),
+    /// The eight records a new key's packet reads before it knows the key has none: two random
+    /// sets of four records in one random page (as `ratelimit_common::bucket_sets` places a
+    /// key's two sets), eight independent loads.
+    Candidates(BorrowedFd<'a>, u32),
+}
+
+/// `r9 += ` the word at byte 16 of entry `r1 + add` of `map` (r1 must survive: it is kept in
+/// `base`, a callee-saved register).
+fn add_record_word(map: BorrowedFd<'_>, base: u8, add: i32) -> Vec<Insn> {
+    let mut p = vec![
+        insn(MOV64_REG, 1, base, 0, 0),
+        insn(ADD64_IMM, 1, 0, 0, add),
+        insn(STX_W, 10, 1, -4, 0),
+    ];
+    p.extend(ld_map_fd(1, map));
+    p.extend([
+        insn(MOV64_REG, 2, 10, 0, 0),
+        insn(ADD64_IMM, 2, 0, 0, -4),
+        insn(CALL, 0, 0, 0, FUNC_MAP_LOOKUP_ELEM),
+        insn(JNE_IMM, 0, 0, 2, 0),
+        insn(MOV64_IMM, 0, 0, 0, XDP_ABORTED),
+        insn(EXIT, 0, 0, 0, 0),
+        insn(LDX_DW, 1, 0, 16, 0),
+        insn(ADD64_REG, 9, 1, 0, 0),
+    ]);
+    p
+}
+
+/// The instructions of `touch`: the words read summed into r9, then r9 masked to zero (so what
+/// depends on r9 waits for every read).
+fn touch_store(touch: Touch<'_>) -> Vec<Insn> {
+    let mut p = Vec::new();
+    match touch {
+        Touch::Record(map, n) => {
+            p.extend(random_entry(map, n));
+            p.push(insn(LDX_DW, 9, 0, 16, 0));
+        }
+        Touch::Candidates(map, n) => {
+            let page = ratelimit_common::BUCKET_WAYS * ratelimit_common::BUCKET_SETS_PER_PAGE;
+            let pages = i32::try_from(n / page).expect("n < 2^31");
+            p.extend([
+                insn(CALL, 0, 0, 0, FUNC_GET_PRANDOM_U32),
+                insn(MOV64_REG, 8, 0, 0, 0), // r8 = random
+                insn(MOD64_IMM, 0, 0, 0, pages),
+                insn(LSH64_IMM, 0, 0, 0, page.trailing_zeros().cast_signed()),
+                insn(MOV64_REG, 7, 0, 0, 0), // r7 = the page's first record
+                insn(MOV64_REG, 1, 8, 0, 0), // first set: (random >> 8) & 15
+                insn(RSH64_IMM, 1, 0, 0, 8),
+                insn(AND64_IMM, 1, 0, 0, 15),
+                insn(LSH64_IMM, 1, 0, 0, 2),
+                insn(RSH64_IMM, 8, 0, 0, 12), // second set: (random >> 12) & 15
+                insn(AND64_IMM, 8, 0, 0, 15),
+                insn(LSH64_IMM, 8, 0, 0, 2),
+                insn(ADD64_REG, 8, 7, 0, 0), // r8 = the second set's first record
+                insn(ADD64_REG, 7, 1, 0, 0), // r7 = the first set's first record
+                insn(MOV64_IMM, 9, 0, 0, 0),
+            ]);
+            let ways = i32::try_from(ratelimit_common::BUCKET_WAYS).expect("4");
+            for base in [7, 8] {
+                for way in 0..ways {
+                    p.extend(add_record_word(map, base, way));
+                }
+            }
+        }
+    }
+    p.push(insn(AND64_IMM, 9, 0, 0, 0));
+    p
+}
+
 /// A driver: rewrites the IPv4 source as `sources` says, then tail-calls slot 0 of `prog_array`.
 /// Returns `XDP_ABORTED` if the tail call fails (so a failed call cannot pass for the target's
 /// `XDP_PASS`).
 ///
-/// With `touch = Some((map, n))`, it first reads one random record of the array map of `n`
-/// records (entry `random % n`, its word at byte 16), and makes the frame's new source depend on
-/// what it read: the memory a limiter's packet cannot do without (its key's record, wherever the
-/// keyed hash puts it), with no work of the limiter's around it.
+/// With a [`Touch`], it first reads records of the bucket store (the word at byte 16 of each),
+/// and makes the frame's new source depend on what it read.
 pub fn driver(
     sources: Sources<'_>,
-    touch: Option<(BorrowedFd<'_>, u32)>,
+    touch: Option<Touch<'_>>,
     prog_array: BorrowedFd<'_>,
 ) -> Vec<Insn> {
     let mut p = vec![insn(MOV64_REG, 6, 1, 0, 0), insn(MOV64_IMM, 9, 0, 0, 0)];
-    if let Some((map, n)) = touch {
-        p.extend(random_entry(map, n));
-        p.extend([
-            insn(LDX_DW, 9, 0, 16, 0),   // r9 = the record's word at byte 16
-            insn(AND64_IMM, 9, 0, 0, 0), // zero, but only once the word is read
-        ]);
+    if let Some(touch) = touch {
+        p.extend(touch_store(touch));
     }
     let body: Vec<Insn> = match sources {
         Sources::Sequential => {
