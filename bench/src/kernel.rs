@@ -909,10 +909,11 @@ pub fn populations(
         refs.program(PASS),
         refs,
     )?;
+    let candidates = Some(Touch::Candidates(buckets.fd().as_fd(), capacity));
     let candidates_floor = Driver::touching(
         "rlb_seq_mem8",
         Sources::Sequential,
-        Some(Touch::Candidates(buckets.fd().as_fd(), capacity)),
+        candidates,
         refs.program(PASS),
         refs,
     )?;
@@ -982,9 +983,16 @@ pub fn populations(
             refs.program(PASS),
             refs,
         )?;
+        let known_candidates_floor = Driver::touching(
+            "rlb_known_mem8",
+            Sources::RandomOf(addr_array.as_fd(), n),
+            candidates,
+            refs.program(PASS),
+            refs,
+        )?;
 
-        let (mut memory_floor_ns, mut candidates_floor_ns, mut known_memory_floor_ns) =
-            (Vec::new(), Vec::new(), Vec::new());
+        let (mut memory_floor_ns, mut candidates_floor_ns) = (Vec::new(), Vec::new());
+        let (mut known_memory_floor_ns, mut known_candidates_floor_ns) = (Vec::new(), Vec::new());
         let (mut hot, mut known_ns, mut known_floor_ns, mut new_ns, mut new_floor_ns, mut floor) = (
             Vec::new(),
             Vec::new(),
@@ -1007,6 +1015,7 @@ pub fn populations(
             hot.push(repeat_ns(limiter.program(), &hot_frame, opts.repeat)?.0 + TRUNCATION);
             known_floor_ns.push(known_floor.run(&known_frame, opts.repeat)?);
             known_memory_floor_ns.push(known_memory_floor.run(&known_frame, opts.repeat)?);
+            known_candidates_floor_ns.push(known_candidates_floor.run(&known_frame, opts.repeat)?);
             let created = counter(global::NEW_BUCKETS);
             known_ns.push(known.run(&known_frame, opts.repeat)?);
             known_misses += counter(global::NEW_BUCKETS) - created;
@@ -1119,6 +1128,15 @@ pub fn populations(
             k("known_memory_floor"),
             format!("memory: random-known driver reading one random record of the store ({what})"),
             known_memory_floor_ns,
+            Some(k("known_floor")),
+        );
+        add(
+            k("known_candidates_floor"),
+            format!(
+                "memory: random-known driver reading the 8 records of two random sets of a page \
+                 ({what})"
+            ),
+            known_candidates_floor_ns,
             Some(k("known_floor")),
         );
         add(

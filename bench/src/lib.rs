@@ -297,9 +297,14 @@ fn targets(r: &Report) -> Vec<Target> {
         // What one random record of the store costs by itself in the same population (see
         // `Sources::SequentialTouching`): the part of the figure no store layout can save.
         let memory = over(&format!("{key}_memory_floor"), floor);
-        // A new key's packet reads all eight of its candidate records.
+        // A lookup reads the records of the key's two sets (a new key's, all eight of them).
         let candidates = over(&format!("{key}_candidates_floor"), floor)
-            .map(|c| format!("; its key's 8 candidate records alone: {} ns", fmt(Some(c))))
+            .map(|c| {
+                format!(
+                    "; 8 records of two sets of a page alone: {} ns",
+                    fmt(Some(c))
+                )
+            })
             .unwrap_or_default();
         t.push(Target {
             goal: goal.into(),
