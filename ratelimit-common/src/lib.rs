@@ -118,6 +118,20 @@ pub mod rule_flags {
     pub const GATE_LIMIT_SHIFT: u32 = 6;
     /// The bits of [`GATE_LIMIT_SHIFT`].
     pub const GATE_LIMIT_MASK: u32 = 0b11 << GATE_LIMIT_SHIFT;
+
+    /// The limit index in rule flags `flags` (meaningful with [`GATE`]).
+    #[inline(always)]
+    #[must_use]
+    pub const fn gate_limit(flags: u32) -> u32 {
+        (flags & GATE_LIMIT_MASK) >> GATE_LIMIT_SHIFT
+    }
+
+    /// [`GATE`] with limit `k` (below [`crate::MAX_LIMITS`]) in its bits.
+    #[inline(always)]
+    #[must_use]
+    pub const fn gate(k: u32) -> u32 {
+        GATE | (k << GATE_LIMIT_SHIFT) & GATE_LIMIT_MASK
+    }
 }
 
 /// Bits of [`crate::Config::flags`].
@@ -437,9 +451,8 @@ pub const MAX_LIMITS: usize = 4;
 pub const LIMIT_SHIFT: u32 = 14;
 const _: () = assert!(MAX_RULES <= 1 << LIMIT_SHIFT);
 const _: () = assert!(MAX_LIMITS <= 1 << (16 - LIMIT_SHIFT));
-const _: () = assert!(
-    MAX_LIMITS <= 1 + (rule_flags::GATE_LIMIT_MASK >> rule_flags::GATE_LIMIT_SHIFT) as usize
-);
+const _: () =
+    assert!(MAX_LIMITS <= 1 + rule_flags::gate_limit(rule_flags::GATE_LIMIT_MASK) as usize);
 
 /// The [`BucketKey::rule`] word of limit `limit` of rule `id`.
 #[inline(always)]

@@ -294,7 +294,7 @@ fn limit(
             let count = (*g).drop_count;
             if open && now < (*g).drop_until && count < DROP_BATCH {
                 (*g).drop_count = count + 1;
-                let k = (rule.flags & rule_flags::GATE_LIMIT_MASK) >> rule_flags::GATE_LIMIT_SHIFT;
+                let k = rule_flags::gate_limit(rule.flags);
                 return verdict::DROPPED_RATE | (k as usize) << 8;
             }
             // The packet's context for the BPF calls (`gate`, and `open_gate` below): stored
@@ -431,7 +431,7 @@ fn gate(pkt: &Packet, rule: &Rule) -> usize {
         let c = &raw const (*s).extra;
         ((*c).id, (*c).len, (*c).now)
     };
-    let k = (rule.flags & rule_flags::GATE_LIMIT_MASK) >> rule_flags::GATE_LIMIT_SHIFT;
+    let k = rule_flags::gate_limit(rule.flags);
     let drop = verdict::DROPPED_RATE | (k as usize) << 8;
     // The caller found the slot valid for this rule, epoch and family, and its window over or
     // its batch spent: look at the bucket.
@@ -512,7 +512,7 @@ fn open_gate(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, d: usize, until: u
             }
         }
     }
-    let k = ((rule.flags & rule_flags::GATE_LIMIT_MASK) >> rule_flags::GATE_LIMIT_SHIFT) as usize;
+    let k = rule_flags::gate_limit(rule.flags) as usize;
     if rule.flags & rule_flags::GATE == 0 || d & 0xff != verdict::DROPPED_RATE || d >> 8 != k {
         return;
     }

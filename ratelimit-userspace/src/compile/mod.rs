@@ -608,7 +608,7 @@ pub fn rule_record(r: &RuleConfig) -> Rule {
             .is_some_and(|l| l.src_mask == [0; 4] && l.flags & rule_flags::PKT_LIMIT != 0)
     });
     if let Some(k) = gate {
-        rule.flags |= rule_flags::GATE | (k as u32) << rule_flags::GATE_LIMIT_SHIFT;
+        rule.flags |= rule_flags::gate(k as u32);
     }
     rule
 }

@@ -1484,8 +1484,7 @@ fn limits_compile_in_order_with_their_own_masks() {
 fn a_per_rule_packet_limit_gates_the_rule() {
     use crate::config::LimitConfig;
     let gate = |rec: &Rule| {
-        (rec.flags & rule_flags::GATE != 0)
-            .then_some((rec.flags & rule_flags::GATE_LIMIT_MASK) >> rule_flags::GATE_LIMIT_SHIFT)
+        (rec.flags & rule_flags::GATE != 0).then_some(rule_flags::gate_limit(rec.flags))
     };
     let mut r = limit("web", "0.0.0.0/0", 1000);
     assert_eq!(gate(&rule_record(&r)), None, "per source alone");
