@@ -529,3 +529,100 @@ pub fn probe(probe: Probe<'_>) -> Vec<Insn> {
     }
     p
 }
+
+#[cfg(test)]
+mod tests {
+    use aya::programs::{TestRun as _, TestRunOptions};
+    use ratelimit_testbed::{packet::eth, skip_unless_root};
+
+    use super::*;
+
+    /// The drivers the population figures stand on, run once each in the kernel: whatever they
+    /// read of a store first, the frame they hand on carries the source they promise (the next
+    /// address, or the array's), and the tail call reached its target (`XDP_PASS`, not the
+    /// driver's own `XDP_ABORTED`).
+    #[test]
+    fn drivers_hand_on_the_promised_source_whatever_they_touch() {
+        if skip_unless_root() {
+            return;
+        }
+        /// The test's pin directory, removed however the test ends.
+        struct Dir(std::path::PathBuf);
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = fs::remove_dir(&self.0);
+            }
+        }
+        let dir =
+            Dir(Path::new("/sys/fs/bpf").join(format!("rlb-progs-test-{}", std::process::id())));
+        fs::create_dir_all(&dir.0).unwrap();
+        let dir = &dir.0;
+        let pass = load(
+            "rlb_t_pass",
+            &[insn(MOV64_IMM, 0, 0, 0, XDP_PASS), insn(EXIT, 0, 0, 0, 0)],
+            dir,
+        )
+        .unwrap();
+        let array = prog_array(&pass).unwrap();
+        // A store of 4 pages of 64-byte records, every byte 0xff: a driver that let what it read
+        // into the source would hand on another one.
+        let store = create_map(MAP_ARRAY, 4, 64, 4 * 64, F_MMAPABLE).unwrap();
+        // SAFETY: a fresh shared mapping of the whole array, written once and unmapped.
+        unsafe {
+            let len = 4 * 64 * 64;
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                store.as_raw_fd(),
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            std::ptr::write_bytes(p.cast::<u8>(), 0xff, len);
+            libc::munmap(p, len);
+        }
+        let addrs = u32_array(&[[10, 1, 2, 3]]).unwrap();
+        let frame = |src: [u8; 4]| {
+            eth()
+                .ipv4(src.into(), [198, 18, 255, 254].into())
+                .udp(40_000, 9)
+                .pad_to(60)
+                .build()
+        };
+        let src_of = |f: &[u8]| -> [u8; 4] {
+            let at = usize::try_from(IP_SRC).unwrap();
+            f[at..at + 4].try_into().unwrap()
+        };
+        let touches = [
+            None,
+            Some(Touch::Record(store.as_fd(), 4 * 64)),
+            Some(Touch::Candidates(store.as_fd(), 4 * 64)),
+        ];
+        for (i, touch) in touches.into_iter().enumerate() {
+            for (sources, want) in [
+                (Sources::Sequential, [10, 0, 1, 0]),
+                (Sources::RandomOf(addrs.as_fd(), 1), [10, 1, 2, 3]),
+            ] {
+                let insns = driver(sources, touch, array.as_fd());
+                let prog = load(&format!("rlb_t_drv{i}"), &insns, dir).unwrap();
+                let input = frame([10, 0, 0, 255]);
+                let mut out = vec![0u8; input.len()];
+                let res = prog
+                    .test_run(TestRunOptions {
+                        data_in: Some(&input),
+                        data_out: Some(&mut out),
+                        ..TestRunOptions::new()
+                    })
+                    .unwrap();
+                assert_eq!(
+                    res.return_value,
+                    XDP_PASS.cast_unsigned(),
+                    "{touch:?} {sources:?}: the tail call"
+                );
+                assert_eq!(src_of(&out), want, "{touch:?} {sources:?}: the source");
+                assert_eq!(out[..IP_SRC as usize], input[..IP_SRC as usize]);
+            }
+        }
+    }
+}
