@@ -892,31 +892,17 @@ pub fn populations(
     let capacity = limiter.tdp.maps().bucket_capacity()?;
     // Measures new sources (the next addresses after a start): each one's first packet.
     let new_lim = Driver::new("rlb_seq_lim", Sources::Sequential, limiter.program(), refs)?;
-    let new_floor = Driver::new(
-        "rlb_seq_pass",
-        Sources::Sequential,
-        refs.program(PASS),
-        refs,
-    )?;
-    // The memory floor of a new source: the new-source driver reading one random record of the
-    // store before it passes.
+    // Its floors: the same driver tail-calling XDP_PASS, and the memory floors (the driver
+    // reading one random record of the store, or the 8 records of two sets, before it passes).
     let buckets = pinned(limiter, map_names::BUCKETS)?;
     let record = Some(Touch::Record(buckets.fd().as_fd(), capacity));
-    let memory_floor = Driver::touching(
-        "rlb_seq_mem",
-        Sources::Sequential,
-        record,
-        refs.program(PASS),
-        refs,
-    )?;
     let candidates = Some(Touch::Candidates(buckets.fd().as_fd(), capacity));
-    let candidates_floor = Driver::touching(
-        "rlb_seq_mem8",
-        Sources::Sequential,
-        candidates,
-        refs.program(PASS),
-        refs,
-    )?;
+    let new_pass = |name: &str, touch: Option<Touch<'_>>| {
+        Driver::touching(name, Sources::Sequential, touch, refs.program(PASS), refs)
+    };
+    let new_floor = new_pass("rlb_seq_pass", None)?;
+    let memory_floor = new_pass("rlb_seq_mem", record)?;
+    let candidates_floor = new_pass("rlb_seq_mem8", candidates)?;
     let mut sent = 0usize;
     let mut fresh_next = 0usize;
     let cap = capacity as usize;
@@ -970,26 +956,14 @@ pub fn populations(
             limiter.program(),
             refs,
         )?;
-        let known_floor = Driver::new(
-            "rlb_known_pass",
-            Sources::RandomOf(addr_array.as_fd(), n),
-            refs.program(PASS),
-            refs,
-        )?;
-        let known_memory_floor = Driver::touching(
-            "rlb_known_mem",
-            Sources::RandomOf(addr_array.as_fd(), n),
-            record,
-            refs.program(PASS),
-            refs,
-        )?;
-        let known_candidates_floor = Driver::touching(
-            "rlb_known_mem8",
-            Sources::RandomOf(addr_array.as_fd(), n),
-            candidates,
-            refs.program(PASS),
-            refs,
-        )?;
+        // Its floors: the same driver tail-calling XDP_PASS, touching the store or not.
+        let known_pass = |name: &str, touch: Option<Touch<'_>>| {
+            let sources = Sources::RandomOf(addr_array.as_fd(), n);
+            Driver::touching(name, sources, touch, refs.program(PASS), refs)
+        };
+        let known_floor = known_pass("rlb_known_pass", None)?;
+        let known_memory_floor = known_pass("rlb_known_mem", record)?;
+        let known_candidates_floor = known_pass("rlb_known_mem8", candidates)?;
 
         let (mut memory_floor_ns, mut candidates_floor_ns) = (Vec::new(), Vec::new());
         let (mut known_memory_floor_ns, mut known_candidates_floor_ns) = (Vec::new(), Vec::new());
@@ -1124,33 +1098,39 @@ pub fn populations(
             new_ns,
             Some(k("new_floor")),
         );
-        add(
-            k("known_memory_floor"),
-            format!("memory: random-known driver reading one random record of the store ({what})"),
-            known_memory_floor_ns,
-            Some(k("known_floor")),
-        );
-        add(
-            k("known_candidates_floor"),
-            format!(
-                "memory: random-known driver reading the 8 records of two random sets of a page \
-                 ({what})"
+        for (key, driver, runs, floor) in [
+            (
+                "known_memory_floor",
+                "random-known driver reading one random record of the store",
+                known_memory_floor_ns,
+                "known_floor",
             ),
-            known_candidates_floor_ns,
-            Some(k("known_floor")),
-        );
-        add(
-            k("new_memory_floor"),
-            format!("memory: new-source driver reading one random record of the store ({what})"),
-            memory_floor_ns,
-            Some(k("new_floor")),
-        );
-        add(
-            k("new_candidates_floor"),
-            format!("memory: new-source driver reading the 8 records of a key's two sets ({what})"),
-            candidates_floor_ns,
-            Some(k("new_floor")),
-        );
+            (
+                "known_candidates_floor",
+                "random-known driver reading the 8 records of two random sets of a page",
+                known_candidates_floor_ns,
+                "known_floor",
+            ),
+            (
+                "new_memory_floor",
+                "new-source driver reading one random record of the store",
+                memory_floor_ns,
+                "new_floor",
+            ),
+            (
+                "new_candidates_floor",
+                "new-source driver reading the 8 records of a key's two sets",
+                candidates_floor_ns,
+                "new_floor",
+            ),
+        ] {
+            add(
+                k(key),
+                format!("memory: {driver} ({what})"),
+                runs,
+                Some(k(floor)),
+            );
+        }
     }
     Ok(last)
 }

@@ -194,27 +194,34 @@ pub const F_MMAPABLE: u32 = 1 << 10;
 pub fn u32_array(values: &[[u8; 4]]) -> Result<OwnedFd> {
     let n = u32::try_from(values.len().max(1)).context("array length")?;
     let map = create_map(MAP_ARRAY, 4, 4, n, F_MMAPABLE)?;
-    let bytes = values.len() * 4;
-    if bytes > 0 {
-        // SAFETY: a fresh shared mapping of the whole array (the kernel checks the length),
-        // written once and unmapped before anything else can use it.
-        unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                map.as_raw_fd(),
-                0,
-            );
-            if p == libc::MAP_FAILED {
-                return Err(std::io::Error::last_os_error()).context("mapping an array map");
-            }
-            std::ptr::copy_nonoverlapping(values.as_ptr().cast::<u8>(), p.cast::<u8>(), bytes);
-            libc::munmap(p, bytes);
-        }
-    }
+    let bytes: Vec<u8> = values.iter().flatten().copied().collect();
+    write_mapped(&map, &bytes)?;
     Ok(map)
+}
+
+/// Writes `bytes` at the start of the memory-mappable array map `map`, through a mapping.
+pub fn write_mapped(map: &OwnedFd, bytes: &[u8]) -> Result<()> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: a fresh shared mapping of the array's first `bytes.len()` bytes (the kernel checks
+    // the length against the map), written once and unmapped.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            bytes.len(),
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            map.as_raw_fd(),
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()).context("mapping an array map");
+        }
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), p.cast::<u8>(), bytes.len());
+        libc::munmap(p, bytes.len());
+    }
+    Ok(())
 }
 
 /// Creates a map.
@@ -341,15 +348,10 @@ pub enum Sources<'a> {
     RandomOf(BorrowedFd<'a>, u32),
 }
 
-/// `r0` = entry `random % n` of the array map (an `XDP_ABORTED` exit if the lookup misses, which
-/// cannot happen for `n` at most the map's size).
-fn random_entry(map: BorrowedFd<'_>, n: u32) -> Vec<Insn> {
-    let mut p = vec![
-        insn(CALL, 0, 0, 0, FUNC_GET_PRANDOM_U32),
-        insn(MOD64_IMM, 0, 0, 0, i32::try_from(n).expect("n < 2^31")),
-        insn(STX_W, 10, 0, -4, 0), // key = random % n, at r10-4
-    ];
-    p.extend(ld_map_fd(1, map));
+/// `r0` = the entry of `map` whose u32 key is at r10-4, or an `XDP_ABORTED` exit if there is none
+/// (which cannot happen for an array map and a key below its size).
+fn entry_at_fp4(map: BorrowedFd<'_>) -> Vec<Insn> {
+    let mut p = ld_map_fd(1, map).to_vec();
     p.extend([
         insn(MOV64_REG, 2, 10, 0, 0),
         insn(ADD64_IMM, 2, 0, 0, -4),
@@ -358,6 +360,17 @@ fn random_entry(map: BorrowedFd<'_>, n: u32) -> Vec<Insn> {
         insn(MOV64_IMM, 0, 0, 0, XDP_ABORTED),
         insn(EXIT, 0, 0, 0, 0),
     ]);
+    p
+}
+
+/// `r0` = entry `random % n` of the array map (see [`entry_at_fp4`]).
+fn random_entry(map: BorrowedFd<'_>, n: u32) -> Vec<Insn> {
+    let mut p = vec![
+        insn(CALL, 0, 0, 0, FUNC_GET_PRANDOM_U32),
+        insn(MOD64_IMM, 0, 0, 0, i32::try_from(n).expect("n < 2^31")),
+        insn(STX_W, 10, 0, -4, 0), // key = random % n, at r10-4
+    ];
+    p.extend(entry_at_fp4(map));
     p
 }
 
@@ -374,25 +387,16 @@ pub enum Touch<'a> {
     Candidates(BorrowedFd<'a>, u32),
 }
 
-/// `r9 += ` the word at byte 16 of entry `r1 + add` of `map` (r1 must survive: it is kept in
-/// `base`, a callee-saved register).
+/// `r9 += ` the word at byte 16 of entry `base + add` of `map`, where `base` names a
+/// callee-saved register (r6-r9), which the lookup's call leaves as it was.
 fn add_record_word(map: BorrowedFd<'_>, base: u8, add: i32) -> Vec<Insn> {
     let mut p = vec![
         insn(MOV64_REG, 1, base, 0, 0),
         insn(ADD64_IMM, 1, 0, 0, add),
         insn(STX_W, 10, 1, -4, 0),
     ];
-    p.extend(ld_map_fd(1, map));
-    p.extend([
-        insn(MOV64_REG, 2, 10, 0, 0),
-        insn(ADD64_IMM, 2, 0, 0, -4),
-        insn(CALL, 0, 0, 0, FUNC_MAP_LOOKUP_ELEM),
-        insn(JNE_IMM, 0, 0, 2, 0),
-        insn(MOV64_IMM, 0, 0, 0, XDP_ABORTED),
-        insn(EXIT, 0, 0, 0, 0),
-        insn(LDX_DW, 1, 0, 16, 0),
-        insn(ADD64_REG, 9, 1, 0, 0),
-    ]);
+    p.extend(entry_at_fp4(map));
+    p.extend([insn(LDX_DW, 1, 0, 16, 0), insn(ADD64_REG, 9, 1, 0, 0)]);
     p
 }
 
@@ -567,21 +571,7 @@ mod tests {
         // A store of 4 pages of 64-byte records, every byte 0xff: a driver that let what it read
         // into the source would hand on another one.
         let store = create_map(MAP_ARRAY, 4, 64, 4 * 64, F_MMAPABLE).unwrap();
-        // SAFETY: a fresh shared mapping of the whole array, written once and unmapped.
-        unsafe {
-            let len = 4 * 64 * 64;
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                store.as_raw_fd(),
-                0,
-            );
-            assert_ne!(p, libc::MAP_FAILED);
-            std::ptr::write_bytes(p.cast::<u8>(), 0xff, len);
-            libc::munmap(p, len);
-        }
+        write_mapped(&store, &[0xff; 4 * 64 * 64]).unwrap();
         let addrs = u32_array(&[[10, 1, 2, 3]]).unwrap();
         let frame = |src: [u8; 4]| {
             eth()
