@@ -366,13 +366,27 @@ burst = 20000
     let s = dp.rule(id(&set, "l"));
     let passed = s.pkts[verdict::PASSED];
     let dropped = s.pkts[verdict::DROPPED_RATE];
-    assert_eq!(passed + dropped, 2 * u64::from(REPEAT), "every run counted");
+    // The source's first packets on the two CPUs may race to create its bucket: the CPU that
+    // loses the claim of a record, or finds the other's record once its own is published, passes
+    // its packet uncharged (`NO_BUCKET`, fail open), one packet per CPU per race (see the
+    // program's `create`); CI saw it once in a full run. Every other run is charged, and the
+    // uncharged ones, admitted too, count against the bound below.
+    let uncharged = s.pkts[verdict::NO_BUCKET];
+    assert_eq!(
+        passed + dropped + uncharged,
+        2 * u64::from(REPEAT),
+        "every run counted: {:?}",
+        s.pkts
+    );
     // What one CPU would admit over the same time: the burst plus the refill.
     let bound = 20_000.0 + 1000.0 * elapsed;
-    println!("two CPUs: passed {passed}, one-CPU bound {bound:.0} over {elapsed:.3} s");
+    println!(
+        "two CPUs: passed {passed} (and {uncharged} uncharged), one-CPU bound {bound:.0} over \
+         {elapsed:.3} s"
+    );
     assert!(
-        passed as f64 <= bound + 4.0,
-        "passed {passed} > bound {bound:.0}: tokens were spent twice"
+        (passed + uncharged) as f64 <= bound + 4.0,
+        "passed {passed} and {uncharged} uncharged > bound {bound:.0}: tokens were spent twice"
     );
     assert!(
         passed >= 20_000,
