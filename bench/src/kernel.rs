@@ -139,7 +139,7 @@ fn repeat_ns(prog: &Xdp, frame: &[u8], repeat: u32) -> Result<(f64, f64, u32)> {
     Ok((res.duration.as_nanos() as f64, wall, res.return_value))
 }
 
-fn v4_frame(src: [u8; 4]) -> Vec<u8> {
+pub(crate) fn v4_frame(src: [u8; 4]) -> Vec<u8> {
     eth()
         .ipv4(src.into(), [198, 18, 255, 254].into())
         .udp(40_000, 9)
@@ -994,19 +994,17 @@ pub fn populations(
             known_ns.push(known.run(&known_frame, opts.repeat)?);
             known_misses += counter(global::NEW_BUCKETS) - created;
             let first = fresh_next;
-            new_floor_ns
-                .push(new_floor.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
-            memory_floor_ns
-                .push(memory_floor.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
-            candidates_floor_ns.push(
-                candidates_floor.run(&sequential_from(tracked_addr(first, true)), new_repeat)?,
-            );
+            // The frame every new-source driver of this run starts from.
+            let fresh = sequential_from(tracked_addr(first, true));
+            new_floor_ns.push(new_floor.run(&fresh, new_repeat)?);
+            memory_floor_ns.push(memory_floor.run(&fresh, new_repeat)?);
+            candidates_floor_ns.push(candidates_floor.run(&fresh, new_repeat)?);
             let (created, full, lost) = (
                 counter(global::NEW_BUCKETS),
                 counter(global::EVICTED_FULL),
                 counter(global::EVICTED_LOST),
             );
-            new_ns.push(new_lim.run(&sequential_from(tracked_addr(first, true)), new_repeat)?);
+            new_ns.push(new_lim.run(&fresh, new_repeat)?);
             new_created += counter(global::NEW_BUCKETS) - created;
             evicted_full += counter(global::EVICTED_FULL) - full;
             evicted_lost += counter(global::EVICTED_LOST) - lost;

@@ -295,7 +295,7 @@ fn targets(r: &Report) -> Vec<Target> {
     ] {
         let x = over(key, floor);
         // What one random record of the store costs by itself in the same population (see
-        // `Sources::SequentialTouching`): the part of the figure no store layout can save.
+        // `progs::Touch`): the part of the figure no store layout can save.
         let memory = over(&format!("{key}_memory_floor"), floor);
         // A lookup reads the records of the key's two sets (a new key's, all eight of them).
         let candidates = over(&format!("{key}_candidates_floor"), floor)

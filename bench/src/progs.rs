@@ -400,8 +400,8 @@ fn add_record_word(map: BorrowedFd<'_>, base: u8, add: i32) -> Vec<Insn> {
     p
 }
 
-/// The instructions of `touch`: the words read summed into r9, then r9 masked to zero (so what
-/// depends on r9 waits for every read).
+/// The instructions of `touch`: the words read summed into r9 (zero before, see [`driver`]),
+/// then r9 masked to zero (so what depends on r9 waits for every read).
 fn touch_store(touch: Touch<'_>) -> Vec<Insn> {
     let mut p = Vec::new();
     match touch {
@@ -427,7 +427,6 @@ fn touch_store(touch: Touch<'_>) -> Vec<Insn> {
                 insn(LSH64_IMM, 8, 0, 0, 2),
                 insn(ADD64_REG, 8, 7, 0, 0), // r8 = the second set's first record
                 insn(ADD64_REG, 7, 1, 0, 0), // r7 = the first set's first record
-                insn(MOV64_IMM, 9, 0, 0, 0),
             ]);
             let ways = i32::try_from(ratelimit_common::BUCKET_WAYS).expect("4");
             for base in [7, 8] {
@@ -537,9 +536,10 @@ pub fn probe(probe: Probe<'_>) -> Vec<Insn> {
 #[cfg(test)]
 mod tests {
     use aya::programs::{TestRun as _, TestRunOptions};
-    use ratelimit_testbed::{packet::eth, skip_unless_root};
+    use ratelimit_testbed::skip_unless_root;
 
     use super::*;
+    use crate::kernel::v4_frame;
 
     /// The drivers the population figures stand on, run once each in the kernel: whatever they
     /// read of a store first, the frame they hand on carries the source they promise (the next
@@ -573,13 +573,6 @@ mod tests {
         let store = create_map(MAP_ARRAY, 4, 64, 4 * 64, F_MMAPABLE).unwrap();
         write_mapped(&store, &[0xff; 4 * 64 * 64]).unwrap();
         let addrs = u32_array(&[[10, 1, 2, 3]]).unwrap();
-        let frame = |src: [u8; 4]| {
-            eth()
-                .ipv4(src.into(), [198, 18, 255, 254].into())
-                .udp(40_000, 9)
-                .pad_to(60)
-                .build()
-        };
         let src_of = |f: &[u8]| -> [u8; 4] {
             let at = usize::try_from(IP_SRC).unwrap();
             f[at..at + 4].try_into().unwrap()
@@ -596,7 +589,7 @@ mod tests {
             ] {
                 let insns = driver(sources, touch, array.as_fd());
                 let prog = load(&format!("rlb_t_drv{i}"), &insns, dir).unwrap();
-                let input = frame([10, 0, 0, 255]);
+                let input = v4_frame([10, 0, 0, 255]);
                 let mut out = vec![0u8; input.len()];
                 let res = prog
                     .test_run(TestRunOptions {
