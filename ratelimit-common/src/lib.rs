@@ -744,11 +744,14 @@ fn sip_round(v: &mut [u64; 4]) {
     v[2] = v[2].rotate_left(32);
 }
 
-/// SipHash-1-3 under `seed` of the 24-byte message `m` (three little-endian words): a keyed
-/// pseudo-random function, so whoever does not know the seed cannot choose inputs that collide.
+/// SipHash-1-3 under `seed` of a message of `len` bytes (`len` < 256, `len / 8 == N`): its whole
+/// words `m` (little-endian), then its last `len % 8` bytes in the low bytes of `last` (the rest of
+/// `last` zero). A keyed pseudo-random function, so whoever does not know the seed cannot choose
+/// inputs that collide. SipHash takes one round per word and one for the last block: a 7-byte
+/// message costs 4 rounds, 24 bytes 7.
 #[inline(always)]
 #[must_use]
-pub fn siphash13(seed: [u64; 2], m: [u64; 3]) -> u64 {
+pub fn siphash13<const N: usize>(seed: [u64; 2], m: [u64; N], last: u64, len: u8) -> u64 {
     let mut v = [
         seed[0] ^ 0x736f_6d65_7073_6575,
         seed[1] ^ 0x646f_7261_6e64_6f6d,
@@ -756,13 +759,13 @@ pub fn siphash13(seed: [u64; 2], m: [u64; 3]) -> u64 {
         seed[1] ^ 0x7465_6462_7974_6573,
     ];
     let mut i = 0;
-    while i < 3 {
+    while i < N {
         v[3] ^= m[i];
         sip_round(&mut v);
         v[0] ^= m[i];
         i += 1;
     }
-    let b: u64 = 24 << 56;
+    let b: u64 = (len as u64) << 56 | last;
     v[3] ^= b;
     sip_round(&mut v);
     v[0] ^= b;
@@ -773,12 +776,22 @@ pub fn siphash13(seed: [u64; 2], m: [u64; 3]) -> u64 {
     v[0] ^ v[1] ^ v[2] ^ v[3]
 }
 
-/// The keyed hash of a bucket key: SipHash-1-3 under `seed` of its address and its header
-/// without the generation (a rule's buckets stay in their sets across generations).
+/// The keyed hash of a bucket key: SipHash-1-3 under `seed` of its address and its rule (the
+/// header's 16 bits: id and limit) and family, without the generation (a rule's buckets stay in
+/// their sets across generations). The message is as short as the family allows: an IPv4 key's
+/// 4 address bytes, the rule's 2 and the family's 1 (7 bytes: one block, 4 rounds in all); an
+/// IPv6 key's 16, then the same 3 (19 bytes: 6 rounds). The family byte and SipHash's length
+/// byte keep the two kinds of message apart. An IPv4 key's address bytes 4..16 are zero (see
+/// [`family::V4`]) and not hashed.
 #[inline(always)]
 #[must_use]
 pub fn bucket_hash(seed: [u64; 2], rule: u32, family: u8, addr: [u64; 2]) -> u64 {
-    siphash13(seed, [addr[0], addr[1], bucket_header(rule, family, 0)])
+    let tail = bucket_header(rule, family, 0);
+    if family == family::V4 {
+        siphash13(seed, [], addr[0] & 0xffff_ffff | tail << 32, 7)
+    } else {
+        siphash13(seed, addr, tail, 19)
+    }
 }
 
 /// How much giving a record away loses, the bucket store's order of eviction (lowest first): see
@@ -1106,7 +1119,7 @@ pub mod layout {
 
     /// Bumped by hand when a pinned field, counter or flag changes meaning without changing the
     /// layout.
-    pub const EPOCH: u64 = 2;
+    pub const EPOCH: u64 = 3;
 
     /// `BPF_MAP_TYPE_ARRAY`.
     pub const MAP_ARRAY: u32 = 2;
@@ -1278,34 +1291,91 @@ mod tests {
     }
 
     /// [`siphash13`] is SipHash-1-3 (checked against the `siphasher` crate's implementation on
-    /// the same 24 bytes), so the store's set hash is as strong as its seed.
+    /// the same bytes, for messages of every length from 0 to 31 bytes), so the store's set hash
+    /// is as strong as its seed.
     #[test]
     fn siphash13_is_siphash_1_3() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for _ in 0..1000 {
-            let mut next = || {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x
-            };
-            let seed = [next(), next()];
-            let m = [next(), next(), next()];
-            let mut bytes = [0u8; 24];
-            for (i, w) in m.iter().enumerate() {
+        fn check<const N: usize>(seed: [u64; 2], words: [u64; 4], len: usize) {
+            let mut bytes = [0u8; 32];
+            for (i, w) in words.iter().enumerate() {
                 bytes[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
             }
+            let bytes = &bytes[..len];
+            let m: [u64; N] = core::array::from_fn(|i| words[i]);
+            let rest = len % 8;
+            let last = if rest == 0 {
+                0
+            } else {
+                words[N] & ((1u64 << (8 * rest)) - 1)
+            };
             let mut h = siphasher::sip::SipHasher13::new_with_keys(seed[0], seed[1]);
-            h.write(&bytes);
-            assert_eq!(siphash13(seed, m), h.finish());
+            h.write(bytes);
+            assert_eq!(
+                siphash13(seed, m, last, len as u8),
+                h.finish(),
+                "{len} bytes"
+            );
         }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..200 {
+            let seed = [next(), next()];
+            let words = [next(), next(), next(), next()];
+            for len in 0..32 {
+                match len / 8 {
+                    0 => check::<0>(seed, words, len),
+                    1 => check::<1>(seed, words, len),
+                    2 => check::<2>(seed, words, len),
+                    _ => check::<3>(seed, words, len),
+                }
+            }
+        }
+    }
+
+    /// [`bucket_hash`] hashes the bytes its doc names: an IPv4 key's 7, an IPv6 key's 19.
+    #[test]
+    fn bucket_hash_hashes_the_keys_bytes() {
+        let seed = [0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210];
+        let sip = |bytes: &[u8]| {
+            let mut h = siphasher::sip::SipHasher13::new_with_keys(seed[0], seed[1]);
+            h.write(bytes);
+            h.finish()
+        };
+        let rule = 0x1234;
+        let v4 = addr_words(&[198, 18, 7, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            bucket_hash(seed, rule, family::V4, v4),
+            sip(&[198, 18, 7, 9, 0x34, 0x12, family::V4])
+        );
+        let a6 = [0x20, 1, 0xd, 0xb8, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12];
+        let mut m6 = a6.to_vec();
+        m6.extend_from_slice(&[0x34, 0x12, family::V6]);
+        assert_eq!(
+            bucket_hash(seed, rule, family::V6, addr_words(&a6)),
+            sip(&m6)
+        );
+        // The rule and the family count: the same address under another rule, or read as the
+        // other family, hashes apart.
+        assert_ne!(
+            bucket_hash(seed, rule, family::V4, v4),
+            bucket_hash(seed, rule + 1, family::V4, v4)
+        );
+        assert_ne!(
+            bucket_hash(seed, rule, family::V4, v4),
+            bucket_hash(seed, rule, family::V6, v4)
+        );
     }
 
     #[test]
     fn a_key_has_two_sets_in_range_and_eight_candidates() {
         let sets = 1000;
         for i in 0..10_000u64 {
-            let h = siphash13([1, 2], [i, 0, 0]);
+            let h = siphash13([1, 2], [i], 0, 8);
             let s = bucket_sets(h, sets);
             assert!(s[0] < sets && s[1] < sets);
             let c: [u32; 8] = core::array::from_fn(|c| bucket_candidate(s, c as u32));
@@ -1317,7 +1387,7 @@ mod tests {
         assert_eq!(bucket_capacity(1001), 1024);
         // Both sets in one page of 16 sets.
         for i in 0..10_000u64 {
-            let s = bucket_sets(siphash13([3, 4], [i, 0, 0]), 1 << 18);
+            let s = bucket_sets(siphash13([3, 4], [i], 0, 8), 1 << 18);
             assert_eq!(s[0] / BUCKET_SETS_PER_PAGE, s[1] / BUCKET_SETS_PER_PAGE);
         }
     }
