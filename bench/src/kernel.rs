@@ -903,6 +903,25 @@ pub fn populations(
     let new_floor = new_pass("rlb_seq_pass", None)?;
     let memory_floor = new_pass("rlb_seq_mem", record)?;
     let candidates_floor = new_pass("rlb_seq_mem8", candidates)?;
+    // Opt-in (`--paged-floors`): the same two floors on a store of kmalloc'ed pages.
+    let paged = if opts.paged_floors {
+        Some(progs::PagedStore::new(capacity)?)
+    } else {
+        None
+    };
+    let paged_floors = match &paged {
+        Some(paged) => Some((
+            new_pass(
+                "rlb_seq_pmem",
+                Some(Touch::PagedRecord(paged.outer.as_fd(), paged.pages)),
+            )?,
+            new_pass(
+                "rlb_seq_pmem8",
+                Some(Touch::PagedCandidates(paged.outer.as_fd(), paged.pages)),
+            )?,
+        )),
+        None => None,
+    };
     let mut sent = 0usize;
     let mut fresh_next = 0usize;
     let cap = capacity as usize;
@@ -966,6 +985,7 @@ pub fn populations(
         let known_candidates_floor = known_pass("rlb_known_mem8", candidates)?;
 
         let (mut memory_floor_ns, mut candidates_floor_ns) = (Vec::new(), Vec::new());
+        let (mut paged_floor_ns, mut paged_candidates_floor_ns) = (Vec::new(), Vec::new());
         let (mut known_memory_floor_ns, mut known_candidates_floor_ns) = (Vec::new(), Vec::new());
         let (mut hot, mut known_ns, mut known_floor_ns, mut new_ns, mut new_floor_ns, mut floor) = (
             Vec::new(),
@@ -999,6 +1019,10 @@ pub fn populations(
             new_floor_ns.push(new_floor.run(&fresh, new_repeat)?);
             memory_floor_ns.push(memory_floor.run(&fresh, new_repeat)?);
             candidates_floor_ns.push(candidates_floor.run(&fresh, new_repeat)?);
+            if let Some((one, eight)) = &paged_floors {
+                paged_floor_ns.push(one.run(&fresh, new_repeat)?);
+                paged_candidates_floor_ns.push(eight.run(&fresh, new_repeat)?);
+            }
             let (created, full, lost) = (
                 counter(global::NEW_BUCKETS),
                 counter(global::EVICTED_FULL),
@@ -1121,7 +1145,22 @@ pub fn populations(
                 candidates_floor_ns,
                 "new_floor",
             ),
+            (
+                "new_paged_memory_floor",
+                "new-source driver reading one random record of a store on kmalloc'ed pages",
+                paged_floor_ns,
+                "new_floor",
+            ),
+            (
+                "new_paged_candidates_floor",
+                "new-source driver reading the 8 records of two sets of a store on kmalloc'ed pages",
+                paged_candidates_floor_ns,
+                "new_floor",
+            ),
         ] {
+            if runs.is_empty() {
+                continue;
+            }
             add(
                 k(key),
                 format!("memory: {driver} ({what})"),

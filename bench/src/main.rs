@@ -45,6 +45,11 @@ struct Cli {
     /// Tracked-source populations up to 100k only (for trying the bench out).
     #[arg(long)]
     quick: bool,
+    /// Also measure the new-source memory floors on a store held in kmalloc'ed 32 KiB arrays
+    /// under an array of maps (memory of the kernel's direct map, on huge pages), beside the
+    /// store's own (vmalloc'ed, 4 KiB pages): what a store on huge pages would cost to read.
+    #[arg(long)]
+    paged_floors: bool,
     /// Where to write the results as JSON.
     #[arg(long, default_value = "target/bench/results.json")]
     json: PathBuf,
@@ -73,6 +78,7 @@ fn main() -> ExitCode {
                 e2e_run: Duration::from_secs_f64(cli.seconds),
                 e2e_warmup: Duration::from_secs_f64(cli.warmup),
                 quick: cli.quick,
+                paged_floors: cli.paged_floors,
                 contenders: cli.contenders.clone(),
                 cpu: cli.cpu.unwrap_or_else(|| {
                     std::thread::available_parallelism().map_or(1, std::num::NonZero::get) - 1

@@ -30,6 +30,8 @@ pub const AND64_IMM: u8 = 0x57;
 pub const RSH64_IMM: u8 = 0x77;
 pub const XOR64_IMM: u8 = 0xa7;
 pub const MOD64_IMM: u8 = 0x97;
+pub const MUL64_IMM: u8 = 0x27;
+pub const STX_DW: u8 = 0x7b;
 pub const TO_BE: u8 = 0xdc;
 pub const LDX_W: u8 = 0x61;
 pub const LSH64_IMM: u8 = 0x67;
@@ -385,6 +387,123 @@ pub enum Touch<'a> {
     /// sets of four records in one random page (as `ratelimit_common::bucket_sets` places a
     /// key's two sets), eight independent loads.
     Candidates(BorrowedFd<'a>, u32),
+    /// As `Record`, in a [`PagedStore`] (its outer map, its pages).
+    PagedRecord(BorrowedFd<'a>, u32),
+    /// As `Candidates`, in a [`PagedStore`] (its outer map, its pages).
+    PagedCandidates(BorrowedFd<'a>, u32),
+}
+
+/// Pages (of 64 records) per inner map of a [`PagedStore`]: 7 x 4 KiB plus the array's header
+/// is the most that stays at or under 32 KiB, which the kernel allocates with `kmalloc` (memory
+/// of its direct map, mapped with huge pages) where a larger array is `vmalloc`ed (4 KiB pages).
+pub const PAGED_PAGES_PER_MAP: u32 = 7;
+
+/// A store of 64-byte records laid out as the bucket store's pages, but held in many small array
+/// maps under an array of maps, so that its memory is `kmalloc`ed (see [`PAGED_PAGES_PER_MAP`]).
+/// Only read, by the drivers' touches (`--paged-floors`): what a store on huge pages would cost
+/// to read. (Its records start 312 bytes into each map, not on a cache line: the touches read
+/// one word of each, one line; a real store there would cross lines.)
+pub struct PagedStore {
+    pub outer: OwnedFd,
+    pub pages: u32,
+}
+
+/// `BPF_MAP_TYPE_ARRAY_OF_MAPS`.
+const MAP_ARRAY_OF_MAPS: u32 = 12;
+
+impl PagedStore {
+    /// A store of at least `records` records.
+    pub fn new(records: u32) -> Result<Self> {
+        let page = ratelimit_common::BUCKET_WAYS * ratelimit_common::BUCKET_SETS_PER_PAGE;
+        let pages = records.div_ceil(page);
+        let maps = pages.div_ceil(PAGED_PAGES_PER_MAP);
+        let inner_records = PAGED_PAGES_PER_MAP * page;
+        let template = create_map(MAP_ARRAY, 4, 64, inner_records, 0)?;
+        #[repr(C)]
+        struct MapCreate {
+            map_type: u32,
+            key_size: u32,
+            value_size: u32,
+            max_entries: u32,
+            map_flags: u32,
+            inner_map_fd: u32,
+        }
+        let attr = MapCreate {
+            map_type: MAP_ARRAY_OF_MAPS,
+            key_size: 4,
+            value_size: 4,
+            max_entries: maps,
+            map_flags: 0,
+            inner_map_fd: u32::try_from(template.as_raw_fd()).expect("fd"),
+        };
+        let outer = owned(sys_bpf(BPF_MAP_CREATE, &attr).context("creating an array of maps")?);
+        for i in 0..maps {
+            let inner = create_map(MAP_ARRAY, 4, 64, inner_records, 0)?;
+            let value = u32::try_from(inner.as_raw_fd()).expect("fd");
+            #[repr(C)]
+            struct MapUpdate {
+                map_fd: u32,
+                _pad: u32,
+                key: u64,
+                value: u64,
+                flags: u64,
+            }
+            let attr = MapUpdate {
+                map_fd: u32::try_from(outer.as_raw_fd()).expect("fd"),
+                _pad: 0,
+                key: std::ptr::from_ref(&i) as u64,
+                value: std::ptr::from_ref(&value) as u64,
+                flags: 0,
+            };
+            sys_bpf(BPF_MAP_UPDATE_ELEM, &attr).context("adding a page map")?;
+        }
+        Ok(Self { outer, pages })
+    }
+}
+
+/// `r0` = entry `r7 + add` of the inner map spilled at r10-16 (see [`paged_page`]), or an
+/// `XDP_ABORTED` exit.
+fn paged_entry(base: u8, add: i32) -> Vec<Insn> {
+    vec![
+        insn(MOV64_REG, 1, base, 0, 0),
+        insn(ADD64_IMM, 1, 0, 0, add),
+        insn(STX_W, 10, 1, -4, 0),
+        insn(LDX_DW, 1, 10, -16, 0),
+        insn(MOV64_REG, 2, 10, 0, 0),
+        insn(ADD64_IMM, 2, 0, 0, -4),
+        insn(CALL, 0, 0, 0, FUNC_MAP_LOOKUP_ELEM),
+        insn(JNE_IMM, 0, 0, 2, 0),
+        insn(MOV64_IMM, 0, 0, 0, XDP_ABORTED),
+        insn(EXIT, 0, 0, 0, 0),
+        insn(LDX_DW, 1, 0, 16, 0),
+        insn(ADD64_REG, 9, 1, 0, 0),
+    ]
+}
+
+/// A random page of the paged store (`outer`, `pages`): its inner map spilled at r10-16, r7 =
+/// its first record in that map, r8 = a random number.
+fn paged_page(outer: BorrowedFd<'_>, pages: u32) -> Vec<Insn> {
+    let page = ratelimit_common::BUCKET_WAYS * ratelimit_common::BUCKET_SETS_PER_PAGE;
+    let per = i32::try_from(PAGED_PAGES_PER_MAP).expect("7");
+    let maps = i32::try_from(pages.div_ceil(PAGED_PAGES_PER_MAP)).expect("n < 2^31");
+    // One modulo, as the plain store's touch has: the map; the page in it by a multiply-shift
+    // of other random bits.
+    let mut p = vec![
+        insn(CALL, 0, 0, 0, FUNC_GET_PRANDOM_U32),
+        insn(MOV64_REG, 8, 0, 0, 0), // r8 = random
+        insn(MOD64_IMM, 0, 0, 0, maps),
+        insn(STX_W, 10, 0, -4, 0), // key = random % maps
+    ];
+    p.extend(entry_at_fp4(outer));
+    p.extend([
+        insn(STX_DW, 10, 0, -16, 0), // the inner map, spilled
+        insn(MOV64_REG, 7, 8, 0, 0), // r7 = ((random >> 24) * 7) >> 8: a page of the map
+        insn(RSH64_IMM, 7, 0, 0, 24),
+        insn(MUL64_IMM, 7, 0, 0, per),
+        insn(RSH64_IMM, 7, 0, 0, 8),
+        insn(LSH64_IMM, 7, 0, 0, page.trailing_zeros().cast_signed()),
+    ]);
+    p
 }
 
 /// `r9 += ` the word at byte 16 of entry `base + add` of `map`, where `base` names a
@@ -408,6 +527,35 @@ fn touch_store(touch: Touch<'_>) -> Vec<Insn> {
         Touch::Record(map, n) => {
             p.extend(random_entry(map, n));
             p.push(insn(LDX_DW, 9, 0, 16, 0));
+        }
+        Touch::PagedRecord(outer, pages) => {
+            p.extend(paged_page(outer, pages));
+            p.extend([
+                insn(RSH64_IMM, 8, 0, 0, 8),
+                insn(AND64_IMM, 8, 0, 0, 63),
+                insn(ADD64_REG, 7, 8, 0, 0),
+            ]);
+            p.extend(paged_entry(7, 0));
+        }
+        Touch::PagedCandidates(outer, pages) => {
+            p.extend(paged_page(outer, pages));
+            p.extend([
+                insn(MOV64_REG, 1, 8, 0, 0), // first set: (random >> 8) & 15
+                insn(RSH64_IMM, 1, 0, 0, 8),
+                insn(AND64_IMM, 1, 0, 0, 15),
+                insn(LSH64_IMM, 1, 0, 0, 2),
+                insn(RSH64_IMM, 8, 0, 0, 12), // second set: (random >> 12) & 15
+                insn(AND64_IMM, 8, 0, 0, 15),
+                insn(LSH64_IMM, 8, 0, 0, 2),
+                insn(ADD64_REG, 8, 7, 0, 0),
+                insn(ADD64_REG, 7, 1, 0, 0),
+            ]);
+            let ways = i32::try_from(ratelimit_common::BUCKET_WAYS).expect("4");
+            for base in [7, 8] {
+                for way in 0..ways {
+                    p.extend(paged_entry(base, way));
+                }
+            }
         }
         Touch::Candidates(map, n) => {
             let page = ratelimit_common::BUCKET_WAYS * ratelimit_common::BUCKET_SETS_PER_PAGE;

@@ -28,6 +28,8 @@ pub struct Options {
     pub e2e_warmup: Duration,
     /// Smaller populations.
     pub quick: bool,
+    /// Also the memory floors on a store of kmalloc'ed pages (see `progs::PagedStore`).
+    pub paged_floors: bool,
     /// The end-to-end contenders to measure, by tag (empty: all).
     pub contenders: Vec<String>,
     /// CPU of the end-to-end pipeline.
