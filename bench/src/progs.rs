@@ -412,8 +412,14 @@ pub struct PagedStore {
 const MAP_ARRAY_OF_MAPS: u32 = 12;
 
 impl PagedStore {
-    /// A store of at least `records` records.
+    /// A store of at least `records` records, zeroed.
     pub fn new(records: u32) -> Result<Self> {
+        Self::filled(records, None)
+    }
+
+    /// A store of at least `records` records, every byte `fill` (if any; through the syscall,
+    /// record by record: for small stores).
+    pub fn filled(records: u32, fill: Option<u8>) -> Result<Self> {
         let page = ratelimit_common::BUCKET_WAYS * ratelimit_common::BUCKET_SETS_PER_PAGE;
         let pages = records.div_ceil(page);
         let maps = pages.div_ceil(PAGED_PAGES_PER_MAP);
@@ -437,25 +443,34 @@ impl PagedStore {
             inner_map_fd: u32::try_from(template.as_raw_fd()).expect("fd"),
         };
         let outer = owned(sys_bpf(BPF_MAP_CREATE, &attr).context("creating an array of maps")?);
-        for i in 0..maps {
-            let inner = create_map(MAP_ARRAY, 4, 64, inner_records, 0)?;
-            let value = u32::try_from(inner.as_raw_fd()).expect("fd");
-            #[repr(C)]
-            struct MapUpdate {
-                map_fd: u32,
-                _pad: u32,
-                key: u64,
-                value: u64,
-                flags: u64,
-            }
+        #[repr(C)]
+        struct MapUpdate {
+            map_fd: u32,
+            _pad: u32,
+            key: u64,
+            value: u64,
+            flags: u64,
+        }
+        let update = |map: &OwnedFd, key: u32, value: *const u8| {
             let attr = MapUpdate {
-                map_fd: u32::try_from(outer.as_raw_fd()).expect("fd"),
+                map_fd: u32::try_from(map.as_raw_fd()).expect("fd"),
                 _pad: 0,
-                key: std::ptr::from_ref(&i) as u64,
-                value: std::ptr::from_ref(&value) as u64,
+                key: std::ptr::from_ref(&key) as u64,
+                value: value as u64,
                 flags: 0,
             };
-            sys_bpf(BPF_MAP_UPDATE_ELEM, &attr).context("adding a page map")?;
+            sys_bpf(BPF_MAP_UPDATE_ELEM, &attr)
+        };
+        for i in 0..maps {
+            let inner = create_map(MAP_ARRAY, 4, 64, inner_records, 0)?;
+            if let Some(byte) = fill {
+                let record = [byte; 64];
+                for r in 0..inner_records {
+                    update(&inner, r, record.as_ptr()).context("filling a page map")?;
+                }
+            }
+            let value = u32::try_from(inner.as_raw_fd()).expect("fd");
+            update(&outer, i, std::ptr::from_ref(&value).cast()).context("adding a page map")?;
         }
         Ok(Self { outer, pages })
     }
@@ -720,6 +735,7 @@ mod tests {
         // into the source would hand on another one.
         let store = create_map(MAP_ARRAY, 4, 64, 4 * 64, F_MMAPABLE).unwrap();
         write_mapped(&store, &[0xff; 4 * 64 * 64]).unwrap();
+        let paged = PagedStore::filled(4 * 64, Some(0xff)).unwrap();
         let addrs = u32_array(&[[10, 1, 2, 3]]).unwrap();
         let src_of = |f: &[u8]| -> [u8; 4] {
             let at = usize::try_from(IP_SRC).unwrap();
@@ -729,6 +745,8 @@ mod tests {
             None,
             Some(Touch::Record(store.as_fd(), 4 * 64)),
             Some(Touch::Candidates(store.as_fd(), 4 * 64)),
+            Some(Touch::PagedRecord(paged.outer.as_fd(), paged.pages)),
+            Some(Touch::PagedCandidates(paged.outer.as_fd(), paged.pages)),
         ];
         for (i, touch) in touches.into_iter().enumerate() {
             for (sources, want) in [

@@ -4,6 +4,7 @@
 //! bpffs is not mounted, or it is killed in the middle of a reload.
 
 use std::{
+    collections::VecDeque,
     fmt::Write as _,
     fs,
     net::{IpAddr, SocketAddr},
@@ -192,7 +193,17 @@ fn status(agent: &AgentProcess) -> Value {
 }
 
 /// Polls `f` every 100 ms until it returns `Some`, for at most `timeout`.
-fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+fn wait_for<T>(timeout: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    wait_for_every(timeout, Duration::from_millis(100), what, f)
+}
+
+/// [`wait_for`], polling every `period`.
+fn wait_for_every<T>(
+    timeout: Duration,
+    period: Duration,
+    what: &str,
+    mut f: impl FnMut() -> Option<T>,
+) -> T {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f() {
@@ -202,7 +213,7 @@ fn wait_for<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) 
             Instant::now() < deadline,
             "timed out after {timeout:?} waiting for {what}"
         );
-        thread::sleep(Duration::from_millis(100));
+        thread::sleep(period);
     }
 }
 
@@ -930,17 +941,28 @@ fn killed_in_the_middle_of_a_reload_leaves_one_whole_rule_set_that_a_new_agent_a
     // missed its point is seen and named): while the new set is being written into the inactive
     // generation (some of its entries there, some not yet), right after the switch (the rule
     // set's epoch moved; the old generation not yet retired), and after the reload is done.
+    // A kill meant for the writing that came too late (the reload outran the polls) still tests
+    // a kill and is kept, but the writing point is then tried again, up to `RETRIES` more times:
+    // the recovery from a half-written generation must have run at least once.
+    const RETRIES: usize = 4;
     let mut current = 1;
     let mut kept = Vec::new();
     let mut outcomes = Vec::new();
-    for point in [Point::Writing, Point::Switched, Point::Writing, Point::Done] {
+    let mut points = VecDeque::from([Point::Writing, Point::Switched, Point::Writing, Point::Done]);
+    let mut retries = 0;
+    while let Some(point) = points.pop_front() {
         let target = 1 - current;
         let epoch = PinnedMaps::open(&pin).unwrap().config().unwrap().generation;
         let ok_before = status(&agent)["reloads"]["ok"].as_u64().unwrap();
         let probe = Probe::new(&pin, epoch, target);
         replace_file(agent.config_path(), &sets.configs[target]);
-        let reached = wait_for(
+        // The pinned maps polled every millisecond (the writing lasts tens of ms here;
+        // `wait_for`'s 100 ms polls missed it twice in one run); the agent's status (a CLI run
+        // each) every 100 ms.
+        let period = Duration::from_millis(if point == Point::Done { 100 } else { 1 });
+        let reached = wait_for_every(
             Duration::from_secs(60),
+            period,
             "the reload to reach its point",
             || {
                 let seen = probe.look();
@@ -998,6 +1020,11 @@ fn killed_in_the_middle_of_a_reload_leaves_one_whole_rule_set_that_a_new_agent_a
             }
         }
         outcomes.push((point, reached, k == target, inactive));
+        let wrote = |o: &(Point, bool, bool, Option<usize>)| o.0 == Point::Writing && o.1;
+        if point == Point::Writing && !reached && !outcomes.iter().any(wrote) && retries < RETRIES {
+            retries += 1;
+            points.push_back(Point::Writing);
+        }
 
         // A new agent adopts it and applies its own config, the set in force: it writes it into
         // the inactive generation, which holds what the kill interrupted (the other set, half
