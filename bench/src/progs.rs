@@ -234,6 +234,18 @@ pub fn create_map(
     max_entries: u32,
     map_flags: u32,
 ) -> Result<OwnedFd> {
+    create_map_of(map_type, key_size, value_size, max_entries, map_flags, None)
+}
+
+/// Creates a map; `inner` is the template of an array of maps' inner maps.
+fn create_map_of(
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    inner: Option<BorrowedFd<'_>>,
+) -> Result<OwnedFd> {
     #[repr(C)]
     struct MapCreate {
         map_type: u32,
@@ -241,6 +253,7 @@ pub fn create_map(
         value_size: u32,
         max_entries: u32,
         map_flags: u32,
+        inner_map_fd: u32,
     }
     let attr = MapCreate {
         map_type,
@@ -248,17 +261,15 @@ pub fn create_map(
         value_size,
         max_entries,
         map_flags,
+        inner_map_fd: inner.map_or(0, |fd| u32::try_from(fd.as_raw_fd()).expect("fd")),
     };
     Ok(owned(sys_bpf(BPF_MAP_CREATE, &attr).with_context(
         || format!("creating a map of type {map_type}"),
     )?))
 }
 
-/// A one-slot program array holding `target`, for a driver's tail call.
-pub fn prog_array(target: &Xdp) -> Result<OwnedFd> {
-    let map = create_map(BPF_MAP_TYPE_PROG_ARRAY, 4, 4, 1, 0)?;
-    let key = 0u32;
-    let value = u32::try_from(target.fd()?.as_fd().as_raw_fd()).expect("fd");
+/// Sets entry `key` of `map` to the value at `value` (of the map's value size).
+fn update_elem<V>(map: BorrowedFd<'_>, key: u32, value: &V) -> std::io::Result<i64> {
     #[repr(C)]
     struct MapUpdate {
         map_fd: u32,
@@ -271,10 +282,17 @@ pub fn prog_array(target: &Xdp) -> Result<OwnedFd> {
         map_fd: u32::try_from(map.as_raw_fd()).expect("fd"),
         _pad: 0,
         key: std::ptr::from_ref(&key) as u64,
-        value: std::ptr::from_ref(&value) as u64,
+        value: std::ptr::from_ref(value) as u64,
         flags: 0,
     };
     sys_bpf(BPF_MAP_UPDATE_ELEM, &attr)
+}
+
+/// A one-slot program array holding `target`, for a driver's tail call.
+pub fn prog_array(target: &Xdp) -> Result<OwnedFd> {
+    let map = create_map(BPF_MAP_TYPE_PROG_ARRAY, 4, 4, 1, 0)?;
+    let value = u32::try_from(target.fd()?.as_fd().as_raw_fd()).expect("fd");
+    update_elem(map.as_fd(), 0, &value)
         .context("putting the tail-call target in its program array")?;
     Ok(map)
 }
@@ -350,18 +368,21 @@ pub enum Sources<'a> {
     RandomOf(BorrowedFd<'a>, u32),
 }
 
-/// `r0` = the entry of `map` whose u32 key is at r10-4, or an `XDP_ABORTED` exit if there is none
-/// (which cannot happen for an array map and a key below its size).
+/// `r0` = the entry of the map in r1 whose u32 key is at r10-4, or an `XDP_ABORTED` exit if there
+/// is none (which cannot happen for an array map and a key below its size).
+const LOOKUP_AT_FP4: [Insn; 6] = [
+    insn(MOV64_REG, 2, 10, 0, 0),
+    insn(ADD64_IMM, 2, 0, 0, -4),
+    insn(CALL, 0, 0, 0, FUNC_MAP_LOOKUP_ELEM),
+    insn(JNE_IMM, 0, 0, 2, 0),
+    insn(MOV64_IMM, 0, 0, 0, XDP_ABORTED),
+    insn(EXIT, 0, 0, 0, 0),
+];
+
+/// `r0` = the entry of `map` whose u32 key is at r10-4 (see [`LOOKUP_AT_FP4`]).
 fn entry_at_fp4(map: BorrowedFd<'_>) -> Vec<Insn> {
     let mut p = ld_map_fd(1, map).to_vec();
-    p.extend([
-        insn(MOV64_REG, 2, 10, 0, 0),
-        insn(ADD64_IMM, 2, 0, 0, -4),
-        insn(CALL, 0, 0, 0, FUNC_MAP_LOOKUP_ELEM),
-        insn(JNE_IMM, 0, 0, 2, 0),
-        insn(MOV64_IMM, 0, 0, 0, XDP_ABORTED),
-        insn(EXIT, 0, 0, 0, 0),
-    ]);
+    p.extend(LOOKUP_AT_FP4);
     p
 }
 
@@ -425,74 +446,33 @@ impl PagedStore {
         let maps = pages.div_ceil(PAGED_PAGES_PER_MAP);
         let inner_records = PAGED_PAGES_PER_MAP * page;
         let template = create_map(MAP_ARRAY, 4, 64, inner_records, 0)?;
-        #[repr(C)]
-        struct MapCreate {
-            map_type: u32,
-            key_size: u32,
-            value_size: u32,
-            max_entries: u32,
-            map_flags: u32,
-            inner_map_fd: u32,
-        }
-        let attr = MapCreate {
-            map_type: MAP_ARRAY_OF_MAPS,
-            key_size: 4,
-            value_size: 4,
-            max_entries: maps,
-            map_flags: 0,
-            inner_map_fd: u32::try_from(template.as_raw_fd()).expect("fd"),
-        };
-        let outer = owned(sys_bpf(BPF_MAP_CREATE, &attr).context("creating an array of maps")?);
-        #[repr(C)]
-        struct MapUpdate {
-            map_fd: u32,
-            _pad: u32,
-            key: u64,
-            value: u64,
-            flags: u64,
-        }
-        let update = |map: &OwnedFd, key: u32, value: *const u8| {
-            let attr = MapUpdate {
-                map_fd: u32::try_from(map.as_raw_fd()).expect("fd"),
-                _pad: 0,
-                key: std::ptr::from_ref(&key) as u64,
-                value: value as u64,
-                flags: 0,
-            };
-            sys_bpf(BPF_MAP_UPDATE_ELEM, &attr)
-        };
+        let outer = create_map_of(MAP_ARRAY_OF_MAPS, 4, 4, maps, 0, Some(template.as_fd()))?;
         for i in 0..maps {
             let inner = create_map(MAP_ARRAY, 4, 64, inner_records, 0)?;
             if let Some(byte) = fill {
-                let record = [byte; 64];
                 for r in 0..inner_records {
-                    update(&inner, r, record.as_ptr()).context("filling a page map")?;
+                    update_elem(inner.as_fd(), r, &[byte; 64]).context("filling a page map")?;
                 }
             }
             let value = u32::try_from(inner.as_raw_fd()).expect("fd");
-            update(&outer, i, std::ptr::from_ref(&value).cast()).context("adding a page map")?;
+            update_elem(outer.as_fd(), i, &value).context("adding a page map")?;
         }
         Ok(Self { outer, pages })
     }
 }
 
-/// `r0` = entry `r7 + add` of the inner map spilled at r10-16 (see [`paged_page`]), or an
-/// `XDP_ABORTED` exit.
+/// `r9 += ` the word at byte 16 of entry `base + add` of the inner map spilled at r10-16 (see
+/// [`paged_page`]), where `base` names a callee-saved register.
 fn paged_entry(base: u8, add: i32) -> Vec<Insn> {
-    vec![
+    let mut p = vec![
         insn(MOV64_REG, 1, base, 0, 0),
         insn(ADD64_IMM, 1, 0, 0, add),
         insn(STX_W, 10, 1, -4, 0),
         insn(LDX_DW, 1, 10, -16, 0),
-        insn(MOV64_REG, 2, 10, 0, 0),
-        insn(ADD64_IMM, 2, 0, 0, -4),
-        insn(CALL, 0, 0, 0, FUNC_MAP_LOOKUP_ELEM),
-        insn(JNE_IMM, 0, 0, 2, 0),
-        insn(MOV64_IMM, 0, 0, 0, XDP_ABORTED),
-        insn(EXIT, 0, 0, 0, 0),
-        insn(LDX_DW, 1, 0, 16, 0),
-        insn(ADD64_REG, 9, 1, 0, 0),
-    ]
+    ];
+    p.extend(LOOKUP_AT_FP4);
+    p.extend([insn(LDX_DW, 1, 0, 16, 0), insn(ADD64_REG, 9, 1, 0, 0)]);
+    p
 }
 
 /// A random page of the paged store (`outer`, `pages`): its inner map spilled at r10-16, r7 =
@@ -534,6 +514,30 @@ fn add_record_word(map: BorrowedFd<'_>, base: u8, add: i32) -> Vec<Insn> {
     p
 }
 
+/// With r7 = the first record of a page and r8 = a random number: `read(base, way)` of each of
+/// the 8 records of two random sets of the page (as `ratelimit_common::bucket_sets` places a
+/// key's two sets), with `base` the register holding a set's first record (r7, r8).
+fn candidates(read: impl Fn(u8, i32) -> Vec<Insn>) -> Vec<Insn> {
+    let mut p = vec![
+        insn(MOV64_REG, 1, 8, 0, 0), // first set: (random >> 8) & 15
+        insn(RSH64_IMM, 1, 0, 0, 8),
+        insn(AND64_IMM, 1, 0, 0, 15),
+        insn(LSH64_IMM, 1, 0, 0, 2),
+        insn(RSH64_IMM, 8, 0, 0, 12), // second set: (random >> 12) & 15
+        insn(AND64_IMM, 8, 0, 0, 15),
+        insn(LSH64_IMM, 8, 0, 0, 2),
+        insn(ADD64_REG, 8, 7, 0, 0), // r8 = the second set's first record
+        insn(ADD64_REG, 7, 1, 0, 0), // r7 = the first set's first record
+    ];
+    let ways = i32::try_from(ratelimit_common::BUCKET_WAYS).expect("4");
+    for base in [7, 8] {
+        for way in 0..ways {
+            p.extend(read(base, way));
+        }
+    }
+    p
+}
+
 /// The instructions of `touch`: the words read summed into r9 (zero before, see [`driver`]),
 /// then r9 masked to zero (so what depends on r9 waits for every read).
 fn touch_store(touch: Touch<'_>) -> Vec<Insn> {
@@ -554,23 +558,7 @@ fn touch_store(touch: Touch<'_>) -> Vec<Insn> {
         }
         Touch::PagedCandidates(outer, pages) => {
             p.extend(paged_page(outer, pages));
-            p.extend([
-                insn(MOV64_REG, 1, 8, 0, 0), // first set: (random >> 8) & 15
-                insn(RSH64_IMM, 1, 0, 0, 8),
-                insn(AND64_IMM, 1, 0, 0, 15),
-                insn(LSH64_IMM, 1, 0, 0, 2),
-                insn(RSH64_IMM, 8, 0, 0, 12), // second set: (random >> 12) & 15
-                insn(AND64_IMM, 8, 0, 0, 15),
-                insn(LSH64_IMM, 8, 0, 0, 2),
-                insn(ADD64_REG, 8, 7, 0, 0),
-                insn(ADD64_REG, 7, 1, 0, 0),
-            ]);
-            let ways = i32::try_from(ratelimit_common::BUCKET_WAYS).expect("4");
-            for base in [7, 8] {
-                for way in 0..ways {
-                    p.extend(paged_entry(base, way));
-                }
-            }
+            p.extend(candidates(paged_entry));
         }
         Touch::Candidates(map, n) => {
             let page = ratelimit_common::BUCKET_WAYS * ratelimit_common::BUCKET_SETS_PER_PAGE;
@@ -581,22 +569,8 @@ fn touch_store(touch: Touch<'_>) -> Vec<Insn> {
                 insn(MOD64_IMM, 0, 0, 0, pages),
                 insn(LSH64_IMM, 0, 0, 0, page.trailing_zeros().cast_signed()),
                 insn(MOV64_REG, 7, 0, 0, 0), // r7 = the page's first record
-                insn(MOV64_REG, 1, 8, 0, 0), // first set: (random >> 8) & 15
-                insn(RSH64_IMM, 1, 0, 0, 8),
-                insn(AND64_IMM, 1, 0, 0, 15),
-                insn(LSH64_IMM, 1, 0, 0, 2),
-                insn(RSH64_IMM, 8, 0, 0, 12), // second set: (random >> 12) & 15
-                insn(AND64_IMM, 8, 0, 0, 15),
-                insn(LSH64_IMM, 8, 0, 0, 2),
-                insn(ADD64_REG, 8, 7, 0, 0), // r8 = the second set's first record
-                insn(ADD64_REG, 7, 1, 0, 0), // r7 = the first set's first record
             ]);
-            let ways = i32::try_from(ratelimit_common::BUCKET_WAYS).expect("4");
-            for base in [7, 8] {
-                for way in 0..ways {
-                    p.extend(add_record_word(map, base, way));
-                }
-            }
+            p.extend(candidates(|base, way| add_record_word(map, base, way)));
         }
     }
     p.push(insn(AND64_IMM, 9, 0, 0, 0));
