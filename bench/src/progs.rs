@@ -429,6 +429,9 @@ pub struct PagedStore {
     pub pages: u32,
 }
 
+/// Records of a page of the bucket store (16 sets of 4).
+const PAGE_RECORDS: u32 = ratelimit_common::BUCKET_WAYS * ratelimit_common::BUCKET_SETS_PER_PAGE;
+
 /// `BPF_MAP_TYPE_ARRAY_OF_MAPS`.
 const MAP_ARRAY_OF_MAPS: u32 = 12;
 
@@ -441,10 +444,9 @@ impl PagedStore {
     /// A store of at least `records` records, every byte `fill` (if any; through the syscall,
     /// record by record: for small stores).
     pub fn filled(records: u32, fill: Option<u8>) -> Result<Self> {
-        let page = ratelimit_common::BUCKET_WAYS * ratelimit_common::BUCKET_SETS_PER_PAGE;
-        let pages = records.div_ceil(page);
+        let pages = records.div_ceil(PAGE_RECORDS);
         let maps = pages.div_ceil(PAGED_PAGES_PER_MAP);
-        let inner_records = PAGED_PAGES_PER_MAP * page;
+        let inner_records = PAGED_PAGES_PER_MAP * PAGE_RECORDS;
         let template = create_map(MAP_ARRAY, 4, 64, inner_records, 0)?;
         let outer = create_map_of(MAP_ARRAY_OF_MAPS, 4, 4, maps, 0, Some(template.as_fd()))?;
         for i in 0..maps {
@@ -464,21 +466,12 @@ impl PagedStore {
 /// `r9 += ` the word at byte 16 of entry `base + add` of the inner map spilled at r10-16 (see
 /// [`paged_page`]), where `base` names a callee-saved register.
 fn paged_entry(base: u8, add: i32) -> Vec<Insn> {
-    let mut p = vec![
-        insn(MOV64_REG, 1, base, 0, 0),
-        insn(ADD64_IMM, 1, 0, 0, add),
-        insn(STX_W, 10, 1, -4, 0),
-        insn(LDX_DW, 1, 10, -16, 0),
-    ];
-    p.extend(LOOKUP_AT_FP4);
-    p.extend([insn(LDX_DW, 1, 0, 16, 0), insn(ADD64_REG, 9, 1, 0, 0)]);
-    p
+    record_word(&[insn(LDX_DW, 1, 10, -16, 0)], base, add)
 }
 
 /// A random page of the paged store (`outer`, `pages`): its inner map spilled at r10-16, r7 =
 /// its first record in that map, r8 = a random number.
 fn paged_page(outer: BorrowedFd<'_>, pages: u32) -> Vec<Insn> {
-    let page = ratelimit_common::BUCKET_WAYS * ratelimit_common::BUCKET_SETS_PER_PAGE;
     let per = i32::try_from(PAGED_PAGES_PER_MAP).expect("7");
     let maps = i32::try_from(pages.div_ceil(PAGED_PAGES_PER_MAP)).expect("n < 2^31");
     // One modulo, as the plain store's touch has: the map; the page in it by a multiply-shift
@@ -496,7 +489,13 @@ fn paged_page(outer: BorrowedFd<'_>, pages: u32) -> Vec<Insn> {
         insn(RSH64_IMM, 7, 0, 0, 24),
         insn(MUL64_IMM, 7, 0, 0, per),
         insn(RSH64_IMM, 7, 0, 0, 8),
-        insn(LSH64_IMM, 7, 0, 0, page.trailing_zeros().cast_signed()),
+        insn(
+            LSH64_IMM,
+            7,
+            0,
+            0,
+            PAGE_RECORDS.trailing_zeros().cast_signed(),
+        ),
     ]);
     p
 }
@@ -504,12 +503,19 @@ fn paged_page(outer: BorrowedFd<'_>, pages: u32) -> Vec<Insn> {
 /// `r9 += ` the word at byte 16 of entry `base + add` of `map`, where `base` names a
 /// callee-saved register (r6-r9), which the lookup's call leaves as it was.
 fn add_record_word(map: BorrowedFd<'_>, base: u8, add: i32) -> Vec<Insn> {
+    record_word(&ld_map_fd(1, map), base, add)
+}
+
+/// `r9 += ` the word at byte 16 of entry `base + add` of the map that `load_map` puts in r1
+/// (see [`LOOKUP_AT_FP4`]).
+fn record_word(load_map: &[Insn], base: u8, add: i32) -> Vec<Insn> {
     let mut p = vec![
         insn(MOV64_REG, 1, base, 0, 0),
         insn(ADD64_IMM, 1, 0, 0, add),
         insn(STX_W, 10, 1, -4, 0),
     ];
-    p.extend(entry_at_fp4(map));
+    p.extend_from_slice(load_map);
+    p.extend(LOOKUP_AT_FP4);
     p.extend([insn(LDX_DW, 1, 0, 16, 0), insn(ADD64_REG, 9, 1, 0, 0)]);
     p
 }
@@ -561,13 +567,18 @@ fn touch_store(touch: Touch<'_>) -> Vec<Insn> {
             p.extend(candidates(paged_entry));
         }
         Touch::Candidates(map, n) => {
-            let page = ratelimit_common::BUCKET_WAYS * ratelimit_common::BUCKET_SETS_PER_PAGE;
-            let pages = i32::try_from(n / page).expect("n < 2^31");
+            let pages = i32::try_from(n / PAGE_RECORDS).expect("n < 2^31");
             p.extend([
                 insn(CALL, 0, 0, 0, FUNC_GET_PRANDOM_U32),
                 insn(MOV64_REG, 8, 0, 0, 0), // r8 = random
                 insn(MOD64_IMM, 0, 0, 0, pages),
-                insn(LSH64_IMM, 0, 0, 0, page.trailing_zeros().cast_signed()),
+                insn(
+                    LSH64_IMM,
+                    0,
+                    0,
+                    0,
+                    PAGE_RECORDS.trailing_zeros().cast_signed(),
+                ),
                 insn(MOV64_REG, 7, 0, 0, 0), // r7 = the page's first record
             ]);
             p.extend(candidates(|base, way| add_record_word(map, base, way)));
