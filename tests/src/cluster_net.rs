@@ -271,11 +271,7 @@ cluster_id = "e2e-cluster-net"
     }
 
     /// Spawns the flood sender (see [`send_split`]) from [`FLOOD`] to every host's receiver.
-    pub fn flood(
-        &self,
-        schedule: Vec<Split>,
-        start: Instant,
-    ) -> Result<thread::JoinHandle<Vec<u64>>> {
+    pub fn flood(&self, schedule: Vec<Split>, start: Instant) -> Result<thread::JoinHandle<Sent>> {
         self.flood_from(FLOOD, schedule, start)
     }
 
@@ -295,7 +291,7 @@ cluster_id = "e2e-cluster-net"
         source: Ipv4Addr,
         schedule: Vec<Split>,
         start: Instant,
-    ) -> Result<thread::JoinHandle<Vec<u64>>> {
+    ) -> Result<thread::JoinHandle<Sent>> {
         let sock = bind_udp(&self.tx, SocketAddr::new(IpAddr::V4(source), 0))?;
         let dsts: Vec<SocketAddr> = (0..self.hosts.len())
             .map(|i| SocketAddr::new(IpAddr::V4(data_ip(i)), DATA_PORT))
@@ -370,29 +366,101 @@ pub struct Split {
     pub weights: Vec<f64>,
 }
 
+/// What [`send_split`] sent: the datagrams to each destination, and when it did not run as
+/// paced.
+#[derive(Clone, Debug, Default)]
+pub struct Sent {
+    /// Datagrams sent to each destination.
+    pub per_host: Vec<u64>,
+    /// Every time the sender did not run for longer than [`Receiver`]'s
+    /// [`STALL`](crate::receiver::STALL) (it sleeps 0.5 ms a turn).
+    pub stalls: Vec<Stall>,
+}
+
+/// A time one of the test's own threads did not run: the flood sender, or the receiving thread
+/// of a host (see [`Receiver::stalls`]). Such a pause changes what a rate over a window measures
+/// without the limiter doing anything different: see [`Stall::skews`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stall {
+    /// Whose: "sender", or "receiver hN".
+    pub who: String,
+    /// When it began, seconds after the start.
+    pub at: f64,
+    /// How long it lasted, seconds.
+    pub secs: f64,
+}
+
+impl Stall {
+    /// Seconds after the start between which a sample's count is not what the limiter admitted
+    /// by then at the paced load, because of this stall (and a sample in them can end a window
+    /// that reads low or high for that reason alone):
+    /// - a receiver's: the stall itself (what arrived in it was counted when the thread ran
+    ///   again), and one sampling period after it;
+    /// - the sender's: the stall, and as long again after it: a bucket refills while the flood
+    ///   is paused, and the flood (at least twice the limit wherever these tests measure) spends
+    ///   what refilled within that time. Admitting it is the limiter's contract (`burst + rate x
+    ///   t`), and a window that holds it but not the pause reads high.
+    #[must_use]
+    pub fn skews(&self) -> (f64, f64) {
+        let after = if self.who == "sender" { self.secs } else { 0.0 };
+        (self.at, self.at + self.secs + after + STALL_SLACK)
+    }
+}
+
+/// One sampling period and a little (the tests sample every 50 ms): see [`Stall::skews`].
+const STALL_SLACK: f64 = 0.06;
+
+/// The stalls of every receiver in `receivers` (host `i`'s is "receiver hI"), seconds after
+/// `start`.
+#[must_use]
+pub fn receiver_stalls(receivers: &[Receiver], start: Instant) -> Vec<Stall> {
+    receivers
+        .iter()
+        .enumerate()
+        .flat_map(|(i, r)| {
+            r.stalls().into_iter().map(move |(at, len)| Stall {
+                who: format!("receiver h{i}"),
+                at: at.saturating_duration_since(start).as_secs_f64(),
+                secs: len.as_secs_f64(),
+            })
+        })
+        .collect()
+}
+
 /// Sends 64-byte datagrams from `sock` to `dsts` following `schedule` until its last end, from
 /// one thread (the host's share of each split, paced per destination). Falls at most 16 packets
 /// behind per destination (after a preemption) rather than bursting to catch up. Returns the
-/// datagrams sent to each destination.
+/// datagrams sent to each destination, and the times it did not run as paced.
 #[must_use]
 pub fn send_split(
     sock: &UdpSocket,
     dsts: &[SocketAddr],
     schedule: &[Split],
     start: Instant,
-) -> Vec<u64> {
+) -> Sent {
     let payload = [0u8; 64];
     let n = dsts.len();
     let mut sent = vec![0u64; n];
+    let mut stalls = Vec::new();
     let mut due = vec![0.0f64; n];
     let mut last = start.elapsed().as_secs_f64();
     loop {
         let t = start.elapsed().as_secs_f64();
         let Some(split) = schedule.iter().find(|s| t < s.end) else {
-            return sent;
+            return Sent {
+                per_host: sent,
+                stalls,
+            };
         };
         let total: f64 = split.weights.iter().sum::<f64>().max(f64::MIN_POSITIVE);
         let dt = t - last;
+        if dt > crate::receiver::STALL.as_secs_f64() {
+            stalls.push(Stall {
+                who: "sender".to_string(),
+                at: last,
+                secs: dt,
+            });
+        }
         last = t;
         for i in 0..n {
             let pps = split.pps * split.weights.get(i).copied().unwrap_or(0.0) / total;
@@ -425,6 +493,21 @@ pub fn send_split(
         }
         thread::sleep(Duration::from_micros(500));
     }
+}
+
+/// What [`Samples::convergence`] found over a phase.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Convergence {
+    /// Seconds after the change from which on every window is within (or excused); `None` if
+    /// even the last window is neither.
+    pub after: Option<f64>,
+    /// Windows that start in the phase (at a sample time) and end in it.
+    pub windows: usize,
+    /// Of those, the ones within the tolerance.
+    pub within: usize,
+    /// Windows outside the tolerance but measured from a sample taken in a stall's skew: their
+    /// start (seconds after the start) and their rate relative to the target.
+    pub excused: Vec<(f64, f64)>,
 }
 
 /// What every host delivered from the flood source, `t` seconds after the start.
@@ -540,24 +623,73 @@ impl Samples {
         want: f64,
         tolerance: f64,
     ) -> Option<f64> {
+        self.convergence(t0, t1, window, want, tolerance, &[]).after
+    }
+
+    /// [`Samples::converged_after`], where a window outside `tolerance` is excused, not counted
+    /// against the convergence, if the samples it is measured between (at its start and at its
+    /// end) were taken during [`Stall::skews`] of `stalls` long enough to explain it: a stall of
+    /// `d` seconds moves a count by at most `d` seconds of traffic, so the window's distance from
+    /// `want` beyond `tolerance` must be at most their `d`s over the window. Any other window
+    /// outside still counts, wherever the stalls were; and the caller sees how many windows were
+    /// within on their own.
+    #[must_use]
+    pub fn convergence(
+        &self,
+        t0: f64,
+        t1: f64,
+        window: f64,
+        want: f64,
+        tolerance: f64,
+        stalls: &[Stall],
+    ) -> Convergence {
         let starts: Vec<f64> = self
             .0
             .iter()
             .map(|s| s.t)
             .filter(|&t| t >= t0 && t + window <= t1)
             .collect();
-        let mut from = None;
+        // Seconds of stall whose skew holds a sample taken at `t`.
+        let stalled = |t: f64| -> f64 {
+            stalls
+                .iter()
+                .filter(|s| {
+                    let (a, b) = s.skews();
+                    t >= a && t <= b
+                })
+                .map(|s| s.secs)
+                .sum()
+        };
+        let mut c = Convergence {
+            windows: starts.len(),
+            ..Convergence::default()
+        };
+        let mut converged = true;
         for &u in starts.iter().rev() {
-            let r = self.rate(u, u + window);
-            if (r / want - 1.0).abs() <= tolerance {
-                from = Some(u);
+            let r = self.rate(u, u + window) / want;
+            // Seconds of traffic the window is off by, beyond the tolerance.
+            let excess = ((r - 1.0).abs() - tolerance) * window;
+            let skews = match (self.at_or_after(u), self.at_or_before(u + window)) {
+                (Some(a), Some(b)) => excess <= stalled(a.t) + stalled(b.t),
+                _ => false,
+            };
+            if (r - 1.0).abs() <= tolerance {
+                c.within += 1;
+                if converged {
+                    c.after = Some(u - t0);
+                }
+            } else if skews {
+                c.excused.push((u, r));
+                if converged {
+                    c.after = Some(u - t0);
+                }
             } else {
-                break;
+                converged = false;
             }
         }
-        from.map(|u| u - t0)
+        c.excused.reverse();
+        c
     }
-
     /// The cluster's admitted rate over `window`-long windows ending at each sample time in
     /// `[t0, t1]`, as `(t, pps)`: for charts and traces.
     #[must_use]
@@ -568,5 +700,147 @@ impl Samples {
             .map(|s| (s.t, self.rate(s.t - window, s.t)))
             .filter(|(_, r)| r.is_finite())
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Sample, Samples, Stall};
+
+    const EVERY: f64 = 0.05;
+
+    /// One host admitting `admitted(t)` packets by `t` (seconds), read every 50 ms for 10 s, the
+    /// count read at `t` being `read(t)` of what was admitted.
+    fn samples(admitted: impl Fn(f64) -> f64, read: impl Fn(f64) -> f64) -> Samples {
+        let mut s = Samples::default();
+        for i in 0..=200 {
+            let t = f64::from(i) * EVERY;
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "small"
+            )]
+            s.0.push(Sample {
+                t,
+                counts: vec![admitted(read(t)).round() as u64],
+            });
+        }
+        s
+    }
+
+    fn steady(t: f64) -> f64 {
+        1000.0 * t
+    }
+
+    fn now(t: f64) -> f64 {
+        t
+    }
+
+    fn receiver(at: f64, secs: f64) -> Stall {
+        Stall {
+            who: "receiver h0".to_string(),
+            at,
+            secs,
+        }
+    }
+
+    /// The receiving thread paused 115 ms from 5.0 s: what arrived meanwhile is counted at
+    /// 5.115 s, so the samples read during the pause are stale.
+    fn late_reader(t: f64) -> f64 {
+        if t > 5.0 && t < 5.115 {
+            5.0
+        } else {
+            t
+        }
+    }
+
+    #[test]
+    fn steady_windows_converge_at_once() {
+        let s = samples(steady, now);
+        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[]);
+        assert_eq!(c.after, Some(0.0));
+        assert_eq!(c.within, c.windows);
+        assert!(c.excused.is_empty());
+        assert_eq!(s.converged_after(2.0, 10.0, 1.0, 1000.0, 0.10), Some(0.0));
+    }
+
+    /// What the failed run looked like (1 s windows 0.887-1.116 from one pause), and that the
+    /// pause the receiver reports excuses exactly those windows.
+    #[test]
+    fn a_receiver_stall_skews_windows_and_excuses_only_them() {
+        let s = samples(steady, late_reader);
+        let lone = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[]);
+        assert!(
+            lone.after.is_some_and(|a| a > 3.0),
+            "without the stall the pause reads as a late convergence: {lone:?}"
+        );
+        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[receiver(5.0, 0.115)]);
+        assert_eq!(c.after, Some(0.0), "{c:?}");
+        assert!(!c.excused.is_empty());
+        for &(u, r) in &c.excused {
+            assert!((r - 1.0).abs() > 0.10 && (r - 1.0).abs() < 0.13, "{u}: {r}");
+        }
+        assert_eq!(c.within + c.excused.len(), c.windows);
+    }
+
+    /// A window that admits too much for a reason other than a stall still counts, though a
+    /// stall happened elsewhere in the phase: 150 packets too many at 7.5 s.
+    #[test]
+    fn an_excess_away_from_the_stalls_still_fails_the_convergence() {
+        let over = |t: f64| steady(t) + if t >= 7.5 { 150.0 } else { 0.0 };
+        let s = samples(over, late_reader);
+        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[receiver(5.0, 0.115)]);
+        assert!(c.after.is_some_and(|a| a > 5.0), "{c:?}");
+        // The same excess inside a stall's skew is excused only there: a window whose samples
+        // are both outside it is not.
+        let s = samples(over, now);
+        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[receiver(7.45, 0.1)]);
+        assert!(c.after.is_some_and(|a| a > 5.0), "{c:?}");
+        // Nor does a stall too short to explain the excess excuse a window it touches: 30 ms
+        // cannot account for 150 packets over a 1,000 pps budget (0.05 beyond the 10%).
+        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[receiver(7.47, 0.03)]);
+        assert!(c.after.is_some_and(|a| a > 5.0), "{c:?}");
+        assert!(c.excused.is_empty(), "{c:?}");
+    }
+
+    /// The sender paused 115 ms from 5.0 s: nothing arrived, then the refilled tokens went at
+    /// once (115 packets in the next 40 ms). The limiter's contract, not a miss; the sender's
+    /// stall covers the windows that read high for it.
+    #[test]
+    fn a_sender_stall_excuses_the_refill_spent_after_it() {
+        let paused = |t: f64| {
+            if t <= 5.0 {
+                steady(t)
+            } else if t <= 5.115 {
+                steady(5.0)
+            } else if t <= 5.155 {
+                steady(5.0) + 115.0 * (t - 5.115) / 0.04 + 1000.0 * (t - 5.115)
+            } else {
+                steady(t)
+            }
+        };
+        let s = samples(paused, now);
+        let lone = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[]);
+        assert!(lone.after.is_some_and(|a| a > 3.0), "{lone:?}");
+        let sender = Stall {
+            who: "sender".to_string(),
+            at: 5.0,
+            secs: 0.115,
+        };
+        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, std::slice::from_ref(&sender));
+        assert_eq!(c.after, Some(0.0), "{c:?}");
+        assert_eq!(c.excused.len() + c.within, c.windows);
+        // The sender's stall skews the samples for as long again after it (the refill spent),
+        // a receiver's only for one sampling period after it.
+        let (a, b) = sender.skews();
+        assert!(
+            (a - 5.0).abs() < 1e-9 && (b - (5.0 + 0.23 + 0.06)).abs() < 1e-9,
+            "{a} {b}"
+        );
+        let (a, b) = receiver(5.0, 0.115).skews();
+        assert!(
+            (a - 5.0).abs() < 1e-9 && (b - (5.0 + 0.115 + 0.06)).abs() < 1e-9,
+            "{a} {b}"
+        );
     }
 }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{anyhow, bail, Context, Result};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -23,6 +23,13 @@ const RCVBUF: usize = 8 << 20;
 const POLL: Duration = Duration::from_millis(20);
 /// Duplicate detection tracks sequence numbers below this per sender (a 2 MiB bitmap at most).
 const MAX_TRACKED_SEQ: u64 = 1 << 24;
+/// A datagram read this long or longer after the kernel received it tells of a stall of the
+/// receiving thread: see [`Receiver::stalls`].
+pub const STALL: Duration = Duration::from_millis(30);
+/// `SIOCGSTAMPNS`: the kernel's receive time of the last datagram read from the socket, a
+/// `timespec` of `CLOCK_REALTIME` (the first call turns the socket's timestamps on). The generic
+/// value, x86-64's and arm64's (the libc crate does not export it).
+const SIOCGSTAMPNS: libc::c_ulong = 0x8907;
 
 /// What arrived from one source address.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -94,6 +101,8 @@ impl Tally {
 struct Shared {
     stop: AtomicBool,
     tally: Mutex<Tally>,
+    /// See [`Receiver::stalls`].
+    stalls: Mutex<Vec<(Instant, Duration)>>,
 }
 
 impl Shared {
@@ -124,6 +133,7 @@ impl Receiver {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             tally: Mutex::new(Tally::default()),
+            stalls: Mutex::new(Vec::new()),
         });
         let thread = thread::Builder::new()
             .name(format!("receiver-{local}"))
@@ -158,6 +168,19 @@ impl Receiver {
     /// Packets from all sources so far.
     pub fn total(&self) -> u64 {
         self.shared.tally().total
+    }
+
+    /// When datagrams waited in the socket for [`STALL`] or longer before the receiving thread
+    /// read them (it was descheduled, or the whole machine paused), and for how long: from the
+    /// kernel's receive time of the first such datagram to its reading, merged where they
+    /// overlap. A count read in such a time is short by what arrived in it, so a rate between
+    /// two reads shows the stall as a dip then a rise that the traffic never had.
+    pub fn stalls(&self) -> Vec<(Instant, Duration)> {
+        self.shared
+            .stalls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Waits until no packet has arrived for `quiet` (or `timeout` passed) and returns the total:
@@ -238,7 +261,47 @@ fn open(addr: SocketAddr) -> io::Result<UdpSocket> {
     }
     socket.set_read_timeout(Some(POLL))?;
     socket.bind(&addr.into())?;
-    Ok(socket.into())
+    let socket: UdpSocket = socket.into();
+    // Turns the kernel's receive timestamps on (no datagram yet: `None`).
+    let _ = received_at(&socket);
+    Ok(socket)
+}
+
+/// The kernel's receive time of the datagram last read from `socket` (`None` if it has none).
+fn received_at(socket: &UdpSocket) -> Option<SystemTime> {
+    use std::os::fd::AsRawFd;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: SIOCGSTAMPNS writes one timespec to the pointer given, a live local.
+    let r = unsafe { libc::ioctl(socket.as_raw_fd(), SIOCGSTAMPNS, &raw mut ts) };
+    if r != 0 {
+        return None;
+    }
+    let secs = u64::try_from(ts.tv_sec).ok()?;
+    let nanos = u32::try_from(ts.tv_nsec).ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(Duration::new(secs, nanos))
+}
+
+/// Keeps a stall (see [`Receiver::stalls`]) if the datagram just read from `socket` waited
+/// [`STALL`] or longer.
+fn note_wait(socket: &UdpSocket, shared: &Shared) {
+    let Some(wait) = received_at(socket).and_then(|t| SystemTime::now().duration_since(t).ok())
+    else {
+        return;
+    };
+    if wait < STALL {
+        return;
+    }
+    let now = Instant::now();
+    let from = now.checked_sub(wait).unwrap_or(now);
+    let mut stalls = shared.stalls.lock().unwrap_or_else(|e| e.into_inner());
+    match stalls.last_mut() {
+        // The same backlog, read on: one stall, from its first datagram's arrival.
+        Some((at, len)) if *at + *len >= from => *len = now.duration_since(*at),
+        _ => stalls.push((from, wait)),
+    }
 }
 
 fn receive(socket: &UdpSocket, shared: &Shared) -> io::Result<()> {
@@ -246,7 +309,10 @@ fn receive(socket: &UdpSocket, shared: &Shared) -> io::Result<()> {
     let mut draining = false;
     loop {
         match socket.recv_from(&mut buf) {
-            Ok((n, from)) => shared.tally().record(from.ip().to_canonical(), &buf[..n]),
+            Ok((n, from)) => {
+                note_wait(socket, shared);
+                shared.tally().record(from.ip().to_canonical(), &buf[..n]);
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e)
                 if matches!(
@@ -281,4 +347,71 @@ fn socket_inode(socket: &UdpSocket) -> Result<u64> {
         .and_then(|rest| rest.strip_suffix(']'))
         .and_then(|n| n.parse().ok())
         .ok_or_else(|| anyhow!("unexpected socket fd link {link}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::UdpSocket;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::thread;
+    use std::time::Duration;
+
+    use super::{open, receive, Shared, Tally, STALL};
+
+    /// Datagrams sent on loopback to a receiving thread that is held (its tally locked by the
+    /// test) for `hold` after it read the first one, then ten more at its own pace: the stalls
+    /// it reports.
+    fn stalls_when_held_for(hold: Duration) -> Vec<Duration> {
+        let socket = open("127.0.0.1:0".parse().unwrap()).unwrap();
+        let to = socket.local_addr().unwrap();
+        let shared = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            tally: Mutex::new(Tally::default()),
+            stalls: Mutex::new(Vec::new()),
+        });
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let held = shared.tally();
+        let reader = thread::spawn({
+            let shared = Arc::clone(&shared);
+            move || receive(&socket, &shared)
+        });
+        // The first is read, and the thread stops at the tally; the next four wait for it.
+        tx.send_to(b"x", to).unwrap();
+        thread::sleep(Duration::from_millis(2));
+        for _ in 0..4 {
+            tx.send_to(b"x", to).unwrap();
+        }
+        thread::sleep(hold);
+        drop(held);
+        for _ in 0..10 {
+            tx.send_to(b"x", to).unwrap();
+            thread::sleep(Duration::from_millis(5));
+        }
+        thread::sleep(Duration::from_millis(50));
+        shared.stop.store(true, Ordering::Relaxed);
+        reader.join().unwrap().unwrap();
+        assert_eq!(shared.tally().total, 15, "every datagram counted");
+        let stalls = shared.stalls.lock().unwrap().clone();
+        stalls.into_iter().map(|(_, len)| len).collect()
+    }
+
+    #[test]
+    fn datagrams_read_late_are_a_stall_as_long_as_they_waited() {
+        let start = std::time::Instant::now();
+        let stalls = stalls_when_held_for(Duration::from_millis(200));
+        let longest = stalls.iter().max().copied().unwrap_or_default();
+        assert!(
+            longest >= Duration::from_millis(180) && longest <= start.elapsed(),
+            "{stalls:?}"
+        );
+    }
+
+    #[test]
+    fn datagrams_read_at_once_are_no_stall() {
+        // Held for less than a datagram may wait unremarked. A busy machine can stall the
+        // thread for real (then it is reported, rightly): three tries.
+        let tries: Vec<_> = (0..3).map(|_| stalls_when_held_for(STALL / 3)).collect();
+        assert!(tries.iter().any(Vec::is_empty), "{tries:?}");
+    }
 }

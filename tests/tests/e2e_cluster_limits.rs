@@ -132,7 +132,10 @@ fn a_cluster_scoped_aggregate_limit_is_one_budget_while_per_source_limits_stay_l
         }
         std::thread::sleep(SAMPLE.min(Duration::from_secs_f64(RUN_SECS - t)));
     }
-    let sent: Vec<Vec<u64>> = senders.into_iter().map(|s| s.join().unwrap()).collect();
+    let sent: Vec<Vec<u64>> = senders
+        .into_iter()
+        .map(|s| s.join().unwrap().per_host)
+        .collect();
     let statuses: Vec<_> = agents.iter().map(|a| status(a).unwrap()).collect();
     let stats: Vec<_> = agents.iter().map(|a| a.stats()).collect();
 

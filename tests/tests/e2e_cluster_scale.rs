@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_testbed::{
-    cluster_net::{cluster_counter, status, ClusterNet, Samples, Split},
+    cluster_net::{cluster_counter, receiver_stalls, status, ClusterNet, Samples, Split},
     leftover_check, require_root,
 };
 
@@ -132,13 +132,27 @@ fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_3_
     samples.take_until(&receivers, start, end, SAMPLE);
     let sent = sender.join().unwrap();
     let elapsed = start.elapsed().as_secs_f64();
+    // When the test's own threads did not run (a busy or paused machine): the samples around
+    // such a stall misstate the rate (see `Stall::skews`), and a window measured from them is
+    // not held against the convergence if it is outside, said below.
+    let mut stalls = sent.stalls.clone();
+    stalls.extend(receiver_stalls(&receivers, start));
+    stalls.sort_by(|a, b| a.at.total_cmp(&b.at));
     let statuses: Vec<_> = agents.iter().map(|a| status(a).unwrap()).collect();
 
     // --- Figures. ---
     println!(
         "\n{HOSTS} hosts, budget {RATE} pps (burst {BURST}) cluster-wide, flood {FLOOD_PPS} pps, sync {SYNC_MS} ms; sent {:?}",
-        sent
+        sent.per_host
     );
+    for s in &stalls {
+        println!(
+            "stall: {} did not run for {:.0} ms from {:.2} s",
+            s.who,
+            s.secs * 1000.0,
+            s.at
+        );
+    }
     let mut results = Vec::new();
     for (i, (p, &(t0, t1))) in PHASES.iter().zip(&bounds).enumerate() {
         if p.settle.is_nan() {
@@ -150,7 +164,7 @@ fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_3_
             continue;
         }
         let measured = samples.rate(t0 + p.settle, t1);
-        let conv = (i > 0).then(|| samples.converged_after(t0, t1, WINDOW, RATE, CONVERGED));
+        let conv = (i > 0).then(|| samples.convergence(t0, t1, WINDOW, RATE, CONVERGED, &stalls));
         let per_host: Vec<String> = (0..HOSTS)
             .map(|h| format!("{:.0}", samples.host_rate(h, t0 + p.settle, t1)))
             .collect();
@@ -169,7 +183,7 @@ fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_3_
             worst.0,
             worst.1,
             per_host.join(" "),
-            match conv {
+            match conv.as_ref().map(|c| c.after) {
                 None => String::new(),
                 Some(None) => "never within 10% over 1 s".to_string(),
                 Some(Some(c)) => format!(
@@ -179,6 +193,13 @@ fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_3_
                 ),
             }
         );
+        if let Some(c) = &conv {
+            for (u, r) in &c.excused {
+                println!(
+                    "  excused: the window from {u:.2} s, {r:.3} x the budget, measured from a sample taken in a stall"
+                );
+            }
+        }
         results.push((measured, conv));
     }
     #[expect(clippy::cast_precision_loss, reason = "small counts")]
@@ -223,8 +244,18 @@ fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_3_
             ACCURACY * 100.0
         );
         if let Some(conv) = conv {
+            // Excusing windows measures nothing if most of them need it: then the machine was too
+            // busy for this test to say anything, which is a failure, not a pass.
+            assert!(
+                conv.within * 2 >= conv.windows,
+                "{}: only {} of {} 1 s windows within 10% of the budget by themselves ({} excused by stalls of the test's threads)",
+                p.name,
+                conv.within,
+                conv.windows,
+                conv.excused.len()
+            );
             let limit = CONVERGE_ROUNDS * f64::from(u32::try_from(SYNC_MS).unwrap()) / 1000.0;
-            let c = conv.unwrap_or_else(|| {
+            let c = conv.after.unwrap_or_else(|| {
                 panic!("{}: never back within 10% of the budget over 1 s", p.name)
             });
             assert!(
