@@ -669,27 +669,26 @@ impl Samples {
             let r = self.rate(u, u + window) / want;
             // Seconds of traffic the window is off by, beyond the tolerance.
             let excess = ((r - 1.0).abs() - tolerance) * window;
-            let skews = match (self.at_or_after(u), self.at_or_before(u + window)) {
-                (Some(a), Some(b)) => excess <= stalled(a.t) + stalled(b.t),
-                _ => false,
-            };
-            if (r - 1.0).abs() <= tolerance {
+            let within = (r - 1.0).abs() <= tolerance;
+            let excused = !within
+                && match (self.at_or_after(u), self.at_or_before(u + window)) {
+                    (Some(a), Some(b)) => excess <= stalled(a.t) + stalled(b.t),
+                    _ => false,
+                };
+            if within {
                 c.within += 1;
-                if converged {
-                    c.after = Some(u - t0);
-                }
-            } else if skews {
+            } else if excused {
                 c.excused.push((u, r));
-                if converged {
-                    c.after = Some(u - t0);
-                }
-            } else {
-                converged = false;
+            }
+            converged &= within || excused;
+            if converged {
+                c.after = Some(u - t0);
             }
         }
         c.excused.reverse();
         c
     }
+
     /// The cluster's admitted rate over `window`-long windows ending at each sample time in
     /// `[t0, t1]`, as `(t, pps)`: for charts and traces.
     #[must_use]
