@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context as _, Result};
 use plotters::prelude::*;
 use ratelimit_testbed::cluster_net::{
-    cluster_counter, cpu_time, status, ClusterNet, Samples, Split,
+    cluster_counter, cpu_time, receiver_stalls, status, ClusterNet, Convergence, Samples, Split,
+    Stall,
 };
 use serde_json::json;
 
@@ -40,8 +41,10 @@ const CHART_HOSTS: usize = 4;
 /// What one cluster size measured.
 struct Run {
     hosts: usize,
-    /// (phase name, start, end, admitted pps over the measured part, convergence s).
-    phases: Vec<(String, f64, f64, f64, Option<f64>)>,
+    /// (phase name, start, end, admitted pps over the measured part, convergence).
+    phases: Vec<(String, f64, f64, f64, Convergence)>,
+    /// When the sender or a receiver did not run (see `Stall`).
+    stalls: Vec<Stall>,
     gossip_bps: f64,
     cpu_pct: f64,
     /// The admitted rate over 0.5 s windows, for the chart.
@@ -78,11 +81,17 @@ pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
                     "{n} hosts, {name}: s until every 1 s window is within 10% (-1: never)"
                 ),
                 unit: "s",
-                runs: vec![conv.unwrap_or(-1.0)],
+                runs: vec![conv.after.unwrap_or(-1.0)],
                 // Not against 2 hosts: that one is often 0 s (never outside 10%), and a ratio
                 // to 0 says nothing; the yardstick is 3 sync intervals, 0.3 s.
                 baseline: None,
-                detail: json!({ "sync_intervals": conv.map(|c| c * 1000.0 / 100.0) }),
+                detail: json!({
+                    "sync_intervals": conv.after.map(|c| c * 1000.0 / 100.0),
+                    // Windows outside 10% read from a sample taken in a stall of the bench's
+                    // own threads (see `Samples::convergence`), not held against it.
+                    "excused_windows": conv.excused,
+                    "stalls": r.stalls.iter().map(|s| json!({ "who": s.who, "at_s": s.at, "s": s.secs })).collect::<Vec<_>>(),
+                }),
             });
         }
         report.add(Figure {
@@ -170,7 +179,11 @@ fn one(n: usize) -> Result<Run> {
             after = Some(usage(&agents)?);
         }
     }
-    let _ = sender.join();
+    let mut stalls = sender
+        .join()
+        .map_err(|_| anyhow!("the flood sender panicked"))?
+        .stalls;
+    stalls.extend(receiver_stalls(&receivers, start));
     let (b, a) = (before.expect("phase 1 ran"), after.expect("phase 2 ran"));
     let secs = a.0.duration_since(b.0).as_secs_f64();
     #[expect(clippy::cast_precision_loss, reason = "byte counts")]
@@ -208,7 +221,7 @@ fn one(n: usize) -> Result<Run> {
             t0,
             t1,
             samples.rate(t0 + SETTLE, t1),
-            samples.converged_after(t0, t1, 1.0, want, 0.10),
+            samples.convergence(t0, t1, 1.0, want, 0.10, &stalls),
         ));
     }
     let timeline = samples.trailing_rates(0.0, t, 0.5);
@@ -220,6 +233,7 @@ fn one(n: usize) -> Result<Run> {
     Ok(Run {
         hosts: n,
         phases: measured,
+        stalls,
         gossip_bps,
         cpu_pct,
         timeline,
