@@ -962,10 +962,14 @@ pub fn addr_words(addr: &[u8; 16]) -> [u64; 2] {
 
 /// The two sets (each 0..`sets`) of a key whose [`bucket_hash`] is `hash`: a page of
 /// [`BUCKET_SETS_PER_PAGE`] sets from the high half of the hash (a multiply-shift, no division),
-/// then two sets of that page from the low bits. Set `s` holds records `s * BUCKET_WAYS ..`
-/// `(s + 1) * BUCKET_WAYS`. Both in one page, so a key that is not in the CPU's caches costs one
-/// TLB miss rather than two (measured: a new source's packet ~100 ns less); the two choices still
-/// even out the sets of a page, and the keyed hash spreads keys over the pages.
+/// then two different sets of that page from the low bits: the first from bits 0..4, the second
+/// one of the 15 others from bits 4..20 (a multiply-shift again). Set `s` holds records
+/// `s * BUCKET_WAYS .. (s + 1) * BUCKET_WAYS`. Both in one page, so a key that is not in the
+/// CPU's caches costs one TLB miss rather than two (measured: a new source's packet ~100 ns
+/// less); the two choices still even out the sets of a page, and the keyed hash spreads keys
+/// over the pages. Always two different sets, so every key has [`BUCKET_CANDIDATES`] records:
+/// with the second set drawn from all 16, one key in 16 had the same set twice, 4 records, and 5
+/// sources that shared it evicted one another (layout epoch 4).
 #[inline(always)]
 #[must_use]
 pub const fn bucket_sets(hash: u64, sets: u32) -> [u32; 2] {
@@ -979,10 +983,10 @@ pub const fn bucket_sets(hash: u64, sets: u32) -> [u32; 2] {
     }
     let page = (((hash >> 32) * pages as u64) >> 32) as u32;
     let base = page * BUCKET_SETS_PER_PAGE;
-    [
-        base + (hash & 0xf) as u32,
-        base + ((hash >> 4) & 0xf) as u32,
-    ]
+    let first = (hash & 0xf) as u32;
+    let other = ((((hash >> 4) & 0xffff) * (BUCKET_SETS_PER_PAGE as u64 - 1)) >> 16) as u32;
+    let second = (first + 1 + other) & (BUCKET_SETS_PER_PAGE - 1);
+    [base + first, base + second]
 }
 
 /// Record index of candidate `c` (0..[`BUCKET_CANDIDATES`]) of a key whose sets are `sets`: the
@@ -1119,7 +1123,7 @@ pub mod layout {
 
     /// Bumped by hand when a pinned field, counter or flag changes meaning without changing the
     /// layout.
-    pub const EPOCH: u64 = 3;
+    pub const EPOCH: u64 = 4;
 
     /// `BPF_MAP_TYPE_ARRAY`.
     pub const MAP_ARRAY: u32 = 2;
@@ -1386,10 +1390,34 @@ mod tests {
         assert_eq!(bucket_capacity(1), 64);
         assert_eq!(bucket_capacity(1 << 20), 1 << 20);
         assert_eq!(bucket_capacity(1001), 1024);
-        // Both sets in one page of 16 sets.
+        // Both sets in one page of 16 sets, and never the same set: 8 distinct candidates.
         for i in 0..10_000u64 {
             let s = bucket_sets(siphash13([3, 4], [i], 0, 8), 1 << 18);
             assert_eq!(s[0] / BUCKET_SETS_PER_PAGE, s[1] / BUCKET_SETS_PER_PAGE);
+            assert_ne!(s[0], s[1], "key {i}");
+        }
+    }
+
+    /// Every pair of different sets of a page is drawn about equally often (120 unordered
+    /// pairs; none from the same set twice), so the two choices even out the page.
+    #[test]
+    fn a_keys_two_sets_are_different_and_spread_over_the_page() {
+        let mut pairs = [[0u32; 16]; 16];
+        let n = 240_000u64;
+        for i in 0..n {
+            let [a, b] = bucket_sets(siphash13([5, 6], [i], 0, 8), 16);
+            assert_ne!(a, b, "key {i}: the same set twice");
+            pairs[a.min(b) as usize][a.max(b) as usize] += 1;
+        }
+        let want = n as f64 / 120.0;
+        for (a, row) in pairs.iter().enumerate() {
+            for (b, &count) in row.iter().enumerate().skip(a + 1) {
+                let got = f64::from(count);
+                assert!(
+                    (got / want - 1.0).abs() < 0.1,
+                    "sets {a} and {b}: {got} keys, want ~{want:.0}"
+                );
+            }
         }
     }
 

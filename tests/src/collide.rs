@@ -6,7 +6,9 @@ use std::{collections::HashMap, net::Ipv4Addr, path::Path};
 
 use anyhow::{Context, Result};
 use ratelimit::maps::PinnedMaps;
-use ratelimit_common::{addr_words, bucket_hash, bucket_sets, family};
+use ratelimit_common::{
+    addr_words, bucket_candidate, bucket_hash, bucket_sets, family, BUCKET_CANDIDATES,
+};
 
 /// A fixed seed for tests that need to know where keys go.
 pub const TEST_SEED: [u64; 2] = [0x0123_4567_89ab_cdef, 0x0fed_cba9_8765_4321];
@@ -70,6 +72,51 @@ pub fn colliding_v4(
         }
     }
     None.with_context(|| format!("no {n} sources in 2^{span_bits} share a set pair"))
+}
+
+/// The distinct candidate records of a `per = "source"` IPv4 key of rule `rule` (sorted): 8 for
+/// a key whose two sets differ.
+#[must_use]
+pub fn records_of_v4(seed: [u64; 2], sets: u32, rule: u32, ip: Ipv4Addr) -> Vec<u32> {
+    let s = sets_of_v4(seed, sets, rule, ip);
+    let mut r: Vec<u32> = (0..BUCKET_CANDIDATES)
+        .map(|c| bucket_candidate(s, c))
+        .collect();
+    r.sort_unstable();
+    r.dedup();
+    r
+}
+
+/// The attacker's best pick: `n` distinct IPv4 sources from the 2^`span_bits` addresses after
+/// `base` whose keys under rule `rule` have the same candidate records, and as few of them as
+/// any such group there: where keys have fewer candidates than the store promises (8), this
+/// finds them. The sources and how many records they compete for.
+pub fn densest_v4(
+    seed: [u64; 2],
+    sets: u32,
+    rule: u32,
+    base: Ipv4Addr,
+    span_bits: u32,
+    n: usize,
+) -> Result<(Vec<Ipv4Addr>, usize)> {
+    let mut groups: HashMap<Vec<u32>, Vec<Ipv4Addr>> = HashMap::new();
+    let base = u32::from(base);
+    for i in 1..(1u32 << span_bits) - 1 {
+        let ip = Ipv4Addr::from(base + i);
+        groups
+            .entry(records_of_v4(seed, sets, rule, ip))
+            .or_default()
+            .push(ip);
+    }
+    groups
+        .into_iter()
+        .filter(|(_, ips)| ips.len() >= n)
+        .min_by_key(|(records, ips)| (records.len(), ips[0]))
+        .map(|(records, mut ips)| {
+            ips.truncate(n);
+            (ips, records.len())
+        })
+        .with_context(|| format!("no {n} sources in 2^{span_bits} share their records"))
 }
 
 /// `n` sources (as [`colliding_v4`]) whose set pair is the one `target` has.

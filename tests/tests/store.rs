@@ -9,8 +9,8 @@ use std::{net::Ipv4Addr, time::Instant};
 use ratelimit_common::{family, global, verdict, BucketKey, GlobalStats};
 use ratelimit_testbed::{
     collide::{
-        colliding_v4, colliding_with_v4, old_first_seen_pair, old_first_seen_slot, set_seed,
-        store_params, TEST_SEED,
+        colliding_v4, colliding_with_v4, densest_v4, old_first_seen_pair, old_first_seen_slot,
+        set_seed, store_params, TEST_SEED,
     },
     packet::eth,
     require_root,
@@ -136,6 +136,30 @@ fn sources_sharing_both_sets_each_keep_their_bucket() {
         assert_eq!(delta(&g1, &g0, global::EVICTED_FULL), 0, "{n}");
         assert_eq!(dp.maps().bucket_count().unwrap(), n as u64);
     }
+}
+
+/// The attacker's best pick under a known seed: the sources whose keys have the fewest candidate
+/// records of all (a key whose two sets were the same set had 4, not 8: one key in 16 before
+/// the layout epoch 4). Eight of them, alternating, each keep their own bucket: every key has
+/// 8 candidates, so no 8 sources can push one another out.
+#[test]
+fn the_densest_colliding_sources_an_attacker_can_find_each_keep_their_bucket() {
+    let (dp, id) = setup("dense", 64);
+    let (seed, sets) = store_params(dp.pin_dir()).unwrap();
+    let (sources, records) = densest_v4(seed, sets, id, BASE, 17, 8).unwrap();
+    let g0 = dp.global();
+    let (passed, secs) = alternate(&dp, &sources, 100);
+    let g1 = dp.global();
+    println!("8 sources on {records} records: passed {passed:?} of 100 in {secs:.2} s");
+    for (ip, p) in sources.iter().zip(&passed) {
+        assert!(
+            (BURST..=bucket_bound(secs)).contains(p),
+            "8 sources on {records} records: {ip} passed {p} of 100 in {secs:.2} s"
+        );
+    }
+    assert_eq!(records, 8, "a key with fewer than 8 candidate records");
+    assert_eq!(delta(&g1, &g0, global::EVICTED_LOST), 0);
+    assert_eq!(delta(&g1, &g0, global::NEW_BUCKETS), 8);
 }
 
 /// More sources on one set pair than its eight records, all over their limit: buckets in debt
