@@ -521,16 +521,22 @@ fn record_word(load_map: &[Insn], base: u8, add: i32) -> Vec<Insn> {
 }
 
 /// With r7 = the first record of a page and r8 = a random number: `read(base, way)` of each of
-/// the 8 records of two random sets of the page (as `ratelimit_common::bucket_sets` places a
-/// key's two sets), with `base` the register holding a set's first record (r7, r8).
+/// the 8 records of two random, different sets of the page (as `ratelimit_common::bucket_sets`
+/// places a key's two sets), with `base` the register holding a set's first record (r7, r8).
 fn candidates(read: impl Fn(u8, i32) -> Vec<Insn>) -> Vec<Insn> {
     let mut p = vec![
         insn(MOV64_REG, 1, 8, 0, 0), // first set: (random >> 8) & 15
         insn(RSH64_IMM, 1, 0, 0, 8),
         insn(AND64_IMM, 1, 0, 0, 15),
-        insn(LSH64_IMM, 1, 0, 0, 2),
-        insn(RSH64_IMM, 8, 0, 0, 12), // second set: (random >> 12) & 15
+        // second set: one of the 15 others, (first + 1 + ((random >> 12) & 0xffff) * 15 >> 16) & 15
+        insn(RSH64_IMM, 8, 0, 0, 12),
+        insn(AND64_IMM, 8, 0, 0, 0xffff),
+        insn(MUL64_IMM, 8, 0, 0, 15),
+        insn(RSH64_IMM, 8, 0, 0, 16),
+        insn(ADD64_IMM, 8, 0, 0, 1),
+        insn(ADD64_REG, 8, 1, 0, 0),
         insn(AND64_IMM, 8, 0, 0, 15),
+        insn(LSH64_IMM, 1, 0, 0, 2),
         insn(LSH64_IMM, 8, 0, 0, 2),
         insn(ADD64_REG, 8, 7, 0, 0), // r8 = the second set's first record
         insn(ADD64_REG, 7, 1, 0, 0), // r7 = the first set's first record
