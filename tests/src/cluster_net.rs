@@ -249,11 +249,11 @@ cluster_id = "e2e-cluster-net"
         Ok(())
     }
 
-    /// A receiver on every host's data address.
+    /// A receiver on every host's data address, watching its stalls (see [`receiver_stalls`]).
     pub fn receivers(&self) -> Result<Vec<Receiver>> {
         (0..self.hosts.len())
             .map(|i| {
-                Receiver::bind(
+                Receiver::bind_watching_stalls(
                     &self.hosts[i].ns,
                     SocketAddr::new(IpAddr::V4(data_ip(i)), DATA_PORT),
                 )

@@ -101,8 +101,8 @@ impl Tally {
 struct Shared {
     stop: AtomicBool,
     tally: Mutex<Tally>,
-    /// See [`Receiver::stalls`].
-    stalls: Mutex<Vec<(Instant, Duration)>>,
+    /// See [`Receiver::stalls`]; `None` where not watched (see [`Receiver::bind_watching_stalls`]).
+    stalls: Option<Mutex<Vec<(Instant, Duration)>>>,
 }
 
 impl Shared {
@@ -126,14 +126,24 @@ impl Receiver {
     /// Binds `addr` in `ns` (port 0 picks a free port, see [`Receiver::local_addr`]) with an 8 MiB
     /// receive buffer and starts counting. `[::]:port` receives IPv4 and IPv6 alike.
     pub fn bind(ns: &Netns, addr: SocketAddr) -> Result<Receiver> {
-        let socket = in_netns(ns, || open(addr))
+        Self::bind_with(ns, addr, false)
+    }
+
+    /// [`Receiver::bind`], also keeping [`Receiver::stalls`]: one more system call per datagram
+    /// (its receive time), for the tests that read rates over short windows.
+    pub fn bind_watching_stalls(ns: &Netns, addr: SocketAddr) -> Result<Receiver> {
+        Self::bind_with(ns, addr, true)
+    }
+
+    fn bind_with(ns: &Netns, addr: SocketAddr, watch_stalls: bool) -> Result<Receiver> {
+        let socket = in_netns(ns, || open(addr, watch_stalls))
             .with_context(|| format!("binding receiver to {addr} in namespace {}", ns.name()))?;
         let local = socket.local_addr()?;
         let inode = socket_inode(&socket)?;
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             tally: Mutex::new(Tally::default()),
-            stalls: Mutex::new(Vec::new()),
+            stalls: watch_stalls.then(|| Mutex::new(Vec::new())),
         });
         let thread = thread::Builder::new()
             .name(format!("receiver-{local}"))
@@ -175,12 +185,12 @@ impl Receiver {
     /// kernel's receive time of the first such datagram to its reading, merged where they
     /// overlap. A count read in such a time is short by what arrived in it, so a rate between
     /// two reads shows the stall as a dip then a rise that the traffic never had.
+    ///
+    /// Always empty for a receiver made by [`Receiver::bind`], which does not watch.
     pub fn stalls(&self) -> Vec<(Instant, Duration)> {
-        self.shared
-            .stalls
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.shared.stalls.as_ref().map_or_else(Vec::new, |s| {
+            s.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        })
     }
 
     /// Waits until no packet has arrived for `quiet` (or `timeout` passed) and returns the total:
@@ -249,7 +259,7 @@ impl Drop for Receiver {
     }
 }
 
-fn open(addr: SocketAddr) -> io::Result<UdpSocket> {
+fn open(addr: SocketAddr, watch_stalls: bool) -> io::Result<UdpSocket> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     if addr.is_ipv6() && addr.ip().is_unspecified() {
         socket.set_only_v6(false)?;
@@ -262,8 +272,10 @@ fn open(addr: SocketAddr) -> io::Result<UdpSocket> {
     socket.set_read_timeout(Some(POLL))?;
     socket.bind(&addr.into())?;
     let socket: UdpSocket = socket.into();
-    // Turns the kernel's receive timestamps on (no datagram yet: `None`).
-    let _ = received_at(&socket);
+    if watch_stalls {
+        // Turns the kernel's receive timestamps on (no datagram yet: `None`).
+        let _ = received_at(&socket);
+    }
     Ok(socket)
 }
 
@@ -287,6 +299,9 @@ fn received_at(socket: &UdpSocket) -> Option<SystemTime> {
 /// Keeps a stall (see [`Receiver::stalls`]) if the datagram just read from `socket` waited
 /// [`STALL`] or longer.
 fn note_wait(socket: &UdpSocket, shared: &Shared) {
+    let Some(stalls) = &shared.stalls else {
+        return;
+    };
     let Some(wait) = received_at(socket).and_then(|t| SystemTime::now().duration_since(t).ok())
     else {
         return;
@@ -296,7 +311,7 @@ fn note_wait(socket: &UdpSocket, shared: &Shared) {
     }
     let now = Instant::now();
     let from = now.checked_sub(wait).unwrap_or(now);
-    let mut stalls = shared.stalls.lock().unwrap_or_else(|e| e.into_inner());
+    let mut stalls = stalls.lock().unwrap_or_else(|e| e.into_inner());
     match stalls.last_mut() {
         // The same backlog, read on: one stall, from its first datagram's arrival.
         Some((at, len)) if *at + *len >= from => *len = now.duration_since(*at),
@@ -363,12 +378,12 @@ mod tests {
     /// test) for `hold` after it read the first one, then ten more at its own pace: the stalls
     /// it reports.
     fn stalls_when_held_for(hold: Duration) -> Vec<Duration> {
-        let socket = open("127.0.0.1:0".parse().unwrap()).unwrap();
+        let socket = open("127.0.0.1:0".parse().unwrap(), true).unwrap();
         let to = socket.local_addr().unwrap();
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             tally: Mutex::new(Tally::default()),
-            stalls: Mutex::new(Vec::new()),
+            stalls: Some(Mutex::new(Vec::new())),
         });
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let held = shared.tally();
@@ -392,7 +407,7 @@ mod tests {
         shared.stop.store(true, Ordering::Relaxed);
         reader.join().unwrap().unwrap();
         assert_eq!(shared.tally().total, 15, "every datagram counted");
-        let stalls = shared.stalls.lock().unwrap().clone();
+        let stalls = shared.stalls.as_ref().unwrap().lock().unwrap().clone();
         stalls.into_iter().map(|(_, len)| len).collect()
     }
 
