@@ -55,9 +55,7 @@ pub fn colliding_v4(
         .iter()
         .flat_map(|&ip| sets_of_v4(seed, sets, rule, ip))
         .collect();
-    let base = u32::from(base);
-    for i in 1..(1u32 << span_bits) - 1 {
-        let ip = Ipv4Addr::from(base + i);
+    for ip in span_v4(base, span_bits) {
         if avoid.contains(&ip) {
             continue;
         }
@@ -72,6 +70,13 @@ pub fn colliding_v4(
         }
     }
     None.with_context(|| format!("no {n} sources in 2^{span_bits} share a set pair"))
+}
+
+/// The addresses the searches here try: the 2^`span_bits` after `base`, without the first and
+/// the last (a network's and its broadcast address).
+fn span_v4(base: Ipv4Addr, span_bits: u32) -> impl Iterator<Item = Ipv4Addr> {
+    let base = u32::from(base);
+    (1..(1u32 << span_bits) - 1).map(move |i| Ipv4Addr::from(base + i))
 }
 
 /// The distinct candidate records of a `per = "source"` IPv4 key of rule `rule` (sorted): 8 for
@@ -100,9 +105,7 @@ pub fn densest_v4(
     n: usize,
 ) -> Result<(Vec<Ipv4Addr>, usize)> {
     let mut groups: HashMap<Vec<u32>, Vec<Ipv4Addr>> = HashMap::new();
-    let base = u32::from(base);
-    for i in 1..(1u32 << span_bits) - 1 {
-        let ip = Ipv4Addr::from(base + i);
+    for ip in span_v4(base, span_bits) {
         groups
             .entry(records_of_v4(seed, sets, rule, ip))
             .or_default()
@@ -130,9 +133,7 @@ pub fn colliding_with_v4(
     n: usize,
 ) -> Result<Vec<Ipv4Addr>> {
     let want = sets_of_v4(seed, sets, rule, target);
-    let base = u32::from(base);
-    let found: Vec<Ipv4Addr> = (1..(1u32 << span_bits) - 1)
-        .map(|i| Ipv4Addr::from(base + i))
+    let found: Vec<Ipv4Addr> = span_v4(base, span_bits)
         .filter(|&ip| ip != target && sets_of_v4(seed, sets, rule, ip) == want)
         .take(n)
         .collect();
