@@ -14,8 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context as _, Result};
 use plotters::prelude::*;
 use ratelimit_testbed::cluster_net::{
-    cluster_counter, cpu_time, receiver_stalls, status, ClusterNet, Convergence, Samples, Split,
-    Stall,
+    cluster_counter, cpu_time, stalls, status, ClusterNet, Convergence, Samples, Split, Stall,
 };
 use serde_json::json;
 
@@ -90,7 +89,7 @@ pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
                     // Windows outside 10% read from a sample taken in a stall of the bench's
                     // own threads (see `Samples::convergence`), not held against it.
                     "excused_windows": conv.excused,
-                    "stalls": r.stalls.iter().map(|s| json!({ "who": s.who, "at_s": s.at, "s": s.secs })).collect::<Vec<_>>(),
+                    "stalls": r.stalls.iter().map(|s| json!({ "who": s.who.to_string(), "at_s": s.at, "s": s.secs })).collect::<Vec<_>>(),
                 }),
             });
         }
@@ -179,11 +178,10 @@ fn one(n: usize) -> Result<Run> {
             after = Some(usage(&agents)?);
         }
     }
-    let mut stalls = sender
+    let sent = sender
         .join()
-        .map_err(|_| anyhow!("the flood sender panicked"))?
-        .stalls;
-    stalls.extend(receiver_stalls(&receivers, start));
+        .map_err(|_| anyhow!("the flood sender panicked"))?;
+    let stalls = stalls(&sent, &receivers, start);
     let (b, a) = (before.expect("phase 1 ran"), after.expect("phase 2 ran"));
     let secs = a.0.duration_since(b.0).as_secs_f64();
     #[expect(clippy::cast_precision_loss, reason = "byte counts")]

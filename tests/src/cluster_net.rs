@@ -249,7 +249,7 @@ cluster_id = "e2e-cluster-net"
         Ok(())
     }
 
-    /// A receiver on every host's data address, watching its stalls (see [`receiver_stalls`]).
+    /// A receiver on every host's data address, watching its stalls (see [`stalls`]).
     pub fn receivers(&self) -> Result<Vec<Receiver>> {
         (0..self.hosts.len())
             .map(|i| {
@@ -377,13 +377,31 @@ pub struct Sent {
     pub stalls: Vec<Stall>,
 }
 
+/// Whose thread a [`Stall`] was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stalled {
+    /// The flood sender ([`send_split`]).
+    Sender,
+    /// The receiving thread of host `N` (see [`Receiver::stalls`]).
+    Receiver(usize),
+}
+
+impl std::fmt::Display for Stalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stalled::Sender => f.write_str("sender"),
+            Stalled::Receiver(h) => write!(f, "receiver h{h}"),
+        }
+    }
+}
+
 /// A time one of the test's own threads did not run: the flood sender, or the receiving thread
 /// of a host (see [`Receiver::stalls`]). Such a pause changes what a rate over a window measures
 /// without the limiter doing anything different: see [`Stall::skews`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Stall {
-    /// Whose: "sender", or "receiver hN".
-    pub who: String,
+    /// Whose.
+    pub who: Stalled,
     /// When it began, seconds after the start.
     pub at: f64,
     /// How long it lasted, seconds.
@@ -402,7 +420,10 @@ impl Stall {
     ///   t`), and a window that holds it but not the pause reads high.
     #[must_use]
     pub fn skews(&self) -> (f64, f64) {
-        let after = if self.who == "sender" { self.secs } else { 0.0 };
+        let after = match self.who {
+            Stalled::Sender => self.secs,
+            Stalled::Receiver(_) => 0.0,
+        };
         (self.at, self.at + self.secs + after + STALL_SLACK)
     }
 }
@@ -410,21 +431,20 @@ impl Stall {
 /// One sampling period and a little (the tests sample every 50 ms): see [`Stall::skews`].
 const STALL_SLACK: f64 = 0.06;
 
-/// The stalls of every receiver in `receivers` (host `i`'s is "receiver hI"), seconds after
-/// `start`.
+/// The stalls of the flood sender that sent `sent` and of every receiver in `receivers` (host
+/// `i`'s is [`Stalled::Receiver`]`(i)`), seconds after `start`, in the order they began.
 #[must_use]
-pub fn receiver_stalls(receivers: &[Receiver], start: Instant) -> Vec<Stall> {
-    receivers
-        .iter()
-        .enumerate()
-        .flat_map(|(i, r)| {
-            r.stalls().into_iter().map(move |(at, len)| Stall {
-                who: format!("receiver h{i}"),
-                at: at.saturating_duration_since(start).as_secs_f64(),
-                secs: len.as_secs_f64(),
-            })
+pub fn stalls(sent: &Sent, receivers: &[Receiver], start: Instant) -> Vec<Stall> {
+    let mut all = sent.stalls.clone();
+    all.extend(receivers.iter().enumerate().flat_map(|(i, r)| {
+        r.stalls().into_iter().map(move |(at, len)| Stall {
+            who: Stalled::Receiver(i),
+            at: at.saturating_duration_since(start).as_secs_f64(),
+            secs: len.as_secs_f64(),
         })
-        .collect()
+    }));
+    all.sort_by(|a, b| a.at.total_cmp(&b.at));
+    all
 }
 
 /// Sends 64-byte datagrams from `sock` to `dsts` following `schedule` until its last end, from
@@ -456,7 +476,7 @@ pub fn send_split(
         let dt = t - last;
         if dt > crate::receiver::STALL.as_secs_f64() {
             stalls.push(Stall {
-                who: "sender".to_string(),
+                who: Stalled::Sender,
                 at: last,
                 secs: dt,
             });
@@ -667,12 +687,13 @@ impl Samples {
         let mut converged = true;
         for &u in starts.iter().rev() {
             let r = self.rate(u, u + window) / want;
-            // Seconds of traffic the window is off by, beyond the tolerance.
-            let excess = ((r - 1.0).abs() - tolerance) * window;
-            let within = (r - 1.0).abs() <= tolerance;
+            let off = (r - 1.0).abs();
+            let within = off <= tolerance;
+            // Outside: excused if the stalls at its samples cover the seconds of traffic it is
+            // off by beyond the tolerance.
             let excused = !within
                 && match (self.at_or_after(u), self.at_or_before(u + window)) {
-                    (Some(a), Some(b)) => excess <= stalled(a.t) + stalled(b.t),
+                    (Some(a), Some(b)) => (off - tolerance) * window <= stalled(a.t) + stalled(b.t),
                     _ => false,
                 };
             if within {
@@ -704,7 +725,7 @@ impl Samples {
 
 #[cfg(test)]
 mod tests {
-    use super::{Sample, Samples, Stall};
+    use super::{Sample, Samples, Stall, Stalled};
 
     const EVERY: f64 = 0.05;
 
@@ -737,7 +758,7 @@ mod tests {
 
     fn receiver(at: f64, secs: f64) -> Stall {
         Stall {
-            who: "receiver h0".to_string(),
+            who: Stalled::Receiver(0),
             at,
             secs,
         }
@@ -822,7 +843,7 @@ mod tests {
         let lone = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[]);
         assert!(lone.after.is_some_and(|a| a > 3.0), "{lone:?}");
         let sender = Stall {
-            who: "sender".to_string(),
+            who: Stalled::Sender,
             at: 5.0,
             secs: 0.115,
         };

@@ -106,6 +106,14 @@ struct Shared {
 }
 
 impl Shared {
+    fn new(watch_stalls: bool) -> Self {
+        Self {
+            stop: AtomicBool::new(false),
+            tally: Mutex::new(Tally::default()),
+            stalls: watch_stalls.then(|| Mutex::new(Vec::new())),
+        }
+    }
+
     fn tally(&self) -> MutexGuard<'_, Tally> {
         self.tally.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -140,11 +148,7 @@ impl Receiver {
             .with_context(|| format!("binding receiver to {addr} in namespace {}", ns.name()))?;
         let local = socket.local_addr()?;
         let inode = socket_inode(&socket)?;
-        let shared = Arc::new(Shared {
-            stop: AtomicBool::new(false),
-            tally: Mutex::new(Tally::default()),
-            stalls: watch_stalls.then(|| Mutex::new(Vec::new())),
-        });
+        let shared = Arc::new(Shared::new(watch_stalls));
         let thread = thread::Builder::new()
             .name(format!("receiver-{local}"))
             .spawn({
@@ -367,12 +371,12 @@ fn socket_inode(socket: &UdpSocket) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use std::net::UdpSocket;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex};
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
     use std::thread;
     use std::time::Duration;
 
-    use super::{open, receive, Shared, Tally, STALL};
+    use super::{open, receive, Shared, STALL};
 
     /// Datagrams sent on loopback to a receiving thread that is held (its tally locked by the
     /// test) for `hold` after it read the first one, then ten more at its own pace: the stalls
@@ -380,11 +384,7 @@ mod tests {
     fn stalls_when_held_for(hold: Duration) -> Vec<Duration> {
         let socket = open("127.0.0.1:0".parse().unwrap(), true).unwrap();
         let to = socket.local_addr().unwrap();
-        let shared = Arc::new(Shared {
-            stop: AtomicBool::new(false),
-            tally: Mutex::new(Tally::default()),
-            stalls: Some(Mutex::new(Vec::new())),
-        });
+        let shared = Arc::new(Shared::new(true));
         let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let held = shared.tally();
         let reader = thread::spawn({

@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_testbed::{
-    cluster_net::{cluster_counter, receiver_stalls, status, ClusterNet, Samples, Split},
+    cluster_net::{cluster_counter, stalls, status, ClusterNet, Samples, Split},
     leftover_check, require_root,
 };
 
@@ -135,9 +135,7 @@ fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_3_
     // When the test's own threads did not run (a busy or paused machine): the samples around
     // such a stall misstate the rate (see `Stall::skews`), and a window measured from them is
     // not held against the convergence if it is outside, said below.
-    let mut stalls = sent.stalls.clone();
-    stalls.extend(receiver_stalls(&receivers, start));
-    stalls.sort_by(|a, b| a.at.total_cmp(&b.at));
+    let stalls = stalls(&sent, &receivers, start);
     let statuses: Vec<_> = agents.iter().map(|a| status(a).unwrap()).collect();
 
     // --- Figures. ---
