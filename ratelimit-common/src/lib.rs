@@ -77,9 +77,18 @@ pub const fn bucket_capacity(max_buckets: u32) -> u32 {
 
 /// Capacity of [`map_names::FRAGMENTS`]: fragmented datagrams remembered at once.
 pub const MAX_FRAGMENTED: u32 = 16_384;
-/// How long the first fragment's classification is followed by the datagram's other fragments
-/// (the kernel itself gives up reassembling after 30 s; real fragments follow within milliseconds).
-pub const FRAGMENT_TIMEOUT_NS: u64 = 5_000_000_000;
+/// How long the first fragment's classification is followed by the datagram's other fragments:
+/// as long as the kernel keeps a datagram's fragments for reassembly by default (IPv4's
+/// `net.ipv4.ipfrag_time` is 30 s, IPv6's `net.ipv6.ip6frag_time` 60 s), so a fragment sent late
+/// on purpose still follows its first fragment rather than being classified without ports. (A
+/// host that raises those sysctls above 60 s gives late fragments that much longer to be
+/// classified alone, by their source's protocol or `any` rule.) For as long, another first
+/// fragment of the same datagram classified otherwise drops the datagram (an overlap that tries to
+/// rewrite the ports: the kernel keeps the first copy of a duplicate fragment, so the datagram it
+/// delivers is the first one judged): an IPv4 sender that reuses an identification within the
+/// minute for a datagram to the same destination and protocol under another rule has that one
+/// dropped (`dropped_fragment_conflicts`).
+pub const FRAGMENT_TIMEOUT_NS: u64 = 60_000_000_000;
 
 /// Most rules one prefix entry can list (its own rules plus those it inherits from shorter
 /// prefixes, most specific first). Bounded because the XDP program scans the list in a loop.
@@ -140,6 +149,11 @@ pub mod config_flags {
     pub const DRY_RUN: u32 = 1 << 0;
     /// Emit aya-log debug records from the fast path (off by default: costs a ring-buffer write).
     pub const DEBUG_LOG: u32 = 1 << 1;
+    /// A rule that can drop (deny, or limit) is in force. Set by the agent with each rule set's
+    /// switch (see `Dataplane::install`), kept by [`DRY_RUN`]'s and [`DEBUG_LOG`]'s writes: a
+    /// frame wrapped in more VLAN tags than the program walks hides its source, so any such rule
+    /// could apply to it (see [`crate::global::DROPPED_VLAN_CHAINS`]).
+    pub const DROPPING_RULES: u32 = 1 << 2;
 }
 
 /// Indices of [`crate::RuleStats::pkts`] and [`crate::RuleStats::bytes`]: what happened to a packet
@@ -181,7 +195,7 @@ pub mod global {
     pub const NON_IP: usize = 1;
     /// Frame shorter than an Ethernet header: passed.
     pub const TRUNCATED_ETH: usize = 2;
-    /// Truncated inside a VLAN tag, or more than two tags: passed.
+    /// Truncated inside a VLAN tag: passed (the receiving stack discards it).
     pub const BAD_VLAN: usize = 3;
     /// Truncated IPv4 header: passed.
     pub const TRUNCATED_IPV4: usize = 4;
@@ -232,6 +246,11 @@ pub mod global {
     /// full, else dropped (a packet that would have fitted may be dropped, none admitted beyond
     /// `burst + rate x t`). Stays 0 but under extreme contention on one bucket.
     pub const CONTENDED_FALLBACKS: usize = 20;
+    /// A frame wrapped in more VLAN tags than the program walks (8), whose source it therefore
+    /// cannot read, dropped because a rule that can drop is in force
+    /// ([`crate::config_flags::DROPPING_RULES`]): the receiving stack strips any number of
+    /// priority tags (VLAN id 0) and delivers what is inside. Passed when no such rule is.
+    pub const DROPPED_VLAN_CHAINS: usize = 21;
     /// Number of counters.
     pub const COUNT: usize = 24;
     /// Names as printed by the CLI and the metrics, by index (empty: reserved).
@@ -257,7 +276,7 @@ pub mod global {
         "dropped_fragment_conflicts",
         "long_chains",
         "contended_fallbacks",
-        "",
+        "dropped_vlan_chains",
         "",
         "",
     ];

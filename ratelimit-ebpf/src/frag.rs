@@ -1,12 +1,14 @@
 //! Fragments follow their datagram's first fragment: the first fragment (which alone carries the
-//! L4 header) is classified as any packet, and its classification is remembered for a few seconds
-//! in an LRU map keyed by the datagram (source, destination, protocol, identification), so the
+//! L4 header) is classified as any packet, and its classification is remembered for as long as
+//! the kernel keeps fragments for reassembly, in an LRU map keyed by the datagram as the kernel
+//! keys it (source, destination, identification, and for IPv4 the protocol: an IPv6 datagram's
+//! protocol is its first fragment's, whatever the next header of the others says), so the
 //! other fragments of a denied datagram are dropped and those of a limited one charge the same
 //! bucket. A first fragment sent again for the same datagram with another classification (an
 //! overlap trying to rewrite the ports) drops the datagram: a verdict never flips to pass.
 
 use aya_ebpf::bindings::BPF_ANY;
-use ratelimit_common::{frag_flags, FragEntry, FragKey, FRAGMENT_TIMEOUT_NS};
+use ratelimit_common::{family, frag_flags, FragEntry, FragKey, FRAGMENT_TIMEOUT_NS};
 
 use crate::{maps::FRAGMENTS, parse::Packet};
 
@@ -15,7 +17,13 @@ use crate::{maps::FRAGMENTS, parse::Packet};
 fn key(pkt: &Packet) -> FragKey {
     FragKey {
         family: pkt.family,
-        protocol: pkt.frag_protocol,
+        // The kernel reassembles an IPv6 datagram by source, destination and identification
+        // alone: a later fragment naming another next header is still part of it.
+        protocol: if pkt.family == family::V6 {
+            0
+        } else {
+            pkt.frag_protocol
+        },
         _pad: 0,
         id: pkt.frag_id,
         src: pkt.src,
@@ -28,7 +36,7 @@ fn key(pkt: &Packet) -> FragKey {
 pub const REASON_SHIFT: u32 = 8;
 
 /// What the datagram's first fragment decided, for a fragment other than the first: `None` if it
-/// was not seen under this rule-set `epoch` within the last few seconds.
+/// was not seen under this rule-set `epoch` within [`FRAGMENT_TIMEOUT_NS`].
 #[inline(always)]
 pub fn recall(pkt: &Packet, epoch: u32, now: u64) -> Option<FragEntry> {
     let e = FRAGMENTS.get_ptr(key(pkt))?;
@@ -38,9 +46,10 @@ pub fn recall(pkt: &Packet, epoch: u32, now: u64) -> Option<FragEntry> {
 }
 
 /// Remembers how the datagram's first fragment was classified (`rule`, or `drop` with its
-/// `reason` counter). If a first fragment of the same datagram was already seen (within the
-/// timeout, same epoch) and classified otherwise, or its datagram is dropped, the datagram is
-/// dropped from now on and `Some(reason counter)` says why this fragment is dropped too.
+/// `reason` counter). If a first fragment of the same datagram was already seen (within
+/// [`FRAGMENT_TIMEOUT_NS`], same epoch) and classified otherwise, or its datagram is dropped,
+/// the datagram is dropped from now on and `Some(reason counter)` says why this fragment is
+/// dropped too.
 #[inline(always)]
 pub fn remember(
     pkt: &Packet,

@@ -71,10 +71,7 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
     bump_global(global::PACKETS);
     let mut pkt = match parse::parse(ctx) {
         Ok(pkt) => pkt,
-        Err(counter) => {
-            bump_global(counter);
-            return Ok(xdp_action::XDP_PASS);
-        }
+        Err(counter) => return Ok(unparsed(counter)),
     };
     let config = CONFIG.get_ptr(0).ok_or(())?;
     // SAFETY: a live map value; the agent writes each word whole.
@@ -142,6 +139,34 @@ fn try_ratelimit(ctx: &XdpContext) -> Result<u32, ()> {
         log_verdict(ctx, &pkt, id, v);
     }
     Ok(xdp)
+}
+
+/// The action for a frame the parser gave up on, for the reason `counter` (counted): passed (fail
+/// open; the receiving stack discards what it cannot parse either), but a frame in more VLAN tags
+/// than the parser walks, which the stack may deliver and whose source is unknown: dropped while a
+/// rule that can drop is in force (see [`global::DROPPED_VLAN_CHAINS`]; passed in dry run, as the
+/// other shapes' drops), else passed and counted as `bad_vlan`.
+#[inline(always)]
+fn unparsed(counter: usize) -> u32 {
+    if counter != global::DROPPED_VLAN_CHAINS {
+        bump_global(counter);
+        return xdp_action::XDP_PASS;
+    }
+    let flags = match CONFIG.get_ptr(0) {
+        // SAFETY: a live map value; the agent writes each word whole.
+        Some(config) => unsafe { (*config).flags },
+        None => 0,
+    };
+    if flags & config_flags::DROPPING_RULES == 0 {
+        bump_global(global::BAD_VLAN);
+        return xdp_action::XDP_PASS;
+    }
+    bump_global(global::DROPPED_VLAN_CHAINS);
+    if flags & config_flags::DRY_RUN != 0 {
+        xdp_action::XDP_PASS
+    } else {
+        xdp_action::XDP_DROP
+    }
 }
 
 /// What decided a packet: the top byte of [`decide`]'s word.

@@ -1,9 +1,16 @@
-//! Packet parsing: Ethernet, up to two VLAN tags (802.1Q, 802.1ad), IPv4 (with options), IPv6
+//! Packet parsing: Ethernet, up to 8 VLAN tags (802.1Q, 802.1ad), IPv4 (with options), IPv6
 //! (with extension headers), TCP/UDP destination ports and the TCP flags.
 //!
 //! Every read is bounds-checked against `data_end` right before it happens, in the shape the
 //! verifier can follow. What cannot be parsed is reported as the global counter to bump; the
-//! caller passes such packets (fail open).
+//! caller passes such packets (fail open), but for frames in more VLAN tags than the walk (see
+//! [`MAX_VLAN_TAGS`]).
+//!
+//! The IP header's own length bounds what is read past it, not only the frame: the receiving
+//! stack trims a frame to the IPv4 total length (the IPv6 payload length) before it looks further,
+//! and a frame's padding or trailer (a short frame is padded to 60 bytes on the wire) must not be
+//! read as the TCP flags of a first fragment that holds only 8 bytes of them, or as an IPv6
+//! extension header the datagram does not have.
 
 use aya_ebpf::programs::XdpContext;
 use ratelimit_common::{family, global};
@@ -16,6 +23,11 @@ const ETH_P_IPV6: u16 = 0x86dd;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88a8;
 const VLAN_HLEN: usize = 4;
+/// Most VLAN tags walked to reach the IP header. The receiving stack strips any number of
+/// priority tags (VLAN id 0) and delivers what is inside, so a frame with more tags than this is
+/// dropped where a rule could apply (its source is unknown, so any rule that can drop could:
+/// [`global::DROPPED_VLAN_CHAINS`]). Real frames carry one or two.
+pub const MAX_VLAN_TAGS: usize = 8;
 
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
@@ -151,17 +163,17 @@ fn read_be16(ctx: &XdpContext, off: usize) -> Option<u16> {
 pub fn parse(ctx: &XdpContext) -> Result<Packet, usize> {
     let mut ether_type = read_be16(ctx, 12).ok_or(global::TRUNCATED_ETH)?;
     let mut off = ETH_HLEN;
-    // Outer tag (802.1ad or 802.1Q), then at most one inner 802.1Q tag.
-    if ether_type == ETH_P_8021AD || ether_type == ETH_P_8021Q {
+    // VLAN tags (802.1ad or 802.1Q, in any order and number: the stack strips priority tags
+    // whatever their count), up to the walk's bound.
+    for _ in 0..MAX_VLAN_TAGS {
+        if ether_type != ETH_P_8021AD && ether_type != ETH_P_8021Q {
+            break;
+        }
         ether_type = read_be16(ctx, off + 2).ok_or(global::BAD_VLAN)?;
         off += VLAN_HLEN;
-        if ether_type == ETH_P_8021AD || ether_type == ETH_P_8021Q {
-            ether_type = read_be16(ctx, off + 2).ok_or(global::BAD_VLAN)?;
-            off += VLAN_HLEN;
-            if ether_type == ETH_P_8021AD || ether_type == ETH_P_8021Q {
-                return Err(global::BAD_VLAN);
-            }
-        }
+    }
+    if ether_type == ETH_P_8021AD || ether_type == ETH_P_8021Q {
+        return Err(global::DROPPED_VLAN_CHAINS);
     }
     match ether_type {
         ETH_P_IP => parse_ipv4(ctx, off),
@@ -176,17 +188,21 @@ fn parse_ipv4(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
     // a `p + 1 > end` bounds check into `p >= end`, which the verifier cannot use.
     let h = bytes_at::<20>(ctx, off).ok_or(global::TRUNCATED_IPV4)?;
     // SAFETY: the 20 bytes from `h` are in the frame (`bytes_at`).
-    let (b0, frag, protocol) = unsafe {
+    let (b0, total, frag, protocol) = unsafe {
         (
             load::u8::<0>(h),
+            usize::from(u16::from_be(load::u16::<2>(h))),
             u16::from_be(load::u16::<6>(h)),
             load::u8::<9>(h),
         )
     };
     let ihl = usize::from(b0 & 0x0f) * 4;
-    if b0 >> 4 != 4 || ihl < 20 {
+    // A total length shorter than the header: the stack discards the packet. (0 is a GRO
+    // packet's over 64 KiB, which generic XDP can see: its frame bounds it.)
+    if b0 >> 4 != 4 || ihl < 20 || (total != 0 && total < ihl) {
         return Err(global::BAD_IPV4);
     }
+    let end = if total == 0 { usize::MAX } else { off + total };
     // Options: the header claims `ihl` bytes, all of which must be in the frame.
     let l4 = off + ihl;
     if l4 > ctx.data_end() - ctx.data() {
@@ -221,14 +237,20 @@ fn parse_ipv4(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
     }
     let first = frag & 0x2000 != 0;
     pkt.first_fragment = u8::from(first);
-    at_l4(ctx, pkt, l4, first)
+    at_l4(ctx, pkt, l4, end, first)
 }
 
 #[inline(always)]
 fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
     let h = bytes_at::<40>(ctx, off).ok_or(global::BAD_IPV6)?;
     // SAFETY: the 40 bytes from `h` are in the frame (`bytes_at`).
-    let (b0, mut next) = unsafe { (load::u8::<0>(h), load::u8::<6>(h)) };
+    let (b0, payload, mut next) = unsafe {
+        (
+            load::u8::<0>(h),
+            usize::from(u16::from_be(load::u16::<4>(h))),
+            load::u8::<6>(h),
+        )
+    };
     if b0 >> 4 != 6 {
         return Err(global::BAD_IPV6);
     }
@@ -266,6 +288,14 @@ fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
         dst,
     };
     let start = off + 40;
+    // Where the datagram ends: the payload length, but for 0, a jumbogram's or a GRO packet's
+    // over 64 KiB (the frame's end bounds it; without a jumbo option the stack keeps none of the
+    // payload and discards the packet, so reading it classifies nothing that is delivered).
+    let end = if payload == 0 {
+        usize::MAX
+    } else {
+        start + payload
+    };
     let mut hdr = start;
     // A fragment header with offset 0 and more fragments to come: this is a first fragment.
     let mut first = false;
@@ -277,6 +307,9 @@ fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
             break;
         }
         // Every extension header is at least 8 bytes: next header, length, and (fragment) offset.
+        if hdr + 8 > end {
+            return chain_cut(pkt, first);
+        }
         let Some(e) = bytes_at::<8>(ctx, hdr) else {
             return chain_cut(pkt, first);
         };
@@ -307,8 +340,9 @@ fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
         };
         next = e_next;
         hdr += len;
-        if hdr > ctx.data_end() - ctx.data() {
-            // The header runs past the frame's end: the chain is cut before the L4 header.
+        if hdr > ctx.data_end() - ctx.data() || hdr > end {
+            // The header runs past the frame's (or the datagram's) end: the chain is cut before
+            // the L4 header.
             return chain_cut(pkt, first);
         }
     }
@@ -320,13 +354,20 @@ fn parse_ipv6(ctx: &XdpContext, off: usize) -> Result<Packet, usize> {
     }
     // The L4 header (ESP and No Next Header end the chain with no ports to read).
     pkt.protocol = next;
-    at_l4(ctx, pkt, hdr, first)
+    at_l4(ctx, pkt, hdr, end, first)
 }
 
-/// `pkt` with its L4 header at `l4` read: its port, and its shape (a first fragment's, if `first`).
+/// `pkt` with its L4 header at `l4` read (within the datagram, which ends at `end`): its port,
+/// and its shape (a first fragment's, if `first`).
 #[inline(always)]
-fn at_l4(ctx: &XdpContext, mut pkt: Packet, l4: usize, first: bool) -> Result<Packet, usize> {
-    match l4_port(ctx, l4, pkt.protocol) {
+fn at_l4(
+    ctx: &XdpContext,
+    mut pkt: Packet,
+    l4: usize,
+    end: usize,
+    first: bool,
+) -> Result<Packet, usize> {
+    match l4_port(ctx, l4, end, pkt.protocol) {
         Some(word) => {
             pkt.dst_port = word as u16;
             pkt.tcp_flags = (word >> 16) as u8;
@@ -367,23 +408,30 @@ fn is_extension(next: u8) -> bool {
 }
 
 /// The destination port of a TCP/UDP header at `l4` (0 for other protocols) in the low 16 bits
-/// and, for TCP, the flags byte in the next 8; or `None` when the header is not all there: TCP
-/// and UDP both keep the destination port at bytes 2..4, but a header cut short is not half-read
-/// (8 bytes for UDP, 20 for TCP, its flags included). One integer rather than a tuple: fewer
-/// verifier states.
+/// and, for TCP, the flags byte in the next 8; or `None` when the header is not all there (in
+/// the frame, and in the datagram that ends at `end`): TCP and UDP both keep the destination port
+/// at bytes 2..4, but a header cut short is not half-read (8 bytes for UDP, 20 for TCP, its flags
+/// included). One integer rather than a tuple: fewer verifier states.
 ///
 /// Each header is read whole, in one read whose own bounds check is the one the verifier
 /// follows: with a separate `l4 + 20 > len` test first, LLVM dropped the read's check as
-/// redundant and the verifier, which cannot relate the two, refused the read.
+/// redundant and the verifier, which cannot relate the two, refused the read. (`end` comes from
+/// the packet's length field, not the frame's, so the datagram's check cannot replace it.)
 #[inline(always)]
-fn l4_port(ctx: &XdpContext, l4: usize, protocol: u8) -> Option<u32> {
+fn l4_port(ctx: &XdpContext, l4: usize, end: usize, protocol: u8) -> Option<u32> {
     if protocol == IPPROTO_TCP {
+        if l4 + 20 > end {
+            return None;
+        }
         let h = bytes_at::<20>(ctx, l4)?;
         // SAFETY: the 20 bytes from `h` are in the frame (`bytes_at`).
         let (port, flags) = unsafe { (load::u16::<2>(h), load::u8::<13>(h)) };
         return Some(u32::from(u16::from_be(port)) | u32::from(flags) << 16);
     }
     if protocol == IPPROTO_UDP {
+        if l4 + 8 > end {
+            return None;
+        }
         let h = bytes_at::<8>(ctx, l4)?;
         // SAFETY: the 8 bytes from `h` are in the frame (`bytes_at`).
         return Some(u32::from(u16::from_be(unsafe { load::u16::<2>(h) })));

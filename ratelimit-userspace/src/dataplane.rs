@@ -20,8 +20,8 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use ratelimit_common::{
-    bucket_capacity, global, map_names, prefix_generation, PrefixKey, Rule, RuleSet, BUCKET_WAYS,
-    MAX_RULES, PROGRAM_NAME,
+    action, bucket_capacity, config_flags, global, map_names, prefix_generation, PrefixKey, Rule,
+    RuleSet, BUCKET_WAYS, MAX_RULES, PROGRAM_NAME,
 };
 
 use crate::compile::CompiledRuleSet;
@@ -542,8 +542,13 @@ impl Dataplane {
         let diff = old.as_deref().map(|old| PrefixDiff::between(old, &new));
         let table = set.v4_table();
         self.write_generation(next, diff.as_ref(), &new, &table)?;
-        // 3. The switch.
-        self.maps.update_config(|c| c.generation = epoch)?;
+        // 3. The switch, with whether a rule that can drop is in force (a frame in more VLAN
+        //    tags than the program walks is dropped only then: `global::DROPPED_VLAN_CHAINS`).
+        let dropping = set.rules.iter().any(|r| r.rule.action != action::ALLOW);
+        self.maps.update_config(|c| {
+            c.generation = epoch;
+            c.flags = with_dropping_rules(c.flags, dropping);
+        })?;
         // 4. Once no packet can still be reading the old generation, bring it to the new set
         //    too.
         thread::sleep(GRACE);
@@ -608,10 +613,23 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Sets the global [`ratelimit_common::config_flags`].
+    /// Sets the global [`ratelimit_common::config_flags`] the agent's settings decide; whether a
+    /// rule that can drop is in force ([`config_flags::DROPPING_RULES`]) goes with the rule set
+    /// installed, and is kept.
     pub fn set_flags(&mut self, flags: u32) -> Result<()> {
-        self.maps.update_config(|c| c.flags = flags)?;
+        self.maps.update_config(|c| {
+            c.flags = with_dropping_rules(flags, c.flags & config_flags::DROPPING_RULES != 0);
+        })?;
         Ok(())
+    }
+}
+
+/// `flags` with [`config_flags::DROPPING_RULES`] set to `dropping`.
+fn with_dropping_rules(flags: u32, dropping: bool) -> u32 {
+    if dropping {
+        flags | config_flags::DROPPING_RULES
+    } else {
+        flags & !config_flags::DROPPING_RULES
     }
 }
 

@@ -21,7 +21,7 @@
 //! | `ratelimit_non_ip_packets_total`, `ratelimit_fragments_total`, `ratelimit_unmatched_packets_total`, `ratelimit_new_buckets_total`, `ratelimit_bucket_errors_total`, `ratelimit_internal_errors_total` | counter | |
 //! | `ratelimit_buckets_tracked`, `ratelimit_buckets_capacity` | gauge | |
 //! | `ratelimit_bucket_evictions_total` | counter | `state` (`full`, `lost`) |
-//! | `ratelimit_shape_drops_total` | counter | `reason` (`tiny_fragment`, `long_header_chain`, `fragment_conflict`) |
+//! | `ratelimit_shape_drops_total` | counter | `reason` (`tiny_fragment`, `long_header_chain`, `fragment_conflict`, `vlan_chain`) |
 //! | `ratelimit_fragments_unmatched_total`, `ratelimit_long_header_chains_total` | counter | |
 //! | `ratelimit_reloads_total` | counter | `result` (`ok`, `failed`) |
 //! | `ratelimit_build_info` | info | `version` |
@@ -67,11 +67,13 @@ const PARSE_FAILURES: [usize; 6] = [
 ];
 
 /// Global counters exported as `ratelimit_shape_drops_total{reason}`: packets dropped for how they
-/// are cut, where a protocol or port rule could apply to their source.
-const SHAPE_DROPS: [(usize, &str); 3] = [
+/// are cut or wrapped, where a protocol or port rule (for VLAN chains, any rule that can drop)
+/// could apply to their source.
+const SHAPE_DROPS: [(usize, &str); 4] = [
     (global::DROPPED_TINY_FRAGMENTS, "tiny_fragment"),
     (global::DROPPED_LONG_CHAINS, "long_header_chain"),
     (global::DROPPED_FRAGMENT_CONFLICTS, "fragment_conflict"),
+    (global::DROPPED_VLAN_CHAINS, "vlan_chain"),
 ];
 
 /// Global counters exported as a metric of their own: (index, metric name without `_total`, help).
@@ -734,6 +736,7 @@ mod tests {
             r#"ratelimit_shape_drops_total{reason="tiny_fragment"} 160"#,
             r#"ratelimit_shape_drops_total{reason="long_header_chain"} 170"#,
             r#"ratelimit_shape_drops_total{reason="fragment_conflict"} 180"#,
+            r#"ratelimit_shape_drops_total{reason="vlan_chain"} 210"#,
             "ratelimit_long_header_chains_total 190",
             "ratelimit_buckets_tracked 5",
             "ratelimit_buckets_capacity 4096",

@@ -31,6 +31,8 @@ pub struct Frame {
     ipv4_checksum: bool,
     /// Whether `build` fills in the TCP or UDP checksum.
     l4_checksum: bool,
+    /// Bytes after the IP datagram, outside its length (see [`Frame::trailer`]).
+    trailer: Vec<u8>,
 }
 
 /// Starts an Ethernet frame (destination 02:00:00:00:00:02, source 02:00:00:00:00:01).
@@ -373,6 +375,30 @@ impl Frame {
         self
     }
 
+    /// Keeps only the first `n` bytes of the L4 header added last (or of the IP payload so far,
+    /// if none was), so the datagram's length counts only those: with [`Frame::trailer`], a
+    /// header the frame holds but the datagram does not.
+    #[must_use]
+    pub fn cut_l4(mut self, n: usize) -> Self {
+        let at = match (self.l4, self.l3) {
+            (Some(l4), _) => l4,
+            (None, Some(l3)) => l3 + if self.v6 { 40 } else { 20 },
+            (None, None) => panic!("an IP layer first"),
+        };
+        self.bytes.truncate(at + n);
+        self
+    }
+
+    /// Appends `bytes` after the IP datagram, outside the length its header gives (the IPv4 total
+    /// length, the IPv6 payload length): the padding a short frame gets on the wire (zeros), or a
+    /// trailer a crafted frame carries. The receiving stack trims them off before it looks at the
+    /// datagram.
+    #[must_use]
+    pub fn trailer(mut self, bytes: &[u8]) -> Self {
+        self.trailer.extend_from_slice(bytes);
+        self
+    }
+
     /// The finished frame bytes.
     #[must_use]
     pub fn build(&self) -> Vec<u8> {
@@ -409,6 +435,7 @@ impl Frame {
             let sum = checksum(&b[l3..end]);
             b[l3 + 10..l3 + 12].copy_from_slice(&sum.to_be_bytes());
         }
+        b.extend_from_slice(&self.trailer);
         if let Some(n) = self.truncate_to {
             b.truncate(n);
         }

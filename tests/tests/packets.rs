@@ -88,6 +88,31 @@ fn v6o(last: u16) -> Ipv6Addr {
     Ipv6Addr::new(0x2001, 0xdb7, 0, 0, 0, 0, 0, last)
 }
 
+/// The most VLAN tags the program walks (see `parse::MAX_VLAN_TAGS`).
+const MAX_TAGS: usize = 8;
+
+/// A frame with `n` VLAN tags of id `vid` (the outer one 802.1ad, the rest 802.1Q).
+fn tags(n: usize, vid: u16) -> Frame {
+    let mut f = eth().qinq(vid);
+    for _ in 1..n {
+        f = f.vlan(vid);
+    }
+    f
+}
+
+/// A destination-options header (8 bytes) followed by a TCP SYN header to `port`: the bytes a
+/// crafted IPv6 frame carries past its payload length, or a later fragment's data.
+fn dstopts_then_tcp(port: u16) -> Vec<u8> {
+    let mut b = vec![6, 0, 0, 0, 0, 0, 0, 0];
+    let mut tcp = [0u8; 20];
+    tcp[0..2].copy_from_slice(&1000u16.to_be_bytes());
+    tcp[2..4].copy_from_slice(&port.to_be_bytes());
+    tcp[12] = 5 << 4;
+    tcp[13] = 0x02;
+    b.extend_from_slice(&tcp);
+    b
+}
+
 /// An IPv6 TCP/80 packet behind `n` destination-options headers, optionally after a first
 /// fragment header (identification `id`).
 fn chain6(n: usize, frag: Option<u32>) -> Frame {
@@ -199,6 +224,14 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
             XDP_DROP,
             Rule("v4-dns", verdict::DENIED),
         ),
+        // The stack strips any number of priority tags (VLAN id 0) and delivers what is inside,
+        // so a third (or eighth) tag must not walk past the deny rule.
+        (
+            "three priority tags (VLAN id 0)",
+            tags(3, 0).ipv4(v4(1), dst4()).udp(1000, 53),
+            XDP_DROP,
+            Rule("v4-dns", verdict::DENIED),
+        ),
         (
             "three tags",
             eth()
@@ -207,6 +240,30 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
                 .vlan(3)
                 .ipv4(v4(1), dst4())
                 .udp(1000, 53),
+            XDP_DROP,
+            Rule("v4-dns", verdict::DENIED),
+        ),
+        (
+            "eight priority tags, the most the parser walks",
+            tags(MAX_TAGS, 0).ipv4(v4(1), dst4()).udp(1000, 53),
+            XDP_DROP,
+            Rule("v4-dns", verdict::DENIED),
+        ),
+        (
+            "nine priority tags: the source is past the walk, and a rule that drops is in force",
+            tags(MAX_TAGS + 1, 0).ipv4(v4(1), dst4()).udp(1000, 53),
+            XDP_DROP,
+            Global(global::DROPPED_VLAN_CHAINS),
+        ),
+        (
+            "nine tags around an allowed packet: dropped all the same (its source is unknown)",
+            tags(MAX_TAGS + 1, 7).ipv4(v4(1), dst4()).udp(1000, 54),
+            XDP_DROP,
+            Global(global::DROPPED_VLAN_CHAINS),
+        ),
+        (
+            "truncated inside the eighth tag",
+            tags(MAX_TAGS + 1, 0).truncate(14 + 4 * (MAX_TAGS - 1) + 3),
             XDP_PASS,
             Global(global::BAD_VLAN),
         ),
@@ -485,6 +542,53 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
             XDP_PASS,
             Both(FRAGMENTS, "v4-all", verdict::ALLOWED),
         ),
+        // The IP header's length bounds the parse, not the frame: a short frame is padded to 60
+        // bytes on the wire, and the receiving stack trims the padding off before it reassembles.
+        (
+            "IPv4 whole UDP/53 padded to 60 bytes: its header is all there",
+            eth().ipv4(v4(1), dst4()).udp(1000, 53).trailer(&[0; 18]),
+            XDP_DROP,
+            Rule("v4-dns", verdict::DENIED),
+        ),
+        (
+            "IPv4 first fragment of 8 TCP bytes padded to 60: tiny (the padding is not its flags)",
+            eth()
+                .ipv4(v4(1), dst4())
+                .tcp(1000, 53)
+                .cut_l4(8)
+                .frag(0, true)
+                .ident(10)
+                .trailer(&[0; 18]),
+            XDP_DROP,
+            Global(TINY),
+        ),
+        (
+            "IPv4 second fragment of the padded tiny one: dropped with its datagram",
+            eth()
+                .ipv4(v4(1), dst4())
+                .proto(6)
+                .payload(12)
+                .frag(1, false)
+                .ident(10),
+            XDP_DROP,
+            Many(&[FRAGMENTS, TINY], None),
+        ),
+        (
+            "IPv4 UDP header past the total length (a trailer holds the rest): no ports",
+            eth()
+                .ipv4(v4(1), dst4())
+                .udp(1000, 53)
+                .cut_l4(6)
+                .trailer(&[0; 18]),
+            XDP_PASS,
+            Both(global::TRUNCATED_L4, "v4-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv4 total length shorter than the header",
+            eth().ipv4(v4(1), dst4()).cut_l4(0).ihl(6).trailer(&[0; 26]),
+            XDP_PASS,
+            Global(global::BAD_IPV4),
+        ),
         (
             "IPv4 UDP header cut short",
             eth()
@@ -572,6 +676,62 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
                 .payload(40),
             XDP_DROP,
             Both(FRAGMENTS, "v6-web", verdict::DENIED),
+        ),
+        // The kernel reassembles an IPv6 datagram by source, destination and identification: a
+        // later fragment's own next header does not take it out of its datagram.
+        (
+            "IPv6 first fragment to TCP/80 (denied), identification 0x901",
+            eth().ipv6(v6(1), dst6()).frag6(0, true).ident(0x901).tcp(1000, 80),
+            XDP_DROP,
+            Rule("v6-web", verdict::DENIED),
+        ),
+        (
+            "IPv6 second fragment naming no next header (59): denied with its datagram",
+            eth()
+                .ipv6(v6(1), dst6())
+                .frag6(2, false)
+                .ident(0x901)
+                .proto(59)
+                .payload(40),
+            XDP_DROP,
+            Both(FRAGMENTS, "v6-web", verdict::DENIED),
+        ),
+        // An extension header chain that runs past the payload length into a trailer: the stack
+        // trims the trailer, so the chain ends (cut) inside this fragment, and the L4 header the
+        // trailer shows (TCP/22, allowed) is not the one reassembly delivers (TCP/80, denied).
+        (
+            "IPv6 first fragment whose chain runs past its payload into a trailer: RFC 7112",
+            eth()
+                .ipv6(v6(1), dst6())
+                .frag6(0, true)
+                .ident(0x902)
+                .ext(60, 0)
+                .proto(60)
+                .trailer(&dstopts_then_tcp(22)),
+            XDP_DROP,
+            Global(LONG),
+        ),
+        (
+            "IPv6 its second fragment (dest-opts, TCP/80): dropped with its datagram",
+            eth()
+                .ipv6(v6(1), dst6())
+                .frag6(1, false)
+                .ident(0x902)
+                .proto(60)
+                .data(&dstopts_then_tcp(80)),
+            XDP_DROP,
+            Many(&[FRAGMENTS, LONG], None),
+        ),
+        (
+            "IPv6 unfragmented, its chain cut by the payload length (TCP/80 in a trailer): the \
+             stack discards it; passed",
+            eth()
+                .ipv6(v6(1), dst6())
+                .ext(60, 0)
+                .proto(60)
+                .trailer(&dstopts_then_tcp(80)),
+            XDP_PASS,
+            Global(global::TRUNCATED_L4),
         ),
         (
             "IPv6 non-first fragment of a datagram whose first was not seen: no ports",
@@ -892,6 +1052,66 @@ fn classification_follows_every_rule_change() {
     check(&dp, &outside, Some(id(&c, "c")), verdict::DENIED, XDP_DROP);
 }
 
+/// A frame in more VLAN tags than the program walks hides its source, so it is dropped while a
+/// rule that can drop (deny or limit) is in force, whatever the rule, and passed while none is:
+/// the agent keeps that in the config's flags with each install, and its other flag writes keep
+/// it. In dry run such a frame is counted as dropped and passed, as other shapes' drops are.
+#[test]
+fn frames_past_the_vlan_walk_are_dropped_only_while_a_rule_can_drop() {
+    use ratelimit_common::config_flags::DRY_RUN;
+    require_root();
+    let mut dp = TestDataplane::new("pktvlan", 1024).expect("load");
+    let deep = tags(MAX_TAGS + 1, 0)
+        .ipv4(v4(9), dst4())
+        .udp(1000, 80)
+        .build();
+    let walked = tags(MAX_TAGS, 0).ipv4(v4(9), dst4()).udp(1000, 80).build();
+    // The frame's action and which of the two counters it moved.
+    let run = |dp: &TestDataplane, frame: &[u8]| {
+        let g0 = dp.global().counters;
+        let action = dp.run(frame);
+        let g1 = dp.global().counters;
+        let moved = |c: usize| g1[c] - g0[c];
+        (
+            action,
+            moved(global::BAD_VLAN),
+            moved(global::DROPPED_VLAN_CHAINS),
+        )
+    };
+    let allow_only = "[[rule]]\nname = \"a\"\nsource = \"198.18.0.0/16\"\naction = \"allow\"\n";
+    let set = dp.install_toml(allow_only).expect("install allow");
+    assert_eq!(run(&dp, &deep), (XDP_PASS, 1, 0), "allow rules only");
+    let a = set.by_name("a").expect("rule").id;
+    let before = dp.rule(a).pkts[verdict::ALLOWED];
+    assert_eq!(dp.run(&walked), XDP_PASS);
+    assert_eq!(
+        dp.rule(a).pkts[verdict::ALLOWED] - before,
+        1,
+        "8 tags: classified"
+    );
+
+    // A limit on another prefix: the deep frame's source is unknown, so it could apply.
+    dp.install_toml(&format!(
+        "{allow_only}\n[[rule]]\nname = \"l\"\nsource = \"203.0.113.0/24\"\nrate = 10\n"
+    ))
+    .expect("install limit");
+    assert_eq!(run(&dp, &deep), (XDP_DROP, 0, 1), "a limit in force");
+    dp.dataplane().set_flags(DRY_RUN).expect("dry run");
+    assert_eq!(
+        run(&dp, &deep),
+        (XDP_PASS, 0, 1),
+        "dry run: counted, passed"
+    );
+    dp.dataplane().set_flags(0).expect("flags");
+    assert_eq!(run(&dp, &deep), (XDP_DROP, 0, 1), "the flag write kept it");
+
+    dp.install_toml(allow_only).expect("install allow again");
+    assert_eq!(run(&dp, &deep), (XDP_PASS, 1, 0), "allow rules only again");
+    dp.install_toml("[[rule]]\nname = \"d\"\nsource = \"2001:db8::/32\"\naction = \"deny\"\n")
+        .expect("install deny");
+    assert_eq!(run(&dp, &deep), (XDP_DROP, 0, 1), "a deny in force");
+}
+
 /// `tcp_flags = "syn"`: SYN (ACK clear) packets from one source meet the SYN rule, its SYN-ACKs,
 /// ACKs and data the general TCP rule, in any order from one source (the per-CPU classification
 /// cache keys on the flag bits the rules look at), a port rule outranks the SYN rule, and cut
@@ -1179,5 +1399,21 @@ action = "allow"
         .truncate(14 + 20 + 13)
         .build();
     assert_eq!(dp.run(&tiny), XDP_DROP);
+    assert_eq!(dp.global().counters[TINY] - g0.counters[TINY], 1);
+    // RFC 1858's SYN in two fragments as the wire delivers the first: 8 bytes of TCP (ports, no
+    // flags) padded to 60 bytes with zeros. The zeros are not its flags (which would make it no
+    // SYN, under the general TCP rule, and its second fragment, which holds the SYN flag, with
+    // it): tiny, dropped.
+    let g0 = dp.global();
+    let padded = eth()
+        .ipv4(v4(36), dst4())
+        .tcp(40000, 443)
+        .cut_l4(8)
+        .frag(0, true)
+        .ident(0x5154)
+        .trailer(&[0; 18])
+        .build();
+    assert_eq!(padded.len(), 60);
+    assert_eq!(dp.run(&padded), XDP_DROP);
     assert_eq!(dp.global().counters[TINY] - g0.counters[TINY], 1);
 }

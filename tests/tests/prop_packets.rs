@@ -185,6 +185,9 @@ struct Parsed {
     frag_id: u32,
 }
 
+/// Most VLAN tags walked.
+const MAX_VLAN_TAGS: usize = 8;
+
 /// Most IPv6 extension headers walked, and bytes of them.
 const MAX_IPV6_EXT: usize = 8;
 const MAX_IPV6_EXT_BYTES: usize = 1024;
@@ -198,16 +201,18 @@ fn be16(b: &[u8], off: usize) -> Option<u16> {
 fn model_parse(b: &[u8]) -> Result<Parsed, usize> {
     let mut ether_type = be16(b, 12).ok_or(global::TRUNCATED_ETH)?;
     let mut off = 14;
-    // An outer tag and one inner tag are walked; a third is refused.
-    for depth in 0..3 {
-        if ether_type != 0x8100 && ether_type != 0x88a8 {
+    // Eight tags are walked; a frame with more hides its source (`dropped_vlan_chains`, or
+    // `bad_vlan` where no rule can drop: see `Model::frame`).
+    let is_tag = |t: u16| t == 0x8100 || t == 0x88a8;
+    for _ in 0..MAX_VLAN_TAGS {
+        if !is_tag(ether_type) {
             break;
-        }
-        if depth == 2 {
-            return Err(global::BAD_VLAN);
         }
         ether_type = be16(b, off + 2).ok_or(global::BAD_VLAN)?;
         off += 4;
+    }
+    if is_tag(ether_type) {
+        return Err(global::DROPPED_VLAN_CHAINS);
     }
     match ether_type {
         0x0800 => model_ipv4(b, off),
@@ -219,9 +224,12 @@ fn model_parse(b: &[u8]) -> Result<Parsed, usize> {
 fn model_ipv4(b: &[u8], off: usize) -> Result<Parsed, usize> {
     let h = b.get(off..off + 20).ok_or(global::TRUNCATED_IPV4)?;
     let ihl = usize::from(h[0] & 0x0f) * 4;
-    if h[0] >> 4 != 4 || ihl < 20 || off + ihl > b.len() {
+    // The total length bounds what is read past the header (0: a GRO packet's, the frame does).
+    let total = usize::from(u16::from_be_bytes([h[2], h[3]]));
+    if h[0] >> 4 != 4 || ihl < 20 || (total != 0 && total < ihl) || off + ihl > b.len() {
         return Err(global::BAD_IPV4);
     }
+    let end = if total == 0 { usize::MAX } else { off + total };
     let protocol = h[9];
     let mut p = Parsed {
         src: IpAddr::V4(Ipv4Addr::new(h[12], h[13], h[14], h[15])),
@@ -240,12 +248,13 @@ fn model_ipv4(b: &[u8], off: usize) -> Result<Parsed, usize> {
         return Ok(p);
     }
     p.first_fragment = frag & 0x2000 != 0;
-    Ok(model_at_l4(b, p, off + ihl))
+    Ok(model_at_l4(b, p, off + ihl, end))
 }
 
-/// `p` with its L4 header at `l4` read: its port and its shape.
-fn model_at_l4(b: &[u8], mut p: Parsed, l4: usize) -> Parsed {
-    p.shape = match (model_l4_port(b, l4, p.protocol), p.first_fragment) {
+/// `p` with its L4 header at `l4` read (in the datagram that ends at `end`): its port and its
+/// shape.
+fn model_at_l4(b: &[u8], mut p: Parsed, l4: usize, end: usize) -> Parsed {
+    p.shape = match (model_l4_port(b, l4, end, p.protocol), p.first_fragment) {
         (Some((port, flags)), first) => {
             p.dst_port = port;
             p.tcp_flags = flags;
@@ -269,6 +278,7 @@ fn model_ipv6(b: &[u8], off: usize) -> Result<Parsed, usize> {
     let src: [u8; 16] = h[8..24].try_into().expect("16 bytes");
     let dst: [u8; 16] = h[24..40].try_into().expect("16 bytes");
     let mut next = h[6];
+    let payload = usize::from(u16::from_be_bytes([h[4], h[5]]));
     let mut p = Parsed {
         src: IpAddr::V6(Ipv6Addr::from(src)),
         dst: IpAddr::V6(Ipv6Addr::from(dst)),
@@ -282,6 +292,12 @@ fn model_ipv6(b: &[u8], off: usize) -> Result<Parsed, usize> {
     };
     let is_ext = |n: u8| matches!(n, 0 | 43 | 44 | 51 | 60);
     let start = off + 40;
+    // The payload length bounds the walk (0: a jumbogram's or a GRO packet's, the frame does).
+    let end = if payload == 0 {
+        usize::MAX
+    } else {
+        start + payload
+    };
     let mut hdr = start;
     let cut = |mut p: Parsed| {
         p.protocol = 255;
@@ -296,6 +312,9 @@ fn model_ipv6(b: &[u8], off: usize) -> Result<Parsed, usize> {
     for _ in 0..MAX_IPV6_EXT {
         if !is_ext(next) || hdr > start + MAX_IPV6_EXT_BYTES {
             break;
+        }
+        if hdr + 8 > end {
+            return cut(p);
         }
         let Some(e) = b.get(hdr..hdr + 8) else {
             return cut(p);
@@ -318,7 +337,7 @@ fn model_ipv6(b: &[u8], off: usize) -> Result<Parsed, usize> {
         };
         next = e[0];
         hdr += len;
-        if hdr > b.len() {
+        if hdr > b.len() || hdr > end {
             return cut(p);
         }
     }
@@ -328,19 +347,19 @@ fn model_ipv6(b: &[u8], off: usize) -> Result<Parsed, usize> {
         return Ok(p);
     }
     p.protocol = next;
-    Ok(model_at_l4(b, p, hdr))
+    Ok(model_at_l4(b, p, hdr, end))
 }
 
-/// The destination port at `l4` for TCP/UDP whose whole header (20/8 bytes) is in the frame (0 for
-/// other protocols) and the TCP flags byte (0 for other protocols), or `None` when the header is
-/// cut short.
-fn model_l4_port(b: &[u8], l4: usize, protocol: u8) -> Option<(u16, u8)> {
+/// The destination port at `l4` for TCP/UDP whose whole header (20/8 bytes) is in the frame and
+/// in the datagram that ends at `end` (0 for other protocols) and the TCP flags byte (0 for other
+/// protocols), or `None` when the header is cut short.
+fn model_l4_port(b: &[u8], l4: usize, end: usize, protocol: u8) -> Option<(u16, u8)> {
     let min = match protocol {
         IPPROTO_TCP => 20,
         IPPROTO_UDP => 8,
         _ => return Some((0, 0)),
     };
-    if l4 + min > b.len() {
+    if l4 + min > b.len() || l4 + min > end {
         return None;
     }
     let flags = if protocol == IPPROTO_TCP {
@@ -501,7 +520,27 @@ impl<'a> Model<'a> {
         g[global::PACKETS] = 1;
         let parsed = match model_parse(bytes) {
             Ok(p) => p,
+            Err(global::DROPPED_VLAN_CHAINS)
+                if self.rules.values().any(|r| r.action != Action::Allow) =>
+            {
+                // Its source is unknown, and a rule that can drop is in force.
+                g[global::DROPPED_VLAN_CHAINS] += 1;
+                return Expect {
+                    action: if self.agent_dry_run {
+                        XDP_PASS
+                    } else {
+                        XDP_DROP
+                    },
+                    global: g,
+                    rule: None,
+                };
+            }
             Err(counter) => {
+                let counter = if counter == global::DROPPED_VLAN_CHAINS {
+                    global::BAD_VLAN
+                } else {
+                    counter
+                };
                 g[counter] += 1;
                 return Expect {
                     action: XDP_PASS,
@@ -528,7 +567,13 @@ impl<'a> Model<'a> {
                 rule: None,
             }
         };
-        let datagram = (parsed.src, parsed.dst, parsed.frag_protocol, parsed.frag_id);
+        // The kernel's reassembly key: an IPv6 datagram's has no protocol.
+        let protocol = if parsed.src.is_ipv6() {
+            0
+        } else {
+            parsed.frag_protocol
+        };
+        let datagram = (parsed.src, parsed.dst, protocol, parsed.frag_id);
         let port = (parsed.dst_port != 0).then_some(parsed.dst_port);
         // The rule (id) that decides, as ratelimit-ebpf/src/main.rs `decide` does.
         let id: Option<u32> = match parsed.shape {
@@ -754,14 +799,19 @@ fn random_frame(rng: &mut Rng) -> (Vec<u8>, String) {
 fn random_frame_flags_at(rng: &mut Rng) -> (Vec<u8>, String, Option<usize>) {
     let mut desc = String::new();
     let mut f = eth();
-    let tags = match rng.below(20) {
-        0..=11 => 0,
-        12..=15 => 1,
-        16..=18 => 2,
-        _ => 3,
+    let tags = match rng.below(40) {
+        0..=23 => 0,
+        24..=31 => 1,
+        32..=35 => 2,
+        36 => 3,
+        37 => 8,
+        38 => 9,
+        _ => 10,
     };
+    // Priority tags (VLAN id 0), which the stack strips whatever their number, now and then.
+    let priority = rng.chance(30);
     for _ in 0..tags {
-        let vid = rng.u16() & 0x0fff;
+        let vid = if priority { 0 } else { rng.u16() & 0x0fff };
         if rng.chance(50) {
             f = f.vlan(vid);
             desc.push_str("vlan ");
@@ -887,7 +937,24 @@ fn random_frame_flags_at(rng: &mut Rng) -> (Vec<u8>, String, Option<usize>) {
 
 /// Damages a frame: cuts it, flips header bytes, breaks IHL or version, retypes headers.
 fn mutate(rng: &mut Rng, b: &mut Vec<u8>, l3: usize, v6: bool, desc: &mut String) {
-    match rng.below(8) {
+    match rng.below(10) {
+        8 => {
+            // A trailer past the IP datagram (padding on the wire, or crafted bytes).
+            let n = 1 + rng.below(40);
+            let zeros = rng.chance(50);
+            for _ in 0..n {
+                b.push(if zeros { 0 } else { rng.byte() });
+            }
+            let _ = write!(desc, "; trailer {n}{}", if zeros { " zeros" } else { "" });
+        }
+        9 if l3 + 6 <= b.len() => {
+            // The IP length field (IPv4 total, IPv6 payload) made shorter: the rest a trailer.
+            let at = if v6 { l3 + 4 } else { l3 + 2 };
+            let was = usize::from(u16::from_be_bytes([b[at], b[at + 1]]));
+            let now = u16::try_from(rng.below(was + 1)).expect("below a u16");
+            b[at..at + 2].copy_from_slice(&now.to_be_bytes());
+            let _ = write!(desc, "; ip length {was} -> {now}");
+        }
         0 | 1 => {
             // BPF_PROG_TEST_RUN refuses frames shorter than an Ethernet header.
             let n = 14 + rng.below(b.len() - 14 + 1);
@@ -1130,6 +1197,16 @@ fn unparseable_frames_pass_even_when_everything_is_denied() {
         let action = dp.run(&bytes);
         let got = delta(&dp.global(), &g0);
         match model_parse(&bytes) {
+            // Past the VLAN walk: its source is unknown, and the deny rule could apply.
+            Err(reason @ global::DROPPED_VLAN_CHAINS) => {
+                reasons[reason] += 1;
+                if action != XDP_DROP || got[reason] != 1 {
+                    failures.push(format!(
+                        "frame {n} ({desc}): past the VLAN walk but action {action}, global deltas {got:?}\n  {}",
+                        hex(&bytes)
+                    ));
+                }
+            }
             Err(reason) => {
                 reasons[reason] += 1;
                 if action != XDP_PASS || got[reason] != 1 {
@@ -1254,9 +1331,41 @@ fn the_model_parses_known_shapes() {
     let err = |b: Vec<u8>| model_parse(&b).expect_err("unparseable");
     assert_eq!(err(eth().ethertype(0x0806, 28).build()), global::NON_IP);
     assert_eq!(
-        err(eth().qinq(1).vlan(2).vlan(3).ipv4(v4(1), dst4).build()),
-        global::BAD_VLAN
+        ok(eth()
+            .qinq(1)
+            .vlan(2)
+            .vlan(3)
+            .ipv4(v4(1), dst4)
+            .udp(1, 53)
+            .build())
+        .dst_port,
+        53
     );
+    let mut nine = eth().qinq(0);
+    for _ in 1..9 {
+        nine = nine.vlan(0);
+    }
+    assert_eq!(
+        err(nine.ipv4(v4(1), dst4).build()),
+        global::DROPPED_VLAN_CHAINS
+    );
+    // Padding past the IPv4 total length is not read as TCP flags; a chain past the IPv6
+    // payload length is cut.
+    let p = ok(eth()
+        .ipv4(v4(1), dst4)
+        .tcp(1, 80)
+        .cut_l4(8)
+        .frag(0, true)
+        .trailer(&[0; 18])
+        .build());
+    assert!(p.shape == Shape::TinyFragment && p.first_fragment);
+    let p = ok(eth()
+        .ipv6(v6(1), dst6)
+        .ext(60, 0)
+        .proto(60)
+        .trailer(&[6, 0, 0, 0, 0, 0, 0, 0])
+        .build());
+    assert!(p.shape == Shape::CutChain);
     assert_eq!(
         err(eth().vlan(10).ipv4(v4(1), dst4).truncate(16).build()),
         global::BAD_VLAN
