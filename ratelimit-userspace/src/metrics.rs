@@ -209,7 +209,10 @@ pub async fn serve(
         crate::http::serve(
             listener,
             app,
-            crate::http::Limits::default(),
+            crate::http::Limits {
+                takes_body: crate::http::no_body,
+                ..crate::http::Limits::default()
+            },
             "metrics endpoint",
         )
         .await;

@@ -152,7 +152,10 @@ pub fn serve(listener: tokio::net::UnixListener, state: ApiState) -> tokio::task
     tokio::spawn(crate::http::serve(
         listener,
         router(state),
-        crate::http::Limits::default(),
+        crate::http::Limits {
+            takes_body,
+            ..crate::http::Limits::default()
+        },
         "control API",
     ))
 }
@@ -209,6 +212,13 @@ pub fn bind(socket: &Path) -> Result<tokio::net::UnixListener, AgentError> {
     fs::set_permissions(socket, fs::Permissions::from_mode(0o600))
         .map_err(|e| err("setting permissions 0600", e))?;
     Ok(listener)
+}
+
+/// Whether the API request `method` `path` takes a body: only `POST /v1/rules` (the rule) and
+/// `POST /v1/detach` (the interface) do; a body on any other request is refused unread.
+#[must_use]
+pub fn takes_body(method: &Method, path: &str) -> bool {
+    method == Method::POST && matches!(path, "/v1/rules" | "/v1/detach")
 }
 
 /// The API's routes over `backend`: [`ApiState`] in the agent, [`probe::Recorder`] in tests and
