@@ -106,16 +106,19 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         }
         Err(e) => return fail(tasks, agent, e.into()).await,
     };
+    // An address that cannot be bound does not stop the agent: the endpoint says so in the log
+    // and in `status`, and binds when the address is free (see [`metrics::serve`]).
+    let mut metrics_handle = None;
+    if let Some(addr) = config.agent.metrics {
+        let (handle, task) =
+            metrics::serve(addr, agent.clone(), cluster_handle.clone(), read.clone()).await;
+        metrics_handle = Some(handle);
+        tasks.push(task);
+    }
     tasks.push(api::serve(
         listener,
-        api::ApiState::new(agent.clone(), read.clone(), cluster_handle.clone()),
+        api::ApiState::new(agent.clone(), read, cluster_handle).with_metrics(metrics_handle),
     ));
-    if let Some(addr) = config.agent.metrics {
-        match metrics::serve(addr, agent.clone(), cluster_handle, read).await {
-            Ok(task) => tasks.push(task),
-            Err(e) => return fail(tasks, agent, e).await,
-        }
-    }
     tasks.push(spawn_config_watcher(
         config_path,
         first_stamps,

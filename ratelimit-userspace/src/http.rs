@@ -3,11 +3,13 @@
 //! descriptors, memory or tasks by opening connections and sending nothing, or sending slowly.
 //!
 //! - At most [`Limits::max_connections`] connections are open at once. When another one arrives
-//!   at the cap, the oldest *idle* connection (no request being answered: a connection that has
-//!   not sent its request headers yet, or a keep-alive one between requests) is closed to make
-//!   room; if every connection is busy answering, the new one is closed instead. So idle
-//!   connections, however many, never keep a real client out, and the agent holds a bounded
-//!   number of descriptors.
+//!   at the cap, the oldest *idle* connection (no whole request being answered: a connection
+//!   that has not sent its request headers yet, one still sending a request body, or a
+//!   keep-alive one between requests) is closed to make room; if every connection is busy
+//!   answering, the new one is closed instead. So idle or slow connections, however many, never
+//!   keep a real client out, and the agent holds a bounded number of descriptors.
+//! - A request whose route takes no body ([`Limits::takes_body`]) but whose headers announce one
+//!   is answered 413 and its connection closed, without reading the body.
 //! - A request's headers must arrive within [`Limits::header_timeout`] (hyper's
 //!   `header_read_timeout`), its body within [`Limits::body_timeout`] and be at most
 //!   [`Limits::max_body`] bytes; else the connection is closed (headers) or answered 408/413.
@@ -27,11 +29,12 @@ use std::{
 
 use axum::{
     body::Body,
-    http::{Request, StatusCode},
+    http::{Method, Request, StatusCode},
     response::{IntoResponse, Response},
     Router,
 };
 use http_body_util::{BodyExt as _, Limited};
+use hyper::body::Body as _;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{
@@ -51,6 +54,15 @@ pub struct Limits {
     pub body_timeout: Duration,
     /// Largest request body.
     pub max_body: usize,
+    /// Whether a request (method, path) takes a body; one that does not is answered 413 and
+    /// the connection closed as soon as its headers announce a body, without reading it.
+    pub takes_body: fn(&Method, &str) -> bool,
+}
+
+/// [`Limits::takes_body`] for a server whose requests never take a body.
+#[must_use]
+pub fn no_body(_: &Method, _: &str) -> bool {
+    false
 }
 
 impl Default for Limits {
@@ -60,6 +72,7 @@ impl Default for Limits {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(10),
             max_body: 1 << 20,
+            takes_body: |_, _| true,
         }
     }
 }
@@ -186,12 +199,30 @@ where
 {
     let for_requests = conn.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-        for_requests.busy.fetch_add(1, Ordering::AcqRel);
-        let busy = Busy(for_requests.clone());
+        let conn = for_requests.clone();
         let router = router.clone();
         async move {
-            let _busy = busy;
             let (parts, body) = req.into_parts();
+            // A body where none is taken is refused before a byte of it is read, and the
+            // connection closed: nobody holds a connection by trickling a body nothing reads.
+            if !body.is_end_stream() && !(limits.takes_body)(&parts.method, parts.uri.path()) {
+                let mut response = (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!(
+                        "the request body is refused: {} {} takes none\n",
+                        parts.method,
+                        parts.uri.path()
+                    ),
+                )
+                    .into_response();
+                response.headers_mut().insert(
+                    axum::http::header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
+                return Ok::<_, Infallible>(response);
+            }
+            // Not busy while the body arrives: a connection still sending its body is as
+            // evictable as an idle one, so slow bodies cannot hold the connection slots.
             let body = Limited::new(body, limits.max_body).collect();
             let bytes = match tokio::time::timeout(limits.body_timeout, body).await {
                 Ok(Ok(b)) => b.to_bytes(),
@@ -201,9 +232,7 @@ where
                     } else {
                         StatusCode::BAD_REQUEST
                     };
-                    return Ok::<_, Infallible>(
-                        (status, format!("reading the request body: {e}\n")).into_response(),
-                    );
+                    return Ok((status, format!("reading the request body: {e}\n")).into_response());
                 }
                 Err(_) => {
                     return Ok((
@@ -216,6 +245,9 @@ where
                         .into_response())
                 }
             };
+            // Busy from here: the request is whole and being answered.
+            conn.busy.fetch_add(1, Ordering::AcqRel);
+            let _busy = Busy(conn);
             let req = Request::from_parts(parts, Body::from(bytes));
             let response: Response = router.oneshot(req).await?;
             Ok(response)

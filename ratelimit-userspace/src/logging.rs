@@ -29,7 +29,10 @@ pub fn choose(flag: Option<LogFormat>, config: Option<&Path>) -> LogFormat {
 }
 
 fn from_config(path: &Path) -> Option<LogFormat> {
-    let text = std::fs::read_to_string(path).ok()?;
+    // Bounded and checked like every file the agent reads: a FIFO or a device named as the
+    // config must not hang or exhaust the agent before it has even started logging.
+    let (bytes, _) = crate::config::read_file_bounded(path, crate::config::MAX_FILE_BYTES).ok()?;
+    let text = String::from_utf8(bytes).ok()?;
     let table: toml::Table = text.parse().ok()?;
     let value = table.get("agent")?.get("log_format")?.clone();
     value.try_into().ok()
@@ -86,6 +89,32 @@ mod tests {
         );
         assert_eq!(choose(Some(LogFormat::Json), None), LogFormat::Json);
         assert_eq!(choose(None, None), LogFormat::Plain);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A config path that names a FIFO (no writer) or a device is not waited on or read without
+    /// end: plain text, at once (the agent then reports the file itself).
+    #[test]
+    fn a_fifo_or_a_device_as_config_is_not_read() {
+        let dir = std::env::temp_dir().join(format!("rl-logfmt-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo.toml");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let paths = [fifo, "/dev/zero".into()];
+        std::thread::spawn(move || {
+            for p in &paths {
+                tx.send(choose(None, Some(p))).unwrap();
+            }
+        });
+        for _ in 0..2 {
+            let got = rx
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .expect("choosing the log format hung on a FIFO or a device");
+            assert_eq!(got, LogFormat::Plain);
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

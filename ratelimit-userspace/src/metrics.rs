@@ -28,7 +28,9 @@
 //! | `ratelimit_interface_attached` | gauge | `interface`, `mode` |
 //! | `ratelimit_interface_rx_packets_total`, `ratelimit_interface_rx_dropped_total` | counter | `interface` |
 
-use std::{fmt, net::SocketAddr, path::Path};
+use std::{fmt, net::SocketAddr, path::Path, sync::Arc, time::Duration};
+
+use serde::Serialize;
 
 use axum::{
     http::{header, StatusCode},
@@ -45,7 +47,7 @@ use prometheus_client::{
 use ratelimit_common::{global, verdict};
 
 use crate::{
-    agent::{Agent, AgentError, SharedAgent},
+    agent::{Agent, SharedAgent},
     census::ReadSide,
     cluster::{ClusterHandle, ClusterStatus},
     stats::StatsReport,
@@ -116,17 +118,66 @@ const GLOBAL_COUNTERS: [(usize, &str, &str); 10] = [
     ),
 ];
 
-/// Binds `addr` and serves `GET /metrics` there until the task is aborted.
+/// First wait before binding the metrics address again after it could not be bound; doubled
+/// after each failure up to [`MAX_BIND_RETRY`].
+pub const MIN_BIND_RETRY: Duration = Duration::from_secs(1);
+/// Longest wait between attempts to bind the metrics address.
+pub const MAX_BIND_RETRY: Duration = Duration::from_secs(10);
+
+/// The metrics endpoint's health, as `status` shows it.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct EndpointStatus {
+    /// `[agent] metrics`: the address it serves at, or tries to.
+    pub listen: SocketAddr,
+    /// `serving`, or `unbound`: the address could not be bound (e.g. another process holds it)
+    /// and binding is retried in the background; the limiter enforces meanwhile.
+    pub state: &'static str,
+    /// Why the last attempt to bind failed, while `unbound`.
+    pub error: Option<String>,
+    /// Failed attempts to bind so far.
+    pub bind_failures: u64,
+}
+
+/// The running metrics endpoint, as `status` reads its health.
+#[derive(Clone, Debug)]
+pub struct MetricsHandle(Arc<std::sync::Mutex<EndpointStatus>>);
+
+impl MetricsHandle {
+    /// The endpoint's health now.
+    #[must_use]
+    pub fn status(&self) -> EndpointStatus {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut EndpointStatus)) {
+        f(&mut self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner));
+    }
+}
+
+/// Serves `GET /metrics` at `addr` until the task is aborted.
 ///
-/// Fails (naming the address) if the address cannot be bound, e.g. because it is in use.
+/// Never fails: an address that cannot be bound (in use by another process, say) must neither
+/// keep the limiter from starting nor take down what it enforces. The error is logged, naming
+/// the address, `status` shows the endpoint `unbound` with the error, and binding is retried in
+/// the background (from [`MIN_BIND_RETRY`], doubling up to [`MAX_BIND_RETRY`]) until it succeeds.
 pub async fn serve(
     addr: SocketAddr,
     agent: SharedAgent,
     cluster: Option<ClusterHandle>,
     read: ReadSide,
-) -> Result<tokio::task::JoinHandle<()>, AgentError> {
-    let listener = bind(addr).await?;
-    let local = listener.local_addr().unwrap_or(addr);
+) -> (MetricsHandle, tokio::task::JoinHandle<()>) {
+    let handle = MetricsHandle(Arc::new(std::sync::Mutex::new(EndpointStatus {
+        listen: addr,
+        state: "unbound",
+        error: None,
+        bind_failures: 0,
+    })));
     let app = Router::new()
         .route("/metrics", get(scrape))
         .with_state(ScrapeState {
@@ -134,13 +185,41 @@ pub async fn serve(
             cluster,
             read,
         });
-    tracing::info!(addr = %local, "serving metrics at http://{local}/metrics");
-    Ok(tokio::spawn(crate::http::serve(
-        listener,
-        app,
-        crate::http::Limits::default(),
-        "metrics endpoint",
-    )))
+    // The first attempt before returning: once the agent says it runs, the endpoint is up, or
+    // its failure is logged and in the status.
+    let mut wait = MIN_BIND_RETRY;
+    let first = match bind(addr).await {
+        Ok(listener) => Some(bound(&handle, listener, addr)),
+        Err(e) => {
+            bind_failed(&handle, addr, &e, wait);
+            None
+        }
+    };
+    let health = handle.clone();
+    let task = tokio::spawn(async move {
+        let listener = match first {
+            Some(listener) => listener,
+            None => loop {
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(MAX_BIND_RETRY);
+                match bind(addr).await {
+                    Ok(listener) => break bound(&health, listener, addr),
+                    Err(e) => bind_failed(&health, addr, &e, wait),
+                }
+            },
+        };
+        crate::http::serve(
+            listener,
+            app,
+            crate::http::Limits {
+                takes_body: crate::http::no_body,
+                ..crate::http::Limits::default()
+            },
+            "metrics endpoint",
+        )
+        .await;
+    });
+    (handle, task)
 }
 
 /// What a scrape reads.
@@ -151,11 +230,49 @@ struct ScrapeState {
     read: ReadSide,
 }
 
-async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, AgentError> {
+/// Records and logs that `addr` is bound.
+fn bound(
+    health: &MetricsHandle,
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+) -> tokio::net::TcpListener {
+    let local = listener.local_addr().unwrap_or(addr);
+    let mut failures = 0;
+    health.update(|s| {
+        s.state = "serving";
+        s.error = None;
+        failures = s.bind_failures;
+    });
+    tracing::info!(
+        addr = %local,
+        bind_failures = failures,
+        "serving metrics at http://{local}/metrics"
+    );
+    listener
+}
+
+/// Records and logs a failed attempt to bind `addr`; the next is in `retry`.
+fn bind_failed(health: &MetricsHandle, addr: SocketAddr, error: &str, retry: Duration) {
+    let mut failures = 0;
+    health.update(|s| {
+        s.bind_failures += 1;
+        s.error = Some(error.to_string());
+        failures = s.bind_failures;
+    });
+    tracing::error!(
+        addr = %addr,
+        error = %error,
+        failures,
+        retry_in_ms = u64::try_from(retry.as_millis()).unwrap_or(u64::MAX),
+        "metrics endpoint NOT serving: {error}; the limiter enforces without it, binding again \
+         in {} s",
+        retry.as_secs()
+    );
+}
+
+async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, String> {
     tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        AgentError::Runtime(format!(
-            "metrics endpoint: cannot listen on {addr} (`metrics` in [agent]): {e}"
-        ))
+        format!("metrics endpoint: cannot listen on {addr} (`metrics` in [agent]): {e}")
     })
 }
 

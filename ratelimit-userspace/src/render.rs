@@ -148,6 +148,22 @@ pub fn status(v: &Value) -> String {
     if let Some(e) = r["last_error"].as_str() {
         rows.push(("last refusal", e.to_string()));
     }
+    let m = &v["metrics"];
+    if m.is_object() {
+        rows.push((
+            "metrics",
+            if text(m, "state") == "serving" {
+                format!("serving at http://{}/metrics", text(m, "listen"))
+            } else {
+                format!(
+                    "NOT SERVING: {} ({} failed attempts to bind {}; retrying in the background)",
+                    m["error"].as_str().unwrap_or("not bound yet"),
+                    num(m, "bind_failures"),
+                    text(m, "listen"),
+                )
+            },
+        ));
+    }
     let cl = &v["cluster"];
     if cl.is_object() {
         rows.push((

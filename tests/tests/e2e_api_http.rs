@@ -8,12 +8,13 @@
 
 use std::fs;
 use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ratelimit_testbed::agent_proc::xdp_attachment;
-use ratelimit_testbed::{require_root, veth_pair, AgentProcess, Netns};
+use ratelimit_testbed::{in_netns, require_root, veth_pair, AgentProcess, Netns};
 use serde_json::Value;
 
 /// How long one exchange may take before the agent counts as stalled (a hang guard, not a
@@ -362,5 +363,117 @@ fn malformed_requests_are_refused_the_agent_keeps_answering_and_nothing_in_force
         "the config file was written"
     );
     assert_eq!(xdp_attachment(&rx, &rx_if).unwrap(), attached);
+    assert!(agent.stop().unwrap().success());
+}
+
+/// What an attacker sends on each connection: a request announcing a large body, then a few
+/// bytes of it, then nothing more (a body trickled slower than any timeout notices).
+fn slow_body(method: &str, path: &str) -> Vec<u8> {
+    format!(
+        "{method} {path} HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: \
+         1000000\r\n\r\n{{\"name\": "
+    )
+    .into_bytes()
+}
+
+/// `GET /metrics` at `addr` in `ns`: the status code, `None` when closed without an answer.
+fn scrape_status(ns: &Netns, addr: SocketAddr) -> Option<u16> {
+    in_netns(ns, || -> std::io::Result<Option<u16>> {
+        let mut s = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")?;
+        let mut bytes = Vec::new();
+        match s.read_to_end(&mut bytes) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => return Err(e),
+        }
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        Ok(text
+            .strip_prefix("HTTP/1.1 ")
+            .and_then(|rest| rest.get(..3))
+            .and_then(|code| code.parse().ok()))
+    })
+    .unwrap()
+}
+
+/// 64 connections (the cap) each sending a request with a slowly trickled body must not lock
+/// scrapers out of the metrics endpoint, nor clients out of the control socket: a body where
+/// none is taken (`POST /metrics`) is refused unread, and a connection still sending its body
+/// is evicted like an idle one when a new connection needs its slot. (They used to count as
+/// busy from their headers on, for the whole 10 s body timeout, renewed by reconnecting.)
+#[test]
+fn slow_bodies_do_not_hold_the_connection_slots() {
+    require_root();
+    let tx = Netns::new("rl-http-slow-tx").unwrap();
+    let rx = Netns::new("rl-http-slow-rx").unwrap();
+    let (_tx_if, rx_if) = veth_pair(&tx, &rx, "hsl").unwrap();
+    let port = in_netns(&rx, || {
+        TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr())
+    })
+    .unwrap()
+    .port();
+    let metrics = SocketAddr::from(([127, 0, 0, 1], port));
+    let config = format!(
+        "[agent]\ninterfaces = [\"{rx_if}\"]\nmetrics = \"{metrics}\"\n\n[[rule]]\nname = \
+         \"flood\"\nsource = \"198.18.0.0/24\"\nrate = 100\nburst = 10\n"
+    );
+    let agent = AgentProcess::start(&rx, &config, &[]).unwrap();
+    let socket = agent.socket_path().to_owned();
+    assert_eq!(scrape_status(&rx, metrics), Some(200));
+
+    // The metrics endpoint: 64 slow `POST /metrics` bodies, then a scrape.
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        let mut s = in_netns(&rx, || TcpStream::connect(metrics)).unwrap();
+        s.write_all(&slow_body("POST", "/metrics")).unwrap();
+        held.push(s);
+    }
+    // Give the agent time to read every request's headers (so each is in its body phase).
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    let status = scrape_status(&rx, metrics);
+    println!(
+        "scrape with 64 slow bodies held: {status:?} after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(status, Some(200), "a scrape with 64 slow bodies held");
+    // They were answered and closed without their bodies being read.
+    let mut first = held.swap_remove(0);
+    first.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    let mut answer = String::new();
+    let _ = first.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer:?}");
+    drop(held);
+
+    // The control socket: 64 slow `POST /v1/rules` (which does take a body), then a request.
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        let mut s = UnixStream::connect(&socket).unwrap();
+        s.write_all(&slow_body("POST", "/v1/rules")).unwrap();
+        held.push(s);
+    }
+    // Give the agent time to read every request's headers (so each is in its body phase).
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, text) = exchange(&socket, &request("GET", "/v1/status", b""));
+    assert_eq!(
+        status,
+        Some(200),
+        "status with 64 slow bodies held: {text:?}"
+    );
+    // And a scrape again, with bodies trickling on the metrics port while it runs.
+    let mut trickling = Vec::new();
+    for _ in 0..64 {
+        let mut s = in_netns(&rx, || TcpStream::connect(metrics)).unwrap();
+        let _ = s.write_all(&slow_body("POST", "/metrics"));
+        let _ = s.write_all(b"\"x");
+        trickling.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    for s in &mut trickling {
+        let _ = s.write_all(b"x");
+    }
+    assert_eq!(scrape_status(&rx, metrics), Some(200));
+    drop((held, trickling));
     assert!(agent.stop().unwrap().success());
 }

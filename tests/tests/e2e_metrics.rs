@@ -2,7 +2,7 @@
 //! pair, then a plain HTTP scrape of `/metrics` from inside the agent's namespace (its
 //! `127.0.0.1` is the namespace's own loopback). The scrape must show exactly what the receiver
 //! saw and what `ratelimit stats` reports, count good and refused reloads, keep the rules working
-//! after a refused reload, and a taken address must stop the agent with an error naming it.
+//! after a refused reload; and a taken address must neither stop the agent nor its enforcement.
 
 use std::fs;
 use std::io::{Read as _, Write as _};
@@ -397,29 +397,132 @@ fn scrape_matches_the_packets_sent() {
     assert!(!paths.pin.exists(), "{} left behind", paths.pin.display());
 }
 
+/// A metrics address taken by another process (anyone can bind an unprivileged port first) must
+/// neither keep the limiter from starting nor take down what it enforces: the agent starts and
+/// enforces, says loudly (log, `status`, `status --json`) that the endpoint is not serving and
+/// why, and serves once the address is free. (It used to exit, removing every attachment and
+/// pin, including state adopted from a previous agent.)
 #[test]
-fn metrics_address_in_use_is_a_clear_error() {
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "small positive times"
+)]
+fn metrics_address_in_use_does_not_stop_enforcement() {
     require_root();
     let tx = Netns::new("rl-e2e-metb-tx").unwrap();
     let rx = Netns::new("rl-e2e-metb-rx").unwrap();
-    let (_tx_if, rx_if) = veth_pair(&tx, &rx, "mb").unwrap();
+    let (tx_if, rx_if) = veth_pair(&tx, &rx, "mb").unwrap();
+    add_addr(&tx, &tx_if, &format!("{SOURCE}/24")).unwrap();
+    add_addr(&rx, &rx_if, &format!("{RECEIVER}/24")).unwrap();
+    neigh_to_peer(&tx, &tx_if, RECEIVER.parse().unwrap(), &rx, &rx_if).unwrap();
     let paths = Paths::new("bind");
     // Something else already listens on the address (in the agent's namespace).
     let taken = in_netns(&rx, || TcpListener::bind("127.0.0.1:0")).unwrap();
     let addr = taken.local_addr().unwrap();
 
-    let agent = AgentProcess::spawn(&rx, &config(&paths, &rx_if, addr), &[]).unwrap();
-    let (status, log) = agent.wait_exit(Duration::from_secs(30)).unwrap();
-    println!("agent exited with {status}; log:\n{log}");
-    assert!(
-        !status.success(),
-        "agent ran with its metrics address taken"
-    );
+    let mut agent = AgentProcess::start(&rx, &config(&paths, &rx_if, addr), &[]).unwrap();
+    let log = agent.log();
     let line = log
         .lines()
-        .find(|l| l.contains("metrics") && l.contains(&addr.to_string()))
+        .find(|l| l.contains("NOT serving") && l.contains(&addr.to_string()))
         .unwrap_or_else(|| panic!("no error naming {addr} in the log:\n{log}"));
     assert!(line.to_ascii_lowercase().contains("in use"), "{line}");
-    assert!(!paths.pin.exists(), "{} left behind", paths.pin.display());
+
+    // Still running a moment later, and says why it serves no metrics.
+    thread::sleep(Duration::from_millis(500));
+    assert!(
+        agent.is_running(),
+        "agent exited with its metrics address taken; log:\n{}",
+        agent.log()
+    );
+    let status = agent.cli_json(&["status"]);
+    let metrics = &status["metrics"];
+    println!("status --json metrics: {metrics}");
+    assert_eq!(metrics["state"], "unbound", "{status}");
+    assert_eq!(metrics["listen"], addr.to_string(), "{status}");
+    let error = metrics["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&addr.to_string()) && error.to_ascii_lowercase().contains("in use"),
+        "{error:?}"
+    );
+    assert!(
+        metrics["bind_failures"].as_u64().unwrap_or(0) >= 1,
+        "{status}"
+    );
+    let text = agent.cli_ok(&["status"]);
+    println!("status:\n{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("metrics")
+            && l.contains("NOT SERVING")
+            && l.contains(&addr.to_string())),
+        "{text}"
+    );
+
+    // Enforcing meanwhile: 300 packets in 100 ms against a burst of 100.
+    let src = SocketAddr::new(SOURCE.parse().unwrap(), 0);
+    let source: IpAddr = SOURCE.parse().unwrap();
+    let receiver = Receiver::bind(&rx, SocketAddr::new(RECEIVER.parse().unwrap(), 0)).unwrap();
+    let sent = send_udp_from(
+        &tx,
+        src,
+        receiver.local_addr(),
+        BURST_PPS,
+        BURST_TIME,
+        PAYLOAD,
+    )
+    .unwrap();
+    receiver.wait_idle(Duration::from_millis(300), Duration::from_secs(5));
+    let received = receiver.counts().get(&source).copied().unwrap_or(0);
+    let t = (sent.last - sent.first).as_secs_f64();
+    println!(
+        "sent {} in {t:.3} s, received {received} (metrics address taken)",
+        sent.sent
+    );
+    assert!(sent.sent >= 200, "sent only {} packets", sent.sent);
+    let refill = 2 + (t * RATE as f64).ceil() as u64;
+    assert!(
+        (BURST..=BURST + refill).contains(&received),
+        "received {received} of {}: want the burst of {BURST} (+ {refill}): not enforcing",
+        sent.sent
+    );
+    let stats = agent.stats();
+    assert_eq!(rule_packets(&stats, RULE, "passed"), received);
+
+    // The address is freed: the endpoint binds it (retried in the background) and serves.
     drop(taken);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let text = loop {
+        if let Some(text) = try_scrape(&rx, addr) {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "metrics never came up after the address was freed; log:\n{}",
+            agent.log()
+        );
+        thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(value(&text, &rule_series("passed")), received);
+    let status = agent.cli_json(&["status"]);
+    assert_eq!(status["metrics"]["state"], "serving", "{status}");
+    assert_eq!(
+        status["metrics"]["error"],
+        serde_json::Value::Null,
+        "{status}"
+    );
+    drop(receiver.stop().unwrap());
+
+    let status = agent.stop().unwrap();
+    assert!(status.success(), "agent exited with {status}");
+    assert!(!paths.pin.exists(), "{} left behind", paths.pin.display());
+}
+
+/// [`scrape`] that returns `None` instead of panicking when nothing answers at `addr`.
+fn try_scrape(ns: &Netns, addr: SocketAddr) -> Option<String> {
+    let up = in_netns(ns, || {
+        Ok::<_, std::io::Error>(TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok())
+    })
+    .unwrap();
+    up.then(|| scrape(ns, addr))
 }

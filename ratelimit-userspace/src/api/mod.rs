@@ -8,7 +8,7 @@
 //! # Routes
 //! | route | answer |
 //! | --- | --- |
-//! | `GET /v1/status` | `{"version", "pid", "uptime_secs", "config", "pin_path", "socket", "interfaces": [{"iface", "mode", "state"}], "rules", "prefixes", "generation", "dry_run", "buckets_tracked", "buckets_census": {"age_ms", "walk_us"}, "buckets_capacity", "buckets_evicted": {"full", "lost"}, "reloads": {"ok", "failed", "last_error", "last_ok_unix", "restart_needed"}}` |
+//! | `GET /v1/status` | `{"version", "pid", "uptime_secs", "config", "pin_path", "socket", "interfaces": [{"iface", "mode", "state"}], "rules", "prefixes", "generation", "dry_run", "buckets_tracked", "buckets_census": {"age_ms", "walk_us"}, "buckets_capacity", "buckets_evicted": {"full", "lost"}, "reloads": {"ok", "failed", "last_error", "last_ok_unix", "restart_needed"}, "metrics": null or {"listen", "state" ("serving" or "unbound"), "error", "bind_failures"}, "cluster": null or the cluster's status}` |
 //! | `GET /v1/rules` | `{"rules": [RULE, ...]}` in config order |
 //! | `POST /v1/rules[?force=true]` | body: one RULE; `201 {"added": RULE, "rules": N}`; `409` when the file's rules are not those in force, unless `force` |
 //! | `DELETE /v1/rules/{name}[?force=true]` | `{"removed": "name", "rules": N}`; `409` as above |
@@ -100,6 +100,7 @@ use crate::{
     config::{
         Action, Per, Protocol, RuleConfig, Scope, DEFAULT_BYTES_BURST_FLOOR, MAX_TOLERANCE_NS,
     },
+    metrics::{EndpointStatus, MetricsHandle},
 };
 
 /// Default and bounds of `top`'s `interval_ms`.
@@ -118,6 +119,8 @@ pub struct ApiState {
     pub read: ReadSide,
     /// The cluster sync (`None` without `[cluster]`).
     pub cluster: Option<ClusterHandle>,
+    /// The metrics endpoint's health (`None` without `[agent] metrics`).
+    pub metrics: Option<MetricsHandle>,
     /// One `top` at a time.
     pub top_turn: Arc<Semaphore>,
 }
@@ -130,8 +133,16 @@ impl ApiState {
             agent,
             read,
             cluster,
+            metrics: None,
             top_turn: Arc::new(Semaphore::new(1)),
         }
+    }
+
+    /// With the metrics endpoint's health, for `status`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Option<MetricsHandle>) -> Self {
+        self.metrics = metrics;
+        self
     }
 }
 
@@ -141,7 +152,10 @@ pub fn serve(listener: tokio::net::UnixListener, state: ApiState) -> tokio::task
     tokio::spawn(crate::http::serve(
         listener,
         router(state),
-        crate::http::Limits::default(),
+        crate::http::Limits {
+            takes_body,
+            ..crate::http::Limits::default()
+        },
         "control API",
     ))
 }
@@ -198,6 +212,13 @@ pub fn bind(socket: &Path) -> Result<tokio::net::UnixListener, AgentError> {
     fs::set_permissions(socket, fs::Permissions::from_mode(0o600))
         .map_err(|e| err("setting permissions 0600", e))?;
     Ok(listener)
+}
+
+/// Whether the API request `method` `path` takes a body: only `POST /v1/rules` (the rule) and
+/// `POST /v1/detach` (the interface) do; a body on any other request is refused unread.
+#[must_use]
+pub fn takes_body(method: &Method, path: &str) -> bool {
+    method == Method::POST && matches!(path, "/v1/rules" | "/v1/detach")
 }
 
 /// The API's routes over `backend`: [`ApiState`] in the agent, [`probe::Recorder`] in tests and
@@ -273,6 +294,7 @@ impl Backend for ApiState {
         let agent = self.agent.lock().await.status(&census)?;
         to_json(&StatusAnswer {
             agent,
+            metrics: self.metrics.as_ref().map(MetricsHandle::status),
             cluster: self.cluster.as_ref().map(ClusterHandle::status),
         })
     }
@@ -494,6 +516,9 @@ async fn no_method(method: Method, uri: Uri) -> ApiError {
 struct StatusAnswer {
     #[serde(flatten)]
     agent: Status,
+    /// The metrics endpoint's health, when `[agent] metrics` is set: `serving`, or `unbound`
+    /// (its address could not be bound; retried in the background) with the error.
+    metrics: Option<EndpointStatus>,
     /// Cluster members and counters, when `[cluster]` is set.
     cluster: Option<ClusterStatus>,
 }

@@ -34,6 +34,7 @@ pub const LIMITS: Limits = Limits {
     header_timeout: Duration::from_secs(5),
     body_timeout: Duration::from_secs(5),
     max_body: 1024,
+    takes_body: super::takes_body,
 };
 
 /// How long (on the paused clock) an exchange may take before it counts as stalled.
@@ -592,7 +593,7 @@ pub fn complete_heads(input: &[u8]) -> usize {
 /// The statuses the API served by [`crate::http::serve`] can answer with, over a [`Recorder`]:
 /// its handlers (200, 201; 400 refused, 404 no route or rule, 405 wrong method, 409 a rule
 /// that exists or would not compile), `http::serve` (400 a broken body, 408 a slow one, 413 a
-/// big one) and hyper's own answers to what it cannot parse (400, 414 URI too long, 431 headers
+/// big one or one where none is taken) and hyper's own answers to what it cannot parse (400, 414 URI too long, 431 headers
 /// too large), and hyper's `100 Continue` before a body the client waits to send. Never 500:
 /// the recorder does not fail, so a 500 is the API's own fault.
 pub const STATUSES: [u16; 11] = [100, 200, 201, 400, 404, 405, 408, 409, 413, 414, 431];
@@ -628,6 +629,7 @@ fn refusal_origin(r: &Response) -> Result<&'static str, String> {
     let from_serve = [
         "reading the request body: ",
         "the request body did not arrive within ",
+        "the request body is refused: ",
     ];
     match (r.status, text.as_deref()) {
         (400 | 413 | 408, Some(t)) if from_serve.iter().any(|p| t.starts_with(p)) => {

@@ -603,6 +603,35 @@ async fn chunked_bodies_expect_continue_and_the_body_limit() {
     }
 }
 
+/// A body on a request that takes none is refused (413) before it is read, the connection is
+/// closed (nothing after it is answered), and the backend is not called: nobody can hold a
+/// connection by trickling a body no route reads.
+#[tokio::test(start_paused = true)]
+async fn a_body_where_none_is_taken_is_refused_unread_and_the_connection_closed() {
+    for (method, path) in [
+        ("GET", "/v1/status"),
+        ("POST", "/v1/reload"),
+        ("DELETE", "/v1/rules/x"),
+        ("GET", "/v1/nowhere"),
+    ] {
+        // The body announced is far longer than what follows: it is never waited for.
+        let input = format!(
+            "{method} {path} HTTP/1.1\r\nHost: agent\r\nContent-Length: 1000000\r\n\r\n{{\"a\""
+        ) + &get("/v1/status");
+        let (responses, calls) = over_http(input.as_bytes(), Close::WhenIdle).await;
+        assert_eq!(statuses(&responses), [413], "{method} {path}");
+        let body = String::from_utf8_lossy(responses[0].body.as_deref().unwrap()).into_owned();
+        assert!(body.starts_with("the request body is refused: "), "{body}");
+        assert_eq!(responses[0].header("connection"), Some("close"));
+        assert_eq!(calls, [], "{method} {path}");
+    }
+    // Where a body is taken, an empty one still reaches the handler.
+    let (responses, calls) =
+        over_http(send("POST", "/v1/detach", "").as_bytes(), Close::WhenIdle).await;
+    assert_eq!(statuses(&responses), [200]);
+    assert_eq!(calls.len(), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn what_the_parser_refuses_gets_hypers_400_and_nothing_after_it() {
     let many_headers = format!(

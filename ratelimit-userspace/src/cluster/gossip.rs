@@ -39,6 +39,39 @@ pub fn set_self_tag(shared: &Shared, id: &chitchat::ChitchatId) {
 
 type Ended = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
 
+/// A transport for chitchat while its socket cannot be opened: sends go nowhere, nothing is
+/// heard, so peers are silent and this host enforces alone (see [`Gossip::spawn`]).
+struct Unbound;
+
+struct UnboundSocket(std::net::SocketAddr);
+
+#[async_trait::async_trait]
+impl Transport for Unbound {
+    async fn open(
+        &self,
+        listen_addr: std::net::SocketAddr,
+    ) -> anyhow::Result<Box<dyn chitchat::transport::Socket>> {
+        Ok(Box::new(UnboundSocket(listen_addr)))
+    }
+}
+
+#[async_trait::async_trait]
+impl chitchat::transport::Socket for UnboundSocket {
+    fn local_addr(&self) -> anyhow::Result<std::net::SocketAddr> {
+        Ok(self.0)
+    }
+    async fn send(
+        &mut self,
+        _to: std::net::SocketAddr,
+        _envelope: chitchat::ChitchatEnvelope,
+    ) -> anyhow::Result<chitchat::transport::SendOutcome> {
+        Ok(chitchat::transport::SendOutcome { num_bytes_sent: 0 })
+    }
+    async fn recv(&mut self) -> anyhow::Result<chitchat::transport::RecvOutcome> {
+        std::future::pending().await
+    }
+}
+
 /// chitchat's server and what it takes to start it again.
 pub struct Gossip {
     handle: ChitchatHandle,
@@ -55,6 +88,13 @@ pub struct Gossip {
 
 impl Gossip {
     /// Starts chitchat with `config(generation)` over `transport`.
+    ///
+    /// If its socket cannot be opened (the gossip address is taken by another process, say),
+    /// gossip starts down instead of failing: the error is logged and shown (`gossip`
+    /// `restarting` with the error), this host enforces its cluster budgets alone, as when its
+    /// peers are silent (fail open), and [`Gossip::supervise`] opens the socket again with
+    /// backoff until it succeeds. Meanwhile chitchat keeps its state over a transport that
+    /// sends and hears nothing, so the sync loop publishes and reads as usual.
     pub async fn spawn(
         generation: u64,
         config: Box<dyn Fn(u64) -> ChitchatConfig + Send>,
@@ -64,18 +104,37 @@ impl Gossip {
     ) -> anyhow::Result<Self> {
         let first = config(generation);
         set_self_tag(&shared, &first.chitchat_id);
-        let handle = spawn_chitchat(first, Vec::new(), &*transport).await?;
-        Ok(Self {
+        let listen = first.listen_addr;
+        let (handle, down) = match spawn_chitchat(first, Vec::new(), &*transport).await {
+            Ok(handle) => (handle, None),
+            Err(e) => {
+                let error = format!("{e:#}");
+                tracing::error!(
+                    listen = %listen,
+                    error = %error,
+                    retry_in_ms = u64::try_from(min_backoff.as_millis()).unwrap_or(u64::MAX),
+                    "cluster gossip NOT running: cannot open the gossip socket at {listen}; this \
+                     host enforces its cluster budgets alone (fail open) until it can, retrying"
+                );
+                let handle = spawn_chitchat(config(generation), Vec::new(), &Unbound).await?;
+                (handle, Some(error))
+            }
+        };
+        let gossip = Self {
             ended: Box::pin(handle.termination_watcher()),
             handle,
             started: Instant::now(),
-            retry_at: None,
+            retry_at: down.as_ref().map(|_| Instant::now() + min_backoff),
             backoff: min_backoff,
             min_backoff,
             config,
             transport,
             shared,
-        })
+        };
+        if let Some(error) = down {
+            gossip.set_down(error);
+        }
+        Ok(gossip)
     }
 
     /// The server (while the loop is down, the last one: its state is frozen, so its peers go
@@ -388,5 +447,39 @@ mod tests {
             assert!(Instant::now() < deadline, "the carried key never reached b");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// A socket that cannot be opened at start (the address is taken) does not fail the start:
+    /// gossip starts down, shown `restarting` with the error, and comes up once an open works.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gossip_socket_that_cannot_be_opened_at_start_is_retried() {
+        let (a_addr, b_addr) = (free_addr(), free_addr());
+        let flaky = Flaky::default();
+        flaky.fail_opens.store(2, SeqCst);
+        let shared = Arc::new(Shared::default());
+        let mut a = Gossip::spawn(
+            1,
+            Box::new(move |g| config("a", a_addr, &[b_addr], g)),
+            Box::new(flaky.clone()),
+            shared.clone(),
+            Duration::from_millis(100),
+        )
+        .await
+        .expect("the start must not fail when the socket cannot be opened");
+        assert!(!a.running());
+        let status = shared.status();
+        assert_eq!(status.gossip, "restarting");
+        assert!(status.gossip_error.unwrap().contains("os error 24"));
+        let b = spawn_chitchat(config("b", b_addr, &[a_addr], 1), Vec::new(), &UdpTransport)
+            .await
+            .unwrap();
+        until_mutually_live(&mut a, &b).await;
+        let status = shared.status();
+        assert_eq!(status.gossip, "running");
+        assert_eq!(status.gossip_error, None);
+        assert_eq!(
+            status.counters.gossip_restarts, 2,
+            "a failed attempt and a successful one"
+        );
     }
 }

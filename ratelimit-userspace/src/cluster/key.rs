@@ -3,10 +3,16 @@
 //!
 //! The file holds at least 32 bytes of secret (any bytes; a trailing newline is ignored, so
 //! `head -c 32 /dev/urandom | base64 > cluster.key` works). It must not be readable or writable
-//! by other users: the agent refuses to start otherwise, as ssh does with a private key, because a
-//! leaked key lets anyone charge every host's buckets. Group access is allowed with a warning.
+//! by other users, and must be owned by root or the agent's own user: the agent refuses to start
+//! otherwise, as ssh does with a private key, because a leaked or planted key lets anyone charge
+//! every host's buckets. Group access is allowed with a warning. It is read like every file the
+//! agent reads: opened non-blocking and checked on the descriptor (a FIFO or a device is refused),
+//! at most 64 KiB.
 
-use std::{os::unix::fs::PermissionsExt as _, path::Path};
+use std::{
+    os::unix::fs::{MetadataExt as _, PermissionsExt as _},
+    path::Path,
+};
 
 use hkdf::Hkdf;
 use sha2::Sha256;
@@ -36,6 +42,17 @@ pub enum KeyError {
         path: String,
         /// Its permission bits.
         mode: u32,
+    },
+    /// The file is owned by another user than root or the agent's: that user can change the
+    /// cluster key (or swap the file).
+    #[error("[cluster] key_file {path}: owned by uid {uid}, neither root nor the agent's user (uid {euid}): that user could change the cluster key; run `chown root {path}`")]
+    Owner {
+        /// The key file.
+        path: String,
+        /// Its owner.
+        uid: u32,
+        /// The agent's effective user.
+        euid: u32,
     },
     /// The file holds too little secret.
     #[error("[cluster] key_file {path}: holds {len} bytes, at least {MIN_KEY_LEN} are needed (e.g. `head -c 32 /dev/urandom | base64 > {path}`)")]
@@ -67,15 +84,19 @@ impl ClusterKey {
             path: shown.clone(),
             reason,
         };
-        let meta = std::fs::metadata(path).map_err(|e| read_err(e.to_string()))?;
-        if !meta.is_file() {
-            return Err(read_err("not a regular file".into()));
-        }
-        if meta.len() > MAX_KEY_FILE {
-            return Err(read_err(format!(
-                "{} bytes; a key file holds at most {MAX_KEY_FILE}",
-                meta.len()
-            )));
+        // Opened non-blocking and checked on the descriptor read (a FIFO or a device swapped in
+        // is refused at once, not waited on or read without end), at most MAX_KEY_FILE bytes.
+        let (bytes, meta) = crate::config::read_file_bounded(path, MAX_KEY_FILE)
+            .map_err(|e| read_err(e.to_string()))?;
+        let owner = meta.uid();
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        if owner != 0 && owner != euid {
+            return Err(KeyError::Owner {
+                path: shown,
+                uid: owner,
+                euid,
+            });
         }
         let mode = meta.permissions().mode() & 0o777;
         if mode & 0o007 != 0 {
@@ -84,7 +105,6 @@ impl ClusterKey {
         if mode & 0o070 != 0 {
             tracing::warn!(path = %shown, mode = format!("{mode:o}"), "the cluster key file is accessible to its group; chmod 600 is safer");
         }
-        let bytes = std::fs::read(path).map_err(|e| read_err(e.to_string()))?;
         Self::from_secret(&bytes, cluster_id).map_err(|len| KeyError::TooShort { path: shown, len })
     }
 
@@ -152,6 +172,63 @@ mod tests {
         ));
         let missing = ClusterKey::load(&dir.join("missing"), "c").unwrap_err();
         assert!(missing.to_string().contains("missing"), "{missing}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A key file owned by another user is refused, naming the path and the owner; a FIFO, a
+    /// device or an oversized file is refused at once (never waited on or read without end).
+    #[test]
+    fn owner_and_file_kind_checks() {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let dir = std::env::temp_dir().join(format!("rl-key-owner-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("k");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .unwrap();
+        std::fs::write(&path, [b'x'; 40]).unwrap();
+        ClusterKey::load(&path, "c").unwrap();
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+            let e = ClusterKey::load(&path, "c").unwrap_err();
+            assert!(matches!(e, KeyError::Owner { uid: 65534, .. }), "{e}");
+            let text = e.to_string();
+            assert!(
+                text.contains(&path.display().to_string()) && text.contains("uid 65534"),
+                "{text}"
+            );
+        } else {
+            println!("not root: the owner check is only tested as root");
+        }
+
+        // A FIFO without a writer: refused at once (a blocking open or read would hang).
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = ClusterKey::load(&fifo, "c").unwrap_err();
+        assert!(e.to_string().contains("FIFO"), "{e}");
+        // A device that never ends.
+        let e = ClusterKey::load(Path::new("/dev/zero"), "c").unwrap_err();
+        assert!(e.to_string().contains("device"), "{e}");
+        // Larger than a key file.
+        let big = dir.join("big");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&big)
+            .unwrap()
+            .set_len(MAX_KEY_FILE + 1)
+            .unwrap();
+        let e = ClusterKey::load(&big, "c").unwrap_err();
+        assert!(e.to_string().contains("larger than"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -122,11 +122,12 @@ pub fn failure_detector(timeout: Duration) -> FailureDetectorConfig {
     }
 }
 
-/// Checks what can be checked before anything starts: the key file.
+/// Checks what can be checked before anything starts (before the dataplane is touched, so a
+/// failure here changes nothing in force): the key file, and the address to advertise.
 pub fn check(config: &ClusterConfig) -> Result<(), ClusterError> {
     ClusterKey::load(&config.key_file, &config.cluster_id)
-        .map(|_| ())
-        .map_err(|e| ClusterError(e.to_string()))
+        .map_err(|e| ClusterError(e.to_string()))?;
+    advertise_addr(config).map(|_| ())
 }
 
 /// The running cluster sync, as the servers that show its status hold it.

@@ -196,6 +196,13 @@ pub const MAX_FILE_BYTES: u64 = 64 << 20;
 /// checked on the open descriptor (so the file cannot be swapped between check and read), and
 /// read no further than the limit even if it grows meanwhile.
 pub(super) fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    read_file_bounded(path, MAX_FILE_BYTES).map(|(bytes, _)| bytes)
+}
+
+/// [`read_bounded`] with a limit of `max` bytes, for any file the agent reads (the cluster key,
+/// the config file peeked at for the log format): returns the bytes and the metadata of the
+/// descriptor they were read from (so owner and mode checks are of the very file read).
+pub fn read_file_bounded(path: &Path, max: u64) -> std::io::Result<(Vec<u8>, std::fs::Metadata)> {
     use std::{
         io::Read as _,
         os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _},
@@ -213,6 +220,8 @@ pub(super) fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
             "a device"
         } else if kind.is_socket() {
             "a socket"
+        } else if kind.is_dir() {
+            "a directory"
         } else {
             "something other than a file"
         };
@@ -220,17 +229,23 @@ pub(super) fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
             "is {what}, not a regular file: refused"
         )));
     }
-    let too_big =
-        || std::io::Error::other(format!("larger than {} MiB: refused", MAX_FILE_BYTES >> 20));
-    if meta.len() > MAX_FILE_BYTES {
+    let too_big = || {
+        let limit = if max >= 1 << 20 {
+            format!("{} MiB", max >> 20)
+        } else {
+            format!("{max} bytes")
+        };
+        std::io::Error::other(format!("larger than {limit}: refused"))
+    };
+    if meta.len() > max {
         return Err(too_big());
     }
     let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
         return Err(too_big());
     }
-    Ok(bytes)
+    Ok((bytes, meta))
 }
 
 /// The directory relative paths in the config file at `path` are resolved against.
