@@ -496,7 +496,10 @@ impl Dataplane {
         //    (an unchanged rule) is not touched: it costs a comparison, no map access.
         for r in &set.rules {
             let line = u32::try_from(r.line).unwrap_or(0);
-            let live = self.live_ids.contains(r.id);
+            // A fresh rule (an id the agent hands out anew) starts clean even if the id was not
+            // retired yet (a retirement that failed after a switch): never another rule's
+            // buckets or counters.
+            let live = self.live_ids.contains(r.id) && !r.fresh;
             let known = written(&self.records, r.id).filter(|_| live);
             let mut record = r.rule;
             record.bucket_gen = match known {
@@ -549,35 +552,84 @@ impl Dataplane {
             c.generation = epoch;
             c.flags = with_dropping_rules(c.flags, dropping);
         })?;
-        // 4. Once no packet can still be reading the old generation, bring it to the new set
-        //    too.
+        // From here on the new set is in force, whatever fails below: the install is done (the
+        // agent reports the new rules), and what is left undone is finished by the next install
+        // (the other half, unknown, is cleared and written whole; ids not yet retired stay live
+        // until they are). A failure is logged, naming what is left.
+        match self.after_switch(next, diff.as_ref(), new, &table, new_ids) {
+            Ok(()) => {
+                // Only once it all was written: an install that failed half-way repairs next
+                // time.
+                self.internal_at_install = Some(internal);
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "the new rules are in force, but bringing the other half of the prefix table                  to them, or retiring the ids of removed rules, failed; the next install                  finishes it"
+            ),
+        }
+        Ok(())
+    }
+
+    /// [`Self::install`]'s steps after the switch to generation `next`: once no packet can still
+    /// be reading the other generation, brings it to the new set too (`new`, from `diff` if
+    /// known), then retires the ids of rules that left the set (`new_ids` the set's).
+    fn after_switch(
+        &mut self,
+        next: u8,
+        diff: Option<&PrefixDiff>,
+        new: Vec<(MirrorKey, RuleSet)>,
+        table: &[u32],
+        new_ids: IdSet,
+    ) -> Result<()> {
         thread::sleep(GRACE);
-        self.write_generation(1 - next, diff.as_ref(), &new, &table)?;
+        fail::fail_point!("dataplane-after-switch", |_| Err(MapsError::Op {
+            map: map_names::PREFIXES,
+            reason: "failpoint dataplane-after-switch".into(),
+        }
+        .into()));
+        self.write_generation(1 - next, diff, &new, table)?;
         self.mirror = Some(new);
         // Rules that left the set: their buckets go stale with their generation (readers ignore
-        // them, the program recycles their records), so nothing is walked or deleted.
+        // them, the program recycles their records), so nothing is walked or deleted. An id stays
+        // live until it is retired, so a failure here is retried by the next install.
         let gone: Vec<u32> = self
             .live_ids
             .iter()
             .filter(|&id| !new_ids.contains(id))
             .collect();
-        for id in gone {
-            let rule = match self.records.get_mut(id as usize).and_then(Option::take) {
-                Some(w) => w.rule,
-                None => self.maps.rule(id)?,
-            };
-            self.maps.set_rule_meta(id, None)?;
-            self.maps.set_rule(
-                id,
-                ratelimit_common::Rule {
-                    bucket_gen: 0,
-                    ..rule
-                },
-            )?;
+        let mut live = new_ids;
+        for (i, &id) in gone.iter().enumerate() {
+            if let Err(e) = self.retire(id) {
+                for &left in &gone[i..] {
+                    live.insert(left);
+                }
+                self.live_ids = live;
+                return Err(e);
+            }
         }
-        self.live_ids = new_ids;
-        // Only once it all was written: an install that failed half-way repairs next time.
-        self.internal_at_install = Some(internal);
+        self.live_ids = live;
+        Ok(())
+    }
+
+    /// Retires rule id `id` (its rule left the set): no name, bucket generation 0.
+    fn retire(&mut self, id: u32) -> Result<()> {
+        let rule = match self.records.get_mut(id as usize).and_then(Option::take) {
+            Some(w) => w.rule,
+            None => self.maps.rule(id)?,
+        };
+        fail::fail_point!("dataplane-retire", |_| Err(MapsError::Op {
+            map: map_names::RULES,
+            reason: "failpoint dataplane-retire".into(),
+        }
+        .into()));
+        self.maps.set_rule_meta(id, None)?;
+        self.maps.set_rule(
+            id,
+            ratelimit_common::Rule {
+                bucket_gen: 0,
+                ..rule
+            },
+        )?;
         Ok(())
     }
 
@@ -679,6 +731,12 @@ impl IdSet {
         self.0
             .get((id / 64) as usize)
             .is_some_and(|w| w & (1 << (id % 64)) != 0)
+    }
+
+    fn insert(&mut self, id: u32) {
+        if let Some(w) = self.0.get_mut((id / 64) as usize) {
+            *w |= 1 << (id % 64);
+        }
     }
 
     fn iter(&self) -> impl Iterator<Item = u32> + '_ {
