@@ -799,7 +799,7 @@ const PIN_DIR_TRIES: u32 = 16;
 /// Anything else found at its path, or at a path of a directory below the bpffs mount that leads
 /// to it (anyone may create entries in a bpffs mounted with the kernel's default mode 1777: a
 /// symlink, a directory of another user, a directory holding entries that are not this user's
-/// pins, one locked by another process), is neither followed nor used nor obeyed: it is moved
+/// pins, one locked by a process of another user or while others could open it), is neither followed nor used nor obeyed: it is moved
 /// aside to a `NAME_quarantine_PID_RANDOM` name in the same parent, with a warning, and a fresh
 /// directory takes its place in the same rename (no window for anyone to plant another).
 /// Nothing is opened by path below the bpffs mount: each step is relative to a verified
@@ -1037,12 +1037,18 @@ fn own_dir(
             if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
                 return Err(io_err("locking pin directory", e));
             }
-            if !loose {
+            // No agent runs in a directory others could open, nor as another user: whoever
+            // holds the lock then is not one (another user may have opened the directory while
+            // its mode let them, and kept it open).
+            let holder = foreign_lock_holder(&now, euid);
+            if !loose && holder.is_none() {
                 return Err(DataplaneError::PinDirBusy(path.to_path_buf()));
             }
-            // No agent runs in a directory others could open: whoever holds the lock is not one.
             drop(file);
-            let found = format!("a directory of mode {mode:o} locked by another process");
+            let found = format!(
+                "a directory of mode {mode:o} locked by {}",
+                holder.as_deref().unwrap_or("another process")
+            );
             quarantine(parent, &cname, path, &found)?;
             fresh = true;
             continue;
@@ -1066,6 +1072,33 @@ fn own_dir(
             "something else kept taking its place ({PIN_DIR_TRIES} tries)"
         )),
     ))
+}
+
+/// Who holds the `flock` on the directory `st` describes, when that is a process whose
+/// effective user is not `euid` (from /proc/locks and the holder's /proc/PID/status): `None`
+/// when it runs as `euid` or cannot be told.
+fn foreign_lock_holder(st: &libc::stat, euid: u32) -> Option<String> {
+    let locks = fs::read_to_string("/proc/locks").ok()?;
+    let (major, minor) = (libc::major(st.st_dev), libc::minor(st.st_dev));
+    let file = format!("{major:02x}:{minor:02x}:{}", st.st_ino);
+    for line in locks.lines() {
+        // "1: FLOCK  ADVISORY  WRITE 1234 00:2a:5678 0 EOF" ("->" marks a waiter).
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.get(1) != Some(&"FLOCK") || f.get(5) != Some(&file.as_str()) {
+            continue;
+        }
+        let Some(pid) = f.get(4).and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let uid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|u| u.parse::<u32>().ok())?;
+        return (uid != euid).then(|| format!("process {pid} of uid {uid}"));
+    }
+    None
 }
 
 /// The first entry of the (verified, locked) directory `dir` that none of this user's pins could

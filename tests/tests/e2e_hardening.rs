@@ -1060,3 +1060,53 @@ fn a_fifo_or_device_as_a_list_file_is_refused_quickly_and_the_agent_keeps_answer
     agent.stop().unwrap();
     fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A directory of root's at the pin path that another user opened while its mode let them (an
+/// operator's `mkdir`, mode 0755) and keeps locked after it became 0700 does not block the agent:
+/// the lock's holder runs as another user, so it is no agent, and the directory is moved aside.
+#[test]
+fn a_pin_directory_locked_by_another_user_does_not_block() {
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::process::CommandExt as _;
+    let bed = bed("pinlock");
+    let bpffs = OpenBpffs::new("pinlock");
+    let pin = bpffs.mnt.join("ratelimit");
+    fs::create_dir(&pin).unwrap();
+    fs::set_permissions(&pin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut holder = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(["flock", "--nonblock", "--close"])
+        .arg(&pin)
+        .args(["sleep", "60"])
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let kill_holder = |holder: &mut std::process::Child| {
+        // SAFETY: killing the process group of our own child.
+        unsafe { libc::kill(-i32::try_from(holder.id()).unwrap(), libc::SIGKILL) };
+        let _ = holder.wait();
+    };
+    let probe = fs::File::open(&pin).unwrap();
+    wait_until("the other user's lock", Duration::from_secs(5), || {
+        // SAFETY: flock on a descriptor we own.
+        let held = unsafe { libc::flock(probe.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0;
+        if !held {
+            // SAFETY: as above.
+            unsafe { libc::flock(probe.as_raw_fd(), libc::LOCK_UN) };
+        }
+        held
+    });
+    drop(probe);
+    fs::set_permissions(&pin, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let agent = std::panic::catch_unwind(|| Agent::start(&bed, &pin));
+    kill_holder(&mut holder);
+    let agent = agent.unwrap_or_else(|e| std::panic::resume_unwind(e));
+    assert_owned_and_enforcing(&bed, &pin, &agent);
+    assert_eq!(quarantined(&pin).len(), 1);
+    let log = agent.log();
+    assert!(
+        log.contains("locked by process") && log.contains("of uid 65534"),
+        "{log}"
+    );
+    agent.stop();
+}
