@@ -792,7 +792,7 @@ fn init_store(maps: &mut PinnedMaps) -> Result<()> {
 /// How many times [`own_dir`] looks at a name again after moving aside what it found there. One
 /// look normally settles it: what [`quarantine`] swaps in is a fresh directory of the agent's own,
 /// which no other user can move in a sticky parent (a bpffs root always is).
-const PIN_DIR_TRIES: u32 = 16;
+const PIN_DIR_TRIES: u32 = 64;
 
 /// Makes `dir` the agent's own pin directory and locks it: a directory owned by this agent's
 /// user, mode 0700, so that no other user can open it, take its lock or touch the pins in it.
@@ -1171,33 +1171,42 @@ fn quarantine(parent: &fs::File, name: &std::ffi::CStr, path: &Path, found: &str
             Err(e) => return Err(io_err("creating a directory to replace", e)),
         }
         let moved_to = path.with_file_name(&aside_name);
-        let swapped = rename_at(parent, &aside, name, libc::RENAME_EXCHANGE);
         let removed_aside = || {
             use std::os::fd::AsRawFd as _;
             // SAFETY: a descriptor we own and a NUL-terminated name.
             unsafe { libc::unlinkat(parent.as_raw_fd(), aside.as_ptr(), libc::AT_REMOVEDIR) };
         };
-        match swapped {
-            Ok(()) => {
-                tracing::warn!(
-                    pin_dir = %path.display(),
-                    found = %found,
-                    moved_to = %moved_to.display(),
-                    "the pin directory's path held something this agent neither uses nor \
-                     trusts (planted by another user?): moved it aside"
-                );
-                return Ok(());
+        for _ in 0..PIN_DIR_TRIES {
+            match rename_at(parent, &aside, name, libc::RENAME_EXCHANGE) {
+                Ok(()) => {
+                    tracing::warn!(
+                        pin_dir = %path.display(),
+                        found = %found,
+                        moved_to = %moved_to.display(),
+                        "the pin directory's path held something this agent neither uses nor \
+                         trusts (planted by another user?): moved it aside"
+                    );
+                    return Ok(());
+                }
+                // Gone in the meantime: put the fresh directory there, unless someone was faster.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => {
+                    removed_aside();
+                    return Err(io_err("moving aside what was found at", e));
+                }
             }
-            // Gone in the meantime: nothing to move; the caller looks again.
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                removed_aside();
-                return Ok(());
-            }
-            Err(e) => {
-                removed_aside();
-                return Err(io_err("moving aside what was found at", e));
+            match rename_at(parent, &aside, name, libc::RENAME_NOREPLACE) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(e) => {
+                    removed_aside();
+                    return Err(io_err("creating pin directory", e));
+                }
             }
         }
+        // The caller looks again.
+        removed_aside();
+        return Ok(());
     }
     Err(io_err(
         "moving aside what was found at",
