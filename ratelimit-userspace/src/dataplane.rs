@@ -799,9 +799,10 @@ const PIN_DIR_TRIES: u32 = 64;
 /// Anything else found at its path, or at a path of a directory below the bpffs mount that leads
 /// to it (anyone may create entries in a bpffs mounted with the kernel's default mode 1777: a
 /// symlink, a directory of another user, a directory holding entries that are not this user's
-/// pins, one locked by a process of another user or while others could open it), is neither followed nor used nor obeyed: it is moved
-/// aside to a `NAME_quarantine_PID_RANDOM` name in the same parent, with a warning, and a fresh
-/// directory takes its place in the same rename (no window for anyone to plant another).
+/// pins, one locked by a process of another user or while others could open it), is neither
+/// followed nor used nor obeyed: it is moved aside to a `NAME_quarantine_PID_RANDOM` name in the
+/// same parent, with a warning, and a fresh directory takes its place in the same rename (no
+/// window for anyone to plant another).
 /// Nothing is opened by path below the bpffs mount: each step is relative to a verified
 /// descriptor of its parent, and no symlink is followed. A directory of this user, mode 0700,
 /// is kept with its pins (an earlier agent's, to adopt). Returns whether the directory is new,
