@@ -1139,9 +1139,9 @@ fn foreign_entry(dir: &Path, euid: u32) -> Option<String> {
 }
 
 /// Moves what is at `name` in `parent` (whose path is `path`) aside to a fresh
-/// `NAME_quarantine_PID_RANDOM` in the same parent (bpffs refuses names with a dot), putting a new empty directory of this user
-/// (mode 0700) in its place in the same rename (`RENAME_EXCHANGE`): the name is never free for
-/// someone else to take. Root may rename other users' entries in a sticky directory it owns (a
+/// `NAME_quarantine_PID_RANDOM` in the same parent (bpffs refuses names with a dot), putting a
+/// new empty directory of this user (mode 0700) in its place in the same rename
+/// (`RENAME_EXCHANGE`): the name is never free for someone else to take. Root may rename other users' entries in a sticky directory it owns (a
 /// bpffs root), and a directory within its parent without write access to it.
 fn quarantine(parent: &fs::File, name: &std::ffi::CStr, path: &Path, found: &str) -> Result<()> {
     let io_err = |what, source| DataplaneError::Io {
