@@ -468,10 +468,36 @@ fn wait_child(mut child: std::process::Child, what: &str) -> (std::process::Exit
     (status, log)
 }
 
+/// The entries the agent moved aside from `pin` (`NAME_quarantine_*` beside it).
+fn quarantined(pin: &Path) -> Vec<std::path::PathBuf> {
+    let prefix = format!("{}_quarantine_", pin.file_name().unwrap().to_string_lossy());
+    let mut found: Vec<_> = fs::read_dir(pin.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect();
+    found.sort();
+    found
+}
+
+/// Removes what the agent moved aside from `pin`, pins included.
+fn remove_quarantined(pin: &Path) {
+    for q in quarantined(pin) {
+        if fs::symlink_metadata(&q).unwrap().is_dir() {
+            ratelimit::dataplane::remove_pin_dir(&q).unwrap();
+            let _ = fs::remove_dir_all(&q);
+        } else {
+            fs::remove_file(&q).unwrap();
+        }
+    }
+}
+
 /// Another user created the pin directory before the agent (possible wherever bpffs has the
 /// kernel's default mode, 1777) and holds a lock on it: the agent is not blocked. A directory
-/// holding none of ratelimit's pins is not trusted either: it is replaced by one of the agent's
-/// own, mode 0700, that no other user can open (so no other user can take its lock).
+/// holding none of ratelimit's pins is not trusted either: it is moved aside and replaced by one
+/// of the agent's own, mode 0700, that no other user can open (so no other user can take its
+/// lock).
 #[test]
 fn a_planted_locked_pin_directory_neither_blocks_nor_is_trusted() {
     use std::os::fd::AsRawFd as _;
@@ -490,35 +516,40 @@ fn a_planted_locked_pin_directory_neither_blocks_nor_is_trusted() {
         bed.rx_if,
         pin.display()
     );
-    let agent = AgentProcess::start(&bed.rx, &cfg, &[]).unwrap();
-    let meta = fs::metadata(&pin).unwrap();
+    let agent = AgentProcess::start(&bed.rx, &cfg, &[]);
+    let aside = quarantined(&pin);
+    remove_quarantined(&pin);
+    let agent = agent.unwrap();
+    let meta = fs::symlink_metadata(&pin).unwrap();
+    assert!(meta.is_dir());
     assert_eq!(
         meta.uid(),
         0,
         "the agent uses a pin directory another user owns"
     );
     assert_eq!(
-        meta.mode() & 0o777,
+        meta.mode() & 0o7777,
         0o700,
         "pin directory mode {:o}",
         meta.mode()
     );
     assert!(
-        agent
-            .log()
-            .contains("created by another user and holds no pins: replacing it"),
+        agent.log().contains("moved it aside") && agent.log().contains("uid 65534"),
         "{}",
         agent.log()
     );
+    assert_eq!(aside.len(), 1, "{aside:?}");
     assert_eq!(rule_names(&agent), ["a"]);
     agent.stop().unwrap();
     drop(planted);
 }
 
-/// A pin directory of another user that holds pins is neither used nor removed: the agent stops
-/// with an error naming the owner and the way out.
+/// A pin directory of another user is never used, even one that holds real pins (which no user
+/// without CAP_BPF can create: root made them, and the directory changed hands): it is moved
+/// aside, pins and all, and the agent starts on fresh pins of its own.
 #[test]
-fn a_pin_directory_of_another_user_with_pins_is_refused() {
+fn a_pin_directory_of_another_user_is_moved_aside_even_with_pins() {
+    use std::os::unix::fs::MetadataExt as _;
     let bed = bed("foreign");
     let first = AgentProcess::start(
         &bed.rx,
@@ -528,22 +559,347 @@ fn a_pin_directory_of_another_user_with_pins_is_refused() {
     .unwrap();
     let (_, kept) = first.stop_keeping_pins().unwrap();
     let dir = kept.path().to_owned();
+    // Without its links: the program leaves the interface, for the next agent to attach.
+    ratelimit::dataplane::remove_link_pins(&dir).unwrap();
+    let old_config = fs::metadata(dir.join("RL_CONFIG")).unwrap().ino();
     std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
 
-    let (status, log) = agent_on_pins(&bed, &dir, "an agent given another user's pins");
-    assert!(
-        !status.success(),
-        "the agent used another user's pins: {log}"
+    let cfg = format!(
+        "[agent]\ninterfaces = [\"{}\"]\npin_path = \"{}\"\n\n{RULE_A}",
+        bed.rx_if,
+        dir.display()
     );
+    let agent = AgentProcess::start(&bed.rx, &cfg, &[]);
+    let aside = quarantined(&dir);
+    let aside_config = aside
+        .first()
+        .and_then(|q| fs::metadata(q.join("RL_CONFIG")).ok())
+        .map(|m| m.ino());
+    remove_quarantined(&dir);
+    let agent = agent.unwrap();
+    let log = agent.log();
+    assert!(log.contains("moved it aside"), "{log}");
+    let meta = fs::symlink_metadata(&dir).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o700));
+    assert_eq!(
+        aside_config,
+        Some(old_config),
+        "the old pins were not moved aside"
+    );
+    assert_ne!(
+        fs::metadata(dir.join("RL_CONFIG")).unwrap().ino(),
+        old_config,
+        "the agent used the pins of a directory another user owns"
+    );
+    assert_eq!(rule_names(&agent), ["a"]);
+    agent.stop().unwrap();
+    drop(kept);
+}
+
+/// A bpffs of the test's own with the kernel's default mode (1777: anyone may create directories
+/// and symlinks in it), mounted in the host's mount namespace on a fresh temp directory, so no
+/// test touches the host's /sys/fs/bpf. Unmounted, with everything pinned in it, on drop.
+struct OpenBpffs {
+    dir: std::path::PathBuf,
+    mnt: std::path::PathBuf,
+}
+
+impl OpenBpffs {
+    fn new(tag: &str) -> Self {
+        let dir = tempfile_dir(&format!("rl-hard-bpffs-{tag}"));
+        let mnt = dir.join("bpf");
+        fs::create_dir(&mnt).unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "bpf", "-o", "mode=1777", "bpf"])
+            .arg(&mnt)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount -t bpf {}", mnt.display());
+        assert_eq!(fs::metadata(&mnt).unwrap().mode() & 0o7777, 0o1777);
+        Self { dir, mnt }
+    }
+}
+
+impl Drop for OpenBpffs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs `script` with `sh` as uid/gid 65534 (nobody), without supplementary groups: what any
+/// local user can do.
+fn as_nobody(script: &str) {
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-ec",
+            script,
+        ])
+        .output()
+        .unwrap();
     assert!(
-        log.contains("owned by uid 65534") && log.contains("holds pins"),
+        out.status.success(),
+        "as nobody: {script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// An agent on `bed`'s interface with its pins at `pin`, in the host's mount namespace (it sees
+/// the test's bpffs) and with only the capabilities the shipped systemd unit gives it (so not
+/// CAP_DAC_OVERRIDE nor CAP_FOWNER). Stopped (SIGTERM) and waited for on drop.
+struct Agent {
+    child: std::process::Child,
+    tmp: std::path::PathBuf,
+    log: std::path::PathBuf,
+}
+
+impl Agent {
+    fn start(bed: &Bed, pin: &Path) -> Self {
+        let tmp = tempfile_dir("rl-hard-agent");
+        let cfg = tmp.join("ratelimit.toml");
+        fs::write(
+            &cfg,
+            format!(
+                "[agent]\ninterfaces = [\"{}\"]\npin_path = \"{}\"\nsocket = \"{}\"\n\n{RULE_A}",
+                bed.rx_if,
+                pin.display(),
+                tmp.join("agent.sock").display()
+            ),
+        )
+        .unwrap();
+        let log = tmp.join("agent.log");
+        let child = Command::new("nsenter")
+            .arg(format!("--net={}", bed.rx.path().display()))
+            .args([
+                "setpriv",
+                "--inh-caps=-all",
+                "--bounding-set=-all,+bpf,+net_admin,+perfmon",
+            ])
+            .arg(agent_binary())
+            .args(["agent", "-c"])
+            .arg(&cfg)
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut agent = Self { child, tmp, log };
+        wait_until("the agent running", Duration::from_secs(20), || {
+            if let Some(status) = agent.child.try_wait().unwrap() {
+                panic!("the agent exited ({status}): {}", agent.log());
+            }
+            agent.log().contains("running;")
+        });
+        agent
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, and the exit status must be success.
+    fn stop(mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(i32::try_from(self.child.id()).unwrap(), libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "agent exit {status}: {}", self.log());
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(i32::try_from(self.child.id()).unwrap(), libc::SIGTERM) };
+            let _ = self.child.wait();
+        }
+        let _ = fs::remove_dir_all(&self.tmp);
+    }
+}
+
+/// The pin directory is the agent's own (root's, mode 0700, a real directory), it holds the
+/// agent's pins and its link for `bed`'s interface, and the program is on the interface.
+fn assert_owned_and_enforcing(bed: &Bed, pin: &Path, agent: &Agent) {
+    let meta = fs::symlink_metadata(pin).unwrap();
+    assert!(meta.is_dir(), "{}: {:?}", pin.display(), meta.file_type());
+    assert_eq!(
+        (meta.uid(), meta.mode() & 0o7777),
+        (0, 0o700),
+        "pin directory owner and mode: {}",
+        agent.log()
+    );
+    for name in ["RL_CONFIG".to_owned(), format!("link_{}", bed.rx_if)] {
+        let m = fs::symlink_metadata(pin.join(&name)).unwrap();
+        assert!(m.is_file() && m.uid() == 0, "{name}: {m:?}");
+    }
+    assert!(
+        xdp_attachment(&bed.rx, &bed.rx_if).unwrap().is_some(),
+        "no program on the interface: {}",
+        agent.log()
+    );
+}
+
+/// A victim directory of root's, outside the bpffs, for planted symlinks to point at: it must
+/// keep its mode and stay empty.
+fn victim(bpffs: &OpenBpffs) -> std::path::PathBuf {
+    let victim = bpffs.dir.join("victim");
+    fs::create_dir(&victim).unwrap();
+    fs::set_permissions(&victim, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    victim
+}
+
+fn assert_untouched(victim: &Path) {
+    let meta = fs::symlink_metadata(victim).unwrap();
+    assert_eq!(
+        (meta.uid(), meta.mode() & 0o7777),
+        (0, 0o755),
+        "victim changed"
+    );
+    assert_eq!(fs::read_dir(victim).unwrap().count(), 0, "victim written");
+}
+
+/// A symlink another user planted at the pin path, on a bpffs anyone may write to, neither
+/// blocks the agent nor is followed: it is moved aside, and the agent pins into a directory of
+/// its own.
+#[test]
+fn a_symlink_at_the_pin_path_neither_blocks_nor_is_followed() {
+    let bed = bed("pinlink");
+    let bpffs = OpenBpffs::new("pinlink");
+    let victim = victim(&bpffs);
+    let pin = bpffs.mnt.join("ratelimit");
+    as_nobody(&format!("ln -s {} {}", victim.display(), pin.display()));
+    let agent = Agent::start(&bed, &pin);
+    assert_owned_and_enforcing(&bed, &pin, &agent);
+    assert_untouched(&victim);
+    let aside = quarantined(&pin);
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert!(fs::symlink_metadata(&aside[0]).unwrap().is_symlink());
+    let log = agent.log();
+    assert!(
+        log.contains("moved it aside") && log.contains("symlink of uid 65534"),
         "{log}"
     );
-    assert!(dir.join("RL_CONFIG").exists(), "the pins were removed");
-    assert!(xdp_attachment(&bed.rx, &bed.rx_if).unwrap().is_some());
+    agent.stop();
+    assert_untouched(&victim);
+}
 
-    std::os::unix::fs::chown(&dir, Some(0), Some(0)).unwrap();
-    drop(kept);
+/// A directory another user planted at the pin path with entries named like the agent's pins
+/// (directories: no user without CAP_BPF can create pins), nested and not readable by root
+/// without CAP_DAC_OVERRIDE, neither blocks the agent (which runs with the systemd unit's
+/// capabilities) nor is obeyed: it is moved aside whole.
+#[test]
+fn a_planted_pin_directory_with_pin_names_is_moved_aside_not_obeyed() {
+    let bed = bed("pinnames");
+    let bpffs = OpenBpffs::new("pinnames");
+    let pin = bpffs.mnt.join("ratelimit");
+    as_nobody(&format!(
+        "mkdir -p {p}/RL_CONFIG/x {p}/link_{i}/y && chmod 0700 {p}/RL_CONFIG && chmod 0755 {p}",
+        p = pin.display(),
+        i = bed.rx_if
+    ));
+    let agent = Agent::start(&bed, &pin);
+    assert_owned_and_enforcing(&bed, &pin, &agent);
+    let aside = quarantined(&pin);
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert!(
+        aside[0].join("RL_CONFIG/x").is_dir(),
+        "the planted tree moved whole"
+    );
+    assert!(agent.log().contains("moved it aside"), "{}", agent.log());
+    agent.stop();
+
+    // The same, in a directory of root's that others may write to (an operator's `mkdir` with
+    // mode 1777): the planted entries, not the directory's owner, get it moved aside.
+    fs::create_dir(&pin).unwrap();
+    fs::set_permissions(&pin, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    as_nobody(&format!("mkdir {}/RL_CONFIG", pin.display()));
+    let agent = Agent::start(&bed, &pin);
+    assert_owned_and_enforcing(&bed, &pin, &agent);
+    assert_eq!(quarantined(&pin).len(), 2);
+    assert!(
+        agent
+            .log()
+            .contains("\"RL_CONFIG\", a directory of uid 65534"),
+        "{}",
+        agent.log()
+    );
+    agent.stop();
+}
+
+/// Another user racing the agent for the pin path (a directory or a symlink planted there and
+/// created again as fast as possible whenever the name is free, or created and removed in turn)
+/// never gets the agent to use a directory that is not its own, to follow a symlink, or to give
+/// up: after each of many starts the pin directory is root's, mode 0700, and the agent enforces.
+#[test]
+fn a_pin_path_raced_by_another_user_ends_as_the_agents_own() {
+    use std::ffi::CString;
+    let bed = bed("pinrace");
+    let bpffs = OpenBpffs::new("pinrace");
+    let victim = victim(&bpffs);
+    let pin = bpffs.mnt.join("ratelimit");
+    let c_pin = CString::new(pin.to_str().unwrap()).unwrap();
+    let c_victim = CString::new(victim.to_str().unwrap()).unwrap();
+    for round in 0..16 {
+        let churn = round % 2 == 1;
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: the child makes only async-signal-safe system calls and never returns.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: plain system calls on NUL-terminated strings made before the fork.
+            unsafe {
+                // After setuid, which clears the parent-death signal: the racer dies with the
+                // test's thread (a failed assertion included).
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(65534) != 0
+                    || libc::setuid(65534) != 0
+                    || libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
+                    || libc::getppid() != parent
+                {
+                    libc::_exit(1);
+                }
+                loop {
+                    libc::mkdir(c_pin.as_ptr(), 0o777);
+                    if churn {
+                        libc::rmdir(c_pin.as_ptr());
+                    }
+                    libc::symlink(c_victim.as_ptr(), c_pin.as_ptr());
+                    if churn {
+                        libc::unlink(c_pin.as_ptr());
+                    }
+                }
+            }
+        }
+        // Let the racer plant something first.
+        thread::sleep(Duration::from_millis(20));
+        let agent = Agent::start(&bed, &pin);
+        let check = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            assert_owned_and_enforcing(&bed, &pin, &agent);
+            assert_untouched(&victim);
+        }));
+        // SAFETY: killing and reaping our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        if let Err(e) = check {
+            std::panic::resume_unwind(e);
+        }
+        agent.stop();
+        assert_untouched(&victim);
+        // What the racer left: gone before the next round.
+        let _ = fs::remove_file(&pin);
+        let _ = fs::remove_dir(&pin);
+    }
+    // The racer did get in the agent's way (else this tested nothing).
+    let aside = quarantined(&pin);
+    eprintln!("{} entries moved aside in 16 starts", aside.len());
+    assert!(aside.len() >= 8, "{aside:?}");
 }
 
 /// An agent whose /sys/fs/bpf is a bpffs of its own mount namespace (a container with its own
@@ -703,4 +1059,54 @@ fn a_fifo_or_device_as_a_list_file_is_refused_quickly_and_the_agent_keeps_answer
     rewrite(agent.config_path(), &text);
     agent.stop().unwrap();
     fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A directory of root's at the pin path that another user opened while its mode let them (an
+/// operator's `mkdir`, mode 0755) and keeps locked after it became 0700 does not block the agent:
+/// the lock's holder runs as another user, so it is no agent, and the directory is moved aside.
+#[test]
+fn a_pin_directory_locked_by_another_user_does_not_block() {
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::process::CommandExt as _;
+    let bed = bed("pinlock");
+    let bpffs = OpenBpffs::new("pinlock");
+    let pin = bpffs.mnt.join("ratelimit");
+    fs::create_dir(&pin).unwrap();
+    fs::set_permissions(&pin, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut holder = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(["flock", "--nonblock", "--close"])
+        .arg(&pin)
+        .args(["sleep", "60"])
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let kill_holder = |holder: &mut std::process::Child| {
+        // SAFETY: killing the process group of our own child.
+        unsafe { libc::kill(-i32::try_from(holder.id()).unwrap(), libc::SIGKILL) };
+        let _ = holder.wait();
+    };
+    let probe = fs::File::open(&pin).unwrap();
+    wait_until("the other user's lock", Duration::from_secs(5), || {
+        // SAFETY: flock on a descriptor we own.
+        let held = unsafe { libc::flock(probe.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0;
+        if !held {
+            // SAFETY: as above.
+            unsafe { libc::flock(probe.as_raw_fd(), libc::LOCK_UN) };
+        }
+        held
+    });
+    drop(probe);
+    fs::set_permissions(&pin, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let agent = std::panic::catch_unwind(|| Agent::start(&bed, &pin));
+    kill_holder(&mut holder);
+    let agent = agent.unwrap_or_else(|e| std::panic::resume_unwind(e));
+    assert_owned_and_enforcing(&bed, &pin, &agent);
+    assert_eq!(quarantined(&pin).len(), 1);
+    let log = agent.log();
+    assert!(
+        log.contains("locked by process") && log.contains("of uid 65534"),
+        "{log}"
+    );
+    agent.stop();
 }
