@@ -1338,6 +1338,43 @@ pub fn remove_link_pins(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Checks that `dir` is a directory of this user (for `ratelimit detach --pin-path`, before
+/// [`remove_pin_dir`]), not a symlink (which `detach` would follow,
+/// removing files named like pins wherever another user pointed it) nor another user's
+/// directory (an agent's pin directory is its own: see `prepare_pin_dir`).
+pub fn check_own_pin_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let refuse = |why: String| DataplaneError::Io {
+        what: "using pin directory",
+        path: dir.to_path_buf(),
+        source: std::io::Error::other(why),
+    };
+    let meta = fs::symlink_metadata(dir).map_err(|source| DataplaneError::Io {
+        what: "inspecting pin directory",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if meta.file_type().is_symlink() {
+        return Err(refuse(
+            "it is a symlink, not followed (anyone may plant one on a bpffs of mode 1777): name \
+             the pin directory itself"
+                .into(),
+        ));
+    }
+    if !meta.is_dir() {
+        return Err(refuse("it is not a directory".into()));
+    }
+    if meta.uid() != euid {
+        return Err(refuse(format!(
+            "it belongs to uid {}, not to this user (uid {euid}): not an agent's pin directory",
+            meta.uid()
+        )));
+    }
+    Ok(())
+}
+
 /// Detaches and removes everything a (possibly dead) agent left in `pin_dir`: pinned links (so
 /// the interfaces stop running the program) and pinned maps. For `ratelimit detach` without a
 /// running agent.

@@ -584,9 +584,10 @@ fn detach_offline(
             dir.display()
         );
     }
-    if !dir.exists() {
+    if std::fs::symlink_metadata(dir).is_err() {
         anyhow::bail!("nothing to detach: {} does not exist", dir.display());
     }
+    dataplane::check_own_pin_dir(dir)?;
     match iface {
         Some(iface) => {
             let link = dir.join(dataplane::link_pin_name(iface));

@@ -1110,3 +1110,53 @@ fn a_pin_directory_locked_by_another_user_does_not_block() {
     );
     agent.stop();
 }
+
+/// `ratelimit detach --pin-path` follows no symlink and removes nothing from another user's
+/// directory: a symlink planted at a pin path (anyone may, on a bpffs of mode 1777) that points at
+/// a directory holding files named like pins leaves them in place, as does a directory another
+/// user made there. The command says why, naming the path.
+#[test]
+fn detach_follows_no_planted_symlink_and_leaves_another_users_directory_alone() {
+    require_root();
+    let base = tempfile_dir("rl-hard-detach");
+    let victim = base.join("victim");
+    fs::create_dir(&victim).unwrap();
+    for name in ["RL_CONFIG", "RL_BUCKETS", "link_eth0"] {
+        fs::write(victim.join(name), b"precious").unwrap();
+    }
+    let planted = base.join("planted");
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    let foreign = base.join("foreign");
+    fs::create_dir(&foreign).unwrap();
+    fs::write(foreign.join("RL_CONFIG"), b"theirs").unwrap();
+    std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)).unwrap();
+
+    let detach = |dir: &Path| {
+        let out = Command::new(agent_binary())
+            .args(["detach", "--pin-path"])
+            .arg(dir)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = detach(&planted);
+    assert!(!ok, "detach followed a symlink");
+    assert!(
+        err.contains("symlink") && err.contains(&planted.display().to_string()),
+        "{err}"
+    );
+    for name in ["RL_CONFIG", "RL_BUCKETS", "link_eth0"] {
+        assert!(
+            victim.join(name).exists(),
+            "{name} removed through the symlink"
+        );
+    }
+    let (ok, err) = detach(&foreign);
+    assert!(!ok, "detach emptied another user's directory");
+    assert!(err.contains("uid 65534"), "{err}");
+    assert!(foreign.join("RL_CONFIG").exists());
+    fs::remove_dir_all(&base).unwrap();
+}
