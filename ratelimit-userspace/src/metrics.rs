@@ -370,6 +370,12 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
     )?;
     single(
         enc,
+        "ratelimit_cluster_readings_refused",
+        "Readings of peers' gossip refused as impossible (dated ahead, sequence, epoch or counter going back).",
+        &ConstCounter::new(c.readings_refused),
+    )?;
+    single(
+        enc,
         "ratelimit_cluster_charges_clamped",
         "Sync rounds late by more than 3 intervals, whose withheld refill was cut to that.",
         &ConstCounter::new(c.charges_clamped),

@@ -143,6 +143,10 @@ pub struct CounterValues {
     /// Of `charged_pkts`, what was withheld for hosts known but not heard (`on_partition =
     /// "share"`).
     pub share_charged_pkts: u64,
+    /// Readings of peers' gossip refused as impossible (a sync key dated ahead of this host's
+    /// clock, a sequence, epoch or counter that went back or ran ahead; see
+    /// `RemoteTracker::round`): the peer's figure is left out (fail open) or started again.
+    pub readings_refused: u64,
 }
 
 /// Live counters, shared by the transport and the sync task.
@@ -190,6 +194,8 @@ pub struct Counters {
     pub gossip_restarts: AtomicU64,
     /// See [`CounterValues::share_charged_pkts`].
     pub share_charged_pkts: AtomicU64,
+    /// See [`CounterValues::readings_refused`].
+    pub readings_refused: AtomicU64,
 }
 
 impl Counters {
@@ -223,6 +229,7 @@ impl Counters {
             last_sync_us: self.last_sync_us.load(Relaxed),
             gossip_restarts: self.gossip_restarts.load(Relaxed),
             share_charged_pkts: self.share_charged_pkts.load(Relaxed),
+            readings_refused: self.readings_refused.load(Relaxed),
         }
     }
 }

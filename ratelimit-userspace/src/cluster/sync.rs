@@ -315,7 +315,15 @@ impl SyncLoop {
 
             // 3. Demand -> shares: each local bucket refills at its share of the rate.
             let now = monotonic_ns();
+            remote.set_clock(super::unix_ms());
             let round = remote.round(now, &views, &rules.limits());
+            Counters::add(&c.readings_refused, round.refused);
+            if round.refused > 0 {
+                tracing::debug!(
+                    refused = round.refused,
+                    "cluster sync: peers' readings refused (dated ahead, or going back)"
+                );
+            }
             let keys_synced = round.keys_synced;
             // `on_partition`: the hosts heard (distinct addresses) and the hosts last known alive.
             let counted_addrs: Vec<SocketAddr> = remote
@@ -792,10 +800,7 @@ fn read_peers(
         let sync = state
             .get(SYNC_KEY)
             .filter(|_| standing != Standing::Silent)
-            .and_then(|s| {
-                let mut it = s.split(':').map(str::parse::<u64>);
-                Some((it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?))
-            });
+            .and_then(super::remote::parse_sync);
         views.push(PeerView {
             id: (*id).clone(),
             live: matches!(
