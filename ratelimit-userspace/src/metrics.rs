@@ -309,11 +309,13 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
         enc,
         "ratelimit_cluster_rejected",
         "Gossip datagrams dropped: auth (tag did not verify: wrong key or cluster id), stale (too \
-         old, from the future, replayed), malformed.",
+         old, from the future, replayed), malformed, unsafe (authentic, but what would crash or \
+         corrupt the gossip library: see cluster::inspect).",
         [
             ("auth", c.rejected_auth),
             ("stale", c.rejected_stale),
             ("malformed", c.rejected_malformed),
+            ("unsafe", c.rejected_unsafe),
         ]
         .map(|(r, n)| (vec![("reason", r)], ConstCounter::new(n))),
     )?;

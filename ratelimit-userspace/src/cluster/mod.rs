@@ -37,6 +37,7 @@
 
 pub mod charge;
 pub mod gossip;
+pub mod inspect;
 pub mod key;
 pub mod partition;
 pub mod publish;

@@ -109,6 +109,10 @@ pub struct CounterValues {
     pub rejected_stale: u64,
     /// Datagrams dropped as not our format, or gossip from an unknown local address.
     pub rejected_malformed: u64,
+    /// Authentic datagrams dropped before the gossip library saw them, because they would crash
+    /// or corrupt it (see `cluster::inspect`): a delta about this host's own node, a max version
+    /// below a key's, a version or heartbeat no member can have reached.
+    pub rejected_unsafe: u64,
     /// Sends that failed (peer unreachable, no route).
     pub send_errors: u64,
     /// Sync rounds run.
@@ -166,6 +170,8 @@ pub struct Counters {
     pub rejected_stale: AtomicU64,
     /// See [`CounterValues::rejected_malformed`].
     pub rejected_malformed: AtomicU64,
+    /// See [`CounterValues::rejected_unsafe`].
+    pub rejected_unsafe: AtomicU64,
     /// See [`CounterValues::send_errors`].
     pub send_errors: AtomicU64,
     /// See [`CounterValues::syncs`].
@@ -215,6 +221,7 @@ impl Counters {
             rejected_auth: self.rejected_auth.load(Relaxed),
             rejected_stale: self.rejected_stale.load(Relaxed),
             rejected_malformed: self.rejected_malformed.load(Relaxed),
+            rejected_unsafe: self.rejected_unsafe.load(Relaxed),
             send_errors: self.send_errors.load(Relaxed),
             syncs: self.syncs.load(Relaxed),
             keys_published: self.keys_published.load(Relaxed),
