@@ -403,6 +403,12 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
     )?;
     single(
         enc,
+        "ratelimit_cluster_sync_restarts",
+        "Restarts of the cluster sync loop after it ended (a panic in a round).",
+        &ConstCounter::new(c.sync_restarts),
+    )?;
+    single(
+        enc,
         "ratelimit_cluster_gossip_up",
         "1 while the gossip loop runs, 0 while it is being restarted.",
         &ConstGauge::new(u64::from(cluster.gossip != "restarting")),

@@ -151,6 +151,9 @@ pub struct CounterValues {
     /// clock, a sequence, epoch or counter that went back or ran ahead; see
     /// `RemoteTracker::round`): the peer's figure is left out (fail open) or started again.
     pub readings_refused: u64,
+    /// Restarts of the sync loop after it ended (a panic in a round): each is a new gossip
+    /// incarnation; meanwhile gossip shows `restarting`.
+    pub sync_restarts: u64,
 }
 
 /// Live counters, shared by the transport and the sync task.
@@ -202,6 +205,8 @@ pub struct Counters {
     pub share_charged_pkts: AtomicU64,
     /// See [`CounterValues::readings_refused`].
     pub readings_refused: AtomicU64,
+    /// See [`CounterValues::sync_restarts`].
+    pub sync_restarts: AtomicU64,
 }
 
 impl Counters {
@@ -237,6 +242,7 @@ impl Counters {
             gossip_restarts: self.gossip_restarts.load(Relaxed),
             share_charged_pkts: self.share_charged_pkts.load(Relaxed),
             readings_refused: self.readings_refused.load(Relaxed),
+            sync_restarts: self.sync_restarts.load(Relaxed),
         }
     }
 }
