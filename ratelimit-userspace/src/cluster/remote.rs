@@ -36,6 +36,10 @@ pub struct PeerView<P> {
     pub verified: bool,
     /// Its heartbeat counter.
     pub heartbeat: u64,
+    /// An authentic datagram sealed by this identity came from its address within the peer
+    /// timeout: heard, whatever its heartbeat in chitchat says (a member with the key can push
+    /// another's heartbeat in chitchat far ahead in a digest, so its real heartbeats look old).
+    pub direct: bool,
     /// Its sync key: `(sequence, Unix ms, next epoch)`, once it arrived.
     pub sync: Option<(u64, u64, u64)>,
     /// Its consumption keys (at most `max_keys` of them, in key order).
@@ -359,7 +363,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                     live: view.live,
                     verified: view.verified,
                 });
-            if view.heartbeat != track.heartbeat {
+            if view.heartbeat != track.heartbeat || view.direct {
                 track.heartbeat = view.heartbeat;
                 track.last_heard_ns = now;
             }
@@ -600,6 +604,7 @@ mod tests {
             live: true,
             verified: true,
             heartbeat: hb,
+            direct: false,
             sync: Some((hb, hb * 100, epoch_next)),
             keys: counts
                 .iter()
@@ -879,6 +884,7 @@ mod tests {
             live: true,
             verified: true,
             heartbeat: hb,
+            direct: false,
             sync: parse_sync(sync),
             keys: vec![(name(), Count::parse(count).unwrap())],
         }
@@ -983,5 +989,31 @@ mod tests {
         assert_eq!(r.refused, 1, "{r:?}");
         let r = round(800 * MS, 8, sync(8, 2), "1:0:0:800".into());
         assert!((victim_share(&r) - fair).abs() < 1e-9, "{r:?}");
+    }
+
+    /// A member with the key pushes another member's heartbeat in chitchat far ahead (a digest
+    /// naming it with a huge heartbeat): its real heartbeats then look old and chitchat's
+    /// failure detector stops hearing it. While authentic datagrams sealed by that member keep
+    /// coming from its address (`direct`), it stays heard and counted here; without them it is
+    /// not heard past the timeout, as before.
+    #[test]
+    fn a_peer_heard_directly_stays_counted_whatever_its_heartbeat_in_chitchat() {
+        let mut t = RemoteTracker::new(3 * S, LAG);
+        let l = limits();
+        let frozen = |seq: u64, d: u64, direct: bool| PeerView {
+            heartbeat: 1 << 40,
+            direct,
+            sync: Some((seq, seq * 100, 2)),
+            ..view("a", seq, 2, &[(1, d)])
+        };
+        t.round(0, &[frozen(1, 0, true)], &l);
+        for i in 2..=50u64 {
+            let r = t.round(i * 100 * MS, &[frozen(i, 100 * (i - 1), true)], &l);
+            assert_eq!((r.counted_peers, per_sync(&r)), (1, 100), "round {i}");
+        }
+        assert!(t.heard(&"a".to_string(), 1 << 40, 5 * S + 3 * S));
+        // No authentic datagram from it any more: not heard once the timeout has passed.
+        let r = t.round(9 * S, &[frozen(90, 9000, false)], &l);
+        assert_eq!(r.counted_peers, 0);
     }
 }
