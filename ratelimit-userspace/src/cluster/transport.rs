@@ -212,7 +212,7 @@ impl SecureSocket {
                     // log line, first and every 1000th, tells the two apart.
                     Reject::ReplayFull => (
                         &c.rejected_stale,
-                        "refused: the replay window is full of live datagrams",
+                        "refused: the replay window (or this sender's quota of it) is full of live datagrams",
                     ),
                     Reject::Malformed => (&c.rejected_malformed, "malformed"),
                 };
