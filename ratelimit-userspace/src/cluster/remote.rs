@@ -36,10 +36,11 @@ pub struct PeerView<P> {
     pub verified: bool,
     /// Its heartbeat counter.
     pub heartbeat: u64,
-    /// An authentic datagram sealed by this identity came from its address within the peer
-    /// timeout: heard, whatever its heartbeat in chitchat says (a member with the key can push
-    /// another's heartbeat in chitchat far ahead in a digest, so its real heartbeats look old).
-    pub direct: bool,
+    /// When (`CLOCK_MONOTONIC` ns) the last authentic datagram sealed by this identity came from
+    /// its address, if within the peer timeout: heard then, whatever its heartbeat in chitchat
+    /// says (a member with the key can push another's heartbeat in chitchat far ahead in a
+    /// digest, so that its real heartbeats look old).
+    pub heard_at: Option<u64>,
     /// Its sync key: `(sequence, Unix ms, next epoch)`, once it arrived.
     pub sync: Option<(u64, u64, u64)>,
     /// Its consumption keys (at most `max_keys` of them, in key order).
@@ -363,9 +364,12 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                     live: view.live,
                     verified: view.verified,
                 });
-            if view.heartbeat != track.heartbeat || view.direct {
+            if view.heartbeat != track.heartbeat {
                 track.heartbeat = view.heartbeat;
                 track.last_heard_ns = now;
+            }
+            if let Some(t) = view.heard_at {
+                track.last_heard_ns = track.last_heard_ns.max(t.min(now));
             }
             track.live = view.live;
             track.verified = view.verified;
@@ -604,7 +608,7 @@ mod tests {
             live: true,
             verified: true,
             heartbeat: hb,
-            direct: false,
+            heard_at: None,
             sync: Some((hb, hb * 100, epoch_next)),
             keys: counts
                 .iter()
@@ -884,7 +888,7 @@ mod tests {
             live: true,
             verified: true,
             heartbeat: hb,
-            direct: false,
+            heard_at: None,
             sync: parse_sync(sync),
             keys: vec![(name(), Count::parse(count).unwrap())],
         }
@@ -1002,7 +1006,7 @@ mod tests {
         let l = limits();
         let frozen = |seq: u64, d: u64, direct: bool| PeerView {
             heartbeat: 1 << 40,
-            direct,
+            heard_at: direct.then_some(seq * 100 * MS),
             sync: Some((seq, seq * 100, 2)),
             ..view("a", seq, 2, &[(1, d)])
         };
@@ -1012,8 +1016,14 @@ mod tests {
             assert_eq!((r.counted_peers, per_sync(&r)), (1, 100), "round {i}");
         }
         assert!(t.heard(&"a".to_string(), 1 << 40, 5 * S + 3 * S));
-        // No authentic datagram from it any more: not heard once the timeout has passed.
-        let r = t.round(9 * S, &[frozen(90, 9000, false)], &l);
+        // No authentic datagram from it since 5 s: not heard once the timeout has passed since
+        // that one (not a timeout after it was last seen as recent).
+        let r = t.round(8 * S, &[frozen(51, 5000, false)], &l);
+        assert_eq!(
+            r.counted_peers, 1,
+            "within the timeout of its last datagram"
+        );
+        let r = t.round(8 * S + 1, &[frozen(51, 5000, false)], &l);
         assert_eq!(r.counted_peers, 0);
     }
 }

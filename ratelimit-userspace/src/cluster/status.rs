@@ -282,6 +282,17 @@ impl Authenticated {
         self.0.insert((from, sender), now);
     }
 
+    /// The (address, identity) pairs that sent an authentic datagram at or after `since`, with
+    /// the time of the last one.
+    #[must_use]
+    pub fn last_since(&self, since: u64) -> std::collections::HashMap<(SocketAddr, u64), u64> {
+        self.0
+            .iter()
+            .filter(|(_, t)| **t >= since)
+            .map(|(k, t)| (*k, *t))
+            .collect()
+    }
+
     /// The (address, identity) pairs that sent an authentic datagram at or after `since`.
     #[must_use]
     pub fn all_since(&self, since: u64) -> std::collections::HashSet<(SocketAddr, u64)> {

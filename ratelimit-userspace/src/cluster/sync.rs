@@ -281,7 +281,7 @@ impl SyncLoop {
                 .authenticated
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .all_since(monotonic_ns().saturating_sub(timeout_ns));
+                .last_since(monotonic_ns().saturating_sub(timeout_ns));
             // A loop that ended is restarted here (as a new incarnation, see [`Gossip`]).
             chitchat.supervise().await;
             let self_id = chitchat.handle().chitchat_id().clone();
@@ -310,10 +310,12 @@ impl SyncLoop {
                             ))
                         },
                         |id| {
-                            direct.contains(&(
-                                id.gossip_advertise_addr,
-                                super::wire::sender_tag(&id.node_id, id.generation_id),
-                            ))
+                            direct
+                                .get(&(
+                                    id.gossip_advertise_addr,
+                                    super::wire::sender_tag(&id.node_id, id.generation_id),
+                                ))
+                                .copied()
                         },
                         |id, heartbeat| remote.heard(id, heartbeat, now),
                     );
@@ -746,15 +748,16 @@ pub(crate) fn trim_peer_states(
 /// each member (tombstones included): the first [`MAX_PEERS`] candidates (see [`standings`])
 /// with at most `max_keys` keys each, then at most as many other members, without keys, to
 /// show. `authenticated` says whether an authentic datagram sealed by a member's identity came
-/// from its advertised address lately (ten peer timeouts); `direct`, whether one did within the
-/// peer timeout (alive and heard, whatever chitchat's failure detector and heartbeat say);
+/// from its advertised address lately (ten peer timeouts); `direct`, when the last one did, if
+/// within the peer timeout (alive and heard, whatever chitchat's failure detector and heartbeat
+/// say);
 /// `heard`, whether a member with this heartbeat is still heard.
 fn read_peers(
     c: &chitchat::Chitchat,
     self_id: &ChitchatId,
     max_keys: usize,
     authenticated: impl Fn(&ChitchatId) -> bool,
-    direct: impl Fn(&ChitchatId) -> bool,
+    direct: impl Fn(&ChitchatId) -> Option<u64>,
     heard: impl Fn(&ChitchatId, u64) -> bool,
 ) -> (Vec<PeerView<ChitchatId>>, u64, HashMap<ChitchatId, usize>) {
     let live: HashSet<&ChitchatId> = c.live_nodes().collect();
@@ -775,10 +778,10 @@ fn read_peers(
             // Alive and heard if chitchat says so, or if it sealed an authentic datagram from its
             // address within the peer timeout (a heartbeat pushed ahead in chitchat by another
             // member makes chitchat's failure detector stop hearing it).
-            live: live.contains(id) || direct(id),
+            live: live.contains(id) || direct(id).is_some(),
             has_sync: state.get(SYNC_KEY).is_some(),
             authenticated: authenticated(id),
-            heard: direct(id) || heard(id, u64::from(state.heartbeat())),
+            heard: direct(id).is_some() || heard(id, u64::from(state.heartbeat())),
         })
         .collect();
     let standing = standings(&members);
@@ -830,7 +833,7 @@ fn read_peers(
                 Standing::Candidate | Standing::Pending | Standing::Silent
             ),
             heartbeat: u64::from(state.heartbeat()),
-            direct: direct(id),
+            heard_at: direct(id),
             sync,
             keys,
         });
