@@ -107,6 +107,7 @@ impl Transport for SecureTransport {
             buf: vec![0; 65_536],
             shared: self.shared.clone(),
             replay_full: 0,
+            heartbeats: super::inspect::Heartbeats::default(),
         }))
     }
 }
@@ -131,6 +132,8 @@ struct SecureSocket {
     /// Datagrams refused because the replay memory was full (counted as stale; this paces their
     /// own log line).
     replay_full: u64,
+    /// Each member's own last reported heartbeat (see [`super::inspect::Heartbeats`]).
+    heartbeats: super::inspect::Heartbeats,
 }
 
 fn counters(shared: &Shared) -> &Counters {
@@ -239,7 +242,14 @@ impl SecureSocket {
             id.gossip_advertise_addr == local
                 && super::wire::sender_tag(&id.node_id, id.generation_id) == self_tag
         };
-        if let Err(why) = super::inspect::check(&message, is_self) {
+        let is_sender = |id: &chitchat::ChitchatId| {
+            id.gossip_advertise_addr == from
+                && super::wire::sender_tag(&id.node_id, id.generation_id) == sender
+        };
+        let now_ms = crate::maps::bucket::monotonic_ns() / 1_000_000;
+        let checked = super::inspect::check(&message, is_self)
+            .and_then(|digest| self.heartbeats.check(&digest, is_sender, now_ms));
+        if let Err(why) = checked {
             let n = c
                 .rejected_unsafe
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -497,7 +507,8 @@ mod tests {
     /// sealed with the cluster key from its own address: a `SetMaxVersion` below a key's version
     /// for another member (chitchat's assertion: its gossip loop panicked), a key of the
     /// receiver's own node at `u64::MAX` (its next `set` overflowed: the sync loop died), a
-    /// version no member can reach and a heartbeat of `u64::MAX` for another member. Each is
+    /// version no member can reach, a heartbeat of `u64::MAX` for another member and a real
+    /// member's heartbeat a million ahead of what it reported itself. Each is
     /// refused before chitchat sees it and counted; the receiver keeps setting its own keys and
     /// gossiping them.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -511,6 +522,14 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let a_id = a.chitchat_id().clone();
+        let b_id = b.chitchat_id().clone();
+        let b_heartbeat = || async {
+            a.with_chitchat(|c| c.node_state(&b_id).map(|s| u64::from(s.heartbeat())))
+                .await
+                .unwrap()
+        };
+        // b's heartbeat named far ahead (b's own reports to a are the mark).
+        let forged_heartbeat = b_heartbeat().await + 1_000_000;
         let evil = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
         let evil_addr = evil.local_addr().unwrap();
         let victim = ChitchatId::new("victim".to_string(), 1, evil_addr);
@@ -525,13 +544,14 @@ mod tests {
             craft::ack(&[Op::Node(&a_id, 0, 0), Op::Kv("x", "y", u64::MAX)]),
             craft::ack(&[Op::Node(&victim, 0, 0), Op::Kv("x", "y", u64::MAX - 1)]),
             craft::syn(&[(&victim, u64::MAX, 0)], "test"),
+            craft::syn(&[(&victim, 5, 0), (&b_id, forged_heartbeat, 0)], "test"),
         ];
         for m in &crafted {
             for d in codec.seal(m, a_addr, unix_ms()).unwrap() {
                 evil.send_to(&d, a_addr).unwrap();
             }
         }
-        while a_shared.counters.rejected_unsafe.load(Relaxed) < 4 {
+        while a_shared.counters.rejected_unsafe.load(Relaxed) < 5 {
             assert!(
                 Instant::now() < deadline,
                 "the crafted messages were not refused: {:?}",
@@ -581,8 +601,12 @@ mod tests {
         }
         assert_eq!(
             a_shared.counters.rejected_unsafe.load(Relaxed),
-            4,
+            5,
             "an honest message was refused"
+        );
+        assert!(
+            b_heartbeat().await < forged_heartbeat,
+            "b's heartbeat at a was pushed ahead"
         );
         for h in [a, b] {
             h.shutdown().await.unwrap();
