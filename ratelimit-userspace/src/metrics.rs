@@ -428,11 +428,13 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
         enc,
         "ratelimit_cluster_rejected",
         "Gossip datagrams dropped: auth (tag did not verify: wrong key or cluster id), stale (too \
-         old, from the future, replayed), malformed.",
+         old, from the future, replayed), malformed, unsafe (authentic, but what would crash or \
+         corrupt the gossip library: see cluster::inspect).",
         [
             ("auth", c.rejected_auth),
             ("stale", c.rejected_stale),
             ("malformed", c.rejected_malformed),
+            ("unsafe", c.rejected_unsafe),
         ]
         .map(|(r, n)| (vec![("reason", r)], ConstCounter::new(n))),
     )?;
@@ -489,6 +491,12 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
     )?;
     single(
         enc,
+        "ratelimit_cluster_readings_refused",
+        "Readings of peers' gossip refused as impossible (dated ahead, sequence, epoch or counter going back).",
+        &ConstCounter::new(c.readings_refused),
+    )?;
+    single(
+        enc,
         "ratelimit_cluster_charges_clamped",
         "Sync rounds late by more than 3 intervals, whose withheld refill was cut to that.",
         &ConstCounter::new(c.charges_clamped),
@@ -511,6 +519,12 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
         "ratelimit_cluster_gossip_restarts",
         "Restarts of the gossip loop attempted after a socket error ended it.",
         &ConstCounter::new(c.gossip_restarts),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_sync_restarts",
+        "Restarts of the cluster sync loop after it ended (a panic in a round).",
+        &ConstCounter::new(c.sync_restarts),
     )?;
     single(
         enc,

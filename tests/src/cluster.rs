@@ -378,6 +378,11 @@ pub struct Claims {
     pub per_round: u64,
     /// Junk keys published on top (`c/{rule}/203.0.x.y`, after the real sources in key order).
     pub junk: usize,
+    /// Set to N: the next round publishes, once, a sync key dated 10^12 ms ahead with the largest
+    /// next epoch and every key of [`Claims::keys`] at the largest epoch and demand
+    /// (`u64::MAX:0:0:u64::MAX`), and the N - 1 rounds after it publish nothing (so every peer
+    /// reads that one reading); the rounds after them publish as before.
+    pub forge_future: u32,
 }
 
 /// A key-holding peer speaking the real protocol: one chitchat server per [`Identity`], each over
@@ -494,15 +499,33 @@ async fn run(
     }
     let _ = ready.send(());
     let mut seq = 0u64;
+    // Holding a forged reading (see [`Claims::forge_future`]).
+    let mut forging = false;
     let mut published: HashSet<String> = HashSet::new();
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
         if *stop.lock().unwrap() {
             break;
         }
-        seq += 1;
+        let sync_value;
         let kvs: Vec<(String, String)> = {
             let mut c = claims.lock().unwrap();
+            let forge = c.forge_future > 0 && !forging;
+            if c.forge_future > 0 {
+                c.forge_future -= 1;
+                forging = c.forge_future > 0;
+                if !forge {
+                    continue;
+                }
+            } else {
+                forging = false;
+            }
+            seq += 1;
+            sync_value = if forge {
+                format!("{seq}:{}:{}", unix_ms() + 1_000_000_000_000, u64::MAX)
+            } else {
+                format!("{seq}:{}:1", unix_ms())
+            };
             let per_round = c.per_round;
             for (_, n) in &mut c.keys {
                 *n += per_round;
@@ -511,10 +534,12 @@ async fn run(
                 .keys
                 .iter()
                 .map(|((rule, addr), n)| {
-                    (
-                        format!("{KEY_PREFIX}{rule}/{addr}"),
-                        format!("1:{n}:{}", n * 64),
-                    )
+                    let value = if forge {
+                        format!("{}:0:0:{}", u64::MAX, u64::MAX)
+                    } else {
+                        format!("1:{n}:{}", n * 64)
+                    };
+                    (format!("{KEY_PREFIX}{rule}/{addr}"), value)
                 })
                 .collect();
             let rule = c
@@ -534,6 +559,7 @@ async fn run(
             let kvs = kvs.clone();
             let fresh: HashSet<String> = kvs.iter().map(|(k, _)| k.clone()).collect();
             let gone: Vec<String> = published.difference(&fresh).cloned().collect();
+            let sync_value = sync_value.clone();
             h.with_chitchat(move |c| {
                 let node = c.self_node_state();
                 for (k, v) in &kvs {
@@ -542,7 +568,7 @@ async fn run(
                 for k in &gone {
                     node.delete(k);
                 }
-                node.set(SYNC_KEY, format!("{seq}:{}:1", unix_ms()));
+                node.set(SYNC_KEY, &sync_value);
             })
             .await;
         }

@@ -18,6 +18,9 @@
 //! 6 x 0.8 s); no forged id is counted and h1 stays counted; no agent stores more than `max_keys` keys and the sync key of any member. Then a datagram that h0
 //! sealed for the attacker, replayed to h1 from h0's address, is rejected (`rejected{auth}`).
 //!
+//! A forged reading dated ahead (a sync key 10^12 ms in the future, the victim's key at the
+//! largest epoch and demand) is refused and does not keep the victim blocked.
+//!
 //! And a gossip socket error (EMFILE: h0's agent runs out of file descriptors, lowered with
 //! prlimit while it runs, when a new peer address sends it an authentic datagram) ends the
 //! gossip loop: `status` shows `restarting` and the error, the loop is restarted once the limit
@@ -380,6 +383,75 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
     }
 }
 
+/// A key-holding member publishes once (and holds for half a second) a sync key dated 10^12 ms ahead with the largest epoch,
+/// and the victim's key at the largest epoch and demand (`u64::MAX:0:0:u64::MAX`), then goes on
+/// publishing as before (its claims gaining nothing). Before, h0 kept that reading as the
+/// newest: every real one after it looked older, the victim's demand at the attacker read
+/// ~1.8e10 pps for as long as the attacker's sync key moved, and the victim, under its budget at
+/// h0, was starved. Now the reading is refused (`readings_refused`), and the victim is admitted in
+/// full within 1 s of it while the attacker goes on gossiping.
+#[test]
+fn a_forged_reading_dated_ahead_does_not_keep_a_source_blocked() {
+    let net = Net::new("rl-cf", 2, &[VICTIM]);
+    let (ans, _) = net.gossip_only("rl-cf-x", ATTACKER_IP);
+    let agents = start(&net, &[]);
+    let h0 = &agents[0];
+    let me = SocketAddr::new(IpAddr::V4(ATTACKER_IP), GOSSIP_PORT);
+    let attacker = Attacker::start(
+        &ans,
+        CLUSTER_ID,
+        &[gossip_addr(0), gossip_addr(1)],
+        vec![Identity {
+            id: ChitchatId::new(format!("attacker/{me}"), unix_ms(), me),
+            bind: me,
+        }],
+    );
+    attacker.claims(|c| c.keys = vec![(("cl".to_string(), IpAddr::V4(VICTIM)), 0)]);
+    wait_for("h0 to count the attacker", Duration::from_secs(20), || {
+        let c = peers(&cluster(h0));
+        peer_named(&c, &format!("attacker/{me}"))
+            .iter()
+            .any(|p| p["counted"] == true)
+            .then_some(())
+    });
+    let (sent, got) = victim(&net, 1.0);
+    assert_eq!(got, sent, "the victim lost packets before any attack");
+    let refused_before = counter(&cluster(h0), "readings_refused");
+
+    // Held for half a second (5 rounds), so that h0 surely reads it.
+    attacker.claims(|c| c.forge_future = 5);
+    thread::sleep(Duration::from_secs(1));
+    // The attacker goes on gossiping (its sync key moves on, its claims gain nothing).
+    let (sent, got) = victim(&net, 3.0);
+    let c = cluster(h0);
+    println!(
+        "after the forged reading: victim sent {sent}, h0 admitted {got}; readings_refused {} -> \
+         {}; peers at h0: {:#}",
+        refused_before,
+        counter(&c, "readings_refused"),
+        Value::Array(peers(&c))
+    );
+    assert_eq!(
+        got, sent,
+        "the victim is still blocked after a forged reading dated ahead"
+    );
+    assert!(
+        counter(&c, "readings_refused") > refused_before,
+        "h0 refused no reading: the test did not forge"
+    );
+    assert!(
+        peer_named(&peers(&c), &format!("attacker/{me}"))
+            .iter()
+            .any(|p| p["counted"] == true),
+        "the attacker is no longer counted: the victim's admission proves nothing"
+    );
+    attacker.stop();
+    drop(ans);
+    for a in agents {
+        assert!(a.stop().unwrap().success());
+    }
+}
+
 /// The lowest file descriptor number not open in `pid`.
 fn lowest_free_fd(pid: libc::pid_t) -> u64 {
     let open: std::collections::HashSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -407,6 +479,10 @@ fn set_nofile(pid: libc::pid_t, soft: u64) -> u64 {
     assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
     old.rlim_cur
 }
+
+/// A well-formed chitchat message (magic 45,139, protocol V1, `BadCluster`): authentic datagrams
+/// must carry one to get past the agent's check (`cluster::inspect`) to chitchat's socket.
+const CHITCHAT_BAD_CLUSTER: &[u8] = &[0x53, 0xB0, 1, 3];
 
 #[test]
 fn a_gossip_socket_error_is_survived_shown_and_counted() {
@@ -439,7 +515,7 @@ fn a_gossip_socket_error_is_survived_shown_and_counted() {
         let sock = bind_udp(&ans, SocketAddr::new(IpAddr::V4(ATTACKER_IP), 0)).unwrap();
         let mut codec = Codec::new(&key, CLUSTER_ID, sock.local_addr().unwrap());
         let sealed = codec
-            .seal(b"not a chitchat message", gossip_addr(0), unix_ms())
+            .seal(CHITCHAT_BAD_CLUSTER, gossip_addr(0), unix_ms())
             .unwrap()
             .remove(0);
         sock.send_to(&sealed, gossip_addr(0)).unwrap();

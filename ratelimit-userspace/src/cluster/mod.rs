@@ -37,6 +37,7 @@
 
 pub mod charge;
 pub mod gossip;
+pub mod inspect;
 pub mod key;
 pub mod partition;
 pub mod publish;
@@ -152,8 +153,6 @@ pub async fn spawn(
     rules: watch::Receiver<Arc<CompiledRuleSet>>,
     pin_dir: &Path,
 ) -> Result<(ClusterHandle, tokio::task::JoinHandle<()>), ClusterError> {
-    let err =
-        |what: &str, e: &dyn std::fmt::Display| ClusterError(format!("[cluster] {what}: {e}"));
     let key = ClusterKey::load(&config.key_file, &config.cluster_id)
         .map_err(|e| ClusterError(e.to_string()))?;
     let advertise = advertise_addr(config)?;
@@ -184,11 +183,11 @@ pub async fn spawn(
             ..ClusterStatus::default()
         };
     }
-    let config_of = {
+    let config_of: Arc<dyn Fn(u64) -> ChitchatConfig + Send + Sync> = {
         let (node_id, cluster_id, listen) =
             (node_id.clone(), config.cluster_id.clone(), config.listen);
         let seeds: Vec<String> = config.seeds.iter().map(ToString::to_string).collect();
-        move |generation| ChitchatConfig {
+        Arc::new(move |generation| ChitchatConfig {
             chitchat_id: ChitchatId::new(node_id.as_str(), generation, advertise),
             cluster_id: cluster_id.clone(),
             gossip_interval: gossip_interval(interval),
@@ -200,20 +199,23 @@ pub async fn spawn(
             extra_liveness_predicate: None,
             // Every agent of this version decodes V1 (compressed digests).
             protocol_version: ProtocolVersion::V1,
-        }
+        })
     };
-    let transport = SecureTransport::new(key, config.cluster_id.clone(), shared.clone())
-        .with_advertise(advertise);
-    let maps = PinnedMaps::open(pin_dir).map_err(|e| err("opening the pinned maps", &e))?;
-    let chitchat = Gossip::spawn(
-        generation,
-        Box::new(config_of),
-        Box::new(transport),
-        shared.clone(),
-        gossip::MIN_BACKOFF,
-    )
-    .await
-    .map_err(|e| err("starting gossip", &format!("{e:#}")))?;
+    let factory = SyncFactory {
+        config_of,
+        key,
+        cluster_id: config.cluster_id.clone(),
+        advertise,
+        shared: shared.clone(),
+        pin_dir: pin_dir.to_path_buf(),
+        rules,
+        interval,
+        max_keys: config.max_keys,
+        peer_timeout: timeout,
+        on_partition: config.on_partition,
+        partition_memory_ns: config.partition_memory_s.saturating_mul(1_000_000_000),
+    };
+    let first = factory.build(generation).await?;
     tracing::info!(
         node = %node_id,
         generation,
@@ -223,23 +225,183 @@ pub async fn spawn(
         sync_interval_ms = config.sync_interval_ms,
         "cluster gossip started"
     );
-    let task = tokio::spawn(
-        sync::SyncLoop {
-            rules,
+    let first: Started = (generation, Box::pin(first.run()));
+    let factory = Arc::new(factory);
+    let task = tokio::spawn(supervise_sync(
+        shared.clone(),
+        Some(first),
+        move || {
+            let factory = factory.clone();
+            async move {
+                let generation = unix_ms();
+                let sync = factory.build(generation).await?;
+                let generation = sync.chitchat.handle().chitchat_id().generation_id;
+                Ok::<Started, ClusterError>((generation, Box::pin(sync.run())))
+            }
+        },
+        gossip::MIN_BACKOFF,
+    ));
+    Ok((ClusterHandle { shared }, task))
+}
+
+/// What it takes to start the sync loop (and its gossip) again.
+struct SyncFactory {
+    config_of: Arc<dyn Fn(u64) -> ChitchatConfig + Send + Sync>,
+    key: ClusterKey,
+    cluster_id: String,
+    advertise: SocketAddr,
+    shared: Arc<Shared>,
+    pin_dir: std::path::PathBuf,
+    rules: watch::Receiver<Arc<CompiledRuleSet>>,
+    interval: Duration,
+    max_keys: usize,
+    peer_timeout: Duration,
+    on_partition: crate::config::OnPartition,
+    partition_memory_ns: u64,
+}
+
+impl SyncFactory {
+    /// A sync loop over a new gossip incarnation (`generation`) and fresh handles on the maps.
+    async fn build(&self, generation: u64) -> Result<sync::SyncLoop, ClusterError> {
+        let err =
+            |what: &str, e: &dyn std::fmt::Display| ClusterError(format!("[cluster] {what}: {e}"));
+        let transport = SecureTransport::new(
+            self.key.clone(),
+            self.cluster_id.clone(),
+            self.shared.clone(),
+        )
+        .with_advertise(self.advertise);
+        let maps =
+            PinnedMaps::open(&self.pin_dir).map_err(|e| err("opening the pinned maps", &e))?;
+        let config_of = self.config_of.clone();
+        let chitchat = Gossip::spawn(
+            generation,
+            Box::new(move |g| config_of(g)),
+            Box::new(transport),
+            self.shared.clone(),
+            gossip::MIN_BACKOFF,
+        )
+        .await
+        .map_err(|e| err("starting gossip", &format!("{e:#}")))?;
+        Ok(sync::SyncLoop {
+            rules: self.rules.clone(),
             chitchat,
             maps,
-            shared: shared.clone(),
-            interval,
-            max_keys: config.max_keys,
-            peer_timeout: timeout,
-            partition: partition::Partition::new(
-                config.on_partition,
-                config.partition_memory_s.saturating_mul(1_000_000_000),
-            ),
+            shared: self.shared.clone(),
+            interval: self.interval,
+            max_keys: self.max_keys,
+            peer_timeout: self.peer_timeout,
+            partition: partition::Partition::new(self.on_partition, self.partition_memory_ns),
+        })
+    }
+}
+
+/// Aborts a task when dropped (the supervisor's own abort at shutdown reaches the loop it runs).
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// What a task's end says: its panic message, or that it returned.
+fn why_ended(r: Result<(), tokio::task::JoinError>) -> String {
+    match r {
+        Ok(()) => "the cluster sync loop ended".to_string(),
+        Err(e) if e.is_panic() => {
+            let p = e.into_panic();
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(ToString::to_string)
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_string());
+            format!("the cluster sync loop panicked: {msg}")
         }
-        .run(),
-    );
-    Ok((ClusterHandle { shared }, task))
+        Err(e) => format!("the cluster sync loop stopped: {e}"),
+    }
+}
+
+/// A sync loop started: its gossip generation and the loop to run.
+type Started = (
+    u64,
+    std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+);
+
+/// Runs the sync loop (`first`, then what `build` starts), and when it ends (a panic in a round,
+/// a bucket scan that panicked) starts it again, over a new gossip incarnation, after
+/// `min_backoff`, doubling the wait (up to [`gossip::MAX_BACKOFF`]) while it keeps ending within
+/// a minute. Meanwhile the status shows gossip `restarting` with the error
+/// (`ratelimit_cluster_gossip_up` 0), the error is logged, every end counts in `sync_restarts`,
+/// no peer is shown, and the shares lapse within their lag allowance: every bucket refills at
+/// the whole rate (fail open, visibly). (Before, the agent kept the task's handle only to abort
+/// it: a sync loop that died left `status` at `running` and cluster enforcement gone.)
+async fn supervise_sync<B, F>(
+    shared: Arc<Shared>,
+    first: Option<Started>,
+    build: B,
+    min_backoff: Duration,
+) where
+    B: Fn() -> F + Send,
+    F: std::future::Future<Output = Result<Started, ClusterError>> + Send,
+{
+    let mut next = first;
+    let mut backoff = min_backoff;
+    loop {
+        let (_, run) = match next.take() {
+            Some(s) => s,
+            None => match build().await {
+                Ok((generation, run)) => {
+                    tracing::warn!(
+                        generation,
+                        "cluster sync restarted (a new gossip incarnation)"
+                    );
+                    let mut view = shared
+                        .view
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    view.generation = generation;
+                    view.gossip = "running";
+                    view.gossip_error = None;
+                    (generation, run)
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, retry_in_ms = backoff.as_millis(), "cluster sync: restart failed");
+                    set_sync_down(&shared, e.to_string());
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(gossip::MAX_BACKOFF);
+                    continue;
+                }
+            },
+        };
+        let started = std::time::Instant::now();
+        let task = tokio::spawn(run);
+        let abort = AbortOnDrop(task.abort_handle());
+        let why = why_ended(task.await);
+        drop(abort);
+        if started.elapsed() >= Duration::from_secs(60) {
+            backoff = min_backoff;
+        }
+        tracing::error!(error = %why, retry_in_ms = backoff.as_millis(), "cluster sync stopped: this host enforces its buckets alone (every share lapses: fail open) until it restarts");
+        shared
+            .counters
+            .sync_restarts
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        set_sync_down(&shared, why);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(gossip::MAX_BACKOFF);
+    }
+}
+
+fn set_sync_down(shared: &Shared, error: String) {
+    let mut view = shared
+        .view
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    view.gossip = "restarting";
+    view.gossip_error = Some(error);
+    view.peers.clear();
+    view.hosts_heard = 1;
 }
 
 /// The address peers reach us at: `listen`, or when that is a wildcard, the local address the
@@ -419,5 +581,77 @@ mod tests {
         }
         a.shutdown().await.unwrap();
         b.shutdown().await.unwrap();
+    }
+
+    /// A sync loop that panics (as the sync loop did on the first `set` after a delta left its
+    /// own max version at `u64::MAX`) is seen at once: the status shows gossip `restarting`
+    /// with the panic's message, `sync_restarts` counts it; after the backoff a new loop runs
+    /// (a new generation) and the status is `running` again. A loop that fails to start is
+    /// retried; aborting the supervisor aborts the loop it runs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sync_loop_that_dies_is_shown_down_and_restarted() {
+        use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+        let shared = Arc::new(Shared::default());
+        shared.view.lock().unwrap().gossip = "running";
+        let builds = Arc::new(AtomicU64::new(0));
+        let running = Arc::new(AtomicU64::new(0));
+        let first: Started = (
+            1,
+            Box::pin(async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                panic!("attempt to add with overflow");
+            }),
+        );
+        let (b, r) = (builds.clone(), running.clone());
+        let task = tokio::spawn(supervise_sync(
+            shared.clone(),
+            Some(first),
+            move || {
+                let (b, r) = (b.clone(), r.clone());
+                async move {
+                    // The first restart fails (the old socket not released yet, say).
+                    if b.fetch_add(1, SeqCst) == 0 {
+                        return Err(ClusterError("[cluster] starting gossip: busy".into()));
+                    }
+                    let run: Started = (
+                        2,
+                        Box::pin(async move {
+                            r.fetch_add(1, SeqCst);
+                            std::future::pending::<()>().await;
+                        }),
+                    );
+                    Ok(run)
+                }
+            },
+            Duration::from_millis(300),
+        ));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let st = shared.status();
+            if st.gossip == "restarting" {
+                assert!(
+                    st.gossip_error
+                        .as_deref()
+                        .is_some_and(|e| e.contains("panicked: attempt to add with overflow")),
+                    "{st:?}"
+                );
+                assert_eq!(st.counters.sync_restarts, 1);
+                break;
+            }
+            assert!(Instant::now() < deadline, "the loop's death was not shown");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        while running.load(SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "the loop was not restarted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let st = shared.status();
+        assert_eq!(
+            (st.gossip, st.gossip_error, st.generation),
+            ("running", None, 2)
+        );
+        assert_eq!(builds.load(SeqCst), 2, "a failed start is retried");
+        task.abort();
+        let _ = task.await;
     }
 }

@@ -36,10 +36,22 @@ pub struct PeerView<P> {
     pub verified: bool,
     /// Its heartbeat counter.
     pub heartbeat: u64,
+    /// When (`CLOCK_MONOTONIC` ns) the last authentic datagram sealed by this identity came from
+    /// its address, if within the peer timeout: heard then, whatever its heartbeat in chitchat
+    /// says (a member with the key can push another's heartbeat in chitchat far ahead in a
+    /// digest, so that its real heartbeats look old).
+    pub heard_at: Option<u64>,
     /// Its sync key: `(sequence, Unix ms, next epoch)`, once it arrived.
     pub sync: Option<(u64, u64, u64)>,
     /// Its consumption keys (at most `max_keys` of them, in key order).
     pub keys: Vec<(KeyName, Count)>,
+}
+
+/// Parses a sync key's value, `SEQ:UNIX_MS:NEXT_EPOCH` (see [`PeerView::sync`]).
+#[must_use]
+pub fn parse_sync(value: &str) -> Option<(u64, u64, u64)> {
+    let mut it = value.split(':').map(str::parse::<u64>);
+    Some((it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?))
 }
 
 /// The local limit a remote key is charged to (one limit of a rule: its own or a
@@ -143,10 +155,18 @@ pub const DEMAND_ROUNDS: usize = 1;
 pub struct DemandWindow(std::collections::VecDeque<(u64, u64)>);
 
 impl DemandWindow {
-    /// Adds a reading (a time before the last one's is ignored).
+    /// Adds a reading. One at the time of the last is ignored (the same reading again); one
+    /// before it, or with a count below the last one's, starts the window again from it: the
+    /// readings before were wrong (a clock stepped back, or a forged reading ahead of the
+    /// real ones), and a window that ignored every later reading would keep their rate for ever.
     pub fn push(&mut self, at: u64, count: u64) {
-        if self.0.back().is_some_and(|&(t, _)| at <= t) {
-            return;
+        if let Some(&(t, c)) = self.0.back() {
+            if at == t {
+                return;
+            }
+            if at < t || count < c {
+                self.0.clear();
+            }
         }
         self.0.push_back((at, count));
         while self.0.len() > DEMAND_ROUNDS + 1 {
@@ -254,6 +274,10 @@ pub struct Round<P> {
     pub keys_synced: u64,
     /// Peers counted in this round.
     pub counted_peers: u64,
+    /// Readings refused in this round (see [`RemoteTracker::round`]): a sync key dated ahead of
+    /// this host's clock, one whose sequence went back, a key's epoch beyond the peer's own
+    /// next epoch, a counter that went back.
+    pub refused: u64,
 }
 
 impl<P> Default for Round<P> {
@@ -262,6 +286,7 @@ impl<P> Default for Round<P> {
             demand: HashMap::new(),
             keys_synced: 0,
             counted_peers: 0,
+            refused: 0,
         }
     }
 }
@@ -281,8 +306,15 @@ impl<P> Round<P> {
 pub struct RemoteTracker<P> {
     timeout_ns: u64,
     stale_ns: u64,
+    /// This host's Unix time (ms) for the round, once set ([`RemoteTracker::set_clock`]).
+    unix_ms: Option<u64>,
     peers: HashMap<P, PeerTrack>,
 }
+
+/// How far a key's epoch may be ahead of the next epoch its peer's sync key names: keys that
+/// entered the peer's published set after that sync key (a round's worth, read before the next
+/// sync key arrives; `max_keys` is at most 100,000).
+pub const EPOCHS_AHEAD: u64 = 1 << 20;
 
 impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
     /// A tracker that stops counting a peer not heard for `timeout_ns`, and stops counting the
@@ -294,8 +326,16 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
         Self {
             timeout_ns,
             stale_ns,
+            unix_ms: None,
             peers: HashMap::new(),
         }
+    }
+
+    /// This host's Unix time (ms) as of the next round: a sync key dated more than
+    /// [`MAX_SKEW_MS`](super::wire::MAX_SKEW_MS) after it is refused (without a clock set, the
+    /// dates are not checked).
+    pub fn set_clock(&mut self, unix_ms: u64) {
+        self.unix_ms = Some(unix_ms);
     }
 
     /// Folds in the peers as read at `now` (`CLOCK_MONOTONIC` ns); `limits` gives the local
@@ -328,6 +368,9 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                 track.heartbeat = view.heartbeat;
                 track.last_heard_ns = now;
             }
+            if let Some(t) = view.heard_at {
+                track.last_heard_ns = track.last_heard_ns.max(t.min(now));
+            }
             track.live = view.live;
             track.verified = view.verified;
             track.published = view.keys.len();
@@ -340,6 +383,29 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                 track.rates.clear();
                 continue;
             };
+            // Every reading is checked before it counts: a peer with the key may write anything
+            // (under its own id, or under another member's through chitchat's relaying), and a
+            // reading taken as the newest would make every real one after it look old.
+            // A sync key dated ahead of our clock (by more than datagrams may be) is refused:
+            // the peer is not counted this round (fail open) and what it sent before stands.
+            if self
+                .unix_ms
+                .is_some_and(|ms| sync.1 > ms.saturating_add(super::wire::MAX_SKEW_MS))
+            {
+                round.refused += 1;
+                continue;
+            }
+            // An honest peer's sync sequence never goes back (chitchat only ever replaces a key
+            // with a newer version of it): the one read before was not the peer's (or the peer
+            // misbehaves). Start again from this one, as a new baseline.
+            if track.sync.is_some_and(|last| sync.0 < last.0) {
+                round.refused += 1;
+                track.sync = None;
+                track.counted = false;
+                track.rejoin_seq = None;
+                track.rates.clear();
+                track.keys.clear();
+            }
             if !track.counted {
                 if let Some(last) = track.sync {
                     // Heard again after a silence. Its heartbeat travels in digests, ahead of its
@@ -392,15 +458,36 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                 let mut rates = HashMap::with_capacity(view.keys.len());
                 for (name, count) in &view.keys {
                     let prev = track.keys.remove(name);
+                    // A key of an epoch the peer cannot have given yet: refused, what was read
+                    // before stands.
+                    if count.epoch > sync.2.saturating_add(EPOCHS_AHEAD) {
+                        round.refused += 1;
+                        if let Some(a) = prev {
+                            keys.insert(name.clone(), a);
+                        }
+                        continue;
+                    }
                     let mut applied = match prev {
-                        // The high-water mark never goes down (an older report of the same
-                        // epoch).
                         Some(mut a) if a.count.epoch == count.epoch => {
-                            a.count.demand = a.count.demand.max(count.demand);
+                            // A counter that went back in the same epoch: what was read before
+                            // was not the peer's count (chitchat never brings an older value).
+                            // Its window starts again from this reading.
+                            if count.demand < a.count.demand {
+                                round.refused += 1;
+                            }
+                            a.count = *count;
                             a
                         }
-                        // An older epoch than the one already seen: a stale report, nothing new.
-                        Some(a) if a.count.epoch > count.epoch => a,
+                        // An older epoch than the one read before: likewise, a new baseline
+                        // (no demand until its next reading), never a mark later readings of
+                        // the real epoch stay under.
+                        Some(a) if a.count.epoch > count.epoch => {
+                            round.refused += 1;
+                            Applied {
+                                count: *count,
+                                window: DemandWindow::default(),
+                            }
+                        }
                         // A key (or a new epoch of it) that began while we counted the peer: all
                         // of it is demand since its last sync.
                         _ if count.epoch >= track.baseline_epoch => {
@@ -521,6 +608,7 @@ mod tests {
             live: true,
             verified: true,
             heartbeat: hb,
+            heard_at: None,
             sync: Some((hb, hb * 100, epoch_next)),
             keys: counts
                 .iter()
@@ -571,8 +659,10 @@ mod tests {
     }
 
     /// Demand is what the cumulative counter gained over the peer's last syncs, by its clock: a
-    /// repeated sync changes nothing, an older count does not lower the mark, lost updates are
-    /// caught up over the longer span, a new epoch counts from zero, a stale epoch adds nothing.
+    /// repeated sync changes nothing, a count that went back (chitchat never brings an older
+    /// value: the one before was not the peer's) adds nothing and starts the window again from
+    /// it, lost updates are caught up over the longer span, a new epoch counts from zero, an
+    /// older epoch adds nothing (and is a new baseline).
     #[test]
     fn demand_is_the_counters_gain_over_the_peers_own_time() {
         let mut t = RemoteTracker::new(3 * S, LAG);
@@ -590,11 +680,12 @@ mod tests {
         const _: () = assert!(DEMAND_ROUNDS == 1, "the figures below are for one interval");
         let r = t.round(300 * MS, &[view("a", 3, 2, &[(1, 250)])], &l);
         assert!((rate(&r) - 1000.0).abs() < 1e-9, "{r:?}");
-        // An older count (reordered): the mark stays at 250; nothing over 100 ms.
+        // A count that went back: refused, nothing over 100 ms; the window starts from it.
         let r = t.round(400 * MS, &[view("a", 4, 2, &[(1, 120)])], &l);
         assert!(rate(&r).abs() < 1e-9, "{r:?}");
+        assert_eq!(r.refused, 1);
         // Two syncs lost: the window spans its last two readings, 400..700 ms: 300 over 300 ms.
-        let r = t.round(500 * MS, &[view("a", 7, 2, &[(1, 550)])], &l);
+        let r = t.round(500 * MS, &[view("a", 7, 2, &[(1, 420)])], &l);
         assert!((rate(&r) - 1000.0).abs() < 1e-9, "{r:?}");
         // A new epoch of the key (it left and came back): counted from zero since its last sync.
         let r = t.round(600 * MS, &[view("a", 8, 3, &[(2, 30)])], &l);
@@ -620,9 +711,22 @@ mod tests {
         #[expect(clippy::cast_precision_loss, reason = "small numbers")]
         let want = (100 - first * first) as f64 / DEMAND_ROUNDS as f64;
         assert!((w.rate(1.0) - want).abs() < 1e-9);
-        w.push(15, 1_000_000);
-        assert!((w.rate(1.0) - want).abs() < 1e-9, "an older reading");
+        w.push(20, 1_000_000);
+        assert!(
+            (w.rate(1.0) - want).abs() < 1e-9,
+            "the same time again: ignored"
+        );
         assert_eq!(w.last_at(), Some(20));
+        // An older reading (a clock stepped back, or the readings before were not real): the
+        // window starts again from it, and later readings count again (a window that ignored
+        // them would keep the old rate for ever).
+        w.push(15, 1_000_000);
+        assert_eq!((w.len(), w.last_at(), w.rate(1.0)), (1, Some(15), 0.0));
+        w.push(16, 1_000_100);
+        assert!((w.rate(1.0) - 100.0).abs() < 1e-9);
+        // A count that went back likewise.
+        w.push(17, 5);
+        assert_eq!((w.len(), w.rate(1.0)), (1, 0.0));
     }
 
     /// A restarted peer is a new incarnation, baselined when first counted; the old one's last
@@ -771,5 +875,155 @@ mod tests {
         t.credit(&"nobody".to_string(), 1, 1);
         let info = t.info(0).next().unwrap().1;
         assert_eq!((info.charged_pkts, info.charged_bytes), (12, 1200));
+    }
+
+    /// This host's Unix clock in the tests below (ms).
+    const NOW_MS: u64 = 1_700_000_000_000;
+
+    /// A peer's view as gossip carries it: its sync key's value and [`name`]'s value, parsed by
+    /// the agent's own parsers.
+    fn gossiped(id: &str, hb: u64, sync: &str, count: &str) -> PeerView<String> {
+        PeerView {
+            id: id.to_string(),
+            live: true,
+            verified: true,
+            heartbeat: hb,
+            heard_at: None,
+            sync: parse_sync(sync),
+            keys: vec![(name(), Count::parse(count).unwrap())],
+        }
+    }
+
+    /// The victim's share here (its demand here 200 pps, the limit 1,000 pps, two hosts) in
+    /// round `r`.
+    fn victim_share(r: &Round<String>) -> f64 {
+        crate::cluster::charge::share(200.0, r.peer_demand(&name()), 1.0, Some(1000.0), 2.0)
+    }
+
+    /// A member with the key (under its own id, or another's through chitchat's relaying)
+    /// publishes a sync key dated 10^12 ms ahead with the largest epoch, and the victim's key at
+    /// the largest epoch and demand. Before, that reading was taken as the newest: every real
+    /// reading after it looked older and was ignored, and the victim's demand read ~1.8e10 pps
+    /// for ever (its share at the 1 / 65,536 floor). Now it is refused (the peer is left out for
+    /// that round: fail open), and the peer's next real syncs count as before.
+    #[test]
+    fn a_reading_dated_ahead_is_refused_and_never_freezes_the_peers_demand() {
+        let mut t = RemoteTracker::new(3 * S, LAG);
+        let l = limits();
+        let mut round = |at: u64, hb: u64, sync: String, count: &str| {
+            t.set_clock(NOW_MS + at / MS);
+            t.round(at, &[gossiped("a", hb, &sync, count)], &l)
+        };
+        let real = |seq: u64, at: u64, demand: u64| {
+            (
+                format!("{seq}:{}:2", NOW_MS + at / MS),
+                format!("1:0:0:{demand}"),
+            )
+        };
+        let (s, c) = real(1, 0, 100);
+        round(0, 1, s, &c);
+        let (s, c) = real(2, 100 * MS, 200);
+        let r = round(100 * MS, 2, s, &c);
+        assert!((r.peer_demand(&name()) - 1000.0).abs() < 1e-6, "{r:?}");
+        let fair = victim_share(&r);
+        assert!((fair - 200.0 / 1200.0).abs() < 1e-9);
+
+        let forged_sync = format!("3:{}:{}", NOW_MS + 100 + 1_000_000_000_000, u64::MAX);
+        let forged_key = format!("{}:0:0:{}", u64::MAX, u64::MAX);
+        let r = round(200 * MS, 3, forged_sync, &forged_key);
+        assert_eq!(r.refused, 1, "{r:?}");
+        assert_eq!(r.counted_peers, 0, "left out for the round: fail open");
+        assert_eq!(victim_share(&r), 1.0);
+        // The forged key stays in the gossip state beside the peer's next real sync keys (the
+        // peer republishes a key only when it changes): refused, never a mark.
+        let r = round(300 * MS, 4, format!("3:{}:2", NOW_MS + 300), &forged_key);
+        assert!(r.refused >= 1, "{r:?}");
+        assert!(victim_share(&r) >= fair, "{r:?}");
+        // The real key again: its demand counts from the next sync, as before the forgery.
+        let mut shares = Vec::new();
+        for (i, hb) in (5..10).enumerate() {
+            let at = (400 + 100 * i as u64) * MS;
+            let (s, c) = real(hb - 1, at, 300 + 100 * i as u64);
+            shares.push(victim_share(&round(at, hb, s, &c)));
+        }
+        assert!(shares.iter().all(|s| *s >= fair - 1e-9), "{shares:?}");
+        assert!(
+            (shares[1..].iter().all(|s| (s - fair).abs() < 1e-9)),
+            "{shares:?}"
+        );
+    }
+
+    /// Under its own id, a member publishes once a sync key the right time but the largest
+    /// epoch, with the victim's key at the largest epoch and demand: that round reads a huge
+    /// demand (a claim while it lasts), and once the real values are back the victim's share is
+    /// back within two rounds (before, the real epoch, older than the forged one, was ignored:
+    /// no demand for that key from the peer while the forged mark stood).
+    #[test]
+    fn a_forged_epoch_and_count_are_forgotten_once_the_real_ones_are_back() {
+        let mut t = RemoteTracker::new(3 * S, LAG);
+        let l = limits();
+        let mut round = |at: u64, hb: u64, sync: String, count: String| {
+            t.set_clock(NOW_MS + at / MS);
+            t.round(at, &[gossiped("a", hb, &sync, &count)], &l)
+        };
+        let sync = |seq: u64, epoch: u64| format!("{seq}:{}:{epoch}", NOW_MS + seq * 100);
+        round(100 * MS, 1, sync(1, 2), "1:0:0:100".into());
+        let r = round(200 * MS, 2, sync(2, 2), "1:0:0:200".into());
+        let fair = victim_share(&r);
+        let r = round(
+            300 * MS,
+            3,
+            sync(3, u64::MAX),
+            format!("{}:0:0:{}", u64::MAX, u64::MAX),
+        );
+        assert!(victim_share(&r) < 1e-6, "the claim, while it lasts");
+        let r = round(400 * MS, 4, sync(4, 2), "1:0:0:400".into());
+        assert_eq!(r.refused, 1, "the epoch went back: a new baseline");
+        assert_eq!(victim_share(&r), 1.0);
+        let r = round(500 * MS, 5, sync(5, 2), "1:0:0:500".into());
+        assert!((victim_share(&r) - fair).abs() < 1e-9, "{r:?}");
+        // A sequence number run ahead, then the real ones: a new baseline, counted again after.
+        round(
+            600 * MS,
+            6,
+            format!("{}:{}:2", u64::MAX, NOW_MS + 600),
+            "1:0:0:600".into(),
+        );
+        let r = round(700 * MS, 7, sync(7, 2), "1:0:0:700".into());
+        assert_eq!(r.refused, 1, "{r:?}");
+        let r = round(800 * MS, 8, sync(8, 2), "1:0:0:800".into());
+        assert!((victim_share(&r) - fair).abs() < 1e-9, "{r:?}");
+    }
+
+    /// A member with the key pushes another member's heartbeat in chitchat far ahead (a digest
+    /// naming it with a huge heartbeat): its real heartbeats then look old and chitchat's
+    /// failure detector stops hearing it. While authentic datagrams sealed by that member keep
+    /// coming from its address (`direct`), it stays heard and counted here; without them it is
+    /// not heard past the timeout, as before.
+    #[test]
+    fn a_peer_heard_directly_stays_counted_whatever_its_heartbeat_in_chitchat() {
+        let mut t = RemoteTracker::new(3 * S, LAG);
+        let l = limits();
+        let frozen = |seq: u64, d: u64, direct: bool| PeerView {
+            heartbeat: 1 << 40,
+            heard_at: direct.then_some(seq * 100 * MS),
+            sync: Some((seq, seq * 100, 2)),
+            ..view("a", seq, 2, &[(1, d)])
+        };
+        t.round(0, &[frozen(1, 0, true)], &l);
+        for i in 2..=50u64 {
+            let r = t.round(i * 100 * MS, &[frozen(i, 100 * (i - 1), true)], &l);
+            assert_eq!((r.counted_peers, per_sync(&r)), (1, 100), "round {i}");
+        }
+        assert!(t.heard(&"a".to_string(), 1 << 40, 5 * S + 3 * S));
+        // No authentic datagram from it since 5 s: not heard once the timeout has passed since
+        // that one (not a timeout after it was last seen as recent).
+        let r = t.round(8 * S, &[frozen(51, 5000, false)], &l);
+        assert_eq!(
+            r.counted_peers, 1,
+            "within the timeout of its last datagram"
+        );
+        let r = t.round(8 * S + 1, &[frozen(51, 5000, false)], &l);
+        assert_eq!(r.counted_peers, 0);
     }
 }

@@ -109,6 +109,10 @@ pub struct CounterValues {
     pub rejected_stale: u64,
     /// Datagrams dropped as not our format, or gossip from an unknown local address.
     pub rejected_malformed: u64,
+    /// Authentic datagrams dropped before the gossip library saw them, because they would crash
+    /// or corrupt it (see `cluster::inspect`): a delta about this host's own node, a max version
+    /// below a key's, a version or heartbeat no member can have reached.
+    pub rejected_unsafe: u64,
     /// Sends that failed (peer unreachable, no route).
     pub send_errors: u64,
     /// Sync rounds run.
@@ -143,6 +147,13 @@ pub struct CounterValues {
     /// Of `charged_pkts`, what was withheld for hosts known but not heard (`on_partition =
     /// "share"`).
     pub share_charged_pkts: u64,
+    /// Readings of peers' gossip refused as impossible (a sync key dated ahead of this host's
+    /// clock, a sequence, epoch or counter that went back or ran ahead; see
+    /// `RemoteTracker::round`): the peer's figure is left out (fail open) or started again.
+    pub readings_refused: u64,
+    /// Restarts of the sync loop after it ended (a panic in a round): each is a new gossip
+    /// incarnation; meanwhile gossip shows `restarting`.
+    pub sync_restarts: u64,
 }
 
 /// Live counters, shared by the transport and the sync task.
@@ -162,6 +173,8 @@ pub struct Counters {
     pub rejected_stale: AtomicU64,
     /// See [`CounterValues::rejected_malformed`].
     pub rejected_malformed: AtomicU64,
+    /// See [`CounterValues::rejected_unsafe`].
+    pub rejected_unsafe: AtomicU64,
     /// See [`CounterValues::send_errors`].
     pub send_errors: AtomicU64,
     /// See [`CounterValues::syncs`].
@@ -190,6 +203,10 @@ pub struct Counters {
     pub gossip_restarts: AtomicU64,
     /// See [`CounterValues::share_charged_pkts`].
     pub share_charged_pkts: AtomicU64,
+    /// See [`CounterValues::readings_refused`].
+    pub readings_refused: AtomicU64,
+    /// See [`CounterValues::sync_restarts`].
+    pub sync_restarts: AtomicU64,
 }
 
 impl Counters {
@@ -209,6 +226,7 @@ impl Counters {
             rejected_auth: self.rejected_auth.load(Relaxed),
             rejected_stale: self.rejected_stale.load(Relaxed),
             rejected_malformed: self.rejected_malformed.load(Relaxed),
+            rejected_unsafe: self.rejected_unsafe.load(Relaxed),
             send_errors: self.send_errors.load(Relaxed),
             syncs: self.syncs.load(Relaxed),
             keys_published: self.keys_published.load(Relaxed),
@@ -223,6 +241,8 @@ impl Counters {
             last_sync_us: self.last_sync_us.load(Relaxed),
             gossip_restarts: self.gossip_restarts.load(Relaxed),
             share_charged_pkts: self.share_charged_pkts.load(Relaxed),
+            readings_refused: self.readings_refused.load(Relaxed),
+            sync_restarts: self.sync_restarts.load(Relaxed),
         }
     }
 }
@@ -260,6 +280,17 @@ impl Authenticated {
             }
         }
         self.0.insert((from, sender), now);
+    }
+
+    /// The (address, identity) pairs that sent an authentic datagram at or after `since`, with
+    /// the time of the last one.
+    #[must_use]
+    pub fn last_since(&self, since: u64) -> std::collections::HashMap<(SocketAddr, u64), u64> {
+        self.0
+            .iter()
+            .filter(|(_, t)| **t >= since)
+            .map(|(k, t)| (*k, *t))
+            .collect()
     }
 
     /// The (address, identity) pairs that sent an authentic datagram at or after `since`.

@@ -275,6 +275,13 @@ impl SyncLoop {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .all_since(since);
+            // Identities heard directly within the peer timeout: heard whatever their heartbeat
+            // in chitchat (see [`PeerView::direct`]).
+            let direct = shared
+                .authenticated
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .last_since(monotonic_ns().saturating_sub(timeout_ns));
             // A loop that ended is restarted here (as a new incarnation, see [`Gossip`]).
             chitchat.supervise().await;
             let self_id = chitchat.handle().chitchat_id().clone();
@@ -302,6 +309,14 @@ impl SyncLoop {
                                 super::wire::sender_tag(&id.node_id, id.generation_id),
                             ))
                         },
+                        |id| {
+                            direct
+                                .get(&(
+                                    id.gossip_advertise_addr,
+                                    super::wire::sender_tag(&id.node_id, id.generation_id),
+                                ))
+                                .copied()
+                        },
                         |id, heartbeat| remote.heard(id, heartbeat, now),
                     );
                     ((views, stored), dropped + trimmed)
@@ -315,7 +330,15 @@ impl SyncLoop {
 
             // 3. Demand -> shares: each local bucket refills at its share of the rate.
             let now = monotonic_ns();
+            remote.set_clock(super::unix_ms());
             let round = remote.round(now, &views, &rules.limits());
+            Counters::add(&c.readings_refused, round.refused);
+            if round.refused > 0 {
+                tracing::debug!(
+                    refused = round.refused,
+                    "cluster sync: peers' readings refused (dated ahead, or going back)"
+                );
+            }
             let keys_synced = round.keys_synced;
             // `on_partition`: the hosts heard (distinct addresses) and the hosts last known alive.
             let counted_addrs: Vec<SocketAddr> = remote
@@ -725,13 +748,16 @@ pub(crate) fn trim_peer_states(
 /// each member (tombstones included): the first [`MAX_PEERS`] candidates (see [`standings`])
 /// with at most `max_keys` keys each, then at most as many other members, without keys, to
 /// show. `authenticated` says whether an authentic datagram sealed by a member's identity came
-/// from its advertised address lately; `heard`, whether a member with this heartbeat is still
-/// heard.
+/// from its advertised address lately (ten peer timeouts); `direct`, when the last one did, if
+/// within the peer timeout (alive and heard, whatever chitchat's failure detector and heartbeat
+/// say);
+/// `heard`, whether a member with this heartbeat is still heard.
 fn read_peers(
     c: &chitchat::Chitchat,
     self_id: &ChitchatId,
     max_keys: usize,
     authenticated: impl Fn(&ChitchatId) -> bool,
+    direct: impl Fn(&ChitchatId) -> Option<u64>,
     heard: impl Fn(&ChitchatId, u64) -> bool,
 ) -> (Vec<PeerView<ChitchatId>>, u64, HashMap<ChitchatId, usize>) {
     let live: HashSet<&ChitchatId> = c.live_nodes().collect();
@@ -749,10 +775,13 @@ fn read_peers(
         .iter()
         .map(|(id, state)| Member {
             id,
-            live: live.contains(id),
+            // Alive and heard if chitchat says so, or if it sealed an authentic datagram from its
+            // address within the peer timeout (a heartbeat pushed ahead in chitchat by another
+            // member makes chitchat's failure detector stop hearing it).
+            live: live.contains(id) || direct(id).is_some(),
             has_sync: state.get(SYNC_KEY).is_some(),
             authenticated: authenticated(id),
-            heard: heard(id, u64::from(state.heartbeat())),
+            heard: direct(id).is_some() || heard(id, u64::from(state.heartbeat())),
         })
         .collect();
     let standing = standings(&members);
@@ -792,10 +821,7 @@ fn read_peers(
         let sync = state
             .get(SYNC_KEY)
             .filter(|_| standing != Standing::Silent)
-            .and_then(|s| {
-                let mut it = s.split(':').map(str::parse::<u64>);
-                Some((it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?))
-            });
+            .and_then(super::remote::parse_sync);
         views.push(PeerView {
             id: (*id).clone(),
             live: matches!(
@@ -807,6 +833,7 @@ fn read_peers(
                 Standing::Candidate | Standing::Pending | Standing::Silent
             ),
             heartbeat: u64::from(state.heartbeat()),
+            heard_at: direct(id),
             sync,
             keys,
         });

@@ -101,11 +101,13 @@ impl Transport for SecureTransport {
             inner,
             inner_addr,
             codec: Codec::new(&self.key, &self.cluster_id, local),
+            local,
             relays: HashMap::new(),
             by_relay: HashMap::new(),
             buf: vec![0; 65_536],
             shared: self.shared.clone(),
             replay_full: 0,
+            heartbeats: super::inspect::Heartbeats::default(),
         }))
     }
 }
@@ -121,6 +123,8 @@ struct SecureSocket {
     inner: ChitchatUdpSocket,
     inner_addr: SocketAddr,
     codec: Codec,
+    /// This host's advertised gossip address.
+    local: SocketAddr,
     relays: HashMap<SocketAddr, Relay>,
     by_relay: HashMap<SocketAddr, SocketAddr>,
     buf: Vec<u8>,
@@ -128,6 +132,8 @@ struct SecureSocket {
     /// Datagrams refused because the replay memory was full (counted as stale; this paces their
     /// own log line).
     replay_full: u64,
+    /// Each member's own last reported heartbeat (see [`super::inspect::Heartbeats`]).
+    heartbeats: super::inspect::Heartbeats,
 }
 
 fn counters(shared: &Shared) -> &Counters {
@@ -209,7 +215,7 @@ impl SecureSocket {
                     // log line, first and every 1000th, tells the two apart.
                     Reject::ReplayFull => (
                         &c.rejected_stale,
-                        "refused: the replay window is full of live datagrams",
+                        "refused: the replay window (or this sender's quota of it) is full of live datagrams",
                     ),
                     Reject::Malformed => (&c.rejected_malformed, "malformed"),
                 };
@@ -225,6 +231,33 @@ impl SecureSocket {
                 return Ok(());
             }
         };
+        // Authentic, but checked before chitchat applies it: a member with the key could
+        // otherwise crash chitchat's loop or this agent's sync ([`super::inspect`]).
+        let self_tag = self
+            .shared
+            .self_tag
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let local = self.local;
+        let is_self = |id: &chitchat::ChitchatId| {
+            id.gossip_advertise_addr == local
+                && super::wire::sender_tag(&id.node_id, id.generation_id) == self_tag
+        };
+        let is_sender = |id: &chitchat::ChitchatId| {
+            id.gossip_advertise_addr == from
+                && super::wire::sender_tag(&id.node_id, id.generation_id) == sender
+        };
+        let now_ms = crate::maps::bucket::monotonic_ns() / 1_000_000;
+        let checked = super::inspect::check(&message, is_self)
+            .and_then(|digest| self.heartbeats.check(&digest, is_sender, now_ms));
+        if let Err(why) = checked {
+            let n = c
+                .rejected_unsafe
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n.is_multiple_of(1000) {
+                tracing::warn!(%from, bytes = len, total = n + 1, sender = sender, "gossip message refused before the gossip library saw it: {}", why.describe());
+            }
+            return Ok(());
+        }
         Counters::add(&c.messages_in, 1);
         self.shared
             .authenticated
@@ -360,6 +393,7 @@ mod tests {
             extra_liveness_predicate: None,
             protocol_version: ProtocolVersion::V1,
         };
+        super::super::gossip::set_self_tag(&shared, &config.chitchat_id);
         let transport = SecureTransport::new(key, "test".into(), shared.clone());
         let handle = spawn_chitchat(config, vec![("hello".into(), port_hint.into())], &transport)
             .await
@@ -464,6 +498,116 @@ mod tests {
         sender.send_to(&to_a, a_addr).unwrap();
         let reply = heard(&sender, Duration::from_secs(10)).expect("a answers a genuine Syn");
         println!("a genuine Syn of {request} B got a reply of {reply} B");
+        for h in [a, b] {
+            h.shutdown().await.unwrap();
+        }
+    }
+
+    /// A member with the key sends a real agent's gossip stack the review's crafted messages,
+    /// sealed with the cluster key from its own address: a `SetMaxVersion` below a key's version
+    /// for another member (chitchat's assertion: its gossip loop panicked), a key of the
+    /// receiver's own node at `u64::MAX` (its next `set` overflowed: the sync loop died), a
+    /// version no member can reach, a heartbeat of `u64::MAX` for another member and a real
+    /// member's heartbeat a million ahead of what it reported itself. Each is
+    /// refused before chitchat sees it and counted; the receiver keeps setting its own keys and
+    /// gossiping them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crafted_gossip_that_would_crash_chitchat_is_refused_and_gossip_goes_on() {
+        use crate::cluster::inspect::craft::{self, Op};
+        let (a, a_shared, a_addr) = node("a", 1, &[]).await;
+        let (b, _, _) = node("b", 1, &[a_addr]).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(sees(&a, "b").await && sees(&b, "a").await) {
+            assert!(Instant::now() < deadline, "a and b never exchanged state");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let a_id = a.chitchat_id().clone();
+        let b_id = b.chitchat_id().clone();
+        let b_heartbeat = || async {
+            a.with_chitchat(|c| c.node_state(&b_id).map(|s| u64::from(s.heartbeat())))
+                .await
+                .unwrap()
+        };
+        // b's heartbeat named far ahead (b's own reports to a are the mark).
+        let forged_heartbeat = b_heartbeat().await + 1_000_000;
+        let evil = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let evil_addr = evil.local_addr().unwrap();
+        let victim = ChitchatId::new("victim".to_string(), 1, evil_addr);
+        let key = ClusterKey::from_secret(&[1; 32], "test").unwrap();
+        let mut codec = Codec::new(&key, "test", evil_addr);
+        codec.set_sender(super::super::wire::sender_tag("victim", 1));
+        let crafted = [
+            craft::syn_ack(
+                &[(&victim, 5, 0)],
+                &[Op::Node(&victim, 0, 0), Op::Kv("k", "v", 10), Op::SetMax(5)],
+            ),
+            craft::ack(&[Op::Node(&a_id, 0, 0), Op::Kv("x", "y", u64::MAX)]),
+            craft::ack(&[Op::Node(&victim, 0, 0), Op::Kv("x", "y", u64::MAX - 1)]),
+            craft::syn(&[(&victim, u64::MAX, 0)], "test"),
+            craft::syn(&[(&victim, 5, 0), (&b_id, forged_heartbeat, 0)], "test"),
+        ];
+        for m in &crafted {
+            for d in codec.seal(m, a_addr, unix_ms()).unwrap() {
+                evil.send_to(&d, a_addr).unwrap();
+            }
+        }
+        while a_shared.counters.rejected_unsafe.load(Relaxed) < 5 {
+            assert!(
+                Instant::now() < deadline,
+                "the crafted messages were not refused: {:?}",
+                a_shared.counters.values()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The sync loop's own writes still work, and reach b: gossip goes on.
+        for i in 0..3 {
+            a.with_chitchat(|c| c.self_node_state().set("hello", format!("a{i}")))
+                .await;
+        }
+        while !sees(&b, "a2").await {
+            assert!(Instant::now() < deadline, "a's gossip stopped");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            a.with_chitchat(|c| c.node_state(&victim).is_none()).await,
+            "the crafted member got into a's state"
+        );
+        // Honest messages large enough for chitchat's zstd blocks are read and let through:
+        // 2,000 keys (deltas beyond the 16 KiB block threshold) reach b, and a reads b's.
+        for (h, name) in [(&a, "a"), (&b, "b")] {
+            h.with_chitchat(|c| {
+                for i in 0..2000 {
+                    c.self_node_state().set(
+                        format!("c/rule/10.0.{}.{}", i / 256, i % 256),
+                        "1:100:6400:180",
+                    );
+                }
+                c.self_node_state().set("done", name);
+            })
+            .await;
+        }
+        async fn full(h: &ChitchatHandle, other: &'static str) -> bool {
+            h.with_chitchat(move |c| {
+                c.node_states().values().any(|s| {
+                    s.get("done") == Some(other) && s.iter_prefix("c/rule/").count() == 2000
+                })
+            })
+            .await
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !(full(&b, "a").await && full(&a, "b").await) {
+            assert!(Instant::now() < deadline, "the large deltas never arrived");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            a_shared.counters.rejected_unsafe.load(Relaxed),
+            5,
+            "an honest message was refused"
+        );
+        assert!(
+            b_heartbeat().await < forged_heartbeat,
+            "b's heartbeat at a was pushed ahead"
+        );
         for h in [a, b] {
             h.shutdown().await.unwrap();
         }

@@ -73,6 +73,12 @@ pub const MAX_SKEW_MS: u64 = 30_000;
 /// accepted per 2 x [`MAX_SKEW_MS`] (an average of 1,092/s over 60 s; a host receives a few hundred
 /// per second at most, and a peer's backlog refused now is resent in a later round). About 3 MB.
 pub const REPLAY_CAPACITY: usize = 65_536;
+/// Of [`REPLAY_CAPACITY`], the most nonces one source address may hold (a quarter: 16,384 per
+/// 2 x [`MAX_SKEW_MS`], an average of 273/s; a peer sends about 20-60/s at the default sync
+/// interval). A member with the key flooding tiny authentic datagrams is refused past it, and
+/// leaves the rest of the window to the others: it takes four addresses (four members, or a
+/// member able to send from spoofed addresses) to fill the window.
+pub const PER_SENDER_CAPACITY: usize = REPLAY_CAPACITY / 4;
 /// Partly received messages kept at once.
 const MAX_PENDING: usize = 16;
 /// How long the parts of a message wait for the rest.
@@ -87,8 +93,9 @@ pub enum Reject {
     Auth,
     /// Authentic but too old, from the future, or a replay.
     Stale,
-    /// Authentic and fresh, but the replay memory is full of nonces still inside their lifetime:
-    /// refused rather than forgetting one (which would let its replay through).
+    /// Authentic and fresh, but the replay memory (or the sender's quota of it,
+    /// [`PER_SENDER_CAPACITY`]) is full of nonces still inside their lifetime: refused rather
+    /// than forgetting one (which would let its replay through).
     ReplayFull,
 }
 
@@ -222,7 +229,7 @@ impl Codec {
         if sent_ms.abs_diff(now_ms) > MAX_SKEW_MS {
             return Err(Reject::Stale);
         }
-        self.replay.insert(nonce_bytes, now_ms)?;
+        self.replay.insert(nonce_bytes, from, now_ms)?;
         if count == 1 {
             return Ok(Some((plain, sender)));
         }
@@ -291,35 +298,48 @@ fn rand_u32() -> u32 {
 /// Nonces accepted within the last 2 x [`MAX_SKEW_MS`], at most [`REPLAY_CAPACITY`]: a datagram
 /// accepted at time T was sent at most `MAX_SKEW_MS` after T, so a replay of it arriving later
 /// than T + 2 x `MAX_SKEW_MS` is refused as stale by its time alone, and until then its nonce is
-/// kept whatever the load (when full, new datagrams are refused instead).
+/// kept whatever the load (when full, new datagrams are refused instead). Each source address
+/// holds at most [`PER_SENDER_CAPACITY`] of them: one sender's flood is refused on its own.
 #[derive(Default)]
 struct ReplayFilter {
     seen: HashSet<[u8; 12]>,
-    order: VecDeque<(u64, [u8; 12])>,
+    order: VecDeque<(u64, [u8; 12], SocketAddr)>,
+    /// Live nonces per source address (addresses holding none are removed).
+    per_sender: HashMap<SocketAddr, usize>,
 }
 
 impl ReplayFilter {
-    /// Records `nonce` (accepted at `now_ms`): `Stale` if it was already accepted, `ReplayFull`
-    /// if the memory holds [`REPLAY_CAPACITY`] nonces that are all still live.
-    fn insert(&mut self, nonce: [u8; 12], now_ms: u64) -> Result<(), Reject> {
+    /// Records `nonce` (from `from`, accepted at `now_ms`): `Stale` if it was already accepted,
+    /// `ReplayFull` if `from` holds [`PER_SENDER_CAPACITY`] live nonces or the memory holds
+    /// [`REPLAY_CAPACITY`] nonces that are all still live.
+    fn insert(&mut self, nonce: [u8; 12], from: SocketAddr, now_ms: u64) -> Result<(), Reject> {
         // Only entries past their lifetime are forgotten. A wall clock stepping back keeps them
         // longer (refusing more, never less); stepping forward ages them and every datagram
         // sent before the step alike, by the same clock.
-        while let Some(&(t, n)) = self.order.front() {
+        while let Some(&(t, n, a)) = self.order.front() {
             if now_ms.saturating_sub(t) <= 2 * MAX_SKEW_MS {
                 break;
             }
             self.order.pop_front();
             self.seen.remove(&n);
+            if let std::collections::hash_map::Entry::Occupied(mut e) = self.per_sender.entry(a) {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
         }
         if self.seen.contains(&nonce) {
             return Err(Reject::Stale);
         }
-        if self.order.len() >= REPLAY_CAPACITY {
+        if self.order.len() >= REPLAY_CAPACITY
+            || self.per_sender.get(&from).copied().unwrap_or(0) >= PER_SENDER_CAPACITY
+        {
             return Err(Reject::ReplayFull);
         }
         self.seen.insert(nonce);
-        self.order.push_back((now_ms, nonce));
+        self.order.push_back((now_ms, nonce, from));
+        *self.per_sender.entry(from).or_insert(0) += 1;
         Ok(())
     }
 }
@@ -484,6 +504,8 @@ mod tests {
         assert_eq!(b.open(&d, from, 1_000_004), Err(Reject::Auth));
     }
 
+    /// The window full of live nonces (four senders at their quota): a new datagram, from any
+    /// of them or another, is refused, and no live nonce is forgotten.
     #[test]
     fn a_full_replay_window_refuses_new_datagrams_and_forgets_no_live_one() {
         let (mut a, mut b) = (sender(6, "c"), codec(6, "c"));
@@ -491,13 +513,21 @@ mod tests {
         let t0 = 1_000_000;
         let first = a.seal(b"first", to, t0).unwrap().remove(0);
         assert_eq!(b.open(&first, from, t0), Ok(Some(b"first".to_vec())));
-        for _ in 1..REPLAY_CAPACITY {
-            let d = a.seal(b"", to, t0 + 1).unwrap().remove(0);
-            assert_eq!(b.open(&d, from, t0 + 1), Ok(Some(Vec::new())));
+        let others = ["198.18.1.4:7946", "198.18.1.5:7946", "198.18.1.6:7946"];
+        for (i, at) in std::iter::once(FROM).chain(others).enumerate() {
+            let mut s = codec_at(6, "c", at);
+            for _ in usize::from(i == 0)..PER_SENDER_CAPACITY {
+                let d = s.seal(b"", to, t0 + 1).unwrap().remove(0);
+                assert_eq!(b.open(&d, addr(at), t0 + 1), Ok(Some(Vec::new())));
+            }
         }
+        assert_eq!(b.replay.order.len(), REPLAY_CAPACITY);
         // Full of live nonces: a new datagram is refused, and the oldest stays remembered.
         let late = a.seal(b"late", to, t0 + 2).unwrap().remove(0);
         assert_eq!(b.open(&late, from, t0 + 2), Err(Reject::ReplayFull));
+        let mut fifth = codec_at(6, "c", OTHER);
+        let d = fifth.seal(b"", to, t0 + 2).unwrap().remove(0);
+        assert_eq!(b.open(&d, addr(OTHER), t0 + 2), Err(Reject::ReplayFull));
         let live = t0 + MAX_SKEW_MS; // `first` is still within its time window here
         assert_eq!(b.open(&first, from, live), Err(Reject::Stale));
         assert_eq!(b.replay.order.len(), REPLAY_CAPACITY);
@@ -508,5 +538,37 @@ mod tests {
         assert_eq!(b.open(&next, from, after), Ok(Some(b"next".to_vec())));
         assert_eq!(b.open(&first, from, after), Err(Reject::Stale));
         assert_eq!(b.replay.order.len(), REPLAY_CAPACITY);
+    }
+
+    /// A member with the key floods tiny authentic datagrams: past its quota
+    /// ([`PER_SENDER_CAPACITY`]) it alone is refused, and another peer's datagrams are still
+    /// accepted (before, one sender filled the shared window and every peer was refused).
+    #[test]
+    fn one_senders_flood_is_refused_and_leaves_the_window_to_the_others() {
+        let (mut flood, mut b) = (sender(7, "c"), codec(7, "c"));
+        let mut honest = codec_at(7, "c", OTHER);
+        let to = addr(TO);
+        let t0 = 1_000_000;
+        let mut refused = 0;
+        for i in 0..REPLAY_CAPACITY {
+            let d = flood.seal(b"", to, t0 + 1).unwrap().remove(0);
+            match b.open(&d, addr(FROM), t0 + 1) {
+                Ok(_) => assert!(i < PER_SENDER_CAPACITY),
+                Err(Reject::ReplayFull) => refused += 1,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        assert_eq!(refused, REPLAY_CAPACITY - PER_SENDER_CAPACITY);
+        for i in 0..100 {
+            let d = honest.seal(b"gossip", to, t0 + 2 + i).unwrap().remove(0);
+            assert_eq!(
+                b.open(&d, addr(OTHER), t0 + 2 + i),
+                Ok(Some(b"gossip".to_vec()))
+            );
+        }
+        // Once its nonces are past their lifetime, the flooding sender is accepted again.
+        let after = t0 + 1 + 2 * MAX_SKEW_MS + 1;
+        let d = flood.seal(b"again", to, after).unwrap().remove(0);
+        assert_eq!(b.open(&d, addr(FROM), after), Ok(Some(b"again".to_vec())));
     }
 }
