@@ -465,6 +465,21 @@ const _: () = assert!(size_of::<Rule>() == 64 + 56 * (MAX_LIMITS - 1));
 /// Most limits one rule may have: its own and up to three `[[rule.limit]]`.
 pub const MAX_LIMITS: usize = 4;
 
+/// The index in [`Rule::extra`] (and a classification slot's `extra`) of limit `k` (1 ..
+/// [`MAX_LIMITS`]: limit 0 is the rule's own), clamped into bounds so that the verifier sees an
+/// index it can check. (A mask would not do: `MAX_LIMITS - 1` entries is not a power of two, and
+/// `& (MAX_LIMITS - 2)` took limit 2 to entry 0, limit 1's.)
+#[inline(always)]
+#[must_use]
+pub const fn extra_index(k: usize) -> usize {
+    let i = k.wrapping_sub(1);
+    if i < MAX_LIMITS - 1 {
+        i
+    } else {
+        MAX_LIMITS - 2
+    }
+}
+
 /// A rule's bucket key holds its id in the low [`LIMIT_SHIFT`] bits of [`Bucket::rule`] and the
 /// index of the limit (0: the rule's own) above: each limit of a rule has its own buckets.
 pub const LIMIT_SHIFT: u32 = 14;
@@ -854,7 +869,7 @@ pub fn victim_score(header: u64, tat: u64, byte_tat: u64, rule: Option<&Rule>, n
     let (pkt_tolerance, byte_tolerance) = match split_bucket_rule(header as u32).1 {
         0 => (rule.pkt_tolerance_ns, rule.byte_tolerance_ns),
         k => {
-            let k = (k - 1) & (MAX_LIMITS - 2);
+            let k = extra_index(k);
             (
                 rule.extra[k].pkt_tolerance_ns,
                 rule.extra[k].byte_tolerance_ns,
@@ -1438,6 +1453,37 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn each_limit_is_scored_against_its_own_tolerance() {
+        // Limit k's bucket is judged by limit k's tolerance: each limit of the rule gets a
+        // tolerance of its own, and a bucket exactly 1 ms in debt scores 1 ms over it.
+        let mut rule = Rule {
+            bucket_gen: 7,
+            pkt_tolerance_ns: 1_000_000,
+            byte_tolerance_ns: 1_000_000,
+            ..Rule::default()
+        };
+        for (i, ms) in [2u64, 4, 8].into_iter().enumerate() {
+            rule.extra[i].pkt_tolerance_ns = ms * 1_000_000;
+            rule.extra[i].byte_tolerance_ns = ms * 1_000_000;
+        }
+        let now = 1_000_000_000;
+        for (k, ms) in [1u64, 2, 4, 8].into_iter().enumerate() {
+            let header = bucket_header(bucket_rule(3, k as u32), family::V4, 7);
+            let score = victim_score(header, now + 1_000_000, now, Some(&rule), now);
+            assert_eq!(
+                score,
+                victim::DEBT + (1_000_000u64 << 20) / ((ms * 1_000_000) | 1),
+                "limit {k}: scored against tolerance {ms} ms"
+            );
+        }
+        assert_eq!(extra_index(1), 0);
+        assert_eq!(extra_index(2), 1);
+        assert_eq!(extra_index(3), 2);
+        assert_eq!(extra_index(0), MAX_LIMITS - 2, "out of range: clamped");
+        assert_eq!(extra_index(9), MAX_LIMITS - 2, "out of range: clamped");
     }
 
     fn choose(scores: [u64; 8]) -> Option<(u32, u64)> {

@@ -38,8 +38,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use ratelimit_common::{
-    action, bucket_sets, config_flags, family, frag_flags, global, rule_flags, verdict, Bucket,
-    Config, Rule, BUCKET_WAYS, MAX_LIMITS,
+    action, bucket_sets, config_flags, extra_index, family, frag_flags, global, rule_flags,
+    verdict, Bucket, Config, Rule, BUCKET_WAYS, MAX_LIMITS,
 };
 
 use crate::{
@@ -472,7 +472,7 @@ fn gate(pkt: &Packet, rule: &Rule) -> usize {
     let (interval, tolerance, flags) = if k == 0 {
         (rule.pkt_interval_ns, rule.pkt_tolerance_ns, rule.flags)
     } else {
-        let l = &rule.extra[(k as usize).wrapping_sub(1) & (MAX_LIMITS - 2)];
+        let l = &rule.extra[extra_index(k as usize)];
         (l.pkt_interval_ns, l.pkt_tolerance_ns, l.flags)
     };
     let key = store::key(pkt, id, k, &[0; 4], rule.bucket_gen);
@@ -531,7 +531,7 @@ fn open_gate(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, d: usize, until: u
         if let Some(s) = scratch::get() {
             // SAFETY: this CPU's live scratch record and classification slot.
             unsafe {
-                let flags = rule.extra[dropper.wrapping_sub(1) & (MAX_LIMITS - 2)].flags;
+                let flags = rule.extra[extra_index(dropper)].flags;
                 until = bucket::window_end(flags, until, (*s).extra.now);
                 (*slot).drop_until = until;
             }
@@ -546,7 +546,7 @@ fn open_gate(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, d: usize, until: u
         if k == 0 {
             (*slot).bucket
         } else {
-            (*slot).extra[k.wrapping_sub(1) & (MAX_LIMITS - 2)]
+            (*slot).extra[extra_index(k)]
         }
     };
     if record == NO_RECORD {
@@ -560,7 +560,7 @@ fn open_gate(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, d: usize, until: u
     let flags = if k == 0 {
         rule.flags
     } else {
-        rule.extra[k.wrapping_sub(1) & (MAX_LIMITS - 2)].flags
+        rule.extra[extra_index(k)].flags
     };
     let until = bucket::window_end(flags, until, now);
     let g = gate_slot(s, id, pkt.family);

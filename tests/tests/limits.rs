@@ -340,7 +340,9 @@ fn pin_to_this_cpu() {
 fn a_random_source_flood_under_an_empty_aggregate_makes_no_bucket_per_source() {
     require_root();
     pin_to_this_cpu();
-    for (order, toml, agg, own) in [
+    // (case, rules, the aggregate's limit, the per-source limit, buckets an admitted new source
+    // makes: its own, and its /24's where a /24 limit comes before the aggregate).
+    for (order, toml, agg, own, per_pass) in [
         (
             "per source first",
             r#"
@@ -356,6 +358,7 @@ burst = 5
 "#,
             1u32,
             0u32,
+            1u64,
         ),
         (
             "aggregate first",
@@ -373,6 +376,31 @@ burst = 2
 "#,
             0,
             1,
+            1,
+        ),
+        // The aggregate as the third limit: its window must keep the third limit's record (a
+        // mask took limit 2 to limit 1's entry: the window closed after one batch, and the
+        // flood made a bucket per source from then on).
+        (
+            "aggregate third",
+            r#"
+[[rule]]
+name = "flood"
+source = "10.0.0.0/8"
+rate = 1
+burst = 2
+[[rule.limit]]
+per = "/24"
+rate = 1000
+burst = 1000
+[[rule.limit]]
+per = "rule"
+rate = 1
+burst = 5
+"#,
+            2,
+            0,
+            2,
         ),
     ] {
         let mut dp = TestDataplane::new("limits-flood", 4096).unwrap();
@@ -452,8 +480,9 @@ burst = 2
         assert!(passed >= 1, "{order}: the returned token admitted nothing");
         assert_eq!(
             dp.global().counters[global::NEW_BUCKETS] - made,
-            passed,
-            "{order}: a bucket for each source admitted, none for those dropped after it"
+            passed * per_pass,
+            "{order}: a bucket for each source admitted (and its /24), none for those dropped \
+             after it"
         );
         assert!(
             5 + passed <= bound,
