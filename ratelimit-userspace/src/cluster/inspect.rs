@@ -331,13 +331,17 @@ pub fn strip(msg: &[u8], keep: impl Fn(&ChitchatId) -> bool) -> R<Vec<u8>> {
 /// Most ids one sender address may have admitted as its own incarnations
 /// ([`Introductions`]): an agent restarting a few times within [`FORGET_MS`].
 pub const OWN_IDS_PER_IP: usize = 8;
-/// Most ids admitted as their senders' own, all addresses together.
-pub const MAX_OWN_IDS: usize = 1024;
+/// Most ids admitted as their senders' own, all addresses together (a member with the key and
+/// many addresses, an IPv6 prefix say, must not grow this host's digest past a datagram either):
+/// 64 counted peers restarting twice within [`FORGET_MS`], and more.
+pub const MAX_OWN_IDS: usize = 160;
 /// Most ids other than its own one sender address may have introduced ([`Introductions`]).
 pub const INTRODUCED_PER_IP: usize = 64;
-/// Most ids introduced by others than themselves, all senders together: with
-/// [`MAX_NODE_ID_LEN`], at most 23 KB of this host's own digest (a datagram holds 65,507 bytes).
-pub const MAX_INTRODUCED: usize = 128;
+/// Most ids introduced by others than themselves, all senders together. With
+/// [`MAX_OWN_IDS`] and [`MAX_NODE_ID_LEN`], this host's own digest stays under 47 KB (a
+/// datagram holds 65,507 bytes; chitchat panicked answering a Syn when its digest left less
+/// than 100 bytes for the delta).
+pub const MAX_INTRODUCED: usize = 96;
 /// How long an id no digest names any more is remembered: longer than chitchat keeps the node
 /// state a digest created (`DEAD_NODE_GRACE`, 10 minutes).
 pub const FORGET_MS: u64 = 660_000;
@@ -804,6 +808,23 @@ mod tests {
         assert!(intro
             .admit(&fresh, ip(30), |_| false, is_me, later)
             .is_empty());
+        // Senders at many addresses: at most MAX_OWN_IDS own ids in all.
+        let mut own_admitted = 0;
+        for n in 0..400u16 {
+            let own = ChitchatId::new(format!("m{n}"), 1, ([198, 19, 1, 1], n).into());
+            let from = std::net::IpAddr::from([198, 19, (n >> 8) as u8, n as u8]);
+            let r = intro.admit(&[(own.clone(), 1)], from, |i| *i == own, is_me, later);
+            own_admitted += 1 - r.len();
+        }
+        // (Beyond MAX_OWN_IDS, a sender's own id is taken as introduced: the room left there.)
+        assert_eq!(
+            own_admitted,
+            MAX_OWN_IDS + MAX_INTRODUCED - INTRODUCED_PER_IP
+        );
+        // The worst case in this host's digest: every id at MAX_NODE_ID_LEN bytes, an IPv6
+        // address, its heartbeat and versions; ours too.
+        let entry = 2 + MAX_NODE_ID_LEN + 8 + 19 + 24;
+        assert!((MAX_OWN_IDS + MAX_INTRODUCED + 1) * entry <= 47 * 1024);
     }
 
     /// [`strip`] removes the refused entries from a digest and leaves the rest of the message as
