@@ -650,7 +650,8 @@ mod tests {
 
     /// A member with the key pads a real agent's digest: Syns naming ids of 50 KB (chitchat
     /// creates a node state for each id a digest names and keeps it in its own digest for 5
-    /// minutes, so its own Syn and SynAck outgrew a datagram and it could send nothing), then
+    /// minutes, so its own Syn outgrew a datagram and answering a Syn tripped chitchat's
+    /// `mtu >= 100` assertion: its gossip loop died), then
     /// 2,000 short ids (its memory and digest grew with each). The long ids are refused, the
     /// short ones beyond what one sender may introduce stripped; the receiver's state stays
     /// bounded and it keeps gossiping with its honest peer.
@@ -729,5 +730,44 @@ mod tests {
         for h in [a, b] {
             h.shutdown().await.unwrap();
         }
+    }
+
+    /// A message chitchat's socket cannot send (larger than a datagram: here every Syn, its
+    /// cluster id being 70 KB) is counted in `send_errors`, not dropped unseen.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_message_too_large_to_send_is_counted() {
+        let probe = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let peer = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let shared = Arc::new(Shared::default());
+        let key = ClusterKey::from_secret(&[1; 32], "test").unwrap();
+        let config = ChitchatConfig {
+            chitchat_id: ChitchatId::new(format!("big/{addr}"), 1, addr),
+            cluster_id: "x".repeat(70_000),
+            gossip_interval: Duration::from_millis(50),
+            listen_addr: addr,
+            seed_nodes: vec![peer.local_addr().unwrap().to_string()],
+            failure_detector_config: FailureDetectorConfig::default(),
+            marked_for_deletion_grace_period: Duration::from_secs(60),
+            catchup_callback: None,
+            extra_liveness_predicate: None,
+            protocol_version: ProtocolVersion::V1,
+        };
+        let transport = SecureTransport::new(key, "test".into(), shared.clone());
+        let handle = spawn_chitchat(config, Vec::new(), &transport)
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while shared.counters.send_errors.load(Relaxed) < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "oversized messages not counted: {:?}",
+                shared.counters.values()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(heard(&peer, Duration::from_millis(200)), None);
+        handle.shutdown().await.unwrap();
     }
 }
