@@ -440,6 +440,13 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
     )?;
     single(
         enc,
+        "ratelimit_cluster_digest_ids_stripped",
+        "Member ids left out of authentic gossip digests: new ids beyond what their sender may \
+         introduce (see cluster::inspect::Introductions).",
+        &ConstCounter::new(c.digest_ids_stripped),
+    )?;
+    single(
+        enc,
         "ratelimit_cluster_send_errors",
         "Gossip sends that failed.",
         &ConstCounter::new(c.send_errors),

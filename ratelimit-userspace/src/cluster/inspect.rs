@@ -16,7 +16,17 @@
 //! - names a version at or above [`MAX_VERSION`] or a heartbeat at or above [`MAX_HEARTBEAT`]
 //!   (an honest member gets nowhere near: versions grow by the keys it changes, heartbeats by one
 //!   per gossip round);
+//! - names a node id longer than [`MAX_NODE_ID_LEN`] bytes (an agent's own is its hostname, at
+//!   most 64 bytes, a `/` and its gossip address, at most 58: a Syn naming a few ids of 60 KB
+//!   each made this host's own digest too large for a datagram, cutting it off from the cluster
+//!   until chitchat forgot them, 5 minutes later);
 //! - cannot be decoded, or decompresses to more than [`MAX_DECOMPRESSED`] bytes.
+//!
+//! chitchat also creates a node state for every id a digest names, which stays in its own digest
+//! for 5 minutes and in its memory for 10: ids merely named, however short, would grow this
+//! host's memory, its per-round work and its digest without bound. [`Introductions`] admits the
+//! ids a digest names within fixed bounds, and [`strip`] removes the others from the digest
+//! before chitchat sees it (the rest of the message goes through).
 //!
 //! A message refused is dropped whole (chitchat never sees it) and counted
 //! (`rejected{unsafe}`).
@@ -32,6 +42,9 @@ pub const MAX_HEARTBEAT: u64 = 1 << 48;
 /// Most bytes a message's compressed streams may decompress to (16 MiB; chitchat's deltas fit a
 /// 64 KiB datagram).
 pub const MAX_DECOMPRESSED: usize = 16 << 20;
+/// Longest node id (bytes) a message may name: an agent's own is `hostname/gossip address`,
+/// at most 64 + 1 + 58 bytes.
+pub const MAX_NODE_ID_LEN: usize = 128;
 
 const MAGIC_NUMBER: u16 = 45_139;
 
@@ -51,6 +64,8 @@ pub enum Unsafe {
     /// Another member's heartbeat ahead of what that member itself last reported here, by more
     /// than it can have advanced since ([`Heartbeats`]).
     HeartbeatAhead,
+    /// A node id longer than [`MAX_NODE_ID_LEN`].
+    NodeIdTooLong,
 }
 
 impl Unsafe {
@@ -66,6 +81,7 @@ impl Unsafe {
             Self::HeartbeatAhead => {
                 "another member's heartbeat ahead of what that member itself reported"
             }
+            Self::NodeIdTooLong => "a node id longer than any agent's",
         }
     }
 }
@@ -82,6 +98,14 @@ fn version(v: u64) -> R<u64> {
     } else {
         Ok(v)
     }
+}
+
+fn node(buf: &mut &[u8]) -> R<ChitchatId> {
+    let id: ChitchatId = de(buf)?;
+    if id.node_id.len() > MAX_NODE_ID_LEN {
+        return Err(Unsafe::NodeIdTooLong);
+    }
+    Ok(id)
 }
 
 /// chitchat's block stream (`serialize::deserialize_stream`): tagged blocks, zstd-compressed
@@ -117,7 +141,7 @@ fn stream(buf: &mut &[u8], total: &mut usize) -> R<Vec<u8>> {
 
 /// One digest entry: `(ChitchatId, heartbeat, last GC version, max version)`.
 fn digest_entry(buf: &mut &[u8]) -> R<(ChitchatId, u64)> {
-    let id: ChitchatId = de(buf)?;
+    let id = node(buf)?;
     let heartbeat: u64 = de(buf)?;
     version(de(buf)?)?;
     version(de(buf)?)?;
@@ -154,7 +178,7 @@ fn delta(buf: &mut &[u8], total: &mut usize, is_self: &impl Fn(&ChitchatId) -> b
         let tag: u8 = de(&mut cursor)?;
         match tag {
             0 => {
-                let id: ChitchatId = de(&mut cursor)?;
+                let id = node(&mut cursor)?;
                 if is_self(&id) {
                     return Err(Unsafe::OwnState);
                 }
@@ -224,6 +248,211 @@ pub fn check(msg: &[u8], is_self: impl Fn(&ChitchatId) -> bool) -> R<Vec<(Chitch
         }
         3 => Ok(Vec::new()),
         _ => Err(Unsafe::Undecodable),
+    }
+}
+
+/// Writes `body` as chitchat's block stream, uncompressed.
+#[cfg(test)]
+fn block(body: &[u8], out: &mut Vec<u8>) {
+    use chitchat::Serializable;
+    for chunk in body.chunks(usize::from(u16::MAX)) {
+        out.push(2);
+        u16::try_from(chunk.len())
+            .expect("chunks fit a u16")
+            .serialize(out);
+        out.extend_from_slice(chunk);
+    }
+    out.push(0);
+}
+
+/// Writes `body` as chitchat's block stream, each block of at most 16 KiB (as chitchat's)
+/// zstd-compressed when that makes it smaller: a digest re-encoded by [`strip`] takes no more
+/// room than chitchat's own encoding did, which its delta was sized against.
+fn compressed_blocks(body: &[u8], out: &mut Vec<u8>) {
+    use chitchat::Serializable;
+    for chunk in body.chunks(16_384) {
+        let (tag, bytes) = match zstd::bulk::compress(chunk, 0) {
+            Ok(c) if c.len() < chunk.len() => (1, c),
+            _ => (2, chunk.to_vec()),
+        };
+        out.push(tag);
+        u16::try_from(bytes.len())
+            .expect("blocks fit a u16")
+            .serialize(out);
+        out.extend_from_slice(&bytes);
+    }
+    out.push(0);
+}
+
+/// `msg` (which [`check`] accepted) with the digest entries whose id `keep` refuses removed,
+/// the rest of the message byte for byte; `msg` itself when it has no digest.
+///
+/// # Errors
+/// [`Unsafe::Undecodable`] if `msg` is not a message [`check`] accepts.
+pub fn strip(msg: &[u8], keep: impl Fn(&ChitchatId) -> bool) -> R<Vec<u8>> {
+    use chitchat::Serializable;
+    let mut buf = msg;
+    let _magic: u16 = de(&mut buf)?;
+    let protocol: u8 = de(&mut buf)?;
+    let kind: u8 = de(&mut buf)?;
+    if kind > 1 {
+        return Ok(msg.to_vec());
+    }
+    let mut out = msg[..4].to_vec();
+    let mut kept = Vec::new();
+    let mut n = 0u16;
+    let mut entries = |cursor: &mut &[u8], count: Option<u16>| -> R<()> {
+        let mut i = 0u16;
+        while count.map_or(!cursor.is_empty(), |c| i < c) {
+            let start = *cursor;
+            let (id, _) = digest_entry(cursor)?;
+            if keep(&id) {
+                kept.extend_from_slice(&start[..start.len() - cursor.len()]);
+                n += 1;
+            }
+            i += 1;
+        }
+        Ok(())
+    };
+    if protocol == 1 {
+        let bytes = stream(&mut buf, &mut 0)?;
+        entries(&mut &bytes[..], None)?;
+        compressed_blocks(&kept, &mut out);
+    } else {
+        let count: u16 = de(&mut buf)?;
+        entries(&mut buf, Some(count))?;
+        n.serialize(&mut out);
+        out.extend_from_slice(&kept);
+    }
+    out.extend_from_slice(buf);
+    Ok(out)
+}
+
+/// Most ids one sender address may have admitted as its own incarnations
+/// ([`Introductions`]): an agent restarting a few times within [`FORGET_MS`].
+pub const OWN_IDS_PER_IP: usize = 8;
+/// Most ids admitted as their senders' own, all addresses together (a member with the key and
+/// many addresses, an IPv6 prefix say, must not grow this host's digest past a datagram either):
+/// 64 counted peers restarting twice within [`FORGET_MS`], and more.
+pub const MAX_OWN_IDS: usize = 160;
+/// Most ids other than its own one sender address may have introduced ([`Introductions`]).
+pub const INTRODUCED_PER_IP: usize = 64;
+/// Most ids introduced by others than themselves, all senders together. With
+/// [`MAX_OWN_IDS`] and [`MAX_NODE_ID_LEN`], this host's own digest stays under 47 KB (a
+/// datagram holds 65,507 bytes; chitchat panicked answering a Syn when its digest left less
+/// than 100 bytes for the delta).
+pub const MAX_INTRODUCED: usize = 96;
+/// How long an id no digest names any more is remembered: longer than chitchat keeps the node
+/// state a digest created (`DEAD_NODE_GRACE`, 10 minutes).
+pub const FORGET_MS: u64 = 660_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum By {
+    /// Sent an authentic datagram of its own from this address.
+    Own(std::net::IpAddr),
+    /// First named by a sender at this address.
+    Introduced(std::net::IpAddr),
+}
+
+/// The ids this host's chitchat was let hear of, and who introduced them. chitchat creates a
+/// node state for every id a digest names; [`Introductions::admit`] lets an id through only
+/// if it is known already, or is the sender's own id and its address has fewer than
+/// [`OWN_IDS_PER_IP`] (and all together fewer than [`MAX_OWN_IDS`]), or its sender's IP
+/// address introduced fewer than [`INTRODUCED_PER_IP`] ids still remembered and all senders
+/// together fewer than [`MAX_INTRODUCED`]. An id introduced by another that later speaks for
+/// itself counts as its own from then on (so an honest cluster's members, introduced by a
+/// seed, soon free the seed's quota). An id no admitted digest named for [`FORGET_MS`] is
+/// forgotten. A member with the key can so make this host hold at most [`OWN_IDS_PER_IP`] +
+/// [`INTRODUCED_PER_IP`] ids per IP address it sends from (at most [`MAX_INTRODUCED`] beyond
+/// its own, however relayed); once all of [`MAX_INTRODUCED`] is taken, new members are learnt
+/// only when they speak to this host themselves.
+#[derive(Debug, Default)]
+pub struct Introductions {
+    known: std::collections::HashMap<ChitchatId, (By, u64)>,
+    own: std::collections::HashMap<std::net::IpAddr, usize>,
+    introduced: std::collections::HashMap<std::net::IpAddr, usize>,
+    own_total: usize,
+    introduced_total: usize,
+    swept_ms: u64,
+}
+
+impl Introductions {
+    fn add(&mut self, by: By, delta: isize) {
+        let (map, total, ip) = match by {
+            By::Own(ip) => (&mut self.own, &mut self.own_total, ip),
+            By::Introduced(ip) => (&mut self.introduced, &mut self.introduced_total, ip),
+        };
+        let n = map.entry(ip).or_insert(0);
+        *n = n.saturating_add_signed(delta);
+        *total = total.saturating_add_signed(delta);
+        if *n == 0 {
+            map.remove(&ip);
+        }
+    }
+
+    fn own_room(&self, ip: std::net::IpAddr) -> bool {
+        self.own_total < MAX_OWN_IDS && self.own.get(&ip).copied().unwrap_or(0) < OWN_IDS_PER_IP
+    }
+
+    fn forget_old(&mut self, now_ms: u64) {
+        if now_ms.saturating_sub(self.swept_ms) < 1_000 {
+            return;
+        }
+        self.swept_ms = now_ms;
+        let old: Vec<(ChitchatId, By)> = self
+            .known
+            .iter()
+            .filter(|(_, (_, at))| now_ms.saturating_sub(*at) > FORGET_MS)
+            .map(|(id, (by, _))| (id.clone(), *by))
+            .collect();
+        for (id, by) in old {
+            self.known.remove(&id);
+            self.add(by, -1);
+        }
+    }
+
+    /// Admits the ids of a digest sent from `from` (`is_sender` tells the sender's own id,
+    /// `is_self` this host's), at `now_ms` (a monotonic clock); returns the ids refused, to be
+    /// stripped from the digest ([`strip`]).
+    pub fn admit(
+        &mut self,
+        entries: &[(ChitchatId, u64)],
+        from: std::net::IpAddr,
+        is_sender: impl Fn(&ChitchatId) -> bool,
+        is_self: impl Fn(&ChitchatId) -> bool,
+        now_ms: u64,
+    ) -> std::collections::HashSet<ChitchatId> {
+        self.forget_old(now_ms);
+        let mut refused = std::collections::HashSet::new();
+        for (id, _) in entries {
+            if is_self(id) {
+                continue;
+            }
+            let sender = is_sender(id);
+            if let Some(&(by, _)) = self.known.get(id) {
+                let mut by_now = by;
+                if sender && matches!(by, By::Introduced(_)) && self.own_room(from) {
+                    self.add(by, -1);
+                    by_now = By::Own(from);
+                    self.add(by_now, 1);
+                }
+                self.known.insert(id.clone(), (by_now, now_ms));
+                continue;
+            }
+            let by = if sender && self.own_room(from) {
+                By::Own(from)
+            } else if self.introduced_total < MAX_INTRODUCED
+                && self.introduced.get(&from).copied().unwrap_or(0) < INTRODUCED_PER_IP
+            {
+                By::Introduced(from)
+            } else {
+                refused.insert(id.clone());
+                continue;
+            };
+            self.add(by, 1);
+            self.known.insert(id.clone(), (by, now_ms));
+        }
+        refused
     }
 }
 
@@ -310,14 +539,7 @@ pub mod craft {
         SetMax(u64),
     }
 
-    fn block(body: &[u8], out: &mut Vec<u8>) {
-        for chunk in body.chunks(usize::from(u16::MAX)) {
-            out.push(2);
-            u16::try_from(chunk.len()).unwrap().serialize(out);
-            out.extend_from_slice(chunk);
-        }
-        out.push(0);
-    }
+    use super::block;
 
     fn header(kind: u8) -> Vec<u8> {
         let mut out = Vec::new();
@@ -477,5 +699,194 @@ mod tests {
         // x itself may report any (it only concerns itself), and that moves the mark.
         assert_eq!(h.check(&[(x.clone(), 50_000)], from(&x), 2_000), Ok(()));
         assert_eq!(h.check(&[(x.clone(), 50_500)], from(&y), 2_000), Ok(()));
+    }
+
+    /// A node id longer than any agent's, in a digest or a delta, is refused (a Syn naming a few
+    /// of 60 KB made the receiver's own digest too large to send); the longest an agent builds
+    /// (`hostname/gossip address`, a 64-byte hostname and the longest IPv6 address) passes.
+    #[test]
+    fn node_ids_longer_than_an_agents_are_refused() {
+        let me = id("me", 1);
+        let is_me = |i: &ChitchatId| *i == me;
+        let addr: std::net::SocketAddr = std::net::SocketAddrV6::new(
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff".parse().unwrap(),
+            65_535,
+            0,
+            u32::MAX,
+        )
+        .into();
+        let longest = format!("{}/{addr}", "h".repeat(64));
+        assert!(longest.len() <= MAX_NODE_ID_LEN, "{}", longest.len());
+        let agent = ChitchatId::new(longest, u64::MAX, addr);
+        let ok = craft::syn(&[(&agent, 5, 3)], "c");
+        assert_eq!(check(&ok, is_me).map(|d| d.len()), Ok(1));
+        let padded = ChitchatId::new("x".repeat(60_000), 1, addr);
+        let just_over = ChitchatId::new("x".repeat(MAX_NODE_ID_LEN + 1), 1, addr);
+        for long in [&padded, &just_over] {
+            let syn = craft::syn(&[(&agent, 5, 3), (long, 1, 0)], "c");
+            assert_eq!(check(&syn, is_me), Err(Unsafe::NodeIdTooLong));
+            let sa = craft::syn_ack(&[(long, 1, 0)], &[]);
+            assert_eq!(check(&sa, is_me), Err(Unsafe::NodeIdTooLong));
+            let ack = craft::ack(&[Op::Node(long, 0, 0), Op::Kv("k", "v", 1)]);
+            assert_eq!(check(&ack, is_me), Err(Unsafe::NodeIdTooLong));
+        }
+    }
+
+    /// The ids one sender address may introduce, and all senders together, are bounded: the
+    /// rest are refused (to be stripped); the sender's own id and ids already known pass; an id
+    /// that speaks for itself frees its introducer's quota; ids no digest names are forgotten.
+    #[test]
+    fn ids_a_digest_may_introduce_are_bounded_per_sender_and_in_all() {
+        let ip = |n: u8| std::net::IpAddr::from([192, 0, 2, n]);
+        let me = id("me", 1);
+        let is_me = |i: &ChitchatId| *i == me;
+        let phantoms = |tag: &str, n: usize| -> Vec<(ChitchatId, u64)> {
+            (0..n)
+                .map(|i| {
+                    let [_, _, hi, lo] = u32::try_from(i).unwrap().to_be_bytes();
+                    let addr = ([198, 18, hi, lo], 7946).into();
+                    (ChitchatId::new(format!("{tag}{i}"), 1, addr), 1)
+                })
+                .collect()
+        };
+        let mut intro = Introductions::default();
+        let evil = id("evil", 9);
+        let from_evil = |i: &ChitchatId| *i == evil;
+        let mut digest = vec![(evil.clone(), 1), (me.clone(), 1)];
+        digest.extend(phantoms("p", 1_000));
+        let refused = intro.admit(&digest, ip(9), from_evil, is_me, 0);
+        assert_eq!(refused.len(), 1_000 - INTRODUCED_PER_IP);
+        assert!(!refused.contains(&evil) && !refused.contains(&me));
+        // The same digest again: what was admitted is known, the rest still refused.
+        assert_eq!(intro.admit(&digest, ip(9), from_evil, is_me, 10), refused);
+        // Other ids of the same address sending as themselves: at most OWN_IDS_PER_IP.
+        let mut own_refused = 0;
+        for g in 0..20u16 {
+            let own = id("evil", 100 + g);
+            let r = intro.admit(&[(own.clone(), 1)], ip(9), |i| *i == own, is_me, 20);
+            own_refused += r.len();
+        }
+        assert_eq!(own_refused, 20 - (OWN_IDS_PER_IP - 1));
+        // Other senders: together at most MAX_INTRODUCED introduced ids.
+        let mut admitted = INTRODUCED_PER_IP;
+        for n in 10..20u8 {
+            let s = id("s", u16::from(n));
+            let d = phantoms(&format!("q{n}-"), 100);
+            let r = intro.admit(&d, ip(n), |i| *i == s, is_me, 30);
+            admitted += 100 - r.len();
+            assert!(100 - r.len() <= INTRODUCED_PER_IP);
+        }
+        assert_eq!(admitted, MAX_INTRODUCED);
+        // A new member speaking for itself still gets in, full as the rest is.
+        let newcomer = id("new", 77);
+        assert!(intro
+            .admit(
+                &[(newcomer.clone(), 1)],
+                ip(77),
+                |i| *i == newcomer,
+                is_me,
+                40
+            )
+            .is_empty());
+        // Introduced members that then speak for themselves free their introducer's quota.
+        let honest = phantoms("p", INTRODUCED_PER_IP);
+        for (h, _) in &honest {
+            let r = intro.admit(
+                &[(h.clone(), 1)],
+                h.gossip_advertise_addr.ip(),
+                |i| i == h,
+                is_me,
+                50,
+            );
+            assert!(r.is_empty());
+        }
+        let more = phantoms("r", 10);
+        assert!(intro.admit(&more, ip(9), from_evil, is_me, 60).is_empty());
+        // Ids no digest names for FORGET_MS are forgotten, and their quota freed.
+        let later = 60 + FORGET_MS + 2_000;
+        let fresh = phantoms("z", INTRODUCED_PER_IP);
+        assert!(intro
+            .admit(&fresh, ip(30), |_| false, is_me, later)
+            .is_empty());
+        // Senders at many addresses: at most MAX_OWN_IDS own ids in all.
+        let mut own_admitted = 0;
+        for n in 0..400u16 {
+            let own = ChitchatId::new(format!("m{n}"), 1, ([198, 19, 1, 1], n).into());
+            let from = std::net::IpAddr::from([198, 19, (n >> 8) as u8, n as u8]);
+            let r = intro.admit(&[(own.clone(), 1)], from, |i| *i == own, is_me, later);
+            own_admitted += 1 - r.len();
+        }
+        // (Beyond MAX_OWN_IDS, a sender's own id is taken as introduced: the room left there.)
+        assert_eq!(
+            own_admitted,
+            MAX_OWN_IDS + MAX_INTRODUCED - INTRODUCED_PER_IP
+        );
+        // The worst case in this host's digest: every id at MAX_NODE_ID_LEN bytes, an IPv6
+        // address, its heartbeat and versions; ours too.
+        let entry = 2 + MAX_NODE_ID_LEN + 8 + 19 + 24;
+        assert!((MAX_OWN_IDS + MAX_INTRODUCED + 1) * entry <= 47 * 1024);
+    }
+
+    /// [`strip`] removes the refused entries from a digest and leaves the rest of the message as
+    /// it was, in both protocol versions.
+    #[test]
+    fn strip_leaves_out_refused_digest_entries_only() {
+        use chitchat::Serializable;
+        let me = id("me", 1);
+        let is_me = |i: &ChitchatId| *i == me;
+        let (x, y, z) = (id("x", 2), id("y", 3), id("z", 4));
+        let not_y = |i: &ChitchatId| *i != y;
+        let syn = craft::syn(&[(&x, 5, 1), (&y, 6, 2), (&z, 7, 3)], "c");
+        let stripped = strip(&syn, not_y).unwrap();
+        assert_eq!(
+            check(&stripped, is_me),
+            Ok(vec![(x.clone(), 5), (z.clone(), 7)])
+        );
+        assert!(stripped.ends_with(&{
+            let mut c = Vec::new();
+            "c".serialize(&mut c);
+            c
+        }));
+        let ops = [Op::Node(&x, 0, 0), Op::Kv("k", "v", 1), Op::SetMax(4)];
+        let sa = craft::syn_ack(&[(&y, 6, 2), (&x, 5, 1)], &ops);
+        let stripped = strip(&sa, not_y).unwrap();
+        assert_eq!(check(&stripped, is_me), Ok(vec![(x.clone(), 5)]));
+        // The delta, byte for byte.
+        assert!(stripped.ends_with(&craft::ack(&ops)[4..]));
+        let ack = craft::ack(&ops);
+        assert_eq!(strip(&ack, not_y).unwrap(), ack);
+        // A large digest is compressed again (no larger than chitchat's own encoding).
+        let many: Vec<ChitchatId> = (0..2_000).map(|i| id(&format!("member-{i}"), 7)).collect();
+        let entries: Vec<(&ChitchatId, u64, u64)> = many.iter().map(|i| (i, 1, 1)).collect();
+        let big = craft::syn(&entries, "c");
+        let stripped = strip(&big, |i| *i != many[0]).unwrap();
+        assert!(
+            stripped.len() < big.len() / 4,
+            "{} {}",
+            stripped.len(),
+            big.len()
+        );
+        assert_eq!(check(&stripped, is_me).map(|d| d.len()), Ok(1_999));
+        // Protocol V0: a count, then the entries.
+        let v0 = |entries: &[(&ChitchatId, u64)]| {
+            let mut out = Vec::new();
+            MAGIC_NUMBER.serialize(&mut out);
+            out.extend([0, 0]);
+            u16::try_from(entries.len()).unwrap().serialize(&mut out);
+            for (i, hb) in entries {
+                i.serialize(&mut out);
+                hb.serialize(&mut out);
+                0u64.serialize(&mut out);
+                0u64.serialize(&mut out);
+            }
+            "c".serialize(&mut out);
+            out
+        };
+        let stripped = strip(&v0(&[(&x, 5), (&y, 6), (&z, 7)]), not_y).unwrap();
+        assert_eq!(stripped, v0(&[(&x, 5), (&z, 7)]));
+        assert_eq!(
+            check(&stripped, is_me),
+            Ok(vec![(x.clone(), 5), (z.clone(), 7)])
+        );
     }
 }

@@ -432,9 +432,17 @@ fn advertise_addr(config: &ClusterConfig) -> Result<SocketAddr, ClusterError> {
     )))
 }
 
+/// This host's name, at most 64 bytes (Linux's limit), so that its node id (`hostname/gossip
+/// address`) stays within what peers accept ([`inspect::MAX_NODE_ID_LEN`]).
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map_or_else(|_| "localhost".to_string(), |h| h.trim().to_string())
+    let mut h = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map_or_else(|_| "localhost".to_string(), |h| h.trim().to_string());
+    let mut end = h.len().min(64);
+    while !h.is_char_boundary(end) {
+        end -= 1;
+    }
+    h.truncate(end);
+    h
 }
 
 /// Wall-clock Unix milliseconds.

@@ -113,7 +113,10 @@ pub struct CounterValues {
     /// or corrupt it (see `cluster::inspect`): a delta about this host's own node, a max version
     /// below a key's, a version or heartbeat no member can have reached.
     pub rejected_unsafe: u64,
-    /// Sends that failed (peer unreachable, no route).
+    /// Ids left out of authentic digests before the gossip library saw them: new members beyond
+    /// what their sender may introduce (see `cluster::inspect::Introductions`).
+    pub digest_ids_stripped: u64,
+    /// Sends that failed (peer unreachable, no route, a message too large for a datagram).
     pub send_errors: u64,
     /// Sync rounds run.
     pub syncs: u64,
@@ -175,6 +178,8 @@ pub struct Counters {
     pub rejected_malformed: AtomicU64,
     /// See [`CounterValues::rejected_unsafe`].
     pub rejected_unsafe: AtomicU64,
+    /// See [`CounterValues::digest_ids_stripped`].
+    pub digest_ids_stripped: AtomicU64,
     /// See [`CounterValues::send_errors`].
     pub send_errors: AtomicU64,
     /// See [`CounterValues::syncs`].
@@ -227,6 +232,7 @@ impl Counters {
             rejected_stale: self.rejected_stale.load(Relaxed),
             rejected_malformed: self.rejected_malformed.load(Relaxed),
             rejected_unsafe: self.rejected_unsafe.load(Relaxed),
+            digest_ids_stripped: self.digest_ids_stripped.load(Relaxed),
             send_errors: self.send_errors.load(Relaxed),
             syncs: self.syncs.load(Relaxed),
             keys_published: self.keys_published.load(Relaxed),

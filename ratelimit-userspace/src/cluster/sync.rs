@@ -340,7 +340,7 @@ impl SyncLoop {
                 );
             }
             let keys_synced = round.keys_synced;
-            // `on_partition`: the hosts heard (distinct addresses) and the hosts last known alive.
+            // `on_partition`: the hosts heard (distinct IP addresses) and the hosts last known alive.
             let counted_addrs: Vec<SocketAddr> = remote
                 .info(now)
                 .filter(|(_, i)| i.counted)

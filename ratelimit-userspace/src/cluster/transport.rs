@@ -108,6 +108,7 @@ impl Transport for SecureTransport {
             shared: self.shared.clone(),
             replay_full: 0,
             heartbeats: super::inspect::Heartbeats::default(),
+            introductions: super::inspect::Introductions::default(),
         }))
     }
 }
@@ -134,6 +135,8 @@ struct SecureSocket {
     replay_full: u64,
     /// Each member's own last reported heartbeat (see [`super::inspect::Heartbeats`]).
     heartbeats: super::inspect::Heartbeats,
+    /// The ids chitchat was let hear of (see [`super::inspect::Introductions`]).
+    introductions: super::inspect::Introductions,
 }
 
 fn counters(shared: &Shared) -> &Counters {
@@ -247,17 +250,38 @@ impl SecureSocket {
                 && super::wire::sender_tag(&id.node_id, id.generation_id) == sender
         };
         let now_ms = crate::maps::bucket::monotonic_ns() / 1_000_000;
-        let checked = super::inspect::check(&message, is_self)
-            .and_then(|digest| self.heartbeats.check(&digest, is_sender, now_ms));
-        if let Err(why) = checked {
-            let n = c
-                .rejected_unsafe
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if n.is_multiple_of(1000) {
-                tracing::warn!(%from, bytes = len, total = n + 1, sender = sender, "gossip message refused before the gossip library saw it: {}", why.describe());
+        let checked = super::inspect::check(&message, is_self).and_then(|digest| {
+            self.heartbeats.check(&digest, is_sender, now_ms)?;
+            Ok(digest)
+        });
+        let checked = checked.and_then(|digest| {
+            let refused =
+                self.introductions
+                    .admit(&digest, from.ip(), is_sender, is_self, now_ms);
+            if refused.is_empty() {
+                return Ok(message);
             }
-            return Ok(());
-        }
+            let n = c
+                .digest_ids_stripped
+                .fetch_add(refused.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            if n == 0 || n / 1000 != (n + refused.len() as u64) / 1000 {
+                tracing::warn!(%from, sender = sender, stripped = refused.len(), total = n + refused.len() as u64,
+                    "gossip digest names more new members than this sender may introduce: those left out");
+            }
+            super::inspect::strip(&message, |id| !refused.contains(id))
+        });
+        let message = match checked {
+            Ok(message) => message,
+            Err(why) => {
+                let n = c
+                    .rejected_unsafe
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n.is_multiple_of(1000) {
+                    tracing::warn!(%from, bytes = len, total = n + 1, sender = sender, "gossip message refused before the gossip library saw it: {}", why.describe());
+                }
+                return Ok(());
+            }
+        };
         Counters::add(&c.messages_in, 1);
         self.shared
             .authenticated
@@ -289,7 +313,18 @@ impl Socket for SecureSocket {
         envelope: ChitchatEnvelope,
     ) -> anyhow::Result<SendOutcome> {
         let relay_addr = self.relay(to).await?.local;
-        self.inner.send(relay_addr, envelope).await?;
+        // chitchat's own socket sends at most one datagram of 65,507 bytes: a larger message
+        // (a digest grown past it) fails here. Counted and logged, not left to chitchat, which
+        // drops the error silently when it answers.
+        if let Err(e) = self.inner.send(relay_addr, envelope).await {
+            let n = counters(&self.shared)
+                .send_errors
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n.is_multiple_of(100) {
+                tracing::warn!(%to, error = %format!("{e:#}"), total = n + 1, "gossip message not sent (too large for a datagram?)");
+            }
+            return Ok(SendOutcome { num_bytes_sent: 0 });
+        }
         let relay = &self.relays[&to];
         let len = tokio::time::timeout(RELAY_READ_TIMEOUT, relay.socket.recv(&mut self.buf))
             .await
@@ -611,5 +646,128 @@ mod tests {
         for h in [a, b] {
             h.shutdown().await.unwrap();
         }
+    }
+
+    /// A member with the key pads a real agent's digest: Syns naming ids of 50 KB (chitchat
+    /// creates a node state for each id a digest names and keeps it in its own digest for 5
+    /// minutes, so its own Syn outgrew a datagram and answering a Syn tripped chitchat's
+    /// `mtu >= 100` assertion: its gossip loop died), then
+    /// 2,000 short ids (its memory and digest grew with each). The long ids are refused, the
+    /// short ones beyond what one sender may introduce stripped; the receiver's state stays
+    /// bounded and it keeps gossiping with its honest peer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn padded_digests_neither_cut_the_receiver_off_nor_grow_its_state() {
+        use crate::cluster::inspect::{craft, INTRODUCED_PER_IP, OWN_IDS_PER_IP};
+        let (a, a_shared, a_addr) = node("a", 1, &[]).await;
+        let (b, _, _) = node("b", 1, &[a_addr]).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(sees(&a, "b").await && sees(&b, "a").await) {
+            assert!(Instant::now() < deadline, "a and b never exchanged state");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let evil = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let evil_addr = evil.local_addr().unwrap();
+        let me = ChitchatId::new("evil".to_string(), 1, evil_addr);
+        let key = ClusterKey::from_secret(&[1; 32], "test").unwrap();
+        let mut codec = Codec::new(&key, "test", evil_addr);
+        codec.set_sender(super::super::wire::sender_tag("evil", 1));
+        let nowhere: SocketAddr = (Ipv4Addr::LOCALHOST, 9).into();
+        let mut send = |m: Vec<u8>| {
+            for d in codec.seal(&m, a_addr, unix_ms()).unwrap() {
+                evil.send_to(&d, a_addr).unwrap();
+            }
+        };
+        for i in 0..3u8 {
+            // Random (incompressible: chitchat compresses its digests).
+            let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ u64::from(i);
+            let name: String = (0..50_000)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    char::from(b'!' + u8::try_from(x % 90).unwrap())
+                })
+                .collect();
+            let long = ChitchatId::new(name, 1, nowhere);
+            send(craft::syn(&[(&me, 1, 0), (&long, 1, 0)], "test"));
+        }
+        for round in 0..20u64 {
+            let ids: Vec<ChitchatId> = (0..100u64)
+                .map(|i| ChitchatId::new(format!("phantom-{round}-{i}"), i, nowhere))
+                .collect();
+            let mut entries = vec![(&me, 2 + round, 0)];
+            entries.extend(ids.iter().map(|id| (id, 1, 0)));
+            send(craft::syn(&entries, "test"));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Let a take them all in (and gossip a round or two with them).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // a keeps gossiping with b: its new values reach b.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for i in 0..3 {
+            a.with_chitchat(|c| c.self_node_state().set("hello", format!("a{i}")))
+                .await;
+        }
+        while !sees(&b, "a2").await {
+            assert!(
+                Instant::now() < deadline,
+                "a stopped gossiping: {:?}",
+                a_shared.counters.values()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let held = a.with_chitchat(|c| c.node_states().len()).await;
+        assert!(
+            held <= 2 + OWN_IDS_PER_IP + INTRODUCED_PER_IP,
+            "a holds {held} node states"
+        );
+        let v = a_shared.counters.values();
+        assert_eq!(v.rejected_unsafe, 3, "{v:?}");
+        assert!(
+            v.digest_ids_stripped >= 2_000 - INTRODUCED_PER_IP as u64,
+            "{v:?}"
+        );
+        for h in [a, b] {
+            h.shutdown().await.unwrap();
+        }
+    }
+
+    /// A message chitchat's socket cannot send (larger than a datagram: here every Syn, its
+    /// cluster id being 70 KB) is counted in `send_errors`, not dropped unseen.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_message_too_large_to_send_is_counted() {
+        let probe = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        let peer = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let shared = Arc::new(Shared::default());
+        let key = ClusterKey::from_secret(&[1; 32], "test").unwrap();
+        let config = ChitchatConfig {
+            chitchat_id: ChitchatId::new(format!("big/{addr}"), 1, addr),
+            cluster_id: "x".repeat(70_000),
+            gossip_interval: Duration::from_millis(50),
+            listen_addr: addr,
+            seed_nodes: vec![peer.local_addr().unwrap().to_string()],
+            failure_detector_config: FailureDetectorConfig::default(),
+            marked_for_deletion_grace_period: Duration::from_secs(60),
+            catchup_callback: None,
+            extra_liveness_predicate: None,
+            protocol_version: ProtocolVersion::V1,
+        };
+        let transport = SecureTransport::new(key, "test".into(), shared.clone());
+        let handle = spawn_chitchat(config, Vec::new(), &transport)
+            .await
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while shared.counters.send_errors.load(Relaxed) < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "oversized messages not counted: {:?}",
+                shared.counters.values()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(heard(&peer, Duration::from_millis(200)), None);
+        handle.shutdown().await.unwrap();
     }
 }
