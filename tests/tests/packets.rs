@@ -1052,6 +1052,46 @@ fn classification_follows_every_rule_change() {
     check(&dp, &outside, Some(id(&c, "c")), verdict::DENIED, XDP_DROP);
 }
 
+/// A fragment sent seconds after its first fragment still follows it: the kernel keeps a
+/// datagram's fragments for 30 s (IPv4) or 60 s (IPv6) by default, so one classified alone
+/// after a shorter memory (it was 5 s) would pass uncharged by ports into a datagram whose first
+/// fragment was denied, or charge another rule than its datagram's.
+#[test]
+fn a_fragment_sent_seconds_after_its_first_still_follows_it() {
+    require_root();
+    let mut dp = TestDataplane::new("pktlatefrag", 1024).expect("load");
+    let set = dp.install_toml(RULES).expect("install");
+    let dns = set.by_name("v4-dns").expect("rule").id;
+    let first = eth()
+        .ipv4(v4(40), dst4())
+        .udp(1000, 53)
+        .payload(8)
+        .frag(0, true)
+        .ident(0x7777)
+        .build();
+    assert_eq!(dp.run(&first), XDP_DROP, "the first fragment is denied");
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    let later = eth()
+        .ipv4(v4(40), dst4())
+        .proto(17)
+        .payload(16)
+        .frag(2, false)
+        .ident(0x7777)
+        .build();
+    let (g0, r0) = (dp.global(), dp.rule(dns));
+    assert_eq!(dp.run(&later), XDP_DROP, "6 s later: still its datagram's");
+    assert_eq!(
+        dp.rule(dns).pkts[verdict::DENIED] - r0.pkts[verdict::DENIED],
+        1
+    );
+    assert_eq!(
+        dp.global().counters[global::FRAGMENTS_UNMATCHED]
+            - g0.counters[global::FRAGMENTS_UNMATCHED],
+        0,
+        "not classified alone"
+    );
+}
+
 /// A frame in more VLAN tags than the program walks hides its source, so it is dropped while a
 /// rule that can drop (deny or limit) is in force, whatever the rule, and passed while none is:
 /// the agent keeps that in the config's flags with each install, and its other flag writes keep
