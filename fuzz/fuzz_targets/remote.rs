@@ -118,6 +118,9 @@ fuzz_target!(|data: &[u8]| {
                     live: peer.live,
                     verified: true,
                     heartbeat: peer.heartbeat,
+                    // Heard through chitchat's heartbeat only, as the tracker's own tests do
+                    // for peers not heard directly.
+                    heard_at: None,
                     sync: peer.sync,
                     keys: peer.keys.iter().map(|(k, c)| (k.clone(), *c)).collect(),
                 }

@@ -1,5 +1,7 @@
-//! `cargo xtask lint`: formatting, clippy on the user-space crates, and a separate clippy run on
-//! the eBPF crate for its own target with nightly. Runs all three and reports each.
+//! `cargo xtask lint`: formatting, clippy on the user-space crates, a separate clippy run on the
+//! eBPF crate for its own target with nightly, and a check that the fuzz targets (a workspace of
+//! their own, built by CI's fuzzing) still compile against the crates they drive. Runs all four
+//! and reports each.
 
 use anyhow::{bail, Result};
 
@@ -42,12 +44,27 @@ pub fn run(_opts: &Options) -> Result<()> {
             cmd::ebpf_build::EBPF_RUSTFLAGS.join("\x1f"),
         );
 
+    // The fuzz crate is outside the workspace (cargo-fuzz builds it with sanitizers), so the
+    // clippy run above does not see it: a changed struct broke a fuzz target once, found only by
+    // CI's fuzzing. A plain check with nightly, in a target dir of its own.
+    let mut fuzz_check = cmd::nightly_cargo();
+    fuzz_check
+        .args(["check", "--bins", "--manifest-path"])
+        .arg(cmd::workspace_root().join("fuzz").join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(cmd::target_dir().join("fuzz-check"))
+        .env("RATELIMIT_EBPF_SKIP", "1");
+
     let steps = [
         ("Checking formatting (cargo fmt --check)", fmt),
         ("Running clippy on the user-space crates", clippy),
         (
             "Running clippy on the eBPF crate (nightly, bpfel-unknown-none)",
             ebpf_clippy,
+        ),
+        (
+            "Checking that the fuzz targets compile (nightly)",
+            fuzz_check,
         ),
     ];
     let mut failed = Vec::new();
