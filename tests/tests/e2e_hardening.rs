@@ -1118,7 +1118,15 @@ fn a_pin_directory_locked_by_another_user_does_not_block() {
 #[test]
 fn detach_follows_no_planted_symlink_and_leaves_another_users_directory_alone() {
     require_root();
-    let base = tempfile_dir("rl-hard-detach");
+    /// Removes the test's directory however the test ends.
+    struct Removed(std::path::PathBuf);
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+    let guard = Removed(tempfile_dir("rl-hard-detach"));
+    let base = guard.0.clone();
     let victim = base.join("victim");
     fs::create_dir(&victim).unwrap();
     for name in ["RL_CONFIG", "RL_BUCKETS", "link_eth0"] {
@@ -1158,5 +1166,5 @@ fn detach_follows_no_planted_symlink_and_leaves_another_users_directory_alone() 
     assert!(!ok, "detach emptied another user's directory");
     assert!(err.contains("uid 65534"), "{err}");
     assert!(foreign.join("RL_CONFIG").exists());
-    fs::remove_dir_all(&base).unwrap();
+    drop(guard);
 }

@@ -45,12 +45,26 @@ fn stdout(cmd: &mut Command) -> String {
     String::from_utf8(run(cmd).stdout).unwrap()
 }
 
+/// The directory the package is built and unpacked in, shared by this binary's tests.
+fn package_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("rl-pkg-test-{}", std::process::id()))
+}
+
+/// Removes [`package_dir`] when the test binary exits (after every test that shares it): the
+/// harness has no teardown, and the directory (a debug build's .deb, unpacked) was left behind
+/// by every run.
+extern "C" fn remove_package_dir() {
+    let _ = fs::remove_dir_all(package_dir());
+}
+
 fn package() -> &'static Unpacked {
     static PACKAGE: OnceLock<Unpacked> = OnceLock::new();
     PACKAGE.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("rl-pkg-test-{}", std::process::id()));
+        let dir = package_dir();
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
+        // SAFETY: registers a plain function with no arguments, run once at exit.
+        unsafe { libc::atexit(remove_package_dir) };
         let deb = if let Some(deb) = std::env::var_os("RATELIMIT_DEB") {
             PathBuf::from(deb)
         } else {
