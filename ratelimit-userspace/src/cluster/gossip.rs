@@ -213,14 +213,7 @@ impl Gossip {
                 self.started = Instant::now();
                 self.retry_at = None;
                 self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-                let mut view = self
-                    .shared
-                    .view
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                view.generation = generation;
-                view.gossip = "running";
-                view.gossip_error = None;
+                self.shared.gossip_running(generation);
                 true
             }
             Err(e) => {
@@ -234,13 +227,7 @@ impl Gossip {
     }
 
     fn set_down(&self, error: String) {
-        let mut view = self
-            .shared
-            .view
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        view.gossip = "restarting";
-        view.gossip_error = Some(error);
+        drop(self.shared.gossip_restarting(error));
     }
 }
 

@@ -162,10 +162,7 @@ pub async fn spawn(
     let timeout = peer_timeout(config);
     let shared = Arc::new(Shared::default());
     {
-        let mut view = shared
-            .view
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut view = shared.view();
         *view = ClusterStatus {
             cluster_id: config.cluster_id.clone(),
             node_id: node_id.clone(),
@@ -356,13 +353,7 @@ async fn supervise_sync<B, F>(
                         generation,
                         "cluster sync restarted (a new gossip incarnation)"
                     );
-                    let mut view = shared
-                        .view
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    view.generation = generation;
-                    view.gossip = "running";
-                    view.gossip_error = None;
+                    shared.gossip_running(generation);
                     (generation, run)
                 }
                 Err(e) => {
@@ -394,12 +385,7 @@ async fn supervise_sync<B, F>(
 }
 
 fn set_sync_down(shared: &Shared, error: String) {
-    let mut view = shared
-        .view
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    view.gossip = "restarting";
-    view.gossip_error = Some(error);
+    let mut view = shared.gossip_restarting(error);
     view.peers.clear();
     view.hosts_heard = 1;
 }

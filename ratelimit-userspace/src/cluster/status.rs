@@ -314,12 +314,32 @@ impl Shared {
     /// The status now.
     #[must_use]
     pub fn status(&self) -> ClusterStatus {
-        let mut status = self
-            .view
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let mut status = self.view().clone();
         status.counters = self.counters.values();
         status
+    }
+
+    /// The status view, to change (whatever a holder that panicked left in it).
+    pub fn view(&self) -> std::sync::MutexGuard<'_, ClusterStatus> {
+        self.view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Gossip runs again, as incarnation `generation`: `running`, no error.
+    pub fn gossip_running(&self, generation: u64) {
+        let mut view = self.view();
+        view.generation = generation;
+        view.gossip = "running";
+        view.gossip_error = None;
+    }
+
+    /// Gossip (or the sync loop) is down for `error` and being restarted: `restarting`, the
+    /// error shown. Returns the view for what else the caller changes with it.
+    pub fn gossip_restarting(&self, error: String) -> std::sync::MutexGuard<'_, ClusterStatus> {
+        let mut view = self.view();
+        view.gossip = "restarting";
+        view.gossip_error = Some(error);
+        view
     }
 }

@@ -406,10 +406,7 @@ impl SyncLoop {
                 u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX),
                 std::sync::atomic::Ordering::Relaxed,
             );
-            let mut view = shared
-                .view
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut view = shared.view();
             view.peers = peers;
             view.hosts_heard = share.heard;
             view.hosts_known = share.known;
