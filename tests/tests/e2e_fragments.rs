@@ -233,6 +233,50 @@ fn tcp_in_segments(ns: &Netns) -> u64 {
     values.split_whitespace().nth(i).unwrap().parse().unwrap()
 }
 
+/// Two namespaces joined by a veth (`tag` names them, `veth` the pair), the sender at
+/// `198.18.{net}.1/24` and the receiver at `.254`, each knowing the other's MAC; the agent on
+/// the receiver's end with `rules` (TOML, after the `[agent]` table); a raw socket on the
+/// sender's end for crafted frames; and both MACs, for the frames it sends.
+struct Wire {
+    _tx: Netns,
+    rx: Netns,
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    macs: ([u8; 6], [u8; 6]),
+    raw: RawSocket,
+    agent: AgentProcess,
+}
+
+fn wire(tag: &str, veth: &str, net: u8, rules: &str) -> Wire {
+    let tx = Netns::new(&format!("rl-e2e-{tag}-tx")).unwrap();
+    let rx = Netns::new(&format!("rl-e2e-{tag}-rx")).unwrap();
+    let (tx_if, rx_if) = veth_pair(&tx, &rx, veth).unwrap();
+    let (src, dst) = (
+        Ipv4Addr::new(198, 18, net, 1),
+        Ipv4Addr::new(198, 18, net, 254),
+    );
+    add_addr(&tx, &tx_if, &format!("{src}/24")).unwrap();
+    add_addr(&rx, &rx_if, &format!("{dst}/24")).unwrap();
+    neigh_to_peer(&tx, &tx_if, IpAddr::from(dst), &rx, &rx_if).unwrap();
+    neigh_to_peer(&rx, &rx_if, IpAddr::from(src), &tx, &tx_if).unwrap();
+    let config = format!("[agent]\ninterfaces = [\"{rx_if}\"]\n\n{rules}");
+    let agent = AgentProcess::start(&rx, &config, &[]).unwrap();
+    let macs = (
+        mac_bytes(&tx, &tx_if).unwrap(),
+        mac_bytes(&rx, &rx_if).unwrap(),
+    );
+    let raw = RawSocket::open_in(&tx, ifindex(&tx, &tx_if).unwrap(), macs.1).unwrap();
+    Wire {
+        _tx: tx,
+        rx,
+        src,
+        dst,
+        macs,
+        raw,
+        agent,
+    }
+}
+
 /// RFC 1858's tiny-fragment attack, end to end: a TCP SYN to a denied port cut so that its first
 /// fragment holds only 8 bytes of the TCP header, the rest in a second fragment, sent as crafted
 /// frames on the wire. The receiving kernel would reassemble it into a SYN; the limiter drops
@@ -241,22 +285,23 @@ fn tcp_in_segments(ns: &Netns) -> u64 {
 #[test]
 fn a_tcp_syn_in_tiny_fragments_does_not_walk_past_a_deny_rule() {
     require_root();
-    let tx = Netns::new("rl-e2e-tiny-tx").unwrap();
-    let rx = Netns::new("rl-e2e-tiny-rx").unwrap();
-    let (tx_if, rx_if) = veth_pair(&tx, &rx, "ft").unwrap();
-    let (src, dst) = (Ipv4Addr::new(198, 18, 8, 1), Ipv4Addr::new(198, 18, 8, 254));
-    add_addr(&tx, &tx_if, "198.18.8.1/24").unwrap();
-    add_addr(&rx, &rx_if, "198.18.8.254/24").unwrap();
-    let dst_ip = IpAddr::from(dst);
-    neigh_to_peer(&tx, &tx_if, dst_ip, &rx, &rx_if).unwrap();
-    neigh_to_peer(&rx, &rx_if, IpAddr::from(src), &tx, &tx_if).unwrap();
-    let config = format!(
-        "[agent]\ninterfaces = [\"{rx_if}\"]\n\n\
-         [[rule]]\nname = \"ssh\"\nsource = \"198.18.8.0/24\"\nprotocol = \"tcp\"\n\
+    let Wire {
+        _tx,
+        rx,
+        src,
+        dst,
+        macs,
+        raw,
+        agent,
+    } = wire(
+        "tiny",
+        "ft",
+        8,
+        "[[rule]]\nname = \"ssh\"\nsource = \"198.18.8.0/24\"\nprotocol = \"tcp\"\n\
          dst_port = 22\naction = \"deny\"\n\n\
-         [[rule]]\nname = \"rest\"\nsource = \"198.18.8.0/24\"\naction = \"allow\"\n"
+         [[rule]]\nname = \"rest\"\nsource = \"198.18.8.0/24\"\naction = \"allow\"\n",
     );
-    let agent = AgentProcess::start(&rx, &config, &[]).unwrap();
+    let dst_ip = IpAddr::from(dst);
     let listeners: Vec<_> = [22u16, 23]
         .iter()
         .map(|&p| {
@@ -266,11 +311,6 @@ fn a_tcp_syn_in_tiny_fragments_does_not_walk_past_a_deny_rule() {
             .unwrap()
         })
         .collect();
-    let macs = (
-        mac_bytes(&tx, &tx_if).unwrap(),
-        mac_bytes(&rx, &rx_if).unwrap(),
-    );
-    let raw = RawSocket::open_in(&tx, ifindex(&tx, &tx_if).unwrap(), macs.1).unwrap();
     let send = |frames: &[Vec<u8>]| {
         for f in frames {
             raw.send(f).unwrap();
@@ -325,29 +365,27 @@ fn a_tcp_syn_in_tiny_fragments_does_not_walk_past_a_deny_rule() {
 #[test]
 fn priority_tags_do_not_walk_past_a_deny_rule() {
     require_root();
-    let tx = Netns::new("rl-e2e-pvlan-tx").unwrap();
-    let rx = Netns::new("rl-e2e-pvlan-rx").unwrap();
-    let (tx_if, rx_if) = veth_pair(&tx, &rx, "pv").unwrap();
-    let (src, dst) = (Ipv4Addr::new(198, 18, 9, 1), Ipv4Addr::new(198, 18, 9, 254));
-    add_addr(&tx, &tx_if, "198.18.9.1/24").unwrap();
-    add_addr(&rx, &rx_if, "198.18.9.254/24").unwrap();
-    let dst_ip = IpAddr::from(dst);
-    neigh_to_peer(&tx, &tx_if, dst_ip, &rx, &rx_if).unwrap();
-    neigh_to_peer(&rx, &rx_if, IpAddr::from(src), &tx, &tx_if).unwrap();
-    let config = format!(
-        "[agent]\ninterfaces = [\"{rx_if}\"]\n\n\
-         [[rule]]\nname = \"dns\"\nsource = \"198.18.9.0/24\"\nprotocol = \"udp\"\n\
-         dst_port = {DENIED_PORT}\naction = \"deny\"\n\n\
-         [[rule]]\nname = \"rest\"\nsource = \"198.18.9.0/24\"\naction = \"allow\"\n"
+    let Wire {
+        _tx,
+        rx,
+        src,
+        dst,
+        macs,
+        raw,
+        agent,
+    } = wire(
+        "pvlan",
+        "pv",
+        9,
+        &format!(
+            "[[rule]]\nname = \"dns\"\nsource = \"198.18.9.0/24\"\nprotocol = \"udp\"\n\
+             dst_port = {DENIED_PORT}\naction = \"deny\"\n\n\
+             [[rule]]\nname = \"rest\"\nsource = \"198.18.9.0/24\"\naction = \"allow\"\n"
+        ),
     );
-    let agent = AgentProcess::start(&rx, &config, &[]).unwrap();
+    let dst_ip = IpAddr::from(dst);
     let denied = listen(&rx, SocketAddr::new(dst_ip, DENIED_PORT));
     let allowed = listen(&rx, SocketAddr::new(dst_ip, ALLOWED_PORT));
-    let macs = (
-        mac_bytes(&tx, &tx_if).unwrap(),
-        mac_bytes(&rx, &rx_if).unwrap(),
-    );
-    let raw = RawSocket::open_in(&tx, ifindex(&tx, &tx_if).unwrap(), macs.1).unwrap();
     let tagged = |tags: usize, port: u16| {
         let mut f = eth().macs(macs.0, macs.1).qinq(0);
         for _ in 1..tags {
@@ -414,35 +452,28 @@ fn priority_tags_do_not_walk_past_a_deny_rule() {
 #[test]
 fn a_padded_tiny_syn_does_not_walk_past_a_syn_rule() {
     require_root();
-    let tx = Netns::new("rl-e2e-padsyn-tx").unwrap();
-    let rx = Netns::new("rl-e2e-padsyn-rx").unwrap();
-    let (tx_if, rx_if) = veth_pair(&tx, &rx, "ps").unwrap();
-    let (src, dst) = (
-        Ipv4Addr::new(198, 18, 10, 1),
-        Ipv4Addr::new(198, 18, 10, 254),
-    );
-    let outsider = Ipv4Addr::new(198, 51, 100, 7);
-    add_addr(&tx, &tx_if, "198.18.10.1/24").unwrap();
-    add_addr(&rx, &rx_if, "198.18.10.254/24").unwrap();
-    let dst_ip = IpAddr::from(dst);
-    neigh_to_peer(&tx, &tx_if, dst_ip, &rx, &rx_if).unwrap();
-    neigh_to_peer(&rx, &rx_if, IpAddr::from(src), &tx, &tx_if).unwrap();
-    let config = format!(
-        "[agent]\ninterfaces = [\"{rx_if}\"]\n\n\
-         [[rule]]\nname = \"syn\"\nsource = \"198.18.10.0/24\"\nprotocol = \"tcp\"\n\
+    let Wire {
+        _tx,
+        rx,
+        src,
+        dst,
+        macs,
+        raw,
+        agent,
+    } = wire(
+        "padsyn",
+        "ps",
+        10,
+        "[[rule]]\nname = \"syn\"\nsource = \"198.18.10.0/24\"\nprotocol = \"tcp\"\n\
          tcp_flags = \"syn\"\naction = \"deny\"\n\n\
-         [[rule]]\nname = \"rest\"\nsource = \"198.18.10.0/24\"\naction = \"allow\"\n"
+         [[rule]]\nname = \"rest\"\nsource = \"198.18.10.0/24\"\naction = \"allow\"\n",
     );
-    let agent = AgentProcess::start(&rx, &config, &[]).unwrap();
+    let dst_ip = IpAddr::from(dst);
+    let outsider = Ipv4Addr::new(198, 51, 100, 7);
     let listener = in_netns(&rx, || {
         std::net::TcpListener::bind(SocketAddr::new(dst_ip, 80))
     })
     .unwrap();
-    let macs = (
-        mac_bytes(&tx, &tx_if).unwrap(),
-        mac_bytes(&rx, &rx_if).unwrap(),
-    );
-    let raw = RawSocket::open_in(&tx, ifindex(&tx, &tx_if).unwrap(), macs.1).unwrap();
     let padded_syn = |from: Ipv4Addr, id: u16| {
         let syn = tcp_syn((from, dst), 40_080, 80, 0);
         let mut first = ipv4_fragment(macs, (from, dst), id, 0, true, &syn[..8]);
