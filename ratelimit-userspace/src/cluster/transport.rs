@@ -445,16 +445,22 @@ mod tests {
         .await
     }
 
+    /// Waits (10 s at most) until nodes `a` and `b` each see the other's `hello` key.
+    async fn exchanged(a: &ChitchatHandle, b: &ChitchatHandle) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(sees(a, "b").await && sees(b, "a").await) {
+            assert!(Instant::now() < deadline, "a and b never exchanged state");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sealed_gossip_converges_and_a_wrong_key_is_kept_out() {
         let (a, a_shared, a_addr) = node("a", 1, &[]).await;
         let (b, b_shared, _) = node("b", 1, &[a_addr]).await;
         let (intruder, intruder_shared, _) = node("x", 2, &[a_addr]).await;
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !(sees(&a, "b").await && sees(&b, "a").await) {
-            assert!(Instant::now() < deadline, "a and b never exchanged state");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        exchanged(&a, &b).await;
         // Let the intruder try for a while.
         while a_shared.counters.rejected_auth.load(Relaxed) < 3 {
             assert!(
@@ -552,10 +558,7 @@ mod tests {
         let (a, a_shared, a_addr) = node("a", 1, &[]).await;
         let (b, _, _) = node("b", 1, &[a_addr]).await;
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !(sees(&a, "b").await && sees(&b, "a").await) {
-            assert!(Instant::now() < deadline, "a and b never exchanged state");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        exchanged(&a, &b).await;
         let a_id = a.chitchat_id().clone();
         let b_id = b.chitchat_id().clone();
         let b_heartbeat = || async {
@@ -660,11 +663,7 @@ mod tests {
         use crate::cluster::inspect::{craft, INTRODUCED_PER_IP, OWN_IDS_PER_IP};
         let (a, a_shared, a_addr) = node("a", 1, &[]).await;
         let (b, _, _) = node("b", 1, &[a_addr]).await;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !(sees(&a, "b").await && sees(&b, "a").await) {
-            assert!(Instant::now() < deadline, "a and b never exchanged state");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        exchanged(&a, &b).await;
         let evil = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
         let evil_addr = evil.local_addr().unwrap();
         let me = ChitchatId::new("evil".to_string(), 1, evil_addr);
