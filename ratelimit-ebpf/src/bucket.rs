@@ -7,8 +7,11 @@
 use core::intrinsics::{atomic_cxchg, atomic_xadd, atomic_xsub, AtomicOrdering};
 
 use ratelimit_common::{
-    byte_cost_ns, global, rule_flags, share_cost, verdict, Bucket, Limit, Rule, SHARE_MASK,
+    byte_cost_ns, global, rule_flags, share_cost, verdict, Bucket, Limit, Rule, COARSE_LAG_NS,
+    SHARE_MASK,
 };
+
+use crate::scratch::{precise_now, ChargeClock};
 
 /// The parameters of one limit: a rule's first (its own fields) or one of its `extra` limits.
 /// A trait rather than a copy into one form, so the first limit's path reads the rule's fields
@@ -89,15 +92,72 @@ enum Charge {
     },
 }
 
-/// Charges `cost` to the TAT at `tat`, if the packet conforms.
+/// The clock a charge of `cost` to the TAT at `tat` (of a rule with flags `flags`, a limit with
+/// tolerance `tolerance`) is judged on: `(now, floor)`, where `now` is no later than the true time
+/// (the check `new - now <= tolerance` is then at least as strict as on the true time) and
+/// `floor` no earlier (so `max(tat, floor)` is at least the TAT exact GCRA would charge from). On
+/// the precise clock both are `now`.
+///
+/// On the coarse clock (a rule with [`rule_flags::COARSE_CLOCK`]) `now` is up to
+/// [`COARSE_LAG_NS`] behind the true time, and two charges would go wrong with it, so they read
+/// the precise clock instead:
+/// - a bucket that may be full at the true time (its TAT before `now + COARSE_LAG_NS`): charged
+///   from the lagging `now`, its TAT would start up to a tick too early, and the bucket admit a
+///   tick's refill (`rate x tick`) more than `burst + rate x t` over an interval that starts then
+///   (a burst late in one tick, more at the start of the next);
+/// - a charge that does not conform at the lagging `now`: it may conform at the true time (the
+///   burst's last packets would be dropped, and a source whose packet found a shared bucket
+///   empty would wait for the next tick while another took the refill).
+///
+/// Any other (a bucket at least `COARSE_LAG_NS` from full that has a token: a source at or above
+/// its rate) is charged from its TAT on the coarse clock, with `floor = now + COARSE_LAG_NS`,
+/// which cannot be below the true time.
+///
+/// The precise clock is read once a packet (`ck`): the packet's other charges use it too.
 #[inline(always)]
-fn gcra(tat: *mut u64, now: u64, cost: u64, tolerance: u64) -> Charge {
+fn clock(
+    tat: *const u64,
+    flags: u32,
+    now: u64,
+    (cost, tolerance): (u64, u64),
+    ck: *mut ChargeClock,
+) -> (u64, u64) {
+    if flags & rule_flags::COARSE_CLOCK == 0 {
+        return (now, now);
+    }
+    let floor = now + COARSE_LAG_NS;
+    // SAFETY: `tat` points into a map value that outlives this program run.
+    let old = unsafe { core::ptr::read_volatile(tat) };
+    if old < floor || old + cost - now > tolerance {
+        let precise = precise_now(ck);
+        (precise, precise)
+    } else {
+        (now, floor)
+    }
+}
+
+/// Whether a drop window that ends at `until` (on the clock of a rule with flags `flags`) still
+/// holds at `now`. On the coarse clock, a window within [`COARSE_LAG_NS`] of its end may be over
+/// at the true time: the precise clock decides (held to the next tick, it kept the source out of
+/// a shared bucket's refill that others took meanwhile; see [`clock`]).
+#[inline(always)]
+pub fn window_holds(flags: u32, now: u64, until: u64, ck: *mut ChargeClock) -> bool {
+    if now >= until {
+        return false;
+    }
+    flags & rule_flags::COARSE_CLOCK == 0 || until - now >= COARSE_LAG_NS || precise_now(ck) < until
+}
+
+/// Charges `cost` to the TAT at `tat`, if the packet conforms at `now` (see [`clock`]: `floor`
+/// is `now` on the precise clock, and an upper bound of the true time on the coarse one).
+#[inline(always)]
+fn gcra(tat: *mut u64, (now, floor): (u64, u64), cost: u64, tolerance: u64) -> Charge {
     for _ in 0..CAS_RETRIES {
         // A plain volatile read: LLVM's BPF backend cannot select an atomic load for v3 (see
         // TOOLCHAIN.md); the CAS below validates what we read.
         // SAFETY: `tat` points into a map value that outlives this program run.
         let old = unsafe { core::ptr::read_volatile(tat) };
-        let base = if old > now { old } else { now };
+        let base = if old > floor { old } else { floor };
         let new = base + cost;
         if new - now > tolerance {
             return Charge::Exceeds {
@@ -116,7 +176,7 @@ fn gcra(tat: *mut u64, now: u64, cost: u64, tolerance: u64) -> Charge {
     }
     // Still contended after every retry (other CPUs, or the agent's cluster charge, keep moving
     // this TAT). One atomic fetch-and-add cannot fail: when the TAT it added to was not behind
-    // `now` (the bucket not full), `old + cost` is exactly the step the CAS would have made, so
+    // `floor` (the bucket not full), `old + cost` is exactly the step the CAS would have made, so
     // the packet is judged as it would have been. Otherwise (a full bucket, whose TAT the add did
     // not lift to `now`; or a packet that does not conform) the charge is taken back and the
     // packet dropped: under contention a packet may be dropped that would have fitted, never
@@ -125,7 +185,7 @@ fn gcra(tat: *mut u64, now: u64, cost: u64, tolerance: u64) -> Charge {
     crate::stats::bump_global(global::CONTENDED_FALLBACKS);
     // SAFETY: as above.
     let old = unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(tat, cost) };
-    if old >= now && old + cost - now <= tolerance {
+    if old >= floor && old + cost - now <= tolerance {
         return Charge::Conforms;
     }
     // SAFETY: as above.
@@ -140,7 +200,7 @@ fn gcra(tat: *mut u64, now: u64, cost: u64, tolerance: u64) -> Charge {
 /// with the config word passed in rather than looked up: a map lookup here (a helper call at
 /// the compiler's level) cost the program's frame more stack than the verifier allows.
 #[inline(always)]
-fn share<P: Params>(bucket: *const Bucket, rule: &P, now: u64, shares_until: *const u64) -> u64 {
+fn share<P: Params>(bucket: *const Bucket, rule: &P, now: u64, ck: *const ChargeClock) -> u64 {
     if rule.flags() & rule_flags::CLUSTER == 0 {
         return 0;
     }
@@ -148,7 +208,7 @@ fn share<P: Params>(bucket: *const Bucket, rule: &P, now: u64, shares_until: *co
     // that they stay behind the flag's test (a value loaded before and kept live across the
     // charge cost the callers' frames a stack slot they do not have).
     unsafe {
-        if now >= core::ptr::read_volatile(shares_until) {
+        if now >= core::ptr::read_volatile(&raw const (*ck).shares_until) {
             return 0;
         }
         core::ptr::read_volatile(&raw const (*bucket).created_share) & SHARE_MASK
@@ -168,7 +228,7 @@ pub fn charge<P: Params>(
     now: u64,
     len: u64,
     drop_until: &mut u64,
-    shares_until: *const u64,
+    ck: *mut ChargeClock,
 ) -> usize {
     // SAFETY: `bucket` points at a live map value; only addresses of fields are taken here.
     let (tat, byte_tat) = unsafe { (&raw mut (*bucket).tat_ns, &raw mut (*bucket).byte_tat_ns) };
@@ -176,7 +236,7 @@ pub fn charge<P: Params>(
     // Both costs are made before any charge, so that the share is not live across the
     // compare-and-swap loops (kept, its two kinds of value, none and some, doubled the states
     // the verifier walks through them).
-    let share = share(bucket, rule, now, shares_until);
+    let share = share(bucket, rule, now, ck);
     let pkt_cost = share_cost(rule.pkt_interval_ns(), share);
     let byte_cost = if rule.flags() & rule_flags::BYTE_LIMIT != 0 {
         share_cost(byte_cost_ns(len, rule.byte_interval_fp()), share)
@@ -184,13 +244,31 @@ pub fn charge<P: Params>(
         0
     };
     if limits_pkts {
-        if let Charge::Exceeds { until } = gcra(tat, now, pkt_cost, rule.pkt_tolerance_ns()) {
+        let clock = clock(
+            tat,
+            rule.flags(),
+            now,
+            (pkt_cost, rule.pkt_tolerance_ns()),
+            ck,
+        );
+        if let Charge::Exceeds { until } = gcra(tat, clock, pkt_cost, rule.pkt_tolerance_ns()) {
             *drop_until = until;
             return verdict::DROPPED_RATE;
         }
     }
     if rule.flags() & rule_flags::BYTE_LIMIT != 0
-        && gcra(byte_tat, now, byte_cost, rule.byte_tolerance_ns()) != Charge::Conforms
+        && gcra(
+            byte_tat,
+            clock(
+                byte_tat,
+                rule.flags(),
+                now,
+                (byte_cost, rule.byte_tolerance_ns()),
+                ck,
+            ),
+            byte_cost,
+            rule.byte_tolerance_ns(),
+        ) != Charge::Conforms
     {
         if limits_pkts {
             // The packet was charged a packet token above but is dropped: give it back.
@@ -205,6 +283,8 @@ pub fn charge<P: Params>(
 /// [`charge`] of a new source's full bucket (TATs zero, not yet in the map): the verdict and the
 /// bucket's TATs after it, packets' and bytes' (zero where the packet was dropped or the rule has
 /// no such limit). Scalars, not a bucket in memory: the caller stores them, volatile.
+///
+/// `now` must be the true time on the coarse clock too (see [`new_bucket_now`]).
 #[inline(always)]
 pub fn charge_new<P: Params>(rule: &P, now: u64, len: u64) -> (usize, u64, u64) {
     let mut tat = 0;
@@ -225,11 +305,23 @@ pub fn charge_new<P: Params>(rule: &P, now: u64, len: u64) -> (usize, u64, u64) 
     (verdict::PASSED, tat, byte_tat)
 }
 
+/// The `now` a new bucket of `rule` is charged from ([`charge_new`]): a new bucket is full, so on
+/// the coarse clock it is the precise clock's (see [`clock`]).
+#[inline(always)]
+pub fn new_bucket_now<P: Params>(rule: &P, now: u64, ck: *mut ChargeClock) -> u64 {
+    if rule.flags() & rule_flags::COARSE_CLOCK != 0 {
+        precise_now(ck)
+    } else {
+        now
+    }
+}
+
 /// Gives back what [`charge`] took from `bucket` for a packet of `len` bytes that conformed to
 /// it but that a later limit of its rule dropped: the packet spends no token of this limit.
 ///
-/// Exact: the charge moved the TAT from `old` to `max(old, now) + cost`; taking `cost` back
-/// leaves `max(old, now)`, which is `old` or a full bucket, the same thing to every later packet.
+/// Exact: the charge moved the TAT from `old` to `max(old, floor) + cost` (see [`clock`]:
+/// `floor` is the true time where the bucket may have been full); taking `cost` back leaves
+/// `max(old, floor)`, which is `old` or a full bucket, the same thing to every later packet.
 /// Other CPUs' charges in between commute with it (atomic adds). The only effect the charge has
 /// is while it stands: a packet of the same bucket judged on another CPU in those few
 /// nanoseconds sees one packet's cost more (and may be dropped where it would have fitted).
@@ -239,11 +331,11 @@ pub fn refund<P: Params>(
     rule: &P,
     len: u64,
     now: u64,
-    shares_until: *const u64,
+    ck: *const ChargeClock,
 ) {
     // The share as the charge read it, unless the agent changed it in between (then the refund
     // differs from the charge by the cost's change for one packet).
-    let share = share(bucket, rule, now, shares_until);
+    let share = share(bucket, rule, now, ck);
     // SAFETY: `bucket` points at a live map value; atomic subtractions of its TAT words.
     unsafe {
         if rule.flags() & rule_flags::PKT_LIMIT != 0 {

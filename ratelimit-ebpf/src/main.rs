@@ -48,8 +48,8 @@ use crate::{
     maps::{BUCKETS, CONFIG, RULES},
     parse::{shape, Packet},
     scratch::{
-        ClassSlot, Extra, GateSlot, Scratch, CLASS_SLOTS, DROP_BATCH, NO_RECORD, NO_RULE,
-        SLOT_VALID,
+        ChargeClock, ClassSlot, Extra, GateSlot, Scratch, CLASS_SLOTS, DROP_BATCH, NO_RECORD,
+        NO_RULE, SLOT_VALID,
     },
     stats::{bump_global, count_rule},
     store::{Key, Scan},
@@ -296,9 +296,14 @@ fn limit(
     unclaimed: bool,
 ) -> usize {
     // The coarse clock, cached per jiffy, costs next to nothing (ktime_get_ns about 30 ns); the
-    // agent picks it only for rules whose every limit's tolerance spans several jiffies, where a
-    // tick-old `now` changes nothing measurable.
+    // agent picks it only for rules whose every limit's tolerance spans many jiffies, where a
+    // tick-old `now` delays a drop window's end and a drained bucket's refill by up to a tick.
+    // A bucket that may be full is charged on the precise clock all the same (`bucket::clock`):
+    // from a `now` that lags, it would admit up to a tick's refill beyond its bound.
     let now = if rule.flags & rule_flags::COARSE_CLOCK != 0 {
+        // Not read yet for this packet (see `ChargeClock::precise`).
+        // SAFETY: this CPU's live scratch record.
+        unsafe { (*s).extra.clock.precise = 0 };
         scratch::coarse_now(s)
     } else {
         // SAFETY: a helper without preconditions.
@@ -317,7 +322,10 @@ fn limit(
                 && (*g).family == pkt.family
                 && (*g).flags & SLOT_VALID != 0;
             let count = (*g).drop_count;
-            if open && now < (*g).drop_until && count < DROP_BATCH {
+            if open
+                && count < DROP_BATCH
+                && bucket::window_holds(rule.flags, now, (*g).drop_until, charge_clock(s))
+            {
                 (*g).drop_count = count + 1;
                 let k = rule_flags::gate_limit(rule.flags);
                 return verdict::DROPPED_RATE | (k as usize) << 8;
@@ -352,7 +360,8 @@ fn limit(
             (*slot).bucket,
         )
     };
-    if now < drop_until && drop_count < DROP_BATCH {
+    if drop_count < DROP_BATCH && bucket::window_holds(rule.flags, now, drop_until, charge_clock(s))
+    {
         // SAFETY: as above.
         unsafe { (*slot).drop_count = drop_count + 1 };
         return verdict::DROPPED_RATE | usize::from(drop_limit) << 8;
@@ -360,7 +369,8 @@ fn limit(
     // SAFETY: this CPU's live scratch record; `config` a live map value. Where every charge
     // of this packet reads it (see `shares_until`).
     unsafe {
-        (*s).extra.shares_until = core::ptr::read_volatile(&raw const (*config).shares_until_ns);
+        (*s).extra.clock.shares_until =
+            core::ptr::read_volatile(&raw const (*config).shares_until_ns);
     }
     // SAFETY: this CPU's live scratch record.
     let key = unsafe { &mut (*s).first_key };
@@ -403,7 +413,7 @@ fn limit(
             if !b.is_null() {
                 // SAFETY: this CPU's live scratch record (read back rather than kept live
                 // across the calls: the frame has no room to spare).
-                unsafe { bucket::refund(b, rule, len, (*c).now, &raw const (*c).shares_until) };
+                unsafe { bucket::refund(b, rule, len, (*c).now, &raw const (*c).clock) };
             }
             // SAFETY: as above.
             unsafe {
@@ -481,6 +491,13 @@ fn gate(pkt: &Packet, rule: &Rule) -> usize {
         unsafe { (*g).flags = 0 };
         return 0;
     }
+    // On the precise clock, whatever the rule's: the lagging coarse one could drop a packet the
+    // charge would admit (see `bucket::clock`). Once per window, not per packet.
+    let now = if flags & rule_flags::COARSE_CLOCK != 0 {
+        scratch::precise_now(charge_clock(s))
+    } else {
+        now
+    };
     // SAFETY: `b` is a live record holding the limit's bucket; as above for `g`.
     unsafe {
         (*b).dropped_pkts = (*b).dropped_pkts.wrapping_add(count);
@@ -608,7 +625,7 @@ fn extra_limits(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, c: *mut Extra) 
                         &rule.extra[j],
                         unsafe { (*c).len },
                         unsafe { (*c).now },
-                        unsafe { &raw const (*c).shares_until },
+                        unsafe { &raw const (*c).clock },
                     );
                 }
             }
@@ -712,7 +729,7 @@ fn cached_limit(
         return None;
     }
     let mut until = 0;
-    let v = bucket::charge(r, l, c.now, c.len, &mut until, &raw const c.shares_until);
+    let v = bucket::charge(r, l, c.now, c.len, &mut until, &raw mut c.clock);
     Some(settle(r, v, until, c, k, cached))
 }
 
@@ -765,7 +782,7 @@ fn find_and_charge<P: Params>(
     if cached != NO_RECORD {
         if let Some(r) = BUCKETS.get_ptr_mut(cached) {
             if store::holds(r, key) {
-                return (bucket::charge(r, p, now, len, until, shares_until(s)), r);
+                return (bucket::charge(r, p, now, len, until, charge_clock(s)), r);
             }
         }
     }
@@ -786,13 +803,16 @@ fn find_and_charge<P: Params>(
     match store::scan(key, sets, scratch::coarse_now(s), s) {
         Scan::Hit(i, r) => {
             remember(slot, limit, i);
-            (bucket::charge(r, p, now, len, until, shares_until(s)), r)
+            (bucket::charge(r, p, now, len, until, charge_clock(s)), r)
         }
         Scan::Miss {
             victim,
             header,
             kind,
-        } => create(p, len, now, key, sets, victim, header, kind, slot, limit),
+        } => {
+            let now = bucket::new_bucket_now(p, now, charge_clock(s));
+            create(p, len, now, key, sets, victim, header, kind, slot, limit)
+        }
         Scan::None => (no_bucket(), core::ptr::null_mut()),
     }
 }
@@ -869,13 +889,14 @@ fn create<P: Params>(
     (v, b)
 }
 
-/// `Config::shares_until_ns` (until when the cluster shares in the buckets hold) as `limit`
-/// copied it to this CPU's scratch record for this packet: the scratch pointer is live wherever
+/// What the packet's charges read of the clocks (`scratch::ChargeClock`): `Config::shares_until_ns`
+/// (until when the cluster shares in the buckets hold) as `limit` copied it to this CPU's scratch
+/// record for this packet, and the precise clock once read. The scratch pointer is live wherever
 /// a bucket is charged, the config's not (kept live, it cost a stack slot).
 #[inline(always)]
-fn shares_until(s: *const Scratch) -> *const u64 {
+fn charge_clock(s: *mut Scratch) -> *mut ChargeClock {
     // SAFETY: this CPU's live scratch record (only the address is taken).
-    unsafe { &raw const (*s).extra.shares_until }
+    unsafe { &raw mut (*s).extra.clock }
 }
 
 #[inline(always)]

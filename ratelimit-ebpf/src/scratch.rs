@@ -4,7 +4,7 @@
 //! change no verdict; the map is not pinned (a fresh program starts with empty caches).
 
 use aya_ebpf::{
-    helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns},
+    helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
     macros::map,
     maps::PerCpuArray,
 };
@@ -174,8 +174,36 @@ pub struct Extra {
     pub records: [u32; 3],
     /// The rule-set epoch (for `gate`).
     pub epoch: u32,
+    /// What the packet's charges read of the clocks.
+    pub clock: ChargeClock,
+}
+
+/// What a packet's charges read of the clocks, in the scratch record (one pointer to it is one
+/// argument where its parts would be two).
+#[repr(C)]
+pub struct ChargeClock {
     /// `Config::shares_until_ns` as this packet read it (cluster shares hold before it).
     pub shares_until: u64,
+    /// The precise clock as a charge of this packet read it, for its other charges, or 0 (not
+    /// read yet): a rule on the coarse clock reads it where the coarse one could be wrong (see
+    /// the program's `bucket::clock`), at most once a packet whatever its number of limits.
+    pub precise: u64,
+}
+
+/// The precise clock for this packet: as an earlier charge of it read it (see
+/// [`ChargeClock::precise`]), else read now and kept for the next.
+#[inline(always)]
+pub fn precise_now(ck: *mut ChargeClock) -> u64 {
+    // SAFETY: `ck` is in this CPU's live scratch record; a helper without preconditions.
+    unsafe {
+        let kept = (*ck).precise;
+        if kept != 0 {
+            return kept;
+        }
+        let now = bpf_ktime_get_ns();
+        (*ck).precise = now;
+        now
+    }
 }
 
 /// `word`, written to this CPU's scratch record and read back. The verifier does not track

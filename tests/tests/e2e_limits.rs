@@ -134,8 +134,12 @@ fn five_sources_of_a_24_get_their_own_limit_and_together_the_24s() {
         (0.95..=1.05).contains(&ratio),
         "the /24 got {ratio:.4} of its bucket"
     );
-    // The agent's counters: everything it dropped, the /24's limit dropped (no source was over
-    // its own), and the per-limit drops add up to the rule's.
+    // The agent's counters: the per-limit drops add up to the rule's; the /24's limit dropped
+    // most (together the sources send 3.3 times its rate), and a source's own limit dropped at
+    // most what that source sent beyond its own bucket. The /24's tokens go to whichever packet
+    // comes first once each is due, so how they split between the sources depends on how their
+    // paced sends interleave: one source can take up to its own limit's worth (and its own limit
+    // then drops the rest of its packets) while another gets a few hundred.
     let passed = rule_packets(&stats, "web", "passed");
     let dropped = rule_packets(&stats, "web", "dropped_rate");
     let (by_own, by_net) = (
@@ -144,7 +148,22 @@ fn five_sources_of_a_24_get_their_own_limit_and_together_the_24s() {
     );
     println!("agent: passed {passed}, dropped {dropped} (own limit {by_own}, the /24's {by_net})");
     assert_eq!(by_own + by_net, dropped);
-    assert_eq!(by_own, 0, "a source was over its own limit");
+    assert!(
+        by_net > dropped / 2,
+        "the /24's limit dropped only {by_net} of {dropped}"
+    );
+    let beyond_own: f64 = reports
+        .iter()
+        .map(|r| {
+            let t = (r.last - r.first).as_secs_f64();
+            let own = SRC_BURST as f64 + SRC_RATE as f64 * (t - ratelimit_testbed::SKEW_SECS);
+            (r.sent as f64 - own).max(0.0)
+        })
+        .sum();
+    assert!(
+        by_own as f64 <= beyond_own,
+        "own limits dropped {by_own}, more than the {beyond_own:.0} sent beyond them"
+    );
     assert!(
         passed >= total,
         "agent passed {passed}, receiver got {total}"

@@ -36,9 +36,10 @@ use ratelimit_common::{
 use crate::config::{Action, Per, Protocol, RuleConfig, RuleError, Scope, TcpFlags};
 
 const NS_PER_SEC: u128 = 1_000_000_000;
-/// The coarse clock ticks every 4 ms at HZ=250; at five ticks of tolerance its granularity no
-/// longer matters for GCRA, so the cheaper clock can be used.
-const COARSE_CLOCK_MIN_TOLERANCE_NS: u64 = 20_000_000;
+/// The shortest tolerance a rule on the coarse clock may have: twice the lag the program allows
+/// that clock (`COARSE_LAG_NS`), five ticks at HZ=250. Below it, nearly every charge would be
+/// within the lag of a full or an empty bucket, where the program reads the precise clock anyway.
+const COARSE_CLOCK_MIN_TOLERANCE_NS: u64 = 2 * ratelimit_common::COARSE_LAG_NS;
 
 /// One rule as installed: its id, its kernel record and where it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -599,6 +600,9 @@ pub fn rule_record(r: &RuleConfig) -> Rule {
     }
     if coarse {
         rule.flags |= rule_flags::COARSE_CLOCK;
+        for l in &mut rule.extra[..r.limits.len()] {
+            l.flags |= rule_flags::COARSE_CLOCK;
+        }
     }
     // A `per = "rule"` packet limit gates the others: while its one bucket is empty, the program
     // drops the rule's packets from a per-CPU window before charging any other limit (a flood of
@@ -642,15 +646,17 @@ fn limit_record(
     let mut coarse = true;
     if let (Some(rate), Some(burst)) = (rate, burst) {
         l.flags |= rule_flags::PKT_LIMIT;
-        // Integer division: the effective rate is 1e9 / floor(1e9 / rate), slightly above `rate`
-        // when it does not divide 1e9 (by under 0.1% up to 1e6 packets/s).
-        l.pkt_interval_ns = 1_000_000_000 / rate;
+        // Rounded up: the effective rate is 1e9 / ceil(1e9 / rate), slightly below `rate` when
+        // it does not divide 1e9 (by under 0.1% up to 1e6 packets/s), never above it (rounded
+        // down, 30,000,000/s admitted 1% more over any interval).
+        l.pkt_interval_ns = 1_000_000_000u64.div_ceil(rate);
         l.pkt_tolerance_ns = burst * l.pkt_interval_ns;
         coarse &= l.pkt_tolerance_ns >= COARSE_CLOCK_MIN_TOLERANCE_NS;
     }
     if let (Some(rate), Some(burst)) = (bytes_rate, bytes_burst) {
         l.flags |= rule_flags::BYTE_LIMIT;
-        l.byte_interval_fp = ((NS_PER_SEC << 16) / u128::from(rate)) as u64;
+        // Rounded up, as every byte cost is (`byte_cost_ns`): never above `bytes_rate`.
+        l.byte_interval_fp = (NS_PER_SEC << 16).div_ceil(u128::from(rate)) as u64;
         l.byte_tolerance_ns = (u128::from(burst) * NS_PER_SEC / u128::from(rate)) as u64;
         coarse &= l.byte_tolerance_ns >= COARSE_CLOCK_MIN_TOLERANCE_NS;
     }

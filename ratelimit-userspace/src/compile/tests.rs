@@ -73,8 +73,21 @@ fn packet_limit_record() {
         (rec.action, rec.protocol, rec.dst_port),
         (action::LIMIT, 0, 0)
     );
-    assert_eq!(rec.pkt_interval_ns, 333_333_333);
-    assert_eq!(rec.pkt_tolerance_ns, 20 * 333_333_333);
+    // 1e9 / 3 rounded up: 3 packets a second at most, never 3.000000003.
+    assert_eq!(rec.pkt_interval_ns, 333_333_334);
+    for rate in [3u64, 7, 600_000, 30_000_000, 999_999_999, 1_000_000_000] {
+        let i = rule_record(&RuleConfig {
+            burst: Some(1),
+            ..limit("a", "10.0.0.0/8", rate)
+        })
+        .pkt_interval_ns;
+        assert!(i * rate >= 1_000_000_000, "rate {rate}: interval {i} ns");
+        assert!(
+            (i - 1) * rate < 1_000_000_000,
+            "rate {rate}: interval {i} ns"
+        );
+    }
+    assert_eq!(rec.pkt_tolerance_ns, 20 * 333_333_334);
     assert_eq!((rec.byte_interval_fp, rec.byte_tolerance_ns), (0, 0));
     assert_eq!(rec.flags, rule_flags::PKT_LIMIT | rule_flags::COARSE_CLOCK);
     assert_eq!(rec.src_mask, [u32::MAX, 0, 0, 0]);
@@ -90,6 +103,13 @@ fn byte_limit_record() {
     let rec = rule_record(&r);
     assert_eq!(rec.flags, rule_flags::BYTE_LIMIT | rule_flags::COARSE_CLOCK);
     assert_eq!(rec.byte_interval_fp, (1_000_000_000u64 << 16) / 1_000_000);
+    // A rate that does not divide it: the interval rounds up (never a byte a second over).
+    let odd = rule_record(&RuleConfig {
+        bytes_rate: Some(3_000_000),
+        ..r.clone()
+    });
+    assert_eq!(odd.byte_interval_fp, 21_845_334);
+    assert!(u128::from(odd.byte_interval_fp) * 3_000_000 >= 1_000_000_000u128 << 16);
     assert_eq!(rec.byte_tolerance_ns, 1_500_000_000);
     assert_eq!(rec.src_mask, [u32::MAX; 4]);
     // One full-size frame costs about 1514 us at 1 MB/s.
@@ -1457,16 +1477,21 @@ fn limits_compile_in_order_with_their_own_masks() {
         (l1.pkt_interval_ns, l1.pkt_tolerance_ns),
         (50_000, 2_000_000_000)
     );
-    assert_eq!(l1.flags, rule_flags::PKT_LIMIT);
+    // The rule's clock is every limit's: its charges read the flag from the limit's own.
+    assert_eq!(l1.flags, rule_flags::PKT_LIMIT | rule_flags::COARSE_CLOCK);
     let l2 = rec.limit(2).unwrap();
     assert_eq!(l2.src_mask, [0; 4]);
-    assert_eq!(l2.flags, rule_flags::BYTE_LIMIT);
+    assert_eq!(l2.flags, rule_flags::BYTE_LIMIT | rule_flags::COARSE_CLOCK);
     assert_eq!(l2.byte_tolerance_ns, 2_000_000_000);
     assert!(rec.limit(3).is_none());
     assert_ne!(rec.flags & rule_flags::COARSE_CLOCK, 0);
     // A limit with a tolerance under the coarse clock's ticks takes the whole rule off it.
     r.limits[1].bytes_burst = Some(10_000);
     assert_eq!(rule_record(&r).flags & rule_flags::COARSE_CLOCK, 0);
+    assert_eq!(
+        rule_record(&r).limit(1).unwrap().flags & rule_flags::COARSE_CLOCK,
+        0
+    );
     r.limits[1].bytes_burst = Some(2_000_000);
     // Changing a limit changes the record: the rule gets a fresh id on reload.
     let set = build(std::slice::from_ref(&r));
