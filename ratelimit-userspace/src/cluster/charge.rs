@@ -2,19 +2,37 @@
 //!
 //! Every round, for each key of a cluster-scoped limit, this host's share of the budget is its
 //! demand (packets per second that reached its bucket, admitted or dropped) over the demand of
-//! the cluster (its own plus what its counted peers report): `s = local / (local + peers)`, 1
-//! when no counted peer has demand for the key (fail open), times `heard / known` under
-//! `on_partition = "share"`. The round writes `s` into the bucket as its share word
-//! ([`share_word`], 16 bits beside the bucket's creation time), and the XDP program charges each
-//! packet (and byte) of a cluster-scoped limit `SHARE_ONE / word` times its cost, so the bucket
-//! refills at `s x rate` (and `s x bytes_rate`) at every instant, however late the next round
-//! runs, and holds `s x burst` at most. The words hold while `Config::shares_until_ns` (moved on
-//! by every round to the end of its lag allowance, [`lag_allowance_ns`]) is ahead: an agent that
-//! stops, or whose rounds stall, leaves every bucket at the whole rate (fail open). A new key's
-//! bucket refills at the whole rate until its first round. Nothing depends on what the peers admitted, so there is no feedback from admissions: when
-//! the demand is steady, every host's `s x rate` is below its own demand as soon as the
-//! cluster's demand exceeds the rate (every bucket is saturated, and together they admit
-//! `rate`), and nobody is limited otherwise.
+//! the cluster (its own plus what its counted peers report): `s = local / (local + peers)` once
+//! that reaches the rate, and under it its own demand and an even part of what is left between
+//! the hosts that *hold* the key (this one and the counted peers that publish it with a known
+//! demand, 0 included: each has a bucket of it); times `heard / known` under `on_partition =
+//! "share"`. A key no counted peer holds has the whole rate here (fail open). The round writes
+//! `s` into the bucket as its share word ([`share_word`], 16 bits beside the bucket's creation
+//! time), and the XDP program charges each packet (and byte) of a cluster-scoped limit
+//! `SHARE_ONE / word` times its cost, so the bucket refills at `s x rate` (and `s x bytes_rate`)
+//! at every instant, however late the next round runs, and holds `s x burst` at most. The words
+//! hold while `Config::shares_until_ns` (moved on by every round to the end of its lag
+//! allowance, [`lag_allowance_ns`]) is ahead: an agent that stops, or whose rounds stall, leaves
+//! every bucket at the whole rate (fail open). A new key's bucket refills at the whole rate until
+//! its first round. Nothing depends on what the peers admitted, so there is no feedback from
+//! admissions: when the demand is steady, every host's `s x rate` is below its own demand as
+//! soon as the cluster's demand exceeds the rate (every bucket is saturated, and together they
+//! admit `rate`), and nobody is limited otherwise.
+//!
+//! An idle key (no demand anywhere) keeps its even part, `1 / hosts` holding it, for as long as
+//! they hold it (a host publishes an idle key while its bucket lasts, see
+//! [`LocalTracker::update`]): the shares of the holders add up to 1 whether the source sends or
+//! not, so the buckets together hold one burst and refill at one rate. Before, an idle key went
+//! back to the whole rate at every host a round or two after its demand stopped: a source that
+//! sent `hosts x burst` over the hosts within a sync interval, then idled for `burst / rate` and
+//! two intervals, found every bucket full at the whole burst again, and got `(hosts - 1) x burst`
+//! more than the budget at every such cycle (3 real agents, 1,000 pps, burst 500, 10 cycles of
+//! 0.1 s on and 1 s off, tests/tests/e2e_cluster_onoff.rs: 16,077-16,482 packets admitted in
+//! 11 s, a window 6,087-6,471 over `rate x T` where the README's bound allows 1,950; now
+//! 7,015-7,062, at most 1,685-1,699 over, the first bursts). Keeping the last share only for the
+//! limit's tolerance after the demand stops would not do: every bucket would still go back to
+//! its whole burst later, and `hosts x burst` come every cycle of about twice the tolerance; any
+//! hold shorter than `hosts x burst / rate` leaves a source more than the rate over a long run.
 //!
 //! (Before the share words, the round took the refill back by moving the bucket's TATs on by
 //! `(1 - s) x elapsed`: between rounds the bucket refilled at the whole rate, so a host whose
@@ -23,9 +41,12 @@
 //!
 //! A claim of any size takes a key's share on this host down to the smallest word (1 / 65,536 of
 //! the rate) while it lasts, and leaves no debt: a word only makes packets cost more. Once the
-//! claims stop, the next rounds give the word back.
+//! claims stop, the next rounds give the word back. A peer publishing a key with no demand only
+//! takes its own even part of an idle key (one part per counted identity, as each takes a part of
+//! the slack).
 //!
 //! [`lag_allowance_ns`]: super::remote::lag_allowance_ns
+//! [`LocalTracker::update`]: super::publish::LocalTracker::update
 
 use ratelimit_common::{bucket_header, rule_flags, BucketKey, Limit, SHARE_ONE};
 
@@ -33,29 +54,33 @@ use crate::maps::{store::Slot, MapsError, PinnedMaps};
 
 /// This host's share of a key's budget from the demand (packets/s) here (`local`) and at its
 /// counted peers (`peers`), multiplied by `factor` (`heard / known` under `on_partition =
-/// "share"`, else 1); 1 when no counted peer has demand (fail open).
+/// "share"`, else 1), where `hosts` hold the key (this one and the counted peers that publish it
+/// with a known demand, see [`Round::holders`]): 1 (times the factor) when this host alone holds
+/// it (fail open).
 ///
 /// When the cluster's demand `D = local + peers` reaches the limit's packet rate (`rate`, None
 /// for a limit without one) the share is `local / D`: every host's part of the rate is below its
 /// demand, and together they admit the rate; a host with no demand of its own gets none of the
-/// refill. Below the rate there is slack, `rate - D`, and every host, of the `hosts` counted
-/// (this one with them), gets its own demand and an even part of the slack: `(local + (rate -
-/// D) / hosts) / rate`. So nobody is limited below the budget even while the figures are a round
-/// old: a host whose demand has just begun (its published figure still 0) has its part of the
-/// slack meanwhile, not nothing (with shares proportional to demand alone, a source at two hosts
-/// under the budget lost 40% of its packets at one of them for a round).
+/// refill. Below the rate there is slack, `rate - D`, and every host holding the key gets its
+/// own demand and an even part of the slack: `(local + (rate - D) / hosts) / rate`. So nobody is
+/// limited below the budget even while the figures are a round old: a host whose demand has
+/// just begun (its published figure still 0) has its part of the slack meanwhile, not nothing
+/// (with shares proportional to demand alone, a source at two hosts under the budget lost 40% of
+/// its packets at one of them for a round). With no demand anywhere that is `1 / hosts` (and
+/// likewise for a limit without a packet rate): an idle key's buckets together hold one burst,
+/// not one each (see the module docs).
+///
+/// [`Round::holders`]: super::remote::Round::holders
 #[must_use]
 pub fn share(local: f64, peers: f64, factor: f64, rate: Option<f64>, hosts: f64) -> f64 {
     let local = if local.is_nan() { 0.0 } else { local.max(0.0) };
-    let s = if peers.is_nan() || peers <= 0.0 {
-        1.0
-    } else {
-        let demand = local + peers;
-        match rate {
-            Some(r) if r > 0.0 && demand < r && hosts >= 1.0 => (local + (r - demand) / hosts) / r,
-            _ if local <= 0.0 => 0.0,
-            _ => local / demand,
-        }
+    let peers = if peers.is_nan() { 0.0 } else { peers.max(0.0) };
+    let hosts = if hosts.is_nan() { 1.0 } else { hosts.max(1.0) };
+    let demand = local + peers;
+    let s = match rate {
+        Some(r) if r > 0.0 && demand < r => (local + (r - demand) / hosts) / r,
+        _ if demand <= 0.0 => 1.0 / hosts,
+        _ => local / demand,
     };
     (s * factor).clamp(0.0, 1.0)
 }

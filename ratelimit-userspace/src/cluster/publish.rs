@@ -9,9 +9,11 @@
 //! cumulative count in memory, advanced by what the bucket gained since the last look.
 //!
 //! Counters are per *epoch*: a key enters the published set with a new epoch number (increasing
-//! within this incarnation) and counts from zero; if it leaves (displaced by heavier keys, or idle)
-//! and comes back, it does so in a new epoch. Peers remember `(epoch, count)` per key, so a lost,
-//! repeated or reordered update can never charge anything twice.
+//! within this incarnation) and counts from zero; if it leaves (displaced by heavier keys, or idle
+//! with its bucket gone) and comes back, it does so in a new epoch. An idle key whose bucket is
+//! still here stays: peers count this host among the holders of the key, between which its
+//! budget is divided even while nobody sends (see [`super::charge`]). Peers remember `(epoch,
+//! count)` per key, so a lost, repeated or reordered update can never charge anything twice.
 
 use std::{collections::HashMap, net::IpAddr};
 
@@ -231,7 +233,8 @@ impl Heaviest {
     }
 }
 
-/// Keys whose count did not move for this long leave the published set.
+/// Keys whose count did not move for this long, and whose bucket is gone, leave the published
+/// set.
 pub const IDLE_NS: u64 = 30_000_000_000;
 /// Time constant of the rate estimate.
 const RATE_TAU_SECS: f64 = 2.0;
@@ -305,7 +308,11 @@ impl LocalTracker {
     /// Folds in what the buckets show at `now`. `seen` holds the published keys' buckets (a
     /// published key missing from it has no bucket now); after a `full` scan it holds every
     /// bucket of a cluster-scoped rule, and the published set is chosen anew: the heaviest keys
-    /// first, at most `max_keys`.
+    /// first, at most `max_keys`. A key idle for [`IDLE_NS`] leaves only once its bucket is gone:
+    /// while it is here the key's budget is divided with it, idle or not, and a key that left
+    /// would give every other holder a larger part (all of it, once none is left) and its bucket
+    /// the whole rate here, so that a source idle long enough found a whole burst at every host
+    /// (see [`super::charge`]). Heavier keys still displace it.
     pub fn update(&mut self, now: u64, seen: &HashMap<KeyName, BucketObs>, full: bool) {
         for (name, p) in &mut self.published {
             let (gained_pkts, gained_bytes, gained_demand, created) = match seen.get(name) {
@@ -364,7 +371,7 @@ impl LocalTracker {
         let idle: Vec<KeyName> = self
             .published
             .iter()
-            .filter(|(_, p)| now.saturating_sub(p.active_ns) > IDLE_NS)
+            .filter(|(k, p)| now.saturating_sub(p.active_ns) > IDLE_NS && !seen.contains_key(*k))
             .map(|(k, _)| k.clone())
             .collect();
         for k in idle {
@@ -879,14 +886,44 @@ mod tests {
         let (_, deleted) = t.changes();
         assert_eq!(deleted, vec![name(3).to_key()]);
         assert_eq!(t.next_epoch(), 4);
-        // Nothing moves for longer than IDLE_NS: everything retires.
+        // Nothing moves for longer than IDLE_NS, the buckets still here: both stay published
+        // (their budget is still divided between the hosts holding them), and nothing changes.
         t.update(
             time + IDLE_NS + S,
             &HashMap::from([(name(1), obs(1, p1)), (name(2), obs(1, p2))]),
             false,
         );
-        assert!(t.is_empty());
-        assert_eq!(t.changes().1.len(), 2);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.changes(), (vec![], vec![]));
+        // Key 2's bucket gone: it retires; key 1's, idle but here, stays.
+        t.update(
+            time + IDLE_NS + 2 * S,
+            &HashMap::from([(name(1), obs(1, p1))]),
+            false,
+        );
+        assert_eq!(t.keys().cloned().collect::<Vec<_>>(), vec![name(1)]);
+        assert_eq!(t.changes().1, vec![name(2).to_key()]);
+        // A full scan with a lighter candidate, room for it: both published.
+        t.update(
+            time + IDLE_NS + 3 * S,
+            &HashMap::from([(name(1), obs(1, p1)), (name(3), obs(1, p3))]),
+            true,
+        );
+        assert_eq!(t.len(), 2);
+        // Key 1 is idle (its rate decayed to nothing): a heavier candidate displaces it.
+        t.update(
+            time + IDLE_NS + 4 * S,
+            &HashMap::from([
+                (name(1), obs(1, p1)),
+                (name(3), obs(1, p3)),
+                (name(4), obs(time + IDLE_NS, 5000)),
+            ]),
+            true,
+        );
+        let mut keys: Vec<_> = t.keys().cloned().collect();
+        keys.sort();
+        assert_eq!(keys, vec![name(3), name(4)]);
+        assert_eq!(t.changes().1, vec![name(1).to_key()]);
     }
 
     /// The full scan keeps only the published keys and the `max_keys` heaviest others

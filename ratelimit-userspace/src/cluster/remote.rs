@@ -18,7 +18,10 @@
 //! Demand is not bounded: a peer with the key may claim any. What a claim can do is bounded by
 //! the share ([`super::sync`]): it can take this host's share of a key down to nothing while it
 //! claims (the bucket then refills no faster than it did), never into debt, and the claim ends
-//! with it.
+//! with it. A key a peer publishes with a known demand, 0 included, is one it *holds*
+//! ([`Round::holders`]): the budget of the key is divided between the hosts holding it, so a peer
+//! publishing a key without demand takes its own even part of what nobody uses (one part per
+//! counted identity), never more.
 
 use std::{collections::HashMap, hash::Hash};
 
@@ -231,7 +234,8 @@ struct PeerTrack {
     rejoin_seq: Option<u64>,
     sync: Option<(u64, u64, u64)>,
     keys: HashMap<KeyName, Applied>,
-    /// Per key, its demand (packets/s) between its last two syncs read here.
+    /// Per key whose demand is known (read twice in one epoch, or new since counting began),
+    /// its demand (packets/s) between its last two syncs read here, 0 included.
     rates: HashMap<KeyName, f64>,
     /// When (here) its sync key last moved on.
     synced_ns: u64,
@@ -270,6 +274,10 @@ pub struct PeerInfo {
 pub struct Round<P> {
     /// Per key of a cluster-scoped limit here, each counted peer's demand (packets/s, > 0).
     pub demand: HashMap<KeyName, Vec<(P, f64)>>,
+    /// Per key of a cluster-scoped limit here, how many counted peers hold it: publish it with
+    /// a known demand (0 included; not stale). Each of them has a bucket of the key, which the
+    /// budget is divided between (see [`super::charge::share`]).
+    pub holders: HashMap<KeyName, u32>,
     /// Keys read from counted peers.
     pub keys_synced: u64,
     /// Peers counted in this round.
@@ -284,6 +292,7 @@ impl<P> Default for Round<P> {
     fn default() -> Self {
         Self {
             demand: HashMap::new(),
+            holders: HashMap::new(),
             keys_synced: 0,
             counted_peers: 0,
             refused: 0,
@@ -298,6 +307,13 @@ impl<P> Round<P> {
         self.demand
             .get(name)
             .map_or(0.0, |d| d.iter().map(|(_, r)| r).sum())
+    }
+
+    /// The hosts that hold `name`: this one and the counted peers that hold it (see
+    /// [`Round::holders`]).
+    #[must_use]
+    pub fn hosts_holding(&self, name: &KeyName) -> u32 {
+        1 + self.holders.get(name).copied().unwrap_or(0)
     }
 }
 
@@ -505,9 +521,8 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                         },
                     };
                     applied.window.push(sync.1, applied.count.demand);
-                    let rate = applied.window.rate(1000.0);
-                    if rate > 0.0 {
-                        rates.insert(name.clone(), rate);
+                    if applied.window.len() >= 2 {
+                        rates.insert(name.clone(), applied.window.rate(1000.0));
                     }
                     keys.insert(name.clone(), applied);
                 }
@@ -517,13 +532,16 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
             if now.saturating_sub(track.synced_ns) > self.stale_ns {
                 continue;
             }
-            for (name, rate) in &track.rates {
+            for (name, &rate) in &track.rates {
                 if limits.get(name).is_some() {
-                    round
-                        .demand
-                        .entry(name.clone())
-                        .or_default()
-                        .push((view.id.clone(), *rate));
+                    *round.holders.entry(name.clone()).or_default() += 1;
+                    if rate > 0.0 {
+                        round
+                            .demand
+                            .entry(name.clone())
+                            .or_default()
+                            .push((view.id.clone(), rate));
+                    }
                 }
             }
         }
@@ -849,6 +867,56 @@ mod tests {
         assert_eq!(r.demand.len(), 2, "limit 1 made cluster-scoped: {r:?}");
     }
 
+    /// A counted peer holds a key once its demand for it is known, 0 included (an idle key's
+    /// budget is divided with it); not while the key is a baseline, not once the peer is stale
+    /// or no longer counted, and only keys of limits cluster-scoped here.
+    #[test]
+    fn a_peer_holds_a_key_with_a_known_demand_even_an_idle_one() {
+        let mut t = RemoteTracker::new(3 * S, LAG);
+        let l = limits();
+        let held = |r: &Round<String>| r.hosts_holding(&name());
+        // First sight: a baseline, its demand not known yet.
+        let r = t.round(0, &[view("a", 1, 2, &[(1, 100)]), view("b", 1, 2, &[])], &l);
+        assert_eq!(held(&r), 1);
+        // Known: a sends 100 per sync; b publishes the key from its next sync on (a new key,
+        // counted from zero), idle.
+        let r = t.round(
+            100 * MS,
+            &[view("a", 2, 2, &[(1, 200)]), view("b", 2, 3, &[(2, 0)])],
+            &l,
+        );
+        assert_eq!((held(&r), per_sync(&r)), (3, 100), "{r:?}");
+        assert_eq!(r.demand[&name()].len(), 1, "only a has demand: {r:?}");
+        // Both idle: both still hold it.
+        let r = t.round(
+            200 * MS,
+            &[view("a", 3, 2, &[(1, 200)]), view("b", 3, 3, &[(2, 0)])],
+            &l,
+        );
+        assert_eq!((held(&r), per_sync(&r)), (3, 0), "{r:?}");
+        assert!(r.demand.is_empty(), "{r:?}");
+        // b stops publishing the key; a's sync stops moving: stale after the lag allowance.
+        let r = t.round(
+            300 * MS,
+            &[view("a", 3, 2, &[(1, 200)]), view("b", 4, 3, &[])],
+            &l,
+        );
+        assert_eq!(held(&r), 2, "a still, within the allowance: {r:?}");
+        let r = t.round(
+            600 * MS + 1,
+            &[view("a", 3, 2, &[(1, 200)]), view("b", 5, 3, &[])],
+            &l,
+        );
+        assert_eq!(held(&r), 1, "a stale, b without the key: {r:?}");
+        // A key of a limit not cluster-scoped here is held by nobody here.
+        let other = KeyName {
+            rule: "other".into(),
+            ..name()
+        };
+        assert_eq!(r.hosts_holding(&other), 1);
+        assert!(!r.holders.contains_key(&other));
+    }
+
     /// A peer of before demand was published (`EPOCH:PKTS:BYTES`): its admitted packets are its
     /// demand.
     #[test]
@@ -894,10 +962,16 @@ mod tests {
         }
     }
 
-    /// The victim's share here (its demand here 200 pps, the limit 1,000 pps, two hosts) in
-    /// round `r`.
+    /// The victim's share here (its demand here 200 pps, the limit 1,000 pps, the hosts holding
+    /// its key as the round counts them) in round `r`.
     fn victim_share(r: &Round<String>) -> f64 {
-        crate::cluster::charge::share(200.0, r.peer_demand(&name()), 1.0, Some(1000.0), 2.0)
+        crate::cluster::charge::share(
+            200.0,
+            r.peer_demand(&name()),
+            1.0,
+            Some(1000.0),
+            f64::from(r.hosts_holding(&name())),
+        )
     }
 
     /// A member with the key (under its own id, or another's through chitchat's relaying)

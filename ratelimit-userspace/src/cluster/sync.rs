@@ -537,8 +537,9 @@ impl Blocking {
             });
             let elapsed = since.map_or(elapsed, |t| now.saturating_sub(t));
             let peers = round.peer_demand(name);
-            #[expect(clippy::cast_precision_loss, reason = "a few hosts")]
-            let hosts = round.counted_peers as f64 + 1.0;
+            // The hosts holding the key (this one and the counted peers publishing it): an idle
+            // key keeps an even part at each, not the whole rate at every one.
+            let hosts = f64::from(round.hosts_holding(name));
             let rate = charge::packet_rate(&limit);
             let s = charge::share(d, peers, factor, rate, hosts);
             let key = limit_bucket_key(id, rule, usize::from(name.limit), name.addr);
@@ -554,12 +555,20 @@ impl Blocking {
                     continue;
                 }
             }
-            let (pkts, bytes) = charge::withheld(&limit, advance, advance);
-            w.pkts += pkts;
-            w.bytes += bytes;
             // The part of it for hosts missing (`share`): what the factor took.
             let without =
                 charge::advance_ns(charge::share(d, peers, 1.0, rate, hosts), elapsed, lag_ns);
+            // Counted as withheld for the peers only while some have demand (then each has its
+            // part of the rest, below); an even part of an idle key, or of a key only this host
+            // has demand for, takes nothing for any peer's demand: only what the factor took.
+            let counted = if peers > 0.0 {
+                advance
+            } else {
+                advance.saturating_sub(without)
+            };
+            let (pkts, bytes) = charge::withheld(&limit, counted, counted);
+            w.pkts += pkts;
+            w.bytes += bytes;
             if advance > without {
                 w.share_pkts += charge::withheld(&limit, advance - without, 0).0;
             }
@@ -593,7 +602,9 @@ impl Blocking {
 /// What one round withheld.
 #[derive(Debug, Default)]
 struct Withheld {
-    /// Packets and bytes of refill withheld (TAT advance in packets and bytes).
+    /// Packets and bytes of refill withheld for the peers' demand and for hosts missing (TAT
+    /// advance in packets and bytes; not the even part an idle key's share holds back, which
+    /// no peer's demand takes).
     pkts: u64,
     bytes: u64,
     /// Of the packets, what `on_partition = "share"` withheld for hosts missing.

@@ -25,10 +25,24 @@ fn the_share_is_the_demand_over_the_clusters_and_fails_open() {
     assert!((share(500.0, 3500.0, 1.0, r, 8.0) - 0.125).abs() < 1e-12);
     // 95/5.
     assert!((share(3800.0, 200.0, 1.0, r, 2.0) - 0.95).abs() < 1e-12);
-    // No counted peer has demand (none counted, silent, uncounted): the whole budget.
-    assert_eq!(share(500.0, 0.0, 1.0, r, 1.0), 1.0);
-    assert_eq!(share(0.0, 0.0, 1.0, r, 2.0), 1.0);
-    assert_eq!(share(500.0, f64::NAN, 1.0, r, 2.0), 1.0);
+    // No counted peer holds the key (none counted, silent, uncounted, or none publishes it):
+    // the whole budget, whatever the demand here.
+    for local in [0.0, 500.0, 5000.0, f64::NAN] {
+        assert_eq!(share(local, 0.0, 1.0, r, 1.0), 1.0);
+        assert_eq!(share(local, 0.0, 1.0, None, 1.0), 1.0);
+    }
+    assert_eq!(share(500.0, f64::NAN, 1.0, r, 1.0), 1.0);
+    // Idle everywhere, two hosts holding the key: half each (with or without a packet rate),
+    // not the whole budget at both.
+    assert_eq!(share(0.0, 0.0, 1.0, r, 2.0), 0.5);
+    assert_eq!(share(0.0, 0.0, 1.0, None, 2.0), 0.5);
+    assert_eq!(share(f64::NAN, f64::NAN, 1.0, r, 2.0), 0.5);
+    // Demand here alone, the other holder idle: at or over the rate, all of it; under, its
+    // demand and half the slack (the other has the other half).
+    assert_eq!(share(1500.0, 0.0, 1.0, r, 2.0), 1.0);
+    assert_eq!(share(100.0, 0.0, 1.0, None, 2.0), 1.0);
+    assert!((share(200.0, 0.0, 1.0, r, 2.0) - 0.6).abs() < 1e-12);
+    assert!((share(0.0, 200.0, 1.0, r, 2.0) - 0.4).abs() < 1e-12);
     // At or over the rate, no demand here while peers have some: none of the refill.
     assert_eq!(share(0.0, 1000.0, 1.0, r, 2.0), 0.0);
     // Under the rate: its own demand and an even part of the slack, so nobody is limited
@@ -47,6 +61,7 @@ fn the_share_is_the_demand_over_the_clusters_and_fails_open() {
     assert_eq!(share(0.0, 100.0, 1.0, None, 2.0), 0.0);
     // on_partition = "share": a lone host of three.
     assert!((share(500.0, 0.0, 1.0 / 3.0, r, 1.0) - 1.0 / 3.0).abs() < 1e-12);
+    assert!((share(0.0, 0.0, 1.0 / 3.0, r, 1.0) - 1.0 / 3.0).abs() < 1e-12);
     assert!((share(500.0, 500.0, 2.0 / 3.0, r, 2.0) - 1.0 / 3.0).abs() < 1e-12);
     // A peer claiming any demand takes the share towards nothing, never below.
     assert!(share(1.0, 1e300, 1.0, r, 2.0) >= 0.0);
@@ -275,6 +290,45 @@ fn eight_hosts_admit_the_budget_and_converge_within_three_rounds_of_a_change() {
                 i + 10
             );
         }
+    }
+}
+
+/// A source that sends `hosts x burst` spread evenly over three hosts within one sync interval,
+/// then idles for its tolerance and four intervals (every bucket refills whatever its share),
+/// eight times over: the cluster admits at most the README's bound over the whole run, `rate x
+/// T + hosts x burst + (hosts - 1) x rate x lag`, and after the first cycle about one burst a
+/// cycle (every host's bucket holds its third of it): 5,976 (1,797 then 597 a cycle) against a
+/// bound of 9,900. Before, an idle key went back to the whole rate at every host and every
+/// bucket refilled to the whole burst: 1,797 every cycle, 14,376 in all.
+#[test]
+fn an_on_off_source_gets_one_budget_not_one_per_host() {
+    let mut c = Cluster::new(3);
+    let l = limit();
+    let burst = l.pkt_tolerance_ns / l.pkt_interval_ns;
+    // 3 x 600 packets in 100 ms: more than every host's whole burst (500).
+    let (on_ms, off_ms, pps) = (100, 900, 18_000.0);
+    let mut cycles = Vec::new();
+    for _ in 0..8 {
+        let on: u64 = c.run(on_ms, pps, &[1.0, 1.0, 1.0]).iter().sum();
+        let off: u64 = c.run(off_ms, 0.0, &[1.0, 1.0, 1.0]).iter().sum();
+        assert_eq!(off, 0);
+        cycles.push(on);
+    }
+    let total: u64 = cycles.iter().sum();
+    println!("on/off: admitted {total} ({cycles:?} a cycle)");
+    let secs = (8 * (on_ms + off_ms)) as f64 / 1000.0;
+    // The lag: a round and the gossip (the simulation's figures are a round old), 200 ms.
+    let bound = 1000.0 * secs + 3.0 * burst as f64 + 2.0 * 1000.0 * 0.2;
+    assert!(
+        (total as f64) <= bound,
+        "admitted {total} over {secs} s ({cycles:?} a cycle), more than the bound {bound}"
+    );
+    // Not by starving it: after the first cycle, about one burst a cycle.
+    for (i, &n) in cycles.iter().enumerate().skip(1) {
+        assert!(
+            (450..=650).contains(&n),
+            "cycle {i} admitted {n} ({cycles:?}), want about one burst (500)"
+        );
     }
 }
 

@@ -1,0 +1,182 @@
+//! An on/off source against a cluster budget, end to end: three real agents share one
+//! `scope = "cluster"` budget (1,000 pps, burst 500, sync 100 ms). One source sends `hosts x
+//! burst` and more, spread evenly over the three hosts within one sync interval, then stays
+//! silent for its tolerance (0.5 s) and five sync intervals, ten times over. Over any window T of
+//! the run the cluster must admit at most the README's bound, `rate x T + hosts x burst +
+//! (hosts - 1) x rate x lag` (lag 200 ms, the README's largest at this interval, plus 50 ms of
+//! `rate` for the sampling, as `e2e_cluster.rs` allows): the first bursts once, not at every
+//! cycle.
+//!
+//! Before the fix an idle key went back to the whole rate at every host a round or two after
+//! its demand stopped: each host's bucket refilled to its whole burst during the silence, and
+//! every cycle admitted `hosts x burst` (about 1,800 packets a cycle here, against a budget of
+//! 1,100 over the cycle). Now an idle key keeps its even part at each host holding it (a third of
+//! the rate and of the burst here), so the buckets together hold one burst.
+//!
+//! Run with `--nocapture` for the figures.
+
+use std::time::{Duration, Instant};
+
+use ratelimit_testbed::{
+    cluster_net::{stalls, ClusterNet, Samples, Split},
+    leftover_check, require_root,
+};
+
+const HOSTS: usize = 3;
+const RATE: f64 = 1000.0;
+const BURST: u64 = 500;
+const SYNC_MS: u64 = 100;
+/// Each burst: this many packets per second for [`ON_SECS`], spread evenly: 900 a host, more
+/// than a host's whole burst and what its bucket refills meanwhile at the whole rate.
+const ON_PPS: f64 = 27_000.0;
+/// Within one sync interval.
+const ON_SECS: f64 = 0.1;
+/// The silence after each burst: the tolerance (`burst / rate`, 0.5 s) and five sync intervals,
+/// long enough for every bucket to refill whatever its share, and (before the fix) for the
+/// shares to go back to the whole rate first.
+const OFF_SECS: f64 = 1.0;
+const CYCLES: usize = 10;
+/// The README's largest sync lag at the default interval (50-200 ms).
+const MAX_LAG_SECS: f64 = 0.2;
+/// How far the sampling can misplace an admission in time (each sample reads the receivers one
+/// after the other, and delivery lags the program's decision), as in `e2e_cluster.rs`.
+const SKEW_SECS: f64 = 0.05;
+const SAMPLE: Duration = Duration::from_millis(50);
+
+#[test]
+#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
+fn an_on_off_source_gets_one_budget_not_a_burst_per_host_at_every_cycle() {
+    require_root();
+    let net = ClusterNet::new("rl-coo", HOSTS).unwrap();
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "1000"
+    )]
+    let agents = net
+        .start_agents(RATE as u64, BURST, SYNC_MS, Duration::from_secs(60))
+        .unwrap();
+    let receivers = net.receivers().unwrap();
+
+    let cycle = ON_SECS + OFF_SECS;
+    let mut schedule = Vec::new();
+    for c in 0..CYCLES {
+        #[expect(clippy::cast_precision_loss, reason = "a few cycles")]
+        let t0 = c as f64 * cycle;
+        schedule.push(Split {
+            end: t0 + ON_SECS,
+            pps: ON_PPS,
+            weights: vec![1.0; HOSTS],
+        });
+        schedule.push(Split {
+            end: t0 + cycle,
+            pps: 0.0,
+            weights: vec![1.0; HOSTS],
+        });
+    }
+    #[expect(clippy::cast_precision_loss, reason = "a few cycles")]
+    let end = CYCLES as f64 * cycle;
+    let start = Instant::now();
+    let sender = net.flood(schedule, start).unwrap();
+    let mut samples = Samples::default();
+    samples.take_until(&receivers, start, end, SAMPLE);
+    let sent = sender.join().unwrap();
+    let stalls = stalls(&sent, &receivers, start);
+
+    // --- Figures. ---
+    let total = |s: &ratelimit_testbed::cluster_net::Sample| s.counts.iter().sum::<u64>();
+    // Per cycle: between the samples nearest its start and the next cycle's (both in silence,
+    // a sample period before the burst).
+    let per_cycle: Vec<f64> = (0..CYCLES)
+        .map(|c| {
+            #[expect(clippy::cast_precision_loss, reason = "a few cycles")]
+            let (t1, t2) = (
+                (c as f64 * cycle - 0.05).max(0.0),
+                (c + 1) as f64 * cycle - 0.05,
+            );
+            (0..HOSTS).map(|h| samples.packets(h, t1, t2)).sum()
+        })
+        .collect();
+    let admitted = samples.0.last().map_or(0, total);
+    // The largest excess over `rate x T` of any window between two samples.
+    let mut excess = f64::MIN;
+    let mut worst = (0.0, 0.0);
+    for (i, a) in samples.0.iter().enumerate() {
+        for b in &samples.0[i + 1..] {
+            #[expect(clippy::cast_precision_loss, reason = "small counts")]
+            let e = (total(b) - total(a)) as f64 - RATE * (b.t - a.t);
+            if e > excess {
+                excess = e;
+                worst = (a.t, b.t);
+            }
+        }
+    }
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let bound =
+        HOSTS as f64 * BURST as f64 + (HOSTS - 1) as f64 * RATE * MAX_LAG_SECS + RATE * SKEW_SECS;
+    let drops: Vec<u64> = receivers
+        .iter()
+        .map(|r| r.socket_drops().unwrap())
+        .collect();
+    println!(
+        "\n{HOSTS} hosts, budget {RATE} pps (burst {BURST}) cluster-wide, sync {SYNC_MS} ms; \
+         {CYCLES} cycles of {ON_SECS} s at {ON_PPS} pps then {OFF_SECS} s silent; sent {:?}",
+        sent.per_host
+    );
+    println!(
+        "admitted per cycle: {:?}",
+        per_cycle.iter().map(|n| n.round()).collect::<Vec<_>>()
+    );
+    println!(
+        "admitted {admitted} in {end:.1} s (rate x T = {:.0}); largest excess over rate x T: \
+         {excess:.0} packets, window {:.2}-{:.2} s (bound {bound:.0})",
+        RATE * end,
+        worst.0,
+        worst.1
+    );
+    for s in &stalls {
+        println!(
+            "stall: {} did not run for {:.0} ms from {:.2} s",
+            s.who,
+            s.secs * 1000.0,
+            s.at
+        );
+    }
+
+    // --- Assertions. ---
+    assert_eq!(
+        drops,
+        vec![0; HOSTS],
+        "receivers overrun: the counts miss what the hosts admitted"
+    );
+    assert!(
+        excess <= bound,
+        "a window ({:.2}-{:.2} s) admitted {excess:.0} packets over rate x T, more than the \
+         README's bound {bound:.0} (hosts x burst once, and the lag): per cycle {per_cycle:?}",
+        worst.0,
+        worst.1
+    );
+    // Not by starving the source: after the first cycle, each still admits a good part of one
+    // burst (every host's bucket holds its third of it; a stall of the sender can cut a burst
+    // short, hence only half).
+    let later: f64 = per_cycle[1..].iter().sum();
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let least = 0.5 * (CYCLES - 1) as f64 * BURST as f64;
+    assert!(
+        later >= least,
+        "cycles 2-{CYCLES} admitted {later:.0} in all, less than {least:.0}: {per_cycle:?}"
+    );
+
+    // --- Clean up. ---
+    drop(receivers);
+    for (i, a) in agents.into_iter().enumerate() {
+        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+    }
+    drop(net);
+    let ours = format!("-{}-", std::process::id());
+    let left: Vec<String> = leftover_check("rl-coo-")
+        .into_iter()
+        .filter(|n| n.contains(&ours))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
