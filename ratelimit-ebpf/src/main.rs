@@ -409,8 +409,11 @@ fn limit(
         scratch::no_records(unsafe { &raw mut (*c).records });
         let d = extra_limits(pkt, rule, slot, c);
         if d != verdict::PASSED {
-            // Dropped by limit `d >> 8` (> 0): the first limit's charge is given back.
-            if !b.is_null() {
+            // Dropped by limit `d >> 8` (> 0): the first limit's charge is given back, if its
+            // record still holds the key (another CPU may have recycled it meanwhile: the refund
+            // would give that key a token it was not charged).
+            // SAFETY: this CPU's live scratch record (the key `limit` built above).
+            if !b.is_null() && store::holds(b, unsafe { &(*s).first_key }) {
                 // SAFETY: this CPU's live scratch record (read back rather than kept live
                 // across the calls: the frame has no room to spare).
                 unsafe { bucket::refund(b, rule, len, (*c).now, &raw const (*c).clock) };
