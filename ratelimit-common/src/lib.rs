@@ -226,8 +226,9 @@ pub mod global {
     /// A new bucket took the place of one that had not refilled: that source starts full again if
     /// it comes back (state lost; grows when the store is too small for the sources it sees).
     pub const EVICTED_LOST: usize = 14;
-    /// A fragment other than the first whose first fragment was not seen (or is forgotten):
-    /// classified without ports, by the protocol or `any` rule of its source.
+    /// A fragment other than the first whose first fragment was not seen (or is forgotten): from
+    /// a source no protocol or port rule applies to, classified by its first rule; else dropped
+    /// ([`DROPPED_UNMATCHED_FRAGMENTS`], counted there too).
     pub const FRAGMENTS_UNMATCHED: usize = 15;
     /// A first fragment without its whole TCP/UDP header (the tiny-fragment attack, RFC 1858),
     /// dropped because a protocol or port rule could apply to its source.
@@ -253,6 +254,13 @@ pub mod global {
     /// ([`crate::config_flags::DROPPING_RULES`]): the receiving stack strips any number of
     /// priority tags (VLAN id 0) and delivers what is inside. Passed when no such rule is.
     pub const DROPPED_VLAN_CHAINS: usize = 21;
+    /// A fragment other than the first whose first fragment was not seen (it comes later, or was
+    /// forgotten), dropped because a protocol or port rule could apply to its source: its
+    /// datagram's rule is unknown, and the rule without ports would take a charge that the
+    /// datagram's own rule never sees (a datagram sent last fragment first would pay one token of
+    /// its port's limit however many fragments it has). Its datagram's first fragment, if it
+    /// comes, is dropped with it.
+    pub const DROPPED_UNMATCHED_FRAGMENTS: usize = 22;
     /// Number of counters.
     pub const COUNT: usize = 24;
     /// Names as printed by the CLI and the metrics, by index (empty: reserved).
@@ -279,7 +287,7 @@ pub mod global {
         "long_chains",
         "contended_fallbacks",
         "dropped_vlan_chains",
-        "",
+        "dropped_unmatched_fragments",
         "",
     ];
 }

@@ -225,7 +225,20 @@ fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
             Some(e) => uncached(e.rule),
             None => {
                 bump_global(global::FRAGMENTS_UNMATCHED);
-                classify::classify(pkt, epoch, s)
+                // Its datagram's rule is unknown (its first fragment comes later, or was
+                // forgotten) and the kernel reassembles in any order: where a rule that looks at
+                // the protocol or port could apply, the rule without ports would take the charge
+                // of a fragment that its datagram's rule never sees (a datagram sent last
+                // fragment first would pay one token of its port's limit). Dropped, with its
+                // datagram; elsewhere its source's first rule is the rule whatever the ports.
+                match classify::without_l4(pkt, epoch) {
+                    WithoutL4::Dependent => {
+                        let reason = global::DROPPED_UNMATCHED_FRAGMENTS;
+                        frag::remember(pkt, epoch, scratch::coarse_now(s), NO_RULE, Some(reason));
+                        drop(reason)
+                    }
+                    _ => classify::classify(pkt, epoch, s),
+                }
             }
         },
         shape::TINY_FRAGMENT | shape::LONG_CHAIN => {

@@ -129,7 +129,8 @@ fn chain6(n: usize, frag: Option<u32>) -> Frame {
 fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
     use global::{
         DROPPED_FRAGMENT_CONFLICTS as CONFLICT, DROPPED_LONG_CHAINS as LONG,
-        DROPPED_TINY_FRAGMENTS as TINY, FRAGMENTS, FRAGMENTS_UNMATCHED as UNMATCHED,
+        DROPPED_TINY_FRAGMENTS as TINY, DROPPED_UNMATCHED_FRAGMENTS as UNMATCHED_DROP, FRAGMENTS,
+        FRAGMENTS_UNMATCHED as UNMATCHED,
     };
     use Moves::{Both, Global, Many, Rule};
     let chains = (1..=10).flat_map(|n| {
@@ -340,16 +341,32 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
             XDP_DROP,
             Rule("v4-dns", verdict::DENIED),
         ),
+        // A later fragment whose first was not seen: its datagram's ports are unknown, so where
+        // a port rule could apply (a limit would not see its charge) it is dropped with its
+        // datagram; from a source no such rule covers, the rule whatever the ports takes it.
         (
-            "IPv4 non-first fragment of a datagram whose first was not seen: no ports",
+            "IPv4 non-first fragment of a datagram whose first was not seen: a port rule could \
+             apply, dropped",
             eth()
                 .ipv4(v4(1), dst4())
                 .proto(17)
                 .payload(32)
                 .frag(185, false)
                 .ident(1),
+            XDP_DROP,
+            Many(&[FRAGMENTS, UNMATCHED, UNMATCHED_DROP], None),
+        ),
+        (
+            "IPv4 non-first fragment whose first was not seen, from a source no port rule covers: \
+             its any rule",
+            eth()
+                .ipv4(v4o(1), dst4())
+                .proto(17)
+                .payload(32)
+                .frag(185, false)
+                .ident(1),
             XDP_PASS,
-            Many(&[FRAGMENTS, UNMATCHED], Some(("v4-all", verdict::ALLOWED))),
+            Many(&[FRAGMENTS, UNMATCHED], Some(("v4-any", verdict::ALLOWED))),
         ),
         // The datagram of RFC 1858's tiny-fragment attack: the first fragment holds 8 bytes of
         // the TCP header (ports included, flags not), the second the rest.
@@ -421,34 +438,56 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
         (
             "IPv4 fragment of the same id from another source: not that datagram",
             eth()
-                .ipv4(v4(2), dst4())
+                .ipv4(v4o(2), dst4())
                 .proto(17)
                 .payload(16)
                 .frag(1, false)
                 .ident(5),
             XDP_PASS,
-            Many(&[FRAGMENTS, UNMATCHED], Some(("v4-all", verdict::ALLOWED))),
+            Many(&[FRAGMENTS, UNMATCHED], Some(("v4-any", verdict::ALLOWED))),
         ),
         (
-            "IPv4 second fragment before its first (reversed order)",
+            "IPv4 second fragment before its first (reversed order): dropped",
             eth()
                 .ipv4(v4(1), dst4())
                 .proto(17)
                 .payload(16)
                 .frag(1, false)
                 .ident(6),
-            XDP_PASS,
-            Many(&[FRAGMENTS, UNMATCHED], Some(("v4-all", verdict::ALLOWED))),
+            XDP_DROP,
+            Many(&[FRAGMENTS, UNMATCHED, UNMATCHED_DROP], None),
         ),
         (
-            "IPv4 first fragment after its second: denied, so the datagram never completes",
+            "IPv4 first fragment after its second: dropped with its datagram",
             eth()
                 .ipv4(v4(1), dst4())
                 .udp(1000, 53)
                 .frag(0, true)
                 .ident(6),
             XDP_DROP,
-            Rule("v4-dns", verdict::DENIED),
+            Global(UNMATCHED_DROP),
+        ),
+        (
+            "IPv4 first fragment to an allowed port after its second: dropped with its datagram \
+             (the rule without ports took no charge of it)",
+            eth()
+                .ipv4(v4(1), dst4())
+                .proto(17)
+                .payload(16)
+                .frag(1, false)
+                .ident(0x606),
+            XDP_DROP,
+            Many(&[FRAGMENTS, UNMATCHED, UNMATCHED_DROP], None),
+        ),
+        (
+            "IPv4 that first fragment, to UDP/54",
+            eth()
+                .ipv4(v4(1), dst4())
+                .udp(1000, 54)
+                .frag(0, true)
+                .ident(0x606),
+            XDP_DROP,
+            Global(UNMATCHED_DROP),
         ),
         (
             "IPv4 first fragment to an allowed port",
@@ -734,21 +773,34 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
             Global(global::TRUNCATED_L4),
         ),
         (
-            "IPv6 non-first fragment of a datagram whose first was not seen: no ports",
+            "IPv6 non-first fragment of a datagram whose first was not seen: a port rule could \
+             apply, dropped",
             eth()
                 .ipv6(v6(1), dst6())
                 .frag6(100, false)
                 .ident(2)
                 .proto(6)
                 .payload(40),
-            XDP_PASS,
-            Many(&[FRAGMENTS, UNMATCHED], Some(("v6-all", verdict::ALLOWED))),
+            XDP_DROP,
+            Many(&[FRAGMENTS, UNMATCHED, UNMATCHED_DROP], None),
         ),
         (
-            "IPv6 its first fragment afterwards (reversed order), to TCP/80: denied",
+            "IPv6 its first fragment afterwards (reversed order), to TCP/80: dropped with it",
             eth().ipv6(v6(1), dst6()).frag6(0, true).ident(2).tcp(1000, 80),
             XDP_DROP,
-            Rule("v6-web", verdict::DENIED),
+            Global(UNMATCHED_DROP),
+        ),
+        (
+            "IPv6 non-first fragment whose first was not seen, from a source no port rule covers: \
+             its any rule",
+            eth()
+                .ipv6(v6o(1), dst6())
+                .frag6(100, false)
+                .ident(2)
+                .proto(6)
+                .payload(40),
+            XDP_PASS,
+            Many(&[FRAGMENTS, UNMATCHED], Some(("v6-any", verdict::ALLOWED))),
         ),
         (
             "IPv6 first fragment to TCP/81 (allowed)",
