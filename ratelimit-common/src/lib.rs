@@ -258,8 +258,8 @@ pub mod global {
     /// forgotten), dropped because a protocol or port rule could apply to its source: its
     /// datagram's rule is unknown, and the rule without ports would take a charge that the
     /// datagram's own rule never sees (a datagram sent last fragment first would pay one token of
-    /// its port's limit however many fragments it has). Its datagram's first fragment, if it
-    /// comes, is dropped with it.
+    /// its port's limit however many fragments it has). Without it the datagram never completes;
+    /// a first fragment that follows is judged by its own ports.
     pub const DROPPED_UNMATCHED_FRAGMENTS: usize = 22;
     /// Number of counters.
     pub const COUNT: usize = 24;

@@ -5,9 +5,9 @@
 //! protocol is its first fragment's, whatever the next header of the others says), so the
 //! other fragments of a denied datagram are dropped and those of a limited one charge the same
 //! bucket. A first fragment sent again for the same datagram with another classification (an
-//! overlap trying to rewrite the ports) drops the datagram: a verdict never flips to pass. So does
-//! a fragment that comes before its first (or after it was forgotten) where a protocol or port
-//! rule could apply: the first fragment that follows it is dropped with it.
+//! overlap trying to rewrite the ports) drops the datagram: a verdict never flips to pass. A
+//! fragment that comes before its first (or after it was forgotten) is dropped where a protocol or
+//! port rule could apply (`decide_cut`), so that datagram never completes.
 
 use aya_ebpf::bindings::BPF_ANY;
 use ratelimit_common::{family, frag_flags, FragEntry, FragKey, FRAGMENT_TIMEOUT_NS};

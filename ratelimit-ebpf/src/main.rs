@@ -229,14 +229,13 @@ fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
                 // forgotten) and the kernel reassembles in any order: where a rule that looks at
                 // the protocol or port could apply, the rule without ports would take the charge
                 // of a fragment that its datagram's rule never sees (a datagram sent last
-                // fragment first would pay one token of its port's limit). Dropped, with its
-                // datagram; elsewhere its source's first rule is the rule whatever the ports.
+                // fragment first would pay one token of its port's limit). Dropped, so its
+                // datagram never completes; a first fragment that follows is judged by its own
+                // ports. Nothing is remembered: a flood of such fragments inserts nothing into
+                // the table and costs one trie lookup, as classifying it did. Elsewhere its
+                // source's first rule is the rule whatever the ports.
                 match classify::without_l4(pkt, epoch) {
-                    WithoutL4::Dependent => {
-                        let reason = global::DROPPED_UNMATCHED_FRAGMENTS;
-                        frag::remember(pkt, epoch, scratch::coarse_now(s), NO_RULE, Some(reason));
-                        drop(reason)
-                    }
+                    WithoutL4::Dependent => drop(global::DROPPED_UNMATCHED_FRAGMENTS),
                     _ => classify::classify(pkt, epoch, s),
                 }
             }

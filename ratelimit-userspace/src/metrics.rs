@@ -666,8 +666,7 @@ impl Collector for Snapshot {
              extension headers, or a first fragment whose chain ends before the L4 header), \
              fragment_conflict (a first fragment sent again with other ports, and the rest of its \
              datagram), vlan_chain (a frame in more VLAN tags than the program walks), \
-             unmatched_fragment (a fragment whose first fragment was not seen, and the rest of its \
-             datagram).",
+             unmatched_fragment (a fragment whose first fragment was not seen).",
             SHAPE_DROPS.map(|(i, reason)| (vec![("reason", reason)], ConstCounter::new(g(i)))),
         )?;
         family(

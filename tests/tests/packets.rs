@@ -458,18 +458,18 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
             Many(&[FRAGMENTS, UNMATCHED, UNMATCHED_DROP], None),
         ),
         (
-            "IPv4 first fragment after its second: dropped with its datagram",
+            "IPv4 first fragment after its second: denied (and its datagram lacks the second)",
             eth()
                 .ipv4(v4(1), dst4())
                 .udp(1000, 53)
                 .frag(0, true)
                 .ident(6),
             XDP_DROP,
-            Global(UNMATCHED_DROP),
+            Rule("v4-dns", verdict::DENIED),
         ),
         (
-            "IPv4 first fragment to an allowed port after its second: dropped with its datagram \
-             (the rule without ports took no charge of it)",
+            "IPv4 second fragment of a datagram to an allowed port, before its first: dropped \
+             (the rule without ports takes no charge of it)",
             eth()
                 .ipv4(v4(1), dst4())
                 .proto(17)
@@ -480,14 +480,26 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
             Many(&[FRAGMENTS, UNMATCHED, UNMATCHED_DROP], None),
         ),
         (
-            "IPv4 that first fragment, to UDP/54",
+            "IPv4 its first fragment, to UDP/54: judged by its own ports (its datagram never \
+             completes)",
             eth()
                 .ipv4(v4(1), dst4())
                 .udp(1000, 54)
                 .frag(0, true)
                 .ident(0x606),
-            XDP_DROP,
-            Global(UNMATCHED_DROP),
+            XDP_PASS,
+            Rule("v4-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv4 that datagram's second fragment sent again, after its first: follows it",
+            eth()
+                .ipv4(v4(1), dst4())
+                .proto(17)
+                .payload(16)
+                .frag(1, false)
+                .ident(0x606),
+            XDP_PASS,
+            Both(FRAGMENTS, "v4-all", verdict::ALLOWED),
         ),
         (
             "IPv4 first fragment to an allowed port",
@@ -785,10 +797,10 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
             Many(&[FRAGMENTS, UNMATCHED, UNMATCHED_DROP], None),
         ),
         (
-            "IPv6 its first fragment afterwards (reversed order), to TCP/80: dropped with it",
+            "IPv6 its first fragment afterwards (reversed order), to TCP/80: denied",
             eth().ipv6(v6(1), dst6()).frag6(0, true).ident(2).tcp(1000, 80),
             XDP_DROP,
-            Global(UNMATCHED_DROP),
+            Rule("v6-web", verdict::DENIED),
         ),
         (
             "IPv6 non-first fragment whose first was not seen, from a source no port rule covers: \

@@ -592,12 +592,10 @@ impl<'a> Model<'a> {
                 Some(&(id, None)) => id,
                 None => {
                     g[global::FRAGMENTS_UNMATCHED] += 1;
-                    // Its datagram's rule is unknown: dropped with its datagram where a
-                    // protocol or port rule could apply.
+                    // Its datagram's rule is unknown: dropped where a protocol or port rule
+                    // could apply (nothing remembered).
                     if let WithoutL4::Dependent = self.set.classify_without_l4(parsed.src) {
-                        let reason = global::DROPPED_UNMATCHED_FRAGMENTS;
-                        self.remember(datagram, None, Some(reason));
-                        return drop(g, reason, self.agent_dry_run);
+                        return drop(g, global::DROPPED_UNMATCHED_FRAGMENTS, self.agent_dry_run);
                     }
                     self.set
                         .classify(parsed.src, parsed.protocol, None, 0)
