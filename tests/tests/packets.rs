@@ -936,6 +936,47 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
             XDP_DROP,
             Rule("v6-web", verdict::DENIED),
         ),
+        // Two fragment headers: the kernel queues the packet under the first (its datagram)
+        // and reads the second only once that datagram is reassembled. The program judges the
+        // packet by the last; the outer datagram's other fragments are then unmatched, and
+        // dropped where a port rule could apply, so it never completes.
+        (
+            "IPv6 first fragment whose chain holds an atomic fragment header, then TCP/80: \
+             judged by its ports",
+            eth()
+                .ipv6(v6(1), dst6())
+                .frag6(0, true)
+                .ident(0x70a)
+                .frag6(0, false)
+                .ident(0x70b)
+                .tcp(1000, 80),
+            XDP_DROP,
+            Rule("v6-web", verdict::DENIED),
+        ),
+        (
+            "IPv6 its outer datagram's second fragment: unmatched, dropped",
+            eth()
+                .ipv6(v6(1), dst6())
+                .frag6(4, false)
+                .ident(0x70a)
+                .proto(6)
+                .payload(16),
+            XDP_DROP,
+            Many(&[FRAGMENTS, UNMATCHED, UNMATCHED_DROP], None),
+        ),
+        (
+            "IPv6 first fragment whose chain holds a later fragment header of another datagram",
+            eth()
+                .ipv6(v6(1), dst6())
+                .frag6(0, true)
+                .ident(0x70c)
+                .frag6(8, false)
+                .ident(0x70d)
+                .proto(6)
+                .payload(16),
+            XDP_DROP,
+            Many(&[FRAGMENTS, UNMATCHED, UNMATCHED_DROP], None),
+        ),
         (
             "IPv6 extension header cut short (unfragmented): the stack discards it; passed",
             eth()
@@ -1358,6 +1399,33 @@ action = "allow"
         (
             "SYN+FIN",
             tcp4(443, SYN | FIN),
+            XDP_DROP,
+            "syn",
+            verdict::DENIED,
+            None,
+        ),
+        // Whatever else is set, the kernel's listener opens a connection for a SYN without ACK
+        // (`tcp_rcv_state_process`: ACK answered by a reset, RST and SYN+FIN discarded, then
+        // `conn_request`): ECN setup (ECE, CWR), URG, PSH; each is the SYN rule's.
+        (
+            "SYN+ECE+CWR (ECN setup: a connection request)",
+            tcp4(443, SYN | 0x40 | 0x80),
+            XDP_DROP,
+            "syn",
+            verdict::DENIED,
+            None,
+        ),
+        (
+            "SYN+URG",
+            tcp4(443, SYN | 0x20),
+            XDP_DROP,
+            "syn",
+            verdict::DENIED,
+            None,
+        ),
+        (
+            "SYN+RST (the kernel discards it)",
+            tcp4(443, SYN | 0x04),
             XDP_DROP,
             "syn",
             verdict::DENIED,
