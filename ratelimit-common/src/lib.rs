@@ -226,9 +226,9 @@ pub mod global {
     /// A new bucket took the place of one that had not refilled: that source starts full again if
     /// it comes back (state lost; grows when the store is too small for the sources it sees).
     pub const EVICTED_LOST: usize = 14;
-    /// A fragment other than the first whose first fragment was not seen (or is forgotten): from
-    /// a source no protocol or port rule applies to, classified by its first rule; else dropped
-    /// ([`DROPPED_UNMATCHED_FRAGMENTS`], counted there too).
+    /// A fragment other than the first whose first fragment was not seen (or is forgotten):
+    /// classified by the rule that takes it whatever its port, or dropped where a rule that looks
+    /// at the port could apply ([`DROPPED_UNMATCHED_FRAGMENTS`], counted there too).
     pub const FRAGMENTS_UNMATCHED: usize = 15;
     /// A first fragment without its whole TCP/UDP header (the tiny-fragment attack, RFC 1858),
     /// dropped because a protocol or port rule could apply to its source.
@@ -255,7 +255,9 @@ pub mod global {
     /// priority tags (VLAN id 0) and delivers what is inside. Passed when no such rule is.
     pub const DROPPED_VLAN_CHAINS: usize = 21;
     /// A fragment other than the first whose first fragment was not seen (it comes later, or was
-    /// forgotten), dropped because a protocol or port rule could apply to its source: its
+    /// forgotten), dropped because a rule that looks at the port or TCP flags could apply to it
+    /// (for IPv6, whose later fragments do not name their datagram's protocol, at the protocol
+    /// too): its
     /// datagram's rule is unknown, and the rule without ports would take a charge that the
     /// datagram's own rule never sees (a datagram sent last fragment first would pay one token of
     /// its port's limit however many fragments it has). Without it the datagram never completes;

@@ -6,8 +6,8 @@
 //! other fragments of a denied datagram are dropped and those of a limited one charge the same
 //! bucket. A first fragment sent again for the same datagram with another classification (an
 //! overlap trying to rewrite the ports) drops the datagram: a verdict never flips to pass. A
-//! fragment that comes before its first (or after it was forgotten) is dropped where a protocol or
-//! port rule could apply (`decide_cut`), so that datagram never completes.
+//! fragment that comes before its first (or after it was forgotten) is dropped where a rule that
+//! looks at the port could apply (`decide_cut`), so that datagram never completes.
 
 use aya_ebpf::bindings::BPF_ANY;
 use ratelimit_common::{family, frag_flags, FragEntry, FragKey, FRAGMENT_TIMEOUT_NS};
@@ -91,8 +91,8 @@ pub fn remember(
         time_ns: now,
     };
     // A full map evicts the least recently used datagram: its later fragments are then unmatched
-    // (counted `fragments_unmatched`), dropped where a protocol or port rule could apply to their
-    // source (see `decide_cut`), else classified by its first rule.
+    // (counted `fragments_unmatched`), dropped where a rule that looks at the port could apply
+    // (see `decide_cut`), else classified without ports.
     let _ = FRAGMENTS.insert(key, entry, u64::from(BPF_ANY));
     drop
 }

@@ -91,8 +91,8 @@ const GLOBAL_COUNTERS: [(usize, &str, &str); 10] = [
     (
         global::FRAGMENTS_UNMATCHED,
         "ratelimit_fragments_unmatched",
-        "IP fragments other than the first whose first fragment was not seen: dropped where a protocol or port \
-         rule could apply to their source (shape_drops, unmatched_fragment), else classified by its first rule.",
+        "IP fragments other than the first whose first fragment was not seen: dropped where a rule that looks \
+         at the port could apply (shape_drops, unmatched_fragment), else classified without ports.",
     ),
     (
         global::LONG_CHAINS,

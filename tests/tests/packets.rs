@@ -357,6 +357,18 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
             Many(&[FRAGMENTS, UNMATCHED, UNMATCHED_DROP], None),
         ),
         (
+            "IPv4 non-first TCP fragment whose first was not seen: only a UDP rule looks at ports \
+             (an IPv4 fragment names its datagram's protocol), so the rule for any takes it",
+            eth()
+                .ipv4(v4(1), dst4())
+                .proto(6)
+                .payload(32)
+                .frag(185, false)
+                .ident(1),
+            XDP_PASS,
+            Many(&[FRAGMENTS, UNMATCHED], Some(("v4-all", verdict::ALLOWED))),
+        ),
+        (
             "IPv4 non-first fragment whose first was not seen, from a source no port rule covers: \
              its any rule",
             eth()
