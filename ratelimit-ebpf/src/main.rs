@@ -227,16 +227,14 @@ fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
                 bump_global(global::FRAGMENTS_UNMATCHED);
                 // Its datagram's rule is unknown (its first fragment comes later, or was
                 // forgotten) and the kernel reassembles in any order: where a rule that looks at
-                // the port (or flags; for IPv6 the protocol too) could apply, the rule without
-                // ports would take the charge
-                // of a fragment that its datagram's rule never sees (a datagram sent last
-                // fragment first would pay one token of its port's limit). Dropped, so its
-                // datagram never completes; a first fragment that follows is judged by its own
-                // ports. Nothing is remembered: a flood of such fragments inserts nothing into
-                // the table and costs one trie lookup, as classifying it did. Elsewhere its
-                // source's first rule is the rule whatever the ports.
-                // An IPv4 fragment names its datagram's protocol (the kernel reassembles by
-                // it); an IPv6 one's next header is not its datagram's.
+                // what it hides could apply (its port or flags; for IPv6, whose later fragments
+                // do not name their datagram's protocol, the protocol too), the rule without
+                // ports would take the charge of a fragment that its datagram's rule never sees
+                // (a datagram sent last fragment first would pay one token of its port's limit).
+                // Dropped, so its datagram never completes; a first fragment that follows is
+                // judged by its own ports. Nothing is remembered: a flood of such fragments
+                // inserts nothing into the table and costs one trie lookup more. Elsewhere the
+                // rule that takes it whatever the port is its datagram's.
                 let protocol = if pkt.family == family::V4 {
                     pkt.protocol
                 } else {
