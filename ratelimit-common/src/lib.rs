@@ -227,7 +227,8 @@ pub mod global {
     /// it comes back (state lost; grows when the store is too small for the sources it sees).
     pub const EVICTED_LOST: usize = 14;
     /// A fragment other than the first whose first fragment was not seen (or is forgotten):
-    /// classified without ports, by the protocol or `any` rule of its source.
+    /// classified by the rule that takes it whatever its port, or dropped where a rule that looks
+    /// at the port could apply ([`DROPPED_UNMATCHED_FRAGMENTS`], counted there too).
     pub const FRAGMENTS_UNMATCHED: usize = 15;
     /// A first fragment without its whole TCP/UDP header (the tiny-fragment attack, RFC 1858),
     /// dropped because a protocol or port rule could apply to its source.
@@ -253,6 +254,15 @@ pub mod global {
     /// ([`crate::config_flags::DROPPING_RULES`]): the receiving stack strips any number of
     /// priority tags (VLAN id 0) and delivers what is inside. Passed when no such rule is.
     pub const DROPPED_VLAN_CHAINS: usize = 21;
+    /// A fragment other than the first whose first fragment was not seen (it comes later, or was
+    /// forgotten), dropped because a rule that looks at the port or TCP flags could apply to it
+    /// (for IPv6, whose later fragments do not name their datagram's protocol, at the protocol
+    /// too): its
+    /// datagram's rule is unknown, and the rule without ports would take a charge that the
+    /// datagram's own rule never sees (a datagram sent last fragment first would pay one token of
+    /// its port's limit however many fragments it has). Without it the datagram never completes;
+    /// a first fragment that follows is judged by its own ports.
+    pub const DROPPED_UNMATCHED_FRAGMENTS: usize = 22;
     /// Number of counters.
     pub const COUNT: usize = 24;
     /// Names as printed by the CLI and the metrics, by index (empty: reserved).
@@ -279,7 +289,7 @@ pub mod global {
         "long_chains",
         "contended_fallbacks",
         "dropped_vlan_chains",
-        "",
+        "dropped_unmatched_fragments",
         "",
     ];
 }

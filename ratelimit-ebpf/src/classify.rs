@@ -15,7 +15,7 @@ use ratelimit_common::{
 
 use crate::{
     maps::{PREFIXES, RULES, V4_TABLE},
-    parse::Packet,
+    parse::{Packet, PROTOCOL_UNKNOWN},
     scratch::{self, ClassSlot, Scratch, CLASS_SLOTS, NO_RULE, SLOT_ANY_L4, SLOT_VALID},
 };
 
@@ -142,9 +142,12 @@ pub enum WithoutL4 {
     Dependent,
 }
 
-/// Classifies a packet whose protocol and port are unknown (not cached: such packets are rare).
+/// Classifies a packet whose port is unknown, and its protocol too where `protocol` is
+/// [`PROTOCOL_UNKNOWN`] (not cached: such packets are rare). With a known protocol, rules of
+/// other protocols are never its datagram's and are passed over, and the first rule that fits
+/// whatever the port is the one (as [`lookup`] would find it).
 #[inline(always)]
-pub fn without_l4(pkt: &Packet, epoch: u32) -> WithoutL4 {
+pub fn without_l4(pkt: &Packet, epoch: u32, protocol: u8) -> WithoutL4 {
     let Some(set) = PREFIXES.get(prefix_key(pkt, epoch)) else {
         return WithoutL4::NoRule;
     };
@@ -156,8 +159,15 @@ pub fn without_l4(pkt: &Packet, epoch: u32) -> WithoutL4 {
         }
         let id = set.rules[i];
         let Some(rule) = RULES.get(id) else { continue };
-        if rule.protocol != 0 || rule.dst_port != 0 || rule.tcp_mask != 0 {
+        let known = protocol != PROTOCOL_UNKNOWN;
+        if known && rule.protocol != 0 && rule.protocol != protocol {
+            continue;
+        }
+        if (rule.protocol != 0 && !known) || rule.dst_port != 0 || rule.tcp_mask != 0 {
             return WithoutL4::Dependent;
+        }
+        if known {
+            return WithoutL4::Rule(id);
         }
         if first == NO_RULE {
             first = id;

@@ -5,7 +5,9 @@
 //! protocol is its first fragment's, whatever the next header of the others says), so the
 //! other fragments of a denied datagram are dropped and those of a limited one charge the same
 //! bucket. A first fragment sent again for the same datagram with another classification (an
-//! overlap trying to rewrite the ports) drops the datagram: a verdict never flips to pass.
+//! overlap trying to rewrite the ports) drops the datagram: a verdict never flips to pass. A
+//! fragment that comes before its first (or after it was forgotten) is dropped where a rule that
+//! looks at the port could apply (`decide_cut`), so that datagram never completes.
 
 use aya_ebpf::bindings::BPF_ANY;
 use ratelimit_common::{family, frag_flags, FragEntry, FragKey, FRAGMENT_TIMEOUT_NS};
@@ -88,9 +90,9 @@ pub fn remember(
         _pad: 0,
         time_ns: now,
     };
-    // A full map evicts the least recently used datagram: its later fragments then fall to the
-    // rules without ports (counted `fragments_unmatched`), which walks past nothing a denied
-    // first fragment did not already stop.
+    // A full map evicts the least recently used datagram: its later fragments are then unmatched
+    // (counted `fragments_unmatched`), dropped where a rule that looks at the port could apply
+    // (see `decide_cut`), else classified without ports.
     let _ = FRAGMENTS.insert(key, entry, u64::from(BPF_ANY));
     drop
 }

@@ -46,7 +46,7 @@ use crate::{
     bucket::Params,
     classify::WithoutL4,
     maps::{BUCKETS, CONFIG, RULES},
-    parse::{shape, Packet},
+    parse::{shape, Packet, PROTOCOL_UNKNOWN},
     scratch::{
         ChargeClock, ClassSlot, Extra, GateSlot, Scratch, CLASS_SLOTS, DROP_BATCH, NO_RECORD,
         NO_RULE, SLOT_VALID,
@@ -225,12 +225,30 @@ fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
             Some(e) => uncached(e.rule),
             None => {
                 bump_global(global::FRAGMENTS_UNMATCHED);
-                classify::classify(pkt, epoch, s)
+                // Its datagram's rule is unknown (its first fragment comes later, or was
+                // forgotten) and the kernel reassembles in any order: where a rule that looks at
+                // what it hides could apply (its port or flags; for IPv6, whose later fragments
+                // do not name their datagram's protocol, the protocol too), the rule without
+                // ports would take the charge of a fragment that its datagram's rule never sees
+                // (a datagram sent last fragment first would pay one token of its port's limit).
+                // Dropped, so its datagram never completes; a first fragment that follows is
+                // judged by its own ports. Nothing is remembered: a flood of such fragments
+                // inserts nothing into the table and costs one trie lookup more. Elsewhere the
+                // rule that takes it whatever the port is its datagram's.
+                let protocol = if pkt.family == family::V4 {
+                    pkt.protocol
+                } else {
+                    PROTOCOL_UNKNOWN
+                };
+                match classify::without_l4(pkt, epoch, protocol) {
+                    WithoutL4::Dependent => drop(global::DROPPED_UNMATCHED_FRAGMENTS),
+                    _ => classify::classify(pkt, epoch, s),
+                }
             }
         },
         shape::TINY_FRAGMENT | shape::LONG_CHAIN => {
             let first = pkt.first_fragment != 0;
-            let id = match classify::without_l4(pkt, epoch) {
+            let id = match classify::without_l4(pkt, epoch, PROTOCOL_UNKNOWN) {
                 WithoutL4::Dependent => {
                     let reason = if pkt.shape == shape::TINY_FRAGMENT {
                         global::DROPPED_TINY_FRAGMENTS
@@ -255,7 +273,7 @@ fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
             }
             uncached(id)
         }
-        shape::CUT_CHAIN => match classify::without_l4(pkt, epoch) {
+        shape::CUT_CHAIN => match classify::without_l4(pkt, epoch, PROTOCOL_UNKNOWN) {
             WithoutL4::Dependent => decision::UNCLASSIFIED << 56,
             WithoutL4::NoRule => uncached(NO_RULE),
             WithoutL4::Rule(id) => uncached(id),

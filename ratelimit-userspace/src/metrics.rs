@@ -21,7 +21,7 @@
 //! | `ratelimit_non_ip_packets_total`, `ratelimit_fragments_total`, `ratelimit_unmatched_packets_total`, `ratelimit_new_buckets_total`, `ratelimit_bucket_errors_total`, `ratelimit_internal_errors_total` | counter | |
 //! | `ratelimit_buckets_tracked`, `ratelimit_buckets_capacity` | gauge | |
 //! | `ratelimit_bucket_evictions_total` | counter | `state` (`full`, `lost`) |
-//! | `ratelimit_shape_drops_total` | counter | `reason` (`tiny_fragment`, `long_header_chain`, `fragment_conflict`, `vlan_chain`) |
+//! | `ratelimit_shape_drops_total` | counter | `reason` (`tiny_fragment`, `long_header_chain`, `fragment_conflict`, `vlan_chain`, `unmatched_fragment`) |
 //! | `ratelimit_fragments_unmatched_total`, `ratelimit_long_header_chains_total` | counter | |
 //! | `ratelimit_reloads_total` | counter | `result` (`ok`, `failed`) |
 //! | `ratelimit_build_info` | info | `version` |
@@ -71,11 +71,12 @@ const PARSE_FAILURES: [usize; 6] = [
 /// Global counters exported as `ratelimit_shape_drops_total{reason}`: packets dropped for how they
 /// are cut or wrapped, where a protocol or port rule (for VLAN chains, any rule that can drop)
 /// could apply to their source.
-const SHAPE_DROPS: [(usize, &str); 4] = [
+const SHAPE_DROPS: [(usize, &str); 5] = [
     (global::DROPPED_TINY_FRAGMENTS, "tiny_fragment"),
     (global::DROPPED_LONG_CHAINS, "long_header_chain"),
     (global::DROPPED_FRAGMENT_CONFLICTS, "fragment_conflict"),
     (global::DROPPED_VLAN_CHAINS, "vlan_chain"),
+    (global::DROPPED_UNMATCHED_FRAGMENTS, "unmatched_fragment"),
 ];
 
 /// Global counters exported as a metric of their own: (index, metric name without `_total`, help).
@@ -90,7 +91,8 @@ const GLOBAL_COUNTERS: [(usize, &str, &str); 10] = [
     (
         global::FRAGMENTS_UNMATCHED,
         "ratelimit_fragments_unmatched",
-        "IP fragments other than the first whose first fragment was not seen: classified without ports.",
+        "IP fragments other than the first whose first fragment was not seen: dropped where a rule that looks \
+         at the port could apply (shape_drops, unmatched_fragment), else classified without ports.",
     ),
     (
         global::LONG_CHAINS,
@@ -663,7 +665,8 @@ impl Collector for Snapshot {
              header, and the rest of its datagram), long_header_chain (an IPv6 chain of more than 8 \
              extension headers, or a first fragment whose chain ends before the L4 header), \
              fragment_conflict (a first fragment sent again with other ports, and the rest of its \
-             datagram).",
+             datagram), vlan_chain (a frame in more VLAN tags than the program walks), \
+             unmatched_fragment (a fragment whose first fragment was not seen).",
             SHAPE_DROPS.map(|(i, reason)| (vec![("reason", reason)], ConstCounter::new(g(i)))),
         )?;
         family(
@@ -875,6 +878,7 @@ mod tests {
             r#"ratelimit_shape_drops_total{reason="long_header_chain"} 170"#,
             r#"ratelimit_shape_drops_total{reason="fragment_conflict"} 180"#,
             r#"ratelimit_shape_drops_total{reason="vlan_chain"} 210"#,
+            r#"ratelimit_shape_drops_total{reason="unmatched_fragment"} 220"#,
             "ratelimit_long_header_chains_total 190",
             "ratelimit_buckets_tracked 5",
             "ratelimit_buckets_capacity 4096",

@@ -899,11 +899,158 @@ action = "allow"
         .unwrap()
         .expect("one bucket for the source");
     assert_eq!((b.passed_pkts, b.dropped_pkts), (3, 1));
-    // A fragment of a datagram whose first fragment never came: no port, so the rule without one.
-    assert_eq!(dp.run(&later(3)), XDP_PASS);
-    assert_eq!(dp.rule(rest).pkts[verdict::ALLOWED], 1);
+    // A fragment of a datagram whose first fragment was not seen: its datagram's rule is
+    // unknown, and a port rule could apply, so it is dropped, not charged to the rule without one
+    // (`a_datagram_sent_last_fragment_first_is_held_to_its_limit`).
+    assert_eq!(dp.run(&later(3)), XDP_DROP);
+    assert_eq!(dp.rule(rest).pkts[verdict::ALLOWED], 0);
     let g = dp.global();
     assert_eq!(g.counters[global::FRAGMENTS_UNMATCHED], 1);
+    assert_eq!(g.counters[global::DROPPED_UNMATCHED_FRAGMENTS], 1);
+}
+
+/// A limited datagram sent last fragment first is held to its limit like one sent in order. The
+/// receiving kernel reassembles fragments in any order, so a sender that puts its first fragment
+/// (the only one with the ports) last would otherwise have every other fragment classified
+/// without ports, by the rule without one (here `allow`), and spend one token of its port's
+/// limit for a whole datagram: with a burst of 3, three datagrams of three fragments, nine
+/// packets, all reached the stack (and, IPv6, the same with the later fragments naming any next
+/// header). Each such fragment is dropped while a rule that looks at the protocol or port could
+/// apply (`dropped_unmatched_fragments`), so that its datagram never completes; the first
+/// fragments, judged by their ports, take the burst.
+#[test]
+fn a_datagram_sent_last_fragment_first_is_held_to_its_limit() {
+    require_root();
+    let mut dp = TestDataplane::new("fragrev", 1024).unwrap();
+    let set = dp
+        .install_toml(
+            r#"[[rule]]
+name = "dns"
+source = "198.18.0.0/16"
+protocol = "udp"
+dst_port = 53
+rate = 1
+burst = 3
+
+[[rule]]
+name = "rest"
+source = "198.18.0.0/16"
+action = "allow"
+
+[[rule]]
+name = "dns6"
+source = "2001:db8::/32"
+protocol = "udp"
+dst_port = 53
+rate = 1
+burst = 3
+
+[[rule]]
+name = "rest6"
+source = "2001:db8::/32"
+action = "allow"
+"#,
+        )
+        .unwrap();
+    let (rest, rest6) = (id(&set, "rest"), id(&set, "rest6"));
+    let (src, dst) = (ip("198.18.0.1"), Ipv4Addr::new(198, 18, 0, 254));
+    let (src6, dst6) = (ip6("2001:db8::1"), ip6("2001:db8::fe"));
+    // Datagram `ident` in three fragments, the first last: two later fragments (offsets 16 and
+    // 32 bytes, the last one without MF), then the first, with the UDP header to port 53.
+    let reversed4 = |ident: u32| {
+        [
+            eth()
+                .ipv4(src, dst)
+                .proto(17)
+                .payload(16)
+                .frag(4, false)
+                .ident(ident)
+                .build(),
+            eth()
+                .ipv4(src, dst)
+                .proto(17)
+                .payload(16)
+                .frag(2, true)
+                .ident(ident)
+                .build(),
+            eth()
+                .ipv4(src, dst)
+                .udp(1000, 53)
+                .payload(8)
+                .frag(0, true)
+                .ident(ident)
+                .build(),
+        ]
+    };
+    // IPv6: the later fragments name No Next Header (the kernel takes the first fragment's).
+    let reversed6 = |ident: u32| {
+        [
+            eth()
+                .ipv6(src6, dst6)
+                .frag6(4, false)
+                .ident(ident)
+                .proto(59)
+                .payload(16)
+                .build(),
+            eth()
+                .ipv6(src6, dst6)
+                .frag6(2, true)
+                .ident(ident)
+                .proto(59)
+                .payload(16)
+                .build(),
+            eth()
+                .ipv6(src6, dst6)
+                .frag6(0, true)
+                .ident(ident)
+                .udp(1000, 53)
+                .payload(8)
+                .build(),
+        ]
+    };
+    let g0 = dp.global();
+    let mut passed = [0usize; 2];
+    for ident in 1..=3 {
+        for (k, frames) in [reversed4(ident).to_vec(), reversed6(ident).to_vec()]
+            .into_iter()
+            .enumerate()
+        {
+            passed[k] += frames.iter().filter(|f| dp.run(f) == XDP_PASS).count();
+        }
+    }
+    let g = dp.global();
+    let moved = |c: usize| g.counters[c] - g0.counters[c];
+    println!(
+        "reversed datagrams (3 of 3 fragments each, burst 3): IPv4 {} fragments passed, IPv6 {}; \
+         under the rule without ports: {} and {}; dropped_unmatched_fragments {}",
+        passed[0],
+        passed[1],
+        dp.rule(rest).pkts[verdict::ALLOWED],
+        dp.rule(rest6).pkts[verdict::ALLOWED],
+        moved(global::DROPPED_UNMATCHED_FRAGMENTS),
+    );
+    // `burst + rate x t`: 3, and 1 more should a second pass while the test runs.
+    assert!(
+        passed[0] <= 4,
+        "IPv4: {} fragments of the limited datagrams passed",
+        passed[0]
+    );
+    assert!(
+        passed[1] <= 4,
+        "IPv6: {} fragments of the limited datagrams passed",
+        passed[1]
+    );
+    assert_eq!(
+        (
+            dp.rule(rest).pkts[verdict::ALLOWED],
+            dp.rule(rest6).pkts[verdict::ALLOWED]
+        ),
+        (0, 0),
+        "a fragment of a limited datagram fell to the rule without ports"
+    );
+    // Each datagram's two later fragments (the first fragments take the burst).
+    assert_eq!(moved(global::DROPPED_UNMATCHED_FRAGMENTS), 12);
+    assert_eq!(passed, [3, 3], "the first fragments, charged to the limit");
 }
 
 /// No packet sees half a rule set: while one CPU runs a source's packets without pause, the

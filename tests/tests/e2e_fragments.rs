@@ -148,6 +148,19 @@ fn fragmented_ipv6_datagrams_to_a_denied_port_never_arrive() {
 /// `offset` of the datagram.
 fn ipv4_fragment(
     macs: ([u8; 6], [u8; 6]),
+    ips: (Ipv4Addr, Ipv4Addr),
+    id: u16,
+    offset: usize,
+    more: bool,
+    payload: &[u8],
+) -> Vec<u8> {
+    ip_fragment(6, macs, ips, id, offset, more, payload)
+}
+
+/// [`ipv4_fragment`] of a datagram of IP protocol `proto`.
+fn ip_fragment(
+    proto: u8,
+    macs: ([u8; 6], [u8; 6]),
     (src, dst): (Ipv4Addr, Ipv4Addr),
     id: u16,
     offset: usize,
@@ -157,7 +170,7 @@ fn ipv4_fragment(
     eth()
         .macs(macs.0, macs.1)
         .ipv4(src, dst)
-        .proto(6)
+        .proto(proto)
         .data(payload)
         .frag(u16::try_from(offset / 8).unwrap(), more)
         .ident(u32::from(id))
@@ -510,5 +523,98 @@ fn a_padded_tiny_syn_does_not_walk_past_a_syn_rule() {
         "both fragments of the padded tiny SYN are dropped"
     );
     drop(listener);
+    assert!(agent.stop().unwrap().success());
+}
+
+/// A limited datagram sent last fragment first, end to end. The receiving kernel reassembles a
+/// datagram's fragments in whatever order they come, and only the first holds the ports: sent
+/// last, it used to be the only fragment the port's limit saw (the others, their first not yet
+/// seen, fell to the rule without ports), so each datagram cost one token however many fragments
+/// it had. Under a UDP limit with a burst of 3, three datagrams of three fragments each are sent
+/// that way: the limit admits 3 packets (4 should a token come while the test runs), at most one
+/// such datagram; all three were received. From a source no rule covers, the same frames are
+/// reassembled and received (so the kernel does take them in that order, and the limited
+/// datagrams' absence is the limiter's doing).
+#[test]
+fn a_limited_datagram_sent_last_fragment_first_is_held_to_its_limit() {
+    require_root();
+    let Wire {
+        _tx,
+        rx,
+        src,
+        dst,
+        macs,
+        raw,
+        agent,
+    } = wire(
+        "fragrev",
+        "fr",
+        11,
+        &format!(
+            "[[rule]]\nname = \"dns\"\nsource = \"198.18.11.0/24\"\nprotocol = \"udp\"\n\
+             dst_port = {DENIED_PORT}\nrate = 1\nburst = 3\n\n\
+             [[rule]]\nname = \"rest\"\nsource = \"198.18.11.0/24\"\naction = \"allow\"\n"
+        ),
+    );
+    let socket = listen(&rx, SocketAddr::new(IpAddr::from(dst), DENIED_PORT));
+    let outsider = Ipv4Addr::new(198, 51, 100, 8);
+    // A UDP datagram of 40 bytes of data (48 with its header), checksummed, cut into three
+    // fragments of 16 bytes, sent last first.
+    let reversed = |from: Ipv4Addr, id: u16| {
+        let frame = eth()
+            .ipv4(from, dst)
+            .udp(40_000, DENIED_PORT)
+            .data(&[0x5a; 40])
+            .checksums();
+        let udp = frame.build()[frame.l4_offset().unwrap()..].to_vec();
+        let cut = |at: usize, more: bool| {
+            ip_fragment(
+                17,
+                macs,
+                (from, dst),
+                id,
+                at,
+                more,
+                &udp[at..(at + 16).min(udp.len())],
+            )
+        };
+        [cut(32, false), cut(16, true), cut(0, true)]
+    };
+    let stats0 = agent.stats();
+    for id in 0..3 {
+        for f in reversed(src, 0x6100 + id) {
+            raw.send(&f).unwrap();
+        }
+    }
+    let limited = drain(&socket);
+    for id in 0..3 {
+        for f in reversed(outsider, 0x6200 + id) {
+            raw.send(&f).unwrap();
+        }
+    }
+    let control = drain(&socket);
+    let stats = agent.stats();
+    let moved = |name: &str| global_counter(&stats, name) - global_counter(&stats0, name);
+    let rest = rule_packets(&stats, "rest", "allowed") - rule_packets(&stats0, "rest", "allowed");
+    println!(
+        "reversed datagrams under a burst of 3: {limited:?} received; from an uncovered source: \
+         {control:?}; rule rest allowed {rest}; dropped_unmatched_fragments {}",
+        moved("dropped_unmatched_fragments")
+    );
+    assert_eq!(
+        control,
+        vec![40; 3],
+        "the control datagrams were not reassembled"
+    );
+    assert!(
+        limited.len() <= 1,
+        "{} datagrams of 3 fragments passed a limit of burst 3: {limited:?}",
+        limited.len()
+    );
+    assert_eq!(
+        rest, 0,
+        "a fragment of the limited datagrams fell to the rule without ports"
+    );
+    drop(socket);
     assert!(agent.stop().unwrap().success());
 }

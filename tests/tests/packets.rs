@@ -129,7 +129,8 @@ fn chain6(n: usize, frag: Option<u32>) -> Frame {
 fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
     use global::{
         DROPPED_FRAGMENT_CONFLICTS as CONFLICT, DROPPED_LONG_CHAINS as LONG,
-        DROPPED_TINY_FRAGMENTS as TINY, FRAGMENTS, FRAGMENTS_UNMATCHED as UNMATCHED,
+        DROPPED_TINY_FRAGMENTS as TINY, DROPPED_UNMATCHED_FRAGMENTS as UNMATCHED_DROP, FRAGMENTS,
+        FRAGMENTS_UNMATCHED as UNMATCHED,
     };
     use Moves::{Both, Global, Many, Rule};
     let chains = (1..=10).flat_map(|n| {
@@ -340,16 +341,44 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
             XDP_DROP,
             Rule("v4-dns", verdict::DENIED),
         ),
+        // A later fragment whose first was not seen: its datagram's ports are unknown, so where
+        // a port rule could apply (a limit would not see its charge) it is dropped with its
+        // datagram; from a source no such rule covers, the rule whatever the ports takes it.
         (
-            "IPv4 non-first fragment of a datagram whose first was not seen: no ports",
+            "IPv4 non-first fragment of a datagram whose first was not seen: a port rule could \
+             apply, dropped",
             eth()
                 .ipv4(v4(1), dst4())
                 .proto(17)
                 .payload(32)
                 .frag(185, false)
                 .ident(1),
+            XDP_DROP,
+            Many(&[FRAGMENTS, UNMATCHED, UNMATCHED_DROP], None),
+        ),
+        (
+            "IPv4 non-first TCP fragment whose first was not seen: only a UDP rule looks at ports \
+             (an IPv4 fragment names its datagram's protocol), so the rule for any takes it",
+            eth()
+                .ipv4(v4(1), dst4())
+                .proto(6)
+                .payload(32)
+                .frag(185, false)
+                .ident(1),
             XDP_PASS,
             Many(&[FRAGMENTS, UNMATCHED], Some(("v4-all", verdict::ALLOWED))),
+        ),
+        (
+            "IPv4 non-first fragment whose first was not seen, from a source no port rule covers: \
+             its any rule",
+            eth()
+                .ipv4(v4o(1), dst4())
+                .proto(17)
+                .payload(32)
+                .frag(185, false)
+                .ident(1),
+            XDP_PASS,
+            Many(&[FRAGMENTS, UNMATCHED], Some(("v4-any", verdict::ALLOWED))),
         ),
         // The datagram of RFC 1858's tiny-fragment attack: the first fragment holds 8 bytes of
         // the TCP header (ports included, flags not), the second the rest.
@@ -421,27 +450,27 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
         (
             "IPv4 fragment of the same id from another source: not that datagram",
             eth()
-                .ipv4(v4(2), dst4())
+                .ipv4(v4o(2), dst4())
                 .proto(17)
                 .payload(16)
                 .frag(1, false)
                 .ident(5),
             XDP_PASS,
-            Many(&[FRAGMENTS, UNMATCHED], Some(("v4-all", verdict::ALLOWED))),
+            Many(&[FRAGMENTS, UNMATCHED], Some(("v4-any", verdict::ALLOWED))),
         ),
         (
-            "IPv4 second fragment before its first (reversed order)",
+            "IPv4 second fragment before its first (reversed order): dropped",
             eth()
                 .ipv4(v4(1), dst4())
                 .proto(17)
                 .payload(16)
                 .frag(1, false)
                 .ident(6),
-            XDP_PASS,
-            Many(&[FRAGMENTS, UNMATCHED], Some(("v4-all", verdict::ALLOWED))),
+            XDP_DROP,
+            Many(&[FRAGMENTS, UNMATCHED, UNMATCHED_DROP], None),
         ),
         (
-            "IPv4 first fragment after its second: denied, so the datagram never completes",
+            "IPv4 first fragment after its second: denied (and its datagram lacks the second)",
             eth()
                 .ipv4(v4(1), dst4())
                 .udp(1000, 53)
@@ -449,6 +478,40 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
                 .ident(6),
             XDP_DROP,
             Rule("v4-dns", verdict::DENIED),
+        ),
+        (
+            "IPv4 second fragment of a datagram to an allowed port, before its first: dropped \
+             (the rule without ports takes no charge of it)",
+            eth()
+                .ipv4(v4(1), dst4())
+                .proto(17)
+                .payload(16)
+                .frag(1, false)
+                .ident(0x606),
+            XDP_DROP,
+            Many(&[FRAGMENTS, UNMATCHED, UNMATCHED_DROP], None),
+        ),
+        (
+            "IPv4 its first fragment, to UDP/54: judged by its own ports (its datagram never \
+             completes)",
+            eth()
+                .ipv4(v4(1), dst4())
+                .udp(1000, 54)
+                .frag(0, true)
+                .ident(0x606),
+            XDP_PASS,
+            Rule("v4-all", verdict::ALLOWED),
+        ),
+        (
+            "IPv4 that datagram's second fragment sent again, after its first: follows it",
+            eth()
+                .ipv4(v4(1), dst4())
+                .proto(17)
+                .payload(16)
+                .frag(1, false)
+                .ident(0x606),
+            XDP_PASS,
+            Both(FRAGMENTS, "v4-all", verdict::ALLOWED),
         ),
         (
             "IPv4 first fragment to an allowed port",
@@ -734,21 +797,34 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
             Global(global::TRUNCATED_L4),
         ),
         (
-            "IPv6 non-first fragment of a datagram whose first was not seen: no ports",
+            "IPv6 non-first fragment of a datagram whose first was not seen: a port rule could \
+             apply, dropped",
             eth()
                 .ipv6(v6(1), dst6())
                 .frag6(100, false)
                 .ident(2)
                 .proto(6)
                 .payload(40),
-            XDP_PASS,
-            Many(&[FRAGMENTS, UNMATCHED], Some(("v6-all", verdict::ALLOWED))),
+            XDP_DROP,
+            Many(&[FRAGMENTS, UNMATCHED, UNMATCHED_DROP], None),
         ),
         (
             "IPv6 its first fragment afterwards (reversed order), to TCP/80: denied",
             eth().ipv6(v6(1), dst6()).frag6(0, true).ident(2).tcp(1000, 80),
             XDP_DROP,
             Rule("v6-web", verdict::DENIED),
+        ),
+        (
+            "IPv6 non-first fragment whose first was not seen, from a source no port rule covers: \
+             its any rule",
+            eth()
+                .ipv6(v6o(1), dst6())
+                .frag6(100, false)
+                .ident(2)
+                .proto(6)
+                .payload(40),
+            XDP_PASS,
+            Many(&[FRAGMENTS, UNMATCHED], Some(("v6-any", verdict::ALLOWED))),
         ),
         (
             "IPv6 first fragment to TCP/81 (allowed)",
@@ -871,6 +947,47 @@ fn cases() -> Vec<(&'static str, Frame, u32, Moves)> {
             eth().ipv6(v6(1), dst6()).frag6(0, false).ident(7).tcp(1000, 80),
             XDP_DROP,
             Rule("v6-web", verdict::DENIED),
+        ),
+        // Two fragment headers: the kernel queues the packet under the first (its datagram)
+        // and reads the second only once that datagram is reassembled. The program judges the
+        // packet by the last; the outer datagram's other fragments are then unmatched, and
+        // dropped where a port rule could apply, so it never completes.
+        (
+            "IPv6 first fragment whose chain holds an atomic fragment header, then TCP/80: \
+             judged by its ports",
+            eth()
+                .ipv6(v6(1), dst6())
+                .frag6(0, true)
+                .ident(0x70a)
+                .frag6(0, false)
+                .ident(0x70b)
+                .tcp(1000, 80),
+            XDP_DROP,
+            Rule("v6-web", verdict::DENIED),
+        ),
+        (
+            "IPv6 its outer datagram's second fragment: unmatched, dropped",
+            eth()
+                .ipv6(v6(1), dst6())
+                .frag6(4, false)
+                .ident(0x70a)
+                .proto(6)
+                .payload(16),
+            XDP_DROP,
+            Many(&[FRAGMENTS, UNMATCHED, UNMATCHED_DROP], None),
+        ),
+        (
+            "IPv6 first fragment whose chain holds a later fragment header of another datagram",
+            eth()
+                .ipv6(v6(1), dst6())
+                .frag6(0, true)
+                .ident(0x70c)
+                .frag6(8, false)
+                .ident(0x70d)
+                .proto(6)
+                .payload(16),
+            XDP_DROP,
+            Many(&[FRAGMENTS, UNMATCHED, UNMATCHED_DROP], None),
         ),
         (
             "IPv6 extension header cut short (unfragmented): the stack discards it; passed",
@@ -1294,6 +1411,33 @@ action = "allow"
         (
             "SYN+FIN",
             tcp4(443, SYN | FIN),
+            XDP_DROP,
+            "syn",
+            verdict::DENIED,
+            None,
+        ),
+        // Whatever else is set, the kernel's listener opens a connection for a SYN without ACK
+        // (`tcp_rcv_state_process`: ACK answered by a reset, RST and SYN+FIN discarded, then
+        // `conn_request`): ECN setup (ECE, CWR), URG, PSH; each is the SYN rule's.
+        (
+            "SYN+ECE+CWR (ECN setup: a connection request)",
+            tcp4(443, SYN | 0x40 | 0x80),
+            XDP_DROP,
+            "syn",
+            verdict::DENIED,
+            None,
+        ),
+        (
+            "SYN+URG",
+            tcp4(443, SYN | 0x20),
+            XDP_DROP,
+            "syn",
+            verdict::DENIED,
+            None,
+        ),
+        (
+            "SYN+RST (the kernel discards it)",
+            tcp4(443, SYN | 0x04),
             XDP_DROP,
             "syn",
             verdict::DENIED,

@@ -592,6 +592,16 @@ impl<'a> Model<'a> {
                 Some(&(id, None)) => id,
                 None => {
                     g[global::FRAGMENTS_UNMATCHED] += 1;
+                    // Its datagram's rule is unknown: dropped where a rule that looks at the
+                    // port (for IPv6, also the protocol) could apply (nothing remembered).
+                    let without = if parsed.src.is_ipv4() {
+                        self.set.classify_without_port(parsed.src, parsed.protocol)
+                    } else {
+                        self.set.classify_without_l4(parsed.src)
+                    };
+                    if let WithoutL4::Dependent = without {
+                        return drop(g, global::DROPPED_UNMATCHED_FRAGMENTS, self.agent_dry_run);
+                    }
                     self.set
                         .classify(parsed.src, parsed.protocol, None, 0)
                         .map(|c| c.id)

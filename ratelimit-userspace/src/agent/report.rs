@@ -92,9 +92,10 @@ impl Agent {
             why: match verdict {
                 "dropped" => {
                     "a rule for this source looks at the protocol or port, which such a \
-                              packet hides: tiny first fragments (and their datagrams) and IPv6 \
-                              chains of more than 8 extension headers are dropped \
-                              (dropped_tiny_fragments, dropped_long_chains)"
+                              packet hides: tiny first fragments (and their datagrams), fragments \
+                              whose first fragment was not seen and IPv6 chains of more than 8 \
+                              extension headers are dropped (dropped_tiny_fragments, \
+                              dropped_unmatched_fragments, dropped_long_chains)"
                 }
                 "passed" => "no rule's source prefix contains this address",
                 _ => {

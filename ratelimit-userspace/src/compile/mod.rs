@@ -262,6 +262,27 @@ impl CompiledRuleSet {
             .first()
             .map_or(WithoutL4::NoRule, |r| WithoutL4::Rule(r))
     }
+
+    /// What the XDP program does with a packet from `src` of IP protocol `protocol` whose port it
+    /// cannot know (an IPv4 fragment whose first fragment it has not seen): rules of other
+    /// protocols are passed over; the first rule left that fits whatever the port (and TCP
+    /// flags) is the one, but [`WithoutL4::Dependent`] if a rule that looks at them comes first.
+    pub fn classify_without_port(&self, src: IpAddr, protocol: u8) -> WithoutL4<'_> {
+        let Some(prefix) = self.lookup(src) else {
+            return WithoutL4::NoRule;
+        };
+        for &id in prefix.candidates() {
+            let r = self.rule(id).expect("candidate ids are rules");
+            if r.rule.protocol != 0 && r.rule.protocol != protocol {
+                continue;
+            }
+            if r.rule.dst_port != 0 || r.rule.tcp_mask != 0 {
+                return WithoutL4::Dependent;
+            }
+            return WithoutL4::Rule(r);
+        }
+        WithoutL4::NoRule
+    }
 }
 
 /// How the XDP program classifies a packet from a source whose protocol and port it cannot know

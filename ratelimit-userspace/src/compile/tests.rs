@@ -1452,6 +1452,23 @@ fn packets_without_l4_fall_to_the_first_rule_only_where_no_rule_needs_l4() {
     // A protocol rule is enough.
     assert_eq!(name(set.classify_without_l4(ip("2001:db8::1"))), "dropped");
     assert_eq!(name(set.classify_without_l4(ip("198.19.0.1"))), "none");
+    // An IPv4 fragment names its protocol: the /24's UDP port rule could only take UDP.
+    assert_eq!(
+        name(set.classify_without_port(ip("198.18.1.1"), 17)),
+        "dropped"
+    );
+    assert_eq!(
+        name(set.classify_without_port(ip("198.18.1.1"), 6)),
+        "any16"
+    );
+    assert_eq!(
+        name(set.classify_without_port(ip("198.18.1.200"), 17)),
+        "any25"
+    );
+    assert_eq!(
+        name(set.classify_without_port(ip("198.19.0.1"), 17)),
+        "none"
+    );
 }
 
 /// A rule's `[[rule.limit]]`s become its record's `extra` limits, in order, each with its own
