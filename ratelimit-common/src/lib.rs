@@ -555,13 +555,17 @@ pub const LIMIT_FLAGS: u32 =
 pub const COARSE_LAG_TICKS: u64 = 8;
 
 /// The lag the program allows its coarse clock on a kernel whose tick is `tick_ns` (the
-/// resolution of `CLOCK_MONOTONIC_COARSE`): [`COARSE_LAG_TICKS`] ticks, or
+/// resolution of `CLOCK_MONOTONIC_COARSE`): [`COARSE_LAG_TICKS`] ticks, of at least 1 ms (the
+/// shortest tick Linux has, HZ=1000: a smaller resolution is not a tick), or
 /// [`COARSE_LAG_DEFAULT_NS`] for a tick of 0 (unknown). The agent gives it to the program when
 /// it loads it (the global [`COARSE_LAG_GLOBAL`]).
 #[must_use]
 pub const fn coarse_lag_ns(tick_ns: u64) -> u64 {
+    const MIN_TICK_NS: u64 = 1_000_000;
     if tick_ns == 0 {
         COARSE_LAG_DEFAULT_NS
+    } else if tick_ns < MIN_TICK_NS {
+        COARSE_LAG_TICKS * MIN_TICK_NS
     } else {
         COARSE_LAG_TICKS.saturating_mul(tick_ns)
     }
@@ -1499,6 +1503,16 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_coarse_clocks_allowance_is_eight_ticks_of_at_least_a_ms() {
+        assert_eq!(coarse_lag_ns(4_000_000), 32_000_000, "HZ=250");
+        assert_eq!(coarse_lag_ns(10_000_000), 80_000_000, "HZ=100");
+        assert_eq!(coarse_lag_ns(1_000_000), 8_000_000, "HZ=1000");
+        assert_eq!(coarse_lag_ns(1), 8_000_000, "a resolution below any tick");
+        assert_eq!(coarse_lag_ns(0), COARSE_LAG_DEFAULT_NS, "unknown");
+        assert_eq!(COARSE_LAG_DEFAULT_NS, 80_000_000);
     }
 
     #[test]
