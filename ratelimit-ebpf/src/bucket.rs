@@ -6,12 +6,19 @@
 
 use core::intrinsics::{atomic_cxchg, atomic_xadd, atomic_xsub, AtomicOrdering};
 
+use aya_ebpf::Global;
 use ratelimit_common::{
-    byte_cost_ns, global, rule_flags, share_cost, verdict, Bucket, Limit, Rule, COARSE_LAG_NS,
-    SHARE_MASK,
+    byte_cost_ns, global, rule_flags, share_cost, verdict, Bucket, Limit, Rule,
+    COARSE_LAG_DEFAULT_NS, SHARE_MASK,
 };
 
 use crate::scratch::{precise_now, ChargeClock};
+
+/// The most the coarse clock is taken to lag the true time, in ns: `ratelimit_common::coarse_lag_ns`
+/// of the running kernel's tick, set by the loader (`ratelimit_common::COARSE_LAG_GLOBAL`); 8 ticks
+/// at HZ=100 where it is not. A constant to the verifier (a read-only global).
+#[unsafe(no_mangle)]
+static COARSE_LAG_NS: Global<u64> = Global::new(COARSE_LAG_DEFAULT_NS);
 
 /// The parameters of one limit: a rule's first (its own fields) or one of its `extra` limits.
 /// A trait rather than a copy into one form, so the first limit's path reads the rule's fields
@@ -99,19 +106,22 @@ enum Charge {
 /// the precise clock both are `now`.
 ///
 /// On the coarse clock (a rule with [`rule_flags::COARSE_CLOCK`]) `now` is up to
-/// [`COARSE_LAG_NS`] behind the true time, and two charges would go wrong with it, so they read
+/// [`COARSE_LAG_NS`] behind the true time (several ticks: see
+/// `ratelimit_common::COARSE_LAG_TICKS`), and two charges would go wrong with it, so they read
 /// the precise clock instead:
 /// - a bucket that may be full at the true time (its TAT before `now + COARSE_LAG_NS`): charged
-///   from the lagging `now`, its TAT would start up to a tick too early, and the bucket admit a
-///   tick's refill (`rate x tick`) more than `burst + rate x t` over an interval that starts then
-///   (a burst late in one tick, more at the start of the next);
+///   from the lagging `now`, its TAT would start up to the lag too early, and the bucket admit
+///   the lag's refill (`rate x lag`) more than `burst + rate x t` over an interval that starts
+///   then (a burst late in one tick, more at the start of the next);
 /// - a charge that does not conform at the lagging `now`: it may conform at the true time (the
 ///   burst's last packets would be dropped, and a source whose packet found a shared bucket
 ///   empty would wait for the next tick while another took the refill).
 ///
 /// Any other (a bucket at least `COARSE_LAG_NS` from full that has a token: a source at or above
 /// its rate) is charged from its TAT on the coarse clock, with `floor = now + COARSE_LAG_NS`,
-/// which cannot be below the true time.
+/// which cannot be below the true time. With an allowance below the real lag (10 ms, fixed, at
+/// first), a full bucket whose TAT was between the two was charged from that TAT, behind the
+/// true time, and its burst got the difference on top.
 ///
 /// The precise clock is read once a packet (`ck`): the packet's other charges use it too.
 #[inline(always)]
@@ -125,7 +135,7 @@ fn clock(
     if flags & rule_flags::COARSE_CLOCK == 0 {
         return (now, now);
     }
-    let floor = now + COARSE_LAG_NS;
+    let floor = now + COARSE_LAG_NS.load();
     // SAFETY: `tat` points into a map value that outlives this program run.
     let old = unsafe { core::ptr::read_volatile(tat) };
     if old < floor || old + cost - now > tolerance {
@@ -145,7 +155,9 @@ pub fn window_holds(flags: u32, now: u64, until: u64, ck: *mut ChargeClock) -> b
     if now >= until {
         return false;
     }
-    flags & rule_flags::COARSE_CLOCK == 0 || until - now >= COARSE_LAG_NS || precise_now(ck) < until
+    flags & rule_flags::COARSE_CLOCK == 0
+        || until - now >= COARSE_LAG_NS.load()
+        || precise_now(ck) < until
 }
 
 /// Charges `cost` to the TAT at `tat`, if the packet conforms at `now` (see [`clock`]: `floor`

@@ -427,9 +427,11 @@ fn limit(
         scratch::no_records(unsafe { &raw mut (*c).records });
         let d = extra_limits(pkt, rule, slot, c);
         if d != verdict::PASSED {
-            // Dropped by limit `d >> 8` (> 0): the first limit's charge is given back, if its
+            // Dropped by limit `d >> 8` (> 0): the extra limits before it get their charge back
+            // (each only where its record still holds its key), and the first limit's, if its
             // record still holds the key (another CPU may have recycled it meanwhile: the refund
             // would give that key a token it was not charged).
+            refund_extra(pkt, rule, (d >> 8) - 1);
             // SAFETY: this CPU's live scratch record (the key `limit` built above).
             if !b.is_null() && store::holds(b, unsafe { &(*s).first_key }) {
                 // SAFETY: this CPU's live scratch record (read back rather than kept live
@@ -615,8 +617,8 @@ fn open_gate(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, d: usize, until: u
 }
 
 /// Charges the packet to the rule's limits after its first, in order: `PASSED` (counted in each
-/// of their buckets), or a drop (with the limit in bits 8..), after which the limits before the
-/// dropping one got their charge back.
+/// of their buckets), or a drop (with the limit in bits 8..), after which the caller gives the
+/// limits before the dropping one their charge back (`refund_extra`, and the first's).
 #[inline(always)]
 fn extra_limits(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, c: *mut Extra) -> usize {
     let n = rule.extra_len as usize;
@@ -633,23 +635,8 @@ fn extra_limits(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, c: *mut Extra) 
             None => unsafe { one_limit(pkt, rule, slot, k) },
         };
         if v == verdict::DROPPED_RATE || v == verdict::DROPPED_BYTES {
-            // Give the limits before this one (after the first, which the caller refunds)
-            // their charge back.
-            for j in 0..MAX_LIMITS - 1 {
-                if j >= k {
-                    break;
-                }
-                // SAFETY: this CPU's live scratch record; `j` is in bounds.
-                if let Some(r) = BUCKETS.get_ptr_mut(unsafe { (*c).records[j] }) {
-                    bucket::refund(
-                        r,
-                        &rule.extra[j],
-                        unsafe { (*c).len },
-                        unsafe { (*c).now },
-                        unsafe { &raw const (*c).clock },
-                    );
-                }
-            }
+            // The limits before this one get their charge back from the caller
+            // (`refund_extra`, and the first's).
             return v | (k + 1) << 8;
         }
     }
@@ -663,6 +650,52 @@ fn extra_limits(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, c: *mut Extra) 
         }
     }
     verdict::PASSED
+}
+
+/// Gives the extra limits before limit `k + 1` of `rule` (`rule.extra[..k]`, charged for this
+/// packet, whose records `extra_limits` left in the scratch record's `Extra::records`) their
+/// charge back, each only to a record that still holds its key, as `limit` does for the first:
+/// another CPU (or this packet's own later limit, creating its bucket) may have recycled it
+/// meanwhile, and the refund would give that key a token it was not charged. A BPF call of its
+/// own (once per drop), from `limit` after `extra_limits` returns: inlined, or called from inside
+/// `extra_limits`' loop, the key's checks took the program's frame past the verifier's 512 bytes
+/// beside `one_limit`'s.
+#[inline(never)]
+fn refund_extra(pkt: &Packet, rule: &Rule, k: usize) {
+    let Some(s) = scratch::get() else {
+        return;
+    };
+    // SAFETY: this CPU's live scratch record (only the address is taken).
+    let c = unsafe { &raw mut (*s).extra };
+    for j in 0..MAX_LIMITS - 1 {
+        if j >= k {
+            break;
+        }
+        // SAFETY: this CPU's live scratch record; `j` is in bounds.
+        if let Some(r) = BUCKETS.get_ptr_mut(unsafe { (*c).records[j] }) {
+            // The key in the scratch record, not on this frame.
+            // SAFETY: this CPU's live scratch record.
+            let key = unsafe { &mut (*s).extra_key };
+            *key = store::key(
+                pkt,
+                // SAFETY: as above.
+                unsafe { (*c).id },
+                j as u32 + 1,
+                &rule.extra[j].src_mask,
+                rule.bucket_gen,
+            );
+            if store::holds(r, key) {
+                bucket::refund(
+                    r,
+                    &rule.extra[j],
+                    // SAFETY: as above.
+                    unsafe { (*c).len },
+                    unsafe { (*c).now },
+                    unsafe { &raw const (*c).clock },
+                );
+            }
+        }
+    }
 }
 
 /// Charges the packet to limit `k + 1` of `rule` (`rule.extra[k]`): the verdict; the record is

@@ -192,9 +192,14 @@ impl Dataplane {
             })?),
             None => None,
         };
+        // How far the program's coarse clock may lag the true time on this kernel: several of its
+        // ticks (see `ratelimit_common::COARSE_LAG_TICKS`). Not required of the object (one built
+        // before the global keeps its own constant).
+        let coarse_lag = ratelimit_common::coarse_lag_ns(crate::maps::bucket::coarse_tick_ns());
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&opts.pin_dir)
             .map_max_entries(map_names::BUCKETS, bucket_capacity(opts.max_buckets))
+            .override_global(ratelimit_common::COARSE_LAG_GLOBAL, &coarse_lag, false)
             .load(other.as_deref().unwrap_or(OBJECT))
             .map_err(|e| DataplaneError::Load(format!("{e:#}")))?;
         let program = xdp_program(&mut ebpf)?;

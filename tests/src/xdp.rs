@@ -20,6 +20,10 @@ pub const XDP_DROP: u32 = 1;
 /// XDP_PASS.
 pub const XDP_PASS: u32 = 2;
 
+/// `bpf(2)` commands.
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// A loaded program with its own pin directory, removed (maps unpinned) on drop.
@@ -133,6 +137,106 @@ impl TestDataplane {
             .try_clone()
             .expect("dup of the program fd");
         ProgramRunner(fd)
+    }
+
+    /// The program's cached coarse clock on CPU `cpu`: `(jiffies, ns)`, the first two words of
+    /// its per-CPU scratch record (`RL_SCRATCH`, `Scratch::clock_jiffies` and `clock_ns`: the
+    /// jiffy at which the program last read `bpf_ktime_get_coarse_ns`, and what it read).
+    ///
+    /// # Panics
+    /// If the map is missing or the kernel refuses the lookup.
+    #[must_use]
+    pub fn coarse_cache(&self, cpu: usize) -> (u64, u64) {
+        let (values, stride) = self.scratch_values();
+        let at = cpu * stride;
+        let word = |i: usize| {
+            u64::from_ne_bytes(
+                values[at + 8 * i..at + 8 * i + 8]
+                    .try_into()
+                    .expect("8 bytes"),
+            )
+        };
+        (word(0), word(1))
+    }
+
+    /// Writes `(jiffies, ns)` as the program's cached coarse clock on CPU `cpu` (see
+    /// [`TestDataplane::coarse_cache`]), the rest of the scratch record left as it is. A clock
+    /// planted with the jiffy the program last saw is what the program reads for every packet
+    /// until the jiffy changes: a coarse clock that lags the true time by what the test chooses.
+    ///
+    /// # Panics
+    /// If the map is missing or the kernel refuses the update.
+    pub fn set_coarse_cache(&self, cpu: usize, jiffies: u64, ns: u64) {
+        let (mut values, stride) = self.scratch_values();
+        let at = cpu * stride;
+        values[at..at + 8].copy_from_slice(&jiffies.to_ne_bytes());
+        values[at + 8..at + 16].copy_from_slice(&ns.to_ne_bytes());
+        self.scratch_elem(BPF_MAP_UPDATE_ELEM, &mut values);
+    }
+
+    /// Every CPU's scratch record (raw bytes) and the stride between them.
+    fn scratch_values(&self) -> (Vec<u8>, usize) {
+        let stride = self.scratch_value_size().div_ceil(8) * 8;
+        let cpus = aya::util::nr_cpus().expect("possible CPUs");
+        let mut values = vec![0u8; stride * cpus];
+        self.scratch_elem(BPF_MAP_LOOKUP_ELEM, &mut values);
+        (values, stride)
+    }
+
+    fn scratch_map(&self) -> &aya::maps::MapData {
+        let map = self
+            .dp
+            .as_ref()
+            .expect("present until drop")
+            .ebpf()
+            .map("RL_SCRATCH")
+            .expect("the program's scratch map");
+        match map {
+            aya::maps::Map::PerCpuArray(data) => data,
+            _ => panic!("RL_SCRATCH is not a per-CPU array"),
+        }
+    }
+
+    fn scratch_value_size(&self) -> usize {
+        self.scratch_map().info().expect("map info").value_size() as usize
+    }
+
+    /// `BPF_MAP_LOOKUP_ELEM` or `BPF_MAP_UPDATE_ELEM` of the scratch map's one entry (key 0),
+    /// with `values` every possible CPU's value.
+    fn scratch_elem(&self, cmd: libc::c_long, values: &mut [u8]) {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+        #[repr(C)]
+        struct ElemAttr {
+            map_fd: u32,
+            _pad: u32,
+            key: u64,
+            value: u64,
+            flags: u64,
+        }
+        let key = 0u32;
+        let mut attr = ElemAttr {
+            map_fd: u32::try_from(self.scratch_map().fd().as_fd().as_raw_fd()).expect("an fd"),
+            _pad: 0,
+            key: std::ptr::from_ref(&key) as u64,
+            value: values.as_mut_ptr() as u64,
+            flags: 0,
+        };
+        // SAFETY: `attr` is a valid bpf_attr prefix of the size given; `key` and `values` outlive
+        // the call, and `values` holds a value for every possible CPU.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                cmd,
+                std::ptr::from_mut(&mut attr),
+                std::mem::size_of::<ElemAttr>(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "bpf({cmd}) on RL_SCRATCH: {}",
+            std::io::Error::last_os_error()
+        );
     }
 
     /// Global counters summed over CPUs.

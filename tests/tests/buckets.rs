@@ -1745,3 +1745,107 @@ burst = 500
         );
     }
 }
+
+/// The coarse clock can lag the true time by several ticks: the kernel's coarse time is its last
+/// timekeeping update, and when the CPU that does it is held up (a vCPU the host preempted, a
+/// long section with interrupts off), no update comes until another CPU's tick forces one, after
+/// `MAX_STALLED_JIFFIES` (5) of its own ticks (kernel/time/tick-sched.c): up to about 7 ticks
+/// behind in all (the update's own remainder, the stall, the tick that sees it). On this 2-vCPU
+/// machine at HZ=250, `CLOCK_MONOTONIC_COARSE` read right between two `CLOCK_MONOTONIC` reads
+/// 20 us apart was 13.7 ms behind within 30 s of a build running.
+///
+/// A bucket charged on the coarse clock must hold `burst + rate x t` all the same. The test
+/// plants a coarse clock 7 ticks behind in this CPU's scratch record (the program reads it for
+/// every packet until the jiffy changes), on a bucket that is full at the true time but whose TAT
+/// is only a few ms old. With the program's allowance for the lag a fixed 10 ms (before
+/// `ratelimit_common::COARSE_LAG_TICKS`), that TAT looked at least 10 ms past the clock, so the
+/// bucket was charged from its old TAT rather than from the true time, and its burst took the
+/// ms that TAT was behind on top of it: 110 admitted in 0.28 ms against a bound of 100. Now the
+/// allowance is 8 ticks of the running kernel (set by the loader): 100.
+#[test]
+fn a_coarse_clock_lagging_ticks_behind_admits_nothing_beyond_the_bound() {
+    require_root();
+    const CPU: usize = 0;
+    const RATE: u64 = 1_000;
+    const BURST: u64 = 100;
+    pin_to_cpu(CPU).unwrap();
+    let mut dp = TestDataplane::new("coarse-lag", 1 << 12).unwrap();
+    let set = dp
+        .install_toml(&format!(
+            r#"[[rule]]
+name = "lag"
+source = "198.18.0.0/16"
+rate = {RATE}
+burst = {BURST}
+
+[[rule]]
+name = "warm"
+source = "198.19.0.0/16"
+rate = {RATE}
+burst = {BURST}
+"#
+        ))
+        .unwrap();
+    let rule = set.by_name("lag").unwrap();
+    assert_ne!(
+        rule.rule.flags & ratelimit_common::rule_flags::COARSE_CLOCK,
+        0,
+        "a tolerance of 100 ms is on the coarse clock"
+    );
+    let id = rule.id;
+    let tick = coarse_tick_ns();
+    let lag = 7 * tick;
+    let warm = udp4(ip("198.19.0.1"));
+    let mut checked = 0;
+    for attempt in 0..40u8 {
+        if checked == 4 {
+            break;
+        }
+        let frame = udp4(Ipv4Addr::new(198, 18, 1, attempt));
+        // A new bucket (created on the precise clock), one token spent: its TAT is a ms ahead.
+        assert_eq!(dp.run(&frame), XDP_PASS, "a new source's first packet");
+        // Full again a few ms later, its TAT a few ms behind the true time.
+        std::thread::sleep(Duration::from_millis(8));
+        // At the start of a jiffy: a packet of another rule brings this CPU's cache up to it,
+        // then the planted clock lags the true time by `lag`.
+        let began = next_tick(coarse_ns());
+        let _ = dp.run(&warm);
+        let (jiffies, _) = dp.coarse_cache(CPU);
+        let planted = monotonic_ns() - lag;
+        dp.set_coarse_cache(CPU, jiffies, planted);
+        let before = dp.rule(id).pkts[verdict::PASSED];
+        let t0 = monotonic_ns();
+        let runs = usize::try_from(BURST).unwrap() + 50;
+        let first = passes(&dp, &frame, runs) as u64;
+        let t1 = monotonic_ns();
+        if dp.coarse_cache(CPU) != (jiffies, planted) || coarse_ns() != began {
+            continue; // the jiffy changed during the burst: the program read the clock again
+        }
+        let admitted = dp.rule(id).pkts[verdict::PASSED] - before;
+        assert_eq!(admitted, first);
+        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+        let bound = BURST + ((t1 - t0) as f64 * RATE as f64 / 1e9).floor() as u64;
+        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+        let ms = |ns: u64| ns as f64 / 1e6;
+        println!(
+            "attempt {attempt}: coarse clock {:.1} ms behind: {admitted} of {runs} admitted in {:.3} ms, bound {bound}",
+            ms(lag),
+            ms(t1 - t0),
+        );
+        assert!(
+            admitted >= BURST,
+            "attempt {attempt}: a full bucket admitted {admitted} of its burst of {BURST}"
+        );
+        assert!(
+            admitted <= bound,
+            "attempt {attempt}: a coarse clock {:.1} ms behind: admitted {admitted} in {:.3} ms, more than burst + rate x t = {bound}",
+            ms(lag),
+            ms(t1 - t0)
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= 2,
+        "only {checked} attempts ran their burst within one jiffy"
+    );
+}

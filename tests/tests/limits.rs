@@ -586,3 +586,101 @@ burst = 1
     );
     assert_eq!(dp.rule(known).pkts[verdict::DROPPED_RATE], 66);
 }
+
+/// A drop by a later limit gives the limits before it their charge back only in records that
+/// still hold their keys, as for the rule's own limit (8cb7cb9): a record may be recycled
+/// between the charge and the refund, by another CPU or by the packet itself, and the refund
+/// would give the record's new key what it was never charged. Here the packet recycles it: the
+/// store is small and its sets known (a test seed); seven sources of another rule fill 7 of the
+/// 8 candidate records of source S's second and third limits (S chosen so that those two keys
+/// share their set pair, and its own limit's key lies elsewhere). S's first frame creates its
+/// second limit's bucket in the one free record; its third limit's, created next, takes that
+/// record (the least in debt of its candidates) and drops the frame, longer than its
+/// `bytes_burst`. Refunded without the check, the second limit's interval was taken from the
+/// third's new bucket, whose TAT was 0: it wrapped to ~584 years of debt, and S's next frame,
+/// which fits every limit, was dropped by the third limit for its rate (as would every later
+/// one: the record, deepest in debt of its set, is the last a new key takes).
+#[test]
+fn a_refund_never_reaches_a_record_the_packet_itself_recycled() {
+    use ratelimit_testbed::collide::{set_seed, sets_of_v4, store_params, TEST_SEED};
+    require_root();
+    let mut dp = TestDataplane::new("refund-recycled", 64).unwrap();
+    set_seed(dp.pin_dir(), TEST_SEED).unwrap();
+    let set = dp
+        .install_toml(
+            r#"
+[[rule]]
+name = "svc"
+source = "198.18.0.0/16"
+rate = 1000
+burst = 1000
+[[rule.limit]]
+per = "source"
+rate = 1000
+burst = 1000
+[[rule.limit]]
+per = "source"
+rate = 1000
+burst = 1000
+bytes_rate = 1000000
+bytes_burst = 1514
+
+[[rule]]
+name = "fill"
+source = "198.19.0.0/16"
+rate = 1
+burst = 1
+"#,
+        )
+        .unwrap();
+    let id = set.by_name("svc").unwrap().id;
+    let fill = set.by_name("fill").unwrap().id;
+    let (seed, sets) = store_params(dp.pin_dir()).unwrap();
+    let pair = |rule: u32, limit: u32, ip: Ipv4Addr| {
+        sets_of_v4(seed, sets, bucket_rule(rule, limit) & 0xffff, ip)
+    };
+    let s = (1..u32::from(u16::MAX))
+        .map(|i| Ipv4Addr::from(u32::from(ip("198.18.0.0")) + i))
+        .find(|&a| {
+            let p = pair(id, 1, a);
+            p == pair(id, 2, a) && pair(id, 0, a).iter().all(|x| !p.contains(x))
+        })
+        .expect("a source whose second and third limits' keys share their set pair");
+    let target = pair(id, 1, s);
+    let fillers: Vec<Ipv4Addr> = (1..u32::from(u16::MAX))
+        .map(|i| Ipv4Addr::from(u32::from(ip("198.19.0.0")) + i))
+        .filter(|&a| pair(fill, 0, a) == target)
+        .take(7)
+        .collect();
+    assert_eq!(fillers.len(), 7, "{sets} sets: 7 sources of the pair");
+    for &f in &fillers {
+        // Each one's bucket, with its one token spent, is in debt for a second.
+        assert_eq!(dp.run(&udp4(f, 10)), XDP_PASS);
+    }
+    // 2,000 bytes (a frame the kernel's test run takes, longer than the wire's).
+    assert_eq!(
+        dp.run(&udp4(s, 1958)),
+        XDP_DROP,
+        "over the third limit's bytes"
+    );
+    let st = dp.rule(id);
+    assert_eq!(st.limit_dropped_bytes, [0, 0, 1, 0]);
+    assert_eq!(
+        dp.global().counters[global::EVICTED_LOST],
+        1,
+        "the third limit's bucket took the second's record"
+    );
+    let third = bucket(&dp, id, 2, s).expect("the third limit's bucket");
+    assert_eq!(
+        dp.run(&udp4(s, 10)),
+        XDP_PASS,
+        "a frame that fits every limit (the third limit's TAT {}): dropped for rate by limits {:?}",
+        third.tat_ns,
+        dp.rule(id).limit_dropped_rate
+    );
+    assert!(
+        third.tat_ns < 1 << 62,
+        "the third limit's bucket got the second's refund: TAT {}",
+        third.tat_ns
+    );
+}

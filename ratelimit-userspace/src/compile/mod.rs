@@ -36,10 +36,11 @@ use ratelimit_common::{
 use crate::config::{Action, Per, Protocol, RuleConfig, RuleError, Scope, TcpFlags};
 
 const NS_PER_SEC: u128 = 1_000_000_000;
-/// The shortest tolerance a rule on the coarse clock may have: twice the lag the program allows
-/// that clock (`COARSE_LAG_NS`), five ticks at HZ=250. Below it, nearly every charge would be
-/// within the lag of a full or an empty bucket, where the program reads the precise clock anyway.
-const COARSE_CLOCK_MIN_TOLERANCE_NS: u64 = 2 * ratelimit_common::COARSE_LAG_NS;
+/// The shortest tolerance a rule on the coarse clock may have: 20 ms, five ticks at HZ=250.
+/// Below it, nearly every charge would be within the lag the program allows that clock
+/// (`ratelimit_common::COARSE_LAG_TICKS` ticks) of a full or an empty bucket, where the program
+/// reads the precise clock anyway. A matter of cost only: a charge is exact on either clock.
+const COARSE_CLOCK_MIN_TOLERANCE_NS: u64 = 20_000_000;
 
 /// One rule as installed: its id, its kernel record and where it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]

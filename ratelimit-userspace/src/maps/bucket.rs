@@ -80,6 +80,21 @@ pub fn monotonic_coarse_ns() -> u64 {
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
+/// The tick of the coarse clock (`clock_getres` of `CLOCK_MONOTONIC_COARSE`: one jiffy, 4 ms at
+/// HZ=250), or 0 if the kernel does not say.
+#[must_use]
+pub fn coarse_tick_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec.
+    if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } != 0 {
+        return 0;
+    }
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
 /// A bucket's state in user terms.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct BucketView {
