@@ -25,7 +25,7 @@
 
 use std::{collections::HashMap, hash::Hash};
 
-use super::publish::{Count, KeyName};
+use super::publish::{keys_digest, Count, KeyName};
 
 /// A peer as read from chitchat's state in one sync.
 #[derive(Clone, Debug)]
@@ -46,6 +46,9 @@ pub struct PeerView<P> {
     pub heard_at: Option<u64>,
     /// Its sync key: `(sequence, Unix ms, next epoch)`, once it arrived.
     pub sync: Option<(u64, u64, u64)>,
+    /// The [`keys_digest`] its sync key names: of the keys it publishes as of that sync (None
+    /// from an agent of before it, or without a sync key).
+    pub keys_digest: Option<String>,
     /// Its consumption keys (at most `max_keys` of them, in key order).
     pub keys: Vec<(KeyName, Count)>,
 }
@@ -55,6 +58,13 @@ pub struct PeerView<P> {
 pub fn parse_sync(value: &str) -> Option<(u64, u64, u64)> {
     let mut it = value.split(':').map(str::parse::<u64>);
     Some((it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?))
+}
+
+/// The [`keys_digest`] a sync key's value names (its fourth field), if any.
+#[must_use]
+pub fn parse_keys_digest(value: &str) -> Option<String> {
+    let d = value.split(':').nth(3)?;
+    (d.len() == 32 && d.bytes().all(|b| b.is_ascii_hexdigit())).then(|| d.to_ascii_lowercase())
 }
 
 /// The local limit a remote key is charged to (one limit of a rule: its own or a
@@ -276,7 +286,11 @@ pub struct Round<P> {
     pub demand: HashMap<KeyName, Vec<(P, f64)>>,
     /// Per key of a cluster-scoped limit here, how many counted peers hold it: publish it with
     /// a known demand (0 included; not stale). Each of them has a bucket of the key, which the
-    /// budget is divided between (see [`super::charge::share`]).
+    /// budget is divided between (see [`super::charge::share`]). A key with no demand counts
+    /// only if the keys read from the peer are the ones its sync key names ([`keys_digest`]):
+    /// a key relayed under the peer's id by another member with the cluster key stays in
+    /// chitchat's state of the peer for as long as it lives, idle; read as held, it kept a
+    /// source at a part of its rate here for that long, after the relaying member had stopped.
     pub holders: HashMap<KeyName, u32>,
     /// Keys read from counted peers.
     pub keys_synced: u64,
@@ -532,8 +546,16 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
             if now.saturating_sub(track.synced_ns) > self.stale_ns {
                 continue;
             }
+            // Its idle keys are held only if what is read of it is what it published (its
+            // sync key names the digest of its keys): otherwise it holds only the keys it has
+            // demand for (fail open: an idle key's part goes back to the other holders).
+            let attested = track.rates.values().any(|&r| r <= 0.0)
+                && view.keys_digest.as_deref().is_some_and(|d| {
+                    let read: Vec<String> = view.keys.iter().map(|(k, _)| k.to_key()).collect();
+                    keys_digest(read.iter().map(String::as_str)) == d
+                });
             for (name, &rate) in &track.rates {
-                if limits.get(name).is_some() {
+                if limits.get(name).is_some() && (rate > 0.0 || attested) {
                     *round.holders.entry(name.clone()).or_default() += 1;
                     if rate > 0.0 {
                         round
@@ -628,6 +650,14 @@ mod tests {
             heartbeat: hb,
             heard_at: None,
             sync: Some((hb, hb * 100, epoch_next)),
+            keys_digest: Some(keys_digest(
+                counts
+                    .iter()
+                    .map(|_| name().to_key())
+                    .collect::<Vec<_>>()
+                    .iter()
+                    .map(String::as_str),
+            )),
             keys: counts
                 .iter()
                 .map(|&(epoch, demand)| {
@@ -917,6 +947,47 @@ mod tests {
         assert!(!r.holders.contains_key(&other));
     }
 
+    /// A member with the key relays, under an honest member's id, a key that member never
+    /// published: the victim's key, idle (`1:0:0:0`). chitchat keeps it in that member's state
+    /// for as long as the member lives (the member never re-sets or deletes a key it does not
+    /// have), beside its real keys and its sync key, which keeps moving. Read as a key the
+    /// member holds, it kept the victim at `1 / 2` of the rate and of the burst here long after
+    /// the attacker had stopped (or been removed): for the member's whole life, past every bound
+    /// the README documents. A member's idle keys count as held only while its sync key names
+    /// exactly the keys read from it ([`PeerView::keys_attested`]).
+    #[test]
+    fn a_key_relayed_under_another_members_id_is_not_held_by_it_once_the_attacker_stops() {
+        let mut t = RemoteTracker::new(3 * S, LAG);
+        let l = limits();
+        let other = KeyName {
+            addr: IpAddr::from([198, 18, 0, 7]),
+            ..name()
+        };
+        // The honest member `a` publishes one idle key of its own, `other`; the attacker's relay
+        // added the victim's key beside it (`a` keeps publishing, its sync moving on).
+        let a = |seq: u64| PeerView {
+            keys: vec![
+                (other.clone(), Count::parse("1:0:0:0").unwrap()),
+                (name(), Count::parse("1:0:0:0").unwrap()),
+            ],
+            // What its sync key names: the one key it publishes.
+            keys_digest: Some(keys_digest([other.to_key().as_str()])),
+            ..view("a", seq, 2, &[])
+        };
+        t.round(0, &[a(1)], &l);
+        let mut held = Vec::new();
+        for seq in 2..=100u64 {
+            let r = t.round(seq * 100 * MS, &[a(seq)], &l);
+            held.push(r.hosts_holding(&name()));
+        }
+        let r = t.round(101 * 100 * MS, &[a(101)], &l);
+        assert_eq!(
+            (r.hosts_holding(&name()), victim_share(&r)),
+            (1, 1.0),
+            "10 s after the relay, the victim is held by nobody but this host: {held:?}"
+        );
+    }
+
     /// A peer of before demand was published (`EPOCH:PKTS:BYTES`): its admitted packets are its
     /// demand.
     #[test]
@@ -958,6 +1029,7 @@ mod tests {
             heartbeat: hb,
             heard_at: None,
             sync: parse_sync(sync),
+            keys_digest: parse_keys_digest(sync),
             keys: vec![(name(), Count::parse(count).unwrap())],
         }
     }
