@@ -947,6 +947,64 @@ mod tests {
         assert!(!r.holders.contains_key(&other));
     }
 
+    /// A member with the key, under ten identities of its own (each counted), publishes the
+    /// victim's key with no demand, a source it never saw: each identity holds it, so the victim
+    /// keeps `1 / 11` of the rate and burst here while idle. That is less than a claim can do
+    /// (a claim of any demand takes the share to its floor, see the tests below), and it is no
+    /// throttle of a polite source: its share is never below its own demand over the rate, so
+    /// its bucket refills at least as fast as it sends. It ends with the publishing: the round
+    /// after the identities stop publishing the key, a lag allowance after they stop syncing
+    /// (cut off, stopped), at once when they are no longer counted.
+    #[test]
+    fn holders_without_demand_never_take_a_polite_source_below_its_demand_and_leave_with_their_syncs(
+    ) {
+        let l = limits();
+        let ids: Vec<String> = (0..10).map(|i| format!("x{i}")).collect();
+        let attackers = |seq: u64, with_key: bool, heard: bool| -> Vec<PeerView<String>> {
+            ids.iter()
+                .map(|id| PeerView {
+                    live: heard,
+                    ..view(id, seq, 2, if with_key { &[(1, 0)] } else { &[] })
+                })
+                .collect()
+        };
+        for end in ["unpublished", "cut off", "not counted"] {
+            let mut t = RemoteTracker::new(3 * S, LAG);
+            t.round(0, &attackers(1, false, true), &l);
+            let mut r = Round::default();
+            for seq in 2..=20 {
+                r = t.round(seq * 100 * MS, &attackers(seq, true, true), &l);
+            }
+            assert_eq!(
+                (r.hosts_holding(&name()), r.peer_demand(&name())),
+                (11, 0.0)
+            );
+            let s = victim_share(&r);
+            assert!((s - (200.0 + 800.0 / 11.0) / 1000.0).abs() < 1e-9, "{s}");
+            assert!(s >= 0.2, "never below the victim's own demand: {s}");
+            let idle = crate::cluster::charge::share(0.0, 0.0, 1.0, Some(1000.0), 11.0);
+            assert!((idle - 1.0 / 11.0).abs() < 1e-9);
+            // The attack ends.
+            let at = |i: u64| (20 + i) * 100 * MS;
+            let rounds: Vec<u32> = (1..=5)
+                .map(|i| {
+                    let views = match end {
+                        "unpublished" => attackers(20 + i, false, true),
+                        "cut off" => attackers(20, true, true),
+                        _ => attackers(20 + i, true, false),
+                    };
+                    t.round(at(i), &views, &l).hosts_holding(&name())
+                })
+                .collect();
+            let expected: &[u32] = match end {
+                // Stale once its sync key is more than the allowance (3 intervals) old.
+                "cut off" => &[11, 11, 11, 1, 1],
+                _ => &[1, 1, 1, 1, 1],
+            };
+            assert_eq!(rounds, expected, "{end}");
+        }
+    }
+
     /// A member with the key relays, under an honest member's id, a key that member never
     /// published: the victim's key, idle (`1:0:0:0`). chitchat keeps it in that member's state
     /// for as long as the member lives (the member never re-sets or deletes a key it does not
