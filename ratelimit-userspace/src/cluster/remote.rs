@@ -53,7 +53,8 @@ pub struct PeerView<P> {
     pub keys: Vec<(KeyName, Count)>,
 }
 
-/// Parses a sync key's value, `SEQ:UNIX_MS:NEXT_EPOCH` (see [`PeerView::sync`]).
+/// Parses a sync key's value, `SEQ:UNIX_MS:NEXT_EPOCH` (and a fourth field, the [`keys_digest`], read
+/// by [`parse_keys_digest`]; see [`PeerView::sync`]).
 #[must_use]
 pub fn parse_sync(value: &str) -> Option<(u64, u64, u64)> {
     let mut it = value.split(':').map(str::parse::<u64>);

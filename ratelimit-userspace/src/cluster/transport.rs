@@ -944,10 +944,11 @@ mod tests {
             held > 0,
             "the phantoms were never alive: the test tests nothing"
         );
-        #[expect(clippy::cast_precision_loss, reason = "a count")]
         let bound = 2.0 * (PROBE_BURST + PROBES_PER_S * elapsed);
+        #[expect(clippy::cast_precision_loss, reason = "a count")]
+        let sent = datagrams as f64;
         assert!(
-            datagrams as f64 <= bound,
+            sent <= bound,
             "{datagrams} datagrams to addresses that never answered (bound {bound})"
         );
         assert!(a_shared.counters.values().probes_withheld > 0);
