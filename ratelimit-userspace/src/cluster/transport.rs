@@ -110,6 +110,7 @@ impl Transport for SecureTransport {
             heartbeats: super::inspect::Heartbeats::default(),
             introductions: super::inspect::Introductions::default(),
             probes: Probes::new(Instant::now()),
+            own_state_forged: None,
         }))
     }
 }
@@ -221,6 +222,10 @@ struct SecureSocket {
     introductions: super::inspect::Introductions,
     /// Where chitchat may send (see [`Probes`]).
     probes: Probes,
+    /// A sender that holds this host's own state ahead of anything it published, and how far
+    /// (see [`super::inspect::check_own`]): the gossip loop is ended, to be restarted as a new
+    /// incarnation, which its peers hold apart from the forged one.
+    own_state_forged: Option<(SocketAddr, u64)>,
 }
 
 fn counters(shared: &Shared) -> &Counters {
@@ -334,7 +339,12 @@ impl SecureSocket {
                 && super::wire::sender_tag(&id.node_id, id.generation_id) == sender
         };
         let now_ms = crate::maps::bucket::monotonic_ns() / 1_000_000;
-        let checked = super::inspect::check(&message, is_self).and_then(|digest| {
+        let mut own_ahead = 0;
+        let checked = super::inspect::check_own(&message, is_self, &mut own_ahead);
+        if own_ahead > super::inspect::OWN_STATE_AHEAD {
+            self.own_state_forged = Some((from, own_ahead));
+        }
+        let checked = checked.and_then(|digest| {
             self.heartbeats.check(&digest, is_sender, now_ms)?;
             Ok(digest)
         });
@@ -477,7 +487,21 @@ impl Socket for SecureSocket {
                         ..outcome
                     });
                 }
-                Event::Public(Ok((len, from))) => self.accept(len, from).await?,
+                Event::Public(Ok((len, from))) => {
+                    self.accept(len, from).await?;
+                    // This host's own state, forged ahead at a peer (by a member with the key):
+                    // that peer takes none of its updates until they pass the forged version
+                    // (never, near the largest one), and this host refuses every reply of it.
+                    // Only a new incarnation is heard there again: end the loop (the
+                    // supervisor restarts it as one, see `super::gossip`).
+                    if let Some((from, ahead)) = self.own_state_forged.take() {
+                        tracing::error!(%from, versions_ahead = ahead, "a peer holds this host's own gossip state ahead of anything it published (forged by a member with the cluster key): gossip restarts as a new incarnation");
+                        return Err(anyhow::anyhow!(
+                            "{from} holds this host's gossip state {ahead} versions ahead of \
+                             what it published (forged by a member with the cluster key)"
+                        ));
+                    }
+                }
                 Event::Public(Err(e)) if is_transient(&e) => {}
                 Event::Public(Err(e)) => return Err(anyhow::anyhow!("gossip socket: {e}")),
             }
@@ -505,10 +529,21 @@ mod tests {
         let probe = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
         let addr = probe.local_addr().unwrap();
         drop(probe);
+        node_at(port_hint, secret, seeds, addr, 1).await
+    }
+
+    /// A node at `addr`, of incarnation `generation`.
+    async fn node_at(
+        port_hint: &str,
+        secret: u8,
+        seeds: &[SocketAddr],
+        addr: SocketAddr,
+        generation: u64,
+    ) -> (ChitchatHandle, Arc<Shared>, SocketAddr) {
         let shared = Arc::new(Shared::default());
         let key = ClusterKey::from_secret(&[secret; 32], "test").unwrap();
         let config = ChitchatConfig {
-            chitchat_id: ChitchatId::new(format!("{port_hint}/{addr}"), 1, addr),
+            chitchat_id: ChitchatId::new(format!("{port_hint}/{addr}"), generation, addr),
             cluster_id: "test".into(),
             gossip_interval: Duration::from_millis(50),
             listen_addr: addr,
@@ -953,6 +988,68 @@ mod tests {
         );
         assert!(a_shared.counters.values().probes_withheld > 0);
         for h in [a, b] {
+            h.shutdown().await.unwrap();
+        }
+    }
+
+    /// A member with the key sends `a` one delta under `b`'s id, pushing `b`'s state at `a`
+    /// near the largest version. Before, `a` took none of `b`'s updates again (they all look
+    /// older), and sent `b` its own node in every reply, which `b` refused whole (221
+    /// `rejected{unsafe}` in 5 s): neither saw the other's values for as long as `b` lived,
+    /// each enforcing alone. Now `b` ends its gossip loop on the first such reply (the
+    /// supervisor restarts it as a new incarnation, which `a` holds apart from the forged
+    /// one), and the new incarnation and `a` see each other's values again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_members_state_forged_ahead_at_a_peer_is_left_behind_by_a_new_incarnation() {
+        use crate::cluster::inspect::craft::{self, Op};
+        let (a, _, a_addr) = node("a", 1, &[]).await;
+        let (b, _, b_addr) = node("b", 1, &[a_addr]).await;
+        exchanged(&a, &b).await;
+        let b_id = b.chitchat_id().clone();
+        let evil = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let evil_addr = evil.local_addr().unwrap();
+        let me = ChitchatId::new("evil".to_string(), 1, evil_addr);
+        let key = ClusterKey::from_secret(&[1; 32], "test").unwrap();
+        let mut codec = Codec::new(&key, "test", evil_addr);
+        codec.set_sender(super::super::wire::sender_tag("evil", 1));
+        let at_a = a
+            .with_chitchat(|c| c.node_state(&b_id).unwrap().max_version())
+            .await;
+        let forged = crate::cluster::inspect::MAX_VERSION - 2;
+        let msg = craft::syn_ack(
+            &[(&me, 1, 0)],
+            &[
+                Op::Node(&b_id, 0, at_a),
+                Op::Kv("zz", "forged", forged),
+                Op::SetMax(forged),
+            ],
+        );
+        for d in codec.seal(&msg, a_addr, unix_ms()).unwrap() {
+            evil.send_to(&d, a_addr).unwrap();
+        }
+        let ended = tokio::time::timeout(Duration::from_secs(5), b.termination_watcher())
+            .await
+            .expect("b's gossip loop went on beside a peer holding its state forged ahead");
+        let error = format!("{:#}", ended.expect_err("ended with an error"));
+        assert!(error.contains("forged"), "{error}");
+        drop(b);
+        // The supervisor's restart: a new incarnation at the same address.
+        let (b2, _, _) = node_at("b", 1, &[a_addr], b_addr, 2).await;
+        for i in 0..3 {
+            a.with_chitchat(|c| c.self_node_state().set("hello", format!("a{i}")))
+                .await;
+            b2.with_chitchat(|c| c.self_node_state().set("hello", format!("b{i}")))
+                .await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(sees(&a, "b2").await && sees(&b2, "a2").await) {
+            assert!(
+                Instant::now() < deadline,
+                "the new incarnation and a never exchanged state"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for h in [a, b2] {
             h.shutdown().await.unwrap();
         }
     }
