@@ -168,43 +168,40 @@ fn digest(v1: bool, buf: &mut &[u8], total: &mut usize) -> R<Vec<(ChitchatId, u6
     Ok(entries)
 }
 
-/// How far ahead of what it last reported (the delta's from version) another member's view of
-/// this host's own state may be before this host takes it as forged: an honest peer never holds
-/// more of this host's state than it published (chitchat only relays it), except one version
-/// that `trim_peer_states` may add to a state it cannot trim otherwise.
+/// How far beyond this host's own max version another member's view of this host's own state
+/// may go before this host takes it as forged: an honest peer never holds more of this host's
+/// state than it published (chitchat only relays it), except one version that
+/// `trim_peer_states` may add to a state it cannot trim otherwise.
 pub const OWN_STATE_AHEAD: u64 = 8;
 
 fn delta(
     buf: &mut &[u8],
     total: &mut usize,
     is_self: &impl Fn(&ChitchatId) -> bool,
-    own_ahead: &mut u64,
+    own_max: &mut Option<u64>,
 ) -> R<()> {
     let bytes = stream(buf, total)?;
     let mut cursor = &bytes[..];
     // The highest version named so far in the current node delta (keys strictly increase,
     // as chitchat's decoder requires; a `SetMaxVersion` sets it).
     let mut max: Option<u64> = None;
-    // The from version of a node delta about this host's own node, while in it.
-    let mut own_from: Option<u64> = None;
-    let mut own = false;
-    let mut note_own = |own_from: Option<u64>, max: Option<u64>| {
-        if let (Some(from), Some(m)) = (own_from, max) {
-            *own_ahead = (*own_ahead).max(m.saturating_sub(from));
+    // Whether the current node delta is about this host's own node, and whether any was.
+    let (mut in_own, mut own) = (false, false);
+    let mut note_own = |in_own: bool, max: Option<u64>| {
+        if let (true, Some(m)) = (in_own, max) {
+            *own_max = Some(own_max.map_or(m, |o| o.max(m)));
         }
     };
     while !cursor.is_empty() {
         let tag: u8 = de(&mut cursor)?;
         match tag {
             0 => {
-                note_own(own_from.take(), max);
+                note_own(in_own, max);
                 let id = node(&mut cursor)?;
                 version(de(&mut cursor)?)?;
-                let from = version(de(&mut cursor)?)?;
-                if is_self(&id) {
-                    own = true;
-                    own_from = Some(from);
-                }
+                version(de(&mut cursor)?)?;
+                in_own = is_self(&id);
+                own |= in_own;
                 max = Some(0);
             }
             1 => {
@@ -233,7 +230,7 @@ fn delta(
             _ => return Err(Unsafe::Undecodable),
         }
     }
-    note_own(own_from, max);
+    note_own(in_own, max);
     if own {
         return Err(Unsafe::OwnState);
     }
@@ -247,23 +244,23 @@ fn delta(
 /// # Errors
 /// Why the message must not reach chitchat (see the module docs).
 pub fn check(msg: &[u8], is_self: impl Fn(&ChitchatId) -> bool) -> R<Vec<(ChitchatId, u64)>> {
-    check_own(msg, is_self, &mut 0)
+    check_own(msg, is_self, &mut None)
 }
 
-/// [`check`], also telling in `own_ahead` how far ahead of its from version (what this host
-/// last reported to the sender) a delta about this host's own node goes, if the message has one
-/// (it is then refused as [`Unsafe::OwnState`]). More than [`OWN_STATE_AHEAD`]: the sender
-/// holds this host's state ahead of anything it published, which a member with the key forged
-/// (under this host's id, at the sender or before it); chitchat then takes none of this host's
-/// later updates there until they pass it (with a version near [`MAX_VERSION`], never), and
-/// sends this host its own node in every reply, which this host refuses whole.
+/// [`check`], also telling in `own_max` the highest version a delta about this host's own node
+/// names, if the message has one (it is then refused as [`Unsafe::OwnState`]). More than
+/// [`OWN_STATE_AHEAD`] beyond this host's own max version: the sender holds this host's state
+/// ahead of anything it published, which a member with the key forged (under this host's id,
+/// at the sender or before it); chitchat there then takes none of this host's later updates
+/// until they pass it (with a version near [`MAX_VERSION`], never), and sends this host its
+/// own node in every reply, which this host refuses whole.
 ///
 /// # Errors
 /// As [`check`].
 pub fn check_own(
     msg: &[u8],
     is_self: impl Fn(&ChitchatId) -> bool,
-    own_ahead: &mut u64,
+    own_max: &mut Option<u64>,
 ) -> R<Vec<(ChitchatId, u64)>> {
     let mut buf = msg;
     let magic: u16 = de(&mut buf)?;
@@ -282,11 +279,11 @@ pub fn check_own(
         }
         1 => {
             let d = digest(v1, &mut buf, &mut total)?;
-            delta(&mut buf, &mut total, &is_self, own_ahead)?;
+            delta(&mut buf, &mut total, &is_self, own_max)?;
             Ok(d)
         }
         2 => {
-            delta(&mut buf, &mut total, &is_self, own_ahead)?;
+            delta(&mut buf, &mut total, &is_self, own_max)?;
             Ok(Vec::new())
         }
         3 => Ok(Vec::new()),
@@ -664,46 +661,40 @@ mod tests {
         ChitchatId::new(name.to_string(), 7, ([192, 0, 2, 1], port).into())
     }
 
-    /// A delta about this host's own node is refused, and says how far ahead of its from
-    /// version (what this host reported) it goes: one version (what `trim_peer_states` may add
-    /// at an honest peer) is not taken as forged; a state pushed ahead by a member with the key
-    /// is, in an Ack or a `SynAck`, wherever it sits among the node deltas.
+    /// A delta about this host's own node is refused, and names the highest version it holds
+    /// of it (in an Ack or a `SynAck`, wherever it sits among the node deltas, a reset one
+    /// included), which the transport weighs against this host's own max version.
     #[test]
-    fn a_delta_about_this_hosts_own_node_says_how_far_ahead_it_goes() {
+    fn a_delta_about_this_hosts_own_node_names_how_far_it_goes() {
         let me = id("me", 1);
         let other = id("other", 2);
         let is_me = |i: &ChitchatId| *i == me;
-        let ahead = |msg: &[u8]| {
-            let mut a = 0;
-            assert_eq!(check_own(msg, is_me, &mut a), Err(Unsafe::OwnState));
-            a
+        let own_max = |msg: &[u8]| {
+            let mut m = None;
+            assert_eq!(check_own(msg, is_me, &mut m), Err(Unsafe::OwnState));
+            m
         };
         let trimmed = craft::ack(&[Op::Node(&me, 40, 40), Op::SetMax(41)]);
-        assert_eq!(ahead(&trimmed), 1);
-        assert!(ahead(&trimmed) <= OWN_STATE_AHEAD);
+        assert_eq!(own_max(&trimmed), Some(41));
         let forged = craft::syn_ack(
             &[(&other, 3, 9)],
             &[
                 Op::Node(&other, 0, 0),
                 Op::Kv("s", "1:1:1", 3),
-                Op::Node(&me, 0, 40),
+                Op::Node(&me, MAX_VERSION - 3, 0),
                 Op::Kv("zz", "forged", MAX_VERSION - 2),
                 Op::SetMax(MAX_VERSION - 2),
                 Op::Node(&id("empty", 3), 0, 0),
             ],
         );
-        assert_eq!(ahead(&forged), MAX_VERSION - 42);
+        assert_eq!(own_max(&forged), Some(MAX_VERSION - 2));
         let keys_only = craft::ack(&[Op::Node(&me, 0, 40), Op::Kv("zz", "x", 1_000)]);
-        assert_eq!(ahead(&keys_only), 960);
+        assert_eq!(own_max(&keys_only), Some(1_000));
         // Another member's delta says nothing of this host's own state.
-        let mut a = 0;
-        assert!(check_own(
-            &craft::ack(&[Op::Node(&other, 0, 0), Op::Kv("s", "x", 9)]),
-            is_me,
-            &mut a
-        )
-        .is_ok());
-        assert_eq!(a, 0);
+        let mut m = None;
+        let theirs = craft::ack(&[Op::Node(&other, 0, 0), Op::Kv("s", "x", 9)]);
+        assert!(check_own(&theirs, is_me, &mut m).is_ok());
+        assert_eq!(m, None);
     }
 
     /// The crafted messages of the review are refused, each for its reason; the same messages

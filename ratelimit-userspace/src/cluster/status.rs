@@ -273,6 +273,9 @@ pub struct Shared {
     /// This agent's identity as sealed into its datagrams ([`super::wire::sender_tag`] of the
     /// running gossip incarnation).
     pub self_tag: AtomicU64,
+    /// This agent's own max version in its gossip state, as of its last publish: no peer can
+    /// hold more of its state than that (see [`super::inspect::check_own`]).
+    pub own_max_version: AtomicU64,
 }
 
 /// Most (source address, sender identity) pairs remembered as having sent an authentic datagram.

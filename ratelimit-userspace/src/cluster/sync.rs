@@ -286,6 +286,7 @@ impl SyncLoop {
             // A loop that ended is restarted here (as a new incarnation, see [`Gossip`]).
             chitchat.supervise().await;
             let self_id = chitchat.handle().chitchat_id().clone();
+            let own_max_version = &shared.own_max_version;
             let (views, dropped) = chitchat
                 .handle()
                 .with_chitchat(|c| {
@@ -306,6 +307,9 @@ impl SyncLoop {
                         node.iter_prefix(KEY_PREFIX).map(|(k, _)| k),
                     );
                     node.set(SYNC_KEY, value);
+                    // No peer can hold more of this host's state than this (a delta about it
+                    // beyond is forged, see `inspect::check_own`).
+                    own_max_version.store(node.max_version(), std::sync::atomic::Ordering::Relaxed);
                     let trimmed = trim_peer_states(c, &self_id, max_keys);
                     let now = monotonic_ns();
                     let (views, dropped, stored) = read_peers(

@@ -339,10 +339,16 @@ impl SecureSocket {
                 && super::wire::sender_tag(&id.node_id, id.generation_id) == sender
         };
         let now_ms = crate::maps::bucket::monotonic_ns() / 1_000_000;
-        let mut own_ahead = 0;
-        let checked = super::inspect::check_own(&message, is_self, &mut own_ahead);
-        if own_ahead > super::inspect::OWN_STATE_AHEAD {
-            self.own_state_forged = Some((from, own_ahead));
+        let mut named = None;
+        let checked = super::inspect::check_own(&message, is_self, &mut named);
+        let own_max = self
+            .shared
+            .own_max_version
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if let Some(named) =
+            named.filter(|&v| v > own_max.saturating_add(super::inspect::OWN_STATE_AHEAD))
+        {
+            self.own_state_forged = Some((from, named - own_max));
         }
         let checked = checked.and_then(|digest| {
             self.heartbeats.check(&digest, is_sender, now_ms)?;
