@@ -330,6 +330,21 @@ fn compressed_blocks(body: &[u8], out: &mut Vec<u8>) {
 /// # Errors
 /// [`Unsafe::Undecodable`] if `msg` is not a message [`check`] accepts.
 pub fn strip(msg: &[u8], keep: impl Fn(&ChitchatId) -> bool) -> R<Vec<u8>> {
+    rewrite(msg, keep, |_| false)
+}
+
+/// [`strip`], also writing the heartbeat of the entries whose id `freeze` names as 0: chitchat
+/// takes no heartbeat from them (it keeps the highest one heard), so its failure detector stops
+/// hearing those members through this message, while the rest of their entry (the versions the
+/// sender holds) still tells it what the sender knows.
+///
+/// # Errors
+/// [`Unsafe::Undecodable`] if `msg` is not a message [`check`] accepts.
+pub fn rewrite(
+    msg: &[u8],
+    keep: impl Fn(&ChitchatId) -> bool,
+    freeze: impl Fn(&ChitchatId) -> bool,
+) -> R<Vec<u8>> {
     use chitchat::Serializable;
     let mut buf = msg;
     let _magic: u16 = de(&mut buf)?;
@@ -347,7 +362,16 @@ pub fn strip(msg: &[u8], keep: impl Fn(&ChitchatId) -> bool) -> R<Vec<u8>> {
             let start = *cursor;
             let (id, _) = digest_entry(cursor)?;
             if keep(&id) {
-                kept.extend_from_slice(&start[..start.len() - cursor.len()]);
+                let entry = &start[..start.len() - cursor.len()];
+                if freeze(&id) {
+                    // `id`, then the heartbeat, last GC and max versions (8 bytes each).
+                    let hb = entry.len() - 24;
+                    kept.extend_from_slice(&entry[..hb]);
+                    kept.extend_from_slice(&0u64.to_le_bytes());
+                    kept.extend_from_slice(&entry[hb + 8..]);
+                } else {
+                    kept.extend_from_slice(entry);
+                }
                 n += 1;
             }
             i += 1;

@@ -274,7 +274,8 @@ pub struct Shared {
     /// running gossip incarnation).
     pub self_tag: AtomicU64,
     /// This agent's own max version in its gossip state, as of its last publish: no peer can
-    /// hold more of its state than that (see [`super::inspect::check_own`]).
+    /// hold more of its state than that (see [`super::inspect::check_own`]); 0 before the
+    /// first.
     pub own_max_version: AtomicU64,
 }
 
@@ -296,6 +297,13 @@ impl Authenticated {
             }
         }
         self.0.insert((from, sender), now);
+    }
+
+    /// Whether identity `sender` sealed an authentic datagram that came from `from` at or after
+    /// `since`.
+    #[must_use]
+    pub fn heard_since(&self, from: SocketAddr, sender: u64, since: u64) -> bool {
+        self.0.get(&(from, sender)).is_some_and(|t| *t >= since)
     }
 
     /// The (address, identity) pairs that sent an authentic datagram at or after `since`, with
