@@ -1077,12 +1077,14 @@ mod tests {
         );
         assert!(a_shared.counters.values().probes_withheld > 0);
         assert_eq!(alive_late, 0, "ids that never spoke are still alive at a");
-        // From 4 s after the grace on: gossip as without them.
+        // From 4 s after the grace on: gossip as without them (all within 100 ms on an idle
+        // machine; 0-3 of 10 a second while the ids were alive; two thirds leaves room for a
+        // loaded one).
         let (published, reached) = seen[9..]
             .iter()
             .fold((0, 0), |(p, r), &(pp, rr)| (p + pp, r + rr));
         assert!(
-            reached * 10 >= published * 9,
+            reached * 3 >= published * 2,
             "{reached} of {published} of a's values reached b within 100 ms: {seen:?}"
         );
         for h in [a, b] {
