@@ -250,6 +250,9 @@ struct PeerTrack {
     rates: HashMap<KeyName, f64>,
     /// When (here) its sync key last moved on.
     synced_ns: u64,
+    /// Whether the keys read at its sync of this sequence make the digest it names (see
+    /// [`Round::holders`]).
+    attested: Option<(u64, bool)>,
     published: usize,
     charged_pkts: u64,
     charged_bytes: u64,
@@ -389,6 +392,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                     keys: HashMap::new(),
                     rates: HashMap::new(),
                     synced_ns: now,
+                    attested: None,
                     published: 0,
                     charged_pkts: 0,
                     charged_bytes: 0,
@@ -412,6 +416,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                 track.counted = false;
                 track.rejoin_seq = None;
                 track.rates.clear();
+                track.attested = None;
                 continue;
             };
             // Every reading is checked before it counts: a peer with the key may write anything
@@ -435,6 +440,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                 track.counted = false;
                 track.rejoin_seq = None;
                 track.rates.clear();
+                track.attested = None;
                 track.keys.clear();
             }
             if !track.counted {
@@ -468,6 +474,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                 track.counted = true;
                 track.baseline_epoch = sync.2;
                 track.rates.clear();
+                track.attested = None;
                 track.keys = view
                     .keys
                     .iter()
@@ -550,11 +557,22 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
             // Its idle keys are held only if what is read of it is what it published (its
             // sync key names the digest of its keys): otherwise it holds only the keys it has
             // demand for (fail open: an idle key's part goes back to the other holders).
-            let attested = track.rates.values().any(|&r| r <= 0.0)
-                && view.keys_digest.as_deref().is_some_and(|d| {
-                    let read: Vec<String> = view.keys.iter().map(|(k, _)| k.to_key()).collect();
-                    keys_digest(read.iter().map(String::as_str)) == d
-                });
+            // Worked out once per sync of the peer (up to `max_keys` keys to hash): keys that
+            // arrive without a newer sync key are weighed at its next one, a round later.
+            let seq = track.sync.map_or(0, |s| s.0);
+            let attested = match track.attested {
+                Some((at, a)) if at == seq => a,
+                _ => {
+                    let a = track.rates.values().any(|&r| r <= 0.0)
+                        && view.keys_digest.as_deref().is_some_and(|d| {
+                            let read: Vec<String> =
+                                view.keys.iter().map(|(k, _)| k.to_key()).collect();
+                            keys_digest(read.iter().map(String::as_str)) == d
+                        });
+                    track.attested = Some((seq, a));
+                    a
+                }
+            };
             for (name, &rate) in &track.rates {
                 if limits.get(name).is_some() && (rate > 0.0 || attested) {
                     *round.holders.entry(name.clone()).or_default() += 1;
