@@ -154,13 +154,14 @@ impl Unproven {
             return false;
         }
         if !self.0.contains_key(id) && self.0.len() >= MAX_PROBE_MEMORY {
+            // The one named first goes (the ids a digest may name here are bounded far below
+            // this, see `Introductions`; one still named comes back with a grace of its own).
             if let Some(old) = self
                 .0
                 .iter()
-                .max_by_key(|(_, t)| **t)
+                .min_by_key(|(_, t)| **t)
                 .map(|(k, _)| k.clone())
             {
-                // The newest goes first: the old ones are frozen already.
                 self.0.remove(&old);
             }
         }
