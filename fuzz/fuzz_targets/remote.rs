@@ -16,7 +16,7 @@ use std::{
 
 use libfuzzer_sys::fuzz_target;
 use ratelimit::cluster::{
-    publish::{Count, KeyName},
+    publish::{keys_digest, Count, KeyName},
     remote::{ClusterLimits, Limits, PeerView, RemoteTracker},
 };
 
@@ -122,6 +122,15 @@ fuzz_target!(|data: &[u8]| {
                     // for peers not heard directly.
                     heard_at: None,
                     sync: peer.sync,
+                    // What an honest peer's sync key names: the keys it publishes.
+                    keys_digest: Some(keys_digest(
+                        peer.keys
+                            .iter()
+                            .map(|(k, _)| k.to_key())
+                            .collect::<Vec<_>>()
+                            .iter()
+                            .map(String::as_str),
+                    )),
                     keys: peer.keys.iter().map(|(k, c)| (k.clone(), *c)).collect(),
                 }
             })

@@ -449,6 +449,13 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
     )?;
     single(
         enc,
+        "ratelimit_cluster_probes_withheld",
+        "Gossip messages not sent to an address that has not answered lately, beyond a probe a \
+         second to each and four a second in all (see cluster::transport).",
+        &ConstCounter::new(c.probes_withheld),
+    )?;
+    single(
+        enc,
         "ratelimit_cluster_send_errors",
         "Gossip sends that failed.",
         &ConstCounter::new(c.send_errors),

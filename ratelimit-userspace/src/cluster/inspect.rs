@@ -168,22 +168,40 @@ fn digest(v1: bool, buf: &mut &[u8], total: &mut usize) -> R<Vec<(ChitchatId, u6
     Ok(entries)
 }
 
-fn delta(buf: &mut &[u8], total: &mut usize, is_self: &impl Fn(&ChitchatId) -> bool) -> R<()> {
+/// How far beyond this host's own max version another member's view of this host's own state
+/// may go before this host takes it as forged: an honest peer never holds more of this host's
+/// state than it published (chitchat only relays it), except one version that
+/// `trim_peer_states` may add to a state it cannot trim otherwise.
+pub const OWN_STATE_AHEAD: u64 = 8;
+
+fn delta(
+    buf: &mut &[u8],
+    total: &mut usize,
+    is_self: &impl Fn(&ChitchatId) -> bool,
+    own_max: &mut Option<u64>,
+) -> R<()> {
     let bytes = stream(buf, total)?;
     let mut cursor = &bytes[..];
     // The highest version named so far in the current node delta (keys strictly increase,
     // as chitchat's decoder requires; a `SetMaxVersion` sets it).
     let mut max: Option<u64> = None;
+    // Whether the current node delta is about this host's own node, and whether any was.
+    let (mut in_own, mut own) = (false, false);
+    let mut note_own = |in_own: bool, max: Option<u64>| {
+        if let (true, Some(m)) = (in_own, max) {
+            *own_max = Some(own_max.map_or(m, |o| o.max(m)));
+        }
+    };
     while !cursor.is_empty() {
         let tag: u8 = de(&mut cursor)?;
         match tag {
             0 => {
+                note_own(in_own, max);
                 let id = node(&mut cursor)?;
-                if is_self(&id) {
-                    return Err(Unsafe::OwnState);
-                }
                 version(de(&mut cursor)?)?;
                 version(de(&mut cursor)?)?;
+                in_own = is_self(&id);
+                own |= in_own;
                 max = Some(0);
             }
             1 => {
@@ -212,6 +230,10 @@ fn delta(buf: &mut &[u8], total: &mut usize, is_self: &impl Fn(&ChitchatId) -> b
             _ => return Err(Unsafe::Undecodable),
         }
     }
+    note_own(in_own, max);
+    if own {
+        return Err(Unsafe::OwnState);
+    }
     Ok(())
 }
 
@@ -222,6 +244,24 @@ fn delta(buf: &mut &[u8], total: &mut usize, is_self: &impl Fn(&ChitchatId) -> b
 /// # Errors
 /// Why the message must not reach chitchat (see the module docs).
 pub fn check(msg: &[u8], is_self: impl Fn(&ChitchatId) -> bool) -> R<Vec<(ChitchatId, u64)>> {
+    check_own(msg, is_self, &mut None)
+}
+
+/// [`check`], also telling in `own_max` the highest version a delta about this host's own node
+/// names, if the message has one (it is then refused as [`Unsafe::OwnState`]). More than
+/// [`OWN_STATE_AHEAD`] beyond this host's own max version: the sender holds this host's state
+/// ahead of anything it published, which a member with the key forged (under this host's id,
+/// at the sender or before it); chitchat there then takes none of this host's later updates
+/// until they pass it (with a version near [`MAX_VERSION`], never), and sends this host its
+/// own node in every reply, which this host refuses whole.
+///
+/// # Errors
+/// As [`check`].
+pub fn check_own(
+    msg: &[u8],
+    is_self: impl Fn(&ChitchatId) -> bool,
+    own_max: &mut Option<u64>,
+) -> R<Vec<(ChitchatId, u64)>> {
     let mut buf = msg;
     let magic: u16 = de(&mut buf)?;
     let protocol: u8 = de(&mut buf)?;
@@ -239,11 +279,11 @@ pub fn check(msg: &[u8], is_self: impl Fn(&ChitchatId) -> bool) -> R<Vec<(Chitch
         }
         1 => {
             let d = digest(v1, &mut buf, &mut total)?;
-            delta(&mut buf, &mut total, &is_self)?;
+            delta(&mut buf, &mut total, &is_self, own_max)?;
             Ok(d)
         }
         2 => {
-            delta(&mut buf, &mut total, &is_self)?;
+            delta(&mut buf, &mut total, &is_self, own_max)?;
             Ok(Vec::new())
         }
         3 => Ok(Vec::new()),
@@ -290,6 +330,21 @@ fn compressed_blocks(body: &[u8], out: &mut Vec<u8>) {
 /// # Errors
 /// [`Unsafe::Undecodable`] if `msg` is not a message [`check`] accepts.
 pub fn strip(msg: &[u8], keep: impl Fn(&ChitchatId) -> bool) -> R<Vec<u8>> {
+    rewrite(msg, keep, |_| false)
+}
+
+/// [`strip`], also writing the heartbeat of the entries whose id `freeze` names as 0: chitchat
+/// takes no heartbeat from them (it keeps the highest one heard), so its failure detector stops
+/// hearing those members through this message, while the rest of their entry (the versions the
+/// sender holds) still tells it what the sender knows.
+///
+/// # Errors
+/// [`Unsafe::Undecodable`] if `msg` is not a message [`check`] accepts.
+pub fn rewrite(
+    msg: &[u8],
+    keep: impl Fn(&ChitchatId) -> bool,
+    freeze: impl Fn(&ChitchatId) -> bool,
+) -> R<Vec<u8>> {
     use chitchat::Serializable;
     let mut buf = msg;
     let _magic: u16 = de(&mut buf)?;
@@ -307,7 +362,16 @@ pub fn strip(msg: &[u8], keep: impl Fn(&ChitchatId) -> bool) -> R<Vec<u8>> {
             let start = *cursor;
             let (id, _) = digest_entry(cursor)?;
             if keep(&id) {
-                kept.extend_from_slice(&start[..start.len() - cursor.len()]);
+                let entry = &start[..start.len() - cursor.len()];
+                if freeze(&id) {
+                    // `id`, then the heartbeat, last GC and max versions (8 bytes each).
+                    let hb = entry.len() - 24;
+                    kept.extend_from_slice(&entry[..hb]);
+                    kept.extend_from_slice(&0u64.to_le_bytes());
+                    kept.extend_from_slice(&entry[hb + 8..]);
+                } else {
+                    kept.extend_from_slice(entry);
+                }
                 n += 1;
             }
             i += 1;
@@ -619,6 +683,42 @@ mod tests {
 
     fn id(name: &str, port: u16) -> ChitchatId {
         ChitchatId::new(name.to_string(), 7, ([192, 0, 2, 1], port).into())
+    }
+
+    /// A delta about this host's own node is refused, and names the highest version it holds
+    /// of it (in an Ack or a `SynAck`, wherever it sits among the node deltas, a reset one
+    /// included), which the transport weighs against this host's own max version.
+    #[test]
+    fn a_delta_about_this_hosts_own_node_names_how_far_it_goes() {
+        let me = id("me", 1);
+        let other = id("other", 2);
+        let is_me = |i: &ChitchatId| *i == me;
+        let own_max = |msg: &[u8]| {
+            let mut m = None;
+            assert_eq!(check_own(msg, is_me, &mut m), Err(Unsafe::OwnState));
+            m
+        };
+        let trimmed = craft::ack(&[Op::Node(&me, 40, 40), Op::SetMax(41)]);
+        assert_eq!(own_max(&trimmed), Some(41));
+        let forged = craft::syn_ack(
+            &[(&other, 3, 9)],
+            &[
+                Op::Node(&other, 0, 0),
+                Op::Kv("s", "1:1:1", 3),
+                Op::Node(&me, MAX_VERSION - 3, 0),
+                Op::Kv("zz", "forged", MAX_VERSION - 2),
+                Op::SetMax(MAX_VERSION - 2),
+                Op::Node(&id("empty", 3), 0, 0),
+            ],
+        );
+        assert_eq!(own_max(&forged), Some(MAX_VERSION - 2));
+        let keys_only = craft::ack(&[Op::Node(&me, 0, 40), Op::Kv("zz", "x", 1_000)]);
+        assert_eq!(own_max(&keys_only), Some(1_000));
+        // Another member's delta says nothing of this host's own state.
+        let mut m = None;
+        let theirs = craft::ack(&[Op::Node(&other, 0, 0), Op::Kv("s", "x", 9)]);
+        assert!(check_own(&theirs, is_me, &mut m).is_ok());
+        assert_eq!(m, None);
     }
 
     /// The crafted messages of the review are refused, each for its reason; the same messages

@@ -39,8 +39,47 @@ pub struct KeyName {
 /// as a rule named `RULE/K`, which no rule can be (a name has no `/`): ignored, never charged to
 /// another rule's bucket. The sealed datagram format is unchanged (`RLC3`).
 pub const KEY_PREFIX: &str = "c/";
-/// The chitchat key carrying `SEQ:UNIX_MS:NEXT_EPOCH`, written last in every sync.
+/// The chitchat key carrying `SEQ:UNIX_MS:NEXT_EPOCH:KEYS`, written last in every sync: `KEYS`
+/// is the [`keys_digest`] of the consumption keys the member publishes as of that sync (agents
+/// before it wrote the first three fields only).
 pub const SYNC_KEY: &str = "s";
+
+/// A digest of a set of consumption keys (chitchat keys, `c/...`; in any order): the first 16
+/// bytes of SHA-256 over them sorted, one a line, as 32 hex digits.
+///
+/// A member names the digest of the keys it publishes in its sync key; a peer holding keys of
+/// it that do not make that digest holds keys it did not publish (a key relayed under its id by
+/// another member with the cluster key, which chitchat keeps for as long as the member lives,
+/// since the member never re-sets or deletes a key it does not have), and does not count its
+/// idle keys as held by it (see [`super::remote::Round::holders`]). A second set with the same
+/// digest takes about 2^128 tries.
+#[must_use]
+pub fn keys_digest<'a>(keys: impl IntoIterator<Item = &'a str>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut keys: Vec<&str> = keys.into_iter().collect();
+    keys.sort_unstable();
+    let mut h = Sha256::new();
+    for k in keys {
+        h.update(k.as_bytes());
+        h.update(b"\n");
+    }
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The value of [`SYNC_KEY`]: sync sequence `seq`, this host's Unix time `unix_ms`, the next
+/// epoch it will give a key, and the [`keys_digest`] of the consumption keys it publishes.
+#[must_use]
+pub fn sync_value<'a>(
+    seq: u64,
+    unix_ms: u64,
+    next_epoch: u64,
+    keys: impl IntoIterator<Item = &'a str>,
+) -> String {
+    format!("{seq}:{unix_ms}:{next_epoch}:{}", keys_digest(keys))
+}
 
 impl KeyName {
     /// The chitchat key.

@@ -25,7 +25,7 @@
 
 use std::{collections::HashMap, hash::Hash};
 
-use super::publish::{Count, KeyName};
+use super::publish::{keys_digest, Count, KeyName};
 
 /// A peer as read from chitchat's state in one sync.
 #[derive(Clone, Debug)]
@@ -46,15 +46,26 @@ pub struct PeerView<P> {
     pub heard_at: Option<u64>,
     /// Its sync key: `(sequence, Unix ms, next epoch)`, once it arrived.
     pub sync: Option<(u64, u64, u64)>,
+    /// The [`keys_digest`] its sync key names: of the keys it publishes as of that sync (None
+    /// from an agent of before it, or without a sync key).
+    pub keys_digest: Option<String>,
     /// Its consumption keys (at most `max_keys` of them, in key order).
     pub keys: Vec<(KeyName, Count)>,
 }
 
-/// Parses a sync key's value, `SEQ:UNIX_MS:NEXT_EPOCH` (see [`PeerView::sync`]).
+/// Parses a sync key's value, `SEQ:UNIX_MS:NEXT_EPOCH` (and a fourth field, the [`keys_digest`], read
+/// by [`parse_keys_digest`]; see [`PeerView::sync`]).
 #[must_use]
 pub fn parse_sync(value: &str) -> Option<(u64, u64, u64)> {
     let mut it = value.split(':').map(str::parse::<u64>);
     Some((it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?))
+}
+
+/// The [`keys_digest`] a sync key's value names (its fourth field), if any.
+#[must_use]
+pub fn parse_keys_digest(value: &str) -> Option<String> {
+    let d = value.split(':').nth(3)?;
+    (d.len() == 32 && d.bytes().all(|b| b.is_ascii_hexdigit())).then(|| d.to_ascii_lowercase())
 }
 
 /// The local limit a remote key is charged to (one limit of a rule: its own or a
@@ -239,6 +250,9 @@ struct PeerTrack {
     rates: HashMap<KeyName, f64>,
     /// When (here) its sync key last moved on.
     synced_ns: u64,
+    /// Whether the keys read at its sync of this sequence make the digest it names (see
+    /// [`Round::holders`]).
+    attested: Option<(u64, bool)>,
     published: usize,
     charged_pkts: u64,
     charged_bytes: u64,
@@ -276,7 +290,11 @@ pub struct Round<P> {
     pub demand: HashMap<KeyName, Vec<(P, f64)>>,
     /// Per key of a cluster-scoped limit here, how many counted peers hold it: publish it with
     /// a known demand (0 included; not stale). Each of them has a bucket of the key, which the
-    /// budget is divided between (see [`super::charge::share`]).
+    /// budget is divided between (see [`super::charge::share`]). A key with no demand counts
+    /// only if the keys read from the peer are the ones its sync key names ([`keys_digest`]):
+    /// a key relayed under the peer's id by another member with the cluster key stays in
+    /// chitchat's state of the peer for as long as it lives, idle; read as held, it kept a
+    /// source at a part of its rate here for that long, after the relaying member had stopped.
     pub holders: HashMap<KeyName, u32>,
     /// Keys read from counted peers.
     pub keys_synced: u64,
@@ -374,6 +392,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                     keys: HashMap::new(),
                     rates: HashMap::new(),
                     synced_ns: now,
+                    attested: None,
                     published: 0,
                     charged_pkts: 0,
                     charged_bytes: 0,
@@ -397,6 +416,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                 track.counted = false;
                 track.rejoin_seq = None;
                 track.rates.clear();
+                track.attested = None;
                 continue;
             };
             // Every reading is checked before it counts: a peer with the key may write anything
@@ -420,6 +440,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                 track.counted = false;
                 track.rejoin_seq = None;
                 track.rates.clear();
+                track.attested = None;
                 track.keys.clear();
             }
             if !track.counted {
@@ -453,6 +474,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                 track.counted = true;
                 track.baseline_epoch = sync.2;
                 track.rates.clear();
+                track.attested = None;
                 track.keys = view
                     .keys
                     .iter()
@@ -532,8 +554,27 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
             if now.saturating_sub(track.synced_ns) > self.stale_ns {
                 continue;
             }
+            // Its idle keys are held only if what is read of it is what it published (its
+            // sync key names the digest of its keys): otherwise it holds only the keys it has
+            // demand for (fail open: an idle key's part goes back to the other holders).
+            // Worked out once per sync of the peer (up to `max_keys` keys to hash): keys that
+            // arrive without a newer sync key are weighed at its next one, a round later.
+            let seq = track.sync.map_or(0, |s| s.0);
+            let attested = match track.attested {
+                Some((at, a)) if at == seq => a,
+                _ => {
+                    let a = track.rates.values().any(|&r| r <= 0.0)
+                        && view.keys_digest.as_deref().is_some_and(|d| {
+                            let read: Vec<String> =
+                                view.keys.iter().map(|(k, _)| k.to_key()).collect();
+                            keys_digest(read.iter().map(String::as_str)) == d
+                        });
+                    track.attested = Some((seq, a));
+                    a
+                }
+            };
             for (name, &rate) in &track.rates {
-                if limits.get(name).is_some() {
+                if limits.get(name).is_some() && (rate > 0.0 || attested) {
                     *round.holders.entry(name.clone()).or_default() += 1;
                     if rate > 0.0 {
                         round
@@ -628,6 +669,14 @@ mod tests {
             heartbeat: hb,
             heard_at: None,
             sync: Some((hb, hb * 100, epoch_next)),
+            keys_digest: Some(keys_digest(
+                counts
+                    .iter()
+                    .map(|_| name().to_key())
+                    .collect::<Vec<_>>()
+                    .iter()
+                    .map(String::as_str),
+            )),
             keys: counts
                 .iter()
                 .map(|&(epoch, demand)| {
@@ -917,6 +966,105 @@ mod tests {
         assert!(!r.holders.contains_key(&other));
     }
 
+    /// A member with the key, under ten identities of its own (each counted), publishes the
+    /// victim's key with no demand, a source it never saw: each identity holds it, so the victim
+    /// keeps `1 / 11` of the rate and burst here while idle. That is less than a claim can do
+    /// (a claim of any demand takes the share to its floor, see the tests below), and it is no
+    /// throttle of a polite source: its share is never below its own demand over the rate, so
+    /// its bucket refills at least as fast as it sends. It ends with the publishing: the round
+    /// after the identities stop publishing the key, a lag allowance after they stop syncing
+    /// (cut off, stopped), at once when they are no longer counted.
+    #[test]
+    fn holders_without_demand_never_take_a_polite_source_below_its_demand_and_leave_with_their_syncs(
+    ) {
+        let l = limits();
+        let ids: Vec<String> = (0..10).map(|i| format!("x{i}")).collect();
+        let attackers = |seq: u64, with_key: bool, heard: bool| -> Vec<PeerView<String>> {
+            ids.iter()
+                .map(|id| PeerView {
+                    live: heard,
+                    ..view(id, seq, 2, if with_key { &[(1, 0)] } else { &[] })
+                })
+                .collect()
+        };
+        for end in ["unpublished", "cut off", "not counted"] {
+            let mut t = RemoteTracker::new(3 * S, LAG);
+            t.round(0, &attackers(1, false, true), &l);
+            let mut r = Round::default();
+            for seq in 2..=20 {
+                r = t.round(seq * 100 * MS, &attackers(seq, true, true), &l);
+            }
+            assert_eq!(
+                (r.hosts_holding(&name()), r.peer_demand(&name())),
+                (11, 0.0)
+            );
+            let s = victim_share(&r);
+            assert!((s - (200.0 + 800.0 / 11.0) / 1000.0).abs() < 1e-9, "{s}");
+            assert!(s >= 0.2, "never below the victim's own demand: {s}");
+            let idle = crate::cluster::charge::share(0.0, 0.0, 1.0, Some(1000.0), 11.0);
+            assert!((idle - 1.0 / 11.0).abs() < 1e-9);
+            // The attack ends.
+            let at = |i: u64| (20 + i) * 100 * MS;
+            let rounds: Vec<u32> = (1..=5)
+                .map(|i| {
+                    let views = match end {
+                        "unpublished" => attackers(20 + i, false, true),
+                        "cut off" => attackers(20, true, true),
+                        _ => attackers(20 + i, true, false),
+                    };
+                    t.round(at(i), &views, &l).hosts_holding(&name())
+                })
+                .collect();
+            let expected: &[u32] = match end {
+                // Stale once its sync key is more than the allowance (3 intervals) old.
+                "cut off" => &[11, 11, 11, 1, 1],
+                _ => &[1, 1, 1, 1, 1],
+            };
+            assert_eq!(rounds, expected, "{end}");
+        }
+    }
+
+    /// A member with the key relays, under an honest member's id, a key that member never
+    /// published: the victim's key, idle (`1:0:0:0`). chitchat keeps it in that member's state
+    /// for as long as the member lives (the member never re-sets or deletes a key it does not
+    /// have), beside its real keys and its sync key, which keeps moving. Read as a key the
+    /// member holds, it kept the victim at `1 / 2` of the rate and of the burst here long after
+    /// the attacker had stopped (or been removed): for the member's whole life, past every bound
+    /// the README documents. A member's idle keys count as held only while its sync key names
+    /// exactly the keys read from it ([`PeerView::keys_attested`]).
+    #[test]
+    fn a_key_relayed_under_another_members_id_is_not_held_by_it_once_the_attacker_stops() {
+        let mut t = RemoteTracker::new(3 * S, LAG);
+        let l = limits();
+        let other = KeyName {
+            addr: IpAddr::from([198, 18, 0, 7]),
+            ..name()
+        };
+        // The honest member `a` publishes one idle key of its own, `other`; the attacker's relay
+        // added the victim's key beside it (`a` keeps publishing, its sync moving on).
+        let a = |seq: u64| PeerView {
+            keys: vec![
+                (other.clone(), Count::parse("1:0:0:0").unwrap()),
+                (name(), Count::parse("1:0:0:0").unwrap()),
+            ],
+            // What its sync key names: the one key it publishes.
+            keys_digest: Some(keys_digest([other.to_key().as_str()])),
+            ..view("a", seq, 2, &[])
+        };
+        t.round(0, &[a(1)], &l);
+        let mut held = Vec::new();
+        for seq in 2..=100u64 {
+            let r = t.round(seq * 100 * MS, &[a(seq)], &l);
+            held.push(r.hosts_holding(&name()));
+        }
+        let r = t.round(101 * 100 * MS, &[a(101)], &l);
+        assert_eq!(
+            (r.hosts_holding(&name()), victim_share(&r)),
+            (1, 1.0),
+            "10 s after the relay, the victim is held by nobody but this host: {held:?}"
+        );
+    }
+
     /// A peer of before demand was published (`EPOCH:PKTS:BYTES`): its admitted packets are its
     /// demand.
     #[test]
@@ -958,6 +1106,7 @@ mod tests {
             heartbeat: hb,
             heard_at: None,
             sync: parse_sync(sync),
+            keys_digest: parse_keys_digest(sync),
             keys: vec![(name(), Count::parse(count).unwrap())],
         }
     }

@@ -116,6 +116,10 @@ pub struct CounterValues {
     /// Ids left out of authentic digests before the gossip library saw them: new members beyond
     /// what their sender may introduce (see `cluster::inspect::Introductions`).
     pub digest_ids_stripped: u64,
+    /// Gossip messages not sent to an address that has not sent this host an authentic datagram
+    /// lately, beyond a probe a second to each and four a second in all (see
+    /// `cluster::transport`): ids at addresses nobody there asked for.
+    pub probes_withheld: u64,
     /// Sends that failed (peer unreachable, no route, a message too large for a datagram).
     pub send_errors: u64,
     /// Sync rounds run.
@@ -180,6 +184,8 @@ pub struct Counters {
     pub rejected_unsafe: AtomicU64,
     /// See [`CounterValues::digest_ids_stripped`].
     pub digest_ids_stripped: AtomicU64,
+    /// See [`CounterValues::probes_withheld`].
+    pub probes_withheld: AtomicU64,
     /// See [`CounterValues::send_errors`].
     pub send_errors: AtomicU64,
     /// See [`CounterValues::syncs`].
@@ -233,6 +239,7 @@ impl Counters {
             rejected_malformed: self.rejected_malformed.load(Relaxed),
             rejected_unsafe: self.rejected_unsafe.load(Relaxed),
             digest_ids_stripped: self.digest_ids_stripped.load(Relaxed),
+            probes_withheld: self.probes_withheld.load(Relaxed),
             send_errors: self.send_errors.load(Relaxed),
             syncs: self.syncs.load(Relaxed),
             keys_published: self.keys_published.load(Relaxed),
@@ -266,6 +273,10 @@ pub struct Shared {
     /// This agent's identity as sealed into its datagrams ([`super::wire::sender_tag`] of the
     /// running gossip incarnation).
     pub self_tag: AtomicU64,
+    /// This agent's own max version in its gossip state, as of its last publish: no peer can
+    /// hold more of its state than that (see [`super::inspect::check_own`]); 0 before the
+    /// first.
+    pub own_max_version: AtomicU64,
 }
 
 /// Most (source address, sender identity) pairs remembered as having sent an authentic datagram.
@@ -286,6 +297,13 @@ impl Authenticated {
             }
         }
         self.0.insert((from, sender), now);
+    }
+
+    /// Whether identity `sender` sealed an authentic datagram that came from `from` at or after
+    /// `since`.
+    #[must_use]
+    pub fn heard_since(&self, from: SocketAddr, sender: u64, since: u64) -> bool {
+        self.0.get(&(from, sender)).is_some_and(|t| *t >= since)
     }
 
     /// The (address, identity) pairs that sent an authentic datagram at or after `since`, with

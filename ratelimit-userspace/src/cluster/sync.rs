@@ -18,7 +18,8 @@ use super::{
     gossip::Gossip,
     partition::Partition,
     publish::{
-        candidate_rate, BucketObs, Count, Heaviest, KeyName, LocalTracker, KEY_PREFIX, SYNC_KEY,
+        candidate_rate, sync_value, BucketObs, Count, Heaviest, KeyName, LocalTracker, KEY_PREFIX,
+        SYNC_KEY,
     },
     remote::{ClusterLimits, DemandWindow, Limits, PeerView, RemoteTracker, Round},
     status::{Counters, PeerStatus, Shared},
@@ -285,6 +286,7 @@ impl SyncLoop {
             // A loop that ended is restarted here (as a new incarnation, see [`Gossip`]).
             chitchat.supervise().await;
             let self_id = chitchat.handle().chitchat_id().clone();
+            let own_max_version = &shared.own_max_version;
             let (views, dropped) = chitchat
                 .handle()
                 .with_chitchat(|c| {
@@ -295,8 +297,19 @@ impl SyncLoop {
                     for k in &deleted {
                         node.delete(k);
                     }
-                    // Last: a peer holding this sync key holds every key set before it.
-                    node.set(SYNC_KEY, format!("{seq}:{unix_ms}:{next_epoch}"));
+                    // Last: a peer holding this sync key holds every key set before it. It
+                    // names the keys published now (`keys_digest`): a peer holding keys of
+                    // this host that do not make it holds one relayed under this host's id.
+                    let value = sync_value(
+                        seq,
+                        unix_ms,
+                        next_epoch,
+                        node.iter_prefix(KEY_PREFIX).map(|(k, _)| k),
+                    );
+                    node.set(SYNC_KEY, value);
+                    // No peer can hold more of this host's state than this (a delta about it
+                    // beyond is forged, see `inspect::check_own`).
+                    own_max_version.store(node.max_version(), std::sync::atomic::Ordering::Relaxed);
                     let trimmed = trim_peer_states(c, &self_id, max_keys);
                     let now = monotonic_ns();
                     let (views, dropped, stored) = read_peers(
@@ -826,10 +839,9 @@ fn read_peers(
             others += 1;
         }
         // A silent member's sync key is not read: it cannot be counted this round.
-        let sync = state
-            .get(SYNC_KEY)
-            .filter(|_| standing != Standing::Silent)
-            .and_then(super::remote::parse_sync);
+        let sync_value = state.get(SYNC_KEY).filter(|_| standing != Standing::Silent);
+        let sync = sync_value.and_then(super::remote::parse_sync);
+        let keys_digest = sync_value.and_then(super::remote::parse_keys_digest);
         views.push(PeerView {
             id: (*id).clone(),
             live: matches!(
@@ -843,6 +855,7 @@ fn read_peers(
             heartbeat: u64::from(state.heartbeat()),
             heard_at: direct(id),
             sync,
+            keys_digest,
             keys,
         });
     }
@@ -1186,5 +1199,129 @@ mod tests {
             c.self_node_state().set(format!("{KEY_PREFIX}x/{i}"), "v");
         }
         assert_eq!(trim_peer_states(&mut c, &me, max_keys), 0);
+    }
+
+    /// What gossip leaves in a host's chitchat state when a member with the key relays, under an
+    /// honest member's id, an idle key of a source that member never published (a delta with
+    /// the next version of that member: chitchat applies it, and keeps the key for as long as
+    /// the member lives, since the member never re-sets or deletes a key it does not have). Its
+    /// sync key names the digest of the keys it publishes, so the keys read here no longer make
+    /// it: its idle keys are not held (fail open), and the relayed key never holds the source
+    /// at a part of its rate here. Before, the source was held by two hosts here for ever
+    /// (`1 / 2` of its rate and burst) once the relaying member had stopped.
+    #[test]
+    fn a_key_relayed_under_a_members_id_is_told_apart_by_its_sync_key() {
+        let me = id("me", 1, 1);
+        let a = id("a", 1, 2);
+        let mut own = chitchat(&a);
+        let mut here = chitchat(&me);
+        let key = |addr: [u8; 4]| KeyName {
+            rule: "flood".into(),
+            limit: 0,
+            addr: std::net::IpAddr::from(addr),
+        };
+        let (its, victim) = (key([198, 18, 0, 7]), key([198, 18, 0, 100]));
+        // `a` publishes one idle key, then its sync key, as the sync loop does.
+        let publish = |own: &mut chitchat::Chitchat, seq: u64| {
+            let node = own.self_node_state();
+            node.set(its.to_key(), "1:0:0:0");
+            let v = sync_value(
+                seq,
+                seq * 100,
+                2,
+                node.iter_prefix(KEY_PREFIX).map(|(k, _)| k),
+            );
+            node.set(SYNC_KEY, v);
+        };
+        // Gossip brings `a`'s state here (plus `extra`, relayed under its id).
+        let deliver = |own: &mut chitchat::Chitchat,
+                       here: &mut chitchat::Chitchat,
+                       extra: Option<(String, u64)>| {
+            let node = own.self_node_state();
+            let mut kvs: Vec<(String, chitchat::VersionedValue)> = here
+                .node_state(&a)
+                .map(|s| {
+                    s.key_values_including_deleted()
+                        .map(|(k, v)| (k.to_string(), v.clone()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut max = here
+                .node_state(&a)
+                .map_or(0, chitchat::NodeState::max_version);
+            for (k, v) in node.key_values_including_deleted() {
+                if v.version > max {
+                    kvs.retain(|(x, _)| x != k);
+                    kvs.push((k.to_string(), v.clone()));
+                }
+            }
+            max = max.max(node.max_version());
+            if let Some((k, version)) = extra {
+                kvs.push((k, value("1:0:0:0", version, false)));
+                max = max.max(version);
+            }
+            here.reset_node_state_if_update(&a, kvs.into_iter(), max, 0);
+        };
+        let limits = ClusterLimits::default().with(
+            "flood",
+            0,
+            Limits {
+                pkt_interval_ns: 1_000_000,
+                pkt_tolerance_ns: 500_000_000,
+                byte_interval_fp: 0,
+                byte_tolerance_ns: 0,
+            },
+        );
+        let mut tracker: RemoteTracker<ChitchatId> = RemoteTracker::new(3_000_000_000, 300_000_000);
+        let mut round = |here: &chitchat::Chitchat, seq: u64| {
+            let (views, _, _) = read_peers(
+                here,
+                &me,
+                1000,
+                |_| true,
+                |_| Some(seq * 100_000_000),
+                |_, _| true,
+            );
+            tracker.round(seq * 100_000_000, &views, &limits)
+        };
+        for seq in 1..=3 {
+            publish(&mut own, seq);
+            deliver(&mut own, &mut here, None);
+            round(&here, seq);
+        }
+        let r = round(&here, 4);
+        assert_eq!(
+            (r.hosts_holding(&its), r.hosts_holding(&victim)),
+            (2, 1),
+            "its own idle key is held by it: {r:?}"
+        );
+        // The relay: the victim's key at `a`'s next version.
+        let next = here.node_state(&a).unwrap().max_version() + 1;
+        deliver(&mut own, &mut here, Some((victim.to_key(), next)));
+        // `a` carries on; the attacker is gone. Its sync key keeps moving here.
+        let mut held = Vec::new();
+        for seq in 5..=100 {
+            publish(&mut own, seq);
+            deliver(&mut own, &mut here, None);
+            let r = round(&here, seq);
+            held.push((r.hosts_holding(&its), r.hosts_holding(&victim)));
+        }
+        assert!(
+            here.node_state(&a).unwrap().get(&victim.to_key()).is_some(),
+            "chitchat keeps the relayed key"
+        );
+        assert_eq!(
+            here.node_state(&a)
+                .unwrap()
+                .get(SYNC_KEY)
+                .and_then(super::super::remote::parse_sync)
+                .map(|s| s.0),
+            Some(100),
+            "its sync key moved on"
+        );
+        assert!(
+            held[1..].iter().all(|&h| h == (1, 1)),
+            "the relayed key is never held, nor (fail open) its idle keys: {held:?}"
+        );
     }
 }

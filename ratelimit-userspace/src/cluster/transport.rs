@@ -109,7 +109,132 @@ impl Transport for SecureTransport {
             replay_full: 0,
             heartbeats: super::inspect::Heartbeats::default(),
             introductions: super::inspect::Introductions::default(),
+            probes: Probes::new(Instant::now()),
+            unproven: Unproven::default(),
+            own_state_forged: None,
         }))
+    }
+}
+
+/// How long an address that sent this host an authentic datagram may be sent to freely.
+pub const ANSWERED_FOR: Duration = Duration::from_secs(60);
+/// Datagrams per second, at most, to addresses that have not (their *probes*: a first Syn to a
+/// member learnt through gossip, to a seed, or to a member silent for [`ANSWERED_FOR`]), all
+/// together ...
+pub const PROBES_PER_S: f64 = 4.0;
+/// ... and this many at once.
+pub const PROBE_BURST: f64 = 8.0;
+/// One probe per address at most this often.
+pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// Most addresses remembered as answered or probed (the least recent forgotten first).
+const MAX_PROBE_MEMORY: usize = 1024;
+/// How long a member named in digests may go without sealing a datagram of its own that reaches
+/// this host from its address before digests stop moving its heartbeat here (see
+/// [`Unproven`]).
+pub const UNPROVEN_GRACE: Duration = Duration::from_secs(5);
+
+/// Members named in digests that have not sealed a datagram of their own to this host (from
+/// their address, within [`ANSWERED_FOR`]), with when first named. chitchat holds a member
+/// alive while digests move its heartbeat, and gossips with three live members a round: ids a
+/// member with the key names at addresses of its choice, their heartbeats kept moving, took
+/// those places from the real peers (with 60 of them, 13 of 49 values a host published reached
+/// its peer within 100 ms, instead of 49). Past [`UNPROVEN_GRACE`] (a new member learnt
+/// through gossip answers a probe within a second), their heartbeat in digests is written 0,
+/// which chitchat ignores: they are declared dead as a silent member is, and gossip goes to the
+/// members that speak.
+#[derive(Debug, Default)]
+struct Unproven(HashMap<chitchat::ChitchatId, Instant>);
+
+impl Unproven {
+    /// Whether `id`, named in a digest at `now`, is past its grace (`proven`: it sealed a
+    /// datagram of its own lately).
+    fn frozen(&mut self, id: &chitchat::ChitchatId, proven: bool, now: Instant) -> bool {
+        if proven {
+            self.0.remove(id);
+            return false;
+        }
+        if !self.0.contains_key(id) && self.0.len() >= MAX_PROBE_MEMORY {
+            // The one named first goes (the ids a digest may name here are bounded far below
+            // this, see `Introductions`; one still named comes back with a grace of its own).
+            if let Some(old) = self
+                .0
+                .iter()
+                .min_by_key(|(_, t)| **t)
+                .map(|(k, _)| k.clone())
+            {
+                self.0.remove(&old);
+            }
+        }
+        let first = *self.0.entry(id.clone()).or_insert(now);
+        now.saturating_duration_since(first) > UNPROVEN_GRACE
+    }
+}
+
+/// Where chitchat may send. chitchat gossips with the members it holds alive, and a digest
+/// may name any id at any address: a member with the key naming ids at addresses of its choice,
+/// with heartbeats kept moving, made every host send them its Syns (its whole digest) several
+/// times per gossip round, at the expense of its real peers (60 such ids at two hosts: 575
+/// datagrams, 269 KB, in 5 s, 115 a second). An address that sent this host an authentic
+/// datagram within [`ANSWERED_FOR`] is sent to freely; any other gets a probe at most every
+/// [`PROBE_EVERY`], and all of them together at most [`PROBES_PER_S`] (burst [`PROBE_BURST`]):
+/// enough to reach a seed or a new member (its answer makes it answered), never a stream to
+/// an address nobody there asked for.
+#[derive(Debug)]
+struct Probes {
+    answered: HashMap<SocketAddr, Instant>,
+    probed: HashMap<SocketAddr, Instant>,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Probes {
+    fn new(now: Instant) -> Self {
+        Self {
+            answered: HashMap::new(),
+            probed: HashMap::new(),
+            tokens: PROBE_BURST,
+            at: now,
+        }
+    }
+
+    fn remember(map: &mut HashMap<SocketAddr, Instant>, addr: SocketAddr, now: Instant) {
+        if map.len() >= MAX_PROBE_MEMORY && !map.contains_key(&addr) {
+            if let Some(old) = map.iter().min_by_key(|(_, t)| **t).map(|(a, _)| *a) {
+                map.remove(&old);
+            }
+        }
+        map.insert(addr, now);
+    }
+
+    /// An authentic datagram came from `from` at `now`.
+    fn answered(&mut self, from: SocketAddr, now: Instant) {
+        Self::remember(&mut self.answered, from, now);
+    }
+
+    /// Whether a datagram may go to `to` at `now` (a probe is then taken).
+    fn may_send(&mut self, to: SocketAddr, now: Instant) -> bool {
+        if self
+            .answered
+            .get(&to)
+            .is_some_and(|t| now.saturating_duration_since(*t) <= ANSWERED_FOR)
+        {
+            return true;
+        }
+        self.tokens = (self.tokens
+            + now.saturating_duration_since(self.at).as_secs_f64() * PROBES_PER_S)
+            .min(PROBE_BURST);
+        self.at = now;
+        if self.tokens < 1.0
+            || self
+                .probed
+                .get(&to)
+                .is_some_and(|t| now.saturating_duration_since(*t) < PROBE_EVERY)
+        {
+            return false;
+        }
+        self.tokens -= 1.0;
+        Self::remember(&mut self.probed, to, now);
+        true
     }
 }
 
@@ -137,6 +262,14 @@ struct SecureSocket {
     heartbeats: super::inspect::Heartbeats,
     /// The ids chitchat was let hear of (see [`super::inspect::Introductions`]).
     introductions: super::inspect::Introductions,
+    /// Where chitchat may send (see [`Probes`]).
+    probes: Probes,
+    /// Members only named in digests (see [`Unproven`]).
+    unproven: Unproven,
+    /// A sender that holds this host's own state ahead of anything it published, and how far
+    /// (see [`super::inspect::check_own`]): the gossip loop is ended, to be restarted as a new
+    /// incarnation, which its peers hold apart from the forged one.
+    own_state_forged: Option<(SocketAddr, u64)>,
 }
 
 fn counters(shared: &Shared) -> &Counters {
@@ -250,7 +383,20 @@ impl SecureSocket {
                 && super::wire::sender_tag(&id.node_id, id.generation_id) == sender
         };
         let now_ms = crate::maps::bucket::monotonic_ns() / 1_000_000;
-        let checked = super::inspect::check(&message, is_self).and_then(|digest| {
+        let mut named = None;
+        let checked = super::inspect::check_own(&message, is_self, &mut named);
+        let own_max = self
+            .shared
+            .own_max_version
+            .load(std::sync::atomic::Ordering::Relaxed);
+        // 0: not published yet (before the sync loop's first round, or a transport without
+        // one): not judged.
+        if let Some(named) = named
+            .filter(|&v| own_max > 0 && v > own_max.saturating_add(super::inspect::OWN_STATE_AHEAD))
+        {
+            self.own_state_forged = Some((from, named - own_max));
+        }
+        let checked = checked.and_then(|digest| {
             self.heartbeats.check(&digest, is_sender, now_ms)?;
             Ok(digest)
         });
@@ -258,17 +404,42 @@ impl SecureSocket {
             let refused =
                 self.introductions
                     .admit(&digest, from.ip(), is_sender, is_self, now_ms);
-            if refused.is_empty() {
+            let now = Instant::now();
+            let since = crate::maps::bucket::monotonic_ns()
+                .saturating_sub(u64::try_from(ANSWERED_FOR.as_nanos()).unwrap_or(u64::MAX));
+            let frozen: std::collections::HashSet<&chitchat::ChitchatId> = {
+                let authenticated = self
+                    .shared
+                    .authenticated
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                digest
+                    .iter()
+                    .map(|(id, _)| id)
+                    .filter(|id| !is_sender(id) && !is_self(id) && !refused.contains(*id))
+                    .filter(|id| {
+                        let proven = authenticated.heard_since(
+                            id.gossip_advertise_addr,
+                            super::wire::sender_tag(&id.node_id, id.generation_id),
+                            since,
+                        );
+                        self.unproven.frozen(id, proven, now)
+                    })
+                    .collect()
+            };
+            if refused.is_empty() && frozen.is_empty() {
                 return Ok(message);
             }
-            let n = c
-                .digest_ids_stripped
-                .fetch_add(refused.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            if n == 0 || n / 1000 != (n + refused.len() as u64) / 1000 {
-                tracing::warn!(%from, sender = sender, stripped = refused.len(), total = n + refused.len() as u64,
-                    "gossip digest names more new members than this sender may introduce: those left out");
+            if !refused.is_empty() {
+                let n = c
+                    .digest_ids_stripped
+                    .fetch_add(refused.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                if n == 0 || n / 1000 != (n + refused.len() as u64) / 1000 {
+                    tracing::warn!(%from, sender = sender, stripped = refused.len(), total = n + refused.len() as u64,
+                        "gossip digest names more new members than this sender may introduce: those left out");
+                }
             }
-            super::inspect::strip(&message, |id| !refused.contains(id))
+            super::inspect::rewrite(&message, |id| !refused.contains(id), |id| frozen.contains(id))
         });
         let message = match checked {
             Ok(message) => message,
@@ -283,6 +454,7 @@ impl SecureSocket {
             }
         };
         Counters::add(&c.messages_in, 1);
+        self.probes.answered(from, Instant::now());
         self.shared
             .authenticated
             .lock()
@@ -312,6 +484,15 @@ impl Socket for SecureSocket {
         to: SocketAddr,
         envelope: ChitchatEnvelope,
     ) -> anyhow::Result<SendOutcome> {
+        if !self.probes.may_send(to, Instant::now()) {
+            let n = counters(&self.shared)
+                .probes_withheld
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n.is_multiple_of(1000) {
+                tracing::warn!(%to, total = n + 1, "gossip not sent to an address that has not answered (a probe a second at most)");
+            }
+            return Ok(SendOutcome { num_bytes_sent: 0 });
+        }
         let relay_addr = self.relay(to).await?.local;
         // chitchat's own socket sends at most one datagram of 65,507 bytes: a larger message
         // (a digest grown past it) fails here. Counted and logged, not left to chitchat, which
@@ -383,7 +564,21 @@ impl Socket for SecureSocket {
                         ..outcome
                     });
                 }
-                Event::Public(Ok((len, from))) => self.accept(len, from).await?,
+                Event::Public(Ok((len, from))) => {
+                    self.accept(len, from).await?;
+                    // This host's own state, forged ahead at a peer (by a member with the key):
+                    // that peer takes none of its updates until they pass the forged version
+                    // (never, near the largest one), and this host refuses every reply of it.
+                    // Only a new incarnation is heard there again: end the loop (the
+                    // supervisor restarts it as one, see `super::gossip`).
+                    if let Some((from, ahead)) = self.own_state_forged.take() {
+                        tracing::error!(%from, versions_ahead = ahead, "a peer holds this host's own gossip state ahead of anything it published (forged by a member with the cluster key): gossip restarts as a new incarnation");
+                        return Err(anyhow::anyhow!(
+                            "{from} holds this host's gossip state {ahead} versions ahead of \
+                             what it published (forged by a member with the cluster key)"
+                        ));
+                    }
+                }
                 Event::Public(Err(e)) if is_transient(&e) => {}
                 Event::Public(Err(e)) => return Err(anyhow::anyhow!("gossip socket: {e}")),
             }
@@ -411,10 +606,21 @@ mod tests {
         let probe = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
         let addr = probe.local_addr().unwrap();
         drop(probe);
+        node_at(port_hint, secret, seeds, addr, 1).await
+    }
+
+    /// A node at `addr`, of incarnation `generation`.
+    async fn node_at(
+        port_hint: &str,
+        secret: u8,
+        seeds: &[SocketAddr],
+        addr: SocketAddr,
+        generation: u64,
+    ) -> (ChitchatHandle, Arc<Shared>, SocketAddr) {
         let shared = Arc::new(Shared::default());
         let key = ClusterKey::from_secret(&[secret; 32], "test").unwrap();
         let config = ChitchatConfig {
-            chitchat_id: ChitchatId::new(format!("{port_hint}/{addr}"), 1, addr),
+            chitchat_id: ChitchatId::new(format!("{port_hint}/{addr}"), generation, addr),
             cluster_id: "test".into(),
             gossip_interval: Duration::from_millis(50),
             listen_addr: addr,
@@ -768,5 +974,187 @@ mod tests {
         }
         assert_eq!(heard(&peer, Duration::from_millis(200)), None);
         handle.shutdown().await.unwrap();
+    }
+
+    async fn phantoms_alive(h: &ChitchatHandle) -> usize {
+        h.with_chitchat(|c| {
+            c.live_nodes()
+                .filter(|id| id.node_id.starts_with("phantom"))
+                .count()
+        })
+        .await
+    }
+
+    /// A member with the key names, in the digests it sends `a`, 60 ids at addresses of its
+    /// choice (a victim's), their heartbeats moving in every digest (10 a second), so chitchat at
+    /// `a` (and at `b`, which `a` tells of them) held them alive and gossiped with them. Before,
+    /// the two hosts sent those addresses 575 datagrams (269 KB) in 5 s, 115 a second, and the
+    /// ids took the gossip places of the real peer: 13 of 49 values `a` published reached `b`
+    /// within 100 ms (49 of 49 without them). Now each address that never answered gets a probe a
+    /// second at most, four a second in all (a burst of 8) per host, and once the ids have gone
+    /// [`UNPROVEN_GRACE`] without sealing a datagram of their own, digests no longer move their
+    /// heartbeats: they are declared dead, and `a`'s values reach `b` as without them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ids_at_addresses_that_never_answer_get_a_few_probes_not_a_stream() {
+        use crate::cluster::inspect::craft;
+        let (a, a_shared, a_addr) = node("a", 1, &[]).await;
+        let (b, b_shared, _) = node("b", 1, &[a_addr]).await;
+        exchanged(&a, &b).await;
+        let evil = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let evil_addr = evil.local_addr().unwrap();
+        let me = ChitchatId::new("evil".to_string(), 1, evil_addr);
+        let key = ClusterKey::from_secret(&[1; 32], "test").unwrap();
+        let mut codec = Codec::new(&key, "test", evil_addr);
+        codec.set_sender(super::super::wire::sender_tag("evil", 1));
+        let sinks: Vec<std::net::UdpSocket> = (0..60)
+            .map(|_| {
+                let s = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+                s.set_nonblocking(true).unwrap();
+                s
+            })
+            .collect();
+        let ids: Vec<ChitchatId> = sinks
+            .iter()
+            .enumerate()
+            .map(|(i, s)| ChitchatId::new(format!("phantom-{i}"), 1, s.local_addr().unwrap()))
+            .collect();
+        let start = Instant::now();
+        let mut hb = 1u64;
+        let mut updates = 0u32;
+        // Per second of the attack: values `a` published, and those `b` saw within 100 ms.
+        let mut seen = vec![(0u32, 0u32); 13];
+        let mut alive_early = 0;
+        while start.elapsed() < Duration::from_secs(13) {
+            hb += 1;
+            let mut entries = vec![(&me, hb, 0)];
+            entries.extend(ids.iter().map(|id| (id, hb, 0)));
+            for d in codec
+                .seal(&craft::syn(&entries, "test"), a_addr, unix_ms())
+                .unwrap()
+            {
+                evil.send_to(&d, a_addr).unwrap();
+            }
+            updates += 1;
+            let v = format!("a{updates}");
+            a.with_chitchat(|c| c.self_node_state().set("hello", v.clone()))
+                .await;
+            let second = usize::try_from(start.elapsed().as_secs()).unwrap().min(12);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            seen[second].0 += 1;
+            if sees(&b, &v).await {
+                seen[second].1 += 1;
+            }
+            if second == 3 {
+                alive_early = alive_early.max(phantoms_alive(&a).await);
+            }
+        }
+        let (mut datagrams, mut bytes) = (0usize, 0usize);
+        let mut buf = vec![0u8; 65_536];
+        for s in &sinks {
+            while let Ok(n) = s.recv(&mut buf) {
+                datagrams += 1;
+                bytes += n;
+            }
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        let alive_late = phantoms_alive(&a).await;
+        println!(
+            "phantoms alive at a: {alive_early} after 3 s, {alive_late} after 13 s; in \
+             {elapsed:.1} s: {datagrams} datagrams, {bytes} bytes to their addresses; (published, \
+             seen by b within 100 ms) each second: {seen:?}; withheld: a {}, b {}",
+            a_shared.counters.values().probes_withheld,
+            b_shared.counters.values().probes_withheld
+        );
+        assert!(
+            alive_early > 0,
+            "the phantoms were never alive: the test tests nothing"
+        );
+        let bound = 2.0 * (PROBE_BURST + PROBES_PER_S * elapsed);
+        #[expect(clippy::cast_precision_loss, reason = "a count")]
+        let sent = datagrams as f64;
+        assert!(
+            sent <= bound,
+            "{datagrams} datagrams to addresses that never answered (bound {bound})"
+        );
+        assert!(a_shared.counters.values().probes_withheld > 0);
+        assert_eq!(alive_late, 0, "ids that never spoke are still alive at a");
+        // From 4 s after the grace on: gossip as without them (all within 100 ms on an idle
+        // machine; 0-3 of 10 a second while the ids were alive; two thirds leaves room for a
+        // loaded one).
+        let (published, reached) = seen[9..]
+            .iter()
+            .fold((0, 0), |(p, r), &(pp, rr)| (p + pp, r + rr));
+        assert!(
+            reached * 3 >= published * 2,
+            "{reached} of {published} of a's values reached b within 100 ms: {seen:?}"
+        );
+        for h in [a, b] {
+            h.shutdown().await.unwrap();
+        }
+    }
+
+    /// A member with the key sends `a` one delta under `b`'s id, pushing `b`'s state at `a`
+    /// near the largest version. Before, `a` took none of `b`'s updates again (they all look
+    /// older), and sent `b` its own node in every reply, which `b` refused whole (221
+    /// `rejected{unsafe}` in 5 s): neither saw the other's values for as long as `b` lived,
+    /// each enforcing alone. Now `b` ends its gossip loop on the first such reply (the
+    /// supervisor restarts it as a new incarnation, which `a` holds apart from the forged
+    /// one), and the new incarnation and `a` see each other's values again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_members_state_forged_ahead_at_a_peer_is_left_behind_by_a_new_incarnation() {
+        use crate::cluster::inspect::craft::{self, Op};
+        let (a, _, a_addr) = node("a", 1, &[]).await;
+        let (b, b_shared, b_addr) = node("b", 1, &[a_addr]).await;
+        exchanged(&a, &b).await;
+        let b_id = b.chitchat_id().clone();
+        // What the sync loop publishes after each round: b's own max version.
+        let own = b.with_chitchat(|c| c.self_node_state().max_version()).await;
+        b_shared.own_max_version.store(own, Relaxed);
+        let evil = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let evil_addr = evil.local_addr().unwrap();
+        let me = ChitchatId::new("evil".to_string(), 1, evil_addr);
+        let key = ClusterKey::from_secret(&[1; 32], "test").unwrap();
+        let mut codec = Codec::new(&key, "test", evil_addr);
+        codec.set_sender(super::super::wire::sender_tag("evil", 1));
+        let at_a = a
+            .with_chitchat(|c| c.node_state(&b_id).unwrap().max_version())
+            .await;
+        let forged = crate::cluster::inspect::MAX_VERSION - 2;
+        let msg = craft::syn_ack(
+            &[(&me, 1, 0)],
+            &[
+                Op::Node(&b_id, 0, at_a),
+                Op::Kv("zz", "forged", forged),
+                Op::SetMax(forged),
+            ],
+        );
+        for d in codec.seal(&msg, a_addr, unix_ms()).unwrap() {
+            evil.send_to(&d, a_addr).unwrap();
+        }
+        let ended = tokio::time::timeout(Duration::from_secs(5), b.termination_watcher())
+            .await
+            .expect("b's gossip loop went on beside a peer holding its state forged ahead");
+        let error = format!("{:#}", ended.expect_err("ended with an error"));
+        assert!(error.contains("forged"), "{error}");
+        drop(b);
+        // The supervisor's restart: a new incarnation at the same address.
+        let (b2, _, _) = node_at("b", 1, &[a_addr], b_addr, 2).await;
+        for i in 0..3 {
+            a.with_chitchat(|c| c.self_node_state().set("hello", format!("a{i}")))
+                .await;
+            b2.with_chitchat(|c| c.self_node_state().set("hello", format!("b{i}")))
+                .await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !(sees(&a, "b2").await && sees(&b2, "a2").await) {
+            assert!(
+                Instant::now() < deadline,
+                "the new incarnation and a never exchanged state"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for h in [a, b2] {
+            h.shutdown().await.unwrap();
+        }
     }
 }
