@@ -293,6 +293,18 @@ impl Dataplane {
                     })?;
                     let link = FdLink::from(pinned);
                     let ifindex = ifindex(iface);
+                    if name == "skb" && gro_enabled(iface) == Some(true) {
+                        // The kernel runs a generic XDP program after GRO, once per merged
+                        // buffer: up to 64 segments of a TCP flow then take one packet token.
+                        tracing::warn!(
+                            iface,
+                            "attached in skb (generic) mode with GRO on: a packet limit counts \
+                             each buffer GRO merged as one packet (up to 64 segments of a TCP \
+                             flow), so it admits up to that many times its rate of such traffic; \
+                             byte limits count every byte. Native mode sees every frame; or turn \
+                             GRO off (`ethtool -K {iface} gro off`)"
+                        );
+                    }
                     self.attachments.push(Attachment {
                         iface: iface.to_string(),
                         mode: name,
@@ -1307,6 +1319,46 @@ pub fn ifindex(name: &str) -> u32 {
     };
     // SAFETY: a valid NUL-terminated string; if_nametoindex has no other precondition.
     unsafe { libc::if_nametoindex(c.as_ptr()) }
+}
+
+/// Whether generic receive offload is on for `iface` (`ETHTOOL_GGRO`), or `None` where the
+/// kernel does not say. In skb (generic) mode the XDP program runs after GRO, on what it merged.
+#[must_use]
+pub fn gro_enabled(iface: &str) -> Option<bool> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    /// `struct ethtool_value` of linux/ethtool.h.
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    /// `ETHTOOL_GGRO` of linux/ethtool.h.
+    const ETHTOOL_GGRO: u32 = 0x2b;
+    let name = iface.as_bytes();
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(&0) {
+        return None;
+    }
+    let mut value = EthtoolValue {
+        cmd: ETHTOOL_GGRO,
+        data: 0,
+    };
+    // SAFETY: an all-zero ifreq is valid (a zero name, a null union).
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, &src) in ifr.ifr_name.iter_mut().zip(name) {
+        *dst = src as libc::c_char;
+    }
+    ifr.ifr_ifru.ifru_data = (&raw mut value).cast();
+    // SAFETY: plain socket creation; the descriptor is owned below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a fresh descriptor this function owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: SIOCETHTOOL reads the NUL-terminated name and writes `value`, which outlives the
+    // call.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL, &raw mut ifr) };
+    (rc == 0).then_some(value.data != 0)
 }
 
 /// Whether `name` is an interface of this process's network namespace. (Not a look at

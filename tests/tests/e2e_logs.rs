@@ -6,7 +6,8 @@ use std::fs;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ratelimit_testbed::{require_root, veth_pair, AgentProcess, Netns};
+use ratelimit::dataplane::gro_enabled;
+use ratelimit_testbed::{in_netns, require_root, veth_pair, AgentProcess, Netns};
 use serde_json::Value;
 
 const RULE: &str = "[[rule]]\nname = \"r\"\nsource = \"198.18.0.0/24\"\nrate = 100\n";
@@ -96,4 +97,65 @@ fn a_refused_start_ends_with_a_json_error_record() {
             .is_some_and(|e| e.contains("rl-nosuch9") && e.contains("does not exist")),
         "the fatal record does not say why: {last}"
     );
+}
+
+/// Turns GRO on `iface` (of the calling thread's namespace) on or off (`ETHTOOL_SGRO`).
+fn set_gro(iface: &str, on: bool) {
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    const ETHTOOL_SGRO: u32 = 0x2c;
+    let mut value = EthtoolValue {
+        cmd: ETHTOOL_SGRO,
+        data: u32::from(on),
+    };
+    // SAFETY: an all-zero ifreq is valid; the name is shorter than IFNAMSIZ (a veth of the bed).
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, &src) in ifr.ifr_name.iter_mut().zip(iface.as_bytes()) {
+        *dst = src as libc::c_char;
+    }
+    ifr.ifr_ifru.ifru_data = (&raw mut value).cast();
+    // SAFETY: a plain socket, closed below; SIOCETHTOOL reads the name and `value`.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let rc = libc::ioctl(fd, libc::SIOCETHTOOL, &raw mut ifr);
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        assert_eq!(rc, 0, "ETHTOOL_SGRO {iface}: {err}");
+    }
+}
+
+/// README Limitations: in skb (generic) mode the kernel runs the program after GRO, once per
+/// merged buffer, so a packet limit counts what GRO merged as one packet. An attach in that mode
+/// with GRO on says so in the log (it was silent); with GRO off it does not.
+#[test]
+fn an_skb_mode_attach_with_gro_on_warns_that_a_packet_limit_counts_merged_packets() {
+    require_root();
+    let tx = Netns::new("rl-logs3-tx").unwrap();
+    let rx = Netns::new("rl-logs3-rx").unwrap();
+    let (_, rx_if) = veth_pair(&tx, &rx, "lgr").unwrap();
+    let config = format!("[agent]\ninterfaces = [\"{rx_if}\"]\nmode = \"skb\"\n\n{RULE}");
+    let warned = |log: &str| messages(log).iter().any(|m| m.contains("GRO on"));
+
+    in_netns(&rx, || set_gro(&rx_if, true));
+    assert_eq!(in_netns(&rx, || gro_enabled(&rx_if)), Some(true));
+    let agent = AgentProcess::spawn(&rx, &config, &["--log-format", "json"]).unwrap();
+    wait_for_message(&agent, "running;");
+    let log = agent.log();
+    agent.stop().unwrap();
+    assert!(
+        warned(&log),
+        "no GRO warning for an skb-mode attach with GRO on:\n{log}"
+    );
+
+    in_netns(&rx, || set_gro(&rx_if, false));
+    assert_eq!(in_netns(&rx, || gro_enabled(&rx_if)), Some(false));
+    let agent = AgentProcess::spawn(&rx, &config, &["--log-format", "json"]).unwrap();
+    wait_for_message(&agent, "running;");
+    let log = agent.log();
+    agent.stop().unwrap();
+    assert!(!warned(&log), "a GRO warning with GRO off:\n{log}");
 }
