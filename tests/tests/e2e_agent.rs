@@ -470,3 +470,38 @@ fn keep_attached_restart_keeps_enforcing_and_the_buckets() {
     assert!(second.stop().unwrap().success());
     bed.assert_no_xdp("after the second agent stopped");
 }
+
+/// The agent maps the bucket store (and the IPv4 table) once, however many of its parts open the
+/// pinned maps: the data plane, the bucket census and, with `[cluster]`, the sync each had their
+/// own mapping of the same kernel pages, which counted the store once more in the agent's
+/// resident memory for each (an idle agent with the default 64 MiB store read 141.5 MiB VmRSS).
+#[test]
+fn the_agent_maps_each_memory_mapped_map_once() {
+    let bed = bed("maps", &[]);
+    let config = format!(
+        "[agent]\ninterfaces = [\"{}\"]\nmax_buckets = 65536\n\n[[rule]]\nname = \"r\"\n\
+         source = \"198.18.0.0/24\"\nrate = 10\n",
+        bed.rx_if
+    );
+    let agent = AgentProcess::start(&bed.rx, &config, &[]).unwrap();
+    // The census is up (status answers with its count) before the maps are read.
+    let _ = agent.cli(&["status", "--json"]).json();
+    let pid = agent.pid().expect("a pid");
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mut sizes: std::collections::BTreeMap<u64, usize> = std::collections::BTreeMap::new();
+    for line in maps.lines().filter(|l| l.contains("bpf-map")) {
+        let range = line.split_whitespace().next().unwrap();
+        let (a, b) = range.split_once('-').unwrap();
+        let len = u64::from_str_radix(b, 16).unwrap() - u64::from_str_radix(a, 16).unwrap();
+        *sizes.entry(len).or_default() += 1;
+    }
+    println!("the agent's mappings of BPF maps, by length: {sizes:?}");
+    // The store: 65,536 records of 64 bytes.
+    assert_eq!(sizes.get(&(65_536 * 64)), Some(&1), "{maps}");
+    assert!(
+        sizes.values().all(|&n| n == 1),
+        "a map mapped twice: {sizes:?}\n{maps}"
+    );
+    assert!(agent.stop().unwrap().success());
+    bed.assert_no_xdp("after stop");
+}

@@ -236,12 +236,12 @@ fn open_pinned(dir: &Path, name: &str) -> Result<Map> {
 }
 
 /// The memory-mappable array pinned as `name` in `dir`, mapped into this process by `map`
-/// (given its descriptor and capacity); `what` names it in errors.
+/// (given its descriptor, map id and capacity); `what` names it in errors.
 fn open_mapped<T>(
     dir: &Path,
     name: &'static str,
     what: &str,
-    map: impl FnOnce(std::os::fd::BorrowedFd<'_>, u32) -> std::io::Result<T>,
+    map: impl FnOnce(std::os::fd::BorrowedFd<'_>, u32, u32) -> std::io::Result<T>,
 ) -> Result<T> {
     use std::os::fd::AsFd as _;
     let path = dir.join(name);
@@ -253,7 +253,7 @@ fn open_mapped<T>(
         });
     };
     let info = data.info().map_err(op(name))?;
-    map(data.fd().as_fd(), info.max_entries()).map_err(|e| MapsError::Open {
+    map(data.fd().as_fd(), info.id(), info.max_entries()).map_err(|e| MapsError::Open {
         path,
         reason: format!("mapping {what} into memory: {e}"),
     })
@@ -293,8 +293,8 @@ impl PinnedMaps {
             MappedStore::map,
         )?;
         // Its shape (ENTRIES entries of 16 words) was checked above.
-        let v4_table = open_mapped(dir, map_names::V4_TABLE, "the IPv4 table", |fd, _| {
-            MappedTable::map(fd)
+        let v4_table = open_mapped(dir, map_names::V4_TABLE, "the IPv4 table", |fd, id, _| {
+            MappedTable::map(fd, id)
         })?;
         Ok(Self {
             dir: dir.to_path_buf(),

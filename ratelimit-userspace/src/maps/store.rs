@@ -7,10 +7,14 @@
 //! `ratelimit_common::{Bucket, bucket_hash, victim_score}`.
 
 use std::{
+    collections::HashMap,
     io,
     ops::ControlFlow,
     os::fd::{AsRawFd as _, BorrowedFd},
-    sync::atomic::{AtomicU64, Ordering},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, OnceLock, PoisonError, Weak,
+    },
 };
 
 use ratelimit_common::{
@@ -21,15 +25,9 @@ use ratelimit_common::{
 
 /// The bucket store's records, mapped.
 pub struct MappedStore {
-    mapping: SharedMapping,
+    mapping: Arc<SharedMapping>,
     records: u32,
 }
-
-// SAFETY: the mapping is plain shared memory; every access below is a volatile copy or an atomic
-// operation, as the XDP program's are.
-unsafe impl Send for MappedStore {}
-// SAFETY: as above.
-unsafe impl Sync for MappedStore {}
 
 /// The first `bytes` of a memory-mappable BPF array, mapped shared into this process (read-write
 /// if the descriptor allows, else read-only) and unmapped when dropped. The bucket store and the
@@ -40,9 +38,43 @@ pub(super) struct SharedMapping {
     writable: bool,
 }
 
+/// The writable mappings this process holds, by map id and length (see [`SharedMapping::shared`]).
+type Mappings = Mutex<HashMap<(u32, usize), Weak<SharedMapping>>>;
+
+/// The process's [`Mappings`].
+fn mappings() -> &'static Mappings {
+    static MAPPINGS: OnceLock<Mappings> = OnceLock::new();
+    MAPPINGS.get_or_init(Mutex::default)
+}
+
+// SAFETY: the mapping is plain shared memory; every access through it (the store's, the IPv4
+// table's) is a volatile copy or an atomic operation, as the XDP program's are.
+unsafe impl Send for SharedMapping {}
+// SAFETY: as above.
+unsafe impl Sync for SharedMapping {}
+
 impl SharedMapping {
+    /// The first `bytes` of the array behind `fd` (map id `id`), mapped: the mapping this process
+    /// already holds of it, if one is writable, else a new one. The agent opens the pinned maps
+    /// more than once (its data plane, the bucket census, the cluster sync each have their own
+    /// handles, off one another's locks): mapped again each time, the same kernel pages counted
+    /// once more in its resident memory for every mapping (a 64 MiB store made an idle agent
+    /// 141.5 MiB instead of 74). A live mapping keeps its map alive, so its id names no other map.
+    pub(super) fn shared(fd: BorrowedFd<'_>, id: u32, bytes: usize) -> io::Result<Arc<Self>> {
+        let mut all = mappings().lock().unwrap_or_else(PoisonError::into_inner);
+        all.retain(|_, m| m.strong_count() > 0);
+        if let Some(m) = all.get(&(id, bytes)).and_then(Weak::upgrade) {
+            return Ok(m);
+        }
+        let m = Arc::new(Self::map(fd, bytes)?);
+        if m.writable {
+            all.insert((id, bytes), Arc::downgrade(&m));
+        }
+        Ok(m)
+    }
+
     /// Maps the first `bytes` of the array behind `fd`.
-    pub(super) fn map(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<Self> {
+    fn map(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<Self> {
         let try_map = |prot| {
             // SAFETY: a fresh shared mapping of a BPF array map; the kernel checks the length
             // against the map's size.
@@ -113,11 +145,12 @@ pub enum Slot {
 }
 
 impl MappedStore {
-    /// Maps the store behind `fd` (`records` records), writable if the descriptor allows.
-    pub fn map(fd: BorrowedFd<'_>, records: u32) -> io::Result<Self> {
+    /// Maps the store behind `fd` (map id `id`, `records` records), writable if the descriptor
+    /// allows (see [`SharedMapping::shared`]: one mapping per process).
+    pub fn map(fd: BorrowedFd<'_>, id: u32, records: u32) -> io::Result<Self> {
         let bytes = (records as usize * size_of::<Bucket>()).max(1);
         Ok(Self {
-            mapping: SharedMapping::map(fd, bytes)?,
+            mapping: SharedMapping::shared(fd, id, bytes)?,
             records,
         })
     }

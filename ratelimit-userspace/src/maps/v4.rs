@@ -9,7 +9,10 @@
 use std::{
     io,
     os::fd::BorrowedFd,
-    sync::atomic::{AtomicU32, Ordering},
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        Arc,
+    },
 };
 
 use ratelimit_common::v4_table;
@@ -18,23 +21,19 @@ use super::store::SharedMapping;
 
 /// The IPv4 table's words, mapped.
 pub struct MappedTable {
-    mapping: SharedMapping,
+    mapping: Arc<SharedMapping>,
 }
-
-// SAFETY: the mapping is plain shared memory, accessed only through atomics.
-unsafe impl Send for MappedTable {}
-// SAFETY: as above.
-unsafe impl Sync for MappedTable {}
 
 /// The whole map: its entries lie back to back (64 bytes each, a multiple of the kernel's 8).
 const BYTES: usize = v4_table::ENTRIES as usize * size_of::<v4_table::Entry>();
 
 impl MappedTable {
-    /// Maps the table behind `fd` (of [`v4_table::ENTRIES`] entries: the caller checked the
-    /// map's shape), writable if the descriptor allows.
-    pub fn map(fd: BorrowedFd<'_>) -> io::Result<Self> {
+    /// Maps the table behind `fd` (map id `id`, of [`v4_table::ENTRIES`] entries: the caller
+    /// checked the map's shape), writable if the descriptor allows (one mapping per process, see
+    /// `SharedMapping::shared`).
+    pub fn map(fd: BorrowedFd<'_>, id: u32) -> io::Result<Self> {
         Ok(Self {
-            mapping: SharedMapping::map(fd, BYTES)?,
+            mapping: SharedMapping::shared(fd, id, BYTES)?,
         })
     }
 
