@@ -55,44 +55,40 @@ pub fn bucket_addr(key: &BucketKey) -> IpAddr {
     }
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns` reads.
-#[must_use]
-pub fn monotonic_ns() -> u64 {
+/// What `f` (`clock_gettime` or `clock_getres` of one clock) writes, in nanoseconds, or `None` if
+/// it fails.
+fn timespec_ns(f: impl FnOnce(&mut libc::timespec) -> libc::c_int) -> Option<u64> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
+    (f(&mut ts) == 0).then(|| {
+        u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000
+            + u64::try_from(ts.tv_nsec).unwrap_or(0)
+    })
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns` reads.
+#[must_use]
+pub fn monotonic_ns() -> u64 {
     // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+    timespec_ns(|ts| unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, ts) }).unwrap_or(0)
 }
 
 /// `CLOCK_MONOTONIC_COARSE` in nanoseconds: the clock `bpf_ktime_get_coarse_ns` reads, never
 /// ahead of [`monotonic_ns`].
 #[must_use]
 pub fn monotonic_coarse_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
     // SAFETY: valid pointer to a timespec; CLOCK_MONOTONIC_COARSE exists since Linux 2.6.32.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+    timespec_ns(|ts| unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, ts) }).unwrap_or(0)
 }
 
 /// The tick of the coarse clock (`clock_getres` of `CLOCK_MONOTONIC_COARSE`: one jiffy, 4 ms at
 /// HZ=250), or 0 if the kernel does not say.
 #[must_use]
 pub fn coarse_tick_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
     // SAFETY: valid pointer to a timespec.
-    if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut ts) } != 0 {
-        return 0;
-    }
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+    timespec_ns(|ts| unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, ts) }).unwrap_or(0)
 }
 
 /// A bucket's state in user terms.
