@@ -1325,6 +1325,18 @@ pub fn ifindex(name: &str) -> u32 {
 /// kernel does not say. In skb (generic) mode the XDP program runs after GRO, on what it merged.
 #[must_use]
 pub fn gro_enabled(iface: &str) -> Option<bool> {
+    /// `ETHTOOL_GGRO` of linux/ethtool.h.
+    const ETHTOOL_GGRO: u32 = 0x2b;
+    ethtool_value(iface, ETHTOOL_GGRO, 0).ok().map(|v| v != 0)
+}
+
+/// One `struct ethtool_value` command (`cmd`, e.g. `ETHTOOL_GGRO` or `ETHTOOL_SGRO` of
+/// linux/ethtool.h, with `data`) on `iface` of this thread's network namespace, through
+/// `SIOCETHTOOL`: the `data` the kernel gives back.
+///
+/// # Errors
+/// A name that cannot be an interface's, or the socket's or the ioctl's error.
+pub fn ethtool_value(iface: &str, cmd: u32, data: u32) -> std::io::Result<u32> {
     use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
     /// `struct ethtool_value` of linux/ethtool.h.
     #[repr(C)]
@@ -1332,16 +1344,11 @@ pub fn gro_enabled(iface: &str) -> Option<bool> {
         cmd: u32,
         data: u32,
     }
-    /// `ETHTOOL_GGRO` of linux/ethtool.h.
-    const ETHTOOL_GGRO: u32 = 0x2b;
     let name = iface.as_bytes();
     if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(&0) {
-        return None;
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
     }
-    let mut value = EthtoolValue {
-        cmd: ETHTOOL_GGRO,
-        data: 0,
-    };
+    let mut value = EthtoolValue { cmd, data };
     // SAFETY: an all-zero ifreq is valid (a zero name, a null union).
     let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, &src) in ifr.ifr_name.iter_mut().zip(name) {
@@ -1351,14 +1358,16 @@ pub fn gro_enabled(iface: &str) -> Option<bool> {
     // SAFETY: plain socket creation; the descriptor is owned below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
-        return None;
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: a fresh descriptor this function owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: SIOCETHTOOL reads the NUL-terminated name and writes `value`, which outlives the
-    // call.
-    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL, &raw mut ifr) };
-    (rc == 0).then_some(value.data != 0)
+    // SAFETY: SIOCETHTOOL reads the NUL-terminated name and reads and writes `value`, which
+    // outlives the call.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCETHTOOL, &raw mut ifr) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(value.data)
 }
 
 /// Whether `name` is an interface of this process's network namespace. (Not a look at

@@ -6,7 +6,7 @@ use std::fs;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ratelimit::dataplane::gro_enabled;
+use ratelimit::dataplane::{ethtool_value, gro_enabled};
 use ratelimit_testbed::{in_netns, require_root, veth_pair, AgentProcess, Netns};
 use serde_json::Value;
 
@@ -99,32 +99,12 @@ fn a_refused_start_ends_with_a_json_error_record() {
     );
 }
 
-/// Turns GRO on `iface` (of the calling thread's namespace) on or off (`ETHTOOL_SGRO`).
+/// Turns GRO on `iface` (of the calling thread's namespace) on or off (`ETHTOOL_SGRO` of
+/// linux/ethtool.h).
 fn set_gro(iface: &str, on: bool) {
-    #[repr(C)]
-    struct EthtoolValue {
-        cmd: u32,
-        data: u32,
-    }
     const ETHTOOL_SGRO: u32 = 0x2c;
-    let mut value = EthtoolValue {
-        cmd: ETHTOOL_SGRO,
-        data: u32::from(on),
-    };
-    // SAFETY: an all-zero ifreq is valid; the name is shorter than IFNAMSIZ (a veth of the bed).
-    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, &src) in ifr.ifr_name.iter_mut().zip(iface.as_bytes()) {
-        *dst = src as libc::c_char;
-    }
-    ifr.ifr_ifru.ifru_data = (&raw mut value).cast();
-    // SAFETY: a plain socket, closed below; SIOCETHTOOL reads the name and `value`.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
-        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
-        let rc = libc::ioctl(fd, libc::SIOCETHTOOL, &raw mut ifr);
-        let err = std::io::Error::last_os_error();
-        libc::close(fd);
-        assert_eq!(rc, 0, "ETHTOOL_SGRO {iface}: {err}");
+    if let Err(e) = ethtool_value(iface, ETHTOOL_SGRO, u32::from(on)) {
+        panic!("ETHTOOL_SGRO {iface}: {e}");
     }
 }
 
