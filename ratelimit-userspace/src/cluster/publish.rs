@@ -54,13 +54,13 @@ pub const SYNC_KEY: &str = "s";
 /// idle keys as held by it (see [`super::remote::Round::holders`]). A second set with the same
 /// digest takes about 2^128 tries.
 #[must_use]
-pub fn keys_digest<'a>(keys: impl IntoIterator<Item = &'a str>) -> String {
+pub fn keys_digest<K: AsRef<str>>(keys: impl IntoIterator<Item = K>) -> String {
     use sha2::{Digest, Sha256};
-    let mut keys: Vec<&str> = keys.into_iter().collect();
-    keys.sort_unstable();
+    let mut keys: Vec<K> = keys.into_iter().collect();
+    keys.sort_unstable_by(|a, b| a.as_ref().cmp(b.as_ref()));
     let mut h = Sha256::new();
     for k in keys {
-        h.update(k.as_bytes());
+        h.update(k.as_ref().as_bytes());
         h.update(b"\n");
     }
     h.finalize()[..16]
@@ -72,11 +72,11 @@ pub fn keys_digest<'a>(keys: impl IntoIterator<Item = &'a str>) -> String {
 /// The value of [`SYNC_KEY`]: sync sequence `seq`, this host's Unix time `unix_ms`, the next
 /// epoch it will give a key, and the [`keys_digest`] of the consumption keys it publishes.
 #[must_use]
-pub fn sync_value<'a>(
+pub fn sync_value<K: AsRef<str>>(
     seq: u64,
     unix_ms: u64,
     next_epoch: u64,
-    keys: impl IntoIterator<Item = &'a str>,
+    keys: impl IntoIterator<Item = K>,
 ) -> String {
     format!("{seq}:{unix_ms}:{next_epoch}:{}", keys_digest(keys))
 }

@@ -565,9 +565,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                 _ => {
                     let a = track.rates.values().any(|&r| r <= 0.0)
                         && view.keys_digest.as_deref().is_some_and(|d| {
-                            let read: Vec<String> =
-                                view.keys.iter().map(|(k, _)| k.to_key()).collect();
-                            keys_digest(read.iter().map(String::as_str)) == d
+                            keys_digest(view.keys.iter().map(|(k, _)| k.to_key())) == d
                         });
                     track.attested = Some((seq, a));
                     a
@@ -669,14 +667,7 @@ mod tests {
             heartbeat: hb,
             heard_at: None,
             sync: Some((hb, hb * 100, epoch_next)),
-            keys_digest: Some(keys_digest(
-                counts
-                    .iter()
-                    .map(|_| name().to_key())
-                    .collect::<Vec<_>>()
-                    .iter()
-                    .map(String::as_str),
-            )),
+            keys_digest: Some(keys_digest(counts.iter().map(|_| name().to_key()))),
             keys: counts
                 .iter()
                 .map(|&(epoch, demand)| {
