@@ -772,6 +772,23 @@ pub const fn share_cost(cost: u64, share: u64) -> u64 {
     }
 }
 
+/// The tolerance a bucket of a limit with tolerance `tolerance` is judged against when a packet
+/// (or its bytes) costs it `cost` ([`share_cost`]): at least that cost, so a bucket at any share
+/// holds one packet. With a share below `1 / burst`, `cost` exceeds the tolerance and, held to
+/// it, the bucket refused every packet, full or not: a host holding a tiny part of a source's
+/// demand (or a spoofed frame's bucket) blocked the source there under the budget. Stretched only
+/// to one packet's cost, `tat - now` stays within the cost a share already charges, so once the
+/// shares lapse no packet waits longer than it would have at its share (fail open).
+#[inline(always)]
+#[must_use]
+pub const fn share_tolerance(tolerance: u64, cost: u64) -> u64 {
+    if cost > tolerance {
+        cost
+    } else {
+        tolerance
+    }
+}
+
 /// How far a bucket's 32-bit packet counter moved from `old` to `new` (it wraps), or `None` if it
 /// moved back. The program counts with plain read-modify-writes, so two CPUs updating one bucket
 /// in the same instant can make it step back a little (a stale write lands last); a reader that

@@ -8,7 +8,7 @@ use core::intrinsics::{atomic_cxchg, atomic_xadd, atomic_xsub, AtomicOrdering};
 
 use aya_ebpf::Global;
 use ratelimit_common::{
-    byte_cost_ns, global, rule_flags, share_cost, verdict, Bucket, Limit, Rule,
+    byte_cost_ns, global, rule_flags, share_cost, share_tolerance, verdict, Bucket, Limit, Rule,
     COARSE_LAG_DEFAULT_NS, SHARE_MASK,
 };
 
@@ -256,14 +256,10 @@ pub fn charge<P: Params>(
         0
     };
     if limits_pkts {
-        let clock = clock(
-            tat,
-            rule.flags(),
-            now,
-            (pkt_cost, rule.pkt_tolerance_ns()),
-            ck,
-        );
-        if let Charge::Exceeds { until } = gcra(tat, clock, pkt_cost, rule.pkt_tolerance_ns()) {
+        // At least one packet's cost, whatever the share (`share_tolerance`).
+        let tolerance = share_tolerance(rule.pkt_tolerance_ns(), pkt_cost);
+        let clock = clock(tat, rule.flags(), now, (pkt_cost, tolerance), ck);
+        if let Charge::Exceeds { until } = gcra(tat, clock, pkt_cost, tolerance) {
             *drop_until = until;
             return verdict::DROPPED_RATE;
         }
@@ -275,11 +271,14 @@ pub fn charge<P: Params>(
                 byte_tat,
                 rule.flags(),
                 now,
-                (byte_cost, rule.byte_tolerance_ns()),
+                (
+                    byte_cost,
+                    share_tolerance(rule.byte_tolerance_ns(), byte_cost),
+                ),
                 ck,
             ),
             byte_cost,
-            rule.byte_tolerance_ns(),
+            share_tolerance(rule.byte_tolerance_ns(), byte_cost),
         ) != Charge::Conforms
     {
         if limits_pkts {

@@ -169,7 +169,10 @@ pub fn set_share(
         match slot {
             Slot::Found(i) => {
                 let header = bucket_header(key.rule, key.family, gen);
-                let tolerances = (limit.pkt_tolerance_ns, limit.byte_tolerance_ns);
+                let tolerances = (
+                    (limit.pkt_tolerance_ns, limit.pkt_interval_ns),
+                    (limit.byte_tolerance_ns, 0),
+                );
                 if let Some(old) = maps.store().set_share(i, header, share, now, tolerances) {
                     return Ok(Some(old));
                 }

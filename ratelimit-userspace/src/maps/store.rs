@@ -392,7 +392,7 @@ impl MappedStore {
         header: u64,
         share: u16,
         now: u64,
-        tolerances: (u64, u64),
+        tolerances: ((u64, u64), (u64, u64)),
     ) -> Option<u16> {
         use ratelimit_common::{SHARE_MASK, SHARE_ONE};
         self.require_writable();
@@ -456,18 +456,35 @@ impl MappedStore {
 }
 
 /// The TAT that keeps a bucket's tokens when its share word changes from `from` to `to` (both
-/// effective: 1..=`SHARE_ONE`): its headroom `now + tolerance - max(tat, now)` scaled by
-/// `from / to`, at most the tolerance (a full bucket); `None` (leave it) for a bucket with no
-/// headroom (empty or in debt) or one whose tokens it would not change.
+/// effective: 1..=`SHARE_ONE`), for a limit whose whole-rate tolerance and cost are `tolerance`
+/// and `cost` (0 for bytes, whose cost varies by packet): its headroom `now + tolerance_w -
+/// max(tat, now)` scaled by `from / to`, at most a full bucket, where `tolerance_w` is the
+/// tolerance the program judges the bucket against at word `w` (at least one packet's cost:
+/// `ratelimit_common::share_tolerance`); `None` (leave it) for a bucket with no headroom (empty
+/// or in debt) or one whose tokens it would not change.
 #[must_use]
-pub fn keep_tokens(tat: u64, now: u64, tolerance: u64, from: u64, to: u64) -> Option<u64> {
+pub fn keep_tokens(
+    tat: u64,
+    now: u64,
+    (tolerance, cost): (u64, u64),
+    from: u64,
+    to: u64,
+) -> Option<u64> {
+    use ratelimit_common::{share_cost, share_tolerance};
     let base = tat.max(now);
-    let top = now.saturating_add(tolerance);
-    if to == from || to == 0 || base >= top {
+    if to == from || to == 0 {
         return None;
     }
-    let headroom = u128::from(top - base) * u128::from(from) / u128::from(to);
-    let new = top - u64::try_from(headroom).unwrap_or(u64::MAX).min(top - now);
+    let top_from = now.saturating_add(share_tolerance(tolerance, share_cost(cost, from)));
+    let tolerance_to = share_tolerance(tolerance, share_cost(cost, to));
+    if base >= top_from {
+        return None;
+    }
+    let headroom = u128::from(top_from - base) * u128::from(from) / u128::from(to);
+    let headroom = u64::try_from(headroom)
+        .unwrap_or(u64::MAX)
+        .min(tolerance_to);
+    let new = now.saturating_add(tolerance_to) - headroom;
     (new != base).then_some(new)
 }
 

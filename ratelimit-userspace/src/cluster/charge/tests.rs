@@ -1,5 +1,5 @@
 use super::*;
-use ratelimit_common::{share_cost, Bucket, SHARE_ONE};
+use ratelimit_common::{share_cost, share_tolerance, Bucket, SHARE_ONE};
 
 use crate::{cluster::remote::DemandWindow, maps::store::keep_tokens};
 
@@ -102,37 +102,40 @@ fn a_bucket_whose_share_changes_keeps_its_tokens_and_no_more() {
     // Held at nearly nothing, its TAT fell behind now: at the word's cost it holds no token; at
     // an eighth it would hold tol / 8 ms = 62 at once. Kept: its headroom scaled by 1 / 8192,
     // still no token at the new cost (8 ms).
-    let t = keep_tokens(now - 10 * S, now, tol, 1, SHARE_ONE / 8).unwrap();
+    let t = keep_tokens(now - 10 * S, now, (tol, 0), 1, SHARE_ONE / 8).unwrap();
     let headroom = now + tol - t;
     assert!(
         headroom < 8 * MS,
         "{headroom} ns of headroom: a token or more"
     );
     // Half full at 1/4 (cost 4 ms, 62 tokens of 125) to 1/2 (cost 2 ms): 62 tokens still.
-    let t = keep_tokens(now + 250 * MS, now, tol, SHARE_ONE / 4, SHARE_ONE / 2).unwrap();
+    let t = keep_tokens(now + 250 * MS, now, (tol, 0), SHARE_ONE / 4, SHARE_ONE / 2).unwrap();
     assert_eq!(now + tol - t, 125 * MS);
     // A share that shrinks: the same tokens too. 62 tokens at 1/2 (cost 2 ms, headroom 125 ms)
     // to 1/4 (cost 4 ms): headroom 250 ms.
-    let t = keep_tokens(now + 375 * MS, now, tol, SHARE_ONE / 2, SHARE_ONE / 4).unwrap();
+    let t = keep_tokens(now + 375 * MS, now, (tol, 0), SHARE_ONE / 2, SHARE_ONE / 4).unwrap();
     assert_eq!(now + tol - t, 250 * MS);
     // ... up to a full bucket: a full one stays full (nothing to write).
     assert_eq!(
-        keep_tokens(now, now, tol, SHARE_ONE / 2, SHARE_ONE / 4),
+        keep_tokens(now, now, (tol, 0), SHARE_ONE / 2, SHARE_ONE / 4),
         None
     );
     assert_eq!(
-        keep_tokens(now - S, now, tol, SHARE_ONE / 2, SHARE_ONE / 4),
+        keep_tokens(now - S, now, (tol, 0), SHARE_ONE / 2, SHARE_ONE / 4),
         None
     );
-    let t = keep_tokens(now + 300 * MS, now, tol, SHARE_ONE / 2, SHARE_ONE / 8).unwrap();
+    let t = keep_tokens(now + 300 * MS, now, (tol, 0), SHARE_ONE / 2, SHARE_ONE / 8).unwrap();
     assert_eq!(
         t, now,
         "200 ms of headroom x 4 is more than the tolerance: full"
     );
     // An empty bucket, one in debt, or no change: left alone.
-    assert_eq!(keep_tokens(now + tol, now, tol, 1, SHARE_ONE), None);
-    assert_eq!(keep_tokens(now + 2 * tol, now, tol, 1, SHARE_ONE), None);
-    assert_eq!(keep_tokens(now + 100 * MS, now, tol, 7, 7), None);
+    assert_eq!(keep_tokens(now + tol, now, (tol, 0), 1, SHARE_ONE), None);
+    assert_eq!(
+        keep_tokens(now + 2 * tol, now, (tol, 0), 1, SHARE_ONE),
+        None
+    );
+    assert_eq!(keep_tokens(now + 100 * MS, now, (tol, 0), 7, 7), None);
 }
 
 #[test]
@@ -202,7 +205,7 @@ impl Cluster {
                     h.demand += 1;
                     let cost = share_cost(l.pkt_interval_ns, u64::from(h.word));
                     let next = h.tat.max(self.now) + cost;
-                    if next - self.now <= l.pkt_tolerance_ns {
+                    if next - self.now <= share_tolerance(l.pkt_tolerance_ns, cost) {
                         h.tat = next;
                         h.admitted += 1;
                         admitted += 1;
@@ -228,9 +231,13 @@ impl Cluster {
                         share_word(share(self.published[i], peers, 1.0, Some(1000.0), hosts));
                     // As `MappedStore::set_share`: a bucket whose share changes keeps its tokens.
                     let eff = |w: u16| if w == 0 { SHARE_ONE } else { u64::from(w) };
-                    if let Some(t) =
-                        keep_tokens(h.tat, self.now, l.pkt_tolerance_ns, eff(h.word), eff(word))
-                    {
+                    if let Some(t) = keep_tokens(
+                        h.tat,
+                        self.now,
+                        (l.pkt_tolerance_ns, l.pkt_interval_ns),
+                        eff(h.word),
+                        eff(word),
+                    ) {
                         h.tat = t;
                     }
                     h.word = word;
@@ -355,12 +362,14 @@ fn a_claiming_peer_leaves_no_debt_and_the_source_recovers_a_round_after() {
     c.claim = 1e12;
     let during = c.run(60_000, 500.0, &[1.0, 1.0]);
     let l = limit();
+    // No debt beyond what the program judges the bucket against at its word: the tolerance, or
+    // one packet at that word (`share_tolerance`), which the next round's word takes back.
     for h in &c.hosts {
-        assert!(
-            h.tat <= c.now + l.pkt_tolerance_ns,
-            "debt: {} ms",
-            (h.tat - c.now) / MS
+        let most = share_tolerance(
+            l.pkt_tolerance_ns,
+            share_cost(l.pkt_interval_ns, u64::from(h.word)),
         );
+        assert!(h.tat <= c.now + most, "debt: {} ms", (h.tat - c.now) / MS);
     }
     // The claim starved the victim once the buckets, full when it began (demand was under the
     // budget), had spent what they held.
