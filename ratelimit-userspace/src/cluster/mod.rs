@@ -42,6 +42,8 @@ pub mod key;
 pub mod partition;
 pub mod publish;
 pub mod remote;
+#[cfg(test)]
+mod sim;
 pub mod status;
 pub mod sync;
 pub mod transport;

@@ -1,0 +1,393 @@
+//! A simulated cluster on a virtual clock, running the real share arithmetic: the agent's
+//! [`share`], [`share_word`], [`keep_tokens`] and [`DemandWindow`], and the XDP program's charge
+//! ([`share_cost`], [`share_tolerance`]; one GCRA step per batch of packets that arrive at one
+//! instant, as the program charges them one by one). Each host publishes its demand every sync
+//! interval; the others read it after the gossip delay (a round), or keep the older figure when
+//! the publication is lost. Arrivals are what real sources send: smooth, periodic bursts (a TCP
+//! window, a batch), on/off, Poisson, heavy-tailed bursts, a ramp, a split that moves, a source
+//! that appears at one host only, spoofed one-frame holders.
+//!
+//! The property test draws hosts 2-64, bursts 1-10,000, rates 1-10^6 packets/s and sync
+//! intervals 10-1,000 ms, and checks over every window of the run: the cluster admits at most
+//! the README's bound; over 7 s, at least 95% of what one bucket of the same rate and burst
+//! admits of the same arrivals; and under the budget (the arrivals conform to half the rate and
+//! burst), no host drops a packet.
+
+use ratelimit_common::{share_cost, share_tolerance, SHARE_ONE};
+
+use super::{
+    charge::{share, share_word},
+    remote::DemandWindow,
+};
+use crate::maps::store::keep_tokens;
+
+const MS: u64 = 1_000_000;
+/// The simulation's step: arrivals within a step come at one instant.
+const STEP: u64 = MS;
+
+/// A small deterministic generator (xorshift64*), so a failing case can be run again by its seed.
+#[derive(Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [0, 1).
+    #[expect(clippy::cast_precision_loss, reason = "a fraction")]
+    pub fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Log-uniform in [lo, hi].
+    pub fn log_uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        (lo.ln() + self.unit() * (hi.ln() - lo.ln())).exp()
+    }
+}
+
+/// One GCRA bucket, charged as the program charges: `k` packets arriving at `now`, each costing
+/// `cost` (the share's), judged against `share_tolerance(tolerance, cost)`. Returns how many
+/// conform.
+fn charge(tat: &mut u64, now: u64, k: u64, cost: u64, tolerance: u64) -> u64 {
+    let tol = share_tolerance(tolerance, cost);
+    let base = (*tat).max(now);
+    let room = (now + tol).saturating_sub(base) / cost.max(1);
+    let n = k.min(room);
+    *tat = base + n * cost;
+    n
+}
+
+/// A limit: rate (packets/s) and burst (packets), as the agent compiles them.
+#[derive(Clone, Copy, Debug)]
+pub struct Limit {
+    pub rate: f64,
+    pub burst: u64,
+}
+
+impl Limit {
+    fn interval(self) -> u64 {
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "ns"
+        )]
+        let i = (1e9 / self.rate).ceil() as u64;
+        i.max(1)
+    }
+    fn tolerance(self) -> u64 {
+        self.burst * self.interval()
+    }
+}
+
+#[derive(Clone, Default)]
+struct Host {
+    tat: u64,
+    word: u16,
+    /// Whether this host has a bucket of the key (it saw a packet of it).
+    holds: bool,
+    demand: u64,
+    admitted: u64,
+    window: DemandWindow,
+    /// What it published, as the others read it now.
+    published: Option<f64>,
+}
+
+/// A simulated cluster for one key.
+pub struct Sim {
+    pub limit: Limit,
+    pub sync: u64,
+    /// Probability that a host's publication is lost (its peers keep the older figure).
+    pub loss: f64,
+    hosts: Vec<Host>,
+    /// One bucket of the same limit, fed every arrival: the reference.
+    one_tat: u64,
+    pub now: u64,
+    rng: Rng,
+    /// Per step: (cluster admitted, one bucket admitted, arrivals).
+    pub steps: Vec<(u64, u64, u64)>,
+    /// Packets dropped by any host.
+    pub dropped: u64,
+}
+
+impl Sim {
+    pub fn new(hosts: usize, limit: Limit, sync_ms: u64, seed: u64) -> Self {
+        Self {
+            limit,
+            sync: sync_ms * MS,
+            loss: 0.05,
+            hosts: vec![Host::default(); hosts],
+            one_tat: 0,
+            now: 1_000_000 * MS,
+            rng: Rng::new(seed),
+            steps: Vec::new(),
+            dropped: 0,
+        }
+    }
+
+    /// One step: `arrivals[h]` packets reach host `h` at this instant.
+    pub fn step(&mut self, arrivals: &[u64]) {
+        self.now += STEP;
+        let interval = self.limit.interval();
+        let tolerance = self.limit.tolerance();
+        let mut admitted = 0;
+        let mut all = 0;
+        for (h, &k) in self.hosts.iter_mut().zip(arrivals) {
+            if k == 0 {
+                continue;
+            }
+            h.holds = true;
+            h.demand += k;
+            all += k;
+            let cost = share_cost(interval, u64::from(h.word));
+            let n = charge(&mut h.tat, self.now, k, cost, tolerance);
+            h.admitted += n;
+            admitted += n;
+            self.dropped += k - n;
+        }
+        let one = charge(&mut self.one_tat, self.now, all, interval, tolerance);
+        self.steps.push((admitted, one, all));
+        if self.now.is_multiple_of(self.sync) {
+            self.round();
+        }
+    }
+
+    /// A sync round at every host: read the others' published demand (a round old), set the
+    /// share word (keeping the bucket's tokens), then publish this round's figure.
+    fn round(&mut self) {
+        let now = self.now;
+        let interval = self.limit.interval();
+        let tolerance = self.limit.tolerance();
+        let fresh: Vec<Option<f64>> = self
+            .hosts
+            .iter_mut()
+            .map(|h| {
+                if !h.holds {
+                    return None;
+                }
+                h.window.push(now, h.demand);
+                (h.window.len() >= 2).then(|| h.window.rate(1e9))
+            })
+            .collect();
+        let holders = self
+            .hosts
+            .iter()
+            .filter(|h| h.holds && h.published.is_some())
+            .count();
+        let all: f64 = self.hosts.iter().filter_map(|h| h.published).sum();
+        #[expect(clippy::cast_precision_loss, reason = "64 hosts at most")]
+        let holders_f = holders as f64;
+        for h in &mut self.hosts {
+            let Some(own) = h.published else { continue };
+            // Fail open: a key no peer holds keeps the whole rate.
+            let s = share(own, all - own, 1.0, Some(self.limit.rate), holders_f);
+            let word = share_word(s);
+            let eff = |w: u16| if w == 0 { SHARE_ONE } else { u64::from(w) };
+            if let Some(t) = keep_tokens(h.tat, now, (tolerance, interval), eff(h.word), eff(word))
+            {
+                h.tat = t;
+            }
+            h.word = word;
+        }
+        for (h, f) in self.hosts.iter_mut().zip(fresh) {
+            if f.is_some() && self.rng.unit() >= self.loss {
+                h.published = f;
+            }
+        }
+    }
+
+    /// Cluster admitted, one bucket admitted and arrivals over steps `a..b`.
+    pub fn totals(&self, a: usize, b: usize) -> (u64, u64, u64) {
+        self.steps[a..b]
+            .iter()
+            .fold((0, 0, 0), |(x, y, z), &(p, q, r)| (x + p, y + q, z + r))
+    }
+
+    /// The most the cluster admitted over any window of `len` steps, over `rate x len`.
+    pub fn worst_excess(&self, len: usize) -> f64 {
+        let mut sum: u64 = self.steps[..len.min(self.steps.len())]
+            .iter()
+            .map(|s| s.0)
+            .sum();
+        #[expect(clippy::cast_precision_loss, reason = "packets")]
+        let budget = self.limit.rate * (len as f64) * STEP as f64 / 1e9;
+        #[expect(clippy::cast_precision_loss, reason = "packets")]
+        let mut worst = sum as f64 - budget;
+        for i in len..self.steps.len() {
+            sum = sum + self.steps[i].0 - self.steps[i - len].0;
+            #[expect(clippy::cast_precision_loss, reason = "packets")]
+            let e = sum as f64 - budget;
+            worst = worst.max(e);
+        }
+        worst
+    }
+
+    /// The README's bound on the excess over `rate x T` in any window: `hosts x (burst + 1)`
+    /// (each host's first bucket is full at the whole burst before its first round, and each
+    /// holds at least one packet) plus `(hosts - 1) x rate x lag` (shares computed from figures
+    /// a lag old), the lag two sync intervals and the gossip.
+    pub fn bound(&self) -> f64 {
+        #[expect(clippy::cast_precision_loss, reason = "small")]
+        let n = self.hosts.len() as f64;
+        #[expect(clippy::cast_precision_loss, reason = "small")]
+        let (burst, lag) = (self.limit.burst as f64, 3.0 * self.sync as f64 / 1e9);
+        n * (burst + 1.0) + (n - 1.0) * self.limit.rate * lag
+    }
+}
+
+/// Arrival processes real sources produce, per host and step.
+#[derive(Clone, Copy, Debug)]
+pub enum Arrivals {
+    /// `pps` spread as evenly as steps allow.
+    Smooth,
+    /// A burst back to back every `period_ms` at each host (its share of the rate), phases
+    /// spread over the hosts.
+    Periodic { period_ms: u64 },
+    /// On for `on_ms` (at `pps`), off for `off_ms`.
+    OnOff { on_ms: u64, off_ms: u64 },
+    /// Packets as a Poisson process.
+    Poisson,
+    /// Bursts at Poisson times, Pareto-sized (shape 1.5), with the same mean rate.
+    HeavyTailed { mean_burst: f64 },
+    /// From 0 to `2 x pps` over the run.
+    Ramp,
+}
+
+/// A source: `pps` in all, `weights` its split over the hosts, `arrivals` its shape.
+#[derive(Clone, Debug)]
+pub struct Source {
+    pub pps: f64,
+    pub weights: Vec<f64>,
+    pub arrivals: Arrivals,
+}
+
+/// Per-host state of a source's arrival process.
+pub struct Driver {
+    source: Source,
+    carry: Vec<f64>,
+    rng: Rng,
+    step_i: u64,
+    steps: u64,
+}
+
+impl Driver {
+    pub fn new(source: Source, steps: u64, seed: u64) -> Self {
+        let n = source.weights.len();
+        Self {
+            source,
+            carry: vec![0.0; n],
+            rng: Rng::new(seed),
+            step_i: 0,
+            steps,
+        }
+    }
+
+    /// The packets arriving at each host in the next step.
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "packet counts"
+    )]
+    pub fn next(&mut self) -> Vec<u64> {
+        let i = self.step_i;
+        self.step_i += 1;
+        let total: f64 = self
+            .source
+            .weights
+            .iter()
+            .sum::<f64>()
+            .max(f64::MIN_POSITIVE);
+        let n = self.source.weights.len();
+        let mut out = vec![0u64; n];
+        #[expect(clippy::needless_range_loop, reason = "three arrays by host")]
+        for h in 0..n {
+            let pps = self.source.pps * self.source.weights[h] / total;
+            if pps <= 0.0 {
+                continue;
+            }
+            let per_step = pps * STEP as f64 / 1e9;
+            let k = match self.source.arrivals {
+                Arrivals::Smooth => {
+                    self.carry[h] += per_step;
+                    let k = self.carry[h].floor();
+                    self.carry[h] -= k;
+                    k as u64
+                }
+                Arrivals::Ramp => {
+                    self.carry[h] += per_step * 2.0 * i as f64 / self.steps.max(1) as f64;
+                    let k = self.carry[h].floor();
+                    self.carry[h] -= k;
+                    k as u64
+                }
+                Arrivals::Periodic { period_ms } => {
+                    let phase = h as u64 * period_ms / n as u64;
+                    if (i + phase).is_multiple_of(period_ms.max(1)) {
+                        self.carry[h] += pps * period_ms as f64 / 1e3;
+                        let k = self.carry[h].floor();
+                        self.carry[h] -= k;
+                        k as u64
+                    } else {
+                        0
+                    }
+                }
+                Arrivals::OnOff { on_ms, off_ms } => {
+                    if i % (on_ms + off_ms) < on_ms {
+                        self.carry[h] += per_step;
+                        let k = self.carry[h].floor();
+                        self.carry[h] -= k;
+                        k as u64
+                    } else {
+                        0
+                    }
+                }
+                Arrivals::Poisson => poisson(&mut self.rng, per_step),
+                Arrivals::HeavyTailed { mean_burst } => {
+                    let bursts = poisson(&mut self.rng, per_step / mean_burst);
+                    (0..bursts)
+                        .map(|_| {
+                            // Pareto with shape 1.5 and mean `mean_burst`: scale mean / 3.
+                            let u = self.rng.unit().max(1e-12);
+                            (mean_burst / 3.0 * u.powf(-1.0 / 1.5)).round() as u64
+                        })
+                        .sum()
+                }
+            };
+            out[h] = k;
+        }
+        out
+    }
+}
+
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "a count"
+)]
+fn poisson(rng: &mut Rng, mean: f64) -> u64 {
+    if mean > 30.0 {
+        // Normal approximation.
+        let u1 = rng.unit().max(1e-12);
+        let u2 = rng.unit();
+        let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+        return (mean + z * mean.sqrt()).round().max(0.0) as u64;
+    }
+    let l = (-mean).exp();
+    let (mut k, mut p) = (0u64, 1.0);
+    loop {
+        p *= rng.unit();
+        if p <= l {
+            return k;
+        }
+        k += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,272 @@
+use super::*;
+
+/// One drawn case of the property test.
+#[derive(Clone, Debug)]
+struct Case {
+    seed: u64,
+    hosts: usize,
+    limit: Limit,
+    sync_ms: u64,
+    source: Source,
+    /// Arrivals under half the budget: nobody may be limited.
+    under: bool,
+}
+
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_precision_loss,
+    reason = "drawn parameters"
+)]
+fn draw(seed: u64) -> Case {
+    let mut r = Rng::new(seed);
+    let hosts = r.log_uniform(2.0, 64.0).round() as usize;
+    let rate = r.log_uniform(1.0, 1e6).round().max(1.0);
+    let burst = r.log_uniform(1.0, 10_000.0).round().max(1.0) as u64;
+    let sync_ms = r.log_uniform(10.0, 1000.0).round() as u64;
+    let weights: Vec<f64> = match r.next() % 4 {
+        0 => vec![1.0; hosts],
+        // 95/5: one host the most, the others the rest.
+        1 => (0..hosts)
+            .map(|h| {
+                if h == 0 {
+                    95.0
+                } else {
+                    5.0 / (hosts - 1) as f64
+                }
+            })
+            .collect(),
+        2 => (0..hosts).map(|_| r.unit() + 0.05).collect(),
+        // A source at one host only.
+        _ => (0..hosts).map(|h| if h == 0 { 1.0 } else { 0.0 }).collect(),
+    };
+    let under = r.next().is_multiple_of(4);
+    // A burst period the one bucket can serve: each host's bursts of its share, the cluster's
+    // bursts together within what one bucket refills (`burst / rate`), at least 2 ms.
+    let period = ((burst as f64 / rate * 1e3 / 2.0) as u64).clamp(2, 250);
+    let arrivals = if under {
+        Arrivals::Smooth
+    } else {
+        match r.next() % 6 {
+            0 => Arrivals::Smooth,
+            1 => Arrivals::Periodic { period_ms: period },
+            2 => Arrivals::OnOff {
+                on_ms: 200,
+                off_ms: 300,
+            },
+            3 => Arrivals::Poisson,
+            4 => Arrivals::HeavyTailed {
+                mean_burst: (burst as f64 / 4.0).max(1.0),
+            },
+            _ => Arrivals::Ramp,
+        }
+    };
+    let pps = if under { rate * 0.5 } else { rate * 3.0 };
+    Case {
+        seed,
+        hosts,
+        limit: Limit { rate, burst },
+        sync_ms,
+        source: Source {
+            pps,
+            weights,
+            arrivals,
+        },
+        under,
+    }
+}
+
+/// What one case found.
+#[derive(Debug)]
+struct Found {
+    /// Worst excess over `rate x T` in any window, and the bound.
+    excess: f64,
+    bound: f64,
+    /// Cluster and one bucket admitted over the last 7 s.
+    cluster: u64,
+    one: u64,
+    /// Drops in the last 7 s with arrivals under the budget (0 unless `under`).
+    dropped_under: u64,
+}
+
+fn run(c: &Case) -> Found {
+    let warm_ms = (10 * c.sync_ms).max(2_000);
+    let measured_ms = 7_000;
+    let steps = warm_ms + measured_ms;
+    let mut sim = Sim::new(c.hosts, c.limit, c.sync_ms, c.seed);
+    let mut driver = Driver::new(c.source.clone(), steps, c.seed ^ 0xabcd);
+    let mut dropped_at_warm = 0;
+    for i in 0..steps {
+        if i == warm_ms {
+            dropped_at_warm = sim.dropped;
+        }
+        let a = driver.next();
+        sim.step(&a);
+    }
+    let from = usize::try_from(warm_ms).unwrap_or(usize::MAX);
+    let (cluster, one, _) = sim.totals(from, sim.steps.len());
+    let excess = [100usize, 1_000, 7_000]
+        .iter()
+        .map(|&w| sim.worst_excess(w))
+        .fold(f64::MIN, f64::max);
+    Found {
+        excess,
+        bound: sim.bound(),
+        cluster,
+        one,
+        dropped_under: if c.under {
+            sim.dropped - dropped_at_warm
+        } else {
+            0
+        },
+    }
+}
+
+/// Runs the drawn cases and returns a line per case that breaks a promise: `accuracy` also
+/// checks 95% of one bucket over 7 s and nobody limited under the budget; the bound over every
+/// window is always checked.
+fn failures(cases: u64, accuracy: bool) -> Vec<String> {
+    let mut failed = Vec::new();
+    for seed in 0..cases {
+        let c = draw(seed);
+        let f = run(&c);
+        #[expect(clippy::cast_precision_loss, reason = "packets")]
+        let ratio = f.cluster as f64 / (f.one as f64).max(1.0);
+        let ok_bound = f.excess <= f.bound;
+        let ok_accuracy = !accuracy || f.one < 20 || ratio >= 0.95;
+        let ok_under = !accuracy || f.dropped_under == 0;
+        if !(ok_bound && ok_accuracy && ok_under) {
+            failed.push(format!(
+                "seed {seed}: hosts {} rate {} burst {} sync {} ms {:?} split {} under {}: excess {:.0} (bound {:.0}), cluster {} / one bucket {} = {ratio:.3}, dropped under the budget {}",
+                c.hosts,
+                c.limit.rate,
+                c.limit.burst,
+                c.sync_ms,
+                c.source.arrivals,
+                if c.source.weights.iter().filter(|w| **w > 0.0).count() == 1 { "one host" } else { "spread" },
+                c.under,
+                f.excess,
+                f.bound,
+                f.cluster,
+                f.one,
+                f.dropped_under
+            ));
+        }
+    }
+    failed
+}
+
+fn cases() -> u64 {
+    std::env::var("RL_SIM_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60)
+}
+
+/// Over every drawn configuration and arrival process, no window of the run admits more than
+/// the README's bound (`rate x T + hosts x (burst + 1) + (hosts - 1) x rate x lag`).
+#[test]
+fn no_window_admits_more_than_the_bound() {
+    let failed = failures(cases(), false);
+    assert!(
+        failed.is_empty(),
+        "{} failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+/// The whole property of issue #34: also 95% of one bucket over 7 s and nobody limited under
+/// the budget. It does not hold yet: a holder holds `share x burst` (at least one packet), so a
+/// host whose arrivals fluctuate more than that between refills (Poisson and heavy-tailed
+/// arrivals over many hosts with a small burst, bursts whose gaps at one host exceed
+/// `burst / rate`) loses refill that one bucket would have banked: 16 of 60 cases fail (13
+/// with demand over four sync intervals instead of one; 23 before a holder held at least one packet). The
+/// fix is a holder holding the whole burst at its share (see the README's "Cluster accuracy").
+#[test]
+#[ignore = "open: a holder holds share x burst; see the doc comment and README"]
+fn the_cluster_admits_what_one_bucket_would() {
+    let failed = failures(cases(), true);
+    assert!(
+        failed.is_empty(),
+        "{} failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+/// Rate 10, burst 1, two hosts: one spoofed frame makes host B a holder, then the source sends
+/// 2 packets/s to host A for 10 s, far under the budget. Every packet arrives (before a holder
+/// held at least one packet: A's share of a packet's cost exceeded the tolerance, and A admitted
+/// nothing after its first).
+#[test]
+fn a_spoofed_second_holder_does_not_block_a_source_under_the_budget() {
+    let limit = Limit {
+        rate: 10.0,
+        burst: 1,
+    };
+    let mut sim = Sim::new(2, limit, 100, 7);
+    sim.loss = 0.0;
+    sim.step(&[0, 1]);
+    for _ in 0..1_000 {
+        sim.step(&[0, 0]);
+    }
+    let before = sim.dropped;
+    let mut sent = 0;
+    for i in 0..10_000u64 {
+        let a = u64::from(i % 500 == 0);
+        sent += a;
+        sim.step(&[a, 0]);
+    }
+    assert_eq!(sent, 20);
+    assert_eq!(sim.dropped - before, 0, "packets dropped under the budget");
+}
+
+/// 8 hosts, 4x a budget of 1,000 packets/s with burst 100, split 95/5 (the seven small hosts
+/// at about 29 packets/s each): every small host admits some of its packets, and the cluster
+/// the budget within 5% (before: the small hosts' share of a packet's cost exceeded the
+/// tolerance, and they admitted nothing).
+#[test]
+fn the_small_hosts_of_a_95_5_split_admit_their_part() {
+    let limit = Limit {
+        rate: 1000.0,
+        burst: 100,
+    };
+    let mut sim = Sim::new(8, limit, 100, 3);
+    sim.loss = 0.0;
+    let mut weights = vec![5.0 / 7.0; 8];
+    weights[0] = 95.0;
+    let source = Source {
+        pps: 4000.0,
+        weights,
+        arrivals: Arrivals::Smooth,
+    };
+    let mut d = Driver::new(source, 12_000, 3);
+    let mut settled = Vec::new();
+    for i in 0..12_000 {
+        if i == 5_000 {
+            settled = sim.hosts.iter().map(|h| h.admitted).collect();
+        }
+        let a = d.next();
+        sim.step(&a);
+    }
+    // Over the last 7 s, once the shares are set.
+    let small: u64 = sim.hosts[1..]
+        .iter()
+        .zip(&settled[1..])
+        .map(|(h, s)| h.admitted - s)
+        .sum();
+    for (i, h) in sim.hosts.iter().enumerate().skip(1) {
+        assert!(
+            h.admitted > settled[i],
+            "host {i} admitted nothing of its packets once the shares were set"
+        );
+    }
+    let (cluster, one, _) = sim.totals(5_000, 12_000);
+    #[expect(clippy::cast_precision_loss, reason = "packets")]
+    let ratio = cluster as f64 / one as f64;
+    assert!(
+        (0.95..=1.05).contains(&ratio),
+        "{cluster} / {one}; small hosts {small}"
+    );
+}
