@@ -75,7 +75,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show the cluster's members (state, last heard, lag) and the gossip counters.
+    /// Show the cluster's members (state, last heard, lag), the heaviest keys' holders (each
+    /// one's demand and share) and the gossip counters.
     Peers {
         /// Print the API's JSON instead of a table.
         #[arg(long)]

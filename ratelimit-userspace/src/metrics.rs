@@ -572,6 +572,61 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
         "Refill withheld for hosts known but not heard (on_partition = share), in packets.",
         &ConstCounter::new(c.share_charged_pkts),
     )?;
+    encode_key_shares(enc, cluster)
+}
+
+/// Per key of the heaviest (`ClusterStatus::keys`: at most `SHOWN_KEYS`, 10, by cluster
+/// demand) and per holder named (this host and its counted peers with demand for the key, at
+/// most `MAX_PEERS`, 64): the label sets are bounded, at most 10 x 65 series per gauge, however
+/// many sources and members there are.
+fn encode_key_shares(
+    enc: &mut DescriptorEncoder,
+    cluster: &ClusterStatus,
+) -> Result<(), fmt::Error> {
+    let limits: Vec<String> = cluster.keys.iter().map(|k| k.limit.to_string()).collect();
+    let key_labels = |i: usize| -> Labels<'_> {
+        let k = &cluster.keys[i];
+        vec![
+            ("rule", k.rule.as_str()),
+            ("limit", limits[i].as_str()),
+            ("key", k.key.as_str()),
+        ]
+    };
+    let per_holder = |value: fn(&crate::cluster::HolderStatus) -> f64| {
+        cluster.keys.iter().enumerate().flat_map(move |(i, k)| {
+            k.holders.iter().map(move |h| {
+                let mut labels = key_labels(i);
+                labels.push(("holder", h.node_id.as_str()));
+                (labels, ConstGauge::new(value(h)))
+            })
+        })
+    };
+    family(
+        enc,
+        "ratelimit_cluster_key_hosts",
+        "Hosts holding each of the heaviest cluster keys whose share this host sets (this one \
+         and the counted peers publishing it): its budget is divided between them.",
+        (0..cluster.keys.len()).map(|i| {
+            (
+                key_labels(i),
+                ConstGauge::new(i64::from(cluster.keys[i].hosts)),
+            )
+        }),
+    )?;
+    family(
+        enc,
+        "ratelimit_cluster_key_demand_pps",
+        "Demand (packets per second reaching its bucket, admitted or dropped) of each holder of \
+         the heaviest cluster keys: this host and each counted peer with demand for the key.",
+        per_holder(|h| h.demand_pps),
+    )?;
+    family(
+        enc,
+        "ratelimit_cluster_key_share",
+        "Share of the budget of each of the heaviest cluster keys per holder, as this host \
+         computes it (a holder's bucket refills at share x rate; the shares add up to 1).",
+        per_holder(|h| h.share),
+    )?;
     Ok(())
 }
 
@@ -923,6 +978,49 @@ mod tests {
             text.matches("ratelimit_rule_packets_total{").count(),
             verdict::COUNT
         );
+    }
+
+    /// The heaviest keys' gauges: hosts per key, and per holder (this host and each peer with
+    /// demand, by node id) its demand and share; no key, no sample.
+    #[test]
+    fn cluster_key_gauges_name_each_holder() {
+        let holder = |node: &str, demand_pps: f64, share: f64| crate::cluster::HolderStatus {
+            node_id: node.into(),
+            generation: 1,
+            demand_pps,
+            share,
+        };
+        let text = snapshot().encode().unwrap();
+        assert!(!text.contains("ratelimit_cluster_key_"), "{text}");
+        let mut s = snapshot();
+        s.cluster.as_mut().unwrap().keys = vec![crate::cluster::KeyStatus {
+            rule: "flood".into(),
+            limit: 1,
+            key: "198.18.0.7/32".into(),
+            hosts: 3,
+            demand_pps: 2000.0,
+            holders: vec![
+                holder("a/192.0.2.1:7946", 500.0, 0.25),
+                holder("b/192.0.2.2:7946", 1500.0, 0.75),
+            ],
+            idle_holders: 1,
+            idle_share: 0.0,
+        }];
+        let text = s.encode().unwrap();
+        for line in [
+            r#"ratelimit_cluster_key_hosts{rule="flood",limit="1",key="198.18.0.7/32"} 3"#,
+            r#"ratelimit_cluster_key_demand_pps{rule="flood",limit="1",key="198.18.0.7/32",holder="a/192.0.2.1:7946"} 500.0"#,
+            r#"ratelimit_cluster_key_demand_pps{rule="flood",limit="1",key="198.18.0.7/32",holder="b/192.0.2.2:7946"} 1500.0"#,
+            r#"ratelimit_cluster_key_share{rule="flood",limit="1",key="198.18.0.7/32",holder="a/192.0.2.1:7946"} 0.25"#,
+            r#"ratelimit_cluster_key_share{rule="flood",limit="1",key="198.18.0.7/32",holder="b/192.0.2.2:7946"} 0.75"#,
+            "# TYPE ratelimit_cluster_key_share gauge",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in:\n{text}"
+            );
+        }
+        assert_eq!(text.matches("ratelimit_cluster_key_share{").count(), 2);
     }
 
     #[test]

@@ -33,7 +33,7 @@ use ratelimit_testbed::{
     add_addr, agent_binary, bind_udp, in_netns, mac, neigh_to_peer, require_root, send_udp,
     veth_pair, AgentProcess, Netns, Receiver,
 };
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const GOSSIP_PORT: u16 = 7946;
 const METRICS: &str = "127.0.0.1:9477";
@@ -437,11 +437,80 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
     let c0 = cluster(h0);
     assert_eq!(counter(&c0, "charged_pkts"), 0, "{c0}");
     let began = Instant::now();
-    let ((sent0, admitted0), (sent1, admitted1)) = thread::scope(|s| {
-        let a = s.spawn(|| flood_over(&net, 0, 1500, Duration::from_secs(2)));
-        let b = s.spawn(|| flood_over(&net, 1, 1500, Duration::from_secs(2)));
-        (a.join().unwrap(), b.join().unwrap())
-    });
+    let flood_key = format!("{FLOOD}/32");
+    let (((sent0, admitted0), (sent1, admitted1)), (shown, key, table, body)) =
+        thread::scope(|s| {
+            let a = s.spawn(|| flood_over(&net, 0, 1500, Duration::from_secs(2)));
+            let b = s.spawn(|| flood_over(&net, 1, 1500, Duration::from_secs(2)));
+            // While both hosts flood: h0's `peers --json` once it names both holders of the
+            // source's key, with the table and the metrics of that moment.
+            let shown = wait_for(
+                "h0's peers to name both holders of the flooded key",
+                Duration::from_millis(1900),
+                || {
+                    let v: Value = serde_json::from_str(&cli(h0, &["peers", "--json"])).unwrap();
+                    let key = v["keys"]
+                        .as_array()?
+                        .iter()
+                        .find(|k| k["rule"] == "cl" && k["key"] == flood_key.as_str())?
+                        .clone();
+                    (key["holders"].as_array()?.len() == 2).then(|| {
+                        let table = cli(h0, &["peers"]);
+                        (v, key, table, scrape(&net.hosts[0].ns))
+                    })
+                },
+            );
+            ((a.join().unwrap(), b.join().unwrap()), shown)
+        });
+    // Why the source is limited: h0's `peers` shows its key held by both hosts, each with its
+    // demand and share (h0 first), the shares adding up to the whole budget; the table and the
+    // metrics show the same.
+    println!("h0's peers while the source floods both hosts: {key:#}\n{table}");
+    let holders = key["holders"].as_array().unwrap();
+    let h1_id = &peer_at(&shown, gossip_addr(1))[0];
+    assert_eq!(
+        (
+            &key["limit"],
+            &key["hosts"],
+            &holders[0]["node_id"],
+            &holders[0]["generation"]
+        ),
+        (
+            &json!(1),
+            &json!(2),
+            &shown["node_id"],
+            &shown["generation"]
+        ),
+        "{key:#}"
+    );
+    assert_eq!(
+        (&holders[1]["node_id"], &holders[1]["generation"]),
+        (&h1_id["node_id"], &h1_id["generation"]),
+        "{key:#}"
+    );
+    let figure = |h: &Value, f: &str| h[f].as_f64().unwrap_or_else(|| panic!("{f}: {key:#}"));
+    assert!(figure(&holders[0], "demand_pps") > 0.0, "{key:#}");
+    let total: f64 = holders.iter().map(|h| figure(h, "share")).sum();
+    assert!(
+        (total - 1.0).abs() <= 0.1,
+        "the holders' shares add up to {total}: {key:#}"
+    );
+    let demand: f64 = holders.iter().map(|h| figure(h, "demand_pps")).sum();
+    assert!(
+        (figure(&key, "demand_pps") - demand).abs() < 1e-6,
+        "the cluster's demand is the holders': {key:#}"
+    );
+    let me = shown["node_id"].as_str().unwrap();
+    assert!(
+        table.contains(&flood_key) && table.contains(&format!("{me} (this host)")),
+        "peers table does not show the key's holders:\n{table}"
+    );
+    for holder in [me, h1_id["node_id"].as_str().unwrap()] {
+        let series = format!(
+            "ratelimit_cluster_key_share{{rule=\"cl\",limit=\"1\",key=\"{flood_key}\",holder=\"{holder}\"}} "
+        );
+        assert!(body.contains(&series), "no {series} in:\n{body}");
+    }
     // Once neither host has demand, nothing more is withheld.
     let c = wait_for("h0's withholding to stop", Duration::from_secs(10), || {
         let c = cluster(h0);

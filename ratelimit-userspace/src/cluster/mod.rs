@@ -53,7 +53,7 @@ use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
 use chitchat::{ChitchatConfig, ChitchatId, FailureDetectorConfig, ProtocolVersion};
 
-pub use self::status::{ClusterStatus, CounterValues, PeerStatus};
+pub use self::status::{ClusterStatus, CounterValues, HolderStatus, KeyStatus, PeerStatus};
 use self::{gossip::Gossip, key::ClusterKey, status::Shared, transport::SecureTransport};
 use tokio::sync::watch;
 
@@ -389,6 +389,7 @@ async fn supervise_sync<B, F>(
 fn set_sync_down(shared: &Shared, error: String) {
     let mut view = shared.gossip_restarting(error);
     view.peers.clear();
+    view.keys.clear();
     view.hosts_heard = 1;
 }
 

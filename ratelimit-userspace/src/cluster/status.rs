@@ -3,14 +3,18 @@
 //! user-facing contract: fields may be added, none renamed or removed.
 
 use std::{
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     sync::{
         atomic::{AtomicU64, Ordering::Relaxed},
         Mutex,
     },
 };
 
+use chitchat::ChitchatId;
+use ratelimit_common::Limit;
 use serde::Serialize;
+
+use super::{charge, publish::KeyName};
 
 /// The cluster as one agent sees it.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -51,6 +55,175 @@ pub struct ClusterStatus {
     pub peers: Vec<PeerStatus>,
     /// Counters since the agent started.
     pub counters: CounterValues,
+    /// The heaviest keys (by cluster demand, at most [`SHOWN_KEYS`]) whose share this host set
+    /// in the last sync round, with each holder's demand and share: why a source is limited.
+    pub keys: Vec<KeyStatus>,
+}
+
+/// The most keys `peers` and the metrics show the holders of: the heaviest by cluster demand.
+/// With at most [`MAX_PEERS`](super::sync::MAX_PEERS) counted peers and this host holding each,
+/// the metrics carry at most `10 x 65` series per key gauge.
+pub const SHOWN_KEYS: usize = 10;
+
+/// A key of a cluster-scoped limit whose share this host set in the last round, with the
+/// figures the shares come from.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct KeyStatus {
+    /// The rule's name.
+    pub rule: String,
+    /// Which of the rule's limits (1: its own, 2..: its `[[rule.limit]]`s, as in `stats`).
+    pub limit: usize,
+    /// The source masked to the limit's `per`, as a prefix (`198.18.0.7/32`, `0.0.0.0/0` for
+    /// `per = "rule"`).
+    pub key: String,
+    /// Hosts holding the key: this one and the counted peers that publish it (0 demand
+    /// included); its budget is divided between them.
+    pub hosts: u32,
+    /// The cluster's demand, packets per second that reached the key's buckets (admitted or
+    /// dropped): this host's plus its counted peers'.
+    pub demand_pps: f64,
+    /// This host first, then each counted peer with demand for the key (by node id, then
+    /// generation): its demand and its share of the budget, as this host computes them from
+    /// the same figures (the shares of all holders add up to 1, times the partition factor).
+    pub holders: Vec<HolderStatus>,
+    /// Counted peers holding the key with no demand for it (not named: a round counts them
+    /// only), each with `idle_share`.
+    pub idle_holders: u32,
+    /// The share of each of the `idle_holders` (an even part of the unused budget).
+    pub idle_share: f64,
+}
+
+/// One host holding a key, as [`KeyStatus::holders`] lists it.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct HolderStatus {
+    /// Its node id (this host's own for the first holder).
+    pub node_id: String,
+    /// Its incarnation.
+    pub generation: u64,
+    /// Its demand for the key, packets per second.
+    pub demand_pps: f64,
+    /// Its share of the key's budget: its bucket refills at `share x rate`.
+    pub share: f64,
+}
+
+/// One key's figures in a sync round, as [`super::sync`] computes this host's share of it.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyRound<'a> {
+    /// The key.
+    pub name: &'a KeyName,
+    /// Its limit (for the prefix length).
+    pub limit: &'a Limit,
+    /// This host's demand, packets/s.
+    pub demand: f64,
+    /// This host's share, as set.
+    pub share: f64,
+    /// Hosts holding the key (see [`Round::hosts_holding`](super::remote::Round::hosts_holding)).
+    pub hosts: u32,
+    /// Each counted peer with demand for it, and that demand (packets/s).
+    pub peers: &'a [(ChitchatId, f64)],
+    /// The partition factor the share was multiplied by.
+    pub factor: f64,
+    /// The limit's packet rate.
+    pub rate: Option<f64>,
+}
+
+/// The [`SHOWN_KEYS`] heaviest keys of a round by cluster demand (ties by key), built as the
+/// round goes: a key lighter than all those kept costs one comparison.
+#[derive(Debug, Default)]
+pub struct HeaviestKeys(Vec<(KeyName, KeyStatus)>);
+
+/// A demand figure as [`charge::share`] reads it (NaN or negative: 0).
+fn pps(d: f64) -> f64 {
+    if d.is_nan() {
+        0.0
+    } else {
+        d.max(0.0)
+    }
+}
+
+impl HeaviestKeys {
+    /// Keeps `k` if it is among the heaviest so far. Each peer's share is computed as this
+    /// host's is, from the same vector: [`charge::share`] of its demand against the rest.
+    pub fn offer(&mut self, k: &KeyRound<'_>) {
+        let local = pps(k.demand);
+        let total = local + k.peers.iter().map(|(_, r)| pps(*r)).sum::<f64>();
+        let heavier = |(n, s): &(KeyName, KeyStatus)| {
+            s.demand_pps > total || (s.demand_pps == total && n < k.name)
+        };
+        let at = self.0.partition_point(heavier);
+        if at >= SHOWN_KEYS {
+            return;
+        }
+        let hosts = f64::from(k.hosts);
+        let mut peers: Vec<HolderStatus> = k
+            .peers
+            .iter()
+            .map(|(id, r)| HolderStatus {
+                node_id: id.node_id.to_string(),
+                generation: id.generation_id,
+                demand_pps: pps(*r),
+                share: charge::share(pps(*r), total - pps(*r), k.factor, k.rate, hosts),
+            })
+            .collect();
+        peers.sort_by(|a, b| (&a.node_id, a.generation).cmp(&(&b.node_id, b.generation)));
+        let idle_holders = k
+            .hosts
+            .saturating_sub(1)
+            .saturating_sub(u32::try_from(peers.len()).unwrap_or(u32::MAX));
+        let mut holders = vec![HolderStatus {
+            node_id: String::new(),
+            generation: 0,
+            demand_pps: local,
+            share: k.share,
+        }];
+        holders.extend(peers);
+        let status = KeyStatus {
+            rule: k.name.rule.clone(),
+            limit: usize::from(k.name.limit) + 1,
+            key: key_prefix(k.name.addr, k.limit),
+            hosts: k.hosts,
+            demand_pps: total,
+            holders,
+            idle_holders,
+            idle_share: if idle_holders > 0 {
+                charge::share(0.0, total, k.factor, k.rate, hosts)
+            } else {
+                0.0
+            },
+        };
+        self.0.insert(at, (k.name.clone(), status));
+        self.0.truncate(SHOWN_KEYS);
+    }
+
+    /// The keys kept, heaviest first, this host (the first holder of each) named `node_id`
+    /// incarnation `generation`.
+    #[must_use]
+    pub fn into_status(self, node_id: &str, generation: u64) -> Vec<KeyStatus> {
+        self.0
+            .into_iter()
+            .map(|(_, mut s)| {
+                if let Some(me) = s.holders.first_mut() {
+                    me.node_id = node_id.to_string();
+                    me.generation = generation;
+                }
+                s
+            })
+            .collect()
+    }
+}
+
+/// `addr` (masked) as a prefix of `limit`'s granularity.
+fn key_prefix(addr: IpAddr, limit: &Limit) -> String {
+    let len = match addr {
+        IpAddr::V4(_) => limit.src_mask[0].count_ones().min(32),
+        IpAddr::V6(_) => limit
+            .src_mask
+            .iter()
+            .map(|w| w.count_ones())
+            .sum::<u32>()
+            .min(128),
+    };
+    format!("{addr}/{len}")
 }
 
 /// One other member.
@@ -359,5 +532,192 @@ impl Shared {
         view.gossip = "restarting";
         view.gossip_error = Some(error);
         view
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+
+    fn id(name: &str, generation: u64) -> ChitchatId {
+        ChitchatId::new(name, generation, ([192, 0, 2, 1], 7946).into())
+    }
+
+    fn name(rule: &str, limit: u8, addr: [u8; 4]) -> KeyName {
+        KeyName {
+            rule: rule.into(),
+            limit,
+            addr: IpAddr::from(addr),
+        }
+    }
+
+    fn limit(mask: [u32; 4]) -> Limit {
+        Limit {
+            src_mask: mask,
+            ..Limit::default()
+        }
+    }
+
+    const SOURCE: [u32; 4] = [u32::MAX, 0, 0, 0];
+
+    /// Offers one key as `withhold` does, this host's share computed by the same formula.
+    fn offer(
+        keys: &mut HeaviestKeys,
+        name: &KeyName,
+        local: f64,
+        peers: &[(ChitchatId, f64)],
+        hosts: u32,
+        factor: f64,
+    ) {
+        let rate = Some(1000.0);
+        let others: f64 = peers.iter().map(|(_, r)| r).sum();
+        let share = charge::share(local, others, factor, rate, f64::from(hosts));
+        keys.offer(&KeyRound {
+            name,
+            limit: &limit(SOURCE),
+            demand: local,
+            share,
+            hosts,
+            peers,
+            factor,
+            rate,
+        });
+    }
+
+    fn shares(k: &KeyStatus) -> f64 {
+        k.holders.iter().map(|h| h.share).sum::<f64>() + f64::from(k.idle_holders) * k.idle_share
+    }
+
+    /// Over the budget every holder's share is its demand over the cluster's; this host comes
+    /// first, named as given, the peers by node id; the shares add up to 1.
+    #[test]
+    fn each_holders_share_comes_from_the_same_figures_and_they_add_up_to_one() {
+        let mut keys = HeaviestKeys::default();
+        let flood = name("flood", 0, [198, 18, 0, 7]);
+        offer(
+            &mut keys,
+            &flood,
+            1500.0,
+            &[(id("c", 3), 500.0), (id("b", 2), 1000.0)],
+            3,
+            1.0,
+        );
+        let st = keys.into_status("a", 1);
+        assert_eq!(st.len(), 1);
+        let k = &st[0];
+        assert_eq!(
+            (
+                k.rule.as_str(),
+                k.limit,
+                k.key.as_str(),
+                k.hosts,
+                k.demand_pps
+            ),
+            ("flood", 1, "198.18.0.7/32", 3, 3000.0)
+        );
+        let got: Vec<(&str, u64, f64, f64)> = k
+            .holders
+            .iter()
+            .map(|h| (h.node_id.as_str(), h.generation, h.demand_pps, h.share))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a", 1, 1500.0, 0.5),
+                ("b", 2, 1000.0, 1000.0 / 3000.0),
+                ("c", 3, 500.0, 500.0 / 3000.0)
+            ]
+        );
+        assert_eq!((k.idle_holders, k.idle_share), (0, 0.0));
+        assert!((shares(k) - 1.0).abs() < 1e-9, "{k:?}");
+    }
+
+    /// Under the budget each holder has its demand and an even part of the slack; a counted
+    /// peer holding the key with no demand is an idle holder with its part; the shares still
+    /// add up to 1, or to the partition factor.
+    #[test]
+    fn idle_holders_take_their_even_part_and_the_factor_scales_every_share() {
+        let mut keys = HeaviestKeys::default();
+        let k = name("web", 2, [0, 0, 0, 0]);
+        offer(&mut keys, &k, 100.0, &[(id("b", 1), 200.0)], 3, 1.0);
+        let st = keys.into_status("a", 1);
+        let k0 = &st[0];
+        assert_eq!((k0.limit, k0.hosts, k0.idle_holders), (3, 3, 1));
+        let slack = 700.0 / 3.0;
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        assert!(
+            close(k0.holders[0].share, (100.0 + slack) / 1000.0),
+            "{k0:?}"
+        );
+        assert!(
+            close(k0.holders[1].share, (200.0 + slack) / 1000.0),
+            "{k0:?}"
+        );
+        assert!(close(k0.idle_share, slack / 1000.0), "{k0:?}");
+        assert!(close(shares(k0), 1.0), "{k0:?}");
+
+        let mut keys = HeaviestKeys::default();
+        offer(&mut keys, &k, 3000.0, &[(id("b", 1), 1000.0)], 2, 0.5);
+        let st = keys.into_status("a", 1);
+        assert!(close(shares(&st[0]), 0.5), "{:?}", st[0]);
+        assert!(close(st[0].holders[1].share, 0.125), "{:?}", st[0]);
+    }
+
+    /// Only the [`SHOWN_KEYS`] heaviest keys by cluster demand are kept, heaviest first, ties
+    /// by key; a lighter key offered later does not displace them.
+    #[test]
+    fn only_the_heaviest_keys_are_kept() {
+        let mut keys = HeaviestKeys::default();
+        let peer = [(id("b", 1), 10.0)];
+        for i in 0..=20u8 {
+            // 12 and 13 tie (local + the peer's 10).
+            let local = if i == 13 { 120.0 } else { f64::from(i) * 10.0 };
+            offer(
+                &mut keys,
+                &name("r", 0, [10, 0, 0, i]),
+                local,
+                &peer,
+                2,
+                1.0,
+            );
+        }
+        offer(&mut keys, &name("r", 0, [10, 0, 1, 0]), 1.0, &[], 1, 1.0);
+        let st = keys.into_status("a", 1);
+        let got: Vec<(&str, f64)> = st.iter().map(|k| (k.key.as_str(), k.demand_pps)).collect();
+        assert_eq!(
+            got,
+            [
+                ("10.0.0.20/32", 210.0),
+                ("10.0.0.19/32", 200.0),
+                ("10.0.0.18/32", 190.0),
+                ("10.0.0.17/32", 180.0),
+                ("10.0.0.16/32", 170.0),
+                ("10.0.0.15/32", 160.0),
+                ("10.0.0.14/32", 150.0),
+                ("10.0.0.12/32", 130.0),
+                ("10.0.0.13/32", 130.0),
+                ("10.0.0.11/32", 120.0),
+            ]
+        );
+    }
+
+    /// A key is shown as a prefix of its limit's granularity.
+    #[test]
+    fn keys_show_as_prefixes_of_their_limit() {
+        let v4 = |a: [u8; 4]| IpAddr::from(Ipv4Addr::from(a));
+        assert_eq!(
+            key_prefix(v4([198, 18, 1, 0]), &limit([0xffff_ff00, 0, 0, 0])),
+            "198.18.1.0/24"
+        );
+        assert_eq!(key_prefix(v4([0, 0, 0, 0]), &limit([0; 4])), "0.0.0.0/0");
+        assert_eq!(
+            key_prefix(
+                "2001:db8::".parse().unwrap(),
+                &limit([u32::MAX, u32::MAX, 0, 0])
+            ),
+            "2001:db8::/64"
+        );
     }
 }

@@ -22,7 +22,7 @@ use super::{
         SYNC_KEY,
     },
     remote::{ClusterLimits, DemandWindow, Limits, PeerView, RemoteTracker, Round},
-    status::{Counters, PeerStatus, Shared},
+    status::{Counters, HeaviestKeys, KeyRound, PeerStatus, Shared},
 };
 use tokio::sync::watch;
 
@@ -375,6 +375,7 @@ impl SyncLoop {
             for (k, d) in fresh_demand {
                 local_demand.entry(k).or_insert(d);
             }
+            let mut heaviest = HeaviestKeys::default();
             if elapsed > 0 && !local_demand.is_empty() {
                 let Some(mut b) = blocking.take() else { return };
                 let withheld = tokio::task::spawn_blocking(move || {
@@ -397,6 +398,7 @@ impl SyncLoop {
                 Counters::add(&c.charge_errors, w.errors);
                 Counters::add(&c.charges_clamped, w.late);
                 Counters::add(&c.share_charged_pkts, w.share_pkts);
+                heaviest = w.keys;
             }
             c.keys_synced
                 .store(keys_synced, std::sync::atomic::Ordering::Relaxed);
@@ -421,6 +423,7 @@ impl SyncLoop {
             );
             let mut view = shared.view();
             view.peers = peers;
+            view.keys = heaviest.into_status(&self_id.node_id, self_id.generation_id);
             view.hosts_heard = share.heard;
             view.hosts_known = share.known;
             view.budget_share = partition.budget_share(share);
@@ -568,6 +571,17 @@ impl Blocking {
                     continue;
                 }
             }
+            // For `peers` and the metrics: each holder's demand and share, if among the heaviest.
+            w.keys.offer(&KeyRound {
+                name,
+                limit: &limit,
+                demand: d,
+                share: s,
+                hosts: round.hosts_holding(name),
+                peers: round.demand.get(name).map_or(&[], Vec::as_slice),
+                factor,
+                rate,
+            });
             // The part of it for hosts missing (`share`): what the factor took.
             let without =
                 charge::advance_ns(charge::share(d, peers, 1.0, rate, hosts), elapsed, lag_ns);
@@ -628,6 +642,8 @@ struct Withheld {
     errors: u64,
     /// 1 when the round ran later than the lag allowance (its advance cut to it).
     late: u64,
+    /// The heaviest keys whose share was set, with each holder's demand and share.
+    keys: HeaviestKeys,
 }
 
 /// Where a member stands in one sync.
