@@ -8,6 +8,8 @@
 
 use core::mem::size_of;
 
+pub mod share;
+
 /// Names of the maps in the XDP object; they are also the file names under the pin directory.
 pub mod map_names {
     /// One [`crate::Config`] record: active rule generation and global flags.
@@ -769,23 +771,6 @@ pub const fn share_cost(cost: u64, share: u64) -> u64 {
         cost
     } else {
         (cost << SHARE_BITS).div_ceil(share)
-    }
-}
-
-/// The tolerance a bucket of a limit with tolerance `tolerance` is judged against when a packet
-/// (or its bytes) costs it `cost` ([`share_cost`]): at least that cost, so a bucket at any share
-/// holds one packet. With a share below `1 / burst`, `cost` exceeds the tolerance and, held to
-/// it, the bucket refused every packet, full or not: a host holding a tiny part of a source's
-/// demand (or a spoofed frame's bucket) blocked the source there under the budget. Stretched only
-/// to one packet's cost, `tat - now` stays within the cost a share already charges, so once the
-/// shares lapse no packet waits longer than it would have at its share (fail open).
-#[inline(always)]
-#[must_use]
-pub const fn share_tolerance(tolerance: u64, cost: u64) -> u64 {
-    if cost > tolerance {
-        cost
-    } else {
-        tolerance
     }
 }
 

@@ -8,8 +8,9 @@ use core::intrinsics::{atomic_cxchg, atomic_xadd, atomic_xsub, AtomicOrdering};
 
 use aya_ebpf::Global;
 use ratelimit_common::{
-    byte_cost_ns, global, rule_flags, share_cost, share_tolerance, verdict, Bucket, Limit, Rule,
-    COARSE_LAG_DEFAULT_NS, SHARE_MASK,
+    byte_cost_ns, global, rule_flags,
+    share::{self, Domain},
+    verdict, Bucket, Limit, Rule, COARSE_LAG_DEFAULT_NS, SHARE_MASK,
 };
 
 use crate::scratch::{precise_now, ChargeClock};
@@ -68,6 +69,15 @@ const CAS_RETRIES: usize = if cfg!(feature = "test-cas-once") {
     1
 } else {
     8
+};
+
+/// [`CAS_RETRIES`] for a cluster-scoped limit's bucket: its loop carries the TAT's time (a
+/// branch per retry), and eight of them took the program past the verifier's budget. Past
+/// them, the fetch-and-add fallback judges the packet as exactly (see [`gcra`]).
+const CLUSTER_CAS_RETRIES: usize = if cfg!(feature = "test-cas-once") {
+    1
+} else {
+    2
 };
 
 /// Longest drop window of a cluster-scoped limit (1 ms): its drops reach its bucket's counter
@@ -160,17 +170,64 @@ pub fn window_holds(flags: u32, now: u64, until: u64, ck: *mut ChargeClock) -> b
         || precise_now(ck) < until
 }
 
-/// Charges `cost` to the TAT at `tat`, if the packet conforms at `now` (see [`clock`]: `floor`
-/// is `now` on the precise clock, and an upper bound of the true time on the coarse one).
+/// `cost` in the time of `dom` (itself for a limit that is not cluster-scoped: no call).
 #[inline(always)]
-fn gcra(tat: *mut u64, (now, floor): (u64, u64), cost: u64, tolerance: u64) -> Charge {
-    for _ in 0..CAS_RETRIES {
+pub fn cost_in(cost: u64, dom: Domain) -> u64 {
+    share::cost(cost, dom)
+}
+
+/// Brings the TAT at `tat` of a cluster-scoped limit's bucket into the time a charge in `dom`
+/// writes (`ratelimit_common::share::base`: a stretched TAT read once the shares lapsed, or a
+/// whole-rate one read under a share), its tokens kept, by one compare-and-swap: [`gcra`] then
+/// charges a TAT in its own time. Once per charge, outside [`gcra`]'s loop: inside it, the
+/// conversion's branches, walked at every retry, took the program past the verifier's million
+/// instructions. A CPU that loses the race leaves the TAT to the one that won (or to [`gcra`],
+/// which drops rather than charge a TAT of another time).
+#[inline(always)]
+fn normalize(tat: *mut u64, now: u64, dom: Domain) {
+    if dom == 0 {
+        return;
+    }
+    // SAFETY: `tat` points into a map value that outlives this program run.
+    let old = unsafe { core::ptr::read_volatile(tat) };
+    if old <= now || share::same_time(old, dom) {
+        return;
+    }
+    let new = share::seal(share::base(old, now, dom), dom);
+    // SAFETY: as above; 8-byte aligned.
+    unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(tat, old, new)
+    };
+}
+
+/// Charges `cost` to the TAT at `tat`, if the packet conforms at `now` (see [`clock`]: `floor`
+/// is `now` on the precise clock, and an upper bound of the true time on the coarse one), in the
+/// time of `dom` (see [`normalize`]). For a cluster-scoped limit, every TAT written is marked
+/// with that time (`ratelimit_common::share::STRETCHED`, by arithmetic rather than branches),
+/// and a TAT still ahead in another time is not charged: the packet is dropped (fewer tokens,
+/// never more; only when another CPU converted it in between).
+#[inline(always)]
+fn gcra(tat: *mut u64, (now, floor): (u64, u64), cost: u64, tolerance: u64, dom: Domain) -> Charge {
+    // 1 for a cluster-scoped limit (its TATs carry the mark), else 0; and the mark this charge
+    // writes: 1 at a share in force, 0 at the whole rate.
+    let marked = (dom >> 17) & 1;
+    let mark = share::mark(dom);
+    let retries = if dom == 0 {
+        CAS_RETRIES
+    } else {
+        CLUSTER_CAS_RETRIES
+    };
+    for _ in 0..retries {
         // A plain volatile read: LLVM's BPF backend cannot select an atomic load for v3 (see
         // TOOLCHAIN.md); the CAS below validates what we read.
         // SAFETY: `tat` points into a map value that outlives this program run.
         let old = unsafe { core::ptr::read_volatile(tat) };
+        if old > floor && old & marked != mark {
+            return Charge::Exceeds { until: 0 };
+        }
         let base = if old > floor { old } else { floor };
         let new = base + cost;
+        let new = new + ((new & marked) ^ mark);
         if new - now > tolerance {
             return Charge::Exceeds {
                 until: new - tolerance,
@@ -188,16 +245,17 @@ fn gcra(tat: *mut u64, (now, floor): (u64, u64), cost: u64, tolerance: u64) -> C
     }
     // Still contended after every retry (other CPUs, or the agent's cluster charge, keep moving
     // this TAT). One atomic fetch-and-add cannot fail: when the TAT it added to was not behind
-    // `floor` (the bucket not full), `old + cost` is exactly the step the CAS would have made, so
-    // the packet is judged as it would have been. Otherwise (a full bucket, whose TAT the add did
-    // not lift to `now`; or a packet that does not conform) the charge is taken back and the
-    // packet dropped: under contention a packet may be dropped that would have fitted, never
-    // admitted beyond `burst + rate x t`. No drop window (`until` 0): the refunds of other CPUs
-    // may lower the TAT below what this CPU saw.
+    // `floor` (the bucket not full) and kept in the time this charge is in, `old + cost` is
+    // exactly the step the CAS would have made, so the packet is judged as it would have been.
+    // Otherwise (a full bucket, whose TAT the add did not lift to `now`; a TAT of another time; or
+    // a packet that does not conform) the charge is taken back and the packet dropped: under
+    // contention a packet may be dropped that would have fitted, never admitted beyond `burst +
+    // rate x t`. No drop window (`until` 0): the refunds of other CPUs may lower the TAT below
+    // what this CPU saw. Costs of cluster-scoped limits are even, so the add keeps the TAT's mark.
     crate::stats::bump_global(global::CONTENDED_FALLBACKS);
     // SAFETY: as above.
     let old = unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(tat, cost) };
-    if old >= floor && old + cost - now <= tolerance {
+    if old >= floor && old + cost - now <= tolerance && old & marked == mark {
         return Charge::Conforms;
     }
     // SAFETY: as above.
@@ -205,25 +263,31 @@ fn gcra(tat: *mut u64, (now, floor): (u64, u64), cost: u64, tolerance: u64) -> C
     Charge::Exceeds { until: 0 }
 }
 
-/// The share of a cluster-scoped limit's rate this bucket refills at (see
-/// `Bucket::created_share`), or 0 (the whole rate): for a limit without
-/// [`rule_flags::CLUSTER`], a bucket without a share, or once the agent's shares have lapsed
-/// (`shares_until`, `Config::shares_until_ns`, not ahead of `now`: fail open). Inline, and
-/// with the config word passed in rather than looked up: a map lookup here (a helper call at
-/// the compiler's level) cost the program's frame more stack than the verifier allows.
+/// The [`Domain`] a charge of `bucket` under `rule` at `now` is in (see
+/// `ratelimit_common::share`): 0 for a limit without [`rule_flags::CLUSTER`]; else the bucket's
+/// share word, and whether the agent's shares are in force (`shares_until`,
+/// `Config::shares_until_ns`, ahead of `now`; once they lapse, every bucket is charged at the
+/// whole rate: fail open). Inline, and with the config word passed in rather than looked up: a
+/// map lookup here (a helper call at the compiler's level) cost the program's frame more stack
+/// than the verifier allows.
 #[inline(always)]
-fn share<P: Params>(bucket: *const Bucket, rule: &P, now: u64, ck: *const ChargeClock) -> u64 {
-    if rule.flags() & rule_flags::CLUSTER == 0 {
+fn domain<P: Params>(bucket: *const Bucket, rule: &P, now: u64, ck: *const ChargeClock) -> Domain {
+    domain_of(bucket, rule.flags(), now, ck)
+}
+
+/// [`domain`] for a limit with flags `flags`.
+#[inline(always)]
+pub fn domain_of(bucket: *const Bucket, flags: u32, now: u64, ck: *const ChargeClock) -> Domain {
+    if flags & rule_flags::CLUSTER == 0 {
         return 0;
     }
     // SAFETY: live map values (the bucket; this CPU's scratch record); plain reads, volatile so
     // that they stay behind the flag's test (a value loaded before and kept live across the
     // charge cost the callers' frames a stack slot they do not have).
     unsafe {
-        if now >= core::ptr::read_volatile(&raw const (*ck).shares_until) {
-            return 0;
-        }
-        core::ptr::read_volatile(&raw const (*bucket).created_share) & SHARE_MASK
+        let in_force = now < core::ptr::read_volatile(&raw const (*ck).shares_until);
+        let word = core::ptr::read_volatile(&raw const (*bucket).created_share) & SHARE_MASK;
+        share::domain(true, word, in_force)
     }
 }
 
@@ -231,10 +295,16 @@ fn share<P: Params>(bucket: *const Bucket, rule: &P, now: u64, ck: *const Charge
 /// (`PASSED`, `DROPPED_RATE` or `DROPPED_BYTES`). On `DROPPED_RATE`, `*drop_until` is the time
 /// before which every packet under this bucket would be dropped for its rate too.
 ///
-/// A cluster-scoped limit's bucket pays its costs scaled by its share (see [`share`]) while
-/// `now < shares_until` (`Config::shares_until_ns`).
+/// A cluster-scoped limit's bucket is charged in the time of its share while `now <
+/// shares_until` (`Config::shares_until_ns`), else at the whole rate (see
+/// `ratelimit_common::share`), through [`charge_cluster`].
+///
+/// `CALL`: through the BPF global function [`rl_charge_cluster`] (from the program's own frame:
+/// inlined there, the share's branches multiplied its paths past the verifier's budget), or
+/// inline (from `one_limit`, itself a global function verified once: a call from it would stack
+/// a third frame on the program's, past the verifier's 512 bytes).
 #[inline(always)]
-pub fn charge<P: Params>(
+pub fn charge<P: Params, const CALL: bool>(
     bucket: *mut Bucket,
     rule: &P,
     now: u64,
@@ -242,51 +312,163 @@ pub fn charge<P: Params>(
     drop_until: &mut u64,
     ck: *mut ChargeClock,
 ) -> usize {
+    if rule.flags() & rule_flags::CLUSTER != 0 {
+        if !CALL {
+            let dom = domain(bucket, rule, now, ck);
+            return charge_in(bucket, rule, now, len, drop_until, ck, dom);
+        }
+        let v = charge_cluster(bucket, rule, now, len, ck);
+        // SAFETY: this CPU's live scratch record.
+        *drop_until = unsafe { (*ck).until };
+        return v;
+    }
+    charge_in(bucket, rule, now, len, drop_until, ck, 0)
+}
+
+/// [`charge`] of a cluster-scoped limit under `rule`: its parameters go through the scratch
+/// record (`ChargeClock::limit`) to [`rl_charge_cluster`].
+#[inline(always)]
+fn charge_cluster<P: Params>(
+    bucket: *mut Bucket,
+    rule: &P,
+    now: u64,
+    len: u64,
+    ck: *mut ChargeClock,
+) -> usize {
+    // SAFETY: this CPU's live scratch record.
+    unsafe {
+        (*ck).limit = LimitParams {
+            flags: u64::from(rule.flags()),
+            pkt_interval_ns: rule.pkt_interval_ns(),
+            pkt_tolerance_ns: rule.pkt_tolerance_ns(),
+            byte_interval_fp: rule.byte_interval_fp(),
+            byte_tolerance_ns: rule.byte_tolerance_ns(),
+        };
+        (*ck).now = now;
+        (*ck).len = len;
+        rl_charge_cluster(bucket, ck)
+    }
+}
+
+/// A limit's parameters, copied into the scratch record for [`rl_charge_cluster`] (a BPF global
+/// function takes five scalar or pointer arguments at most).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LimitParams {
+    pub flags: u64,
+    pub pkt_interval_ns: u64,
+    pub pkt_tolerance_ns: u64,
+    pub byte_interval_fp: u64,
+    pub byte_tolerance_ns: u64,
+}
+
+impl Params for LimitParams {
+    #[inline(always)]
+    fn flags(&self) -> u32 {
+        self.flags as u32
+    }
+    #[inline(always)]
+    fn pkt_interval_ns(&self) -> u64 {
+        self.pkt_interval_ns
+    }
+    #[inline(always)]
+    fn pkt_tolerance_ns(&self) -> u64 {
+        self.pkt_tolerance_ns
+    }
+    #[inline(always)]
+    fn byte_interval_fp(&self) -> u64 {
+        self.byte_interval_fp
+    }
+    #[inline(always)]
+    fn byte_tolerance_ns(&self) -> u64 {
+        self.byte_tolerance_ns
+    }
+}
+
+/// [`charge`] of a cluster-scoped limit's bucket, its parameters in `ck.limit` and its drop
+/// window's end left in `ck.until`, in the time of its share (`ratelimit_common::share`).
+///
+/// A *global* BPF function (`#[no_mangle]`, its BTF linkage global, as `one_limit`): the
+/// verifier checks it once, on its own, rather than once more for every state of every caller
+/// reaching it. The share's time adds branches to every step of the charge; inlined at the
+/// program's four charges they took it past the verifier's million instructions.
+///
+/// # Safety
+/// `bucket` and `ck` are null or point at a live bucket and this CPU's scratch record's clock.
+#[inline(never)]
+#[no_mangle]
+pub unsafe extern "C" fn rl_charge_cluster(bucket: *mut Bucket, ck: *mut ChargeClock) -> usize {
+    if bucket.is_null() || ck.is_null() {
+        return verdict::PASSED;
+    }
+    // SAFETY: checked non-null: this CPU's scratch record.
+    let (now, len) = unsafe { ((*ck).now, (*ck).len) };
+    // SAFETY: checked non-null; this CPU's scratch record, read in place (a copy would take
+    // 40 bytes of a frame that the caller's leave little room for). The window's end goes
+    // there too (a BPF call returns one word).
+    let (params, until) = unsafe { (&(*ck).limit, &mut (*ck).until) };
+    *until = 0;
+    let dom = domain(bucket, params, now, ck);
+    charge_in(bucket, params, now, len, until, ck, dom)
+}
+
+/// [`charge`] in the time of `dom` (0: a limit that is not cluster-scoped).
+#[inline(always)]
+fn charge_in<P: Params>(
+    bucket: *mut Bucket,
+    rule: &P,
+    now: u64,
+    len: u64,
+    drop_until: &mut u64,
+    ck: *mut ChargeClock,
+    dom: Domain,
+) -> usize {
     // SAFETY: `bucket` points at a live map value; only addresses of fields are taken here.
     let (tat, byte_tat) = unsafe { (&raw mut (*bucket).tat_ns, &raw mut (*bucket).byte_tat_ns) };
     let limits_pkts = rule.flags() & rule_flags::PKT_LIMIT != 0;
     // Both costs are made before any charge, so that the share is not live across the
     // compare-and-swap loops (kept, its two kinds of value, none and some, doubled the states
     // the verifier walks through them).
-    let share = share(bucket, rule, now, ck);
-    let pkt_cost = share_cost(rule.pkt_interval_ns(), share);
+    let pkt_cost = cost_in(rule.pkt_interval_ns(), dom);
     let byte_cost = if rule.flags() & rule_flags::BYTE_LIMIT != 0 {
-        share_cost(byte_cost_ns(len, rule.byte_interval_fp()), share)
+        cost_in(byte_cost_ns(len, rule.byte_interval_fp()), dom)
     } else {
         0
     };
     if limits_pkts {
-        // At least one packet's cost, whatever the share (`share_tolerance`).
-        let tolerance = share_tolerance(rule.pkt_tolerance_ns(), pkt_cost);
+        let tolerance = if dom == 0 {
+            rule.pkt_tolerance_ns()
+        } else {
+            share::pkt_tolerance(
+                rule.pkt_tolerance_ns(),
+                rule.pkt_interval_ns(),
+                pkt_cost,
+                dom,
+            )
+        };
+        normalize(tat, now, dom);
         let clock = clock(tat, rule.flags(), now, (pkt_cost, tolerance), ck);
-        if let Charge::Exceeds { until } = gcra(tat, clock, pkt_cost, tolerance) {
+        if let Charge::Exceeds { until } = gcra(tat, clock, pkt_cost, tolerance, dom) {
             *drop_until = until;
             return verdict::DROPPED_RATE;
         }
     }
-    if rule.flags() & rule_flags::BYTE_LIMIT != 0
-        && gcra(
-            byte_tat,
-            clock(
-                byte_tat,
-                rule.flags(),
-                now,
-                (
-                    byte_cost,
-                    share_tolerance(rule.byte_tolerance_ns(), byte_cost),
-                ),
-                ck,
-            ),
-            byte_cost,
-            share_tolerance(rule.byte_tolerance_ns(), byte_cost),
-        ) != Charge::Conforms
-    {
-        if limits_pkts {
-            // The packet was charged a packet token above but is dropped: give it back.
-            // SAFETY: as in gcra.
-            unsafe { atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(tat, pkt_cost) };
+    if rule.flags() & rule_flags::BYTE_LIMIT != 0 {
+        let tolerance = if dom == 0 {
+            rule.byte_tolerance_ns()
+        } else {
+            share::byte_tolerance(rule.byte_tolerance_ns(), byte_cost, dom)
+        };
+        normalize(byte_tat, now, dom);
+        let clock = clock(byte_tat, rule.flags(), now, (byte_cost, tolerance), ck);
+        if gcra(byte_tat, clock, byte_cost, tolerance, dom) != Charge::Conforms {
+            if limits_pkts {
+                // The packet was charged a packet token above but is dropped: give it back.
+                // SAFETY: as in gcra.
+                unsafe { atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(tat, pkt_cost) };
+            }
+            return verdict::DROPPED_BYTES;
         }
-        return verdict::DROPPED_BYTES;
     }
     verdict::PASSED
 }
@@ -298,6 +480,9 @@ pub fn charge<P: Params>(
 /// `now` must be the true time on the coarse clock too (see [`new_bucket_now`]).
 #[inline(always)]
 pub fn charge_new<P: Params>(rule: &P, now: u64, len: u64) -> (usize, u64, u64) {
+    // A new bucket has no share, so a cluster-scoped one starts at the whole rate; its TAT is
+    // not marked (`ratelimit_common::share`): an odd one reads as at the whole rate all the
+    // same, and the first charge under a share brings it into the share's time.
     let mut tat = 0;
     if rule.flags() & rule_flags::PKT_LIMIT != 0 {
         if rule.pkt_interval_ns() > rule.pkt_tolerance_ns() {
@@ -344,21 +529,29 @@ pub fn refund<P: Params>(
     now: u64,
     ck: *const ChargeClock,
 ) {
-    // The share as the charge read it, unless the agent changed it in between (then the refund
-    // differs from the charge by the cost's change for one packet).
-    let share = share(bucket, rule, now, ck);
+    // The domain as the charge read it, unless the agent changed the share or the shares lapsed
+    // in between: then a TAT no longer in the charge's time is left as it is (the packet keeps
+    // its cost: fewer tokens, never more), and one still in it gets the cost at the new share
+    // back (differing from the charge by the cost's change for one packet).
+    let dom = domain(bucket, rule, now, ck);
     // SAFETY: `bucket` points at a live map value; atomic subtractions of its TAT words.
     unsafe {
-        if rule.flags() & rule_flags::PKT_LIMIT != 0 {
+        let tat = &raw mut (*bucket).tat_ns;
+        if rule.flags() & rule_flags::PKT_LIMIT != 0
+            && share::same_time(core::ptr::read_volatile(tat), dom)
+        {
             atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(
-                &raw mut (*bucket).tat_ns,
-                share_cost(rule.pkt_interval_ns(), share),
+                tat,
+                cost_in(rule.pkt_interval_ns(), dom),
             );
         }
-        if rule.flags() & rule_flags::BYTE_LIMIT != 0 {
+        let byte_tat = &raw mut (*bucket).byte_tat_ns;
+        if rule.flags() & rule_flags::BYTE_LIMIT != 0
+            && share::same_time(core::ptr::read_volatile(byte_tat), dom)
+        {
             atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(
-                &raw mut (*bucket).byte_tat_ns,
-                share_cost(byte_cost_ns(len, rule.byte_interval_fp()), share),
+                byte_tat,
+                cost_in(byte_cost_ns(len, rule.byte_interval_fp()), dom),
             );
         }
     }

@@ -38,7 +38,7 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use ratelimit_common::{
-    action, bucket_sets, config_flags, extra_index, family, frag_flags, global, rule_flags,
+    action, bucket_sets, config_flags, extra_index, family, frag_flags, global, rule_flags, share,
     verdict, Bucket, Config, Rule, BUCKET_WAYS, MAX_LIMITS,
 };
 
@@ -393,8 +393,22 @@ fn limit(
     // SAFETY: this CPU's live scratch record.
     let key = unsafe { &mut (*s).first_key };
     *key = store::key(pkt, id, 0, &rule.src_mask, rule.bucket_gen);
-    let mut until = 0;
-    let (v, b) = find_and_charge(pkt, key, rule, cached, len, now, s, slot, 0, &mut until);
+    // The drop window's end in the scratch record, not on this frame (which has no room to
+    // spare beside `decide_cut`'s): where a cluster-scoped charge leaves it too.
+    // SAFETY: this CPU's live scratch record.
+    let until = unsafe { &mut (*s).extra.clock.until };
+    *until = 0;
+    let (v, b) = find_and_charge::<_, true>(pkt, key, rule, cached, len, now, s, slot, 0, until);
+    // SAFETY: as above; and this CPU's classification slot, whose window fields the charge
+    // leaves alone: read again rather than kept live across it (a cluster-scoped charge is a
+    // BPF call, and values kept across it cost this frame stack it does not have).
+    let (until, drop_count, drop_limit) = unsafe {
+        (
+            (*s).extra.clock.until,
+            (*slot).drop_count,
+            (*slot).drop_limit,
+        )
+    };
     if v == verdict::DROPPED_RATE || v == verdict::DROPPED_BYTES {
         bucket::count(b, false, len);
         // SAFETY: as above, and `b` is a live record (a drop always has one).
@@ -499,9 +513,6 @@ fn gate(pkt: &Packet, rule: &Rule) -> usize {
     let Some(b) = BUCKETS.get_ptr_mut(record) else {
         return 0;
     };
-    // The limit's whole-rate interval even for a cluster-scoped limit with a share: a share
-    // only makes a packet cost more, so what this drops the charge would drop too (it may
-    // close a window the charge then reopens).
     let (interval, tolerance, flags) = if k == 0 {
         (rule.pkt_interval_ns, rule.pkt_tolerance_ns, rule.flags)
     } else {
@@ -526,6 +537,14 @@ fn gate(pkt: &Packet, rule: &Rule) -> usize {
         (*b).dropped_pkts = (*b).dropped_pkts.wrapping_add(count);
         (*g).drop_count = 0;
         let tat = core::ptr::read_volatile(&raw const (*b).tat_ns);
+        // A cluster-scoped limit's TAT kept in its share's time (`ratelimit_common::share`) is
+        // left to the charge, in order: read at the whole rate it would look further in debt
+        // than it is. Its whole-rate interval otherwise: a share only makes a packet cost more,
+        // so what this drops the charge would drop too.
+        if flags & rule_flags::CLUSTER != 0 && tat & share::STRETCHED != 0 {
+            (*g).flags = 0;
+            return 0;
+        }
         let next = if tat > now { tat } else { now } + interval;
         if next - now > tolerance {
             bucket::count(b, false, len);
@@ -744,7 +763,9 @@ pub unsafe extern "C" fn one_limit(
     // SAFETY: this CPU's live scratch record: the window's end lands there, not on this frame.
     let until = unsafe { &mut (*s).extra_until };
     *until = 0;
-    let (v, b) = find_and_charge(pkt, key, l, cached, len, now, s, slot, limit, until);
+    // The cluster-scoped charge inline (`bucket::charge`): a BPF call from here would stack its
+    // frame on this one's and the program's, past the verifier's 512 bytes.
+    let (v, b) = find_and_charge::<_, false>(pkt, key, l, cached, len, now, s, slot, limit, until);
     let until = *until;
     if b.is_null() {
         c.records[k] = NO_RECORD;
@@ -782,8 +803,11 @@ fn cached_limit(
     if !store::holds(r, &key) {
         return None;
     }
-    let mut until = 0;
-    let v = bucket::charge(r, l, c.now, c.len, &mut until, &raw mut c.clock);
+    // The window's end in the scratch record, not on the frame (where a cluster-scoped charge
+    // leaves it too): this is inlined in the program's own frame, which has no room to spare.
+    c.until = 0;
+    let v = bucket::charge::<_, true>(r, l, c.now, c.len, &mut c.until, &raw mut c.clock);
+    let until = c.until;
     Some(settle(r, v, until, c, k, cached))
 }
 
@@ -820,7 +844,7 @@ fn settle(b: *mut Bucket, v: usize, until: u64, c: &mut Extra, k: usize, record:
     clippy::too_many_arguments,
     reason = "the packet's whole context, inlined"
 )]
-fn find_and_charge<P: Params>(
+fn find_and_charge<P: Params, const CALL: bool>(
     pkt: &Packet,
     key: &Key,
     p: &P,
@@ -832,43 +856,52 @@ fn find_and_charge<P: Params>(
     limit: u32,
     until: &mut u64,
 ) -> (usize, *mut Bucket) {
-    // The record this CPU found for the source last time, if it still holds the key.
-    if cached != NO_RECORD {
-        if let Some(r) = BUCKETS.get_ptr_mut(cached) {
-            if store::holds(r, key) {
-                return (bucket::charge(r, p, now, len, until, charge_clock(s)), r);
+    // One charge for both ways of finding a known source's record (inlined once: a cluster-
+    // scoped limit's charge is a BPF call, and every copy of it costs the caller's frame the
+    // values it keeps across the call).
+    let r = 'found: {
+        // The record this CPU found for the source last time, if it still holds the key.
+        if cached != NO_RECORD {
+            if let Some(r) = BUCKETS.get_ptr_mut(cached) {
+                if store::holds(r, key) {
+                    break 'found r;
+                }
             }
         }
-    }
-    // Looked up here, on the path that needs it, rather than passed in: a pointer kept live
-    // across the charge cost the callers' frames a stack slot they do not have.
-    let Some(config) = CONFIG.get_ptr(0) else {
-        return (no_bucket(), core::ptr::null_mut());
+        // Looked up here, on the path that needs it, rather than passed in: a pointer kept live
+        // across the charge cost the callers' frames a stack slot they do not have.
+        let Some(config) = CONFIG.get_ptr(0) else {
+            return (no_bucket(), core::ptr::null_mut());
+        };
+        // SAFETY: a live map value, written whole by the agent before it attaches.
+        let (seed, sets) = unsafe { ((*config).seed, (*config).bucket_sets) };
+        if sets == 0 {
+            return (no_bucket(), core::ptr::null_mut());
+        }
+        let sets = bucket_sets(
+            ratelimit_common::bucket_hash(seed, key.header as u32 & 0xffff, pkt.family, key.addr),
+            sets,
+        );
+        match store::scan(key, sets, scratch::coarse_now(s), s) {
+            Scan::Hit(i, r) => {
+                remember(slot, limit, i);
+                r
+            }
+            Scan::Miss {
+                victim,
+                header,
+                kind,
+            } => {
+                let now = bucket::new_bucket_now(p, now, charge_clock(s));
+                return create(p, len, now, key, sets, victim, header, kind, slot, limit);
+            }
+            Scan::None => return (no_bucket(), core::ptr::null_mut()),
+        }
     };
-    // SAFETY: a live map value, written whole by the agent before it attaches.
-    let (seed, sets) = unsafe { ((*config).seed, (*config).bucket_sets) };
-    if sets == 0 {
-        return (no_bucket(), core::ptr::null_mut());
-    }
-    let sets = bucket_sets(
-        ratelimit_common::bucket_hash(seed, key.header as u32 & 0xffff, pkt.family, key.addr),
-        sets,
-    );
-    match store::scan(key, sets, scratch::coarse_now(s), s) {
-        Scan::Hit(i, r) => {
-            remember(slot, limit, i);
-            (bucket::charge(r, p, now, len, until, charge_clock(s)), r)
-        }
-        Scan::Miss {
-            victim,
-            header,
-            kind,
-        } => {
-            let now = bucket::new_bucket_now(p, now, charge_clock(s));
-            create(p, len, now, key, sets, victim, header, kind, slot, limit)
-        }
-        Scan::None => (no_bucket(), core::ptr::null_mut()),
-    }
+    (
+        bucket::charge::<_, CALL>(r, p, now, len, until, charge_clock(s)),
+        r,
+    )
 }
 
 /// Remembers in the slot that limit `limit`'s bucket is in record `i`.

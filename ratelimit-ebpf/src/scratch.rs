@@ -188,6 +188,15 @@ pub struct ChargeClock {
     /// read yet): a rule on the coarse clock reads it where the coarse one could be wrong (see
     /// the program's `bucket::clock`), at most once a packet whatever its number of limits.
     pub precise: u64,
+    /// A cluster-scoped charge's drop window end (`bucket::rl_charge_cluster`'s result beside
+    /// its verdict: a BPF call returns one word).
+    pub until: u64,
+    /// The time and length of a cluster-scoped charge (`bucket::rl_charge_cluster`'s arguments:
+    /// through the scratch record, the caller keeps fewer values across the call).
+    pub now: u64,
+    pub len: u64,
+    /// The limit a cluster-scoped charge is of (`bucket::rl_charge_cluster`'s parameters).
+    pub limit: crate::bucket::LimitParams,
 }
 
 /// The precise clock for this packet: as an earlier charge of it read it (see

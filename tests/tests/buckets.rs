@@ -1342,6 +1342,85 @@ fn assert_refill(dp: &TestDataplane, frame: &[u8], ms: u64, per_s: f64, what: &s
     );
 }
 
+/// A cluster-scoped bucket at a share refills at its share of the rate and holds the limit's
+/// whole burst (issue #34: it held `share x burst`, so a host could not bank its share's refill
+/// over the gaps between its bursts, and below `1 / burst` admitted nothing at all); and when
+/// the shares lapse (the agent stopped), a bucket drained at a small share is read at the whole
+/// rate with the tokens it held, not as the debt of its share's slowed time (fail open).
+#[test]
+fn a_bucket_at_a_share_holds_the_whole_burst_and_keeps_its_tokens_when_the_shares_lapse() {
+    use ratelimit::maps::PinnedMaps;
+    use ratelimit_common::{rule_flags, SHARE_ONE};
+    require_root();
+    let mut dp = TestDataplane::new("sharecap", 1024).unwrap();
+    let set = dp
+        .install_toml(
+            "[[rule]]\nname = \"c\"\nsource = \"198.18.0.0/16\"\nrate = 1000\nburst = 100\n",
+        )
+        .unwrap();
+    let rid = id(&set, "c");
+    let mut maps = PinnedMaps::open(dp.pin_dir()).unwrap();
+    let mut cluster = maps.rule(rid).unwrap();
+    cluster.flags |= rule_flags::CLUSTER;
+    maps.set_rule(rid, cluster).unwrap();
+    let src = ip("198.18.0.2");
+    let frame = udp4(src);
+    let key = ratelimit::maps::bucket::bucket_key(rid, &cluster, src.into());
+    assert!(
+        passes(&dp, &frame, 200) >= 100,
+        "a fresh bucket admits its burst"
+    );
+    let set_word = |maps: &PinnedMaps, word: u16| {
+        ratelimit::cluster::charge::set_share(
+            maps,
+            &key,
+            &cluster.limit(0).unwrap(),
+            word,
+            ratelimit::maps::bucket::monotonic_ns(),
+            ratelimit::maps::bucket::monotonic_coarse_ns(),
+        )
+        .unwrap()
+    };
+    let until = ratelimit::maps::bucket::monotonic_ns() + 60_000_000_000;
+    maps.update_config(|c| c.shares_until_ns = until).unwrap();
+
+    // A half: refills at 500/s, and after 400 ms (200 tokens' worth) holds the whole burst,
+    // 100, not half of it.
+    set_word(&maps, u16::try_from(SHARE_ONE / 2).unwrap());
+    let drained = passes(&dp, &frame, 200);
+    assert!(drained <= 100, "drained: {drained}");
+    assert_eq!(passes(&dp, &frame, 10), 0, "empty");
+    std::thread::sleep(Duration::from_millis(400));
+    let held = passes(&dp, &frame, 300);
+    println!("at a share of 1/2, after 400 ms: {held} (burst 100)");
+    assert!(
+        (96..=102).contains(&held),
+        "a bucket at a half holds the whole burst: {held} of 100 (at most a coarse tick less)"
+    );
+
+    // 1/64: drained, 200 ms of its refill (3 tokens at 15.6/s); then the shares lapse. Read in
+    // its share's time, it is 6.2 s from full: at the whole rate, the packets of those 3 tokens
+    // pass at once, and the refill is the whole rate's from then on.
+    set_word(&maps, u16::try_from(SHARE_ONE / 64).unwrap());
+    assert_eq!(passes(&dp, &frame, 10), 0, "empty at 1/64");
+    std::thread::sleep(Duration::from_millis(200));
+    maps.update_config(|c| c.shares_until_ns = 0).unwrap();
+    // Past a tick of the coarse clock, on which the rule may be.
+    std::thread::sleep(Duration::from_millis(10));
+    let after = passes(&dp, &frame, 50);
+    println!("lapsed at 1/64 after 200 ms: {after} at once");
+    assert!(
+        (3..=30).contains(&after),
+        "the tokens held at 1/64 pass once the shares lapse: {after}"
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    let refill = passes(&dp, &frame, 200);
+    assert!(
+        (40..=70).contains(&refill),
+        "the whole rate after the lapse: {refill} in 50 ms"
+    );
+}
+
 /// The share word the agent's cluster sync writes into a bucket (issue #15) is what the program
 /// refills it at: a cluster-scoped bucket with a word of a quarter refills at a quarter of the
 /// rate, between any two rounds, while `Config::shares_until_ns` is ahead; once that lapses (the
@@ -1415,9 +1494,13 @@ fn a_share_word_sets_a_cluster_buckets_refill_until_the_shares_lapse() {
     hold(&mut maps, 0);
     assert_refill(&dp, &frame, 300, 1_000.0, "shares lapsed");
 
-    // In force again, then a limit without the cluster flag: the word is ignored.
+    // In force again, then a limit without the cluster flag: the word is ignored. (Its TAT is
+    // brought back to the whole rate's time first, as the lapse does: a rule the agent changes
+    // gets a new id and new buckets, so no bucket of a local limit holds a TAT kept at a share.)
     hold(&mut maps, 60_000_000_000);
     assert_refill(&dp, &frame, 300, 250.0, "share 1/4 in force again");
+    hold(&mut maps, 0);
+    assert_refill(&dp, &frame, 300, 1_000.0, "shares lapsed again");
     maps.set_rule(rid, plain).unwrap();
     assert_refill(&dp, &frame, 300, 1_000.0, "no cluster flag, word in place");
     let Slot::Found(i) = maps

@@ -156,7 +156,7 @@ pub fn share_word(s: f64) -> u16 {
 pub fn set_share(
     maps: &PinnedMaps,
     key: &BucketKey,
-    limit: &Limit,
+    _limit: &Limit,
     share: u16,
     now: u64,
     coarse_now: u64,
@@ -169,11 +169,7 @@ pub fn set_share(
         match slot {
             Slot::Found(i) => {
                 let header = bucket_header(key.rule, key.family, gen);
-                let tolerances = (
-                    (limit.pkt_tolerance_ns, limit.pkt_interval_ns),
-                    (limit.byte_tolerance_ns, 0),
-                );
-                if let Some(old) = maps.store().set_share(i, header, share, now, tolerances) {
+                if let Some(old) = maps.store().set_share(i, header, share, now) {
                     return Ok(Some(old));
                 }
             }

@@ -13,15 +13,19 @@
 //! admits of the same arrivals; and under the budget (the arrivals conform to half the rate and
 //! burst), no host drops a packet.
 
-use ratelimit_common::{share_cost, share_tolerance, SHARE_ONE};
+use ratelimit_common::share;
 
 use super::{
-    charge::{share, share_word},
+    charge::{share as share_of, share_word},
     remote::DemandWindow,
 };
-use crate::maps::store::keep_tokens;
 
 const MS: u64 = 1_000_000;
+/// The lag of the README's bound, in sync intervals: a key's demand is known from its second
+/// reading (a round), published, read by the peers the round after, a round later when gossip
+/// lost it once ([`DEMAND_ROUNDS`](super::remote::DEMAND_ROUNDS) is 2: two rounds for the first
+/// figure at most).
+pub const LAG_INTERVALS: f64 = 4.0;
 /// The simulation's step: arrivals within a step come at one instant.
 const STEP: u64 = MS;
 
@@ -52,13 +56,38 @@ impl Rng {
     }
 }
 
-/// One GCRA bucket, charged as the program charges: `k` packets arriving at `now`, each costing
-/// `cost` (the share's), judged against `share_tolerance(tolerance, cost)`. Returns how many
-/// conform.
-fn charge(tat: &mut u64, now: u64, k: u64, cost: u64, tolerance: u64) -> u64 {
-    let tol = share_tolerance(tolerance, cost);
-    let base = (*tat).max(now);
+/// One cluster-scoped bucket at share word `word` (shares in force), charged as the program
+/// charges it (`ratelimit_common::share`: the TAT brought into the word's time, the share's cost
+/// and tolerance): `k` packets arriving at `now`. Returns how many conform.
+pub fn charge_batch(
+    tat: &mut u64,
+    now: u64,
+    k: u64,
+    limit: &ratelimit_common::Limit,
+    word: u64,
+) -> u64 {
+    let dom = share::domain(true, word, true);
+    let cost = share::cost(limit.pkt_interval_ns, dom);
+    let tol = share::pkt_tolerance(limit.pkt_tolerance_ns, limit.pkt_interval_ns, cost, dom);
+    let base = share::base(*tat, now, dom).max(now);
     let room = (now + tol).saturating_sub(base) / cost.max(1);
+    let n = k.min(room);
+    if n > 0 {
+        *tat = share::seal(base + n * cost, dom);
+    }
+    n
+}
+
+/// The bucket's TAT once the agent gives it word `to` instead of `from` (`MappedStore::set_share`).
+#[must_use]
+pub fn rewrite(tat: u64, now: u64, from: u64, to: u64) -> u64 {
+    share::convert(tat, now, from, to).unwrap_or(tat)
+}
+
+/// One bucket at the whole rate (the reference): `k` packets at `now`.
+fn charge_one(tat: &mut u64, now: u64, k: u64, cost: u64, tolerance: u64) -> u64 {
+    let base = (*tat).max(now);
+    let room = (now + tolerance).saturating_sub(base) / cost.max(1);
     let n = k.min(room);
     *tat = base + n * cost;
     n
@@ -72,6 +101,15 @@ pub struct Limit {
 }
 
 impl Limit {
+    fn record(self) -> ratelimit_common::Limit {
+        ratelimit_common::Limit {
+            flags: ratelimit_common::rule_flags::PKT_LIMIT | ratelimit_common::rule_flags::CLUSTER,
+            pkt_interval_ns: self.interval(),
+            pkt_tolerance_ns: self.tolerance(),
+            ..ratelimit_common::Limit::default()
+        }
+    }
+
     fn interval(self) -> u64 {
         #[expect(
             clippy::cast_possible_truncation,
@@ -97,6 +135,8 @@ struct Host {
     window: DemandWindow,
     /// What it published, as the others read it now.
     published: Option<f64>,
+    /// Its last publication was lost (gossip brings the next one: never two in a row).
+    lost: bool,
 }
 
 /// A simulated cluster for one key.
@@ -136,6 +176,7 @@ impl Sim {
         self.now += STEP;
         let interval = self.limit.interval();
         let tolerance = self.limit.tolerance();
+        let record = self.limit.record();
         let mut admitted = 0;
         let mut all = 0;
         for (h, &k) in self.hosts.iter_mut().zip(arrivals) {
@@ -145,13 +186,12 @@ impl Sim {
             h.holds = true;
             h.demand += k;
             all += k;
-            let cost = share_cost(interval, u64::from(h.word));
-            let n = charge(&mut h.tat, self.now, k, cost, tolerance);
+            let n = charge_batch(&mut h.tat, self.now, k, &record, u64::from(h.word));
             h.admitted += n;
             admitted += n;
             self.dropped += k - n;
         }
-        let one = charge(&mut self.one_tat, self.now, all, interval, tolerance);
+        let one = charge_one(&mut self.one_tat, self.now, all, interval, tolerance);
         self.steps.push((admitted, one, all));
         if self.now.is_multiple_of(self.sync) {
             self.round();
@@ -162,8 +202,6 @@ impl Sim {
     /// share word (keeping the bucket's tokens), then publish this round's figure.
     fn round(&mut self) {
         let now = self.now;
-        let interval = self.limit.interval();
-        let tolerance = self.limit.tolerance();
         let fresh: Vec<Option<f64>> = self
             .hosts
             .iter_mut()
@@ -186,18 +224,19 @@ impl Sim {
         for h in &mut self.hosts {
             let Some(own) = h.published else { continue };
             // Fail open: a key no peer holds keeps the whole rate.
-            let s = share(own, all - own, 1.0, Some(self.limit.rate), holders_f);
+            let s = share_of(own, all - own, 1.0, Some(self.limit.rate), holders_f);
             let word = share_word(s);
-            let eff = |w: u16| if w == 0 { SHARE_ONE } else { u64::from(w) };
-            if let Some(t) = keep_tokens(h.tat, now, (tolerance, interval), eff(h.word), eff(word))
-            {
-                h.tat = t;
-            }
+            h.tat = rewrite(h.tat, now, u64::from(h.word), u64::from(word));
             h.word = word;
         }
         for (h, f) in self.hosts.iter_mut().zip(fresh) {
-            if f.is_some() && self.rng.unit() >= self.loss {
-                h.published = f;
+            if f.is_some() {
+                if !h.lost && self.rng.unit() < self.loss {
+                    h.lost = true;
+                } else {
+                    h.lost = false;
+                    h.published = f;
+                }
             }
         }
     }
@@ -228,16 +267,19 @@ impl Sim {
         worst
     }
 
-    /// The README's bound on the excess over `rate x T` in any window: `hosts x (burst + 1)`
-    /// (each host's first bucket is full at the whole burst before its first round, and each
-    /// holds at least one packet) plus `(hosts - 1) x rate x lag` (shares computed from figures
-    /// a lag old), the lag two sync intervals and the gossip.
+    /// The README's bound on the excess over `rate x T` in any window: `hosts x burst` (each
+    /// host's bucket holds up to the whole burst, at any share) plus `(hosts - 1) x rate x lag`
+    /// (a new key refills at the whole rate at every host until its first shares, and shares
+    /// follow figures a lag old), the lag [`LAG_INTERVALS`] sync intervals.
     pub fn bound(&self) -> f64 {
         #[expect(clippy::cast_precision_loss, reason = "small")]
         let n = self.hosts.len() as f64;
         #[expect(clippy::cast_precision_loss, reason = "small")]
-        let (burst, lag) = (self.limit.burst as f64, 3.0 * self.sync as f64 / 1e9);
-        n * (burst + 1.0) + (n - 1.0) * self.limit.rate * lag
+        let (burst, lag) = (
+            self.limit.burst as f64,
+            LAG_INTERVALS * self.sync as f64 / 1e9,
+        );
+        n * burst + (n - 1.0) * self.limit.rate * lag
     }
 }
 

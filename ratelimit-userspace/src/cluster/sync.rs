@@ -218,7 +218,7 @@ impl SyncLoop {
         if let Err(e) = maps.update_config(|c| c.shares_until_ns = 0) {
             tracing::warn!(error = %e, "cluster sync: clearing the shares in force");
         }
-        let cleared = maps.store().clear_shares();
+        let cleared = maps.store().clear_shares(monotonic_ns());
         if cleared > 0 {
             tracing::info!(
                 buckets = cleared,

@@ -114,20 +114,15 @@ impl BucketView {
         let rule = &rule
             .limit(ratelimit_common::split_bucket_rule(u32::from(b.rule)).1)
             .unwrap_or_default();
-        // A cluster-scoped bucket's token costs its share word's multiple of the whole rate's
-        // (see `Bucket::created_share`; taken as in force: the agent renews the shares every
-        // round).
-        #[expect(clippy::cast_precision_loss, reason = "display only")]
-        let scale = if rule.flags & rule_flags::CLUSTER != 0 && b.share() != 0 {
-            ratelimit_common::SHARE_ONE as f64 / f64::from(b.share())
+        // A cluster-scoped bucket's TAT may be kept in its share's time (its mark: see
+        // `ratelimit_common::share`); its tokens are the same in either.
+        let word = if rule.flags & rule_flags::CLUSTER != 0 {
+            u64::from(b.share())
         } else {
-            1.0
+            0
         };
         let level = |tat: u64, tolerance: u64, unit: f64| {
-            // Tokens = (now + tolerance - max(tat, now)) / cost of one token.
-            #[expect(clippy::cast_precision_loss, reason = "display only")]
-            let v = (now as f64 + tolerance as f64 - tat.max(now) as f64) / (unit * scale);
-            v
+            ratelimit_common::share::tokens(tat, now, tolerance, unit, word)
         };
         #[expect(clippy::cast_precision_loss, reason = "display only")]
         Self {

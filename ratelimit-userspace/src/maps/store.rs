@@ -377,115 +377,90 @@ impl MappedStore {
     /// is taken off again: the new bucket refills at its whole rate until the next round gives
     /// it a share of its own. `None` if the record does not hold `header`, else the share it had.
     ///
-    /// A bucket whose share changes keeps the tokens it holds (up to a full bucket): its TATs
-    /// move so that `now + tolerance - max(tat, now)` (its headroom) scales by `old / new`
-    /// (`tolerances`: packet, byte; `now`: `CLOCK_MONOTONIC`; see [`keep_tokens`]). Without
-    /// that, a bucket held at a word of nearly nothing (a host without demand), whose TAT fell
-    /// behind `now`, would hold `new x burst` the moment its word grew: at a change of split from
-    /// 95/5 to even over 8 hosts, 6 of them took an eighth of the burst each at once (1.14 x the
-    /// budget over the next second, in simulation). And a bucket whose word shrank lost tokens
-    /// that a later growth did not give back: with words jittering round to round, an even split
-    /// over 8 hosts ran 2.3-3.7% under the budget on a loaded machine.
-    pub fn set_share(
-        &self,
-        i: u32,
-        header: u64,
-        share: u16,
-        now: u64,
-        tolerances: ((u64, u64), (u64, u64)),
-    ) -> Option<u16> {
-        use ratelimit_common::{SHARE_MASK, SHARE_ONE};
+    /// The bucket keeps the tokens it holds: its TATs are brought from the time of the word they
+    /// were kept in (their mark, `ratelimit_common::share`) into the new word's
+    /// ([`ratelimit_common::share::convert`]; `now`: `CLOCK_MONOTONIC`). Word and TATs are two
+    /// writes the program may read between: when the share grows the word is written first, when
+    /// it shrinks the TATs are, so that in between the bucket reads as holding fewer tokens than
+    /// it does, never more. Without keeping them, a bucket held at a word of nearly nothing whose
+    /// TAT fell behind `now` would hold a burst the moment its word grew, and a bucket whose word
+    /// shrank would lose tokens a later growth did not give back (an even split over 8 hosts ran
+    /// 2.3-3.7% under the budget on a loaded machine).
+    pub fn set_share(&self, i: u32, header: u64, share: u16, now: u64) -> Option<u16> {
+        use ratelimit_common::{share::effective, SHARE_MASK};
         self.require_writable();
         let headers = self.word(i, BUCKET_HEADER_OFFSET);
         if headers.load(Ordering::Acquire) != header {
             return None;
         }
         let w = self.word(i, std::mem::offset_of!(Bucket, created_share));
-        let old = w
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                Some(v & !SHARE_MASK | u64::from(share))
-            })
-            .unwrap_or_else(|v| v);
+        let old = w.load(Ordering::Acquire) & SHARE_MASK;
+        let to = u64::from(share);
+        if effective(to) > effective(old) {
+            let was = w
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                    Some(v & !SHARE_MASK | to)
+                })
+                .unwrap_or_else(|v| v);
+            self.convert_tats(i, now, was & SHARE_MASK, to);
+        } else if to != old {
+            self.convert_tats(i, now, old, to);
+            let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v & !SHARE_MASK | to)
+            });
+        }
         if headers.load(Ordering::Acquire) != header {
-            self.clear_share(i);
+            self.clear_share(i, now);
             return None;
         }
-        let effective = |w: u64| if w == 0 { SHARE_ONE } else { w };
-        let (from, to) = (effective(old & SHARE_MASK), effective(u64::from(share)));
-        if to != from {
-            for (offset, tolerance) in [
-                (std::mem::offset_of!(Bucket, tat_ns), tolerances.0),
-                (std::mem::offset_of!(Bucket, byte_tat_ns), tolerances.1),
-            ] {
-                let _ =
-                    self.word(i, offset)
-                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
-                            keep_tokens(tat, now, tolerance, from, to)
-                        });
-            }
-        }
-        Some(u16::try_from(old & SHARE_MASK).unwrap_or(0))
+        Some(u16::try_from(old).unwrap_or(0))
     }
 
-    /// Clears every bucket's share word (see `Bucket::created_share`): what an agent's cluster
-    /// sync does before its first round, so that no share an earlier agent left holds once this
-    /// one renews `Config::shares_until_ns`. Returns how many it cleared.
-    pub fn clear_shares(&self) -> u64 {
+    /// Brings record `i`'s TATs from the time of share word `from` into `to`'s, their tokens
+    /// kept, by compare-and-swap (see [`ratelimit_common::share::convert`]).
+    fn convert_tats(&self, i: u32, now: u64, from: u64, to: u64) {
+        for offset in [
+            std::mem::offset_of!(Bucket, tat_ns),
+            std::mem::offset_of!(Bucket, byte_tat_ns),
+        ] {
+            let _ = self
+                .word(i, offset)
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+                    ratelimit_common::share::convert(tat, now, from, to)
+                });
+        }
+    }
+
+    /// Clears every bucket's share word (see `Bucket::created_share`), its tokens kept: what an
+    /// agent's cluster sync does before its first round, so that no share an earlier agent left
+    /// holds once this one renews `Config::shares_until_ns`. Returns how many it cleared.
+    pub fn clear_shares(&self, now: u64) -> u64 {
         self.require_writable();
         let mut cleared = 0;
         self.for_each(|i, b| {
             if b.share() != 0 {
-                self.clear_share(i);
+                self.clear_share(i, now);
                 cleared += 1;
             }
         });
         cleared
     }
 
-    /// Clears record `i`'s share word (its creation time kept), by compare-and-swap.
-    fn clear_share(&self, i: u32) {
+    /// Clears record `i`'s share word (its creation time kept), by compare-and-swap, then brings
+    /// its TATs into the whole rate's time (the share grows: word first, see [`Self::set_share`]).
+    fn clear_share(&self, i: u32, now: u64) {
         let w = self.word(i, std::mem::offset_of!(Bucket, created_share));
-        let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-            Some(v & !ratelimit_common::SHARE_MASK)
-        });
+        let was = w
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v & !ratelimit_common::SHARE_MASK)
+            })
+            .unwrap_or_else(|v| v);
+        self.convert_tats(i, now, was & ratelimit_common::SHARE_MASK, 0);
     }
 
     fn require_writable(&self) {
         self.mapping.require_writable("the bucket store");
     }
-}
-
-/// The TAT that keeps a bucket's tokens when its share word changes from `from` to `to` (both
-/// effective: 1..=`SHARE_ONE`), for a limit whose whole-rate tolerance and cost are `tolerance`
-/// and `cost` (0 for bytes, whose cost varies by packet): its headroom `now + tolerance_w -
-/// max(tat, now)` scaled by `from / to`, at most a full bucket, where `tolerance_w` is the
-/// tolerance the program judges the bucket against at word `w` (at least one packet's cost:
-/// `ratelimit_common::share_tolerance`); `None` (leave it) for a bucket with no headroom (empty
-/// or in debt) or one whose tokens it would not change.
-#[must_use]
-pub fn keep_tokens(
-    tat: u64,
-    now: u64,
-    (tolerance, cost): (u64, u64),
-    from: u64,
-    to: u64,
-) -> Option<u64> {
-    use ratelimit_common::{share_cost, share_tolerance};
-    let base = tat.max(now);
-    if to == from || to == 0 {
-        return None;
-    }
-    let top_from = now.saturating_add(share_tolerance(tolerance, share_cost(cost, from)));
-    let tolerance_to = share_tolerance(tolerance, share_cost(cost, to));
-    if base >= top_from {
-        return None;
-    }
-    let headroom = u128::from(top_from - base) * u128::from(from) / u128::from(to);
-    let headroom = u64::try_from(headroom)
-        .unwrap_or(u64::MAX)
-        .min(tolerance_to);
-    let new = now.saturating_add(tolerance_to) - headroom;
-    (new != base).then_some(new)
 }
 
 /// `tat` moved by `cost` from `now` (`max(tat, now) + cost`) but not past `ceiling` (a TAT already

@@ -85,7 +85,9 @@ struct Found {
     /// Cluster and one bucket admitted over the last 7 s.
     cluster: u64,
     one: u64,
-    /// Drops in the last 7 s with arrivals under the budget (0 unless `under`).
+    /// Drops in the last 7 s with arrivals under the budget: arrivals that one bucket of the
+    /// rate and burst admits whole (0 otherwise: in steps of 1 ms, a high rate's arrivals come
+    /// in batches that a small burst cannot take, and one bucket drops them too).
     dropped_under: u64,
 }
 
@@ -104,7 +106,7 @@ fn run(c: &Case) -> Found {
         sim.step(&a);
     }
     let from = usize::try_from(warm_ms).unwrap_or(usize::MAX);
-    let (cluster, one, _) = sim.totals(from, sim.steps.len());
+    let (cluster, one, arrived) = sim.totals(from, sim.steps.len());
     let excess = [100usize, 1_000, 7_000]
         .iter()
         .map(|&w| sim.worst_excess(w))
@@ -114,7 +116,7 @@ fn run(c: &Case) -> Found {
         bound: sim.bound(),
         cluster,
         one,
-        dropped_under: if c.under {
+        dropped_under: if c.under && one == arrived {
             sim.dropped - dropped_at_warm
         } else {
             0
@@ -160,7 +162,7 @@ fn cases() -> u64 {
     std::env::var("RL_SIM_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(60)
+        .unwrap_or(300)
 }
 
 /// Over every drawn configuration and arrival process, no window of the run admits more than
@@ -177,14 +179,13 @@ fn no_window_admits_more_than_the_bound() {
 }
 
 /// The whole property of issue #34: also 95% of one bucket over 7 s and nobody limited under
-/// the budget. It does not hold yet: a holder holds `share x burst` (at least one packet), so a
-/// host whose arrivals fluctuate more than that between refills (Poisson and heavy-tailed
-/// arrivals over many hosts with a small burst, bursts whose gaps at one host exceed
-/// `burst / rate`) loses refill that one bucket would have banked: 16 of 60 cases fail (13
-/// with demand over four sync intervals instead of one; 23 before a holder held at least one packet). The
-/// fix is a holder holding the whole burst at its share (see the README's "Cluster accuracy").
+/// the budget. Before a holder held the whole burst at its share (it held `share x burst`,
+/// nothing below `1 / burst`), 23 of the first 60 cases failed; with one packet at least, 16.
+/// Of 1,000 drawn cases, 8 still fall short of 95% (0.33-0.95; every one within the bound):
+/// bursts whose gaps at one host are many sync intervals long (a host's demand reads 0 between
+/// them, so it banks no refill for the next), and many hosts each seeing a packet now and then
+/// (`RL_SIM_CASES=1000` lists them).
 #[test]
-#[ignore = "open: a holder holds share x burst; see the doc comment and README"]
 fn the_cluster_admits_what_one_bucket_would() {
     let failed = failures(cases(), true);
     assert!(
