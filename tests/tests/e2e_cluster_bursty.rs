@@ -276,7 +276,9 @@ fn eight_hosts_with_even_bursts_admit_what_one_bucket_would() {
 const SMALL_FLOOR: f64 = 0.5;
 
 /// Eight hosts, 4,000 pps in all, 95% to h0 (190 back to back every 50 ms) and the other seven
-/// about 29 pps each (2 back to back every 70 ms, phases spread). Within 5% of one bucket, and
+/// about 29 pps each (the smallest bursts: one datagram every 35 ms, phases spread; with 2
+/// every 70 ms they admitted 25-44 of 57 and 6-26 in other runs, too close to the floor to fail
+/// every time today). Within 5% of one bucket, and
 /// every small host admits some of its traffic: with shares in proportion to demand each would
 /// get about its demand x budget / total demand (7 pps, 57 over the window); each must get at
 /// least half of that ([`SMALL_FLOOR`]), whatever else a design gives them.
@@ -287,8 +289,8 @@ fn eight_hosts_95_5_with_bursts_admit_what_one_bucket_would_and_small_hosts_get_
     let mut plan = Plan::default().periodic(0, 190, 0.05, 0.0, end, |_| true);
     for h in 1..HOSTS {
         #[expect(clippy::cast_precision_loss, reason = "8 hosts")]
-        let offset = 0.07 * h as f64 / HOSTS as f64;
-        plan = plan.periodic(h, 2, 0.07, offset, end, |_| true);
+        let offset = 0.035 * h as f64 / HOSTS as f64;
+        plan = plan.periodic(h, 1, 0.035, offset, end, |_| true);
     }
     let (o, per_host) = {
         // Assert the small hosts after the ratio's figures are out, but before a ratio failure
