@@ -22,7 +22,8 @@ use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 
 use crate::{
-    add_addr, agent_binary, bind_udp, mac, neigh_to_peer, veth_pair, AgentProcess, Netns, Receiver,
+    add_addr, agent_binary, bind_udp, ifindex, mac, mac_bytes, neigh_to_peer, veth_pair,
+    AgentProcess, Netns, RawSocket, Receiver,
 };
 
 /// The flood source every [`ClusterNet`] can send from.
@@ -169,6 +170,19 @@ scope = "cluster"
     /// gossip on its own link seeded with every host.
     #[must_use]
     pub fn config_with(&self, i: usize, rules: &str, sync_ms: u64) -> String {
+        self.config_agent_with(i, "", rules, sync_ms)
+    }
+
+    /// [`ClusterNet::config_with`] with `agent_keys` (TOML `key = value` lines, e.g.
+    /// `max_buckets = 64`) added to the `[agent]` table.
+    #[must_use]
+    pub fn config_agent_with(
+        &self,
+        i: usize,
+        agent_keys: &str,
+        rules: &str,
+        sync_ms: u64,
+    ) -> String {
         let seeds: Vec<String> = (0..self.hosts.len())
             .filter(|&j| j != i)
             .map(|j| gossip_addr(j).to_string())
@@ -177,7 +191,7 @@ scope = "cluster"
             r#"[agent]
 interfaces = ["{}"]
 mode = "auto"
-
+{agent_keys}
 {rules}
 [cluster]
 listen = "{}"
@@ -300,6 +314,100 @@ cluster_id = "e2e-cluster-net"
             .name(format!("flood-{source}"))
             .spawn(move || send_split(&sock, &dsts, &schedule, start))?)
     }
+}
+
+impl ClusterNet {
+    /// Spawns [`send_bursts`](crate::bursty::send_bursts) of `plan` from `source` ([`FLOOD`],
+    /// or an address [`ClusterNet::add_source`] gave the sender) to every host's receiver.
+    pub fn bursts_from(
+        &self,
+        source: Ipv4Addr,
+        plan: crate::bursty::Plan,
+        start: Instant,
+    ) -> Result<thread::JoinHandle<crate::bursty::BurstLog>> {
+        let sock = bind_udp(&self.tx, SocketAddr::new(IpAddr::V4(source), 0))?;
+        let dsts: Vec<SocketAddr> = (0..self.hosts.len())
+            .map(|i| SocketAddr::new(IpAddr::V4(data_ip(i)), DATA_PORT))
+            .collect();
+        Ok(thread::Builder::new()
+            .name(format!("bursts-{source}"))
+            .spawn(move || crate::bursty::send_bursts(&sock, &dsts, &plan, start))?)
+    }
+
+    /// An `AF_PACKET` socket on the sender's data link addressed to host `i`'s data link, for
+    /// frames with any source address ([`ClusterNet::udp_frame`]).
+    pub fn raw_to(&self, i: usize) -> Result<RawSocket> {
+        let h = &self.hosts[i];
+        RawSocket::open_in(
+            &self.tx,
+            ifindex(&self.tx, &self.tx_if)?,
+            mac_bytes(&h.ns, &h.data_if)?,
+        )
+    }
+
+    /// A UDP frame of 64 payload bytes from `source` (any address: spoofed) to host `i`'s data
+    /// address and `port`, with the sender's and the host's MACs and real checksums.
+    pub fn udp_frame(&self, source: Ipv4Addr, i: usize, port: u16) -> Result<Vec<u8>> {
+        let h = &self.hosts[i];
+        let macs = (
+            mac_bytes(&self.tx, &self.tx_if)?,
+            mac_bytes(&h.ns, &h.data_if)?,
+        );
+        Ok(udp_frame(macs, source, data_ip(i), port))
+    }
+
+    /// Sends one frame from `source` (spoofed: the sender need not own it) to host `i`'s
+    /// receiver: `source` reaches that host's limiter as if it had sent there.
+    pub fn spoof(&self, source: Ipv4Addr, i: usize) -> Result<()> {
+        let frame = self.udp_frame(source, i, DATA_PORT)?;
+        self.raw_to(i)?
+            .send(&frame)
+            .with_context(|| format!("sending a frame from {source} to h{i}"))
+    }
+
+    /// Spawns one thread per host that sends it `pps` frames a second for `duration`, from the
+    /// `sources` (spoofed), round-robin, to `port`: a flood of many sources, each new to the
+    /// host's bucket store while there are more of them than it holds. Each thread returns what
+    /// [`RawSocket::send_paced`] reports.
+    pub fn spoofed_flood(
+        &self,
+        sources: &[Ipv4Addr],
+        port: u16,
+        pps: u64,
+        duration: Duration,
+    ) -> Result<Vec<thread::JoinHandle<Result<crate::SendReport>>>> {
+        let mut threads = Vec::new();
+        for i in 0..self.hosts.len() {
+            let h = &self.hosts[i];
+            let macs = (
+                mac_bytes(&self.tx, &self.tx_if)?,
+                mac_bytes(&h.ns, &h.data_if)?,
+            );
+            let frames: Vec<Vec<u8>> = sources
+                .iter()
+                .map(|&s| udp_frame(macs, s, data_ip(i), port))
+                .collect();
+            let raw = self.raw_to(i)?;
+            threads.push(
+                thread::Builder::new()
+                    .name(format!("spoofed-h{i}"))
+                    .spawn(move || raw.send_paced(&frames, pps, duration))?,
+            );
+        }
+        Ok(threads)
+    }
+}
+
+/// A UDP frame of 64 payload bytes between `macs` (source, destination) from `source` to
+/// `dst:port`, with real checksums.
+fn udp_frame(macs: ([u8; 6], [u8; 6]), source: Ipv4Addr, dst: Ipv4Addr, port: u16) -> Vec<u8> {
+    crate::packet::eth()
+        .macs(macs.0, macs.1)
+        .ipv4(source, dst)
+        .udp(40_000, port)
+        .payload(64)
+        .checksums()
+        .build()
 }
 
 /// `ratelimit --socket S status --json`, parsed.

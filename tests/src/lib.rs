@@ -19,6 +19,8 @@
 //!   [`AgentProcess::cli_json`], ...), its status and output.
 //! - [`wire`]: the header every test datagram carries (sender id, sequence number).
 //! - [`collide`]: sources chosen to collide in the bucket store under a known seed.
+//! - [`bursty`]: a sender of back-to-back bursts to several hosts that logs every datagram, and
+//!   what one GCRA bucket would admit of them ([`bursty::one_bucket`]).
 //! - [`cluster`]: cluster test beds (hosts with data and gossip links), the agents' cluster
 //!   status, and [`cluster::Attacker`], a key-holding peer speaking the real sealed protocol.
 //!
@@ -46,6 +48,7 @@
 
 pub mod agent;
 pub mod agent_proc;
+pub mod bursty;
 pub mod cli;
 pub mod cluster;
 pub mod cluster_net;

@@ -184,6 +184,24 @@ impl Receiver {
         self.shared.tally().total
     }
 
+    /// The sequence numbers (below 2^24) that arrived so far from `from` with the [`Header`]'s
+    /// sender id `sender`, ascending: which of a sender's datagrams got through.
+    pub fn seqs(&self, from: IpAddr, sender: u64) -> Vec<u64> {
+        let tally = self.shared.tally();
+        let Some(bits) = tally.seen.get(&(from, sender)) else {
+            return Vec::new();
+        };
+        let mut seqs = Vec::new();
+        for (w, &word) in (0u64..).zip(bits) {
+            for b in 0..64 {
+                if word & (1 << b) != 0 {
+                    seqs.push(w * 64 + b);
+                }
+            }
+        }
+        seqs
+    }
+
     /// When datagrams waited in the socket for [`STALL`] or longer before the receiving thread
     /// read them (it was descheduled, or the whole machine paused), and for how long: from the
     /// kernel's receive time of the first such datagram to its reading, merged where they

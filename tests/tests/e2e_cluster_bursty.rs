@@ -1,0 +1,576 @@
+//! The cluster budget against bursty senders, end to end (issue #34): real agents share one
+//! `scope = "cluster"` budget (sync 100 ms) while one source sends each host bursts back to back
+//! (`testbed::bursty`), as real clients do, instead of the round-robin pacing of `send_split`
+//! that the other cluster tests use. What the hosts' receivers got of those datagrams is compared
+//! with what one GCRA bucket of the same rate and burst would have admitted of the very same
+//! datagrams (their recorded send times merged): the budget is one bucket's, however the source
+//! spreads and times its traffic.
+//!
+//! The comparison is over a measured window after a warm-up of [`WARM_SECS`]: at the start every
+//! host admits its own full burst before the shares are known (the README's `hosts x burst`
+//! once), which one bucket would not, and which this test does not judge. Each datagram carries
+//! its sequence number, so both counts are over the datagrams *sent* in the window, exactly,
+//! with no sampling at the window's edges; a sender held up by a busy machine sends later, and
+//! the reference sees the same late datagrams.
+//!
+//! The agent binary is `$RATELIMIT_BIN`, else `target/debug/ratelimit` (what `cargo xtask test`
+//! builds): run the file twice, the second time with
+//! `RATELIMIT_BIN=target/release/ratelimit` (`cargo xtask build --release`), for both.
+//!
+//! Run with `--nocapture` for the figures: per host sent and admitted, the cluster's total, the
+//! one-bucket reference and their ratio.
+//!
+//! Every test here fails on the share design of before issue #34 (figures in tests/README.md):
+//! a host's bucket refills at its share of the rate but may hold only its share of the burst
+//! (the cost is scaled, the tolerance is not), so a host whose bursts come further apart than
+//! `burst / rate` loses the rest of each gap's refill, and a share of a burst of 1 holds less
+//! than one packet.
+
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ratelimit_testbed::{
+    agent_proc::global_counter,
+    bursty::{one_bucket, worst_excess, BurstLog, Plan},
+    cluster_net::{ClusterNet, FLOOD},
+    leftover_check, require_root, AgentProcess, Receiver,
+};
+
+const SYNC_MS: u64 = 100;
+/// Not measured: the first bursts at every host (each starts full) and the shares settling.
+const WARM_SECS: f64 = 3.0;
+/// Measured after the warm-up.
+const MEASURE_SECS: f64 = 8.0;
+/// The cluster admits within this of one bucket over the measured window (the issue's 5%).
+const ACCURACY: f64 = 0.05;
+
+/// What one scenario's run gave.
+struct Outcome {
+    log: BurstLog,
+    /// Per datagram: whether it arrived.
+    admitted: Vec<bool>,
+    /// Per datagram: whether one bucket would have admitted it.
+    reference: Vec<bool>,
+    hosts: usize,
+}
+
+impl Outcome {
+    /// Prints per host sent and admitted over `[t1, t2)`, the cluster's total, the reference and
+    /// the ratio; returns (cluster, reference, per host admitted).
+    fn report(&self, what: &str, t1: f64, t2: f64) -> (u64, u64, Vec<u64>) {
+        let sent = self.log.per_host(self.hosts, t1, t2);
+        let got = self.log.count_per_host(&self.admitted, self.hosts, t1, t2);
+        let reference: u64 = self
+            .log
+            .count_per_host(&self.reference, self.hosts, t1, t2)
+            .iter()
+            .sum();
+        let cluster: u64 = got.iter().sum();
+        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+        let ratio = cluster as f64 / reference.max(1) as f64;
+        println!(
+            "{what}: datagrams sent {t1:.1}-{t2:.1} s: per host sent {sent:?}, admitted {got:?}; \
+             cluster admitted {cluster}, one bucket {reference}, ratio {ratio:.3}"
+        );
+        (cluster, reference, got)
+    }
+
+    /// Cluster and one-bucket admissions per second of send time, for the trace.
+    fn per_second(&self, end: f64) {
+        let mut line = String::new();
+        let mut t = 0.0;
+        while t < end {
+            let c: u64 = self
+                .log
+                .count_per_host(&self.admitted, self.hosts, t, t + 1.0)
+                .iter()
+                .sum();
+            let r: u64 = self
+                .log
+                .count_per_host(&self.reference, self.hosts, t, t + 1.0)
+                .iter()
+                .sum();
+            line.push_str(&format!(" {c}/{r}"));
+            t += 1.0;
+        }
+        println!("per second, cluster/one bucket:{line}");
+    }
+}
+
+/// Builds the network, starts the agents with `config(net, i)`, runs `before` (after the
+/// receivers are up), sends `plan` from [`FLOOD`], waits for the last datagrams, and tears
+/// everything down; `during` runs on the test's thread while the plan is sent and gets the start.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one scenario's settings and its three hooks"
+)]
+fn run(
+    tag: &str,
+    hosts: usize,
+    rate: f64,
+    burst: f64,
+    config: impl Fn(&ClusterNet, usize) -> String,
+    before: impl FnOnce(&ClusterNet),
+    plan: Plan,
+    during: impl FnOnce(&ClusterNet, &[AgentProcess], Instant),
+) -> Outcome {
+    require_root();
+    let net = ClusterNet::new(tag, hosts).unwrap();
+    let agents = net
+        .start_agents_with(|i| config(&net, i), Duration::from_secs(60))
+        .unwrap();
+    let receivers = net.receivers().unwrap();
+    before(&net);
+    let planned = plan.per_host(hosts);
+    let start = Instant::now();
+    let sender = net.bursts_from(FLOOD, plan, start).unwrap();
+    during(&net, &agents, start);
+    let log = sender.join().unwrap();
+    for r in &receivers {
+        r.wait_idle(Duration::from_millis(200), Duration::from_secs(3));
+    }
+    let admitted = log.admitted(&receivers);
+    let times: Vec<f64> = log.sent.iter().map(|d| d.t).collect();
+    let reference = one_bucket(&times, rate, burst);
+    let drops: Vec<u64> = receivers
+        .iter()
+        .map(|r| r.socket_drops().unwrap())
+        .collect();
+    // What each host's program saw of the source (passed + dropped): a datagram lost on the
+    // way (a full queue) would be missing from the cluster's count for no fault of the limiter.
+    let seen: Vec<u64> = agents
+        .iter()
+        .map(|a| {
+            let s = a.stats();
+            ["passed", "dropped_rate"]
+                .iter()
+                .map(|v| ratelimit_testbed::agent_proc::rule_packets(&s, "cluster-flood", v))
+                .sum()
+        })
+        .collect();
+    println!(
+        "\n[{tag}] {hosts} hosts, rate {rate} burst {burst}, sync {SYNC_MS} ms, agent {}: \
+         planned {planned:?}, sent {:?} ({} refused), seen by the hosts' programs {seen:?}; \
+         longest burst {:.2} ms; bursts late by 30 ms or more: {}",
+        ratelimit_testbed::agent_binary().display(),
+        log.per_host(hosts, 0.0, f64::MAX),
+        log.errors,
+        log.longest_burst * 1000.0,
+        log.late.len()
+    );
+    for (due, late) in log.late.iter().take(10) {
+        println!(
+            "  burst due at {due:.3} s sent {:.0} ms late",
+            late * 1000.0
+        );
+    }
+    assert_eq!(
+        drops,
+        vec![0; hosts],
+        "receivers overran: their counts miss what the hosts admitted"
+    );
+    teardown(tag, net, agents, receivers);
+    Outcome {
+        log,
+        admitted,
+        reference,
+        hosts,
+    }
+}
+
+fn teardown(tag: &str, net: ClusterNet, agents: Vec<AgentProcess>, receivers: Vec<Receiver>) {
+    drop(receivers);
+    for (i, a) in agents.into_iter().enumerate() {
+        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+    }
+    drop(net);
+    let ours = format!("-{}-", std::process::id());
+    let left: Vec<String> = leftover_check(&format!("{tag}-"))
+        .into_iter()
+        .filter(|n| n.contains(&ours))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
+
+/// The plain cluster config of every host: one rule `cluster-flood` over 198.18.0.0/24.
+fn plain(rate: f64, burst: f64) -> impl Fn(&ClusterNet, usize) -> String {
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "small settings"
+    )]
+    move |net: &ClusterNet, i| net.config(i, rate as u64, burst as u64, SYNC_MS)
+}
+
+/// Runs `plan` for [`WARM_SECS`] + [`MEASURE_SECS`] against `hosts` agents and asserts the
+/// cluster admitted within [`ACCURACY`] of one bucket over the measured window. Returns the
+/// outcome and per host admitted in the window.
+fn within_one_bucket(
+    tag: &str,
+    hosts: usize,
+    rate: f64,
+    burst: f64,
+    plan: Plan,
+) -> (Outcome, Vec<u64>) {
+    let end = WARM_SECS + MEASURE_SECS;
+    let o = run(
+        tag,
+        hosts,
+        rate,
+        burst,
+        plain(rate, burst),
+        |_| {},
+        plan,
+        |_, _, _| {},
+    );
+    o.report("whole run", 0.0, end);
+    let (cluster, reference, per_host) = o.report("measured", WARM_SECS, end);
+    o.per_second(end);
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let ratio = cluster as f64 / reference.max(1) as f64;
+    assert!(
+        (ratio - 1.0).abs() <= ACCURACY,
+        "over the datagrams sent {WARM_SECS}-{end} s the cluster admitted {cluster}, one bucket \
+         {reference}: {ratio:.3} x, want within {:.0}%",
+        ACCURACY * 100.0
+    );
+    (o, per_host)
+}
+
+/// The issue's bursty case: two hosts, one source sending 150 datagrams back to back every
+/// 250 ms to each (host B a half period after host A), 1.2 x the budget in all. One bucket
+/// refills 125 tokens between consecutive bursts and admits 125 of each; the cluster must too.
+#[test]
+fn two_hosts_with_interleaved_bursts_admit_what_one_bucket_would() {
+    const HOSTS: usize = 2;
+    let end = WARM_SECS + MEASURE_SECS;
+    let plan = Plan::default()
+        .periodic(0, 150, 0.25, 0.0, end, |_| true)
+        .periodic(1, 150, 0.25, 0.125, end, |_| true);
+    within_one_bucket("rl-cb2", HOSTS, 1000.0, 500.0, plan);
+}
+
+/// Eight hosts, 500 pps to each in bursts of 125 back to back every 250 ms, the hosts' phases
+/// spread over the period (a burst somewhere every 31 ms): 4 x the budget, evenly split. One
+/// bucket refills 31 tokens between consecutive bursts and admits them: the budget. A host's
+/// bucket gets a burst only every 250 ms, longer than the tolerance (`burst / rate`, 100 ms): a
+/// host that may hold only its share of the burst (12.5 packets at 1/8) loses the refill of the
+/// rest of the period. (Bursts of 25 every 50 ms, within the tolerance, admitted 1.023 x today.)
+#[test]
+fn eight_hosts_with_even_bursts_admit_what_one_bucket_would() {
+    const HOSTS: usize = 8;
+    let end = WARM_SECS + MEASURE_SECS;
+    let mut plan = Plan::default();
+    for h in 0..HOSTS {
+        #[expect(clippy::cast_precision_loss, reason = "8 hosts")]
+        let offset = 0.25 * h as f64 / HOSTS as f64;
+        plan = plan.periodic(h, 125, 0.25, offset, end, |_| true);
+    }
+    within_one_bucket("rl-cb8e", HOSTS, 1000.0, 100.0, plan);
+}
+
+/// Of its proportional share (demand x budget / total demand), what each small host of the 95/5
+/// split admits at least.
+const SMALL_FLOOR: f64 = 0.5;
+
+/// Eight hosts, 4,000 pps in all, 95% to h0 (190 back to back every 50 ms) and the other seven
+/// about 29 pps each (the smallest bursts: one datagram every 35 ms, phases spread; with 2
+/// every 70 ms they admitted 25-44 of 57 and 6-26 in other runs, too close to the floor to fail
+/// every time today). Within 5% of one bucket, and
+/// every small host admits some of its traffic: with shares in proportion to demand each would
+/// get about its demand x budget / total demand (7 pps, 57 over the window); each must get at
+/// least half of that ([`SMALL_FLOOR`]), whatever else a design gives them.
+#[test]
+fn eight_hosts_95_5_with_bursts_admit_what_one_bucket_would_and_small_hosts_get_some() {
+    const HOSTS: usize = 8;
+    let end = WARM_SECS + MEASURE_SECS;
+    let mut plan = Plan::default().periodic(0, 190, 0.05, 0.0, end, |_| true);
+    for h in 1..HOSTS {
+        #[expect(clippy::cast_precision_loss, reason = "8 hosts")]
+        let offset = 0.035 * h as f64 / HOSTS as f64;
+        plan = plan.periodic(h, 1, 0.035, offset, end, |_| true);
+    }
+    let (o, per_host) = {
+        // Not `within_one_bucket`: the ratio and the small hosts are asserted together below, so
+        // a ratio outside does not hide which small hosts were starved.
+        let o = run(
+            "rl-cb8s",
+            HOSTS,
+            1000.0,
+            100.0,
+            plain(1000.0, 100.0),
+            |_| {},
+            plan,
+            |_, _, _| {},
+        );
+        o.report("whole run", 0.0, end);
+        let (_, _, per_host) = o.report("measured", WARM_SECS, end);
+        o.per_second(end);
+        (o, per_host)
+    };
+    let sent = o.log.per_host(HOSTS, WARM_SECS, end);
+    let total: u64 = sent.iter().sum();
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let fair: Vec<String> = sent
+        .iter()
+        .map(|&s| {
+            format!(
+                "{:.0}",
+                s as f64 * 1000.0 * MEASURE_SECS / total.max(1) as f64
+            )
+        })
+        .collect();
+    println!(
+        "proportional share of the window's budget per host: [{}]",
+        fair.join(" ")
+    );
+    let cluster: u64 = per_host.iter().sum();
+    let reference: u64 = o
+        .log
+        .count_per_host(&o.reference, HOSTS, WARM_SECS, end)
+        .iter()
+        .sum();
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let ratio = cluster as f64 / reference.max(1) as f64;
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let floor = |h: usize| SMALL_FLOOR * sent[h] as f64 * 1000.0 * MEASURE_SECS / total as f64;
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let starved: Vec<usize> = (1..HOSTS)
+        .filter(|&h| per_host[h] == 0 || (per_host[h] as f64) < floor(h))
+        .collect();
+    assert!(
+        (ratio - 1.0).abs() <= ACCURACY && starved.is_empty(),
+        "over the datagrams sent {WARM_SECS}-{end} s the cluster admitted {cluster}, one bucket \
+         {reference}: {ratio:.3} x (want within {:.0}%); small hosts that admitted less than half \
+         their proportional share (or nothing): {starved:?} (per host {per_host:?}, \
+         proportional [{}])",
+        ACCURACY * 100.0,
+        fair.join(" ")
+    );
+}
+
+/// Three hosts, 70/20/10 of 5 x the budget (3,500 / 1,000 / 500 pps) in bursts every 200 ms
+/// (700, 200 and 100 back to back), phases a third of the period apart: one bucket refills 67
+/// tokens between consecutive bursts, under its burst of 100, and admits the budget; each host
+/// sees a burst only every 200 ms, twice the tolerance. (Bursts every 50 ms admitted 0.996 x
+/// today.)
+#[test]
+fn three_hosts_70_20_10_with_bursts_admit_what_one_bucket_would() {
+    const HOSTS: usize = 3;
+    const PERIOD: f64 = 0.2;
+    let end = WARM_SECS + MEASURE_SECS;
+    let plan = Plan::default()
+        .periodic(0, 700, PERIOD, 0.0, end, |_| true)
+        .periodic(1, 200, PERIOD, PERIOD / 3.0, end, |_| true)
+        .periodic(2, 100, PERIOD, 2.0 * PERIOD / 3.0, end, |_| true);
+    within_one_bucket("rl-cb3", HOSTS, 1000.0, 100.0, plan);
+}
+
+/// Rate 10, burst 1, two hosts. One spoofed frame from the source reaches h1 (so h1 holds the
+/// source's key, with one packet of demand); a few sync rounds later the source itself sends
+/// 2 pps to h0 for 10 s, a fifth of the budget: nobody is limited under the budget, so every
+/// datagram arrives (one bucket would admit them all). A share of a burst of 1 must not round
+/// to nothing.
+#[test]
+fn burst_1_with_a_spoofed_second_holder_admits_everything_under_the_budget() {
+    const HOSTS: usize = 2;
+    const RATE: f64 = 10.0;
+    /// Rounds for h1's key to reach h0 and both to settle on it.
+    const HOLD_SECS: f64 = 1.0;
+    let plan = Plan::default().periodic(0, 1, 0.5, 0.0, 10.0, |_| true);
+    let o = run(
+        "rl-cb1",
+        HOSTS,
+        RATE,
+        1.0,
+        plain(RATE, 1.0),
+        |net| {
+            net.spoof(FLOOD, 1).unwrap();
+            thread::sleep(Duration::from_secs_f64(HOLD_SECS));
+        },
+        plan,
+        |_, _, _| {},
+    );
+    let (cluster, reference, _) = o.report("whole run", 0.0, 11.0);
+    let sent = o.log.sent.len() as u64;
+    let missing: Vec<String> = o
+        .log
+        .sent
+        .iter()
+        .zip(&o.admitted)
+        .filter(|(_, &a)| !a)
+        .map(|(d, _)| format!("{:.1}", d.t))
+        .collect();
+    println!("sent {sent}, admitted {cluster}, one bucket {reference}; not admitted (send times, s): [{}]", missing.join(" "));
+    assert_eq!(
+        reference, sent,
+        "the reference admits everything at this pace"
+    );
+    assert_eq!(
+        cluster,
+        sent,
+        "{sent} datagrams at 2 pps under a budget of {RATE} pps: {cluster} arrived (the ones sent \
+         at [{}] s did not)",
+        missing.join(" ")
+    );
+}
+
+const ONOFF_HOSTS: usize = 3;
+const ONOFF_RATE: f64 = 1000.0;
+const ONOFF_BURST: f64 = 500.0;
+/// Each cycle: bursts for [`ON_SECS`], then silence for [`OFF_SECS`].
+const CYCLES: usize = 10;
+/// 100 back to back to every host every 10 ms (phases a third apart): 30,000 pps, 3,000 a cycle,
+/// far more than a burst and the refill.
+const ON_SECS: f64 = 0.1;
+const ON_BURST: u32 = 100;
+const ON_PERIOD: f64 = 0.01;
+/// The tolerance (`burst / rate`) and five sync intervals: every bucket refills in the silence.
+const OFF_SECS: f64 = 1.0;
+/// The store holds this many buckets (64, the smallest it rounds to) ...
+const MAX_BUCKETS: u64 = 64;
+/// ... against this many spoofed sources, each at every host ...
+const SPOOFED_SOURCES: usize = 4096;
+/// ... at this many frames a second per host: each source comes back every 2 s, long after the
+/// store evicted it, so every frame makes a new bucket and evicts one (a refilled one first: the
+/// victim's, in its silence).
+const SPOOFED_PPS: u64 = 2000;
+/// The README's largest sync lag at this interval (50-200 ms).
+const MAX_LAG_SECS: f64 = 0.2;
+/// How far a datagram's send time can be from the program's decision on it (queueing between
+/// the socket and the hosts' programs), as `e2e_cluster.rs` allows for its sampling.
+const SKEW_SECS: f64 = 0.05;
+/// The README's bound on what the cluster admits of one source over any window `T`, beyond
+/// `rate x T`: every host's burst once (`hosts x burst`), what the other hosts admit at the
+/// whole rate before they hear of it (`(hosts - 1) x rate x lag`), and the skew's `rate x skew`.
+/// 1,500 + 400 + 50 = 1,950 packets here.
+#[expect(clippy::cast_precision_loss, reason = "3 hosts")]
+const ONOFF_EXCESS_BOUND: f64 = ONOFF_HOSTS as f64 * ONOFF_BURST
+    + (ONOFF_HOSTS - 1) as f64 * ONOFF_RATE * MAX_LAG_SECS
+    + ONOFF_RATE * SKEW_SECS;
+
+/// An on/off source while a spoofed flood of many sources in the same rule churns every host's
+/// bucket store (`max_buckets` 64): an evicted bucket of the victim, back with its next burst,
+/// must not start at every host with a whole burst and the whole rate again. Over any window
+/// `T` the cluster admits of the victim at most `rate x T + ONOFF_EXCESS_BOUND`.
+///
+/// Today a bucket the program creates has no share (the whole rate) until the agent's next
+/// round writes one, so every cycle each host admits its whole burst and 0.1 s of the whole
+/// rate: 1,756-1,958 a cycle against one bucket's 592-660, an excess of 7,670-8,109 over 10 s.
+#[test]
+#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
+fn an_on_off_source_under_a_store_churning_spoofed_flood_gets_one_budget() {
+    let cycle = ON_SECS + OFF_SECS;
+    #[expect(clippy::cast_precision_loss, reason = "a few cycles")]
+    let end = CYCLES as f64 * cycle;
+    let mut plan = Plan::default();
+    for h in 0..ONOFF_HOSTS {
+        #[expect(clippy::cast_precision_loss, reason = "3 hosts")]
+        let offset = ON_PERIOD * h as f64 / ONOFF_HOSTS as f64;
+        plan = plan.periodic(h, ON_BURST, ON_PERIOD, offset, end, |t| {
+            t % cycle < ON_SECS - 1e-9
+        });
+    }
+    // Distinct spoofed sources in 198.18.128.0/17 (inside the rule's /16, outside the links'
+    // subnets), picked by a fixed xorshift.
+    let mut sources = Vec::new();
+    let mut seen = HashSet::new();
+    let mut x: u32 = 0x9e37_79b9;
+    while sources.len() < SPOOFED_SOURCES {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let low = x & 0x7fff;
+        if low & 0xff != 0 && low & 0xff != 0xff && seen.insert(low) {
+            let [_, _, a, b] = (0x8000 | low).to_be_bytes();
+            sources.push(Ipv4Addr::new(198, 18, a, b));
+        }
+    }
+    let rules = format!(
+        r#"[[rule]]
+name = "cluster-flood"
+source = "198.18.0.0/16"
+rate = {ONOFF_RATE}
+burst = {ONOFF_BURST}
+per = "source"
+scope = "cluster"
+"#
+    );
+    let evictions = std::cell::RefCell::new(Vec::new());
+    let flood_sent = std::cell::RefCell::new(Vec::new());
+    let o = run(
+        "rl-cbo",
+        ONOFF_HOSTS,
+        ONOFF_RATE,
+        ONOFF_BURST,
+        |net, i| net.config_agent_with(i, &format!("max_buckets = {MAX_BUCKETS}"), &rules, SYNC_MS),
+        |_| {},
+        plan,
+        |net, agents, start| {
+            // The flood for as long as the victim's plan, to a port nobody listens on (the
+            // hosts' programs see it all the same).
+            let remaining = Duration::from_secs_f64(end + 0.2).saturating_sub(start.elapsed());
+            let threads = net
+                .spoofed_flood(&sources, 9001, SPOOFED_PPS, remaining)
+                .unwrap();
+            for t in threads {
+                flood_sent
+                    .borrow_mut()
+                    .push(t.join().unwrap().unwrap().sent);
+            }
+            for a in agents {
+                let s = a.stats();
+                evictions.borrow_mut().push((
+                    global_counter(&s, "evicted_full"),
+                    global_counter(&s, "evicted_lost"),
+                ));
+            }
+        },
+    );
+    println!(
+        "spoofed flood: {SPOOFED_SOURCES} sources, {SPOOFED_PPS} pps per host, sent per host {:?}; \
+         evictions per host (full, lost) {:?}",
+        flood_sent.borrow(),
+        evictions.borrow()
+    );
+    let admitted_times = o.log.times(&o.admitted);
+    let reference_times = o.log.times(&o.reference);
+    let per_cycle = |mask: &[bool]| -> Vec<u64> {
+        (0..CYCLES)
+            .map(|c| {
+                #[expect(clippy::cast_precision_loss, reason = "a few cycles")]
+                let t0 = c as f64 * cycle;
+                o.log
+                    .count_per_host(mask, ONOFF_HOSTS, t0, t0 + cycle)
+                    .iter()
+                    .sum()
+            })
+            .collect()
+    };
+    let cluster_cycles = per_cycle(&o.admitted);
+    let reference_cycles = per_cycle(&o.reference);
+    let (excess, a, b) = worst_excess(&admitted_times, ONOFF_RATE);
+    let (ref_excess, _, _) = worst_excess(&reference_times, ONOFF_RATE);
+    o.report("whole run", 0.0, end);
+    println!("admitted per cycle: cluster {cluster_cycles:?}, one bucket {reference_cycles:?}");
+    println!(
+        "largest excess over rate x T: cluster {excess:.0} packets (window {a:.2}-{b:.2} s), one \
+         bucket {ref_excess:.0}; bound {ONOFF_EXCESS_BOUND:.0}"
+    );
+    assert!(
+        excess <= ONOFF_EXCESS_BOUND,
+        "the datagrams sent {a:.2}-{b:.2} s: the cluster admitted {excess:.0} more than rate x T, \
+         beyond the bound {ONOFF_EXCESS_BOUND:.0} (hosts x burst once, the lag, the skew): per \
+         cycle {cluster_cycles:?}, one bucket {reference_cycles:?}"
+    );
+    // Not by starving the source: after the first cycle it still admits a good part of what one
+    // bucket would.
+    let later: u64 = cluster_cycles[1..].iter().sum();
+    let want: u64 = reference_cycles[1..].iter().sum::<u64>() / 2;
+    assert!(
+        later >= want,
+        "cycles 2-{CYCLES} admitted {later}, less than half of one bucket's: {cluster_cycles:?}"
+    );
+}
