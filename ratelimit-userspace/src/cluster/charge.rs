@@ -8,42 +8,31 @@
 //! demand, 0 included: each has a bucket of it); times `heard / known` under `on_partition =
 //! "share"`. A key no counted peer holds has the whole rate here (fail open). The round writes
 //! `s` into the bucket as its share word ([`share_word`], 16 bits beside the bucket's creation
-//! time), and the XDP program charges each packet (and byte) of a cluster-scoped limit
-//! `SHARE_ONE / word` times its cost, so the bucket refills at `s x rate` (and `s x bytes_rate`)
-//! at every instant, however late the next round runs, and holds `s x burst` at most. The words
-//! hold while `Config::shares_until_ns` (moved on by every round to the end of its lag
-//! allowance, [`lag_allowance_ns`]) is ahead: an agent that stops, or whose rounds stall, leaves
-//! every bucket at the whole rate (fail open). A new key's bucket refills at the whole rate until
-//! its first round. Nothing depends on what the peers admitted, so there is no feedback from
-//! admissions: when the demand is steady, every host's `s x rate` is below its own demand as
-//! soon as the cluster's demand exceeds the rate (every bucket is saturated, and together they
-//! admit `rate`), and nobody is limited otherwise.
+//! time), and the XDP program runs the bucket on a clock slowed by `s`
+//! (`ratelimit_common::share`): it refills at `s x rate` (and `s x bytes_rate`) at every
+//! instant, however late the next round runs, and holds up to the limit's whole burst, so a
+//! host banks its share's refill over the gaps between the bursts it receives. The words hold
+//! while `Config::shares_until_ns` (moved on by every round to the end of its lag allowance,
+//! [`lag_allowance_ns`]) is ahead: an agent that stops, or whose rounds stall, leaves every
+//! bucket at the whole rate with the tokens it held (fail open). A new key's bucket refills at
+//! the whole rate until its first round. Nothing depends on what the peers admitted, so there is
+//! no feedback from admissions: when the demand is steady, every host's `s x rate` is below its
+//! own demand as soon as the cluster's demand exceeds the rate, and nobody is limited otherwise.
 //!
 //! An idle key (no demand anywhere) keeps its even part, `1 / hosts` holding it, for as long as
 //! they hold it (a host publishes an idle key while its bucket lasts, see
 //! [`LocalTracker::update`]): the shares of the holders add up to 1 whether the source sends or
-//! not, so the buckets together hold one burst and refill at one rate. Before, an idle key went
-//! back to the whole rate at every host a round or two after its demand stopped: a source that
-//! sent `hosts x burst` over the hosts within a sync interval, then idled for `burst / rate` and
-//! two intervals, found every bucket full at the whole burst again, and got `(hosts - 1) x burst`
-//! more than the budget at every such cycle (3 real agents, 1,000 pps, burst 500, 10 cycles of
-//! 0.1 s on and 1 s off, tests/tests/e2e_cluster_onoff.rs: 16,077-16,482 packets admitted in
-//! 11 s, a window 6,087-6,471 over `rate x T` where the README's bound allows 1,950; now
-//! 7,015-7,062, at most 1,685-1,699 over, the first bursts). Keeping the last share only for the
-//! limit's tolerance after the demand stops would not do: every bucket would still go back to
-//! its whole burst later, and `hosts x burst` come every cycle of about twice the tolerance; any
-//! hold shorter than `hosts x burst / rate` leaves a source more than the rate over a long run.
-//!
-//! (Before the share words, the round took the refill back by moving the bucket's TATs on by
-//! `(1 - s) x elapsed`: between rounds the bucket refilled at the whole rate, so a host whose
-//! round ran late admitted up to its whole demand and owed it afterwards: 1 s windows of an even
-//! split over 8 hosts swung 0.85-1.14 x the budget.)
+//! not, so the buckets together refill at one rate. Each holds up to the whole burst, so after a
+//! silence long enough for every holder to refill, an on/off source finds up to `min(hosts x
+//! burst, rate x silence)` across the hosts, where one bucket would hold `burst`: the price of
+//! letting each host bank its own refill (see the README's per-cycle bound). Over any longer
+//! interval the refill, the rate, is what bounds it.
 //!
 //! A claim of any size takes a key's share on this host down to the smallest word (1 / 65,536 of
-//! the rate) while it lasts, and leaves no debt: a word only makes packets cost more. Once the
-//! claims stop, the next rounds give the word back. A peer publishing a key with no demand only
-//! takes its own even part of an idle key (one part per counted identity, as each takes a part of
-//! the slack).
+//! the rate) while it lasts, and leaves no debt: a word only slows the bucket's clock, its tokens
+//! kept. Once the claims stop, the next rounds give the word back. A peer publishing a key with
+//! no demand only takes its own even part of an idle key (one part per counted identity, as
+//! each takes a part of the slack).
 //!
 //! [`lag_allowance_ns`]: super::remote::lag_allowance_ns
 //! [`LocalTracker::update`]: super::publish::LocalTracker::update

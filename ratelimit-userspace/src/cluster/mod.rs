@@ -19,21 +19,24 @@
 //! - [`charge`]: the share of a key's budget, and slowing a pinned bucket's refill to it.
 //! - [`sync`]: the round that ties them together; [`status`]: what `peers`, `status` and the
 //!   metrics show.
+//! - `sim` (tests only): a simulated cluster running the real share arithmetic against bursty,
+//!   uneven and spoofed arrivals, and the property test of the README's bound.
 //!
 //! # Accuracy and failures
 //! Counters are cumulative and per epoch, so lost, repeated or reordered gossip counts nothing
 //! twice. Shares follow demand, not admissions: there is no feedback from what a host admitted
 //! to what the others admit, so the cluster settles within a few sync intervals of a change of
-//! demand. The overshoot is bounded by `hosts x burst` once, plus `rate x sync lag` while the
-//! load shifts. A peer not heard for [`peer_timeout`] stops being counted (its demand takes no
+//! demand. Over any interval the cluster admits at most `rate x T + hosts x burst + (hosts - 1)
+//! x rate x lag` (each host's bucket holds up to the burst at its share; shares follow figures a
+//! lag old): see the README's "Accuracy". A peer not heard for [`peer_timeout`] stops being counted (its demand takes no
 //! share): in a partition each side enforces the budget on its own (fail open). The XDP program
 //! enforces the local bucket whether or not the agent runs.
 //!
 //! # Trust
 //! A peer holding the key can claim any demand: that takes this host's share of a key down to
-//! nothing while it claims (as the peer could, by admitting the rate itself), but a round moves
-//! a bucket's TAT by at most the time since the last round, so it leaves no debt beyond one
-//! round and the source is admitted again a few rounds after the claims stop ([`charge`]).
+//! nothing while it claims (as the peer could, by admitting the rate itself), but a share word
+//! only slows the bucket's clock, its tokens kept, so it leaves no debt and the source is
+//! admitted again a few rounds after the claims stop ([`charge`]).
 
 pub mod charge;
 pub mod gossip;

@@ -167,8 +167,9 @@ pub const DEMAND_ROUNDS: usize = 2;
 /// about this many over the time since it stopped, which falls off at once.
 pub const DEMAND_PACKETS: u64 = 4;
 
-/// Readings a window keeps.
-pub const DEMAND_HISTORY: usize = 40;
+/// Readings a window keeps: how far back it reaches for [`DEMAND_PACKETS`], so a key that
+/// stopped reads 0 this many syncs later (and nothing is withheld for it any more).
+pub const DEMAND_HISTORY: usize = 6;
 
 /// A cumulative demand counter's readings, `(time, count)`, the last [`DEMAND_HISTORY`] + 1.
 #[derive(Clone, Debug, Default)]
@@ -806,25 +807,28 @@ mod tests {
         for i in 1..=10u64 {
             w.push(10 + i, 5 + i * i);
         }
-        assert_eq!(w.len(), 11);
+        assert_eq!(w.len(), DEMAND_HISTORY + 1);
         let first = 10 - DEMAND_ROUNDS as u64;
         #[expect(clippy::cast_precision_loss, reason = "small numbers")]
         let want = (100 - first * first) as f64 / DEMAND_ROUNDS as f64;
         assert!((w.rate(1.0) - want).abs() < 1e-9);
-        // A sparse key (2 packets over 10 readings): read over all of them, not as 0.
+        // A sparse key (3 packets, none over its last 2 readings): read over all it keeps, not
+        // as 0.
         let mut sparse = DemandWindow::default();
-        for t in 0..=10u64 {
-            sparse.push(t, u64::from(t >= 5) + u64::from(t >= 10));
+        for (t, c) in [(0, 0), (1, 1), (2, 2), (3, 3), (4, 3), (5, 3)] {
+            sparse.push(t, c);
         }
         assert!(
-            (sparse.rate(1.0) - 0.2).abs() < 1e-9,
+            (sparse.rate(1.0) - 0.6).abs() < 1e-9,
             "{}",
             sparse.rate(1.0)
         );
-        // At most `DEMAND_HISTORY` + 1 readings are kept.
-        for t in 11..100u64 {
-            sparse.push(t, 2);
+        // A key that stopped: 0 once its packets are out of the readings kept, of which there
+        // are at most `DEMAND_HISTORY` + 1.
+        for t in 6..20u64 {
+            sparse.push(t, 3);
         }
+        assert_eq!(sparse.rate(1.0), 0.0);
         assert_eq!(sparse.len(), DEMAND_HISTORY + 1);
         w.push(20, 1_000_000);
         assert!(

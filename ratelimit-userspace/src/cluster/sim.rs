@@ -133,10 +133,13 @@ struct Host {
     demand: u64,
     admitted: u64,
     window: DemandWindow,
-    /// What it published, as the others read it now.
+    /// What it published last (its own figure, as its peers read it once gossip brings it).
     published: Option<f64>,
-    /// Its last publication was lost (gossip brings the next one: never two in a row).
-    lost: bool,
+    /// Its view of every host's figure: what gossip brought it (each pair on its own).
+    views: Vec<Option<f64>>,
+    /// Per host, whether its last publication was lost on the way here (gossip brings the next
+    /// one: never two in a row).
+    lost: Vec<bool>,
 }
 
 /// A simulated cluster for one key.
@@ -162,7 +165,14 @@ impl Sim {
             limit,
             sync: sync_ms * MS,
             loss: 0.05,
-            hosts: vec![Host::default(); hosts],
+            hosts: vec![
+                Host {
+                    views: vec![None; hosts],
+                    lost: vec![false; hosts],
+                    ..Host::default()
+                };
+                hosts
+            ],
             one_tat: 0,
             now: 1_000_000 * MS,
             rng: Rng::new(seed),
@@ -213,29 +223,42 @@ impl Sim {
                 (h.window.len() >= 2).then(|| h.window.rate(1e9))
             })
             .collect();
-        let holders = self
-            .hosts
-            .iter()
-            .filter(|h| h.holds && h.published.is_some())
-            .count();
-        let all: f64 = self.hosts.iter().filter_map(|h| h.published).sum();
-        #[expect(clippy::cast_precision_loss, reason = "64 hosts at most")]
-        let holders_f = holders as f64;
-        for h in &mut self.hosts {
+        let n = self.hosts.len();
+        for i in 0..n {
+            let h = &self.hosts[i];
             let Some(own) = h.published else { continue };
-            // Fail open: a key no peer holds keeps the whole rate.
-            let s = share_of(own, all - own, 1.0, Some(self.limit.rate), holders_f);
+            // Its own figure as its peers read it (published last round), theirs as gossip
+            // brought them here: each host's view is its own, as the agents' are.
+            let peers: Vec<f64> = (0..n)
+                .filter(|&o| o != i)
+                .filter_map(|o| h.views[o])
+                .collect();
+            #[expect(clippy::cast_precision_loss, reason = "64 hosts at most")]
+            let holders = (1 + peers.len()) as f64;
+            let s = share_of(own, peers.iter().sum(), 1.0, Some(self.limit.rate), holders);
             let word = share_word(s);
+            let h = &mut self.hosts[i];
             h.tat = rewrite(h.tat, now, u64::from(h.word), u64::from(word));
             h.word = word;
         }
         for (h, f) in self.hosts.iter_mut().zip(fresh) {
             if f.is_some() {
-                if !h.lost && self.rng.unit() < self.loss {
-                    h.lost = true;
+                h.published = f;
+            }
+        }
+        // Gossip: each host's new figure reaches each peer within the interval, or (lost) the
+        // round after.
+        let published: Vec<Option<f64>> = self.hosts.iter().map(|h| h.published).collect();
+        for (r, h) in self.hosts.iter_mut().enumerate() {
+            for (o, &p) in published.iter().enumerate() {
+                if o == r || p.is_none() {
+                    continue;
+                }
+                if !h.lost[o] && self.rng.unit() < self.loss {
+                    h.lost[o] = true;
                 } else {
-                    h.lost = false;
-                    h.published = f;
+                    h.lost[o] = false;
+                    h.views[o] = p;
                 }
             }
         }

@@ -140,6 +140,45 @@ struct Blocking {
 /// Demand per key, packets per second.
 type Demand = HashMap<KeyName, f64>;
 
+/// This host's demand as it published it at its last few syncs (Unix ms of each sync, demand per
+/// key), for dividing by figures as old as the peers' (see `SyncLoop::run`).
+#[derive(Debug, Default)]
+struct OwnFigures(std::collections::VecDeque<(u64, Demand)>);
+
+impl OwnFigures {
+    /// Syncs kept (this round's too): the gossip brings a figure within one or two sync
+    /// intervals.
+    const KEPT: usize = 5;
+
+    fn push(&mut self, unix_ms: u64, demand: Demand) {
+        self.0.push_back((unix_ms, demand));
+        while self.0.len() > Self::KEPT {
+            self.0.pop_front();
+        }
+    }
+
+    /// Per key, its figure as of `as_of` (the oldest counted peer's sync, Unix ms): the lower
+    /// of the last figure read before it and the first after it (this round's, at the latest),
+    /// so that a host takes no more than its part when its own figure and the peers' fall at
+    /// different times, while demand rises (the one before) or falls (the one after). Without
+    /// counted peers, the last published (the one before this round's).
+    fn as_of(&self, as_of: Option<u64>) -> Demand {
+        let n = self.0.len();
+        let Some(t) = as_of else {
+            return n
+                .checked_sub(2)
+                .map(|i| self.0[i].1.clone())
+                .unwrap_or_default();
+        };
+        let after = self.0.iter().position(|(at, _)| *at > t).unwrap_or(n - 1);
+        let before = after.saturating_sub(1);
+        let (b, a) = (&self.0[before].1, &self.0[after].1);
+        a.iter()
+            .map(|(k, &d)| (k.clone(), b.get(k).map_or(d, |&e| e.min(d))))
+            .collect()
+    }
+}
+
 /// One key's demand here: its bucket's life (`created_ns`), the raw 32-bit counter last read,
 /// the count since it was first read, and the readings' window.
 #[derive(Debug, Default)]
@@ -240,7 +279,7 @@ impl SyncLoop {
         let mut remote: RemoteTracker<ChitchatId> = RemoteTracker::new(timeout_ns, lag_ns);
         let mut last_round_ns: Option<u64> = None;
         // This host's demand as of the last round: the figure its peers divide by now.
-        let mut published_demand = Demand::new();
+        let mut own_figures = OwnFigures::default();
         let mut seq = 0u64;
         let mut was_counted: HashSet<ChitchatId> = HashSet::new();
         let mut tick = tokio::time::interval(interval);
@@ -363,15 +402,24 @@ impl SyncLoop {
             let factor = partition.budget_share(share);
             let elapsed = last_round_ns.map_or(0, |t| now.saturating_sub(t));
             last_round_ns = Some(now);
-            // Every host divides by the same figures: its own demand as its peers read it now
-            // (published last round), not its fresher reading. Shares computed from one vector
-            // add up to 1 whatever noise the figures carry (a bucket's drops reach its counter
-            // up to a drop window late); with a fresh figure for itself and older ones for the
-            // others, each host's error is its own and they add up (measured: 1.25 x the budget
-            // at 8 hosts, even split).
+            // Every host divides by the same figures: its own demand as its peers read it, no
+            // newer than the figures it reads of them (the oldest counted peer's sync), not its
+            // fresher reading. Shares computed from one vector add up to 1 whatever noise the
+            // figures carry; with a fresher figure for itself than for the others, each host's
+            // error is its own and they add up (1.25 x the budget at 8 hosts, even split, with
+            // its own freshest reading). Rounds of different hosts fall at different times: with
+            // its own last publication against peers' figures of a round before, a source
+            // starting to send at every host found each host taking most of the budget for a
+            // round, every on/off cycle (an on/off source admitted 1.4% over the rate a cycle).
+            let oldest_peer = remote
+                .info(now)
+                .filter(|(_, i)| i.counted)
+                .filter_map(|(_, i)| i.published_unix_ms)
+                .min();
+            own_figures.push(unix_ms, fresh_demand.clone());
+            let mut local_demand = own_figures.as_of(oldest_peer);
             // A key with no figure published yet (new here) takes its fresh one: its peers have
             // no figure for it from this host either.
-            let mut local_demand = std::mem::replace(&mut published_demand, fresh_demand.clone());
             for (k, d) in fresh_demand {
                 local_demand.entry(k).or_insert(d);
             }
