@@ -157,11 +157,13 @@ impl OwnFigures {
         }
     }
 
-    /// Per key, its figure as of `as_of` (the oldest counted peer's sync, Unix ms): the lower
-    /// of the last figure read before it and the first after it (this round's, at the latest),
-    /// so that a host takes no more than its part when its own figure and the peers' fall at
-    /// different times, while demand rises (the one before) or falls (the one after). Without
-    /// counted peers, the last published (the one before this round's).
+    /// Its figures as of `as_of` (the oldest counted peer's sync, Unix ms): the ones read
+    /// nearest that time, before or after it (this round's, at the latest). Every host then
+    /// divides figures that end at about the same time, so the shares add up to about 1 (with
+    /// its last publication against peers that synced since, a host whose round falls late in
+    /// the interval mixed its own old figure with their new ones: it took most of the budget
+    /// for a round at every change of demand). Without counted peers, the last published (the
+    /// one before this round's).
     fn as_of(&self, as_of: Option<u64>) -> Demand {
         let n = self.0.len();
         let Some(t) = as_of else {
@@ -172,10 +174,12 @@ impl OwnFigures {
         };
         let after = self.0.iter().position(|(at, _)| *at > t).unwrap_or(n - 1);
         let before = after.saturating_sub(1);
-        let (b, a) = (&self.0[before].1, &self.0[after].1);
-        a.iter()
-            .map(|(k, &d)| (k.clone(), b.get(k).map_or(d, |&e| e.min(d))))
-            .collect()
+        let nearest = if t.abs_diff(self.0[before].0) <= t.abs_diff(self.0[after].0) {
+            before
+        } else {
+            after
+        };
+        self.0[nearest].1.clone()
     }
 }
 
