@@ -3,7 +3,7 @@
 //! burst` and more, spread evenly over the three hosts within one sync interval, then stays
 //! silent for its tolerance (0.5 s) and five sync intervals, ten times over. Over any window T of
 //! the run the cluster must admit at most the README's bound, `rate x T + hosts x burst +
-//! (hosts - 1) x rate x lag` (lag 200 ms, the README's largest at this interval, plus 50 ms of
+//! (hosts - 1) x rate x lag` (lag 400 ms, the README's allowance at this interval, plus 50 ms of
 //! `rate` for the sampling, as `e2e_cluster.rs` allows): the first bursts once, not at every
 //! cycle.
 //!
@@ -36,8 +36,9 @@ const ON_SECS: f64 = 0.1;
 /// shares to go back to the whole rate first.
 const OFF_SECS: f64 = 1.0;
 const CYCLES: usize = 10;
-/// The README's largest sync lag at the default interval (50-200 ms).
-const MAX_LAG_SECS: f64 = 0.2;
+/// The README's lag allowance: 4 sync intervals (a key's demand is known from its second
+/// reading, peers read it a round later, a round more when gossip lost it once).
+const MAX_LAG_SECS: f64 = 0.4;
 /// How far the sampling can misplace an admission in time (each sample reads the receivers one
 /// after the other, and delivery lags the program's decision), as in `e2e_cluster.rs`.
 const SKEW_SECS: f64 = 0.05;
