@@ -7,14 +7,26 @@
 //! Ratios are against the 2-host cluster of the same run. For 4 hosts the run goes on through a
 //! partition (h0's gossip link down) and its heal, and `cluster.svg` charts the admitted rate over
 //! the whole run; `cluster_gossip.svg` charts gossip bytes per host against N.
+//!
+//! Then, on the same agents, the same source sends bursts back to back instead
+//! (`ratelimit_testbed::bursty`), as real clients do: an even phase (each host a burst of its
+//! share of 4x the budget every 200 ms, the hosts' phases spread evenly over the period) and a
+//! 95/5 one (h0 95% of it, h1 5%, half a period apart), [`BURSTY_SETTLE`] s unmeasured then
+//! [`BURSTY_MEASURE`] s measured each. Every datagram carries its sequence number, so what the
+//! cluster admitted of the datagrams sent in the measured window is counted exactly and compared
+//! with what one bucket (rate 1,000, burst 500) would have admitted of the very same datagrams
+//! (`one_bucket` over their recorded send times), and with the budget.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _, Result};
 use plotters::prelude::*;
+use ratelimit_testbed::agent_proc::rule_packets;
+use ratelimit_testbed::bursty::{one_bucket, Plan};
 use ratelimit_testbed::cluster_net::{
     cluster_counter, cpu_time, stalls, status, ClusterNet, Convergence, Samples, Split, Stall,
+    FLOOD,
 };
 use serde_json::json;
 
@@ -36,6 +48,58 @@ const PHASE: f64 = 8.0;
 const SETTLE: f64 = 2.0;
 /// The host count whose run also goes through a partition and its heal, for the chart.
 const CHART_HOSTS: usize = 4;
+/// Seconds between one host's bursts in the bursty phases.
+const BURST_PERIOD: f64 = 0.2;
+/// Seconds at the start of each bursty phase not measured: the change from the smooth flood (or
+/// the previous split) and the shares settling on the new demand.
+const BURSTY_SETTLE: f64 = 3.0;
+/// Seconds of each bursty phase measured after [`BURSTY_SETTLE`].
+const BURSTY_MEASURE: f64 = 6.0;
+
+/// What one bursty phase measured, over the datagrams sent in its measured window.
+struct Bursty {
+    name: &'static str,
+    /// Seconds after the bursty sender's start: the phase's start, the measured window's start,
+    /// the phase's end.
+    t0: f64,
+    from: f64,
+    t1: f64,
+    /// Datagrams sent in the measured window, per host.
+    sent: Vec<u64>,
+    /// Of those, what the hosts' receivers got, per host.
+    admitted: Vec<u64>,
+    /// Of those, what one bucket would have admitted, per host.
+    reference: Vec<u64>,
+}
+
+impl Bursty {
+    fn admitted_total(&self) -> u64 {
+        self.admitted.iter().sum()
+    }
+
+    fn reference_total(&self) -> u64 {
+        self.reference.iter().sum()
+    }
+}
+
+/// What the bursty sender did, over both bursty phases.
+struct BurstyRun {
+    phases: Vec<Bursty>,
+    /// Datagrams the receivers' sockets dropped (a full buffer) while the bursts ran, per host:
+    /// counted as not admitted although the limiter passed them.
+    socket_drops: Vec<u64>,
+    /// Sends refused for want of buffer space (not sent, not counted anywhere).
+    send_errors: u64,
+    /// Datagrams sent to each host over both phases, and what each host's program saw of the
+    /// source meanwhile (passed + dropped): a datagram lost on the way, before the limiter,
+    /// counts as not admitted although no limiter dropped it.
+    sent_all: Vec<u64>,
+    seen: Vec<u64>,
+    /// Bursts started 30 ms or more late.
+    late: usize,
+    /// The longest burst, first datagram to last, ms.
+    longest_burst_ms: f64,
+}
 
 /// What one cluster size measured.
 struct Run {
@@ -48,6 +112,7 @@ struct Run {
     cpu_pct: f64,
     /// The admitted rate over 0.5 s windows, for the chart.
     timeline: Vec<(f64, f64)>,
+    bursty: BurstyRun,
 }
 
 /// Runs the part and adds its figures to `report`; writes the charts next to `json`.
@@ -91,6 +156,46 @@ pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
                     "excused_windows": conv.excused,
                     "stalls": r.stalls.iter().map(|s| json!({ "who": s.who.to_string(), "at_s": s.at, "s": s.secs })).collect::<Vec<_>>(),
                 }),
+            });
+        }
+        let budget = f64::from(u32::try_from(RATE).unwrap_or(1000));
+        for b in &r.bursty.phases {
+            let tag = format!("bursty_{}", b.name.replace(['/', ' '], "_"));
+            #[expect(clippy::cast_precision_loss, reason = "small counts")]
+            let (cluster, reference) = (b.admitted_total() as f64, b.reference_total() as f64);
+            let detail = json!({
+                "phase_s": [b.t0, b.t1],
+                "measured_s": [b.from, b.t1],
+                "sent_per_host": b.sent,
+                "admitted_per_host": b.admitted,
+                "one_bucket_per_host": b.reference,
+                "receiver_socket_drops": r.bursty.socket_drops,
+                "send_errors": r.bursty.send_errors,
+                "sent_per_host_both_phases": r.bursty.sent_all,
+                "seen_by_the_programs_both_phases": r.bursty.seen,
+                "bursts_late_30ms": r.bursty.late,
+                "longest_burst_ms": r.bursty.longest_burst_ms,
+            });
+            report.add(Figure {
+                key: format!("cluster.n{n}.{tag}.vs_one_bucket"),
+                section: "cluster",
+                label: format!(
+                    "{n} hosts, bursty {}: admitted / one bucket's of the same datagrams",
+                    b.name
+                ),
+                unit: "x",
+                runs: vec![cluster / reference.max(1.0)],
+                baseline: base(&format!("{tag}.vs_one_bucket")),
+                detail: detail.clone(),
+            });
+            report.add(Figure {
+                key: format!("cluster.n{n}.{tag}.admitted"),
+                section: "cluster",
+                label: format!("{n} hosts, bursty {}: admitted / budget", b.name),
+                unit: "x",
+                runs: vec![cluster / (budget * (b.t1 - b.from))],
+                baseline: base(&format!("{tag}.admitted")),
+                detail,
             });
         }
         report.add(Figure {
@@ -223,6 +328,8 @@ fn one(n: usize) -> Result<Run> {
         ));
     }
     let timeline = samples.trailing_rates(0.0, t, 0.5);
+    check_interrupted()?;
+    let bursty = bursty(&net, &agents, &receivers, n)?;
     drop(receivers);
     for a in agents {
         let _ = a.stop();
@@ -235,6 +342,124 @@ fn one(n: usize) -> Result<Run> {
         gossip_bps,
         cpu_pct,
         timeline,
+        bursty,
+    })
+}
+
+/// The bursty phases on `net`'s running agents: sends the plan (see the module's doc), waits for
+/// the last datagrams, and counts what the cluster and one bucket admitted of each phase's
+/// measured window.
+fn bursty(
+    net: &ClusterNet,
+    agents: &[ratelimit_testbed::AgentProcess],
+    receivers: &[ratelimit_testbed::Receiver],
+    n: usize,
+) -> Result<BurstyRun> {
+    let len = BURSTY_SETTLE + BURSTY_MEASURE;
+    #[expect(clippy::cast_precision_loss, reason = "host count")]
+    let nf = n as f64;
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "bursts of at most a few hundred"
+    )]
+    let size = |share: f64| (FLOOD_PPS * BURST_PERIOD * share).round() as u32;
+    // Even: every host its share, phases spread over the period.
+    let mut plan = Plan::default();
+    for h in 0..n {
+        #[expect(clippy::cast_precision_loss, reason = "host count")]
+        let offset = BURST_PERIOD * h as f64 / nf;
+        plan = plan.periodic(h, size(1.0 / nf), BURST_PERIOD, offset, len, |_| true);
+    }
+    // 95/5: h0 and h1, half a period apart.
+    plan = plan
+        .periodic(0, size(0.95), BURST_PERIOD, len, 2.0 * len, |_| true)
+        .periodic(
+            1,
+            size(0.05),
+            BURST_PERIOD,
+            len + BURST_PERIOD / 2.0,
+            2.0 * len,
+            |_| true,
+        );
+    let drops = |rs: &[ratelimit_testbed::Receiver]| -> Result<Vec<u64>> {
+        rs.iter()
+            .map(ratelimit_testbed::Receiver::socket_drops)
+            .collect()
+    };
+    let seen = || -> Vec<u64> {
+        agents
+            .iter()
+            .map(|a| {
+                let s = a.stats();
+                ["passed", "dropped_rate"]
+                    .iter()
+                    .map(|v| rule_packets(&s, "cluster-flood", v))
+                    .sum()
+            })
+            .collect()
+    };
+    let drops_before = drops(receivers)?;
+    let seen_before = seen();
+    let start = Instant::now();
+    let log = net
+        .bursts_from(FLOOD, plan, start)?
+        .join()
+        .map_err(|_| anyhow!("the burst sender panicked"))?;
+    for r in receivers {
+        r.wait_idle(Duration::from_millis(200), Duration::from_secs(3));
+    }
+    let socket_drops = drops(receivers)?
+        .iter()
+        .zip(&drops_before)
+        .map(|(a, b)| a.saturating_sub(*b))
+        .collect();
+    let seen = seen()
+        .iter()
+        .zip(&seen_before)
+        .map(|(a, b)| a.saturating_sub(*b))
+        .collect();
+    let admitted = log.admitted(receivers);
+    let times: Vec<f64> = log.sent.iter().map(|d| d.t).collect();
+    #[expect(clippy::cast_precision_loss, reason = "small settings")]
+    let reference = one_bucket(&times, RATE as f64, BURST as f64);
+    let phases = [("even", 0.0), ("95/5", len)]
+        .into_iter()
+        .map(|(name, t0)| {
+            let (from, t1) = (t0 + BURSTY_SETTLE, t0 + len);
+            Bursty {
+                name,
+                t0,
+                from,
+                t1,
+                sent: log.per_host(n, from, t1),
+                admitted: log.count_per_host(&admitted, n, from, t1),
+                reference: log.count_per_host(&reference, n, from, t1),
+            }
+        })
+        .collect::<Vec<Bursty>>();
+    for b in &phases {
+        eprintln!(
+            "==> bench: cluster of {n}, bursty {}: datagrams sent {:.0}-{:.0} s {:?}, admitted {:?} \
+             ({}), one bucket {:?} ({})",
+            b.name,
+            b.from,
+            b.t1,
+            b.sent,
+            b.admitted,
+            b.admitted_total(),
+            b.reference,
+            b.reference_total()
+        );
+    }
+    Ok(BurstyRun {
+        phases,
+        socket_drops,
+        send_errors: log.errors,
+        sent_all: log.per_host(n, 0.0, f64::MAX),
+        seen,
+        late: log.late.len(),
+        longest_burst_ms: log.longest_burst * 1000.0,
     })
 }
 
