@@ -737,7 +737,11 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
     wait_for("h0 withholding for h1", Duration::from_secs(10), || {
         (charged_by(&agents[0], g1) > 0).then_some(())
     });
-    thread::sleep(Duration::from_millis(6 * SYNC_MS));
+    // Once the traffic stopped, h1's demand reads 0 after `DEMAND_HISTORY` of its syncs (its
+    // window reaches that far back for a few packets), and nothing is withheld for it after.
+    thread::sleep(Duration::from_millis(
+        (ratelimit::cluster::remote::DEMAND_HISTORY as u64 + 3) * SYNC_MS,
+    ));
     let first = charged_by(&agents[0], g1);
 
     // Cut: not counted within the timeout (plus a sync round and a poll: when the status is
@@ -809,7 +813,11 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
         Duration::from_secs(10),
         || (charged_by(&agents[0], g1) > first).then_some(()),
     );
-    thread::sleep(Duration::from_millis(6 * SYNC_MS));
+    // As above: once the traffic stopped, nothing more is withheld for h1 after
+    // `DEMAND_HISTORY` of its syncs.
+    thread::sleep(Duration::from_millis(
+        (ratelimit::cluster::remote::DEMAND_HISTORY as u64 + 3) * SYNC_MS,
+    ));
     let after = charged_by(&agents[0], g1) - first;
 
     // Restart: SIGKILL, and a new agent adopting the pins.
@@ -852,7 +860,9 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
         fourth,
         "the adopted counters go on"
     );
-    thread::sleep(Duration::from_millis(6 * SYNC_MS));
+    thread::sleep(Duration::from_millis(
+        (ratelimit::cluster::remote::DEMAND_HISTORY as u64 + 3) * SYNC_MS,
+    ));
     let charged_new = charged_by(&agents[0], g2);
     let total = counter(&cluster(&agents[0]), "charged_pkts");
     println!(
