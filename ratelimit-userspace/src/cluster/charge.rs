@@ -137,11 +137,12 @@ pub fn share_word(s: f64) -> u16 {
 }
 
 /// Gives the bucket under `key` share word `share` (see [`share_word`]) in place in the bucket
-/// store: the program then charges its packets (and bytes) `SHARE_ONE / share` times their cost,
-/// so it refills at its share of the rate, while `Config::shares_until_ns` is ahead; a bucket
-/// whose share grows keeps the tokens it holds (see `MappedStore::set_share`). A source
-/// without a bucket here is left alone. `Ok(None)` when there is no bucket, else the word the
-/// bucket had.
+/// store: the program then runs it on a clock slowed by the share (`ratelimit_common::share`),
+/// so it refills at its share of the rate and holds up to the whole burst, while
+/// `Config::shares_until_ns` is ahead; a bucket whose share changes keeps the tokens it holds
+/// (see `MappedStore::set_share`). A source without a bucket here is left alone. `Ok(None)`
+/// when there is no bucket, else the word the bucket had. (`_limit`: the word's effect does not
+/// depend on the limit's parameters; kept for the callers.)
 pub fn set_share(
     maps: &PinnedMaps,
     key: &BucketKey,
