@@ -538,13 +538,23 @@ fn gate(pkt: &Packet, rule: &Rule) -> usize {
         (*g).drop_count = 0;
         let tat = core::ptr::read_volatile(&raw const (*b).tat_ns);
         // A cluster-scoped limit's TAT kept in its share's time (`ratelimit_common::share`) is
-        // left to the charge, in order: read at the whole rate it would look further in debt
-        // than it is. Its whole-rate interval otherwise: a share only makes a packet cost more,
-        // so what this drops the charge would drop too.
-        if flags & rule_flags::CLUSTER != 0 && tat & share::STRETCHED != 0 {
-            (*g).flags = 0;
-            return 0;
-        }
+        // judged in that time, as the charge judges it: read at the whole rate it would look
+        // further in debt than it is. `shares_until` is as this CPU's last charge read it: a TAT
+        // of another time than the one that gives is left to the charge, in order; either time
+        // reads the bucket's tokens alike. A TAT at the whole rate is judged at it: where a share
+        // is in force the charge brings it into the share's time with its tokens.
+        let (interval, tolerance) =
+            if flags & rule_flags::CLUSTER != 0 && tat & share::STRETCHED != 0 {
+                let dom = bucket::domain_of(b, flags, now, charge_clock(s));
+                if !share::same_time(tat, dom) {
+                    (*g).flags = 0;
+                    return 0;
+                }
+                let cost = share::cost(interval, dom);
+                (cost, share::pkt_tolerance(tolerance, interval, cost, dom))
+            } else {
+                (interval, tolerance)
+            };
         let next = if tat > now { tat } else { now } + interval;
         if next - now > tolerance {
             bucket::count(b, false, len);

@@ -684,3 +684,85 @@ burst = 1
         third.tat_ns
     );
 }
+
+/// The same flood under a `scope = "cluster"` aggregate whose bucket has a share in force (its
+/// arrival time kept in the share's slowed time, `ratelimit_common::share`): the aggregate's
+/// window still drops the flood before any per-source bucket is made. (Left to the charge in
+/// order, a share's time made the per-source limit, charged first, make a bucket for every
+/// spoofed source and give its charge back.)
+#[test]
+fn a_random_source_flood_under_an_empty_cluster_aggregate_at_a_share_makes_no_bucket_per_source() {
+    use ratelimit::maps::PinnedMaps;
+    use ratelimit_common::{rule_flags, SHARE_ONE};
+    require_root();
+    pin_to_this_cpu();
+    let mut dp = TestDataplane::new("limits-share", 4096).unwrap();
+    let set = dp
+        .install_toml(
+            r#"
+[[rule]]
+name = "flood"
+source = "10.0.0.0/8"
+rate = 1
+burst = 2
+[[rule.limit]]
+per = "rule"
+rate = 1
+burst = 5
+"#,
+        )
+        .unwrap();
+    let id = set.by_name("flood").unwrap().id;
+    let mut maps = PinnedMaps::open(dp.pin_dir()).unwrap();
+    let mut record = maps.rule(id).unwrap();
+    record.extra[0].flags |= rule_flags::CLUSTER;
+    maps.set_rule(id, record).unwrap();
+    let until = ratelimit::maps::bucket::monotonic_ns() + 60_000_000_000;
+    maps.update_config(|c| c.shares_until_ns = until).unwrap();
+    // The aggregate's bucket, made by the first source, at a share of a half.
+    assert_eq!(dp.run(&udp4(flood_source(0), 10)), XDP_PASS);
+    let key = ratelimit::maps::bucket::limit_bucket_key(id, &record, 1, ip("0.0.0.0").into());
+    assert_eq!(
+        ratelimit::cluster::charge::set_share(
+            &maps,
+            &key,
+            &record.extra[0],
+            u16::try_from(SHARE_ONE / 2).unwrap(),
+            ratelimit::maps::bucket::monotonic_ns(),
+            ratelimit::maps::bucket::monotonic_coarse_ns(),
+        )
+        .unwrap(),
+        Some(0)
+    );
+    // Four more take the aggregate's tokens (its whole burst, at any share); the sixth is
+    // dropped by it.
+    for n in 1..5 {
+        assert_eq!(dp.run(&udp4(flood_source(n), 10)), XDP_PASS, "source {n}");
+    }
+    assert_eq!(
+        dp.run(&udp4(flood_source(5), 10)),
+        XDP_DROP,
+        "over the aggregate"
+    );
+    let agg = bucket(&dp, id, 1, ip("0.0.0.0")).expect("the rule's one bucket");
+    assert_ne!(
+        agg.tat_ns & ratelimit_common::share::STRETCHED,
+        0,
+        "kept in the share's time"
+    );
+    let made = dp.global().counters[global::NEW_BUCKETS];
+    for n in 6..206 {
+        assert_eq!(dp.run(&udp4(flood_source(n), 10)), XDP_DROP, "source {n}");
+    }
+    assert_eq!(
+        dp.global().counters[global::NEW_BUCKETS],
+        made,
+        "the flood made no bucket"
+    );
+    for n in 6..206 {
+        assert!(
+            bucket(&dp, id, 0, flood_source(n)).is_none(),
+            "source {n} has a bucket"
+        );
+    }
+}
