@@ -2,7 +2,9 @@
 //!
 //! Everything that crosses the kernel/user boundary lives here: map names and capacities, map keys
 //! and values, rule records and counters. Every type is `#[repr(C)]` with explicit padding so both
-//! sides agree on the layout byte for byte; a `const` assertion pins each size.
+//! sides agree on the layout byte for byte; a `const` assertion pins each size. [`share`] holds
+//! the arithmetic of a cluster-scoped bucket at a share, which the program charges with and the
+//! agent converts with.
 #![no_std]
 #![deny(missing_docs)]
 

@@ -8,7 +8,9 @@
 //! - `classify.rs`: the rule, from the IPv4 table where it decides the source's /16, else from
 //!   the prefix trie (`maps.rs`) through the per-CPU classification cache (`scratch.rs`);
 //! - `store.rs`: the source's bucket record in the bucket store (found, or claimed for a new
-//!   source); `bucket.rs`: its GCRA charge by compare-and-swap;
+//!   source); `bucket.rs`: its GCRA charge by compare-and-swap (a cluster-scoped limit's in the
+//!   time of its share, `ratelimit_common::share`, through the global function
+//!   `rl_charge_cluster`);
 //! - `stats.rs`: the rule's and the global counters.
 //!
 //! The maps and record types are shared with user space through `ratelimit-common`; this file
