@@ -207,8 +207,9 @@ pub const fn seal(tat: u64, dom: Domain) -> u64 {
 }
 
 /// One GCRA step: a packet of cost `cost` (already in `dom`'s time: [`cost`]) charged to the TAT
-/// read as `old`, judged at `now` against `tolerance` (in `dom`'s time: [`pkt_tolerance`], [`byte_tolerance`]), where
-/// `floor` is at least `now` and no earlier than the true time (see the program's `clock`).
+/// read as `old`, judged at `now` against `tolerance` (in `dom`'s time: [`pkt_tolerance`],
+/// [`byte_tolerance`]), where `floor` is at least `now` and no earlier than the true time (see
+/// the program's `clock`).
 /// `Ok(new TAT)` when it conforms, else `Err(until)`: no packet of this cost conforms before.
 #[inline(always)]
 pub const fn step(
