@@ -206,29 +206,6 @@ pub const fn seal(tat: u64, dom: Domain) -> u64 {
     }
 }
 
-/// One GCRA step: a packet of cost `cost` (already in `dom`'s time: [`cost`]) charged to the TAT
-/// read as `old`, judged at `now` against `tolerance` (in `dom`'s time: [`pkt_tolerance`],
-/// [`byte_tolerance`]), where `floor` is at least `now` and no earlier than the true time (see
-/// the program's `clock`).
-/// `Ok(new TAT)` when it conforms, else `Err(until)`: no packet of this cost conforms before.
-#[inline(always)]
-pub const fn step(
-    old: u64,
-    (now, floor): (u64, u64),
-    cost: u64,
-    tolerance: u64,
-    dom: Domain,
-) -> Result<u64, u64> {
-    let b = base(old, now, dom);
-    let b = if b > floor { b } else { floor };
-    let new = seal(b + cost, dom);
-    if new - now > tolerance {
-        Err(new - tolerance)
-    } else {
-        Ok(new)
-    }
-}
-
 /// The TAT that keeps a bucket's tokens at `now` when its share word changes from `from` to `to`
 /// (words: 0 is the whole rate): `tat - now` brought from the time `tat` is kept in (its bit: a
 /// stretched TAT by `from`) to `to`'s, marked for it. `None` when nothing changes.
@@ -281,6 +258,26 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
+
+    /// One GCRA step as the program takes it (its `normalize` and `gcra`): a packet of cost `cost`
+    /// (in `dom`'s time) charged to the TAT read as `old`, judged at `now` against `tolerance` (in
+    /// `dom`'s time). `Ok(new TAT)` when it conforms, else `Err(until)`.
+    fn step(
+        old: u64,
+        (now, floor): (u64, u64),
+        cost: u64,
+        tolerance: u64,
+        dom: Domain,
+    ) -> Result<u64, u64> {
+        let b = base(old, now, dom);
+        let b = if b > floor { b } else { floor };
+        let new = seal(b + cost, dom);
+        if new - now > tolerance {
+            Err(new - tolerance)
+        } else {
+            Ok(new)
+        }
+    }
 
     #[test]
     fn the_mark_is_set_only_at_a_share_in_force() {

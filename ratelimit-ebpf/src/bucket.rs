@@ -170,12 +170,6 @@ pub fn window_holds(flags: u32, now: u64, until: u64, ck: *mut ChargeClock) -> b
         || precise_now(ck) < until
 }
 
-/// `cost` in the time of `dom` (itself for a limit that is not cluster-scoped: no call).
-#[inline(always)]
-pub fn cost_in(cost: u64, dom: Domain) -> u64 {
-    share::cost(cost, dom)
-}
-
 /// Brings the TAT at `tat` of a cluster-scoped limit's bucket into the time a charge in `dom`
 /// writes (`ratelimit_common::share::base`: a stretched TAT read once the shares lapsed, or a
 /// whole-rate one read under a share), its tokens kept, by one compare-and-swap: [`gcra`] then
@@ -429,23 +423,19 @@ fn charge_in<P: Params>(
     // Both costs are made before any charge, so that the share is not live across the
     // compare-and-swap loops (kept, its two kinds of value, none and some, doubled the states
     // the verifier walks through them).
-    let pkt_cost = cost_in(rule.pkt_interval_ns(), dom);
+    let pkt_cost = share::cost(rule.pkt_interval_ns(), dom);
     let byte_cost = if rule.flags() & rule_flags::BYTE_LIMIT != 0 {
-        cost_in(byte_cost_ns(len, rule.byte_interval_fp()), dom)
+        share::cost(byte_cost_ns(len, rule.byte_interval_fp()), dom)
     } else {
         0
     };
     if limits_pkts {
-        let tolerance = if dom == 0 {
-            rule.pkt_tolerance_ns()
-        } else {
-            share::pkt_tolerance(
-                rule.pkt_tolerance_ns(),
-                rule.pkt_interval_ns(),
-                pkt_cost,
-                dom,
-            )
-        };
+        let tolerance = share::pkt_tolerance(
+            rule.pkt_tolerance_ns(),
+            rule.pkt_interval_ns(),
+            pkt_cost,
+            dom,
+        );
         normalize(tat, now, dom);
         let clock = clock(tat, rule.flags(), now, (pkt_cost, tolerance), ck);
         if let Charge::Exceeds { until } = gcra(tat, clock, pkt_cost, tolerance, dom) {
@@ -454,11 +444,7 @@ fn charge_in<P: Params>(
         }
     }
     if rule.flags() & rule_flags::BYTE_LIMIT != 0 {
-        let tolerance = if dom == 0 {
-            rule.byte_tolerance_ns()
-        } else {
-            share::byte_tolerance(rule.byte_tolerance_ns(), byte_cost, dom)
-        };
+        let tolerance = share::byte_tolerance(rule.byte_tolerance_ns(), byte_cost, dom);
         normalize(byte_tat, now, dom);
         let clock = clock(byte_tat, rule.flags(), now, (byte_cost, tolerance), ck);
         if gcra(byte_tat, clock, byte_cost, tolerance, dom) != Charge::Conforms {
@@ -542,7 +528,7 @@ pub fn refund<P: Params>(
         {
             atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(
                 tat,
-                cost_in(rule.pkt_interval_ns(), dom),
+                share::cost(rule.pkt_interval_ns(), dom),
             );
         }
         let byte_tat = &raw mut (*bucket).byte_tat_ns;
@@ -551,7 +537,7 @@ pub fn refund<P: Params>(
         {
             atomic_xsub::<u64, u64, { AtomicOrdering::Relaxed }>(
                 byte_tat,
-                cost_in(byte_cost_ns(len, rule.byte_interval_fp()), dom),
+                share::cost(byte_cost_ns(len, rule.byte_interval_fp()), dom),
             );
         }
     }
