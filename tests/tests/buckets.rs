@@ -1246,7 +1246,6 @@ fn the_clusters_share_and_a_packet_creating_one_source_at_once_make_one_bucket()
         .unwrap();
     let rid = id(&set, "l");
     let record = dp.maps().rule(rid).unwrap();
-    let rule = record.limit(0).unwrap();
     let sources = new_sources(SOURCES);
     let frames: Vec<Vec<u8>> = sources.iter().map(|&s| udp4(s)).collect();
     let step = Lockstep::new();
@@ -1264,7 +1263,7 @@ fn the_clusters_share_and_a_packet_creating_one_source_at_once_make_one_bucket()
                 assert_eq!(runner.run_repeat(frame, 1), XDP_PASS);
             }
         });
-        let (maps, sources, rule, record) = (dp.maps(), &sources, &rule, &record);
+        let (maps, sources, record) = (dp.maps(), &sources, &record);
         s.spawn(move || {
             pin_to_cpu(1).unwrap();
             for (i, &src) in (0u32..).zip(sources) {
@@ -1275,7 +1274,6 @@ fn the_clusters_share_and_a_packet_creating_one_source_at_once_make_one_bucket()
                 ratelimit::cluster::charge::set_share(
                     maps,
                     &ratelimit::maps::bucket::bucket_key(rid, record, src.into()),
-                    rule,
                     word,
                     monotonic_ns(),
                     ratelimit::maps::bucket::monotonic_coarse_ns(),
@@ -1374,7 +1372,6 @@ fn a_bucket_at_a_share_holds_the_whole_burst_and_keeps_its_tokens_when_the_share
         ratelimit::cluster::charge::set_share(
             maps,
             &key,
-            &cluster.limit(0).unwrap(),
             word,
             ratelimit::maps::bucket::monotonic_ns(),
             ratelimit::maps::bucket::monotonic_coarse_ns(),
@@ -1467,7 +1464,6 @@ fn a_share_word_sets_a_cluster_buckets_refill_until_the_shares_lapse() {
         ratelimit::cluster::charge::set_share(
             &maps,
             &key,
-            &cluster.limit(0).unwrap(),
             quarter,
             ratelimit::maps::bucket::monotonic_ns(),
             coarse

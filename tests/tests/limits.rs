@@ -726,7 +726,6 @@ burst = 5
         ratelimit::cluster::charge::set_share(
             &maps,
             &key,
-            &record.extra[0],
             u16::try_from(SHARE_ONE / 2).unwrap(),
             ratelimit::maps::bucket::monotonic_ns(),
             ratelimit::maps::bucket::monotonic_coarse_ns(),

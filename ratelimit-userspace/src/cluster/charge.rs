@@ -141,12 +141,10 @@ pub fn share_word(s: f64) -> u16 {
 /// so it refills at its share of the rate and holds up to the whole burst, while
 /// `Config::shares_until_ns` is ahead; a bucket whose share changes keeps the tokens it holds
 /// (see `MappedStore::set_share`). A source without a bucket here is left alone. `Ok(None)`
-/// when there is no bucket, else the word the bucket had. (`_limit`: the word's effect does not
-/// depend on the limit's parameters; kept for the callers.)
+/// when there is no bucket, else the word the bucket had.
 pub fn set_share(
     maps: &PinnedMaps,
     key: &BucketKey,
-    _limit: &Limit,
     share: u16,
     now: u64,
     coarse_now: u64,
