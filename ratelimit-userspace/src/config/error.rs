@@ -342,11 +342,33 @@ pub(super) struct Source<'a> {
     pub(super) text: &'a str,
     /// Directory relative `source_file` paths are resolved against.
     pub(super) base: &'a Path,
+    /// Where each line ends (the offsets of `text`'s newlines), found once on the first
+    /// [`Source::line`]: each rule asks for its line, and a scan of the text for each would make
+    /// a file of the rule cap's rules take seconds to parse.
+    newlines: std::cell::OnceCell<Vec<usize>>,
 }
 
-impl Source<'_> {
+impl<'a> Source<'a> {
+    pub(super) fn new(origin: &'a str, text: &'a str, base: &'a Path) -> Self {
+        Self {
+            origin,
+            text,
+            base,
+            newlines: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The 1-based line of byte `offset` (the last line's past the end).
     pub(super) fn line(&self, offset: usize) -> usize {
-        line_of(self.text, offset)
+        let newlines = self.newlines.get_or_init(|| {
+            self.text
+                .bytes()
+                .enumerate()
+                .filter_map(|(i, b)| (b == b'\n').then_some(i))
+                .collect()
+        });
+        // Newlines before `offset`, plus one.
+        newlines.partition_point(|&n| n < offset.min(self.text.len())) + 1
     }
 
     pub(super) fn invalid(
@@ -366,19 +388,39 @@ impl Source<'_> {
     }
 }
 
-pub(super) fn line_of(text: &str, offset: usize) -> usize {
-    let offset = offset.min(text.len());
-    text.as_bytes()[..offset]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
-}
-
 pub(super) fn rule_section(name: &str, index: usize) -> String {
     if name.is_empty() {
         format!("rule #{}", index + 1)
     } else {
         format!("rule {name:?}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Source;
+
+    /// Lines found from the newlines' offsets are the lines counted from the start, at every
+    /// offset: on a newline, after it, past the end.
+    #[test]
+    fn a_line_is_its_newlines_before_plus_one() {
+        for text in [
+            "",
+            "\n",
+            "a",
+            "a\nb",
+            "[[rule]]\nname = \"a\"\n\n\nrate = 1\n",
+            "\n\nx\n",
+        ] {
+            let src = Source::new("t.toml", text, std::path::Path::new("."));
+            for offset in 0..text.len() + 3 {
+                let counted = text.as_bytes()[..offset.min(text.len())]
+                    .iter()
+                    .filter(|&&b| b == b'\n')
+                    .count()
+                    + 1;
+                assert_eq!(src.line(offset), counted, "{text:?} at {offset}");
+            }
+        }
     }
 }

@@ -158,7 +158,7 @@ impl Config {
     }
 
     pub(super) fn parse_in(text: &str, origin: &str, base: &Path) -> Result<Config, ConfigError> {
-        let src = Source { origin, text, base };
+        let src = Source::new(origin, text, base);
         let doc = toml_edit::ImDocument::parse(text).map_err(|e| syntax_error(&src, &e))?;
         let raw = RawConfig::deserialize(toml_edit::de::Deserializer::from(doc.clone()))
             .map_err(|e| schema_error(&src, doc.as_table(), &e))?;

@@ -276,7 +276,7 @@ pub fn render_rules(text: &str, origin: &str, rules: &[RuleConfig]) -> Result<St
     let base = base_dir(Path::new(origin));
     let mut doc: toml_edit::DocumentMut = text
         .parse()
-        .map_err(|e| syntax_error(&Source { origin, text, base }, &e))?;
+        .map_err(|e| syntax_error(&Source::new(origin, text, base), &e))?;
     let had_content = !text.trim().is_empty();
     let root = doc.as_table_mut();
     let old: Vec<toml_edit::Table> = match root.get_mut("rule").map(std::mem::take) {
