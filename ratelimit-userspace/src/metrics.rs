@@ -1,14 +1,19 @@
 //! The Prometheus metrics endpoint: `GET /metrics` on the `[agent] metrics` address, in the
 //! OpenMetrics text format (which Prometheus negotiates by default).
 //!
-//! Nothing is kept between scrapes: each scrape takes a [`Snapshot`]: the bucket count from the
-//! census ([`crate::census`]), the attachments and reload bookkeeping under the agent's lock
-//! (copies of a few fields, no system call), then, off the lock on a blocking thread, the
-//! counters from the endpoint's own handles on the pinned maps (for the rules in force) and the
-//! kernel's interface counters from sysfs, encoded through a `prometheus-client` collector. So
-//! the numbers are the maps' own, with no drift between the endpoint and `ratelimit stats`, and
-//! no scrape, however frequent, walks the bucket store or holds the lock for more than a moment.
-//! The server caps its connections and times out slow clients ([`crate::http`]).
+//! An encoding takes a [`Snapshot`]: the bucket count from the census ([`crate::census`]), the
+//! attachments and reload bookkeeping under the agent's lock (copies of a few fields, no system
+//! call), then, off the lock on a blocking thread, the counters from the endpoint's own handles
+//! on the pinned maps (for the rules in force) and the kernel's interface counters from sysfs,
+//! encoded through a `prometheus-client` collector. So the numbers are the maps' own, with no
+//! drift between the endpoint and `ratelimit stats`, and no scrape, however frequent, walks the
+//! bucket store or holds the lock for more than a moment.
+//!
+//! What a scrape costs is bounded whatever the number of scrapers ([`ScrapeCache`]): one
+//! encoding at a time, and its reply shared by every scrape for [`SHARE_FOR`] after it (or twice
+//! the encoding's own time, if longer), so encodings take at most a third of a core and the
+//! replies in memory are that one's, shared, not one per scraper. The server caps its
+//! connections and times out slow clients ([`crate::http`]).
 //!
 //! The metric names and labels are part of the user-facing contract (documented in the README):
 //!
@@ -24,6 +29,7 @@
 //! | `ratelimit_shape_drops_total` | counter | `reason` (`tiny_fragment`, `long_header_chain`, `fragment_conflict`, `vlan_chain`, `unmatched_fragment`) |
 //! | `ratelimit_fragments_unmatched_total`, `ratelimit_long_header_chains_total` | counter | |
 //! | `ratelimit_reloads_total` | counter | `result` (`ok`, `failed`) |
+//! | `ratelimit_metrics_encodings_total` | counter | |
 //! | `ratelimit_build_info` | info | `version` |
 //! | `ratelimit_interface_attached` | gauge | `interface`, `mode` |
 //! | `ratelimit_interface_rx_packets_total`, `ratelimit_interface_rx_dropped_total` | counter | `interface` |
@@ -186,6 +192,7 @@ pub async fn serve(
             agent,
             cluster,
             read,
+            cache: Arc::default(),
         });
     // The first attempt before returning: once the agent says it runs, the endpoint is up, or
     // its failure is logged and in the status.
@@ -230,6 +237,36 @@ struct ScrapeState {
     agent: SharedAgent,
     cluster: Option<ClusterHandle>,
     read: ReadSide,
+    cache: Arc<ScrapeCache>,
+}
+
+/// How long an encoding's reply serves every scrape (at least: see [`ScrapeCache`]). Prometheus
+/// scrapes every 10-60 s; a second is below any useful resolution.
+pub const SHARE_FOR: Duration = Duration::from_secs(1);
+
+/// The last encoding, shared: a scrape waits for the one encoding in progress (the lock), then
+/// serves the last reply if it is younger than [`SHARE_FOR`] or twice the time it took to make,
+/// else encodes anew. So however many clients scrape, encodings run one at a time, at most a
+/// third of the time, and every reply in flight is one of few encodings, shared by reference
+/// (`Bytes`), not a copy per client.
+#[derive(Default)]
+struct ScrapeCache {
+    last: tokio::sync::Mutex<Option<Encoded>>,
+    /// Encodings made (`ratelimit_metrics_encodings_total`).
+    encodings: std::sync::atomic::AtomicU64,
+}
+
+/// One encoding's reply.
+struct Encoded {
+    done: std::time::Instant,
+    took: Duration,
+    body: axum::body::Bytes,
+}
+
+impl Encoded {
+    fn fresh(&self) -> bool {
+        self.done.elapsed() < SHARE_FOR.max(self.took * 2)
+    }
 }
 
 /// Records and logs that `addr` is bound.
@@ -279,14 +316,30 @@ async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, String> {
 }
 
 async fn scrape(axum::extract::State(state): axum::extract::State<ScrapeState>) -> Response {
+    let ok =
+        |body: axum::body::Bytes| ([(header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response();
+    // One encoding at a time: the others wait here, then share its reply.
+    let mut last = state.cache.last.lock().await;
+    if let Some(e) = last.as_ref().filter(|e| e.fresh()) {
+        return ok(e.body.clone());
+    }
+    let began = std::time::Instant::now();
     let census = state.read.census.fresh().await;
     let partial = Snapshot::of_agent(&*state.agent.lock().await);
+    let encodings = state
+        .cache
+        .encodings
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
     // The map reads are system calls (a few per rule): on a blocking thread, off the lock.
+    let read = state.read.clone();
+    let cluster = state.cluster.clone();
     let result = tokio::task::spawn_blocking(move || {
-        let stats = state.read.stats(&census)?;
+        let stats = read.stats(&census)?;
         let mut s = Snapshot {
             stats,
-            cluster: state.cluster.as_ref().map(ClusterHandle::status),
+            cluster: cluster.as_ref().map(ClusterHandle::status),
+            encodings,
             ..partial
         };
         s.read_interface_counters(Path::new("/sys/class/net"));
@@ -294,7 +347,15 @@ async fn scrape(axum::extract::State(state): axum::extract::State<ScrapeState>) 
     })
     .await;
     match result {
-        Ok(Ok(Ok(text))) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+        Ok(Ok(Ok(text))) => {
+            let body = axum::body::Bytes::from(text);
+            *last = Some(Encoded {
+                done: std::time::Instant::now(),
+                took: began.elapsed(),
+                body: body.clone(),
+            });
+            ok(body)
+        }
         Ok(Ok(Err(e))) => error_response(&format!("encoding the metrics: {e}")),
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "metrics scrape: reading the counters failed");
@@ -323,6 +384,8 @@ pub struct Snapshot {
     pub interfaces: Vec<InterfaceSnapshot>,
     /// Cluster sync counters and peer states, when the agent is in a cluster.
     pub cluster: Option<ClusterStatus>,
+    /// Encodings of the endpoint so far, this one included (`ratelimit_metrics_encodings_total`).
+    pub encodings: u64,
 }
 
 /// One attached interface.
@@ -770,6 +833,13 @@ impl Collector for Snapshot {
         if let Some(cluster) = &self.cluster {
             encode_cluster(&mut enc, cluster)?;
         }
+        single(
+            &mut enc,
+            "ratelimit_metrics_encodings",
+            "Encodings of this endpoint's reply, this one included: one at a time, each reply \
+             shared by the scrapes of the next second (or twice the encoding's time).",
+            &ConstCounter::new(self.encodings),
+        )?;
         let info = Info::new(vec![("version", self.version.as_str())]);
         single(
             &mut enc,
@@ -838,6 +908,7 @@ mod tests {
             .collect();
         Snapshot {
             version: "1.2.3".into(),
+            encodings: 4,
             stats: StatsReport {
                 global,
                 rules: vec![RuleReport {

@@ -55,6 +55,7 @@ pub mod cluster_net;
 mod cmd;
 pub mod collide;
 pub mod link;
+pub mod metrics;
 pub mod netns;
 pub mod packet;
 pub mod raw;

@@ -245,20 +245,23 @@ fn peer_at(cluster: &Value, addr: SocketAddr) -> Vec<Value> {
         .collect()
 }
 
+/// Encoded after the call (see `ratelimit_testbed::metrics::fresh`).
 fn scrape(ns: &Netns) -> String {
     let addr: SocketAddr = METRICS.parse().unwrap();
-    in_netns(ns, || -> std::io::Result<String> {
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(
-            stream,
-            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text)?;
-        Ok(text)
+    ratelimit_testbed::metrics::fresh(&format!("{}/{addr}", ns.name()), || {
+        in_netns(ns, || -> std::io::Result<String> {
+            let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+            write!(
+                stream,
+                "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+            )?;
+            let mut text = String::new();
+            stream.read_to_string(&mut text)?;
+            Ok(text)
+        })
+        .unwrap()
     })
-    .unwrap()
 }
 
 /// The value of the metric sample `series` (name and labels as encoded).

@@ -96,17 +96,21 @@ fn free_port(ns: &Netns) -> u16 {
 
 /// `GET /metrics` at `addr` in `ns` over plain HTTP/1.1; checks the status and content type and
 /// returns the body.
+/// Encoded after the call (see `ratelimit_testbed::metrics::fresh`).
 fn scrape(ns: &Netns, addr: SocketAddr) -> String {
-    let response = in_netns(ns, || -> std::io::Result<String> {
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(
-            stream,
-            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text)?;
-        Ok(text)
+    let endpoint = format!("{}/{addr}", ns.name());
+    let response = ratelimit_testbed::metrics::fresh(&endpoint, || {
+        in_netns(ns, || -> std::io::Result<String> {
+            let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+            write!(
+                stream,
+                "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+            )?;
+            let mut text = String::new();
+            stream.read_to_string(&mut text)?;
+            Ok(text)
+        })
     })
     .unwrap_or_else(|e| panic!("scraping http://{addr}/metrics in {}: {e}", ns.name()));
     let (head, body) = response

@@ -29,11 +29,15 @@ use serde_json::Value;
 const BUCKETS: u32 = 4 << 20;
 const RULE: &str = "many";
 
-fn config(iface: &str, metrics: SocketAddr) -> String {
+fn config(iface: &str, metrics: SocketAddr, buckets: u32, rules: &str) -> String {
     format!(
-        "[agent]\ninterfaces = [\"{iface}\"]\nmetrics = \"{metrics}\"\nmax_buckets = {BUCKETS}\n\n\
-         [[rule]]\nname = \"{RULE}\"\nsource = \"0.0.0.0/0\"\nrate = 1000\nburst = 1000\n"
+        "[agent]\ninterfaces = [\"{iface}\"]\nmetrics = \"{metrics}\"\nmax_buckets = {buckets}\n\n{rules}"
     )
+}
+
+/// The one rule the store is filled under.
+fn one_rule() -> String {
+    format!("[[rule]]\nname = \"{RULE}\"\nsource = \"0.0.0.0/0\"\nrate = 1000\nburst = 1000\n")
 }
 
 struct Bed {
@@ -44,6 +48,10 @@ struct Bed {
 }
 
 fn bed(tag: &str) -> Bed {
+    bed_with(tag, BUCKETS, &one_rule())
+}
+
+fn bed_with(tag: &str, buckets: u32, rules: &str) -> Bed {
     require_root();
     let ns = Netns::new(&format!("rl-scale-{tag}")).unwrap();
     let peer = Netns::new(&format!("rl-scale-{tag}-p")).unwrap();
@@ -55,7 +63,7 @@ fn bed(tag: &str) -> Bed {
     })
     .unwrap();
     let metrics: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let agent = AgentProcess::start(&ns, &config(&iface, metrics), &[]).unwrap();
+    let agent = AgentProcess::start(&ns, &config(&iface, metrics, buckets, rules), &[]).unwrap();
     Bed {
         ns,
         _peer: peer,
@@ -338,5 +346,122 @@ fn idle_connections_neither_hold_descriptors_nor_keep_clients_out() {
         .unwrap();
     assert_eq!(first.read(&mut [0u8; 16]).unwrap_or(0), 0, "still open");
     drop((tcp, unix));
+    bed.agent.stop().unwrap();
+}
+
+/// The rule cap's worth of rules (each `/metrics` reply names every rule in 14-22 series), 64
+/// clients scraping in a loop, the most the endpoint serves at once: the replies are encoded one
+/// at a time and shared, so encodings stay at about one a second however many scrapes are
+/// served, the agent's memory grows by a few replies, not one per scraper, and a real scraper,
+/// arriving in the middle, is served.
+#[test]
+fn scrapes_of_every_rule_by_many_clients_are_encoded_once_and_shared() {
+    const RULES: u32 = ratelimit_common::MAX_RULES;
+    const SCRAPERS: usize = 64;
+    const STORM: Duration = Duration::from_secs(6);
+    let rules: String = (0..RULES)
+        .map(|i| {
+            format!(
+                "[[rule]]\nname = \"r{i}\"\nsource = \"10.{}.{}.0/24\"\nrate = 100\n\n",
+                i >> 8,
+                i & 0xff
+            )
+        })
+        .collect();
+    let bed = bed_with("scrapes", 1 << 16, &rules);
+    let pid = bed.agent.pid().unwrap();
+    let encodings = |text: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix("ratelimit_metrics_encodings_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no encodings counter in {:.300}", text))
+    };
+    let first = scrape(&bed.ns, bed.metrics).unwrap();
+    let reply = first.len() as u64;
+    assert!(
+        first.contains(&format!("rule=\"r{}\"", RULES - 1)),
+        "every rule is in the reply"
+    );
+    let rss_before = proc_kb(pid, "VmRSS");
+    let cpu = || -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+        let secs = ticks as f64 / 100.0;
+        secs
+    };
+    let (cpu0, began) = (cpu(), Instant::now());
+    let e0 = encodings(&scrape(&bed.ns, bed.metrics).unwrap());
+    let stop = AtomicBool::new(false);
+    let (served, seen, real) = thread::scope(|scope| {
+        let scrapers: Vec<_> = (0..SCRAPERS)
+            .map(|_| {
+                scope.spawn(|| {
+                    let (mut n, mut most) = (0u64, 0u64);
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Ok(text) = scrape(&bed.ns, bed.metrics) {
+                            most = most.max(encodings(&text));
+                            n += 1;
+                        }
+                    }
+                    (n, most)
+                })
+            })
+            .collect();
+        thread::sleep(STORM / 2);
+        // A real scraper, in the middle of the storm.
+        let t = Instant::now();
+        let real = scrape(&bed.ns, bed.metrics).map(|text| (t.elapsed(), text.len()));
+        thread::sleep(STORM / 2);
+        stop.store(true, Ordering::Relaxed);
+        let results: Vec<(u64, u64)> = scrapers.into_iter().map(|t| t.join().unwrap()).collect();
+        (
+            results.iter().map(|r| r.0).sum::<u64>(),
+            results.iter().map(|r| r.1).max().unwrap_or(0),
+            real,
+        )
+    });
+    let secs = began.elapsed().as_secs_f64();
+    let (cpu_secs, rss_peak) = (cpu() - cpu0, proc_kb(pid, "VmHWM"));
+    let made = seen - e0;
+    eprintln!(
+        "{RULES} rules, reply {:.1} MB; {SCRAPERS} scrapers for {secs:.1} s: {served} replies \
+         from {made} encodings; agent CPU {cpu_secs:.2} s ({:.0}% of a core), RSS {} MB before, \
+         peak {} MB; the real scraper: {real:?}",
+        reply as f64 / 1e6,
+        100.0 * cpu_secs / secs,
+        rss_before / 1024,
+        rss_peak / 1024,
+    );
+    let (took, len) = real.expect("the real scraper was served during the storm");
+    assert!(len as u64 > reply / 2, "the real scraper got {len} bytes");
+    assert!(
+        took < Duration::from_secs(10),
+        "the real scraper waited {took:?}"
+    );
+    assert!(
+        served >= SCRAPERS as u64,
+        "the scrapers did not run: {served} replies"
+    );
+    // One encoding a second at most (the share), however many replies: each reply shares one.
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "small"
+    )]
+    let most = secs.ceil() as u64 + 1;
+    assert!(
+        made <= most && made < served,
+        "{made} encodings for {served} replies over {secs:.1} s (at most {most})"
+    );
+    // Memory: a few replies (the shared one, the one being made, their parts), not one per scraper.
+    let grew = rss_peak.saturating_sub(rss_before) * 1024;
+    assert!(
+        grew < 8 * reply + (64 << 20),
+        "the agent grew by {} MB serving {SCRAPERS} scrapers a reply of {} MB",
+        grew >> 20,
+        reply >> 20
+    );
     bed.agent.stop().unwrap();
 }
