@@ -304,6 +304,24 @@ pub mod family {
     pub const V4: u8 = 4;
     /// IPv6.
     pub const V6: u8 = 6;
+    const _: () = assert!(V6 & 0xfd == V4 && V4 & 0xfd == V4);
+
+    /// The family tag of a bucket key for a source of family `family` under a limit whose source
+    /// mask (as [`crate::Limit::src_mask`]) begins with the word `mask0`: `family`, or [`V4`]
+    /// when the mask is all zero (`per = "rule"`, or a prefix of length 0). Such a limit has one
+    /// bucket for the rule whatever the source's family: keyed by family, a rule over both
+    /// families would get a bucket, and a budget, for each.
+    ///
+    /// A mask is a prefix: it is all zero exactly when its first bit is clear, the top bit of the
+    /// first address byte, bit 7 of the word as the masks are read (little-endian). [`V6`] with
+    /// bit 1 cleared is [`V4`]. So three operations on one word: the program computes this for
+    /// every key, in frames that have no register to spare (a test of all four words cost one
+    /// of them a stack slot past the verifier's 512 bytes).
+    #[inline(always)]
+    #[must_use]
+    pub const fn of_key(family: u8, mask0: u32) -> u8 {
+        family & (0xfd | ((mask0 >> 6) & 2) as u8)
+    }
 }
 
 /// The single record of [`map_names::CONFIG`].
@@ -898,16 +916,22 @@ pub mod victim {
     /// Its bucket has refilled: nothing lost (a new bucket starts full), counted as
     /// [`crate::global::EVICTED_FULL`].
     pub const FULL: u64 = 1;
-    /// From here on: in debt, `DEBT + debt / tolerance` in units of 2^-20. The source starts
-    /// full again if it comes back, counted as [`crate::global::EVICTED_LOST`].
+    /// From here on: in debt, `DEBT + ` the debt's time in ns (the later TAT's lead over
+    /// `now`, capped at [`DEBT_CAP_NS`]): how long the bucket takes to refill, which is what an
+    /// eviction hands back, compared alike under every rule (a fraction of each limit's own
+    /// burst would rank one packet under a `burst = 1` limit with a bucket deep in debt under
+    /// another). The source starts full again if it comes back, counted as
+    /// [`crate::global::EVICTED_LOST`].
     pub const DEBT: u64 = 2;
     /// Being written by another CPU: not to be taken.
     pub const BUSY: u64 = u64::MAX;
+    /// Debts longer than this (18 minutes) rank alike.
+    pub const DEBT_CAP_NS: u64 = 1 << 40;
 }
 
 /// The [`victim`] score of a record with header `header` and TATs `tat`, `byte_tat` at `now`,
-/// given `rule`, the current record of its rule id (`None`: no such id), whose limit the header
-/// names (see [`bucket_rule`]) is the record's. `now` must not be ahead
+/// given `rule`, the current record of its rule id (`None`: no such id), whose generation says
+/// whether the record is stale. `now` must not be ahead
 /// of the clock of the rule's buckets (the coarse clock never is), so a bucket judged refilled
 /// has refilled.
 #[inline(always)]
@@ -925,22 +949,17 @@ pub fn victim_score(header: u64, tat: u64, byte_tat: u64, rule: Option<&Rule>, n
     if rule.bucket_gen == 0 || u64::from(rule.bucket_gen) != header >> 32 {
         return victim::FREE;
     }
-    if tat <= now && byte_tat <= now {
+    let later = if tat > byte_tat { tat } else { byte_tat };
+    if later <= now {
         return victim::FULL;
     }
-    let (pkt_tolerance, byte_tolerance) = match split_bucket_rule(header as u32).1 {
-        0 => (rule.pkt_tolerance_ns, rule.byte_tolerance_ns),
-        k => {
-            let k = extra_index(k);
-            (
-                rule.extra[k].pkt_tolerance_ns,
-                rule.extra[k].byte_tolerance_ns,
-            )
+    let debt = later - now;
+    victim::DEBT
+        + if debt > victim::DEBT_CAP_NS {
+            victim::DEBT_CAP_NS
+        } else {
+            debt
         }
-    };
-    let pkt = debt_fraction(tat, now, pkt_tolerance);
-    let bytes = debt_fraction(byte_tat, now, byte_tolerance);
-    victim::DEBT + if pkt > bytes { pkt } else { bytes }
 }
 
 /// Picks the candidate (0..[`BUCKET_CANDIDATES`], see [`bucket_candidate`]) a new key takes,
@@ -1030,19 +1049,6 @@ impl VictimChooser {
             Some((best_at, best))
         }
     }
-}
-
-/// `tat - now` as a fraction of `tolerance` in units of 2^-20, capped well below overflow.
-#[inline(always)]
-fn debt_fraction(tat: u64, now: u64, tolerance: u64) -> u64 {
-    if tat <= now {
-        return 0;
-    }
-    let mut d = tat - now;
-    if d > 1 << 40 {
-        d = 1 << 40;
-    }
-    (d << 20) / (tolerance | 1)
 }
 
 /// A 16-byte address field as the two little-endian words the hash and the header compare use.
@@ -1566,9 +1572,8 @@ mod tests {
     }
 
     #[test]
-    fn each_limit_is_scored_against_its_own_tolerance() {
-        // Limit k's bucket is judged by limit k's tolerance: each limit of the rule gets a
-        // tolerance of its own, and a bucket exactly 1 ms in debt scores 1 ms over it.
+    fn each_limit_is_scored_by_its_debt_in_time() {
+        // Whatever each limit's tolerance, a bucket exactly 1 ms in debt scores 1 ms.
         let mut rule = Rule {
             bucket_gen: 7,
             pkt_tolerance_ns: 1_000_000,
@@ -1580,20 +1585,30 @@ mod tests {
             rule.extra[i].byte_tolerance_ns = ms * 1_000_000;
         }
         let now = 1_000_000_000;
-        for (k, ms) in [1u64, 2, 4, 8].into_iter().enumerate() {
-            let header = bucket_header(bucket_rule(3, k as u32), family::V4, 7);
+        for k in 0..4u32 {
+            let header = bucket_header(bucket_rule(3, k), family::V4, 7);
             let score = victim_score(header, now + 1_000_000, now, Some(&rule), now);
-            assert_eq!(
-                score,
-                victim::DEBT + (1_000_000u64 << 20) / ((ms * 1_000_000) | 1),
-                "limit {k}: scored against tolerance {ms} ms"
-            );
+            assert_eq!(score, victim::DEBT + 1_000_000, "limit {k}");
         }
         assert_eq!(extra_index(1), 0);
         assert_eq!(extra_index(2), 1);
         assert_eq!(extra_index(3), 2);
         assert_eq!(extra_index(0), MAX_LIMITS - 2, "out of range: clamped");
         assert_eq!(extra_index(9), MAX_LIMITS - 2, "out of range: clamped");
+    }
+
+    /// A key's family is the source's under any mask but the all-zero one (one bucket for the
+    /// rule), for prefix masks as the agent writes them: network-order bytes read little-endian.
+    #[test]
+    fn a_zero_mask_keys_both_families_alike() {
+        for n in 0..=128u32 {
+            let bits: u128 = if n == 0 { 0 } else { !0u128 << (128 - n) };
+            let bytes = bits.to_be_bytes();
+            let mask0 = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+            assert_eq!(family::of_key(family::V4, mask0), family::V4, "/{n}");
+            let v6 = if n == 0 { family::V4 } else { family::V6 };
+            assert_eq!(family::of_key(family::V6, mask0), v6, "/{n}");
+        }
     }
 
     fn choose(scores: [u64; 8]) -> Option<(u32, u64)> {
@@ -1642,18 +1657,23 @@ mod tests {
         assert_eq!(choose([BUSY; 8]), None);
     }
 
-    /// A bucket of a rule's second limit is judged by that limit's tolerance, not the first's.
+    /// Debt is compared in time, alike under every limit: one packet under a `burst = 1`
+    /// limit of 1 pps (1 s to refill) ranks below a bucket 4 s in debt under a limit of burst
+    /// 5 (4 of its 5 tokens spent), though it has spent its whole burst and the other 80%.
     #[test]
-    fn what_eviction_loses_is_judged_by_the_limit_the_key_names() {
+    fn what_eviction_loses_is_the_debt_in_time_under_any_limit() {
+        const S: u64 = 1_000_000_000;
         let mut rule = Rule {
             bucket_gen: 7,
-            pkt_tolerance_ns: 1000,
+            pkt_interval_ns: S,
+            pkt_tolerance_ns: S,
             ..Rule::default()
         };
         rule.set_limit(
             1,
             Limit {
-                pkt_tolerance_ns: 4000,
+                pkt_interval_ns: S,
+                pkt_tolerance_ns: 5 * S,
                 ..Limit::default()
             },
         );
@@ -1663,23 +1683,38 @@ mod tests {
             split_bucket_rule(bucket_rule(MAX_RULES - 1, 3)),
             (MAX_RULES - 1, 3)
         );
-        let now = 10_000;
-        let first = victim_score(
+        let now = 100 * S;
+        let one_packet = victim_score(
             bucket_header(3, family::V4, 7),
-            now + 1000,
+            now + S,
             0,
             Some(&rule),
             now,
         );
-        let second = victim_score(
+        let deep = victim_score(
             bucket_header(bucket_rule(3, 1), family::V4, 7),
-            now + 1000,
+            now + 4 * S,
             0,
             Some(&rule),
             now,
         );
-        assert_eq!(first - victim::DEBT, (1000 << 20) / 1001);
-        assert_eq!(second - victim::DEBT, (1000 << 20) / 4001);
+        assert_eq!(one_packet - victim::DEBT, S);
+        assert_eq!(deep - victim::DEBT, 4 * S);
+        // A byte debt counts as a packet debt of the same time; the later TAT decides.
+        let bytes = victim_score(
+            bucket_header(3, family::V4, 7),
+            now,
+            now + 4 * S,
+            Some(&rule),
+            now,
+        );
+        assert_eq!(bytes, deep);
+        // Beyond the cap, alike.
+        let h = bucket_header(3, family::V4, 7);
+        assert_eq!(
+            victim_score(h, now + 2 * victim::DEBT_CAP_NS, 0, Some(&rule), now),
+            victim::DEBT + victim::DEBT_CAP_NS
+        );
     }
 
     #[test]
@@ -1724,10 +1759,10 @@ mod tests {
         assert_eq!(victim_score(h, now + 500, 0, None, now), victim::FREE);
         // Refilled: nothing lost.
         assert_eq!(victim_score(h, now, 0, Some(&rule), now), victim::FULL);
-        // In debt: by the fraction of the tolerance spent.
+        // In debt: by the time it takes to refill.
         let half = victim_score(h, now + 500, 0, Some(&rule), now);
         let all = victim_score(h, now + 1000, 0, Some(&rule), now);
         assert!(victim::DEBT < half && half < all, "{half} {all}");
-        assert_eq!(half - victim::DEBT, (500 << 20) / 1001);
+        assert_eq!(half - victim::DEBT, 500);
     }
 }

@@ -334,13 +334,10 @@ fn limit(
         // packets of a flood under an empty aggregate, nearly all of them, stop here. Only a
         // window that is over or whose batch is spent calls `gate` to look at the bucket; no
         // window (the aggregate has tokens), no call.
-        let g = gate_slot(s, id, pkt.family);
+        let g = gate_slot(s, id);
         // SAFETY: this CPU's live scratch record (XDP runs with preemption disabled).
         unsafe {
-            let open = (*g).rule == id
-                && (*g).epoch == epoch
-                && (*g).family == pkt.family
-                && (*g).flags & SLOT_VALID != 0;
+            let open = (*g).rule == id && (*g).epoch == epoch && (*g).flags & SLOT_VALID != 0;
             let count = (*g).drop_count;
             if open
                 && count < DROP_BATCH
@@ -400,7 +397,7 @@ fn limit(
     // SAFETY: this CPU's live scratch record.
     let until = unsafe { &mut (*s).extra.clock.until };
     *until = 0;
-    let (v, b) = find_and_charge::<_, true>(pkt, key, rule, cached, len, now, s, slot, 0, until);
+    let (v, b) = find_and_charge::<_, true>(key, rule, cached, len, now, s, slot, 0, until);
     // SAFETY: as above; and this CPU's classification slot, whose window fields the charge
     // leaves alone: read again rather than kept live across it (a cluster-scoped charge is a
     // BPF call, and values kept across it cost this frame stack it does not have).
@@ -425,7 +422,7 @@ fn limit(
         // Called for every rule (it returns at once for one without a per-rule limit): a
         // branch on the rule's flags here, even laundered, took the verifier past its limit.
         // This path runs once per drop window (`DROP_BATCH`), or per byte-rate drop.
-        open_gate(pkt, rule, slot, v, until);
+        open_gate(rule, slot, v, until);
         return v;
     }
     if rule.extra_len != 0 {
@@ -462,7 +459,7 @@ fn limit(
             }
             // SAFETY: this CPU's live scratch record.
             // As above, for every rule.
-            open_gate(pkt, rule, slot, d, unsafe { (*c).until });
+            open_gate(rule, slot, d, unsafe { (*c).until });
             return d;
         }
     }
@@ -509,7 +506,7 @@ fn gate(pkt: &Packet, rule: &Rule) -> usize {
     let drop = verdict::DROPPED_RATE | (k as usize) << 8;
     // The caller found the slot valid for this rule, epoch and family, and its window over or
     // its batch spent: look at the bucket.
-    let g = gate_slot(s, id, pkt.family);
+    let g = gate_slot(s, id);
     // SAFETY: this CPU's live scratch record (XDP runs with preemption disabled).
     let (count, record) = unsafe { ((*g).drop_count, (*g).record) };
     let Some(b) = BUCKETS.get_ptr_mut(record) else {
@@ -578,11 +575,11 @@ fn gate(pkt: &Packet, rule: &Rule) -> usize {
     0
 }
 
-/// This CPU's window slot of rule `id` for `family` (see [`GateSlot`]).
+/// This CPU's window slot of rule `id` (see [`GateSlot`]).
 #[inline(always)]
-fn gate_slot(s: *mut Scratch, id: u32, family: u8) -> *mut GateSlot {
+fn gate_slot(s: *mut Scratch, id: u32) -> *mut GateSlot {
     // SAFETY: this CPU's live scratch record; the index is masked into bounds.
-    unsafe { &raw mut (*s).gate[scratch::gate_index(id, family) & (scratch::GATE_SLOTS - 1)] }
+    unsafe { &raw mut (*s).gate[id as usize & (scratch::GATE_SLOTS - 1)] }
 }
 
 /// After a drop (verdict word `d`, the limit in bits 8..), opens this CPU's window for the rule's
@@ -591,7 +588,7 @@ fn gate_slot(s: *mut Scratch, id: u32, family: u8) -> *mut GateSlot {
 /// are in the scratch record's `Extra` (see `limit`). A BPF call, as [`gate`]: it runs once per
 /// window, not per packet.
 #[inline(never)]
-fn open_gate(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, d: usize, until: u64) {
+fn open_gate(rule: &Rule, slot: *mut ClassSlot, d: usize, until: u64) {
     let mut until = until;
     let dropper = d >> 8;
     if dropper != 0 && d & 0xff == verdict::DROPPED_RATE {
@@ -634,12 +631,11 @@ fn open_gate(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, d: usize, until: u
         rule.extra[extra_index(k)].flags
     };
     let until = bucket::window_end(flags, until, now);
-    let g = gate_slot(s, id, pkt.family);
+    let g = gate_slot(s, id);
     // SAFETY: as above.
     unsafe {
         (*g).epoch = epoch;
         (*g).rule = id;
-        (*g).family = pkt.family;
         (*g).flags = SLOT_VALID;
         (*g).record = record;
         (*g).drop_until = until;
@@ -777,7 +773,7 @@ pub unsafe extern "C" fn one_limit(
     *until = 0;
     // The cluster-scoped charge inline (`bucket::charge`): a BPF call from here would stack its
     // frame on this one's and the program's, past the verifier's 512 bytes.
-    let (v, b) = find_and_charge::<_, false>(pkt, key, l, cached, len, now, s, slot, limit, until);
+    let (v, b) = find_and_charge::<_, false>(key, l, cached, len, now, s, slot, limit, until);
     let until = *until;
     if b.is_null() {
         c.records[k] = NO_RECORD;
@@ -857,7 +853,6 @@ fn settle(b: *mut Bucket, v: usize, until: u64, c: &mut Extra, k: usize, record:
     reason = "the packet's whole context, inlined"
 )]
 fn find_and_charge<P: Params, const CALL: bool>(
-    pkt: &Packet,
     key: &Key,
     p: &P,
     cached: u32,
@@ -891,7 +886,13 @@ fn find_and_charge<P: Params, const CALL: bool>(
             return (no_bucket(), core::ptr::null_mut());
         }
         let sets = bucket_sets(
-            ratelimit_common::bucket_hash(seed, key.header as u32 & 0xffff, pkt.family, key.addr),
+            // The key's family, not the packet's: a per-rule key is one for both.
+            ratelimit_common::bucket_hash(
+                seed,
+                key.header as u32 & 0xffff,
+                (key.header >> 16) as u8,
+                key.addr,
+            ),
             sets,
         );
         match store::scan(key, sets, scratch::coarse_now(s), s) {

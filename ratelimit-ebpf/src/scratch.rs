@@ -78,13 +78,13 @@ pub struct ClassSlot {
 }
 const _: () = assert!(core::mem::size_of::<ClassSlot>() == 64);
 
-/// Slots of the per-rule drop windows (a power of two), direct-mapped by rule id and family.
+/// Slots of the per-rule drop windows (a power of two), direct-mapped by rule id.
 pub const GATE_SLOTS: usize = 64;
 
 /// The drop window of a rule's `per = "rule"` packet limit ([`rule_flags::GATE`]), kept by rule
 /// rather than by source: a flood of random sources misses every [`ClassSlot`] (each frame a new
-/// source), but all its frames share this slot. Under rule-set `epoch`, packets of rule `rule`
-/// (family `family`) are dropped before `drop_until` (the limit's one bucket has no token until
+/// source), but all its frames, of either family, share this slot, as they share the bucket.
+/// Under rule-set `epoch`, packets of rule `rule` are dropped before `drop_until` (the limit's one bucket has no token until
 /// then; its TAT only moves forward, as for [`ClassSlot::drop_until`]), up to [`DROP_BATCH`] in a
 /// row; then the bucket, in record `record` (verified against its key), is looked at again: its
 /// counter gets the window's drops, and the window is renewed while it still has no token.
@@ -97,8 +97,7 @@ pub struct GateSlot {
     pub rule: u32,
     /// [`SLOT_VALID`] when it holds a window.
     pub flags: u8,
-    pub family: u8,
-    pub _pad: [u8; 2],
+    pub _pad: [u8; 3],
     /// Index of the record that held the limit's bucket.
     pub record: u32,
     /// Packets of the rule are dropped before this time (rule's clock, ns).
@@ -108,12 +107,6 @@ pub struct GateSlot {
     pub _pad2: u32,
 }
 const _: () = assert!(core::mem::size_of::<GateSlot>() == 32);
-
-/// The slot of `rule`'s windows for `family` in [`Scratch::gate`].
-#[inline(always)]
-pub fn gate_index(rule: u32, family: u8) -> usize {
-    (((rule as usize) << 1) | usize::from(family & 2 != 0)) & (GATE_SLOTS - 1)
-}
 
 /// The single record of [`SCRATCH`] (one per CPU).
 #[repr(C)]

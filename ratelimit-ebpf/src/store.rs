@@ -14,8 +14,8 @@
 use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 
 use ratelimit_common::{
-    bucket_candidate, bucket_header, bucket_rule, global, split_bucket_rule, victim, victim_score,
-    Bucket, VictimChooser, BUCKET_BUSY, BUCKET_CANDIDATES, BUCKET_WAYS,
+    bucket_candidate, bucket_header, bucket_rule, family, global, split_bucket_rule, victim,
+    victim_score, Bucket, VictimChooser, BUCKET_BUSY, BUCKET_CANDIDATES, BUCKET_WAYS,
 };
 
 use crate::{
@@ -26,7 +26,9 @@ use crate::{
 
 pub use crate::scratch::Key;
 
-/// The key of limit `limit` of rule `id` (generation `gen`) for `pkt`'s source under `mask`.
+/// The key of limit `limit` of rule `id` (generation `gen`) for `pkt`'s source under `mask`: a
+/// mask of all zero (`per = "rule"`) keys one bucket for both families (see
+/// `ratelimit_common::family::of_key`).
 #[inline(always)]
 pub fn key(pkt: &Packet, id: u32, limit: u32, mask: &[u32; 4], gen: u32) -> Key {
     let masked = [
@@ -40,7 +42,11 @@ pub fn key(pkt: &Packet, id: u32, limit: u32, mask: &[u32; 4], gen: u32) -> Key 
     let addr: [u64; 2] = unsafe { core::mem::transmute(masked) };
     Key {
         addr,
-        header: bucket_header(bucket_rule(id, limit), pkt.family, gen),
+        header: bucket_header(
+            bucket_rule(id, limit),
+            family::of_key(pkt.family, mask[0]),
+            gen,
+        ),
     }
 }
 

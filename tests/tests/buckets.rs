@@ -160,6 +160,94 @@ per = "/64"
     assert_eq!(passes(&dp, &udp6(ip6("2001:db8:0:2::1")), 3), 2);
 }
 
+/// `per = "rule"` is one bucket for the rule whatever the family: IPv4 and IPv6 sources of a
+/// rule over both families (and of a `[[rule.limit]]` with `per = "rule"`) draw on one burst,
+/// in one record, that `explain`'s key names for either family. Keyed by family, each family
+/// had a bucket and a burst of its own (twice the budget).
+#[test]
+fn per_rule_is_one_bucket_across_families() {
+    require_root();
+    let mut dp = TestDataplane::new("rule46", 1024).unwrap();
+    let set = dp
+        .install_toml(
+            r#"[[rule]]
+name = "both"
+source = ["198.18.0.0/15", "2001:db8::/32"]
+protocol = "udp"
+rate = 1
+burst = 6
+per = "rule"
+
+[[rule]]
+name = "layered"
+source = ["198.20.0.0/16", "2001:db8:1::/48"]
+protocol = "tcp"
+rate = 1000
+burst = 1000
+
+[[rule.limit]]
+rate = 1
+burst = 4
+per = "rule"
+"#,
+        )
+        .unwrap();
+    let v4 = |i: u8| udp4(Ipv4Addr::new(198, 18, i, 1));
+    let v6 = |i: u16| udp6(Ipv6Addr::new(0x2001, 0xdb8, i, 0, 0, 0, 0, 1));
+    // Alternating families, 10 of each: the one burst of 6, no more.
+    let passed: usize = (0..10u8)
+        .map(|i| passes(&dp, &v4(i), 1) + passes(&dp, &v6(u16::from(i)), 1))
+        .sum();
+    assert_eq!(passed, 6, "20 frames of both families under one burst of 6");
+    // The gate's drop window (a per-rule limit's) holds for both families alike.
+    assert_eq!(passes(&dp, &v6(99), 50) + passes(&dp, &v4(99), 50), 0);
+    let both = id(&set, "both");
+    let records: Vec<_> = dp
+        .maps()
+        .buckets()
+        .unwrap()
+        .into_iter()
+        .filter(|(k, _)| ratelimit_common::split_bucket_rule(k.rule).0 == both)
+        .collect();
+    assert_eq!(records.len(), 1, "one record for the rule: {records:?}");
+    let rule = &set.by_name("both").unwrap().rule;
+    for ip in [
+        "198.19.7.7".parse().unwrap(),
+        "2001:db8:9::9".parse().unwrap(),
+    ] {
+        let key = ratelimit::maps::bucket::bucket_key(both, rule, ip);
+        assert_eq!(key, records[0].0, "the key explain and top read for {ip}");
+        assert_eq!(
+            ratelimit::maps::bucket::key_source(&key, &rule.src_mask),
+            "*"
+        );
+    }
+
+    // A `[[rule.limit]]` with per = "rule": 4 of both families together.
+    let tcp4 = |i: u8| {
+        eth()
+            .ipv4(Ipv4Addr::new(198, 20, i, 1), Ipv4Addr::new(198, 18, 0, 254))
+            .tcp(1000, 80)
+            .build()
+    };
+    let tcp6 = |i: u16| {
+        eth()
+            .ipv6(
+                Ipv6Addr::new(0x2001, 0xdb8, 1, i, 0, 0, 0, 1),
+                "2001:db8::fe".parse().unwrap(),
+            )
+            .tcp(1000, 80)
+            .build()
+    };
+    let passed: usize = (0..6u8)
+        .map(|i| passes(&dp, &tcp6(u16::from(i)), 1) + passes(&dp, &tcp4(i), 1))
+        .sum();
+    assert_eq!(
+        passed, 4,
+        "12 frames of both families under the limit's one burst of 4"
+    );
+}
+
 #[test]
 fn allow_deny_and_longest_prefix_precedence() {
     require_root();

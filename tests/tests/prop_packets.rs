@@ -380,7 +380,7 @@ struct ModelBucket {
     bytes: u64,
 }
 
-/// (rule id, IPv6?, source masked to the rule's `per`, left-aligned bits).
+/// (rule id, keyed as IPv6?, source masked to the rule's `per`, left-aligned bits).
 type BucketId = (u32, bool, u128);
 
 /// The program's bucket key for a model bucket.
@@ -410,7 +410,9 @@ fn bucket_of(id: u32, rule: &RuleConfig, src: IpAddr) -> BucketId {
         Per::Rule => 0,
         Per::Prefix(n) => n,
     };
-    (id, v6, bits & mask(len))
+    // A mask of length 0 (`per = "rule"`, or "/0") is the rule's one bucket, whatever the
+    // source's family: the program keys it as IPv4's.
+    (id, v6 && len != 0, bits & mask(len))
 }
 
 /// Charges a frame of `len` bytes to a limit rule's bucket (created full if new) and returns the

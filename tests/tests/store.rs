@@ -10,7 +10,7 @@ use ratelimit_common::{family, global, verdict, BucketKey, GlobalStats};
 use ratelimit_testbed::{
     collide::{
         colliding_v4, colliding_with_v4, densest_v4, old_first_seen_pair, old_first_seen_slot,
-        set_seed, store_params, TEST_SEED,
+        set_seed, sets_of_v4, store_params, TEST_SEED,
     },
     packet::eth,
     require_root,
@@ -313,6 +313,67 @@ fn a_bucket_evicted_in_debt_restarts_full_and_is_counted_lost() {
         .expect("tracked again");
     assert_eq!(u64::from(b.passed_pkts), back, "a new bucket's own count");
     assert!(dp.maps().bucket(&key(id, ninth)).unwrap().is_none());
+}
+
+/// Debt is weighed in time, alike under every rule: one packet under a `burst = 1` rule of 1 pps
+/// (1 s to refill, its whole burst spent) does not outrank a source 4 s in debt under another
+/// rule (4 of its 5 tokens spent). Eight records on one set pair: the indebted source and seven
+/// one-packet sources of the `burst = 1` rule; a ninth source takes a one-packet source's record.
+/// Weighed as a fraction of each rule's burst (100% against 80%), the indebted one went.
+#[test]
+fn one_packet_sources_of_a_burst_1_rule_do_not_push_out_a_source_in_debt() {
+    require_root();
+    let mut dp = TestDataplane::new("debttime", 64).unwrap();
+    set_seed(dp.pin_dir(), TEST_SEED).unwrap();
+    let set = dp
+        .install_toml(
+            "[[rule]]\nname = \"deep\"\nsource = \"198.18.0.0/16\"\nrate = 1\nburst = 5\n\n\
+             [[rule]]\nname = \"one\"\nsource = \"198.19.0.0/16\"\nrate = 1\nburst = 1\n",
+        )
+        .unwrap();
+    let (deep, one) = (
+        set.by_name("deep").unwrap().id,
+        set.by_name("one").unwrap().id,
+    );
+    let (seed, sets) = store_params(dp.pin_dir()).unwrap();
+    let indebted = Ipv4Addr::new(198, 18, 0, 1);
+    let want = sets_of_v4(seed, sets, deep, indebted);
+    let others: Vec<Ipv4Addr> = (0..1u32 << 16)
+        .map(|i| Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 19, 0, 0)) + i))
+        .filter(|&ip| sets_of_v4(seed, sets, one, ip) == want)
+        .take(8)
+        .collect();
+    assert_eq!(
+        others.len(),
+        8,
+        "sources of the burst-1 rule on the same set pair"
+    );
+    let runs = |ip: Ipv4Addr, n: u64| -> u64 {
+        let f = udp4(ip);
+        (0..n).filter(|_| dp.run(&f) == XDP_PASS).count() as u64
+    };
+    assert_eq!(runs(indebted, 4), 4, "4 of its 5 tokens");
+    for &ip in &others[..7] {
+        assert_eq!(runs(ip, 1), 1, "{ip}: one packet");
+    }
+    let g0 = dp.global();
+    assert_eq!(runs(others[7], 1), 1, "the ninth source's first packet");
+    let g1 = dp.global();
+    assert_eq!(delta(&g1, &g0, global::EVICTED_LOST), 1);
+    assert!(
+        dp.maps().bucket(&key(deep, indebted)).unwrap().is_some(),
+        "the source 4 s in debt kept its bucket"
+    );
+    let kept = others[..7]
+        .iter()
+        .filter(|&&ip| dp.maps().bucket(&key(one, ip)).unwrap().is_some())
+        .count();
+    assert_eq!(
+        kept, 6,
+        "a one-packet source (1 s to refill) gave its record"
+    );
+    // And the indebted source is still held to its bucket: its fifth token, then nothing.
+    assert_eq!(runs(indebted, 3), 1);
 }
 
 /// A bucket that has refilled is taken first and nothing is lost: counted as `evicted_full`, not

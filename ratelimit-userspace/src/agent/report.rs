@@ -13,7 +13,7 @@ use super::{Agent, AgentError, ReloadState};
 use crate::{
     census::{CensusAge, Reading},
     config::RuleConfig,
-    maps::bucket::{bucket_addr, bucket_key, limit_bucket_key, monotonic_ns, BucketView},
+    maps::bucket::{bucket_key, key_source, limit_bucket_key, monotonic_ns, BucketView},
 };
 
 impl Agent {
@@ -207,18 +207,10 @@ impl Agent {
             for k in 0..rule.rule.limits() {
                 let mask = rule.rule.limit(k).unwrap_or_default().src_mask;
                 let key = limit_bucket_key(rule.id, &rule.rule, k, ip);
-                let len = mask.iter().map(|w| w.count_ones()).sum::<u32>();
-                let len = if ip.is_ipv4() {
-                    len.min(32)
-                } else {
-                    len.min(128)
-                };
-                let addr = bucket_addr(&key);
                 limits.push(ExplainLimit {
                     limit: k + 1,
                     per: crate::stats::per_of(&mask),
-                    key: ipnet::IpNet::new(addr, u8::try_from(len).unwrap_or(0))
-                        .map_or_else(|_| addr.to_string(), |n| n.trunc().to_string()),
+                    key: key_source(&key, &mask),
                     bucket: self
                         .dp
                         .maps()

@@ -15,15 +15,14 @@
 
 use std::{cmp::Ordering, collections::BinaryHeap, ops::ControlFlow, sync::Arc, time::Duration};
 
-use ipnet::IpNet;
-use ratelimit_common::{family, Bucket, BucketKey};
+use ratelimit_common::Bucket;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::{
     compile::CompiledRuleSet,
     maps::{
-        bucket::{bucket_addr, monotonic_ns, BucketView},
+        bucket::{key_source, monotonic_ns, BucketView},
         MapsError, PinnedMaps,
     },
 };
@@ -281,7 +280,14 @@ impl TopRanker {
                     rule: rule.name.clone(),
                     rule_id: rule.id,
                     limit: limit + 1,
-                    source: bucket_source(&b.key(), &rule.rule),
+                    source: key_source(
+                        &b.key(),
+                        &rule
+                            .rule
+                            .limit(ratelimit_common::split_bucket_rule(b.key().rule).1)
+                            .unwrap_or_default()
+                            .src_mask,
+                    ),
                     pps: c.pps,
                     drops_per_sec: c.drops_per_sec,
                     tokens: view.tokens,
@@ -381,20 +387,4 @@ async fn blocking<T: Send + 'static>(
             map: ratelimit_common::map_names::BUCKETS,
             reason: format!("the walk of the bucket store failed: {e}"),
         })?
-}
-
-/// The bucket's address as a prefix of the rule's granularity (`198.18.1.0/24`).
-fn bucket_source(key: &BucketKey, rule: &ratelimit_common::Rule) -> String {
-    let mask = rule
-        .limit(ratelimit_common::split_bucket_rule(key.rule).1)
-        .unwrap_or_default()
-        .src_mask;
-    let len = if key.family == family::V4 {
-        mask[0].count_ones().min(32)
-    } else {
-        mask.iter().map(|w| w.count_ones()).sum::<u32>().min(128)
-    };
-    let len = u8::try_from(len).unwrap_or(0);
-    IpNet::new(bucket_addr(key), len)
-        .map_or_else(|_| bucket_addr(key).to_string(), |n| n.trunc().to_string())
 }

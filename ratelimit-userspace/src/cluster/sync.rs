@@ -1136,6 +1136,12 @@ mod tests {
             limit_bucket_key(id, rule, 2, std::net::IpAddr::from([198, 18, 0, 9])),
             b.key()
         );
+        // One key for both families (per = "rule"): an IPv6 source's is the same, so the
+        // cluster publishes and shares one budget for the limit.
+        assert_eq!(
+            limit_bucket_key(id, rule, 2, "2001:db8::9".parse().unwrap()),
+            b.key()
+        );
         // A bucket of the rule's local limits is not the cluster's.
         let local = ratelimit_common::Bucket {
             rule: u16::try_from(ratelimit_common::bucket_rule(id, 0)).unwrap(),

@@ -39,10 +39,30 @@ pub fn limit_bucket_key(
     }
     BucketKey {
         rule: ratelimit_common::bucket_rule(id, u32::try_from(limit).unwrap_or(0)),
-        family: fam,
+        family: family::of_key(fam, mask[0]),
         _pad: [0; 3],
         addr,
     }
+}
+
+/// What sources a bucket of a limit whose source mask is `mask` stands for, as `top` and
+/// `explain` show it: the masked source as a prefix of the limit's granularity
+/// (`198.18.1.0/24`), or `*` under a mask of all zero (`per = "rule"`: one bucket for every
+/// source of the rule, of both families).
+#[must_use]
+pub fn key_source(key: &BucketKey, mask: &[u32; 4]) -> String {
+    if *mask == [0; 4] {
+        return "*".to_owned();
+    }
+    let bits = mask.iter().map(|w| w.count_ones()).sum::<u32>();
+    let len = if key.family == family::V4 {
+        bits.min(32)
+    } else {
+        bits.min(128)
+    };
+    let addr = bucket_addr(key);
+    ipnet::IpNet::new(addr, u8::try_from(len).unwrap_or(0))
+        .map_or_else(|_| addr.to_string(), |n| n.trunc().to_string())
 }
 
 /// The address (masked source) a bucket key stands for.
