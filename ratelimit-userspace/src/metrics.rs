@@ -10,7 +10,7 @@
 //! no scrape, however frequent, walks the bucket store or holds the lock for more than a moment.
 //! The server caps its connections and times out slow clients ([`crate::http`]).
 //!
-//! The metric names and labels are part of the user-facing contract (documented in the README):
+//! The metric names and labels are part of the user-facing contract (documented in docs/operations.md, "Metrics"):
 //!
 //! | metric | type | labels |
 //! |---|---|---|
