@@ -3,7 +3,7 @@
 // that every object and every check of it sees the same flags. Not part of the eBPF crate itself.
 //
 // `-C target-cpu=v3` is what makes LLVM emit the 64-bit compare-and-swap the bucket update needs
-// (see ../shared/TOOLCHAIN.md, "Atomics in eBPF Rust"); `cargo xtask setup` installs the nightly
+// (see docs/toolchain.md, "Atomics in eBPF Rust"); `cargo xtask setup` installs the nightly
 // rust-src and bpf-linker the build needs.
 
 /// The eBPF crate's flags (as `CARGO_ENCODED_RUSTFLAGS`, joined by `\x1f`).

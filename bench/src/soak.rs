@@ -91,7 +91,7 @@ pub struct Args {
     #[arg(long, default_value_t = 60.0)]
     reload_every: f64,
     /// The agent's `max_buckets` (bucket map capacity; the agent's default is 1048576, which a
-    /// 10-minute flood does not fill here, see BENCHMARKS.md).
+    /// 10-minute flood does not fill here, see docs/journal.md, "Soak").
     #[arg(long, default_value_t = SOAK_MAX_BUCKETS)]
     max_buckets: u32,
     /// CPU for the generator and the polite sender (and so the receiving NAPI poll); default: the

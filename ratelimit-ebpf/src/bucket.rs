@@ -213,7 +213,7 @@ fn gcra(tat: *mut u64, (now, floor): (u64, u64), cost: u64, tolerance: u64, dom:
     };
     for _ in 0..retries {
         // A plain volatile read: LLVM's BPF backend cannot select an atomic load for v3 (see
-        // TOOLCHAIN.md); the CAS below validates what we read.
+        // docs/toolchain.md, "Atomics in eBPF Rust"); the CAS below validates what we read.
         // SAFETY: `tat` points into a map value that outlives this program run.
         let old = unsafe { core::ptr::read_volatile(tat) };
         if old > floor && old & marked != mark {

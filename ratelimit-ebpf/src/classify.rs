@@ -29,7 +29,7 @@ use crate::{
 /// indexes. So a packet the per-rule window drops (`limit`: every frame of a spoofed flood under
 /// an exhausted aggregate) touches no slot: one of 256 lines, each frame a random one, read and
 /// written in full by every such frame when the cache came first (the layered flood's largest
-/// cost end to end, BENCHMARKS.md).
+/// cost end to end, docs/journal.md).
 #[inline(always)]
 pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
     let i = scratch::slot_index(&pkt.src);

@@ -1531,7 +1531,8 @@ fn ensure_bpffs(pin_dir: &Path) -> Result<()> {
 
 /// Warns when the bpffs that holds `pin_dir` is not the one PID 1 sees (a bpffs mounted in a
 /// private mount namespace: `ip netns exec`, a container without the host's /sys/fs/bpf): the
-/// pins end with that namespace, so enforcement does not outlive the agent as the README says.
+/// pins end with that namespace, so enforcement does not outlive the agent as docs/design.md
+/// says ("Containers and network namespaces").
 fn warn_if_private_bpffs(pin_dir: &Path) {
     let (Ok(ours), Ok(init)) = (
         fs::read_to_string("/proc/self/mountinfo"),
@@ -1587,7 +1588,7 @@ mod tests {
     /// The XDP program calls none of the memory builtins. Each is a byte loop behind a BPF call,
     /// and under the kernel's return-stack mitigations every BPF call's return is costly. The
     /// compiler emits them for whole-struct copies and runs of constant stores. With 11 `memset`
-    /// calls a new source's first packet cost 60-80 ns more (BENCHMARKS.md, *A new source's
+    /// calls a new source's first packet cost 60-80 ns more (docs/journal.md, *A new source's
     /// packet without library calls*); one `memmove` from a copied array came back unnoticed
     /// once. Write such stores field by field (see `scratch::empty_slot` in the eBPF crate).
     #[test]

@@ -15,7 +15,7 @@
 //! replies in memory are that one's, shared, not one per scraper. The server caps its
 //! connections and times out slow clients ([`crate::http`]).
 //!
-//! The metric names and labels are part of the user-facing contract (documented in the README):
+//! The metric names and labels are part of the user-facing contract (documented in docs/operations.md, "Metrics"):
 //!
 //! | metric | type | labels |
 //! |---|---|---|

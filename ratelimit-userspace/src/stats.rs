@@ -1,6 +1,6 @@
 //! Counter reports: what `ratelimit stats` prints and `--json` emits.
 //!
-//! The JSON shape is part of the user-facing contract (documented in the README):
+//! The JSON shape is part of the user-facing contract (documented in docs/operations.md, "Counters"):
 //! `{"global": {"packets": N, "non_ip": N, ...}, "rules": [{"id", "name", "line", "packets":
 //! {"passed", "allowed", "dropped_rate", "dropped_bytes", "denied", "dry_run", "no_bucket"},
 //! "bytes": {...}, "limits": [{"limit": 1, "per": "source", "dropped_rate": N, "dropped_bytes": N},

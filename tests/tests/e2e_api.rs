@@ -756,8 +756,8 @@ fn without_an_agent_the_cli_says_how_to_start_one() {
     }
 }
 
-/// Every key path of `readme` (the README's example) is in `actual` with the same JSON type; in
-/// arrays, every element of `actual` has the shape of the README's first. Returns what is missing.
+/// Every key path of `readme` (the documented example) is in `actual` with the same JSON type; in
+/// arrays, every element of `actual` has the shape of the example's first. Returns what is missing.
 fn missing_fields(readme: &Value, actual: &Value, path: &str, out: &mut Vec<String>) {
     let kind = |v: &Value| match v {
         Value::Null => "null",
@@ -769,7 +769,7 @@ fn missing_fields(readme: &Value, actual: &Value, path: &str, out: &mut Vec<Stri
     };
     if kind(readme) != kind(actual) {
         out.push(format!(
-            "{path}: {} in the README, {} now",
+            "{path}: {} in docs/operations.md, {} now",
             kind(readme),
             kind(actual)
         ));
@@ -796,20 +796,20 @@ fn missing_fields(readme: &Value, actual: &Value, path: &str, out: &mut Vec<Stri
     }
 }
 
-/// README "Counters": "`ratelimit stats --json` prints one object ... Fields may be added; none
-/// will be renamed or removed." The README's example is the contract: the agent's answer and the
-/// offline read of the pinned maps have every one of its fields, with its type.
+/// docs/operations.md, "Counters": "`ratelimit stats --json` prints one object ... Fields may be
+/// added; none will be renamed or removed." The documented example is the contract: the agent's
+/// answer and the offline read of the pinned maps have every one of its fields, with its type.
 #[test]
 fn stats_json_has_every_field_the_readme_shows() {
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/operations.md");
     let start = readme
         .find("`ratelimit stats --json` prints one object:")
-        .expect("the README's stats --json section");
+        .expect("docs/operations.md's stats --json section");
     let block = &readme[start..];
     let json_start = block.find("```json\n").expect("its example") + "```json\n".len();
     let json_end = json_start + block[json_start..].find("```").unwrap();
     let example: Value = serde_json::from_str(&block[json_start..json_end])
-        .unwrap_or_else(|e| panic!("the README's stats example is not JSON: {e}"));
+        .unwrap_or_else(|e| panic!("the documented stats example is not JSON: {e}"));
 
     let bed = bed("fields");
     let rules = "[[rule]]\nname = \"flood\"\nsource = \"198.18.0.0/24\"\nrate = 100\nburst = 10\n";
@@ -826,7 +826,7 @@ fn stats_json_has_every_field_the_readme_shows() {
         missing_fields(&example, actual, "", &mut missing);
         assert!(
             missing.is_empty(),
-            "`{what}` lost fields the README promises: {missing:?}\n{actual}"
+            "`{what}` lost fields docs/operations.md promises: {missing:?}\n{actual}"
         );
     }
     assert_eq!(

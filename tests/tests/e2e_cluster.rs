@@ -1,7 +1,7 @@
 //! Cluster-wide budget, end to end: three real agents, each in its own namespace with the limiter
 //! attached, gossiping over their own addresses, share one `scope = "cluster"` budget. One sender
 //! spreads a single source's flood across them unevenly at 5x the budget; the cluster as a whole
-//! must admit the budget (0.95-1.05 x, as the README states; within its burst bound over any
+//! must admit the budget (0.95-1.05 x, as docs/design.md states; within its burst bound over any
 //! window; back within 10% within 3 s after the split changes; about 12 KB/s of gossip per host).
 //! Then the split changes; one host is cut off (each side of
 //! the partition then enforces the budget on its own: fail open); the cut is healed (one budget
@@ -48,22 +48,22 @@ const PAYLOAD: usize = 64;
 const PORT: u16 = 9000;
 const GOSSIP_PORT: u16 = 7946;
 const SYNC_MS: u64 = 100;
-/// Allowed deviation of an admitted rate from what is expected where the README states no
+/// Allowed deviation of an admitted rate from what is expected where docs/design.md states no
 /// figure (each side of a partition, a host whose agent is down), and what "back within" means
 /// for the convergence time.
 const TOLERANCE: f64 = 0.10;
-/// The README's accuracy of one budget: 0.95-1.05 x the budget over 5-6 s windows. Measured on
+/// docs/design.md's accuracy of one budget: 0.95-1.05 x the budget over 5-6 s windows. Measured on
 /// the 2-core VM over the two phases of 11 runs: 0.974-1.020 (0.987, 0.992, 0.992, 0.993,
 /// 1.012, 1.001, 1.005, 1.005, 1.006, 0.974 in earlier runs, the former ignore note; 1.020, 1.009, 1.010, 1.002, 1.004,
 /// 1.001, 1.006, 1.000, 1.000, 1.001, 0.999, 1.007 at f9f2218). The admitted rate swings around
 /// the budget with the sync lag, so a 5-6 s window is off by a few percent depending on where the
 /// swings fall: the former 0.98-1.04 was missed in 1 window of 22.
 const ACCURACY: (f64, f64) = (0.95, 1.05);
-/// The README's "back within 10% within 3 s of a change of split" (the rate over the last second,
+/// docs/design.md's "back within 10% within 3 s of a change of split" (the rate over the last second,
 /// looked at every `SAMPLE`, 250 ms). Measured 1.1-2.6 s (1.92-2.07 with the whole suite running
 /// beside it, 2.14-2.59 in a quiet CI run); issue #15 asks for 3 sync intervals (0.3 s), not met.
 const CONVERGENCE_SECS: f64 = 3.0;
-/// The README's gossip figure for 3 hosts at 100 ms, bytes per second per host: "about 20 KB/s"
+/// docs/design.md's gossip figure for 3 hosts at 100 ms, bytes per second per host: "about 20 KB/s"
 /// since the agents gossip twice per sync interval (issue #15; 19.3 KB/s in the first run; at
 /// once per interval: 9.4-11.2 KB/s measured with the whole suite loading the machine, 13.0-13.9
 /// KB/s on a quiet one).
@@ -71,7 +71,8 @@ const GOSSIP_BPS: f64 = 20_000.0;
 /// ... "about": +-30% (earlier, with 8 bytes less a datagram: 9.5-11.7 KB/s per host in the
 /// connected phases of 3 runs on the 2-core VM).
 const GOSSIP_TOLERANCE: f64 = 0.30;
-/// The README's largest sync lag at the default interval (50-200 ms).
+/// The largest sync lag at the default interval in this test (50-200 ms; docs/design.md's bound
+/// allows up to 4 sync intervals).
 const MAX_LAG_SECS: f64 = 0.2;
 /// How far the sampling can misplace an admission in time (see the burst bound).
 const SKEW_SECS: f64 = 0.05;
@@ -335,12 +336,12 @@ fn write_key(dir: &Path, name: &str, secret: &str) -> PathBuf {
     path
 }
 
-/// The README's accuracy of one budget over a phase's 5-6 s window: 0.95-1.05 x the budget.
+/// docs/design.md's accuracy of one budget over a phase's 5-6 s window: 0.95-1.05 x the budget.
 fn assert_accuracy(what: &str, got: f64) {
     let ratio = got / RATE;
     assert!(
         (ACCURACY.0..=ACCURACY.1).contains(&ratio),
-        "{what}: {got:.0} pps = {ratio:.3} x the budget, the README says {}-{}",
+        "{what}: {got:.0} pps = {ratio:.3} x the budget, docs/design.md says {}-{}",
         ACCURACY.0,
         ACCURACY.1
     );
@@ -361,7 +362,7 @@ fn cluster_enforces_one_budget_fails_open_on_partition_and_ignores_a_wrong_key()
     scenario();
 }
 
-/// The whole run; the one-budget phases 1 and 2 are held to the README's 0.95-1.05.
+/// The whole run; the one-budget phases 1 and 2 are held to docs/design.md's 0.95-1.05.
 #[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
 fn scenario() {
     require_root();
@@ -666,10 +667,10 @@ fn scenario() {
             .collect::<Vec<_>>()
     );
 
-    // The README's burst bound: over any window T while the three hosts hear each other (from
+    // docs/design.md's burst bound: over any window T while the three hosts hear each other (from
     // the start, fresh buckets, to the end of phase 2), the cluster admits at most
-    // `rate x T + hosts x burst + (hosts - 1) x rate x lag`, lag at most 200 ms (the README's
-    // 50-200 ms at the default sync), plus `rate x SKEW` for the sampling (each sample reads
+    // `rate x T + hosts x burst + (hosts - 1) x rate x lag`, lag at most 200 ms (50-200 ms at
+    // the default sync in this test), plus `rate x SKEW` for the sampling (each sample reads
     // the receivers one after the other, and delivery lags the program's decision).
     let connected_end = phase_bounds[1].1;
     let mut excess: f64 = f64::MIN;
@@ -693,11 +694,11 @@ fn scenario() {
     );
     assert!(
         excess <= burst_bound,
-        "a window admitted {excess:.0} packets over rate x T, more than the README's bound {burst_bound:.0}"
+        "a window admitted {excess:.0} packets over rate x T, more than docs/design.md's bound {burst_bound:.0}"
     );
 
     // --- Assertions. ---
-    // 1. One budget for the cluster, whatever the split: the README's 0.95-1.05 x the budget
+    // 1. One budget for the cluster, whatever the split: docs/design.md's 0.95-1.05 x the budget
     //    over the phases' 5-6 s windows, back within 10% within 3 s of a change.
     for (phase, what) in [(0, "phase 1 (70/20/10)"), (1, "phase 2 (10/20/70)")] {
         assert_accuracy(
@@ -705,7 +706,7 @@ fn scenario() {
             results[phase].1,
         );
     }
-    // The README's 3 s is stated for the change of split; the cut, the heal and the
+    // docs/design.md's 3 s is stated for the change of split; the cut, the heal and the
     // kill change the budget itself (and wait for the failure detector), so for them only that
     // the rate gets there.
     let conv = results[1]
@@ -713,7 +714,7 @@ fn scenario() {
         .expect("never back within 10% after the split changed");
     assert!(
         conv <= CONVERGENCE_SECS,
-        "back within 10% only {conv:.2} s after the split changed (README: within \
+        "back within 10% only {conv:.2} s after the split changed (docs/design.md: within \
          {CONVERGENCE_SECS} s)"
     );
     assert!(
@@ -726,7 +727,7 @@ fn scenario() {
             assert!(
                 (GOSSIP_BPS * (1.0 - GOSSIP_TOLERANCE)..=GOSSIP_BPS * (1.0 + GOSSIP_TOLERANCE))
                     .contains(sent),
-                "{}: h{h} sent {sent:.0} B/s of gossip, the README says about {GOSSIP_BPS:.0}",
+                "{}: h{h} sent {sent:.0} B/s of gossip, docs/design.md says about {GOSSIP_BPS:.0}",
                 PHASES[p].name
             );
         }
@@ -754,7 +755,7 @@ fn scenario() {
         );
     }
     // 3. Healed: one budget again, without a blackout from the backlog.
-    // The README's 0.95-1.05 is stated for the two splits (phases 1 and 2); after a heal, the
+    // docs/design.md's 0.95-1.05 is stated for the two splits (phases 1 and 2); after a heal, the
     // debt of the partition is still being settled: +-10% (measured 0.97-1.03).
     assert_within(
         "phase 4 (healed): cluster-wide admitted rate",

@@ -8,7 +8,7 @@
 //!   incarnation at its own address;
 //! - publishes five times `max_keys` keys.
 //!
-//! What must hold (README, "What a peer with the key can do", "Which members count", "What a
+//! What must hold (docs/design.md, "What a peer with the key can do", "Which members count", "What a
 //! peer can store here"): the claims take at most the victim's refill at h0, `rate x (T + 3 x
 //! sync_interval_ms)` over the attack's span T whatever the number of identities, nothing is cut
 //! (`charges_clamped` does not move: demand is not bounded, its effect is), and the victim,
@@ -44,7 +44,7 @@ const CLUSTER_ID: &str = "e2e-attack";
 const RATE: u64 = 1000;
 const BURST: u64 = 500;
 const SYNC_MS: u64 = 100;
-/// The README's lag allowance: 3 sync intervals.
+/// docs/design.md's lag allowance: 3 sync intervals.
 const LAG_SECS: f64 = 3.0 * SYNC_MS as f64 / 1000.0;
 const MAX_KEYS: usize = 20;
 const VICTIM: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
@@ -183,7 +183,7 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
         },
     ];
     // And more identities of its own, each at an address it sends from (another port): these
-    // are members like any other (the README says so), each with an allowance of its own, and
+    // are members like any other (docs/design.md says so), each with an allowance of its own, and
     // the debt cap must hold whatever their number.
     let mut ids = ids;
     ids.extend((0..EXTRA_SENDERS).map(|k| {

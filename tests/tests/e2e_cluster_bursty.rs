@@ -7,7 +7,7 @@
 //! spreads and times its traffic.
 //!
 //! The comparison is over a measured window after a warm-up of [`WARM_SECS`]: at the start every
-//! host admits its own full burst before the shares are known (the README's `hosts x burst`
+//! host admits its own full burst before the shares are known (docs/design.md's `hosts x burst`
 //! once), which one bucket would not, and which this test does not judge. Each datagram carries
 //! its sequence number, so both counts are over the datagrams *sent* in the window, exactly,
 //! with no sampling at the window's edges; a sender held up by a busy machine sends later, and
@@ -287,7 +287,7 @@ fn eight_hosts_95_5_with_bursts_admit_what_one_bucket_would_and_small_hosts_get_
     const HOSTS: usize = 8;
     // Longer than the others' warm-up: each small host starts full at the whole burst (100) and
     // sends only ~22 pps more than its share refills (7), so it spends that first burst over
-    // ~4.5 s (the README's `hosts x burst`, once: 1,150 admitted a second for the first 4 s,
+    // ~4.5 s (docs/design.md's `hosts x burst`, once: 1,150 admitted a second for the first 4 s,
     // then 1,000).
     let warm = 6.0;
     let end = warm + MEASURE_SECS;
@@ -365,10 +365,10 @@ fn eight_hosts_95_5_with_bursts_admit_what_one_bucket_would_and_small_hosts_get_
 /// Open: 0.81-0.82 x one bucket (0.43-0.64 before). The heavy host's share refills 140 packets
 /// over its own 200 ms gap, more than the whole burst (100) its bucket holds at any share. A
 /// holder's capacity that follows its share (`holders x share x burst`, the same total) would
-/// admit it; the bucket record has no room for the number of holders yet (see the README's
+/// admit it; the bucket record has no room for the number of holders yet (see docs/design.md,
 /// "Accuracy").
 #[test]
-#[ignore = "open: a holder holds at most the whole burst; 0.81 of one bucket (README, Accuracy)"]
+#[ignore = "open: a holder holds at most the whole burst; 0.81 of one bucket (docs/design.md, Accuracy)"]
 fn three_hosts_70_20_10_with_bursts_admit_what_one_bucket_would() {
     const HOSTS: usize = 3;
     const PERIOD: f64 = 0.2;
@@ -449,13 +449,13 @@ const SPOOFED_SOURCES: usize = 4096;
 /// store evicted it, so every frame makes a new bucket and evicts one (a refilled one first: the
 /// victim's, in its silence).
 const SPOOFED_PPS: u64 = 2000;
-/// The README's lag allowance: 4 sync intervals (a key's demand is known from its second
+/// docs/design.md's lag allowance: 4 sync intervals (a key's demand is known from its second
 /// reading, peers read it a round later, a round more when gossip lost it once).
 const MAX_LAG_SECS: f64 = 0.4;
 /// How far a datagram's send time can be from the program's decision on it (queueing between
 /// the socket and the hosts' programs), as `e2e_cluster.rs` allows for its sampling.
 const SKEW_SECS: f64 = 0.05;
-/// The README's bound on what the cluster admits of one source over any window `T`, beyond
+/// docs/design.md's bound on what the cluster admits of one source over any window `T`, beyond
 /// `rate x T`: every host's burst once (`hosts x burst`), what the other hosts admit at the
 /// whole rate before they hear of it (`(hosts - 1) x rate x lag`), and the skew's `rate x skew`.
 /// 1,500 + 800 + 50 = 2,350 packets here.

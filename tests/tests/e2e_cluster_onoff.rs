@@ -2,8 +2,8 @@
 //! `scope = "cluster"` budget (1,000 pps, burst 500, sync 100 ms). One source sends `hosts x
 //! burst` and more, spread evenly over the three hosts within one sync interval, then stays
 //! silent for its tolerance (0.5 s) and five sync intervals, ten times over. Over any window T of
-//! the run the cluster must admit at most the README's bound, `rate x T + hosts x burst +
-//! (hosts - 1) x rate x lag` (lag 400 ms, the README's allowance at this interval, plus 50 ms of
+//! the run the cluster must admit at most docs/design.md's bound, `rate x T + hosts x burst +
+//! (hosts - 1) x rate x lag` (lag 400 ms, docs/design.md's allowance at this interval, plus 50 ms of
 //! `rate` for the sampling, as `e2e_cluster.rs` allows): the first bursts once, not at every
 //! cycle.
 //!
@@ -36,7 +36,7 @@ const ON_SECS: f64 = 0.1;
 /// shares to go back to the whole rate first.
 const OFF_SECS: f64 = 1.0;
 const CYCLES: usize = 10;
-/// The README's lag allowance: 4 sync intervals (a key's demand is known from its second
+/// docs/design.md's lag allowance: 4 sync intervals (a key's demand is known from its second
 /// reading, peers read it a round later, a round more when gossip lost it once).
 const MAX_LAG_SECS: f64 = 0.4;
 /// How far the sampling can misplace an admission in time (each sample reads the receivers one
@@ -153,7 +153,7 @@ fn an_on_off_source_gets_one_budget_not_a_burst_per_host_at_every_cycle() {
     assert!(
         excess <= bound,
         "a window ({:.2}-{:.2} s) admitted {excess:.0} packets over rate x T, more than the \
-         README's bound {bound:.0} (hosts x burst once, and the lag): per cycle {per_cycle:?}",
+         docs/design.md's bound {bound:.0} (hosts x burst once, and the lag): per cycle {per_cycle:?}",
         worst.0,
         worst.1
     );

@@ -8,7 +8,7 @@
 //!
 //! The first phase starts with fresh buckets: every host admits its burst at once (8 x 500
 //! packets), which the cluster then pays back (one budget: `burst + rate x t` from the start,
-//! see the README's burst bound), so that phase is not measured (the issue's "0.925 x the budget
+//! see docs/design.md's burst bound), so that phase is not measured (the issue's "0.925 x the budget
 //! with an even split" was a window that held part of that payback).
 //!
 //! Run with `--nocapture` for the figures, and `RL_CLUSTER_TRACE=1` for the rate every 100 ms.
@@ -93,7 +93,7 @@ const PHASES: [Phase; 5] = [
 /// a cluster-scoped limit's drops counted within 1 ms (its demand, read every round, had come in
 /// batches of 64); demand over 1 sync interval rather than 2; and gossip twice per sync
 /// interval (a change reached the other hosts' shares 3.4-8.5 intervals after it, then
-/// 2.1-2.5). Runs and their figures: tests/README.md and the README's Accuracy.
+/// 2.1-2.5). Runs and their figures: tests/README.md and docs/design.md, Accuracy.
 #[test]
 #[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
 fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_3_sync_intervals() {

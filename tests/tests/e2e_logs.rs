@@ -1,4 +1,4 @@
-//! `--log-format json` (README "Install on a server"): every line the agent writes to stderr is
+//! `--log-format json` (docs/operations.md, "Logs"): every line the agent writes to stderr is
 //! one JSON object a log collector can parse, through start, reload, a refused reload and stop,
 //! and when it refuses to start, the fatal error too.
 
@@ -108,7 +108,7 @@ fn set_gro(iface: &str, on: bool) {
     }
 }
 
-/// README Limitations: in skb (generic) mode the kernel runs the program after GRO, once per
+/// docs/design.md, Limitations: in skb (generic) mode the kernel runs the program after GRO, once per
 /// merged buffer, so a packet limit counts what GRO merged as one packet. An attach in that mode
 /// with GRO on says so in the log (it was silent); with GRO off it does not.
 #[test]

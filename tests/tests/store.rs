@@ -249,7 +249,7 @@ fn a_dropped_source_is_not_pushed_out_by_one_packet_sources() {
 }
 
 /// A bucket evicted while in debt loses its state, and only that: its source comes back to a
-/// full bucket, exactly one burst (the allowance README "When the store is full" states), and
+/// full bucket, exactly one burst (the allowance docs/design.md, "When the store is full", states), and
 /// the eviction is counted as `evicted_lost`. Nine sources on one set pair (eight records): the
 /// first spends 4 of its 5 tokens, seven others all 5, so the first is the least in debt and the
 /// ninth takes its record.

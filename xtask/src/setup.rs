@@ -1,5 +1,5 @@
 //! `cargo xtask setup`: makes a fresh Debian 12 machine able to build and test ratelimit, installing
-//! only what is missing (see shared/TOOLCHAIN.md for why each piece is needed). When everything is
+//! only what is missing (see docs/toolchain.md for why each piece is needed). When everything is
 //! present it prints one line and takes well under a second: no network, no apt, no cargo.
 
 use std::{

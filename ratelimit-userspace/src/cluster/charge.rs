@@ -25,7 +25,7 @@
 //! not, so the buckets together refill at one rate. Each holds up to the whole burst, so after a
 //! silence long enough for every holder to refill, an on/off source finds up to `min(hosts x
 //! burst, rate x silence)` across the hosts, where one bucket would hold `burst`: the price of
-//! letting each host bank its own refill (see the README's per-cycle bound). Over any longer
+//! letting each host bank its own refill (see docs/design.md's per-cycle bound). Over any longer
 //! interval the refill, the rate, is what bounds it.
 //!
 //! A claim of any size takes a key's share on this host down to the smallest word (1 / 65,536 of

@@ -20,7 +20,7 @@
 //! - [`sync`]: the round that ties them together; [`status`]: what `peers`, `status` and the
 //!   metrics show.
 //! - `sim` (tests only): a simulated cluster running the real share arithmetic against bursty,
-//!   uneven and spoofed arrivals, and the property test of the README's bound.
+//!   uneven and spoofed arrivals, and the property test of docs/design.md's bound.
 //!
 //! # Accuracy and failures
 //! Counters are cumulative and per epoch, so lost, repeated or reordered gossip counts nothing
@@ -28,7 +28,7 @@
 //! to what the others admit, so the cluster settles within a few sync intervals of a change of
 //! demand. Over any interval the cluster admits at most `rate x T + hosts x burst + (hosts - 1)
 //! x rate x lag` (each host's bucket holds up to the burst at its share; shares follow figures a
-//! lag old): see the README's "Accuracy". A peer not heard for [`peer_timeout`] stops being counted (its demand takes no
+//! lag old): see docs/design.md, "Accuracy". A peer not heard for [`peer_timeout`] stops being counted (its demand takes no
 //! share): in a partition each side enforces the budget on its own (fail open). The XDP program
 //! enforces the local bucket whether or not the agent runs.
 //!

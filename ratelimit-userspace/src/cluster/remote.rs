@@ -1081,7 +1081,7 @@ mod tests {
     /// have), beside its real keys and its sync key, which keeps moving. Read as a key the
     /// member holds, it kept the victim at `1 / 2` of the rate and of the burst here long after
     /// the attacker had stopped (or been removed): for the member's whole life, past every bound
-    /// the README documents. A member's idle keys count as held only while its sync key names
+    /// docs/design.md documents. A member's idle keys count as held only while its sync key names
     /// exactly the keys read from it ([`PeerView::keys_attested`]).
     #[test]
     fn a_key_relayed_under_another_members_id_is_not_held_by_it_once_the_attacker_stops() {

@@ -9,7 +9,7 @@
 //!
 //! The property test draws hosts 2-64, bursts 1-10,000, rates 1-10^6 packets/s and sync
 //! intervals 10-1,000 ms, and checks over every window of the run: the cluster admits at most
-//! the README's bound; over 7 s, at least 95% of what one bucket of the same rate and burst
+//! docs/design.md's bound; over 7 s, at least 95% of what one bucket of the same rate and burst
 //! admits of the same arrivals; and under the budget (the arrivals conform to half the rate and
 //! burst), no host drops a packet.
 
@@ -21,7 +21,7 @@ use super::{
 };
 
 const MS: u64 = 1_000_000;
-/// The lag of the README's bound, in sync intervals: a key's demand is known from its second
+/// The lag of docs/design.md's bound, in sync intervals: a key's demand is known from its second
 /// reading (a round), published, read by the peers the round after, a round later when gossip
 /// lost it once ([`DEMAND_ROUNDS`](super::remote::DEMAND_ROUNDS) is 2: two rounds for the first
 /// figure at most).
@@ -290,7 +290,7 @@ impl Sim {
         worst
     }
 
-    /// The README's bound on the excess over `rate x T` in any window: `hosts x burst` (each
+    /// docs/design.md's bound on the excess over `rate x T` in any window: `hosts x burst` (each
     /// host's bucket holds up to the whole burst, at any share) plus `(hosts - 1) x rate x lag`
     /// (a new key refills at the whole rate at every host until its first shares, and shares
     /// follow figures a lag old), the lag [`LAG_INTERVALS`] sync intervals.

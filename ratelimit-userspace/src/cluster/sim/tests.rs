@@ -167,7 +167,7 @@ fn cases() -> u64 {
 }
 
 /// The whole property of issue #34, over every drawn configuration and arrival process: no
-/// window of the run admits more than the README's bound (`rate x T + hosts x burst + (hosts -
+/// window of the run admits more than docs/design.md's bound (`rate x T + hosts x burst + (hosts -
 /// 1) x rate x lag`), 95% of one bucket over 7 s, and nobody limited under the budget. Before a holder held the whole burst at its share (it held `share x burst`,
 /// nothing below `1 / burst`), 23 of the first 60 cases failed; with one packet at least, 16.
 /// Of 1,000 drawn cases, 8 still fall short of 95% (0.33-0.95; every one within the bound):
