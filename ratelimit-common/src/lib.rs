@@ -732,12 +732,15 @@ pub struct Bucket {
     /// Byte TAT, `CLOCK_MONOTONIC` nanoseconds.
     pub byte_tat_ns: u64,
     /// When the bucket was created and its share of a cluster budget, in one word: the
-    /// `CLOCK_MONOTONIC` nanoseconds of its creation with the low [`SHARE_BITS`] bits cleared
-    /// (65.5 us resolution; read with [`Bucket::created_ns`]), and in those bits the share
-    /// ([`Bucket::share`]): this host's part of a `scope = "cluster"` limit's rate, in units of
-    /// 1 / [`SHARE_ONE`], 0 for none (the whole rate). The agent's cluster sync writes the share
-    /// every round; the XDP program reads it only for a limit with [`rule_flags::CLUSTER`] and
-    /// only while [`Config::shares_until_ns`] is ahead of `now` (see [`share_cost`]).
+    /// `CLOCK_MONOTONIC` nanoseconds of its creation with the low [`SHARE_FIELD_BITS`] bits
+    /// cleared (4.2 ms resolution; read with [`Bucket::created_ns`]), and in those bits the
+    /// share ([`Bucket::share`], bits 0..16): this host's part of a `scope = "cluster"` limit's
+    /// rate, in units of 1 / [`SHARE_ONE`], 0 for none (the whole rate); and the number of hosts
+    /// holding the key as the share was computed ([`Bucket::holders`], bits 16..22): a bucket
+    /// at share `s` of `h` holders holds `h x s` bursts (see `share`). The agent's cluster sync
+    /// writes both every round; the XDP program reads them only for a limit with
+    /// [`rule_flags::CLUSTER`] and only while [`Config::shares_until_ns`] is ahead of `now` (see
+    /// [`share_cost`]).
     pub created_share: u64,
     /// Bytes passed under this bucket (cumulative).
     pub passed_bytes: u64,
@@ -755,13 +758,32 @@ pub const SHARE_BITS: u32 = 16;
 pub const SHARE_ONE: u64 = 1 << SHARE_BITS;
 /// The share bits of [`Bucket::created_share`].
 pub const SHARE_MASK: u64 = SHARE_ONE - 1;
+/// Where [`Bucket::created_share`] keeps the number of holders.
+pub const HOLDERS_SHIFT: u32 = 16;
+/// The most holders a bucket records (more count as this many).
+pub const HOLDERS_MAX: u64 = 63;
+/// The holders bits of [`Bucket::created_share`].
+pub const HOLDERS_MASK: u64 = HOLDERS_MAX << HOLDERS_SHIFT;
+/// Low bits of [`Bucket::created_share`] the agent's cluster sync writes: share and holders.
+pub const SHARE_FIELD_BITS: u32 = 22;
+/// The bits of [`SHARE_FIELD_BITS`].
+pub const SHARE_FIELD_MASK: u64 = (1 << SHARE_FIELD_BITS) - 1;
+const _: () = assert!(SHARE_FIELD_MASK == SHARE_MASK | HOLDERS_MASK);
 
 impl Bucket {
-    /// `CLOCK_MONOTONIC` nanoseconds when the bucket was created (to 65.5 us).
+    /// `CLOCK_MONOTONIC` nanoseconds when the bucket was created (to 4.2 ms).
     #[inline(always)]
     #[must_use]
     pub const fn created_ns(&self) -> u64 {
-        self.created_share & !SHARE_MASK
+        self.created_share & !SHARE_FIELD_MASK
+    }
+
+    /// The hosts holding the key as its share was computed (see [`Bucket::created_share`]), 0
+    /// with no share.
+    #[inline(always)]
+    #[must_use]
+    pub const fn holders(&self) -> u8 {
+        ((self.created_share & HOLDERS_MASK) >> HOLDERS_SHIFT) as u8
     }
 
     /// This host's share of the limit's rate (see [`Bucket::created_share`]): 1..[`SHARE_ONE`]
@@ -776,7 +798,7 @@ impl Bucket {
     #[inline(always)]
     #[must_use]
     pub const fn created_at(now: u64) -> u64 {
-        now & !SHARE_MASK
+        now & !SHARE_FIELD_MASK
     }
 }
 

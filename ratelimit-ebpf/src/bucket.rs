@@ -10,7 +10,7 @@ use aya_ebpf::Global;
 use ratelimit_common::{
     byte_cost_ns, global, rule_flags,
     share::{self, Domain},
-    verdict, Bucket, Limit, Rule, COARSE_LAG_DEFAULT_NS, SHARE_MASK,
+    verdict, Bucket, Limit, Rule, COARSE_LAG_DEFAULT_NS,
 };
 
 use crate::scratch::{precise_now, ChargeClock};
@@ -204,7 +204,7 @@ fn normalize(tat: *mut u64, now: u64, dom: Domain) {
 fn gcra(tat: *mut u64, (now, floor): (u64, u64), cost: u64, tolerance: u64, dom: Domain) -> Charge {
     // 1 for a cluster-scoped limit (its TATs carry the mark), else 0; and the mark this charge
     // writes: 1 at a share in force, 0 at the whole rate.
-    let marked = (dom >> 17) & 1;
+    let marked = share::marked(dom);
     let mark = share::mark(dom);
     let retries = if dom == 0 {
         CAS_RETRIES
@@ -280,8 +280,8 @@ pub fn domain_of(bucket: *const Bucket, flags: u32, now: u64, ck: *const ChargeC
     // charge cost the callers' frames a stack slot they do not have).
     unsafe {
         let in_force = now < core::ptr::read_volatile(&raw const (*ck).shares_until);
-        let word = core::ptr::read_volatile(&raw const (*bucket).created_share) & SHARE_MASK;
-        share::domain(true, word, in_force)
+        let field = core::ptr::read_volatile(&raw const (*bucket).created_share);
+        share::domain(true, field, in_force)
     }
 }
 

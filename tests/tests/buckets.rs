@@ -1362,7 +1362,8 @@ fn the_clusters_share_and_a_packet_creating_one_source_at_once_make_one_bucket()
                 ratelimit::cluster::charge::set_share(
                     maps,
                     &ratelimit::maps::bucket::bucket_key(rid, record, src.into()),
-                    word,
+                    (word, 2),
+                    &record.limit(0).unwrap(),
                     monotonic_ns(),
                     ratelimit::maps::bucket::monotonic_coarse_ns(),
                 )
@@ -1428,13 +1429,14 @@ fn assert_refill(dp: &TestDataplane, frame: &[u8], ms: u64, per_s: f64, what: &s
     );
 }
 
-/// A cluster-scoped bucket at a share refills at its share of the rate and holds the limit's
-/// whole burst (issue #34: it held `share x burst`, so a host could not bank its share's refill
-/// over the gaps between its bursts, and below `1 / burst` admitted nothing at all); and when
-/// the shares lapse (the agent stopped), a bucket drained at a small share is read at the whole
-/// rate with the tokens it held, not as the debt of its share's slowed time (fail open).
+/// A cluster-scoped bucket at share `s` among `h` holders refills at its share of the rate and
+/// holds `h x s` bursts: a host can bank its share's refill over the gaps between its bursts
+/// (holding `s x burst`, below `1 / burst` it admitted nothing at all), and a heavy holder more
+/// than one burst, as the bursts of all holders spread over one bucket would need; and when the
+/// shares lapse (the agent stopped), a bucket drained at a small share is read at the whole rate
+/// with the debt it had, not as the debt of its share's slowed time (fail open).
 #[test]
-fn a_bucket_at_a_share_holds_the_whole_burst_and_keeps_its_tokens_when_the_shares_lapse() {
+fn a_bucket_at_a_share_holds_its_holders_share_of_bursts_and_its_debt_when_the_shares_lapse() {
     use ratelimit::maps::PinnedMaps;
     use ratelimit_common::{rule_flags, SHARE_ONE};
     require_root();
@@ -1456,11 +1458,12 @@ fn a_bucket_at_a_share_holds_the_whole_burst_and_keeps_its_tokens_when_the_share
         passes(&dp, &frame, 200) >= 100,
         "a fresh bucket admits its burst"
     );
-    let set_word = |maps: &PinnedMaps, word: u16| {
+    let set_word = |maps: &PinnedMaps, word: u16, holders: u32| {
         ratelimit::cluster::charge::set_share(
             maps,
             &key,
-            word,
+            (word, holders),
+            &cluster.limit(0).unwrap(),
             ratelimit::maps::bucket::monotonic_ns(),
             ratelimit::maps::bucket::monotonic_coarse_ns(),
         )
@@ -1469,9 +1472,10 @@ fn a_bucket_at_a_share_holds_the_whole_burst_and_keeps_its_tokens_when_the_share
     let until = ratelimit::maps::bucket::monotonic_ns() + 60_000_000_000;
     maps.update_config(|c| c.shares_until_ns = until).unwrap();
 
-    // A half: refills at 500/s, and after 400 ms (200 tokens' worth) holds the whole burst,
-    // 100, not half of it.
-    set_word(&maps, u16::try_from(SHARE_ONE / 2).unwrap());
+    // A half of 2 holders: refills at 500/s, and after 400 ms (200 tokens' worth) holds the
+    // whole burst, 100, not half of it.
+    let half = u16::try_from(SHARE_ONE / 2).unwrap();
+    set_word(&maps, half, 2);
     let drained = passes(&dp, &frame, 200);
     assert!(drained <= 100, "drained: {drained}");
     assert_eq!(passes(&dp, &frame, 10), 0, "empty");
@@ -1483,10 +1487,11 @@ fn a_bucket_at_a_share_holds_the_whole_burst_and_keeps_its_tokens_when_the_share
         "a bucket at a half holds the whole burst: {held} of 100 (at most a coarse tick less)"
     );
 
-    // 1/64: drained, 200 ms of its refill (3 tokens at 15.6/s); then the shares lapse. Read in
-    // its share's time, it is 6.2 s from full: at the whole rate, the packets of those 3 tokens
-    // pass at once, and the refill is the whole rate's from then on.
-    set_word(&maps, u16::try_from(SHARE_ONE / 64).unwrap());
+    // 1/64 of 63 holders (98 packets): drained (100 ms of debt at the whole rate, 1.6 packets
+    // over its capacity), 200 ms of its refill (3 tokens at 15.6/s); then the shares lapse.
+    // Read in its share's time, it is 6.2 s from full: at the whole rate, with its debt, the
+    // packets of those 3 tokens pass at once, and the refill is the whole rate's from then on.
+    set_word(&maps, u16::try_from(SHARE_ONE / 64).unwrap(), 63);
     assert_eq!(passes(&dp, &frame, 10), 0, "empty at 1/64");
     std::thread::sleep(Duration::from_millis(200));
     maps.update_config(|c| c.shares_until_ns = 0).unwrap();
@@ -1503,6 +1508,22 @@ fn a_bucket_at_a_share_holds_the_whole_burst_and_keeps_its_tokens_when_the_share
     assert!(
         (40..=70).contains(&refill),
         "the whole rate after the lapse: {refill} in 50 ms"
+    );
+
+    // The heavy holder of 3 at a half (of a rate split 50/25/25): 1.5 bursts. Drained (a
+    // burst's debt), in force again: 50 tokens of room at once, and after 400 ms of its refill
+    // (200 tokens' worth) it holds 150, more than one burst.
+    let _ = passes(&dp, &frame, 300);
+    assert_eq!(passes(&dp, &frame, 5), 0, "drained at the whole rate");
+    let until = ratelimit::maps::bucket::monotonic_ns() + 60_000_000_000;
+    maps.update_config(|c| c.shares_until_ns = until).unwrap();
+    set_word(&maps, half, 3);
+    std::thread::sleep(Duration::from_millis(400));
+    let held = passes(&dp, &frame, 400);
+    println!("at a share of 1/2 of 3 holders, after 400 ms: {held} (burst 100)");
+    assert!(
+        (146..=152).contains(&held),
+        "a bucket at a half of 3 holders holds 1.5 bursts: {held} of 150"
     );
 }
 
@@ -1552,7 +1573,8 @@ fn a_share_word_sets_a_cluster_buckets_refill_until_the_shares_lapse() {
         ratelimit::cluster::charge::set_share(
             &maps,
             &key,
-            quarter,
+            (quarter, 4),
+            &cluster.limit(0).unwrap(),
             ratelimit::maps::bucket::monotonic_ns(),
             coarse
         )

@@ -359,16 +359,10 @@ fn eight_hosts_95_5_with_bursts_admit_what_one_bucket_would_and_small_hosts_get_
 /// Three hosts, 70/20/10 of 5 x the budget (3,500 / 1,000 / 500 pps) in bursts every 200 ms
 /// (700, 200 and 100 back to back), phases a third of the period apart: one bucket refills 67
 /// tokens between consecutive bursts, under its burst of 100, and admits the budget; each host
-/// sees a burst only every 200 ms, twice the tolerance. (Bursts every 50 ms admitted 0.996 x
-/// before issue #34's change.)
-///
-/// Open: 0.81-0.82 x one bucket (0.43-0.64 before). The heavy host's share refills 140 packets
-/// over its own 200 ms gap, more than the whole burst (100) its bucket holds at any share. A
-/// holder's capacity that follows its share (`holders x share x burst`, the same total) would
-/// admit it; the bucket record has no room for the number of holders yet (see docs/design.md,
-/// "Accuracy").
+/// sees a burst only every 200 ms, twice the tolerance. The heavy host's share refills 140
+/// packets over its own gap, more than one burst: its bucket holds `holders x share` bursts
+/// (2.1), so it banks them (holding one burst at any share, the cluster admitted 0.81-0.82).
 #[test]
-#[ignore = "open: a holder holds at most the whole burst; 0.81 of one bucket (docs/design.md, Accuracy)"]
 fn three_hosts_70_20_10_with_bursts_admit_what_one_bucket_would() {
     const HOSTS: usize = 3;
     const PERIOD: f64 = 0.2;

@@ -726,15 +726,16 @@ burst = 5
         ratelimit::cluster::charge::set_share(
             &maps,
             &key,
-            u16::try_from(SHARE_ONE / 2).unwrap(),
+            (u16::try_from(SHARE_ONE / 2).unwrap(), 2),
+            &record.limit(1).unwrap(),
             ratelimit::maps::bucket::monotonic_ns(),
             ratelimit::maps::bucket::monotonic_coarse_ns(),
         )
         .unwrap(),
         Some(0)
     );
-    // Four more take the aggregate's tokens (its whole burst, at any share); the sixth is
-    // dropped by it.
+    // Four more take the aggregate's tokens (a half of 2 holders: its whole burst); the sixth
+    // is dropped by it.
     for n in 1..5 {
         assert_eq!(dp.run(&udp4(flood_source(n), 10)), XDP_PASS, "source {n}");
     }

@@ -136,16 +136,18 @@ pub fn share_word(s: f64) -> u16 {
     }
 }
 
-/// Gives the bucket under `key` share word `share` (see [`share_word`]) in place in the bucket
-/// store: the program then runs it on a clock slowed by the share (`ratelimit_common::share`),
-/// so it refills at its share of the rate and holds up to the whole burst, while
-/// `Config::shares_until_ns` is ahead; a bucket whose share changes keeps the tokens it holds
-/// (see `MappedStore::set_share`). A source without a bucket here is left alone. `Ok(None)`
-/// when there is no bucket, else the word the bucket had.
+/// Gives the bucket under `key` share word `share` (see [`share_word`]) among `holders` hosts
+/// in place in the bucket store: the program then runs it on a clock slowed by the share
+/// (`ratelimit_common::share`), so it refills at its share of the rate and holds `holders x
+/// share` bursts (at least a packet), while `Config::shares_until_ns` is ahead; a bucket whose
+/// share changes keeps its tokens, at most what it then holds (see `MappedStore::set_share`). A
+/// source without a bucket here
+/// is left alone. `Ok(None)` when there is no bucket, else the word the bucket had.
 pub fn set_share(
     maps: &PinnedMaps,
     key: &BucketKey,
-    share: u16,
+    (share, holders): (u16, u32),
+    limit: &Limit,
     now: u64,
     coarse_now: u64,
 ) -> Result<Option<u16>, MapsError> {
@@ -157,7 +159,11 @@ pub fn set_share(
         match slot {
             Slot::Found(i) => {
                 let header = bucket_header(key.rule, key.family, gen);
-                if let Some(old) = maps.store().set_share(i, header, share, now) {
+                let holders = u8::try_from(holders.min(255)).unwrap_or(u8::MAX);
+                if let Some(old) = maps
+                    .store()
+                    .set_share(i, header, (share, holders), limit, now)
+                {
                     return Ok(Some(old));
                 }
             }

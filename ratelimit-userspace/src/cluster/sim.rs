@@ -56,17 +56,18 @@ impl Rng {
     }
 }
 
-/// One cluster-scoped bucket at share word `word` (shares in force), charged as the program
-/// charges it (`ratelimit_common::share`: the TAT brought into the word's time, the share's cost
-/// and tolerance): `k` packets arriving at `now`. Returns how many conform.
+/// One cluster-scoped bucket with share field `field` (word and holders,
+/// `ratelimit_common::share::field`; shares in force), charged as the program charges it
+/// (`ratelimit_common::share`: the TAT brought into the word's time, the share's cost and
+/// tolerance): `k` packets arriving at `now`. Returns how many conform.
 pub fn charge_batch(
     tat: &mut u64,
     now: u64,
     k: u64,
     limit: &ratelimit_common::Limit,
-    word: u64,
+    field: u64,
 ) -> u64 {
-    let dom = share::domain(true, word, true);
+    let dom = share::domain(true, field, true);
     let cost = share::cost(limit.pkt_interval_ns, dom);
     let tol = share::pkt_tolerance(limit.pkt_tolerance_ns, limit.pkt_interval_ns, cost, dom);
     let base = share::base(*tat, now, dom).max(now);
@@ -78,10 +79,33 @@ pub fn charge_batch(
     n
 }
 
-/// The bucket's TAT once the agent gives it word `to` instead of `from` (`MappedStore::set_share`).
+/// The share field the agent writes for share word `word` among `holders` hosts
+/// (`MappedStore::set_share`): none for the whole rate.
 #[must_use]
-pub fn rewrite(tat: u64, now: u64, from: u64, to: u64) -> u64 {
-    share::convert(tat, now, from, to).unwrap_or(tat)
+pub fn field_of(word: u16, holders: u64) -> u64 {
+    if word == 0 {
+        0
+    } else {
+        share::field(u64::from(word), holders)
+    }
+}
+
+/// The bucket's TAT once the agent gives it share field `to` instead of `from`
+/// (`MappedStore::set_share`: its tokens kept, at most what `to` holds).
+#[must_use]
+pub fn rewrite(tat: u64, now: u64, from: u64, to: u64, limit: &ratelimit_common::Limit) -> u64 {
+    if from == to {
+        return tat;
+    }
+    let (tol, cost) = (limit.pkt_tolerance_ns, limit.pkt_interval_ns);
+    share::rewrite(
+        tat,
+        now,
+        from,
+        to,
+        share::capacity(tol, cost, from),
+        share::capacity(tol, cost, to),
+    )
 }
 
 /// One bucket at the whole rate (the reference): `k` packets at `now`.
@@ -128,6 +152,8 @@ impl Limit {
 struct Host {
     tat: u64,
     word: u16,
+    /// The hosts holding the key as its share was computed (this one and the peers it heard).
+    holders: u64,
     /// Whether this host has a bucket of the key (it saw a packet of it).
     holds: bool,
     demand: u64,
@@ -196,7 +222,8 @@ impl Sim {
             h.holds = true;
             h.demand += k;
             all += k;
-            let n = charge_batch(&mut h.tat, self.now, k, &record, u64::from(h.word));
+            let field = field_of(h.word, h.holders);
+            let n = charge_batch(&mut h.tat, self.now, k, &record, field);
             h.admitted += n;
             admitted += n;
             self.dropped += k - n;
@@ -212,6 +239,7 @@ impl Sim {
     /// share word (keeping the bucket's tokens), then publish this round's figure.
     fn round(&mut self) {
         let now = self.now;
+        let record = self.limit.record();
         let fresh: Vec<Option<f64>> = self
             .hosts
             .iter_mut()
@@ -233,13 +261,21 @@ impl Sim {
                 .filter(|&o| o != i)
                 .filter_map(|o| h.views[o])
                 .collect();
+            let holders = 1 + peers.len() as u64;
             #[expect(clippy::cast_precision_loss, reason = "64 hosts at most")]
-            let holders = (1 + peers.len()) as f64;
-            let s = share_of(own, peers.iter().sum(), 1.0, Some(self.limit.rate), holders);
+            let s = share_of(
+                own,
+                peers.iter().sum(),
+                1.0,
+                Some(self.limit.rate),
+                holders as f64,
+            );
             let word = share_word(s);
             let h = &mut self.hosts[i];
-            h.tat = rewrite(h.tat, now, u64::from(h.word), u64::from(word));
+            let (from, to) = (field_of(h.word, h.holders), field_of(word, holders));
+            h.tat = rewrite(h.tat, now, from, to, &record);
             h.word = word;
+            h.holders = holders;
         }
         for (h, f) in self.hosts.iter_mut().zip(fresh) {
             if f.is_some() {
@@ -290,10 +326,11 @@ impl Sim {
         worst
     }
 
-    /// docs/design.md's bound on the excess over `rate x T` in any window: `hosts x burst` (each
-    /// host's bucket holds up to the whole burst, at any share) plus `(hosts - 1) x rate x lag`
-    /// (a new key refills at the whole rate at every host until its first shares, and shares
-    /// follow figures a lag old), the lag [`LAG_INTERVALS`] sync intervals.
+    /// docs/design.md's bound on the excess over `rate x T` in any window: `(2 x hosts - 1) x
+    /// burst` (each host's bucket holds the whole burst, or `holders x share` bursts if more:
+    /// with shares adding up to 1, at most `2 x hosts - 1` bursts together) plus `(hosts - 1) x
+    /// rate x lag` (a new key refills at the whole rate at every host until its first shares, and
+    /// shares follow figures a lag old), the lag [`LAG_INTERVALS`] sync intervals.
     pub fn bound(&self) -> f64 {
         #[expect(clippy::cast_precision_loss, reason = "small")]
         let n = self.hosts.len() as f64;
@@ -302,7 +339,7 @@ impl Sim {
             self.limit.burst as f64,
             LAG_INTERVALS * self.sync as f64 / 1e9,
         );
-        n * burst + (n - 1.0) * self.limit.rate * lag
+        (2.0 * n - 1.0) * burst + (n - 1.0) * self.limit.rate * lag
     }
 }
 

@@ -583,9 +583,9 @@ impl Blocking {
             .collect();
         for name in gone {
             self.withheld_at.remove(&name);
-            if let Some((id, rule, _)) = rules.limit_of(&name) {
+            if let Some((id, rule, limit)) = rules.limit_of(&name) {
                 let key = limit_bucket_key(id, rule, usize::from(name.limit), name.addr);
-                if charge::set_share(&self.maps, &key, 0, now, coarse).is_err() {
+                if charge::set_share(&self.maps, &key, (0, 0), &limit, now, coarse).is_err() {
                     w.errors += 1;
                 }
             }
@@ -614,7 +614,9 @@ impl Blocking {
             // The refill the share withholds over the time since the last round (counted;
             // nothing moves the bucket's arrival times: the share word does it all).
             let advance = charge::advance_ns(s, elapsed, lag_ns);
-            match charge::set_share(&self.maps, &key, charge::share_word(s), now, coarse) {
+            let word = charge::share_word(s);
+            let holders = round.hosts_holding(name);
+            match charge::set_share(&self.maps, &key, (word, holders), &limit, now, coarse) {
                 Ok(Some(_)) => {}
                 Ok(None) => continue,
                 Err(e) => {

@@ -370,50 +370,86 @@ impl MappedStore {
         true
     }
 
-    /// Gives record `i`'s bucket the cluster share `share` (see `Bucket::created_share`; 0 for
-    /// none), if it still holds `header`. The program only writes the word when it creates a
-    /// bucket (while the record is busy), so the share lands on this bucket or, if the record
-    /// was taken for a new key meanwhile (its header changed: checked again after the write),
-    /// is taken off again: the new bucket refills at its whole rate until the next round gives
-    /// it a share of its own. `None` if the record does not hold `header`, else the share it had.
+    /// Gives record `i`'s bucket of `limit` the cluster share `share` among `holders` hosts (see
+    /// `Bucket::created_share`; share 0 for none, with no holders), if it still holds `header`.
+    /// The program only writes the share field when it creates a bucket (while the record is
+    /// busy), so the share lands on this bucket or, if the record was taken for a new key
+    /// meanwhile (its header changed: checked again after the write), is taken off again: the new
+    /// bucket refills at its whole rate until the next round gives it a share of its own. `None`
+    /// if the record does not hold `header`, else the share word it had.
     ///
-    /// The bucket keeps the tokens it holds: its TATs are brought from the time of the word they
-    /// were kept in (their mark, `ratelimit_common::share`) into the new word's
-    /// ([`ratelimit_common::share::convert`]; `now`: `CLOCK_MONOTONIC`). Word and TATs are two
-    /// writes the program may read between: when the share grows the word is written first, when
-    /// it shrinks the TATs are, so that in between the bucket reads as holding fewer tokens than
-    /// it does, never more. Without keeping them, a bucket held at a word of nearly nothing whose
-    /// TAT fell behind `now` would hold a burst the moment its word grew, and a bucket whose word
-    /// shrank would lose tokens a later growth did not give back (an even split over 8 hosts ran
-    /// 2.3-3.7% under the budget on a loaded machine).
-    pub fn set_share(&self, i: u32, header: u64, share: u16, now: u64) -> Option<u16> {
-        use ratelimit_common::{share::effective, SHARE_MASK};
+    /// The bucket keeps its tokens, at most what it holds under the new field (`now`:
+    /// `CLOCK_MONOTONIC`). Field and TATs are separate words the program may read between
+    /// writes, so three writes: each TAT to one that reads as no more than that under either
+    /// field ([`ratelimit_common::share::interim`]), the field, then each TAT given back what the
+    /// first withheld ([`ratelimit_common::share::settle`]), from whatever the program charged
+    /// meanwhile. Without keeping them, a flooded host whose share grew would find the room the
+    /// larger share holds as tokens, and one whose share shrank would lose what it banked.
+    pub fn set_share(
+        &self,
+        i: u32,
+        header: u64,
+        (share, holders): (u16, u8),
+        limit: &ratelimit_common::Limit,
+        now: u64,
+    ) -> Option<u16> {
+        use ratelimit_common::{share, SHARE_FIELD_MASK, SHARE_MASK};
         self.require_writable();
         let headers = self.word(i, BUCKET_HEADER_OFFSET);
         if headers.load(Ordering::Acquire) != header {
             return None;
         }
         let w = self.word(i, std::mem::offset_of!(Bucket, created_share));
-        let old = w.load(Ordering::Acquire) & SHARE_MASK;
-        let to = u64::from(share);
-        if effective(to) > effective(old) {
-            let was = w
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                    Some(v & !SHARE_MASK | to)
-                })
-                .unwrap_or_else(|v| v);
-            self.convert_tats(i, now, was & SHARE_MASK, to);
-        } else if to != old {
-            self.convert_tats(i, now, old, to);
+        let to = if share == 0 {
+            0
+        } else {
+            share::field(u64::from(share), u64::from(holders))
+        };
+        let from = w.load(Ordering::Acquire) & SHARE_FIELD_MASK;
+        if to != from {
+            let tats = [
+                (
+                    std::mem::offset_of!(Bucket, tat_ns),
+                    limit.pkt_tolerance_ns,
+                    limit.pkt_interval_ns,
+                ),
+                // A byte limit's floor (a packet's bytes) depends on the packet: none here.
+                (
+                    std::mem::offset_of!(Bucket, byte_tat_ns),
+                    limit.byte_tolerance_ns,
+                    0,
+                ),
+            ];
+            let mut withheld = [0u64; 2];
+            for (k, &(offset, tolerance, cost)) in tats.iter().enumerate() {
+                let (k_from, k_to) = (
+                    share::capacity(tolerance, cost, from),
+                    share::capacity(tolerance, cost, to),
+                );
+                let _ =
+                    self.word(i, offset)
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+                            let (t, held) = share::interim(tat, now, from, to, k_from, k_to);
+                            withheld[k] = held;
+                            Some(t)
+                        });
+            }
             let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                Some(v & !SHARE_MASK | to)
+                Some(v & !SHARE_FIELD_MASK | to)
             });
+            for (k, &(offset, ..)) in tats.iter().enumerate() {
+                let _ =
+                    self.word(i, offset)
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tat| {
+                            Some(share::settle(tat, now, to, withheld[k]))
+                        });
+            }
         }
         if headers.load(Ordering::Acquire) != header {
             self.clear_share(i, now);
             return None;
         }
-        Some(u16::try_from(old).unwrap_or(0))
+        Some(u16::try_from(from & SHARE_MASK).unwrap_or(0))
     }
 
     /// Brings record `i`'s TATs from the time of share word `from` into `to`'s, their tokens
@@ -446,13 +482,14 @@ impl MappedStore {
         cleared
     }
 
-    /// Clears record `i`'s share word (its creation time kept), by compare-and-swap, then brings
-    /// its TATs into the whole rate's time (the share grows: word first, see [`Self::set_share`]).
+    /// Clears record `i`'s share field (its creation time kept), by compare-and-swap, then brings
+    /// its TATs into the whole rate's time keeping their debt, as the program does when the
+    /// shares lapse (the limit, and so what each field holds, is not known here).
     fn clear_share(&self, i: u32, now: u64) {
         let w = self.word(i, std::mem::offset_of!(Bucket, created_share));
         let was = w
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                Some(v & !ratelimit_common::SHARE_MASK)
+                Some(v & !ratelimit_common::SHARE_FIELD_MASK)
             })
             .unwrap_or_else(|v| v);
         self.convert_tats(i, now, was & ratelimit_common::SHARE_MASK, 0);

@@ -3,7 +3,7 @@ use ratelimit_common::{share_cost, Bucket, SHARE_ONE};
 
 use crate::cluster::{
     remote::DemandWindow,
-    sim::{charge_batch, rewrite},
+    sim::{charge_batch, field_of, rewrite},
 };
 
 const MS: u64 = 1_000_000;
@@ -90,36 +90,42 @@ fn a_share_word_scales_the_cost_so_the_bucket_refills_at_its_share() {
     assert_eq!(share_cost(MS, 1), MS * SHARE_ONE);
     // Costs too large to scale (39 hours a packet and more) stay as they are.
     assert_eq!(share_cost(1 << 50, 1), 1 << 50);
-    // The creation time beside the word keeps 65.5 us of resolution.
+    // The creation time beside the word and the holders keeps 4.2 ms of resolution.
     let b = Bucket {
-        created_share: Bucket::created_at(123_456_789) | u64::from(share_word(0.5)),
+        created_share: Bucket::created_at(123_456_789)
+            | ratelimit_common::share::field(u64::from(share_word(0.5)), 5),
         ..Bucket::default()
     };
-    assert_eq!(b.created_ns(), 123_456_789 & !0xffff);
+    assert_eq!(b.created_ns(), 123_456_789 & !0x3f_ffff);
     assert_eq!(u64::from(b.share()), SHARE_ONE / 2);
+    assert_eq!(b.holders(), 5);
 }
 
+/// A bucket whose share changes keeps its tokens, at most what the new share holds: a share
+/// that grows gives room, not tokens.
 #[test]
 fn a_bucket_whose_share_changes_keeps_its_tokens_and_no_more() {
-    use ratelimit_common::share::{convert, tokens};
-    let (now, tol) = (1_000 * S, 500 * MS);
-    let held = |tat: u64, word: u16| tokens(tat, now, tol, MS as f64, u64::from(word));
-    // Full (its TAT behind now) at nearly nothing: full at an eighth too (a bucket at any share
-    // holds the whole burst; it refills at its share).
-    let t = convert(now - 10 * S, now, 1, SHARE_ONE / 8).unwrap_or(now - 10 * S);
-    assert!(t <= now + 1, "full stays full");
+    use ratelimit_common::share::{field, tokens};
+    let (now, l) = (1_000 * S, limit());
+    let tol = l.pkt_tolerance_ns;
+    // Four holders: a quarter holds one burst (500), a half two.
+    let f = |w: u16| field(u64::from(w), 4);
+    let held = |tat: u64, w: u16| tokens(tat, now, tol, MS as f64, f(w));
     // 250 tokens at the whole rate (TAT 250 ms ahead) to a quarter: 250 tokens still.
     let q = share_word(0.25);
-    let t = convert(now + 250 * MS, now, 0, u64::from(q)).unwrap();
-    assert!((held(t, q) - 250.0).abs() < 1e-3, "{}", held(t, q));
-    // A quarter to a half, and back: the same tokens.
+    let t = rewrite(now + 250 * MS, now, 0, f(q), &l);
+    assert!((held(t, q) - 250.0).abs() < 0.01, "{}", held(t, q));
+    // A quarter to a half (room for 1000): 250 still, not 750; and back.
     let h = share_word(0.5);
-    let t2 = convert(t, now, u64::from(q), u64::from(h)).unwrap();
-    assert!((held(t2, h) - 250.0).abs() < 1e-3);
-    let t3 = convert(t2, now, u64::from(h), u64::from(q)).unwrap();
-    assert!((held(t3, q) - 250.0).abs() < 1e-3);
-    // No change: nothing to write.
-    assert_eq!(convert(t3, now, u64::from(q), u64::from(q)), None);
+    let t2 = rewrite(t, now, f(q), f(h), &l);
+    assert!((held(t2, h) - 250.0).abs() < 0.01, "{}", held(t2, h));
+    let t3 = rewrite(t2, now, f(h), f(q), &l);
+    assert!((held(t3, q) - 250.0).abs() < 0.01);
+    // Full at a half (1000 tokens) to a quarter: what a quarter holds, 500.
+    let full = rewrite(now - S, now, f(h), f(q), &l);
+    assert!((held(full, q) - 500.0).abs() < 0.01, "{}", held(full, q));
+    // No change: nothing moves.
+    assert_eq!(rewrite(t3, now, f(q), f(q), &l), t3);
 }
 
 #[test]
@@ -159,6 +165,8 @@ struct Host {
     admitted: u64,
     /// The bucket's share word (0: the whole rate).
     word: u16,
+    /// The hosts holding the key as the word was computed.
+    holders: u64,
     /// Fractional packets of the flood still to send.
     carry: f64,
 }
@@ -187,7 +195,7 @@ impl Cluster {
                 while h.carry >= 1.0 {
                     h.carry -= 1.0;
                     h.demand += 1;
-                    let n = charge_batch(&mut h.tat, self.now, 1, &l, u64::from(h.word));
+                    let n = charge_batch(&mut h.tat, self.now, 1, &l, field_of(h.word, h.holders));
                     h.admitted += n;
                     admitted += n;
                 }
@@ -210,8 +218,16 @@ impl Cluster {
                     let word =
                         share_word(share(self.published[i], peers, 1.0, Some(1000.0), hosts));
                     // As `MappedStore::set_share`: a bucket whose share changes keeps its tokens.
-                    h.tat = rewrite(h.tat, self.now, u64::from(h.word), u64::from(word));
+                    #[expect(
+                        clippy::cast_possible_truncation,
+                        clippy::cast_sign_loss,
+                        reason = "a few hosts"
+                    )]
+                    let holders = hosts as u64;
+                    let (from, to) = (field_of(h.word, h.holders), field_of(word, holders));
+                    h.tat = rewrite(h.tat, self.now, from, to, &l);
                     h.word = word;
+                    h.holders = holders;
                 }
                 self.published = fresh;
                 per_round.push(admitted);
@@ -346,7 +362,7 @@ fn a_claiming_peer_leaves_no_debt_and_the_source_recovers_a_round_after() {
             c.now,
             l.pkt_tolerance_ns,
             l.pkt_interval_ns as f64,
-            u64::from(h.word),
+            field_of(h.word, h.holders),
         );
         assert!(left >= -1e-6, "debt: {left} tokens");
     }
