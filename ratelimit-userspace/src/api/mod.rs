@@ -20,11 +20,13 @@
 //!
 //! RULE is a rule with the config file's keys: `{"name", "source": "CIDR" or ["CIDR", ..],
 //! "action", "rate", "burst", "bytes_rate", "bytes_burst", "per", "protocol", "dst_port", "tcp_flags", "scope",
-//! "dry_run"}`; keys meaningless for the rule's action are left out, and sent rules take the
-//! config file's defaults and spellings (`burst` defaults to `rate`, `protocol` to `any`...).
+//! "dry_run", "limit": [LIMIT, ..]}`; keys meaningless for the rule's action are left out. A sent
+//! rule goes through the config file's parser (written as one `[[rule]]` table): the same
+//! defaults, ranges and messages (`burst` defaults to `rate`, `protocol` to `any`...).
 //!
 //! TOP is one bucket's use over the interval: `{"rule", "rule_id", "source" (the bucket's
-//! address masked to the rule's `per`, e.g. `"198.18.1.0/24"`), "pps" (packets passed per
+//! address masked to the rule's `per`, e.g. `"198.18.1.0/24"`, or `"*"` for a `per = "rule"`
+//! limit's one bucket), "pps" (packets passed per
 //! second), "drops_per_sec", "tokens" (packet tokens left now, negative in debt, null without a
 //! packet limit), "byte_tokens", "passed", "dropped" (totals since the bucket was created)}`,
 //! sorted by `pps + drops_per_sec`, highest first; buckets that saw no packet in the interval are
@@ -86,7 +88,6 @@ use axum::{
     routing::{delete, get, post},
     Json, Router,
 };
-use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
@@ -97,9 +98,7 @@ use crate::{
     agent::{AgentError, SharedAgent, Status},
     census::ReadSide,
     cluster::{ClusterHandle, ClusterStatus},
-    config::{
-        Action, Per, Protocol, RuleConfig, Scope, DEFAULT_BYTES_BURST_FLOOR, MAX_TOLERANCE_NS,
-    },
+    config::{Protocol, RuleConfig},
     metrics::{EndpointStatus, MetricsHandle},
 };
 
@@ -776,230 +775,65 @@ async fn detach<B: Backend>(State(b): State<B>, body: Bytes) -> ApiResult {
     b.detach(iface).await.map(Json)
 }
 
-/// Keys a rule object may have.
-const RULE_KEYS: [&str; 14] = [
-    "limit",
-    "name",
-    "source",
-    "action",
-    "rate",
-    "burst",
-    "bytes_rate",
-    "bytes_burst",
-    "per",
-    "protocol",
-    "dst_port",
-    "tcp_flags",
-    "scope",
-    "dry_run",
-];
-
-/// Builds a rule from its JSON object (the config file's keys and spellings), filling in the
-/// config file's defaults, and validates it. The error names the rule and the key at fault.
+/// Builds a rule from its JSON object (the config file's keys and spellings) and validates it,
+/// through the config file's own parser ([`crate::config::Config::parse_rule`]): the object is
+/// written as one `[[rule]]` table, so a rule gets the same defaults, ranges and messages by
+/// either way in. `null` stands for a key not given. The error names the rule and the key at
+/// fault, as the file's message does after its file and line.
 pub fn rule_from_json(v: &Value) -> Result<RuleConfig, String> {
     let obj = v
         .as_object()
         .ok_or_else(|| format!("a rule must be a JSON object, got {v}"))?;
-    let name = match obj.get("name") {
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => return Err(format!("field `name`: expected a string, got {other}")),
-        None => return Err("field `name`: required, but missing".to_string()),
-    };
-    let fail = |field: &str, message: String| format!("rule {name:?}: field `{field}`: {message}");
-    if let Some(key) = obj.keys().find(|k| !RULE_KEYS.contains(&k.as_str())) {
-        let hint = if key == "source_file" {
-            "list files can only be named in the config file; send `source` with the prefixes"
-                .to_string()
-        } else {
-            format!("unknown key; a rule takes {}", RULE_KEYS.join(", "))
-        };
-        return Err(fail(key, hint));
-    }
-    let sources = match obj.get("source") {
-        None => return Err(fail("source", "required, but missing".into())),
-        Some(Value::String(s)) => vec![parse_source(s).map_err(|m| fail("source", m))?],
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|item| match item {
-                Value::String(s) => parse_source(s),
-                other => Err(format!("expected CIDR strings, got {other}")),
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|m| fail("source", m))?,
-        Some(other) => {
-            return Err(fail(
-                "source",
-                format!("expected a CIDR or an array of them, got {other}"),
-            ))
-        }
-    };
-    // As in the file: a prefix listed twice counts once.
-    let mut seen = std::collections::HashSet::new();
-    let sources: Vec<IpNet> = sources.into_iter().filter(|n| seen.insert(*n)).collect();
-    let mut rule = RuleConfig::with_sources(name.clone(), sources);
-    let keyword = |field: &'static str| -> Result<Option<&str>, String> {
-        match obj.get(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.as_str())),
-            Some(other) => Err(fail(field, format!("expected a string, got {other}"))),
-        }
-    };
-    let number = |field: &'static str| -> Result<Option<u64>, String> {
-        match obj.get(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(n) => n
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| fail(field, format!("must be a non-negative integer (got {n})"))),
-        }
-    };
-    fn parsed<T: FromStr<Err = String>>(
-        s: Option<&str>,
-        fail: impl Fn(String) -> String,
-    ) -> Result<Option<T>, String> {
-        s.map(|s| T::from_str(s).map_err(&fail)).transpose()
-    }
-    rule.action = parsed(keyword("action")?, |m| fail("action", m))?.unwrap_or(Action::Limit);
-    rule.protocol = parsed(keyword("protocol")?, |m| fail("protocol", m))?.unwrap_or(Protocol::Any);
-    rule.tcp_flags = parsed(keyword("tcp_flags")?, |m| fail("tcp_flags", m))?;
-    let per: Option<Per> = parsed(keyword("per")?, |m| fail("per", m))?;
-    let scope: Option<Scope> = parsed(keyword("scope")?, |m| fail("scope", m))?;
-    let (rate, burst) = (number("rate")?, number("burst")?);
-    let (bytes_rate, bytes_burst) = (number("bytes_rate")?, number("bytes_burst")?);
-    if rule.action != Action::Limit {
-        // Checked here because the typed rule cannot tell `per = "source"` from no `per`.
-        let given = [
-            ("rate", rate.is_some()),
-            ("burst", burst.is_some()),
-            ("bytes_rate", bytes_rate.is_some()),
-            ("bytes_burst", bytes_burst.is_some()),
-            ("per", per.is_some()),
-            ("scope", scope.is_some()),
-        ];
-        if let Some((field, _)) = given.iter().find(|(_, set)| *set) {
-            return Err(fail(
-                field,
-                crate::config::no_meaning(field, rule.action).message,
-            ));
-        }
-    }
-    rule.rate = rate;
-    rule.burst = burst.or(rate);
-    rule.bytes_rate = bytes_rate;
-    // The config file's default, capped at an hour's worth (see RuleConfig::bytes_burst).
-    rule.bytes_burst = bytes_burst.or_else(|| {
-        bytes_rate.map(|r| {
-            r.max(DEFAULT_BYTES_BURST_FLOOR)
-                .min(r.saturating_mul(MAX_TOLERANCE_NS / 1_000_000_000))
-        })
-    });
-    rule.per = per.unwrap_or_default();
-    rule.scope = scope.unwrap_or_default();
-    if let Some(port) = number("dst_port")? {
-        let port = u16::try_from(port)
-            .ok()
-            .filter(|&p| p != 0)
-            .ok_or_else(|| {
-                fail(
-                    "dst_port",
-                    format!("must be between 1 and 65535 (got {port})"),
-                )
-            })?;
-        rule.dst_port = Some(port);
-    }
-    rule.dry_run = match obj.get("dry_run") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(other) => {
-            return Err(fail(
-                "dry_run",
-                format!("expected true or false, got {other}"),
-            ))
-        }
-    };
-    match obj.get("limit") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(items)) => {
-            if rule.action != Action::Limit {
-                return Err(fail(
-                    "limit",
-                    crate::config::no_meaning("limit", rule.action).message,
-                ));
-            }
-            for (i, item) in items.iter().enumerate() {
-                let l = limit_from_json(item)
-                    .map_err(|m| fail("limit", format!("limit {} (limit[{i}]): {m}", i + 2)))?;
-                rule.limits.push(l);
-            }
-        }
-        Some(other) => {
-            return Err(fail(
-                "limit",
-                format!("expected an array of limit objects, got {other}"),
-            ))
-        }
-    }
-    rule.validate().map_err(|e| fail(e.field, e.message))?;
+    let mut rules = toml::Table::new();
+    rules.insert(
+        "rule".to_owned(),
+        toml::Value::Array(vec![toml::Value::Table(toml_table(obj)?)]),
+    );
+    let text = toml::to_string(&rules).map_err(|e| format!("the rule cannot be read: {e}"))?;
+    let mut rule =
+        crate::config::Config::parse_rule(&text, "request").map_err(|e| e.without_place())?;
+    // A rule from the API has no line until the config file it is written to gives it one.
+    rule.line = 0;
     Ok(rule)
 }
 
-/// One `[[rule.limit]]` from its JSON object (`per` required; `rate`, `burst`, `bytes_rate`,
-/// `bytes_burst`, `scope`), with the config file's defaults; checked with the rule.
-fn limit_from_json(v: &Value) -> Result<crate::config::LimitConfig, String> {
-    const KEYS: [&str; 6] = ["per", "rate", "burst", "bytes_rate", "bytes_burst", "scope"];
-    let obj = v
-        .as_object()
-        .ok_or_else(|| format!("a limit must be a JSON object, got {v}"))?;
-    if let Some(key) = obj.keys().find(|k| !KEYS.contains(&k.as_str())) {
-        return Err(format!(
-            "field `{key}`: unknown key; a limit takes {}",
-            KEYS.join(", ")
-        ));
-    }
-    let word = |field: &str| -> Result<Option<&str>, String> {
-        match obj.get(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.as_str())),
-            Some(other) => Err(format!("field `{field}`: expected a string, got {other}")),
+/// A JSON object as a TOML table: `null` values left out (a key not given), numbers as TOML
+/// integers where they are whole (the config's checks give the ranges), other values as they
+/// are. TOML has no integer above `i64::MAX`: such a number is refused here, naming its key.
+fn toml_table(obj: &serde_json::Map<String, Value>) -> Result<toml::Table, String> {
+    let mut t = toml::Table::new();
+    for (key, value) in obj {
+        if let Some(v) = toml_value(value, key)? {
+            t.insert(key.clone(), v);
         }
-    };
-    let number = |field: &str| -> Result<Option<u64>, String> {
-        match obj.get(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(n) => n.as_u64().map(Some).ok_or_else(|| {
-                format!("field `{field}`: must be a non-negative integer (got {n})")
-            }),
-        }
-    };
-    let per = word("per")?
-        .ok_or_else(|| "field `per`: required, but missing".to_string())?
-        .parse::<Per>()
-        .map_err(|m| format!("field `per`: {m}"))?;
-    let mut l = crate::config::LimitConfig::new(per);
-    l.rate = number("rate")?;
-    l.burst = number("burst")?.or(l.rate);
-    l.bytes_rate = number("bytes_rate")?;
-    l.bytes_burst = number("bytes_burst")?.or_else(|| {
-        l.bytes_rate.map(|r| {
-            r.max(DEFAULT_BYTES_BURST_FLOOR)
-                .min(r.saturating_mul(MAX_TOLERANCE_NS / 1_000_000_000))
-        })
-    });
-    if let Some(s) = word("scope")? {
-        l.scope = s.parse().map_err(|m| format!("field `scope`: {m}"))?;
     }
-    Ok(l)
+    Ok(t)
 }
 
-/// A rule's `source` entry: a CIDR, or a bare address meaning a single host (as in the file).
-fn parse_source(text: &str) -> Result<IpNet, String> {
-    text.parse::<IpNet>()
-        .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
-        .map_err(|_| {
-            format!(
-                "{text:?} is not an IPv4 or IPv6 CIDR (such as \"10.0.0.0/8\" or \"2001:db8::/32\") or address"
-            )
-        })
+fn toml_value(v: &Value, key: &str) -> Result<Option<toml::Value>, String> {
+    Ok(Some(match v {
+        Value::Null => return Ok(None),
+        Value::Bool(b) => toml::Value::Boolean(*b),
+        Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => toml::Value::Integer(i),
+            (None, _) if n.is_u64() => {
+                return Err(format!("field `{key}`: {n} is out of range"));
+            }
+            (None, Some(f)) => toml::Value::Float(f),
+            (None, None) => return Err(format!("field `{key}`: {n} is not a number")),
+        },
+        Value::String(s) => toml::Value::String(s.clone()),
+        Value::Array(items) => toml::Value::Array(
+            items
+                .iter()
+                .map(|item| {
+                    toml_value(item, key)?
+                        .ok_or_else(|| format!("field `{key}`: null inside an array"))
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        Value::Object(o) => toml::Value::Table(toml_table(o)?),
+    }))
 }
 
 #[cfg(test)]

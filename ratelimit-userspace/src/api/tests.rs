@@ -4,7 +4,7 @@ use serde_json::json;
 use super::*;
 use crate::{
     compile::{compile, RuleIds},
-    config::Config,
+    config::{Action, Config},
     maps::bucket::bucket_key,
 };
 
@@ -54,65 +54,120 @@ fn rule_from_json_takes_the_config_keys_and_defaults() {
     );
 }
 
+/// One parser for rules: a bad rule sent to the API gets the message the config file gets for
+/// the same rule, after the file's name and line, naming the rule and the key at fault.
 #[test]
-fn rule_from_json_names_the_field_at_fault() {
+fn a_bad_rule_gets_the_same_message_from_the_api_and_from_the_file() {
     let cases = [
         (
             json!({"name": "a", "source": "10.0.0.0/8", "rate": 5, "dst_port": 53}),
+            "name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 5\ndst_port = 53",
             "rule \"a\": field `dst_port`: only valid with protocol tcp or udp",
         ),
         (
             json!({"name": "a", "source": "10.0.0.300/8", "rate": 5}),
+            "name = \"a\"\nsource = \"10.0.0.300/8\"\nrate = 5",
             "rule \"a\": field `source`: \"10.0.0.300/8\" is not an IPv4 or IPv6 CIDR",
         ),
         (
-            json!({"name": "a", "source": "10.0.0.1/8", "rate": 5}),
+            json!({"name": "a", "source": ["10.0.0.0/8", "10.0.0.1/8"], "rate": 5}),
+            "name = \"a\"\nsource = [\"10.0.0.0/8\", \"10.0.0.1/8\"]\nrate = 5",
             "rule \"a\": field `source`: 10.0.0.1/8 has host bits set",
         ),
         (
             json!({"name": "a", "source": "10.0.0.0/8"}),
+            "name = \"a\"\nsource = \"10.0.0.0/8\"",
             "rule \"a\": field `rate`: a limit rule needs",
         ),
         (
             json!({"name": "a", "source": "10.0.0.0/8", "rate": -1}),
-            "rule \"a\": field `rate`: must be a non-negative integer (got -1)",
+            "name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = -1",
+            "rule \"a\": field `rate`: must not be negative (got -1)",
+        ),
+        (
+            json!({"name": "a", "source": "10.0.0.0/8", "rate": "fast"}),
+            "name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = \"fast\"",
+            "rule \"a\": field `rate`: invalid type",
         ),
         (
             json!({"name": "a", "source": "10.0.0.0/8", "rate": 5, "protocol": "sctp"}),
-            "rule \"a\": field `protocol`: unknown protocol \"sctp\"",
+            "name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 5\nprotocol = \"sctp\"",
+            "rule \"a\": field `protocol`: unknown variant `sctp`",
         ),
         (
             json!({"name": "a", "source": "10.0.0.0/8", "rate": 5, "per": "/33"}),
+            "name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 5\nper = \"/33\"",
             "rule \"a\": field `per`: /33 is longer than an IPv4 address",
         ),
         (
             json!({"name": "a", "source": "10.0.0.0/8", "action": "deny", "per": "source"}),
+            "name = \"a\"\nsource = \"10.0.0.0/8\"\naction = \"deny\"\nper = \"source\"",
             "rule \"a\": field `per`: has no meaning for a deny rule",
         ),
         (
             json!({"name": "a", "source": "10.0.0.0/8", "rate": 5, "protocol": "udp", "dst_port": 70000}),
+            "name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 5\nprotocol = \"udp\"\ndst_port = 70000",
             "rule \"a\": field `dst_port`: must be between 1 and 65535 (got 70000)",
         ),
         (
             json!({"name": "a", "source": "10.0.0.0/8", "rate": 5, "colour": "red"}),
-            "rule \"a\": field `colour`: unknown key",
-        ),
-        (
-            json!({"name": "a", "source_file": "/etc/x"}),
-            "rule \"a\": field `source_file`: list files",
+            "name = \"a\"\nsource = \"10.0.0.0/8\"\nrate = 5\ncolour = \"red\"",
+            "rule \"a\": field `colour`: unknown field `colour`",
         ),
         (
             json!({"name": "a b", "source": "10.0.0.0/8", "rate": 5}),
+            "name = \"a b\"\nsource = \"10.0.0.0/8\"\nrate = 5",
             "rule \"a b\": field `name`: \"a b\" contains ' '",
         ),
-        (json!({"source": "10.0.0.0/8"}), "field `name`: required"),
+        (
+            json!({"source": "10.0.0.0/8"}),
+            "source = \"10.0.0.0/8\"",
+            "rule #1: field `name`: required, but missing",
+        ),
         (
             json!({"name": "a", "rate": 5}),
+            "name = \"a\"\nrate = 5",
             "rule \"a\": field `source`: required",
         ),
-        (json!(["a"]), "a rule must be a JSON object"),
+        (
+            json!({"name": "w", "source": "0.0.0.0/0", "rate": 1, "limit": [{"rate": 5}]}),
+            "name = \"w\"\nsource = \"0.0.0.0/0\"\nrate = 1\n[[rule.limit]]\nrate = 5",
+            "rule \"w\" limit 2 ([[rule.limit]] #1): field `per`: required",
+        ),
+        (
+            json!({"name": "w", "source": "0.0.0.0/0", "rate": 1, "bytes_rate": 5,
+                   "bytes_burst": 10_000_000_000_000_u64}),
+            "name = \"w\"\nsource = \"0.0.0.0/0\"\nrate = 1\nbytes_rate = 5\nbytes_burst = 10000000000000",
+            "rule \"w\": field `bytes_burst`: ",
+        ),
     ];
-    for (body, want) in cases {
+    for (body, toml, want) in cases {
+        let api = err(body.clone());
+        let file = Config::parse(&format!("[[rule]]\n{toml}\n"), "rules.toml")
+            .expect_err("the file refuses it too")
+            .without_place();
+        assert_eq!(
+            api, file,
+            "{body}: the API and the file say different things"
+        );
+        assert!(
+            api.starts_with(want),
+            "{body}: got {api:?}, want {want:?}..."
+        );
+    }
+    // What only the API refuses: list files (no file to resolve them against), numbers TOML
+    // cannot hold, a body that is not an object.
+    for (body, want) in [
+        (
+            json!({"name": "a", "source_file": "/etc/x"}),
+            "rule \"a\": field `source_file`: list files can only be named in the config file",
+        ),
+        (
+            json!({"name": "a", "source": "10.0.0.0/8", "rate": u64::MAX}),
+            "field `rate`: 18446744073709551615 is out of range",
+        ),
+        (json!(["a"]), "a rule must be a JSON object"),
+    ] {
         let got = err(body.clone());
         assert!(
             got.starts_with(want),
@@ -327,11 +382,14 @@ fn rule_from_json_takes_limits_and_names_the_one_at_fault() {
     assert!(e.contains("limit 2") && e.contains("`rate`"), "{e}");
     let e = err(json!({"name": "w", "source": "0.0.0.0/0", "rate": 1,
         "limit": [{"per": "rule", "rate": 5, "protocol": "tcp"}]}));
-    assert!(e.contains("unknown key"), "{e}");
+    assert!(e.contains("unknown field `protocol`"), "{e}");
     let four = json!({"per": "rule", "rate": 5});
     let e = err(json!({"name": "w", "source": "0.0.0.0/0", "rate": 1,
         "limit": [four, four, four, four]}));
-    assert!(e.contains("at most 4 limits"), "{e}");
+    assert!(
+        e.contains("too many limits: a rule may have at most 4"),
+        "{e}"
+    );
     let e = err(json!({"name": "w", "source": "0.0.0.0/0", "action": "deny",
         "limit": [{"per": "rule", "rate": 5}]}));
     assert!(e.contains("limit") && e.contains("no meaning"), "{e}");

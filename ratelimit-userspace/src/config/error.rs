@@ -165,6 +165,34 @@ impl ConfigError {
             ConfigError::List { list_line, .. } => Some(*list_line),
         }
     }
+
+    /// The message without the file and line it is about: for a rule that came as something
+    /// other than a file (the API's JSON, see [`Config::parse_rule`](super::Config::parse_rule)),
+    /// `rule "name": field `key`: what is wrong`, as the file's message reads after its place.
+    #[must_use]
+    pub fn without_place(&self) -> String {
+        match self {
+            ConfigError::Schema {
+                section,
+                field,
+                message,
+                ..
+            } => format!("{}{message}", Where(section, field.as_deref())),
+            ConfigError::Invalid {
+                section,
+                field,
+                message,
+                ..
+            } => format!("{}{message}", Where(section, Some(field.as_str()))),
+            ConfigError::Syntax { field, message, .. } => {
+                format!(
+                    "{}TOML syntax error: {message}",
+                    Where("", field.as_deref())
+                )
+            }
+            other => other.to_string(),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -157,6 +157,51 @@ impl Config {
         Config::parse_in(text, origin, base_dir(Path::new(origin)))
     }
 
+    /// Parses and validates one rule given as a TOML document of a single `[[rule]]` table (and
+    /// its `[[rule.limit]]`s), as the config file's rules are: the same keys, defaults, ranges and
+    /// messages. What only the whole config can tell (names and matches unique among the rules,
+    /// `scope = "cluster"` with a `[cluster]` section) is left to it. `origin` names the text in
+    /// messages; `source_file` lists are refused (there is no file to resolve them against).
+    pub fn parse_rule(text: &str, origin: &str) -> Result<RuleConfig, ConfigError> {
+        let src = Source::new(origin, text, Path::new("."));
+        let doc = toml_edit::ImDocument::parse(text).map_err(|e| syntax_error(&src, &e))?;
+        let raw = RawConfig::deserialize(toml_edit::de::Deserializer::from(doc.clone()))
+            .map_err(|e| schema_error(&src, doc.as_table(), &e))?;
+        if raw.agent.is_some() || raw.cluster.is_some() || raw.rules.len() != 1 {
+            return Err(src.invalid(
+                0,
+                "",
+                "rule",
+                "expected exactly one [[rule]] table and nothing else",
+            ));
+        }
+        let Some(raw_rule) = raw.rules.into_iter().next() else {
+            unreachable!("one rule, checked above");
+        };
+        if let Some(file) = &raw_rule.get_ref().source_file {
+            return Err(src.invalid(
+                file.span().start,
+                &rule_section(raw_rule.get_ref().name.get_ref(), 0),
+                "source_file",
+                "list files can only be named in the config file; send `source` with the prefixes",
+            ));
+        }
+        let (rule, from) = rule_from_raw(&src, 0, raw_rule, true)?;
+        if rule.sources.len() > MAX_TOTAL_PREFIXES {
+            return Err(src.invalid(
+                from.key_offset(),
+                &rule_section(&rule.name, 0),
+                from.key(),
+                format!(
+                    "lists {} distinct source prefixes; at most {MAX_TOTAL_PREFIXES} fit over all \
+                     rules (the prefix trie holds two rule sets during a swap)",
+                    rule.sources.len()
+                ),
+            ));
+        }
+        Ok(rule)
+    }
+
     pub(super) fn parse_in(text: &str, origin: &str, base: &Path) -> Result<Config, ConfigError> {
         let src = Source::new(origin, text, base);
         let doc = toml_edit::ImDocument::parse(text).map_err(|e| syntax_error(&src, &e))?;
