@@ -11,8 +11,7 @@
 
 use std::{
     collections::HashSet,
-    io::{Read as _, Write as _},
-    net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     os::unix::fs::PermissionsExt as _,
     path::PathBuf,
     process::Command,
@@ -35,8 +34,7 @@ use ratelimit::cluster::{
 use serde_json::Value;
 
 use crate::{
-    add_addr, agent_binary, in_netns, mac, neigh_to_peer, require_root, veth_pair, AgentProcess,
-    Netns,
+    add_addr, agent_binary, mac, neigh_to_peer, require_root, veth_pair, AgentProcess, Netns,
 };
 
 /// The gossip port of every host.
@@ -251,25 +249,14 @@ pub fn counted(cluster: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The metrics page of the agent in `ns` (listening on [`METRICS`]).
+/// The metrics page of the agent in `ns` (listening on [`METRICS`]), encoded after the call
+/// ([`crate::metrics::fresh`]).
 ///
 /// # Panics
 /// When it cannot be read.
 #[must_use]
 pub fn scrape(ns: &Netns) -> String {
-    let addr: SocketAddr = METRICS.parse().unwrap();
-    in_netns(ns, || -> std::io::Result<String> {
-        let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        write!(
-            stream,
-            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text)?;
-        Ok(text)
-    })
-    .unwrap()
+    crate::metrics::get(ns, METRICS.parse().unwrap()).unwrap()
 }
 
 /// The value of the metric sample `series` (name and labels as encoded).

@@ -4,9 +4,13 @@
 
 use std::{
     collections::HashMap,
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpStream},
     sync::Mutex,
     time::{Duration, Instant},
 };
+
+use crate::{in_netns, Netns};
 
 /// When each endpoint (namespace and address) last answered this process.
 static LAST: Mutex<Option<HashMap<String, Instant>>> = Mutex::new(None);
@@ -30,4 +34,25 @@ pub fn fresh<T>(endpoint: &str, scrape: impl FnOnce() -> T) -> T {
         .get_or_insert_with(HashMap::new)
         .insert(endpoint.to_owned(), Instant::now());
     out
+}
+
+/// `GET /metrics` at `addr` from inside `ns`, encoded after the call ([`fresh`]): the whole
+/// HTTP response, status line and headers included.
+///
+/// # Errors
+/// When it cannot connect or read.
+pub fn get(ns: &Netns, addr: SocketAddr) -> std::io::Result<String> {
+    fresh(&format!("{}/{addr}", ns.name()), || {
+        in_netns(ns, || {
+            let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+            write!(
+                stream,
+                "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+            )?;
+            let mut text = String::new();
+            stream.read_to_string(&mut text)?;
+            Ok(text)
+        })
+    })
 }

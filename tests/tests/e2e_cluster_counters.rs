@@ -18,8 +18,7 @@
 //!               rlbg --gossip-- h0 h1
 //! ```
 
-use std::io::{Read as _, Write as _};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::process::Command;
@@ -30,8 +29,8 @@ use ratelimit::cluster::key::ClusterKey;
 use ratelimit::cluster::wire::Codec;
 use ratelimit_testbed::agent_proc::rule_packets;
 use ratelimit_testbed::{
-    add_addr, agent_binary, bind_udp, in_netns, mac, neigh_to_peer, require_root, send_udp,
-    veth_pair, AgentProcess, Netns, Receiver,
+    add_addr, agent_binary, bind_udp, mac, neigh_to_peer, require_root, send_udp, veth_pair,
+    AgentProcess, Netns, Receiver,
 };
 use serde_json::{json, Value};
 
@@ -245,24 +244,7 @@ fn peer_at(cluster: &Value, addr: SocketAddr) -> Vec<Value> {
         .collect()
 }
 
-/// Encoded after the call (see `ratelimit_testbed::metrics::fresh`).
-fn scrape(ns: &Netns) -> String {
-    let addr: SocketAddr = METRICS.parse().unwrap();
-    ratelimit_testbed::metrics::fresh(&format!("{}/{addr}", ns.name()), || {
-        in_netns(ns, || -> std::io::Result<String> {
-            let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-            write!(
-                stream,
-                "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-            )?;
-            let mut text = String::new();
-            stream.read_to_string(&mut text)?;
-            Ok(text)
-        })
-        .unwrap()
-    })
-}
+use ratelimit_testbed::cluster::scrape;
 
 /// The value of the metric sample `series` (name and labels as encoded).
 fn metric(body: &str, series: &str) -> u64 {

@@ -5,7 +5,6 @@
 //! after a refused reload; and a taken address must neither stop the agent nor its enforcement.
 
 use std::fs;
-use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::thread;
@@ -98,21 +97,8 @@ fn free_port(ns: &Netns) -> u16 {
 /// returns the body.
 /// Encoded after the call (see `ratelimit_testbed::metrics::fresh`).
 fn scrape(ns: &Netns, addr: SocketAddr) -> String {
-    let endpoint = format!("{}/{addr}", ns.name());
-    let response = ratelimit_testbed::metrics::fresh(&endpoint, || {
-        in_netns(ns, || -> std::io::Result<String> {
-            let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-            write!(
-                stream,
-                "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\nConnection: close\r\n\r\n"
-            )?;
-            let mut text = String::new();
-            stream.read_to_string(&mut text)?;
-            Ok(text)
-        })
-    })
-    .unwrap_or_else(|e| panic!("scraping http://{addr}/metrics in {}: {e}", ns.name()));
+    let response = ratelimit_testbed::metrics::get(ns, addr)
+        .unwrap_or_else(|e| panic!("scraping http://{addr}/metrics in {}: {e}", ns.name()));
     let (head, body) = response
         .split_once("\r\n\r\n")
         .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
