@@ -101,7 +101,9 @@ impl Dataplane {
             }
             Err(e) => tracing::warn!(
                 error = %e,
-                "the new rules are in force, but bringing the other half of the prefix table                  to them, or retiring the ids of removed rules, failed; the next install                  finishes it"
+                "the new rules are in force, but bringing the other half of the prefix table \
+                 to them, or retiring the ids of removed rules, failed; the next install \
+                 finishes it"
             ),
         }
         Ok(())
