@@ -23,7 +23,7 @@ static COARSE_LAG_NS: Global<u64> = Global::new(COARSE_LAG_DEFAULT_NS);
 
 /// The parameters of one limit: a rule's first (its own fields) or one of its `extra` limits.
 /// A trait rather than a copy into one form, so the first limit's path reads the rule's fields
-/// in place, as it did before rules had several limits.
+/// in place.
 pub trait Params {
     fn flags(&self) -> u32;
     fn pkt_interval_ns(&self) -> u64;
@@ -63,7 +63,7 @@ params!(Limit);
 
 /// CAS attempts before the fetch-and-add fallback in [`gcra`]. Each failure means another CPU
 /// made progress on this bucket, so a handful covers any realistic contention; the verifier needs
-/// a bound (an unbounded loop is rejected as "too complex"). One with the test-only feature
+/// a bound (CONSTRAINTS.md, "What the verifier refuses"). One with the test-only feature
 /// `test-cas-once`, so that a test on 2 CPUs drives the fallback (see Cargo.toml).
 const CAS_RETRIES: usize = if cfg!(feature = "test-cas-once") {
     1
@@ -72,8 +72,9 @@ const CAS_RETRIES: usize = if cfg!(feature = "test-cas-once") {
 };
 
 /// [`CAS_RETRIES`] for a cluster-scoped limit's bucket: its loop carries the TAT's time (a
-/// branch per retry), and eight of them took the program past the verifier's budget. Past
-/// them, the fetch-and-add fallback judges the packet as exactly (see [`gcra`]).
+/// branch per retry), and eight would take the program past the verifier's budget
+/// (CONSTRAINTS.md, "Instruction budget"). Past them, the fetch-and-add fallback judges the
+/// packet as exactly (see [`gcra`]).
 const CLUSTER_CAS_RETRIES: usize = if cfg!(feature = "test-cas-once") {
     1
 } else {
@@ -88,8 +89,8 @@ pub const CLUSTER_WINDOW_NS: u64 = 1_000_000;
 
 /// The end of the drop window a charge of a limit with flags `flags` opened at `now` (`until`:
 /// when its bucket has a token again), at most [`CLUSTER_WINDOW_NS`] ahead for a cluster-scoped
-/// limit. Applied where the window is stored, not in the charge: the charge is inlined in the
-/// program's frame, which has no stack to spare.
+/// limit. Applied where the window is stored, not in the charge, which is inlined in the
+/// program's full frame (CONSTRAINTS.md, "Stack").
 #[inline(always)]
 pub fn window_end(flags: u32, until: u64, now: u64) -> u64 {
     if flags & rule_flags::CLUSTER != 0 && until > now + CLUSTER_WINDOW_NS {
@@ -129,9 +130,9 @@ enum Charge {
 ///
 /// Any other (a bucket at least `COARSE_LAG_NS` from full that has a token: a source at or above
 /// its rate) is charged from its TAT on the coarse clock, with `floor = now + COARSE_LAG_NS`,
-/// which cannot be below the true time. With an allowance below the real lag (10 ms, fixed, at
-/// first), a full bucket whose TAT was between the two was charged from that TAT, behind the
-/// true time, and its burst got the difference on top.
+/// which cannot be below the true time. The allowance covers the real lag: below it, a full
+/// bucket whose TAT fell between the two would be charged from that TAT, behind the true time,
+/// and its burst get the difference on top.
 ///
 /// The precise clock is read once a packet (`ck`): the packet's other charges use it too.
 #[inline(always)]
@@ -173,10 +174,10 @@ pub fn window_holds(flags: u32, now: u64, until: u64, ck: *mut ChargeClock) -> b
 /// Brings the TAT at `tat` of a cluster-scoped limit's bucket into the time a charge in `dom`
 /// writes (`ratelimit_common::share::base`: a stretched TAT read once the shares lapsed, or a
 /// whole-rate one read under a share), its tokens kept, by one compare-and-swap: [`gcra`] then
-/// charges a TAT in its own time. Once per charge, outside [`gcra`]'s loop: inside it, the
-/// conversion's branches, walked at every retry, took the program past the verifier's million
-/// instructions. A CPU that loses the race leaves the TAT to the one that won (or to [`gcra`],
-/// which drops rather than charge a TAT of another time).
+/// charges a TAT in its own time. Once per charge, outside [`gcra`]'s loop, where its branches
+/// would be walked at every retry (CONSTRAINTS.md, "Instruction budget"). A CPU that loses the
+/// race leaves the TAT to the one that won (or to [`gcra`], which drops rather than charge a TAT
+/// of another time).
 #[inline(always)]
 fn normalize(tat: *mut u64, now: u64, dom: Domain) {
     if dom == 0 {
@@ -212,8 +213,8 @@ fn gcra(tat: *mut u64, (now, floor): (u64, u64), cost: u64, tolerance: u64, dom:
         CLUSTER_CAS_RETRIES
     };
     for _ in 0..retries {
-        // A plain volatile read: LLVM's BPF backend cannot select an atomic load for v3 (see
-        // docs/toolchain.md, "Atomics in eBPF Rust"); the CAS below validates what we read.
+        // A plain volatile read (no atomic load: CONSTRAINTS.md, "Arithmetic the target
+        // lacks"); the CAS below validates what we read.
         // SAFETY: `tat` points into a map value that outlives this program run.
         let old = unsafe { core::ptr::read_volatile(tat) };
         if old > floor && old & marked != mark {
@@ -261,9 +262,8 @@ fn gcra(tat: *mut u64, (now, floor): (u64, u64), cost: u64, tolerance: u64, dom:
 /// `ratelimit_common::share`): 0 for a limit without [`rule_flags::CLUSTER`]; else the bucket's
 /// share word, and whether the agent's shares are in force (`shares_until`,
 /// `Config::shares_until_ns`, ahead of `now`; once they lapse, every bucket is charged at the
-/// whole rate: fail open). Inline, and with the config word passed in rather than looked up: a
-/// map lookup here (a helper call at the compiler's level) cost the program's frame more stack
-/// than the verifier allows.
+/// whole rate: fail open). Inline, and with the config word passed in: a map lookup here (a
+/// helper call) would cost the program's frame stack it does not have (CONSTRAINTS.md, "Stack").
 #[inline(always)]
 fn domain<P: Params>(bucket: *const Bucket, rule: &P, now: u64, ck: *const ChargeClock) -> Domain {
     domain_of(bucket, rule.flags(), now, ck)
@@ -276,8 +276,7 @@ pub fn domain_of(bucket: *const Bucket, flags: u32, now: u64, ck: *const ChargeC
         return 0;
     }
     // SAFETY: live map values (the bucket; this CPU's scratch record); plain reads, volatile so
-    // that they stay behind the flag's test (a value loaded before and kept live across the
-    // charge cost the callers' frames a stack slot they do not have).
+    // that they stay behind the flag's test (CONSTRAINTS.md, "Values kept out of registers").
     unsafe {
         let in_force = now < core::ptr::read_volatile(&raw const (*ck).shares_until);
         let field = core::ptr::read_volatile(&raw const (*bucket).created_share);
@@ -293,10 +292,9 @@ pub fn domain_of(bucket: *const Bucket, flags: u32, now: u64, ck: *const ChargeC
 /// shares_until` (`Config::shares_until_ns`), else at the whole rate (see
 /// `ratelimit_common::share`), through [`charge_cluster`].
 ///
-/// `CALL`: through the BPF global function [`rl_charge_cluster`] (from the program's own frame:
-/// inlined there, the share's branches multiplied its paths past the verifier's budget), or
-/// inline (from `one_limit`, itself a global function verified once: a call from it would stack
-/// a third frame on the program's, past the verifier's 512 bytes).
+/// `CALL`: through the BPF global function [`rl_charge_cluster`] (from the program's own frame),
+/// or inline (from `one_limit`, where a call would stack a third frame past 512 bytes): see
+/// CONSTRAINTS.md, "Global functions".
 #[inline(always)]
 pub fn charge<P: Params, const CALL: bool>(
     bucket: *mut Bucket,
@@ -382,10 +380,9 @@ impl Params for LimitParams {
 /// [`charge`] of a cluster-scoped limit's bucket, its parameters in `ck.limit` and its drop
 /// window's end left in `ck.until`, in the time of its share (`ratelimit_common::share`).
 ///
-/// A *global* BPF function (`#[no_mangle]`, its BTF linkage global, as `one_limit`): the
-/// verifier checks it once, on its own, rather than once more for every state of every caller
-/// reaching it. The share's time adds branches to every step of the charge; inlined at the
-/// program's four charges they took it past the verifier's million instructions.
+/// A *global* BPF function, as `one_limit` (CONSTRAINTS.md, "Global functions"): the share's
+/// time adds branches to every step of the charge, verified here once rather than at each of
+/// the program's charges.
 ///
 /// # Safety
 /// `bucket` and `ck` are null or point at a live bucket and this CPU's scratch record's clock.
@@ -421,8 +418,7 @@ fn charge_in<P: Params>(
     let (tat, byte_tat) = unsafe { (&raw mut (*bucket).tat_ns, &raw mut (*bucket).byte_tat_ns) };
     let limits_pkts = rule.flags() & rule_flags::PKT_LIMIT != 0;
     // Both costs are made before any charge, so that the share is not live across the
-    // compare-and-swap loops (kept, its two kinds of value, none and some, doubled the states
-    // the verifier walks through them).
+    // compare-and-swap loops (CONSTRAINTS.md, "Instruction budget").
     let pkt_cost = share::cost(rule.pkt_interval_ns(), dom);
     let byte_cost = if rule.flags() & rule_flags::BYTE_LIMIT != 0 {
         share::cost(byte_cost_ns(len, rule.byte_interval_fp()), dom)

@@ -15,6 +15,10 @@
 //!
 //! The maps and record types are shared with user space through `ratelimit-common`; this file
 //! holds the entry point and the decision (`decide`).
+//!
+//! What the verifier and the BPF target allow (stack per call chain, instruction budget, global
+//! functions, what the verifier refuses) and how the code keeps within it: CONSTRAINTS.md, in
+//! this crate. Comments point there rather than repeat it.
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]
@@ -205,9 +209,10 @@ fn decide(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
     scratch::launder(s, decide_cut(pkt, epoch, s))
 }
 
-/// [`decide`] for fragments and packets without an L4 header: a function of its own (a BPF
-/// call), so the whole packet's path stays compact (inlined, these paths doubled the program and
-/// slowed every packet by several ns).
+/// [`decide`] for fragments and packets without an L4 header: a BPF call of its own, so the whole
+/// packet's path stays compact (inlined, these paths would double the program and slow every
+/// packet by several ns). Its frame and the program's fill the verifier's 512 bytes
+/// (CONSTRAINTS.md, "Stack").
 #[inline(never)]
 fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
     let uncached = |id: u32| decision::UNCACHED << 56 | u64::from(id);
@@ -289,8 +294,8 @@ fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
 ///
 /// Limits are charged in order; a packet one limit drops is refunded to the limits before it
 /// (`bucket::refund`, exact), so it spends no token of any limit. The first limit's path is the
-/// one-limit rule's whole path, unchanged; the others go through `charge_extra`, a function of
-/// its own (a BPF call), so a one-limit rule's packet pays nothing for them.
+/// one-limit rule's whole path, unchanged; the others go through `extra_limits` (a record to find
+/// or create through `one_limit`, a BPF call), so a one-limit rule's packet pays nothing for them.
 ///
 /// Before any of that, and before the source's own drop window (in its classification slot,
 /// which the per-rule window does not need: see `classify::claim`), a rule with a `per = "rule"`
@@ -315,11 +320,8 @@ fn limit(
     epoch: u32,
     unclaimed: bool,
 ) -> usize {
-    // The coarse clock, cached per jiffy, costs next to nothing (ktime_get_ns about 30 ns); the
-    // agent picks it only for rules whose every limit's tolerance spans many jiffies, where a
-    // tick-old `now` delays a drop window's end and a drained bucket's refill by up to a tick.
-    // A bucket that may be full is charged on the precise clock all the same (`bucket::clock`):
-    // from a `now` that lags, it would admit up to a tick's refill beyond its bound.
+    // The clock the agent chose for the rule (CONSTRAINTS.md, "Clocks"). On the coarse one, a
+    // charge reads the precise clock where the lag could change a verdict (`bucket::clock`).
     let now = if rule.flags & rule_flags::COARSE_CLOCK != 0 {
         // Not read yet for this packet (see `ChargeClock::precise`).
         // SAFETY: this CPU's live scratch record.
@@ -392,15 +394,14 @@ fn limit(
     // SAFETY: this CPU's live scratch record.
     let key = unsafe { &mut (*s).first_key };
     *key = store::key(pkt, id, 0, &rule.src_mask, rule.bucket_gen);
-    // The drop window's end in the scratch record, not on this frame (which has no room to
-    // spare beside `decide_cut`'s): where a cluster-scoped charge leaves it too.
+    // The drop window's end in the scratch record, where a cluster-scoped charge leaves it too:
+    // not on this frame (CONSTRAINTS.md, "Stack").
     // SAFETY: this CPU's live scratch record.
     let until = unsafe { &mut (*s).extra.clock.until };
     *until = 0;
     let (v, b) = find_and_charge::<_, true>(key, rule, cached, len, now, s, slot, 0, until);
     // SAFETY: as above; and this CPU's classification slot, whose window fields the charge
-    // leaves alone: read again rather than kept live across it (a cluster-scoped charge is a
-    // BPF call, and values kept across it cost this frame stack it does not have).
+    // leaves alone: read again, not kept live across its BPF call (CONSTRAINTS.md, "Stack").
     let (until, drop_count, drop_limit) = unsafe {
         (
             (*s).extra.clock.until,
@@ -419,9 +420,8 @@ fn limit(
             (*slot).drop_count = 0;
             (*slot).drop_limit = 0;
         }
-        // Called for every rule (it returns at once for one without a per-rule limit): a
-        // branch on the rule's flags here, even laundered, took the verifier past its limit.
-        // This path runs once per drop window (`DROP_BATCH`), or per byte-rate drop.
+        // Called for every rule, returning at once without a per-rule limit (CONSTRAINTS.md,
+        // "Instruction budget"); once per drop window (`DROP_BATCH`), or per byte-rate drop.
         open_gate(rule, slot, v, until);
         return v;
     }
@@ -447,8 +447,8 @@ fn limit(
             refund_extra(pkt, rule, (d >> 8) - 1);
             // SAFETY: this CPU's live scratch record (the key `limit` built above).
             if !b.is_null() && store::holds(b, unsafe { &(*s).first_key }) {
-                // SAFETY: this CPU's live scratch record (read back rather than kept live
-                // across the calls: the frame has no room to spare).
+                // SAFETY: this CPU's live scratch record (read back, not kept live across the
+                // calls: CONSTRAINTS.md, "Stack").
                 unsafe { bucket::refund(b, rule, len, (*c).now, &raw const (*c).clock) };
             }
             // SAFETY: as above.
@@ -488,10 +488,9 @@ fn limit(
 /// it). The verdict word of the drop (`DROPPED_RATE`, limit `k` in bits 8..), or 0: charge the
 /// limits in order.
 ///
-/// A BPF call (the packet's context in the scratch record's `Extra`), so that its branches are
-/// verified apart from the rest of the program (inlined, they multiplied its states past the
-/// verifier's limit); `limit` checks the window inline and calls this only for a window that is
-/// over or whose batch is spent (once per [`DROP_BATCH`] drops, or per token).
+/// A BPF call (the packet's context in the scratch record's `Extra`) whose verdict `limit`
+/// launders (CONSTRAINTS.md, "Instruction budget"), made only for a window that is over or whose
+/// batch is spent (once per [`DROP_BATCH`] drops, or per token).
 #[inline(never)]
 fn gate(pkt: &Packet, rule: &Rule) -> usize {
     let Some(s) = scratch::get() else {
@@ -593,9 +592,8 @@ fn open_gate(rule: &Rule, slot: *mut ClassSlot, d: usize, until: u64) {
     let dropper = d >> 8;
     if dropper != 0 && d & 0xff == verdict::DROPPED_RATE {
         // An extra limit dropped the packet (`limit`'s path for them set the scratch record's
-        // `now` for this packet): a cluster-scoped one's window is capped (see
-        // `bucket::window_end`) here, in a BPF call, as neither `limit`'s frame nor
-        // `one_limit`'s has the stack to spare.
+        // `now` for this packet): a cluster-scoped one's window is capped here
+        // (`bucket::window_end`), off the full frames (CONSTRAINTS.md, "Stack").
         if let Some(s) = scratch::get() {
             // SAFETY: this CPU's live scratch record and classification slot.
             unsafe {
@@ -653,9 +651,9 @@ fn extra_limits(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, c: *mut Extra) 
         if k >= n {
             break;
         }
-        // A known source's record, remembered in its slot, is charged here (inlined); a BPF
-        // call costs far more than the charge itself (every return is a mispredicted one under
-        // the kernel's return-stack mitigations), so only a record to find or create pays it.
+        // A known source's record, remembered in its slot, is charged here (inlined): a BPF
+        // call costs more than the charge (CONSTRAINTS.md, "Shape"), so only a record to find or
+        // create pays it.
         let v = match cached_limit(pkt, rule, slot, c, k) {
             Some(v) => v,
             // SAFETY: the live packet, rule and slot of this packet.
@@ -684,9 +682,8 @@ fn extra_limits(pkt: &Packet, rule: &Rule, slot: *mut ClassSlot, c: *mut Extra) 
 /// charge back, each only to a record that still holds its key, as `limit` does for the first:
 /// another CPU (or this packet's own later limit, creating its bucket) may have recycled it
 /// meanwhile, and the refund would give that key a token it was not charged. A BPF call of its
-/// own (once per drop), from `limit` after `extra_limits` returns: inlined, or called from inside
-/// `extra_limits`' loop, the key's checks took the program's frame past the verifier's 512 bytes
-/// beside `one_limit`'s.
+/// own (once per drop), from `limit` after `extra_limits` returns, where the chain has room
+/// (CONSTRAINTS.md, "Stack").
 #[inline(never)]
 fn refund_extra(pkt: &Packet, rule: &Rule, k: usize) {
     let Some(s) = scratch::get() else {
@@ -728,14 +725,11 @@ fn refund_extra(pkt: &Packet, rule: &Rule, k: usize) {
 /// Charges the packet to limit `k + 1` of `rule` (`rule.extra[k]`): the verdict; the record is
 /// left in the scratch record's `Extra::records[k]`, the drop window's end in `Extra::until`.
 /// Not inlined (a BPF call, with the packet's context in the scratch record): a one-limit rule's
-/// packet pays nothing for it, and its stack is its own (inlined three times, the program's
-/// frame outgrew what the verifier allows beside `decide_cut`'s).
+/// packet pays nothing for it, and its stack is its own (inlined three times, it would take the
+/// program's frame past what the verifier allows beside `decide_cut`'s).
 ///
-/// A *global* BPF function (`#[no_mangle]`, so its BTF linkage is global): the verifier checks
-/// it once, on its own, with its arguments as the BTF types them (pointers to memory of their
-/// types' sizes, maybe null), rather than once more for every state of every caller reaching it.
-/// The program was at the verifier's limit of 1M instructions processed, and any change of the
-/// creation path (even removing a `memset` call) took it past; with this, it has room.
+/// A *global* BPF function, verified once on its own (CONSTRAINTS.md, "Global functions"); the
+/// chain through it to `store::other_holder` is at the verifier's 512 bytes ("Stack").
 ///
 /// # Safety
 /// `pkt`, `rule` and `slot` are null or point at a live packet, rule and classification slot.
@@ -811,8 +805,8 @@ fn cached_limit(
     if !store::holds(r, &key) {
         return None;
     }
-    // The window's end in the scratch record, not on the frame (where a cluster-scoped charge
-    // leaves it too): this is inlined in the program's own frame, which has no room to spare.
+    // The window's end in the scratch record, where a cluster-scoped charge leaves it too: not
+    // on the program's frame (CONSTRAINTS.md, "Stack").
     c.until = 0;
     let v = bucket::charge::<_, true>(r, l, c.now, c.len, &mut c.until, &raw mut c.clock);
     let until = c.until;
@@ -863,9 +857,8 @@ fn find_and_charge<P: Params, const CALL: bool>(
     limit: u32,
     until: &mut u64,
 ) -> (usize, *mut Bucket) {
-    // One charge for both ways of finding a known source's record (inlined once: a cluster-
-    // scoped limit's charge is a BPF call, and every copy of it costs the caller's frame the
-    // values it keeps across the call).
+    // One charge for both ways of finding a known source's record: every copy of a cluster-
+    // scoped charge's BPF call costs the frame what it keeps across it (CONSTRAINTS.md, "Stack").
     let r = 'found: {
         // The record this CPU found for the source last time, if it still holds the key.
         if cached != NO_RECORD {
@@ -875,8 +868,8 @@ fn find_and_charge<P: Params, const CALL: bool>(
                 }
             }
         }
-        // Looked up here, on the path that needs it, rather than passed in: a pointer kept live
-        // across the charge cost the callers' frames a stack slot they do not have.
+        // Looked up here, on the path that needs it, rather than passed in and kept live across
+        // the charge (CONSTRAINTS.md, "Stack").
         let Some(config) = CONFIG.get_ptr(0) else {
             return (no_bucket(), core::ptr::null_mut());
         };

@@ -116,14 +116,11 @@ fn bytes_at<const N: usize>(ctx: &XdpContext, off: usize) -> Option<usize> {
 /// Reads of 1, 2 and 4 packet bytes at `p + OFF` ([`bytes_at`] checked that they are in the
 /// frame), in native byte order, each one BPF load however the packet is aligned.
 ///
-/// A packet has no alignment guarantee, so a Rust read of it must be `read_unaligned`, and LLVM's
-/// BPF backend, which assumes strict alignment, lowers that to one load per byte, shifted and
-/// or-ed together: the parse was about 170 instructions of x86 per IPv4 packet, a fifth of the
-/// program's time under a flood (`kernel.layered.*`'s profile). (Its `allows-misaligned-mem-access`
-/// feature would do it for the whole program, but then also merges byte accesses on the stack,
-/// where the verifier requires alignment: it refuses the program.) The verifier accepts unaligned
-/// packet loads on the architectures this program is built for (x86-64, and arm64: both have
-/// efficient unaligned access), where the CPU does them in one instruction.
+/// A packet has no alignment guarantee, and LLVM's BPF backend lowers `read_unaligned` to one
+/// load per byte (a fifth of the program's time under a flood, `kernel.layered.*`'s profile). The
+/// verifier accepts unaligned packet loads on x86-64 and arm64, where the CPU does them in one
+/// instruction. See CONSTRAINTS.md, "Arithmetic the target lacks" (and "What the verifier
+/// refuses" for LLVM's `allows-misaligned-mem-access`).
 mod load {
     use core::arch::asm;
 

@@ -129,14 +129,14 @@ pub struct Scratch {
     /// The bucket store's choice of a record for a new key, kept here rather than on the stack
     /// for the same reason as [`launder`] (see `store::scan`).
     pub chooser: VictimChooser,
-    /// What `extra_limits` (a BPF call) needs of the packet and gives back: here, not on the
-    /// stack, which the calls share (512 bytes in all).
+    /// What the extra limits' charges (`one_limit`, a BPF call) need of the packet and give
+    /// back: here, not on the stack the calls share (CONSTRAINTS.md, "Stack").
     pub extra: Extra,
     /// The key of the extra limit being charged (`one_limit`): here, not on its BPF call's
-    /// stack, so that the call chain's frames stay within the verifier's 512 bytes.
+    /// stack (CONSTRAINTS.md, "Stack").
     pub extra_key: Key,
-    /// The first limit's bucket key (in `limit`): here rather than on the stack, which the
-    /// program's frame has no room left for beside `decide_cut`'s.
+    /// The first limit's bucket key (in `limit`): here rather than on the program's full frame
+    /// (CONSTRAINTS.md, "Stack").
     pub first_key: Key,
     /// The drop window's end from `one_limit`'s charge (here rather than on its frame).
     pub extra_until: u64,
@@ -211,7 +211,7 @@ pub fn precise_now(ck: *mut ChargeClock) -> u64 {
 /// `word`, written to this CPU's scratch record and read back. The verifier does not track
 /// values through map memory, so what comes back is "some word" rather than one of the many
 /// constants it could be: the code after it is verified once for all of them, not once each
-/// (which multiplied the verification time). One aligned word costs about a nanosecond.
+/// (CONSTRAINTS.md, "Values kept out of registers"). One aligned word costs about a nanosecond.
 #[inline(always)]
 pub fn launder(s: *mut Scratch, word: u64) -> u64 {
     // SAFETY: this CPU's live map value (see `coarse_now`); volatile so the round trip stays.
@@ -243,10 +243,9 @@ pub fn uncached_slot(s: *mut Scratch) -> *mut ClassSlot {
 }
 
 /// Empties `slot`'s drop window and remembered records. The extra limits' records with volatile
-/// stores: plain ones, with the first limit's, the compiler merges into a call of the program's
-/// `memset` (a byte loop behind a BPF call, measured at tens of ns a new source). The others
-/// plain, so that the compiler knows them where the packet's limit is charged (unknown to the
-/// verifier, they multiplied its states past its limit).
+/// stores, which the compiler cannot merge into a `memset` call (CONSTRAINTS.md, "Memory
+/// builtins"); the others plain, so that the compiler knows them where the packet's limit is
+/// charged ("Instruction budget").
 #[inline(always)]
 pub fn empty_slot(slot: *mut ClassSlot) {
     // SAFETY: this CPU's live slot (the caller's).

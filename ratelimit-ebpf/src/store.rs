@@ -96,19 +96,15 @@ pub fn find(key: &Key, sets: [u32; 2]) -> Found {
 
 /// The record of `key`'s sets (starting at records `first` and `second`), other than `mine`,
 /// that holds `key`, or `NO_RECORD`. A BPF function of its own, returning a scalar, so the
-/// creation path it serves is verified once, not once more per candidate; few live values (all
-/// in callee-saved registers), so it needs no stack of its own beyond the lookup's index. One
-/// call for both sets: each BPF call's return costs a mispredicted return under the kernel's
-/// return-stack mitigations. `key` is a raw pointer, not a reference: through a reference the
-/// compiler may take the key's words as unchanging and keep them across the map lookups, which
-/// took three stack slots (and the chain of calls that creates an extra limit's bucket past the
-/// verifier's 512 bytes).
+/// creation path it serves is verified once, not once more per candidate; one call for both sets,
+/// as each BPF call's return is costly. Its frame ends the chain through `one_limit`, at the
+/// verifier's 512 bytes (CONSTRAINTS.md, "Stack"): few live values, and `key` a raw pointer, not
+/// a reference, whose words the compiler would keep across the map lookups in stack slots.
 #[inline(never)]
 pub fn other_holder(key: *const Key, first: u32, second: u32, mine: u32) -> u32 {
     for c in 0..BUCKET_CANDIDATES {
         // `bucket_candidate`'s order, from bases the caller computed: calling it here (with the
-        // sets) took 8 more bytes of `one_limit`'s frame, and the chain of calls to here exactly
-        // to the verifier's 512 bytes (main 320 + 176 + 16).
+        // sets) cost `one_limit`'s frame 8 bytes the chain does not have (CONSTRAINTS.md, "Stack").
         let i = if c < BUCKET_WAYS {
             first + c
         } else {
