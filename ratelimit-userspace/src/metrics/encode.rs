@@ -1,0 +1,449 @@
+//! The OpenMetrics encoding of a [`Snapshot`]: one `prometheus-client` collector writing every
+//! family from the snapshot's figures.
+
+use std::fmt;
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{counter::ConstCounter, gauge::ConstGauge, info::Info},
+};
+use ratelimit_common::{global, verdict};
+
+use super::{InterfaceSnapshot, Snapshot, GLOBAL_COUNTERS, PARSE_FAILURES, SHAPE_DROPS};
+use crate::cluster::ClusterStatus;
+
+/// Writes one metric family: its descriptor, then one sample per label set.
+fn family<L, M>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (L, M)>,
+) -> Result<(), fmt::Error>
+where
+    L: prometheus_client::encoding::EncodeLabelSet,
+    M: EncodeMetric,
+{
+    let mut samples = samples.into_iter().peekable();
+    let Some((_, first)) = samples.peek() else {
+        return Ok(());
+    };
+    let mut metric = encoder.encode_descriptor(name, help, None, first.metric_type())?;
+    for (labels, value) in samples {
+        value.encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// The cluster sync's metrics (`ratelimit_cluster_*`).
+fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Result<(), fmt::Error> {
+    let c = &cluster.counters;
+    family(
+        enc,
+        "ratelimit_cluster_messages",
+        "Gossip datagrams by direction: in (authentic, fresh, well-formed) and out.",
+        [("in", c.messages_in), ("out", c.messages_out)]
+            .map(|(d, n)| (vec![("direction", d)], ConstCounter::new(n))),
+    )?;
+    family(
+        enc,
+        "ratelimit_cluster_bytes",
+        "Gossip bytes by direction (every received datagram counted, accepted or not).",
+        [("in", c.bytes_in), ("out", c.bytes_out)]
+            .map(|(d, n)| (vec![("direction", d)], ConstCounter::new(n))),
+    )?;
+    family(
+        enc,
+        "ratelimit_cluster_rejected",
+        "Gossip datagrams dropped: auth (tag did not verify: wrong key or cluster id), stale (too \
+         old, from the future, replayed), malformed, unsafe (authentic, but what would crash or \
+         corrupt the gossip library: see cluster::inspect).",
+        [
+            ("auth", c.rejected_auth),
+            ("stale", c.rejected_stale),
+            ("malformed", c.rejected_malformed),
+            ("unsafe", c.rejected_unsafe),
+        ]
+        .map(|(r, n)| (vec![("reason", r)], ConstCounter::new(n))),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_digest_ids_stripped",
+        "Member ids left out of authentic gossip digests: new ids beyond what their sender may \
+         introduce (see cluster::inspect::Introductions).",
+        &ConstCounter::new(c.digest_ids_stripped),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_probes_withheld",
+        "Gossip messages not sent to an address that has not answered lately, beyond a probe a \
+         second to each and four a second in all (see cluster::transport).",
+        &ConstCounter::new(c.probes_withheld),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_send_errors",
+        "Gossip sends that failed.",
+        &ConstCounter::new(c.send_errors),
+    )?;
+    let mut states: std::collections::BTreeMap<&str, i64> = ["alive", "joining", "silent", "dead"]
+        .into_iter()
+        .map(|s| (s, 0))
+        .collect();
+    for p in &cluster.peers {
+        *states.entry(p.state).or_default() += 1;
+    }
+    family(
+        enc,
+        "ratelimit_cluster_peers",
+        "Other members by state; only alive peers' demand takes a share.",
+        states
+            .into_iter()
+            .map(|(st, n)| (vec![("state", st)], ConstGauge::new(n))),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_keys_published",
+        "Keys (heavy sources) this agent publishes.",
+        &ConstGauge::new(c.keys_published),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_keys_synced",
+        "Keys read from counted peers in the last sync.",
+        &ConstGauge::new(c.keys_synced),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_keys_dropped",
+        "Peer keys ignored beyond the per-peer cap.",
+        &ConstCounter::new(c.keys_dropped),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_charged_packets",
+        "Refill withheld from local buckets for the peers' shares, in packets.",
+        &ConstCounter::new(c.charged_pkts),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_charged_bytes",
+        "Refill withheld from local buckets for the peers' shares, in bytes.",
+        &ConstCounter::new(c.charged_bytes),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_readings_refused",
+        "Readings of peers' gossip refused as impossible (dated ahead, sequence, epoch or counter going back).",
+        &ConstCounter::new(c.readings_refused),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_charges_clamped",
+        "Sync rounds late by more than 3 intervals, whose withheld refill was cut to that.",
+        &ConstCounter::new(c.charges_clamped),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_debt_capped",
+        "Withheld refill cut short by a bucket's ceiling (tolerance + 3 sync intervals).",
+        &ConstCounter::new(c.debt_capped),
+    )?;
+    #[expect(clippy::cast_precision_loss, reason = "milliseconds as seconds")]
+    single(
+        enc,
+        "ratelimit_cluster_sync_lag_seconds",
+        "Largest age of the newest demand data from a counted peer at the last sync.",
+        &ConstGauge::new(c.sync_lag_ms as f64 / 1000.0),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_gossip_restarts",
+        "Restarts of the gossip loop attempted after a socket error ended it.",
+        &ConstCounter::new(c.gossip_restarts),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_sync_restarts",
+        "Restarts of the cluster sync loop after it ended (a panic in a round).",
+        &ConstCounter::new(c.sync_restarts),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_gossip_up",
+        "1 while the gossip loop runs, 0 while it is being restarted.",
+        &ConstGauge::new(u64::from(cluster.gossip != "restarting")),
+    )?;
+    family(
+        enc,
+        "ratelimit_cluster_hosts",
+        "Hosts heard now (this one and the peers counted) and hosts last known alive (heard \
+         within partition_memory_s).",
+        [
+            ("heard", cluster.hosts_heard),
+            ("known", cluster.hosts_known),
+        ]
+        .map(|(v, n)| (vec![("view", v)], ConstGauge::new(n))),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_budget_share",
+        "Share of each cluster budget this host enforces with the hosts it hears (heard / known \
+         under on_partition = share, else 1).",
+        &ConstGauge::new(cluster.budget_share),
+    )?;
+    single(
+        enc,
+        "ratelimit_cluster_share_charged_packets",
+        "Refill withheld for hosts known but not heard (on_partition = share), in packets.",
+        &ConstCounter::new(c.share_charged_pkts),
+    )?;
+    encode_key_shares(enc, cluster)
+}
+
+/// Per key of the heaviest (`ClusterStatus::keys`: at most `SHOWN_KEYS`, 10, by cluster
+/// demand) and per holder named (this host and its counted peers with demand for the key, at
+/// most `MAX_PEERS`, 64): the label sets are bounded, at most 10 x 65 series per gauge, however
+/// many sources and members there are.
+fn encode_key_shares(
+    enc: &mut DescriptorEncoder,
+    cluster: &ClusterStatus,
+) -> Result<(), fmt::Error> {
+    let limits: Vec<String> = cluster.keys.iter().map(|k| k.limit.to_string()).collect();
+    let key_labels = |i: usize| -> Labels<'_> {
+        let k = &cluster.keys[i];
+        vec![
+            ("rule", k.rule.as_str()),
+            ("limit", limits[i].as_str()),
+            ("key", k.key.as_str()),
+        ]
+    };
+    let per_holder = |value: fn(&crate::cluster::HolderStatus) -> f64| {
+        cluster.keys.iter().enumerate().flat_map(move |(i, k)| {
+            k.holders.iter().map(move |h| {
+                let mut labels = key_labels(i);
+                labels.push(("holder", h.node_id.as_str()));
+                (labels, ConstGauge::new(value(h)))
+            })
+        })
+    };
+    family(
+        enc,
+        "ratelimit_cluster_key_hosts",
+        "Hosts holding each of the heaviest cluster keys whose share this host sets (this one \
+         and the counted peers publishing it): its budget is divided between them.",
+        (0..cluster.keys.len()).map(|i| {
+            (
+                key_labels(i),
+                ConstGauge::new(i64::from(cluster.keys[i].hosts)),
+            )
+        }),
+    )?;
+    family(
+        enc,
+        "ratelimit_cluster_key_demand_pps",
+        "Demand (packets per second reaching its bucket, admitted or dropped) of each holder of \
+         the heaviest cluster keys: this host and each counted peer with demand for the key.",
+        per_holder(|h| h.demand_pps),
+    )?;
+    family(
+        enc,
+        "ratelimit_cluster_key_share",
+        "Share of the budget of each of the heaviest cluster keys per holder, as this host \
+         computes it (a holder's bucket refills at share x rate; the shares add up to 1).",
+        per_holder(|h| h.share),
+    )?;
+    Ok(())
+}
+
+/// Writes one metric without labels.
+fn single(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: &impl EncodeMetric,
+) -> Result<(), fmt::Error> {
+    value.encode(encoder.encode_descriptor(name, help, None, value.metric_type())?)
+}
+
+type Labels<'a> = Vec<(&'static str, &'a str)>;
+
+impl Collector for Snapshot {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let s = &self.stats;
+        let per_rule = |pick: fn(
+            &crate::stats::RuleReport,
+        ) -> &std::collections::BTreeMap<&'static str, u64>| {
+            s.rules.iter().flat_map(move |r| {
+                verdict::NAMES.iter().map(move |v| {
+                    let labels: Labels = vec![("rule", r.name.as_str()), ("verdict", v)];
+                    (
+                        labels,
+                        ConstCounter::new(pick(r).get(v).copied().unwrap_or(0)),
+                    )
+                })
+            })
+        };
+        family(
+            &mut enc,
+            "ratelimit_rule_packets",
+            "Packets that matched each rule, by verdict: passed (within the limit), allowed (allow \
+             rule), dropped_rate, dropped_bytes, denied (deny rule), dry_run (would have been dropped; \
+             passed), no_bucket (no bucket could be created; passed). The XDP program counts per \
+             rule, not per interface.",
+            per_rule(|r| &r.packets),
+        )?;
+        family(
+            &mut enc,
+            "ratelimit_rule_bytes",
+            "Bytes (whole frames, Ethernet header included) that matched each rule, by verdict (see ratelimit_rule_packets).",
+            per_rule(|r| &r.bytes),
+        )?;
+
+        let limit_names: Vec<(
+            String,
+            &crate::stats::RuleReport,
+            &crate::stats::LimitReport,
+        )> = s
+            .rules
+            .iter()
+            .flat_map(|r| r.limits.iter().map(move |l| (l.limit.to_string(), r, l)))
+            .collect();
+        family(
+            &mut enc,
+            "ratelimit_limit_dropped_packets",
+            "Packets dropped by each limit of each limit rule (1: the rule's own, 2..: its \
+             [[rule.limit]]s in order), by verdict: dropped_rate or dropped_bytes. The sum over a \
+             rule's limits is its ratelimit_rule_packets of that verdict.",
+            limit_names.iter().flat_map(|(n, r, l)| {
+                [
+                    ("dropped_rate", l.dropped_rate),
+                    ("dropped_bytes", l.dropped_bytes),
+                ]
+                .into_iter()
+                .map(move |(v, c)| {
+                    let labels: Labels = vec![
+                        ("rule", r.name.as_str()),
+                        ("limit", n.as_str()),
+                        ("verdict", v),
+                    ];
+                    (labels, ConstCounter::new(c))
+                })
+            }),
+        )?;
+
+        let g = |i: usize| s.global.get(global::NAMES[i]).copied().unwrap_or(0);
+        let (packets, name, help) = GLOBAL_COUNTERS[0];
+        single(&mut enc, name, help, &ConstCounter::new(g(packets)))?;
+        family(
+            &mut enc,
+            "ratelimit_parse_failures",
+            "Frames the XDP program could not parse, by reason: passed unclassified (truncated_l4: \
+             classified without ports).",
+            PARSE_FAILURES.iter().map(|&i| (vec![("reason", global::NAMES[i])], ConstCounter::new(g(i)))),
+        )?;
+        for &(i, name, help) in &GLOBAL_COUNTERS[1..] {
+            single(&mut enc, name, help, &ConstCounter::new(g(i)))?;
+        }
+        family(
+            &mut enc,
+            "ratelimit_shape_drops",
+            "Packets dropped for how they are cut, where a protocol or port rule could apply to \
+             their source, by reason: tiny_fragment (a first fragment without its whole TCP/UDP \
+             header, and the rest of its datagram), long_header_chain (an IPv6 chain of more than 8 \
+             extension headers, or a first fragment whose chain ends before the L4 header), \
+             fragment_conflict (a first fragment sent again with other ports, and the rest of its \
+             datagram), vlan_chain (a frame in more VLAN tags than the program walks), \
+             unmatched_fragment (a fragment whose first fragment was not seen).",
+            SHAPE_DROPS.map(|(i, reason)| (vec![("reason", reason)], ConstCounter::new(g(i)))),
+        )?;
+        family(
+            &mut enc,
+            "ratelimit_bucket_evictions",
+            "Buckets whose record a new source took, by the evicted bucket's state: full (it had \
+             refilled: nothing lost) or lost (it had not: that source starts full again if it \
+             comes back). A growing lost count means the store is too small for the sources it \
+             sees: raise max_buckets, or add an aggregate rule.",
+            [
+                ("full", global::EVICTED_FULL),
+                ("lost", global::EVICTED_LOST),
+            ]
+            .map(|(state, i)| (vec![("state", state)], ConstCounter::new(g(i)))),
+        )?;
+
+        single(
+            &mut enc,
+            "ratelimit_buckets_tracked",
+            "Token buckets (source, rule) currently tracked.",
+            &ConstGauge::new(s.buckets.tracked),
+        )?;
+        single(
+            &mut enc,
+            "ratelimit_buckets_capacity",
+            "Capacity of the bucket store (max_buckets, rounded up to a multiple of 64: whole pages of sets); a new source \
+             takes the record of an empty, stale or refilled bucket among its 8 candidates, else \
+             of the one least in debt (see ratelimit_bucket_evictions).",
+            &ConstGauge::new(s.buckets.capacity),
+        )?;
+        family(
+            &mut enc,
+            "ratelimit_reloads",
+            "Rule-set changes (config file reloads, SIGHUP, API) by result: ok (applied) or failed \
+             (refused; the rules in force stayed).",
+            [("ok", self.reloads_ok), ("failed", self.reloads_failed)]
+                .map(|(result, n)| (vec![("result", result)], ConstCounter::new(n))),
+        )?;
+        if let Some(cluster) = &self.cluster {
+            encode_cluster(&mut enc, cluster)?;
+        }
+        single(
+            &mut enc,
+            "ratelimit_metrics_encodings",
+            "Encodings of this endpoint's reply, this one included: one at a time, each reply \
+             shared by the scrapes of the next second (or twice the encoding's time).",
+            &ConstCounter::new(self.encodings),
+        )?;
+        let info = Info::new(vec![("version", self.version.as_str())]);
+        single(
+            &mut enc,
+            "ratelimit_build",
+            "Agent build information.",
+            &info,
+        )?;
+
+        family(
+            &mut enc,
+            "ratelimit_interface_attached",
+            "Interfaces the XDP program is attached to, with the attach mode (native, skb, or \
+             adopted from a previous agent).",
+            self.interfaces.iter().map(|i| {
+                let labels: Labels =
+                    vec![("interface", i.name.as_str()), ("mode", i.mode.as_str())];
+                (labels, ConstGauge::new(1_i64))
+            }),
+        )?;
+        let kernel_note =
+            "as the kernel reports it in /sys/class/net/IF/statistics (whether packets \
+                           the XDP program dropped are included depends on the driver). The XDP \
+                           program's own counters are per rule, not per interface: counting per \
+                           interface in the fast path would cost a map lookup per packet.";
+        let iface_counter = |pick: fn(&InterfaceSnapshot) -> Option<u64>| {
+            self.interfaces.iter().filter_map(move |i| {
+                pick(i).map(|n| (vec![("interface", i.name.as_str())], ConstCounter::new(n)))
+            })
+        };
+        family(
+            &mut enc,
+            "ratelimit_interface_rx_packets",
+            &format!("Packets received on each attached interface, {kernel_note}"),
+            iface_counter(|i| i.rx_packets),
+        )?;
+        family(
+            &mut enc,
+            "ratelimit_interface_rx_dropped",
+            &format!("Received packets dropped on each attached interface, {kernel_note}"),
+            iface_counter(|i| i.rx_dropped),
+        )?;
+        Ok(())
+    }
+}
