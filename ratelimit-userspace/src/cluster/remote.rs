@@ -23,124 +23,22 @@
 //! publishing a key without demand takes its own even part of what nobody uses (one part per
 //! counted identity), never more.
 
+mod limits;
+mod round;
+#[cfg(test)]
+mod tests;
+mod view;
+mod window;
+
 use std::{collections::HashMap, hash::Hash};
 
+pub use self::{
+    limits::{ClusterLimits, Limits},
+    round::Round,
+    view::{parse_keys_digest, parse_sync, PeerView},
+    window::{DemandWindow, DEMAND_HISTORY, DEMAND_PACKETS, DEMAND_ROUNDS},
+};
 use super::publish::{keys_digest, Count, KeyName};
-
-/// A peer as read from chitchat's state in one sync.
-#[derive(Clone, Debug)]
-pub struct PeerView<P> {
-    /// Its identity (node id with generation).
-    pub id: P,
-    /// Alive according to chitchat's failure detector.
-    pub live: bool,
-    /// An authentic datagram came from its address lately, and it is the newest incarnation
-    /// there: only such a peer can be counted.
-    pub verified: bool,
-    /// Its heartbeat counter.
-    pub heartbeat: u64,
-    /// When (`CLOCK_MONOTONIC` ns) the last authentic datagram sealed by this identity came from
-    /// its address, if within the peer timeout: heard then, whatever its heartbeat in chitchat
-    /// says (a member with the key can push another's heartbeat in chitchat far ahead in a
-    /// digest, so that its real heartbeats look old).
-    pub heard_at: Option<u64>,
-    /// Its sync key: `(sequence, Unix ms, next epoch)`, once it arrived.
-    pub sync: Option<(u64, u64, u64)>,
-    /// The [`keys_digest`] its sync key names: of the keys it publishes as of that sync (None
-    /// from an agent of before it, or without a sync key).
-    pub keys_digest: Option<String>,
-    /// Its consumption keys (at most `max_keys` of them, in key order).
-    pub keys: Vec<(KeyName, Count)>,
-}
-
-/// Parses a sync key's value, `SEQ:UNIX_MS:NEXT_EPOCH` (and a fourth field, the [`keys_digest`], read
-/// by [`parse_keys_digest`]; see [`PeerView::sync`]).
-#[must_use]
-pub fn parse_sync(value: &str) -> Option<(u64, u64, u64)> {
-    let mut it = value.split(':').map(str::parse::<u64>);
-    Some((it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?))
-}
-
-/// The [`keys_digest`] a sync key's value names (its fourth field), if any.
-#[must_use]
-pub fn parse_keys_digest(value: &str) -> Option<String> {
-    let d = value.split(':').nth(3)?;
-    (d.len() == 32 && d.bytes().all(|b| b.is_ascii_hexdigit())).then(|| d.to_ascii_lowercase())
-}
-
-/// The local limit a remote key is charged to (one limit of a rule: its own or a
-/// `[[rule.limit]]`), as far as rates go.
-#[derive(Clone, Copy, Debug)]
-pub struct Limits {
-    /// Nanoseconds of TAT per packet (0: no packet limit).
-    pub pkt_interval_ns: u64,
-    /// Packet tolerance, ns.
-    pub pkt_tolerance_ns: u64,
-    /// Nanoseconds of TAT per byte, 48.16 fixed point (0: no byte limit).
-    pub byte_interval_fp: u64,
-    /// Byte tolerance, ns.
-    pub byte_tolerance_ns: u64,
-}
-
-impl Limits {
-    /// The rates of limit `l` (a zero interval for a rate the limit does not set); a rule's limit
-    /// `k` is [`ratelimit_common::Rule::limit`]`(k)`.
-    #[must_use]
-    pub fn of(l: &ratelimit_common::Limit) -> Self {
-        use ratelimit_common::rule_flags;
-        let pkt = l.flags & rule_flags::PKT_LIMIT != 0;
-        let byte = l.flags & rule_flags::BYTE_LIMIT != 0;
-        Self {
-            pkt_interval_ns: if pkt { l.pkt_interval_ns } else { 0 },
-            pkt_tolerance_ns: l.pkt_tolerance_ns,
-            byte_interval_fp: if byte { l.byte_interval_fp } else { 0 },
-            byte_tolerance_ns: l.byte_tolerance_ns,
-        }
-    }
-}
-
-/// The cluster-scoped limits here, by rule name and limit index: the keys a peer's consumption is
-/// charged to. A key of a rule, or of a limit of it, that is not cluster-scoped here is not
-/// charged.
-#[derive(Clone, Debug, Default)]
-pub struct ClusterLimits(HashMap<String, [Option<Limits>; ratelimit_common::MAX_LIMITS]>);
-
-impl ClusterLimits {
-    /// Marks limit `limit` of rule `rule` cluster-scoped, with rates `l` (an index past
-    /// [`ratelimit_common::MAX_LIMITS`] is ignored).
-    pub fn insert(&mut self, rule: &str, limit: u8, l: Limits) {
-        if let Some(slot) = self
-            .0
-            .entry(rule.to_string())
-            .or_default()
-            .get_mut(usize::from(limit))
-        {
-            *slot = Some(l);
-        }
-    }
-
-    /// [`ClusterLimits::insert`], chained.
-    #[must_use]
-    pub fn with(mut self, rule: &str, limit: u8, l: Limits) -> Self {
-        self.insert(rule, limit, l);
-        self
-    }
-
-    /// The limit `name` is charged to, if it is cluster-scoped here.
-    #[must_use]
-    pub fn get(&self, name: &KeyName) -> Option<&Limits> {
-        self.0
-            .get(&name.rule)?
-            .get(usize::from(name.limit))?
-            .as_ref()
-    }
-
-    /// Whether no limit is cluster-scoped here.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.0.values().all(|l| l.iter().all(Option::is_none))
-    }
-}
 
 /// How late a round may run and still take back all of the refill its bucket got meanwhile:
 /// this many sync intervals (the advance of a round that ran later is cut to it: fail open).
@@ -150,119 +48,6 @@ pub const LAG_ROUNDS: u64 = 3;
 #[must_use]
 pub fn lag_allowance_ns(interval_ns: u64) -> u64 {
     interval_ns.saturating_mul(LAG_ROUNDS)
-}
-
-/// Demand is a rate over at least this many sync intervals (a peer's last syncs, and this
-/// host's own readings likewise), and further back while that holds fewer than
-/// [`DEMAND_PACKETS`]: a source that sends in bursts (a TCP window, a batch) reads 0 between
-/// them over one interval, and its host's share collapsed to nothing, then came back to an
-/// empty bucket at the next burst (issue #34: two hosts sending 150 back to back every 250 ms
-/// admitted 0.67 of one bucket). Over four, the simulator's property test (`cluster::sim`)
-/// failed 1 case of 300 where over one it failed 5, over two 1.
-pub const DEMAND_ROUNDS: usize = 2;
-
-/// A window reaches back past [`DEMAND_ROUNDS`] until it holds this many packets (or its
-/// oldest reading, [`DEMAND_HISTORY`] back): a key sending a few packets a second at a host is
-/// read over seconds, not as 0 most rounds and a spike at the rest; a key that stopped reads
-/// about this many over the time since it stopped, which falls off at once.
-pub const DEMAND_PACKETS: u64 = 4;
-
-/// Readings a window keeps: how far back it reaches for [`DEMAND_PACKETS`], so a key that
-/// stopped reads 0 this many syncs later (and nothing is withheld for it any more).
-pub const DEMAND_HISTORY: usize = 6;
-
-/// A cumulative demand counter's readings, `(time, count)`, the last [`DEMAND_HISTORY`] + 1.
-#[derive(Clone, Debug, Default)]
-pub struct DemandWindow(std::collections::VecDeque<(u64, u64)>);
-
-impl DemandWindow {
-    /// Adds a reading. One at the time of the last is ignored (the same reading again); one
-    /// before it, or with a count below the last one's, starts the window again from it: the
-    /// readings before were wrong (a clock stepped back, or a forged reading ahead of the
-    /// real ones), and a window that ignored every later reading would keep their rate for ever.
-    pub fn push(&mut self, at: u64, count: u64) {
-        if let Some(&(t, c)) = self.0.back() {
-            if at == t {
-                return;
-            }
-            if at < t || count < c {
-                self.0.clear();
-            }
-        }
-        self.0.push_back((at, count));
-        while self.0.len() > DEMAND_HISTORY + 1 {
-            self.0.pop_front();
-        }
-    }
-
-    fn between((t0, c0): (u64, u64), (t1, c1): (u64, u64), per: f64) -> f64 {
-        if t1 <= t0 {
-            return 0.0;
-        }
-        #[expect(clippy::cast_precision_loss, reason = "a rate")]
-        let r = c1.saturating_sub(c0) as f64 * per / (t1 - t0) as f64;
-        r
-    }
-
-    /// The time of the newest reading.
-    #[must_use]
-    pub fn last_at(&self) -> Option<u64> {
-        self.0.back().map(|&(t, _)| t)
-    }
-
-    /// How many readings it holds.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether it holds none.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// The counter's gain per unit of time (per `per` units) over its last [`DEMAND_ROUNDS`]
-    /// readings; 0 with fewer than two. Where they gained fewer than [`DEMAND_PACKETS`], the
-    /// window reaches back over older readings until it holds that many, counting the packets of
-    /// the interval that completes them as spread evenly over it: the rate is then
-    /// `DEMAND_PACKETS` over the time they took. A key that stopped reads that many over the
-    /// time since it stopped (falling off at once, not a whole interval's packets over it); a
-    /// key sending a packet now and then reads its rate, not 0 most rounds.
-    #[must_use]
-    pub fn rate(&self, per: f64) -> f64 {
-        let Some(&newest) = self.0.back() else {
-            return 0.0;
-        };
-        let n = self.0.len();
-        let from = n.saturating_sub(DEMAND_ROUNDS + 1);
-        let gain = newest.1.saturating_sub(self.0[from].1);
-        if gain >= DEMAND_PACKETS || from == 0 {
-            return Self::between(self.0[from], newest, per);
-        }
-        let mut j = from;
-        while j > 0 {
-            let (t0, c0) = self.0[j - 1];
-            let (t1, c1) = self.0[j];
-            let more = c1.saturating_sub(c0);
-            let have = newest.1.saturating_sub(c1);
-            if have + more >= DEMAND_PACKETS && more > 0 && t1 > t0 {
-                // The last `DEMAND_PACKETS - have` of the `more` in [t0, t1], spread evenly.
-                #[expect(clippy::cast_precision_loss, reason = "a rate")]
-                let part = (DEMAND_PACKETS - have) as f64 / more as f64 * (t1 - t0) as f64;
-                #[expect(clippy::cast_precision_loss, reason = "a rate")]
-                let span = newest.0.saturating_sub(t1) as f64 + part;
-                #[expect(clippy::cast_precision_loss, reason = "a rate")]
-                return if span > 0.0 {
-                    DEMAND_PACKETS as f64 * per / span
-                } else {
-                    0.0
-                };
-            }
-            j -= 1;
-        }
-        Self::between(self.0[0], newest, per)
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -322,55 +107,26 @@ pub struct PeerInfo {
     pub charged_bytes: u64,
 }
 
-/// The outcome of one sync.
-#[derive(Debug)]
-pub struct Round<P> {
-    /// Per key of a cluster-scoped limit here, each counted peer's demand (packets/s, > 0).
-    pub demand: HashMap<KeyName, Vec<(P, f64)>>,
-    /// Per key of a cluster-scoped limit here, how many counted peers hold it: publish it with
-    /// a known demand (0 included; not stale). Each of them has a bucket of the key, which the
-    /// budget is divided between (see [`super::charge::share`]). A key with no demand counts
-    /// only if the keys read from the peer are the ones its sync key names ([`keys_digest`]):
-    /// a key relayed under the peer's id by another member with the cluster key stays in
-    /// chitchat's state of the peer for as long as it lives, idle; read as held, it kept a
-    /// source at a part of its rate here for that long, after the relaying member had stopped.
-    pub holders: HashMap<KeyName, u32>,
-    /// Keys read from counted peers.
-    pub keys_synced: u64,
-    /// Peers counted in this round.
-    pub counted_peers: u64,
-    /// Readings refused in this round (see [`RemoteTracker::round`]): a sync key dated ahead of
-    /// this host's clock, one whose sequence went back, a key's epoch beyond the peer's own
-    /// next epoch, a counter that went back.
-    pub refused: u64,
-}
-
-impl<P> Default for Round<P> {
-    fn default() -> Self {
+impl PeerTrack {
+    /// A peer first seen at `now`, as `view` shows it.
+    fn new<P>(view: &PeerView<P>, now: u64) -> Self {
         Self {
-            demand: HashMap::new(),
-            holders: HashMap::new(),
-            keys_synced: 0,
-            counted_peers: 0,
-            refused: 0,
+            heartbeat: view.heartbeat,
+            last_heard_ns: now,
+            counted: false,
+            baseline_epoch: 0,
+            rejoin_seq: None,
+            sync: None,
+            keys: HashMap::new(),
+            rates: HashMap::new(),
+            synced_ns: now,
+            attested: None,
+            published: 0,
+            charged_pkts: 0,
+            charged_bytes: 0,
+            live: view.live,
+            verified: view.verified,
         }
-    }
-}
-
-impl<P> Round<P> {
-    /// The counted peers' demand for `name`, packets/s, summed.
-    #[must_use]
-    pub fn peer_demand(&self, name: &KeyName) -> f64 {
-        self.demand
-            .get(name)
-            .map_or(0.0, |d| d.iter().map(|(_, r)| r).sum())
-    }
-
-    /// The hosts that hold `name`: this one and the counted peers that hold it (see
-    /// [`Round::holders`]).
-    #[must_use]
-    pub fn hosts_holding(&self, name: &KeyName) -> u32 {
-        1 + self.holders.get(name).copied().unwrap_or(0)
     }
 }
 
@@ -421,23 +177,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
             let track = self
                 .peers
                 .entry(view.id.clone())
-                .or_insert_with(|| PeerTrack {
-                    heartbeat: view.heartbeat,
-                    last_heard_ns: now,
-                    counted: false,
-                    baseline_epoch: 0,
-                    rejoin_seq: None,
-                    sync: None,
-                    keys: HashMap::new(),
-                    rates: HashMap::new(),
-                    synced_ns: now,
-                    attested: None,
-                    published: 0,
-                    charged_pkts: 0,
-                    charged_bytes: 0,
-                    live: view.live,
-                    verified: view.verified,
-                });
+                .or_insert_with(|| PeerTrack::new(view, now));
             if view.heartbeat != track.heartbeat {
                 track.heartbeat = view.heartbeat;
                 track.last_heard_ns = now;
@@ -482,25 +222,8 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
                 track.attested = None;
                 track.keys.clear();
             }
-            if !track.counted {
-                if let Some(last) = track.sync {
-                    // Heard again after a silence. Its heartbeat travels in digests, ahead of its
-                    // keys, so what is read first may still be its state from before the silence;
-                    // and the first newer sync key may be a snapshot taken before it could be
-                    // heard again. The baseline waits for a sync key newer than the first fresh
-                    // one: published after this host heard it again.
-                    if sync.0 <= last.0 {
-                        continue;
-                    }
-                    match track.rejoin_seq {
-                        Some(first) if sync.0 > first => track.rejoin_seq = None,
-                        Some(_) => continue,
-                        None => {
-                            track.rejoin_seq = Some(sync.0);
-                            continue;
-                        }
-                    }
-                }
+            if waits_to_rejoin(track, sync) {
+                continue;
             }
             let previous = track.sync.replace(sync);
             if previous.is_none_or(|p| sync.0 > p.0) {
@@ -530,98 +253,12 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
             // the gain over the window by the peer's clock (see [`DemandWindow`]). The same
             // sync as last round (gossip has not brought a newer one): the demand stands.
             if previous.is_none_or(|p| sync.0 > p.0) {
-                let last_ms = previous.map_or(0, |p| p.1);
-                let mut keys = HashMap::with_capacity(view.keys.len());
-                let mut rates = HashMap::with_capacity(view.keys.len());
-                for (name, count) in &view.keys {
-                    let prev = track.keys.remove(name);
-                    // A key of an epoch the peer cannot have given yet: refused, what was read
-                    // before stands.
-                    if count.epoch > sync.2.saturating_add(EPOCHS_AHEAD) {
-                        round.refused += 1;
-                        if let Some(a) = prev {
-                            keys.insert(name.clone(), a);
-                        }
-                        continue;
-                    }
-                    let mut applied = match prev {
-                        Some(mut a) if a.count.epoch == count.epoch => {
-                            // A counter that went back in the same epoch: what was read before
-                            // was not the peer's count (chitchat never brings an older value).
-                            // Its window starts again from this reading.
-                            if count.demand < a.count.demand {
-                                round.refused += 1;
-                            }
-                            a.count = *count;
-                            a
-                        }
-                        // An older epoch than the one read before: likewise, a new baseline
-                        // (no demand until its next reading), never a mark later readings of
-                        // the real epoch stay under.
-                        Some(a) if a.count.epoch > count.epoch => {
-                            round.refused += 1;
-                            Applied {
-                                count: *count,
-                                window: DemandWindow::default(),
-                            }
-                        }
-                        // A key (or a new epoch of it) that began while we counted the peer: all
-                        // of it is demand since its last sync.
-                        _ if count.epoch >= track.baseline_epoch => {
-                            let mut window = DemandWindow::default();
-                            window.push(last_ms, 0);
-                            Applied {
-                                count: *count,
-                                window,
-                            }
-                        }
-                        // A key older than our counting that we had not seen: baseline.
-                        _ => Applied {
-                            count: *count,
-                            window: DemandWindow::default(),
-                        },
-                    };
-                    applied.window.push(sync.1, applied.count.demand);
-                    if applied.window.len() >= 2 {
-                        rates.insert(name.clone(), applied.window.rate(1000.0));
-                    }
-                    keys.insert(name.clone(), applied);
-                }
-                track.keys = keys;
-                track.rates = rates;
+                fold_keys(track, view, sync, previous, &mut round);
             }
             if now.saturating_sub(track.synced_ns) > self.stale_ns {
                 continue;
             }
-            // Its idle keys are held only if what is read of it is what it published (its
-            // sync key names the digest of its keys): otherwise it holds only the keys it has
-            // demand for (fail open: an idle key's part goes back to the other holders).
-            // Worked out once per sync of the peer (up to `max_keys` keys to hash): keys that
-            // arrive without a newer sync key are weighed at its next one, a round later.
-            let seq = track.sync.map_or(0, |s| s.0);
-            let attested = match track.attested {
-                Some((at, a)) if at == seq => a,
-                _ => {
-                    let a = track.rates.values().any(|&r| r <= 0.0)
-                        && view.keys_digest.as_deref().is_some_and(|d| {
-                            keys_digest(view.keys.iter().map(|(k, _)| k.to_key())) == d
-                        });
-                    track.attested = Some((seq, a));
-                    a
-                }
-            };
-            for (name, &rate) in &track.rates {
-                if limits.get(name).is_some() && (rate > 0.0 || attested) {
-                    *round.holders.entry(name.clone()).or_default() += 1;
-                    if rate > 0.0 {
-                        round
-                            .demand
-                            .entry(name.clone())
-                            .or_default()
-                            .push((view.id.clone(), rate));
-                    }
-                }
-            }
+            hold(track, view, limits, &mut round);
         }
         round
     }
@@ -665,642 +302,137 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use std::net::IpAddr;
-
-    use super::*;
-
-    const S: u64 = 1_000_000_000;
-    const MS: u64 = 1_000_000;
-    /// Three 100 ms sync intervals.
-    const LAG: u64 = 300 * MS;
-
-    fn name() -> KeyName {
-        KeyName {
-            rule: "flood".into(),
-            limit: 0,
-            addr: IpAddr::from([198, 18, 0, 100]),
-        }
-    }
-
-    /// 1000 pps, burst 500.
-    const FLOOD: Limits = Limits {
-        pkt_interval_ns: MS,
-        pkt_tolerance_ns: 500 * MS,
-        byte_interval_fp: 0,
-        byte_tolerance_ns: 0,
-    };
-
-    fn limits() -> ClusterLimits {
-        ClusterLimits::default().with("flood", 0, FLOOD)
-    }
-
-    /// A peer's view at heartbeat and sync sequence `hb`, published at `hb x 100 ms` by its
-    /// clock, with demand `counts` (`(epoch, packets)`) for [`name`].
-    fn view(id: &str, hb: u64, epoch_next: u64, counts: &[(u64, u64)]) -> PeerView<String> {
-        PeerView {
-            id: id.to_string(),
-            live: true,
-            verified: true,
-            heartbeat: hb,
-            heard_at: None,
-            sync: Some((hb, hb * 100, epoch_next)),
-            keys_digest: Some(keys_digest(counts.iter().map(|_| name().to_key()))),
-            keys: counts
-                .iter()
-                .map(|&(epoch, demand)| {
-                    (
-                        name(),
-                        Count {
-                            epoch,
-                            pkts: demand / 2,
-                            bytes: demand * 50,
-                            demand,
-                        },
-                    )
-                })
-                .collect(),
-        }
-    }
-
-    /// The counted peers' demand for [`name`], in packets per 100 ms (one sync of the views).
-    fn per_sync(r: &Round<String>) -> u64 {
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            reason = "test"
-        )]
-        let d = (r.peer_demand(&name()) / 10.0).round() as u64;
-        d
-    }
-
-    /// `heard` (what the partition share and `peers` count as heard): a peer not tracked yet is;
-    /// a tracked one while its heartbeat moves, or within the timeout of its last move; not after
-    /// (found missed by cargo-mutants: `heard` answering false).
-    #[test]
-    fn a_peer_is_heard_while_its_heartbeat_moves_or_within_the_timeout() {
-        let mut t = RemoteTracker::new(3 * S, LAG);
-        let id = "a".to_string();
-        assert!(t.heard(&id, 1, 0), "not tracked yet");
-        t.round(S, &[view("a", 5, 2, &[(1, 100)])], &limits());
-        assert!(t.heard(&id, 6, 10 * S), "its heartbeat moved");
-        assert!(
-            t.heard(&id, 5, S + 3 * S),
-            "the same heartbeat, within the timeout"
-        );
-        assert!(
-            !t.heard(&id, 5, S + 3 * S + 1),
-            "the same heartbeat, past the timeout"
-        );
-    }
-
-    /// Demand is what the cumulative counter gained over the peer's last syncs, by its clock: a
-    /// repeated sync changes nothing, a count that went back (chitchat never brings an older
-    /// value: the one before was not the peer's) adds nothing and starts the window again from
-    /// it, lost updates are caught up over the longer span, a new epoch counts from zero, an
-    /// older epoch adds nothing (and is a new baseline).
-    #[test]
-    fn demand_is_the_counters_gain_over_the_peers_own_time() {
-        let mut t = RemoteTracker::new(3 * S, LAG);
-        let l = limits();
-        let rate = |r: &Round<String>| r.peer_demand(&name());
-        // First sight: baseline, no demand known yet.
-        assert_eq!(rate(&t.round(0, &[view("a", 1, 2, &[(1, 100)])], &l)), 0.0);
-        // 50 packets over its 100 ms.
-        let r = t.round(100 * MS, &[view("a", 2, 2, &[(1, 150)])], &l);
-        assert!((rate(&r) - 500.0).abs() < 1e-9, "{r:?}");
-        // The same sync read again (gossip brought nothing newer): the demand stands.
-        let r = t.round(200 * MS, &[view("a", 2, 2, &[(1, 150)])], &l);
-        assert!((rate(&r) - 500.0).abs() < 1e-9, "{r:?}");
-        // Over its last `DEMAND_ROUNDS` = 2 syncs: 150 packets over 200 ms
-        // of its clock.
-        const _: () = assert!(
-            DEMAND_ROUNDS == 2,
-            "the figures below are for two intervals"
-        );
-        let r = t.round(300 * MS, &[view("a", 3, 2, &[(1, 250)])], &l);
-        assert!((rate(&r) - 750.0).abs() < 1e-9, "{r:?}");
-        // A count that went back: refused, nothing over 100 ms; the window starts from it.
-        let r = t.round(400 * MS, &[view("a", 4, 2, &[(1, 120)])], &l);
-        assert!(rate(&r).abs() < 1e-9, "{r:?}");
-        assert_eq!(r.refused, 1);
-        // Two syncs lost: the window spans its last two readings, 400..700 ms: 300 over 300 ms.
-        let r = t.round(500 * MS, &[view("a", 7, 2, &[(1, 420)])], &l);
-        assert!((rate(&r) - 1000.0).abs() < 1e-9, "{r:?}");
-        // A new epoch of the key (it left and came back): counted from zero since its last sync.
-        let r = t.round(600 * MS, &[view("a", 8, 3, &[(2, 30)])], &l);
-        assert!((rate(&r) - 300.0).abs() < 1e-9, "{r:?}");
-        // A stale report of the old epoch adds nothing: no gain over 100 ms.
-        let r = t.round(700 * MS, &[view("a", 9, 3, &[(1, 500)])], &l);
-        assert!(rate(&r).abs() < 1e-9, "{r:?}");
-    }
-
-    /// A window reads over its last `DEMAND_ROUNDS` readings, further back while they hold fewer
-    /// than `DEMAND_PACKETS`; readings out of order are ignored.
-    #[test]
-    fn a_demand_window_spans_its_last_readings() {
-        let mut w = DemandWindow::default();
-        assert_eq!(w.rate(1.0), 0.0);
-        w.push(10, 5);
-        assert_eq!(w.rate(1.0), 0.0, "one reading");
-        for i in 1..=10u64 {
-            w.push(10 + i, 5 + i * i);
-        }
-        assert_eq!(w.len(), DEMAND_HISTORY + 1);
-        let first = 10 - DEMAND_ROUNDS as u64;
-        #[expect(clippy::cast_precision_loss, reason = "small numbers")]
-        let want = (100 - first * first) as f64 / DEMAND_ROUNDS as f64;
-        assert!((w.rate(1.0) - want).abs() < 1e-9);
-        // A sparse key (3 packets, none over its last 2 readings): read over all it keeps, not
-        // as 0.
-        let mut sparse = DemandWindow::default();
-        for (t, c) in [(0, 0), (1, 1), (2, 2), (3, 3), (4, 3), (5, 3)] {
-            sparse.push(t, c);
-        }
-        assert!(
-            (sparse.rate(1.0) - 0.6).abs() < 1e-9,
-            "{}",
-            sparse.rate(1.0)
-        );
-        // A key that stopped: 0 once its packets are out of the readings kept, of which there
-        // are at most `DEMAND_HISTORY` + 1.
-        for t in 6..20u64 {
-            sparse.push(t, 3);
-        }
-        assert_eq!(sparse.rate(1.0), 0.0);
-        assert_eq!(sparse.len(), DEMAND_HISTORY + 1);
-        w.push(20, 1_000_000);
-        assert!(
-            (w.rate(1.0) - want).abs() < 1e-9,
-            "the same time again: ignored"
-        );
-        assert_eq!(w.last_at(), Some(20));
-        // An older reading (a clock stepped back, or the readings before were not real): the
-        // window starts again from it, and later readings count again (a window that ignored
-        // them would keep the old rate for ever).
-        w.push(15, 1_000_000);
-        assert_eq!((w.len(), w.last_at(), w.rate(1.0)), (1, Some(15), 0.0));
-        w.push(16, 1_000_100);
-        assert!((w.rate(1.0) - 100.0).abs() < 1e-9);
-        // A count that went back likewise.
-        w.push(17, 5);
-        assert_eq!((w.len(), w.rate(1.0)), (1, 0.0));
-    }
-
-    /// A restarted peer is a new incarnation, baselined when first counted; the old one's last
-    /// demand stops counting once its sync key has not moved for `stale_ns` (here 300 ms), and it
-    /// is forgotten once gone from chitchat.
-    #[test]
-    fn a_restarted_peer_is_a_new_incarnation_and_the_old_ones_demand_goes_stale() {
-        let mut t = RemoteTracker::new(3 * S, LAG);
-        let l = limits();
-        t.round(0, &[view("a@1", 1, 2, &[(1, 100)])], &l);
-        assert_eq!(
-            per_sync(&t.round(100 * MS, &[view("a@1", 2, 2, &[(1, 200)])], &l)),
-            100
-        );
-        // The peer restarts: generation 2 appears (baseline), generation 1's sync stops moving.
-        let r = t.round(
-            200 * MS,
-            &[view("a@1", 2, 2, &[(1, 200)]), view("a@2", 1, 1, &[])],
-            &l,
-        );
-        assert_eq!(
-            per_sync(&r),
-            100,
-            "the old one's last demand, within 300 ms"
-        );
-        let r = t.round(
-            500 * MS,
-            &[
-                view("a@1", 2, 2, &[(1, 200)]),
-                view("a@2", 2, 2, &[(1, 40)]),
-            ],
-            &l,
-        );
-        assert_eq!(
-            per_sync(&r),
-            40,
-            "the old one's is stale: only the new one's"
-        );
-        assert_eq!(r.demand[&name()], vec![("a@2".to_string(), 400.0)]);
-        // The old one gone from chitchat: forgotten.
-        t.round(600 * MS, &[view("a@2", 3, 2, &[(1, 60)])], &l);
-        assert_eq!(t.info(600 * MS).count(), 1);
-    }
-
-    #[test]
-    fn a_silent_peer_has_no_demand_and_rejoins_from_a_new_baseline() {
-        let mut t = RemoteTracker::new(3 * S, LAG);
-        let l = limits();
-        t.round(0, &[view("a", 1, 2, &[(1, 0)])], &l);
-        assert_eq!(
-            per_sync(&t.round(100 * MS, &[view("a", 2, 2, &[(1, 100)])], &l)),
-            100
-        );
-        // Heartbeat frozen (partition) for longer than the timeout: not counted, no demand.
-        let r = t.round(3 * S + 200 * MS, &[view("a", 2, 2, &[(1, 3000)])], &l);
-        assert_eq!(per_sync(&r), 0);
-        assert_eq!(r.counted_peers, 0);
-        let info = t.info(3 * S + 200 * MS).next().unwrap().1;
-        assert!(!info.heard && !info.counted);
-        // Heard again: its first fresh sync key may be a snapshot from before; the baseline is
-        // taken at the second, its demand known from the third.
-        for (at, hb, d) in [(4 * S, 3, 4000), (4 * S + 100 * MS, 4, 4050)] {
-            assert_eq!(
-                per_sync(&t.round(at, &[view("a", hb, 2, &[(1, d)])], &l)),
-                0
-            );
-        }
-        assert_eq!(
-            per_sync(&t.round(4 * S + 200 * MS, &[view("a", 5, 2, &[(1, 4150)])], &l)),
-            100
-        );
-        // Dead according to the failure detector: not counted either.
-        let mut dead = view("a", 6, 2, &[(1, 4250)]);
-        dead.live = false;
-        assert_eq!(per_sync(&t.round(4 * S + 300 * MS, &[dead], &l)), 0);
-    }
-
-    /// A key older than the counting of its peer, seen late, is a baseline; keys of rules or
-    /// limits that are not cluster-scoped here have no demand here.
-    #[test]
-    fn keys_older_than_counting_are_baselined_and_only_cluster_limits_have_demand() {
-        let mut t = RemoteTracker::new(3 * S, LAG);
-        let l = limits();
-        t.round(0, &[view("a", 1, 5, &[])], &l);
-        assert_eq!(
-            per_sync(&t.round(100 * MS, &[view("a", 2, 5, &[(3, 100_000)])], &l)),
-            0
-        );
-        assert_eq!(
-            per_sync(&t.round(200 * MS, &[view("a", 3, 5, &[(3, 100_100)])], &l)),
-            100
-        );
-        let other = KeyName {
-            rule: "other".into(),
-            ..name()
-        };
-        let local_limit = KeyName { limit: 1, ..name() };
-        let mut v = view("a", 4, 5, &[(3, 100_200)]);
-        for k in [&other, &local_limit] {
-            v.keys.push((
-                k.clone(),
-                Count {
-                    epoch: 5,
-                    pkts: 0,
-                    bytes: 0,
-                    demand: 1_000_000,
-                },
-            ));
-        }
-        let r = t.round(300 * MS, &[v.clone()], &l);
-        assert_eq!(r.keys_synced, 3);
-        assert_eq!(r.demand.len(), 1, "{r:?}");
-        assert_eq!(per_sync(&r), 100);
-        v.heartbeat = 5;
-        v.sync = Some((5, 500, 5));
-        for (_, c) in &mut v.keys {
-            c.demand += 100;
-        }
-        let r = t.round(400 * MS, &[v], &l.with("flood", 1, FLOOD));
-        assert_eq!(r.demand.len(), 2, "limit 1 made cluster-scoped: {r:?}");
-    }
-
-    /// A counted peer holds a key once its demand for it is known, 0 included (an idle key's
-    /// budget is divided with it); not while the key is a baseline, not once the peer is stale
-    /// or no longer counted, and only keys of limits cluster-scoped here.
-    #[test]
-    fn a_peer_holds_a_key_with_a_known_demand_even_an_idle_one() {
-        let mut t = RemoteTracker::new(3 * S, LAG);
-        let l = limits();
-        let held = |r: &Round<String>| r.hosts_holding(&name());
-        // First sight: a baseline, its demand not known yet.
-        let r = t.round(0, &[view("a", 1, 2, &[(1, 100)]), view("b", 1, 2, &[])], &l);
-        assert_eq!(held(&r), 1);
-        // Known: a sends 100 per sync; b publishes the key from its next sync on (a new key,
-        // counted from zero), idle.
-        let r = t.round(
-            100 * MS,
-            &[view("a", 2, 2, &[(1, 200)]), view("b", 2, 3, &[(2, 0)])],
-            &l,
-        );
-        assert_eq!((held(&r), per_sync(&r)), (3, 100), "{r:?}");
-        assert_eq!(r.demand[&name()].len(), 1, "only a has demand: {r:?}");
-        // Both idle: both still hold it (a's demand over its last two syncs: 100 over 200 ms).
-        let r = t.round(
-            200 * MS,
-            &[view("a", 3, 2, &[(1, 200)]), view("b", 3, 3, &[(2, 0)])],
-            &l,
-        );
-        assert_eq!((held(&r), per_sync(&r)), (3, 50), "{r:?}");
-        // b stops publishing the key; a's sync stops moving: stale after the lag allowance.
-        let r = t.round(
-            300 * MS,
-            &[view("a", 3, 2, &[(1, 200)]), view("b", 4, 3, &[])],
-            &l,
-        );
-        assert_eq!(held(&r), 2, "a still, within the allowance: {r:?}");
-        let r = t.round(
-            600 * MS + 1,
-            &[view("a", 3, 2, &[(1, 200)]), view("b", 5, 3, &[])],
-            &l,
-        );
-        assert_eq!(held(&r), 1, "a stale, b without the key: {r:?}");
-        // A key of a limit not cluster-scoped here is held by nobody here.
-        let other = KeyName {
-            rule: "other".into(),
-            ..name()
-        };
-        assert_eq!(r.hosts_holding(&other), 1);
-        assert!(!r.holders.contains_key(&other));
-    }
-
-    /// A member with the key, under ten identities of its own (each counted), publishes the
-    /// victim's key with no demand, a source it never saw: each identity holds it, so the victim
-    /// keeps `1 / 11` of the rate and burst here while idle. That is less than a claim can do
-    /// (a claim of any demand takes the share to its floor, see the tests below), and it is no
-    /// throttle of a polite source: its share is never below its own demand over the rate, so
-    /// its bucket refills at least as fast as it sends. It ends with the publishing: the round
-    /// after the identities stop publishing the key, a lag allowance after they stop syncing
-    /// (cut off, stopped), at once when they are no longer counted.
-    #[test]
-    fn holders_without_demand_never_take_a_polite_source_below_its_demand_and_leave_with_their_syncs(
-    ) {
-        let l = limits();
-        let ids: Vec<String> = (0..10).map(|i| format!("x{i}")).collect();
-        let attackers = |seq: u64, with_key: bool, heard: bool| -> Vec<PeerView<String>> {
-            ids.iter()
-                .map(|id| PeerView {
-                    live: heard,
-                    ..view(id, seq, 2, if with_key { &[(1, 0)] } else { &[] })
-                })
-                .collect()
-        };
-        for end in ["unpublished", "cut off", "not counted"] {
-            let mut t = RemoteTracker::new(3 * S, LAG);
-            t.round(0, &attackers(1, false, true), &l);
-            let mut r = Round::default();
-            for seq in 2..=20 {
-                r = t.round(seq * 100 * MS, &attackers(seq, true, true), &l);
+/// Whether a peer not counted, heard again after a silence, waits for a newer sync key before
+/// its baseline is taken (see [`RemoteTracker::round`]).
+fn waits_to_rejoin(track: &mut PeerTrack, sync: (u64, u64, u64)) -> bool {
+    if !track.counted {
+        if let Some(last) = track.sync {
+            // Heard again after a silence. Its heartbeat travels in digests, ahead of its
+            // keys, so what is read first may still be its state from before the silence;
+            // and the first newer sync key may be a snapshot taken before it could be
+            // heard again. The baseline waits for a sync key newer than the first fresh
+            // one: published after this host heard it again.
+            if sync.0 <= last.0 {
+                return true;
             }
-            assert_eq!(
-                (r.hosts_holding(&name()), r.peer_demand(&name())),
-                (11, 0.0)
-            );
-            let s = victim_share(&r);
-            assert!((s - (200.0 + 800.0 / 11.0) / 1000.0).abs() < 1e-9, "{s}");
-            assert!(s >= 0.2, "never below the victim's own demand: {s}");
-            let idle = crate::cluster::charge::share(0.0, 0.0, 1.0, Some(1000.0), 11.0);
-            assert!((idle - 1.0 / 11.0).abs() < 1e-9);
-            // The attack ends.
-            let at = |i: u64| (20 + i) * 100 * MS;
-            let rounds: Vec<u32> = (1..=5)
-                .map(|i| {
-                    let views = match end {
-                        "unpublished" => attackers(20 + i, false, true),
-                        "cut off" => attackers(20, true, true),
-                        _ => attackers(20 + i, true, false),
-                    };
-                    t.round(at(i), &views, &l).hosts_holding(&name())
-                })
-                .collect();
-            let expected: &[u32] = match end {
-                // Stale once its sync key is more than the allowance (3 intervals) old.
-                "cut off" => &[11, 11, 11, 1, 1],
-                _ => &[1, 1, 1, 1, 1],
-            };
-            assert_eq!(rounds, expected, "{end}");
+            match track.rejoin_seq {
+                Some(first) if sync.0 > first => track.rejoin_seq = None,
+                Some(_) => return true,
+                None => {
+                    track.rejoin_seq = Some(sync.0);
+                    return true;
+                }
+            }
         }
     }
+    false
+}
 
-    /// A member with the key relays, under an honest member's id, a key that member never
-    /// published: the victim's key, idle (`1:0:0:0`). chitchat keeps it in that member's state
-    /// for as long as the member lives (the member never re-sets or deletes a key it does not
-    /// have), beside its real keys and its sync key, which keeps moving. Read as a key the
-    /// member holds, it kept the victim at `1 / 2` of the rate and of the burst here long after
-    /// the attacker had stopped (or been removed): for the member's whole life, past every bound
-    /// docs/design.md documents. A member's idle keys count as held only while its sync key names
-    /// exactly the keys read from it ([`PeerView::keys_attested`]).
-    #[test]
-    fn a_key_relayed_under_another_members_id_is_not_held_by_it_once_the_attacker_stops() {
-        let mut t = RemoteTracker::new(3 * S, LAG);
-        let l = limits();
-        let other = KeyName {
-            addr: IpAddr::from([198, 18, 0, 7]),
-            ..name()
-        };
-        // The honest member `a` publishes one idle key of its own, `other`; the attacker's relay
-        // added the victim's key beside it (`a` keeps publishing, its sync moving on).
-        let a = |seq: u64| PeerView {
-            keys: vec![
-                (other.clone(), Count::parse("1:0:0:0").unwrap()),
-                (name(), Count::parse("1:0:0:0").unwrap()),
-            ],
-            // What its sync key names: the one key it publishes.
-            keys_digest: Some(keys_digest([other.to_key().as_str()])),
-            ..view("a", seq, 2, &[])
-        };
-        t.round(0, &[a(1)], &l);
-        let mut held = Vec::new();
-        for seq in 2..=100u64 {
-            let r = t.round(seq * 100 * MS, &[a(seq)], &l);
-            held.push(r.hosts_holding(&name()));
+/// Folds a new sync of a counted peer into its keys: each key's reading joins its window, and
+/// its demand is the rate over the window.
+fn fold_keys<P>(
+    track: &mut PeerTrack,
+    view: &PeerView<P>,
+    sync: (u64, u64, u64),
+    previous: Option<(u64, u64, u64)>,
+    round: &mut Round<P>,
+) {
+    let last_ms = previous.map_or(0, |p| p.1);
+    let mut keys = HashMap::with_capacity(view.keys.len());
+    let mut rates = HashMap::with_capacity(view.keys.len());
+    for (name, count) in &view.keys {
+        let prev = track.keys.remove(name);
+        // A key of an epoch the peer cannot have given yet: refused, what was read
+        // before stands.
+        if count.epoch > sync.2.saturating_add(EPOCHS_AHEAD) {
+            round.refused += 1;
+            if let Some(a) = prev {
+                keys.insert(name.clone(), a);
+            }
+            continue;
         }
-        let r = t.round(101 * 100 * MS, &[a(101)], &l);
-        assert_eq!(
-            (r.hosts_holding(&name()), victim_share(&r)),
-            (1, 1.0),
-            "10 s after the relay, the victim is held by nobody but this host: {held:?}"
-        );
-    }
-
-    /// A peer of before demand was published (`EPOCH:PKTS:BYTES`): its admitted packets are its
-    /// demand.
-    #[test]
-    fn a_peer_publishing_no_demand_has_its_admissions_as_demand() {
-        let mut t = RemoteTracker::new(3 * S, LAG);
-        let l = limits();
-        let at = |hb: u64, value: &str| PeerView {
-            sync: Some((hb, hb * 100, 2)),
-            keys: vec![(name(), Count::parse(value).unwrap())],
-            ..view("old", hb, 2, &[])
+        let mut applied = match prev {
+            Some(mut a) if a.count.epoch == count.epoch => {
+                // A counter that went back in the same epoch: what was read before
+                // was not the peer's count (chitchat never brings an older value).
+                // Its window starts again from this reading.
+                if count.demand < a.count.demand {
+                    round.refused += 1;
+                }
+                a.count = *count;
+                a
+            }
+            // An older epoch than the one read before: likewise, a new baseline
+            // (no demand until its next reading), never a mark later readings of
+            // the real epoch stay under.
+            Some(a) if a.count.epoch > count.epoch => {
+                round.refused += 1;
+                Applied {
+                    count: *count,
+                    window: DemandWindow::default(),
+                }
+            }
+            // A key (or a new epoch of it) that began while we counted the peer: all
+            // of it is demand since its last sync.
+            _ if count.epoch >= track.baseline_epoch => {
+                let mut window = DemandWindow::default();
+                window.push(last_ms, 0);
+                Applied {
+                    count: *count,
+                    window,
+                }
+            }
+            // A key older than our counting that we had not seen: baseline.
+            _ => Applied {
+                count: *count,
+                window: DemandWindow::default(),
+            },
         };
-        t.round(0, &[at(1, "1:100:10000")], &l);
-        let r = t.round(100 * MS, &[at(2, "1:180:18000")], &l);
-        assert!((r.peer_demand(&name()) - 800.0).abs() < 1e-9, "{r:?}");
-    }
-
-    /// Credits add up per peer and show in `info`.
-    #[test]
-    fn credits_are_the_peers_running_totals() {
-        let mut t = RemoteTracker::new(3 * S, LAG);
-        t.round(0, &[view("a", 1, 2, &[])], &limits());
-        t.credit(&"a".to_string(), 5, 500);
-        t.credit(&"a".to_string(), 7, 700);
-        t.credit(&"nobody".to_string(), 1, 1);
-        let info = t.info(0).next().unwrap().1;
-        assert_eq!((info.charged_pkts, info.charged_bytes), (12, 1200));
-    }
-
-    /// This host's Unix clock in the tests below (ms).
-    const NOW_MS: u64 = 1_700_000_000_000;
-
-    /// A peer's view as gossip carries it: its sync key's value and [`name`]'s value, parsed by
-    /// the agent's own parsers.
-    fn gossiped(id: &str, hb: u64, sync: &str, count: &str) -> PeerView<String> {
-        PeerView {
-            id: id.to_string(),
-            live: true,
-            verified: true,
-            heartbeat: hb,
-            heard_at: None,
-            sync: parse_sync(sync),
-            keys_digest: parse_keys_digest(sync),
-            keys: vec![(name(), Count::parse(count).unwrap())],
+        applied.window.push(sync.1, applied.count.demand);
+        if applied.window.len() >= 2 {
+            rates.insert(name.clone(), applied.window.rate(1000.0));
         }
+        keys.insert(name.clone(), applied);
     }
+    track.keys = keys;
+    track.rates = rates;
+}
 
-    /// The victim's share here (its demand here 200 pps, the limit 1,000 pps, the hosts holding
-    /// its key as the round counts them) in round `r`.
-    fn victim_share(r: &Round<String>) -> f64 {
-        crate::cluster::charge::share(
-            200.0,
-            r.peer_demand(&name()),
-            1.0,
-            Some(1000.0),
-            f64::from(r.hosts_holding(&name())),
-        )
-    }
-
-    /// A member with the key (under its own id, or another's through chitchat's relaying)
-    /// publishes a sync key dated 10^12 ms ahead with the largest epoch, and the victim's key at
-    /// the largest epoch and demand. Before, that reading was taken as the newest: every real
-    /// reading after it looked older and was ignored, and the victim's demand read ~1.8e10 pps
-    /// for ever (its share at the 1 / 65,536 floor). Now it is refused (the peer is left out for
-    /// that round: fail open), and the peer's next real syncs count as before.
-    #[test]
-    fn a_reading_dated_ahead_is_refused_and_never_freezes_the_peers_demand() {
-        let mut t = RemoteTracker::new(3 * S, LAG);
-        let l = limits();
-        let mut round = |at: u64, hb: u64, sync: String, count: &str| {
-            t.set_clock(NOW_MS + at / MS);
-            t.round(at, &[gossiped("a", hb, &sync, count)], &l)
-        };
-        let real = |seq: u64, at: u64, demand: u64| {
-            (
-                format!("{seq}:{}:2", NOW_MS + at / MS),
-                format!("1:0:0:{demand}"),
-            )
-        };
-        let (s, c) = real(1, 0, 100);
-        round(0, 1, s, &c);
-        let (s, c) = real(2, 100 * MS, 200);
-        let r = round(100 * MS, 2, s, &c);
-        assert!((r.peer_demand(&name()) - 1000.0).abs() < 1e-6, "{r:?}");
-        let fair = victim_share(&r);
-        assert!((fair - 200.0 / 1200.0).abs() < 1e-9);
-
-        let forged_sync = format!("3:{}:{}", NOW_MS + 100 + 1_000_000_000_000, u64::MAX);
-        let forged_key = format!("{}:0:0:{}", u64::MAX, u64::MAX);
-        let r = round(200 * MS, 3, forged_sync, &forged_key);
-        assert_eq!(r.refused, 1, "{r:?}");
-        assert_eq!(r.counted_peers, 0, "left out for the round: fail open");
-        assert_eq!(victim_share(&r), 1.0);
-        // The forged key stays in the gossip state beside the peer's next real sync keys (the
-        // peer republishes a key only when it changes): refused, never a mark.
-        let r = round(300 * MS, 4, format!("3:{}:2", NOW_MS + 300), &forged_key);
-        assert!(r.refused >= 1, "{r:?}");
-        assert!(victim_share(&r) >= fair, "{r:?}");
-        // The real key again: its demand counts from the next sync, as before the forgery.
-        let mut shares = Vec::new();
-        for (i, hb) in (5..10).enumerate() {
-            let at = (400 + 100 * i as u64) * MS;
-            let (s, c) = real(hb - 1, at, 300 + 100 * i as u64);
-            shares.push(victim_share(&round(at, hb, s, &c)));
+/// Counts the peer among the holders of each key it holds in `round`, and its demand.
+fn hold<P: Clone>(
+    track: &mut PeerTrack,
+    view: &PeerView<P>,
+    limits: &ClusterLimits,
+    round: &mut Round<P>,
+) {
+    // Its idle keys are held only if what is read of it is what it published (its
+    // sync key names the digest of its keys): otherwise it holds only the keys it has
+    // demand for (fail open: an idle key's part goes back to the other holders).
+    // Worked out once per sync of the peer (up to `max_keys` keys to hash): keys that
+    // arrive without a newer sync key are weighed at its next one, a round later.
+    let seq = track.sync.map_or(0, |s| s.0);
+    let attested = match track.attested {
+        Some((at, a)) if at == seq => a,
+        _ => {
+            let a = track.rates.values().any(|&r| r <= 0.0)
+                && view
+                    .keys_digest
+                    .as_deref()
+                    .is_some_and(|d| keys_digest(view.keys.iter().map(|(k, _)| k.to_key())) == d);
+            track.attested = Some((seq, a));
+            a
         }
-        assert!(shares.iter().all(|s| *s >= fair - 1e-9), "{shares:?}");
-        // Exact again once its demand window (`DEMAND_ROUNDS` syncs) holds only real readings.
-        assert!(
-            (shares[DEMAND_ROUNDS..]
-                .iter()
-                .all(|s| (s - fair).abs() < 1e-9)),
-            "{shares:?}"
-        );
-    }
-
-    /// Under its own id, a member publishes once a sync key the right time but the largest
-    /// epoch, with the victim's key at the largest epoch and demand: that round reads a huge
-    /// demand (a claim while it lasts), and once the real values are back the victim's share is
-    /// back within two rounds (before, the real epoch, older than the forged one, was ignored:
-    /// no demand for that key from the peer while the forged mark stood).
-    #[test]
-    fn a_forged_epoch_and_count_are_forgotten_once_the_real_ones_are_back() {
-        let mut t = RemoteTracker::new(3 * S, LAG);
-        let l = limits();
-        let mut round = |at: u64, hb: u64, sync: String, count: String| {
-            t.set_clock(NOW_MS + at / MS);
-            t.round(at, &[gossiped("a", hb, &sync, &count)], &l)
-        };
-        let sync = |seq: u64, epoch: u64| format!("{seq}:{}:{epoch}", NOW_MS + seq * 100);
-        round(100 * MS, 1, sync(1, 2), "1:0:0:100".into());
-        let r = round(200 * MS, 2, sync(2, 2), "1:0:0:200".into());
-        let fair = victim_share(&r);
-        let r = round(
-            300 * MS,
-            3,
-            sync(3, u64::MAX),
-            format!("{}:0:0:{}", u64::MAX, u64::MAX),
-        );
-        assert!(victim_share(&r) < 1e-6, "the claim, while it lasts");
-        let r = round(400 * MS, 4, sync(4, 2), "1:0:0:400".into());
-        assert_eq!(r.refused, 1, "the epoch went back: a new baseline");
-        assert_eq!(victim_share(&r), 1.0);
-        let r = round(500 * MS, 5, sync(5, 2), "1:0:0:500".into());
-        assert!((victim_share(&r) - fair).abs() < 1e-9, "{r:?}");
-        // A sequence number run ahead, then the real ones: a new baseline, counted again after.
-        round(
-            600 * MS,
-            6,
-            format!("{}:{}:2", u64::MAX, NOW_MS + 600),
-            "1:0:0:600".into(),
-        );
-        let r = round(700 * MS, 7, sync(7, 2), "1:0:0:700".into());
-        assert_eq!(r.refused, 1, "{r:?}");
-        let r = round(800 * MS, 8, sync(8, 2), "1:0:0:800".into());
-        assert!((victim_share(&r) - fair).abs() < 1e-9, "{r:?}");
-    }
-
-    /// A member with the key pushes another member's heartbeat in chitchat far ahead (a digest
-    /// naming it with a huge heartbeat): its real heartbeats then look old and chitchat's
-    /// failure detector stops hearing it. While authentic datagrams sealed by that member keep
-    /// coming from its address (`direct`), it stays heard and counted here; without them it is
-    /// not heard past the timeout, as before.
-    #[test]
-    fn a_peer_heard_directly_stays_counted_whatever_its_heartbeat_in_chitchat() {
-        let mut t = RemoteTracker::new(3 * S, LAG);
-        let l = limits();
-        let frozen = |seq: u64, d: u64, direct: bool| PeerView {
-            heartbeat: 1 << 40,
-            heard_at: direct.then_some(seq * 100 * MS),
-            sync: Some((seq, seq * 100, 2)),
-            ..view("a", seq, 2, &[(1, d)])
-        };
-        t.round(0, &[frozen(1, 0, true)], &l);
-        for i in 2..=50u64 {
-            let r = t.round(i * 100 * MS, &[frozen(i, 100 * (i - 1), true)], &l);
-            assert_eq!((r.counted_peers, per_sync(&r)), (1, 100), "round {i}");
+    };
+    for (name, &rate) in &track.rates {
+        if limits.get(name).is_some() && (rate > 0.0 || attested) {
+            *round.holders.entry(name.clone()).or_default() += 1;
+            if rate > 0.0 {
+                round
+                    .demand
+                    .entry(name.clone())
+                    .or_default()
+                    .push((view.id.clone(), rate));
+            }
         }
-        assert!(t.heard(&"a".to_string(), 1 << 40, 5 * S + 3 * S));
-        // No authentic datagram from it since 5 s: not heard once the timeout has passed since
-        // that one (not a timeout after it was last seen as recent).
-        let r = t.round(8 * S, &[frozen(51, 5000, false)], &l);
-        assert_eq!(
-            r.counted_peers, 1,
-            "within the timeout of its last datagram"
-        );
-        let r = t.round(8 * S + 1, &[frozen(51, 5000, false)], &l);
-        assert_eq!(r.counted_peers, 0);
     }
 }

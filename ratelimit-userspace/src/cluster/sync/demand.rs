@@ -1,0 +1,241 @@
+//! This host's demand per key: the buckets read every round, each key's demand counter and
+//! its readings' window, and the figures published at the last few syncs.
+
+use std::collections::HashMap;
+
+use chitchat::ChitchatId;
+
+use super::{rules::ClusterRules, Blocking};
+use crate::{
+    cluster::{
+        publish::{candidate_rate, BucketObs, Heaviest, KeyName},
+        remote::{DemandWindow, RemoteTracker},
+    },
+    maps::bucket::{limit_bucket_key, monotonic_ns},
+};
+
+/// Demand per key, packets per second.
+pub(super) type Demand = HashMap<KeyName, f64>;
+
+/// This host's demand as it published it at its last few syncs (Unix ms of each sync, demand per
+/// key), for dividing by figures as old as the peers' (see `SyncLoop::run`).
+#[derive(Debug, Default)]
+pub(super) struct OwnFigures(std::collections::VecDeque<(u64, Demand)>);
+
+impl OwnFigures {
+    /// Syncs kept (this round's too): the gossip brings a figure within one or two sync
+    /// intervals.
+    const KEPT: usize = 5;
+
+    fn push(&mut self, unix_ms: u64, demand: Demand) {
+        self.0.push_back((unix_ms, demand));
+        while self.0.len() > Self::KEPT {
+            self.0.pop_front();
+        }
+    }
+
+    /// Its figures as of `as_of` (the oldest counted peer's sync, Unix ms): the ones read
+    /// nearest that time, before or after it (this round's, at the latest). Every host then
+    /// divides figures that end at about the same time, so the shares add up to about 1 (with
+    /// its last publication against peers that synced since, a host whose round falls late in
+    /// the interval mixed its own old figure with their new ones: it took most of the budget
+    /// for a round at every change of demand). Without counted peers, the last published (the
+    /// one before this round's).
+    fn as_of(&self, as_of: Option<u64>) -> Demand {
+        let n = self.0.len();
+        let Some(t) = as_of else {
+            return n
+                .checked_sub(2)
+                .map(|i| self.0[i].1.clone())
+                .unwrap_or_default();
+        };
+        let after = self.0.iter().position(|(at, _)| *at > t).unwrap_or(n - 1);
+        let before = after.saturating_sub(1);
+        let nearest = if t.abs_diff(self.0[before].0) <= t.abs_diff(self.0[after].0) {
+            before
+        } else {
+            after
+        };
+        self.0[nearest].1.clone()
+    }
+}
+
+/// One key's demand here: its bucket's life (`created_ns`), the raw 32-bit counter last read,
+/// the count since it was first read, and the readings' window.
+#[derive(Debug, Default)]
+pub(super) struct LocalDemand {
+    pub(super) created_ns: u64,
+    raw: u64,
+    count: u64,
+    window: DemandWindow,
+}
+
+/// Folds the buckets read at `now_ns` into `known` and returns this host's demand per key
+/// (packets that reached the bucket, admitted or dropped, per second) over its last
+/// [`DEMAND_ROUNDS`] readings. Only keys read at least twice in
+/// the same life of their bucket, or whose bucket was created since `last_ns` (the readings
+/// before: its counters start at its creation), have one: for the others this host cannot
+/// tell, and their bucket keeps its whole refill (fail open). Keys not read for `forget_ns` are
+/// forgotten.
+///
+/// [`DEMAND_ROUNDS`]: crate::cluster::remote::DEMAND_ROUNDS
+fn local_demand(
+    known: &mut HashMap<KeyName, LocalDemand>,
+    now_ns: u64,
+    last_ns: u64,
+    seen: &HashMap<KeyName, BucketObs>,
+    forget_ns: u64,
+) -> Demand {
+    for (k, b) in seen {
+        let d = known.entry(k.clone()).or_default();
+        if d.created_ns != b.created_ns {
+            *d = LocalDemand {
+                created_ns: b.created_ns,
+                raw: b.demand(),
+                ..LocalDemand::default()
+            };
+            if b.created_ns > last_ns && b.created_ns < now_ns {
+                // Born since the last readings: all it counted is demand since its creation.
+                d.raw = 0;
+                d.window.push(b.created_ns, 0);
+            }
+        }
+        #[expect(clippy::cast_possible_truncation, reason = "32-bit counters")]
+        if let Some(gained) = ratelimit_common::counter_advance(b.demand() as u32, d.raw as u32) {
+            d.raw = b.demand();
+            d.count += u64::from(gained);
+        }
+        d.window.push(now_ns, d.count);
+    }
+    known.retain(|k, d| {
+        seen.contains_key(k)
+            || d.window
+                .last_at()
+                .is_some_and(|t| now_ns.saturating_sub(t) <= forget_ns)
+    });
+    seen.keys()
+        .filter_map(|k| {
+            let r = known.get(k)?.window.rate(1e9);
+            Some((k.clone(), r)).filter(|_| known[k].window.len() >= 2)
+        })
+        .collect()
+}
+
+impl Blocking {
+    /// Reads the buckets (all of them when a full scan is due, else the published keys') and
+    /// returns the keys to set and delete.
+    fn observe(
+        &mut self,
+        rules: &ClusterRules,
+        interval_ns: u64,
+    ) -> (Vec<(String, String)>, Vec<String>, Demand) {
+        let now = monotonic_ns();
+        let full = now >= self.next_full_ns;
+        let mut seen: HashMap<KeyName, BucketObs> = HashMap::new();
+        let obs = |b: &ratelimit_common::Bucket| BucketObs {
+            created_ns: b.created_ns(),
+            passed_pkts: u64::from(b.passed_pkts),
+            passed_bytes: b.passed_bytes,
+            dropped_pkts: u64::from(b.dropped_pkts),
+        };
+        if full {
+            // Streamed: only the published keys' buckets and the `max_keys` heaviest others
+            // are kept (all `select` can take), whatever the size of the store.
+            let mut heaviest = Heaviest::new(self.local.max_keys());
+            let scan = self.maps.for_each_bucket(|_, b| {
+                let Some(key) = rules.key_of(b) else {
+                    return;
+                };
+                if self.local.is_published(&key) {
+                    seen.insert(key, obs(b));
+                } else if b.passed_pkts > 0 || b.dropped_pkts > 0 {
+                    heaviest.offer(candidate_rate(now, &obs(b)), key, obs(b));
+                }
+            });
+            if let Err(e) = scan {
+                tracing::warn!(error = %e, "cluster sync: reading the buckets");
+            }
+            seen.extend(heaviest.into_candidates());
+            // A full scan reads the whole store (64 MiB for a million buckets), so it runs at
+            // most a tenth of the time; in between only the published keys are read (one
+            // lookup each).
+            let took = monotonic_ns().saturating_sub(now);
+            self.next_full_ns = now.saturating_add(interval_ns.max(took.saturating_mul(10)));
+        } else {
+            for name in self.local.keys() {
+                let Some((id, rule, _)) = rules.limit_of(name) else {
+                    continue;
+                };
+                let key = limit_bucket_key(id, rule, usize::from(name.limit), name.addr);
+                if let Ok(Some(b)) = self.maps.bucket(&key) {
+                    seen.insert(name.clone(), obs(&b));
+                }
+            }
+        }
+        self.local.update(now, &seen, full);
+        // A full scan reads every key worth tracking (bounded by `max_keys` twice over); in
+        // between, keys not read keep their readings for a while.
+        let demand = local_demand(
+            &mut self.demand,
+            now,
+            self.last_observed_ns,
+            &seen,
+            interval_ns.saturating_mul(30),
+        );
+        self.last_observed_ns = now;
+        let (set, deleted) = self.local.changes();
+        (set, deleted, demand)
+    }
+}
+
+/// [`Blocking::observe`] on a blocking thread: the state back, the keys to set and delete and
+/// this host's fresh demand; `None` (logged) if the scan panicked.
+pub(super) async fn observe_off_thread(
+    mut b: Blocking,
+    rules_for_scan: ClusterRules,
+    interval_ns: u64,
+) -> Option<(Blocking, Vec<(String, String)>, Vec<String>, Demand)> {
+    let joined = tokio::task::spawn_blocking(move || {
+        let (set, deleted, demand) = b.observe(&rules_for_scan, interval_ns);
+        (b, set, deleted, demand)
+    })
+    .await;
+    let Ok((b, set, deleted, fresh_demand)) = joined else {
+        tracing::error!("cluster sync: the bucket scan panicked; cluster sync stopped");
+        return None;
+    };
+    Some((b, set, deleted, fresh_demand))
+}
+
+/// This host's demand to divide by this round, as of the oldest counted peer's sync (see
+/// [`OwnFigures::as_of`]), with `fresh_demand` recorded as this round's figures.
+pub(super) fn own_demand(
+    own_figures: &mut OwnFigures,
+    remote: &RemoteTracker<ChitchatId>,
+    now: u64,
+    unix_ms: u64,
+    fresh_demand: Demand,
+) -> Demand {
+    // Every host divides by the same figures: its own demand as its peers read it, no
+    // newer than the figures it reads of them (the oldest counted peer's sync), not its
+    // fresher reading. Shares computed from one vector add up to 1 whatever noise the
+    // figures carry; with a fresher figure for itself than for the others, each host's
+    // error is its own and they add up (1.25 x the budget at 8 hosts, even split, with
+    // its own freshest reading). Rounds of different hosts fall at different times: with
+    // its own last publication against peers' figures of a round before, a source
+    // starting to send at every host found each host taking most of the budget for a
+    // round, every on/off cycle (an on/off source admitted 1.4% over the rate a cycle).
+    let oldest_peer = remote
+        .info(now)
+        .filter(|(_, i)| i.counted)
+        .filter_map(|(_, i)| i.published_unix_ms)
+        .min();
+    own_figures.push(unix_ms, fresh_demand.clone());
+    let mut local_demand = own_figures.as_of(oldest_peer);
+    // A key with no figure published yet (new here) takes its fresh one: its peers have
+    // no figure for it from this host either.
+    for (k, d) in fresh_demand {
+        local_demand.entry(k).or_insert(d);
+    }
+    local_demand
+}
