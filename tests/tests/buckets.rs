@@ -1318,10 +1318,8 @@ fn a_new_source_on_two_cpus_at_once_gets_one_bucket() {
 /// one (a source not seen here has nothing to share): when the program creates the source's
 /// bucket while the agent looks it up, the source still ends with one bucket. One CPU runs each
 /// new source's first packet while the other writes the same source's share word through
-/// `cluster::charge::set_share` (before share words, `withhold`, which moved its TATs), in
-/// lockstep, the packet delayed by a varying few microseconds so
-/// that it lands inside the lookup-and-write. (Until shares followed demand, the agent's charge
-/// created buckets: 1,436 of 20,000 sources had two before the store's user-space half.)
+/// `cluster::shares::set_share`, in lockstep, the packet delayed by a varying few microseconds so
+/// that it lands inside the lookup-and-write.
 #[test]
 fn the_clusters_share_and_a_packet_creating_one_source_at_once_make_one_bucket() {
     require_root();
@@ -1359,7 +1357,7 @@ fn the_clusters_share_and_a_packet_creating_one_source_at_once_make_one_bucket()
                 // What the agent's round does to a bucket: its share word (a half here; in
                 // turn the quarter, so that every write changes the word).
                 let word = if i % 2 == 0 { 1 << 15 } else { 1 << 14 };
-                ratelimit::cluster::charge::set_share(
+                ratelimit::cluster::shares::set_share(
                     maps,
                     &ratelimit::maps::bucket::bucket_key(rid, record, src.into()),
                     (word, 2),
@@ -1459,7 +1457,7 @@ fn a_bucket_at_a_share_holds_its_holders_share_of_bursts_and_its_debt_when_the_s
         "a fresh bucket admits its burst"
     );
     let set_word = |maps: &PinnedMaps, word: u16, holders: u32| {
-        ratelimit::cluster::charge::set_share(
+        ratelimit::cluster::shares::set_share(
             maps,
             &key,
             (word, holders),
@@ -1570,7 +1568,7 @@ fn a_share_word_sets_a_cluster_buckets_refill_until_the_shares_lapse() {
     let quarter = u16::try_from(SHARE_ONE / 4).unwrap();
     let coarse = ratelimit::maps::bucket::monotonic_coarse_ns();
     assert_eq!(
-        ratelimit::cluster::charge::set_share(
+        ratelimit::cluster::shares::set_share(
             &maps,
             &key,
             (quarter, 4),

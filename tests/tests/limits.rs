@@ -723,7 +723,7 @@ burst = 5
     assert_eq!(dp.run(&udp4(flood_source(0), 10)), XDP_PASS);
     let key = ratelimit::maps::bucket::limit_bucket_key(id, &record, 1, ip("0.0.0.0").into());
     assert_eq!(
-        ratelimit::cluster::charge::set_share(
+        ratelimit::cluster::shares::set_share(
             &maps,
             &key,
             (u16::try_from(SHARE_ONE / 2).unwrap(), 2),

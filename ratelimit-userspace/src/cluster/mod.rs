@@ -16,7 +16,7 @@
 //! - [`gossip`]: chitchat's server, restarted (as a new generation) when a socket error ends it.
 //! - [`publish`]: the local counters and the choice of the heaviest keys.
 //! - [`remote`]: the peers' counters and their demand, per peer incarnation.
-//! - [`charge`]: the share of a key's budget, and slowing a pinned bucket's refill to it.
+//! - [`shares`]: the share of a key's budget, and slowing a pinned bucket's refill to it.
 //! - [`sync`]: the round that ties them together; [`status`]: what `peers`, `status` and the
 //!   metrics show.
 //! - `sim` (tests only): a simulated cluster running the real share arithmetic against bursty,
@@ -36,15 +36,15 @@
 //! A peer holding the key can claim any demand: that takes this host's share of a key down to
 //! nothing while it claims (as the peer could, by admitting the rate itself), but a share word
 //! only slows the bucket's clock, its tokens kept, so it leaves no debt and the source is
-//! admitted again a few rounds after the claims stop ([`charge`]).
+//! admitted again a few rounds after the claims stop ([`shares`]).
 
-pub mod charge;
 pub mod gossip;
 pub mod inspect;
 pub mod key;
 pub mod partition;
 pub mod publish;
 pub mod remote;
+pub mod shares;
 #[cfg(test)]
 mod sim;
 pub mod status;

@@ -16,8 +16,8 @@
 use ratelimit_common::share;
 
 use super::{
-    charge::{share as share_of, share_word},
     remote::DemandWindow,
+    shares::{share as share_of, share_word},
 };
 
 const MS: u64 = 1_000_000;

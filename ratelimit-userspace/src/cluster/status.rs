@@ -14,7 +14,7 @@ use chitchat::ChitchatId;
 use ratelimit_common::Limit;
 use serde::Serialize;
 
-use super::{charge, publish::KeyName};
+use super::{publish::KeyName, shares};
 
 /// The cluster as one agent sees it.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -132,7 +132,7 @@ pub struct KeyRound<'a> {
 #[derive(Debug, Default)]
 pub struct HeaviestKeys(Vec<(KeyName, KeyStatus)>);
 
-/// A demand figure as [`charge::share`] reads it (NaN or negative: 0).
+/// A demand figure as [`shares::share`] reads it (NaN or negative: 0).
 fn pps(d: f64) -> f64 {
     if d.is_nan() {
         0.0
@@ -143,7 +143,7 @@ fn pps(d: f64) -> f64 {
 
 impl HeaviestKeys {
     /// Keeps `k` if it is among the heaviest so far. Each peer's share is computed as this
-    /// host's is, from the same vector: [`charge::share`] of its demand against the rest.
+    /// host's is, from the same vector: [`shares::share`] of its demand against the rest.
     pub fn offer(&mut self, k: &KeyRound<'_>) {
         let local = pps(k.demand);
         let total = local + k.peers.iter().map(|(_, r)| pps(*r)).sum::<f64>();
@@ -162,7 +162,7 @@ impl HeaviestKeys {
                 node_id: id.node_id.to_string(),
                 generation: id.generation_id,
                 demand_pps: pps(*r),
-                share: charge::share(pps(*r), total - pps(*r), k.factor, k.rate, hosts),
+                share: shares::share(pps(*r), total - pps(*r), k.factor, k.rate, hosts),
             })
             .collect();
         peers.sort_by(|a, b| (&a.node_id, a.generation).cmp(&(&b.node_id, b.generation)));
@@ -186,7 +186,7 @@ impl HeaviestKeys {
             holders,
             idle_holders,
             idle_share: if idle_holders > 0 {
-                charge::share(0.0, total, k.factor, k.rate, hosts)
+                shares::share(0.0, total, k.factor, k.rate, hosts)
             } else {
                 0.0
             },
@@ -562,7 +562,7 @@ mod tests {
 
     const SOURCE: [u32; 4] = [u32::MAX, 0, 0, 0];
 
-    /// Offers one key as `withhold` does, this host's share computed by the same formula.
+    /// Offers one key as `set_shares` does, this host's share computed by the same formula.
     fn offer(
         keys: &mut HeaviestKeys,
         name: &KeyName,
@@ -573,7 +573,7 @@ mod tests {
     ) {
         let rate = Some(1000.0);
         let others: f64 = peers.iter().map(|(_, r)| r).sum();
-        let share = charge::share(local, others, factor, rate, f64::from(hosts));
+        let share = shares::share(local, others, factor, rate, f64::from(hosts));
         keys.offer(&KeyRound {
             name,
             limit: &limit(SOURCE),

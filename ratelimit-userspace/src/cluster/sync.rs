@@ -8,9 +8,9 @@ mod demand;
 mod peer_status;
 mod peers;
 mod rules;
+mod set_shares;
 #[cfg(test)]
 mod tests;
-mod withhold;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -26,7 +26,7 @@ use self::{
     demand::{observe_off_thread, own_demand, LocalDemand, OwnFigures},
     peer_status::{count_sync, log_membership, peer_statuses, show},
     peers::{heard_lately, trim_and_read},
-    withhold::{clear_earlier_shares, count_withheld, withhold_off_thread},
+    set_shares::{clear_earlier_shares, count_withheld, set_shares_off_thread},
 };
 pub use self::{
     peers::{standings, Member, Standing},
@@ -67,7 +67,10 @@ pub struct SyncLoop {
     pub partition: Partition,
 }
 
-struct Blocking {
+/// The round's side that reads and writes the bucket store: the pinned maps, this host's demand
+/// bookkeeping and when each key last had its share set. Its steps run on a blocking thread (map
+/// reads are system calls) and hand it back.
+struct StoreSide {
     maps: PinnedMaps,
     local: LocalTracker,
     next_full_ns: u64,
@@ -79,10 +82,10 @@ struct Blocking {
     /// When this agent started.
     start_ns: u64,
     /// Per key, when its last round ran (whatever its share then).
-    withheld_at: HashMap<KeyName, u64>,
+    shared_at: HashMap<KeyName, u64>,
 }
 
-impl Blocking {
+impl StoreSide {
     /// The state of an agent started at `start_ns`, publishing at most `max_keys` keys.
     fn new(maps: PinnedMaps, max_keys: usize, start_ns: u64) -> Self {
         Self {
@@ -92,7 +95,7 @@ impl Blocking {
             demand: HashMap::new(),
             last_observed_ns: start_ns,
             start_ns,
-            withheld_at: HashMap::new(),
+            shared_at: HashMap::new(),
         }
     }
 }
@@ -111,10 +114,10 @@ impl SyncLoop {
             mut partition,
         } = self;
         let start_ns = monotonic_ns();
-        // No share of an earlier agent's holds for this one (see `Blocking::withhold`).
+        // No share of an earlier agent's holds for this one (see `StoreSide::set_shares`).
         let mut maps = maps;
         clear_earlier_shares(&mut maps);
-        let mut blocking = Some(Blocking::new(maps, max_keys, start_ns));
+        let mut blocking = Some(StoreSide::new(maps, max_keys, start_ns));
         let timeout_ns = u64::try_from(peer_timeout.as_nanos()).unwrap_or(u64::MAX);
         let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
         let lag_ns = super::remote::lag_allowance_ns(interval_ns);
@@ -179,7 +182,7 @@ impl SyncLoop {
             if elapsed > 0 && !local_demand.is_empty() {
                 let Some(b) = blocking.take() else { return };
                 let Some((b, w)) =
-                    withhold_off_thread(b, rules, round, local_demand, factor, elapsed, lag_ns)
+                    set_shares_off_thread(b, rules, round, local_demand, factor, elapsed, lag_ns)
                         .await
                 else {
                     return;

@@ -11,13 +11,13 @@ pub struct Round<P> {
     pub demand: HashMap<KeyName, Vec<(P, f64)>>,
     /// Per key of a cluster-scoped limit here, how many counted peers hold it: publish it with
     /// a known demand (0 included; not stale). Each of them has a bucket of the key, which the
-    /// budget is divided between (see [`super::charge::share`]). A key with no demand counts
+    /// budget is divided between (see [`super::shares::share`]). A key with no demand counts
     /// only if the keys read from the peer are the ones its sync key names ([`keys_digest`]):
     /// a key relayed under the peer's id by another member with the cluster key stays in
     /// chitchat's state of the peer for as long as it lives, idle; read as held, it kept a
     /// source at a part of its rate here for that long, after the relaying member had stopped.
     ///
-    /// [`super::charge::share`]: crate::cluster::charge::share
+    /// [`super::shares::share`]: crate::cluster::shares::share
     /// [`keys_digest`]: crate::cluster::publish::keys_digest
     pub holders: HashMap<KeyName, u32>,
     /// Keys read from counted peers.

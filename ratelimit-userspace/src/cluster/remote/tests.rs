@@ -382,7 +382,7 @@ fn holders_without_demand_never_take_a_polite_source_below_its_demand_and_leave_
         let s = victim_share(&r);
         assert!((s - (200.0 + 800.0 / 11.0) / 1000.0).abs() < 1e-9, "{s}");
         assert!(s >= 0.2, "never below the victim's own demand: {s}");
-        let idle = crate::cluster::charge::share(0.0, 0.0, 1.0, Some(1000.0), 11.0);
+        let idle = crate::cluster::shares::share(0.0, 0.0, 1.0, Some(1000.0), 11.0);
         assert!((idle - 1.0 / 11.0).abs() < 1e-9);
         // The attack ends.
         let at = |i: u64| (20 + i) * 100 * MS;
@@ -495,7 +495,7 @@ fn gossiped(id: &str, hb: u64, sync: &str, count: &str) -> PeerView<String> {
 /// The victim's share here (its demand here 200 pps, the limit 1,000 pps, the hosts holding
 /// its key as the round counts them) in round `r`.
 fn victim_share(r: &Round<String>) -> f64 {
-    crate::cluster::charge::share(
+    crate::cluster::shares::share(
         200.0,
         r.peer_demand(&name()),
         1.0,

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use chitchat::ChitchatId;
 
-use super::{rules::ClusterRules, Blocking};
+use super::{rules::ClusterRules, StoreSide};
 use crate::{
     cluster::{
         publish::{candidate_rate, BucketObs, Heaviest, KeyName},
@@ -121,7 +121,7 @@ fn local_demand(
         .collect()
 }
 
-impl Blocking {
+impl StoreSide {
     /// Reads the buckets (all of them when a full scan is due, else the published keys') and
     /// returns the keys to set and delete.
     fn observe(
@@ -188,13 +188,13 @@ impl Blocking {
     }
 }
 
-/// [`Blocking::observe`] on a blocking thread: the state back, the keys to set and delete and
+/// [`StoreSide::observe`] on a blocking thread: the state back, the keys to set and delete and
 /// this host's fresh demand; `None` (logged) if the scan panicked.
 pub(super) async fn observe_off_thread(
-    mut b: Blocking,
+    mut b: StoreSide,
     rules_for_scan: ClusterRules,
     interval_ns: u64,
-) -> Option<(Blocking, Vec<(String, String)>, Vec<String>, Demand)> {
+) -> Option<(StoreSide, Vec<(String, String)>, Vec<String>, Demand)> {
     let joined = tokio::task::spawn_blocking(move || {
         let (set, deleted, demand) = b.observe(&rules_for_scan, interval_ns);
         (b, set, deleted, demand)

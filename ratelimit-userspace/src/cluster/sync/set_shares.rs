@@ -4,12 +4,12 @@
 use chitchat::ChitchatId;
 use ratelimit_common::Limit;
 
-use super::{demand::Demand, rules::ClusterRules, Blocking};
+use super::{demand::Demand, rules::ClusterRules, StoreSide};
 use crate::{
     cluster::{
-        charge,
         publish::KeyName,
         remote::{RemoteTracker, Round},
+        shares,
         status::{Counters, HeaviestKeys, KeyRound},
     },
     maps::{
@@ -18,7 +18,7 @@ use crate::{
     },
 };
 
-impl Blocking {
+impl StoreSide {
     /// Gives every key this host has a demand figure for its share of the budget (see
     /// [`charge`]): its bucket's share word, which the program scales the bucket's costs by, so
     /// that it refills at `share x rate` from now on, whenever this round runs; then moves
@@ -30,7 +30,7 @@ impl Blocking {
     /// bucket was created: its debt, repaid at the share's rate, dropped 117 of 300 packets of
     /// a source under the budget at two hosts; the documented bound already allows each host its
     /// burst and a sync lag of the rate).
-    fn withhold(
+    fn set_shares(
         &mut self,
         rules: &ClusterRules,
         round: &Round<ChitchatId>,
@@ -38,8 +38,8 @@ impl Blocking {
         factor: f64,
         elapsed: u64,
         lag_ns: u64,
-    ) -> Withheld {
-        let mut w = Withheld::default();
+    ) -> SharesSet {
+        let mut w = SharesSet::default();
         let now = monotonic_ns();
         let coarse = monotonic_coarse_ns();
         if elapsed > lag_ns {
@@ -50,7 +50,7 @@ impl Blocking {
             let Some((id, rule, limit)) = rules.limit_of(name) else {
                 continue;
             };
-            let last = self.withheld_at.insert(name.clone(), now);
+            let last = self.shared_at.insert(name.clone(), now);
             // The time since this key's last round; for a key in its first, since its bucket
             // was created (if this agent saw that).
             let since = last.or_else(|| {
@@ -64,15 +64,15 @@ impl Blocking {
             // The hosts holding the key (this one and the counted peers publishing it): an idle
             // key keeps an even part at each, not the whole rate at every one.
             let hosts = f64::from(round.hosts_holding(name));
-            let rate = charge::packet_rate(&limit);
-            let s = charge::share(d, peers, factor, rate, hosts);
+            let rate = shares::packet_rate(&limit);
+            let s = shares::share(d, peers, factor, rate, hosts);
             let key = limit_bucket_key(id, rule, usize::from(name.limit), name.addr);
             // The refill the share withholds over the time since the last round (counted;
             // nothing moves the bucket's arrival times: the share word does it all).
-            let advance = charge::advance_ns(s, elapsed, lag_ns);
-            let word = charge::share_word(s);
+            let advance = shares::advance_ns(s, elapsed, lag_ns);
+            let word = shares::share_word(s);
             let holders = round.hosts_holding(name);
-            match charge::set_share(&self.maps, &key, (word, holders), &limit, now, coarse) {
+            match shares::set_share(&self.maps, &key, (word, holders), &limit, now, coarse) {
                 Ok(Some(_)) => {}
                 Ok(None) => continue,
                 Err(e) => {
@@ -94,7 +94,7 @@ impl Blocking {
             });
             // The part of it for hosts missing (`share`): what the factor took.
             let without =
-                charge::advance_ns(charge::share(d, peers, 1.0, rate, hosts), elapsed, lag_ns);
+                shares::advance_ns(shares::share(d, peers, 1.0, rate, hosts), elapsed, lag_ns);
             // Counted as withheld for the peers only while some have demand (then each has its
             // part of the rest, below); an even part of an idle key, or of a key only this host
             // has demand for, takes nothing for any peer's demand: only what the factor took.
@@ -103,11 +103,11 @@ impl Blocking {
             } else {
                 advance.saturating_sub(without)
             };
-            let (pkts, bytes) = charge::withheld(&limit, counted, counted);
+            let (pkts, bytes) = shares::withheld(&limit, counted, counted);
             w.pkts += pkts;
             w.bytes += bytes;
             if advance > without {
-                w.share_pkts += charge::withheld(&limit, advance - without, 0).0;
+                w.share_pkts += shares::withheld(&limit, advance - without, 0).0;
             }
             // Each counted peer's part of the rest, by its demand.
             peer_parts(&mut w, round, name, limit, without, peers);
@@ -129,19 +129,19 @@ impl Blocking {
         local: &Demand,
         now: u64,
         coarse: u64,
-        w: &mut Withheld,
+        w: &mut SharesSet,
     ) {
         let gone: Vec<KeyName> = self
-            .withheld_at
+            .shared_at
             .keys()
             .filter(|k| !local.contains_key(*k))
             .cloned()
             .collect();
         for name in gone {
-            self.withheld_at.remove(&name);
+            self.shared_at.remove(&name);
             if let Some((id, rule, limit)) = rules.limit_of(&name) {
                 let key = limit_bucket_key(id, rule, usize::from(name.limit), name.addr);
-                if charge::set_share(&self.maps, &key, (0, 0), &limit, now, coarse).is_err() {
+                if shares::set_share(&self.maps, &key, (0, 0), &limit, now, coarse).is_err() {
                     w.errors += 1;
                 }
             }
@@ -152,7 +152,7 @@ impl Blocking {
 /// Each counted peer's part (by its demand) of `without`, the advance withheld for the peers'
 /// demand of key `name`, when they have some.
 fn peer_parts(
-    w: &mut Withheld,
+    w: &mut SharesSet,
     round: &Round<ChitchatId>,
     name: &KeyName,
     limit: Limit,
@@ -161,7 +161,7 @@ fn peer_parts(
 ) {
     if peers > 0.0 {
         if let Some(list) = round.demand.get(name) {
-            let (pp, pb) = charge::withheld(&limit, without, without);
+            let (pp, pb) = shares::withheld(&limit, without, without);
             for (peer, r) in list {
                 #[expect(
                     clippy::cast_possible_truncation,
@@ -176,19 +176,19 @@ fn peer_parts(
     }
 }
 
-/// [`Blocking::withhold`] on a blocking thread: the state back and what the round withheld;
+/// [`StoreSide::set_shares`] on a blocking thread: the state back and what the round withheld;
 /// `None` (logged) if it panicked.
-pub(super) async fn withhold_off_thread(
-    mut b: Blocking,
+pub(super) async fn set_shares_off_thread(
+    mut b: StoreSide,
     rules: ClusterRules,
     round: Round<ChitchatId>,
     local_demand: Demand,
     factor: f64,
     elapsed: u64,
     lag_ns: u64,
-) -> Option<(Blocking, Withheld)> {
+) -> Option<(StoreSide, SharesSet)> {
     let withheld = tokio::task::spawn_blocking(move || {
-        let w = b.withhold(&rules, &round, &local_demand, factor, elapsed, lag_ns);
+        let w = b.set_shares(&rules, &round, &local_demand, factor, elapsed, lag_ns);
         (b, w)
     })
     .await;
@@ -202,7 +202,7 @@ pub(super) async fn withhold_off_thread(
 /// Credits each counted peer its part of what a round withheld, counts the round's totals,
 /// and returns the heaviest keys whose share was set.
 pub(super) fn count_withheld(
-    w: Withheld,
+    w: SharesSet,
     remote: &mut RemoteTracker<ChitchatId>,
     c: &Counters,
 ) -> HeaviestKeys {
@@ -234,7 +234,7 @@ pub(super) fn clear_earlier_shares(maps: &mut PinnedMaps) {
 
 /// What one round withheld.
 #[derive(Debug, Default)]
-pub(super) struct Withheld {
+pub(super) struct SharesSet {
     /// Packets and bytes of refill withheld for the peers' demand and for hosts missing (TAT
     /// advance in packets and bytes; not the even part an idle key's share holds back, which
     /// no peer's demand takes).
