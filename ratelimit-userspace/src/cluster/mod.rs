@@ -26,9 +26,9 @@
 //! Counters are cumulative and per epoch, so lost, repeated or reordered gossip counts nothing
 //! twice. Shares follow demand, not admissions: there is no feedback from what a host admitted
 //! to what the others admit, so the cluster settles within a few sync intervals of a change of
-//! demand. Over any interval the cluster admits at most `rate x T + hosts x burst + (hosts - 1)
-//! x rate x lag` (each host's bucket holds up to the burst at its share; shares follow figures a
-//! lag old): see docs/design.md, "Accuracy". A peer not heard for [`peer_timeout`] stops being counted (its demand takes no
+//! demand. Over any interval the cluster admits at most `rate x T + (2 x hosts - 1) x burst +
+//! (hosts - 1) x rate x lag` (each host's bucket holds the burst, or `hosts x share` bursts if
+//! more; shares follow figures a lag old): see docs/design.md, "Accuracy". A peer not heard for [`peer_timeout`] stops being counted (its demand takes no
 //! share): in a partition each side enforces the budget on its own (fail open). The XDP program
 //! enforces the local bucket whether or not the agent runs.
 //!

@@ -22,11 +22,12 @@
 //! An idle key (no demand anywhere) keeps its even part, `1 / hosts` holding it, for as long as
 //! they hold it (a host publishes an idle key while its bucket lasts, see
 //! [`LocalTracker::update`]): the shares of the holders add up to 1 whether the source sends or
-//! not, so the buckets together refill at one rate. Each holds up to the whole burst, so after a
-//! silence long enough for every holder to refill, an on/off source finds up to `min(hosts x
-//! burst, rate x silence)` across the hosts, where one bucket would hold `burst`: the price of
-//! letting each host bank its own refill (see docs/design.md's per-cycle bound). Over any longer
-//! interval the refill, the rate, is what bounds it.
+//! not, so the buckets together refill at one rate. Each holds the whole burst, or `hosts x
+//! share` bursts if more (`ratelimit_common::share`), so after a silence long enough for every
+//! holder to refill, an on/off source finds up to `min((2 x hosts - 1) x burst, rate x silence)`
+//! across the hosts, where one bucket would hold `burst`: the price of letting each host bank
+//! its own refill (see docs/design.md's per-cycle bound). Over any longer interval the refill,
+//! the rate, is what bounds it.
 //!
 //! A claim of any size takes a key's share on this host down to the smallest word (1 / 65,536 of
 //! the rate) while it lasts, and leaves no debt: a word only slows the bucket's clock, its tokens
