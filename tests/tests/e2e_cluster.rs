@@ -672,9 +672,9 @@ fn scenario() {
     // `rate x T + (what the hosts' buckets hold) + (hosts - 1) x rate x lag`, lag at most 200 ms
     // (50-200 ms at the default sync in this test), plus `rate x SKEW` for the sampling (each
     // sample reads the receivers one after the other, and delivery lags the program's decision).
-    // A bucket at share `s` of `hosts` holders holds the burst, or `hosts x s` bursts if more
-    // (the written bound's `(2 x hosts - 1) x burst` at the worst split): for these phases' splits,
-    // the most of `sum(max(1, hosts x s))` bursts, 4.1 for 70/20/10.
+    // A bucket at share `s` of `hosts` holders holds the burst, or `hosts x s` bursts if that is
+    // 1.5 or more (the written bound's `(2 x hosts - 1) x burst` at the worst split): for these
+    // phases' splits, at most `sum(max(1, hosts x s))` bursts, 4.1 for 70/20/10.
     let connected_end = phase_bounds[1].1;
     let mut excess: f64 = f64::MIN;
     for (i, a) in samples

@@ -23,7 +23,7 @@
 //! they hold it (a host publishes an idle key while its bucket lasts, see
 //! [`LocalTracker::update`]): the shares of the holders add up to 1 whether the source sends or
 //! not, so the buckets together refill at one rate. Each holds the whole burst, or `hosts x
-//! share` bursts if more (`ratelimit_common::share`), so after a silence long enough for every
+//! share` bursts if that is 1.5 or more (`ratelimit_common::share`), so after a silence long enough for every
 //! holder to refill, an on/off source finds up to `min((2 x hosts - 1) x burst, rate x silence)`
 //! across the hosts, where one bucket would hold `burst`: the price of letting each host bank
 //! its own refill (see docs/design.md's per-cycle bound). Over any longer interval the refill,

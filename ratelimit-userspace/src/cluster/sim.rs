@@ -327,7 +327,7 @@ impl Sim {
     }
 
     /// docs/design.md's bound on the excess over `rate x T` in any window: `(2 x hosts - 1) x
-    /// burst` (each host's bucket holds the whole burst, or `holders x share` bursts if more:
+    /// burst` (each host's bucket holds the whole burst, or `holders x share` bursts if that is 1.5 or more:
     /// with shares adding up to 1, at most `2 x hosts - 1` bursts together) plus `(hosts - 1) x
     /// rate x lag` (a new key refills at the whole rate at every host until its first shares, and
     /// shares follow figures a lag old), the lag [`LAG_INTERVALS`] sync intervals.
