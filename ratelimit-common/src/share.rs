@@ -67,10 +67,14 @@ pub const fn domain(cluster: bool, field: u64, in_force: bool) -> Domain {
 }
 
 /// The share field (word and holders) of share word `word` among `holders` hosts, as
-/// [`crate::Bucket::created_share`] keeps it (holders capped at [`crate::HOLDERS_MAX`]).
+/// [`crate::Bucket::created_share`] keeps it (holders capped at [`crate::HOLDERS_MAX`]); 0 for
+/// word 0 (no share: the whole rate, whatever the holders).
 #[inline(always)]
 #[must_use]
 pub const fn field(word: u64, holders: u64) -> u64 {
+    if word & SHARE_MASK == 0 {
+        return 0;
+    }
     let h = if holders > crate::HOLDERS_MAX {
         crate::HOLDERS_MAX
     } else {
@@ -421,21 +425,16 @@ pub const fn rewrite(tat: u64, now: u64, from: u64, to: u64, k_from: u64, k_to: 
 
 /// Tokens (in units of the whole-rate cost `cost`) a bucket holds at `now` whose TAT is `tat`,
 /// tolerance `tolerance` (whole rate), share field `field` (word and holders, see [`field`]):
-/// `(tolerance - (tat - now)) / cost` for a TAT at the whole rate, `(max(tolerance / s, holders
-/// x tolerance) - (tat - now)) x s / cost` for a stretched one; negative: in debt.
+/// `(tolerance - (tat - now)) / cost` for a TAT at the whole rate, its [`capacity`] less its
+/// [`debt`] over `cost` for a stretched one; negative: in debt.
 #[cfg(any(feature = "user", test))]
 #[must_use]
 #[expect(clippy::cast_precision_loss, reason = "display")]
 pub fn tokens(tat: u64, now: u64, tolerance: u64, cost: f64, field: u64) -> f64 {
-    let ahead = tat.saturating_sub(now) as f64;
     if tat & STRETCHED == 0 {
-        return (tolerance as f64 - ahead) / cost;
+        return (tolerance as f64 - tat.saturating_sub(now) as f64) / cost;
     }
-    let s = effective(field & SHARE_MASK) as f64 / SHARE_ONE as f64;
-    let heavy = holders(field) * (field & SHARE_MASK) >= HEAVY;
-    let h = if heavy { holders(field) as f64 } else { 0.0 };
-    let held = (h * tolerance as f64).max(tolerance as f64 / s);
-    (held - ahead) * s / cost
+    (capacity(tolerance, 0, field) as f64 - debt(tat, now, field) as f64) / cost
 }
 
 #[cfg(test)]
@@ -653,9 +652,8 @@ mod tests {
             let interval = 1 + next(10 * MS);
             let burst = 1 + next(1000);
             let tol = burst * interval;
-            let pick = |w: u64, h: u64| if w == 0 { 0 } else { field(w, h) };
-            let from = pick(next(3) * next(SHARE_ONE), 1 + next(64));
-            let to = pick(next(3) * next(SHARE_ONE), 1 + next(64));
+            let from = field(next(3) * next(SHARE_ONE), 1 + next(64));
+            let to = field(next(3) * next(SHARE_ONE), 1 + next(64));
             let (k1, k2) = (capacity(tol, interval, from), capacity(tol, interval, to));
             // A TAT in `from`'s time with a debt anywhere from none to past the capacity.
             let d = next(2 * k1 + 2);

@@ -79,17 +79,6 @@ pub fn charge_batch(
     n
 }
 
-/// The share field the agent writes for share word `word` among `holders` hosts
-/// (`MappedStore::set_share`): none for the whole rate.
-#[must_use]
-pub fn field_of(word: u16, holders: u64) -> u64 {
-    if word == 0 {
-        0
-    } else {
-        share::field(u64::from(word), holders)
-    }
-}
-
 /// The bucket's TAT once the agent gives it share field `to` instead of `from`
 /// (`MappedStore::set_share`: its tokens kept, at most what `to` holds).
 #[must_use]
@@ -222,7 +211,7 @@ impl Sim {
             h.holds = true;
             h.demand += k;
             all += k;
-            let field = field_of(h.word, h.holders);
+            let field = share::field(u64::from(h.word), h.holders);
             let n = charge_batch(&mut h.tat, self.now, k, &record, field);
             h.admitted += n;
             admitted += n;
@@ -272,7 +261,10 @@ impl Sim {
             );
             let word = share_word(s);
             let h = &mut self.hosts[i];
-            let (from, to) = (field_of(h.word, h.holders), field_of(word, holders));
+            let (from, to) = (
+                share::field(u64::from(h.word), h.holders),
+                share::field(u64::from(word), holders),
+            );
             h.tat = rewrite(h.tat, now, from, to, &record);
             h.word = word;
             h.holders = holders;

@@ -400,11 +400,7 @@ impl MappedStore {
             return None;
         }
         let w = self.word(i, std::mem::offset_of!(Bucket, created_share));
-        let to = if share == 0 {
-            0
-        } else {
-            share::field(u64::from(share), u64::from(holders))
-        };
+        let to = share::field(u64::from(share), u64::from(holders));
         let from = w.load(Ordering::Acquire) & SHARE_FIELD_MASK;
         if to != from {
             let tats = [

@@ -3,7 +3,7 @@ use ratelimit_common::{share_cost, Bucket, SHARE_ONE};
 
 use crate::cluster::{
     remote::DemandWindow,
-    sim::{charge_batch, field_of, rewrite},
+    sim::{charge_batch, rewrite},
 };
 
 const MS: u64 = 1_000_000;
@@ -195,7 +195,13 @@ impl Cluster {
                 while h.carry >= 1.0 {
                     h.carry -= 1.0;
                     h.demand += 1;
-                    let n = charge_batch(&mut h.tat, self.now, 1, &l, field_of(h.word, h.holders));
+                    let n = charge_batch(
+                        &mut h.tat,
+                        self.now,
+                        1,
+                        &l,
+                        ratelimit_common::share::field(u64::from(h.word), h.holders),
+                    );
                     h.admitted += n;
                     admitted += n;
                 }
@@ -224,7 +230,10 @@ impl Cluster {
                         reason = "a few hosts"
                     )]
                     let holders = hosts as u64;
-                    let (from, to) = (field_of(h.word, h.holders), field_of(word, holders));
+                    let (from, to) = (
+                        ratelimit_common::share::field(u64::from(h.word), h.holders),
+                        ratelimit_common::share::field(u64::from(word), holders),
+                    );
                     h.tat = rewrite(h.tat, self.now, from, to, &l);
                     h.word = word;
                     h.holders = holders;
@@ -362,7 +371,7 @@ fn a_claiming_peer_leaves_no_debt_and_the_source_recovers_a_round_after() {
             c.now,
             l.pkt_tolerance_ns,
             l.pkt_interval_ns as f64,
-            field_of(h.word, h.holders),
+            ratelimit_common::share::field(u64::from(h.word), h.holders),
         );
         assert!(left >= -1e-6, "debt: {left} tokens");
     }
