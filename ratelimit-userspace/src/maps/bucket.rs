@@ -135,14 +135,15 @@ impl BucketView {
             .limit(ratelimit_common::split_bucket_rule(u32::from(b.rule)).1)
             .unwrap_or_default();
         // A cluster-scoped bucket's TAT may be kept in its share's time (its mark: see
-        // `ratelimit_common::share`); its tokens are the same in either.
-        let word = if rule.flags & rule_flags::CLUSTER != 0 {
-            u64::from(b.share())
+        // `ratelimit_common::share`); its tokens are the same in either, and what it holds
+        // depends on its holders as well as its word (a heavy holder holds more than a burst).
+        let field = if rule.flags & rule_flags::CLUSTER != 0 {
+            b.created_share & ratelimit_common::SHARE_FIELD_MASK
         } else {
             0
         };
         let level = |tat: u64, tolerance: u64, unit: f64| {
-            ratelimit_common::share::tokens(tat, now, tolerance, unit, word)
+            ratelimit_common::share::tokens(tat, now, tolerance, unit, field)
         };
         #[expect(clippy::cast_precision_loss, reason = "display only")]
         Self {
@@ -160,5 +161,37 @@ impl BucketView {
             dropped: u64::from(b.dropped_pkts),
             age_secs: now.saturating_sub(b.created_ns()) as f64 / 1e9,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ratelimit_common::{rule_flags, share, Bucket, Rule, SHARE_ONE};
+
+    use super::BucketView;
+
+    /// A heavy holder's full bucket (a share of 70% among 3 holders: 2.1 bursts) shows the
+    /// tokens it holds, not one burst: the view reads the holders with the word.
+    #[test]
+    fn a_heavy_holders_bucket_shows_what_it_holds() {
+        const MS: u64 = 1_000_000;
+        let rule = Rule {
+            flags: rule_flags::PKT_LIMIT | rule_flags::CLUSTER,
+            pkt_interval_ns: MS,
+            pkt_tolerance_ns: 100 * MS,
+            ..Rule::default()
+        };
+        let now = 1_000_000 * MS;
+        let field = share::field(SHARE_ONE * 7 / 10, 3);
+        let b = Bucket {
+            family: ratelimit_common::family::V4,
+            tat_ns: share::tat_of(0, now, field),
+            created_share: Bucket::created_at(now - 1_000 * MS) | field,
+            ..Bucket::default()
+        };
+        let tokens = BucketView::new(&b, &rule, now)
+            .tokens
+            .expect("a packet limit");
+        assert!((tokens - 210.0).abs() < 0.5, "{tokens} tokens, want 210");
     }
 }
