@@ -54,6 +54,7 @@ pub mod cluster;
 pub mod cluster_net;
 mod cmd;
 pub mod collide;
+pub mod late_rounds;
 pub mod link;
 pub mod metrics;
 pub mod netns;

@@ -58,6 +58,32 @@ pub struct ClusterStatus {
     /// The heaviest keys (by cluster demand, at most [`SHOWN_KEYS`]) whose share this host set
     /// in the last sync round, with each holder's demand and share: why a source is limited.
     pub keys: Vec<KeyStatus>,
+    /// The last [`LATE_ROUNDS_SHOWN`] sync rounds that set their shares late (see
+    /// [`LateRound`]), oldest first: when this host's enforcement lagged its peers' demand.
+    pub late_rounds: Vec<LateRound>,
+}
+
+/// A sync round whose shares landed in the buckets more than [`late_after_ns`] after the round
+/// was due: meanwhile the buckets kept the shares of the round before (the agent was starved
+/// of CPU, or a map operation stalled). A split that changed then reaches this host's buckets
+/// `late_ms` later than the sync interval promises.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct LateRound {
+    /// When the shares landed, Unix milliseconds.
+    pub at_unix_ms: u64,
+    /// How long after the round was due, milliseconds.
+    pub late_ms: u64,
+}
+
+/// How many [`LateRound`]s the status keeps.
+pub const LATE_ROUNDS_SHOWN: usize = 32;
+
+/// A round is late when its shares land more than a quarter of the sync interval after it was
+/// due: a round takes well under that (`last_sync_us`, a few ms at 10,000 keys), so only a
+/// stalled agent crosses it.
+#[must_use]
+pub fn late_after_ns(interval_ns: u64) -> u64 {
+    interval_ns / 4
 }
 
 /// The most keys `peers` and the metrics show the holders of: the heaviest by cluster demand.
@@ -334,6 +360,8 @@ pub struct CounterValues {
     /// Restarts of the sync loop after it ended (a panic in a round): each is a new gossip
     /// incarnation; meanwhile gossip shows `restarting`.
     pub sync_restarts: u64,
+    /// Sync rounds that set their shares late (see [`LateRound`]).
+    pub rounds_late: u64,
 }
 
 /// Live counters, shared by the transport and the sync task.
@@ -391,6 +419,8 @@ pub struct Counters {
     pub readings_refused: AtomicU64,
     /// See [`CounterValues::sync_restarts`].
     pub sync_restarts: AtomicU64,
+    /// See [`CounterValues::rounds_late`].
+    pub rounds_late: AtomicU64,
 }
 
 impl Counters {
@@ -429,6 +459,7 @@ impl Counters {
             share_charged_pkts: self.share_charged_pkts.load(Relaxed),
             readings_refused: self.readings_refused.load(Relaxed),
             sync_restarts: self.sync_restarts.load(Relaxed),
+            rounds_late: self.rounds_late.load(Relaxed),
         }
     }
 }

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 
 use self::{
     demand::{observe_off_thread, own_demand, LocalDemand, OwnFigures},
-    peer_status::{count_sync, log_membership, peer_statuses, show},
+    peer_status::{count_late, count_sync, log_membership, peer_statuses, show},
     peers::{heard_lately, trim_and_read},
     set_shares::{clear_earlier_shares, count_withheld, set_shares_off_thread},
 };
@@ -130,7 +130,7 @@ impl SyncLoop {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            let due = tick.tick().await;
             let began = Instant::now();
             let rules = ClusterRules::of(&in_force.borrow());
 
@@ -190,6 +190,7 @@ impl SyncLoop {
                 blocking = Some(b);
                 heaviest = count_withheld(w, &mut remote, c);
             }
+            count_late(&shared, due.elapsed(), interval_ns);
             c.keys_synced
                 .store(keys_synced, std::sync::atomic::Ordering::Relaxed);
 

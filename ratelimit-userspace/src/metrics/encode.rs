@@ -145,6 +145,12 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
     )?;
     single(
         enc,
+        "ratelimit_cluster_rounds_late",
+        "Sync rounds whose shares landed more than a quarter sync interval after they were due.",
+        &ConstCounter::new(c.rounds_late),
+    )?;
+    single(
+        enc,
         "ratelimit_cluster_debt_capped",
         "Withheld refill cut short by a bucket's ceiling (tolerance + 3 sync intervals).",
         &ConstCounter::new(c.debt_capped),

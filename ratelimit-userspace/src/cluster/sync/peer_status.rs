@@ -12,7 +12,9 @@ use chitchat::ChitchatId;
 use crate::cluster::{
     partition::{Partition, Share},
     remote::RemoteTracker,
-    status::{Counters, HeaviestKeys, PeerStatus, Shared},
+    status::{
+        late_after_ns, Counters, HeaviestKeys, LateRound, PeerStatus, Shared, LATE_ROUNDS_SHOWN,
+    },
 };
 
 pub(super) fn peer_statuses(
@@ -102,6 +104,24 @@ pub(super) fn show(
     view.hosts_heard = share.heard;
     view.hosts_known = share.known;
     view.budget_share = partition.budget_share(share);
+}
+
+/// Counts a round whose shares landed `late` after it was due, if that makes it late (see
+/// [`LateRound`]), and shows it in the status.
+pub(super) fn count_late(shared: &Shared, late: std::time::Duration, interval_ns: u64) {
+    let late_ns = u64::try_from(late.as_nanos()).unwrap_or(u64::MAX);
+    if late_ns <= late_after_ns(interval_ns) {
+        return;
+    }
+    Counters::add(&shared.counters.rounds_late, 1);
+    let mut view = shared.view();
+    if view.late_rounds.len() >= LATE_ROUNDS_SHOWN {
+        view.late_rounds.remove(0);
+    }
+    view.late_rounds.push(LateRound {
+        at_unix_ms: super::super::unix_ms(),
+        late_ms: late_ns / 1_000_000,
+    });
 }
 
 /// Counts a sync that began at `began`, and the largest lag of the counted peers.
