@@ -57,6 +57,10 @@ pub struct Overdue {
     /// full and its oldest is after the start): some of their stalls are not in `spans`, so a
     /// deadline from these is, if anything, too strict.
     pub incomplete: Vec<usize>,
+    /// Each round that renewed shares which had lapsed (`lapsed_ms`): `(agent, renewed at,
+    /// seconds lapsed)`. Meanwhile that host's buckets refilled at the whole rate (fail open):
+    /// it may have admitted up to a burst and `rate` times the lapse beyond its share.
+    pub lapses: Vec<(usize, f64, f64)>,
 }
 
 /// The most late rounds an agent's status keeps (the agent's `LATE_ROUNDS_SHOWN`).
@@ -98,6 +102,11 @@ impl Overdue {
                 #[expect(clippy::cast_precision_loss, reason = "milliseconds")]
                 let overdue_from = landed - late.saturating_sub(threshold) as f64 / 1000.0;
                 o.spans.push((i, overdue_from, landed));
+                let lapsed = r["lapsed_ms"].as_u64().unwrap_or(0);
+                if lapsed > 0 {
+                    #[expect(clippy::cast_precision_loss, reason = "milliseconds")]
+                    o.lapses.push((i, landed, lapsed as f64 / 1000.0));
+                }
             }
             let before = last_read.insert(i, read_at).unwrap_or(start_unix_ms);
             if rounds.len() >= SHOWN && oldest > before && !o.incomplete.contains(&i) {
@@ -105,6 +114,7 @@ impl Overdue {
             }
         }
         o.spans.sort_by(|a, b| a.1.total_cmp(&b.1));
+        o.lapses.sort_by(|a, b| a.1.total_cmp(&b.1));
         o
     }
 
@@ -122,6 +132,13 @@ impl Overdue {
             }
         }
         total
+    }
+
+    /// The lapses (agent, renewed at, seconds lapsed) that ended within `[t0, t1]`.
+    pub fn lapses_within(&self, t0: f64, t1: f64) -> impl Iterator<Item = &(usize, f64, f64)> {
+        self.lapses
+            .iter()
+            .filter(move |l| l.1 >= t0 && l.1 - l.2 <= t1)
     }
 
     /// Seconds after `t0` by which something promised within `limit` seconds of `t0` must
@@ -149,6 +166,7 @@ mod tests {
         Overdue {
             spans: spans.iter().map(|&(a, b)| (0, a, b)).collect(),
             incomplete: Vec::new(),
+            lapses: Vec::new(),
         }
     }
 
@@ -174,17 +192,21 @@ mod tests {
     #[test]
     fn late_rounds_are_read_from_status_relative_to_the_start() {
         let s = serde_json::json!({"cluster": {"sync_interval_ms": 200, "late_rounds": [
-            {"at_unix_ms": 1_000_500, "late_ms": 150},
+            {"at_unix_ms": 1_000_500, "late_ms": 150, "lapsed_ms": 0},
+            {"at_unix_ms": 1_002_000, "late_ms": 400, "lapsed_ms": 150},
             {"at_unix_ms": 999_000, "late_ms": 50}
         ]}});
         let o = Overdue::of(&[(0, 1_001_000, s)], 1_000_000);
         assert_eq!(
             o.spans.len(),
-            1,
+            2,
             "a round that landed before the start is not the run's"
         );
         assert!((o.spans[0].1 - 0.4).abs() < 1e-9 && (o.spans[0].2 - 0.5).abs() < 1e-9);
         assert!(o.incomplete.is_empty());
+        assert_eq!(o.lapses, vec![(0, 2.0, 0.15)]);
+        assert_eq!(o.lapses_within(2.1, 3.0).count(), 0);
+        assert_eq!(o.lapses_within(1.0, 1.9).count(), 1, "lapsed from 1.85 s");
     }
 
     #[test]

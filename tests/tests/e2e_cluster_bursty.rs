@@ -35,6 +35,7 @@ use ratelimit_testbed::{
     agent_proc::global_counter,
     bursty::{one_bucket, worst_excess, BurstLog, Plan},
     cluster_net::{ClusterNet, FLOOD},
+    late_rounds::{read_until, unix_ms, Overdue},
     leftover_check, require_root, AgentProcess, Receiver,
 };
 
@@ -54,6 +55,12 @@ struct Outcome {
     /// Per datagram: whether one bucket would have admitted it.
     reference: Vec<bool>,
     hosts: usize,
+    /// When the agents' own rounds ran late and their shares lapsed (each agent's
+    /// `cluster.late_rounds`).
+    overdue: Overdue,
+    /// The cluster's rate and burst.
+    rate: f64,
+    burst: f64,
 }
 
 impl Outcome {
@@ -75,6 +82,33 @@ impl Outcome {
              cluster admitted {cluster}, one bucket {reference}, ratio {ratio:.3}"
         );
         (cluster, reference, got)
+    }
+
+    /// How far from one bucket's `reference` admissions over `[t1, t2)` the cluster may be:
+    /// [`ACCURACY`], and for every lapse of an agent's shares within the window (its round ran
+    /// more than the lag allowance after the one before: the machine stalled it) a burst and
+    /// `rate` times the lapse: meanwhile that host failed open at the whole rate, as
+    /// docs/design.md's written bound allows. 0 on a machine that runs the agents on time.
+    fn tolerance(&self, t1: f64, t2: f64, reference: u64) -> f64 {
+        let lapses: Vec<_> = self.overdue.lapses_within(t1, t2).collect();
+        let allowed: f64 = lapses.iter().map(|l| self.burst + self.rate * l.2).sum();
+        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+        let lag = allowed / reference.max(1) as f64;
+        for (h, at, secs) in &lapses {
+            println!(
+                "  h{h}'s shares lapsed for {:.0} ms until {at:.2} s (its rounds stalled): \
+                 tolerance + {:.0} datagrams",
+                secs * 1000.0,
+                self.burst + self.rate * secs
+            );
+        }
+        if !self.overdue.incomplete.is_empty() {
+            println!(
+                "  late rounds not all kept by h{:?}",
+                self.overdue.incomplete
+            );
+        }
+        ACCURACY + lag
     }
 
     /// Cluster and one-bucket admissions per second of send time, for the trace.
@@ -124,9 +158,24 @@ fn run(
     let receivers = net.receivers().unwrap();
     before(&net);
     let planned = plan.per_host(hosts);
+    let plan_end = plan.end();
     let start = Instant::now();
+    let start_unix_ms = unix_ms();
     let sender = net.bursts_from(FLOOD, plan, start).unwrap();
-    during(&net, &agents, start);
+    // The agents' late rounds, read through the run (each keeps only its last 32).
+    let readings = thread::scope(|sc| {
+        let agents = &agents;
+        let reader = sc.spawn(move || {
+            read_until(
+                agents,
+                start + Duration::from_secs_f64(plan_end),
+                Duration::from_secs(2),
+            )
+        });
+        during(&net, agents, start);
+        reader.join().unwrap()
+    });
+    let overdue = Overdue::of(&readings, start_unix_ms);
     let log = sender.join().unwrap();
     for r in &receivers {
         r.wait_idle(Duration::from_millis(200), Duration::from_secs(3));
@@ -177,6 +226,9 @@ fn run(
         admitted,
         reference,
         hosts,
+        overdue,
+        rate,
+        burst,
     }
 }
 
@@ -230,10 +282,12 @@ fn within_one_bucket(
     o.per_second(end);
     #[expect(clippy::cast_precision_loss, reason = "small counts")]
     let ratio = cluster as f64 / reference.max(1) as f64;
+    let tolerance = o.tolerance(WARM_SECS, end, reference);
     assert!(
-        (ratio - 1.0).abs() <= ACCURACY,
+        (ratio - 1.0).abs() <= tolerance,
         "over the datagrams sent {WARM_SECS}-{end} s the cluster admitted {cluster}, one bucket \
-         {reference}: {ratio:.3} x, want within {:.0}%",
+         {reference}: {ratio:.3} x, want within {:.1}% ({:.0}% and the agents' overdue rounds)",
+        tolerance * 100.0,
         ACCURACY * 100.0
     );
     (o, per_host)
@@ -345,12 +399,14 @@ fn eight_hosts_95_5_with_bursts_admit_what_one_bucket_would_and_small_hosts_get_
     let starved: Vec<usize> = (1..HOSTS)
         .filter(|&h| per_host[h] == 0 || (per_host[h] as f64) < floor(h))
         .collect();
+    let tolerance = o.tolerance(warm, end, reference);
     assert!(
-        (ratio - 1.0).abs() <= ACCURACY && starved.is_empty(),
+        (ratio - 1.0).abs() <= tolerance && starved.is_empty(),
         "over the datagrams sent {warm}-{end} s the cluster admitted {cluster}, one bucket \
-         {reference}: {ratio:.3} x (want within {:.0}%); small hosts that admitted less than half \
-         their proportional share (or nothing): {starved:?} (per host {per_host:?}, \
-         proportional [{}])",
+         {reference}: {ratio:.3} x (want within {:.1}%: {:.0}% and the agents' overdue rounds); \
+         small hosts that admitted less than half their proportional share (or nothing): \
+         {starved:?} (per host {per_host:?}, proportional [{}])",
+        tolerance * 100.0,
         ACCURACY * 100.0,
         fair.join(" ")
     );

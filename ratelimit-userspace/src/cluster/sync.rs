@@ -190,7 +190,13 @@ impl SyncLoop {
                 blocking = Some(b);
                 heaviest = count_withheld(w, &mut remote, c);
             }
-            count_late(&shared, due.elapsed(), interval_ns);
+            // The shares of the round before held until `lag_ns` after it (`set_shares`).
+            count_late(
+                &shared,
+                due.elapsed(),
+                interval_ns,
+                elapsed.saturating_sub(lag_ns),
+            );
             c.keys_synced
                 .store(keys_synced, std::sync::atomic::Ordering::Relaxed);
 

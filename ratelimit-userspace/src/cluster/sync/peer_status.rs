@@ -107,10 +107,16 @@ pub(super) fn show(
 }
 
 /// Counts a round whose shares landed `late` after it was due, if that makes it late (see
-/// [`LateRound`]), and shows it in the status.
-pub(super) fn count_late(shared: &Shared, late: std::time::Duration, interval_ns: u64) {
+/// [`LateRound`]), and shows it in the status with `lapsed_ns`, how long the shares it renewed
+/// had lapsed.
+pub(super) fn count_late(
+    shared: &Shared,
+    late: std::time::Duration,
+    interval_ns: u64,
+    lapsed_ns: u64,
+) {
     let late_ns = u64::try_from(late.as_nanos()).unwrap_or(u64::MAX);
-    if late_ns <= late_after_ns(interval_ns) {
+    if late_ns <= late_after_ns(interval_ns) && lapsed_ns == 0 {
         return;
     }
     Counters::add(&shared.counters.rounds_late, 1);
@@ -121,6 +127,7 @@ pub(super) fn count_late(shared: &Shared, late: std::time::Duration, interval_ns
     view.late_rounds.push(LateRound {
         at_unix_ms: super::super::unix_ms(),
         late_ms: late_ns / 1_000_000,
+        lapsed_ms: lapsed_ns.div_ceil(1_000_000),
     });
 }
 
