@@ -47,6 +47,13 @@ const MEASURE_SECS: f64 = 8.0;
 /// The cluster admits within this of one bucket over the measured window (the issue's 5%).
 const ACCURACY: f64 = 0.05;
 
+/// One scenario at a time in this file: each compares the cluster with one bucket within 5%,
+/// and its agents' rounds must run on time for that (the rounds late and the share lapses they
+/// report are printed). With a second scenario's agents beside them on the 2-core machine, the
+/// 8-host 95/5 row read 1.021-1.076 (its small hosts over their share for seconds, with no
+/// lapse reported); alone, 1.000, and 0.999 beside two busy loops.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// What one scenario's run gave.
 struct Outcome {
     log: BurstLog,
@@ -58,9 +65,8 @@ struct Outcome {
     /// When the agents' own rounds ran late and their shares lapsed (each agent's
     /// `cluster.late_rounds`).
     overdue: Overdue,
-    /// The cluster's rate and burst.
+    /// The cluster's rate.
     rate: f64,
-    burst: f64,
 }
 
 impl Outcome {
@@ -86,12 +92,13 @@ impl Outcome {
 
     /// How far from one bucket's `reference` admissions over `[t1, t2)` the cluster may be:
     /// [`ACCURACY`], and for every lapse of an agent's shares within the window (its round ran
-    /// more than the lag allowance after the one before: the machine stalled it) a burst and
-    /// `rate` times the lapse: meanwhile that host failed open at the whole rate, as
-    /// docs/design.md's written bound allows. 0 on a machine that runs the agents on time.
+    /// more than the lag allowance after the one before: the machine stalled it) `rate` times
+    /// the lapse: meanwhile that host's bucket refilled at the whole rate (fail open, within
+    /// docs/design.md's written bound), its debt kept. 0 on a machine that runs the agents on
+    /// time.
     fn tolerance(&self, t1: f64, t2: f64, reference: u64) -> f64 {
         let lapses: Vec<_> = self.overdue.lapses_within(t1, t2).collect();
-        let allowed: f64 = lapses.iter().map(|l| self.burst + self.rate * l.2).sum();
+        let allowed: f64 = lapses.iter().map(|l| (self.rate * l.2).ceil()).sum();
         #[expect(clippy::cast_precision_loss, reason = "small counts")]
         let lag = allowed / reference.max(1) as f64;
         for (h, at, secs) in &lapses {
@@ -99,7 +106,7 @@ impl Outcome {
                 "  h{h}'s shares lapsed for {:.0} ms until {at:.2} s (its rounds stalled): \
                  tolerance + {:.0} datagrams",
                 secs * 1000.0,
-                self.burst + self.rate * secs
+                (self.rate * secs).ceil()
             );
         }
         if !self.overdue.incomplete.is_empty() {
@@ -151,6 +158,9 @@ fn run(
     during: impl FnOnce(&ClusterNet, &[AgentProcess], Instant),
 ) -> Outcome {
     require_root();
+    let _alone = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let net = ClusterNet::new(tag, hosts).unwrap();
     let agents = net
         .start_agents_with(|i| config(&net, i), Duration::from_secs(60))
@@ -176,6 +186,28 @@ fn run(
         reader.join().unwrap()
     });
     let overdue = Overdue::of(&readings, start_unix_ms);
+    // Each agent's view at the end: why a host admitted what it did.
+    for (i, _, v) in readings.iter().rev().take(hosts).rev() {
+        let c = &v["cluster"]["counters"];
+        let shares: Vec<String> = v["cluster"]["keys"][0]["holders"]
+            .as_array()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| {
+                        format!(
+                            "{:.0}/{:.3}",
+                            h["demand_pps"].as_f64().unwrap_or(0.0),
+                            h["share"].as_f64().unwrap_or(0.0)
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        println!(
+            "  h{i} at the end: rounds late {}, clamped {}, readings refused {}; demand/share of the holders: {}",
+            c["rounds_late"], c["charges_clamped"], c["readings_refused"], shares.join(" ")
+        );
+    }
     let log = sender.join().unwrap();
     for r in &receivers {
         r.wait_idle(Duration::from_millis(200), Duration::from_secs(3));
@@ -228,7 +260,6 @@ fn run(
         hosts,
         overdue,
         rate,
-        burst,
     }
 }
 

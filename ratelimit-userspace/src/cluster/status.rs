@@ -74,9 +74,9 @@ pub struct LateRound {
     /// How long after the round was due, milliseconds.
     pub late_ms: u64,
     /// How long the shares had lapsed when this round renewed them, milliseconds: the time
-    /// since the round before beyond the lag allowance (3 sync intervals), during which every
-    /// bucket of a cluster-scoped limit refilled at the whole rate (fail open; counted in
-    /// `charges_clamped`). 0 when they had not.
+    /// past the end of the lag allowance (3 sync intervals) the shares written before held
+    /// for, during which every bucket of a cluster-scoped limit refilled at the whole rate
+    /// (fail open). 0 when they had not.
     pub lapsed_ms: u64,
 }
 

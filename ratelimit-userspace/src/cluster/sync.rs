@@ -83,6 +83,8 @@ struct StoreSide {
     start_ns: u64,
     /// Per key, when its last round ran (whatever its share then).
     shared_at: HashMap<KeyName, u64>,
+    /// Until when the shares last written hold (`Config::shares_until_ns`); 0 before the first.
+    shares_until: u64,
 }
 
 impl StoreSide {
@@ -96,6 +98,7 @@ impl StoreSide {
             last_observed_ns: start_ns,
             start_ns,
             shared_at: HashMap::new(),
+            shares_until: 0,
         }
     }
 }
@@ -179,6 +182,7 @@ impl SyncLoop {
             last_round_ns = Some(now);
             let local_demand = own_demand(&mut own_figures, &remote, now, unix_ms, fresh_demand);
             let mut heaviest = HeaviestKeys::default();
+            let mut lapsed_ns = 0;
             if elapsed > 0 && !local_demand.is_empty() {
                 let Some(b) = blocking.take() else { return };
                 let Some((b, w)) =
@@ -188,15 +192,10 @@ impl SyncLoop {
                     return;
                 };
                 blocking = Some(b);
+                lapsed_ns = w.lapsed_ns;
                 heaviest = count_withheld(w, &mut remote, c);
             }
-            // The shares of the round before held until `lag_ns` after it (`set_shares`).
-            count_late(
-                &shared,
-                due.elapsed(),
-                interval_ns,
-                elapsed.saturating_sub(lag_ns),
-            );
+            count_late(&shared, due.elapsed(), interval_ns, lapsed_ns);
             c.keys_synced
                 .store(keys_synced, std::sync::atomic::Ordering::Relaxed);
 

@@ -112,11 +112,19 @@ impl StoreSide {
             // Each counted peer's part of the rest, by its demand.
             peer_parts(&mut w, round, name, limit, without, peers);
         }
-        // The shares hold until the end of this round's lag allowance.
-        let until = monotonic_ns().saturating_add(lag_ns);
+        // The shares hold until the end of this round's lag allowance; those written before
+        // lapsed (every bucket at the whole rate) if that one's passed first.
+        let renewed = monotonic_ns();
+        if self.shares_until != 0 {
+            w.lapsed_ns = renewed.saturating_sub(self.shares_until);
+        }
+        let until = renewed.saturating_add(lag_ns);
         if let Err(e) = self.maps.update_config(|c| c.shares_until_ns = until) {
+            self.shares_until = 0;
             w.errors += 1;
             tracing::warn!(error = %e, "cluster sync: the shares could not be renewed (buckets refill at the whole rate)");
+        } else {
+            self.shares_until = until;
         }
         w
     }
@@ -250,4 +258,6 @@ pub(super) struct SharesSet {
     late: u64,
     /// The heaviest keys whose share was set, with each holder's demand and share.
     keys: HeaviestKeys,
+    /// How long the shares written before had lapsed when these renewed them (ns).
+    pub(super) lapsed_ns: u64,
 }
