@@ -229,7 +229,7 @@ cluster_id = "e2e-cluster-net"
         let mut agents = Vec::new();
         for (i, h) in self.hosts.iter().enumerate() {
             agents.push(
-                AgentProcess::start(&h.ns, &config(i), &[])
+                AgentProcess::start_logging(&h.ns, &config(i), &[], &agent_log())
                     .with_context(|| format!("agent h{i}"))?,
             );
         }
@@ -426,6 +426,12 @@ pub fn status(agent: &AgentProcess) -> Result<Value> {
         );
     }
     Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// The agents' `RUST_LOG`: `$RL_AGENT_LOG` (such as `info,ratelimit::cluster::sync=trace` for
+/// each key's share every round, in [`AgentProcess::log`]), else `info`.
+fn agent_log() -> String {
+    std::env::var("RL_AGENT_LOG").unwrap_or_else(|_| "info".into())
 }
 
 /// The addresses of the peers `status` shows counted.

@@ -124,7 +124,8 @@ impl SyncLoop {
         let timeout_ns = u64::try_from(peer_timeout.as_nanos()).unwrap_or(u64::MAX);
         let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
         let lag_ns = super::remote::lag_allowance_ns(interval_ns);
-        let mut remote: RemoteTracker<ChitchatId> = RemoteTracker::new(timeout_ns, lag_ns);
+        let mut remote: RemoteTracker<ChitchatId> =
+            RemoteTracker::new(timeout_ns, super::remote::stale_after_ns(interval_ns));
         let mut last_round_ns: Option<u64> = None;
         // This host's demand as of the last round: the figure its peers divide by now.
         let mut own_figures = OwnFigures::default();

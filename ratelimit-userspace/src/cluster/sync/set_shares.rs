@@ -72,6 +72,7 @@ impl StoreSide {
             let advance = shares::advance_ns(s, elapsed, lag_ns);
             let word = shares::share_word(s);
             let holders = round.hosts_holding(name);
+            tracing::trace!(key = %name.addr, rule = %name.rule, demand = d, peers, hosts, share = s, word, "cluster sync: a key's share");
             match shares::set_share(&self.maps, &key, (word, holders), &limit, now, coarse) {
                 Ok(Some(_)) => {}
                 Ok(None) => continue,
