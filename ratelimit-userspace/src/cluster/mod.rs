@@ -28,7 +28,7 @@
 //! to what the others admit, so the cluster settles within a few sync intervals of a change of
 //! demand. Over any interval the cluster admits at most `rate x T + (2 x hosts - 1) x burst +
 //! (hosts - 1) x rate x lag` (each host's bucket holds the burst, or `hosts x share` bursts if
-//! more; shares follow figures a lag old): see docs/design.md, "Accuracy". A peer not heard for [`peer_timeout`] stops being counted (its demand takes no
+//! more; shares follow figures a lag old): see docs/design.md, "Accuracy". A peer not heard for the peer timeout ([`timing::Timing::peer_timeout`]) stops being counted (its demand takes no
 //! share): in a partition each side enforces the budget on its own (fail open). The XDP program
 //! enforces the local bucket whether or not the agent runs.
 //!
@@ -49,6 +49,7 @@ pub mod shares;
 mod sim;
 pub mod status;
 pub mod sync;
+pub mod timing;
 pub mod transport;
 pub mod wire;
 
@@ -67,22 +68,12 @@ use crate::{compile::CompiledRuleSet, config::ClusterConfig, maps::PinnedMaps};
 #[error("{0}")]
 pub struct ClusterError(String);
 
+pub use self::timing::MIN_PEER_TIMEOUT;
 pub use crate::config::MAX_KEYS;
-/// A peer is no longer counted after this long without news, unless 10 sync intervals are
-/// longer.
-pub const MIN_PEER_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long chitchat keeps a dead peer's state before forgetting it.
 const DEAD_NODE_GRACE: Duration = Duration::from_secs(600);
 /// How long chitchat keeps a deleted key's tombstone.
 const TOMBSTONE_GRACE: Duration = Duration::from_secs(60);
-
-/// The silence after which a peer stops being counted: 10 sync intervals, at least 3 s.
-#[must_use]
-pub fn peer_timeout(config: &ClusterConfig) -> Duration {
-    MIN_PEER_TIMEOUT.max(Duration::from_millis(
-        config.sync_interval_ms.saturating_mul(10),
-    ))
-}
 
 /// chitchat's phi threshold: with [`failure_detector`]'s mean, a silent peer is declared dead
 /// between [`DEAD_AFTER`] (2) and this many (2.4) peer timeouts of silence.
@@ -90,17 +81,6 @@ pub const PHI_THRESHOLD: f64 = 2.4;
 /// The fewest peer timeouts of silence after which chitchat declares a peer dead:
 /// [`PHI_THRESHOLD`] x 5/6 (see [`failure_detector`]).
 pub const DEAD_AFTER: f64 = PHI_THRESHOLD * 5.0 / 6.0;
-
-/// How often chitchat gossips for a sync interval of `interval`: twice per interval. chitchat
-/// sends each round to a few peers (3 live ones at most), so a value published at one round
-/// reaches all 8 hosts of a cluster only after one or two gossip rounds; at one gossip round per
-/// sync, the shares of a change of split were right only 3.4-8.5 sync intervals after it
-/// (tests/tests/e2e_cluster_scale.rs, 5 runs), at two 2.1-2.5 (both phases of a run). It costs
-/// about 1.8x the gossip bytes (24-26 KB/s per host at 8 hosts and 100 ms: 44-46).
-#[must_use]
-pub fn gossip_interval(interval: Duration) -> Duration {
-    interval / 2
-}
 
 /// chitchat's failure detector for a peer timeout of `timeout`: a peer that stops is declared
 /// dead after between [`DEAD_AFTER`] (2) and [`PHI_THRESHOLD`] (2.4) timeouts of silence (plus
@@ -163,8 +143,8 @@ pub async fn spawn(
     let advertise = advertise_addr(config)?;
     let generation = unix_ms();
     let node_id = format!("{}/{advertise}", hostname());
-    let interval = Duration::from_millis(config.sync_interval_ms.max(1));
-    let timeout = peer_timeout(config);
+    let timing = timing::Timing::new(config.sync_interval_ms);
+    let timeout = timing.peer_timeout();
     let shared = Arc::new(Shared::default());
     {
         let mut view = shared.view();
@@ -192,7 +172,7 @@ pub async fn spawn(
         Arc::new(move |generation| ChitchatConfig {
             chitchat_id: ChitchatId::new(node_id.as_str(), generation, advertise),
             cluster_id: cluster_id.clone(),
-            gossip_interval: gossip_interval(interval),
+            gossip_interval: timing.gossip(),
             listen_addr: listen,
             seed_nodes: seeds.clone(),
             failure_detector_config: failure_detector(timeout),
@@ -211,9 +191,8 @@ pub async fn spawn(
         shared: shared.clone(),
         pin_dir: pin_dir.to_path_buf(),
         rules,
-        interval,
+        timing,
         max_keys: config.max_keys,
-        peer_timeout: timeout,
         on_partition: config.on_partition,
         partition_memory_ns: config.partition_memory_s.saturating_mul(1_000_000_000),
     };
@@ -255,9 +234,8 @@ struct SyncFactory {
     shared: Arc<Shared>,
     pin_dir: std::path::PathBuf,
     rules: watch::Receiver<Arc<CompiledRuleSet>>,
-    interval: Duration,
+    timing: timing::Timing,
     max_keys: usize,
-    peer_timeout: Duration,
     on_partition: crate::config::OnPartition,
     partition_memory_ns: u64,
 }
@@ -290,9 +268,8 @@ impl SyncFactory {
             chitchat,
             maps,
             shared: self.shared.clone(),
-            interval: self.interval,
+            timing: self.timing,
             max_keys: self.max_keys,
-            peer_timeout: self.peer_timeout,
             partition: partition::Partition::new(self.on_partition, self.partition_memory_ns),
         })
     }
@@ -452,41 +429,6 @@ mod tests {
     use tokio::time::Instant;
 
     use super::*;
-    use crate::config::OnPartition;
-
-    fn cluster_config(sync_interval_ms: u64) -> ClusterConfig {
-        ClusterConfig {
-            listen: ([127, 0, 0, 1], 7946).into(),
-            seeds: Vec::new(),
-            key_file: "/nonexistent".into(),
-            sync_interval_ms,
-            cluster_id: "test".into(),
-            max_keys: 1000,
-            on_partition: OnPartition::FailOpen,
-            partition_memory_s: 600,
-        }
-    }
-
-    /// max(3 s, 10 x `sync_interval_ms`), over the whole range the config accepts (10..=10000).
-    #[test]
-    fn peer_timeout_is_ten_sync_intervals_and_at_least_three_seconds() {
-        for (sync_ms, want_ms) in [
-            (10, 3000),
-            (100, 3000),
-            (299, 3000),
-            (300, 3000),
-            (301, 3010),
-            (400, 4000),
-            (1000, 10_000),
-            (10_000, 100_000),
-        ] {
-            assert_eq!(
-                peer_timeout(&cluster_config(sync_ms)),
-                Duration::from_millis(want_ms),
-                "sync_interval_ms = {sync_ms}"
-            );
-        }
-    }
 
     const GOSSIP: Duration = Duration::from_millis(100);
 

@@ -40,32 +40,6 @@ pub use self::{
 };
 use super::publish::{keys_digest, Count, KeyName};
 
-/// How late a round may run and still take back all of the refill its bucket got meanwhile:
-/// this many sync intervals (the advance of a round that ran later is cut to it: fail open).
-pub const LAG_ROUNDS: u64 = 3;
-
-/// The lag allowance for a sync interval of `interval_ns`: [`LAG_ROUNDS`] intervals.
-#[must_use]
-pub fn lag_allowance_ns(interval_ns: u64) -> u64 {
-    interval_ns.saturating_mul(LAG_ROUNDS)
-}
-
-/// A counted peer's demand stops taking a share once its sync key has not moved on here for
-/// this many sync intervals: its own shares' lag allowance ([`LAG_ROUNDS`]: a stopped peer's
-/// buckets refill at the whole rate by then), and two more for a busy peer's round running late
-/// and gossip bringing its sync key (a flooded debug agent on 2 busy cores ran rounds 186 ms
-/// late, and at 3 intervals its peers dropped its demand for a round several times a second,
-/// each taking its share: small hosts of a 95/5 split admitted 2-3x their share). Longer only
-/// costs the other hosts part of their share for longer after a peer stops (never more than the
-/// budget).
-pub const STALE_ROUNDS: u64 = LAG_ROUNDS + 2;
-
-/// [`STALE_ROUNDS`] sync intervals of `interval_ns`.
-#[must_use]
-pub fn stale_after_ns(interval_ns: u64) -> u64 {
-    interval_ns.saturating_mul(STALE_ROUNDS)
-}
-
 #[derive(Clone, Debug)]
 struct Applied {
     count: Count,

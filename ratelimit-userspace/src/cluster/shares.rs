@@ -13,7 +13,7 @@
 //! instant, however late the next round runs, and holds up to the limit's whole burst, so a
 //! host banks its share's refill over the gaps between the bursts it receives. The words hold
 //! while `Config::shares_until_ns` (moved on by every round to the end of its lag allowance,
-//! [`lag_allowance_ns`]) is ahead: an agent that stops, or whose rounds stall, leaves every
+//! [`Timing::lag_ns`]) is ahead: an agent that stops, or whose rounds stall, leaves every
 //! bucket at the whole rate with the tokens it held (fail open). A new key's bucket refills at
 //! the whole rate until its first round. Nothing depends on what the peers admitted, so there is
 //! no feedback from admissions: when the demand is steady, every host's `s x rate` is below its
@@ -35,7 +35,7 @@
 //! no demand only takes its own even part of an idle key (one part per counted identity, as
 //! each takes a part of the slack).
 //!
-//! [`lag_allowance_ns`]: super::remote::lag_allowance_ns
+//! [`Timing::lag_ns`]: super::timing::Timing::lag_ns
 //! [`LocalTracker::update`]: super::publish::LocalTracker::update
 
 use ratelimit_common::{bucket_header, rule_flags, BucketKey, Limit, SHARE_ONE};

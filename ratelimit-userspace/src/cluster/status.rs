@@ -14,6 +14,8 @@ use chitchat::ChitchatId;
 use ratelimit_common::Limit;
 use serde::Serialize;
 
+#[cfg(doc)]
+use super::timing::Timing;
 use super::{publish::KeyName, shares};
 
 /// The cluster as one agent sees it.
@@ -63,7 +65,7 @@ pub struct ClusterStatus {
     pub late_rounds: Vec<LateRound>,
 }
 
-/// A sync round whose shares landed in the buckets more than [`late_after_ns`] after the round
+/// A sync round whose shares landed in the buckets more than [`Timing::late_after_ns`] after the round
 /// was due: meanwhile the buckets kept the shares of the round before (the agent was starved
 /// of CPU, or a map operation stalled). A split that changed then reaches this host's buckets
 /// `late_ms` later than the sync interval promises.
@@ -82,14 +84,6 @@ pub struct LateRound {
 
 /// How many [`LateRound`]s the status keeps.
 pub const LATE_ROUNDS_SHOWN: usize = 32;
-
-/// A round is late when its shares land more than a quarter of the sync interval after it was
-/// due: a round takes well under that (`last_sync_us`, a few ms at 10,000 keys), so only a
-/// stalled agent crosses it.
-#[must_use]
-pub fn late_after_ns(interval_ns: u64) -> u64 {
-    interval_ns / 4
-}
 
 /// The most keys `peers` and the metrics show the holders of: the heaviest by cluster demand.
 /// With at most [`MAX_PEERS`](super::sync::MAX_PEERS) counted peers and this host holding each,

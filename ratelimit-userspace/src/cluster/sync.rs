@@ -16,7 +16,7 @@ use std::{
     collections::{HashMap, HashSet},
     net::SocketAddr,
     sync::{atomic::AtomicU64, Arc},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use chitchat::ChitchatId;
@@ -38,6 +38,7 @@ use super::{
     publish::{sync_value, KeyName, LocalTracker, KEY_PREFIX, SYNC_KEY},
     remote::RemoteTracker,
     status::{Counters, HeaviestKeys, Shared},
+    timing::Timing,
 };
 use crate::{
     compile::CompiledRuleSet,
@@ -57,12 +58,10 @@ pub struct SyncLoop {
     pub maps: PinnedMaps,
     /// Shared with the agent.
     pub shared: Arc<Shared>,
-    /// Sync period.
-    pub interval: Duration,
+    /// The sync interval and the periods derived from it.
+    pub timing: Timing,
     /// Cap on published and read keys.
     pub max_keys: usize,
-    /// Silence after which a peer stops being counted.
-    pub peer_timeout: Duration,
     /// `[cluster] on_partition` and the memory of hosts last known alive.
     pub partition: Partition,
 }
@@ -111,9 +110,8 @@ impl SyncLoop {
             mut chitchat,
             maps,
             shared,
-            interval,
+            timing,
             max_keys,
-            peer_timeout,
             mut partition,
         } = self;
         let start_ns = monotonic_ns();
@@ -121,17 +119,16 @@ impl SyncLoop {
         let mut maps = maps;
         clear_earlier_shares(&mut maps);
         let mut blocking = Some(StoreSide::new(maps, max_keys, start_ns));
-        let timeout_ns = u64::try_from(peer_timeout.as_nanos()).unwrap_or(u64::MAX);
-        let interval_ns = u64::try_from(interval.as_nanos()).unwrap_or(u64::MAX);
-        let lag_ns = super::remote::lag_allowance_ns(interval_ns);
+        let timeout_ns = u64::try_from(timing.peer_timeout().as_nanos()).unwrap_or(u64::MAX);
+        let lag_ns = timing.lag_ns();
         let mut remote: RemoteTracker<ChitchatId> =
-            RemoteTracker::new(timeout_ns, super::remote::stale_after_ns(interval_ns));
+            RemoteTracker::new(timeout_ns, timing.stale_ns());
         let mut last_round_ns: Option<u64> = None;
         // This host's demand as of the last round: the figure its peers divide by now.
         let mut own_figures = OwnFigures::default();
         let mut seq = 0u64;
         let mut was_counted: HashSet<ChitchatId> = HashSet::new();
-        let mut tick = tokio::time::interval(interval);
+        let mut tick = tokio::time::interval(timing.interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let due = tick.tick().await;
@@ -141,7 +138,7 @@ impl SyncLoop {
             // 1. Local buckets -> published counters (map syscalls off the async threads).
             let Some(b) = blocking.take() else { return };
             let Some((b, set, deleted, fresh_demand)) =
-                observe_off_thread(b, rules.clone(), interval_ns).await
+                observe_off_thread(b, rules.clone(), timing).await
             else {
                 return;
             };
@@ -196,7 +193,7 @@ impl SyncLoop {
                 lapsed_ns = w.lapsed_ns;
                 heaviest = count_withheld(w, &mut remote, c);
             }
-            count_late(&shared, due.elapsed(), interval_ns, lapsed_ns);
+            count_late(&shared, due.elapsed(), &timing, lapsed_ns);
             c.keys_synced
                 .store(keys_synced, std::sync::atomic::Ordering::Relaxed);
 

@@ -10,6 +10,7 @@ use crate::{
     cluster::{
         publish::{candidate_rate, BucketObs, Heaviest, KeyName},
         remote::{DemandWindow, RemoteTracker},
+        timing::Timing,
     },
     maps::bucket::{limit_bucket_key, monotonic_ns},
 };
@@ -127,7 +128,7 @@ impl StoreSide {
     fn observe(
         &mut self,
         rules: &ClusterRules,
-        interval_ns: u64,
+        timing: Timing,
     ) -> (Vec<(String, String)>, Vec<String>, Demand) {
         let now = monotonic_ns();
         let full = now >= self.next_full_ns;
@@ -160,7 +161,8 @@ impl StoreSide {
             // most a tenth of the time; in between only the published keys are read (one
             // lookup each).
             let took = monotonic_ns().saturating_sub(now);
-            self.next_full_ns = now.saturating_add(interval_ns.max(took.saturating_mul(10)));
+            self.next_full_ns =
+                now.saturating_add(timing.interval_ns().max(took.saturating_mul(10)));
         } else {
             for name in self.local.keys() {
                 let Some((id, rule, _)) = rules.limit_of(name) else {
@@ -180,7 +182,7 @@ impl StoreSide {
             now,
             self.last_observed_ns,
             &seen,
-            interval_ns.saturating_mul(30),
+            timing.forget_ns(),
         );
         self.last_observed_ns = now;
         let (set, deleted) = self.local.changes();
@@ -193,10 +195,10 @@ impl StoreSide {
 pub(super) async fn observe_off_thread(
     mut b: StoreSide,
     rules_for_scan: ClusterRules,
-    interval_ns: u64,
+    timing: Timing,
 ) -> Option<(StoreSide, Vec<(String, String)>, Vec<String>, Demand)> {
     let joined = tokio::task::spawn_blocking(move || {
-        let (set, deleted, demand) = b.observe(&rules_for_scan, interval_ns);
+        let (set, deleted, demand) = b.observe(&rules_for_scan, timing);
         (b, set, deleted, demand)
     })
     .await;

@@ -12,9 +12,8 @@ use chitchat::ChitchatId;
 use crate::cluster::{
     partition::{Partition, Share},
     remote::RemoteTracker,
-    status::{
-        late_after_ns, Counters, HeaviestKeys, LateRound, PeerStatus, Shared, LATE_ROUNDS_SHOWN,
-    },
+    status::{Counters, HeaviestKeys, LateRound, PeerStatus, Shared, LATE_ROUNDS_SHOWN},
+    timing::Timing,
 };
 
 pub(super) fn peer_statuses(
@@ -112,11 +111,11 @@ pub(super) fn show(
 pub(super) fn count_late(
     shared: &Shared,
     late: std::time::Duration,
-    interval_ns: u64,
+    timing: &Timing,
     lapsed_ns: u64,
 ) {
     let late_ns = u64::try_from(late.as_nanos()).unwrap_or(u64::MAX);
-    if late_ns <= late_after_ns(interval_ns) && lapsed_ns == 0 {
+    if late_ns <= timing.late_after_ns() && lapsed_ns == 0 {
         return;
     }
     Counters::add(&shared.counters.rounds_late, 1);

@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use super::{
     peers::{read_peers, trim_peer_states},
     *,
