@@ -10,13 +10,18 @@ use anyhow::{bail, Context as _, Result};
 use crate::cmd;
 
 /// The files mutated, relative to the workspace root.
-const FILES: [&str; 10] = [
+const FILES: [&str; 15] = [
     "ratelimit-userspace/src/config/model.rs",
     "ratelimit-userspace/src/config/parse.rs",
     "ratelimit-userspace/src/config/lists.rs",
     "ratelimit-userspace/src/config/write.rs",
     "ratelimit-userspace/src/config/error.rs",
     "ratelimit-userspace/src/compile/mod.rs",
+    "ratelimit-userspace/src/compile/compiled.rs",
+    "ratelimit-userspace/src/compile/record.rs",
+    "ratelimit-userspace/src/compile/prefixes.rs",
+    "ratelimit-userspace/src/compile/ids.rs",
+    "ratelimit-userspace/src/compile/error.rs",
     "ratelimit-userspace/src/cluster/remote.rs",
     "ratelimit-userspace/src/cluster/wire.rs",
     "ratelimit-userspace/src/cluster/publish.rs",

@@ -1,0 +1,130 @@
+//! One rule's kernel record ([`rule_record`]): action, match fields and the limits' masks,
+//! intervals, tolerances and flags. Its own room because it is the one place that turns config
+//! units (packets/s, bytes, `per`) into what the XDP program computes with.
+
+use ratelimit_common::{action, rule_flags, Limit, Rule};
+
+use super::mask;
+use crate::config::{Action, Per, Protocol, RuleConfig, Scope};
+
+const NS_PER_SEC: u128 = 1_000_000_000;
+/// The shortest tolerance a rule on the coarse clock may have: 20 ms, five ticks at HZ=250.
+/// Below it, nearly every charge would be within the lag the program allows that clock
+/// (`ratelimit_common::COARSE_LAG_TICKS` ticks) of a full or an empty bucket, where the program
+/// reads the precise clock anyway. A matter of cost only: a charge is exact on either clock.
+const COARSE_CLOCK_MIN_TOLERANCE_NS: u64 = 20_000_000;
+
+/// The IP protocol number of `protocol` for a rule whose sources are all IPv6 (`v6_only`) or
+/// not (validation keeps `icmp` rules to one family).
+fn ip_protocol(protocol: Protocol, v6_only: bool) -> u8 {
+    match (protocol, v6_only) {
+        (Protocol::Tcp, _) => 6,
+        (Protocol::Udp, _) => 17,
+        (Protocol::Icmp, false) => 1,
+        (Protocol::Icmp, true) => 58,
+        (Protocol::Any, _) => 0,
+    }
+}
+
+/// The kernel record of a valid rule.
+pub fn rule_record(r: &RuleConfig) -> Rule {
+    let (has_v4, has_v6) = r.families();
+    let mut rule = Rule {
+        action: match r.action {
+            Action::Limit => action::LIMIT,
+            Action::Allow => action::ALLOW,
+            Action::Deny => action::DENY,
+        },
+        protocol: ip_protocol(r.protocol, has_v6 && !has_v4),
+        dst_port: r.dst_port.unwrap_or(0),
+        flags: if r.dry_run { rule_flags::DRY_RUN } else { 0 },
+        ..Rule::default()
+    };
+    if let Some(f) = r.tcp_flags {
+        (rule.tcp_mask, rule.tcp_flags) = f.mask_value();
+    }
+    if r.action != Action::Limit {
+        return rule;
+    }
+    let (first, mut coarse) = limit_record(
+        (r.per, r.scope),
+        (r.rate, r.burst),
+        (r.bytes_rate, r.bytes_burst),
+        has_v6,
+    );
+    rule.set_limit(0, first);
+    for (k, l) in r.limits.iter().enumerate() {
+        let (limit, c) = limit_record(
+            (l.per, l.scope),
+            (l.rate, l.burst),
+            (l.bytes_rate, l.bytes_burst),
+            has_v6,
+        );
+        coarse &= c;
+        rule.set_limit(k + 1, limit);
+    }
+    if coarse {
+        rule.flags |= rule_flags::COARSE_CLOCK;
+        for l in &mut rule.extra[..r.limits.len()] {
+            l.flags |= rule_flags::COARSE_CLOCK;
+        }
+    }
+    // A `per = "rule"` packet limit gates the others: while its one bucket is empty, the program
+    // drops the rule's packets from a per-CPU window before charging any other limit (a flood of
+    // new sources then makes no bucket per source).
+    let gate = (0..rule.limits()).find(|&k| {
+        rule.limit(k)
+            .is_some_and(|l| l.src_mask == [0; 4] && l.flags & rule_flags::PKT_LIMIT != 0)
+    });
+    if let Some(k) = gate {
+        rule.flags |= rule_flags::gate(k as u32);
+    }
+    rule
+}
+
+/// The kernel form of one limit of a valid rule (whose sources include IPv6 ones if `has_v6`),
+/// and whether its tolerances allow the coarse clock.
+fn limit_record(
+    (per, scope): (Per, Scope),
+    (rate, burst): (Option<u64>, Option<u64>),
+    (bytes_rate, bytes_burst): (Option<u64>, Option<u64>),
+    has_v6: bool,
+) -> (Limit, bool) {
+    let mut l = Limit::default();
+    let per_len = match per {
+        // An IPv4 address fills the first word of the key and the rest is zero, so a rule
+        // with IPv6 sources (IPv4 too or not) can mask every word.
+        Per::Source if has_v6 => 128,
+        Per::Source => 32,
+        Per::Rule => 0,
+        Per::Prefix(len) => len,
+    };
+    // Read as the XDP program reads the packet's address: 4-byte chunks in memory order.
+    let mask_bytes = mask(per_len).to_be_bytes();
+    for (word, chunk) in l.src_mask.iter_mut().zip(mask_bytes.chunks_exact(4)) {
+        *word = u32::from_ne_bytes(chunk.try_into().expect("4 bytes"));
+    }
+    if scope == Scope::Cluster {
+        l.flags |= rule_flags::CLUSTER;
+    }
+    // Validation bounds rate, burst and the refill time (one hour), so none of this overflows.
+    let mut coarse = true;
+    if let (Some(rate), Some(burst)) = (rate, burst) {
+        l.flags |= rule_flags::PKT_LIMIT;
+        // Rounded up: the effective rate is 1e9 / ceil(1e9 / rate), slightly below `rate` when
+        // it does not divide 1e9 (by under 0.1% up to 1e6 packets/s), never above it (rounded
+        // down, 30,000,000/s admitted 1% more over any interval).
+        l.pkt_interval_ns = 1_000_000_000u64.div_ceil(rate);
+        l.pkt_tolerance_ns = burst * l.pkt_interval_ns;
+        coarse &= l.pkt_tolerance_ns >= COARSE_CLOCK_MIN_TOLERANCE_NS;
+    }
+    if let (Some(rate), Some(burst)) = (bytes_rate, bytes_burst) {
+        l.flags |= rule_flags::BYTE_LIMIT;
+        // Rounded up, as every byte cost is (`byte_cost_ns`): never above `bytes_rate`.
+        l.byte_interval_fp = (NS_PER_SEC << 16).div_ceil(u128::from(rate)) as u64;
+        l.byte_tolerance_ns = (u128::from(burst) * NS_PER_SEC / u128::from(rate)) as u64;
+        coarse &= l.byte_tolerance_ns >= COARSE_CLOCK_MIN_TOLERANCE_NS;
+    }
+    let limits = l.flags & (rule_flags::PKT_LIMIT | rule_flags::BYTE_LIMIT) != 0;
+    (l, coarse && limits)
+}
