@@ -12,7 +12,8 @@ use toml::Spanned;
 
 use super::{
     error::{ConfigError, Source},
-    model::{parse_source, validate_source, MAX_RULE_PREFIXES},
+    model::MAX_RULE_PREFIXES,
+    validate::{parse_source, validate_source},
 };
 
 /// Where a rule's source prefixes were written, parallel to [`RuleConfig::sources`], so that

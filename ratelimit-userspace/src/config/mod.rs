@@ -27,23 +27,30 @@
 //! rest of the document (comments, formatting, other tables) as it is.
 //!
 //! # Layout
-//! - `model.rs`: the typed config ([`Config`], [`AgentConfig`], [`ClusterConfig`], [`RuleConfig`]),
-//!   the limits and defaults, and rule validation.
+//! - `model.rs`: the typed config ([`Config`], [`AgentConfig`], [`ClusterConfig`]), the limits
+//!   and defaults.
+//! - `keywords.rs`: the settings spelled as words ([`AttachMode`], [`Action`], [`Protocol`],
+//!   [`TcpFlags`], [`Scope`], [`Per`]).
+//! - `rule.rs`: one rule ([`RuleConfig`], [`LimitConfig`]) and its serialized form.
+//! - `validate.rs`: the checks of one rule ([`RuleConfig::validate`]) and [`RuleError`].
 //! - `parse.rs`: TOML text to the model, with positions.
 //! - `lists.rs`: the files a config names: its own text, `source_file` lists, relative paths.
 //! - `write.rs`: writing a changed rule set back into the file; a rule as TOML.
 //! - `error.rs`: [`ConfigError`], the positions errors name, and locating a TOML error's key.
 //!
-//! `model.rs` and `error.rs` import no other file of the folder; `lists.rs` imports those two, and
-//! `parse.rs` and `write.rs` import the three.
+//! `model.rs`, `keywords.rs`, `rule.rs`, `validate.rs` and `error.rs` import no other file of the
+//! folder but each other; `lists.rs` imports those, and `parse.rs` and `write.rs` import them all.
 
 mod error;
+mod keywords;
 mod lists;
 mod model;
 mod parse;
+mod rule;
+mod validate;
 mod write;
 
-pub use self::{error::*, lists::*, model::*, write::*};
+pub use self::{error::*, keywords::*, lists::*, model::*, rule::*, validate::*, write::*};
 
 #[cfg(test)]
 mod tests;

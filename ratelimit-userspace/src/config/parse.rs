@@ -15,13 +15,14 @@ use toml::Spanned;
 
 use super::{
     error::{rule_section, schema_error, syntax_error, ConfigError, Source},
+    keywords::{Action, AttachMode, Per, Protocol, Scope, TcpFlags},
     lists::{base_dir, list_sources, read_text, SourcesFrom},
     model::{
-        default_bytes_burst, no_meaning, parse_source, validate_name, validate_source, Action,
-        AgentConfig, AttachMode, ClusterConfig, Config, OnPartition, Per, Protocol, RuleConfig,
-        Scope, TcpFlags, DEFAULT_PARTITION_MEMORY_S, MAX_KEYS, MAX_MAX_BUCKETS, MAX_TOTAL_PREFIXES,
-        MIN_MAX_BUCKETS,
+        AgentConfig, ClusterConfig, Config, OnPartition, DEFAULT_PARTITION_MEMORY_S, MAX_KEYS,
+        MAX_MAX_BUCKETS, MAX_TOTAL_PREFIXES, MIN_MAX_BUCKETS,
     },
+    rule::{default_bytes_burst, RuleConfig},
+    validate::{no_meaning, parse_source, validate_name, validate_source},
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -13,11 +13,11 @@ use ipnet::IpNet;
 use super::{
     error::Source,
     error::{syntax_error, ConfigError},
+    keywords::{Action, Per, Protocol, Scope},
     lists::{base_dir, read_text, resolve},
-    model::{
-        default_bytes_burst, parse_source, Action, Config, LimitConfig, Per, Protocol, RuleConfig,
-        Scope,
-    },
+    model::Config,
+    rule::{default_bytes_burst, LimitConfig, RuleConfig},
+    validate::parse_source,
 };
 
 // ---------------------------------------------------------------------------------------------
