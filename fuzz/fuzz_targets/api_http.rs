@@ -1,11 +1,11 @@
 //! The control API's HTTP layer: the input is one client's byte stream, sent over an in-memory
 //! connection into the real `http::serve` (hyper's HTTP/1 connection, the body limit) and the
-//! real `api::router`, over `api::probe::Recorder`, a backend that records what the handlers
+//! real `api::router`, over `api::harness::Recorder`, a backend that records what the handlers
 //! ask of it (the agent itself needs root and a loaded XDP program). Each input is sent twice:
 //! once with the client waiting for its answers before it shuts its side down, once shutting it
 //! down at once (hyper's end-of-file paths).
 //!
-//! `api::probe::check` then holds the exchange to what must hold whatever the client sends:
+//! `api::harness::check` then holds the exchange to what must hold whatever the client sends:
 //! every answer an HTTP/1.x response with a status the API can give (never a 500), every 2xx a
 //! JSON object, every 4xx the API's `{"error": MESSAGE}` or the text of `http::serve`'s body
 //! limits or hyper's empty answer to what it cannot parse; no more answers and backend calls
@@ -20,7 +20,7 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use ratelimit::api::probe::{check, exchange, Close};
+use ratelimit::api::harness::{check, exchange, Close};
 
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();

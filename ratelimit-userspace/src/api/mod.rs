@@ -68,8 +68,8 @@
 //! answers; `rule_json.rs` reads a rule sent as JSON; `top.rs` measures `top`.
 
 mod error;
-#[cfg(any(test, feature = "probe"))]
-pub mod probe;
+#[cfg(any(test, feature = "harness"))]
+pub mod harness;
 mod routes;
 mod rule_json;
 mod state;
@@ -179,7 +179,7 @@ pub fn takes_body(method: &Method, path: &str) -> bool {
 
 /// What the API's handlers do once a request is parsed and validated: one method per operation,
 /// each answering the JSON body of a success. [`ApiState`] does it on the agent; tests and the
-/// fuzzer use [`probe::Recorder`], which records what it is asked.
+/// fuzzer use [`harness::Recorder`], which records what it is asked.
 pub trait Backend: Clone + Send + Sync + 'static {
     /// `GET /v1/status`.
     fn status(&self) -> impl Future<Output = Result<Value, ApiError>> + Send;

@@ -23,12 +23,12 @@ use super::{
 };
 use crate::config::Protocol;
 
-/// The API's routes over `backend`: [`ApiState`] in the agent, [`probe::Recorder`] in tests and
+/// The API's routes over `backend`: [`ApiState`] in the agent, [`harness::Recorder`] in tests and
 /// the fuzzer. Every request is parsed and validated here, in the handlers; the backend is only
 /// called with what passed.
 ///
 /// [`ApiState`]: super::ApiState
-/// [`probe::Recorder`]: super::probe::Recorder
+/// [`harness::Recorder`]: super::harness::Recorder
 pub fn router<B: Backend>(backend: B) -> Router {
     Router::new()
         .route("/v1/status", get(status::<B>))

@@ -395,11 +395,11 @@ fn rule_from_json_takes_limits_and_names_the_one_at_fault() {
     assert!(e.contains("limit") && e.contains("no meaning"), "{e}");
 }
 
-// The API over HTTP: the real `http::serve` and `router` over `probe::Recorder`, fed crafted byte
-// streams; `probe::check` holds every exchange to the properties the `api_http` fuzz target
+// The API over HTTP: the real `http::serve` and `router` over `harness::Recorder`, fed crafted byte
+// streams; `harness::check` holds every exchange to the properties the `api_http` fuzz target
 // checks (fuzz/README.md).
 
-use probe::{Call, Close};
+use harness::{Call, Close};
 
 fn get(path: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nHost: agent\r\n\r\n")
@@ -413,9 +413,9 @@ fn send(method: &str, path: &str, body: &str) -> String {
 }
 
 /// Sends `input`, checks the exchange, and answers the responses and the backend calls.
-async fn over_http(input: &[u8], close: Close) -> (Vec<probe::Response>, Vec<Call>) {
-    let x = probe::exchange(input, close).await;
-    let responses = probe::check(&x).unwrap_or_else(|e| {
+async fn over_http(input: &[u8], close: Close) -> (Vec<harness::Response>, Vec<Call>) {
+    let x = harness::exchange(input, close).await;
+    let responses = harness::check(&x).unwrap_or_else(|e| {
         panic!(
             "{e}\ninput: {:?}\noutput: {:?}",
             String::from_utf8_lossy(&x.input),
@@ -425,12 +425,12 @@ async fn over_http(input: &[u8], close: Close) -> (Vec<probe::Response>, Vec<Cal
     (responses, x.calls.into_iter().map(|(c, _)| c).collect())
 }
 
-fn statuses(responses: &[probe::Response]) -> Vec<u16> {
+fn statuses(responses: &[harness::Response]) -> Vec<u16> {
     responses.iter().map(|r| r.status).collect()
 }
 
 /// The message of the API's `{"error": ...}`.
-fn error_message(r: &probe::Response) -> String {
+fn error_message(r: &harness::Response) -> String {
     let body = r.body.as_deref().expect("a body");
     let v: Value = serde_json::from_slice(body).expect("a JSON error");
     v["error"].as_str().expect("an error message").to_string()
@@ -650,7 +650,7 @@ async fn chunked_bodies_expect_continue_and_the_body_limit() {
     assert!(body.starts_with("reading the request body: "), "{body}");
     assert_eq!(calls, []);
     // A body over the limit, chunked or not: 413.
-    let big = "x".repeat(probe::LIMITS.max_body + 1);
+    let big = "x".repeat(harness::LIMITS.max_body + 1);
     for input in [
         send("POST", "/v1/rules", &big),
         chunked(&format!("{:x}\r\n{big}\r\n0\r\n\r\n", big.len())),
@@ -750,9 +750,9 @@ async fn a_client_that_half_closes_after_sending_gets_every_answer() {
     assert_eq!(calls, [Call::Status, Call::Rules]);
 }
 
-/// `probe::check` refuses each kind of violation: the tests above would pass without it.
+/// `harness::check` refuses each kind of violation: the tests above would pass without it.
 #[test]
-fn the_probe_check_catches_what_a_broken_api_would_do() {
+fn the_harness_check_catches_what_a_broken_api_would_do() {
     let ok = |body: &str| {
         format!(
             "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
@@ -761,7 +761,7 @@ fn the_probe_check_catches_what_a_broken_api_would_do() {
     };
     let status_answer = json!({"rules": 1});
     let exchange =
-        |input: &str, output: String, calls: Vec<(Call, probe::Answer)>| probe::Exchange {
+        |input: &str, output: String, calls: Vec<(Call, harness::Answer)>| harness::Exchange {
             input: input.as_bytes().to_vec(),
             output: output.into_bytes(),
             calls,
@@ -774,7 +774,7 @@ fn the_probe_check_catches_what_a_broken_api_would_do() {
         ok(r#"{"rules": 1}"#),
         vec![(Call::Status, Ok(status_answer.clone()))],
     );
-    probe::check(&good).unwrap();
+    harness::check(&good).unwrap();
     let top = |n, ms| Call::Top {
         n,
         interval: Duration::from_millis(ms),
@@ -789,7 +789,7 @@ fn the_probe_check_catches_what_a_broken_api_would_do() {
     let mut invalid =
         rule_from_json(&json!({"name": "r", "source": "10.0.0.0/8", "rate": 5})).unwrap();
     invalid.rate = Some(0);
-    let cases: Vec<(&str, probe::Exchange)> = vec![
+    let cases: Vec<(&str, harness::Exchange)> = vec![
         ("top called with n = 0", exchange(&one, String::new(), vec![(top(0, 1000), Ok(json!({})))])),
         ("top called with n = 100001", exchange(&one, String::new(), vec![(top(TOP_N.1 + 1, 1000), Ok(json!({})))])),
         ("top called with an interval of 9ms", exchange(&one, String::new(), vec![(top(1, 9), Ok(json!({})))])),
@@ -808,21 +808,21 @@ fn the_probe_check_catches_what_a_broken_api_would_do() {
         ("follows a response with connection: close", exchange(&one.repeat(2), format!("HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{{\"rules\": 1}}{}", ok(r#"{"rules": 1}"#)), vec![(Call::Status, Ok(status_answer.clone())), (Call::Status, Ok(status_answer.clone()))])),
         ("not an HTTP response", exchange(&one, "garbage".into(), vec![])),
         ("content-length 50, 12 bytes follow", exchange(&one, ok(r#"{"rules": 1}"#).replace("12", "50"), vec![(Call::Status, Ok(status_answer.clone()))])),
-        ("stalled", probe::Exchange { stalled: true, ..exchange(&one, String::new(), vec![]) }),
+        ("stalled", harness::Exchange { stalled: true, ..exchange(&one, String::new(), vec![]) }),
     ];
     for (want, x) in cases {
-        let got = probe::check(&x).expect_err(want);
+        let got = harness::check(&x).expect_err(want);
         assert!(got.contains(want), "got {got:?}, want {want:?}");
     }
 }
 
 #[test]
 fn complete_heads_counts_each_empty_line_once() {
-    assert_eq!(probe::complete_heads(b""), 0);
-    assert_eq!(probe::complete_heads(b"GET / HTTP/1.1\r\n"), 0);
-    assert_eq!(probe::complete_heads(b"GET / HTTP/1.1\r\n\r\n"), 1);
-    assert_eq!(probe::complete_heads(b"GET / HTTP/1.1\n\n"), 1);
-    assert_eq!(probe::complete_heads(b"\n\n\n"), 1);
-    assert_eq!(probe::complete_heads(b"\n\n\n\n"), 2);
-    assert_eq!(probe::complete_heads(b"a\r\n\r\nb\n\nc\n\r\n"), 3);
+    assert_eq!(harness::complete_heads(b""), 0);
+    assert_eq!(harness::complete_heads(b"GET / HTTP/1.1\r\n"), 0);
+    assert_eq!(harness::complete_heads(b"GET / HTTP/1.1\r\n\r\n"), 1);
+    assert_eq!(harness::complete_heads(b"GET / HTTP/1.1\n\n"), 1);
+    assert_eq!(harness::complete_heads(b"\n\n\n"), 1);
+    assert_eq!(harness::complete_heads(b"\n\n\n\n"), 2);
+    assert_eq!(harness::complete_heads(b"a\r\n\r\nb\n\nc\n\r\n"), 3);
 }

@@ -404,7 +404,7 @@ pub async fn exchange(input: &[u8], close: Close) -> Exchange {
         OneConnection(Some(server)),
         router(recorder.clone()),
         LIMITS,
-        "control API probe",
+        "control API harness",
     ));
     let (mut rd, mut wr) = tokio::io::split(client);
     let write = async {
