@@ -126,7 +126,7 @@ impl Limiter {
 
 /// Runs `frame` `repeat` times in one call; returns the kernel's mean ns per run, the wall-clock
 /// ns per run of the whole call, and the XDP action.
-fn repeat_ns(prog: &Xdp, frame: &[u8], repeat: u32) -> Result<(f64, f64, u32)> {
+pub(crate) fn repeat_ns(prog: &Xdp, frame: &[u8], repeat: u32) -> Result<(f64, f64, u32)> {
     let opts = TestRunOptions {
         data_in: Some(frame),
         repeat,
@@ -185,7 +185,7 @@ impl HotCase {
 
 /// The kernel reports whole nanoseconds, truncated: half a nanosecond is added back so that a
 /// floor of "7" (7.0 to 7.99) is not taken for less than it is.
-const TRUNCATION: f64 = 0.5;
+pub(crate) const TRUNCATION: f64 = 0.5;
 
 /// Measures `cases` (limiter) and the floor, interleaved: each run measures every case once.
 fn measure_hot(
@@ -668,7 +668,7 @@ pub fn layered_flood(report: &mut Report, opts: &Options, refs: &Refs) -> Result
 }
 
 /// A driver ([`progs::driver`]) that tail-calls `target`, with the program array it needs.
-struct Driver {
+pub(crate) struct Driver {
     program: Xdp,
     _array: std::os::fd::OwnedFd,
 }
@@ -679,7 +679,7 @@ impl Driver {
     }
 
     /// A driver that reads records of the bucket store first (see [`progs::driver`]).
-    fn touching(
+    pub(crate) fn touching(
         name: &str,
         sources: Sources<'_>,
         touch: Option<Touch<'_>>,
@@ -700,7 +700,7 @@ impl Driver {
     }
 
     /// Runs `frame` `repeat` times; the kernel's ns per run. Fails if the tail call failed.
-    fn run(&self, frame: &[u8], repeat: u32) -> Result<f64> {
+    pub(crate) fn run(&self, frame: &[u8], repeat: u32) -> Result<f64> {
         let (k, _, action) = repeat_ns(&self.program, frame, repeat)?;
         if action == 0 {
             bail!("the driver's tail call failed (XDP_ABORTED)");
@@ -727,7 +727,7 @@ pub fn fill(limiter: &Limiter, refs: &Refs, first: [u8; 4], n: u32) -> Result<u6
 }
 
 /// A frame whose source is `first - 1`, for a [`Sources::Sequential`] driver to start at `first`.
-fn sequential_from(first: [u8; 4]) -> Vec<u8> {
+pub(crate) fn sequential_from(first: [u8; 4]) -> Vec<u8> {
     v4_frame((u32::from_be_bytes(first).wrapping_sub(1)).to_be_bytes())
 }
 

@@ -11,7 +11,8 @@
 //! it against the targets and writes it as JSON (plus a [`chart`] of the bucket store). The parts,
 //! every ratio against a baseline measured in the same run:
 //! - [`kernel`]: in-kernel cost per packet through BPF_PROG_TEST_RUN, the limiter against an
-//!   XDP_PASS floor, hot and with 1k to 1M tracked sources;
+//!   XDP_PASS floor, hot and with 1k to 1M tracked sources; with it [`f1`], one dependent read
+//!   of a region the size of the bucket store (a pointer chase) against one independent read;
 //! - [`rules`]: rule update latency with 10,000 rules, and kernel memory;
 //! - [`e2e`]: packets per second over a veth pair from a live-frames generator, for the limiter,
 //!   a drop-all floor, an XDP_PASS receiver, nftables and iptables, with one hot source and with
@@ -34,6 +35,7 @@ mod agent;
 mod chart;
 mod cluster;
 mod e2e;
+mod f1;
 mod generator;
 mod kernel;
 mod progs;
@@ -65,6 +67,9 @@ pub enum Part {
     Limits,
     /// Only the A/B of the handling of cut packets on whole packets (part of `kernel`).
     Cut,
+    /// Only F1, one dependent read of a region the size of the bucket store (a pointer chase),
+    /// beside one independent read (part of `kernel`).
+    F1,
     Rules,
     E2e,
     Agent,
@@ -185,6 +190,9 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
             let limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::BASE_RULES)?;
             kernel::cut_ab(&mut report, opts, &refs, &limiter, DEFAULT_MAX_BUCKETS)?;
         }
+    }
+    if want(Part::Kernel) || want(Part::F1) {
+        f1::run(&mut report, opts, &refs)?;
     }
     if want(Part::E2e) {
         e2e::run(&mut report, opts, &mut refs)?;
@@ -493,6 +501,12 @@ fn notes() -> Vec<String> {
          creates its bucket) until it holds the number stated (counted in the store, printed in \
          each label); each run's new sources are freed again afterwards. 'Several CPUs': one \
          thread pinned to each CPU runs the same hot frame at the same time."
+            .into(),
+        "F1: each run reads the line of a 64 MiB chain (one random cycle through all its 64-byte \
+         lines, 4 KiB pages) that the previous run's read named, so no two runs' misses overlap: \
+         one whole read of memory, chase - its floor (the same program without the chain read). \
+         The independent read beside it is the 'memory:' driver's (its address drawn at random, \
+         so consecutive runs' misses overlap), on the same chain."
             .into(),
         "End to end: generator and receiver share one CPU (the receiving NAPI poll runs when the \
          test run re-enables bottom halves), so Mpps is the whole pipeline's rate on one core. \

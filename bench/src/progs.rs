@@ -226,6 +226,32 @@ pub fn write_mapped(map: &OwnedFd, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Reads the first `len` bytes of the memory-mappable array map `map`, through a mapping.
+pub fn read_mapped(map: &OwnedFd, len: usize) -> Result<Vec<u8>> {
+    let mut bytes = vec![0u8; len];
+    if len == 0 {
+        return Ok(bytes);
+    }
+    // SAFETY: a fresh read-only shared mapping of the array's first `len` bytes (the kernel
+    // checks the length against the map), read once and unmapped.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            map.as_raw_fd(),
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()).context("mapping an array map");
+        }
+        std::ptr::copy_nonoverlapping(p.cast::<u8>(), bytes.as_mut_ptr(), len);
+        libc::munmap(p, len);
+    }
+    Ok(bytes)
+}
+
 /// Creates a map.
 pub fn create_map(
     map_type: u32,
