@@ -799,11 +799,25 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
         || (charged_by(&agents[0], g1) > first).then_some(()),
     );
     // As above: once the traffic stopped, nothing more is withheld for h1 after
-    // `DEMAND_HISTORY` of its syncs.
+    // `DEMAND_HISTORY` of its syncs; on a busy machine their rounds run late, so wait until
+    // the count has not moved for as long again.
     thread::sleep(Duration::from_millis(
         (ratelimit::cluster::remote::DEMAND_HISTORY as u64 + 3) * SYNC_MS,
     ));
-    let after = charged_by(&agents[0], g1) - first;
+    let settled =
+        Duration::from_millis((ratelimit::cluster::remote::DEMAND_HISTORY as u64 + 3) * SYNC_MS);
+    let mut last = charged_by(&agents[0], g1);
+    let after = wait_for(
+        "the refill withheld for h1 settling",
+        Duration::from_secs(10),
+        || {
+            thread::sleep(settled);
+            let now = charged_by(&agents[0], g1);
+            let still = now == last;
+            last = now;
+            still.then_some(now)
+        },
+    ) - first;
 
     // Restart: SIGKILL, and a new agent adopting the pins.
     let status = agents[1].crash().unwrap();
