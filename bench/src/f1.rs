@@ -23,8 +23,8 @@ use serde_json::json;
 use crate::{
     kernel::{repeat_ns, sequential_from, Driver, TRUNCATION},
     progs::{
-        self, insn, ld_map_fd, Insn, Sources, Touch, ADD64_IMM, CALL, EXIT, FUNC_MAP_LOOKUP_ELEM,
-        F_MMAPABLE, JNE_IMM, LDX_W, MAP_ARRAY, MOV64_IMM, MOV64_REG, STX_W, XDP_ABORTED, XDP_PASS,
+        self, insn, Insn, Sources, Touch, EXIT, F_MMAPABLE, LDX_W, MAP_ARRAY, MOV64_IMM, MOV64_REG,
+        STX_W, XDP_PASS,
     },
     refs::{Refs, PASS},
     report::{Figure, Report},
@@ -61,33 +61,18 @@ pub fn cyclic_permutation(n: u32, seed: u64) -> Vec<u32> {
     next
 }
 
-/// `r0` = the value of `map` whose u32 key is at r10-4, or an `XDP_ABORTED` exit if there is none
-/// (which cannot happen for an array map and a key below its size).
-fn lookup_at_fp4(map: BorrowedFd<'_>) -> Vec<Insn> {
-    let mut p = ld_map_fd(1, map).to_vec();
-    p.extend([
-        insn(MOV64_REG, 2, 10, 0, 0),
-        insn(ADD64_IMM, 2, 0, 0, -4),
-        insn(CALL, 0, 0, 0, FUNC_MAP_LOOKUP_ELEM),
-        insn(JNE_IMM, 0, 0, 2, 0),
-        insn(MOV64_IMM, 0, 0, 0, XDP_ABORTED),
-        insn(EXIT, 0, 0, 0, 0),
-    ]);
-    p
-}
-
 /// The chase (with `chain`) or its floor (without): reads `cursor[0]`, with `chain` replaces it
 /// by the first u32 of `chain[cursor[0]]`, writes it back to `cursor[0]`, and passes.
 fn chase(cursor: BorrowedFd<'_>, chain: Option<BorrowedFd<'_>>) -> Vec<Insn> {
     let mut p = vec![insn(MOV64_IMM, 0, 0, 0, 0), insn(STX_W, 10, 0, -4, 0)];
-    p.extend(lookup_at_fp4(cursor));
+    p.extend(progs::entry_at_fp4(cursor));
     p.extend([
         insn(MOV64_REG, 6, 0, 0, 0), // r6 = &cursor[0]
         insn(LDX_W, 7, 6, 0, 0),     // r7 = the index
     ]);
     if let Some(chain) = chain {
         p.push(insn(STX_W, 10, 7, -4, 0));
-        p.extend(lookup_at_fp4(chain));
+        p.extend(progs::entry_at_fp4(chain));
         p.push(insn(LDX_W, 7, 0, 0, 0)); // r7 = the next index, read from the line
     }
     p.extend([

@@ -406,7 +406,7 @@ const LOOKUP_AT_FP4: [Insn; 6] = [
 ];
 
 /// `r0` = the entry of `map` whose u32 key is at r10-4 (see [`LOOKUP_AT_FP4`]).
-fn entry_at_fp4(map: BorrowedFd<'_>) -> Vec<Insn> {
+pub(crate) fn entry_at_fp4(map: BorrowedFd<'_>) -> Vec<Insn> {
     let mut p = ld_map_fd(1, map).to_vec();
     p.extend(LOOKUP_AT_FP4);
     p

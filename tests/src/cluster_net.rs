@@ -438,6 +438,18 @@ fn agent_log() -> String {
     std::env::var("RL_AGENT_LOG").unwrap_or_else(|_| "info".into())
 }
 
+/// Writes each agent's log to `$RL_AGENT_LOG_DIR/TAG-hN.log` when that is set (with
+/// `RL_AGENT_LOG`, see [`agent_log`], to read each round's shares after a run); `true` if it did.
+pub fn save_agent_logs(tag: &str, agents: &[AgentProcess]) -> bool {
+    let Ok(dir) = std::env::var("RL_AGENT_LOG_DIR") else {
+        return false;
+    };
+    for (i, a) in agents.iter().enumerate() {
+        let _ = std::fs::write(format!("{dir}/{tag}-h{i}.log"), a.log());
+    }
+    true
+}
+
 /// The addresses of the peers `status` shows counted.
 #[must_use]
 pub fn counted_peers(status: &Value) -> Vec<String> {

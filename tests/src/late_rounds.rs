@@ -6,10 +6,14 @@
 //! intervals is therefore held to its limit plus the time within it during which some agent's
 //! round was overdue: measured by the agents themselves, never assumed.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use ratelimit::cluster::{status::LATE_ROUNDS_SHOWN as SHOWN, timing::Timing};
+
+/// Now, Unix milliseconds (the agents' `late_rounds` are dated so).
+pub use crate::cluster::unix_ms;
 use crate::{cluster_net::status, AgentProcess};
 
 /// Reads every agent's `status --json` every `every` until `until`, and once more then: the
@@ -39,14 +43,6 @@ pub fn read_until(
     }
 }
 
-/// Now, Unix milliseconds (the agents' `late_rounds` are dated so).
-#[must_use]
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// The spans (from, to), seconds after a start, during which some agent's round was overdue.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Overdue {
@@ -62,9 +58,6 @@ pub struct Overdue {
     /// it may have admitted up to a burst and `rate` times the lapse beyond its share.
     pub lapses: Vec<(usize, f64, f64)>,
 }
-
-/// The most late rounds an agent's status keeps (the agent's `LATE_ROUNDS_SHOWN`).
-const SHOWN: usize = 32;
 
 impl Overdue {
     /// The late rounds in `readings`, relative to a start at `start_unix_ms`: each reading is
@@ -98,7 +91,9 @@ impl Overdue {
                 // Overdue from the agent's own threshold on (a quarter sync interval, which
                 // a debug agent's round on a busy 2-core machine often nears by itself): the
                 // limit a test holds convergence to already includes that much.
-                let threshold = s["cluster"]["sync_interval_ms"].as_u64().unwrap_or(0) / 4;
+                let threshold = s["cluster"]["sync_interval_ms"]
+                    .as_u64()
+                    .map_or(0, |ms| Timing::new(ms).late_after_ns() / 1_000_000);
                 #[expect(clippy::cast_precision_loss, reason = "milliseconds")]
                 let overdue_from = landed - late.saturating_sub(threshold) as f64 / 1000.0;
                 o.spans.push((i, overdue_from, landed));

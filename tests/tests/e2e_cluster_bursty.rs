@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use ratelimit_testbed::{
     agent_proc::global_counter,
     bursty::{one_bucket, worst_excess, BurstLog, Plan},
-    cluster_net::{ClusterNet, FLOOD},
+    cluster_net::{save_agent_logs, ClusterNet, FLOOD},
     late_rounds::{read_until, unix_ms, Overdue},
     leftover_check, require_root, AgentProcess, Receiver,
 };
@@ -186,11 +186,7 @@ fn run(
         reader.join().unwrap()
     });
     let overdue = Overdue::of(&readings, start_unix_ms);
-    if let Ok(dir) = std::env::var("RL_AGENT_LOG_DIR") {
-        for (i, a) in agents.iter().enumerate() {
-            let _ = std::fs::write(format!("{dir}/{tag}-h{i}.log"), a.log());
-        }
-    }
+    save_agent_logs(tag, &agents);
     // Each agent's view at the end: why a host admitted what it did.
     for (i, _, v) in readings.iter().rev().take(hosts).rev() {
         let c = &v["cluster"]["counters"];

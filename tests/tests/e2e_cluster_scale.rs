@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_testbed::{
-    cluster_net::{cluster_counter, stalls, status, ClusterNet, Samples, Split},
+    cluster_net::{cluster_counter, save_agent_logs, stalls, status, ClusterNet, Samples, Split},
     late_rounds::{read_until, unix_ms, Overdue},
     leftover_check, require_root,
 };
@@ -163,10 +163,7 @@ fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_5_
     // When the agents' own rounds ran late (measured by each agent: `cluster.late_rounds`): a
     // change of split reaches the buckets that much later, so the convergence limit moves by it.
     let overdue = Overdue::of(&readings, start_unix_ms);
-    if let Ok(dir) = std::env::var("RL_AGENT_LOG_DIR") {
-        for (i, a) in agents.iter().enumerate() {
-            let _ = std::fs::write(format!("{dir}/rl-cs-h{i}.log"), a.log());
-        }
+    if save_agent_logs("rl-cs", &agents) {
         println!("start at unix ms {start_unix_ms}");
     }
 
