@@ -1537,6 +1537,99 @@ fn a_bucket_at_a_share_holds_its_holders_share_of_bursts_and_its_debt_when_the_s
     );
 }
 
+/// The program charges a cluster-scoped bucket as `ratelimit_common::share::admit` says (the
+/// arithmetic the cluster simulator and the agent's conversions run; the program keeps its own
+/// copy of the step, shaped for the verifier): at every share word and holder count, shares in
+/// force or lapsed, a bucket full or in debt after the agent converted it, `k` packets sent back
+/// to back admit what `admit` computes for them at the instant before or after. At 1 packet a
+/// second nothing refills meanwhile unless a boundary falls between the two instants.
+#[test]
+fn the_program_charges_a_cluster_bucket_as_the_shared_arithmetic_says() {
+    use ratelimit::maps::{bucket::monotonic_ns, PinnedMaps};
+    use ratelimit_common::{rule_flags, share, SHARE_FIELD_MASK, SHARE_ONE};
+    require_root();
+    let mut dp = TestDataplane::new("sharesame", 1024).unwrap();
+    let set = dp
+        .install_toml("[[rule]]\nname = \"c\"\nsource = \"198.18.0.0/16\"\nrate = 1\nburst = 20\n")
+        .unwrap();
+    let rid = id(&set, "c");
+    let mut maps = PinnedMaps::open(dp.pin_dir()).unwrap();
+    let mut cluster = maps.rule(rid).unwrap();
+    // The precise clock: the coarse one lags by up to a few ticks, which the step judges by.
+    cluster.flags = (cluster.flags | rule_flags::CLUSTER) & !rule_flags::COARSE_CLOCK;
+    maps.set_rule(rid, cluster).unwrap();
+    let limit = cluster.limit(0).unwrap();
+    let words = [SHARE_ONE / 2, SHARE_ONE / 3, SHARE_ONE / 64, 0xabcd, 1];
+    let mut case = 0u32;
+    let mut admitted_some = 0;
+    for word in words {
+        for holders in [1u32, 2, 3, 63] {
+            for in_force in [true, false] {
+                for spent in [0usize, 7, 30] {
+                    case += 1;
+                    let src = Ipv4Addr::from(0xc612_0000 + case);
+                    let frame = udp4(src);
+                    let key = ratelimit::maps::bucket::bucket_key(rid, &cluster, src.into());
+                    let until = if in_force {
+                        monotonic_ns() + 60_000_000_000
+                    } else {
+                        0
+                    };
+                    maps.update_config(|c| c.shares_until_ns = until).unwrap();
+                    let _ = passes(&dp, &frame, spent.max(1));
+                    ratelimit::cluster::shares::set_share(
+                        &maps,
+                        &key,
+                        (u16::try_from(word).unwrap(), holders),
+                        &limit,
+                        monotonic_ns(),
+                        ratelimit::maps::bucket::monotonic_coarse_ns(),
+                    )
+                    .unwrap();
+                    let Slot::Found(i) = maps
+                        .locate_bucket(&key, ratelimit::maps::bucket::monotonic_coarse_ns())
+                        .unwrap()
+                        .0
+                    else {
+                        panic!("case {case}: the source's bucket is gone");
+                    };
+                    let b = maps.store().get(i);
+                    let dom = share::domain(true, b.created_share & SHARE_FIELD_MASK, in_force);
+                    let k = 40;
+                    let expect = |now: u64| {
+                        let mut tat = b.tat_ns;
+                        share::admit(
+                            &mut tat,
+                            now,
+                            k,
+                            limit.pkt_interval_ns,
+                            limit.pkt_tolerance_ns,
+                            dom,
+                        )
+                    };
+                    let before = expect(monotonic_ns());
+                    let got = passes(&dp, &frame, 40) as u64;
+                    let after = expect(monotonic_ns());
+                    admitted_some += got;
+                    assert!(
+                        got == before || got == after,
+                        "case {case} (word {word:#x}, holders {holders}, in force {in_force}, \
+                         {spent} spent, tat {} {}): the program admitted {got} of {k}, the \
+                         shared arithmetic {before} (before) or {after} (after)",
+                        b.tat_ns,
+                        if b.tat_ns & share::STRETCHED != 0 {
+                            "stretched"
+                        } else {
+                            "whole"
+                        }
+                    );
+                }
+            }
+        }
+    }
+    assert!(admitted_some > 0, "no case admitted anything");
+}
+
 /// The share word the agent's cluster sync writes into a bucket (issue #15) is what the program
 /// refills it at: a cluster-scoped bucket with a word of a quarter refills at a quarter of the
 /// rate, between any two rounds, while `Config::shares_until_ns` is ahead; once that lapses (the

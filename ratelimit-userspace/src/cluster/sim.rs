@@ -58,8 +58,8 @@ impl Rng {
 
 /// One cluster-scoped bucket with share field `field` (word and holders,
 /// `ratelimit_common::share::field`; shares in force), charged as the program charges it
-/// (`ratelimit_common::share`: the TAT brought into the word's time, the share's cost and
-/// tolerance): `k` packets arriving at `now`. Returns how many conform.
+/// (`ratelimit_common::share::admit`: the program's step, `k` times at once): `k` packets
+/// arriving at `now`. Returns how many conform.
 pub fn charge_batch(
     tat: &mut u64,
     now: u64,
@@ -68,15 +68,14 @@ pub fn charge_batch(
     field: u64,
 ) -> u64 {
     let dom = share::domain(true, field, true);
-    let cost = share::cost(limit.pkt_interval_ns, dom);
-    let tol = share::pkt_tolerance(limit.pkt_tolerance_ns, limit.pkt_interval_ns, cost, dom);
-    let base = share::base(*tat, now, dom).max(now);
-    let room = (now + tol).saturating_sub(base) / cost.max(1);
-    let n = k.min(room);
-    if n > 0 {
-        *tat = share::seal(base + n * cost, dom);
-    }
-    n
+    share::admit(
+        tat,
+        now,
+        k,
+        limit.pkt_interval_ns,
+        limit.pkt_tolerance_ns,
+        dom,
+    )
 }
 
 /// The bucket's TAT once the agent gives it share field `to` instead of `from`
@@ -99,11 +98,7 @@ pub fn rewrite(tat: u64, now: u64, from: u64, to: u64, limit: &ratelimit_common:
 
 /// One bucket at the whole rate (the reference): `k` packets at `now`.
 fn charge_one(tat: &mut u64, now: u64, k: u64, cost: u64, tolerance: u64) -> u64 {
-    let base = (*tat).max(now);
-    let room = (now + tolerance).saturating_sub(base) / cost.max(1);
-    let n = k.min(room);
-    *tat = base + n * cost;
-    n
+    share::admit(tat, now, k, cost, tolerance, share::domain(false, 0, false))
 }
 
 /// A limit: rate (packets/s) and burst (packets), as the agent compiles them.
