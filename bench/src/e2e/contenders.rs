@@ -4,7 +4,7 @@
 use anyhow::{Context as _, Result};
 use ratelimit::{config::Config, dataplane::AttachMode};
 use ratelimit_common::verdict;
-use ratelimit_testbed::in_netns;
+use ratelimit_testbed::{in_netns, Netns};
 
 use super::{
     Testbed, AGGREGATE_BURST, AGGREGATE_RATE, BURST, E2E_RULES, KNOWN_NET, LAYERED_FIRST_RULES,
@@ -169,35 +169,7 @@ pub(super) fn setup(
         }
         Contender::NftAggregate | Contender::NftAggregateFirst => {
             let link = refs.attach(PASS, ns, dev)?;
-            // The same two levels: every source its own bucket, and everything but the test
-            // bed's own prefix one shared bucket. nftables has no refund: a packet the second
-            // level drops has spent a token of the first (the flood's sources are new anyway).
-            let per_source = format!(
-                "update @sources {{ ip saddr limit rate over {RATE}/second burst {BURST} packets }} drop"
-            );
-            let global = format!(
-                "ip saddr != {KNOWN_NET} limit rate over {AGGREGATE_RATE}/second burst {AGGREGATE_BURST} packets drop"
-            );
-            let (first, second) = if contender == Contender::NftAggregate {
-                (per_source, global)
-            } else {
-                (global, per_source)
-            };
-            bed.nft(&format!(
-                "table netdev rlbench {{
-                    set sources {{
-                        type ipv4_addr
-                        size {TRACKED}
-                        flags dynamic,timeout
-                        timeout 60s
-                    }}
-                    chain ingress {{
-                        type filter hook ingress device \"{dev}\" priority filter; policy accept;
-                        {first}
-                        {second}
-                    }}
-                }}"
-            ))?;
+            bed.nft(&nft_aggregate(contender, dev))?;
             Attached::Ref(PASS, link)
         }
         Contender::Nft => {
@@ -220,40 +192,80 @@ pub(super) fn setup(
         }
         Contender::Iptables => {
             let link = refs.attach(PASS, ns, dev)?;
-            let (rate, burst, max) = (
-                format!("{RATE}/sec"),
-                BURST.to_string(),
-                TRACKED.to_string(),
-            );
-            ns.run(&[
-                "iptables",
-                "-t",
-                "raw",
-                "-A",
-                "PREROUTING",
-                "-m",
-                "hashlimit",
-                "--hashlimit-name",
-                "rlbench",
-                "--hashlimit-mode",
-                "srcip",
-                "--hashlimit-above",
-                &rate,
-                "--hashlimit-burst",
-                &burst,
-                "--hashlimit-htable-size",
-                "65536",
-                "--hashlimit-htable-max",
-                &max,
-                "--hashlimit-htable-expire",
-                "60000",
-                "-j",
-                "DROP",
-            ])
-            .context("adding the iptables hashlimit rule")?;
+            add_hashlimit(ns)?;
             Attached::Ref(PASS, link)
         }
     })
+}
+
+/// nftables' rule set for `contender`'s two levels on `dev`: per source, then the global
+/// limit (`NftAggregate`), or the other way round (`NftAggregateFirst`).
+fn nft_aggregate(contender: Contender, dev: &str) -> String {
+    // The same two levels: every source its own bucket, and everything but the test
+    // bed's own prefix one shared bucket. nftables has no refund: a packet the second
+    // level drops has spent a token of the first (the flood's sources are new anyway).
+    let per_source = format!(
+        "update @sources {{ ip saddr limit rate over {RATE}/second burst {BURST} packets }} drop"
+    );
+    let global = format!(
+        "ip saddr != {KNOWN_NET} limit rate over {AGGREGATE_RATE}/second burst {AGGREGATE_BURST} packets drop"
+    );
+    let (first, second) = if contender == Contender::NftAggregate {
+        (per_source, global)
+    } else {
+        (global, per_source)
+    };
+    format!(
+        "table netdev rlbench {{
+                    set sources {{
+                        type ipv4_addr
+                        size {TRACKED}
+                        flags dynamic,timeout
+                        timeout 60s
+                    }}
+                    chain ingress {{
+                        type filter hook ingress device \"{dev}\" priority filter; policy accept;
+                        {first}
+                        {second}
+                    }}
+                }}"
+    )
+}
+
+/// iptables' per-source limit: a hashlimit rule in `ns`'s raw PREROUTING chain.
+fn add_hashlimit(ns: &Netns) -> Result<()> {
+    let (rate, burst, max) = (
+        format!("{RATE}/sec"),
+        BURST.to_string(),
+        TRACKED.to_string(),
+    );
+    ns.run(&[
+        "iptables",
+        "-t",
+        "raw",
+        "-A",
+        "PREROUTING",
+        "-m",
+        "hashlimit",
+        "--hashlimit-name",
+        "rlbench",
+        "--hashlimit-mode",
+        "srcip",
+        "--hashlimit-above",
+        &rate,
+        "--hashlimit-burst",
+        &burst,
+        "--hashlimit-htable-size",
+        "65536",
+        "--hashlimit-htable-max",
+        &max,
+        "--hashlimit-htable-expire",
+        "60000",
+        "-j",
+        "DROP",
+    ])
+    .context("adding the iptables hashlimit rule")?;
+    Ok(())
 }
 
 pub(super) fn teardown(
