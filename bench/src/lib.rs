@@ -239,6 +239,7 @@ fn limits_and_cut(
     Ok(())
 }
 
+// Stays whole: one target after the other, in the order the table prints them.
 fn targets(r: &Report) -> Vec<Target> {
     let mut t = Vec::new();
     let ratio = |a: &str, b: &str| Some(r.value(a)? / r.value(b)?);

@@ -149,6 +149,7 @@ fn measure(
     Ok(figure)
 }
 
+// Stays whole: one turn in order (fill, warm up, runs beside the polite and fresh sources, counts).
 fn measure_attached(
     opts: &Options,
     refs: &Refs,

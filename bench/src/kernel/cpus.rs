@@ -19,6 +19,7 @@ const SECTION_CPUS: &str =
 /// on one CPU alone, then on every CPU at once (a thread pinned to each, started together, each
 /// a BPF_PROG_TEST_RUN of `repeat` runs of the same frame: the same bucket from every CPU).
 /// Reports the kernel's ns per packet on each CPU (the mean of the CPUs) against one CPU alone.
+// Stays whole: one measurement: each frame on one CPU, then on all at once, then its figures.
 pub fn cpus(report: &mut Report, opts: &Options, limiter: &Limiter) -> Result<()> {
     let n = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     if n < 2 {

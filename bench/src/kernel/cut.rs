@@ -69,6 +69,7 @@ impl WithoutCut {
 /// (floor, then each case with and without), in one run of the bench. Each `.diff` figure's runs
 /// are the paired differences (with - without) of one run. Skipped, saying so, when
 /// [`WITHOUT_CUT_ENV`] is not set (the runner started by hand).
+// Stays whole: one A/B: the variant loaded, its runs alternated with the limiter's, the figures.
 pub fn cut_ab(
     report: &mut Report,
     opts: &Options,

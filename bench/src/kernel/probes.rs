@@ -48,6 +48,7 @@ fn prefix_key(generation: u32, src: [u8; 4]) -> Vec<u8> {
 /// Probes: programs that do one operation of the limiter's fast path and pass, each measured
 /// against the floor in the same run. `tag`/`what` say which rule set and population are in the
 /// maps; `clocks` adds the two clock probes.
+// Stays whole: one measurement: the probes built, run beside the floor, the figures.
 pub fn probes(
     report: &mut Report,
     opts: &Options,

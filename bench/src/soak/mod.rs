@@ -186,6 +186,7 @@ struct Traffic {
     polite_errors: AtomicU64,
 }
 
+// Stays whole: the soak in order; its traffic threads and sampling loop share its locals.
 pub fn run(args: &Args) -> Result<()> {
     if !ratelimit_testbed::is_root() {
         bail!("the soak needs root (network namespaces, XDP, BPF_PROG_TEST_RUN)");
