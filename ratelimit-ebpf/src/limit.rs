@@ -30,6 +30,7 @@ use crate::{
 /// and the same tokens as charging in order (a packet passes only with a token in every limit,
 /// and a dropped one spends none), but a flood of new sources makes no bucket per source, and
 /// the drop is blamed on the per-rule limit even where an earlier limit would have dropped it too.
+// Stays whole: inlined into the entry; its shape is what the verifier passes (CONSTRAINTS.md).
 #[inline(always)]
 #[expect(
     clippy::too_many_arguments,
