@@ -116,6 +116,7 @@ struct Run {
 }
 
 /// Runs the part and adds its figures to `report`; writes the charts next to `json`.
+// Stays whole: the sizes measured, then their figures against 2 hosts, in the table's order.
 pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
     let sizes: &[usize] = if opts.quick { &[2, 4] } else { &[2, 4, 8, 16] };
     let mut runs = Vec::new();
@@ -228,6 +229,7 @@ pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
     Ok(())
 }
 
+// Stays whole: one cluster size: its phases planned, sent and counted in order.
 fn one(n: usize) -> Result<Run> {
     let net = ClusterNet::new(&format!("rl-bc{n}"), n)?;
     let agents = net.start_agents(RATE, BURST, SYNC_MS, Duration::from_secs(60 + 5 * n as u64))?;
@@ -349,6 +351,7 @@ fn one(n: usize) -> Result<Run> {
 /// The bursty phases on `net`'s running agents: sends the plan (see the module's doc), waits for
 /// the last datagrams, and counts what the cluster and one bucket admitted of each phase's
 /// measured window.
+// Stays whole: the bursty plan built, sent and counted in order, on one set of receivers.
 fn bursty(
     net: &ClusterNet,
     agents: &[ratelimit_testbed::AgentProcess],

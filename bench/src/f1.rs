@@ -90,6 +90,7 @@ fn cursor_of(cursor: &OwnedFd) -> Result<u32> {
 }
 
 /// Measures F1 and its floor in turns, and the independent read beside them.
+// Stays whole: one measurement: the chain built, its runs in turns with its floor, the figures.
 pub fn run(report: &mut Report, opts: &Options, refs: &Refs) -> Result<()> {
     let n = bucket_capacity(DEFAULT_MAX_BUCKETS);
     let mib = f64::from(n) * f64::from(RECORD_BYTES) / f64::from(1u32 << 20);

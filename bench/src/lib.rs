@@ -96,100 +96,9 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
     let mut refs = refs::Refs::load()?;
 
     if want(Part::Kernel) || want(Part::Rules) {
-        let mut limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::BASE_RULES)?;
-        let mut tracked_full = None;
-        if want(Part::Kernel) {
-            kernel::hot(&mut report, opts, &refs, &limiter)?;
-            kernel::cut_ab(&mut report, opts, &refs, &limiter, DEFAULT_MAX_BUCKETS)?;
-            kernel::probes(
-                &mut report,
-                opts,
-                &refs,
-                &limiter,
-                "6_rules",
-                "6 rules, few buckets",
-                true,
-            )?;
-            limiter.install(
-                &ratelimit::config::Config::parse(kernel::TCP_RULES, "bench.toml")?.rules,
-            )?;
-            kernel::hot_tcp_flags(&mut report, opts, &refs, &limiter)?;
-            limiter.install(
-                &ratelimit::config::Config::parse(kernel::LIMIT_RULES, "bench.toml")?.rules,
-            )?;
-            kernel::hot_limits(&mut report, opts, &refs, &limiter)?;
-            limiter.install(
-                &ratelimit::config::Config::parse(kernel::BASE_RULES, "bench.toml")?.rules,
-            )?;
-            kernel::layered_flood(&mut report, opts, &refs)?;
-        }
-        if want(Part::Rules) {
-            rules::latency(
-                &mut report,
-                opts,
-                &mut limiter,
-                "empty",
-                "bucket store nearly empty",
-            )?;
-        }
-        if want(Part::Kernel) {
-            limiter.install(&rules::many_rules(1000)?)?;
-            kernel::hot_with_rules(&mut report, opts, &refs, &limiter)?;
-            kernel::probes(
-                &mut report,
-                opts,
-                &refs,
-                &limiter,
-                "10k_rules",
-                "10,006 rules",
-                false,
-            )?;
-            limiter.install(
-                &ratelimit::config::Config::parse(kernel::BASE_RULES, "bench.toml")?.rules,
-            )?;
-            let tracked = kernel::populations(&mut report, opts, &refs, &limiter, false)?;
-            if !opts.quick {
-                tracked_full = Some(tracked);
-            }
-            kernel::probes(
-                &mut report,
-                opts,
-                &refs,
-                &limiter,
-                "full",
-                if opts.quick {
-                    "6 rules, 100k tracked"
-                } else {
-                    "6 rules, bucket store full"
-                },
-                false,
-            )?;
-            kernel::cpus(&mut report, opts, &limiter)?;
-            if want(Part::Rules) {
-                let what = format!("{} tracked sources", limiter.tdp.maps().bucket_count()?);
-                rules::latency(&mut report, opts, &mut limiter, "full", &what)?;
-            }
-        }
-        kernel::memory(&mut report, &limiter, tracked_full)?;
-        drop(limiter);
-        if want(Part::Kernel) {
-            // The same new sources with a store of 4 MiB: what the memory beyond the last-level
-            // cache costs them.
-            let small =
-                kernel::Limiter::new("bench_cache", kernel::IN_CACHE_BUCKETS, kernel::BASE_RULES)?;
-            kernel::populations(&mut report, opts, &refs, &small, true)?;
-        }
+        kernel_and_rules(&mut report, opts, &refs, want)?;
     } else {
-        if want(Part::Limits) {
-            let limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::LIMIT_RULES)?;
-            kernel::hot_limits(&mut report, opts, &refs, &limiter)?;
-            drop(limiter);
-            kernel::layered_flood(&mut report, opts, &refs)?;
-        }
-        if want(Part::Cut) {
-            let limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::BASE_RULES)?;
-            kernel::cut_ab(&mut report, opts, &refs, &limiter, DEFAULT_MAX_BUCKETS)?;
-        }
+        limits_and_cut(&mut report, opts, &refs, want)?;
     }
     if want(Part::Kernel) || want(Part::F1) {
         f1::run(&mut report, opts, &refs)?;
@@ -220,6 +129,117 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The in-kernel part and the rule updates (`kernel`, `rules`; either or both), on one limiter
+/// whose rule sets and population each step leaves for the next, then the 4 MiB store.
+fn kernel_and_rules(
+    report: &mut Report,
+    opts: &Options,
+    refs: &refs::Refs,
+    want: impl Fn(Part) -> bool,
+) -> Result<()> {
+    let mut limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::BASE_RULES)?;
+    let mut tracked_full = None;
+    if want(Part::Kernel) {
+        kernel::hot(report, opts, refs, &limiter)?;
+        kernel::cut_ab(report, opts, refs, &limiter, DEFAULT_MAX_BUCKETS)?;
+        kernel::probes(
+            report,
+            opts,
+            refs,
+            &limiter,
+            "6_rules",
+            "6 rules, few buckets",
+            true,
+        )?;
+        limiter
+            .install(&ratelimit::config::Config::parse(kernel::TCP_RULES, "bench.toml")?.rules)?;
+        kernel::hot_tcp_flags(report, opts, refs, &limiter)?;
+        limiter
+            .install(&ratelimit::config::Config::parse(kernel::LIMIT_RULES, "bench.toml")?.rules)?;
+        kernel::hot_limits(report, opts, refs, &limiter)?;
+        limiter
+            .install(&ratelimit::config::Config::parse(kernel::BASE_RULES, "bench.toml")?.rules)?;
+        kernel::layered_flood(report, opts, refs)?;
+    }
+    if want(Part::Rules) {
+        rules::latency(
+            report,
+            opts,
+            &mut limiter,
+            "empty",
+            "bucket store nearly empty",
+        )?;
+    }
+    if want(Part::Kernel) {
+        limiter.install(&rules::many_rules(1000)?)?;
+        kernel::hot_with_rules(report, opts, refs, &limiter)?;
+        kernel::probes(
+            report,
+            opts,
+            refs,
+            &limiter,
+            "10k_rules",
+            "10,006 rules",
+            false,
+        )?;
+        limiter
+            .install(&ratelimit::config::Config::parse(kernel::BASE_RULES, "bench.toml")?.rules)?;
+        let tracked = kernel::populations(report, opts, refs, &limiter, false)?;
+        if !opts.quick {
+            tracked_full = Some(tracked);
+        }
+        kernel::probes(
+            report,
+            opts,
+            refs,
+            &limiter,
+            "full",
+            if opts.quick {
+                "6 rules, 100k tracked"
+            } else {
+                "6 rules, bucket store full"
+            },
+            false,
+        )?;
+        kernel::cpus(report, opts, &limiter)?;
+        if want(Part::Rules) {
+            let what = format!("{} tracked sources", limiter.tdp.maps().bucket_count()?);
+            rules::latency(report, opts, &mut limiter, "full", &what)?;
+        }
+    }
+    kernel::memory(report, &limiter, tracked_full)?;
+    drop(limiter);
+    if want(Part::Kernel) {
+        // The same new sources with a store of 4 MiB: what the memory beyond the last-level
+        // cache costs them.
+        let small =
+            kernel::Limiter::new("bench_cache", kernel::IN_CACHE_BUCKETS, kernel::BASE_RULES)?;
+        kernel::populations(report, opts, refs, &small, true)?;
+    }
+    Ok(())
+}
+
+/// `limits` and `cut` without the rest of `kernel`, each on a limiter of its own.
+fn limits_and_cut(
+    report: &mut Report,
+    opts: &Options,
+    refs: &refs::Refs,
+    want: impl Fn(Part) -> bool,
+) -> Result<()> {
+    if want(Part::Limits) {
+        let limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::LIMIT_RULES)?;
+        kernel::hot_limits(report, opts, refs, &limiter)?;
+        drop(limiter);
+        kernel::layered_flood(report, opts, refs)?;
+    }
+    if want(Part::Cut) {
+        let limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::BASE_RULES)?;
+        kernel::cut_ab(report, opts, refs, &limiter, DEFAULT_MAX_BUCKETS)?;
+    }
+    Ok(())
+}
+
+// Stays whole: one target after the other, in the order the table prints them.
 fn targets(r: &Report) -> Vec<Target> {
     let mut t = Vec::new();
     let ratio = |a: &str, b: &str| Some(r.value(a)? / r.value(b)?);

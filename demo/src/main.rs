@@ -195,6 +195,7 @@ fn announce(what: &str) {
     eprintln!("==> {what}");
 }
 
+// Stays whole: the demo told in order: the namespaces, the agent, each step of traffic.
 fn run(cli: &Cli, interrupted: &AtomicBool, made: &mut Made) -> Result<()> {
     let check = || {
         if interrupted.load(Ordering::SeqCst) {

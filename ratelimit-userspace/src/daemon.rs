@@ -29,6 +29,7 @@ use crate::{
 
 /// Runs the agent until SIGINT/SIGTERM: starts it, serves the control API and metrics, runs the
 /// cluster sync, reloads on SIGHUP and when the config file changes, then shuts down.
+// Stays whole: the agent's life in order: start, serve, the signal loop, shut down.
 pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     use tokio::signal::unix::{signal, SignalKind};
     let sig = |kind: SignalKind, name: &str| {

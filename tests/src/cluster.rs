@@ -442,6 +442,7 @@ impl Drop for Attacker {
     }
 }
 
+// Stays whole: the attacker's chitchat servers started, then one loop publishing its claims.
 async fn run(
     cluster_id: String,
     seeds: Vec<SocketAddr>,

@@ -87,7 +87,7 @@ pub fn run_runner(r: &Runner) -> Result<()> {
         .args(r.subcommand)
         .args(r.args);
     if let Some(object) = &without_cut {
-        // The A/B of the handling of cut packets (bench/src/kernel.rs, `cut_ab`).
+        // The A/B of the handling of cut packets (bench/src/kernel/cut.rs, `cut_ab`).
         bench.env("RATELIMIT_BENCH_WITHOUT_CUT", object);
     }
     if !r

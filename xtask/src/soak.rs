@@ -4,7 +4,7 @@
 //! `target/bench/soak.json` next to the benchmark's results (see BENCHMARKS.md, "Soak").
 //!
 //! Like `cargo xtask bench`, through [`crate::runner`]: setup, the agent and the benchmark runner
-//! built in release mode, then `ratelimit-bench soak` (bench/src/soak.rs) does the work. Not run
+//! built in release mode, then `ratelimit-bench soak` (bench/src/soak/) does the work. Not run
 //! by CI.
 
 use std::ffi::OsString;

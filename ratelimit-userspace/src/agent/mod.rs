@@ -341,6 +341,7 @@ impl Agent {
         result
     }
 
+    // Stays whole: validate, then apply with each step undone on a later failure: one sequence.
     fn reload_inner(&mut self) -> Result<(), AgentError> {
         let mut new = Config::load(&self.opts.config_path)?;
         if !self.opts.interfaces.is_empty() {

@@ -110,6 +110,7 @@ impl Agent {
     /// Which rule a packet from `ip` (with `protocol`/`dst_port`/`tcp_flags`) falls under, why,
     /// and its bucket. Without `tcp_flags`, a TCP packet is taken to carry none (which no flag
     /// rule matches).
+    // Stays whole: one answer built part by part from the same rule, prefix and bucket.
     pub fn explain(
         &self,
         ip: IpAddr,

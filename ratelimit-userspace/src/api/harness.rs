@@ -663,6 +663,7 @@ fn refusal_origin(r: &Response) -> Result<&'static str, String> {
 ///
 /// # Errors
 /// The property that does not hold, and where.
+// Stays whole: one property after the other over one walk of the exchange.
 pub fn check(x: &Exchange) -> Result<Vec<Response>, String> {
     if x.stalled {
         return Err(format!(

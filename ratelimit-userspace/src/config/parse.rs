@@ -466,6 +466,7 @@ pub(super) fn cluster_from_raw(
     })
 }
 
+// Stays whole: one key of [[rule]] after the other, each with its offset for errors.
 pub(super) fn rule_from_raw(
     src: &Source,
     index: usize,

@@ -36,6 +36,7 @@ where
 }
 
 /// The cluster sync's metrics (`ratelimit_cluster_*`).
+// Stays whole: one metric family after the other, in the order /metrics lists them.
 fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Result<(), fmt::Error> {
     let c = &cluster.counters;
     family(
@@ -275,6 +276,7 @@ fn single(
 type Labels<'a> = Vec<(&'static str, &'a str)>;
 
 impl Collector for Snapshot {
+    // Stays whole: one metric family after the other, in the order /metrics lists them.
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), fmt::Error> {
         let s = &self.stats;
         let per_rule = |pick: fn(

@@ -18,6 +18,7 @@ fn protocol_name(n: u64) -> String {
 }
 
 /// `ratelimit explain`.
+// Stays whole: one line of the report after the other, in the order it prints them.
 #[must_use]
 pub fn explain(v: &Value) -> String {
     let mut out = String::new();

@@ -18,6 +18,7 @@ fn duration(secs: u64) -> String {
 }
 
 /// `ratelimit status`.
+// Stays whole: one section of the status after the other, in the order it prints them.
 #[must_use]
 pub fn status(v: &Value) -> String {
     let mut out = String::new();

@@ -1,0 +1,90 @@
+//! Kernel memory of the bucket store: `memlock` per record, and the marginal cost per tracked
+//! source (the slope between two stores' `memlock`).
+
+use anyhow::{Context as _, Result};
+use aya::maps::MapData;
+use ratelimit_common::map_names;
+use serde_json::json;
+
+use super::{Limiter, BASE_RULES};
+use crate::report::{Figure, Report};
+
+/// `memlock` and `max_entries` of a pinned map, from /proc/self/fdinfo.
+pub fn map_memory(limiter: &Limiter, name: &str) -> Result<(u64, u64)> {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let path = limiter.tdp.pin_dir().join(name);
+    let data = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+    let fd = data.fd().as_fd().as_raw_fd();
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))?;
+    let field = |k: &str| -> Result<u64> {
+        info.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("no {k} in fdinfo of {name}"))
+    };
+    Ok((field("memlock:")?, field("max_entries:")?))
+}
+
+/// Records of the second, small bucket store [`memory`] loads to tell the store's fixed part
+/// from what each record costs.
+const SMALL_STORE: u32 = 65_536;
+
+/// Kernel memory of the bucket store: its `memlock` over its records, and over the buckets it
+/// tracks (`tracked`, counted with the store full; `None` when it was not filled in this run).
+///
+/// `memlock` holds a fixed part (the map's header, rounded to pages) beside the records, so the
+/// per-source figure is the *marginal* cost: a second program is loaded with a store of
+/// [`SMALL_STORE`] records, and the slope between the two stores' `memlock` (bytes per record)
+/// is spread over the sources tracked. The fixed part and `memlock / tracked` are in the detail.
+pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> Result<()> {
+    let (memlock, entries) = map_memory(limiter, map_names::BUCKETS)?;
+    #[expect(clippy::cast_precision_loss, reason = "bytes")]
+    let per = |n: u64| memlock as f64 / n as f64;
+    report.add(Figure {
+        key: "memory.kernel_per_record".into(),
+        section: "Memory and control plane",
+        label: format!("kernel memory per record of the bucket store ({entries} records)"),
+        unit: "bytes",
+        runs: vec![per(entries)],
+        baseline: None,
+        detail: json!({ "memlock_bytes": memlock, "max_entries": entries }),
+    });
+    if let Some(tracked) = tracked.filter(|&t| t > 0) {
+        let small = Limiter::new("bench-mem", SMALL_STORE, BASE_RULES)?;
+        let (small_memlock, small_entries) = map_memory(&small, map_names::BUCKETS)?;
+        drop(small);
+        anyhow::ensure!(
+            entries > small_entries && memlock > small_memlock,
+            "the bucket store of {entries} records ({memlock} B) is not larger than the one of \
+             {small_entries} ({small_memlock} B)"
+        );
+        #[expect(clippy::cast_precision_loss, reason = "bytes")]
+        let slope = (memlock - small_memlock) as f64 / (entries - small_entries) as f64;
+        #[expect(clippy::cast_precision_loss, reason = "bytes")]
+        let fixed = memlock as f64 - slope * entries as f64;
+        #[expect(clippy::cast_precision_loss, reason = "bytes")]
+        let marginal = slope * entries as f64 / tracked as f64;
+        report.add(Figure {
+            key: "memory.kernel_per_tracked_source".into(),
+            section: "Memory and control plane",
+            label: format!(
+                "kernel memory per tracked source ({tracked} tracked, store full; the slope \
+                 between stores of {small_entries} and {entries} records)"
+            ),
+            unit: "bytes",
+            runs: vec![marginal],
+            baseline: None,
+            detail: json!({
+                "memlock_bytes": memlock,
+                "max_entries": entries,
+                "tracked_buckets": tracked,
+                "small_memlock_bytes": small_memlock,
+                "small_max_entries": small_entries,
+                "bytes_per_record": slope,
+                "fixed_bytes": fixed,
+                "memlock_per_tracked": per(tracked),
+            }),
+        });
+    }
+    Ok(())
+}

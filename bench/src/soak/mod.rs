@@ -1,0 +1,433 @@
+//! `ratelimit-bench soak` (run by `cargo xtask soak`): a random-source flood larger than the
+//! bucket map, for minutes, against the real release agent, with the operator paths in use.
+//!
+//! The agent is attached (native XDP) to the receiving veth of a fresh [`Testbed`] with one rule,
+//! 1000 packets/s and a burst of 2000 per source for `0.0.0.0/0`, its control socket and metrics
+//! endpoint on. For the whole soak:
+//! - the random-source generator (24 random bits: 2^24 sources) floods the veth from one CPU, in
+//!   chunks of two seconds so that Ctrl-C is honoured;
+//! - a polite source sends 200 packets/s through the stack to a receiver in the agent's namespace;
+//! - every sample (10 s): the agent's resident memory (VmRSS, VmHWM) and CPU time from /proc, and
+//!   its own figures through its operator paths, as a production operator would read them:
+//!   `ratelimit status --json`, `stats --json`, `top --json`, `explain <polite source> --json`
+//!   and a `GET /metrics` scrape; the generator's rate and the veth's `rx_packets`;
+//! - every minute a reload of an equivalent config, in turn by rewriting the config file (the
+//!   agent's file watcher), by SIGHUP and by `ratelimit rules reload`.
+//!
+//! Evictions: the XDP program counts them itself, split by what the evicted bucket held
+//! (`evicted_full`: it had refilled, nothing lost; `evicted_lost`: it was in debt), read through
+//! `ratelimit stats --json` (global counters) and the metrics, not from the maps. No rule is
+//! removed during the soak, so at rest they must add up to buckets created (`new_buckets`) minus
+//! the growth of the tracked count: the soak checks that too.
+//!
+//! Memory: VmRSS at rest (read every second between the samples' calls) moves in a band, as the
+//! allocator keeps or trims the buffers of the map walks behind the operator paths. From the
+//! first minute on, and once the map is full, the band must not rise: its floor and its ceiling
+//! in the second half within max(2 MiB, 5%) of the first half's, and the least-squares trend of
+//! the per-minute floor within the same over the window.
+//!
+//! Prints a row per sample, then a table and the verdicts, and writes JSON (`--json`).
+//!
+//! This file holds the run and what its steps share (the arguments, a [`Sample`], the final
+//! reads); `ops.rs` the agent's operator paths (CLI calls, the metrics scrape, a reload, /proc),
+//! `sample.rs` a sample's JSON and table row, `judge.rs` the figures and the verdicts.
+
+mod judge;
+mod ops;
+mod sample;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    fs,
+    net::SocketAddr,
+    path::PathBuf,
+    sync::atomic::{AtomicBool, AtomicU64, Ordering},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+use ratelimit_testbed::{bind_udp, send_udp, AgentProcess, Receiver};
+use serde_json::{json, Value};
+
+use self::{
+    judge::{evictions, judge},
+    ops::{counter, cpu_time_ns, Ops, Reload},
+};
+use crate::{
+    agent::{agent_pid, rss_kib, vm_field},
+    e2e::{Testbed, BURST, POLITE, POLITE_PPS, RATE, SERVER},
+    generator::pin_to_cpu,
+    refs::Refs,
+};
+
+/// Bits of the source address the random generator draws (see [`crate::generator`]).
+const RANDOM_BITS: u32 = 24;
+/// Length of one generator call chain and of one polite sending round: the longest a Ctrl-C or
+/// the end of the soak waits for them.
+const CHUNK: Duration = Duration::from_secs(2);
+/// How long one CLI call or scrape may take before it counts as failed (and is killed).
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Where the agent serves metrics, inside the receiving namespace (which is the soak's own).
+const METRICS: &str = "127.0.0.1:9477";
+/// Memory is judged on the samples from this much into the soak on (start-up and first
+/// allocations are over by then; shorter runs use their second half), and not before the bucket
+/// map is full: until then the agent's answers grow with the map.
+const SETTLE: Duration = Duration::from_secs(60);
+/// The soak's default bucket store capacity, as in the soaks before the store was an array (so
+/// their figures compare). A source's first packet creates its bucket, so the flood fills it in
+/// seconds and it evicts for the rest of the soak (`--max-buckets 1048576` for the default size,
+/// which fills as fast now).
+const SOAK_MAX_BUCKETS: u32 = 1 << 17;
+/// The bucket store counts as full from this share of its capacity on: a new source takes a free
+/// record only in its own two sets, so the last free records fill slowly.
+const FULL_SHARE: f64 = 0.99;
+/// Most `evicted_lost` a flood of one-packet sources may cause, as a share of all evictions: such
+/// a source's bucket has refilled a millisecond (its one packet's cost) after it was created, long
+/// before a new source comes to its set, so nearly every eviction is of a full bucket.
+const LOST_SHARE: f64 = 0.01;
+
+/// Flood the limiter with random sources for minutes, operator paths in use (needs root).
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Length of the soak in minutes (traffic time; start-up and the final reads come on top).
+    #[arg(long, default_value_t = 10.0)]
+    minutes: f64,
+    /// Seconds between samples.
+    #[arg(long, default_value_t = 10.0)]
+    interval: f64,
+    /// Seconds between reloads of the (unchanged) config: file rewrite, SIGHUP, `rules reload`.
+    #[arg(long, default_value_t = 60.0)]
+    reload_every: f64,
+    /// The agent's `max_buckets` (bucket map capacity; the agent's default is 1048576, which a
+    /// 10-minute flood does not fill here, see docs/journal.md, "Soak").
+    #[arg(long, default_value_t = SOAK_MAX_BUCKETS)]
+    max_buckets: u32,
+    /// CPU for the generator and the polite sender (and so the receiving NAPI poll); default: the
+    /// last.
+    #[arg(long)]
+    cpu: Option<usize>,
+    /// Where to write the results as JSON.
+    #[arg(long, default_value = "target/bench/soak.json")]
+    json: PathBuf,
+}
+
+const RULE: &str = "per-source";
+
+/// One sample of the soak.
+#[derive(Clone, Debug, Default)]
+struct Sample {
+    /// Seconds since the flood started.
+    t: f64,
+    /// VmRSS at the sample, before its calls.
+    rss_kib: u64,
+    /// Lowest and highest VmRSS of the once-a-second readings between the previous sample's
+    /// calls and this sample (the agent at rest).
+    rss_min_kib: u64,
+    rss_max_kib: u64,
+    hwm_kib: u64,
+    /// Agent CPU over the interval since the previous sample, percent of one core.
+    cpu_pct: f64,
+    /// Generator frames per second over the interval, millions.
+    gen_mpps: f64,
+    /// Receiving veth's `rx_packets` per second over the interval, millions.
+    rx_mpps: f64,
+    /// Receiving veth's `rx_dropped` over the interval (its ring was full).
+    rx_ring_drops: u64,
+    /// From `stats --json`.
+    tracked: u64,
+    capacity: u64,
+    new_buckets: u64,
+    bucket_errors: u64,
+    passed: u64,
+    dropped_rate: u64,
+    no_bucket: u64,
+    /// Evictions counted by the program since the soak started (`evicted_full + evicted_lost`).
+    evicted: i64,
+    /// `evicted_full` and `evicted_lost` (global counters, since the agent started).
+    evicted_full: u64,
+    evicted_lost: u64,
+    /// From the metrics endpoint: `ratelimit_bucket_evictions_total` by state (full, lost).
+    metrics_evicted_full: u64,
+    metrics_evicted_lost: u64,
+    /// From `status --json`.
+    status_tracked: u64,
+    reloads_ok: u64,
+    reloads_failed: u64,
+    /// From `top --json`: buckets that saw packets in its interval.
+    top_active: u64,
+    /// From the metrics endpoint.
+    metrics_new_buckets: u64,
+    metrics_tracked: u64,
+    /// From `explain <polite> --json`: its bucket's counts and age.
+    polite_bucket_passed: Option<u64>,
+    polite_bucket_dropped: Option<u64>,
+    polite_bucket_age_secs: Option<f64>,
+    /// The polite source so far: sent (completed rounds) and received.
+    polite_sent: u64,
+    polite_received: u64,
+    /// Milliseconds each operator call took.
+    ms_status: f64,
+    ms_stats: f64,
+    ms_top: f64,
+    ms_explain: f64,
+    ms_metrics: f64,
+    /// Calls that failed in this sample.
+    errors: Vec<String>,
+}
+
+/// Totals the traffic threads keep.
+#[derive(Default)]
+struct Traffic {
+    frames: AtomicU64,
+    polite_sent: AtomicU64,
+    polite_skipped: AtomicU64,
+    polite_errors: AtomicU64,
+}
+
+// Stays whole: the soak in order; its traffic threads and sampling loop share its locals.
+pub fn run(args: &Args) -> Result<()> {
+    if !ratelimit_testbed::is_root() {
+        bail!("the soak needs root (network namespaces, XDP, BPF_PROG_TEST_RUN)");
+    }
+    if args.minutes <= 0.0 || args.interval <= 0.0 || args.reload_every <= 0.0 {
+        bail!("--minutes, --interval and --reload-every must be positive");
+    }
+    let cpu = args
+        .cpu
+        .unwrap_or_else(|| thread::available_parallelism().map_or(1, std::num::NonZero::get) - 1);
+    let duration = Duration::from_secs_f64(args.minutes * 60.0);
+    let interval = Duration::from_secs_f64(args.interval);
+    let reload_every = Duration::from_secs_f64(args.reload_every);
+    let mut machine = crate::session::machine();
+
+    crate::session::announce("loading the random-source generator; creating namespaces");
+    let refs = Refs::load()?;
+    let bed = Testbed::new()?;
+    let config = format!(
+        "[agent]\ninterfaces = [\"{}\"]\nmode = \"native\"\nmetrics = \"{METRICS}\"\n\
+         max_buckets = {}\n\n[[rule]]\nname = \"{RULE}\"\nsource = \"0.0.0.0/0\"\nrate = {RATE}\n\
+         burst = {BURST}\nper = \"source\"\n",
+        bed.rx_if(),
+        args.max_buckets
+    );
+    crate::session::announce(&format!(
+        "starting the release agent on {} (native XDP, max_buckets {})",
+        bed.rx_if(),
+        args.max_buckets
+    ));
+    let mut agent = AgentProcess::start(bed.rx(), &config, &[])?;
+    let pid = agent_pid(agent.config_path())?;
+    let ops = Ops {
+        socket: agent.socket_path().to_path_buf(),
+        bed: &bed,
+    };
+    let (before, _) = ops.cli(&["stats", "--json"])?;
+    let created0 = counter(&before["global"]["new_buckets"]);
+    let tracked0 = counter(&before["buckets"]["tracked"]);
+    let evicted0 = (
+        counter(&before["global"]["evicted_full"]),
+        counter(&before["global"]["evicted_lost"]),
+    );
+    let receiver = Receiver::bind(bed.rx(), SocketAddr::new(SERVER.into(), 0))?;
+    let dst = receiver.local_addr();
+
+    crate::session::announce(&format!(
+        "soak: {:.1} min of random-source flood on CPU {cpu}, polite source {POLITE} at \
+         {POLITE_PPS} pps; a sample every {:.0} s, a reload every {:.0} s (Ctrl-C stops it and \
+         cleans up)",
+        args.minutes,
+        interval.as_secs_f64(),
+        reload_every.as_secs_f64()
+    ));
+    println!("{}", Sample::header());
+    let traffic = Traffic::default();
+    let stop = AtomicBool::new(false);
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut reloads: Vec<Value> = Vec::new();
+    let started = Instant::now();
+    let sampled = thread::scope(|s| -> Result<()> {
+        let flood = s.spawn(|| -> Result<()> {
+            let result = (|| {
+                while !stop.load(Ordering::Relaxed) {
+                    crate::session::check_interrupted()?;
+                    let b = bed.blast_random(&refs, CHUNK, cpu)?;
+                    traffic.frames.fetch_add(b.frames, Ordering::Relaxed);
+                }
+                Ok(())
+            })();
+            stop.store(true, Ordering::Relaxed);
+            result
+        });
+        let polite = s.spawn(|| -> Result<()> {
+            let result = (|| {
+                pin_to_cpu(cpu)?;
+                let socket = bind_udp(bed.gen(), SocketAddr::new(POLITE.into(), 0))?;
+                while !stop.load(Ordering::Relaxed) {
+                    let r = send_udp(&socket, dst, POLITE_PPS, CHUNK, 64)?;
+                    traffic.polite_sent.fetch_add(r.sent, Ordering::Relaxed);
+                    traffic
+                        .polite_skipped
+                        .fetch_add(r.skipped, Ordering::Relaxed);
+                    traffic.polite_errors.fetch_add(r.errors, Ordering::Relaxed);
+                }
+                Ok(())
+            })();
+            stop.store(true, Ordering::Relaxed);
+            result
+        });
+        let result = (|| -> Result<()> {
+            let mut last = (
+                Instant::now(),
+                traffic.frames.load(Ordering::Relaxed),
+                bed.rx_stats()?,
+                cpu_time_ns(pid)?,
+            );
+            let mut next_sample = started + interval;
+            let mut next_reload = started + reload_every;
+            let mut reload_no = 0u64;
+            let mut at_rest: Vec<u64> = Vec::new();
+            let mut next_reading = Instant::now();
+            loop {
+                // Wait for the next sample, watching for Ctrl-C, a traffic thread that failed and
+                // the agent exiting.
+                let end = started + duration;
+                while Instant::now() < next_sample.min(end) {
+                    crate::session::check_interrupted()?;
+                    if stop.load(Ordering::Relaxed) {
+                        bail!("a traffic thread stopped early (see its error below)");
+                    }
+                    if !agent.is_running() {
+                        bail!("the agent exited during the soak. Log:\n{}", agent.log());
+                    }
+                    if Instant::now() >= next_reading {
+                        at_rest.push(rss_kib(pid)?);
+                        next_reading += Duration::from_secs(1);
+                    }
+                    thread::sleep(Duration::from_millis(100));
+                }
+                let now = Instant::now();
+                let mut sample = ops.sample(pid, &traffic, &receiver, &mut last)?;
+                at_rest.push(sample.rss_kib);
+                sample.rss_min_kib = at_rest.iter().copied().min().unwrap_or(0);
+                sample.rss_max_kib = at_rest.iter().copied().max().unwrap_or(0);
+                at_rest.clear();
+                sample.t = (now - started).as_secs_f64();
+                // (Without an answer from `stats`, capacity is 0 and the sample has no count.)
+                if sample.capacity > 0 {
+                    sample.evicted = evictions(evicted0, sample.evicted_full, sample.evicted_lost);
+                }
+                println!("{}", sample.row());
+                samples.push(sample);
+                if now >= end {
+                    break;
+                }
+                if Instant::now() >= next_reload {
+                    let way = Reload::ALL[usize::try_from(reload_no).unwrap_or(0) % 3];
+                    reload_no += 1;
+                    reloads.push(ops.reload(&mut agent, way, reload_no)?);
+                    next_reload += reload_every;
+                }
+                next_sample += interval;
+                next_reading = Instant::now();
+            }
+            Ok(())
+        })();
+        stop.store(true, Ordering::Relaxed);
+        let flood = flood.join().expect("flood thread");
+        let polite = polite.join().expect("polite sender thread");
+        result.and(flood).and(polite)
+    });
+    let traffic_secs = started.elapsed().as_secs_f64();
+    sampled?;
+
+    crate::session::announce("flood stopped: final reads, then stopping the agent");
+    receiver.wait_idle(Duration::from_millis(300), Duration::from_secs(3));
+    // The final reads see a bucket store at rest: created - tracked is exact here.
+    let (after, _) = ops.cli(&["stats", "--json"])?;
+    let (explain, _) = ops.cli(&["explain", &POLITE.to_string(), "--json"])?;
+    let (status, _) = ops.cli(&["status", "--json"])?;
+    let hwm = vm_field(pid, "VmHWM:")?;
+    let log = agent.log();
+    let exit = agent.stop()?;
+    let received = receiver.stop()?;
+    machine["loadavg_after"] = json!(crate::session::loadavg());
+
+    let polite_stats = received
+        .sources
+        .get(&std::net::IpAddr::from(POLITE))
+        .copied()
+        .unwrap_or_default();
+    let fin = Final {
+        created: counter(&after["global"]["new_buckets"]).saturating_sub(created0),
+        evicted_full: counter(&after["global"]["evicted_full"]).saturating_sub(evicted0.0),
+        evicted_lost: counter(&after["global"]["evicted_lost"]).saturating_sub(evicted0.1),
+        tracked: counter(&after["buckets"]["tracked"]),
+        tracked0,
+        capacity: counter(&after["buckets"]["capacity"]),
+        frames: traffic.frames.load(Ordering::Relaxed),
+        traffic_secs,
+        polite_sent: traffic.polite_sent.load(Ordering::Relaxed),
+        polite_skipped: traffic.polite_skipped.load(Ordering::Relaxed),
+        polite_send_errors: traffic.polite_errors.load(Ordering::Relaxed),
+        polite_received: polite_stats.packets,
+        polite_duplicates: polite_stats.duplicates,
+        socket_drops: received.socket_drops,
+        polite_bucket: explain["bucket"].clone(),
+        reloads_ok: counter(&status["reloads"]["ok"]),
+        reloads_failed: counter(&status["reloads"]["failed"]),
+        reloads_done: reloads.len() as u64,
+        hwm_kib: hwm,
+        log_warnings: log
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .map(str::to_owned)
+            .collect(),
+        agent_exit: exit.to_string(),
+        errors: samples.iter().map(|s| s.errors.len()).sum(),
+    };
+    let (report, summary) = judge(&samples, &fin, duration, machine);
+    print!("{}", report.table());
+    let mut doc = report.json();
+    doc["soak"] = summary;
+    doc["samples"] = samples.iter().map(Sample::json).collect();
+    doc["reloads"] = json!(reloads);
+    doc["final"] = json!({ "stats": after, "status": status, "explain_polite": explain });
+    if let Some(dir) = args.json.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    fs::write(&args.json, serde_json::to_string_pretty(&doc)? + "\n")
+        .with_context(|| format!("writing {}", args.json.display()))?;
+    eprintln!("==> soak: results written to {}", args.json.display());
+    Ok(())
+}
+
+/// What the soak ended with.
+#[derive(Default)]
+struct Final {
+    /// Buckets created during the soak (at rest, after the flood).
+    created: u64,
+    /// Evictions counted by the program during the soak (at rest), by state.
+    evicted_full: u64,
+    evicted_lost: u64,
+    tracked: u64,
+    tracked0: u64,
+    capacity: u64,
+    frames: u64,
+    traffic_secs: f64,
+    polite_sent: u64,
+    polite_skipped: u64,
+    polite_send_errors: u64,
+    polite_received: u64,
+    polite_duplicates: u64,
+    socket_drops: Option<u64>,
+    polite_bucket: Value,
+    reloads_ok: u64,
+    reloads_failed: u64,
+    reloads_done: u64,
+    hwm_kib: u64,
+    log_warnings: Vec<String>,
+    agent_exit: String,
+    errors: usize,
+}

@@ -1,0 +1,174 @@
+//! A limit's bucket record: found through the record the classification slot remembers, or in
+//! the bucket store, or created for a source not seen before (with the creation race settled);
+//! then charged.
+
+use ratelimit_common::{bucket_sets, global, verdict, Bucket, BUCKET_WAYS, MAX_LIMITS};
+
+use crate::{
+    bucket::{self, Params},
+    maps::{BUCKETS, CONFIG},
+    scratch::{self, ChargeClock, ClassSlot, Scratch, NO_RECORD},
+    stats::bump_global,
+    store::{self, Key, Scan},
+};
+
+/// Finds (or creates) the bucket of `key`, limit `limit` of its rule with parameters `p`, and
+/// charges the packet to it: the verdict and the record (null if there is none: `NO_BUCKET`,
+/// fail open). The record found is remembered in the slot. On `DROPPED_RATE`, `*until` is the
+/// end of the drop window.
+#[inline(always)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the packet's whole context, inlined"
+)]
+pub fn find_and_charge<P: Params, const CALL: bool>(
+    key: &Key,
+    p: &P,
+    cached: u32,
+    len: u64,
+    now: u64,
+    s: *mut Scratch,
+    slot: *mut ClassSlot,
+    limit: u32,
+    until: &mut u64,
+) -> (usize, *mut Bucket) {
+    // One charge for both ways of finding a known source's record: every copy of a cluster-
+    // scoped charge's BPF call costs the frame what it keeps across it (CONSTRAINTS.md, "Stack").
+    let r = 'found: {
+        // The record this CPU found for the source last time, if it still holds the key.
+        if cached != NO_RECORD {
+            if let Some(r) = BUCKETS.get_ptr_mut(cached) {
+                if store::holds(r, key) {
+                    break 'found r;
+                }
+            }
+        }
+        // Looked up here, on the path that needs it, rather than passed in and kept live across
+        // the charge (CONSTRAINTS.md, "Stack").
+        let Some(config) = CONFIG.get_ptr(0) else {
+            return (no_bucket(), core::ptr::null_mut());
+        };
+        // SAFETY: a live map value, written whole by the agent before it attaches.
+        let (seed, sets) = unsafe { ((*config).seed, (*config).bucket_sets) };
+        if sets == 0 {
+            return (no_bucket(), core::ptr::null_mut());
+        }
+        let sets = bucket_sets(
+            // The key's family, not the packet's: a per-rule key is one for both.
+            ratelimit_common::bucket_hash(
+                seed,
+                key.header as u32 & 0xffff,
+                (key.header >> 16) as u8,
+                key.addr,
+            ),
+            sets,
+        );
+        match store::scan(key, sets, scratch::coarse_now(s), s) {
+            Scan::Hit(i, r) => {
+                remember(slot, limit, i);
+                r
+            }
+            Scan::Miss {
+                victim,
+                header,
+                kind,
+            } => {
+                let now = bucket::new_bucket_now(p, now, charge_clock(s));
+                return create(p, len, now, key, sets, victim, header, kind, slot, limit);
+            }
+            Scan::None => return (no_bucket(), core::ptr::null_mut()),
+        }
+    };
+    (
+        bucket::charge::<_, CALL>(r, p, now, len, until, charge_clock(s)),
+        r,
+    )
+}
+
+/// Remembers in the slot that limit `limit`'s bucket is in record `i`.
+#[inline(always)]
+fn remember(slot: *mut ClassSlot, limit: u32, i: u32) {
+    // SAFETY: this CPU's classification slot; the index is checked in bounds.
+    unsafe {
+        if limit == 0 {
+            (*slot).bucket = i;
+        } else if (limit as usize) < MAX_LIMITS {
+            (*slot).extra[limit as usize - 1] = i;
+        }
+    }
+}
+
+/// A new bucket for `key` (a full one, charged for this packet) in record `victim` of its set.
+/// The packet is counted in it only if dropped (the caller counts a pass, once every limit
+/// passed it).
+///
+/// Two CPUs can create the same key's bucket at the same instant (the key's first packets on two
+/// queues), each in a record of its own: a source must never hold two buckets (two bursts). So
+/// once its record is published, a creator looks for another record holding the key and, if one
+/// does, gives its own back and charges that one instead. Of two creators, the one that
+/// published later always sees the other's record (its look comes after both publications), so
+/// at most one record survives (if both see each other, both give theirs back, and the key's
+/// next packet creates its bucket anew). The packet of a creator that gives its record back
+/// passes uncharged (`bucket_errors`), as one that loses the claim of a record does: at most one
+/// packet per CPU per such race. The record taken is evicted either way: counted.
+#[inline(always)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the packet's whole context, inlined"
+)]
+fn create<P: Params>(
+    p: &P,
+    len: u64,
+    now: u64,
+    key: &Key,
+    sets: [u32; 2],
+    victim: u32,
+    header: u64,
+    kind: u64,
+    slot: *mut ClassSlot,
+    limit: u32,
+) -> (usize, *mut Bucket) {
+    let (v, tat, byte_tat) = bucket::charge_new(p, now, len);
+    let Some(b) = store::install(
+        victim,
+        header,
+        key,
+        (tat, byte_tat, Bucket::created_at(now)),
+    ) else {
+        // Another CPU took the record in the same instant: this one packet passes uncharged
+        // by this limit (fail open), counted.
+        return (no_bucket(), core::ptr::null_mut());
+    };
+    if let Some(c) = store::eviction_counter(kind) {
+        bump_global(c);
+    }
+    let other = store::other_holder(key, sets[0] * BUCKET_WAYS, sets[1] * BUCKET_WAYS, victim);
+    if other != NO_RECORD {
+        // Another CPU (or the agent) created the key's bucket at the same time: this one goes,
+        // and the packet, already counted against the bucket given back, passes uncharged
+        // (counted). Given back whatever `release` says: if it failed, the agent took it out
+        // first (it keeps its own and folds this one in), and it is not this packet's any more.
+        let _ = store::release(b, key);
+        remember(slot, limit, other);
+        return (no_bucket(), core::ptr::null_mut());
+    }
+    bump_global(global::NEW_BUCKETS);
+    remember(slot, limit, victim);
+    (v, b)
+}
+
+/// What the packet's charges read of the clocks (`scratch::ChargeClock`): `Config::shares_until_ns`
+/// (until when the cluster shares in the buckets hold) as `limit` copied it to this CPU's scratch
+/// record for this packet, and the precise clock once read. The scratch pointer is live wherever
+/// a bucket is charged, the config's not (kept live, it cost a stack slot).
+#[inline(always)]
+pub fn charge_clock(s: *mut Scratch) -> *mut ChargeClock {
+    // SAFETY: this CPU's live scratch record (only the address is taken).
+    unsafe { &raw mut (*s).extra.clock }
+}
+
+#[inline(always)]
+fn no_bucket() -> usize {
+    bump_global(global::BUCKET_ERRORS);
+    verdict::NO_BUCKET
+}
