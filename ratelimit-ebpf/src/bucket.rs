@@ -13,7 +13,7 @@ use ratelimit_common::{
     verdict, Bucket, Limit, Rule, COARSE_LAG_DEFAULT_NS,
 };
 
-use crate::scratch::{precise_now, ChargeClock};
+use crate::scratch::{precise_now, ChargeClock, LimitParams};
 
 /// The most the coarse clock is taken to lag the true time, in ns: `ratelimit_common::coarse_lag_ns`
 /// of the running kernel's tick, set by the loader (`ratelimit_common::COARSE_LAG_GLOBAL`); 8 ticks
@@ -344,18 +344,6 @@ fn charge_cluster<P: Params>(
         (*ck).len = len;
         rl_charge_cluster(bucket, ck)
     }
-}
-
-/// A limit's parameters, copied into the scratch record for [`rl_charge_cluster`] (a BPF global
-/// function takes five scalar or pointer arguments at most).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct LimitParams {
-    pub flags: u64,
-    pub pkt_interval_ns: u64,
-    pub pkt_tolerance_ns: u64,
-    pub byte_interval_fp: u64,
-    pub byte_tolerance_ns: u64,
 }
 
 impl Params for LimitParams {

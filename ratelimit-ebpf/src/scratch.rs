@@ -189,7 +189,7 @@ pub struct ChargeClock {
     pub now: u64,
     pub len: u64,
     /// The limit a cluster-scoped charge is of (`bucket::rl_charge_cluster`'s parameters).
-    pub limit: crate::bucket::LimitParams,
+    pub limit: LimitParams,
 }
 
 /// The precise clock for this packet: as an earlier charge of it read it (see
@@ -305,4 +305,16 @@ pub fn coarse_now(s: *mut Scratch) -> u64 {
 pub fn slot_index(src: &[u32; 4]) -> usize {
     let h = (src[0] ^ src[1] ^ src[2] ^ src[3]).wrapping_mul(0x9e37_79b1);
     (h >> 24) as usize & (CLASS_SLOTS - 1)
+}
+
+/// A limit's parameters, copied into the scratch record for `bucket::rl_charge_cluster` (a BPF global
+/// function takes five scalar or pointer arguments at most).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LimitParams {
+    pub flags: u64,
+    pub pkt_interval_ns: u64,
+    pub pkt_tolerance_ns: u64,
+    pub byte_interval_fp: u64,
+    pub byte_tolerance_ns: u64,
 }

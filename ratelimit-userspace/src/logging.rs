@@ -4,20 +4,7 @@
 
 use std::{io::IsTerminal as _, path::Path};
 
-use serde::{Deserialize, Serialize};
-
-/// How log records are written (`--log-format`, `[agent] log_format`).
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// `LEVEL target: message key=value ...`, one line per record.
-    #[default]
-    Plain,
-    /// One JSON object per line: `timestamp`, `level`, `target`, `fields` (with `message`).
-    Json,
-}
+pub use crate::config::LogFormat;
 
 /// The format to use: the command line's if given, else the `[agent] log_format` of the config
 /// file the agent is about to load, else plain. The config file is only peeked at here: if it

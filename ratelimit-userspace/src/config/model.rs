@@ -4,7 +4,7 @@
 
 use std::{net::SocketAddr, path::PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{AttachMode, RuleConfig};
 
@@ -72,7 +72,7 @@ pub struct AgentConfig {
     /// Emit debug records from the XDP program.
     pub ebpf_log: bool,
     /// Log format on stderr (`--log-format` overrides it; read at start, not on reload).
-    pub log_format: crate::logging::LogFormat,
+    pub log_format: LogFormat,
 }
 
 impl Default for AgentConfig {
@@ -86,7 +86,7 @@ impl Default for AgentConfig {
             pin_path: PathBuf::from(DEFAULT_PIN_PATH),
             dry_run: false,
             ebpf_log: false,
-            log_format: crate::logging::LogFormat::Plain,
+            log_format: LogFormat::Plain,
         }
     }
 }
@@ -138,4 +138,17 @@ impl OnPartition {
             Self::Share => "share",
         }
     }
+}
+
+/// How log records are written (`--log-format`, `[agent] log_format`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, Serialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// `LEVEL target: message key=value ...`, one line per record.
+    #[default]
+    Plain,
+    /// One JSON object per line: `timestamp`, `level`, `target`, `fields` (with `message`).
+    Json,
 }

@@ -48,7 +48,7 @@ pub(super) struct RawAgent {
     pub(super) pin_path: Option<Spanned<PathBuf>>,
     pub(super) dry_run: Option<bool>,
     pub(super) ebpf_log: Option<bool>,
-    pub(super) log_format: Option<crate::logging::LogFormat>,
+    pub(super) log_format: Option<super::LogFormat>,
 }
 
 #[derive(Deserialize)]
