@@ -14,6 +14,7 @@ use super::{
     fill, lru::LruCase, pinned, repeat_ns, sequential_from, v4_frame, Driver, Limiter, TRUNCATION,
 };
 use crate::{
+    kernel::lru::SLACK,
     lru::{Kind, ENTRIES},
     progs::{self, Sources, Touch},
     refs::{Refs, PASS},
@@ -289,21 +290,20 @@ pub fn populations(
         let known_floor = known_pass("rlb_known_pass", None)?;
         let known_memory_floor = known_pass("rlb_known_mem", record)?;
         let known_candidates_floor = known_pass("rlb_known_mem8", candidates)?;
-        // The LRU contender on the same addresses, in turns with the limiter (see `lru.rs`); with
-        // the store full, never-sent addresses fill its map first.
+        // The LRU contender on the same addresses, in turns with the limiter (see `lru.rs`);
+        // with the store full, all but `SLACK` of them, after as many never-sent ones.
         let mut lru_cases = Vec::new();
         if !in_cache {
-            let filler: Vec<[u8; 4]> = if tag == "full" {
-                let want = (ENTRIES as usize).saturating_sub(addrs.len());
-                (sent..sent + want)
-                    .map(|i| tracked_addr(i, false))
-                    .collect()
+            let (held, filler): (&[[u8; 4]], Vec<[u8; 4]>) = if tag == "full" {
+                let keep = addrs.len().min(ENTRIES as usize - SLACK);
+                let want = ENTRIES as usize - keep;
+                let filler = (sent..sent + want).map(|i| tracked_addr(i, false));
+                (&addrs[..keep], filler.collect())
             } else {
-                Vec::new()
+                (&addrs, Vec::new())
             };
             for kind in [Kind::Shared, Kind::PerCpu] {
-                let array = addr_array.as_fd();
-                lru_cases.push(LruCase::new(kind, refs, &addrs, &filler, array, n)?);
+                lru_cases.push(LruCase::new(kind, refs, held, &filler)?);
             }
         }
 
@@ -368,7 +368,7 @@ pub fn populations(
             }
             for c in &mut lru_cases {
                 let fresh_addrs = (first..fresh_next).map(|i| tracked_addr(i, true));
-                c.run_new(&fresh, new_repeat, fresh_addrs, &addrs)?;
+                c.run_new(&fresh, new_repeat, fresh_addrs)?;
             }
         }
         let (population_end, fresh_left) = census(limiter, tracked)?;
