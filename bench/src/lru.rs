@@ -257,6 +257,18 @@ impl Lru {
         self.elem(BPF_MAP_DELETE_ELEM, addr, &mut [], 0)
     }
 
+    /// How many addresses of `addrs` are not there (lookups from user space, which leave the
+    /// entries' places in the LRU as they were).
+    pub fn count_missing(&self, addrs: &[[u8; 4]]) -> Result<u64> {
+        let mut missing = 0;
+        for &a in addrs {
+            if self.tat(a)?.is_none() {
+                missing += 1;
+            }
+        }
+        Ok(missing)
+    }
+
     /// Adds every address of `addrs` that is not there (see [`Lru::add`]); returns how many.
     pub fn add_missing(&self, addrs: &[[u8; 4]]) -> Result<u64> {
         let mut added = 0;
