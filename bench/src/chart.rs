@@ -1,18 +1,14 @@
 //! The chart of the bucket store (`target/bench/store.svg`): ns per packet over its driver floor
 //! against tracked sources, for a random known source and a new source, this run's store beside
-//! the old one (a kernel LRU hash), whose figures were measured once at the commit before the
-//! store changed and are kept in `old_store.json` next to this file (it says how).
+//! the LRU contender (`crate::lru`: GCRA in a kernel `LRU_HASH` of 2^20), measured in the same
+//! run at the same populations, in turns with the store, over the same driver floors.
 
 use std::path::Path;
 
-use anyhow::{anyhow, Context as _, Result};
+use anyhow::{anyhow, Result};
 use plotters::prelude::*;
-use serde_json::Value;
 
 use crate::report::Report;
-
-/// The old store's figures (see the file's `what`, `commit`, `command`, `date`).
-const OLD_STORE: &str = include_str!("old_store.json");
 
 /// Tags of the populations, smallest first.
 const TAGS: [&str; 4] = ["1k", "100k", "1m", "full"];
@@ -20,11 +16,16 @@ const TAGS: [&str; 4] = ["1k", "100k", "1m", "full"];
 /// One line of the chart: (tracked sources, ns over the floor) per population.
 type Series = Vec<(f64, f64)>;
 
-/// This run's series: (random known, new source).
-fn new_store(report: &Report) -> (Series, Series) {
+/// This run's series of the store (`None`) or of the LRU contender `lru` (`kernel.lru.*`):
+/// (random known, new source).
+fn series(report: &Report, lru: Option<&str>) -> (Series, Series) {
     let (mut known, mut new) = (Vec::new(), Vec::new());
     for tag in TAGS {
-        let k = |what: &str| format!("kernel.pop.{tag}.{what}");
+        let floor = |what: &str| format!("kernel.pop.{tag}.{what}");
+        let k = |what: &str| match lru {
+            Some(lru) if !what.ends_with("floor") => format!("kernel.{lru}.{what}_{tag}"),
+            _ => floor(what),
+        };
         let Some(tracked) = report
             .get(&k("known"))
             .and_then(|f| f.detail["tracked_buckets"].as_u64())
@@ -44,39 +45,15 @@ fn new_store(report: &Report) -> (Series, Series) {
     (known, new)
 }
 
-/// The old store's series: (random known, new source), and where they came from.
-fn old_store() -> Result<(Series, Series, String)> {
-    let doc: Value = serde_json::from_str(OLD_STORE).context("old_store.json")?;
-    let (mut known, mut new) = (Vec::new(), Vec::new());
-    for p in doc["populations"]
-        .as_array()
-        .ok_or_else(|| anyhow!("old_store.json: no populations"))?
-    {
-        let f = |k: &str| {
-            p[k].as_f64()
-                .ok_or_else(|| anyhow!("old_store.json: population without {k}"))
-        };
-        let x = f("tracked")?;
-        known.push((x, f("known_ns")? - f("known_floor_ns")?));
-        new.push((x, f("new_ns")? - f("new_floor_ns")?));
-    }
-    let source = format!(
-        "old store: git {}, {}",
-        doc["commit"].as_str().unwrap_or("?"),
-        doc["date"].as_str().unwrap_or("?")
-    );
-    Ok((known, new, source))
-}
-
 /// Writes the chart to `path` (SVG).
 pub fn store(report: &Report, path: &Path) -> Result<()> {
-    let (known, new) = new_store(report);
-    let (old_known, old_new, source) = old_store()?;
+    let (known, new) = series(report, None);
+    let (lru_known, lru_new) = series(report, Some("lru"));
     let top = known
         .iter()
         .chain(&new)
-        .chain(&old_known)
-        .chain(&old_new)
+        .chain(&lru_known)
+        .chain(&lru_new)
         .map(|&(_, y)| y)
         .fold(100.0, f64::max)
         * 1.15;
@@ -115,25 +92,25 @@ pub fn store(report: &Report, path: &Path) -> Result<()> {
                 &known,
                 blue,
                 false,
-                format!("random known source, new store (git {git})"),
+                format!("random known source, the limiter's store (git {git})"),
             ),
             (
                 &new,
                 red,
                 false,
-                format!("new source (creates its bucket), new store (git {git})"),
+                "new source (creates its bucket), the limiter's store".into(),
             ),
             (
-                &old_known,
+                &lru_known,
                 blue,
                 true,
-                "random known source, old store (LRU hash)".into(),
+                "random known source, LRU contender (LRU_HASH, this run)".into(),
             ),
             (
-                &old_new,
+                &lru_new,
                 red,
                 true,
-                "new source (no bucket: first-seen table), old store".into(),
+                "new source, LRU contender (inserts, evicting when full)".into(),
             ),
         ];
         for (points, color, dashed, label) in lines {
@@ -158,7 +135,7 @@ pub fn store(report: &Report, path: &Path) -> Result<()> {
             .border_style(BLACK)
             .draw()?;
         root.draw(&Text::new(
-            format!("new store: this run, {date}; {source} (bench/src/old_store.json)"),
+            format!("this run, {date}, git {git}: both over the limiter's driver floors"),
             (16, 540),
             ("sans-serif", 12),
         ))?;

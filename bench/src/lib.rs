@@ -13,11 +13,13 @@
 //! - [`kernel`]: in-kernel cost per packet through BPF_PROG_TEST_RUN, the limiter against an
 //!   XDP_PASS floor, hot and with 1k to 1M tracked sources; with it [`f1`], one dependent read
 //!   of a region the size of the bucket store (a pointer chase) against one independent read;
+//!   and [`lru`], the LRU contender (GCRA per source in a kernel `LRU_HASH`, what a user would
+//!   pick instead), at the same populations in turns with the limiter, and end to end;
 //! - [`rules`]: rule update latency with 10,000 rules, and kernel memory;
 //! - [`e2e`]: packets per second over a veth pair from a live-frames generator, for the limiter,
-//!   a drop-all floor, an XDP_PASS receiver, nftables and iptables, with one hot source and with
-//!   random sources, and random sources against a per-source + per-rule (aggregate) limit, the
-//!   limiter against nftables with the same two levels;
+//!   a drop-all floor, an XDP_PASS receiver, nftables, iptables and the LRU contender, with one
+//!   hot source and with random sources, and random sources against a per-source + per-rule
+//!   (aggregate) limit, the limiter against nftables with the same two levels;
 //! - [`agent`]: the real agent's CPU and memory, idle and under a random-source flood;
 //! - [`cluster`]: 2 to 16 real agents sharing a cluster budget: admitted / budget, time to
 //!   converge, gossip bytes and CPU per host against the number of hosts (and two charts).
@@ -38,6 +40,7 @@ mod e2e;
 mod f1;
 mod generator;
 mod kernel;
+mod lru;
 mod progs;
 mod refs;
 mod report;
@@ -70,6 +73,9 @@ pub enum Part {
     /// Only F1, one dependent read of a region the size of the bucket store (a pointer chase),
     /// beside one independent read (part of `kernel`).
     F1,
+    /// Only the tracked-source populations (1k to full) with the LRU contender in turns with
+    /// them (part of `kernel`): the limiter's store against `LRU_HASH` and `LRU_PERCPU_HASH`.
+    Lru,
     Rules,
     E2e,
     Agent,
@@ -219,7 +225,7 @@ fn kernel_and_rules(
     Ok(())
 }
 
-/// `limits` and `cut` without the rest of `kernel`, each on a limiter of its own.
+/// `limits`, `cut` and `lru` without the rest of `kernel`, each on a limiter of its own.
 fn limits_and_cut(
     report: &mut Report,
     opts: &Options,
@@ -235,6 +241,10 @@ fn limits_and_cut(
     if want(Part::Cut) {
         let limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::BASE_RULES)?;
         kernel::cut_ab(report, opts, refs, &limiter, DEFAULT_MAX_BUCKETS)?;
+    }
+    if want(Part::Lru) {
+        let limiter = kernel::Limiter::new("bench", DEFAULT_MAX_BUCKETS, kernel::BASE_RULES)?;
+        kernel::populations(report, opts, refs, &limiter, false)?;
     }
     Ok(())
 }
@@ -349,6 +359,44 @@ fn targets(r: &Report) -> Vec<Target> {
             ),
         });
     }
+    // The LRU contender (issue #36, `lru.rs`): the limiter's ns over the driver floor against
+    // the contender's, measured in turns with it over the same floor.
+    for (key, lru, floor, most, what) in [
+        (
+            "kernel.pop.1m.known",
+            "known_1m",
+            "kernel.pop.1m.known_floor",
+            0.55,
+            "random known source with 1M tracked",
+        ),
+        (
+            "kernel.pop.full.new",
+            "new_full",
+            "kernel.pop.full.new_floor",
+            0.45,
+            "new source with the store full",
+        ),
+    ] {
+        let ours = over(key, floor);
+        let shared = over(&format!("kernel.lru.{lru}"), floor);
+        let percpu = over(&format!("kernel.lru_percpu.{lru}"), floor);
+        let x = ours.zip(shared).map(|(a, b)| a / b);
+        t.push(Target {
+            goal: format!(
+                "{what}: limiter <= {most}x the LRU contender's ns over the driver floor"
+            ),
+            met: x.map(|x| x <= most),
+            evidence: format!(
+                "limiter {} ns over vs LRU_HASH {} ns over: {}x; LRU_PERCPU_HASH {} ns over \
+                 ({}x)",
+                fmt(ours),
+                fmt(shared),
+                fmt(x),
+                fmt(percpu),
+                fmt(ours.zip(percpu).map(|(a, b)| a / b)),
+            ),
+        });
+    }
     let mem = r.value("memory.kernel_per_tracked_source");
     t.push(Target {
         goal: "<= 64 bytes of kernel memory per tracked source (store full)".into(),
@@ -430,6 +478,19 @@ fn targets(r: &Report) -> Vec<Target> {
             filling("nftables"),
             abuser("limiter"),
             abuser("nftables"),
+        ),
+    });
+    let x = ratio("e2e.random.limiter", "e2e.random.lru");
+    t.push(Target {
+        goal: "end to end, random sources: limiter >= 1.25x the LRU contender (XDP, LRU_HASH)"
+            .into(),
+        met: x.map(|x| x >= 1.25),
+        evidence: format!(
+            "{} Mpps vs {} Mpps: {}x (LRU_PERCPU_HASH {} Mpps)",
+            fmt(r.value("e2e.random.limiter")),
+            fmt(r.value("e2e.random.lru")),
+            fmt(x),
+            fmt(r.value("e2e.random.lru_percpu")),
         ),
     });
     for (key, nft_key, order) in [
@@ -521,6 +582,14 @@ fn notes() -> Vec<String> {
          creates its bucket) until it holds the number stated (counted in the store, printed in \
          each label); each run's new sources are freed again afterwards. 'Several CPUs': one \
          thread pinned to each CPU runs the same hot frame at the same time."
+            .into(),
+        "LRU contender (issue #36): a hand-assembled XDP program keeping a GCRA arrival time \
+         per IPv4 source in a kernel LRU_HASH (or LRU_PERCPU_HASH) of 2^20 entries, as \
+         XDP-Firewall and most XDP limiters do (precise clock, a plain store; a new source \
+         inserted with BPF_ANY, evicting when full). Its map holds the limiter's population \
+         (plus never-sent sources up to 2^20 when the store is full), its drivers are the \
+         limiter's (same addresses, same frames) and run in turns with them, so the limiter's \
+         driver floors are its floors."
             .into(),
         "F1: each run reads the line of a 64 MiB chain (one random cycle through all its 64-byte \
          lines, 4 KiB pages) that the previous run's read named, so no two runs' misses overlap: \

@@ -33,9 +33,9 @@ struct Cli {
     /// CPU for the end-to-end generator (and so the receiving veth's NAPI poll); default: the last.
     #[arg(long)]
     cpu: Option<usize>,
-    /// Only these parts (default: all): kernel, limits, cut and f1 (the 1/2/3-limit cases, the
-    /// A/B of the handling of cut packets and the dependent-read memory floor, parts of kernel,
-    /// alone), rules, e2e, agent, cluster.
+    /// Only these parts (default: all): kernel, limits, cut, f1 and lru (the 1/2/3-limit cases,
+    /// the A/B of the handling of cut packets, the dependent-read memory floor, and the
+    /// populations with the LRU contender: parts of kernel, alone), rules, e2e, agent, cluster.
     #[arg(long, value_delimiter = ',')]
     only: Vec<Part>,
     /// End to end: only these contenders, by their tags in results.json (such as

@@ -96,7 +96,7 @@ pub fn ld_map_fd(dst: u8, fd: BorrowedFd<'_>) -> [Insn; 2] {
     ]
 }
 
-fn sys_bpf<T>(cmd: libc::c_long, attr: &T) -> std::io::Result<i64> {
+pub(crate) fn sys_bpf<T>(cmd: libc::c_long, attr: &T) -> std::io::Result<i64> {
     // SAFETY: `attr` is a valid prefix of union bpf_attr for `cmd` (each caller's struct follows
     // the uapi layout); every pointer in it points at memory that outlives the call.
     let rc = unsafe {
@@ -114,7 +114,7 @@ fn sys_bpf<T>(cmd: libc::c_long, attr: &T) -> std::io::Result<i64> {
     }
 }
 
-fn owned(fd: i64) -> OwnedFd {
+pub(crate) fn owned(fd: i64) -> OwnedFd {
     // SAFETY: the kernel just returned this fd to us and nothing else owns it.
     unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).expect("an fd")) }
 }

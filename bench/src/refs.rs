@@ -16,7 +16,10 @@ use ratelimit::dataplane::object;
 use ratelimit_common::map_names;
 use ratelimit_testbed::{in_netns, Netns};
 
-use crate::generator::load_random_source;
+use crate::{
+    generator::load_random_source,
+    lru::{Gcra, Kind, Lru},
+};
 
 /// `XDP_PASS` on every frame: the floor of the in-kernel cost, and a receiver that hands every
 /// frame to the stack.
@@ -30,6 +33,8 @@ pub const TX: &str = "bench_tx";
 pub struct Refs {
     ebpf: Option<Ebpf>,
     random: Option<Xdp>,
+    /// The LRU contenders loaded so far (end to end), at most one of each kind.
+    lru: Vec<Lru>,
     dir: PathBuf,
 }
 
@@ -42,6 +47,7 @@ impl Refs {
         let mut refs = Self {
             ebpf: None,
             random: None,
+            lru: Vec::new(),
             dir,
         };
         let mut ebpf = EbpfLoader::new()
@@ -98,6 +104,21 @@ impl Refs {
             .with_context(|| format!("attaching {name} to {iface} (native XDP)"))
     }
 
+    /// The LRU contender `kind` (see [`crate::lru`]), loaded with `entries` and `gcra` the
+    /// first time it is asked for; later calls get the same one, its map as it was left.
+    pub fn lru(&mut self, kind: Kind, entries: u32, gcra: Gcra) -> Result<&mut Lru> {
+        if !self.lru.iter().any(|l| l.kind == kind) {
+            let name = format!("rlb_e2e_{}", kind.tag());
+            let lru = Lru::new(&name, kind, entries, gcra, &self.dir)?;
+            self.lru.push(lru);
+        }
+        Ok(self
+            .lru
+            .iter_mut()
+            .find(|l| l.kind == kind)
+            .expect("loaded above"))
+    }
+
     /// Detaches what [`Refs::attach`] attached.
     pub fn detach(&mut self, name: &str, link: XdpLinkId) -> Result<()> {
         let prog: &mut Xdp = self
@@ -116,6 +137,7 @@ impl Refs {
 impl Drop for Refs {
     fn drop(&mut self) {
         self.random = None;
+        self.lru.clear();
         self.ebpf = None;
         if let Ok(entries) = fs::read_dir(&self.dir) {
             for entry in entries.flatten() {

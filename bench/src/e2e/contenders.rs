@@ -2,6 +2,7 @@
 //! nftables and iptables; how each is attached and detached, and what each counts itself.
 
 use anyhow::{Context as _, Result};
+use aya::programs::XdpMode;
 use ratelimit::{config::Config, dataplane::AttachMode};
 use ratelimit_common::verdict;
 use ratelimit_testbed::{in_netns, Netns};
@@ -12,6 +13,7 @@ use super::{
 };
 use crate::{
     kernel::Limiter,
+    lru::{Gcra, Kind},
     refs::{Refs, DROP, PASS},
 };
 
@@ -36,6 +38,11 @@ pub(super) enum Contender {
     NftAggregate,
     /// nftables with the two levels the other way round (the global limit first).
     NftAggregateFirst,
+    /// The LRU contender ([`crate::lru`]): GCRA per source in an XDP program over an
+    /// `LRU_HASH` of [`TRACKED`] entries.
+    Lru,
+    /// The same over an `LRU_PERCPU_HASH`.
+    LruPerCpu,
 }
 
 impl Contender {
@@ -51,6 +58,8 @@ impl Contender {
             Contender::LimiterAggregateFirst => "limiter_aggregate_first",
             Contender::NftAggregate => "nftables_aggregate",
             Contender::NftAggregateFirst => "nftables_aggregate_first",
+            Contender::Lru => "lru",
+            Contender::LruPerCpu => "lru_percpu",
         }
     }
 
@@ -114,6 +123,17 @@ impl Contender {
                 "nftables: dynamic set per source + global limit rate over 10,000/s"
             }
             Contender::NftAggregateFirst => "nftables: the same two levels, the global limit first",
+            Contender::Lru => "LRU contender: XDP, GCRA per source in an LRU_HASH of 2^20",
+            Contender::LruPerCpu => "LRU contender: the same in an LRU_PERCPU_HASH of 2^20",
+        }
+    }
+
+    /// The LRU contender's map, if this is one.
+    fn lru_kind(self) -> Option<Kind> {
+        match self {
+            Contender::Lru => Some(Kind::Shared),
+            Contender::LruPerCpu => Some(Kind::PerCpu),
+            _ => None,
         }
     }
 }
@@ -122,10 +142,11 @@ impl Contender {
 pub(super) enum Attached {
     Ref(&'static str, aya::programs::xdp::XdpLinkId),
     Limiter,
+    Lru(Kind, aya::programs::xdp::XdpLinkId),
 }
 
 /// Every contender, for `--contenders`.
-pub(super) const ALL: [Contender; 10] = [
+pub(super) const ALL: [Contender; 12] = [
     Contender::DropAll,
     Contender::DropAllLayered,
     Contender::Limiter,
@@ -136,6 +157,8 @@ pub(super) const ALL: [Contender; 10] = [
     Contender::LimiterAggregateFirst,
     Contender::NftAggregate,
     Contender::NftAggregateFirst,
+    Contender::Lru,
+    Contender::LruPerCpu,
 ];
 
 pub(super) fn setup(
@@ -194,6 +217,13 @@ pub(super) fn setup(
             let link = refs.attach(PASS, ns, dev)?;
             add_hashlimit(ns)?;
             Attached::Ref(PASS, link)
+        }
+        Contender::Lru | Contender::LruPerCpu => {
+            let kind = contender.lru_kind().expect("an LRU contender");
+            let lru = refs.lru(kind, TRACKED, Gcra::new(RATE, BURST))?;
+            let link = in_netns(ns, || lru.program.attach(dev, XdpMode::Driver))
+                .with_context(|| format!("attaching the {} contender", kind.tag()))?;
+            Attached::Lru(kind, link)
         }
     })
 }
@@ -290,6 +320,12 @@ pub(super) fn teardown(
         Attached::Limiter => {
             limiter.tdp.dataplane().detach(&bed.rx_if)?;
         }
+        Attached::Lru(kind, link) => {
+            let lru = refs.lru(kind, TRACKED, Gcra::new(RATE, BURST))?;
+            lru.program
+                .detach(link)
+                .context("detaching the LRU contender")?;
+        }
     }
     if contender.layered() {
         limiter.install(&Config::parse(E2E_RULES, "bench.toml")?.rules)?;
@@ -342,7 +378,11 @@ pub(super) fn contender_count(
                     .sum(),
             ))
         }
-        Contender::DropAll | Contender::DropAllLayered | Contender::Pass => None,
+        Contender::DropAll
+        | Contender::DropAllLayered
+        | Contender::Pass
+        | Contender::Lru
+        | Contender::LruPerCpu => None,
     })
 }
 

@@ -213,7 +213,11 @@ pub fn run(report: &mut Report, opts: &Options, refs: &mut Refs) -> Result<()> {
             // The hot target (the limiter at >= 95% of drop-all) is a ratio of a few percent
             // too: 94.6% and 99.2% in two runs minutes apart, measured one after the other.
             Pattern::Hot => vec![vec![Contender::DropAll, Contender::Limiter]],
-            Pattern::Random => vec![vec![Contender::DropAll], vec![Contender::Limiter]],
+            // The LRU contender's target (the limiter >= 1.25x it) is a ratio: in turns.
+            Pattern::Random => vec![
+                vec![Contender::DropAll],
+                vec![Contender::Limiter, Contender::Lru, Contender::LruPerCpu],
+            ],
         };
         groups.extend([Contender::Pass, Contender::Nft, Contender::Iptables].map(|c| vec![c]));
         if pattern == Pattern::Random {

@@ -16,6 +16,7 @@
 //! - `layered.rs`: a random-source flood under an exhausted per-rule limit;
 //! - `populations.rs`: 1k to 1M tracked sources and a full store (hot, random known and new
 //!   sources, the memory floors), and the census that keeps each population what it says;
+//! - `lru.rs`: the LRU contender (`crate::lru`) at the same populations, in turns with them;
 //! - `probes.rs`: programs doing one operation of the fast path each;
 //! - `memory.rs`: the bucket store's kernel memory;
 //! - `cpus.rs`: one hot source charged from every CPU at once;
@@ -25,6 +26,7 @@ mod cpus;
 mod cut;
 mod hot;
 mod layered;
+mod lru;
 mod memory;
 mod populations;
 mod probes;

@@ -10,15 +10,20 @@ use ratelimit::maps::store::Slot;
 use ratelimit_common::{global, map_names, Bucket, BucketKey};
 use serde_json::json;
 
-use super::{fill, pinned, repeat_ns, sequential_from, v4_frame, Driver, Limiter, TRUNCATION};
+use super::{
+    fill, lru::LruCase, pinned, repeat_ns, sequential_from, v4_frame, Driver, Limiter, TRUNCATION,
+};
 use crate::{
+    kernel::lru::SLACK,
+    lru::{Kind, ENTRIES},
     progs::{self, Sources, Touch},
     refs::{Refs, PASS},
     report::{Figure, Report},
     session::Options,
 };
 
-const SECTION_POP: &str = "In-kernel cost per packet vs tracked sources (BPF_PROG_TEST_RUN)";
+pub(super) const SECTION_POP: &str =
+    "In-kernel cost per packet vs tracked sources (BPF_PROG_TEST_RUN)";
 
 /// Source address number `i` of the tracked population (10.0.0.0/9), or of the never-seen
 /// sources (10.128.0.0/9) when `fresh`.
@@ -285,6 +290,22 @@ pub fn populations(
         let known_floor = known_pass("rlb_known_pass", None)?;
         let known_memory_floor = known_pass("rlb_known_mem", record)?;
         let known_candidates_floor = known_pass("rlb_known_mem8", candidates)?;
+        // The LRU contender on the same addresses, in turns with the limiter (see `lru.rs`);
+        // with the store full, all but `SLACK` of them, after as many never-sent ones.
+        let mut lru_cases = Vec::new();
+        if !in_cache {
+            let (held, filler): (&[[u8; 4]], Vec<[u8; 4]>) = if tag == "full" {
+                let keep = addrs.len().min(ENTRIES as usize - SLACK);
+                let want = ENTRIES as usize - keep;
+                let filler = (sent..sent + want).map(|i| tracked_addr(i, false));
+                (&addrs[..keep], filler.collect())
+            } else {
+                (&addrs, Vec::new())
+            };
+            for kind in [Kind::Shared, Kind::PerCpu] {
+                lru_cases.push(LruCase::new(kind, refs, held, &filler)?);
+            }
+        }
 
         let (mut memory_floor_ns, mut candidates_floor_ns) = (Vec::new(), Vec::new());
         let (mut paged_floor_ns, mut paged_candidates_floor_ns) = (Vec::new(), Vec::new());
@@ -315,6 +336,9 @@ pub fn populations(
             let created = counter(global::NEW_BUCKETS);
             known_ns.push(known.run(&known_frame, opts.repeat)?);
             known_misses += counter(global::NEW_BUCKETS) - created;
+            for c in &mut lru_cases {
+                c.run_known(&known_frame, opts.repeat)?;
+            }
             let first = fresh_next;
             // The frame every new-source driver of this run starts from.
             let fresh = sequential_from(tracked_addr(first, true));
@@ -341,6 +365,10 @@ pub fn populations(
             population_min = population_min.min(now);
             if now < population {
                 resent += restore(limiter, tracked, &addrs)?;
+            }
+            for c in &mut lru_cases {
+                let fresh_addrs = (first..fresh_next).map(|i| tracked_addr(i, true));
+                c.run_new(&fresh, new_repeat, fresh_addrs)?;
             }
         }
         let (population_end, fresh_left) = census(limiter, tracked)?;
@@ -469,6 +497,9 @@ pub fn populations(
                 runs,
                 Some(k(floor)),
             );
+        }
+        for c in lru_cases {
+            c.report(report, tag, &what, &detail);
         }
     }
     Ok(last)
