@@ -122,6 +122,31 @@ pub fn peers(v: &Value) -> String {
         }
     }
     out.push_str(&key_shares(v, v["node_id"].as_str().unwrap_or("?")));
+    let s = &v["store"];
+    if s.is_object() {
+        let addrs: Vec<&str> = s["addresses"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let shards = s["shards"]
+            .as_u64()
+            .map_or_else(String::new, |n| format!(", {n} shards"));
+        let rtt = s["rtt_ms"]
+            .as_f64()
+            .map_or_else(|| "-".to_string(), |m| format!("{m:.1} ms"));
+        let _ = writeln!(
+            out,
+            "store: redis {} ({}{shards}), {}; round trip {rtt}; {} rounds, {} errors{}",
+            addrs.join(" "),
+            s["mode"].as_str().unwrap_or("?"),
+            s["state"].as_str().unwrap_or("?"),
+            s["round_trips"],
+            s["errors"],
+            s["last_error"]
+                .as_str()
+                .map_or_else(String::new, |e| format!("; last error: {e}")),
+        );
+    }
     let c = &v["counters"];
     let _ = writeln!(
         out,
