@@ -151,6 +151,8 @@ pub struct RedisStore {
     conn: Option<Conn>,
     next_attempt: Option<Instant>,
     backoff: Duration,
+    /// The last error, shown again while waiting to reconnect.
+    last_error: String,
     key_script: Script,
     members_script: Script,
     /// `standalone` or `cluster` once connected, and the shards of a cluster.
@@ -208,6 +210,7 @@ impl RedisStore {
             conn: None,
             next_attempt: None,
             backoff: MIN_BACKOFF,
+            last_error: String::new(),
             key_script: Script::new(KEY_SCRIPT),
             members_script: Script::new(MEMBERS_SCRIPT),
             mode: "unknown",
@@ -312,7 +315,8 @@ impl RedisStore {
         let fresh = self.conn.is_none();
         if fresh {
             if self.next_attempt.is_some_and(|t| Instant::now() < t) {
-                return Err("not connected (waiting to reconnect)".into());
+                // The error that made it wait stays the one shown.
+                return Err(self.last_error.clone());
             }
             match self.connect().await {
                 Ok(c) => {
@@ -322,7 +326,8 @@ impl RedisStore {
                 Err(e) => {
                     self.next_attempt = Some(Instant::now() + self.backoff);
                     self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-                    return Err(format!("connecting: {e}"));
+                    self.last_error = format!("connecting: {e}");
+                    return Err(self.last_error.clone());
                 }
             }
         }
@@ -344,6 +349,7 @@ impl RedisStore {
                 // Connected again at the next round (a restarted store is used at once), unless
                 // this connection was new (a store that refuses the calls: not every round).
                 self.conn = None;
+                self.last_error.clone_from(&e);
                 if fresh {
                     self.next_attempt = Some(Instant::now() + self.backoff);
                     self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
