@@ -292,5 +292,26 @@ mod tests {
         let mut quiet = v.clone();
         quiet["keys"] = json!([]);
         assert!(!peers(&quiet).contains("heaviest keys"));
+        // No store line under gossip; under Redis, the store with its state and last error.
+        assert!(!out.contains("store:"), "{out}");
+        let mut redis = status.clone();
+        redis.store = Some(crate::cluster::status::StoreStatus {
+            addresses: vec!["redis://192.0.2.9:6379".into()],
+            mode: "cluster",
+            shards: Some(3),
+            state: "down",
+            rtt_ms: Some(0.84),
+            round_trips: 120,
+            errors: 4,
+            last_error: Some("connecting: Connection refused".into()),
+            last_error_unix_ms: Some(1),
+        });
+        let out = peers(&serde_json::to_value(&redis).unwrap());
+        assert!(
+            out.lines().any(|l| l
+                == "store: redis redis://192.0.2.9:6379 (cluster, 3 shards), down; round trip \
+                    0.8 ms; 120 rounds, 4 errors; last error: connecting: Connection refused"),
+            "{out}"
+        );
     }
 }
