@@ -268,12 +268,18 @@ cluster_id = "e2e-cluster-net"
     /// Starts a `redis-server` at [`REDIS_ADDR`] (on the gossip bridge, in the switch namespace),
     /// for agents on `backend = "redis"` ([`ClusterNet::redis_config_with`]).
     pub fn start_redis(&self) -> Result<crate::redis::RedisServer> {
+        self.start_redis_with(&[])
+    }
+
+    /// [`ClusterNet::start_redis`] with more `redis-server` arguments (see
+    /// [`RedisServer::start_with`](crate::redis::RedisServer::start_with)).
+    pub fn start_redis_with(&self, args: &[&str]) -> Result<crate::redis::RedisServer> {
         let cidr = format!("{}/24", REDIS_ADDR.ip());
         let have = self._sw.ip(&["-4", "addr", "show", "dev", "rlbg"])?;
         if !have.contains(&format!("{} ", REDIS_ADDR.ip())) && !have.contains(&cidr) {
             add_addr(&self._sw, "rlbg", &cidr)?;
         }
-        crate::redis::RedisServer::start(&self._sw, REDIS_ADDR)
+        crate::redis::RedisServer::start_with(&self._sw, REDIS_ADDR, args)
     }
 
     /// Host `i`'s config with `rules` under `backend = "redis"` at `url` (no gossip keys).

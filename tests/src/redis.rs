@@ -18,6 +18,7 @@ pub struct RedisServer {
     ns_name: String,
     addr: SocketAddr,
     dir: PathBuf,
+    args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -25,6 +26,13 @@ impl RedisServer {
     /// Starts `redis-server` in `ns` listening on `addr` (an address of `ns`), and waits (up to
     /// 10 s) until it answers `PING`.
     pub fn start(ns: &Netns, addr: SocketAddr) -> Result<Self> {
+        Self::start_with(ns, addr, &[])
+    }
+
+    /// [`RedisServer::start`] with more `redis-server` arguments (`--user ...`); with
+    /// `--cluster-enabled yes` it is made a Redis Cluster of one node serving every slot, and
+    /// waited on until the cluster is `ok`.
+    pub fn start_with(ns: &Netns, addr: SocketAddr, args: &[&str]) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!(
             "rl-redis-{}-{}-{}",
             std::process::id(),
@@ -36,6 +44,7 @@ impl RedisServer {
             ns_name: ns.name().to_string(),
             addr,
             dir,
+            args: args.iter().map(ToString::to_string).collect(),
             child: None,
         };
         s.spawn()?;
@@ -64,6 +73,7 @@ impl RedisServer {
             .arg("--dir")
             .arg(&self.dir)
             .args(["--logfile", ""])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -72,7 +82,7 @@ impl RedisServer {
         let start = Instant::now();
         loop {
             if self.cli(&["PING"]).is_ok_and(|o| o.trim() == "PONG") {
-                return Ok(());
+                return self.form_cluster();
             }
             if let Some(c) = self.child.as_mut() {
                 if let Ok(Some(status)) = c.try_wait() {
@@ -84,6 +94,29 @@ impl RedisServer {
             }
             thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// For a cluster-enabled server: gives it every slot and waits (up to 10 s) until the
+    /// cluster is `ok`. Nothing for a standalone one.
+    fn form_cluster(&self) -> Result<()> {
+        if !self.args.iter().any(|a| a == "--cluster-enabled") {
+            return Ok(());
+        }
+        self.cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])?;
+        let start = Instant::now();
+        while !self
+            .cli(&["CLUSTER", "INFO"])
+            .is_ok_and(|i| i.contains("cluster_state:ok"))
+        {
+            if start.elapsed() > Duration::from_secs(10) {
+                bail!(
+                    "the one-node Redis Cluster on {} did not become ok",
+                    self.addr
+                );
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
     }
 
     /// Runs `redis-cli` against it (from its namespace) and returns its output.

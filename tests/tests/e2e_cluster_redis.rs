@@ -265,3 +265,115 @@ fn hosts_share_one_budget_through_redis_fail_open_without_it_and_recover_when_it
         .collect();
     assert!(left.is_empty(), "namespaces left behind: {left:?}");
 }
+
+/// Through a Redis Cluster (one node serving every slot) as an ACL user, with the password from
+/// `redis_password_file`: the agents find it is a cluster (status: mode `cluster`, 1 shard),
+/// route each key's script by its hash tag, authenticate as that user, and share one budget
+/// (0.95-1.05 x over 6 s; 2 hosts, 4,000 pps split 75/25).
+#[test]
+fn hosts_share_one_budget_through_a_redis_cluster_as_an_acl_user() {
+    use std::os::unix::fs::PermissionsExt as _;
+    const PASSWORD: &str = "e2e-s3cret-not-default";
+    const RUN: f64 = 12.0;
+    require_root();
+    let net = ClusterNet::new("rl-credisc", 2).unwrap();
+    let redis = net
+        .start_redis_with(&[
+            "--cluster-enabled",
+            "yes",
+            "--user",
+            "ratelimit",
+            "on",
+            &format!(">{PASSWORD}"),
+            "~*",
+            "&*",
+            "+@all",
+        ])
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("rl-credisc-pw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pw = dir.join("redis.password");
+    std::fs::write(&pw, format!("{PASSWORD}\n")).unwrap();
+    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let url = redis.url();
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "small"
+    )]
+    let agents = net
+        .start_agents_with(
+            |i| {
+                net.redis_config(i, RATE as u64, BURST, SYNC_MS, &url)
+                    .replace(
+                        "[cluster]\n",
+                        &format!(
+                            "[cluster]\nredis_user = \"ratelimit\"\nredis_password_file = \"{}\"\n",
+                            pw.display()
+                        ),
+                    )
+            },
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    let receivers = net.receivers().unwrap();
+    let start = Instant::now();
+    let sender = net
+        .flood(
+            vec![Split {
+                end: RUN,
+                pps: 4000.0,
+                weights: vec![75.0, 25.0],
+            }],
+            start,
+        )
+        .unwrap();
+    let mut samples = Samples::default();
+    samples.take_until(&receivers, start, RUN, SAMPLE);
+    sender.join().unwrap();
+    let statuses: Vec<Value> = agents.iter().map(|a| status(a).unwrap()).collect();
+    let ratio = samples.rate(6.0, RUN) / RATE;
+    println!(
+        "\n2 hosts through a one-node Redis Cluster at {url} as user ratelimit: {ratio:.3} \
+         budgets over 6-{RUN} s; per host [{:.0} {:.0}] pps",
+        samples.host_rate(0, 6.0, RUN),
+        samples.host_rate(1, 6.0, RUN)
+    );
+    for (i, st) in statuses.iter().enumerate() {
+        println!("h{i}: store {}", store(st));
+        let s = store(st);
+        assert_eq!(
+            (
+                s["mode"].as_str(),
+                s["shards"].as_u64(),
+                s["state"].as_str()
+            ),
+            (Some("cluster"), Some(1), Some("connected")),
+            "h{i}: {s}"
+        );
+        assert_eq!(counted_peers(st).len(), 1, "h{i}: {}", st["cluster"]);
+    }
+    assert!(
+        ratio >= ACCURACY.0 && ratio <= ACCURACY.1,
+        "through the Redis Cluster the two hosts admitted {ratio:.3} budgets, want {ACCURACY:?}"
+    );
+    let clients = redis.cli(&["CLIENT", "LIST"]).unwrap();
+    assert!(
+        clients.contains("user=ratelimit"),
+        "no agent connected as the ACL user: {clients}"
+    );
+
+    drop(receivers);
+    for (i, a) in agents.into_iter().enumerate() {
+        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+    }
+    drop(redis);
+    drop(net);
+    let _ = std::fs::remove_dir_all(&dir);
+    let ours = format!("-{}-", std::process::id());
+    let left: Vec<String> = leftover_check("rl-credisc-")
+        .into_iter()
+        .filter(|n| n.contains(&ours))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
