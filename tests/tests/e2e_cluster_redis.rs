@@ -362,6 +362,25 @@ fn hosts_share_one_budget_through_a_redis_cluster_as_an_acl_user() {
         clients.contains("user=ratelimit"),
         "no agent connected as the ACL user: {clients}"
     );
+    // The password changed under the agents (and their connections closed): each fails to log
+    // in again and shows the store down with the server's refusal.
+    redis
+        .cli(&["ACL", "SETUSER", "ratelimit", "resetpass", ">another-one"])
+        .unwrap();
+    redis.cli(&["CLIENT", "KILL", "USER", "ratelimit"]).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    for (i, a) in agents.iter().enumerate() {
+        let st = status(a).unwrap();
+        let s = store(&st);
+        println!("h{i} with a wrong password: store {s}");
+        assert_eq!(s["state"], "down", "h{i}: {s}");
+        assert!(
+            s["last_error"]
+                .as_str()
+                .is_some_and(|e| e.to_ascii_lowercase().contains("pass")),
+            "h{i} does not say why it cannot log in: {s}"
+        );
+    }
 
     drop(receivers);
     for (i, a) in agents.into_iter().enumerate() {
