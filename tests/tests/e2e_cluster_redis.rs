@@ -396,3 +396,137 @@ fn hosts_share_one_budget_through_a_redis_cluster_as_an_acl_user() {
         .collect();
     assert!(left.is_empty(), "namespaces left behind: {left:?}");
 }
+
+/// One host cut off from the store (an nftables rule in its namespace drops what it sends to
+/// it: no reply at all, so its calls and its connection attempts time out): it shows the store
+/// down with the timeout and enforces alone at the whole rate (fail open), while the two
+/// others, its field gone stale, share one budget between them: 2 budgets in all (0.9-1.1 x
+/// each). Healed, it reconnects by itself and the cluster is back to one budget (0.95-1.05 x).
+#[test]
+fn a_host_cut_off_from_the_store_enforces_alone_and_rejoins_when_healed() {
+    const CUT_AT: f64 = 7.0;
+    const HEAL_AT: f64 = 14.0;
+    const RUN: f64 = 27.0;
+    require_root();
+    let net = ClusterNet::new("rl-credisp", HOSTS).unwrap();
+    let redis = net.start_redis().unwrap();
+    let url = redis.url();
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "small"
+    )]
+    let agents = net
+        .start_agents_with(
+            |i| net.redis_config(i, RATE as u64, BURST, SYNC_MS, &url),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    let receivers = net.receivers().unwrap();
+    let start = Instant::now();
+    let sender = net
+        .flood(
+            vec![Split {
+                end: RUN,
+                pps: FLOOD_PPS,
+                weights: SPLIT.to_vec(),
+            }],
+            start,
+        )
+        .unwrap();
+    let mut samples = Samples::default();
+    samples.take_until(&receivers, start, CUT_AT, SAMPLE);
+    let cut = |on: bool| {
+        let ns = &net.hosts[0].ns;
+        if on {
+            ns.run(&["nft", "add", "table", "inet", "rlcut"]).unwrap();
+            ns.run(&[
+                "nft",
+                "add",
+                "chain",
+                "inet",
+                "rlcut",
+                "out",
+                "{ type filter hook output priority 0 ; }",
+            ])
+            .unwrap();
+            ns.run(&[
+                "nft",
+                "add",
+                "rule",
+                "inet",
+                "rlcut",
+                "out",
+                "ip",
+                "daddr",
+                "198.18.1.254",
+                "drop",
+            ])
+            .unwrap();
+        } else {
+            ns.run(&["nft", "delete", "table", "inet", "rlcut"])
+                .unwrap();
+        }
+    };
+    cut(true);
+    samples.take_until(&receivers, start, CUT_AT + 4.0, SAMPLE);
+    let cut_view = status(&agents[0]).unwrap();
+    samples.take_until(&receivers, start, HEAL_AT, SAMPLE);
+    cut(false);
+    samples.take_until(&receivers, start, RUN, SAMPLE);
+    sender.join().unwrap();
+    let end_view = status(&agents[0]).unwrap();
+
+    let before = samples.rate(3.0, CUT_AT) / RATE;
+    let cut = samples.rate(CUT_AT + 2.0, HEAL_AT) / RATE;
+    let h0_cut = samples.host_rate(0, CUT_AT + 2.0, HEAL_AT) / RATE;
+    let others_cut = cut - h0_cut;
+    let healed = samples.rate(HEAL_AT + 8.0, RUN) / RATE;
+    println!(
+        "\n{HOSTS} hosts through Redis; h0 cut off from it {CUT_AT}-{HEAL_AT} s: before {before:.3} \
+         budgets; cut {cut:.3} (h0 alone {h0_cut:.3}, h1 + h2 {others_cut:.3}); healed {healed:.3}"
+    );
+    println!("h0 cut off: store {}", store(&cut_view));
+    println!("h0 at the end: store {}", store(&end_view));
+    let within = |r: f64, lo: f64, hi: f64| r >= lo && r <= hi;
+    assert!(
+        within(before, ACCURACY.0, ACCURACY.1),
+        "before the cut: {before:.3} budgets, want {ACCURACY:?}"
+    );
+    assert_eq!(store(&cut_view)["state"], "down", "{}", store(&cut_view));
+    assert!(
+        store(&cut_view)["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("timed out") || e.contains("no answer within")),
+        "{}",
+        store(&cut_view)
+    );
+    assert!(
+        within(h0_cut, 0.9, 1.1) && within(others_cut, 0.9, 1.1),
+        "cut off, h0 admitted {h0_cut:.3} budgets (want its whole rate, 0.9-1.1) and h1 + h2 \
+         {others_cut:.3} (want one budget between them, 0.9-1.1)"
+    );
+    assert_eq!(
+        store(&end_view)["state"],
+        "connected",
+        "{}",
+        store(&end_view)
+    );
+    assert!(
+        within(healed, ACCURACY.0, ACCURACY.1),
+        "healed: {healed:.3} budgets, want {ACCURACY:?}"
+    );
+
+    drop(receivers);
+    for (i, a) in agents.into_iter().enumerate() {
+        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+    }
+    drop(redis);
+    drop(net);
+    let ours = format!("-{}-", std::process::id());
+    let left: Vec<String> = leftover_check("rl-credisp-")
+        .into_iter()
+        .filter(|n| n.contains(&ours))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
