@@ -250,6 +250,20 @@ fn hosts_share_one_budget_through_redis_fail_open_without_it_and_recover_when_it
         assert_eq!(s["state"], "connected", "h{i}: {s}");
         assert!(s["round_trips"].as_u64() > Some(100), "h{i}: {s}");
     }
+    // One log line per change of the store's state, not one per failed round: Redis went away
+    // twice (killed, and restarted empty), and each agent failed dozens of rounds.
+    for (i, a) in agents.iter().enumerate() {
+        let log = a.log();
+        let (lost, reached) = (
+            log.matches("cluster store unreachable").count(),
+            log.matches("cluster store reached").count(),
+        );
+        println!("h{i} logged the store lost {lost} times, reached {reached} times");
+        assert!(
+            (1..=3).contains(&lost) && (2..=4).contains(&reached),
+            "h{i} logged the store lost {lost} and reached {reached} times:\n{log}"
+        );
+    }
 
     // --- Clean up. ---
     drop(receivers);
