@@ -33,12 +33,8 @@ impl RedisServer {
     /// `--cluster-enabled yes` it is made a Redis Cluster of one node serving every slot, and
     /// waited on until the cluster is `ok`.
     pub fn start_with(ns: &Netns, addr: SocketAddr, args: &[&str]) -> Result<Self> {
-        let dir = std::env::temp_dir().join(format!(
-            "rl-redis-{}-{}-{}",
-            std::process::id(),
-            addr.ip(),
-            addr.port()
-        ));
+        // Per namespace (their names are unique): tests of one process may run at once.
+        let dir = std::env::temp_dir().join(format!("rl-redis-{}-{}", ns.name(), addr.port()));
         std::fs::create_dir_all(&dir)?;
         let mut s = Self {
             ns_name: ns.name().to_string(),

@@ -47,6 +47,16 @@ const LAG_SECS: f64 = 0.4;
 /// How far the sampling can misplace an admission in time, at either end of a window.
 const SKEW_SECS: f64 = 0.1;
 
+/// One scenario at a time: two runs of agents, a Redis server and a 4,000-5,000 pps flood on 2
+/// cores would disturb each other's rates (as `e2e_cluster_partition`'s runs).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn store(st: &Value) -> &Value {
     &st["cluster"]["store"]
 }
@@ -55,6 +65,7 @@ fn store(st: &Value) -> &Value {
 #[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
 fn hosts_share_one_budget_through_redis_fail_open_without_it_and_recover_when_it_restarts_empty() {
     require_root();
+    let _serial = serial();
     let net = ClusterNet::new("rl-credis", HOSTS).unwrap();
     let mut redis = net.start_redis().unwrap();
     let url = redis.url();
@@ -290,6 +301,7 @@ fn hosts_share_one_budget_through_a_redis_cluster_as_an_acl_user() {
     const PASSWORD: &str = "e2e-s3cret-not-default";
     const RUN: f64 = 12.0;
     require_root();
+    let _serial = serial();
     let net = ClusterNet::new("rl-credisc", 2).unwrap();
     let redis = net
         .start_redis_with(&[
@@ -422,6 +434,7 @@ fn a_host_cut_off_from_the_store_enforces_alone_and_rejoins_when_healed() {
     const HEAL_AT: f64 = 14.0;
     const RUN: f64 = 27.0;
     require_root();
+    let _serial = serial();
     let net = ClusterNet::new("rl-credisp", HOSTS).unwrap();
     let redis = net.start_redis().unwrap();
     let url = redis.url();
