@@ -40,6 +40,11 @@ pub const DATA_PORT: u16 = 9000;
 const SECRET: &str = "k8Qx2v9Lm4Tz7Rb1Nc6Yh3Wd5Gf0Ps8Ju2Ea4Ko7Ui1";
 /// Most hosts (addresses 198.18.{0,1}.1..=200).
 pub const MAX_HOSTS: usize = 200;
+/// Where [`ClusterNet::start_redis`] runs the Redis store: on the gossip bridge, in the switch
+/// namespace, so that every host reaches it over its gossip link (and a host whose gossip link
+/// is down cannot).
+pub const REDIS_ADDR: SocketAddr =
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 1, 254)), 6379);
 
 /// Host `i`'s data address.
 #[must_use]
@@ -258,6 +263,64 @@ cluster_id = "e2e-cluster-net"
             }
             thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// Starts a `redis-server` at [`REDIS_ADDR`] (on the gossip bridge, in the switch namespace),
+    /// for agents on `backend = "redis"` ([`ClusterNet::redis_config_with`]).
+    pub fn start_redis(&self) -> Result<crate::redis::RedisServer> {
+        self.start_redis_with(&[])
+    }
+
+    /// [`ClusterNet::start_redis`] with more `redis-server` arguments (see
+    /// [`RedisServer::start_with`](crate::redis::RedisServer::start_with)).
+    pub fn start_redis_with(&self, args: &[&str]) -> Result<crate::redis::RedisServer> {
+        let cidr = format!("{}/24", REDIS_ADDR.ip());
+        let have = self._sw.ip(&["-4", "addr", "show", "dev", "rlbg"])?;
+        if !have.contains(&format!("{} ", REDIS_ADDR.ip())) && !have.contains(&cidr) {
+            add_addr(&self._sw, "rlbg", &cidr)?;
+        }
+        crate::redis::RedisServer::start_with(&self._sw, REDIS_ADDR, args)
+    }
+
+    /// Host `i`'s config with `rules` under `backend = "redis"` at `url` (no gossip keys).
+    #[must_use]
+    pub fn redis_config_with(&self, i: usize, rules: &str, sync_ms: u64, url: &str) -> String {
+        format!(
+            r#"[agent]
+interfaces = ["{}"]
+mode = "auto"
+
+{rules}
+[cluster]
+backend = "redis"
+redis = ["{url}"]
+redis_connect_timeout_ms = 200
+redis_command_timeout_ms = 100
+sync_interval_ms = {sync_ms}
+cluster_id = "e2e-cluster-net"
+"#,
+            self.hosts[i].data_if,
+        )
+    }
+
+    /// [`ClusterNet::config`]'s rule under `backend = "redis"` at `url`.
+    #[must_use]
+    pub fn redis_config(&self, i: usize, rate: u64, burst: u64, sync_ms: u64, url: &str) -> String {
+        self.redis_config_with(
+            i,
+            &format!(
+                r#"[[rule]]
+name = "cluster-flood"
+source = "198.18.0.0/24"
+rate = {rate}
+burst = {burst}
+per = "source"
+scope = "cluster"
+"#
+            ),
+            sync_ms,
+            url,
+        )
     }
 
     /// Takes host `i`'s gossip link down or up.

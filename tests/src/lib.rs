@@ -21,6 +21,8 @@
 //! - [`collide`]: sources chosen to collide in the bucket store under a known seed.
 //! - [`bursty`]: a sender of back-to-back bursts to several hosts that logs every datagram, and
 //!   what one GCRA bucket would admit of them ([`bursty::one_bucket`]).
+//! - [`redis`]: [`redis::RedisServer`], a real `redis-server` in a test namespace (for
+//!   `backend = "redis"`), killed on drop.
 //! - [`cluster`]: cluster test beds (hosts with data and gossip links), the agents' cluster
 //!   status, and [`cluster::Attacker`], a key-holding peer speaking the real sealed protocol.
 //!
@@ -61,6 +63,7 @@ pub mod netns;
 pub mod packet;
 pub mod raw;
 pub mod receiver;
+pub mod redis;
 pub mod traffic;
 pub mod wire;
 pub mod xdp;

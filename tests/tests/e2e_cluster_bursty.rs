@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use ratelimit_testbed::{
     agent_proc::global_counter,
     bursty::{one_bucket, worst_excess, BurstLog, Plan},
-    cluster_net::{save_agent_logs, ClusterNet, FLOOD},
+    cluster_net::{save_agent_logs, ClusterNet, FLOOD, REDIS_ADDR},
     late_rounds::{read_until, unix_ms, Overdue},
     leftover_check, require_root, AgentProcess, Receiver,
 };
@@ -165,11 +165,50 @@ fn run(
     plan: Plan,
     during: impl FnOnce(&ClusterNet, &[AgentProcess], Instant),
 ) -> Outcome {
+    run_on(
+        Backend::Gossip,
+        tag,
+        hosts,
+        rate,
+        burst,
+        config,
+        before,
+        plan,
+        during,
+    )
+}
+
+/// How the agents exchange their demand (`[cluster] backend`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    Gossip,
+    /// Through a `redis-server` the run starts ([`ClusterNet::start_redis`]) before the agents.
+    Redis,
+}
+
+/// [`run`] on `backend`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one scenario's settings and its three hooks"
+)]
+fn run_on(
+    backend: Backend,
+    tag: &str,
+    hosts: usize,
+    rate: f64,
+    burst: f64,
+    config: impl Fn(&ClusterNet, usize) -> String,
+    before: impl FnOnce(&ClusterNet),
+    plan: Plan,
+    during: impl FnOnce(&ClusterNet, &[AgentProcess], Instant),
+) -> Outcome {
     require_root();
     let _alone = ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let net = ClusterNet::new(tag, hosts).unwrap();
+    // Dropped after the agents (declared after it, below).
+    let redis = (backend == Backend::Redis).then(|| net.start_redis().unwrap());
     let agents = net
         .start_agents_with(|i| config(&net, i), Duration::from_secs(60))
         .unwrap();
@@ -261,7 +300,7 @@ fn run(
         vec![0; hosts],
         "receivers overran: their counts miss what the hosts admitted"
     );
-    teardown(tag, net, agents, receivers);
+    teardown(tag, net, agents, receivers, redis);
     Outcome {
         log,
         admitted,
@@ -272,11 +311,18 @@ fn run(
     }
 }
 
-fn teardown(tag: &str, net: ClusterNet, agents: Vec<AgentProcess>, receivers: Vec<Receiver>) {
+fn teardown(
+    tag: &str,
+    net: ClusterNet,
+    agents: Vec<AgentProcess>,
+    receivers: Vec<Receiver>,
+    redis: Option<ratelimit_testbed::redis::RedisServer>,
+) {
     drop(receivers);
     for (i, a) in agents.into_iter().enumerate() {
         a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
     }
+    drop(redis);
     drop(net);
     let ours = format!("-{}-", std::process::id());
     let left: Vec<String> = leftover_check(&format!("{tag}-"))
@@ -288,12 +334,26 @@ fn teardown(tag: &str, net: ClusterNet, agents: Vec<AgentProcess>, receivers: Ve
 
 /// The plain cluster config of every host: one rule `cluster-flood` over 198.18.0.0/24.
 fn plain(rate: f64, burst: f64) -> impl Fn(&ClusterNet, usize) -> String {
+    plain_on(Backend::Gossip, rate, burst)
+}
+
+/// [`plain`] on `backend`.
+fn plain_on(backend: Backend, rate: f64, burst: f64) -> impl Fn(&ClusterNet, usize) -> String {
     #[expect(
         clippy::cast_possible_truncation,
         clippy::cast_sign_loss,
         reason = "small settings"
     )]
-    move |net: &ClusterNet, i| net.config(i, rate as u64, burst as u64, SYNC_MS)
+    move |net: &ClusterNet, i| match backend {
+        Backend::Gossip => net.config(i, rate as u64, burst as u64, SYNC_MS),
+        Backend::Redis => net.redis_config(
+            i,
+            rate as u64,
+            burst as u64,
+            SYNC_MS,
+            &format!("redis://{REDIS_ADDR}"),
+        ),
+    }
 }
 
 /// How long a scenario runs before its measured window: until what the design lets the cluster
@@ -356,15 +416,29 @@ fn within_one_bucket(
     sent_pps: f64,
     plan: impl FnOnce(f64) -> Plan,
 ) -> (Outcome, Vec<u64>) {
+    within_one_bucket_on(Backend::Gossip, tag, hosts, rate, burst, sent_pps, plan)
+}
+
+/// [`within_one_bucket`] on `backend`.
+fn within_one_bucket_on(
+    backend: Backend,
+    tag: &str,
+    hosts: usize,
+    rate: f64,
+    burst: f64,
+    sent_pps: f64,
+    plan: impl FnOnce(f64) -> Plan,
+) -> (Outcome, Vec<u64>) {
     let warm = warm_up(hosts, rate, burst, sent_pps);
     let end = warm + MEASURE_SECS;
     let plan = plan(end);
-    let o = run(
+    let o = run_on(
+        backend,
         tag,
         hosts,
         rate,
         burst,
-        plain(rate, burst),
+        plain_on(backend, rate, burst),
         |_| {},
         plan,
         |_, _, _| {},
@@ -391,12 +465,30 @@ fn within_one_bucket(
 /// refills 125 tokens between consecutive bursts and admits 125 of each; the cluster must too.
 #[test]
 fn two_hosts_with_interleaved_bursts_admit_what_one_bucket_would() {
-    const HOSTS: usize = 2;
-    within_one_bucket("rl-cb2", HOSTS, 1000.0, 500.0, 1200.0, |end| {
-        Plan::default()
-            .periodic(0, 150, 0.25, 0.0, end, |_| true)
-            .periodic(1, 150, 0.25, 0.125, end, |_| true)
-    });
+    within_one_bucket("rl-cb2", 2, 1000.0, 500.0, 1200.0, interleaved);
+}
+
+/// The plan of [`two_hosts_with_interleaved_bursts_admit_what_one_bucket_would`].
+fn interleaved(end: f64) -> Plan {
+    Plan::default()
+        .periodic(0, 150, 0.25, 0.0, end, |_| true)
+        .periodic(1, 150, 0.25, 0.125, end, |_| true)
+}
+
+/// [`two_hosts_with_interleaved_bursts_admit_what_one_bucket_would`] with the agents on
+/// `backend = "redis"` (a real `redis-server`, no gossip): the same share arithmetic over the
+/// demand exchanged through the store, so the same figures.
+#[test]
+fn two_hosts_with_interleaved_bursts_through_redis_admit_what_one_bucket_would() {
+    within_one_bucket_on(
+        Backend::Redis,
+        "rl-cbr2",
+        2,
+        1000.0,
+        500.0,
+        1200.0,
+        interleaved,
+    );
 }
 
 /// Eight hosts, 500 pps to each in bursts of 125 back to back every 250 ms, the hosts' phases
@@ -515,14 +607,22 @@ fn eight_hosts_95_5_with_bursts_admit_what_one_bucket_would_and_small_hosts_get_
 /// (2.1), so it banks them (holding one burst at any share, the cluster admitted 0.81-0.82).
 #[test]
 fn three_hosts_70_20_10_with_bursts_admit_what_one_bucket_would() {
-    const HOSTS: usize = 3;
+    within_one_bucket("rl-cb3", 3, 1000.0, 100.0, 5000.0, uneven);
+}
+
+/// The plan of [`three_hosts_70_20_10_with_bursts_admit_what_one_bucket_would`].
+fn uneven(end: f64) -> Plan {
     const PERIOD: f64 = 0.2;
-    within_one_bucket("rl-cb3", HOSTS, 1000.0, 100.0, 5000.0, |end| {
-        Plan::default()
-            .periodic(0, 700, PERIOD, 0.0, end, |_| true)
-            .periodic(1, 200, PERIOD, PERIOD / 3.0, end, |_| true)
-            .periodic(2, 100, PERIOD, 2.0 * PERIOD / 3.0, end, |_| true)
-    });
+    Plan::default()
+        .periodic(0, 700, PERIOD, 0.0, end, |_| true)
+        .periodic(1, 200, PERIOD, PERIOD / 3.0, end, |_| true)
+        .periodic(2, 100, PERIOD, 2.0 * PERIOD / 3.0, end, |_| true)
+}
+
+/// [`three_hosts_70_20_10_with_bursts_admit_what_one_bucket_would`] on `backend = "redis"`.
+#[test]
+fn three_hosts_70_20_10_with_bursts_through_redis_admit_what_one_bucket_would() {
+    within_one_bucket_on(Backend::Redis, "rl-cbr3", 3, 1000.0, 100.0, 5000.0, uneven);
 }
 
 /// Rate 10, burst 1, two hosts. One spoofed frame from the source reaches h1 (so h1 holds the

@@ -57,6 +57,12 @@ const APT_PACKAGES: &[AptPackage] = &[
         name: "iptables",
         to_build: false,
     },
+    // The tests of `[cluster] backend = "redis"` start their own redis-server (and use
+    // redis-cli) in their namespaces; the package's own service is disabled after the install.
+    AptPackage {
+        name: "redis-server",
+        to_build: false,
+    },
 ];
 
 /// bpf-linker's 0.13 line is the one that builds against LLVM 22 (feature `llvm-22`).
@@ -233,7 +239,13 @@ fn install_apt_packages(packages: &[&AptPackage]) -> Result<()> {
             .args(["install", "-y"])
             .args(&names)
             .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
+    )?;
+    if names.contains(&"redis-server") {
+        // The tests run their own servers; the system's would hold port 6379 on the host. Where
+        // systemd is not init this fails, and nothing was started: nothing to do.
+        let _ = cmd::output(Command::new("systemctl").args(["disable", "--now", "redis-server"]));
+    }
+    Ok(())
 }
 
 /// Whether nightly has rust-src; fails, saying what to do, if there is no nightly toolchain.

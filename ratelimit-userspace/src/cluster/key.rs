@@ -9,10 +9,9 @@
 //! agent reads: opened non-blocking and checked on the descriptor (a FIFO or a device is refused),
 //! at most 64 KiB.
 
-use std::{
-    os::unix::fs::{MetadataExt as _, PermissionsExt as _},
-    path::Path,
-};
+use std::path::Path;
+
+use crate::config::SecretFileError;
 
 use hkdf::Hkdf;
 use sha2::Sha256;
@@ -85,26 +84,21 @@ impl ClusterKey {
             reason,
         };
         // Opened non-blocking and checked on the descriptor read (a FIFO or a device swapped in
-        // is refused at once, not waited on or read without end), at most MAX_KEY_FILE bytes.
-        let (bytes, meta) = crate::config::read_file_bounded(path, MAX_KEY_FILE)
-            .map_err(|e| read_err(e.to_string()))?;
-        let owner = meta.uid();
-        // SAFETY: geteuid has no preconditions and cannot fail.
-        let euid = unsafe { libc::geteuid() };
-        if owner != 0 && owner != euid {
-            return Err(KeyError::Owner {
-                path: shown,
-                uid: owner,
-                euid,
-            });
-        }
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o007 != 0 {
-            return Err(KeyError::Permissions { path: shown, mode });
-        }
-        if mode & 0o070 != 0 {
-            tracing::warn!(path = %shown, mode = format!("{mode:o}"), "the cluster key file is accessible to its group; chmod 600 is safer");
-        }
+        // is refused at once, not waited on or read without end), at most MAX_KEY_FILE bytes;
+        // owner and mode as `redis_password_file`'s (the same checks).
+        let (bytes, _) = crate::config::read_secret_file(path, MAX_KEY_FILE, "cluster key file")
+            .map_err(|e| match e {
+                SecretFileError::Read(reason) => read_err(reason),
+                SecretFileError::Owner(uid, euid) => KeyError::Owner {
+                    path: shown.clone(),
+                    uid,
+                    euid,
+                },
+                SecretFileError::Permissions(mode) => KeyError::Permissions {
+                    path: shown.clone(),
+                    mode,
+                },
+            })?;
         Self::from_secret(&bytes, cluster_id).map_err(|len| KeyError::TooShort { path: shown, len })
     }
 
@@ -135,6 +129,8 @@ impl ClusterKey {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
     use super::*;
 
     #[test]

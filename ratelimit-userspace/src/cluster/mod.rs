@@ -19,6 +19,8 @@
 //! - [`shares`]: the share of a key's budget, and slowing a pinned bucket's refill to it.
 //! - [`sync`]: the round that ties them together; [`status`]: what `peers`, `status` and the
 //!   metrics show.
+//! - [`redis`]: under `backend = "redis"`, the Redis store the agents exchange their demand
+//!   through instead of gossip (`sync::ExchangeLoop` runs the same round over it).
 //! - `sim` (tests only): a simulated cluster running the real share arithmetic against bursty,
 //!   uneven and spoofed arrivals, and the property test of docs/design.md's bound.
 //!
@@ -43,6 +45,7 @@ pub mod inspect;
 pub mod key;
 pub mod partition;
 pub mod publish;
+pub mod redis;
 pub mod remote;
 pub mod shares;
 #[cfg(test)]
@@ -111,9 +114,31 @@ pub fn failure_detector(timeout: Duration) -> FailureDetectorConfig {
 /// Checks what can be checked before anything starts (before the dataplane is touched, so a
 /// failure here changes nothing in force): the key file, and the address to advertise.
 pub fn check(config: &ClusterConfig) -> Result<(), ClusterError> {
-    ClusterKey::load(&config.key_file, &config.cluster_id)
+    if let Some(redis) = &config.redis {
+        if let Some(p) = &redis.password_file {
+            crate::config::read_redis_password(p)
+                .map_err(|e| ClusterError(format!("[cluster] redis_password_file: {e}")))?;
+        }
+        return Ok(());
+    }
+    ClusterKey::load(&gossip_key_file(config)?, &config.cluster_id)
         .map_err(|e| ClusterError(e.to_string()))?;
     advertise_addr(config).map(|_| ())
+}
+
+/// `[cluster] key_file` (required under gossip: the config refuses a table without it).
+fn gossip_key_file(config: &ClusterConfig) -> Result<std::path::PathBuf, ClusterError> {
+    config
+        .key_file
+        .clone()
+        .ok_or_else(|| ClusterError("[cluster] key_file: missing (backend = \"gossip\")".into()))
+}
+
+/// `[cluster] listen` (required under gossip).
+fn gossip_listen(config: &ClusterConfig) -> Result<SocketAddr, ClusterError> {
+    config
+        .listen
+        .ok_or_else(|| ClusterError("[cluster] listen: missing (backend = \"gossip\")".into()))
 }
 
 /// The running cluster sync, as the servers that show its status hold it.
@@ -138,7 +163,11 @@ pub async fn spawn(
     rules: watch::Receiver<Arc<CompiledRuleSet>>,
     pin_dir: &Path,
 ) -> Result<(ClusterHandle, tokio::task::JoinHandle<()>), ClusterError> {
-    let key = ClusterKey::load(&config.key_file, &config.cluster_id)
+    if config.redis.is_some() {
+        return spawn_redis(config, rules, pin_dir).await;
+    }
+    let listen = gossip_listen(config)?;
+    let key = ClusterKey::load(&gossip_key_file(config)?, &config.cluster_id)
         .map_err(|e| ClusterError(e.to_string()))?;
     let advertise = advertise_addr(config)?;
     let generation = unix_ms();
@@ -152,7 +181,8 @@ pub async fn spawn(
             cluster_id: config.cluster_id.clone(),
             node_id: node_id.clone(),
             generation,
-            listen: Some(config.listen),
+            listen: Some(listen),
+            backend: "gossip",
             advertise: Some(advertise),
             sync_interval_ms: config.sync_interval_ms,
             max_keys: config.max_keys,
@@ -166,8 +196,7 @@ pub async fn spawn(
         };
     }
     let config_of: Arc<dyn Fn(u64) -> ChitchatConfig + Send + Sync> = {
-        let (node_id, cluster_id, listen) =
-            (node_id.clone(), config.cluster_id.clone(), config.listen);
+        let (node_id, cluster_id, listen) = (node_id.clone(), config.cluster_id.clone(), listen);
         let seeds: Vec<String> = config.seeds.iter().map(ToString::to_string).collect();
         Arc::new(move |generation| ChitchatConfig {
             chitchat_id: ChitchatId::new(node_id.as_str(), generation, advertise),
@@ -200,7 +229,7 @@ pub async fn spawn(
     tracing::info!(
         node = %node_id,
         generation,
-        listen = %config.listen,
+        listen = %listen,
         seeds = ?config.seeds,
         cluster_id = %config.cluster_id,
         sync_interval_ms = config.sync_interval_ms,
@@ -223,6 +252,144 @@ pub async fn spawn(
         gossip::MIN_BACKOFF,
     ));
     Ok((ClusterHandle { shared }, task))
+}
+
+/// [`spawn`] under `backend = "redis"`: the sync loop exchanging demand through the Redis store
+/// ([`sync::ExchangeLoop`]), supervised as gossip's is. The node id is `hostname/ADDRESS`, the
+/// address this host reaches the first store address from (unique per host however many share
+/// a hostname), and the store is first reached in the first round (until then, and whenever it
+/// cannot be, every bucket keeps the whole rate: fail open).
+async fn spawn_redis(
+    config: &ClusterConfig,
+    rules: watch::Receiver<Arc<CompiledRuleSet>>,
+    pin_dir: &Path,
+) -> Result<(ClusterHandle, tokio::task::JoinHandle<()>), ClusterError> {
+    let redis = config
+        .redis
+        .clone()
+        .ok_or_else(|| ClusterError("[cluster] redis: missing".into()))?;
+    let generation = unix_ms();
+    let local = local_addr_towards(&redis.urls).await;
+    let node_id = match local {
+        Some(ip) => format!("{}/{ip}", hostname()),
+        None => format!("{}/{generation}", hostname()),
+    };
+    let timing = timing::Timing::new(config.sync_interval_ms);
+    let shared = Arc::new(Shared::default());
+    {
+        let mut view = shared.view();
+        *view = ClusterStatus {
+            cluster_id: config.cluster_id.clone(),
+            node_id: node_id.clone(),
+            generation,
+            sync_interval_ms: config.sync_interval_ms,
+            max_keys: config.max_keys,
+            peer_timeout_ms: timing.stale_ns() / 1_000_000,
+            gossip: "running",
+            backend: "redis",
+            store: Some(status::StoreStatus {
+                addresses: redis.urls.clone(),
+                mode: "unknown",
+                state: "connecting",
+                ..status::StoreStatus::default()
+            }),
+            on_partition: config.on_partition.as_str(),
+            hosts_heard: 1,
+            hosts_known: 1,
+            budget_share: 1.0,
+            ..ClusterStatus::default()
+        };
+    }
+    let build = {
+        let (shared, pin_dir, cluster_id, node_id) = (
+            shared.clone(),
+            pin_dir.to_path_buf(),
+            config.cluster_id.clone(),
+            node_id.clone(),
+        );
+        let max_keys = config.max_keys;
+        move |generation: u64| -> Result<Started, ClusterError> {
+            let store = redis::RedisStore::new(&redis, &cluster_id, node_id.clone(), generation)
+                .map_err(ClusterError)?;
+            let maps = PinnedMaps::open(&pin_dir)
+                .map_err(|e| ClusterError(format!("[cluster] opening the pinned maps: {e}")))?;
+            let run = sync::ExchangeLoop {
+                rules: rules.clone(),
+                store,
+                maps,
+                shared: shared.clone(),
+                timing,
+                max_keys,
+                cluster_id: cluster_id.clone(),
+                node: (node_id.clone(), generation),
+            }
+            .run();
+            Ok((generation, Box::pin(run)))
+        }
+    };
+    let first = build(generation)?;
+    tracing::info!(
+        node = %node_id,
+        generation,
+        redis = ?config.redis.as_ref().map(|r| &r.urls),
+        cluster_id = %config.cluster_id,
+        sync_interval_ms = config.sync_interval_ms,
+        "cluster sync started over Redis"
+    );
+    let build = Arc::new(build);
+    let task = tokio::spawn(supervise_sync(
+        shared.clone(),
+        Some(first),
+        move || {
+            let build = build.clone();
+            async move { build(unix_ms()) }
+        },
+        gossip::MIN_BACKOFF,
+    ));
+    Ok((ClusterHandle { shared }, task))
+}
+
+/// The local address this host reaches the first resolvable store address from (a UDP
+/// `connect`, which sends nothing), if any.
+async fn local_addr_towards(urls: &[String]) -> Option<std::net::IpAddr> {
+    let hosts: Vec<String> = urls
+        .iter()
+        .filter_map(|u| {
+            let rest = u.split_once("://")?.1;
+            let authority = rest.split('/').next()?;
+            Some(if authority.starts_with('[') || authority.contains(':') {
+                authority.to_string()
+            } else {
+                format!("{authority}:6379")
+            })
+        })
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        use std::net::ToSocketAddrs as _;
+        for h in hosts {
+            let Ok(addrs) = h.to_socket_addrs() else {
+                continue;
+            };
+            for a in addrs {
+                let bind: SocketAddr = if a.is_ipv4() {
+                    ([0, 0, 0, 0], 0).into()
+                } else {
+                    ([0u16; 8], 0).into()
+                };
+                let probe = std::net::UdpSocket::bind(bind)
+                    .and_then(|s| s.connect(a).and_then(|()| s.local_addr()));
+                if let Ok(local) = probe {
+                    if !local.ip().is_unspecified() {
+                        return Some(local.ip());
+                    }
+                }
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 /// What it takes to start the sync loop (and its gossip) again.
@@ -376,8 +543,9 @@ fn set_sync_down(shared: &Shared, error: String) {
 /// The address peers reach us at: `listen`, or when that is a wildcard, the local address the
 /// kernel would use towards the first seed.
 fn advertise_addr(config: &ClusterConfig) -> Result<SocketAddr, ClusterError> {
-    if !config.listen.ip().is_unspecified() {
-        return Ok(config.listen);
+    let listen = gossip_listen(config)?;
+    if !listen.ip().is_unspecified() {
+        return Ok(listen);
     }
     for seed in &config.seeds {
         let bind: SocketAddr = if seed.is_ipv4() {
@@ -390,14 +558,13 @@ fn advertise_addr(config: &ClusterConfig) -> Result<SocketAddr, ClusterError> {
             .and_then(|s| s.connect(seed).and_then(|()| s.local_addr()));
         if let Ok(local) = probe {
             if !local.ip().is_unspecified() && !local.ip().is_loopback() {
-                return Ok(SocketAddr::new(local.ip(), config.listen.port()));
+                return Ok(SocketAddr::new(local.ip(), listen.port()));
             }
         }
     }
     Err(ClusterError(format!(
-        "[cluster] listen = \"{}\" is a wildcard address and no seed is reachable to tell which address peers should use; \
-         set listen to this host's address",
-        config.listen
+        "[cluster] listen = \"{listen}\" is a wildcard address and no seed is reachable to tell which address peers should use; \
+         set listen to this host's address"
     )))
 }
 

@@ -63,6 +63,35 @@ pub struct ClusterStatus {
     /// The last [`LATE_ROUNDS_SHOWN`] sync rounds that set their shares late (see
     /// [`LateRound`]), oldest first: when this host's enforcement lagged its peers' demand.
     pub late_rounds: Vec<LateRound>,
+    /// `[cluster] backend`: `gossip` or `redis`.
+    pub backend: &'static str,
+    /// The Redis store the demand is exchanged through (`backend = "redis"` only).
+    pub store: Option<StoreStatus>,
+}
+
+/// The Redis store as this agent reaches it (`backend = "redis"`).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct StoreStatus {
+    /// `[cluster] redis`: the URLs (without credentials).
+    pub addresses: Vec<String>,
+    /// `standalone` or `cluster` (a Redis Cluster), as found when connecting; `unknown` before
+    /// the first connection.
+    pub mode: &'static str,
+    /// Under a Redis Cluster, the shards (masters serving slots) it reported when connecting.
+    pub shards: Option<u64>,
+    /// `connected` (the last round reached it), `connecting` (no round has yet) or `down` (the
+    /// last round failed: peers' demand goes stale and the shares lapse to the whole rate).
+    pub state: &'static str,
+    /// Round trip of the last round's exchange with the store (all its keys, pipelined), ms.
+    pub rtt_ms: Option<f64>,
+    /// Rounds that reached the store.
+    pub round_trips: u64,
+    /// Rounds (and connection attempts) that failed.
+    pub errors: u64,
+    /// The last error, while `down` and after.
+    pub last_error: Option<String>,
+    /// When the last error happened, Unix ms.
+    pub last_error_unix_ms: Option<u64>,
 }
 
 /// A sync round whose shares landed in the buckets more than [`Timing::late_after_ns`] after the round

@@ -5,6 +5,7 @@
 //! status.
 
 mod demand;
+mod exchange;
 mod peer_status;
 mod peers;
 mod rules;
@@ -29,6 +30,7 @@ use self::{
     set_shares::{clear_earlier_shares, count_withheld, set_shares_off_thread},
 };
 pub use self::{
+    exchange::ExchangeLoop,
     peers::{standings, Member, Standing},
     rules::ClusterRules,
 };

@@ -249,6 +249,48 @@ pub fn read_file_bounded(path: &Path, max: u64) -> std::io::Result<(Vec<u8>, std
     Ok((bytes, meta))
 }
 
+/// Why a secret file (`[cluster] key_file`, `redis_password_file`) cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretFileError {
+    /// The file cannot be read (missing, a FIFO, a device, too large...).
+    #[error("{0}")]
+    Read(String),
+    /// Its permission bits let other users read or change it.
+    #[error("mode {0:o} lets other users read or change the secret; run `chmod 600` on it")]
+    Permissions(u32),
+    /// It is owned by a user other than root or the agent's (`uid`, `euid`).
+    #[error("owned by uid {0}, neither root nor the agent's user (uid {1}): that user could change the secret; run `chown root` on it")]
+    Owner(u32, u32),
+}
+
+/// Reads a secret file, at most `max` bytes, as [`read_file_bounded`] does, and checks it as ssh
+/// checks a private key: owned by root or the agent's own user, neither readable nor writable
+/// by other users (group access is allowed with a warning naming `what`). Shared by the cluster
+/// key file and the Redis password file.
+pub fn read_secret_file(
+    path: &Path,
+    max: u64,
+    what: &str,
+) -> Result<(Vec<u8>, std::fs::Metadata), SecretFileError> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let (bytes, meta) =
+        read_file_bounded(path, max).map_err(|e| SecretFileError::Read(e.to_string()))?;
+    let owner = meta.uid();
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if owner != 0 && owner != euid {
+        return Err(SecretFileError::Owner(owner, euid));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o007 != 0 {
+        return Err(SecretFileError::Permissions(mode));
+    }
+    if mode & 0o070 != 0 {
+        tracing::warn!(path = %path.display(), mode = format!("{mode:o}"), "the {what} is accessible to its group; chmod 600 is safer");
+    }
+    Ok((bytes, meta))
+}
+
 /// The directory relative paths in the config file at `path` are resolved against.
 pub(super) fn base_dir(path: &Path) -> &Path {
     path.parent().unwrap_or(Path::new(""))

@@ -46,11 +46,21 @@ mod keywords;
 mod lists;
 mod model;
 mod parse;
+mod redis;
 mod rule;
 mod validate;
 mod write;
 
-pub use self::{error::*, keywords::*, lists::*, model::*, rule::*, validate::*, write::*};
+pub use self::{
+    error::*,
+    keywords::*,
+    lists::*,
+    model::*,
+    redis::{check_url as check_redis_url, read_password as read_redis_password},
+    rule::*,
+    validate::*,
+    write::*,
+};
 
 #[cfg(test)]
 mod tests;

@@ -94,12 +94,16 @@ impl Default for AgentConfig {
 /// The `[cluster]` table. Parsed and checked for shape only; the cluster sync consumes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ClusterConfig {
-    /// Address the gossip transport binds.
-    pub listen: SocketAddr,
-    /// Peers contacted at startup.
+    /// How the agents exchange their demand: gossip between them (the default) or a Redis store.
+    pub backend: ClusterBackend,
+    /// Address the gossip transport binds (required under gossip; unused under Redis).
+    pub listen: Option<SocketAddr>,
+    /// Peers contacted at startup (gossip).
     pub seeds: Vec<SocketAddr>,
-    /// Shared secret authenticating cluster messages.
-    pub key_file: PathBuf,
+    /// Shared secret authenticating cluster messages (required under gossip; unused under Redis).
+    pub key_file: Option<PathBuf>,
+    /// The Redis store (`backend = "redis"` only).
+    pub redis: Option<RedisConfig>,
     /// How often consumption is exchanged, in milliseconds (10..=10000).
     pub sync_interval_ms: u64,
     /// Name separating independent clusters on one network.
@@ -112,6 +116,55 @@ pub struct ClusterConfig {
     /// Under `share`, how long a host no longer heard still counts among the hosts last known
     /// alive, in seconds (1..=86400, default 600).
     pub partition_memory_s: u64,
+}
+
+/// `[cluster] backend`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClusterBackend {
+    /// The agents gossip their demand to each other (chitchat over sealed UDP).
+    #[default]
+    Gossip,
+    /// The agents exchange their demand through a Redis server or Redis Cluster.
+    Redis,
+}
+
+impl ClusterBackend {
+    /// The spelling in the config file and the status.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Gossip => "gossip",
+            Self::Redis => "redis",
+        }
+    }
+}
+
+/// Default of `[cluster] redis_connect_timeout_ms`.
+pub const DEFAULT_REDIS_CONNECT_TIMEOUT_MS: u64 = 1000;
+/// Default of `[cluster] redis_command_timeout_ms`.
+pub const DEFAULT_REDIS_COMMAND_TIMEOUT_MS: u64 = 250;
+/// The range of `[cluster] redis_connect_timeout_ms` and `redis_command_timeout_ms`.
+pub const REDIS_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 10..=60_000;
+/// Most `[cluster] redis` URLs (seeds of a Redis Cluster).
+pub const MAX_REDIS_URLS: usize = 64;
+/// Largest `redis_password_file` read.
+pub const MAX_REDIS_PASSWORD_FILE: u64 = 4096;
+
+/// The Redis store of `backend = "redis"`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RedisConfig {
+    /// `redis://HOST:PORT` or `rediss://HOST:PORT` (TLS), one server or seeds of a Redis
+    /// Cluster (told apart when connecting), without credentials.
+    pub urls: Vec<String>,
+    /// The ACL user, if not `default`.
+    pub user: Option<String>,
+    /// The file holding the password (checked as `key_file` is).
+    pub password_file: Option<PathBuf>,
+    /// How long a connection attempt may take, ms.
+    pub connect_timeout_ms: u64,
+    /// How long a round's commands may take, ms.
+    pub command_timeout_ms: u64,
 }
 
 /// Default of `[cluster] partition_memory_s`: ten minutes, as long as the gossip library keeps a

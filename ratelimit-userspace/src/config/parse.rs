@@ -18,8 +18,8 @@ use super::{
     keywords::{Action, AttachMode, Per, Protocol, Scope, TcpFlags},
     lists::{base_dir, list_sources, read_text, SourcesFrom},
     model::{
-        AgentConfig, ClusterConfig, Config, OnPartition, DEFAULT_PARTITION_MEMORY_S, MAX_KEYS,
-        MAX_MAX_BUCKETS, MAX_TOTAL_PREFIXES, MIN_MAX_BUCKETS,
+        AgentConfig, ClusterBackend, ClusterConfig, Config, OnPartition,
+        DEFAULT_PARTITION_MEMORY_S, MAX_KEYS, MAX_MAX_BUCKETS, MAX_TOTAL_PREFIXES, MIN_MAX_BUCKETS,
     },
     rule::{default_bytes_burst, RuleConfig},
     validate::{no_meaning, parse_source, validate_name, validate_source},
@@ -34,7 +34,7 @@ pub(super) struct RawConfig {
     pub(super) agent: Option<RawAgent>,
     #[serde(default, rename = "rule")]
     pub(super) rules: Vec<Spanned<RawRule>>,
-    pub(super) cluster: Option<RawCluster>,
+    pub(super) cluster: Option<Spanned<RawCluster>>,
 }
 
 #[derive(Deserialize)]
@@ -54,9 +54,15 @@ pub(super) struct RawAgent {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawCluster {
-    pub(super) listen: SocketAddr,
+    pub(super) backend: Option<Spanned<String>>,
+    pub(super) listen: Option<SocketAddr>,
     pub(super) seeds: Option<Vec<SocketAddr>>,
-    pub(super) key_file: Spanned<PathBuf>,
+    pub(super) key_file: Option<Spanned<PathBuf>>,
+    pub(super) redis: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(super) redis_user: Option<Spanned<String>>,
+    pub(super) redis_password_file: Option<Spanned<PathBuf>>,
+    pub(super) redis_connect_timeout_ms: Option<Spanned<i64>>,
+    pub(super) redis_command_timeout_ms: Option<Spanned<i64>>,
     pub(super) sync_interval_ms: Option<Spanned<i64>>,
     pub(super) cluster_id: Option<Spanned<String>>,
     pub(super) max_keys: Option<Spanned<i64>>,
@@ -375,15 +381,48 @@ pub(super) fn validate_ifname(name: &str) -> Result<(), String> {
 
 pub(super) fn cluster_from_raw(
     src: &Source,
-    raw: RawCluster,
+    raw: Spanned<RawCluster>,
 ) -> Result<ClusterConfig, ConfigError> {
     const S: &str = "[cluster]";
-    if raw.key_file.get_ref().as_os_str().is_empty() {
+    let table_at = raw.span().start;
+    let raw = raw.into_inner();
+    let backend = match &raw.backend {
+        None => ClusterBackend::Gossip,
+        Some(v) => match v.get_ref().as_str() {
+            "gossip" => ClusterBackend::Gossip,
+            "redis" => ClusterBackend::Redis,
+            other => {
+                return Err(src.invalid(
+                    v.span().start,
+                    S,
+                    "backend",
+                    format!("must be \"gossip\" or \"redis\" (got {other:?})"),
+                ))
+            }
+        },
+    };
+    let redis = super::redis::redis_from_raw(src, &raw, backend)?;
+    let key_file = match (&raw.key_file, backend) {
+        (Some(k), _) if k.get_ref().as_os_str().is_empty() => {
+            return Err(src.invalid(k.span().start, S, "key_file", "must not be empty"));
+        }
+        (Some(k), _) => Some(k.get_ref().clone()),
+        (None, ClusterBackend::Gossip) => {
+            return Err(src.invalid(
+                table_at,
+                S,
+                "key_file",
+                "missing: backend = \"gossip\" (the default) needs the cluster's key file",
+            ));
+        }
+        (None, ClusterBackend::Redis) => None,
+    };
+    if raw.listen.is_none() && backend == ClusterBackend::Gossip {
         return Err(src.invalid(
-            raw.key_file.span().start,
+            table_at,
             S,
-            "key_file",
-            "must not be empty",
+            "listen",
+            "missing: backend = \"gossip\" (the default) needs this host's gossip address",
         ));
     }
     let sync_interval_ms = match raw.sync_interval_ms {
@@ -424,7 +463,7 @@ pub(super) fn cluster_from_raw(
             usize::try_from(n).expect("bounded above")
         }
     };
-    let on_partition = match raw.on_partition {
+    let on_partition = match &raw.on_partition {
         None => OnPartition::FailOpen,
         Some(v) => match v.get_ref().as_str() {
             "fail_open" => OnPartition::FailOpen,
@@ -454,10 +493,25 @@ pub(super) fn cluster_from_raw(
             n as u64
         }
     };
+    if backend == ClusterBackend::Redis && on_partition == OnPartition::Share {
+        let at = raw
+            .on_partition
+            .as_ref()
+            .map_or(table_at, |v| v.span().start);
+        return Err(src.invalid(
+            at,
+            S,
+            "on_partition",
+            "\"share\" needs backend = \"gossip\" (under Redis a host that cannot reach the \
+             store enforces alone: fail_open)",
+        ));
+    }
     Ok(ClusterConfig {
+        backend,
         listen: raw.listen,
         seeds: raw.seeds.unwrap_or_default(),
-        key_file: raw.key_file.into_inner(),
+        key_file,
+        redis,
         sync_interval_ms,
         cluster_id,
         max_keys,

@@ -111,9 +111,12 @@ fn design_example_parses() {
     );
 
     let cl = c.cluster.unwrap();
-    assert_eq!(cl.listen, "0.0.0.0:7946".parse().unwrap());
+    assert_eq!(cl.listen, Some("0.0.0.0:7946".parse().unwrap()));
     assert_eq!(cl.seeds, ["192.0.2.10:7946".parse().unwrap()]);
-    assert_eq!(cl.key_file, PathBuf::from("/etc/ratelimit/cluster.key"));
+    assert_eq!(
+        cl.key_file,
+        Some(PathBuf::from("/etc/ratelimit/cluster.key"))
+    );
     assert_eq!(
         (cl.sync_interval_ms, cl.cluster_id.as_str()),
         (100, "ratelimit")
@@ -2092,4 +2095,182 @@ fn a_config_file_another_user_owns_is_not_written() {
     std::os::unix::fs::chown(&path, Some(0), None).unwrap();
     write_rules(&path, &c.rules[..1]).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A password file for the Redis tests: `mode`, in a directory of its own (removed on drop).
+struct PasswordFile(PathBuf);
+
+impl PasswordFile {
+    fn new(tag: &str, text: &str, mode: u32) -> Self {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("rl-redis-pw-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("password");
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for PasswordFile {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// `backend = "redis"`: the store's keys parsed with their defaults, the gossip keys not
+/// required; every bad value refused naming its key and line.
+#[test]
+fn cluster_backend_redis() {
+    let base = "[cluster]\nbackend = \"redis\"\nredis = [\"redis://198.51.100.7:6379\"]\n";
+    let c = parse(base).cluster.unwrap();
+    assert_eq!(c.backend, ClusterBackend::Redis);
+    assert_eq!((c.listen, c.key_file.as_ref()), (None, None));
+    let r = c.redis.unwrap();
+    assert_eq!(r.urls, ["redis://198.51.100.7:6379"]);
+    assert_eq!(
+        (
+            r.user.as_deref(),
+            r.password_file.as_ref(),
+            r.connect_timeout_ms,
+            r.command_timeout_ms
+        ),
+        (None, None, 1000, 250)
+    );
+    // The default backend is gossip, which has no store.
+    let g = parse("[cluster]\nlisten = \"0.0.0.0:7946\"\nkey_file = \"/k\"\n")
+        .cluster
+        .unwrap();
+    assert_eq!((g.backend, g.redis), (ClusterBackend::Gossip, None));
+
+    let pw = PasswordFile::new("ok", "s3cret\n", 0o600);
+    let c = parse(&format!(
+        "[cluster]\nbackend = \"redis\"\nredis = [\"rediss://[2001:db8::7]:7000\", \"rediss://redis-a.example:7001/0\"]\n\
+         redis_user = \"ratelimit\"\nredis_password_file = \"{}\"\nredis_connect_timeout_ms = 500\nredis_command_timeout_ms = 60000\n",
+        pw.0.display()
+    ))
+    .cluster
+    .unwrap()
+    .redis
+    .unwrap();
+    assert_eq!(c.urls.len(), 2);
+    assert_eq!(c.user.as_deref(), Some("ratelimit"));
+    assert_eq!(c.password_file.as_deref(), Some(pw.0.as_path()));
+    assert_eq!((c.connect_timeout_ms, c.command_timeout_ms), (500, 60_000));
+    assert_eq!(crate::config::read_redis_password(&pw.0).unwrap(), "s3cret");
+
+    // Bad URLs, each naming `redis` and its line.
+    for (url, why) in [
+        (
+            "http://198.51.100.7:6379",
+            "not a redis:// or rediss:// URL",
+        ),
+        ("redis://user:pw@198.51.100.7", "holds credentials"),
+        ("redis://", "names no host"),
+        ("redis://198.51.100.7:0", "port must be 1 to 65535"),
+        ("redis://198.51.100.7:99999", "port must be 1 to 65535"),
+        ("redis://198.51.100.7:6379/x", "database"),
+        ("redis://[2001:db8::7", "ends with ']'"),
+        ("redis://bad host", "spaces"),
+        ("redis://198.51.100.7?db=1", "no query"),
+    ] {
+        assert_error(
+            &format!("[cluster]\nbackend = \"redis\"\nredis = [\n  \"{url}\",\n]\n"),
+            4,
+            "redis",
+            why,
+        );
+    }
+    assert_error(
+        "[cluster]\nbackend = \"redis\"\nredis = [\"redis://a:1\", \"rediss://b:1\"]\n",
+        3,
+        "redis",
+        "mixes",
+    );
+    assert_error(
+        "[cluster]\nbackend = \"redis\"\nredis = []\n",
+        3,
+        "redis",
+        "1 to 64 URLs",
+    );
+    assert_error("[cluster]\nbackend = \"redis\"\n", 2, "redis", "missing");
+    assert_error(
+        "[cluster]\nbackend = \"memcached\"\n",
+        2,
+        "backend",
+        "must be \"gossip\" or \"redis\"",
+    );
+    // Timeouts out of range.
+    for (key, v) in [
+        ("redis_connect_timeout_ms", 9),
+        ("redis_connect_timeout_ms", 60_001),
+        ("redis_command_timeout_ms", 0),
+        ("redis_command_timeout_ms", -5),
+    ] {
+        assert_error(
+            &format!("{base}{key} = {v}\n"),
+            4,
+            key,
+            "between 10 and 60000 milliseconds",
+        );
+    }
+    assert_error(
+        &format!("{base}redis_user = \"a b\"\n"),
+        4,
+        "redis_user",
+        "space",
+    );
+    assert_error(
+        &format!("{base}redis_user = \"\"\n"),
+        4,
+        "redis_user",
+        "1 to 128",
+    );
+    // The password file: missing, readable by others, empty; each names the key and the path.
+    let missing = std::env::temp_dir().join("rl-redis-pw-none/password");
+    let e = assert_error(
+        &format!("{base}redis_password_file = \"{}\"\n", missing.display()),
+        4,
+        "redis_password_file",
+        "No such file",
+    );
+    assert!(
+        e.to_string().contains(&missing.display().to_string()),
+        "{e}"
+    );
+    let open = PasswordFile::new("open", "s3cret\n", 0o644);
+    assert_error(
+        &format!("{base}redis_password_file = \"{}\"\n", open.0.display()),
+        4,
+        "redis_password_file",
+        "mode 644 lets other users read or change the secret",
+    );
+    let empty = PasswordFile::new("empty", "\n", 0o600);
+    assert_error(
+        &format!("{base}redis_password_file = \"{}\"\n", empty.0.display()),
+        4,
+        "redis_password_file",
+        "holds no password",
+    );
+    assert_error(
+        &format!("{base}redis_password_file = \"/dev/zero\"\n"),
+        4,
+        "redis_password_file",
+        "device",
+    );
+    // The Redis keys under gossip are refused, not ignored; on_partition = "share" needs gossip.
+    assert_error(
+        "[cluster]\nlisten = \"0.0.0.0:7946\"\nkey_file = \"/k\"\nredis = [\"redis://a:1\"]\n",
+        4,
+        "redis",
+        "only under backend = \"redis\"",
+    );
+    assert_error(
+        &format!("{base}on_partition = \"share\"\n"),
+        4,
+        "on_partition",
+        "needs backend = \"gossip\"",
+    );
 }

@@ -181,6 +181,32 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
         "1 while the gossip loop runs, 0 while it is being restarted.",
         &ConstGauge::new(u64::from(cluster.gossip != "restarting")),
     )?;
+    if let Some(store) = &cluster.store {
+        single(
+            enc,
+            "ratelimit_cluster_store_up",
+            "1 while the last sync round reached the Redis store (backend = redis), else 0.",
+            &ConstGauge::new(u64::from(store.state == "connected")),
+        )?;
+        single(
+            enc,
+            "ratelimit_cluster_store_round_trips",
+            "Sync rounds that exchanged their demand with the Redis store.",
+            &ConstCounter::new(store.round_trips),
+        )?;
+        single(
+            enc,
+            "ratelimit_cluster_store_errors",
+            "Sync rounds and connection attempts that failed to reach the Redis store.",
+            &ConstCounter::new(store.errors),
+        )?;
+        single(
+            enc,
+            "ratelimit_cluster_store_rtt_seconds",
+            "Round trip of the last sync round's exchange with the Redis store.",
+            &ConstGauge::new(store.rtt_ms.unwrap_or(0.0) / 1000.0),
+        )?;
+    }
     family(
         enc,
         "ratelimit_cluster_hosts",

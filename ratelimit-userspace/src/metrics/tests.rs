@@ -244,3 +244,37 @@ async fn bind_failure_names_the_address() {
     assert!(err.contains(&addr.to_string()), "{err}");
     assert!(err.contains("in use"), "{err}");
 }
+
+/// Under `backend = "redis"` the store's gauges and counters (`ratelimit_cluster_store_*`);
+/// none under gossip.
+#[test]
+fn the_redis_store_is_up_counted_and_timed() {
+    assert!(!snapshot()
+        .encode()
+        .unwrap()
+        .contains("ratelimit_cluster_store_"));
+    let mut snap = snapshot();
+    if let Some(c) = snap.cluster.as_mut() {
+        c.store = Some(crate::cluster::status::StoreStatus {
+            addresses: vec!["redis://192.0.2.9:6379".into()],
+            mode: "standalone",
+            state: "down",
+            rtt_ms: Some(1.5),
+            round_trips: 120,
+            errors: 4,
+            ..Default::default()
+        });
+    }
+    let text = snap.encode().unwrap();
+    for line in [
+        "ratelimit_cluster_store_up 0",
+        "ratelimit_cluster_store_round_trips_total 120",
+        "ratelimit_cluster_store_errors_total 4",
+        "ratelimit_cluster_store_rtt_seconds 0.0015",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in:\n{text}"
+        );
+    }
+}

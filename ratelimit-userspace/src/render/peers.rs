@@ -122,6 +122,31 @@ pub fn peers(v: &Value) -> String {
         }
     }
     out.push_str(&key_shares(v, v["node_id"].as_str().unwrap_or("?")));
+    let s = &v["store"];
+    if s.is_object() {
+        let addrs: Vec<&str> = s["addresses"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let shards = s["shards"]
+            .as_u64()
+            .map_or_else(String::new, |n| format!(", {n} shards"));
+        let rtt = s["rtt_ms"]
+            .as_f64()
+            .map_or_else(|| "-".to_string(), |m| format!("{m:.1} ms"));
+        let _ = writeln!(
+            out,
+            "store: redis {} ({}{shards}), {}; round trip {rtt}; {} rounds, {} errors{}",
+            addrs.join(" "),
+            s["mode"].as_str().unwrap_or("?"),
+            s["state"].as_str().unwrap_or("?"),
+            s["round_trips"],
+            s["errors"],
+            s["last_error"]
+                .as_str()
+                .map_or_else(String::new, |e| format!("; last error: {e}")),
+        );
+    }
     let c = &v["counters"];
     let _ = writeln!(
         out,
@@ -267,5 +292,26 @@ mod tests {
         let mut quiet = v.clone();
         quiet["keys"] = json!([]);
         assert!(!peers(&quiet).contains("heaviest keys"));
+        // No store line under gossip; under Redis, the store with its state and last error.
+        assert!(!out.contains("store:"), "{out}");
+        let mut redis = status.clone();
+        redis.store = Some(crate::cluster::status::StoreStatus {
+            addresses: vec!["redis://192.0.2.9:6379".into()],
+            mode: "cluster",
+            shards: Some(3),
+            state: "down",
+            rtt_ms: Some(0.84),
+            round_trips: 120,
+            errors: 4,
+            last_error: Some("connecting: Connection refused".into()),
+            last_error_unix_ms: Some(1),
+        });
+        let out = peers(&serde_json::to_value(&redis).unwrap());
+        assert!(
+            out.lines().any(|l| l
+                == "store: redis redis://192.0.2.9:6379 (cluster, 3 shards), down; round trip \
+                    0.8 ms; 120 rounds, 4 errors; last error: connecting: Connection refused"),
+            "{out}"
+        );
     }
 }

@@ -115,6 +115,20 @@ pub fn status(v: &Value) -> String {
                 cl["budget_share"].as_f64().unwrap_or(1.0),
             ),
         ));
+        let store = &cl["store"];
+        if store.is_object() {
+            rows.push((
+                "store",
+                format!(
+                    "redis {}{}",
+                    text(store, "state"),
+                    store["last_error"]
+                        .as_str()
+                        .filter(|_| store["state"] == "down")
+                        .map_or_else(String::new, |e| format!(": {e}")),
+                ),
+            ));
+        }
     }
     if let Some(list) = r["restart_needed"].as_array().filter(|a| !a.is_empty()) {
         let keys: Vec<String> = list.iter().map(cell).collect();
@@ -124,4 +138,37 @@ pub fn status(v: &Value) -> String {
         let _ = writeln!(out, "{k:<12} {val}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::status;
+
+    /// Under `backend = "redis"` a `store` line: its state, and while down why.
+    #[test]
+    fn the_redis_store_is_shown_with_why_it_is_down() {
+        let cluster = |store: serde_json::Value| {
+            json!({"cluster": {"hosts_heard": 1, "hosts_known": 1, "gossip": "running",
+                               "on_partition": "fail_open", "budget_share": 1.0, "store": store}})
+        };
+        let up = status(&cluster(
+            json!({"state": "connected", "last_error": "broken pipe"}),
+        ));
+        assert!(
+            up.lines().any(|l| l == "store        redis connected"),
+            "{up}"
+        );
+        let down = status(&cluster(
+            json!({"state": "down", "last_error": "connecting: Connection refused"}),
+        ));
+        assert!(
+            down.lines()
+                .any(|l| l == "store        redis down: connecting: Connection refused"),
+            "{down}"
+        );
+        let gossip = status(&json!({"cluster": {"gossip": "running", "store": null}}));
+        assert!(!gossip.contains("store"), "{gossip}");
+    }
 }

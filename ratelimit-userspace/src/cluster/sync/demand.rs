@@ -28,7 +28,7 @@ impl OwnFigures {
     /// intervals.
     const KEPT: usize = 5;
 
-    fn push(&mut self, unix_ms: u64, demand: Demand) {
+    pub(super) fn push(&mut self, unix_ms: u64, demand: Demand) {
         self.0.push_back((unix_ms, demand));
         while self.0.len() > Self::KEPT {
             self.0.pop_front();
@@ -42,7 +42,7 @@ impl OwnFigures {
     /// the interval mixed its own old figure with their new ones: it took most of the budget
     /// for a round at every change of demand). Without counted peers, the last published (the
     /// one before this round's).
-    fn as_of(&self, as_of: Option<u64>) -> Demand {
+    pub(super) fn as_of(&self, as_of: Option<u64>) -> Demand {
         let n = self.0.len();
         let Some(t) = as_of else {
             return n

@@ -1,0 +1,559 @@
+//! `[cluster] backend = "redis"`, end to end: three real agents ([`ClusterNet`]) share one
+//! `scope = "cluster"` budget by exchanging their demand through a real `redis-server` (run in
+//! the switch namespace, on the gossip bridge: [`ClusterNet::start_redis`]), with no gossip at
+//! all. One source floods at 5x the budget, split 70/20/10 over the hosts.
+//!
+//! 1. Redis up: the cluster admits one budget (docs/design.md's accuracy of one budget, 0.95-1.05
+//!    x over a 5 s window, as `e2e_cluster`). Without the exchange each host would admit its own
+//!    rate: 2,500 pps here.
+//! 2. Redis killed: every agent shows the store `down` with the error, and fails open: each host
+//!    admits up to the whole rate (2,500 pps in all, at least 2 budgets asserted).
+//! 3. Redis started again (empty): every agent reconnects by itself (within its backoff, 5 s at
+//!    most) and the budget holds again (0.95-1.05 x).
+//! 4. Redis restarted empty mid-run (killed and started at once): what the cluster admits over
+//!    the 10 s around it stays within docs/design.md's bound, `rate x T + (2 x hosts - 1) x
+//!    burst + (hosts - 1) x rate x lag` (lag 4 sync intervals), and the budget holds again
+//!    from 4 s after.
+//!
+//! Run with `--nocapture` for the figures.
+
+use std::time::{Duration, Instant};
+
+use ratelimit_testbed::{
+    cluster_net::{cluster_counter, counted_peers, status, ClusterNet, Samples, Split},
+    leftover_check, require_root,
+};
+use serde_json::Value;
+
+const HOSTS: usize = 3;
+const RATE: f64 = 1000.0;
+const BURST: u64 = 500;
+const SYNC_MS: u64 = 100;
+const FLOOD_PPS: f64 = 5000.0;
+const SPLIT: [f64; 3] = [70.0, 20.0, 10.0];
+/// docs/design.md's accuracy of one budget (see `e2e_cluster`).
+const ACCURACY: (f64, f64) = (0.95, 1.05);
+/// The phases (seconds after the flood starts).
+const STOP_AT: f64 = 9.0;
+const START_AT: f64 = 15.0;
+/// By when every agent must have reconnected: the restart, the longest reconnection backoff
+/// (5 s) and a round.
+const RECONNECTED_BY: f64 = START_AT + 5.5;
+const RESTART_AT: f64 = 27.0;
+const END: f64 = 35.0;
+const SAMPLE: Duration = Duration::from_millis(100);
+/// docs/design.md's lag: 4 sync intervals.
+const LAG_SECS: f64 = 0.4;
+/// How far the sampling can misplace an admission in time, at either end of a window.
+const SKEW_SECS: f64 = 0.1;
+
+/// One scenario at a time: two runs of agents, a Redis server and a 4,000-5,000 pps flood on 2
+/// cores would disturb each other's rates (as `e2e_cluster_partition`'s runs).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn store(st: &Value) -> &Value {
+    &st["cluster"]["store"]
+}
+
+#[test]
+#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
+fn hosts_share_one_budget_through_redis_fail_open_without_it_and_recover_when_it_restarts_empty() {
+    require_root();
+    let _serial = serial();
+    let net = ClusterNet::new("rl-credis", HOSTS).unwrap();
+    let mut redis = net.start_redis().unwrap();
+    let url = redis.url();
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "small"
+    )]
+    let agents = net
+        .start_agents_with(
+            |i| net.redis_config(i, RATE as u64, BURST, SYNC_MS, &url),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    for (i, a) in agents.iter().enumerate() {
+        let st = status(a).unwrap();
+        assert_eq!(st["cluster"]["backend"], "redis", "h{i}: {}", st["cluster"]);
+        assert_eq!(store(&st)["state"], "connected", "h{i}: {}", st["cluster"]);
+        assert_eq!(store(&st)["mode"], "standalone", "h{i}: {}", st["cluster"]);
+    }
+    let receivers = net.receivers().unwrap();
+    let start = Instant::now();
+    let sender = net
+        .flood(
+            vec![Split {
+                end: END,
+                pps: FLOOD_PPS,
+                weights: SPLIT.to_vec(),
+            }],
+            start,
+        )
+        .unwrap();
+    let mut samples = Samples::default();
+    let mut down_views: Vec<Value> = Vec::new();
+    let mut reconnected: Option<f64> = None;
+    let (mut stopped, mut started, mut restarted) = (false, false, false);
+    let mut keys_in_store = String::new();
+    loop {
+        samples.take(&receivers, start);
+        let t = start.elapsed().as_secs_f64();
+        if t >= END {
+            break;
+        }
+        if !stopped && t >= STOP_AT {
+            keys_in_store = redis
+                .cli(&["--scan", "--pattern", "{rl:*"])
+                .unwrap_or_default();
+            redis.stop();
+            stopped = true;
+        }
+        if stopped && !started && down_views.is_empty() && t >= STOP_AT + 3.0 {
+            down_views = agents.iter().map(|a| status(a).unwrap()).collect();
+        }
+        if !started && t >= START_AT {
+            redis.restart().unwrap();
+            started = true;
+        }
+        if started && reconnected.is_none() && !restarted {
+            let all = agents.iter().all(|a| {
+                status(a).is_ok_and(|st| {
+                    store(&st)["state"] == "connected" && counted_peers(&st).len() == HOSTS - 1
+                })
+            });
+            if all {
+                reconnected = Some(start.elapsed().as_secs_f64());
+            }
+        }
+        if !restarted && t >= RESTART_AT {
+            redis.restart().unwrap();
+            restarted = true;
+        }
+        std::thread::sleep(SAMPLE);
+    }
+    let sent = sender.join().unwrap();
+    let after: Vec<Value> = agents.iter().map(|a| status(a).unwrap()).collect();
+
+    // --- Figures. ---
+    let phase = |name: &str, t1: f64, t2: f64| {
+        let r = samples.rate(t1, t2);
+        println!(
+            "{name} ({t1:.1}-{t2:.1} s): {r:.0} pps = {:.3} budgets; per host [{}]",
+            r / RATE,
+            (0..HOSTS)
+                .map(|h| format!("{:.0}", samples.host_rate(h, t1, t2)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        r / RATE
+    };
+    println!(
+        "\n{HOSTS} hosts through Redis at {url}; rate {RATE}, burst {BURST}, sync {SYNC_MS} ms; \
+         flood {FLOOD_PPS} pps split {SPLIT:?} (sent {:?})",
+        sent.per_host
+    );
+    println!(
+        "keys in the store before it stopped: {}",
+        keys_in_store
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let up = phase("Redis up", 4.0, STOP_AT);
+    let down = phase("Redis down", STOP_AT + 2.0, START_AT);
+    let rec = reconnected.unwrap_or(f64::NAN);
+    println!(
+        "every agent reconnected {:.1} s after Redis came back",
+        rec - START_AT
+    );
+    let back = phase("Redis back (empty)", rec + 1.5, RESTART_AT);
+    let (w1, w2) = (RESTART_AT - 2.0, END);
+    let around: f64 = (0..HOSTS).map(|h| samples.packets(h, w1, w2)).sum();
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let bound = RATE * (w2 - w1 + 2.0 * SKEW_SECS)
+        + (2.0 * HOSTS as f64 - 1.0) * BURST as f64
+        + (HOSTS as f64 - 1.0) * RATE * LAG_SECS;
+    println!(
+        "Redis restarted empty at {RESTART_AT} s: {around:.0} packets over {w1}-{w2} s, \
+         {:.0} over rate x T (the bound allows {:.0} over it)",
+        around - RATE * (w2 - w1),
+        bound - RATE * (w2 - w1)
+    );
+    let again = phase("after the empty restart", RESTART_AT + 4.0, END);
+    for (i, st) in down_views.iter().enumerate() {
+        println!("h{i} while Redis was down: store {}", store(st));
+    }
+    for (i, st) in after.iter().enumerate() {
+        println!(
+            "h{i} at the end: store {}, readings refused {}, rounds late {}",
+            store(st),
+            cluster_counter(st, "readings_refused"),
+            cluster_counter(st, "rounds_late")
+        );
+    }
+
+    // --- Assertions. ---
+    let within = |r: f64| r >= ACCURACY.0 && r <= ACCURACY.1;
+    assert!(
+        within(up),
+        "with Redis up the cluster admitted {up:.3} budgets, want {ACCURACY:?}: the agents do not \
+         share the budget through Redis"
+    );
+    assert!(
+        keys_in_store.contains("{rl:e2e-cluster-net:cluster-flood:0:198.18.0.250}"),
+        "the flood's key is not in the store: {keys_in_store:?}"
+    );
+    assert!(
+        down >= 2.0,
+        "with Redis down the cluster admitted {down:.3} budgets: the hosts did not fail open \
+         (each to the whole rate, 2.5 budgets here)"
+    );
+    for h in 0..2 {
+        let r = samples.host_rate(h, STOP_AT + 2.0, START_AT);
+        assert!(
+            r >= 0.9 * RATE,
+            "h{h} admitted {r:.0} pps with Redis down, want its whole rate ({RATE})"
+        );
+    }
+    assert_eq!(
+        down_views.len(),
+        HOSTS,
+        "no status taken while Redis was down"
+    );
+    for (i, st) in down_views.iter().enumerate() {
+        let s = store(st);
+        assert_eq!(s["state"], "down", "h{i}: {s}");
+        assert!(
+            s["last_error"].as_str().is_some_and(|e| !e.is_empty())
+                && s["errors"].as_u64() > Some(0),
+            "h{i} shows no error: {s}"
+        );
+    }
+    assert!(
+        rec <= RECONNECTED_BY,
+        "the agents reconnected only {:.1} s after Redis came back (want within {:.1} s)",
+        rec - START_AT,
+        RECONNECTED_BY - START_AT
+    );
+    assert!(
+        within(back),
+        "once Redis was back the cluster admitted {back:.3} budgets, want {ACCURACY:?}"
+    );
+    assert!(
+        around <= bound,
+        "Redis restarting empty: {around:.0} packets over {w1}-{w2} s, above docs/design.md's \
+         bound {bound:.0}"
+    );
+    assert!(
+        within(again),
+        "after Redis restarted empty the cluster admitted {again:.3} budgets, want {ACCURACY:?}"
+    );
+    for (i, st) in after.iter().enumerate() {
+        let s = store(st);
+        assert_eq!(s["state"], "connected", "h{i}: {s}");
+        assert!(s["round_trips"].as_u64() > Some(100), "h{i}: {s}");
+    }
+    // One log line per change of the store's state, not one per failed round: Redis went away
+    // twice (killed, and restarted empty), and each agent failed dozens of rounds.
+    for (i, a) in agents.iter().enumerate() {
+        let log = a.log();
+        let (lost, reached) = (
+            log.matches("cluster store unreachable").count(),
+            log.matches("cluster store reached").count(),
+        );
+        println!("h{i} logged the store lost {lost} times, reached {reached} times");
+        assert!(
+            (1..=3).contains(&lost) && (2..=4).contains(&reached),
+            "h{i} logged the store lost {lost} and reached {reached} times:\n{log}"
+        );
+    }
+
+    // --- Clean up. ---
+    drop(receivers);
+    for (i, a) in agents.into_iter().enumerate() {
+        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+    }
+    drop(redis);
+    drop(net);
+    let ours = format!("-{}-", std::process::id());
+    let left: Vec<String> = leftover_check("rl-credis-")
+        .into_iter()
+        .filter(|n| n.contains(&ours))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
+
+/// Through a Redis Cluster (one node serving every slot) as an ACL user, with the password from
+/// `redis_password_file`: the agents find it is a cluster (status: mode `cluster`, 1 shard),
+/// route each key's script by its hash tag, authenticate as that user, and share one budget
+/// (0.95-1.05 x over 6 s; 2 hosts, 4,000 pps split 75/25).
+#[test]
+fn hosts_share_one_budget_through_a_redis_cluster_as_an_acl_user() {
+    use std::os::unix::fs::PermissionsExt as _;
+    const PASSWORD: &str = "e2e-s3cret-not-default";
+    const RUN: f64 = 12.0;
+    require_root();
+    let _serial = serial();
+    let net = ClusterNet::new("rl-credisc", 2).unwrap();
+    let redis = net
+        .start_redis_with(&[
+            "--cluster-enabled",
+            "yes",
+            "--user",
+            "ratelimit",
+            "on",
+            &format!(">{PASSWORD}"),
+            "~*",
+            "&*",
+            "+@all",
+        ])
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("rl-credisc-pw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pw = dir.join("redis.password");
+    std::fs::write(&pw, format!("{PASSWORD}\n")).unwrap();
+    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let url = redis.url();
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "small"
+    )]
+    let agents = net
+        .start_agents_with(
+            |i| {
+                net.redis_config(i, RATE as u64, BURST, SYNC_MS, &url)
+                    .replace(
+                        "[cluster]\n",
+                        &format!(
+                            "[cluster]\nredis_user = \"ratelimit\"\nredis_password_file = \"{}\"\n",
+                            pw.display()
+                        ),
+                    )
+            },
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    let receivers = net.receivers().unwrap();
+    let start = Instant::now();
+    let sender = net
+        .flood(
+            vec![Split {
+                end: RUN,
+                pps: 4000.0,
+                weights: vec![75.0, 25.0],
+            }],
+            start,
+        )
+        .unwrap();
+    let mut samples = Samples::default();
+    samples.take_until(&receivers, start, RUN, SAMPLE);
+    sender.join().unwrap();
+    let statuses: Vec<Value> = agents.iter().map(|a| status(a).unwrap()).collect();
+    let ratio = samples.rate(6.0, RUN) / RATE;
+    println!(
+        "\n2 hosts through a one-node Redis Cluster at {url} as user ratelimit: {ratio:.3} \
+         budgets over 6-{RUN} s; per host [{:.0} {:.0}] pps",
+        samples.host_rate(0, 6.0, RUN),
+        samples.host_rate(1, 6.0, RUN)
+    );
+    for (i, st) in statuses.iter().enumerate() {
+        println!("h{i}: store {}", store(st));
+        let s = store(st);
+        assert_eq!(
+            (
+                s["mode"].as_str(),
+                s["shards"].as_u64(),
+                s["state"].as_str()
+            ),
+            (Some("cluster"), Some(1), Some("connected")),
+            "h{i}: {s}"
+        );
+        assert_eq!(counted_peers(st).len(), 1, "h{i}: {}", st["cluster"]);
+    }
+    assert!(
+        ratio >= ACCURACY.0 && ratio <= ACCURACY.1,
+        "through the Redis Cluster the two hosts admitted {ratio:.3} budgets, want {ACCURACY:?}"
+    );
+    let clients = redis.cli(&["CLIENT", "LIST"]).unwrap();
+    assert!(
+        clients.contains("user=ratelimit"),
+        "no agent connected as the ACL user: {clients}"
+    );
+    // The password changed under the agents (and their connections closed): each fails to log
+    // in again and shows the store down with the server's refusal.
+    redis
+        .cli(&["ACL", "SETUSER", "ratelimit", "resetpass", ">another-one"])
+        .unwrap();
+    redis.cli(&["CLIENT", "KILL", "USER", "ratelimit"]).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    for (i, a) in agents.iter().enumerate() {
+        let st = status(a).unwrap();
+        let s = store(&st);
+        println!("h{i} with a wrong password: store {s}");
+        assert_eq!(s["state"], "down", "h{i}: {s}");
+        assert!(
+            s["last_error"]
+                .as_str()
+                .is_some_and(|e| e.to_ascii_lowercase().contains("pass")),
+            "h{i} does not say why it cannot log in: {s}"
+        );
+    }
+
+    drop(receivers);
+    for (i, a) in agents.into_iter().enumerate() {
+        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+    }
+    drop(redis);
+    drop(net);
+    let _ = std::fs::remove_dir_all(&dir);
+    let ours = format!("-{}-", std::process::id());
+    let left: Vec<String> = leftover_check("rl-credisc-")
+        .into_iter()
+        .filter(|n| n.contains(&ours))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
+
+/// One host cut off from the store (an nftables rule in its namespace drops what it sends to
+/// it: no reply at all, so its calls and its connection attempts time out): it shows the store
+/// down with the timeout and enforces alone at the whole rate (fail open), while the two
+/// others, its field gone stale, share one budget between them: 2 budgets in all (0.9-1.1 x
+/// each). Healed, it reconnects by itself and the cluster is back to one budget (0.95-1.05 x).
+#[test]
+fn a_host_cut_off_from_the_store_enforces_alone_and_rejoins_when_healed() {
+    const CUT_AT: f64 = 7.0;
+    const HEAL_AT: f64 = 14.0;
+    const RUN: f64 = 27.0;
+    require_root();
+    let _serial = serial();
+    let net = ClusterNet::new("rl-credisp", HOSTS).unwrap();
+    let redis = net.start_redis().unwrap();
+    let url = redis.url();
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "small"
+    )]
+    let agents = net
+        .start_agents_with(
+            |i| net.redis_config(i, RATE as u64, BURST, SYNC_MS, &url),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+    let receivers = net.receivers().unwrap();
+    let start = Instant::now();
+    let sender = net
+        .flood(
+            vec![Split {
+                end: RUN,
+                pps: FLOOD_PPS,
+                weights: SPLIT.to_vec(),
+            }],
+            start,
+        )
+        .unwrap();
+    let mut samples = Samples::default();
+    samples.take_until(&receivers, start, CUT_AT, SAMPLE);
+    let cut = |on: bool| {
+        let ns = &net.hosts[0].ns;
+        if on {
+            ns.run(&["nft", "add", "table", "inet", "rlcut"]).unwrap();
+            ns.run(&[
+                "nft",
+                "add",
+                "chain",
+                "inet",
+                "rlcut",
+                "out",
+                "{ type filter hook output priority 0 ; }",
+            ])
+            .unwrap();
+            ns.run(&[
+                "nft",
+                "add",
+                "rule",
+                "inet",
+                "rlcut",
+                "out",
+                "ip",
+                "daddr",
+                "198.18.1.254",
+                "drop",
+            ])
+            .unwrap();
+        } else {
+            ns.run(&["nft", "delete", "table", "inet", "rlcut"])
+                .unwrap();
+        }
+    };
+    cut(true);
+    samples.take_until(&receivers, start, CUT_AT + 4.0, SAMPLE);
+    let cut_view = status(&agents[0]).unwrap();
+    samples.take_until(&receivers, start, HEAL_AT, SAMPLE);
+    cut(false);
+    samples.take_until(&receivers, start, RUN, SAMPLE);
+    sender.join().unwrap();
+    let end_view = status(&agents[0]).unwrap();
+
+    let before = samples.rate(3.0, CUT_AT) / RATE;
+    let cut = samples.rate(CUT_AT + 2.0, HEAL_AT) / RATE;
+    let h0_cut = samples.host_rate(0, CUT_AT + 2.0, HEAL_AT) / RATE;
+    let others_cut = cut - h0_cut;
+    let healed = samples.rate(HEAL_AT + 8.0, RUN) / RATE;
+    println!(
+        "\n{HOSTS} hosts through Redis; h0 cut off from it {CUT_AT}-{HEAL_AT} s: before {before:.3} \
+         budgets; cut {cut:.3} (h0 alone {h0_cut:.3}, h1 + h2 {others_cut:.3}); healed {healed:.3}"
+    );
+    println!("h0 cut off: store {}", store(&cut_view));
+    println!("h0 at the end: store {}", store(&end_view));
+    let within = |r: f64, lo: f64, hi: f64| r >= lo && r <= hi;
+    assert!(
+        within(before, ACCURACY.0, ACCURACY.1),
+        "before the cut: {before:.3} budgets, want {ACCURACY:?}"
+    );
+    assert_eq!(store(&cut_view)["state"], "down", "{}", store(&cut_view));
+    assert!(
+        store(&cut_view)["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("timed out") || e.contains("no answer within")),
+        "{}",
+        store(&cut_view)
+    );
+    assert!(
+        within(h0_cut, 0.9, 1.1) && within(others_cut, 0.9, 1.1),
+        "cut off, h0 admitted {h0_cut:.3} budgets (want its whole rate, 0.9-1.1) and h1 + h2 \
+         {others_cut:.3} (want one budget between them, 0.9-1.1)"
+    );
+    assert_eq!(
+        store(&end_view)["state"],
+        "connected",
+        "{}",
+        store(&end_view)
+    );
+    assert!(
+        within(healed, ACCURACY.0, ACCURACY.1),
+        "healed: {healed:.3} budgets, want {ACCURACY:?}"
+    );
+
+    drop(receivers);
+    for (i, a) in agents.into_iter().enumerate() {
+        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+    }
+    drop(redis);
+    drop(net);
+    let ours = format!("-{}-", std::process::id());
+    let left: Vec<String> = leftover_check("rl-credisp-")
+        .into_iter()
+        .filter(|n| n.contains(&ours))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
