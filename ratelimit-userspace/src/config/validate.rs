@@ -281,7 +281,11 @@ pub(super) fn check_limit(
     Ok(())
 }
 
-pub(super) fn validate_name(name: &str) -> Result<(), String> {
+/// Checks a rule name: 1 to 64 bytes of letters, digits, `_`, `.` and `-`.
+///
+/// # Errors
+/// What is wrong with it.
+pub fn validate_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("must not be empty".into());
     }
