@@ -444,6 +444,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let cfg = Config::load(&config)?;
             let set = ratelimit::compile::compile(&cfg.rules, &ratelimit::compile::RuleIds::new())
                 .with_context(|| format!("{}", config.display()))?;
+            for w in cfg
+                .rules
+                .iter()
+                .flat_map(ratelimit::config::tcp_burst_warnings)
+            {
+                eprintln!("warning: {}: {w}", config.display());
+            }
             println!(
                 "{}: ok: {} rules, {} prefixes",
                 config.display(),

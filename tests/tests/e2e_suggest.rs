@@ -313,3 +313,42 @@ fn a_restart_keeps_what_was_learned_and_a_bad_file_is_refused() {
     );
     agent.stop().unwrap();
 }
+
+/// `ratelimit check` warns (on stderr, still exiting 0) about a TCP rule whose burst is far
+/// below `rate x 0.2 s`, naming the rule and its limit, and says nothing of one whose burst is
+/// enough or of a UDP rule. Needs no root: `check` changes nothing.
+#[test]
+fn check_warns_of_a_tcp_burst_far_below_a_fifth_of_a_second() {
+    let dir = StateDir(std::env::temp_dir().join(format!("rl-sg-check-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let file = dir.0.join("ratelimit.toml");
+    std::fs::write(
+        &file,
+        "[agent]\ninterfaces = [\"eth0\"]\n\n\
+         [[rule]]\nname = \"web\"\nsource = \"198.18.0.0/24\"\nprotocol = \"tcp\"\n\
+         rate = 1000\nburst = 20\n\
+         [[rule.limit]]\nper = \"/24\"\nrate = 5000\nburst = 1000\n\n\
+         [[rule]]\nname = \"ok\"\nsource = \"198.18.1.0/24\"\nprotocol = \"tcp\"\n\
+         rate = 1000\nburst = 200\n\n\
+         [[rule]]\nname = \"dns\"\nsource = \"198.18.2.0/24\"\nprotocol = \"udp\"\n\
+         rate = 1000\nburst = 1\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(ratelimit_testbed::agent_binary())
+        .arg("check")
+        .arg("-c")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{out:?}");
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("warning:"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(
+        warnings[0].contains("rule \"web\", limit 1: burst 20 is far below rate x 0.2 s = 200"),
+        "{stderr}"
+    );
+}
