@@ -119,8 +119,14 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     // and in `status`, and binds when the address is free (see [`metrics::serve`]).
     let mut metrics_handle = None;
     if let Some(addr) = config.agent.metrics {
-        let (handle, task) =
-            metrics::serve(addr, agent.clone(), cluster_handle.clone(), read.clone()).await;
+        let (handle, task) = metrics::serve(
+            addr,
+            agent.clone(),
+            cluster_handle.clone(),
+            read.clone(),
+            Some(learn.clone()),
+        )
+        .await;
         metrics_handle = Some(handle);
         tasks.push(task);
     }

@@ -166,7 +166,13 @@ fn the_pop(v: &Value) -> &Value {
 fn the_suggested_rate_is_the_quantile_of_the_sources_rates() {
     require_root();
     let bed = bed("q");
-    let agent = AgentProcess::start(&bed.rx, &config(&bed.rx_if), &[]).unwrap();
+    let metrics: std::net::SocketAddr = "127.0.0.1:9187".parse().unwrap();
+    let with_metrics = config(&bed.rx_if).replacen(
+        "[agent]\n",
+        &format!("[agent]\nmetrics = \"{metrics}\"\n"),
+        1,
+    );
+    let agent = AgentProcess::start(&bed.rx, &with_metrics, &[]).unwrap();
     let rates = population(400, 12.0, 4);
     clear_of_slot_end(SEND.as_secs() + 10);
     let share = send(&bed, &rates);
@@ -220,6 +226,22 @@ fn the_suggested_rate_is_the_quantile_of_the_sources_rates() {
     assert!(s["proposed"]["burst"].as_u64().unwrap() >= 1);
     let heavy = s["observed"]["peak_10s"]["max"].as_f64().unwrap();
     assert!(heavy > 250.0 * share, "the heavy hitters' peak: {heavy}");
+    // The metrics carry the same quantile (bounded labels: rule, limit, window, quantile).
+    let text = ratelimit_testbed::metrics::get(&bed.rx, metrics).unwrap();
+    let gauge = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                r#"ratelimit_learned_peak_rate{rule="pop",limit="1",window="10s",quantile="0.9"} "#,
+            )
+        })
+        .unwrap_or_else(|| panic!("no learned gauge in:\n{text}"))
+        .parse::<f64>()
+        .unwrap();
+    assert!(
+        (gauge - truth).abs() <= 0.1 * truth,
+        "gauge {gauge}, true 0.9 quantile {truth:.1}"
+    );
     // The table prints the same proposal and its TOML.
     let text = agent.cli_ok(&["suggest", "--quantile", "0.9", "--headroom", "1"]);
     assert!(text.contains(&format!("rate = {}", got)), "{text}");

@@ -271,6 +271,26 @@ impl Learner {
     }
 }
 
+/// One learned limit's quantiles over the last hour, as the metrics export them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Gauges {
+    /// The rule.
+    pub rule: String,
+    /// Its limit, 1 its own.
+    pub limit: usize,
+    /// Sources observed.
+    pub sources: u64,
+    /// Quantiles 0.5, 0.9 and 0.99 of the 1 s peak rates.
+    pub peak_1s: [f64; 3],
+    /// The same of the 10 s peak rates.
+    pub peak_10s: [f64; 3],
+    /// The same of the bursts.
+    pub burst: [f64; 3],
+}
+
+/// The quantiles [`Gauges`] holds, as labels.
+pub const GAUGE_QUANTILES: [&str; 3] = ["0.5", "0.9", "0.99"];
+
 /// The learner shared by its task, the API and the daemon (which saves it at exit).
 #[derive(Clone)]
 pub struct LearnHandle {
@@ -287,6 +307,31 @@ impl LearnHandle {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .suggest(&set, query)
+    }
+
+    /// The quantiles (0.5, 0.9, 0.99) of every learned limit over the last hour, for the
+    /// metrics: at most [`MAX_LIMITS`] entries (call it on a blocking thread).
+    #[must_use]
+    pub fn gauges(&self) -> Vec<Gauges> {
+        let q = Query {
+            rule: None,
+            quantile: 0.99,
+            headroom: 1.0,
+            since_secs: history::HOUR_SECS,
+        };
+        let three = |o: &suggest::Quantiles| [o.p50, o.p90, o.p99];
+        self.suggest(&q)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| Gauges {
+                peak_1s: three(&s.observed.peak_1s),
+                peak_10s: three(&s.observed.peak_10s),
+                burst: three(&s.observed.burst),
+                sources: s.sources,
+                rule: s.rule,
+                limit: s.limit,
+            })
+            .collect()
     }
 
     /// Writes the learned state now (at exit).
