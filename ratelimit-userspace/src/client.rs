@@ -160,6 +160,39 @@ impl Client {
         self.request_within(Method::GET, &path, None, timeout).await
     }
 
+    /// `GET /v1/suggest` for `query` (checked by [`crate::api::suggest_query`]).
+    pub async fn suggest(
+        &self,
+        query: &crate::learn::suggest::Query,
+    ) -> Result<Value, ClientError> {
+        let mut path = format!(
+            "/v1/suggest?quantile={}&headroom={}&since_secs={}",
+            query.quantile, query.headroom, query.since_secs
+        );
+        if let Some(rule) = &query.rule {
+            // A valid rule name is letters, digits, `_`, `.` and `-`: nothing to escape.
+            path.push_str(&format!("&rule={rule}"));
+        }
+        self.request(Method::GET, &path, None).await
+    }
+
+    /// `POST /v1/suggest/apply`: sets limit `limit` of `rule` to `rate` and `burst`.
+    pub async fn apply_limit(
+        &self,
+        rule: &str,
+        (limit, rate, burst): (u64, u64, u64),
+        force: bool,
+    ) -> Result<Value, ClientError> {
+        let path = if force {
+            "/v1/suggest/apply?force=true"
+        } else {
+            "/v1/suggest/apply"
+        };
+        let body =
+            serde_json::json!({ "rule": rule, "limit": limit, "rate": rate, "burst": burst });
+        self.request(Method::POST, path, Some(&body)).await
+    }
+
     /// `GET /v1/explain`.
     pub async fn explain(
         &self,

@@ -107,18 +107,34 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         }
         Err(e) => return fail(tasks, agent, e.into()).await,
     };
+    // What the traffic teaches (`suggest`): its own walk of the store, its history kept in the
+    // state directory.
+    let (learn, task) = crate::learn::spawn(
+        read.maps.clone(),
+        read.rules.clone(),
+        Some(config.agent.state_dir.clone()),
+    );
+    tasks.push(task);
     // An address that cannot be bound does not stop the agent: the endpoint says so in the log
     // and in `status`, and binds when the address is free (see [`metrics::serve`]).
     let mut metrics_handle = None;
     if let Some(addr) = config.agent.metrics {
-        let (handle, task) =
-            metrics::serve(addr, agent.clone(), cluster_handle.clone(), read.clone()).await;
+        let (handle, task) = metrics::serve(
+            addr,
+            agent.clone(),
+            cluster_handle.clone(),
+            read.clone(),
+            Some(learn.clone()),
+        )
+        .await;
         metrics_handle = Some(handle);
         tasks.push(task);
     }
     tasks.push(api::serve(
         listener,
-        api::ApiState::new(agent.clone(), read, cluster_handle).with_metrics(metrics_handle),
+        api::ApiState::new(agent.clone(), read, cluster_handle)
+            .with_metrics(metrics_handle)
+            .with_learner(learn.clone()),
     ));
     tasks.push(spawn_config_watcher(
         config_path,
@@ -155,6 +171,8 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         let _ = task.await;
     }
     let _ = std::fs::remove_file(&socket);
+    // The history learned so far, for the next agent.
+    let _ = tokio::task::spawn_blocking(move || learn.save()).await;
     shutdown_shared(agent).await
 }
 

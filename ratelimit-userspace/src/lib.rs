@@ -37,6 +37,7 @@ pub mod config;
 pub mod daemon;
 pub mod dataplane;
 pub mod http;
+pub mod learn;
 pub mod logging;
 pub mod manpages;
 pub mod maps;

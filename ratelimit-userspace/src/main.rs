@@ -61,6 +61,10 @@ enum Command {
         /// the next agent adopts it without a gap.
         #[arg(long)]
         keep_attached: bool,
+        /// Where to keep what the agent learns across restarts; replaces the config's
+        /// `state_dir`.
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
     },
     /// Validate a config file (and its list files) and print how many rules and prefixes it
     /// compiles to; changes nothing.
@@ -133,6 +137,33 @@ enum Command {
         /// syn,ack or ack (default: none, which no flag rule matches).
         #[arg(long, value_name = "FLAGS")]
         tcp_flags: Option<String>,
+        /// Print the API's JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Limits learned from the traffic: per rule and limit, the distribution of what each source
+    /// sent (10 s and 1 s peak rates, bursts), the proposed rate and burst, what they would have
+    /// limited, and the TOML for them.
+    Suggest {
+        /// Only this rule.
+        #[arg(long, value_name = "NAME")]
+        rule: Option<String>,
+        /// The share of the sources the limit lets through untouched, in (0, 1].
+        #[arg(long, value_name = "Q", default_value = "0.99")]
+        quantile: String,
+        /// Factor over the observed quantile, at least 1.
+        #[arg(long, value_name = "X", default_value = "1.5")]
+        headroom: String,
+        /// How far back: e.g. 30m, 1h (default), 6h, 1d (at most a day).
+        #[arg(long, value_name = "DUR", default_value = "1h")]
+        since: String,
+        /// Set each proposed rate and burst, as `rules add` sets a rule: validated, applied whole,
+        /// written back to the config file.
+        #[arg(long)]
+        apply: bool,
+        /// With --apply: write even if the config file's rules are not those in force.
+        #[arg(long, requires = "apply")]
+        force: bool,
         /// Print the API's JSON.
         #[arg(long)]
         json: bool,
@@ -396,12 +427,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             ifaces,
             mode,
             keep_attached,
+            state_dir,
         } => {
             let opts = AgentOptions {
                 config_path: config,
                 interfaces: ifaces,
                 mode,
                 keep_attached,
+                state_dir,
             };
             let rt = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             rt.block_on(daemon::run(opts))?;
@@ -411,6 +444,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let cfg = Config::load(&config)?;
             let set = ratelimit::compile::compile(&cfg.rules, &ratelimit::compile::RuleIds::new())
                 .with_context(|| format!("{}", config.display()))?;
+            for w in cfg
+                .rules
+                .iter()
+                .flat_map(ratelimit::config::tcp_burst_warnings)
+            {
+                eprintln!("warning: {}: {w}", config.display());
+            }
             println!(
                 "{}: ok: {} rules, {} prefixes",
                 config.display(),
@@ -559,6 +599,34 @@ async fn run_client(client: &Client, command: Command) -> anyhow::Result<()> {
                 .await?;
             print_answer(&v, json, render::explain);
         }
+        Command::Suggest {
+            rule,
+            quantile,
+            headroom,
+            since,
+            apply,
+            force,
+            json,
+        } => {
+            let since = ratelimit::learn::suggest::parse_since(&since)
+                .map_err(|e| anyhow::anyhow!("--since: {e}"))?;
+            let query = ratelimit::api::suggest_query(
+                rule.as_deref(),
+                Some(&quantile),
+                Some(&headroom),
+                Some(&since.to_string()),
+            )
+            .map_err(|e| anyhow::anyhow!("--{e}"))?;
+            let v = client.suggest(&query).await?;
+            if json {
+                println!("{}", v["suggestions"]);
+            } else {
+                print!("{}", render::suggest(&v));
+            }
+            if apply {
+                suggest_apply(client, &v, force).await?;
+            }
+        }
         Command::Agent { .. }
         | Command::Check { .. }
         | Command::Detach { .. }
@@ -566,6 +634,27 @@ async fn run_client(client: &Client, command: Command) -> anyhow::Result<()> {
         | Command::Manpages { .. } => {
             unreachable!("handled by run()")
         }
+    }
+    Ok(())
+}
+
+/// `suggest --apply`: each proposal set through the agent, one after the other (each validated,
+/// applied and written back as a `rules add` is); stops at the first refused.
+async fn suggest_apply(client: &Client, v: &serde_json::Value, force: bool) -> anyhow::Result<()> {
+    for s in v["suggestions"].as_array().into_iter().flatten() {
+        let (rule, limit) = (
+            s["rule"].as_str().unwrap_or(""),
+            s["limit"].as_u64().unwrap_or(0),
+        );
+        let (rate, burst) = (
+            s["proposed"]["rate"].as_u64().unwrap_or(0),
+            s["proposed"]["burst"].as_u64().unwrap_or(0),
+        );
+        client
+            .apply_limit(rule, (limit, rate, burst), force)
+            .await
+            .with_context(|| format!("applying rule {rule:?} limit {limit}"))?;
+        eprintln!("applied: rule {rule:?} limit {limit}: rate {rate}, burst {burst}");
     }
     Ok(())
 }

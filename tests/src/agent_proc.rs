@@ -149,6 +149,20 @@ impl AgentProcess {
         .arg("-c")
         .arg(&agent.config)
         .args(extra_args)
+        // What it learns goes to its own directory (unless the test names one), not the host's
+        // /var/lib/ratelimit; removed with the rest.
+        .args(
+            (setting(config_toml, "state_dir").is_none() && !extra_args.contains(&"--state-dir"))
+                .then(|| {
+                    [
+                        std::ffi::OsString::from("--state-dir"),
+                        agent.dir.join("state").into_os_string(),
+                    ]
+                })
+                .into_iter()
+                .flatten()
+                .collect::<Vec<std::ffi::OsString>>(),
+        )
         .env("RUST_LOG", rust_log)
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())

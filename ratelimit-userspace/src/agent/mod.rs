@@ -104,6 +104,8 @@ pub struct AgentOptions {
     pub mode: Option<AttachMode>,
     /// On exit, leave the program attached and the maps pinned (for an upgrade or restart).
     pub keep_attached: bool,
+    /// State directory from the command line; overrides the config's `state_dir`.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Loads and validates the config with the command-line overrides applied; nothing on the host is
@@ -118,6 +120,15 @@ pub fn prepare(opts: &AgentOptions) -> Result<Config, AgentError> {
     };
     if let Some(mode) = opts.mode {
         config.agent.mode = mode;
+    }
+    if let Some(dir) = &opts.state_dir {
+        if !dir.is_absolute() {
+            return Err(AgentError::BadRequest(format!(
+                "--state-dir {}: must be an absolute path",
+                dir.display()
+            )));
+        }
+        config.agent.state_dir.clone_from(dir);
     }
     if config.agent.interfaces.is_empty() {
         return Err(AgentError::NoInterfaces(opts.config_path.clone()));
@@ -319,6 +330,38 @@ impl Agent {
         self.replace_rules(rules, &format!("rules add {name:?}"), force)
     }
 
+    /// Sets the packet `rate` and `burst` of limit `limit` (1 its own, 2.. its
+    /// `[[rule.limit]]`s) of the rule named `name` (`suggest --apply`): validated as a rule of
+    /// `rules add` is, applied whole with the others, written back.
+    pub fn set_packet_limit(
+        &mut self,
+        name: &str,
+        (limit, rate, burst): (usize, u64, u64),
+        force: bool,
+    ) -> Result<(), AgentError> {
+        let mut rules = self.config.rules.clone();
+        let rule = rules
+            .iter_mut()
+            .find(|r| r.name == name)
+            .ok_or_else(|| AgentError::NoSuchRule(name.to_string()))?;
+        let no_limit = || AgentError::BadRequest(format!("rule {name:?} has no limit {limit}"));
+        match limit {
+            0 => return Err(no_limit()),
+            1 => (rule.rate, rule.burst) = (Some(rate), Some(burst)),
+            k => {
+                let l = rule.limits.get_mut(k - 2).ok_or_else(no_limit)?;
+                (l.rate, l.burst) = (Some(rate), Some(burst));
+            }
+        }
+        rule.validate()
+            .map_err(|e| AgentError::BadRequest(format!("rule {name:?}: {e}")))?;
+        self.replace_rules(
+            rules,
+            &format!("suggest --apply {name:?} limit {limit}"),
+            force,
+        )
+    }
+
     /// Removes one rule by name (from the API).
     pub fn remove_rule(&mut self, name: &str, force: bool) -> Result<(), AgentError> {
         let mut rules = self.config.rules.clone();
@@ -441,6 +484,9 @@ impl Agent {
         if a.log_format != b.log_format {
             restart.push("log_format".to_string());
         }
+        if a.state_dir != b.state_dir {
+            restart.push("state_dir".to_string());
+        }
         if self.config.cluster != new.cluster {
             restart.push("cluster".to_string());
         }
@@ -452,6 +498,7 @@ impl Agent {
         agent.max_buckets = a.max_buckets;
         agent.pin_path.clone_from(&a.pin_path);
         agent.log_format = a.log_format;
+        agent.state_dir.clone_from(&a.state_dir);
         agent.interfaces = interfaces;
         self.config.agent = agent;
         self.reload.restart_needed = restart;

@@ -112,6 +112,10 @@ pub enum Call {
         /// One interface, or all.
         iface: Option<String>,
     },
+    /// `suggest --apply`: the rule's name, (limit, rate, burst), `?force`.
+    ApplyLimit(String, (usize, u64, u64), bool),
+    /// `suggest`: what was asked.
+    Suggest(crate::learn::suggest::Query),
 }
 
 impl Call {
@@ -186,6 +190,8 @@ impl Call {
             | Call::Stats
             | Call::Cluster
             | Call::Detach { .. } => {}
+            Call::ApplyLimit(_, lrb, _) => crate::learn::suggest::check_apply(*lrb)?,
+            Call::Suggest(query) => query.check()?,
         }
         Ok(())
     }
@@ -340,6 +346,21 @@ impl Backend for Recorder {
         self.answer(call, |_| {
             Ok(json!({ "ip": ip, "protocol": protocol, "dst_port": dst_port, "tcp_flags": tcp_flags }))
         })
+    }
+
+    async fn apply_limit(
+        &self,
+        r: String,
+        lrb: (usize, u64, u64),
+        f: bool,
+    ) -> Result<Value, ApiError> {
+        let answer = json!({ "applied": { "rule": r } });
+        self.answer(Call::ApplyLimit(r, lrb, f), |_| Ok(answer))
+    }
+
+    async fn suggest(&self, q: crate::learn::suggest::Query) -> Result<Value, ApiError> {
+        let answer = json!({ "since_secs": q.since_secs, "suggestions": [] });
+        self.answer(Call::Suggest(q), |_| Ok(answer))
     }
 
     async fn detach(&self, iface: Option<String>) -> Result<Value, ApiError> {

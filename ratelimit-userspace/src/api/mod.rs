@@ -59,7 +59,18 @@
 //!      -d '{"name": "dns", "source": "::/0", "protocol": "udp", "dst_port": 53, "rate": 100}'
 //! curl --unix-socket /run/ratelimit/agent.sock -X DELETE http://agent/v1/rules/dns
 //! curl --unix-socket /run/ratelimit/agent.sock 'http://agent/v1/top?n=5&interval_ms=500'
+//! curl --unix-socket /run/ratelimit/agent.sock 'http://agent/v1/suggest?quantile=0.99&headroom=1.5&since_secs=3600'
 //! ```
+//!
+//! `GET /v1/suggest` (`rule`, `quantile` in (0, 1], default 0.99, `headroom` at least 1, default
+//! 1.5, `since_secs` 1 to 86400, default 3600) answers `{"since_secs", "quantile", "headroom",
+//! "suggestions": [{"rule", "limit", "sources", "observed": {"peak_1s", "peak_10s", "burst"},
+//! "proposed": {"rate", "burst"}, "current", "tcp", "reasons", "effect": {"limited_sources",
+//! "limited_share"}, "histogram": [{"up_to", "sources"}]}]}`, each of `observed` being
+//! `{"p50", "p90", "p99", "p999", "max", "q"}` (`q` at the quantile asked); 404 for a rule not in
+//! force. `POST /v1/suggest/apply` (`?force` as for rules) with `{"rule", "limit", "rate",
+//! "burst"}` sets that limit's packet rate and burst as `rules add` would a rule (validated,
+//! applied whole, written back): `{"applied": {"rule", "limit", "rate", "burst"}}`.
 //!
 //! # Layout
 //! This file holds the socket ([`bind`], [`serve`]) and [`Backend`], the operations behind the
@@ -90,12 +101,12 @@ use serde_json::Value;
 
 pub use self::{
     error::ApiError,
-    routes::{explain_args, explain_tcp_flags, router},
+    routes::{explain_args, explain_tcp_flags, router, suggest_query},
     rule_json::rule_from_json,
     state::ApiState,
     top::{top_entries, TopBaseline, TopEntry, TopRanker, TopReport, BASELINE_BUDGET},
 };
-use crate::{agent::AgentError, config::RuleConfig};
+use crate::{agent::AgentError, config::RuleConfig, learn::suggest::Query};
 
 /// Default and bounds of `top`'s `interval_ms`.
 pub const TOP_INTERVAL_MS: (u64, u64, u64) = (1000, 10, 60_000);
@@ -170,11 +181,12 @@ pub fn bind(socket: &Path) -> Result<tokio::net::UnixListener, AgentError> {
     Ok(listener)
 }
 
-/// Whether the API request `method` `path` takes a body: only `POST /v1/rules` (the rule) and
-/// `POST /v1/detach` (the interface) do; a body on any other request is refused unread.
+/// Whether the API request `method` `path` takes a body: only `POST /v1/rules` (the rule),
+/// `POST /v1/detach` (the interface) and `POST /v1/suggest/apply` (the limit) do; a body on any
+/// other request is refused unread.
 #[must_use]
 pub fn takes_body(method: &Method, path: &str) -> bool {
-    method == Method::POST && matches!(path, "/v1/rules" | "/v1/detach")
+    method == Method::POST && matches!(path, "/v1/rules" | "/v1/detach" | "/v1/suggest/apply")
 }
 
 /// What the API's handlers do once a request is parsed and validated: one method per operation,
@@ -222,6 +234,17 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// `POST /v1/detach`: one interface, or all.
     fn detach(&self, iface: Option<String>)
         -> impl Future<Output = Result<Value, ApiError>> + Send;
+    /// `GET /v1/suggest`: `query` checked by [`suggest_query`] (quantile in (0, 1], headroom at
+    /// least 1, since within a day; the rule, if any, a valid name).
+    fn suggest(&self, query: Query) -> impl Future<Output = Result<Value, ApiError>> + Send;
+    /// `POST /v1/suggest/apply`: `limit` in 1..=[`ratelimit_common::MAX_LIMITS`], `rate` in
+    /// 1..=[`crate::config::MAX_RATE`], `burst` at least 1, `rule` a valid name.
+    fn apply_limit(
+        &self,
+        rule: String,
+        limit_rate_burst: (usize, u64, u64),
+        force: bool,
+    ) -> impl Future<Output = Result<Value, ApiError>> + Send;
 }
 
 #[cfg(test)]

@@ -21,7 +21,10 @@ use super::{
     error::{no_method, no_route, ApiResult},
     rule_from_json, ApiError, Backend, TOP_INTERVAL_MS, TOP_N,
 };
-use crate::config::Protocol;
+use crate::{
+    config::Protocol,
+    learn::{history::DAY_SECS, suggest::Query as SuggestArgs},
+};
 
 /// The API's routes over `backend`: [`ApiState`] in the agent, [`harness::Recorder`] in tests and
 /// the fuzzer. Every request is parsed and validated here, in the handlers; the backend is only
@@ -40,6 +43,8 @@ pub fn router<B: Backend>(backend: B) -> Router {
         .route("/v1/explain", get(explain::<B>))
         .route("/v1/detach", post(detach::<B>))
         .route("/v1/cluster", get(cluster::<B>))
+        .route("/v1/suggest", get(suggest::<B>))
+        .route("/v1/suggest/apply", post(suggest_apply::<B>))
         .fallback(no_route)
         .method_not_allowed_fallback(no_method)
         .with_state(backend)
@@ -296,4 +301,107 @@ async fn detach<B: Backend>(State(b): State<B>, body: Bytes) -> ApiResult {
         }
     };
     b.detach(iface).await.map(Json)
+}
+
+/// Query of `GET /v1/suggest`: strings, so that a bad value gets our message.
+#[derive(Deserialize)]
+pub struct SuggestQuery {
+    rule: Option<String>,
+    quantile: Option<String>,
+    headroom: Option<String>,
+    since_secs: Option<String>,
+}
+
+/// Checks `suggest`'s arguments: the quantile in (0, 1], the headroom at least 1 (and at most
+/// 1000), `since_secs` 1 to a day, the rule a valid name.
+///
+/// # Errors
+/// What is wrong, naming the argument.
+pub fn suggest_query(
+    rule: Option<&str>,
+    quantile: Option<&str>,
+    headroom: Option<&str>,
+    since_secs: Option<&str>,
+) -> Result<SuggestArgs, String> {
+    let (dq, dh, ds) = crate::learn::suggest::DEFAULTS;
+    let num = |s: Option<&str>, d: f64| -> Result<f64, String> {
+        s.map_or(Ok(d), |s| {
+            s.parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite())
+                .ok_or_else(|| format!("{s:?} is not a number"))
+        })
+    };
+    let quantile = num(quantile, dq).map_err(|e| format!("quantile: {e}"))?;
+    if !(quantile > 0.0 && quantile <= 1.0) {
+        return Err(format!("quantile: {quantile} is not in (0, 1]"));
+    }
+    let headroom = num(headroom, dh).map_err(|e| format!("headroom: {e}"))?;
+    if !(1.0..=1000.0).contains(&headroom) {
+        return Err(format!("headroom: {headroom} is not between 1 and 1000"));
+    }
+    let since_secs = match since_secs {
+        None => ds,
+        Some(s) => s
+            .parse::<u64>()
+            .ok()
+            .filter(|v| (1..=DAY_SECS).contains(v))
+            .ok_or_else(|| {
+                format!("since_secs: {s:?} is not a number of seconds between 1 and {DAY_SECS}")
+            })?,
+    };
+    if let Some(name) = rule {
+        crate::config::validate_name(name).map_err(|e| format!("rule: {e}"))?;
+    }
+    Ok(SuggestArgs {
+        rule: rule.map(str::to_owned),
+        quantile,
+        headroom,
+        since_secs,
+    })
+}
+
+async fn suggest<B: Backend>(
+    State(b): State<B>,
+    q: Result<Query<SuggestQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = q?;
+    let query = suggest_query(
+        q.rule.as_deref(),
+        q.quantile.as_deref(),
+        q.headroom.as_deref(),
+        q.since_secs.as_deref(),
+    )
+    .map_err(ApiError::bad_request)?;
+    b.suggest(query).await.map(Json)
+}
+
+/// Body of `POST /v1/suggest/apply`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApplyBody {
+    rule: String,
+    limit: usize,
+    rate: u64,
+    burst: u64,
+}
+
+async fn suggest_apply<B: Backend>(
+    State(b): State<B>,
+    q: Result<Query<ChangeQuery>, QueryRejection>,
+    body: Bytes,
+) -> ApiResult {
+    let force = q?.force()?;
+    let a: ApplyBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the request body is not {{\"rule\", \"limit\", \"rate\", \"burst\"}}: {e}"
+        ))
+    })?;
+    crate::config::validate_name(&a.rule)
+        .map_err(|e| ApiError::bad_request(format!("rule: {e}")))?;
+    crate::learn::suggest::check_apply((a.limit, a.rate, a.burst))
+        .map_err(ApiError::bad_request)?;
+    b.apply_limit(a.rule, (a.limit, a.rate, a.burst), force)
+        .await
+        .map(Json)
 }

@@ -15,6 +15,7 @@ use crate::{
     census::ReadSide,
     cluster::{ClusterHandle, ClusterStatus},
     config::RuleConfig,
+    learn::{suggest::Query, LearnHandle},
     metrics::{EndpointStatus, MetricsHandle},
 };
 
@@ -33,6 +34,8 @@ pub struct ApiState {
     pub metrics: Option<MetricsHandle>,
     /// One `top` at a time.
     pub top_turn: Arc<Semaphore>,
+    /// What was learned of the traffic (`None`: not learning).
+    pub learn: Option<LearnHandle>,
 }
 
 impl ApiState {
@@ -45,6 +48,7 @@ impl ApiState {
             cluster,
             metrics: None,
             top_turn: Arc::new(Semaphore::new(1)),
+            learn: None,
         }
     }
 
@@ -52,6 +56,13 @@ impl ApiState {
     #[must_use]
     pub fn with_metrics(mut self, metrics: Option<MetricsHandle>) -> Self {
         self.metrics = metrics;
+        self
+    }
+
+    /// With the learner, for `suggest`.
+    #[must_use]
+    pub fn with_learner(mut self, learn: LearnHandle) -> Self {
+        self.learn = Some(learn);
         self
     }
 }
@@ -174,6 +185,37 @@ impl Backend for ApiState {
     async fn detach(&self, iface: Option<String>) -> Result<Value, ApiError> {
         let done = self.agent.lock().await.detach(iface.as_deref())?;
         Ok(json!({ "detached": done }))
+    }
+
+    async fn apply_limit(
+        &self,
+        rule: String,
+        (limit, rate, burst): (usize, u64, u64),
+        force: bool,
+    ) -> Result<Value, ApiError> {
+        let mut guard = self.agent.lock().await;
+        tokio::task::block_in_place(|| guard.set_packet_limit(&rule, (limit, rate, burst), force))?;
+        tracing::info!(rule = %rule, limit, rate, burst, "limit set (suggest --apply)");
+        Ok(json!({ "applied": { "rule": rule, "limit": limit, "rate": rate, "burst": burst } }))
+    }
+
+    async fn suggest(&self, query: Query) -> Result<Value, ApiError> {
+        let Some(learn) = self.learn.clone() else {
+            return Err(AgentError::Runtime("suggest: the agent is not learning".into()).into());
+        };
+        let q = query.clone();
+        let answer = tokio::task::spawn_blocking(move || learn.suggest(&q))
+            .await
+            .map_err(|e| AgentError::Runtime(format!("suggest: {e}")))?;
+        match answer {
+            Ok(suggestions) => Ok(json!({
+                "since_secs": query.since_secs,
+                "quantile": query.quantile,
+                "headroom": query.headroom,
+                "suggestions": suggestions,
+            })),
+            Err(_) => Err(AgentError::NoSuchRule(query.rule.unwrap_or_default()).into()),
+        }
     }
 }
 

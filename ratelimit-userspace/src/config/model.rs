@@ -12,6 +12,8 @@ use super::{AttachMode, RuleConfig};
 pub const DEFAULT_SOCKET: &str = "/run/ratelimit/agent.sock";
 /// Default bpffs directory for pinned maps and links (`[agent] pin_path`).
 pub const DEFAULT_PIN_PATH: &str = "/sys/fs/bpf/ratelimit";
+/// Default `[agent] state_dir`.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/ratelimit";
 /// Smallest accepted `[agent] max_buckets`.
 pub const MIN_MAX_BUCKETS: u32 = 16;
 /// Largest accepted `[agent] max_buckets` (2^26).
@@ -73,6 +75,8 @@ pub struct AgentConfig {
     pub ebpf_log: bool,
     /// Log format on stderr (`--log-format` overrides it; read at start, not on reload).
     pub log_format: LogFormat,
+    /// Where the agent keeps what it learns across restarts (`suggest`'s history; absolute).
+    pub state_dir: PathBuf,
 }
 
 impl Default for AgentConfig {
@@ -87,6 +91,7 @@ impl Default for AgentConfig {
             dry_run: false,
             ebpf_log: false,
             log_format: LogFormat::Plain,
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
         }
     }
 }

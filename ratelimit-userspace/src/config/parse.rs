@@ -49,6 +49,7 @@ pub(super) struct RawAgent {
     pub(super) dry_run: Option<bool>,
     pub(super) ebpf_log: Option<bool>,
     pub(super) log_format: Option<super::LogFormat>,
+    pub(super) state_dir: Option<Spanned<PathBuf>>,
 }
 
 #[derive(Deserialize)]
@@ -358,6 +359,17 @@ pub(super) fn agent_from_raw(src: &Source, raw: RawAgent) -> Result<AgentConfig,
     agent.dry_run = raw.dry_run.unwrap_or(false);
     agent.ebpf_log = raw.ebpf_log.unwrap_or(false);
     agent.log_format = raw.log_format.unwrap_or_default();
+    if let Some(dir) = raw.state_dir {
+        if !dir.get_ref().is_absolute() {
+            return Err(src.invalid(
+                dir.span().start,
+                S,
+                "state_dir",
+                format!("{:?} must be an absolute path", dir.get_ref()),
+            ));
+        }
+        agent.state_dir = dir.into_inner();
+    }
     Ok(agent)
 }
 

@@ -281,7 +281,11 @@ pub(super) fn check_limit(
     Ok(())
 }
 
-pub(super) fn validate_name(name: &str) -> Result<(), String> {
+/// Checks a rule name: 1 to 64 bytes of letters, digits, `_`, `.` and `-`.
+///
+/// # Errors
+/// What is wrong with it.
+pub fn validate_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("must not be empty".into());
     }
@@ -337,4 +341,40 @@ pub(super) fn parse_source(text: &str) -> Result<IpNet, String> {
     Err(format!(
         "{text:?} is not an IPv4 or IPv6 CIDR (such as \"10.0.0.0/8\" or \"2001:db8::/32\") or address"
     ))
+}
+
+/// A TCP rule's burst below this share of `rate x 0.2 s` is warned about by `check`.
+pub const TCP_BURST_WARN_SHARE: f64 = 0.5;
+
+/// Warnings (not errors) about a TCP rule whose packet bursts are far below `rate x 0.2 s`
+/// (below half of it): a TCP flow whose window's tail a policer drops waits out the 200 ms
+/// minimum RTO, so its goodput falls to about `burst x 5` per second. One per limit at fault,
+/// naming the rule, the limit (1 its own, 2.. its `[[rule.limit]]`s) and its line.
+#[must_use]
+#[expect(clippy::cast_precision_loss, reason = "packet rates, compared")]
+pub fn tcp_burst_warnings(rule: &RuleConfig) -> Vec<String> {
+    if rule.protocol != Protocol::Tcp || rule.action != Action::Limit {
+        return Vec::new();
+    }
+    let own = (rule.rate, rule.burst, rule.line);
+    let extra = rule.limits.iter().map(|l| (l.rate, l.burst, l.line));
+    std::iter::once(own)
+        .chain(extra)
+        .enumerate()
+        .filter_map(|(k, (rate, burst, line))| {
+            let rate = rate?;
+            let burst = burst.unwrap_or(rate);
+            let floor = rate as f64 * 0.2;
+            ((burst as f64) < floor * TCP_BURST_WARN_SHARE).then(|| {
+                format!(
+                    "line {line}: rule {:?}, limit {}: burst {burst} is far below rate x 0.2 s = \
+                     {floor:.0} for TCP: a flow whose burst is cut waits out TCP's 200 ms minimum \
+                     RTO, and its goodput falls to about burst x 5 = {} packets/s",
+                    rule.name,
+                    k + 1,
+                    burst.saturating_mul(5)
+                )
+            })
+        })
+        .collect()
 }

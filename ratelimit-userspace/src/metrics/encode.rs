@@ -478,6 +478,64 @@ impl Collector for Snapshot {
             &format!("Received packets dropped on each attached interface, {kernel_note}"),
             iface_counter(|i| i.rx_dropped),
         )?;
-        Ok(())
+        encode_learned(&mut enc, &self.learned)
     }
+}
+
+/// What `suggest` learned (`ratelimit_learned_*`): per learned rule and limit (at most
+/// [`crate::learn::MAX_LIMITS`]), three quantiles of its sources' peak rates and bursts over the
+/// last hour, and how many sources were seen.
+pub(super) fn encode_learned(
+    enc: &mut DescriptorEncoder,
+    learned: &[crate::learn::Gauges],
+) -> Result<(), fmt::Error> {
+    use crate::learn::GAUGE_QUANTILES;
+    let names: Vec<String> = learned.iter().map(|g| g.limit.to_string()).collect();
+    family(
+        enc,
+        "ratelimit_learned_peak_rate",
+        "Quantiles of the sources' peak packet rates over a 1 s or 10 s window, per rule and \
+         limit, over the last hour (what `ratelimit suggest` proposes from).",
+        learned.iter().zip(&names).flat_map(|(g, n)| {
+            [("1s", &g.peak_1s), ("10s", &g.peak_10s)]
+                .into_iter()
+                .flat_map(move |(w, qs)| {
+                    GAUGE_QUANTILES.iter().zip(qs).map(move |(q, v)| {
+                        let labels: Labels = vec![
+                            ("rule", g.rule.as_str()),
+                            ("limit", n.as_str()),
+                            ("window", w),
+                            ("quantile", q),
+                        ];
+                        (labels, ConstGauge::new(*v))
+                    })
+                })
+        }),
+    )?;
+    family(
+        enc,
+        "ratelimit_learned_burst",
+        "Quantiles of the sources' largest bursts (packets of their busiest second beyond their \
+         10 s peak rate), per rule and limit, over the last hour.",
+        learned.iter().zip(&names).flat_map(|(g, n)| {
+            GAUGE_QUANTILES.iter().zip(&g.burst).map(move |(q, v)| {
+                let labels: Labels = vec![
+                    ("rule", g.rule.as_str()),
+                    ("limit", n.as_str()),
+                    ("quantile", q),
+                ];
+                (labels, ConstGauge::new(*v))
+            })
+        }),
+    )?;
+    #[expect(clippy::cast_possible_wrap, reason = "a count of sources")]
+    family(
+        enc,
+        "ratelimit_learned_sources",
+        "Sources observed per rule and limit over the last hour (once per 5-minute slot each).",
+        learned.iter().zip(&names).map(|(g, n)| {
+            let labels: Labels = vec![("rule", g.rule.as_str()), ("limit", n.as_str())];
+            (labels, ConstGauge::new(g.sources as i64))
+        }),
+    )
 }

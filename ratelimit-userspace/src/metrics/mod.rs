@@ -33,6 +33,9 @@
 //! | `ratelimit_build_info` | info | `version` |
 //! | `ratelimit_interface_attached` | gauge | `interface`, `mode` |
 //! | `ratelimit_interface_rx_packets_total`, `ratelimit_interface_rx_dropped_total` | counter | `interface` |
+//! | `ratelimit_learned_peak_rate` | gauge | `rule`, `limit`, `window` (`1s`, `10s`), `quantile` (`0.5`, `0.9`, `0.99`) |
+//! | `ratelimit_learned_burst` | gauge | `rule`, `limit`, `quantile` |
+//! | `ratelimit_learned_sources` | gauge | `rule`, `limit` |
 
 use std::{fmt, net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
@@ -174,6 +177,7 @@ pub async fn serve(
     agent: SharedAgent,
     cluster: Option<ClusterHandle>,
     read: ReadSide,
+    learn: Option<crate::learn::LearnHandle>,
 ) -> (MetricsHandle, tokio::task::JoinHandle<()>) {
     let handle = MetricsHandle(Arc::new(std::sync::Mutex::new(EndpointStatus {
         listen: addr,
@@ -187,6 +191,7 @@ pub async fn serve(
             agent,
             cluster,
             read,
+            learn,
             cache: Arc::default(),
         });
     // The first attempt before returning: once the agent says it runs, the endpoint is up, or
@@ -232,6 +237,7 @@ struct ScrapeState {
     agent: SharedAgent,
     cluster: Option<ClusterHandle>,
     read: ReadSide,
+    learn: Option<crate::learn::LearnHandle>,
     cache: Arc<ScrapeCache>,
 }
 
@@ -329,11 +335,13 @@ async fn scrape(axum::extract::State(state): axum::extract::State<ScrapeState>) 
     // The map reads are system calls (a few per rule): on a blocking thread, off the lock.
     let read = state.read.clone();
     let cluster = state.cluster.clone();
+    let learn = state.learn.clone();
     let result = tokio::task::spawn_blocking(move || {
         let stats = read.stats(&census)?;
         let mut s = Snapshot {
             stats,
             cluster: cluster.as_ref().map(ClusterHandle::status),
+            learned: learn.map(|l| l.gauges()).unwrap_or_default(),
             encodings,
             ..partial
         };
@@ -381,6 +389,8 @@ pub struct Snapshot {
     pub cluster: Option<ClusterStatus>,
     /// Encodings of the endpoint so far, this one included (`ratelimit_metrics_encodings_total`).
     pub encodings: u64,
+    /// What `suggest` learned, per rule and limit, over the last hour.
+    pub learned: Vec<crate::learn::Gauges>,
 }
 
 /// One attached interface.

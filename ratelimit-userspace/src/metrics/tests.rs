@@ -91,6 +91,14 @@ fn snapshot() -> Snapshot {
             budget_share: 0.5,
             ..Default::default()
         }),
+        learned: vec![crate::learn::Gauges {
+            rule: "web".into(),
+            limit: 2,
+            sources: 17,
+            peak_1s: [1.0, 2.0, 3.0],
+            peak_10s: [0.5, 1.5, 2.5],
+            burst: [4.0, 5.0, 6.0],
+        }],
     }
 }
 
@@ -141,6 +149,10 @@ fn encodes_the_documented_names() {
         r#"ratelimit_cluster_hosts{view="known"} 3"#,
         "ratelimit_cluster_budget_share 0.5",
         "ratelimit_cluster_share_charged_packets_total 66",
+        r#"ratelimit_learned_peak_rate{rule="web",limit="2",window="10s",quantile="0.99"} 2.5"#,
+        r#"ratelimit_learned_peak_rate{rule="web",limit="2",window="1s",quantile="0.5"} 1.0"#,
+        r#"ratelimit_learned_burst{rule="web",limit="2",quantile="0.9"} 5.0"#,
+        "ratelimit_learned_sources{rule=\"web\",limit=\"2\"} 17",
         "# TYPE ratelimit_rule_packets counter",
         "# TYPE ratelimit_buckets_tracked gauge",
         "# TYPE ratelimit_build info",

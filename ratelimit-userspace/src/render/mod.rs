@@ -2,7 +2,7 @@
 //! tables and lines. `--json` prints the answers themselves; this is only for people.
 //!
 //! One file per answer that takes more than a line or two: `status.rs`, `rules.rs` (the rule
-//! list and the answers to changes), `top.rs`, `explain.rs`, `stats.rs`, `peers.rs`. This file
+//! list and the answers to changes), `top.rs`, `explain.rs`, `stats.rs`, `peers.rs`, `suggest.rs`. This file
 //! holds the cells and tables they all print with.
 
 mod explain;
@@ -10,6 +10,7 @@ mod peers;
 mod rules;
 mod stats;
 mod status;
+mod suggest;
 mod top;
 
 use serde_json::Value;
@@ -20,6 +21,7 @@ pub use self::{
     rules::{added, detached, reloaded, removed, rules},
     stats::stats,
     status::status,
+    suggest::{suggest, suggestion_toml},
     top::top,
 };
 

@@ -1,0 +1,378 @@
+//! The learner's sketches, windows, state file and proposals, on synthetic buckets and clocks.
+
+use ratelimit_common::{bucket_rule, family, Bucket};
+
+use super::{
+    history::{History, Observation, DAY_SECS, HOUR_SECS, SLOT_SECS},
+    persist,
+    suggest::{parse_since, suggest, Query, TCP_BURST_SECS},
+    track::{Tracker, MAX_TRACKED},
+    Learner, MAX_LIMITS,
+};
+use crate::{
+    compile::{compile, CompiledRuleSet, RuleIds},
+    config::Config,
+};
+
+const S: u64 = 1_000_000_000;
+
+fn set(toml: &str) -> CompiledRuleSet {
+    let c = Config::parse(toml, "test.toml").unwrap();
+    compile(&c.rules, &RuleIds::new()).unwrap()
+}
+
+fn bucket(id: u32, limit: u32, src: u32, created: u64, pkts: u32) -> Bucket {
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&src.to_be_bytes());
+    Bucket {
+        addr,
+        rule: u16::try_from(bucket_rule(id, limit)).unwrap(),
+        family: family::V4,
+        created_share: Bucket::created_at(created),
+        passed_pkts: pkts,
+        ..Bucket::default()
+    }
+}
+
+fn obs(rate: f64) -> Observation {
+    Observation {
+        peak_1s: rate * 1.2,
+        peak_10s: rate,
+        burst: rate * 0.05,
+    }
+}
+
+/// A deterministic log-normal population of `n` rates (median `median`, sigma 1).
+fn lognormal(n: usize, median: f64, mut x: u64) -> Vec<f64> {
+    let mut uniform = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        #[expect(clippy::cast_precision_loss, reason = "a uniform draw")]
+        let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+        u.max(1e-12)
+    };
+    (0..n)
+        .map(|_| {
+            let (u1, u2) = (uniform(), uniform());
+            let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+            median * z.exp()
+        })
+        .collect()
+}
+
+fn true_quantile(v: &[f64], q: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "an index"
+    )]
+    let i = ((q * (s.len() - 1) as f64).round() as usize).min(s.len() - 1);
+    s[i]
+}
+
+/// A constant-rate bucket followed for 15 s of 1 s walks shows its rate as its 10 s and 1 s
+/// peaks; one sending in bursts shows a 1 s peak above its 10 s one, the excess as its burst.
+#[test]
+fn a_bucket_s_peaks_and_burst_come_from_its_counters() {
+    let mut t = Tracker::new();
+    let mut gone = |_: u16, _: Observation| panic!("nothing goes");
+    for s in 0..=15u32 {
+        t.begin();
+        t.read(0, &bucket(1, 0, 1, 0, 100 * s), u64::from(s) * S, &mut gone);
+        // 1,000 packets in second 7 only, else nothing.
+        let b = if s < 7 { 0 } else { 1000 };
+        t.read(1, &bucket(1, 0, 2, 0, b), u64::from(s) * S, &mut gone);
+        t.end(&mut gone);
+    }
+    let mut seen = Vec::new();
+    t.live(false, &mut |_, o| seen.push(o));
+    seen.sort_by(|a, b| a.peak_1s.total_cmp(&b.peak_1s));
+    let [steady, bursty] = seen[..] else {
+        panic!("{seen:?}")
+    };
+    assert!((steady.peak_10s - 100.0).abs() < 1e-6, "{steady:?}");
+    assert!((steady.peak_1s - 100.0).abs() < 1e-6, "{steady:?}");
+    assert!(steady.burst.abs() < 1e-6, "{steady:?}");
+    assert!((bursty.peak_10s - 100.0).abs() < 1e-6, "{bursty:?}");
+    assert!((bursty.peak_1s - 1000.0).abs() < 1e-6, "{bursty:?}");
+    assert!((bursty.burst - 900.0).abs() < 1e-6, "{bursty:?}");
+}
+
+/// A record taken by another key (an eviction) ends the first bucket: its observation goes to
+/// its rule at once, and the new one starts from its own counters.
+#[test]
+fn a_bucket_evicted_is_observed_as_it_goes() {
+    let mut t = Tracker::new();
+    let mut out = Vec::new();
+    for s in 0..=3u32 {
+        t.begin();
+        t.read(
+            5,
+            &bucket(1, 0, 1, 0, 50 * s),
+            u64::from(s) * S,
+            &mut |w, o| {
+                out.push((w, o));
+            },
+        );
+        t.end(&mut |w, o| out.push((w, o)));
+    }
+    t.begin();
+    t.read(5, &bucket(2, 0, 9, 4 * S, 7), 4 * S, &mut |w, o| {
+        out.push((w, o))
+    });
+    t.end(&mut |w, o| out.push((w, o)));
+    assert_eq!(out.len(), 1, "{out:?}");
+    // 150 packets over a 10 s window that it did not live out: 15/s.
+    assert!((out[0].1.peak_10s - 15.0).abs() < 1e-6, "{out:?}");
+    assert!((out[0].1.peak_1s - 50.0).abs() < 1e-6, "{out:?}");
+    assert_eq!(t.len(), 1);
+}
+
+/// Past [`MAX_TRACKED`] records, the tracker samples: it never follows more.
+#[test]
+fn the_followed_set_is_bounded_whatever_the_number_of_sources() {
+    let mut t = Tracker::new();
+    let n = u32::try_from(MAX_TRACKED).unwrap() * 3;
+    t.begin();
+    for i in 0..n {
+        t.read(i, &bucket(1, 0, i, 0, 1), 0, &mut |_, _| {});
+    }
+    t.end(&mut |_, _| {});
+    assert!(t.len() <= MAX_TRACKED, "{} followed", t.len());
+    assert!(t.len() > MAX_TRACKED / 4, "{} followed", t.len());
+    assert!(t.sampled() < 0.5, "sampled {}", t.sampled());
+}
+
+/// Slots of the last hour become hours, hours older than a day go; `since` picks the slots.
+#[test]
+fn history_keeps_an_hour_by_slot_and_a_day_by_hour() {
+    let mut h = History::default();
+    let t0 = 10 * DAY_SECS;
+    h.add(t0, &obs(10.0));
+    h.add(t0 + SLOT_SECS, &obs(20.0));
+    h.add(t0 + 2 * HOUR_SECS, &obs(30.0));
+    assert_eq!(h.since(t0 + 2 * HOUR_SECS, HOUR_SECS).count(), 1);
+    assert_eq!(h.since(t0 + 2 * HOUR_SECS, DAY_SECS).count(), 3);
+    assert_eq!(h.hours.len(), 1, "the first hour's two slots, merged");
+    h.roll(t0 + 2 * HOUR_SECS + DAY_SECS + HOUR_SECS);
+    assert_eq!(h.since(t0 + 3 * DAY_SECS, DAY_SECS).count(), 0);
+    assert!(h.hours.is_empty() && h.recent.len() <= 1);
+}
+
+/// The state file reads back what was written: the same quantiles, slot by slot.
+#[test]
+fn the_state_file_reads_back_what_was_written() {
+    let mut all = persist::Histories::new();
+    let now = 100 * DAY_SECS + 123;
+    let mut h = History::default();
+    for (i, r) in lognormal(500, 50.0, 7).into_iter().enumerate() {
+        h.add(now - 2 * HOUR_SECS + (i as u64) * 10, &obs(r));
+    }
+    all.insert(("web".into(), 2), h.clone());
+    let bytes = persist::encode(&all, now);
+    let back = persist::decode(&bytes, now, MAX_LIMITS).unwrap();
+    let got = &back[&("web".to_owned(), 2)];
+    for since in [HOUR_SECS, DAY_SECS] {
+        let (a, b) = (h.since(now, since), got.since(now, since));
+        assert_eq!(a.count(), b.count());
+        for q in [0.5, 0.9, 0.99] {
+            assert_eq!(
+                a.peak_10s.quantile(q).unwrap(),
+                b.peak_10s.quantile(q).unwrap()
+            );
+        }
+    }
+}
+
+/// A file that is not whole JSON, of another version, or whose sketch does not decode is
+/// refused with the reason; the learner then starts with no history.
+#[test]
+fn a_corrupt_or_unknown_version_file_is_refused_and_the_learner_starts_fresh() {
+    let now = 100 * DAY_SECS;
+    let mut all = persist::Histories::new();
+    let mut h = History::default();
+    h.add(now, &obs(5.0));
+    all.insert(("web".into(), 1), h);
+    let good = persist::encode(&all, now);
+    let text = String::from_utf8(good.clone()).unwrap();
+
+    let cut = persist::decode(&good[..good.len() / 2], now, MAX_LIMITS).unwrap_err();
+    assert!(cut.contains("not a learned-state file"), "{cut}");
+    let v2 = text.replacen("\"version\":1", "\"version\":2", 1);
+    let err = persist::decode(v2.as_bytes(), now, MAX_LIMITS).unwrap_err();
+    assert!(err.contains("version 2"), "{err}");
+    let i = text.find("\"peak_10s\":\"").unwrap() + 12;
+    let mut bad = text.clone();
+    bad.replace_range(i..i + 4, "zz00");
+    assert!(persist::decode(bad.as_bytes(), now, MAX_LIMITS).is_err());
+    let long = text.replacen("\"limit\":1", "\"limit\":9", 1);
+    assert!(persist::decode(long.as_bytes(), now, MAX_LIMITS).is_err());
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(persist::path(dir.path()), v2).unwrap();
+    let err = persist::read(dir.path(), now, MAX_LIMITS).unwrap_err();
+    assert!(err.contains("version"), "{err}");
+    let learner = Learner::new(Some(dir.path().to_path_buf()));
+    assert_eq!(learner.limits(), 0);
+    std::fs::write(persist::path(dir.path()), b"\x00\xffgarbage").unwrap();
+    assert_eq!(Learner::new(Some(dir.path().to_path_buf())).limits(), 0);
+}
+
+/// The write goes through a temporary file renamed over the old one: the file is whole
+/// afterwards, nothing else is left in the directory, and it is created (0700) if missing.
+#[test]
+fn the_state_file_is_written_atomically() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    persist::write_atomic(&state, b"{\"version\":1,\"saved_unix\":0,\"limits\":[]}").unwrap();
+    persist::write_atomic(&state, b"{\"version\":1,\"saved_unix\":1,\"limits\":[]}").unwrap();
+    let names: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, vec![persist::FILE.to_owned()]);
+    assert!(persist::read(&state, 10, MAX_LIMITS)
+        .unwrap()
+        .unwrap()
+        .is_empty());
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&state).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700);
+}
+
+/// Over a log-normal population with a few heavy hitters, the proposed rate is the quantile
+/// asked of the sources' 10 s peaks (within the sketch's 2%) times the headroom, and the
+/// proposal says how many sources it would have limited.
+#[test]
+fn the_proposal_is_the_quantile_times_the_headroom() {
+    let mut rates = lognormal(1000, 40.0, 99);
+    rates.extend([5_000.0, 8_000.0, 12_000.0]);
+    let mut h = History::default();
+    let now = 50 * DAY_SECS;
+    for r in &rates {
+        h.add(now, &obs(*r));
+    }
+    let q = Query {
+        rule: None,
+        quantile: 0.9,
+        headroom: 1.0,
+        since_secs: HOUR_SECS,
+    };
+    let s = suggest(("web", 1), &h.since(now, HOUR_SECS), &q, (1.0, false, None));
+    let want = true_quantile(&rates, 0.9);
+    #[expect(clippy::cast_precision_loss, reason = "a rate")]
+    let got = s.proposed.rate as f64;
+    assert!(
+        (got - want).abs() / want < 0.05,
+        "rate {got}, true 0.9 quantile {want}"
+    );
+    assert_eq!(s.sources, 1003);
+    assert!(
+        (90..=110).contains(&s.effect.limited_sources),
+        "{:?}",
+        s.effect
+    );
+    assert!(s.effect.limited_share > 0.0 && s.effect.limited_share < 1.0);
+    let binned = s.histogram.iter().map(|b| b.sources).sum::<u64>();
+    assert!((1000..=1006).contains(&binned), "{binned} in the histogram");
+    // TCP: the burst is at least 0.2 s of the rate, and it says why.
+    let tcp = suggest(("web", 1), &h.since(now, HOUR_SECS), &q, (1.0, true, None));
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "packets"
+    )]
+    let floor = (tcp.proposed.rate as f64 * TCP_BURST_SECS).ceil() as u64;
+    assert!(tcp.proposed.burst >= floor, "{:?}", tcp.proposed);
+    assert!(
+        tcp.reasons.iter().any(|r| r.contains("TCP")),
+        "{:?}",
+        tcp.reasons
+    );
+}
+
+/// The learner end to end on a synthetic store: buckets of two limits of a rule, walked once a
+/// second, give a suggestion per limit; a rule not in force is refused by name.
+#[test]
+fn the_learner_suggests_per_rule_and_limit() {
+    let set = set(
+        "[[rule]]\nname = \"web\"\nsource = \"10.0.0.0/8\"\nprotocol = \"tcp\"\nrate = 100\n\
+         [[rule.limit]]\nper = \"/24\"\nrate = 1000\n",
+    );
+    let id = set.by_name("web").unwrap().id;
+    let mut l = Learner::new(None);
+    let unix = 1000 * SLOT_SECS + 10;
+    for s in 0..=12u32 {
+        let records: Vec<(u32, Bucket)> = (0..20u32)
+            .map(|i| (i, bucket(id, i % 2, i, 0, (i + 1) * 10 * s)))
+            .collect();
+        l.walk(
+            |each| {
+                for (i, b) in &records {
+                    each(*i, b);
+                }
+            },
+            u64::from(s) * S,
+            unix + u64::from(s),
+            &set,
+        );
+    }
+    let q = Query {
+        rule: None,
+        quantile: 1.0,
+        headroom: 1.0,
+        since_secs: HOUR_SECS,
+    };
+    let out = l.suggest(&set, &q).unwrap();
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert_eq!((out[0].rule.as_str(), out[0].limit), ("web", 1));
+    assert_eq!(out[1].limit, 2);
+    assert_eq!(out[0].sources, 10);
+    // Limit 1 holds the even records: the busiest sends 190/s.
+    assert!(
+        (out[0].proposed.rate as i64 - 190).abs() <= 4,
+        "{:?}",
+        out[0]
+    );
+    assert!(out[0].tcp);
+    assert_eq!(out[0].current.map(|c| c.rate), Some(100));
+    let missing = Query {
+        rule: Some("nope".into()),
+        ..q
+    };
+    assert!(l.suggest(&set, &missing).unwrap_err().contains("nope"));
+}
+
+/// `--since` takes units and sums them, at most a day; the API's checks name the argument.
+#[test]
+fn suggest_arguments_are_checked() {
+    assert_eq!(parse_since("90s"), Ok(90));
+    assert_eq!(parse_since("1h30m"), Ok(5400));
+    assert_eq!(parse_since("1d"), Ok(86_400));
+    for bad in ["", "0s", "h", "10", "2d", "5x", "-1h"] {
+        assert!(parse_since(bad).is_err(), "{bad:?}");
+    }
+    let check = crate::api::suggest_query;
+    assert!(check(None, None, None, None).is_ok());
+    for (q, h, s, what) in [
+        (Some("0"), None, None, "quantile"),
+        (Some("1.5"), None, None, "quantile"),
+        (Some("x"), None, None, "quantile"),
+        (Some("NaN"), None, None, "quantile"),
+        (None, Some("0.9"), None, "headroom"),
+        (None, None, Some("0"), "since_secs"),
+        (None, None, Some("86401"), "since_secs"),
+    ] {
+        let err = check(None, q, h, s).unwrap_err();
+        assert!(err.starts_with(what), "{err}");
+    }
+    assert!(check(Some("bad name!"), None, None, None)
+        .unwrap_err()
+        .starts_with("rule"));
+    assert!(check(None, Some("1"), Some("1"), Some("86400")).is_ok());
+}
