@@ -61,6 +61,19 @@ pub fn load_random_source(pin_dir: &Path) -> Result<Xdp> {
     crate::progs::load("bench_tx_random", &crate::progs::random_source(), pin_dir)
 }
 
+/// Random bits of the known-source generator: 2^19 sources (`RANDOM_NET.0-7.x.x`), half of a
+/// table of 2^20, so no contender's table fills and every source comes back many times.
+pub const KNOWN_BITS: u32 = 19;
+
+/// The known-source generator: [`load_random_source`] over [`KNOWN_BITS`] bits.
+pub fn load_known_source(pin_dir: &Path) -> Result<Xdp> {
+    crate::progs::load(
+        "bench_tx_known",
+        &crate::progs::random_source_bits(KNOWN_BITS),
+        pin_dir,
+    )
+}
+
 /// What one timed blast sent.
 #[derive(Clone, Copy, Debug)]
 pub struct Blast {
@@ -150,5 +163,54 @@ mod tests {
         assert_eq!(&f[18..20], &[0, 0], "IP ID");
         assert_ne!(&f[24..26], &[0, 0], "a checksum is written");
         assert_eq!(ratelimit_testbed::packet::checksum(&f[14..34]), 0);
+    }
+
+    /// The known-source generator writes sources of `RANDOM_NET.0-7.x.x` only, all 8 values of
+    /// the masked byte come up, and every frame's header checksum stays valid. Would catch a mask
+    /// that lets 24 bits through (a source outside /13) or that keeps none (only 2^16 sources).
+    #[test]
+    fn the_known_generator_draws_from_2_to_the_19_sources_with_valid_checksums() {
+        use aya::programs::{TestRun as _, TestRunOptions};
+        if ratelimit_testbed::skip_unless_root() {
+            return;
+        }
+        struct Dir(std::path::PathBuf);
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir(&self.0);
+            }
+        }
+        let dir = Dir(std::path::Path::new("/sys/fs/bpf")
+            .join(format!("rlb-known-test-{}", std::process::id())));
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let prog = load_known_source(&dir.0).unwrap();
+        let frame = udp_frame(
+            [2, 0, 0, 0, 0, 2],
+            [2, 0, 0, 0, 0, 1],
+            std::net::Ipv4Addr::new(RANDOM_NET, 0, 0, 0),
+            std::net::Ipv4Addr::new(198, 18, 1, 1),
+        );
+        let mut seen = [false; 8];
+        let mut sources = std::collections::HashSet::new();
+        for _ in 0..2000 {
+            let mut out = vec![0u8; frame.len()];
+            prog.test_run(TestRunOptions {
+                data_in: Some(&frame),
+                data_out: Some(&mut out),
+                ..TestRunOptions::new()
+            })
+            .unwrap();
+            assert_eq!(out[26], RANDOM_NET);
+            assert!(out[27] < 8, "source {:?} outside the /13", &out[26..30]);
+            seen[usize::from(out[27])] = true;
+            sources.insert([out[27], out[28], out[29]]);
+            assert_eq!(ratelimit_testbed::packet::checksum(&out[14..34]), 0);
+        }
+        assert!(seen.iter().all(|&s| s), "masked byte values seen: {seen:?}");
+        assert!(
+            sources.len() > 1900,
+            "{} distinct sources of 2000",
+            sources.len()
+        );
     }
 }

@@ -124,6 +124,7 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
     report.machine["bench_seconds"] = json!(started.elapsed().as_secs_f64());
     report.targets = targets(&report);
     report.notes = notes();
+    report.notes.extend(overflow_notes(&report));
     print!("{}", report.table());
     report.write_json(json)?;
     eprintln!("==> bench: results written to {}", json.display());
@@ -257,6 +258,11 @@ fn targets(r: &Report) -> Vec<Target> {
 
     for (key, what, most) in [
         ("kernel.limiter.admitted", "admitted", 2.5),
+        (
+            "kernel.limiter.admitted_coarse_only",
+            "admitted, a rule on the coarse clock alone",
+            2.5,
+        ),
         ("kernel.limiter.dropped", "dropped", 3.0),
     ] {
         let x = ratio(key, "kernel.floor");
@@ -452,32 +458,20 @@ fn targets(r: &Report) -> Vec<Target> {
             fmt(x.map(|x| x * 100.0))
         ),
     });
-    let x = ratio("e2e.random.limiter", "e2e.random.nftables");
-    let abuser = |c: &str| {
-        r.get(&format!("e2e.random.{c}"))
-            .map_or_else(String::new, |f| {
-                let a = &f.detail["fresh_abuser"];
-                format!("{c} passed {} of {}", a["received"], a["sent"])
-            })
-    };
-    let filling = |c: &str| {
-        r.get(&format!("e2e.random.{c}"))
-            .and_then(|f| f.detail["warmup_mpps"].as_f64())
-            .map_or_else(|| "?".into(), |v| format!("{v:.2}"))
-    };
+    let x = ratio("e2e.known.limiter", "e2e.known.nftables");
     t.push(Target {
-        goal: "end to end, random sources: limiter >= 1.3x nftables' dynamic set".into(),
+        goal: "end to end, known sources (2^19, tables half full): limiter >= 1.3x nftables' \
+               dynamic set"
+            .into(),
         met: x.map(|x| x >= 1.3),
         evidence: format!(
-            "{} Mpps vs {} Mpps: {}x (tables full; while they filled: {} vs {} Mpps). A fresh \
-             source flooding during the flood (limit: ~2100 of 5000): {}, {}",
-            fmt(r.value("e2e.random.limiter")),
-            fmt(r.value("e2e.random.nftables")),
+            "{} Mpps vs {} Mpps: {}x (LRU_HASH {} Mpps, LRU_PERCPU_HASH {} Mpps; XDP_PASS {} Mpps)",
+            fmt(r.value("e2e.known.limiter")),
+            fmt(r.value("e2e.known.nftables")),
             fmt(x),
-            filling("limiter"),
-            filling("nftables"),
-            abuser("limiter"),
-            abuser("nftables"),
+            fmt(r.value("e2e.known.lru")),
+            fmt(r.value("e2e.known.lru_percpu")),
+            fmt(r.value("e2e.known.xdp_pass")),
         ),
     });
     let x = ratio("e2e.random.limiter", "e2e.random.lru");
@@ -560,6 +554,46 @@ fn targets(r: &Report) -> Vec<Target> {
         }
     }
     t
+}
+
+/// Which contenders stopped limiting new sources under the random flood: a table that is full
+/// and does not evict (nftables' dynamic set: `update` fails, the rule no longer matches) lets a
+/// fresh source flood unlimited. Told by the fresh flooder of the last run: more than twice
+/// what its limit allows passed. The random flood's ratio to nftables is given here, not as a
+/// target: nftables does less there (one hash miss a frame, no insert); the fair race is
+/// `e2e.known.*`.
+fn overflow_notes(r: &Report) -> Vec<String> {
+    let mut notes = Vec::new();
+    for f in r
+        .figures
+        .iter()
+        .filter(|f| f.key.starts_with("e2e.random."))
+    {
+        let a = &f.detail["fresh_abuser"];
+        let (Some(received), Some(allows)) = (a["received"].as_u64(), a["limit_allows"].as_u64())
+        else {
+            continue;
+        };
+        if received > 2 * allows {
+            notes.push(format!(
+                "{}: its table overflowed under the random flood and stopped limiting new \
+                 sources: a fresh source flooding passed {received} of {} (its limit allows \
+                 ~{allows}); its Mpps there are those of a contender that does not limit.",
+                f.label, a["sent"],
+            ));
+        }
+    }
+    if let (Some(l), Some(n)) = (
+        r.value("e2e.random.limiter"),
+        r.value("e2e.random.nftables"),
+    ) {
+        notes.push(format!(
+            "Random flood, limiter vs nftables' dynamic set (tables full): {l:.3} vs {n:.3} Mpps, \
+             {:.2}x; not a target (see the known-source race).",
+            l / n
+        ));
+    }
+    notes
 }
 
 fn notes() -> Vec<String> {

@@ -43,6 +43,10 @@ struct Cli {
     /// members named.
     #[arg(long, value_delimiter = ',')]
     contenders: Vec<String>,
+    /// End to end: only these traffic patterns: hot (one source), random (24 random bits a
+    /// frame, every table full), known (2^19 sources, tables half full); default: all.
+    #[arg(long, value_delimiter = ',')]
+    patterns: Vec<String>,
     /// Tracked-source populations up to 100k only (for trying the bench out).
     #[arg(long)]
     quick: bool,
@@ -81,6 +85,7 @@ fn main() -> ExitCode {
                 quick: cli.quick,
                 paged_floors: cli.paged_floors,
                 contenders: cli.contenders.clone(),
+                patterns: cli.patterns.clone(),
                 cpu: cli.cpu.unwrap_or_else(|| {
                     std::thread::available_parallelism().map_or(1, std::num::NonZero::get) - 1
                 }),

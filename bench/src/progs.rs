@@ -342,6 +342,15 @@ fn bounds(skip: i16) -> [Insn; 5] {
 /// The random-source generator's instructions: 24 random bits into the last three bytes of the
 /// IPv4 source address, the IP ID set so that the header checksum stays right, then `XDP_TX`.
 pub fn random_source() -> Vec<Insn> {
+    random_source_bits(24)
+}
+
+/// [`random_source`] with `bits` (16 to 24) random bits: the second byte of the address keeps
+/// only its low `bits - 16`, so the sources are `2^bits` addresses, each sent again and again.
+/// The checksum compensation adds whatever the bytes hold, masked or not.
+pub fn random_source_bits(bits: u32) -> Vec<Insn> {
+    assert!((16..=24).contains(&bits), "16 to 24 random bits");
+    let b1_mask = (1i32 << (bits - 16)) - 1;
     let mut p = vec![
         insn(MOV64_REG, 6, 1, 0, 0),               // r6 = ctx
         insn(CALL, 0, 0, 0, FUNC_GET_PRANDOM_U32), // r0 = random
@@ -349,7 +358,7 @@ pub fn random_source() -> Vec<Insn> {
     ];
     let body = [
         insn(MOV64_REG, 5, 7, 0, 0), // r5 = b1 = random & 0xff
-        insn(AND64_IMM, 5, 0, 0, 0xff),
+        insn(AND64_IMM, 5, 0, 0, b1_mask),
         insn(STX_B, 2, 5, IP_SRC + 1, 0), // src[1] = b1
         insn(MOV64_REG, 8, 7, 0, 0),      // r8 = b2b3 = (random >> 8) & 0xffff
         insn(RSH64_IMM, 8, 0, 0, 8),

@@ -17,7 +17,7 @@ use ratelimit_common::map_names;
 use ratelimit_testbed::{in_netns, Netns};
 
 use crate::{
-    generator::load_random_source,
+    generator::{load_known_source, load_random_source},
     lru::{Gcra, Kind, Lru},
 };
 
@@ -33,6 +33,7 @@ pub const TX: &str = "bench_tx";
 pub struct Refs {
     ebpf: Option<Ebpf>,
     random: Option<Xdp>,
+    known: Option<Xdp>,
     /// The LRU contenders loaded so far (end to end), at most one of each kind.
     lru: Vec<Lru>,
     dir: PathBuf,
@@ -47,6 +48,7 @@ impl Refs {
         let mut refs = Self {
             ebpf: None,
             random: None,
+            known: None,
             lru: Vec::new(),
             dir,
         };
@@ -65,6 +67,7 @@ impl Refs {
         }
         refs.ebpf = Some(ebpf);
         refs.random = Some(load_random_source(&refs.dir)?);
+        refs.known = Some(load_known_source(&refs.dir)?);
         Ok(refs)
     }
 
@@ -87,6 +90,11 @@ impl Refs {
     /// The random-source generator.
     pub fn random(&self) -> &Xdp {
         self.random.as_ref().expect("loaded")
+    }
+
+    /// The known-source generator (2^19 sources, see [`crate::generator::KNOWN_BITS`]).
+    pub fn known(&self) -> &Xdp {
+        self.known.as_ref().expect("loaded")
     }
 
     /// Attaches reference program `name` to `iface` of `ns` in native (driver) mode.
@@ -119,6 +127,11 @@ impl Refs {
             .expect("loaded above"))
     }
 
+    /// Unloads the LRU contenders: the next [`Refs::lru`] makes an empty map.
+    pub fn unload_lrus(&mut self) {
+        self.lru.clear();
+    }
+
     /// Detaches what [`Refs::attach`] attached.
     pub fn detach(&mut self, name: &str, link: XdpLinkId) -> Result<()> {
         let prog: &mut Xdp = self
@@ -137,6 +150,7 @@ impl Refs {
 impl Drop for Refs {
     fn drop(&mut self) {
         self.random = None;
+        self.known = None;
         self.lru.clear();
         self.ebpf = None;
         if let Ok(entries) = fs::read_dir(&self.dir) {

@@ -32,6 +32,8 @@ pub struct Options {
     pub paged_floors: bool,
     /// The end-to-end contenders to measure, by tag (empty: all).
     pub contenders: Vec<String>,
+    /// The end-to-end traffic patterns to run, by tag (empty: all).
+    pub patterns: Vec<String>,
     /// CPU of the end-to-end pipeline.
     pub cpu: usize,
 }

@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 
 use super::{
     contenders::{contender_count, setup, teardown, Contender, Count},
-    Pattern, Testbed, ABUSER, ABUSER_PPS, ABUSER_SPAN, BURST, POLITE, POLITE_PPS, PREFILL_FROM,
-    RATE, SERVER, TRACKED, WARMUP_LIMIT,
+    Pattern, Testbed, ABUSER, ABUSER_PPS, ABUSER_SPAN, BURST, KNOWN_WARMUP_LIMIT, POLITE,
+    POLITE_PPS, PREFILL_FROM, RATE, SERVER, TRACKED, WARMUP_LIMIT,
 };
 use crate::{
     generator::{blast, pin_to_cpu},
@@ -162,6 +162,7 @@ fn measure_attached(
     let (generator, frame) = match pattern {
         Pattern::Hot => (refs.program(TX), &bed.hot_frame),
         Pattern::Random => (refs.random(), &bed.random_frame),
+        Pattern::Known => (refs.known(), &bed.random_frame),
     };
     let run_time = opts.e2e_run;
     // Fill the limiter's store with other sources first (one packet each), so that it is measured
@@ -175,8 +176,9 @@ fn measure_attached(
     };
     // Warm up. A random flood runs until the contender has seen 1.25 times as many sources as it
     // can track, so that the runs measure the steady state of a flood (every table full); how
-    // fast it went while the tables were filling is kept apart. A later turn (see `Turn`) warms
-    // up for one `--warmup` only.
+    // fast it went while the tables were filling is kept apart. Known sources run until 7 frames
+    // a source have gone by: all but e^-7 (0.1%) of the 2^19 sources then have their entry. A
+    // later turn (see `Turn`) warms up for one `--warmup` only.
     let (w0, _) = bed.rx_stats()?;
     let warm_start = std::time::Instant::now();
     let mut warm_frames = 0;
@@ -190,8 +192,16 @@ fn measure_attached(
             opts.cpu,
         )?
         .frames;
-        let full = warm_frames >= u64::from(TRACKED) * 5 / 4;
-        if pattern == Pattern::Hot || !turn.first || full || warm_start.elapsed() > WARMUP_LIMIT {
+        let full = match pattern {
+            Pattern::Known => warm_frames >= 7 << crate::generator::KNOWN_BITS,
+            _ => warm_frames >= u64::from(TRACKED) * 5 / 4,
+        };
+        let limit = if pattern == Pattern::Known {
+            KNOWN_WARMUP_LIMIT
+        } else {
+            WARMUP_LIMIT
+        };
+        if pattern == Pattern::Hot || !turn.first || full || warm_start.elapsed() > limit {
             break;
         }
         crate::session::check_interrupted()?;
@@ -337,10 +347,10 @@ fn measure_attached(
     let baseline = match (pattern, contender) {
         (_, Contender::DropAll | Contender::DropAllLayered) => None,
         (Pattern::Random, c) if c.aggregate() => Some("e2e.random.drop_all_layered".into()),
-        (Pattern::Hot, _) | (Pattern::Random, Contender::Pass) => {
+        (Pattern::Hot, _) | (Pattern::Random | Pattern::Known, Contender::Pass) => {
             Some(format!("e2e.{}.drop_all", pattern.tag()))
         }
-        (Pattern::Random, _) => Some("e2e.random.xdp_pass".into()),
+        (Pattern::Random | Pattern::Known, _) => Some(format!("e2e.{}.xdp_pass", pattern.tag())),
     };
     Ok(Figure {
         key: format!("e2e.{}.{}", pattern.tag(), contender.tag()),
@@ -354,6 +364,10 @@ fn measure_attached(
             }
             (Pattern::Random, _) => {
                 "End to end, random spoofed sources (veth, live-frames generator; Mpps handled)"
+            }
+            (Pattern::Known, _) => {
+                "End to end, known sources: 2^19 of them, every table half full, each source back \
+                 again and again (veth, live-frames generator; Mpps handled)"
             }
         },
         label: contender.label().into(),
