@@ -35,6 +35,22 @@ pub const fn coarse_lag_ns(tick_ns: u64) -> u64 {
     }
 }
 
+/// How many times what the coarse clock's lag allowance refills a limit's burst must be for the
+/// limit to run on the coarse clock alone ([`crate::rule_flags::COARSE_ONLY`]): a full bucket
+/// then withholds at most `1 / COARSE_ONLY_FACTOR` (1%) of its burst.
+pub const COARSE_ONLY_FACTOR: u64 = 100;
+
+/// Whether a limit of tolerance `tolerance_ns`, charged in whole units of `unit_ns` (a packet's
+/// interval; a full frame's cost for a byte limit), may run on the coarse clock alone where its lag allowance is
+/// `lag_ns` ([`coarse_lag_ns`]): a back-to-back burst on a full bucket then loses the units the
+/// allowance refills, rounded up to a whole one (`rate = 1, burst = 5` would lose a packet of
+/// its 5), so the burst must hold [`COARSE_ONLY_FACTOR`] times that many.
+#[must_use]
+pub const fn coarse_only(tolerance_ns: u64, unit_ns: u64, lag_ns: u64) -> bool {
+    let unit = if unit_ns == 0 { 1 } else { unit_ns };
+    tolerance_ns / unit >= COARSE_ONLY_FACTOR.saturating_mul(lag_ns.div_ceil(unit))
+}
+
 /// The program's coarse-clock lag allowance where its loader does not set one: 8 ticks of the
 /// slowest tick Linux has (HZ=100).
 pub const COARSE_LAG_DEFAULT_NS: u64 = COARSE_LAG_TICKS * 10_000_000;
@@ -55,5 +71,23 @@ mod tests {
         assert_eq!(coarse_lag_ns(1), 8_000_000, "a resolution below any tick");
         assert_eq!(coarse_lag_ns(0), COARSE_LAG_DEFAULT_NS, "unknown");
         assert_eq!(COARSE_LAG_DEFAULT_NS, 80_000_000);
+        let lag = 32_000_000; // HZ=250
+        assert!(
+            coarse_only(3_200_000_000, 1, lag),
+            "units of 1 ns: 100 x the lag"
+        );
+        assert!(
+            !coarse_only(3_199_999_999, 1, lag),
+            "units of 1 ns: just under"
+        );
+        // Packets at 100/s: the lag refills 3.2 of them, 4 lost whole: a burst of 400 at least.
+        assert!(coarse_only(400 * 10_000_000, 10_000_000, lag), "burst 400");
+        assert!(!coarse_only(399 * 10_000_000, 10_000_000, lag), "burst 399");
+        // rate 1, burst 5: 5 s of tolerance, but a packet of 5 lost.
+        assert!(!coarse_only(5_000_000_000, 1_000_000_000, lag));
+        assert!(
+            coarse_only(100_000_000_000, 1_000_000_000, lag),
+            "rate 1, burst 100"
+        );
     }
 }

@@ -23,6 +23,14 @@ pub mod rule_flags {
     /// tolerance spans many ticks, where a drop window that lags by a tick costs little, in the
     /// rule's flags and in each of its limits'.
     pub const COARSE_CLOCK: u32 = 1 << 1;
+    /// With [`COARSE_CLOCK`]: never read the precise clock. Every charge and every new bucket
+    /// starts from `coarse + lag` (no earlier than the true time, so no interval admits more than
+    /// `burst + rate x t`) and is judged against the lagging coarse time (so a full bucket
+    /// withholds at most `rate x lag`: its tolerance is in effect reduced by the lag). The agent
+    /// sets it where every limit's tolerance is at least [`crate::COARSE_ONLY_FACTOR`] times the
+    /// lag, so that what a full bucket withholds is at most 1% of its burst; in the rule's flags
+    /// and in each of its limits'.
+    pub const COARSE_ONLY: u32 = 1 << 8;
     /// The rule limits packets per second ([`crate::Rule::pkt_interval_ns`] is valid).
     pub const PKT_LIMIT: u32 = 1 << 2;
     /// The rule limits bytes per second ([`crate::Rule::byte_interval_fp`] is valid).

@@ -195,10 +195,13 @@ pub struct Limit {
 const _: () = assert!(size_of::<Limit>() == 56);
 
 /// The bits of [`Rule::flags`] that belong to its first limit (the others' are in [`Limit::flags`]).
-/// [`rule_flags::COARSE_CLOCK`] is the rule's (every limit is charged on the clock the rule
+/// [`rule_flags::COARSE_CLOCK`] and [`rule_flags::COARSE_ONLY`] are the rule's (every limit is charged on the clock the rule
 /// reads), and the agent sets it in each of its limits' flags too, where a charge sees it.
-pub const LIMIT_FLAGS: u32 =
-    rule_flags::PKT_LIMIT | rule_flags::BYTE_LIMIT | rule_flags::CLUSTER | rule_flags::COARSE_CLOCK;
+pub const LIMIT_FLAGS: u32 = rule_flags::PKT_LIMIT
+    | rule_flags::BYTE_LIMIT
+    | rule_flags::CLUSTER
+    | rule_flags::COARSE_CLOCK
+    | rule_flags::COARSE_ONLY;
 
 impl Rule {
     /// Number of limits: 1 + [`Rule::extra_len`] (capped at [`MAX_LIMITS`]).

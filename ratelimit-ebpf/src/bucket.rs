@@ -134,6 +134,11 @@ enum Charge {
 /// bucket whose TAT fell between the two would be charged from that TAT, behind the true time,
 /// and its burst get the difference on top.
 ///
+/// A limit with [`rule_flags::COARSE_ONLY`] (a tolerance of at least 100 lags) takes
+/// `(now, floor)` always: it admits no more (its TAT is never behind the true time), and a full
+/// bucket, charged from `floor` and judged at the lagging `now`, withholds at most the lag's
+/// refill (<= 1% of its burst); a charge that would conform only at the true time is dropped.
+///
 /// The precise clock is read once a packet (`ck`): the packet's other charges use it too.
 #[inline(always)]
 fn clock(
@@ -147,6 +152,9 @@ fn clock(
         return (now, now);
     }
     let floor = now + COARSE_LAG_NS.load();
+    if flags & rule_flags::COARSE_ONLY != 0 {
+        return (now, floor);
+    }
     // SAFETY: `tat` points into a map value that outlives this program run.
     let old = unsafe { core::ptr::read_volatile(tat) };
     if old < floor || old + cost - now > tolerance {
@@ -160,13 +168,16 @@ fn clock(
 /// Whether a drop window that ends at `until` (on the clock of a rule with flags `flags`) still
 /// holds at `now`. On the coarse clock, a window within [`COARSE_LAG_NS`] of its end may be over
 /// at the true time: the precise clock decides (held to the next tick, it kept the source out of
-/// a shared bucket's refill that others took meanwhile; see [`clock`]).
+/// a shared bucket's refill that others took meanwhile; see [`clock`]). Under
+/// [`rule_flags::COARSE_ONLY`] the coarse clock decides: a window held up to the lag longer
+/// drops packets that would conform, never admits one that would not.
 #[inline(always)]
 pub fn window_holds(flags: u32, now: u64, until: u64, ck: *mut ChargeClock) -> bool {
     if now >= until {
         return false;
     }
     flags & rule_flags::COARSE_CLOCK == 0
+        || flags & rule_flags::COARSE_ONLY != 0
         || until - now >= COARSE_LAG_NS.load()
         || precise_now(ck) < until
 }
@@ -451,7 +462,7 @@ fn charge_in<P: Params>(
 /// bucket's TATs after it, packets' and bytes' (zero where the packet was dropped or the rule has
 /// no such limit). Scalars, not a bucket in memory: the caller stores them, volatile.
 ///
-/// `now` must be the true time on the coarse clock too (see [`new_bucket_now`]).
+/// `now` must be no earlier than the true time on the coarse clock (see [`new_bucket_now`]).
 #[inline(always)]
 pub fn charge_new<P: Params>(rule: &P, now: u64, len: u64) -> (usize, u64, u64) {
     // A new bucket has no share, so a cluster-scoped one starts at the whole rate; its TAT is
@@ -476,10 +487,15 @@ pub fn charge_new<P: Params>(rule: &P, now: u64, len: u64) -> (usize, u64, u64) 
 }
 
 /// The `now` a new bucket of `rule` is charged from ([`charge_new`]): a new bucket is full, so on
-/// the coarse clock it is the precise clock's (see [`clock`]).
+/// the coarse clock it is the precise clock's (see [`clock`]), or under
+/// [`rule_flags::COARSE_ONLY`] the coarse clock plus its lag allowance, no earlier than the true
+/// time (the new bucket then holds up to the lag's refill less than a full one).
 #[inline(always)]
 pub fn new_bucket_now<P: Params>(rule: &P, now: u64, ck: *mut ChargeClock) -> u64 {
-    if rule.flags() & rule_flags::COARSE_CLOCK != 0 {
+    let flags = rule.flags();
+    if flags & rule_flags::COARSE_ONLY != 0 {
+        now + COARSE_LAG_NS.load()
+    } else if flags & rule_flags::COARSE_CLOCK != 0 {
         precise_now(ck)
     } else {
         now

@@ -2141,3 +2141,132 @@ burst = {BURST}
         "only {checked} attempts ran their burst within one jiffy"
     );
 }
+
+/// A limit whose burst is at least 100 times what the coarse clock's lag allowance `L` refills
+/// (in whole packets) runs on the coarse clock alone (`rule_flags::COARSE_ONLY`), and holds both
+/// sides of its contract: a full bucket's burst admits at least `burst - ceil(rate x L)` (at most
+/// 1% withheld), and no interval admits
+/// more than `burst + rate x t`, even with the coarse clock planted 7 ticks behind the true time
+/// (a bucket full at the true time whose TAT is a few ms old, as in the test above). A rule whose
+/// burst is one packet short keeps the precise clock where it matters (no flag).
+#[test]
+fn a_coarse_only_limit_withholds_at_most_the_lag_and_admits_nothing_beyond_the_bound() {
+    use ratelimit_common::{coarse_lag_ns, rule_flags, COARSE_ONLY_FACTOR};
+    require_root();
+    const CPU: usize = 0;
+    const RATE: u64 = 100;
+    pin_to_cpu(CPU).unwrap();
+    let tick = coarse_tick_ns();
+    let lag_allowance = coarse_lag_ns(tick);
+    // 100 times the packets L refills, rounded up: burst 400 at HZ=250 (L = 32 ms, 3.2 packets).
+    let burst = COARSE_ONLY_FACTOR * (lag_allowance * RATE).div_ceil(1_000_000_000);
+    let short = burst - 1;
+    let mut dp = TestDataplane::new("coarse-only", 1 << 12).unwrap();
+    let set = dp
+        .install_toml(&format!(
+            r#"[[rule]]
+name = "only"
+source = "198.18.0.0/16"
+rate = {RATE}
+burst = {burst}
+
+[[rule]]
+name = "short"
+source = "198.20.0.0/16"
+rate = {RATE}
+burst = {short}
+
+[[rule]]
+name = "warm"
+source = "198.19.0.0/16"
+rate = 1000
+burst = 100
+"#
+        ))
+        .unwrap();
+    let flags = |name: &str| set.by_name(name).unwrap().rule.flags;
+    assert_ne!(
+        flags("only") & rule_flags::COARSE_ONLY,
+        0,
+        "tolerance >= 100 x L"
+    );
+    assert_ne!(flags("only") & rule_flags::COARSE_CLOCK, 0);
+    assert_eq!(
+        flags("short") & rule_flags::COARSE_ONLY,
+        0,
+        "a packet short"
+    );
+    assert_ne!(flags("short") & rule_flags::COARSE_CLOCK, 0);
+    let id = set.by_name("only").unwrap().id;
+    let withheld_at_most = (lag_allowance * RATE).div_ceil(1_000_000_000);
+    let runs = usize::try_from(burst).unwrap() + 50;
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let ms = |ns: u64| ns as f64 / 1e6;
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let refill = |ns: u64| (ns as f64 * RATE as f64 / 1e9).floor() as u64;
+
+    // A new source's bucket: full, charged from `coarse + L`.
+    let fresh = udp4(ip("198.18.2.1"));
+    let t0 = monotonic_ns();
+    let first = passes(&dp, &fresh, runs) as u64;
+    let t1 = monotonic_ns();
+    println!(
+        "a new bucket: {first} of {runs} admitted in {:.3} ms; burst {burst}, at most \
+         {withheld_at_most} withheld, bound {}",
+        ms(t1 - t0),
+        burst + refill(t1 - t0)
+    );
+    assert!(
+        first + withheld_at_most >= burst,
+        "a new bucket admitted {first} of its burst of {burst}: more than rate x L withheld"
+    );
+    assert!(
+        first <= burst + refill(t1 - t0),
+        "a new bucket admitted {first}"
+    );
+
+    // A full bucket whose TAT is a few ms behind the true time, under a coarse clock planted 7
+    // ticks behind it.
+    let warm = udp4(ip("198.19.0.1"));
+    let mut checked = 0;
+    for attempt in 0..40u8 {
+        if checked == 3 {
+            break;
+        }
+        let frame = udp4(Ipv4Addr::new(198, 18, 1, attempt));
+        assert_eq!(dp.run(&frame), XDP_PASS, "a new source's first packet");
+        std::thread::sleep(Duration::from_millis(8) + Duration::from_nanos(1_000_000_000 / RATE));
+        let began = next_tick(coarse_ns());
+        let _ = dp.run(&warm);
+        let (jiffies, _) = dp.coarse_cache(CPU);
+        let planted = monotonic_ns() - 7 * tick;
+        dp.set_coarse_cache(CPU, jiffies, planted);
+        let before = dp.rule(id).pkts[verdict::PASSED];
+        let t0 = monotonic_ns();
+        let first = passes(&dp, &frame, runs) as u64;
+        let t1 = monotonic_ns();
+        if dp.coarse_cache(CPU) != (jiffies, planted) || coarse_ns() != began {
+            continue; // the jiffy changed during the burst: the program read the clock again
+        }
+        let admitted = dp.rule(id).pkts[verdict::PASSED] - before;
+        assert_eq!(admitted, first);
+        // The first packet spent one token, which has refilled (the sleep): full again.
+        let bound = burst + refill(t1 - t0);
+        println!(
+            "attempt {attempt}: coarse clock {:.1} ms behind: {admitted} of {runs} admitted in \
+             {:.3} ms, bound {bound}, at least {}",
+            ms(7 * tick),
+            ms(t1 - t0),
+            burst - withheld_at_most
+        );
+        assert!(
+            admitted <= bound,
+            "attempt {attempt}: admitted {admitted}, more than burst + rate x t = {bound}"
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= 2,
+        "only {checked} attempts ran their burst within one jiffy"
+    );
+}

@@ -158,6 +158,11 @@ fn hot_cases() -> Vec<HotCase> {
                 .build(),
         ),
         HotCase::new(
+            "kernel.limiter.admitted_coarse_only",
+            "variant: admitted, coarse clock alone (tolerance >= 100 lags)",
+            v4_frame([198, 18, 16, 1]),
+        ),
+        HotCase::new(
             "kernel.limiter.admitted_precise_clock",
             "variant: admitted, precise clock (tolerance < 20 ms)",
             v4_frame([198, 18, 1, 1]),
@@ -178,16 +183,26 @@ fn hot_cases() -> Vec<HotCase> {
 /// The hot-path figures.
 pub fn hot(report: &mut Report, opts: &Options, refs: &Refs, limiter: &Limiter) -> Result<()> {
     crate::session::announce("in-kernel cost: floor and limiter, hot frames");
-    for (name, coarse) in [("admit", true), ("admit-precise-clock", false)] {
+    for (name, coarse, only) in [
+        ("admit", true, false),
+        ("admit-coarse-only", true, true),
+        ("admit-precise-clock", false, false),
+    ] {
         let rule = limiter
             .set
             .rule(limiter.id(name)?)
             .context("rule in set")?
             .rule;
-        if (rule.flags & rule_flags::COARSE_CLOCK != 0) != coarse {
+        if (rule.flags & rule_flags::COARSE_CLOCK != 0) != coarse
+            || (rule.flags & rule_flags::COARSE_ONLY != 0) != only
+        {
             bail!(
                 "rule {name}: expected the {} clock",
-                if coarse { "coarse" } else { "precise" }
+                match (coarse, only) {
+                    (true, true) => "coarse clock alone",
+                    (true, false) => "coarse",
+                    _ => "precise",
+                }
             );
         }
     }

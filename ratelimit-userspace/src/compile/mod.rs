@@ -38,6 +38,7 @@ mod error;
 mod ids;
 mod prefixes;
 mod record;
+pub use record::coarse_lag_ns;
 
 use std::{collections::HashMap, net::IpAddr};
 

@@ -5,7 +5,7 @@
 use ratelimit_common::{action, rule_flags, Limit, Rule};
 
 use super::mask;
-use crate::config::{Action, Per, Protocol, RuleConfig, Scope};
+use crate::config::{Action, Per, Protocol, RuleConfig, Scope, MIN_BYTES_BURST};
 
 const NS_PER_SEC: u128 = 1_000_000_000;
 /// The shortest tolerance a rule on the coarse clock may have: 20 ms, five ticks at HZ=250.
@@ -52,6 +52,7 @@ pub fn rule_record(r: &RuleConfig) -> Rule {
         (r.bytes_rate, r.bytes_burst),
         has_v6,
     );
+    let mut only = coarse_only(&first);
     rule.set_limit(0, first);
     for (k, l) in r.limits.iter().enumerate() {
         let (limit, c) = limit_record(
@@ -61,12 +62,17 @@ pub fn rule_record(r: &RuleConfig) -> Rule {
             has_v6,
         );
         coarse &= c;
+        only &= coarse_only(&limit);
         rule.set_limit(k + 1, limit);
     }
     if coarse {
-        rule.flags |= rule_flags::COARSE_CLOCK;
+        let mut clock = rule_flags::COARSE_CLOCK;
+        if only {
+            clock |= rule_flags::COARSE_ONLY;
+        }
+        rule.flags |= clock;
         for l in &mut rule.extra[..r.limits.len()] {
-            l.flags |= rule_flags::COARSE_CLOCK;
+            l.flags |= clock;
         }
     }
     // A `per = "rule"` packet limit gates the others: while its one bucket is empty, the program
@@ -80,6 +86,29 @@ pub fn rule_record(r: &RuleConfig) -> Rule {
         rule.flags |= rule_flags::gate(k as u32);
     }
     rule
+}
+
+/// The running kernel's coarse-clock lag allowance, as the loader gives it to the program
+/// (`dataplane::attach`): the same tick, read once.
+pub fn coarse_lag_ns() -> u64 {
+    static LAG: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *LAG.get_or_init(|| ratelimit_common::coarse_lag_ns(crate::maps::bucket::coarse_tick_ns()))
+}
+
+/// Whether `l`'s packet and byte limits may run on the coarse clock alone
+/// (`ratelimit_common::coarse_only`). A byte limit is counted in full Ethernet frames: a burst
+/// of frames loses whole ones, so its burst must hold 100 times the frames the lag refills.
+fn coarse_only(l: &Limit) -> bool {
+    let lag = coarse_lag_ns();
+    let frame_ns = (u128::from(MIN_BYTES_BURST) * u128::from(l.byte_interval_fp)) >> 16;
+    (l.flags & rule_flags::PKT_LIMIT == 0
+        || ratelimit_common::coarse_only(l.pkt_tolerance_ns, l.pkt_interval_ns, lag))
+        && (l.flags & rule_flags::BYTE_LIMIT == 0
+            || ratelimit_common::coarse_only(
+                l.byte_tolerance_ns,
+                u64::try_from(frame_ns).unwrap_or(u64::MAX),
+                lag,
+            ))
 }
 
 /// The kernel form of one limit of a valid rule (whose sources include IPv6 ones if `has_v6`),

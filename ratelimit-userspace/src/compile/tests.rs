@@ -89,8 +89,54 @@ fn packet_limit_record() {
     }
     assert_eq!(rec.pkt_tolerance_ns, 20 * 333_333_334);
     assert_eq!((rec.byte_interval_fp, rec.byte_tolerance_ns), (0, 0));
+    // A burst of 20 at 3/s: the lag refills a packet (rounded up), and 20 is not 100 of them.
     assert_eq!(rec.flags, rule_flags::PKT_LIMIT | rule_flags::COARSE_CLOCK);
     assert_eq!(rec.src_mask, [u32::MAX, 0, 0, 0]);
+}
+
+/// The coarse clock alone from a tolerance of 100 lag allowances, in the rule's flags and every
+/// limit's; one limit under it keeps the whole rule off it.
+#[test]
+fn coarse_only_from_a_hundred_lags() {
+    let lag = super::coarse_lag_ns();
+    // rate 1000: 1 ms a packet; the lag refills `ceil(lag / 1 ms)` packets, 100 times that.
+    let at = 100 * lag.div_ceil(1_000_000);
+    let rule = |burst: u64, extra_burst: Option<u64>| {
+        let mut r = RuleConfig {
+            burst: Some(burst),
+            ..limit("a", "10.0.0.0/8", 1000)
+        };
+        if let Some(b) = extra_burst {
+            r.limits.push(crate::config::LimitConfig {
+                per: crate::config::Per::Rule,
+                rate: Some(1000),
+                burst: Some(b),
+                bytes_rate: None,
+                bytes_burst: None,
+                scope: crate::config::Scope::Local,
+                line: 0,
+            });
+        }
+        rule_record(&r)
+    };
+    let only = |rec: &ratelimit_common::Rule| rec.flags & rule_flags::COARSE_ONLY != 0;
+    assert!(only(&rule(at, None)), "{at} ms of tolerance, lag {lag} ns");
+    assert!(!only(&rule(at - 1, None)), "{} ms", at - 1);
+    let both = rule(at, Some(at));
+    assert!(only(&both));
+    assert_ne!(
+        both.extra[0].flags & rule_flags::COARSE_ONLY,
+        0,
+        "the extra limit's flags"
+    );
+    let one_short = rule(at, Some(at - 1));
+    assert!(!only(&one_short), "an extra limit under 100 lags");
+    assert_eq!(one_short.extra[0].flags & rule_flags::COARSE_ONLY, 0);
+    assert_ne!(
+        one_short.flags & rule_flags::COARSE_CLOCK,
+        0,
+        "still the coarse clock"
+    );
 }
 
 #[test]
@@ -101,7 +147,11 @@ fn byte_limit_record() {
         ..RuleConfig::new("b", net("::/0"))
     };
     let rec = rule_record(&r);
-    assert_eq!(rec.flags, rule_flags::BYTE_LIMIT | rule_flags::COARSE_CLOCK);
+    // COARSE_ONLY too on a kernel of 1,000 ticks a second (see coarse_only_from_a_hundred_lags).
+    assert_eq!(
+        rec.flags & !rule_flags::COARSE_ONLY,
+        rule_flags::BYTE_LIMIT | rule_flags::COARSE_CLOCK
+    );
     assert_eq!(rec.byte_interval_fp, (1_000_000_000u64 << 16) / 1_000_000);
     // A rate that does not divide it: the interval rounds up (never a byte a second over).
     let odd = rule_record(&RuleConfig {
@@ -1495,10 +1545,17 @@ fn limits_compile_in_order_with_their_own_masks() {
         (50_000, 2_000_000_000)
     );
     // The rule's clock is every limit's: its charges read the flag from the limit's own.
-    assert_eq!(l1.flags, rule_flags::PKT_LIMIT | rule_flags::COARSE_CLOCK);
+    // (COARSE_ONLY too on a kernel of 1,000 ticks a second.)
+    assert_eq!(
+        l1.flags & !rule_flags::COARSE_ONLY,
+        rule_flags::PKT_LIMIT | rule_flags::COARSE_CLOCK
+    );
     let l2 = rec.limit(2).unwrap();
     assert_eq!(l2.src_mask, [0; 4]);
-    assert_eq!(l2.flags, rule_flags::BYTE_LIMIT | rule_flags::COARSE_CLOCK);
+    assert_eq!(
+        l2.flags & !rule_flags::COARSE_ONLY,
+        rule_flags::BYTE_LIMIT | rule_flags::COARSE_CLOCK
+    );
     assert_eq!(l2.byte_tolerance_ns, 2_000_000_000);
     assert!(rec.limit(3).is_none());
     assert_ne!(rec.flags & rule_flags::COARSE_CLOCK, 0);

@@ -53,9 +53,10 @@ impl Dataplane {
             None => None,
         };
         // How far the program's coarse clock may lag the true time on this kernel: several of its
-        // ticks (see `ratelimit_common::COARSE_LAG_TICKS`). Not required of the object (one built
-        // before the global keeps its own constant).
-        let coarse_lag = ratelimit_common::coarse_lag_ns(crate::maps::bucket::coarse_tick_ns());
+        // ticks (see `ratelimit_common::COARSE_LAG_TICKS`); the compiler chooses the clocks by the
+        // same figure. Not required of the object (one built before the global keeps its own
+        // constant, which is larger than any tick's allowance: safe, only more withheld).
+        let coarse_lag = crate::compile::coarse_lag_ns();
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(&opts.pin_dir)
             .map_max_entries(map_names::BUCKETS, bucket_capacity(opts.max_buckets))
