@@ -8,9 +8,8 @@ use sketches_ddsketch::DDSketch;
 
 use super::history::Dist;
 
-/// Under a policer, a TCP flow whose window's tail is dropped waits out the 200 ms minimum RTO:
-/// a burst below 0.2 s of the rate collapses its goodput to about `burst x 5` per second.
-pub const TCP_BURST_SECS: f64 = 0.2;
+/// The burst a TCP flow needs, in seconds of the rate (the config's, which `check` warns by).
+pub use crate::config::TCP_BURST_SECS;
 /// Bins of the histogram.
 const HISTOGRAM_BINS: usize = 10;
 /// Points of the quantile grid the effect is integrated over.
