@@ -380,6 +380,32 @@ fn a_restart_keeps_what_was_learned_and_a_bad_file_is_refused() {
     agent.stop().unwrap();
 }
 
+/// `[agent] learn = false` turns the learner off: `suggest` is refused, saying the agent is not
+/// learning and naming the setting, and the agent writes no state file at exit (a learning
+/// agent always writes one, empty or not: see the restart test). Fails if the setting is
+/// ignored.
+#[test]
+fn learn_false_turns_the_learner_off() {
+    require_root();
+    let bed = bed("o");
+    let state = StateDir(std::env::temp_dir().join(format!("rl-e2e-sgo-{}", std::process::id())));
+    let dir = state.0.join("state");
+    let dir_arg = dir.to_str().unwrap().to_owned();
+    let off = config(&bed.rx_if).replacen("[agent]\n", "[agent]\nlearn = false\n", 1);
+    let agent = AgentProcess::start(&bed.rx, &off, &["--state-dir", dir_arg.as_str()]).unwrap();
+    let refused = agent.cli_refused(&["suggest", "--rule", "pop"]);
+    assert!(
+        refused.stderr.contains("not learning") && refused.stderr.contains("learn = false"),
+        "{refused:?}"
+    );
+    agent.stop().unwrap();
+    assert!(
+        !dir.join("learned.json").exists(),
+        "an agent told not to learn wrote {}",
+        dir.join("learned.json").display()
+    );
+}
+
 /// `ratelimit check` warns (on stderr, still exiting 0) about a TCP limit whose `burst` is
 /// below `rate x 0.1 s` or whose `bytes_burst` is below `bytes_rate x 0.1 s` (half of the
 /// 0.2 s a TCP flow needs), naming the rule, its limit and the figures; it says nothing of a
