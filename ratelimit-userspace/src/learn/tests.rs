@@ -296,6 +296,43 @@ fn the_proposal_is_the_quantile_times_the_headroom() {
     );
 }
 
+/// On a small population the effect counts every source above the rate and the histogram
+/// every source: 20 sources of 10 s peaks 10, 20, ... 200 under their 0.9 quantile (headroom
+/// 1.0: the 18th, 180/s within the sketch's 2%) limit exactly the two above it, and the ten bins
+/// hold 20. (The rank was the quantile's own argument: 1 source here, 0 for a rate between the
+/// two largest, and 19 in the histogram.)
+#[test]
+fn a_small_population_s_effect_counts_every_source_above_the_rate() {
+    let mut h = History::default();
+    let now = 50 * DAY_SECS;
+    for k in 1..=20u32 {
+        h.add(now, &obs(f64::from(k * 10)));
+    }
+    let q = Query {
+        rule: None,
+        quantile: 0.9,
+        headroom: 1.0,
+        since_secs: HOUR_SECS,
+    };
+    let s = suggest(("web", 1), &h.since(now, HOUR_SECS), &q, (1.0, false, None));
+    assert!((176..=184).contains(&s.proposed.rate), "{:?}", s.proposed);
+    assert_eq!(s.effect.limited_sources, 2, "{:?}", s.effect);
+    let binned = s.histogram.iter().map(|b| b.sources).sum::<u64>();
+    assert_eq!(binned, 20, "{:?}", s.histogram);
+    let all = Query {
+        quantile: 1.0,
+        headroom: 1.5,
+        ..q
+    };
+    let none = suggest(
+        ("web", 1),
+        &h.since(now, HOUR_SECS),
+        &all,
+        (1.0, false, None),
+    );
+    assert_eq!(none.effect.limited_sources, 0, "{:?}", none.effect);
+}
+
 /// The learner end to end on a synthetic store: buckets of two limits of a rule, walked once a
 /// second, give a suggestion per limit; a rule not in force is refused by name.
 #[test]
