@@ -21,6 +21,8 @@
 //!   hot source and with random sources, and random sources against a per-source + per-rule
 //!   (aggregate) limit, the limiter against nftables with the same two levels;
 //! - [`agent`]: the real agent's CPU and memory, idle and under a random-source flood;
+//! - [`learn`]: what learning (`suggest`) costs: two real agents with a million tracked sources
+//!   that send, one learning and one with `learn = false`, their CPU and memory as ratios;
 //! - [`cluster`]: 2 to 16 real agents sharing a cluster budget: admitted / budget, time to
 //!   converge, gossip bytes and CPU per host against the number of hosts (and two charts).
 //!
@@ -40,6 +42,7 @@ mod e2e;
 mod f1;
 mod generator;
 mod kernel;
+mod learn;
 mod lru;
 mod progs;
 mod refs;
@@ -79,6 +82,9 @@ pub enum Part {
     Rules,
     E2e,
     Agent,
+    /// The learner's CPU and memory with 1M tracked sources, against an agent that does not
+    /// learn.
+    Learn,
     Cluster,
 }
 
@@ -114,6 +120,9 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
     }
     if want(Part::Agent) {
         agent::run(&mut report, opts, &refs)?;
+    }
+    if want(Part::Learn) {
+        learn::run(&mut report, opts)?;
     }
     if want(Part::Cluster) {
         cluster::run(&mut report, opts, json)?;

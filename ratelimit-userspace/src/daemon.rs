@@ -108,13 +108,16 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         Err(e) => return fail(tasks, agent, e.into()).await,
     };
     // What the traffic teaches (`suggest`): its own walk of the store, its history kept in the
-    // state directory.
-    let (learn, task) = crate::learn::spawn(
-        read.maps.clone(),
-        read.rules.clone(),
-        Some(config.agent.state_dir.clone()),
-    );
-    tasks.push(task);
+    // state directory; none with `learn = false` (`suggest` then says the agent is not learning).
+    let learn = config.agent.learn.then(|| {
+        let (learn, task) = crate::learn::spawn(
+            read.maps.clone(),
+            read.rules.clone(),
+            Some(config.agent.state_dir.clone()),
+        );
+        tasks.push(task);
+        learn
+    });
     // An address that cannot be bound does not stop the agent: the endpoint says so in the log
     // and in `status`, and binds when the address is free (see [`metrics::serve`]).
     let mut metrics_handle = None;
@@ -124,7 +127,7 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
             agent.clone(),
             cluster_handle.clone(),
             read.clone(),
-            Some(learn.clone()),
+            learn.clone(),
         )
         .await;
         metrics_handle = Some(handle);
@@ -172,7 +175,9 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
     }
     let _ = std::fs::remove_file(&socket);
     // The history learned so far, for the next agent.
-    let _ = tokio::task::spawn_blocking(move || learn.save()).await;
+    if let Some(learn) = learn {
+        let _ = tokio::task::spawn_blocking(move || learn.save()).await;
+    }
     shutdown_shared(agent).await
 }
 

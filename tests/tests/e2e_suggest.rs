@@ -294,15 +294,28 @@ fn the_suggested_rate_is_the_quantile_of_the_sources_rates() {
 fn live_the_learner_sees_what_sources_send_not_what_passes() {
     require_root();
     let bed = bed("l");
-    let live = config(&bed.rx_if).replace("rate = 100000\ndry_run = true\n", "rate = 10\nburst = 10\n");
+    let live =
+        config(&bed.rx_if).replace("rate = 100000\ndry_run = true\n", "rate = 10\nburst = 10\n");
     let agent = AgentProcess::start(&bed.rx, &live, &[]).unwrap();
     let rates = population(120, 12.0, 0);
     clear_of_slot_end(SEND.as_secs() + 10);
     let share = send(&bed, &rates);
     thread::sleep(Duration::from_millis(1500));
-    let dropped = ratelimit_testbed::agent_proc::rule_packets(&agent.stats(), "pop", "dropped_rate");
-    assert!(dropped > 1000, "the rule enforced nothing: {dropped} dropped");
-    let v = agent.cli_json(&["suggest", "--rule", "pop", "--quantile", "0.9", "--headroom", "1"]);
+    let dropped =
+        ratelimit_testbed::agent_proc::rule_packets(&agent.stats(), "pop", "dropped_rate");
+    assert!(
+        dropped > 1000,
+        "the rule enforced nothing: {dropped} dropped"
+    );
+    let v = agent.cli_json(&[
+        "suggest",
+        "--rule",
+        "pop",
+        "--quantile",
+        "0.9",
+        "--headroom",
+        "1",
+    ]);
     let s = the_pop(&v);
     let truth = quantile(&rates, 0.9) * share;
     #[expect(clippy::cast_precision_loss, reason = "a rate")]
@@ -367,11 +380,39 @@ fn a_restart_keeps_what_was_learned_and_a_bad_file_is_refused() {
     agent.stop().unwrap();
 }
 
-/// `ratelimit check` warns (on stderr, still exiting 0) about a TCP rule whose burst is far
-/// below `rate x 0.2 s`, naming the rule and its limit, and says nothing of one whose burst is
-/// enough or of a UDP rule. Needs no root: `check` changes nothing.
+/// `[agent] learn = false` turns the learner off: `suggest` is refused, saying the agent is not
+/// learning and naming the setting, and the agent writes no state file at exit (a learning
+/// agent always writes one, empty or not: see the restart test). Fails if the setting is
+/// ignored.
 #[test]
-fn check_warns_of_a_tcp_burst_far_below_a_fifth_of_a_second() {
+fn learn_false_turns_the_learner_off() {
+    require_root();
+    let bed = bed("o");
+    let state = StateDir(std::env::temp_dir().join(format!("rl-e2e-sgo-{}", std::process::id())));
+    let dir = state.0.join("state");
+    let dir_arg = dir.to_str().unwrap().to_owned();
+    let off = config(&bed.rx_if).replacen("[agent]\n", "[agent]\nlearn = false\n", 1);
+    let agent = AgentProcess::start(&bed.rx, &off, &["--state-dir", dir_arg.as_str()]).unwrap();
+    let refused = agent.cli_refused(&["suggest", "--rule", "pop"]);
+    assert!(
+        refused.stderr.contains("not learning") && refused.stderr.contains("learn = false"),
+        "{refused:?}"
+    );
+    agent.stop().unwrap();
+    assert!(
+        !dir.join("learned.json").exists(),
+        "an agent told not to learn wrote {}",
+        dir.join("learned.json").display()
+    );
+}
+
+/// `ratelimit check` warns (on stderr, still exiting 0) about a TCP limit whose `burst` is
+/// below `rate x 0.1 s` or whose `bytes_burst` is below `bytes_rate x 0.1 s` (half of the
+/// 0.2 s a TCP flow needs), naming the rule, its limit and the figures; it says nothing of a
+/// burst at that threshold exactly, nor of a UDP rule. Fails with the threshold anywhere else
+/// than 0.1 s of the rate (99 warned, 100 not). Needs no root: `check` changes nothing.
+#[test]
+fn check_warns_of_a_tcp_burst_below_a_tenth_of_a_second_of_the_rate() {
     let dir = StateDir(std::env::temp_dir().join(format!("rl-sg-check-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0).unwrap();
     let file = dir.0.join("ratelimit.toml");
@@ -379,10 +420,11 @@ fn check_warns_of_a_tcp_burst_far_below_a_fifth_of_a_second() {
         &file,
         "[agent]\ninterfaces = [\"eth0\"]\n\n\
          [[rule]]\nname = \"web\"\nsource = \"198.18.0.0/24\"\nprotocol = \"tcp\"\n\
-         rate = 1000\nburst = 20\n\
-         [[rule.limit]]\nper = \"/24\"\nrate = 5000\nburst = 1000\n\n\
+         rate = 1000\nburst = 99\n\
+         [[rule.limit]]\nper = \"/24\"\nrate = 5000\nburst = 500\n\
+         [[rule.limit]]\nper = \"rule\"\nbytes_rate = 5000000\nbytes_burst = 400000\n\n\
          [[rule]]\nname = \"ok\"\nsource = \"198.18.1.0/24\"\nprotocol = \"tcp\"\n\
-         rate = 1000\nburst = 200\n\n\
+         rate = 1000\nburst = 100\nbytes_rate = 5000000\nbytes_burst = 500000\n\n\
          [[rule]]\nname = \"dns\"\nsource = \"198.18.2.0/24\"\nprotocol = \"udp\"\n\
          rate = 1000\nburst = 1\n",
     )
@@ -399,9 +441,23 @@ fn check_warns_of_a_tcp_burst_far_below_a_fifth_of_a_second() {
         .lines()
         .filter(|l| l.starts_with("warning:"))
         .collect();
-    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert_eq!(warnings.len(), 2, "{stderr}");
     assert!(
-        warnings[0].contains("rule \"web\", limit 1: burst 20 is far below rate x 0.2 s = 200"),
+        warnings[0].contains(
+            "rule \"web\", limit 1: burst 99 is below rate x 0.1 s = 100, half the 200 a TCP \
+             flow needs"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        warnings[0].contains("burst x 5 = 495 packets/s"),
+        "{stderr}"
+    );
+    assert!(
+        warnings[1].contains(
+            "rule \"web\", limit 3: bytes_burst 400000 is below bytes_rate x 0.1 s = 500000, half the \
+             1000000 a TCP flow needs"
+        ),
         "{stderr}"
     );
 }

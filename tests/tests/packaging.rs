@@ -450,7 +450,8 @@ fn dashboard_queries_parse_and_name_exported_metrics() {
         let expr = expr
             .replace("$__rate_interval", "1m")
             .replace("$instance", ".*")
-            .replace("$job", ".*");
+            .replace("$job", ".*")
+            .replace("$rule", ".*");
         rules.push_str(&format!(
             "      - record: dashboard:query_{i}\n        expr: {}\n",
             serde_json::to_string(&expr).unwrap()
@@ -480,7 +481,45 @@ fn dashboard_queries_parse_and_name_exported_metrics() {
         "ratelimit_cluster_peers",
         "ratelimit_cluster_sync_lag_seconds",
         "ratelimit_shape_drops",
+        "ratelimit_learned_peak_rate",
+        "ratelimit_learned_burst",
+        "ratelimit_learned_sources",
     ] {
         assert!(names.iter().any(|n| n == wanted), "no panel shows {wanted}");
     }
+    assert_label_values_exported(&exprs.join("\n"));
+}
+
+/// Every exact label matcher of `text` (`window="10s"`, `quantile="0.99"`) selects a value the
+/// agent writes: a string literal of the metrics' encoder or of the learner's quantile labels.
+/// A panel whose matcher names a value never exported shows nothing, and promtool accepts it.
+fn assert_label_values_exported(text: &str) {
+    let root = workspace().join("ratelimit-userspace/src");
+    let source: String = ["metrics/mod.rs", "metrics/encode.rs", "learn/mod.rs"]
+        .iter()
+        .map(|f| fs::read_to_string(root.join(f)).unwrap())
+        .collect();
+    let mut matchers = 0;
+    let mut rest = text;
+    while let Some(at) = rest.find("=\"") {
+        let (before, after) = rest.split_at(at);
+        rest = &after[2..];
+        if before.ends_with(['=', '!', '~']) {
+            continue;
+        }
+        let label = before
+            .rsplit(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .next()
+            .unwrap_or_default();
+        let value = &rest[..rest.find('"').expect("a closing quote")];
+        if value.contains('$') {
+            continue;
+        }
+        matchers += 1;
+        assert!(
+            source.contains(&format!("\"{value}\"")),
+            "the dashboard selects {label}=\"{value}\", which the agent never exports"
+        );
+    }
+    assert!(matchers >= 4, "{matchers} exact matchers checked");
 }

@@ -487,6 +487,9 @@ impl Agent {
         if a.state_dir != b.state_dir {
             restart.push("state_dir".to_string());
         }
+        if a.learn != b.learn {
+            restart.push("learn".to_string());
+        }
         if self.config.cluster != new.cluster {
             restart.push("cluster".to_string());
         }
@@ -499,6 +502,7 @@ impl Agent {
         agent.pin_path.clone_from(&a.pin_path);
         agent.log_format = a.log_format;
         agent.state_dir.clone_from(&a.state_dir);
+        agent.learn = a.learn;
         agent.interfaces = interfaces;
         self.config.agent = agent;
         self.reload.restart_needed = restart;

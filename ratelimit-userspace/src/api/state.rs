@@ -59,10 +59,10 @@ impl ApiState {
         self
     }
 
-    /// With the learner, for `suggest`.
+    /// With the learner, for `suggest` (`None`: not learning, `[agent] learn = false`).
     #[must_use]
-    pub fn with_learner(mut self, learn: LearnHandle) -> Self {
-        self.learn = Some(learn);
+    pub fn with_learner(mut self, learn: Option<LearnHandle>) -> Self {
+        self.learn = learn;
         self
     }
 }
@@ -201,7 +201,10 @@ impl Backend for ApiState {
 
     async fn suggest(&self, query: Query) -> Result<Value, ApiError> {
         let Some(learn) = self.learn.clone() else {
-            return Err(AgentError::Runtime("suggest: the agent is not learning".into()).into());
+            return Err(AgentError::Runtime(
+                "suggest: the agent is not learning (`learn = false` in [agent])".into(),
+            )
+            .into());
         };
         let q = query.clone();
         let answer = tokio::task::spawn_blocking(move || learn.suggest(&q))

@@ -77,6 +77,9 @@ pub struct AgentConfig {
     pub log_format: LogFormat,
     /// Where the agent keeps what it learns across restarts (`suggest`'s history; absolute).
     pub state_dir: PathBuf,
+    /// Learn from the traffic for `suggest` (a walk of the store a second, its history in
+    /// `state_dir`); read at start only.
+    pub learn: bool,
 }
 
 impl Default for AgentConfig {
@@ -92,6 +95,7 @@ impl Default for AgentConfig {
             ebpf_log: false,
             log_format: LogFormat::Plain,
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            learn: true,
         }
     }
 }

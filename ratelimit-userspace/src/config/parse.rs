@@ -50,6 +50,7 @@ pub(super) struct RawAgent {
     pub(super) ebpf_log: Option<bool>,
     pub(super) log_format: Option<super::LogFormat>,
     pub(super) state_dir: Option<Spanned<PathBuf>>,
+    pub(super) learn: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -359,6 +360,7 @@ pub(super) fn agent_from_raw(src: &Source, raw: RawAgent) -> Result<AgentConfig,
     agent.dry_run = raw.dry_run.unwrap_or(false);
     agent.ebpf_log = raw.ebpf_log.unwrap_or(false);
     agent.log_format = raw.log_format.unwrap_or_default();
+    agent.learn = raw.learn.unwrap_or(true);
     if let Some(dir) = raw.state_dir {
         if !dir.get_ref().is_absolute() {
             return Err(src.invalid(

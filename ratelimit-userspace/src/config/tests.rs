@@ -136,14 +136,17 @@ fn empty_file_is_all_defaults() {
     assert_eq!(a.pin_path, PathBuf::from("/sys/fs/bpf/ratelimit"));
     assert_eq!(a.max_buckets, ratelimit_common::DEFAULT_MAX_BUCKETS);
     assert!(!a.dry_run && !a.ebpf_log && a.metrics.is_none() && a.interfaces.is_empty());
+    assert!(a.learn, "the agent learns unless told not to");
 }
 
 #[test]
 fn agent_keys() {
     let c = parse(
         "[agent]\ninterfaces = [\"eth0\", \"veth-a.10\"]\nmode = \"skb\"\nsocket = \"/tmp/x.sock\"\n\
-         max_buckets = 16\npin_path = \"/sys/fs/bpf/rl2\"\ndry_run = true\nebpf_log = true\n",
+         max_buckets = 16\npin_path = \"/sys/fs/bpf/rl2\"\ndry_run = true\nebpf_log = true\n\
+         learn = false\n",
     );
+    assert!(!c.agent.learn);
     assert_eq!(c.agent.interfaces, ["eth0", "veth-a.10"]);
     assert_eq!(c.agent.mode, AttachMode::Skb);
     assert_eq!(c.agent.socket, PathBuf::from("/tmp/x.sock"));

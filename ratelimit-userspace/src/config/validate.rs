@@ -343,38 +343,56 @@ pub(super) fn parse_source(text: &str) -> Result<IpNet, String> {
     ))
 }
 
-/// A TCP rule's burst below this share of `rate x 0.2 s` is warned about by `check`.
-pub const TCP_BURST_WARN_SHARE: f64 = 0.5;
+/// The burst a TCP flow needs, in seconds of the rate: a flow whose window's tail a policer
+/// drops waits out Linux's 200 ms minimum RTO, so it sends about one burst per 200 ms and its
+/// goodput is about `burst x 5` per second. `suggest` proposes no less for a TCP rule.
+pub const TCP_BURST_SECS: f64 = 0.2;
+/// `check` warns of a TCP limit whose burst (packets or bytes) is below this many seconds of
+/// its rate: half of [`TCP_BURST_SECS`], where such a flow gets at most half its rate.
+pub const TCP_BURST_WARN_SECS: f64 = 0.1;
 
-/// Warnings (not errors) about a TCP rule whose packet bursts are far below `rate x 0.2 s`
-/// (below half of it): a TCP flow whose window's tail a policer drops waits out the 200 ms
-/// minimum RTO, so its goodput falls to about `burst x 5` per second. One per limit at fault,
-/// naming the rule, the limit (1 its own, 2.. its `[[rule.limit]]`s) and its line.
+/// Warnings (not errors) about a TCP rule whose bursts are below `rate x 0.1 s`
+/// ([`TCP_BURST_WARN_SECS`]), packets against `rate` and bytes against `bytes_rate`: such a
+/// flow's goodput falls to about `burst x 5` per second, under half its rate. One per limit and
+/// kind at fault, naming the rule, the limit (1 its own, 2.. its `[[rule.limit]]`s) and its line.
 #[must_use]
-#[expect(clippy::cast_precision_loss, reason = "packet rates, compared")]
+#[expect(clippy::cast_precision_loss, reason = "rates, compared")]
 pub fn tcp_burst_warnings(rule: &RuleConfig) -> Vec<String> {
     if rule.protocol != Protocol::Tcp || rule.action != Action::Limit {
         return Vec::new();
     }
-    let own = (rule.rate, rule.burst, rule.line);
-    let extra = rule.limits.iter().map(|l| (l.rate, l.burst, l.line));
-    std::iter::once(own)
-        .chain(extra)
-        .enumerate()
-        .filter_map(|(k, (rate, burst, line))| {
-            let rate = rate?;
+    let own = (
+        rule.line,
+        (rule.rate, rule.burst),
+        (rule.bytes_rate, rule.bytes_burst),
+    );
+    let extra = rule
+        .limits
+        .iter()
+        .map(|l| (l.line, (l.rate, l.burst), (l.bytes_rate, l.bytes_burst)));
+    let mut out = Vec::new();
+    for (k, (line, pkts, bytes)) in std::iter::once(own).chain(extra).enumerate() {
+        let kinds = [
+            (pkts, "rate", "burst", "packets"),
+            (bytes, "bytes_rate", "bytes_burst", "bytes"),
+        ];
+        for ((rate, burst), per, what, unit) in kinds {
+            let Some(rate) = rate else { continue };
             let burst = burst.unwrap_or(rate);
-            let floor = rate as f64 * 0.2;
-            ((burst as f64) < floor * TCP_BURST_WARN_SHARE).then(|| {
-                format!(
-                    "line {line}: rule {:?}, limit {}: burst {burst} is far below rate x 0.2 s = \
-                     {floor:.0} for TCP: a flow whose burst is cut waits out TCP's 200 ms minimum \
-                     RTO, and its goodput falls to about burst x 5 = {} packets/s",
+            if (burst as f64) < rate as f64 * TCP_BURST_WARN_SECS {
+                out.push(format!(
+                    "line {line}: rule {:?}, limit {}: {what} {burst} is below {per} x \
+                     {TCP_BURST_WARN_SECS} s = {:.0}, half the {:.0} a TCP flow needs \
+                     ({per} x {TCP_BURST_SECS} s): a flow whose burst is cut waits out TCP's \
+                     200 ms minimum RTO, and its goodput falls to about {what} x 5 = {} {unit}/s",
                     rule.name,
                     k + 1,
+                    rate as f64 * TCP_BURST_WARN_SECS,
+                    rate as f64 * TCP_BURST_SECS,
                     burst.saturating_mul(5)
-                )
-            })
-        })
-        .collect()
+                ));
+            }
+        }
+    }
+    out
 }

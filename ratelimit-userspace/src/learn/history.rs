@@ -94,6 +94,12 @@ impl Dist {
     pub fn count(&self) -> u64 {
         self.peak_10s.count() as u64
     }
+
+    /// Bins its three sketches hold (8 bytes each), whatever the number of observations.
+    #[must_use]
+    pub fn bins(&self) -> usize {
+        self.peak_1s.length() + self.peak_10s.length() + self.burst.length()
+    }
 }
 
 /// A slot: its start (Unix seconds) and what it holds.
@@ -179,6 +185,13 @@ impl History {
             all.merge(&s.dist);
         }
         all
+    }
+
+    /// Slots it holds, and the bins of all their sketches.
+    #[must_use]
+    pub fn size(&self) -> (usize, usize) {
+        let slots = self.current.iter().chain(&self.recent).chain(&self.hours);
+        slots.fold((0, 0), |(n, bins), s| (n + 1, bins + s.dist.bins()))
     }
 
     /// Whether it holds nothing.

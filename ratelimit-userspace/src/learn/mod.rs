@@ -10,9 +10,10 @@
 //! ([`history`]); `suggest` reads them ([`suggest`]).
 //!
 //! Memory is bounded whatever the number of sources: at most [`track::MAX_TRACKED`] buckets
-//! followed (about 4 MiB; a uniform sample beyond), and at most [`MAX_LIMITS`] limits learned,
-//! each at most 37 slots of three sketches of at most about 5 KiB of bins (typically far less):
-//! 64 x 37 x 3 x 5 KiB, 35 MiB at the very worst.
+//! followed (a table of 7.6 MiB at most; a uniform sample beyond), and at most [`MAX_LIMITS`]
+//! limits learned, each at most 38 slots of three sketches of at most about 5 KiB of bins
+//! (typically far less): 64 x 38 x 3 x 5 KiB, 37 MiB at the very worst. [`Learner::footprint`]
+//! counts what it holds against these.
 //!
 //! The sketches are DDSketch (`sketches-ddsketch`): a quantile within 2% of a value of the data
 //! whatever its distribution, merged exactly (slots into hours, hours into a day), with a
@@ -269,6 +270,38 @@ impl Learner {
     pub fn limits(&self) -> usize {
         self.histories.len()
     }
+
+    /// What it holds: the bounds of the module's top, as counted now.
+    #[must_use]
+    pub fn footprint(&self) -> Footprint {
+        let (slots, bins) = self
+            .histories
+            .values()
+            .map(history::History::size)
+            .fold((0, 0), |(s, b), (s1, b1)| (s + s1, b + b1));
+        Footprint {
+            followed: self.tracker.len(),
+            followed_bytes: self.tracker.bytes(),
+            limits: self.histories.len(),
+            slots,
+            bins,
+        }
+    }
+}
+
+/// What the learner holds ([`Learner::footprint`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Footprint {
+    /// Buckets followed.
+    pub followed: usize,
+    /// Bytes of the table that follows them.
+    pub followed_bytes: usize,
+    /// Limits learned.
+    pub limits: usize,
+    /// Slots of all their histories (three sketches each).
+    pub slots: usize,
+    /// Bins of all those sketches (8 bytes each).
+    pub bins: usize,
 }
 
 /// One learned limit's quantiles over the last hour, as the metrics export them.

@@ -296,6 +296,43 @@ fn the_proposal_is_the_quantile_times_the_headroom() {
     );
 }
 
+/// On a small population the effect counts every source above the rate and the histogram
+/// every source: 20 sources of 10 s peaks 10, 20, ... 200 under their 0.9 quantile (headroom
+/// 1.0: the 18th, 180/s within the sketch's 2%) limit exactly the two above it, and the ten bins
+/// hold 20. (The rank was the quantile's own argument: 1 source here, 0 for a rate between the
+/// two largest, and 19 in the histogram.)
+#[test]
+fn a_small_population_s_effect_counts_every_source_above_the_rate() {
+    let mut h = History::default();
+    let now = 50 * DAY_SECS;
+    for k in 1..=20u32 {
+        h.add(now, &obs(f64::from(k * 10)));
+    }
+    let q = Query {
+        rule: None,
+        quantile: 0.9,
+        headroom: 1.0,
+        since_secs: HOUR_SECS,
+    };
+    let s = suggest(("web", 1), &h.since(now, HOUR_SECS), &q, (1.0, false, None));
+    assert!((176..=184).contains(&s.proposed.rate), "{:?}", s.proposed);
+    assert_eq!(s.effect.limited_sources, 2, "{:?}", s.effect);
+    let binned = s.histogram.iter().map(|b| b.sources).sum::<u64>();
+    assert_eq!(binned, 20, "{:?}", s.histogram);
+    let all = Query {
+        quantile: 1.0,
+        headroom: 1.5,
+        ..q
+    };
+    let none = suggest(
+        ("web", 1),
+        &h.since(now, HOUR_SECS),
+        &all,
+        (1.0, false, None),
+    );
+    assert_eq!(none.effect.limited_sources, 0, "{:?}", none.effect);
+}
+
 /// The learner end to end on a synthetic store: buckets of two limits of a rule, walked once a
 /// second, give a suggestion per limit; a rule not in force is refused by name.
 #[test]
@@ -375,4 +412,82 @@ fn suggest_arguments_are_checked() {
         .unwrap_err()
         .starts_with("rule"));
     assert!(check(None, Some("1"), Some("1"), Some("86400")).is_ok());
+}
+
+/// A million sources under 70 rules, walked for a day and an hour (an hour a walk, then five
+/// minutes a walk), their rates spread over nine decades so that every sketch spreads over as
+/// many bins as it can, a fifth of them gone in each walk and back in the next (so the followed
+/// set's table fills with the tombstones of removed entries): the learner follows at most
+/// [`MAX_TRACKED`] of them (a 1-in-64 sample) in a table of at most 2^16 slots,
+/// learns at most [`MAX_LIMITS`] limits of at most 39 slots, and its sketches stay within the
+/// value range's bins, whatever the number of sources. The bounds asserted are the module's
+/// (its top): what it counts, not what the allocator was asked.
+#[test]
+fn a_million_sources_keep_the_learner_within_its_bounds() {
+    const SOURCES: u32 = 1 << 20;
+    const RULES: u32 = 70;
+    let toml: String = (0..RULES)
+        .map(|k| format!("[[rule]]\nname = \"r{k}\"\nsource = \"10.{k}.0.0/16\"\nrate = 100\n"))
+        .collect();
+    let set = set(&toml);
+    let ids: Vec<u32> = (0..RULES)
+        .map(|k| set.by_name(&format!("r{k}")).unwrap().id)
+        .collect();
+    let mut l = Learner::new(None);
+    let t0 = 1000 * DAY_SECS;
+    let steps = (0..27u64)
+        .map(|h| h * HOUR_SECS)
+        .chain((1..=14).map(|k| 26 * HOUR_SECS + k * SLOT_SECS));
+    let mut most = super::Footprint {
+        followed: 0,
+        followed_bytes: 0,
+        limits: 0,
+        slots: 0,
+        bins: 0,
+    };
+    for (w, at) in steps.enumerate() {
+        let w = u32::try_from(w).unwrap();
+        l.walk(
+            |each| {
+                for i in (0..SOURCES).filter(|i| (i + w) % 5 != 0) {
+                    // 2^0 to 2^30 packets a walk: from under 0.001/s to 10^6/s.
+                    let step = (1u32 << (i % 31)) | (i % 7);
+                    let b = bucket(ids[(i % RULES) as usize], 0, i, 0, step.wrapping_mul(w));
+                    each(i, &b);
+                }
+            },
+            (t0 + at) * S,
+            t0 + at,
+            &set,
+        );
+        let f = l.footprint();
+        most = super::Footprint {
+            followed: most.followed.max(f.followed),
+            followed_bytes: most.followed_bytes.max(f.followed_bytes),
+            limits: most.limits.max(f.limits),
+            slots: most.slots.max(f.slots),
+            bins: most.bins.max(f.bins),
+        };
+    }
+    eprintln!("at most: {most:?}");
+    assert!(most.followed <= MAX_TRACKED, "{most:?}");
+    assert!(
+        most.followed >= MAX_TRACKED / 4,
+        "a 1-in-64 sample: {most:?}"
+    );
+    // The followed set's table: 2^16 slots of 121 bytes at most, 7.6 MiB (2^17 slots, 15.1 MiB,
+    // with 65,536 followed).
+    assert!(most.followed_bytes <= (1 << 16) * 121, "{most:?}");
+    assert_eq!(most.limits, MAX_LIMITS, "{most:?}");
+    assert!(most.slots <= MAX_LIMITS * 39, "{most:?}");
+    // Deterministic: 1,388 slots, 21.7 a limit (a slot begins when a bucket's observation comes
+    // after the current one ended).
+    assert!(
+        most.slots >= MAX_LIMITS * 12,
+        "more than an hour of slots: {most:?}"
+    );
+    // 640 bins a sketch at most (10^11 of range in bins of 2%), three a slot.
+    assert!(most.bins <= most.slots * 3 * 640, "{most:?}");
+    let sketch_bytes = most.bins * 8;
+    assert!(sketch_bytes <= 40 << 20, "{sketch_bytes} bytes of bins");
 }
