@@ -22,7 +22,8 @@
 //! - [`bursty`]: a sender of back-to-back bursts to several hosts that logs every datagram, and
 //!   what one GCRA bucket would admit of them ([`bursty::one_bucket`]).
 //! - [`redis`]: [`redis::RedisServer`], a real `redis-server` in a test namespace (for
-//!   `backend = "redis"`), killed on drop.
+//!   `backend = "redis"`), killed on drop; [`redis::RedisCluster`], several masters on loopback
+//!   forming a Redis Cluster (the bench's `redis` case).
 //! - [`cluster`]: cluster test beds (hosts with data and gossip links), the agents' cluster
 //!   status, and [`cluster::Attacker`], a key-holding peer speaking the real sealed protocol.
 //!
