@@ -22,7 +22,10 @@
 //!   (aggregate) limit, the limiter against nftables with the same two levels;
 //! - [`agent`]: the real agent's CPU and memory, idle and under a random-source flood;
 //! - [`cluster`]: 2 to 16 real agents sharing a cluster budget: admitted / budget, time to
-//!   converge, gossip bytes and CPU per host against the number of hosts (and two charts).
+//!   converge, gossip bytes and CPU per host against the number of hosts (and two charts);
+//! - [`redis`]: 10 to 2,000 simulated hosts in this process on the Redis backend's real client
+//!   and scripts against a local 3-master Redis Cluster: per-host scripts and bytes, Redis CPU,
+//!   round trips and admitted / budget against the number of hosts (and a chart beside gossip's).
 //!
 //! `ratelimit-bench soak` runs the [`soak`] instead (`cargo xtask soak`): minutes of a random-source
 //! flood larger than the bucket map against the real agent, its operator paths in use.
@@ -42,6 +45,7 @@ mod generator;
 mod kernel;
 mod lru;
 mod progs;
+mod redis;
 mod refs;
 mod report;
 mod rules;
@@ -80,6 +84,8 @@ pub enum Part {
     E2e,
     Agent,
     Cluster,
+    /// The Redis backend's scale: simulated hosts against a local 3-master Redis Cluster.
+    Redis,
 }
 
 /// Runs the benchmark's `parts` (all if empty), prints the table and writes the results to
@@ -117,6 +123,9 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
     }
     if want(Part::Cluster) {
         cluster::run(&mut report, opts, json)?;
+    }
+    if want(Part::Redis) {
+        redis::run(&mut report, opts, json)?;
     }
     drop(refs);
 
