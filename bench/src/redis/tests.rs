@@ -56,6 +56,7 @@ fn three_hosts_against_a_real_cluster_measure_every_figure() {
         "{s:?}"
     );
     assert!(s.redis_cpu >= 0.0 && s.client_cpu >= 0.0, "{s:?}");
+    assert!(s.admitted_ok.is_finite(), "{s:?}");
     assert!(
         (0.8..1.5).contains(&s.admitted),
         "admitted / budget {} at 3 hosts: {s:?}",
