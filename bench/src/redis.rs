@@ -1,6 +1,6 @@
 //! The Redis backend's scale (`--only redis`, issue #38): N simulated hosts (10, 100, 500, 1,000,
 //! 2,000; `--quick`: 10 and 100) in this one process run the agent's exchange against a local
-//! 3-master Redis Cluster ([`RedisCluster`], started here on loopback and removed afterwards),
+//! 3-master Redis Cluster ([`LocalRedisCluster`], started here on loopback and removed afterwards),
 //! each with the real client and scripts (`ratelimit::cluster::redis::RedisStore`, its own
 //! connection, as an agent has) and the budget divided as the exchange loop divides it
 //! (`cluster::sync::round_of`, then `cluster::shares::share`), one round per sync interval
@@ -37,7 +37,7 @@ use ratelimit::{
     },
     config::{RedisConfig, DEFAULT_REDIS_COMMAND_TIMEOUT_MS, DEFAULT_REDIS_CONNECT_TIMEOUT_MS},
 };
-use ratelimit_testbed::{cluster_net::cpu_time, redis::RedisCluster};
+use ratelimit_testbed::{cluster_net::cpu_time, redis_local::LocalRedisCluster};
 use serde_json::json;
 
 use crate::{
@@ -112,7 +112,7 @@ pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
     };
     raise_fd_limit()?;
     announce(&format!("redis: starting a {MASTERS}-master Redis Cluster"));
-    let cluster = RedisCluster::start(MASTERS, "bench")?;
+    let cluster = LocalRedisCluster::start(MASTERS, "bench")?;
     let rt = tokio::runtime::Runtime::new()?;
     let mut runs = Vec::new();
     for &n in sizes {
@@ -262,7 +262,7 @@ pub fn heavy_demand(i: usize, n: usize) -> f64 {
     }
 }
 
-fn hosts(cluster: &RedisCluster, n: usize) -> Result<Vec<Host>> {
+fn hosts(cluster: &LocalRedisCluster, n: usize) -> Result<Vec<Host>> {
     let config = RedisConfig {
         urls: cluster.urls(),
         user: None,
@@ -476,10 +476,10 @@ fn counters(info: &str) -> Result<(u64, u64, u64, f64)> {
 }
 
 /// The masters' counters summed, and this process's CPU time.
-fn snapshot(cluster: &RedisCluster) -> Result<((u64, u64, u64, f64), Duration)> {
+fn snapshot(cluster: &LocalRedisCluster) -> Result<((u64, u64, u64, f64), Duration)> {
     let mut sum = (0, 0, 0, 0.0);
-    for s in cluster.servers() {
-        let c = counters(&s.cli(&["INFO", "all"])?)?;
+    for i in 0..cluster.masters() {
+        let c = counters(&cluster.cli(i, &["INFO", "all"])?)?;
         sum = (sum.0 + c.0, sum.1 + c.1, sum.2 + c.2, sum.3 + c.3);
     }
     let me = libc::pid_t::try_from(std::process::id())?;
@@ -491,7 +491,7 @@ fn snapshot(cluster: &RedisCluster) -> Result<((u64, u64, u64, f64), Duration)> 
 // Stays whole: the hosts started, the window's two snapshots, the hosts' results summed.
 pub fn measure(
     rt: &tokio::runtime::Runtime,
-    cluster: &RedisCluster,
+    cluster: &LocalRedisCluster,
     n: usize,
     warmup: f64,
     secs: f64,

@@ -1,11 +1,9 @@
 //! A real `redis-server` for the tests of `[cluster] backend = "redis"`: started inside a test's
 //! network namespace on an address the test created, with its own temporary directory and no
 //! persistence (`--save "" --appendonly no`), killed on drop. [`RedisServer::restart`] starts it
-//! again empty on the same address (Redis restarting without its data). [`RedisCluster`] is a
-//! Redis Cluster of several masters on loopback in this process's namespace (the bench's `redis`
-//! case drives it), on ports it picks free.
+//! again empty on the same address (Redis restarting without its data).
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::thread;
@@ -15,16 +13,12 @@ use anyhow::{bail, Context as _, Result};
 
 use crate::Netns;
 
-/// A `redis-server` process in a test namespace (or, for [`RedisCluster`], in this one).
+/// A `redis-server` process in a test namespace.
 pub struct RedisServer {
-    /// The namespace it runs in; `None`: this process's.
-    ns_name: Option<String>,
+    ns_name: String,
     addr: SocketAddr,
     dir: PathBuf,
     args: Vec<String>,
-    /// A `--cluster-enabled` server that serves every slot alone (else [`RedisCluster`] gives
-    /// it its slots).
-    one_node_cluster: bool,
     child: Option<Child>,
 }
 
@@ -43,11 +37,10 @@ impl RedisServer {
         let dir = std::env::temp_dir().join(format!("rl-redis-{}-{}", ns.name(), addr.port()));
         std::fs::create_dir_all(&dir)?;
         let mut s = Self {
-            ns_name: Some(ns.name().to_string()),
+            ns_name: ns.name().to_string(),
             addr,
             dir,
             args: args.iter().map(ToString::to_string).collect(),
-            one_node_cluster: args.contains(&"--cluster-enabled"),
             child: None,
         };
         s.spawn()?;
@@ -66,27 +59,9 @@ impl RedisServer {
         self.addr
     }
 
-    /// `program` run in its namespace.
-    fn command(&self, program: &str) -> Command {
-        match &self.ns_name {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, program]);
-                c
-            }
-            None => Command::new(program),
-        }
-    }
-
-    /// Its process id, while it runs.
-    #[must_use]
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
     fn spawn(&mut self) -> Result<()> {
-        let child = self
-            .command("redis-server")
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns_name, "redis-server"])
             .args(["--bind", &self.addr.ip().to_string()])
             .args(["--port", &self.addr.port().to_string()])
             .args(["--save", "", "--appendonly", "no"])
@@ -120,7 +95,7 @@ impl RedisServer {
     /// For a cluster-enabled server: gives it every slot and waits (up to 10 s) until the
     /// cluster is `ok`. Nothing for a standalone one.
     fn form_cluster(&self) -> Result<()> {
-        if !self.one_node_cluster {
+        if !self.args.iter().any(|a| a == "--cluster-enabled") {
             return Ok(());
         }
         self.cli(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])?;
@@ -142,8 +117,8 @@ impl RedisServer {
 
     /// Runs `redis-cli` against it (from its namespace) and returns its output.
     pub fn cli(&self, args: &[&str]) -> Result<String> {
-        let out = self
-            .command("redis-cli")
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns_name, "redis-cli"])
             .args(["-h", &self.addr.ip().to_string()])
             .args(["-p", &self.addr.port().to_string()])
             .args(args)
@@ -184,133 +159,4 @@ impl Drop for RedisServer {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// A Redis Cluster of several masters on 127.0.0.1 in this process's namespace, each on a port
-/// picked free (with its cluster bus port, +10000), in a temporary directory of its own; the
-/// servers are killed and the directory removed on drop.
-pub struct RedisCluster {
-    servers: Vec<RedisServer>,
-    dir: PathBuf,
-}
-
-impl RedisCluster {
-    /// Starts `masters` (1 to 16) cluster-enabled servers, splits the 16,384 slots evenly between
-    /// them, introduces them (`CLUSTER MEET`) and waits (up to 20 s) until every one reports the
-    /// cluster `ok` and knows the others. `tag` goes into the directory's name.
-    pub fn start(masters: usize, tag: &str) -> Result<Self> {
-        if !(1..=16).contains(&masters) {
-            bail!("a local Redis Cluster has 1 to 16 masters (asked for {masters})");
-        }
-        let dir =
-            std::env::temp_dir().join(format!("rl-redis-cluster-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let mut cluster = Self {
-            servers: Vec::new(),
-            dir,
-        };
-        for port in free_ports(masters)? {
-            let dir = cluster.dir.join(port.to_string());
-            std::fs::create_dir_all(&dir)?;
-            let conf = dir.join("nodes.conf");
-            let mut s = RedisServer {
-                ns_name: None,
-                addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
-                dir,
-                args: vec![
-                    "--cluster-enabled".into(),
-                    "yes".into(),
-                    "--cluster-config-file".into(),
-                    conf.display().to_string(),
-                    "--cluster-node-timeout".into(),
-                    "5000".into(),
-                ],
-                one_node_cluster: false,
-                child: None,
-            };
-            s.spawn()?;
-            cluster.servers.push(s);
-        }
-        cluster.form()?;
-        Ok(cluster)
-    }
-
-    fn form(&self) -> Result<()> {
-        let n = self.servers.len();
-        for (i, s) in self.servers.iter().enumerate() {
-            let (from, to) = (16384 * i / n, 16384 * (i + 1) / n - 1);
-            s.cli(&[
-                "CLUSTER",
-                "ADDSLOTSRANGE",
-                &from.to_string(),
-                &to.to_string(),
-            ])?;
-        }
-        let first = &self.servers[0];
-        for s in &self.servers[1..] {
-            let (ip, port) = (s.addr.ip().to_string(), s.addr.port().to_string());
-            first.cli(&["CLUSTER", "MEET", &ip, &port])?;
-        }
-        let start = Instant::now();
-        let known = format!("cluster_known_nodes:{n}");
-        while !self.servers.iter().all(|s| {
-            s.cli(&["CLUSTER", "INFO"])
-                .is_ok_and(|i| i.contains("cluster_state:ok") && i.contains(&known))
-        }) {
-            if start.elapsed() > Duration::from_secs(20) {
-                bail!("the Redis Cluster of {n} masters did not become ok within 20 s");
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
-        Ok(())
-    }
-
-    /// `redis://127.0.0.1:PORT` of every master (seeds for a client).
-    #[must_use]
-    pub fn urls(&self) -> Vec<String> {
-        self.servers.iter().map(RedisServer::url).collect()
-    }
-
-    /// The masters.
-    #[must_use]
-    pub fn servers(&self) -> &[RedisServer] {
-        &self.servers
-    }
-
-    /// Its temporary directory (removed on drop).
-    #[must_use]
-    pub fn dir(&self) -> &std::path::Path {
-        &self.dir
-    }
-}
-
-impl Drop for RedisCluster {
-    fn drop(&mut self) {
-        self.servers.clear();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// `n` distinct loopback ports free now whose cluster bus port (+10000) is free too. Another
-/// process may take one before the server binds it: the server then fails to start, which
-/// [`RedisServer::spawn`] reports.
-fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let mut ports: Vec<u16> = Vec::new();
-    for _ in 0..200 {
-        if ports.len() == n {
-            break;
-        }
-        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-        let port = l.local_addr()?.port();
-        let bus_free = port
-            .checked_add(10_000)
-            .is_some_and(|b| TcpListener::bind((Ipv4Addr::LOCALHOST, b)).is_ok());
-        if bus_free && !ports.contains(&port) {
-            ports.push(port);
-        }
-    }
-    if ports.len() < n {
-        bail!("found only {} of {n} free loopback port pairs", ports.len());
-    }
-    Ok(ports)
 }

@@ -40,7 +40,7 @@ fn the_heavy_keys_demand_is_split_95_5_and_adds_up_to_the_flood() {
 /// admitted / budget is about 1; 1.5 or more means the shares were not applied).
 #[test]
 fn three_hosts_against_a_real_cluster_measure_every_figure() {
-    let cluster = RedisCluster::start(MASTERS, "unit").unwrap();
+    let cluster = LocalRedisCluster::start(MASTERS, "unit").unwrap();
     let dir = cluster.dir().to_path_buf();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let s = measure(&rt, &cluster, 3, 1.0, 1.0).unwrap();
