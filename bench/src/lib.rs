@@ -24,7 +24,10 @@
 //! - [`learn`]: what learning (`suggest`) costs: two real agents with a million tracked sources
 //!   that send, one learning and one with `learn = false`, their CPU and memory as ratios;
 //! - [`cluster`]: 2 to 16 real agents sharing a cluster budget: admitted / budget, time to
-//!   converge, gossip bytes and CPU per host against the number of hosts (and two charts).
+//!   converge, gossip bytes and CPU per host against the number of hosts (and two charts);
+//! - [`redis`]: 10 to 2,000 simulated hosts in this process on the Redis backend's real client
+//!   and scripts against a local 3-master Redis Cluster: per-host scripts and bytes, Redis CPU,
+//!   round trips and admitted / budget against the number of hosts (and a chart beside gossip's).
 //!
 //! `ratelimit-bench soak` runs the [`soak`] instead (`cargo xtask soak`): minutes of a random-source
 //! flood larger than the bucket map against the real agent, its operator paths in use.
@@ -45,6 +48,7 @@ mod kernel;
 mod learn;
 mod lru;
 mod progs;
+mod redis;
 mod refs;
 mod report;
 mod rules;
@@ -86,6 +90,8 @@ pub enum Part {
     /// learn.
     Learn,
     Cluster,
+    /// The Redis backend's scale: simulated hosts against a local 3-master Redis Cluster.
+    Redis,
 }
 
 /// Runs the benchmark's `parts` (all if empty), prints the table and writes the results to
@@ -126,6 +132,9 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
     }
     if want(Part::Cluster) {
         cluster::run(&mut report, opts, json)?;
+    }
+    if want(Part::Redis) {
+        redis::run(&mut report, opts, json)?;
     }
     drop(refs);
 

@@ -36,7 +36,8 @@ struct Cli {
     /// Only these parts (default: all): kernel, limits, cut, f1 and lru (the 1/2/3-limit cases,
     /// the A/B of the handling of cut packets, the dependent-read memory floor, and the
     /// populations with the LRU contender: parts of kernel, alone), rules, e2e, agent, cluster,
-    /// learn (the learner's cost with 1M tracked sources).
+    /// learn (the learner's cost with 1M tracked sources), redis (the Redis backend at 10 to
+    /// 2,000 simulated hosts).
     #[arg(long, value_delimiter = ',')]
     only: Vec<Part>,
     /// End to end: only these contenders, by their tags in results.json (such as

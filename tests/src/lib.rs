@@ -23,6 +23,8 @@
 //!   what one GCRA bucket would admit of them ([`bursty::one_bucket`]).
 //! - [`redis`]: [`redis::RedisServer`], a real `redis-server` in a test namespace (for
 //!   `backend = "redis"`), killed on drop.
+//! - [`redis_local`]: [`redis_local::LocalRedisCluster`], a Redis Cluster of several masters on
+//!   loopback in this namespace (the bench's `redis` case), removed on drop.
 //! - [`cluster`]: cluster test beds (hosts with data and gossip links), the agents' cluster
 //!   status, and [`cluster::Attacker`], a key-holding peer speaking the real sealed protocol.
 //!
@@ -64,6 +66,7 @@ pub mod packet;
 pub mod raw;
 pub mod receiver;
 pub mod redis;
+pub mod redis_local;
 pub mod traffic;
 pub mod wire;
 pub mod xdp;

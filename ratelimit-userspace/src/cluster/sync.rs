@@ -30,7 +30,7 @@ use self::{
     set_shares::{clear_earlier_shares, count_withheld, set_shares_off_thread},
 };
 pub use self::{
-    exchange::ExchangeLoop,
+    exchange::{round_of, ExchangeLoop, Reading},
     peers::{standings, Member, Standing},
     rules::ClusterRules,
 };

@@ -63,9 +63,11 @@ pub struct ExchangeLoop {
 }
 
 /// The other holders' fields of a key, as last read, and when (`CLOCK_MONOTONIC` ns).
-struct Reading {
-    fields: Vec<Field>,
-    read_ns: u64,
+pub struct Reading {
+    /// The other holders' fields, as the key's script returned them.
+    pub fields: Vec<Field>,
+    /// When they were read.
+    pub read_ns: u64,
 }
 
 impl ExchangeLoop {
@@ -210,8 +212,9 @@ impl ExchangeLoop {
 /// The round the shares are computed from: per key this host holds, each other holder whose
 /// field is within the stale limit (as read, plus the time since) holds it, and its demand if
 /// above 0; and the age (ms) of the oldest of the holders' latest writes, for this host's own
-/// figure.
-fn round_of(
+/// figure. Public for the bench's `redis` case, which runs many hosts' rounds in one process
+/// and divides the budget as this loop does.
+pub fn round_of(
     readings: &HashMap<KeyName, Reading>,
     limits: &crate::cluster::remote::ClusterLimits,
     now: u64,
