@@ -106,18 +106,39 @@ const PHASES: [Phase; 5] = [
 /// its whole demand; a cluster-scoped limit's drops are counted at once; and the agents gossip
 /// twice per sync interval. Runs and their figures: tests/README.md and docs/design.md, Accuracy.
 #[test]
-#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
 fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_5_sync_intervals() {
+    eight_agents("rl-cs", false);
+}
+
+/// [`eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_5_sync_intervals`]
+/// with the agents on `backend = "redis"`: their demand exchanged through a real standalone
+/// `redis-server` ([`ClusterNet::start_redis`]), no gossip; the same share arithmetic, so the
+/// same limits.
+#[test]
+fn eight_agents_through_redis_admit_the_budget_for_even_and_95_5_splits_and_converge() {
+    eight_agents("rl-csr", true);
+}
+
+/// The scenario on gossip, or through Redis.
+#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
+fn eight_agents(tag: &str, through_redis: bool) {
     require_root();
-    let net = ClusterNet::new("rl-cs", HOSTS).unwrap();
+    let net = ClusterNet::new(tag, HOSTS).unwrap();
+    // Dropped after the agents (declared before them).
+    let redis = through_redis.then(|| net.start_redis().unwrap());
     #[expect(
         clippy::cast_possible_truncation,
         clippy::cast_sign_loss,
         reason = "1000"
     )]
-    let agents = net
-        .start_agents(RATE as u64, BURST, SYNC_MS, Duration::from_secs(60))
-        .unwrap();
+    let agents = match &redis {
+        None => net.start_agents(RATE as u64, BURST, SYNC_MS, Duration::from_secs(60)),
+        Some(r) => net.start_agents_with(
+            |i| net.redis_config(i, RATE as u64, BURST, SYNC_MS, &r.url()),
+            Duration::from_secs(60),
+        ),
+    }
+    .unwrap();
     let receivers = net.receivers().unwrap();
 
     let mut schedule = Vec::new();
@@ -163,13 +184,14 @@ fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_5_
     // When the agents' own rounds ran late (measured by each agent: `cluster.late_rounds`): a
     // change of split reaches the buckets that much later, so the convergence limit moves by it.
     let overdue = Overdue::of(&readings, start_unix_ms);
-    if save_agent_logs("rl-cs", &agents) {
+    if save_agent_logs(tag, &agents) {
         println!("start at unix ms {start_unix_ms}");
     }
 
     // --- Figures. ---
     println!(
-        "\n{HOSTS} hosts, budget {RATE} pps (burst {BURST}) cluster-wide, flood {FLOOD_PPS} pps, sync {SYNC_MS} ms; sent {:?}",
+        "\n{HOSTS} hosts{}, budget {RATE} pps (burst {BURST}) cluster-wide, flood {FLOOD_PPS} pps, sync {SYNC_MS} ms; sent {:?}",
+        if through_redis { " through Redis" } else { "" },
         sent.per_host
     );
     for s in &stalls {
@@ -332,9 +354,10 @@ fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_5_
     for (i, a) in agents.into_iter().enumerate() {
         a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
     }
+    drop(redis);
     drop(net);
     let ours = format!("-{}-", std::process::id());
-    let left: Vec<String> = leftover_check("rl-cs-")
+    let left: Vec<String> = leftover_check(&format!("{tag}-"))
         .into_iter()
         .filter(|n| n.contains(&ours))
         .collect();
