@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use ratelimit_testbed::{
     cluster::{metric, scrape, METRICS},
-    cluster_net::{cluster_counter, counted_peers, status, ClusterNet, Samples, Split},
+    cluster_net::{cluster_counter, counted_peers, stalls, status, ClusterNet, Samples, Split},
     leftover_check,
     redis::RedisServer,
     require_root, AgentProcess, Receiver,
@@ -624,8 +624,9 @@ fn a_host_cut_off_from_the_store_enforces_alone_and_rejoins_when_healed() {
 /// does each connection attempt (accepted, then no answer). The agents fail open visibly: every
 /// one shows the store `down` with the timeout, `ratelimit_cluster_store_up` 0 and errors counted,
 /// one log line; each host admits its whole rate once the figures read before go stale (2.5
-/// budgets here, at least 2 asserted), and no 1 s window of the run falls below the budget (the
-/// stale figures keep shares that add up to 1 until then). After the pause they reconnect by
+/// budgets here, at least 2 asserted), and no 1 s window of the run falls below 0.9 budgets (the
+/// stale figures keep shares that add up to 1 until then; a window a stall of the test's own
+/// threads explains is excused, [`Samples::lowest_window`]). After the pause they reconnect by
 /// themselves, within the longest backoff (5 s), an attempt and a round or two, and the cluster is
 /// back to one budget (0.95-1.05 x), within docs/design.md's bound from the reconnection on.
 #[test]
@@ -705,7 +706,8 @@ fn a_paused_store_fails_open_visibly_and_the_agents_come_back_by_themselves() {
         }
         std::thread::sleep(SAMPLE);
     }
-    sender.join().unwrap();
+    let sent = sender.join().unwrap();
+    let stalls = stalls(&sent, &receivers, start);
     let after: Vec<(Value, String)> = agents
         .iter()
         .zip(&net.hosts)
@@ -720,10 +722,15 @@ fn a_paused_store_fails_open_visibly_and_the_agents_come_back_by_themselves() {
         .collect();
     let back = back.unwrap_or(f64::NAN);
     let again = samples.rate(back + 1.5, RUN) / RATE;
-    let lowest = samples.trailing_rates(2.0, RUN, 1.0).into_iter().fold(
-        (f64::INFINITY, 0.0),
-        |m, (t, r)| if r < m.0 { (r, t) } else { m },
-    );
+    // The lowest 1 s window, but for those a stall of the test's own threads explains.
+    let low = samples.lowest_window(2.0, RUN, 1.0, 0.9 * RATE, &stalls);
+    let lowest = low.lowest.unwrap_or((f64::NAN, f64::NAN));
+    for (u, r) in &low.excused {
+        println!(
+            "excused: the 1 s from {u:.1} s, {:.3} budgets, measured across a stall of the test",
+            r / RATE
+        );
+    }
     let excess: f64 = (0..HOSTS)
         .map(|h| samples.packets(h, back, RUN))
         .sum::<f64>()
@@ -735,7 +742,7 @@ fn a_paused_store_fails_open_visibly_and_the_agents_come_back_by_themselves() {
     println!(
         "\n{HOSTS} hosts through Redis, paused {PAUSE_MS} ms at {paused_at:.1} s: up {up:.3} \
          budgets; paused {during:.3} (per host {per_host:.0?} pps); every agent back {:.1} s \
-         after the pause ended, then {again:.3}; lowest 1 s window {:.3} budgets (ending at \
+         after the pause ended, then {again:.3}; lowest 1 s window {:.3} budgets (from \
          {:.1} s); from the reconnection {excess:.0} packets over rate x T (the bound allows \
          {bound:.0})",
         back - RESUMED_AT,
@@ -775,7 +782,7 @@ fn a_paused_store_fails_open_visibly_and_the_agents_come_back_by_themselves() {
     );
     assert!(
         lowest.0 >= 0.9 * RATE,
-        "the cluster admitted {:.3} budgets over the 1 s ending at {:.1} s: the pause cut traffic \
+        "the cluster admitted {:.3} budgets over the 1 s from {:.1} s: the pause cut traffic \
          below the budget",
         lowest.0 / RATE,
         lowest.1
