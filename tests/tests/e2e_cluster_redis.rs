@@ -752,6 +752,13 @@ fn a_paused_store_fails_open_visibly_and_the_agents_come_back_by_themselves() {
     for (i, (st, _)) in paused.iter().enumerate() {
         println!("h{i} paused: store {}", store(st));
     }
+    for (i, (st, _)) in after.iter().enumerate() {
+        println!(
+            "h{i} at the end: rounds late {} (a round late by 3 sync intervals lets its shares \
+             lapse: the whole rate meanwhile)",
+            cluster_counter(st, "rounds_late")
+        );
+    }
 
     // --- Assertions. ---
     let within = |r: f64| r >= ACCURACY.0 && r <= ACCURACY.1;
