@@ -64,6 +64,17 @@ fn store(st: &Value) -> &Value {
     &st["cluster"]["store"]
 }
 
+/// `ratelimit --socket S peers`, as an operator reads it.
+fn peers_text(agent: &AgentProcess) -> String {
+    let out = std::process::Command::new(ratelimit_testbed::agent_binary())
+        .arg("--socket")
+        .arg(agent.socket_path())
+        .arg("peers")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Stops the agents (each must exit cleanly), the receivers, Redis and the network of `tag`, and
 /// asserts that none of this process's namespaces of `tag` is left behind.
 fn teardown(
@@ -622,8 +633,8 @@ fn a_host_cut_off_from_the_store_enforces_alone_and_rejoins_when_healed() {
 /// Redis paused (`CLIENT PAUSE 4000 ALL`: every call blocks for 4 s, 40 times the agents'
 /// command timeout, where a killed store refuses at once): each agent's round times out, and so
 /// does each connection attempt (accepted, then no answer). The agents fail open visibly: every
-/// one shows the store `down` with the timeout, `ratelimit_cluster_store_up` 0 and errors counted,
-/// one log line; each host admits its whole rate once the figures read before go stale (2.5
+/// one shows the store `down` with the timeout (`status --json` and `ratelimit peers`),
+/// `ratelimit_cluster_store_up` 0 and errors counted, one log line; each host admits its whole rate once the figures read before go stale (2.5
 /// budgets here, at least 2 asserted), and no 1 s window of the run falls below 0.9 budgets (the
 /// stale figures keep shares that add up to 1 until then; a window a stall of the test's own
 /// threads explains is excused, [`Samples::lowest_window`]). After the pause they reconnect by
@@ -687,6 +698,7 @@ fn a_paused_store_fails_open_visibly_and_the_agents_come_back_by_themselves() {
         .zip(&net.hosts)
         .map(|(a, h)| (status(a).unwrap(), scrape(&h.ns)))
         .collect();
+    let paused_peers: Vec<String> = agents.iter().map(peers_text).collect();
     samples.take_until(&receivers, start, RESUMED_AT, SAMPLE);
     let mut back: Option<f64> = None;
     loop {
@@ -774,6 +786,15 @@ fn a_paused_store_fails_open_visibly_and_the_agents_come_back_by_themselves() {
                 .as_str()
                 .is_some_and(|e| e.contains("no answer within") || e.contains("timed out")),
             "h{i} paused does not say the store did not answer: {s}"
+        );
+        let line = paused_peers[i]
+            .lines()
+            .find(|l| l.starts_with("store: redis"))
+            .unwrap_or_default();
+        assert!(
+            line.contains(", down;") && (line.contains("timed out") || line.contains("no answer")),
+            "h{i} paused: `ratelimit peers` does not show the store down and why:\n{}",
+            paused_peers[i]
         );
         let up = metric(metrics, "ratelimit_cluster_store_up");
         let errors = metric(metrics, "ratelimit_cluster_store_errors_total");
