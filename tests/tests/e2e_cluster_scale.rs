@@ -4,7 +4,8 @@
 //! measured), then 95/5 over two of them, evenly, 95/5 over two others, evenly again. After each
 //! phase has settled (1 s), the cluster admits the budget within 5%; after each change of split,
 //! every 1 s window that starts 5 sync intervals or more after the change admits within 10% of
-//! the budget (see [`CONVERGE_ROUNDS`]).
+//! the budget (see [`CONVERGE_ROUNDS`]); and over the whole run, between any two samples, within
+//! docs/design.md's bound.
 //!
 //! The first phase starts with fresh buckets: every host admits its burst at once (8 x 500
 //! packets), which the cluster then pays back (one budget: `burst + rate x t` from the start,
@@ -50,6 +51,10 @@ const READ_LATE_ROUNDS: Duration = Duration::from_secs(2);
 /// The most time within a convergence the agents' rounds may be overdue for the test to measure
 /// the limiter rather than the machine.
 const MOST_OVERDUE: f64 = 1.0;
+/// docs/design.md's lag: 4 sync intervals.
+const LAG_SECS: f64 = 0.4;
+/// How far a sample's time can be off what it counted, at either end of an interval.
+const SKEW_SECS: f64 = 0.1;
 /// How often the receivers are read.
 const SAMPLE: Duration = Duration::from_millis(50);
 
@@ -268,6 +273,23 @@ fn eight_agents(tag: &str, through_redis: bool) {
         }
         results.push((measured, conv.map(|c| (c, deadline))));
     }
+    // docs/design.md's bound over any interval: `rate x T + (2 x hosts - 1) x burst + (hosts - 1)
+    // x rate x lag`, plus the rate over the sampling's skew at both ends and over each lapse of
+    // an agent's shares (a late round: that host at the whole rate meanwhile).
+    let (excess, from, to) = samples.largest_excess(RATE);
+    let lapses: f64 = overdue
+        .lapses_within(0.0, end)
+        .map(|l| (RATE * l.2).ceil())
+        .sum();
+    #[expect(clippy::cast_precision_loss, reason = "small")]
+    let bound = (2.0 * HOSTS as f64 - 1.0) * BURST as f64
+        + (HOSTS as f64 - 1.0) * RATE * LAG_SECS
+        + RATE * 2.0 * SKEW_SECS
+        + lapses;
+    println!(
+        "largest excess over rate x T: {excess:.0} ({from:.2}-{to:.2} s), bound {bound:.0} \
+         ({lapses:.0} of it for lapsed shares)"
+    );
     #[expect(clippy::cast_precision_loss, reason = "small counts")]
     let gossip: Vec<String> = statuses
         .iter()
@@ -340,6 +362,11 @@ fn eight_agents(tag: &str, through_redis: bool) {
             );
         }
     }
+    assert!(
+        excess <= bound,
+        "the cluster admitted {excess:.0} over rate x T between {from:.2} and {to:.2} s, over \
+         the written bound {bound:.0}"
+    );
     for (i, s) in statuses.iter().enumerate() {
         assert_eq!(
             ratelimit_testbed::cluster_net::counted_peers(s).len(),

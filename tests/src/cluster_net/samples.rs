@@ -285,6 +285,28 @@ impl Samples {
         c
     }
 
+    /// The most the cluster admitted over `rate x T` between any two samples (`T` the time
+    /// between them), as `(excess, from, to)`: what docs/design.md's bound over any interval
+    /// holds. 0 if it never admitted more than the rate.
+    #[must_use]
+    pub fn largest_excess(&self, rate: f64) -> (f64, f64, f64) {
+        // excess(i, j) = (C_j - rate t_j) - (C_i - rate t_i): keep the smallest left term.
+        let mut best = (0.0, 0.0, 0.0);
+        let mut min: Option<(f64, f64)> = None;
+        for s in &self.0 {
+            #[expect(clippy::cast_precision_loss, reason = "small counts")]
+            let here = s.counts.iter().sum::<u64>() as f64 - rate * s.t;
+            if min.is_none_or(|(m, _)| here < m) {
+                min = Some((here, s.t));
+            }
+            let (m, from) = min.expect("set above");
+            if here - m > best.0 {
+                best = (here - m, from, s.t);
+            }
+        }
+        best
+    }
+
     /// The lowest of the cluster's rates over `window`-long windows starting at a sample time in
     /// `[t0, t1 - window]`, among the windows a stall does not explain, and the windows below
     /// `floor` (pps) that stalls explain. A window below
@@ -426,6 +448,18 @@ mod tests {
         let low = dip.lowest_window(1.0, 10.0, 1.0, 950.0, &stall);
         let (r, u) = low.lowest.unwrap();
         assert!(r < 800.0 && (5.3..=6.0).contains(&u), "{low:?}");
+    }
+
+    /// 400 packets more than the rate at 5 s: the largest excess is theirs, up to the sample
+    /// that first counts them.
+    #[test]
+    fn the_largest_excess_is_the_densest_interval() {
+        let s = samples(|t| 1000.0 * t + if t >= 5.0 { 400.0 } else { 0.0 }, now);
+        let (e, from, to) = s.largest_excess(1000.0);
+        assert!((e - 400.0).abs() < 1.0, "{e}");
+        // Any interval that holds them at the rate otherwise: its start is one of the ties.
+        assert!(from < 5.0 && (5.0..5.06).contains(&to), "{from} {to}");
+        assert!(samples(steady, now).largest_excess(1000.0).0 < 1.0);
     }
 
     #[test]
