@@ -124,10 +124,17 @@ fn eight_agents_through_redis_admit_the_budget_for_even_and_95_5_splits_and_conv
     eight_agents("rl-csr", true);
 }
 
+/// One scenario at a time: two runs of 8 agents and a 4,000 pps flood on 2 cores would measure
+/// each other.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The scenario on gossip, or through Redis.
 #[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
 fn eight_agents(tag: &str, through_redis: bool) {
     require_root();
+    let _alone = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let net = ClusterNet::new(tag, HOSTS).unwrap();
     // Dropped after the agents (declared before them).
     let redis = through_redis.then(|| net.start_redis().unwrap());
