@@ -28,7 +28,7 @@ use crate::{
 
 mod samples;
 
-pub use self::samples::{stalls, Convergence, Sample, Samples, Stall, Stalled};
+pub use self::samples::{stalls, Convergence, LowestWindow, Sample, Samples, Stall, Stalled};
 
 /// The flood source every [`ClusterNet`] can send from.
 pub const FLOOD: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 250);
@@ -274,12 +274,25 @@ cluster_id = "e2e-cluster-net"
     /// [`ClusterNet::start_redis`] with more `redis-server` arguments (see
     /// [`RedisServer::start_with`](crate::redis::RedisServer::start_with)).
     pub fn start_redis_with(&self, args: &[&str]) -> Result<crate::redis::RedisServer> {
+        self.redis_address()?;
+        crate::redis::RedisServer::start_with(&self._sw, REDIS_ADDR, args)
+    }
+
+    /// Gives the switch namespace [`REDIS_ADDR`]'s address on the gossip bridge, once.
+    fn redis_address(&self) -> Result<()> {
         let cidr = format!("{}/24", REDIS_ADDR.ip());
         let have = self._sw.ip(&["-4", "addr", "show", "dev", "rlbg"])?;
         if !have.contains(&format!("{} ", REDIS_ADDR.ip())) && !have.contains(&cidr) {
             add_addr(&self._sw, "rlbg", &cidr)?;
         }
-        crate::redis::RedisServer::start_with(&self._sw, REDIS_ADDR, args)
+        Ok(())
+    }
+
+    /// Starts a Redis Cluster of `masters` masters and as many replicas
+    /// ([`RedisCluster`](crate::redis::RedisCluster)) at [`REDIS_ADDR`]'s address, ports 7000 on.
+    pub fn start_redis_cluster(&self, masters: usize) -> Result<crate::redis::RedisCluster> {
+        self.redis_address()?;
+        crate::redis::RedisCluster::start(&self._sw, REDIS_ADDR.ip(), 7000, masters)
     }
 
     /// Host `i`'s config with `rules` under `backend = "redis"` at `url` (no gossip keys).

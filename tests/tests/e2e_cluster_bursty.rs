@@ -524,6 +524,18 @@ const SMALL_FLOOR: f64 = 0.5;
 /// least half of that ([`SMALL_FLOOR`]), whatever else a design gives them.
 #[test]
 fn eight_hosts_95_5_with_bursts_admit_what_one_bucket_would_and_small_hosts_get_some() {
+    eight_hosts_95_5(Backend::Gossip, "rl-cb8s");
+}
+
+/// [`eight_hosts_95_5_with_bursts_admit_what_one_bucket_would_and_small_hosts_get_some`] on
+/// `backend = "redis"` (a real standalone `redis-server`, no gossip).
+#[test]
+fn eight_hosts_95_5_with_bursts_through_redis_admit_what_one_bucket_would() {
+    eight_hosts_95_5(Backend::Redis, "rl-cbr8s");
+}
+
+/// The 95/5 scenario of eight hosts on `backend`.
+fn eight_hosts_95_5(backend: Backend, tag: &str) {
     const HOSTS: usize = 8;
     // Longer than the others' warm-up: each small host starts full at the whole burst (100) and
     // sends only ~22 pps more than its share refills (7), so it spends that first burst over
@@ -540,12 +552,13 @@ fn eight_hosts_95_5_with_bursts_admit_what_one_bucket_would_and_small_hosts_get_
     let (o, per_host) = {
         // Not `within_one_bucket`: the ratio and the small hosts are asserted together below, so
         // a ratio outside does not hide which small hosts were starved.
-        let o = run(
-            "rl-cb8s",
+        let o = run_on(
+            backend,
+            tag,
             HOSTS,
             1000.0,
             100.0,
-            plain(1000.0, 100.0),
+            plain_on(backend, 1000.0, 100.0),
             |_| {},
             plan,
             |_, _, _| {},

@@ -4,7 +4,8 @@
 //! measured), then 95/5 over two of them, evenly, 95/5 over two others, evenly again. After each
 //! phase has settled (1 s), the cluster admits the budget within 5%; after each change of split,
 //! every 1 s window that starts 5 sync intervals or more after the change admits within 10% of
-//! the budget (see [`CONVERGE_ROUNDS`]).
+//! the budget (see [`CONVERGE_ROUNDS`]); and over the whole run, between any two samples, within
+//! docs/design.md's bound.
 //!
 //! The first phase starts with fresh buckets: every host admits its burst at once (8 x 500
 //! packets), which the cluster then pays back (one budget: `burst + rate x t` from the start,
@@ -50,6 +51,10 @@ const READ_LATE_ROUNDS: Duration = Duration::from_secs(2);
 /// The most time within a convergence the agents' rounds may be overdue for the test to measure
 /// the limiter rather than the machine.
 const MOST_OVERDUE: f64 = 1.0;
+/// docs/design.md's lag: 4 sync intervals.
+const LAG_SECS: f64 = 0.4;
+/// How far a sample's time can be off what it counted, at either end of an interval.
+const SKEW_SECS: f64 = 0.1;
 /// How often the receivers are read.
 const SAMPLE: Duration = Duration::from_millis(50);
 
@@ -106,18 +111,46 @@ const PHASES: [Phase; 5] = [
 /// its whole demand; a cluster-scoped limit's drops are counted at once; and the agents gossip
 /// twice per sync interval. Runs and their figures: tests/README.md and docs/design.md, Accuracy.
 #[test]
-#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
 fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_5_sync_intervals() {
+    eight_agents("rl-cs", false);
+}
+
+/// [`eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_5_sync_intervals`]
+/// with the agents on `backend = "redis"`: their demand exchanged through a real standalone
+/// `redis-server` ([`ClusterNet::start_redis`]), no gossip; the same share arithmetic, so the
+/// same limits.
+#[test]
+fn eight_agents_through_redis_admit_the_budget_for_even_and_95_5_splits_and_converge() {
+    eight_agents("rl-csr", true);
+}
+
+/// One scenario at a time: two runs of 8 agents and a 4,000 pps flood on 2 cores would measure
+/// each other.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The scenario on gossip, or through Redis.
+#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
+fn eight_agents(tag: &str, through_redis: bool) {
     require_root();
-    let net = ClusterNet::new("rl-cs", HOSTS).unwrap();
+    let _alone = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let net = ClusterNet::new(tag, HOSTS).unwrap();
+    // Dropped after the agents (declared before them).
+    let redis = through_redis.then(|| net.start_redis().unwrap());
     #[expect(
         clippy::cast_possible_truncation,
         clippy::cast_sign_loss,
         reason = "1000"
     )]
-    let agents = net
-        .start_agents(RATE as u64, BURST, SYNC_MS, Duration::from_secs(60))
-        .unwrap();
+    let agents = match &redis {
+        None => net.start_agents(RATE as u64, BURST, SYNC_MS, Duration::from_secs(60)),
+        Some(r) => net.start_agents_with(
+            |i| net.redis_config(i, RATE as u64, BURST, SYNC_MS, &r.url()),
+            Duration::from_secs(60),
+        ),
+    }
+    .unwrap();
     let receivers = net.receivers().unwrap();
 
     let mut schedule = Vec::new();
@@ -163,13 +196,14 @@ fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_5_
     // When the agents' own rounds ran late (measured by each agent: `cluster.late_rounds`): a
     // change of split reaches the buckets that much later, so the convergence limit moves by it.
     let overdue = Overdue::of(&readings, start_unix_ms);
-    if save_agent_logs("rl-cs", &agents) {
+    if save_agent_logs(tag, &agents) {
         println!("start at unix ms {start_unix_ms}");
     }
 
     // --- Figures. ---
     println!(
-        "\n{HOSTS} hosts, budget {RATE} pps (burst {BURST}) cluster-wide, flood {FLOOD_PPS} pps, sync {SYNC_MS} ms; sent {:?}",
+        "\n{HOSTS} hosts{}, budget {RATE} pps (burst {BURST}) cluster-wide, flood {FLOOD_PPS} pps, sync {SYNC_MS} ms; sent {:?}",
+        if through_redis { " through Redis" } else { "" },
         sent.per_host
     );
     for s in &stalls {
@@ -246,6 +280,23 @@ fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_5_
         }
         results.push((measured, conv.map(|c| (c, deadline))));
     }
+    // docs/design.md's bound over any interval: `rate x T + (2 x hosts - 1) x burst + (hosts - 1)
+    // x rate x lag`, plus the rate over the sampling's skew at both ends and over each lapse of
+    // an agent's shares (a late round: that host at the whole rate meanwhile).
+    let (excess, from, to) = samples.largest_excess(RATE);
+    let lapses: f64 = overdue
+        .lapses_within(0.0, end)
+        .map(|l| (RATE * l.2).ceil())
+        .sum();
+    #[expect(clippy::cast_precision_loss, reason = "small")]
+    let bound = (2.0 * HOSTS as f64 - 1.0) * BURST as f64
+        + (HOSTS as f64 - 1.0) * RATE * LAG_SECS
+        + RATE * 2.0 * SKEW_SECS
+        + lapses;
+    println!(
+        "largest excess over rate x T: {excess:.0} ({from:.2}-{to:.2} s), bound {bound:.0} \
+         ({lapses:.0} of it for lapsed shares)"
+    );
     #[expect(clippy::cast_precision_loss, reason = "small counts")]
     let gossip: Vec<String> = statuses
         .iter()
@@ -318,6 +369,11 @@ fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_5_
             );
         }
     }
+    assert!(
+        excess <= bound,
+        "the cluster admitted {excess:.0} over rate x T between {from:.2} and {to:.2} s, over \
+         the written bound {bound:.0}"
+    );
     for (i, s) in statuses.iter().enumerate() {
         assert_eq!(
             ratelimit_testbed::cluster_net::counted_peers(s).len(),
@@ -332,9 +388,10 @@ fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_5_
     for (i, a) in agents.into_iter().enumerate() {
         a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
     }
+    drop(redis);
     drop(net);
     let ours = format!("-{}-", std::process::id());
-    let left: Vec<String> = leftover_check("rl-cs-")
+    let left: Vec<String> = leftover_check(&format!("{tag}-"))
         .into_iter()
         .filter(|n| n.contains(&ours))
         .collect();

@@ -18,7 +18,8 @@
 //! A round that cannot reach the store (connection refused, a timeout, an error reply) fails:
 //! the connection is dropped and made again at the next round, then after 1 s, doubling up to
 //! [`MAX_BACKOFF`] (5 s) while connecting fails, and meanwhile the peers' figures read before go
-//! stale as a silent gossip peer's do (fail open).
+//! stale as a silent gossip peer's do (fail open). Each connection attempt reads the password
+//! file again: a wrong password is fixed by writing the right one, no restart.
 
 use std::{
     collections::HashMap,
@@ -186,7 +187,7 @@ pub fn members_name(cluster_id: &str) -> String {
 
 impl RedisStore {
     /// A client for `config` (not connected yet), as node `node` of incarnation `generation`;
-    /// the password is read (and checked) now.
+    /// the password is read (and checked) now, and again at each connection attempt.
     pub fn new(
         config: &RedisConfig,
         cluster_id: &str,
@@ -238,8 +239,16 @@ impl RedisStore {
     }
 
     /// Connects: to the first URL that answers, and if that server runs in cluster mode, to the
-    /// Redis Cluster the URLs seed.
+    /// Redis Cluster the URLs seed. The password file is read again first (with the same
+    /// checks), so that a wrong or rotated password is fixed by writing the file: the agent
+    /// logs in with it at its next attempt, with no restart.
     async fn connect(&mut self) -> Result<Conn, String> {
+        if let Some(path) = &self.config.password_file {
+            self.password = Some(
+                crate::config::read_redis_password(path)
+                    .map_err(|e| format!("[cluster] redis_password_file: {e}"))?,
+            );
+        }
         let connect = Duration::from_millis(self.config.connect_timeout_ms);
         let command = Duration::from_millis(self.config.command_timeout_ms);
         let conf = redis::AsyncConnectionConfig::new()

@@ -81,6 +81,15 @@ pub fn stalls(sent: &Sent, receivers: &[Receiver], start: Instant) -> Vec<Stall>
     all
 }
 
+/// What [`Samples::lowest_window`] found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LowestWindow {
+    /// The lowest rate of a window no stall explains, pps, and the window's start.
+    pub lowest: Option<(f64, f64)>,
+    /// The windows below the floor that stalls explain: their start and rate, pps.
+    pub excused: Vec<(f64, f64)>,
+}
+
 /// What [`Samples::convergence`] found over a phase.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Convergence {
@@ -276,6 +285,80 @@ impl Samples {
         c
     }
 
+    /// The most the cluster admitted over `rate x T` between any two samples (`T` the time
+    /// between them), as `(excess, from, to)`: what docs/design.md's bound over any interval
+    /// holds. 0 if it never admitted more than the rate.
+    #[must_use]
+    pub fn largest_excess(&self, rate: f64) -> (f64, f64, f64) {
+        // excess(i, j) = (C_j - rate t_j) - (C_i - rate t_i): keep the smallest left term.
+        let mut best = (0.0, 0.0, 0.0);
+        let mut min: Option<(f64, f64)> = None;
+        for s in &self.0 {
+            #[expect(clippy::cast_precision_loss, reason = "small counts")]
+            let here = s.counts.iter().sum::<u64>() as f64 - rate * s.t;
+            if min.is_none_or(|(m, _)| here < m) {
+                min = Some((here, s.t));
+            }
+            let (m, from) = min.expect("set above");
+            if here - m > best.0 {
+                best = (here - m, from, s.t);
+            }
+        }
+        best
+    }
+
+    /// The lowest of the cluster's rates over `window`-long windows starting at a sample time in
+    /// `[t0, t1 - window]`, among the windows a stall does not explain, and the windows below
+    /// `floor` (pps) that stalls explain. A window below
+    /// `floor` is explained, as in [`Samples::convergence`], when the samples it is measured
+    /// between were taken during [`Stall::skews`] of stalls whose seconds cover its shortfall
+    /// (`(floor - pps) / floor x window`).
+    #[must_use]
+    pub fn lowest_window(
+        &self,
+        t0: f64,
+        t1: f64,
+        window: f64,
+        floor: f64,
+        stalls: &[Stall],
+    ) -> LowestWindow {
+        let stalled = |t: f64| -> f64 {
+            stalls
+                .iter()
+                .filter(|s| {
+                    let (a, b) = s.skews();
+                    t >= a && t <= b
+                })
+                .map(|s| s.secs)
+                .sum()
+        };
+        let mut lowest: Option<(f64, f64)> = None;
+        let mut excused = Vec::new();
+        for u in self
+            .0
+            .iter()
+            .map(|s| s.t)
+            .filter(|&t| t >= t0 && t + window <= t1)
+        {
+            let r = self.rate(u, u + window);
+            if !r.is_finite() {
+                continue;
+            }
+            if r < floor {
+                if let (Some(a), Some(b)) = (self.at_or_after(u), self.at_or_before(u + window)) {
+                    if (floor - r) / floor * window <= stalled(a.t) + stalled(b.t) {
+                        excused.push((u, r));
+                        continue;
+                    }
+                }
+            }
+            if lowest.is_none_or(|(l, _)| r < l) {
+                lowest = Some((r, u));
+            }
+        }
+        LowestWindow { lowest, excused }
+    }
+
     /// The cluster's admitted rate over `window`-long windows ending at each sample time in
     /// `[t0, t1]`, as `(t, pps)`: for charts and traces.
     #[must_use]
@@ -338,6 +421,45 @@ mod tests {
         } else {
             t
         }
+    }
+
+    /// The lowest 1 s window: a stale read in a receiver's stall is excused by it, a real dip
+    /// (nothing admitted for 300 ms) is not, and without the stall the stale read counts.
+    #[test]
+    fn the_lowest_window_excuses_only_what_a_stall_explains() {
+        let s = samples(steady, late_reader);
+        let stall = [receiver(5.0, 0.115)];
+        let low = s.lowest_window(1.0, 10.0, 1.0, 950.0, &stall);
+        let (r, _) = low.lowest.unwrap();
+        assert!(r >= 950.0, "{low:?}");
+        assert!(!low.excused.is_empty(), "{low:?}");
+        let (r, _) = s.lowest_window(1.0, 10.0, 1.0, 950.0, &[]).lowest.unwrap();
+        assert!(r < 950.0, "{r}");
+        let dip = samples(
+            |t| {
+                if t < 6.0 {
+                    1000.0 * t
+                } else {
+                    1000.0 * (t - 0.3).max(6.0)
+                }
+            },
+            now,
+        );
+        let low = dip.lowest_window(1.0, 10.0, 1.0, 950.0, &stall);
+        let (r, u) = low.lowest.unwrap();
+        assert!(r < 800.0 && (5.3..=6.0).contains(&u), "{low:?}");
+    }
+
+    /// 400 packets more than the rate at 5 s: the largest excess is theirs, up to the sample
+    /// that first counts them.
+    #[test]
+    fn the_largest_excess_is_the_densest_interval() {
+        let s = samples(|t| 1000.0 * t + if t >= 5.0 { 400.0 } else { 0.0 }, now);
+        let (e, from, to) = s.largest_excess(1000.0);
+        assert!((e - 400.0).abs() < 1.0, "{e}");
+        // Any interval that holds them at the rate otherwise: its start is one of the ties.
+        assert!(from < 5.0 && (5.0..5.06).contains(&to), "{from} {to}");
+        assert!(samples(steady, now).largest_excess(1000.0).0 < 1.0);
     }
 
     #[test]
