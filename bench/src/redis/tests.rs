@@ -63,3 +63,65 @@ fn three_hosts_against_a_real_cluster_measure_every_figure() {
         s.admitted
     );
 }
+
+/// More holders of one key than a script returns one by one (64) still divide its budget
+/// whole: 70 hosts, each with a real `RedisStore` against a real cluster, write their demand
+/// for one key (1,400 packets/s in all for a budget of 1,000), then read it back. Each host
+/// must count all 70 holders and the whole demand, so that the shares they set add up to one
+/// budget. With the other holders capped at 64 fields, each host saw 65 of the 70 and the
+/// shares added up to about 1.07 budgets.
+#[test]
+fn more_holders_than_fields_returned_still_divide_the_budget_whole() {
+    const N: usize = 70;
+    let cluster = LocalRedisCluster::start(MASTERS, "holders").unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let config = RedisConfig {
+        urls: cluster.urls(),
+        user: None,
+        password_file: None,
+        connect_timeout_ms: DEFAULT_REDIS_CONNECT_TIMEOUT_MS,
+        command_timeout_ms: 5_000,
+    };
+    let key = key_name("holders", RULE, 0, heavy_addr(0));
+    #[expect(clippy::cast_precision_loss, reason = "a small index")]
+    let demand = |i: usize| 10.0 + 0.4 * i as f64;
+    let mut stores: Vec<RedisStore> = (0..N)
+        .map(|i| {
+            RedisStore::new(&config, "holders", format!("h-{i}/198.18.1.{}", i + 1), 1).unwrap()
+        })
+        .collect();
+    let mut read = vec![Vec::new(); N];
+    for pass in 0..2 {
+        for (i, store) in stores.iter_mut().enumerate() {
+            let entries = [Entry {
+                key: key.clone(),
+                demand: demand(i),
+            }];
+            let x = rt
+                .block_on(store.exchange(&entries, 60_000, 120_000))
+                .unwrap();
+            assert_eq!(x.refused, 0, "host {i}: nothing refused");
+            if pass == 1 {
+                read[i] = x.fields.into_iter().next().unwrap();
+            }
+        }
+    }
+    let total: f64 = (0..N).map(demand).sum();
+    let mut shares_sum = 0.0;
+    for (i, fields) in read.iter().enumerate() {
+        let holders = 1 + fields.iter().map(|f| f.holders).sum::<u32>();
+        let peers: f64 = fields.iter().map(|f| f.demand).sum();
+        assert_eq!(holders as usize, N, "host {i}: holders counted");
+        assert!(
+            (demand(i) + peers - total).abs() < 0.01,
+            "host {i}: demand {} + {peers} of {total}",
+            demand(i)
+        );
+        let s = shares::share(demand(i), peers, 1.0, Some(RATE), f64::from(holders));
+        shares_sum += s;
+    }
+    assert!(
+        (shares_sum - 1.0).abs() < 1e-3,
+        "the shares of {N} holders add up to {shares_sum} budgets"
+    );
+}

@@ -32,7 +32,9 @@ use crate::config::RedisConfig;
 
 /// The largest demand a field may carry, packets/s (the largest rate is 10^9): more is refused.
 pub const MAX_DEMAND: f64 = 1e12;
-/// Most fields of other holders one key's script returns (the counted peers' cap).
+/// Most fields of other holders one key's script returns one by one (the counted peers' cap);
+/// the holders beyond come back summed (see [`KEY_SCRIPT`]), so the budget is divided between
+/// every holder, however many.
 pub const MAX_FIELDS: usize = super::sync::MAX_PEERS;
 /// Most members read from the membership set.
 const MAX_MEMBERS: usize = 256;
@@ -44,8 +46,11 @@ pub const MIN_BACKOFF: Duration = Duration::from_secs(1);
 /// (and a round), while a dead one costs an attempt (at most the connect timeout) this often.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// Writes this host's field of a key, drops stale fields, returns the server's time and the
-/// other fields (at most ARGV[6] of them).
+/// Writes this host's field of a key, drops stale fields, returns the server's time, then the
+/// holders beyond the first ARGV[6] (how many, their demands' sum, the newest write's time: the
+/// demands that are numbers in 0..=ARGV[7], as [`parse_field`] would read them), then the
+/// other fields one by one (at most ARGV[6] of them). Numbers go back as text: Redis would cut
+/// a Lua number to an integer.
 const KEY_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -54,7 +59,9 @@ redis.call('HSET', KEYS[1], me, now .. ':' .. ARGV[2] .. ':' .. ARGV[3])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[5]))
 local stale = tonumber(ARGV[4])
 local most = tonumber(ARGV[6])
-local out = { tostring(now) }
+local max_demand = tonumber(ARGV[7])
+local fields = {}
+local rest_n, rest_sum, rest_at = 0, 0, 0
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local f, v = all[i], all[i + 1]
@@ -62,12 +69,21 @@ for i = 1, #all, 2 do
     local at = tonumber(string.match(v, '^(%d+):'))
     if at == nil or now - at > stale then
       redis.call('HDEL', KEYS[1], f)
-    elseif #out < 2 * most + 1 then
-      out[#out + 1] = f
-      out[#out + 1] = v
+    elseif #fields < 2 * most then
+      fields[#fields + 1] = f
+      fields[#fields + 1] = v
+    else
+      local d = tonumber(string.match(v, '^%d+:%d+:([0-9.eE+-]+)$'))
+      if d ~= nil and d >= 0 and d <= max_demand then
+        rest_n = rest_n + 1
+        rest_sum = rest_sum + d
+        if at > rest_at then rest_at = at end
+      end
     end
   end
 end
+local out = { tostring(now), tostring(rest_n), string.format('%.3f', rest_sum), tostring(rest_at) }
+for i = 1, #fields do out[#out + 1] = fields[i] end
 return out
 ";
 
@@ -105,7 +121,14 @@ pub struct Field {
     pub demand: f64,
     /// How old the field was when read, by the server's clock, ms.
     pub age_ms: u64,
+    /// Holders it stands for: 1, or for the holders beyond [`MAX_FIELDS`] their number (its
+    /// demand their sum, its age the newest one's; see [`REST_NODE`]).
+    pub holders: u32,
 }
+
+/// The node id the holders beyond [`MAX_FIELDS`] are shown under (no agent's: those end with
+/// `/ADDRESS`).
+pub const REST_NODE: &str = "(more holders)";
 
 /// What one round read from the store.
 #[derive(Debug, Default)]
@@ -416,17 +439,30 @@ impl RedisStore {
                     .arg(format!("{:.3}", e.demand.clamp(0.0, MAX_DEMAND)))
                     .arg(stale_ms)
                     .arg(ttl_ms)
-                    .arg(MAX_FIELDS);
+                    .arg(MAX_FIELDS)
+                    .arg(MAX_DEMAND);
                 async move { conn.invoke(&call).await }
             });
             for reply in futures_util::future::join_all(calls).await {
                 let reply = reply.map_err(|e| e.to_string())?;
-                let Some((now, rest)) = split_now(reply) else {
+                let Some((now, mut rest)) = split_now(reply) else {
                     x.refused += 1;
                     x.fields.push(Vec::new());
                     continue;
                 };
+                if rest.len() < 3 {
+                    x.refused += 1;
+                    x.fields.push(Vec::new());
+                    continue;
+                }
+                let others = rest.split_off(3);
                 let mut fields = Vec::new();
+                match parse_rest(&rest, now) {
+                    Ok(Some(f)) => fields.push(f),
+                    Ok(None) => {}
+                    Err(()) => x.refused += 1,
+                }
+                let rest = others;
                 for pair in rest.chunks(2) {
                     match pair {
                         [f, v] => match parse_field(f, v, now) {
@@ -499,7 +535,39 @@ pub fn parse_field(node: &[u8], value: &[u8], now: u64) -> Option<Field> {
         generation,
         demand,
         age_ms: now.saturating_sub(at),
+        holders: 1,
     })
+}
+
+/// The holders beyond [`MAX_FIELDS`] as the key's script sums them (`[count, sum, newest
+/// write]`), read at server time `now`, as one [`Field`] of [`REST_NODE`]: `None` for none,
+/// `Err` for what does not parse or claims the impossible (a sum above `count x MAX_DEMAND`).
+fn parse_rest(rest: &[Vec<u8>], now: u64) -> Result<Option<Field>, ()> {
+    let [n, sum, at] = rest else {
+        return Err(());
+    };
+    let n = parse_u64(n).ok_or(())?;
+    let at = parse_u64(at).ok_or(())?;
+    let sum: f64 = std::str::from_utf8(sum)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(())?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let holders = u32::try_from(n).map_err(|_| ())?;
+    #[expect(clippy::cast_precision_loss, reason = "a count of holders")]
+    let most = n as f64 * MAX_DEMAND;
+    if !sum.is_finite() || !(0.0..=most).contains(&sum) {
+        return Err(());
+    }
+    Ok(Some(Field {
+        node: REST_NODE.to_string(),
+        generation: 0,
+        demand: sum,
+        age_ms: now.saturating_sub(at),
+        holders,
+    }))
 }
 
 /// The store's fields of the keys this host holds, by key, as last read (the round keeps them
@@ -511,6 +579,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_holders_beyond_the_fields_come_back_summed_and_checked() {
+        let b = |s: &str| s.as_bytes().to_vec();
+        assert_eq!(parse_rest(&[b("0"), b("0.000"), b("0")], 1000), Ok(None));
+        let f = parse_rest(&[b("6"), b("1500.500"), b("900")], 1000)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (f.node.as_str(), f.holders, f.demand, f.age_ms),
+            (REST_NODE, 6, 1500.5, 100)
+        );
+        for bad in [
+            [b("x"), b("1"), b("1")],
+            [b("1"), b("nan"), b("1")],
+            [b("1"), b("-1"), b("1")],
+            [b("1"), b("2e12"), b("1")],
+            [b("1"), b("1"), b("")],
+        ] {
+            assert_eq!(parse_rest(&bad, 1000), Err(()), "{bad:?}");
+        }
+        assert_eq!(parse_rest(&[b("1"), b("1")], 1000), Err(()), "two parts");
+    }
+
+    #[test]
     fn fields_that_do_not_parse_or_claim_the_impossible_are_refused() {
         let ok = parse_field(b"h/198.18.1.2", b"1000:7:250.5", 1100).unwrap();
         assert_eq!(
@@ -519,7 +610,8 @@ mod tests {
                 node: "h/198.18.1.2".into(),
                 generation: 7,
                 demand: 250.5,
-                age_ms: 100
+                age_ms: 100,
+                holders: 1
             }
         );
         // A field from the future (another clock) is not older than 0.

@@ -232,8 +232,8 @@ pub fn round_of(
             if age > stale_ms {
                 continue;
             }
-            round.keys_synced += 1;
-            *round.holders.entry(name.clone()).or_default() += 1;
+            round.keys_synced += u64::from(f.holders);
+            *round.holders.entry(name.clone()).or_default() += f.holders;
             if f.demand > 0.0 {
                 round
                     .demand
@@ -354,6 +354,7 @@ mod tests {
             generation: 7,
             demand,
             age_ms,
+            holders: 1,
         }
     }
 
