@@ -267,6 +267,7 @@ fn hosts(cluster: &LocalRedisCluster, n: usize) -> Result<Vec<Host>> {
         urls: cluster.urls(),
         user: None,
         password_file: None,
+        ca_file: None,
         connect_timeout_ms: DEFAULT_REDIS_CONNECT_TIMEOUT_MS,
         command_timeout_ms: DEFAULT_REDIS_COMMAND_TIMEOUT_MS,
     };

@@ -227,6 +227,22 @@ cluster_id = "e2e-cluster-net"
         self.start_agents_with(|i| self.config(i, rate, burst, sync_ms), timeout)
     }
 
+    /// Starts an agent on every host `i` with the config `config(i)`, waiting for none of them
+    /// to count the others (for a test where some cannot).
+    pub fn start_agents_unwaited(
+        &self,
+        config: impl Fn(usize) -> String,
+    ) -> Result<Vec<AgentProcess>> {
+        let mut agents = Vec::new();
+        for (i, h) in self.hosts.iter().enumerate() {
+            agents.push(
+                AgentProcess::start_logging(&h.ns, &config(i), &[], &agent_log())
+                    .with_context(|| format!("agent h{i}"))?,
+            );
+        }
+        Ok(agents)
+    }
+
     /// Starts an agent on every host `i` with the config `config(i)` and waits (up to
     /// `timeout`) until each counts all the others.
     pub fn start_agents_with(
@@ -235,13 +251,7 @@ cluster_id = "e2e-cluster-net"
         timeout: Duration,
     ) -> Result<Vec<AgentProcess>> {
         let n = self.hosts.len();
-        let mut agents = Vec::new();
-        for (i, h) in self.hosts.iter().enumerate() {
-            agents.push(
-                AgentProcess::start_logging(&h.ns, &config(i), &[], &agent_log())
-                    .with_context(|| format!("agent h{i}"))?,
-            );
-        }
+        let agents = self.start_agents_unwaited(config)?;
         let formed = Instant::now();
         loop {
             let mut all = true;

@@ -112,7 +112,7 @@ const PHASES: [Phase; 5] = [
 /// twice per sync interval. Runs and their figures: tests/README.md and docs/design.md, Accuracy.
 #[test]
 fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_5_sync_intervals() {
-    eight_agents("rl-cs", false);
+    eight_agents("rl-cs", Store::Gossip);
 }
 
 /// [`eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_5_sync_intervals`]
@@ -121,7 +121,30 @@ fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_5_
 /// same limits.
 #[test]
 fn eight_agents_through_redis_admit_the_budget_for_even_and_95_5_splits_and_converge() {
-    eight_agents("rl-csr", true);
+    eight_agents("rl-csr", Store::Redis);
+}
+
+/// The same through a Redis Cluster of 3 masters, each with a replica
+/// ([`ClusterNet::start_redis_cluster`]): every key's hash on the shard its hash tag names, a
+/// round's calls spread over the three.
+#[test]
+fn eight_agents_through_a_redis_cluster_admit_the_budget_for_even_and_95_5_splits_and_converge() {
+    eight_agents("rl-csc", Store::RedisCluster);
+}
+
+/// Where the agents exchange their demand.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Store {
+    Gossip,
+    Redis,
+    RedisCluster,
+}
+
+/// What keeps a store running for the test: dropped after the agents.
+enum Running {
+    None,
+    Redis(ratelimit_testbed::redis::RedisServer),
+    Cluster(ratelimit_testbed::redis::RedisCluster),
 }
 
 /// One scenario at a time: two runs of 8 agents and a 4,000 pps flood on 2 cores would measure
@@ -130,25 +153,42 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The scenario on gossip, or through Redis.
 #[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
-fn eight_agents(tag: &str, through_redis: bool) {
+fn eight_agents(tag: &str, store: Store) {
     require_root();
     let _alone = ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let net = ClusterNet::new(tag, HOSTS).unwrap();
     // Dropped after the agents (declared before them).
-    let redis = through_redis.then(|| net.start_redis().unwrap());
+    let redis = match store {
+        Store::Gossip => Running::None,
+        Store::Redis => Running::Redis(net.start_redis().unwrap()),
+        Store::RedisCluster => Running::Cluster(net.start_redis_cluster(3).unwrap()),
+    };
     #[expect(
         clippy::cast_possible_truncation,
         clippy::cast_sign_loss,
         reason = "1000"
     )]
     let agents = match &redis {
-        None => net.start_agents(RATE as u64, BURST, SYNC_MS, Duration::from_secs(60)),
-        Some(r) => net.start_agents_with(
+        Running::None => net.start_agents(RATE as u64, BURST, SYNC_MS, Duration::from_secs(60)),
+        Running::Redis(r) => net.start_agents_with(
             |i| net.redis_config(i, RATE as u64, BURST, SYNC_MS, &r.url()),
             Duration::from_secs(60),
         ),
+        Running::Cluster(c) => {
+            let urls = c.urls();
+            net.start_agents_with(
+                |i| {
+                    net.redis_config(i, RATE as u64, BURST, SYNC_MS, &urls[0])
+                        .replace(
+                            &format!("redis = [\"{}\"]", urls[0]),
+                            &format!("redis = {urls:?}"),
+                        )
+                },
+                Duration::from_secs(60),
+            )
+        }
     }
     .unwrap();
     let receivers = net.receivers().unwrap();
@@ -203,7 +243,11 @@ fn eight_agents(tag: &str, through_redis: bool) {
     // --- Figures. ---
     println!(
         "\n{HOSTS} hosts{}, budget {RATE} pps (burst {BURST}) cluster-wide, flood {FLOOD_PPS} pps, sync {SYNC_MS} ms; sent {:?}",
-        if through_redis { " through Redis" } else { "" },
+        match store {
+            Store::Gossip => "",
+            Store::Redis => " through Redis",
+            Store::RedisCluster => " through a Redis Cluster",
+        },
         sent.per_host
     );
     for s in &stalls {

@@ -79,6 +79,7 @@ fn more_holders_than_fields_returned_still_divide_the_budget_whole() {
         urls: cluster.urls(),
         user: None,
         password_file: None,
+        ca_file: None,
         connect_timeout_ms: DEFAULT_REDIS_CONNECT_TIMEOUT_MS,
         command_timeout_ms: 5_000,
     };

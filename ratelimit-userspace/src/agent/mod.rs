@@ -393,6 +393,9 @@ impl Agent {
         if let Some(mode) = self.opts.mode {
             new.agent.mode = mode;
         }
+        if let Some(dir) = &self.opts.state_dir {
+            new.agent.state_dir.clone_from(dir);
+        }
         // Refused at start, so refused here too: otherwise a file emptied by accident (a config
         // manager truncating it, a botched edit) would detach every interface and drop the rules.
         // `ratelimit detach` is the way to stop enforcing on purpose.

@@ -272,6 +272,17 @@ impl RedisStore {
                     .map_err(|e| format!("[cluster] redis_password_file: {e}"))?,
             );
         }
+        // Read again at each attempt too: a renewed CA is used with no restart.
+        let certs = match &self.config.ca_file {
+            None => None,
+            Some(path) => Some(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(
+                    crate::config::read_redis_ca(path)
+                        .map_err(|e| format!("[cluster] redis_ca_file: {e}"))?,
+                ),
+            }),
+        };
         let connect = Duration::from_millis(self.config.connect_timeout_ms);
         let command = Duration::from_millis(self.config.command_timeout_ms);
         let conf = redis::AsyncConnectionConfig::new()
@@ -280,7 +291,11 @@ impl RedisStore {
         let mut last = String::from("no URL");
         for url in &self.config.urls {
             let attempt = async {
-                let client = redis::Client::open(self.connection_info(url)?)?;
+                let info = self.connection_info(url)?;
+                let client = match &certs {
+                    None => redis::Client::open(info)?,
+                    Some(c) => redis::Client::build_with_tls(info, c.clone())?,
+                };
                 let mut c = client
                     .get_multiplexed_async_connection_with_config(&conf)
                     .await?;
@@ -313,10 +328,14 @@ impl RedisStore {
                         .map(|u| self.connection_info(u))
                         .collect::<redis::RedisResult<Vec<_>>>()
                         .map_err(|e| e.to_string())?;
-                    let client = redis::cluster::ClusterClientBuilder::new(infos)
+                    let mut builder = redis::cluster::ClusterClientBuilder::new(infos)
                         .connection_timeout(connect)
                         .response_timeout(command)
-                        .retries(0)
+                        .retries(0);
+                    if let Some(c) = &certs {
+                        builder = builder.certs(c.clone());
+                    }
+                    let client = builder
                         .build()
                         .map_err(|e| format!("the Redis Cluster: {e}"))?;
                     let c = tokio::time::timeout(connect + command, client.get_async_connection())

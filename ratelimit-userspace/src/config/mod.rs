@@ -56,7 +56,10 @@ pub use self::{
     keywords::*,
     lists::*,
     model::*,
-    redis::{check_url as check_redis_url, read_password as read_redis_password},
+    redis::{
+        check_url as check_redis_url, read_ca as read_redis_ca,
+        read_password as read_redis_password,
+    },
     rule::*,
     validate::*,
     write::*,

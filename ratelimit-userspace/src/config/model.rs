@@ -159,6 +159,8 @@ pub const REDIS_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 10..=60_000;
 pub const MAX_REDIS_URLS: usize = 64;
 /// Largest `redis_password_file` read.
 pub const MAX_REDIS_PASSWORD_FILE: u64 = 4096;
+/// Largest `redis_ca_file` read.
+pub const MAX_REDIS_CA_FILE: u64 = 1 << 20;
 
 /// The Redis store of `backend = "redis"`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -170,6 +172,9 @@ pub struct RedisConfig {
     pub user: Option<String>,
     /// The file holding the password (checked as `key_file` is).
     pub password_file: Option<PathBuf>,
+    /// PEM certificates a `rediss://` store's certificate must chain to, instead of the
+    /// system's roots.
+    pub ca_file: Option<PathBuf>,
     /// How long a connection attempt may take, ms.
     pub connect_timeout_ms: u64,
     /// How long a round's commands may take, ms.

@@ -63,6 +63,7 @@ pub(super) struct RawCluster {
     pub(super) redis: Option<Spanned<Vec<Spanned<String>>>>,
     pub(super) redis_user: Option<Spanned<String>>,
     pub(super) redis_password_file: Option<Spanned<PathBuf>>,
+    pub(super) redis_ca_file: Option<Spanned<PathBuf>>,
     pub(super) redis_connect_timeout_ms: Option<Spanned<i64>>,
     pub(super) redis_command_timeout_ms: Option<Spanned<i64>>,
     pub(super) sync_interval_ms: Option<Spanned<i64>>,

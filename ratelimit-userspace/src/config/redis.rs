@@ -5,11 +5,11 @@ use std::path::Path;
 
 use super::{
     error::{ConfigError, Source},
-    lists::read_secret_file,
+    lists::{read_file_bounded, read_secret_file},
     model::{
         ClusterBackend, RedisConfig, DEFAULT_REDIS_COMMAND_TIMEOUT_MS,
-        DEFAULT_REDIS_CONNECT_TIMEOUT_MS, MAX_REDIS_PASSWORD_FILE, MAX_REDIS_URLS,
-        REDIS_TIMEOUT_MS,
+        DEFAULT_REDIS_CONNECT_TIMEOUT_MS, MAX_REDIS_CA_FILE, MAX_REDIS_PASSWORD_FILE,
+        MAX_REDIS_URLS, REDIS_TIMEOUT_MS,
     },
     parse::RawCluster,
 };
@@ -33,6 +33,10 @@ pub(super) fn redis_from_raw(
             (
                 "redis_password_file",
                 raw.redis_password_file.as_ref().map(|v| v.span().start),
+            ),
+            (
+                "redis_ca_file",
+                raw.redis_ca_file.as_ref().map(|v| v.span().start),
             ),
             (
                 "redis_connect_timeout_ms",
@@ -106,6 +110,21 @@ pub(super) fn redis_from_raw(
             Some(p.get_ref().clone())
         }
     };
+    let ca_file = match &raw.redis_ca_file {
+        None => None,
+        Some(p) if tls != Some(true) => {
+            return Err(src.invalid(
+                p.span().start,
+                S,
+                "redis_ca_file",
+                "is read only with rediss:// URLs (TLS): the store is reached without TLS",
+            ));
+        }
+        Some(p) => {
+            read_ca(p.get_ref()).map_err(|m| src.invalid(p.span().start, S, "redis_ca_file", m))?;
+            Some(p.get_ref().clone())
+        }
+    };
     let timeout = |v: &Option<toml::Spanned<i64>>, key: &str, default: u64| match v {
         None => Ok(default),
         Some(v) => {
@@ -129,6 +148,7 @@ pub(super) fn redis_from_raw(
         urls: urls.get_ref().iter().map(|u| u.get_ref().clone()).collect(),
         user,
         password_file,
+        ca_file,
         connect_timeout_ms: timeout(
             &raw.redis_connect_timeout_ms,
             "redis_connect_timeout_ms",
@@ -227,6 +247,42 @@ fn check_user(user: &str) -> Result<(), String> {
         return Err(format!("{user:?} holds a space or a control character"));
     }
     Ok(())
+}
+
+/// Reads and checks a `redis_ca_file`: regular, at most [`MAX_REDIS_CA_FILE`] bytes, owned by
+/// root or the agent's user and writable by no one else (whoever can change it chooses which
+/// store the agent trusts), PEM text with a certificate. Returns its bytes.
+pub fn read_ca(path: &Path) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let shown = path.display();
+    if path.as_os_str().is_empty() {
+        return Err("must not be empty".into());
+    }
+    let (bytes, meta) =
+        read_file_bounded(path, MAX_REDIS_CA_FILE).map_err(|e| format!("{shown}: {e}"))?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if meta.uid() != 0 && meta.uid() != euid {
+        return Err(format!(
+            "{shown}: owned by uid {}, neither root nor the agent's user (uid {euid}): that user \
+             could make the agent trust any store; run `chown root` on it",
+            meta.uid()
+        ));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o022 != 0 {
+        return Err(format!(
+            "{shown}: mode {mode:o} lets other users change the certificates the store is \
+             trusted by; run `chmod 644` on it"
+        ));
+    }
+    let text = std::str::from_utf8(&bytes).map_err(|_| format!("{shown}: not PEM text"))?;
+    if !text.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(format!(
+            "{shown}: holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+        ));
+    }
+    Ok(bytes)
 }
 
 /// Reads and checks the password file as the cluster key file is checked (regular, at most

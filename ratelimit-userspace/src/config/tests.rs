@@ -2263,6 +2263,42 @@ fn cluster_backend_redis() {
         "redis_password_file",
         "device",
     );
+    // The CA file: only with rediss://; PEM with a certificate; writable by no one else.
+    let tls = "[cluster]\nbackend = \"redis\"\nredis = [\"rediss://198.51.100.7:6379\"]\n";
+    let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    let ca = PasswordFile::new("ca", pem, 0o644);
+    let c = parse(&format!("{tls}redis_ca_file = \"{}\"\n", ca.0.display()))
+        .cluster
+        .unwrap()
+        .redis
+        .unwrap();
+    assert_eq!(c.ca_file.as_deref(), Some(ca.0.as_path()));
+    assert_error(
+        &format!("{base}redis_ca_file = \"{}\"\n", ca.0.display()),
+        4,
+        "redis_ca_file",
+        "only with rediss:// URLs",
+    );
+    let writable = PasswordFile::new("ca-w", pem, 0o666);
+    assert_error(
+        &format!("{tls}redis_ca_file = \"{}\"\n", writable.0.display()),
+        4,
+        "redis_ca_file",
+        "mode 666 lets other users change the certificates",
+    );
+    let not_pem = PasswordFile::new("ca-x", "hello\n", 0o644);
+    assert_error(
+        &format!("{tls}redis_ca_file = \"{}\"\n", not_pem.0.display()),
+        4,
+        "redis_ca_file",
+        "holds no PEM certificate",
+    );
+    assert_error(
+        "[cluster]\nlisten = \"0.0.0.0:7946\"\nkey_file = \"/k\"\nredis_ca_file = \"/x\"\n",
+        4,
+        "redis_ca_file",
+        "only under backend = \"redis\"",
+    );
     // The Redis keys under gossip are refused, not ignored; on_partition = "share" needs gossip.
     assert_error(
         "[cluster]\nlisten = \"0.0.0.0:7946\"\nkey_file = \"/k\"\nredis = [\"redis://a:1\"]\n",
