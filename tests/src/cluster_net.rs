@@ -40,6 +40,14 @@ pub const DATA_PORT: u16 = 9000;
 const SECRET: &str = "k8Qx2v9Lm4Tz7Rb1Nc6Yh3Wd5Gf0Ps8Ju2Ea4Ko7Ui1";
 /// Most hosts (addresses 198.18.{0,1}.1..=200).
 pub const MAX_HOSTS: usize = 200;
+/// The `[agent]` line every agent of the bed gets: no learner. Each learning agent walks its
+/// whole bucket store (64 MiB at the default `max_buckets`) once a second, paced to at most a
+/// tenth of a core: a host's own cost, but 8 agents on the 2 cores of a test machine multiply it
+/// (with it, one CI run of the 8-host gossip scenario had rounds 0.6 s overdue and read 0.67 x
+/// the budget 1.5 s after a change). The learner is tested on its own (e2e_suggest.rs) and its
+/// cost measured (`cargo xtask bench -- --only learn`).
+const LEARN_OFF: &str = "learn = false";
+
 /// Where [`ClusterNet::start_redis`] runs the Redis store: on the gossip bridge, in the switch
 /// namespace, so that every host reaches it over its gossip link (and a host whose gossip link
 /// is down cannot).
@@ -200,6 +208,7 @@ scope = "cluster"
             r#"[agent]
 interfaces = ["{}"]
 mode = "auto"
+{LEARN_OFF}
 {agent_keys}
 {rules}
 [cluster]
@@ -312,6 +321,7 @@ cluster_id = "e2e-cluster-net"
             r#"[agent]
 interfaces = ["{}"]
 mode = "auto"
+{LEARN_OFF}
 
 {rules}
 [cluster]
