@@ -326,7 +326,7 @@ fn one(n: usize) -> Result<Run> {
             t0,
             t1,
             samples.rate(t0 + SETTLE, t1),
-            samples.convergence(t0, t1, 1.0, want, 0.10, &stalls),
+            samples.convergence(t0, t1, 1.0, want, 0.10, &stalls, &[]),
         ));
     }
     let timeline = samples.trailing_rates(0.0, t, 0.5);

@@ -417,7 +417,8 @@ impl SyncFactory {
             self.cluster_id.clone(),
             self.shared.clone(),
         )
-        .with_advertise(self.advertise);
+        .with_advertise(self.advertise)
+        .with_max_wait(self.timing.interval());
         let maps =
             PinnedMaps::open(&self.pin_dir).map_err(|e| err("opening the pinned maps", &e))?;
         let config_of = self.config_of.clone();

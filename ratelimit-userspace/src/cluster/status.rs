@@ -336,6 +336,10 @@ pub struct CounterValues {
     pub rejected_stale: u64,
     /// Datagrams dropped as not our format, or gossip from an unknown local address.
     pub rejected_malformed: u64,
+    /// Datagrams dropped unread because they waited in this host's socket longer than a sync
+    /// interval: the agent was behind, and newer ones from the same peers wait behind them (see
+    /// `cluster::transport`).
+    pub rejected_late: u64,
     /// Authentic datagrams dropped before the gossip library saw them, because they would crash
     /// or corrupt it (see `cluster::inspect`): a delta about this host's own node, a max version
     /// below a key's, a version or heartbeat no member can have reached.
@@ -409,6 +413,8 @@ pub struct Counters {
     pub rejected_stale: AtomicU64,
     /// See [`CounterValues::rejected_malformed`].
     pub rejected_malformed: AtomicU64,
+    /// See [`CounterValues::rejected_late`].
+    pub rejected_late: AtomicU64,
     /// See [`CounterValues::rejected_unsafe`].
     pub rejected_unsafe: AtomicU64,
     /// See [`CounterValues::digest_ids_stripped`].
@@ -468,6 +474,7 @@ impl Counters {
             rejected_auth: self.rejected_auth.load(Relaxed),
             rejected_stale: self.rejected_stale.load(Relaxed),
             rejected_malformed: self.rejected_malformed.load(Relaxed),
+            rejected_late: self.rejected_late.load(Relaxed),
             rejected_unsafe: self.rejected_unsafe.load(Relaxed),
             digest_ids_stripped: self.digest_ids_stripped.load(Relaxed),
             probes_withheld: self.probes_withheld.load(Relaxed),

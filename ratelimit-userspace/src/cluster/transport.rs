@@ -20,6 +20,17 @@
 //! dropped and counted as malformed. Relays exist only for addresses chitchat sends to (members
 //! and seeds) or that sent an authentic datagram, at most [`MAX_RELAYS`] (least recently used
 //! ones are closed first).
+//!
+//! chitchat reads one message at a time, and an agent starved of CPU (a busy host) falls behind
+//! what its peers send: the public socket's queue then grows to its buffer (about 200 KB, 100+
+//! messages), and every peer's state reaches this host that much late. Measured on 8 debug
+//! agents on 2 busy cores: 0.2-3.9 s, so a host went on at an old split of the budget for
+//! seconds (1.24 budgets over 7 s). Each datagram's wait in the queue is read from the kernel's
+//! receive time, and one that waited longer than a sync interval
+//! ([`SecureTransport::with_max_wait`]) is dropped unread: its sender gossips again every
+//! gossip round, and each gossip message carries everything newer than what the receiver holds,
+//! so nothing is lost but the wait. chitchat's own loopback socket is read first, so the queue
+//! stays on the public socket, where the wait is measured.
 
 mod accept;
 mod probes;
@@ -57,6 +68,7 @@ pub struct SecureTransport {
     key: ClusterKey,
     cluster_id: String,
     advertise: Option<SocketAddr>,
+    max_wait: Option<Duration>,
     shared: Arc<Shared>,
 }
 
@@ -68,6 +80,7 @@ impl SecureTransport {
             key,
             cluster_id,
             advertise: None,
+            max_wait: None,
             shared,
         }
     }
@@ -77,6 +90,14 @@ impl SecureTransport {
     #[must_use]
     pub fn with_advertise(mut self, advertise: SocketAddr) -> Self {
         self.advertise = Some(advertise);
+        self
+    }
+
+    /// Datagrams that waited longer than `max_wait` in the public socket's queue (by the
+    /// kernel's receive time) are dropped unread (`rejected_late`). Without it, none is.
+    #[must_use]
+    pub fn with_max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = Some(max_wait);
         self
     }
 }
@@ -97,6 +118,9 @@ impl Transport for SecureTransport {
                  ({local} is not one): datagrams are sealed for it"
             );
         }
+        if self.max_wait.is_some() {
+            socket::stamp_arrivals(&public);
+        }
         let inner = ChitchatUdpSocket::open((Ipv4Addr::LOCALHOST, 0).into()).await?;
         let inner_addr = inner.local_addr()?;
         Ok(Box::new(SecureSocket {
@@ -105,6 +129,7 @@ impl Transport for SecureTransport {
             inner_addr,
             codec: Codec::new(&self.key, &self.cluster_id, local),
             local,
+            max_wait: self.max_wait,
             relays: HashMap::new(),
             by_relay: HashMap::new(),
             buf: vec![0; 65_536],
@@ -132,6 +157,8 @@ struct SecureSocket {
     codec: Codec,
     /// This host's advertised gossip address.
     local: SocketAddr,
+    /// See [`SecureTransport::with_max_wait`].
+    max_wait: Option<Duration>,
     relays: HashMap<SocketAddr, Relay>,
     by_relay: HashMap<SocketAddr, SocketAddr>,
     buf: Vec<u8>,

@@ -57,12 +57,14 @@ fn encode_cluster(enc: &mut DescriptorEncoder, cluster: &ClusterStatus) -> Resul
         enc,
         "ratelimit_cluster_rejected",
         "Gossip datagrams dropped: auth (tag did not verify: wrong key or cluster id), stale (too \
-         old, from the future, replayed), malformed, unsafe (authentic, but what would crash or \
-         corrupt the gossip library: see cluster::inspect).",
+         old, from the future, replayed), malformed, late (waited in this host's socket longer \
+         than a sync interval: the agent was behind), unsafe (authentic, but what would crash \
+         or corrupt the gossip library: see cluster::inspect).",
         [
             ("auth", c.rejected_auth),
             ("stale", c.rejected_stale),
             ("malformed", c.rejected_malformed),
+            ("late", c.rejected_late),
             ("unsafe", c.rejected_unsafe),
         ]
         .map(|(r, n)| (vec![("reason", r)], ConstCounter::new(n))),

@@ -150,10 +150,10 @@ pub fn peers(v: &Value) -> String {
     let c = &v["counters"];
     let _ = writeln!(
         out,
-        "gossip: {} in / {} out messages, {} / {} bytes; rejected {} auth, {} stale, {} malformed; \
-         keys published {}, synced {}; charged {} packets; sync lag {} ms; rounds late {}",
+        "gossip: {} in / {} out messages, {} / {} bytes; rejected {} auth, {} stale, {} malformed, \
+         {} late; keys published {}, synced {}; charged {} packets; sync lag {} ms; rounds late {}",
         c["messages_in"], c["messages_out"], c["bytes_in"], c["bytes_out"], c["rejected_auth"],
-        c["rejected_stale"], c["rejected_malformed"], c["keys_published"], c["keys_synced"],
+        c["rejected_stale"], c["rejected_malformed"], c["rejected_late"], c["keys_published"], c["keys_synced"],
         c["charged_pkts"], c["sync_lag_ms"], c["rounds_late"],
     );
     if v["gossip"].as_str() == Some("restarting") {

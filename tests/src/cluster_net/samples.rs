@@ -218,7 +218,8 @@ impl Samples {
         want: f64,
         tolerance: f64,
     ) -> Option<f64> {
-        self.convergence(t0, t1, window, want, tolerance, &[]).after
+        self.convergence(t0, t1, window, want, tolerance, &[], &[])
+            .after
     }
 
     /// [`Samples::converged_after`], where a window outside `tolerance` is excused, not counted
@@ -228,7 +229,17 @@ impl Samples {
     /// `want` beyond `tolerance` must be at most their `d`s over the window. Any other window
     /// outside still counts, wherever the stalls were; and the caller sees how many windows were
     /// within on their own.
+    ///
+    /// A window above `tolerance` is excused too by the `lapses` in it: spans `(from, to)`
+    /// (seconds after the start) during which one host's shares had lapsed because its agent
+    /// did not run a round in time (fail open: that host's buckets refilled at the whole rate,
+    /// `want`), as docs/design.md's bound counts them: its excess beyond `tolerance` must be at
+    /// most `want` times the lapsed seconds inside it.
     #[must_use]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "a window, a target and what excuses it"
+    )]
     pub fn convergence(
         &self,
         t0: f64,
@@ -237,6 +248,7 @@ impl Samples {
         want: f64,
         tolerance: f64,
         stalls: &[Stall],
+        lapses: &[(f64, f64)],
     ) -> Convergence {
         let starts: Vec<f64> = self
             .0
@@ -266,11 +278,15 @@ impl Samples {
             let within = off <= tolerance;
             // Outside: excused if the stalls at its samples cover the seconds of traffic it is
             // off by beyond the tolerance.
+            let lapsed: f64 = lapses
+                .iter()
+                .map(|&(a, b)| (b.min(u + window) - a.max(u)).max(0.0))
+                .sum();
             let excused = !within
-                && match (self.at_or_after(u), self.at_or_before(u + window)) {
+                && (match (self.at_or_after(u), self.at_or_before(u + window)) {
                     (Some(a), Some(b)) => (off - tolerance) * window <= stalled(a.t) + stalled(b.t),
                     _ => false,
-                };
+                } || (r > 1.0 && (off - tolerance) * window <= lapsed));
             if within {
                 c.within += 1;
             } else if excused {
@@ -465,7 +481,7 @@ mod tests {
     #[test]
     fn steady_windows_converge_at_once() {
         let s = samples(steady, now);
-        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[]);
+        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[], &[]);
         assert_eq!(c.after, Some(0.0));
         assert_eq!(c.within, c.windows);
         assert!(c.excused.is_empty());
@@ -477,12 +493,12 @@ mod tests {
     #[test]
     fn a_receiver_stall_skews_windows_and_excuses_only_them() {
         let s = samples(steady, late_reader);
-        let lone = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[]);
+        let lone = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[], &[]);
         assert!(
             lone.after.is_some_and(|a| a > 3.0),
             "without the stall the pause reads as a late convergence: {lone:?}"
         );
-        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[receiver(5.0, 0.115)]);
+        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[receiver(5.0, 0.115)], &[]);
         assert_eq!(c.after, Some(0.0), "{c:?}");
         assert!(!c.excused.is_empty());
         for &(u, r) in &c.excused {
@@ -497,18 +513,41 @@ mod tests {
     fn an_excess_away_from_the_stalls_still_fails_the_convergence() {
         let over = |t: f64| steady(t) + if t >= 7.5 { 150.0 } else { 0.0 };
         let s = samples(over, late_reader);
-        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[receiver(5.0, 0.115)]);
+        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[receiver(5.0, 0.115)], &[]);
         assert!(c.after.is_some_and(|a| a > 5.0), "{c:?}");
         // The same excess inside a stall's skew is excused only there: a window whose samples
         // are both outside it is not.
         let s = samples(over, now);
-        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[receiver(7.45, 0.1)]);
+        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[receiver(7.45, 0.1)], &[]);
         assert!(c.after.is_some_and(|a| a > 5.0), "{c:?}");
         // Nor does a stall too short to explain the excess excuse a window it touches: 30 ms
         // cannot account for 150 packets over a 1,000 pps budget (0.05 beyond the 10%).
-        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[receiver(7.47, 0.03)]);
+        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[receiver(7.47, 0.03)], &[]);
         assert!(c.after.is_some_and(|a| a > 5.0), "{c:?}");
         assert!(c.excused.is_empty(), "{c:?}");
+    }
+
+    /// One host's shares lapsed for 100 ms at 7.5 s (its agent did not run a round in time):
+    /// that host at the whole rate meanwhile, 100 packets over the budget. The lapse excuses the
+    /// windows that hold it, and only them; a shorter one does not cover the excess, and a
+    /// window short of the budget is never excused by a lapse (fail open admits more, not less).
+    #[test]
+    fn a_lapse_excuses_the_excess_it_allows_and_no_more() {
+        let over = |t: f64| steady(t) + 1000.0 * (t - 7.5).clamp(0.0, 0.1);
+        let s = samples(over, now);
+        let lone = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.05, &[], &[]);
+        assert!(lone.after.is_some_and(|a| a > 4.0), "{lone:?}");
+        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.05, &[], &[(7.5, 7.6)]);
+        assert_eq!(c.after, Some(0.0), "{c:?}");
+        assert!(
+            !c.excused.is_empty() && c.excused.iter().all(|&(_, r)| r > 1.0),
+            "{c:?}"
+        );
+        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.05, &[], &[(7.5, 7.52)]);
+        assert!(c.after.is_some_and(|a| a > 4.0), "{c:?}");
+        let under = |t: f64| steady(t) - 1000.0 * (t - 7.5).clamp(0.0, 0.1);
+        let c = samples(under, now).convergence(2.0, 10.0, 1.0, 1000.0, 0.05, &[], &[(7.5, 7.6)]);
+        assert!(c.after.is_some_and(|a| a > 4.0), "{c:?}");
     }
 
     /// The sender paused 115 ms from 5.0 s: nothing arrived, then the refilled tokens went at
@@ -528,14 +567,22 @@ mod tests {
             }
         };
         let s = samples(paused, now);
-        let lone = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[]);
+        let lone = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, &[], &[]);
         assert!(lone.after.is_some_and(|a| a > 3.0), "{lone:?}");
         let sender = Stall {
             who: Stalled::Sender,
             at: 5.0,
             secs: 0.115,
         };
-        let c = s.convergence(2.0, 10.0, 1.0, 1000.0, 0.10, std::slice::from_ref(&sender));
+        let c = s.convergence(
+            2.0,
+            10.0,
+            1.0,
+            1000.0,
+            0.10,
+            std::slice::from_ref(&sender),
+            &[],
+        );
         assert_eq!(c.after, Some(0.0), "{c:?}");
         assert_eq!(c.excused.len() + c.within, c.windows);
         // The sender's stall skews the samples for as long again after it (the refill spent),

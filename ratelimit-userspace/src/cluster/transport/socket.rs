@@ -4,7 +4,8 @@
 use std::{
     io,
     net::{Ipv4Addr, SocketAddr},
-    time::Instant,
+    os::fd::AsRawFd,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use async_trait::async_trait;
@@ -36,6 +37,44 @@ fn is_transient(e: &io::Error) -> bool {
                 | libc::EMSGSIZE
         )
     )
+}
+
+/// `SIOCGSTAMPNS` (linux/sockios.h, `SIOCGSTAMPNS_OLD`: the same request on 64-bit targets):
+/// the kernel's receive time (`CLOCK_REALTIME`) of the last datagram read from a socket.
+const SIOCGSTAMPNS: libc::Ioctl = 0x8907;
+
+/// Asks the kernel to keep each datagram's receive time on `socket` (the first `SIOCGSTAMPNS`
+/// turns it on, and answers `ENOENT` as nothing was read yet): from then on [`waited`] can read
+/// it. The kernel's global switch for receive times is thrown by a work item, shortly after:
+/// datagrams received before carry no time and count as not having waited (nothing dropped).
+pub(super) fn stamp_arrivals(socket: &UdpSocket) {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid socket and a `timespec` the call writes into.
+    let _ = unsafe { libc::ioctl(socket.as_raw_fd(), SIOCGSTAMPNS, &raw mut ts) };
+}
+
+/// How long the datagram last read from `socket` waited between the kernel's receive and now,
+/// or `None` if unknown (timestamps not on, a time after now: the clock stepped).
+fn waited(socket: &UdpSocket) -> Option<Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: as in `stamp_arrivals`.
+    if unsafe { libc::ioctl(socket.as_raw_fd(), SIOCGSTAMPNS, &raw mut ts) } != 0 {
+        return None;
+    }
+    let at = Duration::new(
+        u64::try_from(ts.tv_sec).ok()?,
+        u32::try_from(ts.tv_nsec).ok()?,
+    );
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .ok()?
+        .checked_sub(at)
 }
 
 impl SecureSocket {
@@ -151,7 +190,11 @@ impl Socket for SecureSocket {
     async fn recv(&mut self) -> anyhow::Result<RecvOutcome> {
         loop {
             // Both reads are cancel safe: a datagram is either fully taken or left queued.
+            // chitchat's socket first: what was relayed to it goes back to chitchat before the
+            // next datagram is opened, so the backlog stays on the public socket, where its
+            // wait is measured (see the module docs).
             let event = tokio::select! {
+                biased;
                 r = self.inner.recv() => Event::Inner(r),
                 r = self.public.recv_from(&mut self.buf) => Event::Public(r),
             };
@@ -170,6 +213,14 @@ impl Socket for SecureSocket {
                     });
                 }
                 Event::Public(Ok((len, from))) => {
+                    if let Some(max) = self.max_wait {
+                        if waited(&self.public).is_some_and(|w| w > max) {
+                            let c = counters(&self.shared);
+                            Counters::add(&c.bytes_in, len as u64);
+                            Counters::add(&c.rejected_late, 1);
+                            continue;
+                        }
+                    }
                     self.accept(len, from).await?;
                     // This host's own state, forged ahead at a peer (by a member with the key):
                     // that peer takes none of its updates until they pass the forged version

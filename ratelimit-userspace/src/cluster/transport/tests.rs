@@ -568,3 +568,54 @@ async fn a_members_state_forged_ahead_at_a_peer_is_left_behind_by_a_new_incarnat
         h.shutdown().await.unwrap();
     }
 }
+
+/// Sends 5 datagrams to a transport's socket while nothing reads it, waits, sends one more, and
+/// reads: what the socket did with each, as `(late, opened)` (opened: handed to the codec,
+/// which refuses these as not authentic or malformed).
+async fn late_and_opened(max_wait: Option<Duration>, wait: Duration) -> (u64, u64) {
+    let shared = Arc::new(Shared::default());
+    let key = ClusterKey::from_secret(&[1; 32], "test").unwrap();
+    let mut transport = SecureTransport::new(key, "test".into(), shared.clone());
+    if let Some(w) = max_wait {
+        transport = transport.with_max_wait(w);
+    }
+    let mut socket = transport
+        .open((Ipv4Addr::LOCALHOST, 0).into())
+        .await
+        .unwrap();
+    let to = socket.local_addr().unwrap();
+    // The kernel turns receive times on from a work item queued by the first request (a
+    // global switch, `net_enable_timestamp`): datagrams before it carry none, and count as not
+    // waiting at all.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let from = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    for _ in 0..5 {
+        from.send_to(&[7; 64], to).unwrap();
+    }
+    tokio::time::sleep(wait).await;
+    from.send_to(&[7; 64], to).unwrap();
+    // Nothing here is authentic, so `recv` never returns: it reads until the timeout.
+    let _ = tokio::time::timeout(Duration::from_millis(300), socket.recv()).await;
+    let c = shared.counters.values();
+    (c.rejected_late, c.rejected_auth + c.rejected_malformed)
+}
+
+/// A datagram that waited in the socket longer than the transport's `max_wait` (an agent behind
+/// its peers) is dropped unread, by the kernel's receive time; one that did not is opened as
+/// ever, and without a `max_wait` every one is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn datagrams_that_waited_past_the_limit_are_dropped_unread() {
+    let limit = Some(Duration::from_millis(100));
+    assert_eq!(
+        late_and_opened(limit, Duration::from_millis(250)).await,
+        (5, 1)
+    );
+    assert_eq!(
+        late_and_opened(limit, Duration::from_millis(0)).await,
+        (0, 6)
+    );
+    assert_eq!(
+        late_and_opened(None, Duration::from_millis(250)).await,
+        (0, 6)
+    );
+}
