@@ -143,7 +143,7 @@ enum Command {
     },
     /// Limits learned from the traffic: per rule and limit, the distribution of what each source
     /// sent (10 s and 1 s peak rates, bursts), the proposed rate and burst, what they would have
-    /// limited, and the TOML for them.
+    /// limited (and the heaviest sources among them), and the TOML for them.
     Suggest {
         /// Only this rule.
         #[arg(long, value_name = "NAME")]

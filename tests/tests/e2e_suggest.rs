@@ -1,12 +1,13 @@
 //! `ratelimit suggest` against a real agent: a population of sources of known rates (log-normal,
 //! with a few heavy hitters), sent as raw UDP from as many source addresses, and the limit the
-//! agent learns from what its buckets counted; the history kept across a restart; a refused
-//! state file.
+//! agent learns from what its buckets counted, with the heavy hitters named by address; the
+//! history kept across a restart; a refused state file.
 //!
 //! The population's rule is in dry run: nothing is dropped, so what each source sends is what it
 //! was given, and the suggestion is measured against the quantile of those rates.
 
 use std::{
+    collections::BTreeSet,
     net::Ipv4Addr,
     thread,
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -166,6 +167,22 @@ impl Drop for StateDir {
     }
 }
 
+/// The `/32` keys of the last `heavy` of `rates`' sources: the heavy hitters of [`population`].
+fn heavy_keys(rates: &[u64], heavy: usize) -> BTreeSet<String> {
+    (rates.len() - heavy..rates.len())
+        .map(|i| format!("{}/32", source(i)))
+        .collect()
+}
+
+/// The sources `s` names as the heaviest it would have limited.
+fn named(s: &Value) -> Vec<&Value> {
+    s["effect"]["limited_heaviest"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no effect.limited_heaviest in {s}"))
+        .iter()
+        .collect()
+}
+
 fn the_pop(v: &Value) -> &Value {
     v.as_array()
         .and_then(|a| a.iter().find(|s| s["rule"] == "pop" && s["limit"] == 1))
@@ -173,8 +190,10 @@ fn the_pop(v: &Value) -> &Value {
 }
 
 /// The suggested rate at Q = 0.9 (headroom 1) is within 10% of the true 0.9 quantile of the
-/// sources' rates, and `suggest --json` has the documented shape. Without the learner there is
-/// no `suggest` (the command, the route) and no figure to compare.
+/// sources' rates, `suggest --json` has the documented shape, and the heaviest sources it would
+/// have limited are the four heavy hitters, named by address (in `--json` and in the table).
+/// Without the learner there is no `suggest` (the command, the route) and no figure to compare;
+/// without the heaviest lists no address is named.
 #[test]
 fn the_suggested_rate_is_the_quantile_of_the_sources_rates() {
     require_root();
@@ -228,6 +247,27 @@ fn the_suggested_rate_is_the_quantile_of_the_sources_rates() {
     assert!(s["proposed"]["burst"].as_u64().unwrap() >= 1);
     let heavy = s["observed"]["peak_10s"]["max"].as_f64().unwrap();
     assert!(heavy > 250.0 * share, "the heavy hitters' peak: {heavy}");
+    // The heaviest it would have limited: the four heavy hitters first (300/s, the rest at most
+    // about 100/s), then the heaviest of the rest, every one above the rate.
+    let names = named(s);
+    let first: BTreeSet<String> = names
+        .iter()
+        .take(4)
+        .map(|h| h["source"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(first, heavy_keys(&rates, 4), "{s}");
+    for h in &names[..4] {
+        let peak = h["peak_10s"].as_f64().unwrap();
+        assert!(peak > 250.0 * share, "{h}");
+        assert!(h["peak_1s"].as_f64().unwrap() >= peak, "{h}");
+        assert!(h["burst"].is_number(), "{h}");
+    }
+    assert!((5..=16).contains(&names.len()), "{} named", names.len());
+    for h in &names[4..] {
+        let peak = h["peak_10s"].as_f64().unwrap();
+        assert!(peak > got || h["peak_1s"].as_f64().unwrap() > got, "{h}");
+        assert!(peak < 250.0 * share, "a fifth heavy hitter: {h}");
+    }
     // The metrics carry the same quantile (bounded labels: rule, limit, window, quantile).
     let text = ratelimit_testbed::metrics::get(&bed.rx, metrics).unwrap();
     let gauge = text
@@ -247,6 +287,13 @@ fn the_suggested_rate_is_the_quantile_of_the_sources_rates() {
     // The table prints the same proposal and its TOML.
     let text = agent.cli_ok(&["suggest", "--quantile", "0.9", "--headroom", "1"]);
     assert!(text.contains(&format!("rate = {}", got)), "{text}");
+    assert!(
+        text.contains("the heaviest sources it would have limited:"),
+        "{text}"
+    );
+    for key in heavy_keys(&rates, 4) {
+        assert!(text.contains(&key), "{key} not named in\n{text}");
+    }
     // Arguments are checked before anything is asked.
     for (args, words) in [
         (&["--quantile", "0"][..], "quantile"),
@@ -329,8 +376,9 @@ fn live_the_learner_sees_what_sources_send_not_what_passes() {
 }
 
 /// The history outlives the agent: a second agent on the same state directory suggests from
-/// what the first one learned, with no new traffic; a state file of an unknown version is
-/// refused with a message naming it, and the agent starts with none.
+/// what the first one learned, with no new traffic, naming the same heaviest sources (the two
+/// heavy hitters first); a state file of an unknown version is refused with a message naming
+/// it, and the agent starts with none.
 #[test]
 fn a_restart_keeps_what_was_learned_and_a_bad_file_is_refused() {
     require_root();
@@ -340,18 +388,33 @@ fn a_restart_keeps_what_was_learned_and_a_bad_file_is_refused() {
     let dir_arg = dir.to_str().unwrap().to_owned();
     let args = ["--state-dir", dir_arg.as_str()];
     let agent = AgentProcess::start(&bed.rx, &config(&bed.rx_if), &args).unwrap();
-    let rates = population(30, 20.0, 0);
+    let rates = population(30, 20.0, 2);
     clear_of_slot_end(SEND.as_secs() + 10);
     send(&bed, &rates);
     thread::sleep(Duration::from_millis(1500));
-    let before = agent.cli_json(&["suggest", "--rule", "pop"]);
+    let ask = [
+        "suggest",
+        "--rule",
+        "pop",
+        "--quantile",
+        "0.9",
+        "--headroom",
+        "1",
+    ];
+    let before = agent.cli_json(&ask);
     let before = the_pop(&before).clone();
+    let first: BTreeSet<String> = named(&before)
+        .iter()
+        .take(2)
+        .map(|h| h["source"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(first, heavy_keys(&rates, 2), "{before}");
     agent.stop().unwrap();
     let file = dir.join("learned.json");
     assert!(file.exists(), "no state written at exit");
 
     let agent = AgentProcess::start(&bed.rx, &config(&bed.rx_if), &args).unwrap();
-    let after = agent.cli_json(&["suggest", "--rule", "pop"]);
+    let after = agent.cli_json(&ask);
     let after = the_pop(&after);
     assert_eq!(
         after["sources"], before["sources"],
@@ -361,10 +424,23 @@ fn a_restart_keeps_what_was_learned_and_a_bad_file_is_refused() {
         after["proposed"], before["proposed"],
         "{after}\nbefore: {before}"
     );
+    // The same sources with the same figures (to the digits JSON keeps).
+    let (a, b) = (named(after), named(&before));
+    assert_eq!(a.len(), b.len(), "{after}\nbefore: {before}");
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x["source"], y["source"], "{after}\nbefore: {before}");
+        for k in ["peak_1s", "peak_10s", "burst"] {
+            let (x, y) = (x[k].as_f64().unwrap(), y[k].as_f64().unwrap());
+            assert!(
+                (x - y).abs() <= 1e-9 * y.max(1.0),
+                "{k}: {x} after, {y} before"
+            );
+        }
+    }
     agent.stop().unwrap();
 
     let text = std::fs::read_to_string(&file).unwrap();
-    std::fs::write(&file, text.replacen("\"version\":1", "\"version\":99", 1)).unwrap();
+    std::fs::write(&file, text.replacen("\"version\":2", "\"version\":99", 1)).unwrap();
     let agent = AgentProcess::start(&bed.rx, &config(&bed.rx_if), &args).unwrap();
     let none = agent.cli_json(&["suggest"]);
     assert_eq!(

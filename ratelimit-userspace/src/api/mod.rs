@@ -66,7 +66,8 @@
 //! 1.5, `since_secs` 1 to 86400, default 3600) answers `{"since_secs", "quantile", "headroom",
 //! "suggestions": [{"rule", "limit", "sources", "observed": {"peak_1s", "peak_10s", "burst"},
 //! "proposed": {"rate", "burst"}, "current", "tcp", "reasons", "effect": {"limited_sources",
-//! "limited_share"}, "histogram": [{"up_to", "sources"}]}]}`, each of `observed` being
+//! "limited_share", "limited_heaviest": [{"source", "peak_1s", "peak_10s", "burst"}]},
+//! "histogram": [{"up_to", "sources"}]}]}`, each of `observed` being
 //! `{"p50", "p90", "p99", "p999", "max", "q"}` (`q` at the quantile asked); 404 for a rule not in
 //! force. `POST /v1/suggest/apply` (`?force` as for rules) with `{"rule", "limit", "rate",
 //! "burst"}` sets that limit's packet rate and burst as `rules add` would a rule (validated,

@@ -1,10 +1,12 @@
 //! The learned distributions of one limit: three quantile sketches (a bucket's peak rate over
-//! 1 s and over 10 s, and its largest burst) per time slot, in slots of [`SLOT_SECS`] for the
-//! last hour and of an hour for the last day.
+//! 1 s and over 10 s, and its largest burst) and its heaviest buckets ([`Top`]) per time slot, in
+//! slots of [`SLOT_SECS`] for the last hour and of an hour for the last day.
 
 use std::collections::VecDeque;
 
 use sketches_ddsketch::{Config, DDSketch};
+
+use super::heavy::{clean, Heavy, Source, Top};
 
 /// Relative accuracy of the sketches: a quantile is within 2% of a value of the data.
 pub const ALPHA: f64 = 0.02;
@@ -39,7 +41,7 @@ pub struct Observation {
     pub burst: f64,
 }
 
-/// The three distributions of a set of observations.
+/// The three distributions of a set of observations, and their heaviest buckets.
 #[derive(Clone)]
 pub struct Dist {
     /// Peak rates over 1 s.
@@ -48,6 +50,8 @@ pub struct Dist {
     pub peak_10s: DDSketch,
     /// Largest bursts.
     pub burst: DDSketch,
+    /// The heaviest buckets by 1 s peak.
+    pub heavy: Top,
 }
 
 impl Default for Dist {
@@ -56,6 +60,7 @@ impl Default for Dist {
             peak_1s: sketch(),
             peak_10s: sketch(),
             burst: sketch(),
+            heavy: Top::default(),
         }
     }
 }
@@ -67,18 +72,12 @@ impl std::fmt::Debug for Dist {
 }
 
 impl Dist {
-    /// Adds one bucket's observation.
-    pub fn add(&mut self, o: &Observation) {
-        let clean = |v: f64| {
-            if v.is_finite() && v >= RANGE.0 {
-                v.min(RANGE.1)
-            } else {
-                0.0
-            }
-        };
+    /// Adds the observation `o` of the bucket keyed `source`.
+    pub fn add(&mut self, o: &Observation, source: Source) {
         self.peak_1s.add(clean(o.peak_1s));
         self.peak_10s.add(clean(o.peak_10s));
         self.burst.add(clean(o.burst));
+        self.heavy.add(Heavy::of(source, o));
     }
 
     /// Adds every observation of `other` (sketches of the same accuracy merge exactly).
@@ -87,6 +86,7 @@ impl Dist {
         let _ = self.peak_1s.merge(&other.peak_1s);
         let _ = self.peak_10s.merge(&other.peak_10s);
         let _ = self.burst.merge(&other.burst);
+        self.heavy.merge(&other.heavy);
     }
 
     /// Observations held.
@@ -124,8 +124,9 @@ pub struct History {
 }
 
 impl History {
-    /// Adds `o`, observed at `now` (Unix seconds), to the slot of `now`.
-    pub fn add(&mut self, now: u64, o: &Observation) {
+    /// Adds `o` of the bucket keyed `source`, observed at `now` (Unix seconds), to the slot of
+    /// `now`.
+    pub fn add(&mut self, now: u64, o: &Observation, source: Source) {
         self.roll(now);
         let start = now - now % SLOT_SECS;
         self.current
@@ -134,7 +135,7 @@ impl History {
                 dist: Dist::default(),
             })
             .dist
-            .add(o);
+            .add(o, source);
     }
 
     /// Moves finished slots along at `now`: the current one into the hour's list once `now` is
@@ -187,11 +188,14 @@ impl History {
         all
     }
 
-    /// Slots it holds, and the bins of all their sketches.
+    /// Slots it holds, the bins of all their sketches, and the entries of all their lists of
+    /// heaviest buckets.
     #[must_use]
-    pub fn size(&self) -> (usize, usize) {
+    pub fn size(&self) -> (usize, usize, usize) {
         let slots = self.current.iter().chain(&self.recent).chain(&self.hours);
-        slots.fold((0, 0), |(n, bins), s| (n + 1, bins + s.dist.bins()))
+        slots.fold((0, 0, 0), |(n, bins, heavy), s| {
+            (n + 1, bins + s.dist.bins(), heavy + s.dist.heavy.len())
+        })
     }
 
     /// Whether it holds nothing.

@@ -7,18 +7,21 @@
 //! ([`crate::census`]), paced the same way (at most about a tenth of a core) and at most once a
 //! second, and follows each bucket's counters ([`track`]). What a bucket did over a 5-minute
 //! slot (or its life, if shorter) is one observation, added to its limit's quantile sketches
-//! ([`history`]); `suggest` reads them ([`suggest`]).
+//! ([`history`]) and offered to its slot's list of heaviest buckets, named by their keys
+//! ([`heavy`]); `suggest` reads them ([`suggest`]).
 //!
 //! Memory is bounded whatever the number of sources: at most [`track::MAX_TRACKED`] buckets
 //! followed (a table of 7.6 MiB at most; a uniform sample beyond), and at most [`MAX_LIMITS`]
 //! limits learned, each at most 38 slots of three sketches of at most about 5 KiB of bins
-//! (typically far less): 64 x 38 x 3 x 5 KiB, 37 MiB at the very worst. [`Learner::footprint`]
-//! counts what it holds against these.
+//! (typically far less): 64 x 38 x 3 x 5 KiB, 37 MiB at the very worst; and a list of at most
+//! [`heavy::HEAVY_K`] heaviest buckets a slot, 64 x 38 x 16 x 48 bytes, 1.9 MiB at most.
+//! [`Learner::footprint`] counts what it holds against these.
 //!
 //! The sketches are DDSketch (`sketches-ddsketch`): a quantile within 2% of a value of the data
 //! whatever its distribution, merged exactly (slots into hours, hours into a day), with a
 //! compact binary encoding for the state file ([`persist`]).
 
+pub mod heavy;
 pub mod history;
 pub mod persist;
 pub mod suggest;
@@ -33,9 +36,11 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use ratelimit_common::BucketKey;
 use tokio::sync::watch;
 
 use self::{
+    heavy::Source,
     history::{Observation, DAY_SECS, SLOT_SECS},
     persist::Histories,
     suggest::{Proposed, Query, Suggestion},
@@ -43,7 +48,10 @@ use self::{
 };
 use crate::{
     compile::CompiledRuleSet,
-    maps::{bucket::monotonic_ns, PinnedMaps},
+    maps::{
+        bucket::{key_net, monotonic_ns},
+        PinnedMaps,
+    },
 };
 
 /// Most (rule, limit) pairs learned; a rule's limits beyond are not (the rules first in the
@@ -75,18 +83,21 @@ pub struct Learner {
     full_warned: bool,
 }
 
-/// Adds `o` of the bucket of rule word `word` to its limit's history, if the rule is in `set`
-/// and there is room.
+/// Adds `o` of the bucket keyed `key` to its limit's history, if the rule is in `set` and
+/// there is room.
 fn record(
     histories: &mut Histories,
     full_warned: &mut bool,
     set: &CompiledRuleSet,
-    (word, o, at): (u16, Observation, u64),
+    (key, o, at): (&BucketKey, Observation, u64),
 ) {
-    let (id, limit) = rule_of(word);
+    let (id, limit) = rule_of(key.rule);
     let Some(rule) = set.rule(id) else { return };
-    let key = (rule.name.clone(), limit + 1);
-    if !histories.contains_key(&key) && histories.len() >= MAX_LIMITS {
+    let Some(mask) = rule.rule.limit(limit).map(|l| l.src_mask) else {
+        return;
+    };
+    let name = (rule.name.clone(), limit + 1);
+    if !histories.contains_key(&name) && histories.len() >= MAX_LIMITS {
         if !*full_warned {
             tracing::warn!(
                 rule = %rule.name,
@@ -96,7 +107,8 @@ fn record(
         }
         return;
     }
-    histories.entry(key).or_default().add(at, &o);
+    let source = Source(key_net(key, &mask));
+    histories.entry(name).or_default().add(at, &o, source);
 }
 
 impl Learner {
@@ -146,10 +158,10 @@ impl Learner {
             full_warned,
             ..
         } = self;
-        let mut gone = |word, o| record(histories, full_warned, set, (word, o, unix));
+        let mut gone = |key: &BucketKey, o| record(histories, full_warned, set, (key, o, unix));
         tracker.begin();
         walk(&mut |i, b| {
-            let (id, limit) = rule_of(b.rule);
+            let (id, limit) = rule_of(u32::from(b.rule));
             if set.rule(id).is_some_and(|r| r.rule.limit(limit).is_some()) {
                 tracker.read(i, b, now_ns, &mut gone);
             }
@@ -169,8 +181,8 @@ impl Learner {
                 full_warned,
                 ..
             } = self;
-            tracker.live(true, &mut |word, o| {
-                record(histories, full_warned, set, (word, o, at));
+            tracker.live(true, &mut |key, o| {
+                record(histories, full_warned, set, (key, o, at));
             });
             self.slot = slot;
             // Rules no longer in force are forgotten (their room goes to others).
@@ -186,8 +198,8 @@ impl Learner {
     fn with_live(&mut self, unix: u64, set: &CompiledRuleSet) -> Histories {
         let mut all = self.histories.clone();
         let mut warned = true;
-        self.tracker.live(false, &mut |word, o| {
-            record(&mut all, &mut warned, set, (word, o, unix));
+        self.tracker.live(false, &mut |key, o| {
+            record(&mut all, &mut warned, set, (key, o, unix));
         });
         all
     }
@@ -274,17 +286,20 @@ impl Learner {
     /// What it holds: the bounds of the module's top, as counted now.
     #[must_use]
     pub fn footprint(&self) -> Footprint {
-        let (slots, bins) = self
+        let (slots, bins, heavy) = self
             .histories
             .values()
             .map(history::History::size)
-            .fold((0, 0), |(s, b), (s1, b1)| (s + s1, b + b1));
+            .fold((0, 0, 0), |(s, b, h), (s1, b1, h1)| {
+                (s + s1, b + b1, h + h1)
+            });
         Footprint {
             followed: self.tracker.len(),
             followed_bytes: self.tracker.bytes(),
             limits: self.histories.len(),
             slots,
             bins,
+            heavy,
         }
     }
 }
@@ -302,6 +317,9 @@ pub struct Footprint {
     pub slots: usize,
     /// Bins of all those sketches (8 bytes each).
     pub bins: usize,
+    /// Entries of all their lists of heaviest buckets (at most [`heavy::HEAVY_K`] a slot, of
+    /// [`heavy::HEAVY_BYTES`] each).
+    pub heavy: usize,
 }
 
 /// One learned limit's quantiles over the last hour, as the metrics export them.

@@ -3,6 +3,10 @@
 //! that cannot be read back whole (not JSON, an unknown version, a sketch that does not decode
 //! or is not of this accuracy, out-of-range fields) is refused as a whole: the agent logs why,
 //! naming the file, and starts with no history.
+//!
+//! Version 2 adds to each slot its heaviest buckets (`heavy`: source, peaks, burst). A version 1
+//! file, written by an agent before them, is read as the history it holds, its slots naming no
+//! bucket: an upgrade keeps what was learned, and the lists fill from the next observations.
 
 use std::{
     collections::BTreeMap,
@@ -15,10 +19,15 @@ use std::{
 use serde::{Deserialize, Serialize};
 use sketches_ddsketch::DDSketch;
 
-use super::history::{sketch, Dist, History, Slot, DAY_SECS, HOUR_SECS, SLOT_SECS};
+use super::{
+    heavy::{Heavy, Source, Top, HEAVY_K},
+    history::{sketch, Dist, History, Slot, DAY_SECS, HOUR_SECS, RANGE, SLOT_SECS},
+};
 
 /// The file's format version.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// The oldest version read back (1: no heaviest buckets).
+pub const OLDEST: u32 = 1;
 /// The file's name in the state directory.
 pub const FILE: &str = "learned.json";
 /// Largest file read back (a full history of every learned limit is far smaller).
@@ -30,23 +39,23 @@ const MAX_COUNT: u64 = 1 << 48;
 pub type Histories = BTreeMap<(String, usize), History>;
 
 #[derive(Serialize, Deserialize)]
-struct FileV1 {
+struct FileV2 {
     version: u32,
     saved_unix: u64,
-    limits: Vec<LimitV1>,
+    limits: Vec<LimitV2>,
 }
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct LimitV1 {
+struct LimitV2 {
     rule: String,
     limit: usize,
-    slots: Vec<SlotV1>,
+    slots: Vec<SlotV2>,
 }
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SlotV1 {
+struct SlotV2 {
     start: u64,
     /// [`SLOT_SECS`] or [`HOUR_SECS`].
     len: u64,
@@ -54,6 +63,45 @@ struct SlotV1 {
     peak_1s: String,
     peak_10s: String,
     burst: String,
+    /// The heaviest buckets, heaviest first (absent in version 1).
+    #[serde(default)]
+    heavy: Vec<HeavyV2>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeavyV2 {
+    /// As `top` shows it: `198.18.0.7/32`, `198.18.0.0/24`, `*`.
+    source: String,
+    peak_1s: f64,
+    peak_10s: f64,
+    burst: f64,
+}
+
+/// A slot's list read back, if it is no longer than a list holds and its sources and figures
+/// are in range.
+fn read_heavy(rule: &str, heavy: Vec<HeavyV2>) -> Result<Top, String> {
+    if heavy.len() > HEAVY_K {
+        return Err(format!(
+            "rule {rule:?}: a slot names {} buckets (at most {HEAVY_K})",
+            heavy.len()
+        ));
+    }
+    let mut top = Top::default();
+    for h in heavy {
+        let source: Source = h.source.parse()?;
+        let figures = [h.peak_1s, h.peak_10s, h.burst];
+        if !figures.iter().all(|v| (0.0..=RANGE.1).contains(v)) {
+            return Err(format!("rule {rule:?}: {source}'s figures {figures:?}"));
+        }
+        top.add(Heavy {
+            source,
+            peak_1s: h.peak_1s,
+            peak_10s: h.peak_10s,
+            burst: h.burst,
+        });
+    }
+    Ok(top)
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -93,17 +141,29 @@ fn read_sketch(s: &str) -> Result<DDSketch, String> {
 /// The histories as the file holds them, at `now` (Unix seconds).
 #[must_use]
 pub fn encode(histories: &Histories, now: u64) -> Vec<u8> {
-    let slot = |s: &Slot, len: u64| SlotV1 {
+    let slot = |s: &Slot, len: u64| SlotV2 {
         start: s.start,
         len,
         peak_1s: hex(&s.dist.peak_1s.to_java_bytes()),
         peak_10s: hex(&s.dist.peak_10s.to_java_bytes()),
         burst: hex(&s.dist.burst.to_java_bytes()),
+        heavy: s
+            .dist
+            .heavy
+            .entries()
+            .iter()
+            .map(|h| HeavyV2 {
+                source: h.source.to_string(),
+                peak_1s: h.peak_1s,
+                peak_10s: h.peak_10s,
+                burst: h.burst,
+            })
+            .collect(),
     };
     let limits = histories
         .iter()
         .filter(|(_, h)| !h.is_empty())
-        .map(|((rule, limit), h)| LimitV1 {
+        .map(|((rule, limit), h)| LimitV2 {
             rule: rule.clone(),
             limit: *limit,
             slots: h
@@ -119,7 +179,7 @@ pub fn encode(histories: &Histories, now: u64) -> Vec<u8> {
                 .collect(),
         })
         .collect();
-    serde_json::to_vec(&FileV1 {
+    serde_json::to_vec(&FileV2 {
         version: VERSION,
         saved_unix: now,
         limits,
@@ -136,13 +196,13 @@ pub fn decode(bytes: &[u8], now: u64, max_limits: usize) -> Result<Histories, St
     }
     let v: Version =
         serde_json::from_slice(bytes).map_err(|e| format!("not a learned-state file: {e}"))?;
-    if v.version != VERSION {
+    if !(OLDEST..=VERSION).contains(&v.version) {
         return Err(format!(
-            "version {} (this agent reads version {VERSION})",
+            "version {} (this agent reads versions {OLDEST} to {VERSION})",
             v.version
         ));
     }
-    let file: FileV1 = serde_json::from_slice(bytes).map_err(|e| format!("malformed: {e}"))?;
+    let file: FileV2 = serde_json::from_slice(bytes).map_err(|e| format!("malformed: {e}"))?;
     if file.limits.len() > max_limits {
         return Err(format!(
             "{} limits (at most {max_limits})",
@@ -174,6 +234,7 @@ pub fn decode(bytes: &[u8], now: u64, max_limits: usize) -> Result<Histories, St
                 peak_1s: read_sketch(&s.peak_1s)?,
                 peak_10s: read_sketch(&s.peak_10s)?,
                 burst: read_sketch(&s.burst)?,
+                heavy: read_heavy(&l.rule, s.heavy)?,
             };
             if s.start + s.len + DAY_SECS <= now {
                 continue;

@@ -1,12 +1,12 @@
 //! From a learned distribution to a proposed limit: `rate` at the quantile asked of the 10 s
 //! peak rates, times the headroom; `burst` at that quantile of the bursts, times the headroom,
 //! and for TCP at least [`TCP_BURST_SECS`] of the rate; and what that limit would have done to
-//! the traffic observed.
+//! the traffic observed, naming the heaviest sources it would have limited.
 
 use serde::Serialize;
 use sketches_ddsketch::DDSketch;
 
-use super::history::Dist;
+use super::{heavy::Heavy, history::Dist};
 
 /// The burst a TCP flow needs, in seconds of the rate (the config's, which `check` warns by).
 pub use crate::config::TCP_BURST_SECS;
@@ -106,6 +106,23 @@ pub struct Effect {
     pub limited_sources: u64,
     /// Share of the observed peak traffic above the rate, 0 to 1.
     pub limited_share: f64,
+    /// The heaviest sources it would have limited, heaviest first by 1 s peak: of the
+    /// [`super::heavy::HEAVY_K`] heaviest kept per slot, those whose 10 s peak exceeds the rate or
+    /// whose 1 s peak exceeds the rate and the burst together (more in their busiest second than
+    /// the bucket lets through in one).
+    pub limited_heaviest: Vec<Heavy>,
+}
+
+/// Of `dist`'s heaviest buckets, those `p` would have limited, heaviest first.
+#[expect(clippy::cast_precision_loss, reason = "a rate and a burst")]
+fn limited_heaviest(dist: &Dist, p: Proposed) -> Vec<Heavy> {
+    let (rate, burst) = (p.rate as f64, p.burst as f64);
+    dist.heavy
+        .entries()
+        .iter()
+        .filter(|h| h.peak_10s > rate || h.peak_1s > rate + burst)
+        .copied()
+        .collect()
 }
 
 /// One bin of the histogram of the 10 s peak rates (log-spaced).
@@ -275,18 +292,20 @@ pub fn suggest(
         excess += (v - rate_f).max(0.0);
         total += v;
     }
+    let proposed = Proposed { rate, burst };
     Suggestion {
         rule: rule.to_owned(),
         limit,
         sources: (n * scale).round() as u64,
         observed,
-        proposed: Proposed { rate, burst },
+        proposed,
         current,
         tcp,
         reasons,
         effect: Effect {
             limited_sources,
             limited_share: if total > 0.0 { excess / total } else { 0.0 },
+            limited_heaviest: limited_heaviest(dist, proposed),
         },
         histogram: histogram(&dist.peak_10s, scale),
     }

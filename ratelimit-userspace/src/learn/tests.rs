@@ -3,6 +3,7 @@
 use ratelimit_common::{bucket_rule, family, Bucket};
 
 use super::{
+    heavy::{Heavy, Source, Top, HEAVY_K},
     history::{History, Observation, DAY_SECS, HOUR_SECS, SLOT_SECS},
     persist,
     suggest::{parse_since, suggest, Query, TCP_BURST_SECS},
@@ -32,6 +33,12 @@ fn bucket(id: u32, limit: u32, src: u32, created: u64, pkts: u32) -> Bucket {
         passed_pkts: pkts,
         ..Bucket::default()
     }
+}
+
+/// The key of source `i`, 198.18.0.0/15 counted from 198.18.0.1, as a /32.
+fn src(i: u32) -> Source {
+    let ip = std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(198, 18, 0, 1)) + i);
+    Source(Some(ipnet::IpNet::from(std::net::IpAddr::V4(ip))))
 }
 
 fn obs(rate: f64) -> Observation {
@@ -79,7 +86,7 @@ fn true_quantile(v: &[f64], q: f64) -> f64 {
 #[test]
 fn a_bucket_s_peaks_and_burst_come_from_its_counters() {
     let mut t = Tracker::new();
-    let mut gone = |_: u16, _: Observation| panic!("nothing goes");
+    let mut gone = |_: &ratelimit_common::BucketKey, _: Observation| panic!("nothing goes");
     for s in 0..=15u32 {
         t.begin();
         t.read(0, &bucket(1, 0, 1, 0, 100 * s), u64::from(s) * S, &mut gone);
@@ -115,16 +122,16 @@ fn a_bucket_evicted_is_observed_as_it_goes() {
             &bucket(1, 0, 1, 0, 50 * s),
             u64::from(s) * S,
             &mut |w, o| {
-                out.push((w, o));
+                out.push((*w, o));
             },
         );
-        t.end(&mut |w, o| out.push((w, o)));
+        t.end(&mut |w, o| out.push((*w, o)));
     }
     t.begin();
     t.read(5, &bucket(2, 0, 9, 4 * S, 7), 4 * S, &mut |w, o| {
-        out.push((w, o))
+        out.push((*w, o))
     });
-    t.end(&mut |w, o| out.push((w, o)));
+    t.end(&mut |w, o| out.push((*w, o)));
     assert_eq!(out.len(), 1, "{out:?}");
     // 150 packets over a 10 s window that it did not live out: 15/s.
     assert!((out[0].1.peak_10s - 15.0).abs() < 1e-6, "{out:?}");
@@ -152,9 +159,9 @@ fn the_followed_set_is_bounded_whatever_the_number_of_sources() {
 fn history_keeps_an_hour_by_slot_and_a_day_by_hour() {
     let mut h = History::default();
     let t0 = 10 * DAY_SECS;
-    h.add(t0, &obs(10.0));
-    h.add(t0 + SLOT_SECS, &obs(20.0));
-    h.add(t0 + 2 * HOUR_SECS, &obs(30.0));
+    h.add(t0, &obs(10.0), src(1));
+    h.add(t0 + SLOT_SECS, &obs(20.0), src(2));
+    h.add(t0 + 2 * HOUR_SECS, &obs(30.0), src(3));
     assert_eq!(h.since(t0 + 2 * HOUR_SECS, HOUR_SECS).count(), 1);
     assert_eq!(h.since(t0 + 2 * HOUR_SECS, DAY_SECS).count(), 3);
     assert_eq!(h.hours.len(), 1, "the first hour's two slots, merged");
@@ -163,17 +170,113 @@ fn history_keeps_an_hour_by_slot_and_a_day_by_hour() {
     assert!(h.hours.is_empty() && h.recent.len() <= 1);
 }
 
-/// The state file reads back what was written: the same quantiles, slot by slot.
+fn heavy(i: u32, peak_1s: f64, peak_10s: f64, burst: f64) -> Heavy {
+    Heavy {
+        source: src(i),
+        peak_1s,
+        peak_10s,
+        burst,
+    }
+}
+
+/// A list keeps the [`HEAVY_K`] heaviest by 1 s peak, heaviest first, whatever the order they
+/// come in; a source seen again keeps its highest figures, each on its own; a bucket that sent
+/// nothing over a second is not named.
+#[test]
+fn a_heavy_list_keeps_the_k_heaviest_one_entry_a_source() {
+    let mut t = Top::default();
+    // 200 sources in a scrambled order, source i at 1 s peak i + 1.
+    for k in 0..200u32 {
+        let i = (k * 77) % 200;
+        t.add(heavy(i, f64::from(i + 1), 1.0, 0.0));
+    }
+    t.add(heavy(500, 0.0, 0.0, 0.0));
+    assert_eq!(t.len(), HEAVY_K);
+    let names: Vec<Source> = t.entries().iter().map(|h| h.source).collect();
+    let want: Vec<Source> = (0..HEAVY_K as u32).map(|k| src(199 - k)).collect();
+    assert_eq!(names, want);
+    // Source 190 again: a lower 1 s peak, a higher 10 s peak and burst.
+    t.add(heavy(190, 50.0, 120.0, 30.0));
+    let e = t.entries().iter().find(|h| h.source == src(190)).unwrap();
+    assert_eq!((e.peak_1s, e.peak_10s, e.burst), (191.0, 120.0, 30.0));
+    assert_eq!(t.len(), HEAVY_K);
+    // Lighter than the lightest: not named, and nothing goes.
+    t.add(heavy(900, 10.0, 10.0, 0.0));
+    assert!(t.entries().iter().all(|h| h.source != src(900)));
+    assert_eq!(t.entries().last().unwrap().source, src(184));
+}
+
+/// Merging lists (slots into an hour, hours into a day) gives the [`HEAVY_K`] heaviest of the
+/// union, each source once with its highest figures: the same as one list fed every
+/// observation.
+#[test]
+fn heavy_lists_merge_into_the_heaviest_of_the_union() {
+    let rates = lognormal(600, 40.0, 11);
+    let mut parts = vec![Top::default(); 6];
+    let mut whole = Top::default();
+    for (k, r) in rates.iter().enumerate() {
+        // 100 sources, each in several parts with different figures.
+        let h = heavy(u32::try_from(k % 100).unwrap(), *r, r / 2.0, r / 10.0);
+        parts[k % 6].add(h);
+        whole.add(h);
+    }
+    let mut merged = Top::default();
+    for p in &parts {
+        merged.merge(p);
+    }
+    assert_eq!(merged, whole);
+    assert_eq!(merged.len(), HEAVY_K);
+    // Through the history: slots of the last hour become an hour of the day, and `since` over
+    // the day merges hours and slots alike.
+    let mut h = History::default();
+    let t0 = 10 * DAY_SECS;
+    for (k, r) in rates.iter().enumerate() {
+        let at = t0 + (k as u64 % 6) * 20 * 60;
+        h.add(at, &obs(*r), src(u32::try_from(k % 100).unwrap()));
+    }
+    h.roll(t0 + 3 * HOUR_SECS);
+    assert!(!h.hours.is_empty());
+    let day = h.since(t0 + 3 * HOUR_SECS, DAY_SECS);
+    let names: Vec<Source> = day.heavy.entries().iter().map(|e| e.source).collect();
+    let want: Vec<Source> = whole.entries().iter().map(|e| e.source).collect();
+    assert_eq!(names, want);
+}
+
+/// Whether two lists name the same sources in the same order with the same figures (to the
+/// last digits JSON keeps).
+fn same_heavy(a: &Top, b: &Top) -> bool {
+    let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * x.abs().max(1.0);
+    a.len() == b.len()
+        && a.entries().iter().zip(b.entries()).all(|(x, y)| {
+            x.source == y.source
+                && close(x.peak_1s, y.peak_1s)
+                && close(x.peak_10s, y.peak_10s)
+                && close(x.burst, y.burst)
+        })
+}
+
+/// The state file reads back what was written: the same quantiles and the same heaviest
+/// buckets (an IPv4 source, an IPv6 prefix, a rule's one bucket), slot by slot.
 #[test]
 fn the_state_file_reads_back_what_was_written() {
     let mut all = persist::Histories::new();
     let now = 100 * DAY_SECS + 123;
     let mut h = History::default();
     for (i, r) in lognormal(500, 50.0, 7).into_iter().enumerate() {
-        h.add(now - 2 * HOUR_SECS + (i as u64) * 10, &obs(r));
+        h.add(
+            now - 2 * HOUR_SECS + (i as u64) * 10,
+            &obs(r),
+            src(i as u32),
+        );
     }
+    let v6 = Source(Some("2001:db8:7::/48".parse().unwrap()));
+    h.add(now - HOUR_SECS, &obs(9_000.0), v6);
+    h.add(now, &obs(7_000.0), Source(None));
     all.insert(("web".into(), 2), h.clone());
     let bytes = persist::encode(&all, now);
+    let text = String::from_utf8(bytes.clone()).unwrap();
+    assert!(text.contains("\"source\":\"2001:db8:7::/48\""), "{text}");
+    assert!(text.contains("\"source\":\"*\""), "{text}");
     let back = persist::decode(&bytes, now, MAX_LIMITS).unwrap();
     let got = &back[&("web".to_owned(), 2)];
     for since in [HOUR_SECS, DAY_SECS] {
@@ -185,7 +288,55 @@ fn the_state_file_reads_back_what_was_written() {
                 b.peak_10s.quantile(q).unwrap()
             );
         }
+        assert_eq!(a.heavy.len(), HEAVY_K);
+        assert!(
+            same_heavy(&a.heavy, &b.heavy),
+            "{:?}\n{:?}",
+            a.heavy,
+            b.heavy
+        );
     }
+    let day = got.since(now, DAY_SECS);
+    assert_eq!(day.heavy.entries()[0].source, v6);
+    assert_eq!(day.heavy.entries()[1].source, Source(None));
+}
+
+/// A version 1 file (written before the heaviest buckets were kept) reads back as the history
+/// it holds, naming no bucket: an upgrade keeps what was learned. Refusing it would drop up to
+/// a day of history for want of a list that fills again in five minutes.
+#[test]
+fn a_version_1_file_reads_back_without_heaviest_buckets() {
+    let now = 100 * DAY_SECS + 123;
+    let mut h = History::default();
+    for (i, r) in lognormal(200, 50.0, 3).into_iter().enumerate() {
+        h.add(
+            now - 3 * HOUR_SECS + (i as u64) * 30,
+            &obs(r),
+            src(i as u32),
+        );
+    }
+    let mut all = persist::Histories::new();
+    all.insert(("web".into(), 1), h.clone());
+    // Version 1 as it was written: the same but for the version and the slots' `heavy`.
+    let mut v: serde_json::Value = serde_json::from_slice(&persist::encode(&all, now)).unwrap();
+    assert_eq!(v["version"], persist::VERSION);
+    v["version"] = 1.into();
+    for slot in v["limits"][0]["slots"].as_array_mut().unwrap() {
+        assert!(slot.as_object_mut().unwrap().remove("heavy").is_some());
+    }
+    let v1 = serde_json::to_vec(&v).unwrap();
+    let back = persist::decode(&v1, now, MAX_LIMITS).unwrap();
+    let got = &back[&("web".to_owned(), 1)];
+    let (a, b) = (h.since(now, DAY_SECS), got.since(now, DAY_SECS));
+    assert_eq!(a.count(), b.count());
+    assert_eq!(
+        a.peak_10s.quantile(0.9).unwrap(),
+        b.peak_10s.quantile(0.9).unwrap()
+    );
+    assert!(b.heavy.is_empty(), "{:?}", b.heavy);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(persist::path(dir.path()), &v1).unwrap();
+    assert_eq!(Learner::new(Some(dir.path().to_path_buf())).limits(), 1);
 }
 
 /// A file that is not whole JSON, of another version, or whose sketch does not decode is
@@ -195,25 +346,42 @@ fn a_corrupt_or_unknown_version_file_is_refused_and_the_learner_starts_fresh() {
     let now = 100 * DAY_SECS;
     let mut all = persist::Histories::new();
     let mut h = History::default();
-    h.add(now, &obs(5.0));
+    h.add(now, &obs(5.0), src(1));
     all.insert(("web".into(), 1), h);
     let good = persist::encode(&all, now);
     let text = String::from_utf8(good.clone()).unwrap();
 
     let cut = persist::decode(&good[..good.len() / 2], now, MAX_LIMITS).unwrap_err();
     assert!(cut.contains("not a learned-state file"), "{cut}");
-    let v2 = text.replacen("\"version\":1", "\"version\":2", 1);
-    let err = persist::decode(v2.as_bytes(), now, MAX_LIMITS).unwrap_err();
-    assert!(err.contains("version 2"), "{err}");
+    let v3 = text.replacen("\"version\":2", "\"version\":3", 1);
+    let err = persist::decode(v3.as_bytes(), now, MAX_LIMITS).unwrap_err();
+    assert!(err.contains("version 3"), "{err}");
+    let v0 = text.replacen("\"version\":2", "\"version\":0", 1);
+    assert!(persist::decode(v0.as_bytes(), now, MAX_LIMITS).is_err());
     let i = text.find("\"peak_10s\":\"").unwrap() + 12;
     let mut bad = text.clone();
     bad.replace_range(i..i + 4, "zz00");
     assert!(persist::decode(bad.as_bytes(), now, MAX_LIMITS).is_err());
     let long = text.replacen("\"limit\":1", "\"limit\":9", 1);
     assert!(persist::decode(long.as_bytes(), now, MAX_LIMITS).is_err());
+    // A heavy bucket whose source is no prefix, whose figure is negative, or a list longer than
+    // a list holds.
+    let named = "\"source\":\"198.18.0.2/32\"";
+    assert!(text.contains(named), "{text}");
+    let not_addr = text.replacen(named, "\"source\":\"198.18.0.300\"", 1);
+    let err = persist::decode(not_addr.as_bytes(), now, MAX_LIMITS).unwrap_err();
+    assert!(err.contains("198.18.0.300"), "{err}");
+    let negative = text.replacen("\"burst\":0.25", "\"burst\":-1.0", 1);
+    assert_ne!(negative, text);
+    assert!(persist::decode(negative.as_bytes(), now, MAX_LIMITS).is_err());
+    let one = &text[text.find("{\"source\"").unwrap()..text.find("}]").unwrap() + 1];
+    let many = vec![one; HEAVY_K + 1].join(",");
+    let long_list = text.replacen(one, &many, 1);
+    let err = persist::decode(long_list.as_bytes(), now, MAX_LIMITS).unwrap_err();
+    assert!(err.contains("buckets"), "{err}");
 
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(persist::path(dir.path()), v2).unwrap();
+    std::fs::write(persist::path(dir.path()), v3).unwrap();
     let err = persist::read(dir.path(), now, MAX_LIMITS).unwrap_err();
     assert!(err.contains("version"), "{err}");
     let learner = Learner::new(Some(dir.path().to_path_buf()));
@@ -253,8 +421,8 @@ fn the_proposal_is_the_quantile_times_the_headroom() {
     rates.extend([5_000.0, 8_000.0, 12_000.0]);
     let mut h = History::default();
     let now = 50 * DAY_SECS;
-    for r in &rates {
-        h.add(now, &obs(*r));
+    for (i, r) in rates.iter().enumerate() {
+        h.add(now, &obs(*r), src(i as u32));
     }
     let q = Query {
         rule: None,
@@ -279,6 +447,12 @@ fn the_proposal_is_the_quantile_times_the_headroom() {
     assert!(s.effect.limited_share > 0.0 && s.effect.limited_share < 1.0);
     let binned = s.histogram.iter().map(|b| b.sources).sum::<u64>();
     assert!((1000..=1006).contains(&binned), "{binned} in the histogram");
+    // The heaviest it would have limited: the three heavy hitters first, heaviest first, then
+    // the heaviest of the rest, as many as a list holds (all of them above the rate).
+    let named: Vec<Source> = s.effect.limited_heaviest.iter().map(|h| h.source).collect();
+    assert_eq!(named.len(), HEAVY_K, "{named:?}");
+    assert_eq!(named[..3], [src(1002), src(1001), src(1000)]);
+    assert!((s.effect.limited_heaviest[0].peak_10s - 12_000.0).abs() < 1e-6);
     // TCP: the burst is at least 0.2 s of the rate, and it says why.
     let tcp = suggest(("web", 1), &h.since(now, HOUR_SECS), &q, (1.0, true, None));
     #[expect(
@@ -306,7 +480,7 @@ fn a_small_population_s_effect_counts_every_source_above_the_rate() {
     let mut h = History::default();
     let now = 50 * DAY_SECS;
     for k in 1..=20u32 {
-        h.add(now, &obs(f64::from(k * 10)));
+        h.add(now, &obs(f64::from(k * 10)), src(k));
     }
     let q = Query {
         rule: None,
@@ -317,6 +491,19 @@ fn a_small_population_s_effect_counts_every_source_above_the_rate() {
     let s = suggest(("web", 1), &h.since(now, HOUR_SECS), &q, (1.0, false, None));
     assert!((176..=184).contains(&s.proposed.rate), "{:?}", s.proposed);
     assert_eq!(s.effect.limited_sources, 2, "{:?}", s.effect);
+    // Named: those above the rate, and those whose busiest second (1.2 x their rate) is above
+    // rate + burst: 170/s, under the rate, sent 204 in a second, over at most 184 + 10.
+    #[expect(clippy::cast_precision_loss, reason = "a rate and a burst")]
+    let (rate, burst) = (s.proposed.rate as f64, s.proposed.burst as f64);
+    let want: Vec<Source> = (1..=20u32)
+        .rev()
+        .filter(|&k| f64::from(k * 10) > rate || f64::from(k * 12) > rate + burst)
+        .map(src)
+        .collect();
+    let named: Vec<Source> = s.effect.limited_heaviest.iter().map(|h| h.source).collect();
+    assert_eq!(named, want, "{:?}", s.proposed);
+    assert_eq!(named[..2], [src(20), src(19)]);
+    assert!(named.contains(&src(17)), "{named:?}");
     let binned = s.histogram.iter().map(|b| b.sources).sum::<u64>();
     assert_eq!(binned, 20, "{:?}", s.histogram);
     let all = Query {
@@ -331,6 +518,7 @@ fn a_small_population_s_effect_counts_every_source_above_the_rate() {
         (1.0, false, None),
     );
     assert_eq!(none.effect.limited_sources, 0, "{:?}", none.effect);
+    assert!(none.effect.limited_heaviest.is_empty(), "{:?}", none.effect);
 }
 
 /// The learner end to end on a synthetic store: buckets of two limits of a rule, walked once a
@@ -378,6 +566,19 @@ fn the_learner_suggests_per_rule_and_limit() {
     );
     assert!(out[0].tcp);
     assert_eq!(out[0].current.map(|c| c.rate), Some(100));
+    // At the median, the heaviest limited are named by their keys: the source of limit 1 (per
+    // source, /32), the /24 of limit 2 (every odd record here is of 0.0.0.0/24: one entry).
+    let median = Query {
+        quantile: 0.5,
+        ..q.clone()
+    };
+    let out = l.suggest(&set, &median).unwrap();
+    let names = |s: &super::suggest::Suggestion| -> Vec<String> {
+        let h = &s.effect.limited_heaviest;
+        h.iter().map(|h| h.source.to_string()).collect()
+    };
+    assert_eq!(names(&out[0])[..2], ["0.0.0.18/32", "0.0.0.16/32"]);
+    assert_eq!(names(&out[1]), ["0.0.0.0/24"]);
     let missing = Query {
         rule: Some("nope".into()),
         ..q
@@ -444,6 +645,7 @@ fn a_million_sources_keep_the_learner_within_its_bounds() {
         limits: 0,
         slots: 0,
         bins: 0,
+        heavy: 0,
     };
     for (w, at) in steps.enumerate() {
         let w = u32::try_from(w).unwrap();
@@ -467,6 +669,7 @@ fn a_million_sources_keep_the_learner_within_its_bounds() {
             limits: most.limits.max(f.limits),
             slots: most.slots.max(f.slots),
             bins: most.bins.max(f.bins),
+            heavy: most.heavy.max(f.heavy),
         };
     }
     eprintln!("at most: {most:?}");
@@ -490,4 +693,13 @@ fn a_million_sources_keep_the_learner_within_its_bounds() {
     assert!(most.bins <= most.slots * 3 * 640, "{most:?}");
     let sketch_bytes = most.bins * 8;
     assert!(sketch_bytes <= 40 << 20, "{sketch_bytes} bytes of bins");
+    // The heaviest lists: at most HEAVY_K a slot, and full ones here (thousands of sources a
+    // limit).
+    assert!(most.heavy <= most.slots * HEAVY_K, "{most:?}");
+    assert!(most.heavy >= most.slots * HEAVY_K / 2, "{most:?}");
+    let heavy_bytes = most.heavy * super::heavy::HEAVY_BYTES;
+    assert!(
+        heavy_bytes <= 2 << 20,
+        "{heavy_bytes} bytes of heaviest lists"
+    );
 }

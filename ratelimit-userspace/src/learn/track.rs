@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use ratelimit_common::{counter_advance, split_bucket_rule, Bucket};
+use ratelimit_common::{counter_advance, split_bucket_rule, Bucket, BucketKey};
 
 use super::history::Observation;
 
@@ -26,10 +26,9 @@ const MIN_INTERVAL_NS: u64 = 1_000_000_000;
 /// One followed bucket.
 #[derive(Clone, Debug)]
 struct Tracked {
-    /// Its key's rule word and address, and the life of its record (creation time): a record
-    /// holding anything else is another bucket.
-    rule: u16,
-    addr: [u8; 16],
+    /// Its key (rule word, family, address), and the life of its record (creation time): a
+    /// record holding anything else is another bucket.
+    key: BucketKey,
     created: u64,
     /// Packets (passed and dropped) at the last reading, and when (`CLOCK_MONOTONIC` ns).
     last: (u32, u32),
@@ -56,8 +55,7 @@ fn rate(count: u64, ns: u64) -> f64 {
 impl Tracked {
     fn new(b: &Bucket, now: u64, walk: u64) -> Self {
         Self {
-            rule: b.rule,
-            addr: b.addr,
+            key: b.key(),
             created: b.created_ns(),
             last: (b.passed_pkts, b.dropped_pkts),
             last_ns: now,
@@ -73,7 +71,7 @@ impl Tracked {
     }
 
     fn same(&self, b: &Bucket) -> bool {
-        self.rule == b.rule && self.addr == b.addr && self.created == b.created_ns()
+        self.key == b.key() && self.created == b.created_ns()
     }
 
     fn read(&mut self, b: &Bucket, now: u64) {
@@ -156,8 +154,8 @@ fn sample_hash(index: u32) -> u32 {
 
 /// (rule id, limit index) of a bucket's key word.
 #[must_use]
-pub fn rule_of(rule: u16) -> (u32, usize) {
-    split_bucket_rule(u32::from(rule))
+pub fn rule_of(rule: u32) -> (u32, usize) {
+    split_bucket_rule(rule)
 }
 
 impl Tracker {
@@ -202,13 +200,13 @@ impl Tracker {
     }
 
     /// Reads record `index` holding `b` at `now` (`CLOCK_MONOTONIC` ns); `gone` receives the
-    /// observation of a bucket whose record now holds another (its rule word first).
+    /// observation of a bucket whose record now holds another (its key first).
     pub fn read(
         &mut self,
         index: u32,
         b: &Bucket,
         now: u64,
-        gone: &mut impl FnMut(u16, Observation),
+        gone: &mut impl FnMut(&BucketKey, Observation),
     ) {
         if sample_hash(index) > self.threshold {
             return;
@@ -221,7 +219,7 @@ impl Tracker {
             }
             Some(t) => {
                 if let Some(o) = t.observation(true) {
-                    gone(t.rule, o);
+                    gone(&t.key, o);
                 }
                 *t = Tracked::new(b, now, walk);
             }
@@ -240,7 +238,7 @@ impl Tracker {
 
     /// Halves the sample until the followed set has room for one more, giving up the
     /// observations of what it drops.
-    fn thin(&mut self, gone: &mut impl FnMut(u16, Observation)) {
+    fn thin(&mut self, gone: &mut impl FnMut(&BucketKey, Observation)) {
         while self.tracked.len() >= MAX_TRACKED && self.threshold > 0 {
             self.threshold /= 2;
             let threshold = self.threshold;
@@ -248,7 +246,7 @@ impl Tracker {
                 let keep = sample_hash(i) <= threshold;
                 if !keep {
                     if let Some(o) = t.observation(true) {
-                        gone(t.rule, o);
+                        gone(&t.key, o);
                     }
                 }
                 keep
@@ -257,25 +255,25 @@ impl Tracker {
     }
 
     /// Ends a walk: buckets it did not see are gone, their observations to `gone`.
-    pub fn end(&mut self, gone: &mut impl FnMut(u16, Observation)) {
+    pub fn end(&mut self, gone: &mut impl FnMut(&BucketKey, Observation)) {
         let walk = self.walk;
         self.tracked.retain(|_, t| {
             let keep = t.seen == walk;
             if !keep {
                 if let Some(o) = t.observation(true) {
-                    gone(t.rule, o);
+                    gone(&t.key, o);
                 }
             }
             keep
         });
     }
 
-    /// The observations so far of the live buckets (rule word first); with `restart`, their
+    /// The observations so far of the live buckets (their keys first); with `restart`, their
     /// slot begins anew.
-    pub fn live(&mut self, restart: bool, each: &mut impl FnMut(u16, Observation)) {
+    pub fn live(&mut self, restart: bool, each: &mut impl FnMut(&BucketKey, Observation)) {
         for t in self.tracked.values_mut() {
             if let Some(o) = t.observation(false) {
-                each(t.rule, o);
+                each(&t.key, o);
             }
             if restart {
                 t.restart();

@@ -51,8 +51,14 @@ pub fn limit_bucket_key(
 /// source of the rule, of both families).
 #[must_use]
 pub fn key_source(key: &BucketKey, mask: &[u32; 4]) -> String {
+    key_net(key, mask).map_or_else(|| "*".to_owned(), |n| n.to_string())
+}
+
+/// The prefix [`key_source`] shows, `None` for `*` (a mask of all zero).
+#[must_use]
+pub fn key_net(key: &BucketKey, mask: &[u32; 4]) -> Option<ipnet::IpNet> {
     if *mask == [0; 4] {
-        return "*".to_owned();
+        return None;
     }
     let bits = mask.iter().map(|w| w.count_ones()).sum::<u32>();
     let len = if key.family == family::V4 {
@@ -61,8 +67,10 @@ pub fn key_source(key: &BucketKey, mask: &[u32; 4]) -> String {
         bits.min(128)
     };
     let addr = bucket_addr(key);
-    ipnet::IpNet::new(addr, u8::try_from(len).unwrap_or(0))
-        .map_or_else(|_| addr.to_string(), |n| n.trunc().to_string())
+    Some(
+        ipnet::IpNet::new(addr, u8::try_from(len).unwrap_or(0))
+            .map_or_else(|_| ipnet::IpNet::from(addr), |n| n.trunc()),
+    )
 }
 
 /// The address (masked source) a bucket key stands for.

@@ -1,6 +1,6 @@
 //! `ratelimit suggest`: per rule and limit, what its sources sent (quantiles and a histogram of
-//! their 10 s peak rates), the proposed `rate` and `burst`, what they would have done, and the
-//! TOML to write.
+//! their 10 s peak rates), the proposed `rate` and `burst`, what they would have done (and to
+//! which of the heaviest sources), and the TOML to write.
 
 use std::fmt::Write as _;
 
@@ -10,6 +10,8 @@ use super::{cell, table};
 
 /// Width of the histogram's longest bar.
 const BAR: usize = 40;
+/// Most of the heaviest limited sources listed (`--json` has them all).
+const HEAVIEST: usize = 5;
 
 fn f(v: &Value) -> String {
     v.as_f64()
@@ -100,10 +102,38 @@ fn one(out: &mut String, s: &Value, since: u64) {
         cell(&e["limited_sources"]),
         e["limited_share"].as_f64().unwrap_or(0.0) * 100.0
     );
+    heaviest(out, e["limited_heaviest"].as_array().unwrap_or(&empty));
     for r in s["reasons"].as_array().unwrap_or(&empty) {
         let _ = writeln!(out, "  {}", r.as_str().unwrap_or(""));
     }
     out.push_str(&suggestion_toml(rule, limit, rate, burst));
+}
+
+/// The heaviest sources a proposal would have limited, at most [`HEAVIEST`] of them, indented.
+fn heaviest(out: &mut String, all: &[Value]) {
+    if all.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "the heaviest sources it would have limited:");
+    let rows: Vec<Vec<String>> = all
+        .iter()
+        .take(HEAVIEST)
+        .map(|h| {
+            vec![
+                cell(&h["source"]),
+                f(&h["peak_1s"]),
+                f(&h["peak_10s"]),
+                f(&h["burst"]),
+            ]
+        })
+        .collect();
+    let header = ["SOURCE", "PEAK 1 S (/s)", "PEAK 10 S (/s)", "BURST"];
+    for line in table(&header, &rows).lines() {
+        let _ = writeln!(out, "  {line}");
+    }
+    if all.len() > HEAVIEST {
+        let _ = writeln!(out, "  ... {} more in --json", all.len() - HEAVIEST);
+    }
 }
 
 fn since_text(secs: u64) -> String {
