@@ -94,7 +94,7 @@ pub mod family {
     /// first address byte, bit 7 of the word as the masks are read (little-endian). [`V6`] with
     /// bit 1 cleared is [`V4`]. So three operations on one word: the program computes this for
     /// every key, in frames that have no register to spare (a test of all four words cost one
-    /// of them a stack slot past the verifier's 512 bytes).
+    /// of them a stack slot).
     #[inline(always)]
     #[must_use]
     pub const fn of_key(family: u8, mask0: u32) -> u8 {

@@ -216,6 +216,25 @@ impl VictimChooser {
         }
     }
 
+    /// Sets `*this` to [`VictimChooser::new`] field by field, volatile (see [`Self::offer`]): the
+    /// XDP program's `write_volatile` of a whole chooser built it on the program's stack first.
+    ///
+    /// # Safety
+    /// `this` is valid for writes.
+    #[inline(always)]
+    pub unsafe fn reset(this: *mut Self) {
+        use core::ptr::write_volatile as set;
+        // SAFETY: the caller's `this`, valid for writes.
+        unsafe {
+            set(&raw mut (*this).used[0], 0);
+            set(&raw mut (*this).used[1], 0);
+            set(&raw mut (*this).free[0], u32::MAX);
+            set(&raw mut (*this).free[1], u32::MAX);
+            set(&raw mut (*this).best, victim::BUSY);
+            set(&raw mut (*this).best_at, u32::MAX);
+        }
+    }
+
     /// Candidate `c` would lose `score`.
     ///
     /// Every field is read and written with a volatile access: the XDP program keeps its chooser

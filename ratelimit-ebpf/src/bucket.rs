@@ -278,7 +278,7 @@ fn gcra(tat: *mut u64, (now, floor): (u64, u64), cost: u64, tolerance: u64, dom:
 /// share word, and whether the agent's shares are in force (`shares_until`,
 /// `Config::shares_until_ns`, ahead of `now`; once they lapse, every bucket is charged at the
 /// whole rate: fail open). Inline, and with the config word passed in: a map lookup here (a
-/// helper call) would cost the program's frame stack it does not have (CONSTRAINTS.md, "Stack").
+/// helper call) would cost the program's frame a stack slot (CONSTRAINTS.md, "Stack").
 #[inline(always)]
 fn domain<P: Params>(bucket: *const Bucket, rule: &P, now: u64, ck: *const ChargeClock) -> Domain {
     domain_of(bucket, rule.flags(), now, ck)
@@ -308,7 +308,7 @@ pub fn domain_of(bucket: *const Bucket, flags: u32, now: u64, ck: *const ChargeC
 /// `ratelimit_common::share`), through [`charge_cluster`].
 ///
 /// `CALL`: through the BPF global function [`rl_charge_cluster`] (from the program's own frame),
-/// or inline (from `one_limit`, where a call would stack a third frame past 512 bytes): see
+/// or inline (from `one_limit`, where a call would stack a third frame past 448 bytes): see
 /// CONSTRAINTS.md, "Global functions".
 #[inline(always)]
 pub fn charge<P: Params, const CALL: bool>(

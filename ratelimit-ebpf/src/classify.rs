@@ -58,7 +58,7 @@ pub fn classify(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
     {
         return hit(c.rule);
     }
-    let found = lookup(pkt, epoch);
+    let found = lookup(pkt, epoch, s);
     let rule = found as u32;
     fill(
         slot,
@@ -147,8 +147,8 @@ pub enum WithoutL4 {
 /// other protocols are never its datagram's and are passed over, and the first rule that fits
 /// whatever the port is the one (as [`lookup`] would find it).
 #[inline(always)]
-pub fn without_l4(pkt: &Packet, epoch: u32, protocol: u8) -> WithoutL4 {
-    let Some(set) = PREFIXES.get(prefix_key(pkt, epoch)) else {
+pub fn without_l4(pkt: &Packet, epoch: u32, protocol: u8, s: *mut Scratch) -> WithoutL4 {
+    let Some(set) = PREFIXES.get(prefix_key(pkt, epoch, s)) else {
         return WithoutL4::NoRule;
     };
     let len = set.len as usize;
@@ -180,20 +180,21 @@ pub fn without_l4(pkt: &Packet, epoch: u32, protocol: u8) -> WithoutL4 {
     }
 }
 
-/// The prefix trie key of `pkt`'s source under `epoch`.
+/// The prefix trie key of `pkt`'s source under `epoch`, built in this CPU's scratch record
+/// rather than on the stack of the frames that inline the lookup (CONSTRAINTS.md, "Stack").
 #[inline(always)]
-fn prefix_key(pkt: &Packet, epoch: u32) -> Key<PrefixKey> {
-    let bits = if pkt.family == family::V4 { 32 } else { 128 };
-    // SAFETY: [u32; 4] and [u8; 16] have the same size and any bit pattern is valid for both.
-    let addr: [u8; 16] = unsafe { core::mem::transmute(pkt.src) };
-    Key::new(
-        PREFIX_KEY_HEADER_BITS + bits,
-        PrefixKey {
-            generation: prefix_generation(epoch),
-            family: pkt.family,
-            addr,
-        },
-    )
+fn prefix_key(pkt: &Packet, epoch: u32, s: *mut Scratch) -> &'static Key<PrefixKey> {
+    // SAFETY: this CPU's live scratch record (XDP runs with preemption disabled, and nothing else
+    // of this program run uses the key once the lookup returned).
+    unsafe {
+        let k = &raw mut (*s).trie_key;
+        (*k).prefix_len = PREFIX_KEY_HEADER_BITS + if pkt.family == family::V4 { 32 } else { 128 };
+        (*k).generation = prefix_generation(epoch);
+        (*k).family = pkt.family;
+        // SAFETY: [u32; 4] and [u16; 8] have the same size and any bit pattern is valid for both.
+        (*k).addr = core::mem::transmute::<[u32; 4], [u16; 8]>(pkt.src);
+        &*k.cast::<Key<PrefixKey>>()
+    }
 }
 
 /// Bit of [`lookup`]'s result: the result holds for every protocol and port.
@@ -213,9 +214,9 @@ pub const MISSING_RULE: u32 = ratelimit_common::MAX_RULES;
 /// rules tried (the cache keys on those bits: see `ClassSlot`). One integer rather than a tuple:
 /// simpler code for the verifier.
 #[inline(always)]
-fn lookup(pkt: &Packet, epoch: u32) -> u64 {
+fn lookup(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
     // (An IPv4 source whose /16 the table decides does not come here: see `classify`.)
-    let Some(set) = PREFIXES.get(prefix_key(pkt, epoch)) else {
+    let Some(set) = PREFIXES.get(prefix_key(pkt, epoch, s)) else {
         return ANY_L4 | u64::from(NO_RULE);
     };
     let len = set.len as usize;

@@ -12,24 +12,32 @@
 use aya_ebpf::bindings::BPF_ANY;
 use ratelimit_common::{family, frag_flags, FragEntry, FragKey, FRAGMENT_TIMEOUT_NS};
 
-use crate::{maps::FRAGMENTS, parse::Packet};
+use crate::{maps::FRAGMENTS, parse::Packet, scratch::Scratch};
 
-/// The datagram `pkt` is a fragment of.
+/// The datagram `pkt` is a fragment of, as the fragment table's key, built in this CPU's scratch
+/// record rather than on `decide_cut`'s frame (CONSTRAINTS.md, "Stack").
 #[inline(always)]
-fn key(pkt: &Packet) -> FragKey {
-    FragKey {
-        family: pkt.family,
-        // The kernel reassembles an IPv6 datagram by source, destination and identification
-        // alone: a later fragment naming another next header is still part of it.
-        protocol: if pkt.family == family::V6 {
-            0
-        } else {
-            pkt.frag_protocol
-        },
-        _pad: 0,
-        id: pkt.frag_id,
-        src: pkt.src,
-        dst: pkt.dst,
+fn key(pkt: &Packet, s: *mut Scratch) -> &'static FragKey {
+    // SAFETY: this CPU's live scratch record (XDP runs with preemption disabled); nothing else of
+    // this program run uses the key meanwhile.
+    unsafe {
+        let k = &raw mut (*s).frag_key;
+        *k = FragKey {
+            family: pkt.family,
+            // The kernel reassembles an IPv6 datagram by source, destination and
+            // identification alone: a later fragment naming another next header is still part
+            // of it.
+            protocol: if pkt.family == family::V6 {
+                0
+            } else {
+                pkt.frag_protocol
+            },
+            _pad: 0,
+            id: pkt.frag_id,
+            src: pkt.src,
+            dst: pkt.dst,
+        };
+        &*k
     }
 }
 
@@ -40,8 +48,8 @@ pub const REASON_SHIFT: u32 = 8;
 /// What the datagram's first fragment decided, for a fragment other than the first: `None` if it
 /// was not seen under this rule-set `epoch` within [`FRAGMENT_TIMEOUT_NS`].
 #[inline(always)]
-pub fn recall(pkt: &Packet, epoch: u32, now: u64) -> Option<FragEntry> {
-    let e = FRAGMENTS.get_ptr(key(pkt))?;
+pub fn recall(pkt: &Packet, epoch: u32, now: u64, s: *mut Scratch) -> Option<FragEntry> {
+    let e = FRAGMENTS.get_ptr(key(pkt, s))?;
     // SAFETY: a live map value.
     let e = unsafe { *e };
     (e.epoch == epoch && now.wrapping_sub(e.time_ns) < FRAGMENT_TIMEOUT_NS).then_some(e)
@@ -59,8 +67,9 @@ pub fn remember(
     now: u64,
     rule: u32,
     drop: Option<usize>,
+    s: *mut Scratch,
 ) -> Option<usize> {
-    let key = key(pkt);
+    let key = key(pkt, s);
     if let Some(e) = FRAGMENTS.get_ptr_mut(key) {
         // SAFETY: a live map value; a race with another CPU's first fragment of the same
         // datagram at worst keeps one classification or the other, both already judged.
@@ -80,7 +89,10 @@ pub fn remember(
             return None;
         }
     }
-    let entry = FragEntry {
+    // In the scratch record too, as the key.
+    // SAFETY: this CPU's live scratch record.
+    let entry = unsafe { &mut (*s).frag_entry };
+    *entry = FragEntry {
         epoch,
         rule,
         flags: match drop {

@@ -295,7 +295,7 @@ fn refund_extra(pkt: &Packet, rule: &Rule, k: usize) {
 /// program's frame past what the verifier allows beside `decide_cut`'s).
 ///
 /// A *global* BPF function, verified once on its own (CONSTRAINTS.md, "Global functions"); the
-/// chain through it to `store::other_holder` is at the verifier's 512 bytes ("Stack").
+/// chain through it to `store::other_holder` is the program's deepest ("Stack").
 ///
 /// # Safety
 /// `pkt`, `rule` and `slot` are null or point at a live packet, rule and classification slot.
@@ -332,7 +332,8 @@ pub unsafe extern "C" fn one_limit(
     let until = unsafe { &mut (*s).extra_until };
     *until = 0;
     // The cluster-scoped charge inline (`bucket::charge`): a BPF call from here would stack its
-    // frame on this one's and the program's, past the verifier's 512 bytes.
+    // frame on this one's and the program's, past the 448 bytes a chain keeps to (CONSTRAINTS.md,
+    // "Stack").
     let (v, b) = find_and_charge::<_, false>(key, l, cached, len, now, s, slot, limit, until);
     let until = *until;
     if b.is_null() {

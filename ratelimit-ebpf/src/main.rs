@@ -209,8 +209,7 @@ fn decide(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
 
 /// [`decide`] for fragments and packets without an L4 header: a BPF call of its own, so the whole
 /// packet's path stays compact (inlined, these paths would double the program and slow every
-/// packet by several ns). Its frame and the program's fill the verifier's 512 bytes
-/// (CONSTRAINTS.md, "Stack").
+/// packet by several ns). Its frame counts on the program's chain (CONSTRAINTS.md, "Stack").
 #[inline(never)]
 fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
     let uncached = |id: u32| decision::UNCACHED << 56 | u64::from(id);
@@ -218,12 +217,12 @@ fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
     match pkt.shape {
         shape::FIRST_FRAGMENT => {
             let d = classify::classify(pkt, epoch, s);
-            match frag::remember(pkt, epoch, scratch::coarse_now(s), d as u32, None) {
+            match frag::remember(pkt, epoch, scratch::coarse_now(s), d as u32, None, s) {
                 Some(reason) => drop(reason),
                 None => d,
             }
         }
-        shape::LATER_FRAGMENT => match frag::recall(pkt, epoch, scratch::coarse_now(s)) {
+        shape::LATER_FRAGMENT => match frag::recall(pkt, epoch, scratch::coarse_now(s), s) {
             Some(e) if e.flags & frag_flags::DROP != 0 => {
                 drop((e.flags >> frag::REASON_SHIFT) as usize)
             }
@@ -245,7 +244,7 @@ fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
                 } else {
                     PROTOCOL_UNKNOWN
                 };
-                match classify::without_l4(pkt, epoch, protocol) {
+                match classify::without_l4(pkt, epoch, protocol, s) {
                     WithoutL4::Dependent => drop(global::DROPPED_UNMATCHED_FRAGMENTS),
                     _ => classify::classify(pkt, epoch, s),
                 }
@@ -253,7 +252,7 @@ fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
         },
         shape::TINY_FRAGMENT | shape::LONG_CHAIN => {
             let first = pkt.first_fragment != 0;
-            let id = match classify::without_l4(pkt, epoch, PROTOCOL_UNKNOWN) {
+            let id = match classify::without_l4(pkt, epoch, PROTOCOL_UNKNOWN, s) {
                 WithoutL4::Dependent => {
                     let reason = if pkt.shape == shape::TINY_FRAGMENT {
                         global::DROPPED_TINY_FRAGMENTS
@@ -261,7 +260,14 @@ fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
                         global::DROPPED_LONG_CHAINS
                     };
                     if first {
-                        frag::remember(pkt, epoch, scratch::coarse_now(s), NO_RULE, Some(reason));
+                        frag::remember(
+                            pkt,
+                            epoch,
+                            scratch::coarse_now(s),
+                            NO_RULE,
+                            Some(reason),
+                            s,
+                        );
                     }
                     return drop(reason);
                 }
@@ -272,13 +278,15 @@ fn decide_cut(pkt: &Packet, epoch: u32, s: *mut Scratch) -> u64 {
                 bump_global(global::LONG_CHAINS);
             }
             if first {
-                if let Some(reason) = frag::remember(pkt, epoch, scratch::coarse_now(s), id, None) {
+                if let Some(reason) =
+                    frag::remember(pkt, epoch, scratch::coarse_now(s), id, None, s)
+                {
                     return drop(reason);
                 }
             }
             uncached(id)
         }
-        shape::CUT_CHAIN => match classify::without_l4(pkt, epoch, PROTOCOL_UNKNOWN) {
+        shape::CUT_CHAIN => match classify::without_l4(pkt, epoch, PROTOCOL_UNKNOWN, s) {
             WithoutL4::Dependent => decision::UNCLASSIFIED << 56,
             WithoutL4::NoRule => uncached(NO_RULE),
             WithoutL4::Rule(id) => uncached(id),

@@ -8,7 +8,7 @@ use aya_ebpf::{
     macros::map,
     maps::PerCpuArray,
 };
-use ratelimit_common::VictimChooser;
+use ratelimit_common::{FragEntry, FragKey, VictimChooser};
 
 use crate::parse::Packet;
 
@@ -140,7 +140,29 @@ pub struct Scratch {
     pub first_key: Key,
     /// The drop window's end from `one_limit`'s charge (here rather than on its frame).
     pub extra_until: u64,
+    /// The prefix trie key of the packet's lookup (`classify::prefix_key`): here rather than on
+    /// the frames of the entry and `decide_cut`, which inline the lookup (CONSTRAINTS.md, "Stack").
+    pub trie_key: TrieKey,
+    /// The fragment table's key and new entry (`frag.rs`): here rather than on `decide_cut`'s
+    /// frame (CONSTRAINTS.md, "Stack").
+    pub frag_key: FragKey,
+    pub frag_entry: FragEntry,
 }
+
+/// A prefix trie key as the trie reads it, `Key<PrefixKey>` (22 bytes: the prefix length, then
+/// the key's generation, family and address), with the alignment its words have there (the
+/// address at offset 6 as eight 16-bit words), where the packed `Key` has alignment 1.
+#[repr(C, align(8))]
+pub struct TrieKey {
+    pub prefix_len: u32,
+    pub generation: u8,
+    pub family: u8,
+    pub addr: [u16; 8],
+}
+const _: () = assert!(
+    core::mem::size_of::<TrieKey>()
+        >= core::mem::size_of::<aya_ebpf::maps::lpm_trie::Key<ratelimit_common::PrefixKey>>()
+);
 
 /// A bucket key as the records hold it: the masked address as two words and the header word
 /// (rule id, family, rule generation; state 0). Built by `store::key`; defined here so that an
@@ -226,10 +248,13 @@ pub fn launder(s: *mut Scratch, word: u64) -> u64 {
 /// the program. Whole packets skip it: the round trip costs tens of nanoseconds.
 #[inline(always)]
 pub fn launder_packet(s: *mut Scratch, pkt: &mut Packet) {
-    // SAFETY: as above.
+    // Copied in place both ways: `write_volatile(.., *pkt)` copied the packet to a temporary on
+    // the program's frame first, a 44-byte slot that every map key of the program then shared
+    // (CONSTRAINTS.md, "Stack").
+    // SAFETY: as above; the packet and the scratch record do not overlap.
     unsafe {
-        core::ptr::write_volatile(&raw mut (*s).packet, *pkt);
-        *pkt = core::ptr::read_volatile(&raw const (*s).packet);
+        core::intrinsics::volatile_copy_nonoverlapping_memory(&raw mut (*s).packet, pkt, 1);
+        core::intrinsics::volatile_copy_nonoverlapping_memory(pkt, &raw const (*s).packet, 1);
     }
 }
 

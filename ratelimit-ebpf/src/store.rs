@@ -97,14 +97,14 @@ pub fn find(key: &Key, sets: [u32; 2]) -> Found {
 /// The record of `key`'s sets (starting at records `first` and `second`), other than `mine`,
 /// that holds `key`, or `NO_RECORD`. A BPF function of its own, returning a scalar, so the
 /// creation path it serves is verified once, not once more per candidate; one call for both sets,
-/// as each BPF call's return is costly. Its frame ends the chain through `one_limit`, at the
-/// verifier's 512 bytes (CONSTRAINTS.md, "Stack"): few live values, and `key` a raw pointer, not
-/// a reference, whose words the compiler would keep across the map lookups in stack slots.
+/// as each BPF call's return is costly. Its frame ends the chain through `one_limit`, the
+/// program's deepest (CONSTRAINTS.md, "Stack"): few live values, and `key` a raw pointer, not a
+/// reference, whose words the compiler would keep across the map lookups in stack slots.
 #[inline(never)]
 pub fn other_holder(key: *const Key, first: u32, second: u32, mine: u32) -> u32 {
     for c in 0..BUCKET_CANDIDATES {
         // `bucket_candidate`'s order, from bases the caller computed: calling it here (with the
-        // sets) cost `one_limit`'s frame 8 bytes the chain does not have (CONSTRAINTS.md, "Stack").
+        // sets) cost `one_limit`'s frame 8 bytes (CONSTRAINTS.md, "Stack").
         let i = if c < BUCKET_WAYS {
             first + c
         } else {
@@ -183,8 +183,10 @@ pub fn scan(key: &Key, sets: [u32; 2], now: u64, s: *mut Scratch) -> Scan {
     // `scratch::launder`).
     // SAFETY: this CPU's live scratch record.
     let chooser = unsafe { &raw mut (*s).chooser };
+    // Field by field: `write_volatile` of a whole chooser built it on the program's frame
+    // first (CONSTRAINTS.md, "Stack").
     // SAFETY: as above.
-    unsafe { core::ptr::write_volatile(chooser, VictimChooser::new()) };
+    unsafe { VictimChooser::reset(chooser) };
     for c in 0..BUCKET_CANDIDATES {
         let Some(b) = BUCKETS.get_ptr_mut(bucket_candidate(sets, c)) else {
             return Scan::None;

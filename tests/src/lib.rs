@@ -13,6 +13,8 @@
 //!   time or paced ([`RawSocket::send_paced`]).
 //! - [`xdp`]: [`TestDataplane`], the real XDP program loaded into the kernel under a throwaway pin
 //!   directory, for running frames through it with BPF_PROG_TEST_RUN.
+//! - [`bpf_stack`]: the stack of an eBPF object's call chains, from the object (frames and
+//!   BPF-to-BPF calls), as the verifier sums it.
 //! - [`agent`]: where the real `ratelimit` binary is, for tests that run it as an agent.
 //! - [`agent_proc`]: [`AgentProcess`], that binary running as an agent in a test namespace.
 //! - [`cli`]: the `ratelimit` CLI against an agent's socket ([`cli()`], [`AgentProcess::cli`],
@@ -52,6 +54,7 @@
 
 pub mod agent;
 pub mod agent_proc;
+pub mod bpf_stack;
 pub mod bursty;
 pub mod cli;
 pub mod cluster;

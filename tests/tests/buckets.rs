@@ -1749,6 +1749,42 @@ fn the_program_loads_with_half_the_verifiers_budget_to_spare() {
     );
 }
 
+/// Every call chain of the program leaves a quarter of a frame's worth of the verifier's stack
+/// spare: at most 448 of the 512 bytes (`MAX_BPF_STACK`) the verifier allows a chain, each
+/// function's frame rounded to 16 bytes as it rounds them under the JIT. Read from the object the
+/// tests load (`bpf_stack`: each function's deepest `r10` offset, and its BPF-to-BPF calls), and
+/// every chain printed. Two chains were at 512 (`ratelimit` → `decide_cut`, 336 + 176, and
+/// `ratelimit` → `one_limit` → `other_holder`, 336 + 160 + 16): one more spilled value in any of
+/// those frames and the program no longer loaded. Fails naming the chains over.
+#[test]
+fn every_call_chain_leaves_64_bytes_of_the_verifiers_stack() {
+    const MAX_CHAIN: u32 = 448;
+    let object = ratelimit::dataplane::object();
+    assert!(!object.is_empty(), "built without the XDP object");
+    let (frames, chains) = ratelimit_testbed::bpf_stack::chains_of(object, "ratelimit").unwrap();
+    let mut by_frame: Vec<_> = frames.functions.iter().filter(|f| f.depth > 0).collect();
+    by_frame.sort_by_key(|f| std::cmp::Reverse(f.frame()));
+    for f in by_frame {
+        println!("frame {:4} B ({:3} deepest) {}", f.frame(), f.depth, f.name);
+    }
+    for c in &chains {
+        println!("chain {}", frames.describe(c));
+    }
+    assert!(
+        chains.len() > 1,
+        "the program makes no BPF call: {chains:?}"
+    );
+    let over: Vec<String> = chains
+        .iter()
+        .filter(|c| c.stack > MAX_CHAIN)
+        .map(|c| frames.describe(c))
+        .collect();
+    assert!(
+        over.is_empty(),
+        "call chains over {MAX_CHAIN} bytes of stack (the verifier refuses 512+): {over:#?}"
+    );
+}
+
 /// The rule a packet from `src` (UDP to port 9) was counted under: the one whose allowed or
 /// denied count moved by one over the run, with the run's action.
 fn counted_under(
