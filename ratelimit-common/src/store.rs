@@ -512,6 +512,41 @@ mod tests {
         c.choose()
     }
 
+    /// A chooser reset in place (as the XDP program resets the one in its scratch record)
+    /// chooses as a new one, whatever it was offered before.
+    #[test]
+    fn a_chooser_reset_in_place_chooses_as_a_new_one() {
+        use victim::{DEBT, FREE, FULL};
+        let cases = [
+            [FREE; 8],
+            [FULL, FREE, FREE, FREE, FULL, FREE, FREE, FREE],
+            [
+                DEBT + 5,
+                DEBT + 1,
+                FULL,
+                DEBT,
+                DEBT + 9,
+                FULL,
+                DEBT + 2,
+                DEBT + 3,
+            ],
+        ];
+        for before in cases {
+            for after in cases {
+                let mut c = VictimChooser::new();
+                for (i, s) in before.into_iter().enumerate() {
+                    c.offer(i as u32, s);
+                }
+                // SAFETY: a chooser of our own.
+                unsafe { VictimChooser::reset(&raw mut c) };
+                for (i, s) in after.into_iter().enumerate() {
+                    c.offer(i as u32, s);
+                }
+                assert_eq!(c.choose(), choose(after), "{before:?} then {after:?}");
+            }
+        }
+    }
+
     #[test]
     fn victims_are_free_records_of_the_emptier_set_then_the_least_lost() {
         use victim::{BUSY, DEBT, FREE, FULL};
