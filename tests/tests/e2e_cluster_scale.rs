@@ -48,8 +48,10 @@ const WINDOW: f64 = 1.0;
 const CONVERGE_ROUNDS: f64 = 5.0;
 /// How often the agents' late rounds are read: each keeps its last 32, 3.2 s of rounds all late.
 const READ_LATE_ROUNDS: Duration = Duration::from_secs(2);
-/// The most time within a convergence the agents' rounds may be overdue for the test to measure
-/// the limiter rather than the machine.
+/// The most the convergence limit moves for the agents' overdue rounds: however busy the
+/// machine, a change of split is back within 10% by `CONVERGE_ROUNDS` intervals and this (the
+/// limiter measured, not only the machine). A clean-clone CI run saw 1.06 s of overdue rounds
+/// within one convergence (at 8 debug agents on 2 cores) that converged 0.16 s past the limit.
 const MOST_OVERDUE: f64 = 1.0;
 /// docs/design.md's lag: 4 sync intervals.
 const LAG_SECS: f64 = 0.4;
@@ -319,10 +321,11 @@ fn eight_agents(tag: &str, store: Store) {
                 );
             }
         }
-        let deadline = overdue.deadline(t0, limit);
-        if deadline > limit {
+        let overdue_secs = overdue.deadline(t0, limit) - limit;
+        let deadline = limit + overdue_secs.min(MOST_OVERDUE);
+        if overdue_secs > 0.0 {
             println!(
-                "  agents' rounds overdue within the convergence: limit {limit:.2} s + {:.2} s",
+                "  agents' rounds overdue within the convergence: {overdue_secs:.2} s; limit {limit:.2} s + {:.2} s",
                 deadline - limit
             );
         }
@@ -405,20 +408,12 @@ fn eight_agents(tag: &str, store: Store) {
                 conv.windows,
                 conv.excused.len()
             );
-            // The same holds for the agents' stalls: a test that excuses most of the limit
-            // again measures the machine, not the limiter.
-            assert!(
-                deadline - limit <= MOST_OVERDUE,
-                "{}: the agents' rounds were overdue for {:.2} s of the convergence: the machine was too busy to measure it",
-                p.name,
-                deadline - limit
-            );
             let c = conv.after.unwrap_or_else(|| {
                 panic!("{}: never back within 10% of the budget over 1 s", p.name)
             });
             assert!(
                 c <= deadline + 1e-9,
-                "{}: within 10% of the budget over every 1 s window only from {c:.2} s after the change, want {limit:.1} s ({CONVERGE_ROUNDS} sync intervals) + {:.2} s of the agents' rounds overdue",
+                "{}: within 10% of the budget over every 1 s window only from {c:.2} s after the change, want {limit:.1} s ({CONVERGE_ROUNDS} sync intervals) + {:.2} s of the agents' rounds overdue (at most {MOST_OVERDUE} s)",
                 p.name,
                 deadline - limit
             );
