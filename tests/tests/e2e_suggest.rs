@@ -22,6 +22,17 @@ use serde_json::Value;
 /// Sending time: one full 10 s window of every source and a little more.
 const SEND: Duration = Duration::from_secs(13);
 const DST: Ipv4Addr = Ipv4Addr::new(198, 18, 40, 254);
+/// `suggest` for the population's rule at the 0.9 quantile with no headroom: the proposal the
+/// tests compare with the true quantile.
+const ASK_POP: [&str; 7] = [
+    "suggest",
+    "--rule",
+    "pop",
+    "--quantile",
+    "0.9",
+    "--headroom",
+    "1",
+];
 
 struct Bed {
     tx: Netns,
@@ -210,15 +221,7 @@ fn the_suggested_rate_is_the_quantile_of_the_sources_rates() {
     let share = send(&bed, &rates);
     // The learner's walk after the last packet.
     thread::sleep(Duration::from_millis(1500));
-    let v = agent.cli_json(&[
-        "suggest",
-        "--rule",
-        "pop",
-        "--quantile",
-        "0.9",
-        "--headroom",
-        "1",
-    ]);
+    let v = agent.cli_json(&ASK_POP);
     let s = the_pop(&v);
     let truth = quantile(&rates, 0.9) * share;
     #[expect(clippy::cast_precision_loss, reason = "a rate")]
@@ -306,16 +309,7 @@ fn the_suggested_rate_is_the_quantile_of_the_sources_rates() {
         assert!(out.stderr.contains(words), "{args:?}: {}", out.stderr);
     }
     // --apply sets the proposal as `rules add` would: in force and in the file.
-    let applied = agent.cli_ok(&[
-        "suggest",
-        "--rule",
-        "pop",
-        "--quantile",
-        "0.9",
-        "--headroom",
-        "1",
-        "--apply",
-    ]);
+    let applied = agent.cli_ok(&[&ASK_POP[..], &["--apply"]].concat());
     let rules = agent.cli_json(&["rules", "list"]);
     let pop = rules
         .as_array()
@@ -354,15 +348,7 @@ fn live_the_learner_sees_what_sources_send_not_what_passes() {
         dropped > 1000,
         "the rule enforced nothing: {dropped} dropped"
     );
-    let v = agent.cli_json(&[
-        "suggest",
-        "--rule",
-        "pop",
-        "--quantile",
-        "0.9",
-        "--headroom",
-        "1",
-    ]);
+    let v = agent.cli_json(&ASK_POP);
     let s = the_pop(&v);
     let truth = quantile(&rates, 0.9) * share;
     #[expect(clippy::cast_precision_loss, reason = "a rate")]
@@ -392,16 +378,7 @@ fn a_restart_keeps_what_was_learned_and_a_bad_file_is_refused() {
     clear_of_slot_end(SEND.as_secs() + 10);
     send(&bed, &rates);
     thread::sleep(Duration::from_millis(1500));
-    let ask = [
-        "suggest",
-        "--rule",
-        "pop",
-        "--quantile",
-        "0.9",
-        "--headroom",
-        "1",
-    ];
-    let before = agent.cli_json(&ask);
+    let before = agent.cli_json(&ASK_POP);
     let before = the_pop(&before).clone();
     let first: BTreeSet<String> = named(&before)
         .iter()
@@ -414,7 +391,7 @@ fn a_restart_keeps_what_was_learned_and_a_bad_file_is_refused() {
     assert!(file.exists(), "no state written at exit");
 
     let agent = AgentProcess::start(&bed.rx, &config(&bed.rx_if), &args).unwrap();
-    let after = agent.cli_json(&ask);
+    let after = agent.cli_json(&ASK_POP);
     let after = the_pop(&after);
     assert_eq!(
         after["sources"], before["sources"],

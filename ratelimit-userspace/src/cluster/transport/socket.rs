@@ -48,12 +48,7 @@ const SIOCGSTAMPNS: libc::Ioctl = 0x8907;
 /// it. The kernel's global switch for receive times is thrown by a work item, shortly after:
 /// datagrams received before carry no time and count as not having waited (nothing dropped).
 pub(super) fn stamp_arrivals(socket: &UdpSocket) {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid socket and a `timespec` the call writes into.
-    let _ = unsafe { libc::ioctl(socket.as_raw_fd(), SIOCGSTAMPNS, &raw mut ts) };
+    let _ = waited(socket);
 }
 
 /// How long the datagram last read from `socket` waited between the kernel's receive and now,
@@ -63,7 +58,7 @@ fn waited(socket: &UdpSocket) -> Option<Duration> {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: as in `stamp_arrivals`.
+    // SAFETY: a valid socket and a `timespec` the call writes into.
     if unsafe { libc::ioctl(socket.as_raw_fd(), SIOCGSTAMPNS, &raw mut ts) } != 0 {
         return None;
     }
