@@ -724,10 +724,23 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
     });
     // Once the traffic stopped, h1's demand reads 0 after `DEMAND_HISTORY` of its syncs (its
     // window reaches that far back for a few packets), and nothing is withheld for it after.
-    thread::sleep(Duration::from_millis(
-        (ratelimit::cluster::remote::DEMAND_HISTORY as u64 + 3) * SYNC_MS,
-    ));
-    let first = charged_by(&agents[0], g1);
+    // On a busy machine their rounds and gossip run late, so wait until the count has not moved
+    // for as long again: a cut while h0 still reads a demand of h1 freezes that reading, and h0
+    // withholds for it until it goes stale (`STALE_ROUNDS`), after the count taken here.
+    let settled =
+        Duration::from_millis((ratelimit::cluster::remote::DEMAND_HISTORY as u64 + 3) * SYNC_MS);
+    let settle = |what: &str| {
+        thread::sleep(settled);
+        let mut last = charged_by(&agents[0], g1);
+        wait_for(what, Duration::from_secs(20), || {
+            thread::sleep(settled);
+            let now = charged_by(&agents[0], g1);
+            let still = now == last;
+            last = now;
+            still.then_some(now)
+        })
+    };
+    let first = settle("the refill withheld for h1 settling before the cut");
 
     // Cut: not counted within the timeout (plus a sync round and a poll: when the status is
     // refreshed), shown dead.
@@ -798,26 +811,8 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
         Duration::from_secs(10),
         || (charged_by(&agents[0], g1) > first).then_some(()),
     );
-    // As above: once the traffic stopped, nothing more is withheld for h1 after
-    // `DEMAND_HISTORY` of its syncs; on a busy machine their rounds run late, so wait until
-    // the count has not moved for as long again.
-    thread::sleep(Duration::from_millis(
-        (ratelimit::cluster::remote::DEMAND_HISTORY as u64 + 3) * SYNC_MS,
-    ));
-    let settled =
-        Duration::from_millis((ratelimit::cluster::remote::DEMAND_HISTORY as u64 + 3) * SYNC_MS);
-    let mut last = charged_by(&agents[0], g1);
-    let after = wait_for(
-        "the refill withheld for h1 settling",
-        Duration::from_secs(10),
-        || {
-            thread::sleep(settled);
-            let now = charged_by(&agents[0], g1);
-            let still = now == last;
-            last = now;
-            still.then_some(now)
-        },
-    ) - first;
+    // As above: once the traffic stopped, nothing more is withheld for h1.
+    let after = settle("the refill withheld for h1 settling after the rejoin") - first;
 
     // Restart: SIGKILL, and a new agent adopting the pins.
     let status = agents[1].crash().unwrap();
