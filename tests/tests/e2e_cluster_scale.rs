@@ -339,8 +339,7 @@ fn eight_agents(tag: &str, store: Store) {
     let (excess, from, to) = samples.largest_excess(RATE);
     let lapses: f64 = overdue
         .lapses_within(0.0, end)
-        .map(|l| (RATE * l.2).ceil())
-        .sum();
+        .fold(0.0, |sum, l| sum + (RATE * l.2).ceil());
     #[expect(clippy::cast_precision_loss, reason = "small")]
     let bound = (2.0 * HOSTS as f64 - 1.0) * BURST as f64
         + (HOSTS as f64 - 1.0) * RATE * LAG_SECS
