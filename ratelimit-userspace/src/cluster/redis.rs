@@ -546,7 +546,7 @@ pub fn parse_field(node: &[u8], value: &[u8], now: u64) -> Option<Field> {
     let at: u64 = it.next()?.parse().ok()?;
     let generation: u64 = it.next()?.parse().ok()?;
     let demand: f64 = it.next()?.parse().ok()?;
-    if !demand.is_finite() || !(0.0..=MAX_DEMAND).contains(&demand) {
+    if !possible(demand, MAX_DEMAND) {
         return None;
     }
     Some(Field {
@@ -556,6 +556,11 @@ pub fn parse_field(node: &[u8], value: &[u8], now: u64) -> Option<Field> {
         age_ms: now.saturating_sub(at),
         holders: 1,
     })
+}
+
+/// Whether a demand read from the store is one a host can have: finite, 0 to `most`.
+fn possible(demand: f64, most: f64) -> bool {
+    demand.is_finite() && (0.0..=most).contains(&demand)
 }
 
 /// The holders beyond [`MAX_FIELDS`] as the key's script sums them (`[count, sum, newest
@@ -577,7 +582,7 @@ fn parse_rest(rest: &[Vec<u8>], now: u64) -> Result<Option<Field>, ()> {
     let holders = u32::try_from(n).map_err(|_| ())?;
     #[expect(clippy::cast_precision_loss, reason = "a count of holders")]
     let most = n as f64 * MAX_DEMAND;
-    if !sum.is_finite() || !(0.0..=most).contains(&sum) {
+    if !possible(sum, most) {
         return Err(());
     }
     Ok(Some(Field {
