@@ -184,7 +184,20 @@ enum Backend {
     Gossip,
     /// Through a `redis-server` the run starts ([`ClusterNet::start_redis`]) before the agents.
     Redis,
+    /// Through a Redis Cluster of 3 masters and 3 replicas the run starts
+    /// ([`ClusterNet::start_redis_cluster`]), every master a seed.
+    RedisCluster,
 }
+
+/// What keeps the store running for a run: dropped after the agents.
+#[expect(dead_code, reason = "held only to be dropped after the agents")]
+enum Store {
+    Redis(ratelimit_testbed::redis::RedisServer),
+    Cluster(ratelimit_testbed::redis::RedisCluster),
+}
+
+/// The masters of the Redis Cluster of [`Backend::RedisCluster`].
+const CLUSTER_MASTERS: u16 = 3;
 
 /// [`run`] on `backend`.
 #[expect(
@@ -208,7 +221,14 @@ fn run_on(
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let net = ClusterNet::new(tag, hosts).unwrap();
     // Dropped after the agents (declared after it, below).
-    let redis = (backend == Backend::Redis).then(|| net.start_redis().unwrap());
+    let redis = match backend {
+        Backend::Gossip => None,
+        Backend::Redis => Some(Store::Redis(net.start_redis().unwrap())),
+        Backend::RedisCluster => Some(Store::Cluster(
+            net.start_redis_cluster(usize::from(CLUSTER_MASTERS))
+                .unwrap(),
+        )),
+    };
     let agents = net
         .start_agents_with(|i| config(&net, i), Duration::from_secs(60))
         .unwrap();
@@ -316,7 +336,7 @@ fn teardown(
     net: ClusterNet,
     agents: Vec<AgentProcess>,
     receivers: Vec<Receiver>,
-    redis: Option<ratelimit_testbed::redis::RedisServer>,
+    redis: Option<Store>,
 ) {
     drop(receivers);
     for (i, a) in agents.into_iter().enumerate() {
@@ -353,6 +373,17 @@ fn plain_on(backend: Backend, rate: f64, burst: f64) -> impl Fn(&ClusterNet, usi
             SYNC_MS,
             &format!("redis://{REDIS_ADDR}"),
         ),
+        // `start_redis_cluster`'s masters: ports 7000 on, at the same address.
+        Backend::RedisCluster => {
+            let seeds: Vec<String> = (0..CLUSTER_MASTERS)
+                .map(|m| format!("redis://{}:{}", REDIS_ADDR.ip(), 7000 + m))
+                .collect();
+            net.redis_config(i, rate as u64, burst as u64, SYNC_MS, &seeds[0])
+                .replace(
+                    &format!("redis = [\"{}\"]", seeds[0]),
+                    &format!("redis = {seeds:?}"),
+                )
+        }
     }
 }
 
@@ -534,6 +565,13 @@ fn eight_hosts_95_5_with_bursts_through_redis_admit_what_one_bucket_would() {
     eight_hosts_95_5(Backend::Redis, "rl-cbr8s");
 }
 
+/// The same through a Redis Cluster of 3 masters: each key's script on the shard its hash tag
+/// names.
+#[test]
+fn eight_hosts_95_5_with_bursts_through_a_redis_cluster_admit_what_one_bucket_would() {
+    eight_hosts_95_5(Backend::RedisCluster, "rl-cbc8s");
+}
+
 /// The 95/5 scenario of eight hosts on `backend`.
 fn eight_hosts_95_5(backend: Backend, tag: &str) {
     const HOSTS: usize = 8;
@@ -636,6 +674,20 @@ fn uneven(end: f64) -> Plan {
 #[test]
 fn three_hosts_70_20_10_with_bursts_through_redis_admit_what_one_bucket_would() {
     within_one_bucket_on(Backend::Redis, "rl-cbr3", 3, 1000.0, 100.0, 5000.0, uneven);
+}
+
+/// The same through a Redis Cluster of 3 masters.
+#[test]
+fn three_hosts_70_20_10_with_bursts_through_a_redis_cluster_admit_what_one_bucket_would() {
+    within_one_bucket_on(
+        Backend::RedisCluster,
+        "rl-cbc3",
+        3,
+        1000.0,
+        100.0,
+        5000.0,
+        uneven,
+    );
 }
 
 /// Rate 10, burst 1, two hosts. One spoofed frame from the source reaches h1 (so h1 holds the
