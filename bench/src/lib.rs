@@ -383,6 +383,45 @@ fn targets(r: &Report) -> Vec<Target> {
             ),
         });
     }
+    // Against F1, one dependent read of a region the size of the store (issue #36, `f1.rs`):
+    // the true floor of a source whose record is not in any cache.
+    let f1 = r.value("kernel.f1");
+    for (key, floor, most, stretch, what) in [
+        (
+            "kernel.pop.1m.known",
+            "kernel.pop.1m.known_floor",
+            1.6,
+            None,
+            "random known source with 1M tracked",
+        ),
+        (
+            "kernel.pop.full.new",
+            "kernel.pop.full.new_floor",
+            2.0,
+            Some(1.5),
+            "new source with the store full",
+        ),
+    ] {
+        let x = over(key, floor).zip(f1).map(|(a, f)| a / f);
+        t.push(Target {
+            goal: format!(
+                "{what}: <= {most}x F1 over its floor{}",
+                stretch.map_or_else(String::new, |s| format!(" (stretch {s}x)"))
+            ),
+            met: x.map(|x| x <= most),
+            evidence: format!(
+                "{} ns over vs F1 {} ns: {}x{}",
+                fmt(over(key, floor)),
+                fmt(f1),
+                fmt(x),
+                match (stretch, x) {
+                    (Some(s), Some(x)) if x <= s => format!("; stretch {s}x met"),
+                    (Some(s), Some(_)) => format!("; stretch {s}x missed"),
+                    _ => String::new(),
+                }
+            ),
+        });
+    }
     // The LRU contender (issue #36, `lru.rs`): the limiter's ns over the driver floor against
     // the contender's, measured in turns with it over the same floor.
     for (key, lru, floor, most, what) in [
@@ -412,12 +451,21 @@ fn targets(r: &Report) -> Vec<Target> {
             met: x.map(|x| x <= most),
             evidence: format!(
                 "limiter {} ns over vs LRU_HASH {} ns over: {}x; LRU_PERCPU_HASH {} ns over \
-                 ({}x)",
+                 ({}x){}",
                 fmt(ours),
                 fmt(shared),
                 fmt(x),
                 fmt(percpu),
                 fmt(ours.zip(percpu).map(|(a, b)| a / b)),
+                // The least any layout that reads the source's record pays in this driver (its
+                // runs' reads overlap, so below F1): the goal against it.
+                over(&format!("{key}_memory_floor"), floor)
+                    .map(|m| format!(
+                        "; goal {} ns, one random record of the store alone {} ns",
+                        fmt(shared.map(|s| s * most)),
+                        fmt(Some(m))
+                    ))
+                    .unwrap_or_default(),
             ),
         });
     }
