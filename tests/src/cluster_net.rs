@@ -336,6 +336,27 @@ cluster_id = "e2e-cluster-net"
         )
     }
 
+    /// [`ClusterNet::redis_config`] with every one of `urls` a seed (the nodes of a Redis
+    /// Cluster).
+    ///
+    /// # Panics
+    /// If `urls` is empty.
+    #[must_use]
+    pub fn redis_cluster_config(
+        &self,
+        i: usize,
+        rate: u64,
+        burst: u64,
+        sync_ms: u64,
+        urls: &[String],
+    ) -> String {
+        self.redis_config(i, rate, burst, sync_ms, &urls[0])
+            .replace(
+                &format!("redis = [\"{}\"]", urls[0]),
+                &format!("redis = {urls:?}"),
+            )
+    }
+
     /// [`ClusterNet::config`]'s rule under `backend = "redis"` at `url`.
     #[must_use]
     pub fn redis_config(&self, i: usize, rate: u64, burst: u64, sync_ms: u64, url: &str) -> String {

@@ -378,11 +378,7 @@ fn plain_on(backend: Backend, rate: f64, burst: f64) -> impl Fn(&ClusterNet, usi
             let seeds: Vec<String> = (0..CLUSTER_MASTERS)
                 .map(|m| format!("redis://{}:{}", REDIS_ADDR.ip(), 7000 + m))
                 .collect();
-            net.redis_config(i, rate as u64, burst as u64, SYNC_MS, &seeds[0])
-                .replace(
-                    &format!("redis = [\"{}\"]", seeds[0]),
-                    &format!("redis = {seeds:?}"),
-                )
+            net.redis_cluster_config(i, rate as u64, burst as u64, SYNC_MS, &seeds)
         }
     }
 }

@@ -66,13 +66,7 @@ fn a_shard_failing_over_keeps_one_budget_and_the_agents_follow_the_new_master() 
     )]
     let agents = net
         .start_agents_with(
-            |i| {
-                net.redis_config(i, RATE as u64, BURST, SYNC_MS, &urls[0])
-                    .replace(
-                        &format!("redis = [\"{}\"]", urls[0]),
-                        &format!("redis = {urls:?}"),
-                    )
-            },
+            |i| net.redis_cluster_config(i, RATE as u64, BURST, SYNC_MS, &urls),
             Duration::from_secs(30),
         )
         .unwrap();

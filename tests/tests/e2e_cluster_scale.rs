@@ -236,13 +236,7 @@ fn agents(tag: &str, store: Store, phases: &[Phase]) {
         Running::Cluster(c) => {
             let urls = c.urls();
             net.start_agents_with(
-                |i| {
-                    net.redis_config(i, RATE as u64, BURST, SYNC_MS, &urls[0])
-                        .replace(
-                            &format!("redis = [\"{}\"]", urls[0]),
-                            &format!("redis = {urls:?}"),
-                        )
-                },
+                |i| net.redis_cluster_config(i, RATE as u64, BURST, SYNC_MS, &urls),
                 Duration::from_secs(60),
             )
         }
