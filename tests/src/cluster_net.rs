@@ -54,6 +54,10 @@ const LEARN_OFF: &str = "learn = false";
 pub const REDIS_ADDR: SocketAddr =
     SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 1, 254)), 6379);
 
+/// The first port of [`ClusterNet::start_redis_cluster`]'s nodes (one port a node, masters
+/// first).
+const CLUSTER_PORT: u16 = 7000;
+
 /// Host `i`'s data address.
 #[must_use]
 pub fn data_ip(i: usize) -> Ipv4Addr {
@@ -311,7 +315,16 @@ cluster_id = "e2e-cluster-net"
     /// ([`RedisCluster`](crate::redis::RedisCluster)) at [`REDIS_ADDR`]'s address, ports 7000 on.
     pub fn start_redis_cluster(&self, masters: usize) -> Result<crate::redis::RedisCluster> {
         self.redis_address()?;
-        crate::redis::RedisCluster::start(&self._sw, REDIS_ADDR.ip(), 7000, masters)
+        crate::redis::RedisCluster::start(&self._sw, REDIS_ADDR.ip(), CLUSTER_PORT, masters)
+    }
+
+    /// The URLs of the masters [`ClusterNet::start_redis_cluster`] starts, known before it
+    /// runs (a config written ahead of the store).
+    #[must_use]
+    pub fn redis_cluster_masters(masters: u16) -> Vec<String> {
+        (0..masters)
+            .map(|m| format!("redis://{}:{}", REDIS_ADDR.ip(), CLUSTER_PORT + m))
+            .collect()
     }
 
     /// Host `i`'s config with `rules` under `backend = "redis"` at `url` (no gossip keys).

@@ -373,13 +373,13 @@ fn plain_on(backend: Backend, rate: f64, burst: f64) -> impl Fn(&ClusterNet, usi
             SYNC_MS,
             &format!("redis://{REDIS_ADDR}"),
         ),
-        // `start_redis_cluster`'s masters: ports 7000 on, at the same address.
-        Backend::RedisCluster => {
-            let seeds: Vec<String> = (0..CLUSTER_MASTERS)
-                .map(|m| format!("redis://{}:{}", REDIS_ADDR.ip(), 7000 + m))
-                .collect();
-            net.redis_cluster_config(i, rate as u64, burst as u64, SYNC_MS, &seeds)
-        }
+        Backend::RedisCluster => net.redis_cluster_config(
+            i,
+            rate as u64,
+            burst as u64,
+            SYNC_MS,
+            &ClusterNet::redis_cluster_masters(CLUSTER_MASTERS),
+        ),
     }
 }
 

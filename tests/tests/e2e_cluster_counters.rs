@@ -732,7 +732,7 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
     let settle = |what: &str| {
         thread::sleep(settled);
         let mut last = charged_by(&agents[0], g1);
-        wait_for(what, Duration::from_secs(20), || {
+        wait_for(what, Duration::from_secs(10), || {
             thread::sleep(settled);
             let now = charged_by(&agents[0], g1);
             let still = now == last;
