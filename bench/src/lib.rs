@@ -668,12 +668,13 @@ fn notes() -> Vec<String> {
          kernel's mean ns per run; it reports whole ns (truncated), so 0.5 ns is added to each."
             .into(),
         "'(driver)' figures: a hand-assembled program rewrites the frame's source on every run \
-         (next address, or a random tracked one) and tail-calls the limiter; their floor is the same \
-         driver tail-calling XDP_PASS. Limiter cost = figure - its floor. 'memory:' figures: the \
-         same driver reading records of the bucket store first (one random record, or the 8 \
-         records of two random sets of a page as a new key's packet reads them; its next source \
-         waits for the reads), then XDP_PASS: what the memory a packet cannot do without costs \
-         alone, with none of the limiter's work."
+         (next address, or the next of the tracked ones in a shuffled order, read as a stream) \
+         and tail-calls the limiter; their floor is the same driver tail-calling XDP_PASS. \
+         Limiter cost = figure - its floor. 'memory:' figures: the same driver reading records \
+         of the bucket store first (one random record, or the 8 records of two random sets of a \
+         page as a new key's packet reads them; its next source waits for the reads), then \
+         XDP_PASS: what the memory a packet cannot do without costs alone, with none of the \
+         limiter's work."
             .into(),
         "Probes: hand-assembled programs doing one operation of the fast path (a clock read, a map \
          lookup in the limiter's own maps), then XDP_PASS; cost = probe - floor."

@@ -117,11 +117,10 @@ impl LruCase {
             );
         }
         // The same addresses as the limiter's driver array: the same floor.
-        let array = crate::progs::u32_array(addrs)?;
-        let n = u32::try_from(addrs.len())?;
+        let (array, n) = crate::progs::turn_array(addrs)?;
         let known = Driver::new(
             &format!("rlb_{tag}_known"),
-            Sources::RandomOf(array.as_fd(), n),
+            Sources::InTurn(array.as_fd(), n),
             &lru.program,
             refs,
         )?;

@@ -274,17 +274,16 @@ pub fn populations(
         }
         // Random known sources are drawn from the addresses that hold a bucket now.
         let addrs = population_addrs(limiter, tracked)?;
-        let n = u32::try_from(addrs.len()).context("population")?;
-        let addr_array = progs::u32_array(&addrs)?;
+        let (addr_array, n) = progs::turn_array(&addrs)?;
         let known = Driver::new(
             "rlb_known_lim",
-            Sources::RandomOf(addr_array.as_fd(), n),
+            Sources::InTurn(addr_array.as_fd(), n),
             limiter.program(),
             refs,
         )?;
         // Its floors: the same driver tail-calling XDP_PASS, touching the store or not.
         let known_pass = |name: &str, touch: Option<Touch<'_>>| {
-            let sources = Sources::RandomOf(addr_array.as_fd(), n);
+            let sources = Sources::InTurn(addr_array.as_fd(), n);
             Driver::touching(name, sources, touch, refs.program(PASS), refs)
         };
         let known_floor = known_pass("rlb_known_pass", None)?;
