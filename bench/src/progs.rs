@@ -839,8 +839,8 @@ mod tests {
                 assert_eq!(out[..IP_SRC as usize], input[..IP_SRC as usize]);
             }
         }
-        // In turn: 3 runs of 5 addresses, then 7 more, hand on each address once, then each
-        // again in the same order (the cursor wraps).
+        // In turn: 10 runs over 5 addresses hand on each address once in the first 5 runs, then
+        // the same order again (the cursor wraps).
         let five: Vec<[u8; 4]> = (1..=5).map(|i| [10, 9, 0, i]).collect();
         let (five_array, n) = turn_array(&five).unwrap();
         let insns = driver(Sources::InTurn(five_array.as_fd(), n), None, array.as_fd());
