@@ -191,26 +191,22 @@ pub const MAP_ARRAY: u32 = 2;
 /// `BPF_F_MMAPABLE`.
 pub const F_MMAPABLE: u32 = 1 << 10;
 
-/// An array map for [`Sources::InTurn`]: `values` in a random order (a Fisher-Yates shuffle under
-/// a fixed seed, so runs draw the same order), then the cursor (0); and the number of values.
+/// An array map for [`Sources::InTurn`]: `values` in a random order (placed by
+/// [`crate::f1::cyclic_permutation`] under a fixed seed, so runs draw the same order), then the
+/// cursor (0); and the number of values.
 pub fn turn_array(values: &[[u8; 4]]) -> Result<(OwnedFd, u32)> {
-    let mut order = values.to_vec();
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    for i in (1..order.len()).rev() {
-        // splitmix64
-        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        #[expect(clippy::cast_possible_truncation, reason = "below i + 1")]
-        order.swap(i, (z % (i as u64 + 1)) as usize);
-    }
-    let n = u32::try_from(order.len()).context("array length")?;
+    let n = u32::try_from(values.len()).context("array length")?;
     anyhow::ensure!(n > 0, "no addresses to send from");
+    let mut order: Vec<[u8; 4]> = crate::f1::cyclic_permutation(n, TURN_SEED)
+        .into_iter()
+        .map(|i| values[i as usize])
+        .collect();
     order.push([0; 4]);
     Ok((u32_array(&order)?, n))
 }
+
+/// Seed of [`turn_array`]'s order.
+const TURN_SEED: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// An array map of `values` (u32 each, in memory order): created memory-mappable and written
 /// through the mapping, where an array's values lie 8 bytes apart (the kernel rounds a value's
@@ -803,6 +799,19 @@ mod tests {
         write_mapped(&store, &[0xff; 4 * 64 * 64]).unwrap();
         let paged = PagedStore::filled(4 * 64, Some(0xff)).unwrap();
         let (addrs, n) = turn_array(&[[10, 1, 2, 3]]).unwrap();
+        // One run of a driver on `input`: its return value and the frame it hands on.
+        let input = v4_frame([10, 0, 0, 255]);
+        let run = |prog: &Xdp| -> (i32, Vec<u8>) {
+            let mut out = vec![0u8; input.len()];
+            let res = prog
+                .test_run(TestRunOptions {
+                    data_in: Some(&input),
+                    data_out: Some(&mut out),
+                    ..TestRunOptions::new()
+                })
+                .unwrap();
+            (res.return_value.cast_signed(), out)
+        };
         let src_of = |f: &[u8]| -> [u8; 4] {
             let at = usize::try_from(IP_SRC).unwrap();
             f[at..at + 4].try_into().unwrap()
@@ -821,20 +830,8 @@ mod tests {
             ] {
                 let insns = driver(sources, touch, array.as_fd());
                 let prog = load(&format!("rlb_t_drv{i}"), &insns, dir).unwrap();
-                let input = v4_frame([10, 0, 0, 255]);
-                let mut out = vec![0u8; input.len()];
-                let res = prog
-                    .test_run(TestRunOptions {
-                        data_in: Some(&input),
-                        data_out: Some(&mut out),
-                        ..TestRunOptions::new()
-                    })
-                    .unwrap();
-                assert_eq!(
-                    res.return_value,
-                    XDP_PASS.cast_unsigned(),
-                    "{touch:?} {sources:?}: the tail call"
-                );
+                let (ret, out) = run(&prog);
+                assert_eq!(ret, XDP_PASS, "{touch:?} {sources:?}: the tail call");
                 assert_eq!(src_of(&out), want, "{touch:?} {sources:?}: the source");
                 assert_eq!(out[..IP_SRC as usize], input[..IP_SRC as usize]);
             }
@@ -847,14 +844,8 @@ mod tests {
         let prog = load("rlb_t_turn", &insns, dir).unwrap();
         let sent: Vec<[u8; 4]> = (0..10)
             .map(|_| {
-                let input = v4_frame([10, 0, 0, 255]);
-                let mut out = vec![0u8; input.len()];
-                prog.test_run(TestRunOptions {
-                    data_in: Some(&input),
-                    data_out: Some(&mut out),
-                    ..TestRunOptions::new()
-                })
-                .unwrap();
+                let (ret, out) = run(&prog);
+                assert_eq!(ret, XDP_PASS, "in turn: the tail call");
                 src_of(&out)
             })
             .collect();
