@@ -2,8 +2,9 @@
 //! [`share`], [`share_word`], [`keep_tokens`] and [`DemandWindow`], and the XDP program's charge
 //! ([`share_cost`], [`share_tolerance`]; one GCRA step per batch of packets that arrive at one
 //! instant, as the program charges them one by one). Each host publishes its demand every sync
-//! interval; the others read it after the gossip delay (a round), or keep the older figure when
-//! the publication is lost. Arrivals are what real sources send: smooth, periodic bursts (a TCP
+//! interval, its rounds at its own point of the interval and now and then late ([`Jitter`]);
+//! the others read it at their next round, or keep the older figure when the publication is
+//! lost. Arrivals are what real sources send: smooth, periodic bursts (a TCP
 //! window, a batch), on/off, Poisson, heavy-tailed bursts, a ramp, a split that moves, a source
 //! that appears at one host only, spoofed one-frame holders.
 //!
@@ -28,6 +29,8 @@ const MS: u64 = 1_000_000;
 pub const LAG_INTERVALS: f64 = 4.0;
 /// The simulation's step: arrivals within a step come at one instant.
 const STEP: u64 = MS;
+/// The virtual clock's start (ms): far from 0, as a host's monotonic clock is.
+const START_MS: u64 = 1_000_000;
 
 /// A small deterministic generator (xorshift64*), so a failing case can be run again by its seed.
 #[derive(Clone)]
@@ -147,6 +150,8 @@ struct Host {
     published: Option<f64>,
     /// Its view of every host's figure: what gossip brought it (each pair on its own).
     views: Vec<Option<f64>>,
+    /// Per host, its demand counter's readings as gossip brought them here (`Sim::counters`).
+    peer_windows: Vec<DemandWindow>,
     /// Per host, whether its last publication was lost on the way here (gossip brings the next
     /// one: never two in a row).
     lost: Vec<bool>,
@@ -156,6 +161,9 @@ struct Host {
 pub struct Sim {
     pub limit: Limit,
     pub sync: u64,
+    /// Whether the hosts publish their demand counters and each peer reads the rate over the
+    /// readings it got (gossip), rather than the rates they read (the store).
+    pub counters: bool,
     /// Probability that a host's publication is lost (its peers keep the older figure).
     pub loss: f64,
     hosts: Vec<Host>,
@@ -167,6 +175,33 @@ pub struct Sim {
     pub steps: Vec<(u64, u64, u64)>,
     /// Packets dropped by any host.
     pub dropped: u64,
+    /// Per host, when its next round runs: each agent's rounds run on its own timer, at its own
+    /// point of the interval ([`Sim::with_phases`]).
+    next_round: Vec<u64>,
+    /// How late the rounds run; None: every round a sync interval after the last.
+    pub jitter: Option<Jitter>,
+    jitter_rng: Rng,
+}
+
+/// How late an agent's rounds run, each timed from the last as the agent's timer is (a
+/// round `late` late moves the later ones on too): an agent on a loaded machine.
+#[derive(Clone, Copy, Debug)]
+pub struct Jitter {
+    /// Every round up to this late (ns).
+    pub max_ns: u64,
+    /// One round in this many (drawn) up to `late_max_ns` later still.
+    pub late_one_in: u64,
+    pub late_max_ns: u64,
+}
+
+impl Jitter {
+    fn draw(self, rng: &mut Rng) -> u64 {
+        let mut late = rng.next() % self.max_ns.max(1);
+        if self.late_one_in > 0 && rng.next().is_multiple_of(self.late_one_in) {
+            late += rng.next() % self.late_max_ns.max(1);
+        }
+        late
+    }
 }
 
 impl Sim {
@@ -175,20 +210,35 @@ impl Sim {
             limit,
             sync: sync_ms * MS,
             loss: 0.05,
+            counters: false,
             hosts: vec![
                 Host {
                     views: vec![None; hosts],
                     lost: vec![false; hosts],
+                    peer_windows: vec![DemandWindow::default(); hosts],
                     ..Host::default()
                 };
                 hosts
             ],
             one_tat: 0,
-            now: 1_000_000 * MS,
+            now: START_MS * MS,
             rng: Rng::new(seed),
             steps: Vec::new(),
             dropped: 0,
+            next_round: vec![(START_MS / sync_ms + 1) * sync_ms * MS; hosts],
+            jitter: None,
+            jitter_rng: Rng::new(seed ^ 0x5eed),
         }
+    }
+
+    /// The same with host `h`'s rounds `phases_ms[h]` into the interval (all at its start
+    /// without).
+    pub fn with_phases(mut self, phases_ms: &[u64]) -> Self {
+        let start = self.now - self.now % self.sync + self.sync;
+        for (p, &ms) in self.next_round.iter_mut().zip(phases_ms) {
+            *p = start + (ms * MS) % self.sync;
+        }
+        self
     }
 
     /// One step: `arrivals[h]` packets reach host `h` at this instant.
@@ -214,21 +264,28 @@ impl Sim {
         }
         let one = charge_one(&mut self.one_tat, self.now, all, interval, tolerance);
         self.steps.push((admitted, one, all));
-        if self.now.is_multiple_of(self.sync) {
-            self.round();
+        let now = self.now;
+        let due: Vec<bool> = self.next_round.iter().map(|&t| t <= now).collect();
+        if due.contains(&true) {
+            self.round(&due);
+            for (t, _) in self.next_round.iter_mut().zip(&due).filter(|(_, d)| **d) {
+                let late = self.jitter.map_or(0, |j| j.draw(&mut self.jitter_rng));
+                *t = now + self.sync + late;
+            }
         }
     }
 
-    /// A sync round at every host: read the others' published demand (a round old), set the
-    /// share word (keeping the bucket's tokens), then publish this round's figure.
-    fn round(&mut self) {
+    /// A sync round at every host `due`: read the others' published demand (a round old), set
+    /// the share word (keeping the bucket's tokens), then publish this round's figure.
+    fn round(&mut self, due: &[bool]) {
         let now = self.now;
         let record = self.limit.record();
         let fresh: Vec<Option<f64>> = self
             .hosts
             .iter_mut()
-            .map(|h| {
-                if !h.holds {
+            .zip(due)
+            .map(|(h, &due)| {
+                if !h.holds || !due {
                     return None;
                 }
                 h.window.push(now, h.demand);
@@ -236,7 +293,7 @@ impl Sim {
             })
             .collect();
         let n = self.hosts.len();
-        for i in 0..n {
+        for i in (0..n).filter(|&i| due[i]) {
             let h = &self.hosts[i];
             let Some(own) = h.published else { continue };
             // Its own figure as its peers read it (published last round), theirs as gossip
@@ -271,17 +328,24 @@ impl Sim {
         }
         // Gossip: each host's new figure reaches each peer within the interval, or (lost) the
         // round after.
-        let published: Vec<Option<f64>> = self.hosts.iter().map(|h| h.published).collect();
+        let published: Vec<(Option<f64>, u64)> =
+            self.hosts.iter().map(|h| (h.published, h.demand)).collect();
         for (r, h) in self.hosts.iter_mut().enumerate() {
-            for (o, &p) in published.iter().enumerate() {
-                if o == r || p.is_none() {
+            for (o, &(p, count)) in published.iter().enumerate() {
+                if o == r || p.is_none() || !due[o] {
                     continue;
                 }
                 if !h.lost[o] && self.rng.unit() < self.loss {
                     h.lost[o] = true;
                 } else {
                     h.lost[o] = false;
-                    h.views[o] = p;
+                    if self.counters {
+                        let w = &mut h.peer_windows[o];
+                        w.push(now, count);
+                        h.views[o] = (w.len() >= 2).then(|| w.rate(1e9));
+                    } else {
+                        h.views[o] = p;
+                    }
                 }
             }
         }

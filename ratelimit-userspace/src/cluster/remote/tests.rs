@@ -127,8 +127,65 @@ fn demand_is_the_counters_gain_over_the_peers_own_time() {
     assert!(rate(&r).abs() < 1e-9, "{r:?}");
 }
 
-/// A window reads over its last `DEMAND_ROUNDS` readings, further back while they hold fewer
-/// than `DEMAND_PACKETS`; readings out of order are ignored.
+/// A source sending 150 back to back every 250 ms (600 pps), read every 100 ms, at every phase
+/// of its bursts: read over all the readings kept (2 or 3 bursts over 600 ms), 500-750 pps, and
+/// 600 on average over the phases, so a peer reading fewer of its syncs reads the same on
+/// average. Over its last two readings it read 750 or, as the burst's last 4 packets over the
+/// time since, about 20; a burst over the time since its interval began, 750 or 500 (700 on
+/// average: 1.17x). A bursty key that stops falls to 0 once its packets are out of the readings
+/// kept; one that sent every interval, at once.
+#[test]
+fn a_bursty_key_is_read_at_its_rate_whatever_the_phase_of_its_bursts() {
+    let mut rates = Vec::new();
+    for phase in (0..250u64).step_by(5) {
+        let mut w = DemandWindow::default();
+        for j in 0..=12u64 {
+            let t = j * 100;
+            let bursts = (0..10u64).filter(|k| phase + k * 250 < t).count() as u64;
+            w.push(t * MS, 150 * bursts);
+        }
+        rates.push(w.rate(1e9));
+    }
+    let (lo, hi) = rates
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), &r| (l.min(r), h.max(r)));
+    #[expect(clippy::cast_precision_loss, reason = "50 phases")]
+    let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+    assert!(
+        lo >= 500.0 - 1e-9 && hi <= 750.0 + 1e-9 && (mean - 600.0).abs() <= 12.0,
+        "read {lo:.0}-{hi:.0} pps, {mean:.0} on average, where it sends 600"
+    );
+    // A bursty key that stops: read over the readings kept until its last burst is out of them.
+    let mut w = DemandWindow::default();
+    for (t, c) in [(0, 0), (100, 150), (200, 150), (300, 300), (400, 300)] {
+        w.push(t * MS, c);
+    }
+    assert!((w.rate(1e9) - 750.0).abs() < 1e-9, "{}", w.rate(1e9));
+    w.push(500 * MS, 300);
+    assert!((w.rate(1e9) - 600.0).abs() < 1e-9, "{}", w.rate(1e9));
+    for t in 6..=9 {
+        w.push(t * 100 * MS, 300);
+    }
+    assert_eq!(w.len(), DEMAND_HISTORY + 1);
+    assert_eq!(w.rate(1e9), 0.0, "its packets are out of the readings kept");
+    // A key that sent every interval and stops falls off at once: its last 4 packets over the
+    // time since they came (100 a reading: 4 over 200 ms and the last 4 ms of the interval).
+    let mut w = DemandWindow::default();
+    for (t, c) in [
+        (0, 0),
+        (100, 100),
+        (200, 200),
+        (300, 300),
+        (400, 300),
+        (500, 300),
+    ] {
+        w.push(t * MS, c);
+    }
+    assert!((w.rate(1e9) - 4.0 / 0.204).abs() < 1e-6, "{}", w.rate(1e9));
+}
+
+/// A window reads over its last `DEMAND_ROUNDS` readings, over all it keeps where they hold
+/// fewer than `DEMAND_PACKETS`; readings out of order are ignored.
 #[test]
 fn a_demand_window_spans_its_last_readings() {
     let mut w = DemandWindow::default();

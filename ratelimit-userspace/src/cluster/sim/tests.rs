@@ -95,7 +95,16 @@ fn run(c: &Case) -> Found {
     let warm_ms = (10 * c.sync_ms).max(2_000);
     let measured_ms = 7_000;
     let steps = warm_ms + measured_ms;
-    let mut sim = Sim::new(c.hosts, c.limit, c.sync_ms, c.seed);
+    // Each host's rounds at their own point of the interval, up to 5% of it (at least 1 ms)
+    // late, and one in 20 up to 2.5 intervals more: agents' timers on a loaded machine.
+    let mut r = Rng::new(c.seed ^ 0x1234);
+    let phases: Vec<u64> = (0..c.hosts).map(|_| r.next() % c.sync_ms).collect();
+    let mut sim = Sim::new(c.hosts, c.limit, c.sync_ms, c.seed).with_phases(&phases);
+    sim.jitter = Some(Jitter {
+        max_ns: c.sync_ms * MS / 20 + MS,
+        late_one_in: 20,
+        late_max_ns: c.sync_ms * MS * 5 / 2,
+    });
     let mut driver = Driver::new(c.source.clone(), steps, c.seed ^ 0xabcd);
     let mut dropped_at_warm = 0;
     for i in 0..steps {
@@ -126,10 +135,11 @@ fn run(c: &Case) -> Found {
     }
 }
 
-/// Runs the drawn cases and returns a line per case that breaks a promise: the bound over every
-/// window, 95% of one bucket over 7 s, nobody limited under the budget.
-fn failures(cases: u64) -> Vec<String> {
-    let mut failed = Vec::new();
+/// What the drawn cases broke, a line per case: `(promises, short)`, the promises the bound
+/// over every window and nobody limited under the budget, `short` under 95% of one bucket
+/// over 7 s.
+fn failures(cases: u64) -> (Vec<String>, Vec<String>) {
+    let (mut broken, mut short) = (Vec::new(), Vec::new());
     for seed in 0..cases {
         let c = draw(seed);
         let f = run(&c);
@@ -138,25 +148,28 @@ fn failures(cases: u64) -> Vec<String> {
         let ok_bound = f.excess <= f.bound;
         let ok_accuracy = f.one < 20 || ratio >= 0.95;
         let ok_under = f.dropped_under == 0;
-        if !(ok_bound && ok_accuracy && ok_under) {
-            failed.push(format!(
-                "seed {seed}: hosts {} rate {} burst {} sync {} ms {:?} split {} under {}: excess {:.0} (bound {:.0}), cluster {} / one bucket {} = {ratio:.3}, dropped under the budget {}",
-                c.hosts,
-                c.limit.rate,
-                c.limit.burst,
-                c.sync_ms,
-                c.source.arrivals,
-                if c.source.weights.iter().filter(|w| **w > 0.0).count() == 1 { "one host" } else { "spread" },
-                c.under,
-                f.excess,
-                f.bound,
-                f.cluster,
-                f.one,
-                f.dropped_under
-            ));
+        let line = format!(
+            "seed {seed}: hosts {} rate {} burst {} sync {} ms {:?} split {} under {}: excess {:.0} (bound {:.0}), cluster {} / one bucket {} = {ratio:.3}, dropped under the budget {}",
+            c.hosts,
+            c.limit.rate,
+            c.limit.burst,
+            c.sync_ms,
+            c.source.arrivals,
+            if c.source.weights.iter().filter(|w| **w > 0.0).count() == 1 { "one host" } else { "spread" },
+            c.under,
+            f.excess,
+            f.bound,
+            f.cluster,
+            f.one,
+            f.dropped_under
+        );
+        if !(ok_bound && ok_under) {
+            broken.push(line);
+        } else if !ok_accuracy {
+            short.push(line);
         }
     }
-    failed
+    (broken, short)
 }
 
 fn cases() -> u64 {
@@ -166,22 +179,29 @@ fn cases() -> u64 {
         .unwrap_or(300)
 }
 
-/// The whole property of issue #34, over every drawn configuration and arrival process: no
-/// window of the run admits more than docs/design.md's bound (`rate x T + (2 x hosts - 1) x
-/// burst + (hosts - 1) x rate x lag`), 95% of one bucket over 7 s, and nobody limited under the
-/// budget. With a holder holding `share x burst` (nothing below `1 / burst`), 23 of the first 60
-/// cases failed; with one packet at least, 16. Of 1,000 drawn cases, 4 still fall short of 95%
-/// (0.33-0.87; every one within the bound): bursts whose gaps at one host are many sync
-/// intervals long (a host's demand reads 0 between them, so it banks little refill for the
-/// next), and many hosts each seeing a short on/off burst (`RL_SIM_CASES=1000` lists them).
+/// The whole property of issue #34, over every drawn configuration and arrival process, the
+/// hosts' rounds at their own times and now and then late: no window of the run admits more
+/// than docs/design.md's bound (`rate x T + (2 x hosts - 1) x burst + (hosts - 1) x rate x
+/// lag`), nobody is limited under the budget, and the cluster admits 95% of one bucket over
+/// 7 s. Of 1,500 drawn cases, 7 fall short of 95% (0.34-0.83, every one within the bound):
+/// bursts whose gaps at one host are many sync intervals long, and many hosts each seeing a
+/// short on/off burst (`RL_SIM_CASES=1500` lists them). With a holder holding `share x burst`
+/// (nothing below `1 / burst`), 23 of the first 60 cases fell short; with one packet at least,
+/// 16.
 #[test]
 fn the_cluster_admits_what_one_bucket_would() {
-    let failed = failures(cases());
+    let (broken, short) = failures(cases());
     assert!(
-        failed.is_empty(),
-        "{} failed:\n{}",
-        failed.len(),
-        failed.join("\n")
+        broken.is_empty() && short.is_empty(),
+        "{} broke a promise, {} short of 95% of one bucket:\n{}",
+        broken.len(),
+        short.len(),
+        broken
+            .iter()
+            .chain(&short)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }
 
@@ -316,5 +336,120 @@ fn three_hosts_70_20_10_in_bursts_200_ms_apart_admit_what_one_bucket_would() {
     assert!(
         (0.95..=1.05).contains(&ratio),
         "the cluster admitted {cluster}, one bucket {one}: {ratio:.3}"
+    );
+}
+
+/// Issue #34's bursty case at every phase: two hosts, each sent a burst back to back every
+/// `period` (1.2 x the budget in all, host 1 half a period after host 0), their rounds at any
+/// point of the interval and one in 20 run up to 250 ms late (an agent's timer on a loaded
+/// machine), each reading the other's figure (the store) or its counter at the syncs gossip
+/// brought, 30% of them skipped. Over every 8 s the cluster admits what one bucket would,
+/// within 5%: 0.97-1.02. Read over the last two intervals and reaching back only until the
+/// window held the burst's last 4 packets (about 20 pps between bursts), the shares swung
+/// between 0.03 and 0.97 with the rounds' timing: 0.86-1.05; reaching back whole intervals
+/// until it held 4, 0.97-1.10 (a host read its own counter at every sync, above its rate,
+/// and its peer's at fewer: the shares added up to more than 1).
+#[test]
+fn interleaved_bursts_admit_what_one_bucket_would_whatever_the_rounds_timing() {
+    let limit = Limit {
+        rate: 1000.0,
+        burst: 500,
+    };
+    let mut worst = (f64::MAX, f64::MIN, String::new(), String::new());
+    for counters in [false, true] {
+        for period in [250u64, 350, 500] {
+            let n = 150 * period / 250;
+            for phase in [0u64, 25, 50, 75] {
+                for (offset, round) in [0u64, 30, 60, 125]
+                    .into_iter()
+                    .flat_map(|o| (0..3).map(move |r| (o, r)))
+                {
+                    let seed = period * 100_000 + phase * 1_000 + offset * 3 + round;
+                    let mut sim = Sim::new(2, limit, 100, seed).with_phases(&[0, phase]);
+                    sim.counters = counters;
+                    sim.loss = if counters { 0.3 } else { 0.05 };
+                    sim.jitter = Some(Jitter {
+                        max_ns: 5 * MS,
+                        late_one_in: 20,
+                        late_max_ns: 250 * MS,
+                    });
+                    for t in 0..13_500u64 {
+                        let at = |p: u64| if t % period == p % period { n } else { 0 };
+                        sim.step(&[at(offset), at(offset + period / 2)]);
+                    }
+                    let (cluster, one, _) = sim.totals(5_500, 13_500);
+                    #[expect(clippy::cast_precision_loss, reason = "packets")]
+                    let ratio = cluster as f64 / one as f64;
+                    let case = format!(
+                        "{}, period {period} ms, phase {phase} ms, offset {offset} ms, seed {seed}",
+                        if counters { "gossip" } else { "store" }
+                    );
+                    if ratio < worst.0 {
+                        worst.0 = ratio;
+                        worst.2.clone_from(&case);
+                    }
+                    if ratio > worst.1 {
+                        worst.1 = ratio;
+                        worst.3 = case;
+                    }
+                }
+            }
+        }
+    }
+    println!(
+        "lowest {:.3} ({}), highest {:.3} ({})",
+        worst.0, worst.2, worst.1, worst.3
+    );
+    assert!(
+        worst.0 >= 0.95 && worst.1 <= 1.05,
+        "the cluster admitted {:.3} of one bucket ({}) to {:.3} ({}), want within 5%",
+        worst.0,
+        worst.2,
+        worst.1,
+        worst.3
+    );
+}
+
+/// Eight hosts, each sent 125 back to back every 250 ms (phases spread, 4 x the budget, burst
+/// 100), each reading the others' demand counters at the syncs gossip brought, 30% of them
+/// skipped: every host divides by figures read the same way on average, so the cluster admits
+/// what one bucket would within 3% (0.996-1.002). Reading a burst between readings over the
+/// time since its interval began read each host's own counter (every sync) 17% above its rate
+/// and its peers' (fewer syncs) at it: 1.05-1.07, as the agents did end to end (1.054).
+#[test]
+fn eight_hosts_bursts_read_through_gossip_admit_what_one_bucket_would() {
+    let limit = Limit {
+        rate: 1000.0,
+        burst: 100,
+    };
+    let mut ratios = Vec::new();
+    for seed in 0..12u64 {
+        let mut r = Rng::new(seed);
+        let phases: Vec<u64> = (0..8).map(|_| r.next() % 100).collect();
+        let mut sim = Sim::new(8, limit, 100, seed).with_phases(&phases);
+        sim.counters = true;
+        sim.loss = 0.3;
+        sim.jitter = Some(Jitter {
+            max_ns: 5 * MS,
+            late_one_in: 20,
+            late_max_ns: 250 * MS,
+        });
+        for t in 0..11_000u64 {
+            let a: Vec<u64> = (0..8u64)
+                .map(|h| if t % 250 == h * 250 / 8 { 125 } else { 0 })
+                .collect();
+            sim.step(&a);
+        }
+        let (cluster, one, _) = sim.totals(3_000, 11_000);
+        #[expect(clippy::cast_precision_loss, reason = "packets")]
+        ratios.push(cluster as f64 / one as f64);
+    }
+    let (lo, hi) = ratios
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), &r| (l.min(r), h.max(r)));
+    println!("{lo:.3}-{hi:.3} of one bucket");
+    assert!(
+        lo >= 0.97 && hi <= 1.03,
+        "the cluster admitted {lo:.3}-{hi:.3} of one bucket, want within 3%"
     );
 }
