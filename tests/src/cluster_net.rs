@@ -58,6 +58,21 @@ pub const REDIS_ADDR: SocketAddr =
 /// first).
 const CLUSTER_PORT: u16 = 7000;
 
+/// The rule of [`ClusterNet::redis_config`]: one cluster-scoped limit per source of
+/// `198.18.0.0/24`.
+fn flood_rule(rate: u64, burst: u64) -> String {
+    format!(
+        r#"[[rule]]
+name = "cluster-flood"
+source = "198.18.0.0/24"
+rate = {rate}
+burst = {burst}
+per = "source"
+scope = "cluster"
+"#
+    )
+}
+
 /// Host `i`'s data address.
 #[must_use]
 pub fn data_ip(i: usize) -> Ipv4Addr {
@@ -327,9 +342,16 @@ cluster_id = "e2e-cluster-net"
             .collect()
     }
 
-    /// Host `i`'s config with `rules` under `backend = "redis"` at `url` (no gossip keys).
+    /// Host `i`'s config with `rules` under `backend = "redis"` with `urls` its seeds (one for a
+    /// standalone Redis, a Redis Cluster's nodes), no gossip keys.
     #[must_use]
-    pub fn redis_config_with(&self, i: usize, rules: &str, sync_ms: u64, url: &str) -> String {
+    pub fn redis_config_with<U: AsRef<str> + std::fmt::Debug>(
+        &self,
+        i: usize,
+        rules: &str,
+        sync_ms: u64,
+        urls: &[U],
+    ) -> String {
         format!(
             r#"[agent]
 interfaces = ["{}"]
@@ -339,7 +361,7 @@ mode = "auto"
 {rules}
 [cluster]
 backend = "redis"
-redis = ["{url}"]
+redis = {urls:?}
 redis_connect_timeout_ms = 200
 redis_command_timeout_ms = 100
 sync_interval_ms = {sync_ms}
@@ -351,9 +373,6 @@ cluster_id = "e2e-cluster-net"
 
     /// [`ClusterNet::redis_config`] with every one of `urls` a seed (the nodes of a Redis
     /// Cluster).
-    ///
-    /// # Panics
-    /// If `urls` is empty.
     #[must_use]
     pub fn redis_cluster_config(
         &self,
@@ -363,31 +382,13 @@ cluster_id = "e2e-cluster-net"
         sync_ms: u64,
         urls: &[String],
     ) -> String {
-        self.redis_config(i, rate, burst, sync_ms, &urls[0])
-            .replace(
-                &format!("redis = [\"{}\"]", urls[0]),
-                &format!("redis = {urls:?}"),
-            )
+        self.redis_config_with(i, &flood_rule(rate, burst), sync_ms, urls)
     }
 
     /// [`ClusterNet::config`]'s rule under `backend = "redis"` at `url`.
     #[must_use]
     pub fn redis_config(&self, i: usize, rate: u64, burst: u64, sync_ms: u64, url: &str) -> String {
-        self.redis_config_with(
-            i,
-            &format!(
-                r#"[[rule]]
-name = "cluster-flood"
-source = "198.18.0.0/24"
-rate = {rate}
-burst = {burst}
-per = "source"
-scope = "cluster"
-"#
-            ),
-            sync_ms,
-            url,
-        )
+        self.redis_config_with(i, &flood_rule(rate, burst), sync_ms, &[url])
     }
 
     /// Takes host `i`'s gossip link down or up.
