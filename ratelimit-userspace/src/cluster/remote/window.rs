@@ -18,10 +18,14 @@ pub const DEMAND_PACKETS: u64 = 4;
 /// this many syncs later.
 pub const DEMAND_HISTORY: usize = 6;
 
-/// A cumulative demand counter's readings, `(time, count)`, the last [`DEMAND_HISTORY`] + 1,
-/// and for how many more readings the key counts as bursty (see [`DemandWindow::rate`]).
+/// A cumulative demand counter's readings and whether the key is bursty.
 #[derive(Clone, Debug, Default)]
-pub struct DemandWindow(std::collections::VecDeque<(u64, u64)>, usize);
+pub struct DemandWindow {
+    /// `(time, count)`, the last [`DEMAND_HISTORY`] + 1.
+    readings: std::collections::VecDeque<(u64, u64)>,
+    /// For how many more readings the key counts as bursty (see [`DemandWindow::rate`]).
+    bursty_for: usize,
+}
 
 impl DemandWindow {
     /// Adds a reading. One at the time of the last is ignored (the same reading again); one
@@ -29,23 +33,23 @@ impl DemandWindow {
     /// readings before were wrong (a clock stepped back, or a forged reading ahead of the
     /// real ones), and a window that ignored every later reading would keep their rate for ever.
     pub fn push(&mut self, at: u64, count: u64) {
-        if let Some(&(t, c)) = self.0.back() {
+        if let Some(&(t, c)) = self.readings.back() {
             if at == t {
                 return;
             }
             if at < t || count < c {
-                self.0.clear();
-                self.1 = 0;
+                self.readings.clear();
+                self.bursty_for = 0;
             }
         }
-        self.0.push_back((at, count));
-        while self.0.len() > DEMAND_HISTORY + 1 {
-            self.0.pop_front();
+        self.readings.push_back((at, count));
+        while self.readings.len() > DEMAND_HISTORY + 1 {
+            self.readings.pop_front();
         }
-        self.1 = if self.gap_within() {
+        self.bursty_for = if self.gap_within() {
             DEMAND_HISTORY
         } else {
-            self.1.saturating_sub(1)
+            self.bursty_for.saturating_sub(1)
         };
     }
 
@@ -64,7 +68,7 @@ impl DemandWindow {
     fn gap_within(&self) -> bool {
         let mut sent = false;
         let mut gap = false;
-        for (a, b) in self.0.iter().zip(self.0.iter().skip(1)) {
+        for (a, b) in self.readings.iter().zip(self.readings.iter().skip(1)) {
             if b.1 > a.1 {
                 if gap {
                     return true;
@@ -80,19 +84,19 @@ impl DemandWindow {
     /// The time of the newest reading.
     #[must_use]
     pub fn last_at(&self) -> Option<u64> {
-        self.0.back().map(|&(t, _)| t)
+        self.readings.back().map(|&(t, _)| t)
     }
 
     /// How many readings it holds.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.readings.len()
     }
 
     /// Whether it holds none.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.readings.is_empty()
     }
 
     /// The counter's gain per unit of time (per `per` units): over all the readings kept
@@ -118,21 +122,21 @@ impl DemandWindow {
     /// reads about 0 between them.
     #[must_use]
     pub fn rate(&self, per: f64) -> f64 {
-        let Some(&newest) = self.0.back() else {
+        let Some(&newest) = self.readings.back() else {
             return 0.0;
         };
-        let n = self.0.len();
+        let n = self.readings.len();
         let from = n.saturating_sub(DEMAND_ROUNDS + 1);
-        let gain = newest.1.saturating_sub(self.0[from].1);
-        if self.1 > 0 {
-            return Self::between(self.0[0], newest, per);
+        let gain = newest.1.saturating_sub(self.readings[from].1);
+        if self.bursty_for > 0 {
+            return Self::between(self.readings[0], newest, per);
         }
         if gain >= DEMAND_PACKETS || from == 0 {
-            return Self::between(self.0[from], newest, per);
+            return Self::between(self.readings[from], newest, per);
         }
         for j in (1..=from).rev() {
-            let (t0, c0) = self.0[j - 1];
-            let (t1, c1) = self.0[j];
+            let (t0, c0) = self.readings[j - 1];
+            let (t1, c1) = self.readings[j];
             let more = c1.saturating_sub(c0);
             let have = newest.1.saturating_sub(c1);
             if have + more >= DEMAND_PACKETS && more > 0 && t1 > t0 {
@@ -149,6 +153,6 @@ impl DemandWindow {
                 };
             }
         }
-        Self::between(self.0[0], newest, per)
+        Self::between(self.readings[0], newest, per)
     }
 }
