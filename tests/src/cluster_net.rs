@@ -58,8 +58,8 @@ pub const REDIS_ADDR: SocketAddr =
 /// first).
 const CLUSTER_PORT: u16 = 7000;
 
-/// The rule of [`ClusterNet::redis_config`]: one cluster-scoped limit per source of
-/// `198.18.0.0/24`.
+/// The rule of [`ClusterNet::config`] and [`ClusterNet::redis_config`]: one cluster-scoped
+/// limit per source of `198.18.0.0/24`.
 fn flood_rule(rate: u64, burst: u64) -> String {
     format!(
         r#"[[rule]]
@@ -186,20 +186,7 @@ impl ClusterNet {
     /// source, gossip on its own link seeded with every host.
     #[must_use]
     pub fn config(&self, i: usize, rate: u64, burst: u64, sync_ms: u64) -> String {
-        self.config_with(
-            i,
-            &format!(
-                r#"[[rule]]
-name = "cluster-flood"
-source = "198.18.0.0/24"
-rate = {rate}
-burst = {burst}
-per = "source"
-scope = "cluster"
-"#
-            ),
-            sync_ms,
-        )
+        self.config_with(i, &flood_rule(rate, burst), sync_ms)
     }
 
     /// A host's config with `rules` (TOML `[[rule]]` tables), the limiter on its data link and
