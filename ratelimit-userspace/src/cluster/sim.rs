@@ -265,8 +265,8 @@ impl Sim {
         let one = charge_one(&mut self.one_tat, self.now, all, interval, tolerance);
         self.steps.push((admitted, one, all));
         let now = self.now;
-        let due: Vec<bool> = self.next_round.iter().map(|&t| t <= now).collect();
-        if due.contains(&true) {
+        if self.next_round.iter().any(|&t| t <= now) {
+            let due: Vec<bool> = self.next_round.iter().map(|&t| t <= now).collect();
             self.round(&due);
             for (t, _) in self.next_round.iter_mut().zip(&due).filter(|(_, d)| **d) {
                 let late = self.jitter.map_or(0, |j| j.draw(&mut self.jitter_rng));
