@@ -32,6 +32,9 @@ pub const XOR64_IMM: u8 = 0xa7;
 pub const MOD64_IMM: u8 = 0x97;
 pub const MUL64_IMM: u8 = 0x27;
 pub const STX_DW: u8 = 0x7b;
+/// `BPF_STX | BPF_ATOMIC | BPF_DW`; with `imm = 0` (`BPF_ADD`), a locked add of `src` to the
+/// word at `dst + off`.
+pub const ATOMIC_DW: u8 = 0xdb;
 pub const TO_BE: u8 = 0xdc;
 pub const LDX_W: u8 = 0x61;
 pub const LSH64_IMM: u8 = 0x67;
@@ -203,6 +206,26 @@ pub fn turn_array(values: &[[u8; 4]]) -> Result<(OwnedFd, u32)> {
         .collect();
     order.push([0; 4]);
     Ok((u32_array(&order)?, n))
+}
+
+/// An array map for [`Sources::InTurnWarm`]: as [`turn_array`], each entry 16 bytes, the
+/// address and the first record of each of its key's two sets (`ratelimit_common::bucket_sets`,
+/// times the ways), in the same order.
+pub fn turn_array_warm(values: &[([u8; 4], [u32; 2])]) -> Result<(OwnedFd, u32)> {
+    let n = u32::try_from(values.len()).context("array length")?;
+    anyhow::ensure!(n > 0, "no addresses to send from");
+    let mut bytes = Vec::with_capacity(16 * (values.len() + 1));
+    for i in crate::f1::cyclic_permutation(n, TURN_SEED) {
+        let (addr, [first, second]) = values[i as usize];
+        bytes.extend(addr);
+        bytes.extend(first.to_ne_bytes());
+        bytes.extend(second.to_ne_bytes());
+        bytes.extend([0; 4]);
+    }
+    bytes.extend([0; 16]); // entry n: the cursor
+    let map = create_map(MAP_ARRAY, 4, 16, n + 1, F_MMAPABLE)?;
+    write_mapped(&map, &bytes)?;
+    Ok((map, n))
 }
 
 /// Seed of [`turn_array`]'s order.
@@ -425,6 +448,12 @@ pub enum Sources<'a> {
     /// its own reads began, where the driver's floor (nothing waits for the address) overlapped
     /// it: a miss the driver's, counted as the program's.
     InTurn(BorrowedFd<'a>, u32),
+    /// As `InTurn`, from an array made by [`turn_array_warm`], and before it hands the source
+    /// on, the driver reads the eight records of the source's key in the store (the third
+    /// field), the new source waiting for them: the program it calls finds its records in the
+    /// cache, and its figure less the same driver's before `XDP_PASS` is its work alone, at the
+    /// population's size.
+    InTurnWarm(BorrowedFd<'a>, u32, BorrowedFd<'a>),
 }
 
 /// `r0` = the entry of the map in r1 whose u32 key is at r10-4, or an `XDP_ABORTED` exit if there
@@ -467,6 +496,11 @@ pub enum Touch<'a> {
     /// sets of four records in one random page (as `ratelimit_common::bucket_sets` places a
     /// key's two sets), eight independent loads.
     Candidates(BorrowedFd<'a>, u32),
+    /// As `Candidates`, then one locked add (of zero) to the first of the eight records: a
+    /// charge's one atomic read-modify-write of its record, which x86 orders after every load
+    /// before it and before every load after it (the next run's too), so nothing of the next
+    /// packet overlaps this one's misses.
+    ChargedCandidates(BorrowedFd<'a>, u32),
     /// As `Record`, in a [`PagedStore`] (its outer map, its pages).
     PagedRecord(BorrowedFd<'a>, u32),
     /// As `Candidates`, in a [`PagedStore`] (its outer map, its pages).
@@ -631,7 +665,7 @@ fn touch_store(touch: Touch<'_>) -> Vec<Insn> {
             p.extend(paged_page(outer, pages));
             p.extend(candidates(paged_entry));
         }
-        Touch::Candidates(map, n) => {
+        Touch::Candidates(map, n) | Touch::ChargedCandidates(map, n) => {
             let pages = i32::try_from(n / PAGE_RECORDS).expect("n < 2^31");
             p.extend([
                 insn(CALL, 0, 0, 0, FUNC_GET_PRANDOM_U32),
@@ -647,6 +681,13 @@ fn touch_store(touch: Touch<'_>) -> Vec<Insn> {
                 insn(MOV64_REG, 7, 0, 0, 0), // r7 = the page's first record
             ]);
             p.extend(candidates(|base, way| add_record_word(map, base, way)));
+            if let Touch::ChargedCandidates(..) = touch {
+                // The first set's first record again (r7, kept across the lookups), in cache
+                // now: `lock add [record + 16], 0` (the header word, left as it was).
+                p.extend([insn(MOV64_REG, 1, 7, 0, 0), insn(STX_W, 10, 1, -4, 0)]);
+                p.extend(entry_at_fp4(map));
+                p.extend([insn(MOV64_IMM, 1, 0, 0, 0), insn(ATOMIC_DW, 0, 1, 16, 0)]);
+            }
         }
     }
     p.push(insn(AND64_IMM, 9, 0, 0, 0));
@@ -675,7 +716,7 @@ pub fn driver(
             body.insert(3, insn(ADD64_REG, 5, 9, 0, 0));
             body
         }
-        Sources::InTurn(map, n) => {
+        Sources::InTurn(map, n) | Sources::InTurnWarm(map, n, _) => {
             let n = i32::try_from(n).expect("n < 2^31");
             p.extend([insn(MOV64_IMM, 0, 0, 0, n), insn(STX_W, 10, 0, -4, 0)]);
             p.extend(entry_at_fp4(map)); // r0 = the cursor, entry n
@@ -689,10 +730,24 @@ pub fn driver(
                 insn(STX_W, 10, 1, -4, 0), // key = the old cursor
             ]);
             p.extend(entry_at_fp4(map));
-            p.extend([
-                insn(LDX_W, 7, 0, 0, 0),     // r7 = the address
-                insn(ADD64_REG, 7, 9, 0, 0), // plus r9 (zero), as above
-            ]);
+            p.push(insn(LDX_W, 7, 0, 0, 0)); // r7 = the address
+            if let Sources::InTurnWarm(_, _, store) = sources {
+                p.extend([
+                    insn(LDX_W, 8, 0, 4, 0), // r8 = the first set's first record
+                    insn(LDX_W, 1, 0, 8, 0),
+                    insn(STX_W, 10, 1, -8, 0), // the second set's, kept below the lookup key
+                ]);
+                let ways = i32::try_from(ratelimit_common::BUCKET_WAYS).expect("4");
+                for way in 0..ways {
+                    p.extend(add_record_word(store, 8, way));
+                }
+                p.push(insn(LDX_W, 8, 10, -8, 0));
+                for way in 0..ways {
+                    p.extend(add_record_word(store, 8, way));
+                }
+                p.push(insn(AND64_IMM, 9, 0, 0, 0));
+            }
+            p.push(insn(ADD64_REG, 7, 9, 0, 0)); // plus r9 (zero), as above
             vec![insn(STX_W, 2, 7, IP_SRC, 0)]
         }
     };
@@ -759,99 +814,4 @@ pub fn probe(probe: Probe<'_>) -> Vec<Insn> {
 }
 
 #[cfg(test)]
-mod tests {
-    use aya::programs::{TestRun as _, TestRunOptions};
-    use ratelimit_testbed::skip_unless_root;
-
-    use super::*;
-    use crate::kernel::v4_frame;
-
-    /// The drivers the population figures stand on, run once each in the kernel: whatever they
-    /// read of a store first, the frame they hand on carries the source they promise (the next
-    /// address, or the array's), and the tail call reached its target (`XDP_PASS`, not the
-    /// driver's own `XDP_ABORTED`); an array's addresses come in turn, each once.
-    #[test]
-    fn drivers_hand_on_the_promised_source_whatever_they_touch() {
-        if skip_unless_root() {
-            return;
-        }
-        /// The test's pin directory, removed however the test ends.
-        struct Dir(std::path::PathBuf);
-        impl Drop for Dir {
-            fn drop(&mut self) {
-                let _ = fs::remove_dir(&self.0);
-            }
-        }
-        let dir =
-            Dir(Path::new("/sys/fs/bpf").join(format!("rlb-progs-test-{}", std::process::id())));
-        fs::create_dir_all(&dir.0).unwrap();
-        let dir = &dir.0;
-        let pass = load(
-            "rlb_t_pass",
-            &[insn(MOV64_IMM, 0, 0, 0, XDP_PASS), insn(EXIT, 0, 0, 0, 0)],
-            dir,
-        )
-        .unwrap();
-        let array = prog_array(&pass).unwrap();
-        // A store of 4 pages of 64-byte records, every byte 0xff: a driver that let what it read
-        // into the source would hand on another one.
-        let store = create_map(MAP_ARRAY, 4, 64, 4 * 64, F_MMAPABLE).unwrap();
-        write_mapped(&store, &[0xff; 4 * 64 * 64]).unwrap();
-        let paged = PagedStore::filled(4 * 64, Some(0xff)).unwrap();
-        let (addrs, n) = turn_array(&[[10, 1, 2, 3]]).unwrap();
-        // One run of a driver on `input`: its return value and the frame it hands on.
-        let input = v4_frame([10, 0, 0, 255]);
-        let run = |prog: &Xdp| -> (i32, Vec<u8>) {
-            let mut out = vec![0u8; input.len()];
-            let res = prog
-                .test_run(TestRunOptions {
-                    data_in: Some(&input),
-                    data_out: Some(&mut out),
-                    ..TestRunOptions::new()
-                })
-                .unwrap();
-            (res.return_value.cast_signed(), out)
-        };
-        let src_of = |f: &[u8]| -> [u8; 4] {
-            let at = usize::try_from(IP_SRC).unwrap();
-            f[at..at + 4].try_into().unwrap()
-        };
-        let touches = [
-            None,
-            Some(Touch::Record(store.as_fd(), 4 * 64)),
-            Some(Touch::Candidates(store.as_fd(), 4 * 64)),
-            Some(Touch::PagedRecord(paged.outer.as_fd(), paged.pages)),
-            Some(Touch::PagedCandidates(paged.outer.as_fd(), paged.pages)),
-        ];
-        for (i, touch) in touches.into_iter().enumerate() {
-            for (sources, want) in [
-                (Sources::Sequential, [10, 0, 1, 0]),
-                (Sources::InTurn(addrs.as_fd(), n), [10, 1, 2, 3]),
-            ] {
-                let insns = driver(sources, touch, array.as_fd());
-                let prog = load(&format!("rlb_t_drv{i}"), &insns, dir).unwrap();
-                let (ret, out) = run(&prog);
-                assert_eq!(ret, XDP_PASS, "{touch:?} {sources:?}: the tail call");
-                assert_eq!(src_of(&out), want, "{touch:?} {sources:?}: the source");
-                assert_eq!(out[..IP_SRC as usize], input[..IP_SRC as usize]);
-            }
-        }
-        // In turn: 10 runs over 5 addresses hand on each address once in the first 5 runs, then
-        // the same order again (the cursor wraps).
-        let five: Vec<[u8; 4]> = (1..=5).map(|i| [10, 9, 0, i]).collect();
-        let (five_array, n) = turn_array(&five).unwrap();
-        let insns = driver(Sources::InTurn(five_array.as_fd(), n), None, array.as_fd());
-        let prog = load("rlb_t_turn", &insns, dir).unwrap();
-        let sent: Vec<[u8; 4]> = (0..10)
-            .map(|_| {
-                let (ret, out) = run(&prog);
-                assert_eq!(ret, XDP_PASS, "in turn: the tail call");
-                src_of(&out)
-            })
-            .collect();
-        let mut first = sent[..5].to_vec();
-        assert_eq!(sent[5..], first[..], "the second turn repeats the first");
-        first.sort_unstable();
-        assert_eq!(first, five, "each address once a turn: {sent:?}");
-    }
-}
+mod tests;

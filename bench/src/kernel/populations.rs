@@ -22,6 +22,10 @@ use crate::{
     session::Options,
 };
 
+/// Sources of the population the `known_few` driver sends, spread over the store (one record
+/// a page at 1M): their records' lines fit the last-level cache (8 MiB), their pages do not
+/// fit the TLB.
+const FEW: usize = 16_384;
 pub(super) const SECTION_POP: &str =
     "In-kernel cost per packet vs tracked sources (BPF_PROG_TEST_RUN)";
 
@@ -54,15 +58,53 @@ fn census(limiter: &Limiter, rule: u32) -> Result<(u64, u64)> {
     Ok((population, fresh))
 }
 
-/// The addresses of the tracked population of rule `rule` that hold a bucket now.
-fn population_addrs(limiter: &Limiter, rule: u32) -> Result<Vec<[u8; 4]>> {
-    let mut addrs = Vec::new();
-    limiter.tdp.maps().for_each_bucket(|_, b| {
+/// The addresses of the tracked population of rule `rule` that hold a bucket now, and the
+/// records that hold them.
+fn population_addrs(limiter: &Limiter, rule: u32) -> Result<(Vec<[u8; 4]>, Vec<u32>)> {
+    let (mut addrs, mut records) = (Vec::new(), Vec::new());
+    limiter.tdp.maps().for_each_bucket(|i, b| {
         if u32::from(b.rule) == rule && b.family == 4 && b.addr[0] == 10 && b.addr[1] & 0x80 == 0 {
             addrs.push([b.addr[0], b.addr[1], b.addr[2], b.addr[3]]);
+            records.push(i);
         }
     })?;
-    Ok(addrs)
+    Ok((addrs, records))
+}
+
+/// The first record of each of the two sets of rule `rule`'s key for each of `addrs` (per
+/// source, IPv4), as the program places them (`ratelimit_common::bucket_sets`). Fails unless
+/// each address's record (`records`) is one of its sets'.
+fn key_sets(
+    limiter: &Limiter,
+    rule: u32,
+    addrs: &[[u8; 4]],
+    records: &[u32],
+) -> Result<Vec<([u8; 4], [u32; 2])>> {
+    let config = limiter.tdp.maps().config()?;
+    let sets: Vec<([u8; 4], [u32; 2])> = addrs
+        .iter()
+        .map(|a| {
+            let mut addr = [0u8; 16];
+            addr[..4].copy_from_slice(a);
+            let h = ratelimit_common::bucket_hash(
+                config.seed,
+                rule,
+                4,
+                ratelimit_common::addr_words(&addr),
+            );
+            let sets = ratelimit_common::bucket_sets(h, config.bucket_sets);
+            (*a, sets.map(|s| s * ratelimit_common::BUCKET_WAYS))
+        })
+        .collect();
+    for ((a, firsts), &i) in sets.iter().zip(records) {
+        if !firsts
+            .iter()
+            .any(|&f| (f..f + ratelimit_common::BUCKET_WAYS).contains(&i))
+        {
+            bail!("{a:?}: its record {i} is in neither of the sets the bench placed it in ({firsts:?})");
+        }
+    }
+    Ok(sets)
 }
 
 /// Frees the records of never-seen sources `first..end` (see [`tracked_addr`]) that hold a
@@ -204,12 +246,14 @@ pub fn populations(
     let buckets = pinned(limiter, map_names::BUCKETS)?;
     let record = Some(Touch::Record(buckets.fd().as_fd(), capacity));
     let candidates = Some(Touch::Candidates(buckets.fd().as_fd(), capacity));
+    let charged = Some(Touch::ChargedCandidates(buckets.fd().as_fd(), capacity));
     let new_pass = |name: &str, touch: Option<Touch<'_>>| {
         Driver::touching(name, Sources::Sequential, touch, refs.program(PASS), refs)
     };
     let new_floor = new_pass("rlb_seq_pass", None)?;
     let memory_floor = new_pass("rlb_seq_mem", record)?;
     let candidates_floor = new_pass("rlb_seq_mem8", candidates)?;
+    let charged_floor = new_pass("rlb_seq_mem8a", charged)?;
     // Opt-in (`--paged-floors`): the same two floors on a store of kmalloc'ed pages.
     let paged = if opts.paged_floors {
         Some(progs::PagedStore::new(capacity)?)
@@ -273,8 +317,36 @@ pub fn populations(
             bail!("{what}: the store holds only {population} of {target} buckets after {sent} sources");
         }
         // Random known sources are drawn from the addresses that hold a bucket now.
-        let addrs = population_addrs(limiter, tracked)?;
+        let (addrs, records) = population_addrs(limiter, tracked)?;
         let (addr_array, n) = progs::turn_array(&addrs)?;
+        // The same addresses with their keys' sets: a driver that reads their records first
+        // (`Sources::InTurnWarm`), so that the limiter's work at this population is measured
+        // apart from its memory.
+        let (warm_array, warm_n) =
+            progs::turn_array_warm(&key_sets(limiter, tracked, &addrs, &records)?)?;
+        let warm_sources = || Sources::InTurnWarm(warm_array.as_fd(), warm_n, buckets.fd().as_fd());
+        // `FEW` of them, every k-th record of the store's order, again and again: the store as
+        // full as the population makes it, the lines of the sources sent in the last-level cache.
+        let few: Vec<[u8; 4]> = addrs
+            .iter()
+            .step_by((addrs.len() / FEW).max(1))
+            .copied()
+            .collect();
+        let (few_array, few_n) = progs::turn_array(&few)?;
+        let known_few = Driver::new(
+            "rlb_knownf_lim",
+            Sources::InTurn(few_array.as_fd(), few_n),
+            limiter.program(),
+            refs,
+        )?;
+        let known_warm = Driver::new("rlb_knownw_lim", warm_sources(), limiter.program(), refs)?;
+        let known_warm_floor = Driver::touching(
+            "rlb_knownw_pass",
+            warm_sources(),
+            None,
+            refs.program(PASS),
+            refs,
+        )?;
         let known = Driver::new(
             "rlb_known_lim",
             Sources::InTurn(addr_array.as_fd(), n),
@@ -289,6 +361,7 @@ pub fn populations(
         let known_floor = known_pass("rlb_known_pass", None)?;
         let known_memory_floor = known_pass("rlb_known_mem", record)?;
         let known_candidates_floor = known_pass("rlb_known_mem8", candidates)?;
+        let known_charged_floor = known_pass("rlb_known_mem8a", charged)?;
         // The LRU contender on the same addresses, in turns with the limiter (see `lru.rs`);
         // with the store full, all but `SLACK` of them, after as many never-sent ones.
         let mut lru_cases = Vec::new();
@@ -309,6 +382,9 @@ pub fn populations(
         let (mut memory_floor_ns, mut candidates_floor_ns) = (Vec::new(), Vec::new());
         let (mut paged_floor_ns, mut paged_candidates_floor_ns) = (Vec::new(), Vec::new());
         let (mut known_memory_floor_ns, mut known_candidates_floor_ns) = (Vec::new(), Vec::new());
+        let (mut known_charged_floor_ns, mut charged_floor_ns) = (Vec::new(), Vec::new());
+        let (mut known_warm_ns, mut known_warm_floor_ns) = (Vec::new(), Vec::new());
+        let mut known_few_ns = Vec::new();
         let (mut hot, mut known_ns, mut known_floor_ns, mut new_ns, mut new_floor_ns, mut floor) = (
             Vec::new(),
             Vec::new(),
@@ -332,9 +408,13 @@ pub fn populations(
             known_floor_ns.push(known_floor.run(&known_frame, opts.repeat)?);
             known_memory_floor_ns.push(known_memory_floor.run(&known_frame, opts.repeat)?);
             known_candidates_floor_ns.push(known_candidates_floor.run(&known_frame, opts.repeat)?);
+            known_charged_floor_ns.push(known_charged_floor.run(&known_frame, opts.repeat)?);
             let created = counter(global::NEW_BUCKETS);
             known_ns.push(known.run(&known_frame, opts.repeat)?);
             known_misses += counter(global::NEW_BUCKETS) - created;
+            known_warm_floor_ns.push(known_warm_floor.run(&known_frame, opts.repeat)?);
+            known_warm_ns.push(known_warm.run(&known_frame, opts.repeat)?);
+            known_few_ns.push(known_few.run(&known_frame, opts.repeat)?);
             for c in &mut lru_cases {
                 c.run_known(&known_frame, opts.repeat)?;
             }
@@ -344,6 +424,7 @@ pub fn populations(
             new_floor_ns.push(new_floor.run(&fresh, new_repeat)?);
             memory_floor_ns.push(memory_floor.run(&fresh, new_repeat)?);
             candidates_floor_ns.push(candidates_floor.run(&fresh, new_repeat)?);
+            charged_floor_ns.push(charged_floor.run(&fresh, new_repeat)?);
             if let Some((one, eight)) = &paged_floors {
                 paged_floor_ns.push(one.run(&fresh, new_repeat)?);
                 paged_candidates_floor_ns.push(eight.run(&fresh, new_repeat)?);
@@ -438,6 +519,26 @@ pub fn populations(
             Some(k("known_floor")),
         );
         add(
+            k("known_warm_floor"),
+            format!("memory: random-known driver reading the source's own 8 records ({what})"),
+            known_warm_floor_ns,
+            Some(k("known_floor")),
+        );
+        add(
+            k("known_warm"),
+            format!(
+                "limiter: random known source, its 8 records read by the driver first ({what})"
+            ),
+            known_warm_ns,
+            Some(k("known_warm_floor")),
+        );
+        add(
+            k("known_few"),
+            format!("limiter: random known source, {FEW} of the population spread over the store ({what})"),
+            known_few_ns,
+            Some(k("known_floor")),
+        );
+        add(
             k("new_floor"),
             format!("floor: new-source driver + XDP_PASS ({what})"),
             new_floor_ns,
@@ -463,6 +564,13 @@ pub fn populations(
                 "known_floor",
             ),
             (
+                "known_charged_floor",
+                "random-known driver reading the 8 records of two random sets of a page, then \
+                 one locked add to one of them",
+                known_charged_floor_ns,
+                "known_floor",
+            ),
+            (
                 "new_memory_floor",
                 "new-source driver reading one random record of the store",
                 memory_floor_ns,
@@ -472,6 +580,13 @@ pub fn populations(
                 "new_candidates_floor",
                 "new-source driver reading the 8 records of a key's two sets",
                 candidates_floor_ns,
+                "new_floor",
+            ),
+            (
+                "new_charged_floor",
+                "new-source driver reading the 8 records of a key's two sets, then one locked \
+                 add to one of them",
+                charged_floor_ns,
                 "new_floor",
             ),
             (
