@@ -451,8 +451,9 @@ pub enum Sources<'a> {
     /// As `InTurn`, from an array made by [`turn_array_warm`], and before it hands the source
     /// on, the driver reads the eight records of the source's key in the store (the third
     /// field), the new source waiting for them: the program it calls finds its records in the
-    /// cache, and its figure less the same driver's before `XDP_PASS` is its work alone, at the
-    /// population's size.
+    /// cache. Its figure less the same driver's before `XDP_PASS` is the program's work with its
+    /// records cached, plus the part of the driver's reads it waits for (before `XDP_PASS`
+    /// nothing waits for them, and consecutive runs' reads overlap).
     InTurnWarm(BorrowedFd<'a>, u32, BorrowedFd<'a>),
 }
 
