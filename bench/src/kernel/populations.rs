@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
 use ratelimit::maps::store::Slot;
-use ratelimit_common::{global, map_names, Bucket, BucketKey};
+use ratelimit_common::{global, map_names, Bucket, BucketKey, BUCKET_WAYS};
 use serde_json::json;
 
 use super::{
@@ -26,6 +26,7 @@ use crate::{
 /// a page at 1M): their records' lines fit the last-level cache (8 MiB), their pages do not
 /// fit the TLB.
 const FEW: usize = 16_384;
+
 pub(super) const SECTION_POP: &str =
     "In-kernel cost per packet vs tracked sources (BPF_PROG_TEST_RUN)";
 
@@ -72,39 +73,39 @@ fn population_addrs(limiter: &Limiter, rule: u32) -> Result<(Vec<[u8; 4]>, Vec<u
 }
 
 /// The first record of each of the two sets of rule `rule`'s key for each of `addrs` (per
-/// source, IPv4), as the program places them (`ratelimit_common::bucket_sets`). Fails unless
-/// each address's record (`records`) is one of its sets'.
+/// source, IPv4), as the agent finds them (`MappedStore::sets_of`). Fails unless each address's
+/// record (`records`) is one of its sets'.
 fn key_sets(
     limiter: &Limiter,
     rule: u32,
     addrs: &[[u8; 4]],
     records: &[u32],
 ) -> Result<Vec<([u8; 4], [u32; 2])>> {
-    let config = limiter.tdp.maps().config()?;
-    let sets: Vec<([u8; 4], [u32; 2])> = addrs
+    let maps = limiter.tdp.maps();
+    let config = maps.config()?;
+    addrs
         .iter()
-        .map(|a| {
+        .zip(records)
+        .map(|(a, &i)| {
             let mut addr = [0u8; 16];
             addr[..4].copy_from_slice(a);
-            let h = ratelimit_common::bucket_hash(
-                config.seed,
+            let key = BucketKey {
                 rule,
-                4,
-                ratelimit_common::addr_words(&addr),
-            );
-            let sets = ratelimit_common::bucket_sets(h, config.bucket_sets);
-            (*a, sets.map(|s| s * ratelimit_common::BUCKET_WAYS))
+                family: 4,
+                _pad: [0; 3],
+                addr,
+            };
+            let firsts = maps
+                .store()
+                .sets_of(config.seed, config.bucket_sets, &key)
+                .context("the bucket store is unusable")?
+                .map(|s| s * BUCKET_WAYS);
+            if !firsts.iter().any(|&f| (f..f + BUCKET_WAYS).contains(&i)) {
+                bail!("{a:?}: its record {i} is in neither of its sets ({firsts:?})");
+            }
+            Ok((*a, firsts))
         })
-        .collect();
-    for ((a, firsts), &i) in sets.iter().zip(records) {
-        if !firsts
-            .iter()
-            .any(|&f| (f..f + ratelimit_common::BUCKET_WAYS).contains(&i))
-        {
-            bail!("{a:?}: its record {i} is in neither of the sets the bench placed it in ({firsts:?})");
-        }
-    }
-    Ok(sets)
+        .collect()
 }
 
 /// Frees the records of never-seen sources `first..end` (see [`tracked_addr`]) that hold a
@@ -519,12 +520,6 @@ pub fn populations(
             Some(k("known_floor")),
         );
         add(
-            k("known_warm_floor"),
-            format!("memory: random-known driver reading the source's own 8 records ({what})"),
-            known_warm_floor_ns,
-            Some(k("known_floor")),
-        );
-        add(
             k("known_warm"),
             format!(
                 "limiter: random known source, its 8 records read by the driver first ({what})"
@@ -568,6 +563,12 @@ pub fn populations(
                 "random-known driver reading the 8 records of two random sets of a page, then \
                  one locked add to one of them",
                 known_charged_floor_ns,
+                "known_floor",
+            ),
+            (
+                "known_warm_floor",
+                "random-known driver reading the source's own 8 records",
+                known_warm_floor_ns,
                 "known_floor",
             ),
             (

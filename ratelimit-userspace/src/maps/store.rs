@@ -280,8 +280,10 @@ impl MappedStore {
         self.holder(self.sets_of(seed, sets, key)?, key, gen, mine)
     }
 
-    /// `key`'s two sets in a store of `sets` sets under `seed`; `None` if the store is unusable.
-    fn sets_of(&self, seed: [u64; 2], sets: u32, key: &BucketKey) -> Option<[u32; 2]> {
+    /// `key`'s two sets in a store of `sets` sets under `seed`, as the program places them;
+    /// `None` if the store is unusable.
+    #[must_use]
+    pub fn sets_of(&self, seed: [u64; 2], sets: u32, key: &BucketKey) -> Option<[u32; 2]> {
         if sets == 0 || sets.saturating_mul(BUCKET_WAYS) > self.records {
             return None;
         }
