@@ -28,8 +28,31 @@ pub const BUCKET_SETS_PER_PAGE: u32 = 16;
 #[inline(always)]
 #[must_use]
 pub const fn bucket_capacity(max_buckets: u32) -> u32 {
-    let page = BUCKET_WAYS * BUCKET_SETS_PER_PAGE;
-    max_buckets.div_ceil(page) * page
+    max_buckets.div_ceil(BUCKET_PAGE_RECORDS) * BUCKET_PAGE_RECORDS
+}
+
+/// Records of the bucket store in one 4 KiB page.
+pub const BUCKET_PAGE_RECORDS: u32 = BUCKET_WAYS * BUCKET_SETS_PER_PAGE;
+
+/// Words of [`map_names::NEW_PAGES`] for a store of `capacity` records ([`bucket_capacity`]): a
+/// bit for each page of records.
+#[inline(always)]
+#[must_use]
+pub const fn new_pages_words(capacity: u32) -> u32 {
+    let words = (capacity / BUCKET_PAGE_RECORDS).div_ceil(64);
+    if words == 0 {
+        1
+    } else {
+        words
+    }
+}
+
+/// Where [`map_names::NEW_PAGES`] flags record `i`'s page: the word, and the bit in it.
+#[inline(always)]
+#[must_use]
+pub const fn new_page_bit(i: u32) -> (u32, u64) {
+    let page = i / BUCKET_PAGE_RECORDS;
+    (page / 64, 1 << (page % 64))
 }
 
 /// [`Bucket::state`]: the record is being written for a new key (matches no key, is no victim).

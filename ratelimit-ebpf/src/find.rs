@@ -2,11 +2,15 @@
 //! the bucket store, or created for a source not seen before (with the creation race settled);
 //! then charged.
 
-use ratelimit_common::{bucket_sets, global, verdict, Bucket, BUCKET_WAYS, MAX_LIMITS};
+use core::intrinsics::{atomic_or, AtomicOrdering};
+
+use ratelimit_common::{
+    bucket_sets, global, new_page_bit, rule_flags, verdict, Bucket, BUCKET_WAYS, MAX_LIMITS,
+};
 
 use crate::{
     bucket::{self, Params},
-    maps::{BUCKETS, CONFIG},
+    maps::{BUCKETS, CONFIG, NEW_PAGES},
     scratch::{self, ChargeClock, ClassSlot, Scratch, NO_RECORD},
     stats::bump_global,
     store::{self, Key, Scan},
@@ -153,8 +157,28 @@ fn create<P: Params>(
         return (no_bucket(), core::ptr::null_mut());
     }
     bump_global(global::NEW_BUCKETS);
+    if p.flags() & rule_flags::CLUSTER != 0 {
+        flag_new_page(victim);
+    }
     remember(slot, limit, victim);
     (v, b)
+}
+
+/// Flags record `i`'s page in [`NEW_PAGES`] for the agent's cluster sync, which finds the
+/// cluster-scoped limit's new bucket there at its next round. After the record is published, so
+/// that a round that takes the flag reads the bucket; the locked OR only when the bit is clear
+/// (under a flood of new keys it mostly is not).
+#[inline(always)]
+fn flag_new_page(i: u32) {
+    let (word, bit) = new_page_bit(i);
+    if let Some(w) = NEW_PAGES.get_ptr_mut(word) {
+        // SAFETY: an 8-aligned word of a live map value.
+        unsafe {
+            if core::ptr::read_volatile(w) & bit == 0 {
+                atomic_or::<u64, u64, { AtomicOrdering::Relaxed }>(w, bit);
+            }
+        }
+    }
 }
 
 /// What the packet's charges read of the clocks (`scratch::ChargeClock`): `Config::shares_until_ns`

@@ -7,9 +7,9 @@ use aya_ebpf::{
     maps::{lpm_trie::LpmTrie, Array, LruHashMap, PerCpuArray},
 };
 use ratelimit_common::{
-    bucket_capacity, v4_table, Bucket, Config, FragEntry, FragKey, GlobalStats, PrefixKey, Rule,
-    RuleMeta, RuleSet, RuleStats, BPF_F_MMAPABLE, DEFAULT_MAX_BUCKETS, MAX_FRAGMENTED,
-    MAX_PREFIXES, MAX_RULES,
+    bucket_capacity, new_pages_words, v4_table, Bucket, Config, FragEntry, FragKey, GlobalStats,
+    PrefixKey, Rule, RuleMeta, RuleSet, RuleStats, BPF_F_MMAPABLE, DEFAULT_MAX_BUCKETS,
+    MAX_FRAGMENTED, MAX_PREFIXES, MAX_RULES,
 };
 
 #[map(name = "RL_CONFIG")]
@@ -31,6 +31,15 @@ pub static V4_TABLE: Array<v4_table::Entry> = Array::pinned(v4_table::ENTRIES, B
 #[map(name = "RL_BUCKETS")]
 pub static BUCKETS: Array<Bucket> =
     Array::pinned(bucket_capacity(DEFAULT_MAX_BUCKETS), BPF_F_MMAPABLE);
+
+/// A bit for each page of the bucket store where a bucket of a cluster-scoped limit was created
+/// since the agent last took them (see `ratelimit_common::map_names::NEW_PAGES`). Capacity
+/// replaced at load time, with the store's.
+#[map(name = "RL_NEW_PAGES")]
+pub static NEW_PAGES: Array<u64> = Array::pinned(
+    new_pages_words(bucket_capacity(DEFAULT_MAX_BUCKETS)),
+    BPF_F_MMAPABLE,
+);
 
 #[map(name = "RL_RULE_STATS")]
 pub static RULE_STATS: PerCpuArray<RuleStats> = PerCpuArray::pinned(MAX_RULES, 0);

@@ -61,6 +61,7 @@ pub mod cluster;
 pub mod cluster_net;
 mod cmd;
 pub mod collide;
+pub mod fill;
 pub mod late_rounds;
 pub mod link;
 pub mod metrics;

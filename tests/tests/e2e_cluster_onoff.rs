@@ -100,18 +100,7 @@ fn an_on_off_source_gets_one_budget_not_a_burst_per_host_at_every_cycle() {
         .collect();
     let admitted = samples.0.last().map_or(0, total);
     // The largest excess over `rate x T` of any window between two samples.
-    let mut excess = f64::MIN;
-    let mut worst = (0.0, 0.0);
-    for (i, a) in samples.0.iter().enumerate() {
-        for b in &samples.0[i + 1..] {
-            #[expect(clippy::cast_precision_loss, reason = "small counts")]
-            let e = (total(b) - total(a)) as f64 - RATE * (b.t - a.t);
-            if e > excess {
-                excess = e;
-                worst = (a.t, b.t);
-            }
-        }
-    }
+    let (excess, worst) = samples.worst_excess(RATE);
     #[expect(clippy::cast_precision_loss, reason = "small counts")]
     let bound =
         HOSTS as f64 * BURST as f64 + (HOSTS - 1) as f64 * RATE * MAX_LAG_SECS + RATE * SKEW_SECS;

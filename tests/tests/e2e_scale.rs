@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ratelimit::maps::{bucket::monotonic_ns, PinnedMaps};
-use ratelimit_common::{family, Bucket};
+use ratelimit::maps::PinnedMaps;
+use ratelimit_testbed::fill::fill_store;
 use ratelimit_testbed::packet::eth;
 use ratelimit_testbed::{
     ifindex, in_netns, mac_bytes, require_root, veth_pair, AgentProcess, Netns, RawSocket,
@@ -82,39 +82,9 @@ fn bed_with(tag: &str, buckets: u32, rules: &str) -> Bed {
     }
 }
 
-/// Writes `n` live buckets of the agent's rule into records `0..n` of its store (source
-/// 10.x.y.z for record x.y.z, 100 packets passed each), as the program would for `n` sources.
+/// Writes `n` live buckets of the agent's rule into records `0..n` of its store.
 fn fill(pin: &Path, n: u32) {
-    let maps = PinnedMaps::open(pin).unwrap();
-    let (id, gen) = maps
-        .named_rules()
-        .unwrap()
-        .into_iter()
-        .find(|(_, (name, _, _))| name == RULE)
-        .map(|(id, (_, _, r))| (id, r.bucket_gen))
-        .expect("the agent's rule is installed");
-    let store = maps.store();
-    assert!(store.records() >= n, "store of {} records", store.records());
-    let now = monotonic_ns();
-    for i in 0..n {
-        let old = store.get(i);
-        let mut addr = [0u8; 16];
-        addr[..4].copy_from_slice(&(0x0a00_0000 | i).to_be_bytes());
-        let b = Bucket {
-            addr,
-            rule: u16::try_from(id).unwrap(),
-            family: family::V4,
-            state: 0,
-            rule_gen: gen,
-            tat_ns: now,
-            byte_tat_ns: 0,
-            created_share: Bucket::created_at(now),
-            passed_bytes: 6400,
-            passed_pkts: 100,
-            dropped_pkts: 0,
-        };
-        assert!(store.install(i, old.header(), &b), "record {i} busy");
-    }
+    assert_eq!(fill_store(pin, RULE, n).unwrap(), n);
 }
 
 /// One request over the control socket; the answer's JSON and how long it took.

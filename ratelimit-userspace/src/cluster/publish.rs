@@ -80,6 +80,8 @@ pub struct LocalTracker {
     /// This incarnation's start (`CLOCK_MONOTONIC` ns): buckets created earlier carry counts from
     /// a previous agent, which its peers already saw.
     start_ns: u64,
+    /// When the published set was last chosen (a walk of the store, or a round that found new
+    /// keys in the pages the program flagged).
     last_full_ns: u64,
     next_epoch: u64,
     published: HashMap<KeyName, Published>,
@@ -137,8 +139,9 @@ impl LocalTracker {
     }
 
     /// Folds in what the buckets show at `now`. `seen` holds the published keys' buckets (a
-    /// published key missing from it has no bucket now); after a `full` scan it holds every
-    /// bucket of a cluster-scoped rule, and the published set is chosen anew: the heaviest keys
+    /// published key missing from it has no bucket now); with `full` it also holds candidates
+    /// (after a walk of the store, the heaviest of every bucket of a cluster-scoped rule; in a
+    /// round that found new keys, those), and the published set is chosen anew: the heaviest keys
     /// first, at most `max_keys`. A key idle for [`IDLE_NS`] leaves only once its bucket is gone:
     /// while it is here the key's budget is divided with it, idle or not, and a key that left
     /// would give every other holder a larger part (all of it, once none is left) and its bucket
@@ -245,8 +248,8 @@ impl LocalTracker {
                     _ => break,
                 }
             }
-            // A bucket born since the last full scan holds only consumption nobody has been told
-            // about: count all of it. An older one was looked at before (and was lighter than the
+            // A bucket born since the set was last chosen holds only consumption nobody has been
+            // told about: count all of it. An older one was looked at before (and was lighter than the
             // published keys) or predates this agent: count from now on.
             let fresh = b.created_ns > self.last_full_ns && b.created_ns >= self.start_ns;
             let count = Count {

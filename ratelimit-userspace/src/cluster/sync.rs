@@ -75,6 +75,8 @@ struct StoreSide {
     maps: PinnedMaps,
     local: LocalTracker,
     next_full_ns: u64,
+    /// The walk of the whole store under way, if one is.
+    walk: Option<demand::Walk>,
     /// Per key read lately, its bucket's life, demand counter and readings, for this host's
     /// demand.
     demand: HashMap<KeyName, LocalDemand>,
@@ -95,6 +97,7 @@ impl StoreSide {
             maps,
             local: LocalTracker::new(max_keys, start_ns),
             next_full_ns: 0,
+            walk: None,
             demand: HashMap::new(),
             last_observed_ns: start_ns,
             start_ns,

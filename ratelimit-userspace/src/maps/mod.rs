@@ -11,6 +11,7 @@
 //! - [`v4`]: the IPv4 table, the memory-mapped index of the trie's outcomes by /16.
 
 pub mod bucket;
+pub mod new_pages;
 pub mod store;
 pub mod v4;
 
@@ -94,6 +95,7 @@ fn expected_shape(name: &str) -> Option<(u32, u32, Option<u32>)> {
         map_names::RULE_STATS => (4, sz(size_of::<RuleStats>()), Some(MAX_RULES)),
         map_names::GLOBAL_STATS => (4, sz(size_of::<GlobalStats>()), Some(1)),
         map_names::V4_TABLE => (4, sz(size_of::<v4_table::Entry>()), Some(v4_table::ENTRIES)),
+        map_names::NEW_PAGES => (4, 8, None),
         _ => return None,
     })
 }
@@ -149,7 +151,11 @@ fn check_map(
         reason: format!("{e}"),
     })?;
     let (key, value, max) = expected_shape(name).expect("known map");
-    let max = max.or(buckets);
+    let max = max.or(if name == map_names::NEW_PAGES {
+        buckets.map(ratelimit_common::new_pages_words)
+    } else {
+        buckets
+    });
     let actual_kind = info.map_type().map_or(u32::MAX, |t| t as u32);
     let mismatch = |detail: String| MapsError::Mismatch {
         path: path.clone(),
@@ -268,6 +274,7 @@ pub struct PinnedMaps {
     prefixes: Map,
     v4_table: MappedTable,
     store: MappedStore,
+    new_pages: new_pages::MappedNewPages,
     rule_stats: Map,
     global_stats: Map,
     /// Entries written or deleted through this handle (see [`PinnedMaps::writes`]).
@@ -296,6 +303,12 @@ impl PinnedMaps {
         let v4_table = open_mapped(dir, map_names::V4_TABLE, "the IPv4 table", |fd, id, _| {
             MappedTable::map(fd, id)
         })?;
+        let new_pages = open_mapped(
+            dir,
+            map_names::NEW_PAGES,
+            "the new pages' flags",
+            new_pages::MappedNewPages::map,
+        )?;
         Ok(Self {
             dir: dir.to_path_buf(),
             config: open(map_names::CONFIG)?,
@@ -304,6 +317,7 @@ impl PinnedMaps {
             prefixes: open(map_names::PREFIXES)?,
             v4_table,
             store,
+            new_pages,
             rule_stats: open(map_names::RULE_STATS)?,
             global_stats: open(map_names::GLOBAL_STATS)?,
             writes: 0,
@@ -465,6 +479,13 @@ impl PinnedMaps {
     #[must_use]
     pub fn store(&self) -> &MappedStore {
         &self.store
+    }
+
+    /// The flags of the store's pages where the program created a bucket of a cluster-scoped
+    /// limit since they were last taken (see [`new_pages::MappedNewPages::take`]).
+    #[must_use]
+    pub fn new_pages(&self) -> &new_pages::MappedNewPages {
+        &self.new_pages
     }
 
     /// Whether record `b` holds a live bucket: a key, not being written, and of the generation

@@ -182,6 +182,26 @@ impl Samples {
         n / (b.t - a.t)
     }
 
+    /// The largest excess over `rate x T` of the whole cluster's admissions in any window `T`
+    /// between two samples, and that window's ends (seconds).
+    #[must_use]
+    pub fn worst_excess(&self, rate: f64) -> (f64, (f64, f64)) {
+        let total = |s: &Sample| s.counts.iter().sum::<u64>();
+        let mut excess = f64::MIN;
+        let mut worst = (0.0, 0.0);
+        for (i, a) in self.0.iter().enumerate() {
+            for b in &self.0[i + 1..] {
+                #[expect(clippy::cast_precision_loss, reason = "small counts")]
+                let e = total(b).saturating_sub(total(a)) as f64 - rate * (b.t - a.t);
+                if e > excess {
+                    excess = e;
+                    worst = (a.t, b.t);
+                }
+            }
+        }
+        (excess, worst)
+    }
+
     /// Packets per second host `h` admitted between the samples nearest inside `[t1, t2]`.
     #[must_use]
     pub fn host_rate(&self, h: usize, t1: f64, t2: f64) -> f64 {

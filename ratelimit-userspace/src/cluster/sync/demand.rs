@@ -3,7 +3,10 @@
 
 use std::collections::HashMap;
 
+use std::ops::ControlFlow;
+
 use chitchat::ChitchatId;
+use ratelimit_common::{BUCKET_PAGE_RECORDS, SHARE_FIELD_BITS};
 
 use super::{rules::ClusterRules, StoreSide};
 use crate::{
@@ -123,58 +126,31 @@ fn local_demand(
 }
 
 impl StoreSide {
-    /// Reads the buckets (all of them when a full scan is due, else the published keys') and
-    /// returns the keys to set and delete.
+    /// Reads the buckets (the published keys', the new keys' and a slice of a walk of the whole
+    /// store) and returns the keys to set and delete.
     fn observe(
         &mut self,
         rules: &ClusterRules,
         timing: Timing,
     ) -> (Vec<(String, String)>, Vec<String>, Demand) {
         let now = monotonic_ns();
-        let full = now >= self.next_full_ns;
         let mut seen: HashMap<KeyName, BucketObs> = HashMap::new();
-        let obs = |b: &ratelimit_common::Bucket| BucketObs {
-            created_ns: b.created_ns(),
-            passed_pkts: u64::from(b.passed_pkts),
-            passed_bytes: b.passed_bytes,
-            dropped_pkts: u64::from(b.dropped_pkts),
-        };
-        if full {
-            // Streamed: only the published keys' buckets and the `max_keys` heaviest others
-            // are kept (all `select` can take), whatever the size of the store.
-            let mut heaviest = Heaviest::new(self.local.max_keys());
-            let scan = self.maps.for_each_bucket(|_, b| {
-                let Some(key) = rules.key_of(b) else {
-                    return;
-                };
-                if self.local.is_published(&key) {
-                    seen.insert(key, obs(b));
-                } else if b.passed_pkts > 0 || b.dropped_pkts > 0 {
-                    heaviest.offer(candidate_rate(now, &obs(b)), key, obs(b));
-                }
-            });
-            if let Err(e) = scan {
-                tracing::warn!(error = %e, "cluster sync: reading the buckets");
-            }
-            seen.extend(heaviest.into_candidates());
-            // A full scan reads the whole store (64 MiB for a million buckets), so it runs at
-            // most a tenth of the time; in between only the published keys are read (one
-            // lookup each).
-            let took = monotonic_ns().saturating_sub(now);
-            self.next_full_ns =
-                now.saturating_add(timing.interval_ns().max(took.saturating_mul(10)));
-        } else {
-            for name in self.local.keys() {
-                let Some((id, rule, _)) = rules.limit_of(name) else {
-                    continue;
-                };
-                let key = limit_bucket_key(id, rule, usize::from(name.limit), name.addr);
-                if let Ok(Some(b)) = self.maps.bucket(&key) {
-                    seen.insert(name.clone(), obs(&b));
-                }
+        for name in self.local.keys() {
+            if let Some(b) = self.read_key(rules, name) {
+                seen.insert(name.clone(), obs(&b));
             }
         }
-        self.local.update(now, &seen, full);
+        let mut candidates = self.new_keys(rules, now);
+        let walked = self.walk_slice(rules, now, timing);
+        // Candidates chosen from, after a walk of the store or on new keys.
+        let choose = walked.is_some() || !candidates.is_empty();
+        candidates.extend(walked.unwrap_or_default());
+        for name in candidates {
+            if let Some(b) = self.read_key(rules, &name) {
+                seen.insert(name, obs(&b));
+            }
+        }
+        self.local.update(now, &seen, choose);
         // A full scan reads every key worth tracking (bounded by `max_keys` twice over); in
         // between, keys not read keep their readings for a while.
         let demand = local_demand(
@@ -187,6 +163,130 @@ impl StoreSide {
         self.last_observed_ns = now;
         let (set, deleted) = self.local.changes();
         (set, deleted, demand)
+    }
+
+    /// The bucket of key `name` now, if it has one.
+    fn read_key(&self, rules: &ClusterRules, name: &KeyName) -> Option<ratelimit_common::Bucket> {
+        let (id, rule, _) = rules.limit_of(name)?;
+        let key = limit_bucket_key(id, rule, usize::from(name.limit), name.addr);
+        self.maps.bucket(&key).ok().flatten()
+    }
+
+    /// The keys new since the last round, in the pages the program flagged when it created their
+    /// buckets: found at the next round, not at the next walk of the whole store (seconds away
+    /// for millions of buckets, while every host holding the key refilled it at its whole rate,
+    /// past docs/design.md's bound). At most `max_keys`, the heaviest.
+    fn new_keys(&self, rules: &ClusterRules, now: u64) -> Vec<KeyName> {
+        let mut heaviest = Heaviest::new(self.local.max_keys());
+        let since = self.last_observed_ns;
+        for first in self.maps.new_pages().take() {
+            let page = first..first.saturating_add(BUCKET_PAGE_RECORDS);
+            let read = self.maps.for_each_bucket_in(page, |_, b| {
+                // The page's other buckets were there for an earlier round or walk to find
+                // (the creation time is kept to 2^22 ns).
+                if b.created_ns().saturating_add(1 << SHARE_FIELD_BITS) >= since {
+                    self.offer(rules, &mut heaviest, now, b);
+                }
+                ControlFlow::Continue(())
+            });
+            if let Err(e) = read {
+                tracing::warn!(error = %e, "cluster sync: reading the new keys' buckets");
+            }
+        }
+        heaviest.into_candidates().map(|(k, _)| k).collect()
+    }
+
+    /// Offers bucket `b` to `heaviest` if it is of a cluster-scoped limit, not published, and
+    /// took packets.
+    fn offer(
+        &self,
+        rules: &ClusterRules,
+        heaviest: &mut Heaviest,
+        now: u64,
+        b: &ratelimit_common::Bucket,
+    ) {
+        if b.passed_pkts == 0 && b.dropped_pkts == 0 {
+            return;
+        }
+        if let Some(key) = rules.key_of(b) {
+            if !self.local.is_published(&key) {
+                heaviest.offer(candidate_rate(now, &obs(b)), key, obs(b));
+            }
+        }
+    }
+
+    /// The next slice of the walk of the whole store that finds the heaviest keys not published
+    /// (at most `max_keys`, streamed, whatever the size of the store), if one is due or under
+    /// way: a quarter of a sync interval a round at most, so that a long walk (a second and
+    /// more for millions of buckets) never holds up a round, whose shares lapse three sync
+    /// intervals after the last (every bucket at its whole rate). The keys once the walk is
+    /// done, else `None`. A walk that took `d` in all waits `9 x d` before the next: at most
+    /// about a tenth of a core.
+    fn walk_slice(
+        &mut self,
+        rules: &ClusterRules,
+        now: u64,
+        timing: Timing,
+    ) -> Option<Vec<KeyName>> {
+        let mut walk = match self.walk.take() {
+            Some(w) => w,
+            None if now >= self.next_full_ns => Walk {
+                next: 0,
+                heaviest: Heaviest::new(self.local.max_keys()),
+                busy_ns: 0,
+            },
+            None => return None,
+        };
+        let began = monotonic_ns();
+        let deadline = began.saturating_add(timing.interval_ns() / 4);
+        let mut n = 0u32;
+        let records = self.maps.store().records();
+        let scan = self.maps.for_each_bucket_in(walk.next..records, |_, b| {
+            n = n.wrapping_add(1);
+            if n.is_multiple_of(4096) && monotonic_ns() >= deadline {
+                return ControlFlow::Break(());
+            }
+            self.offer(rules, &mut walk.heaviest, now, b);
+            ControlFlow::Continue(())
+        });
+        walk.busy_ns = walk
+            .busy_ns
+            .saturating_add(monotonic_ns().saturating_sub(began));
+        match scan {
+            Ok(end) if end < records => {
+                walk.next = end;
+                self.walk = Some(walk);
+                None
+            }
+            done => {
+                if let Err(e) = done {
+                    tracing::warn!(error = %e, "cluster sync: reading the buckets");
+                }
+                self.next_full_ns =
+                    now.saturating_add(timing.interval_ns().max(walk.busy_ns.saturating_mul(10)));
+                Some(walk.heaviest.into_candidates().map(|(k, _)| k).collect())
+            }
+        }
+    }
+}
+
+/// A walk of the whole store under way (see [`StoreSide::walk_slice`]).
+pub(super) struct Walk {
+    /// The record it goes on from.
+    next: u32,
+    /// The heaviest keys not published it found so far.
+    heaviest: Heaviest,
+    /// Its slices' time so far.
+    busy_ns: u64,
+}
+
+/// What a round reads of a bucket.
+fn obs(b: &ratelimit_common::Bucket) -> BucketObs {
+    BucketObs {
+        created_ns: b.created_ns(),
+        passed_pkts: u64::from(b.passed_pkts),
+        passed_bytes: b.passed_bytes,
+        dropped_pkts: u64::from(b.dropped_pkts),
     }
 }
 

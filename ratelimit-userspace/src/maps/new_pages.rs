@@ -1,0 +1,64 @@
+//! The flags of the bucket store's pages where the program created a bucket of a cluster-scoped
+//! limit (`ratelimit_common::map_names::NEW_PAGES`), mapped: the cluster sync takes them every
+//! round and reads only those pages for new keys.
+
+use std::io;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ratelimit_common::BUCKET_PAGE_RECORDS;
+
+use super::store::SharedMapping;
+
+/// The page flags' words, mapped.
+pub struct MappedNewPages {
+    mapping: Arc<SharedMapping>,
+    words: u32,
+}
+
+impl MappedNewPages {
+    /// Maps the `words` words behind `fd` (map id `id`; the caller checked the map's shape),
+    /// writable if the descriptor allows (one mapping per process, see `SharedMapping::shared`).
+    pub fn map(fd: BorrowedFd<'_>, id: u32, words: u32) -> io::Result<Self> {
+        Ok(Self {
+            mapping: SharedMapping::shared(fd, id, words.max(1) as usize * 8)?,
+            words,
+        })
+    }
+
+    fn word(&self, i: u32) -> &AtomicU64 {
+        assert!(i < self.words, "page flag word {i} out of {}", self.words);
+        // SAFETY: an 8-aligned word in bounds of the mapping, which lives as long as `self`;
+        // `AtomicU64` has the layout of the program's `u64` words.
+        unsafe { &*self.mapping.ptr().cast::<AtomicU64>().add(i as usize) }
+    }
+
+    /// Takes the flags: every flagged page's first record, in store order, its flag cleared (one
+    /// swap per word that has any). A page the program flags again meanwhile stays flagged for
+    /// the next take; the program flags after publishing the record, so a page taken here shows
+    /// its new bucket to a read that follows.
+    #[must_use]
+    pub fn take(&self) -> Vec<u32> {
+        let mut firsts = Vec::new();
+        for w in 0..self.words {
+            let word = self.word(w);
+            if word.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut bits = word.swap(0, Ordering::AcqRel);
+            while bits != 0 {
+                let bit = bits.trailing_zeros();
+                bits &= bits - 1;
+                firsts.push((w * 64 + bit) * BUCKET_PAGE_RECORDS);
+            }
+        }
+        firsts
+    }
+
+    /// Whether any page is flagged (for tests).
+    #[must_use]
+    pub fn any(&self) -> bool {
+        (0..self.words).any(|w| self.word(w).load(Ordering::Relaxed) != 0)
+    }
+}

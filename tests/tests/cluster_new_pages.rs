@@ -1,0 +1,99 @@
+//! The real XDP program flags the page of every bucket of a cluster-scoped limit it creates
+//! (`RL_NEW_PAGES`), through BPF_PROG_TEST_RUN, so that the agent's cluster sync finds a new key
+//! at its next round without walking the store: only those pages, each flag taken once, and a
+//! known source's packet flags nothing.
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+
+use ratelimit::maps::{bucket::monotonic_coarse_ns, store::Slot, PinnedMaps};
+use ratelimit_common::{rule_flags, BUCKET_PAGE_RECORDS};
+use ratelimit_testbed::{packet::eth, require_root, xdp::XDP_PASS, TestDataplane};
+
+fn udp4(src: Ipv4Addr) -> Vec<u8> {
+    eth()
+        .ipv4(src, Ipv4Addr::new(198, 18, 0, 254))
+        .udp(1000, 9)
+        .build()
+}
+
+/// The record holding `src`'s bucket of rule `rid`.
+fn record(maps: &PinnedMaps, rid: u32, src: Ipv4Addr) -> u32 {
+    let rule = maps.rule(rid).unwrap();
+    let key = ratelimit::maps::bucket::bucket_key(rid, &rule, src.into());
+    match maps.locate_bucket(&key, monotonic_coarse_ns()).unwrap().0 {
+        Slot::Found(i) => i,
+        _ => panic!("{src}: no bucket"),
+    }
+}
+
+#[test]
+fn new_buckets_of_cluster_limits_flag_their_pages_once_and_others_do_not() {
+    require_root();
+    // 64 pages of 64 records: one word of flags.
+    let mut dp = TestDataplane::new("newpages", 4096).unwrap();
+    let set = dp
+        .install_toml(
+            "[[rule]]\nname = \"c\"\nsource = \"198.18.0.0/16\"\nrate = 1000\nburst = 1000\n\n\
+             [[rule]]\nname = \"plain\"\nsource = \"198.19.0.0/16\"\nrate = 1000\nburst = 1000\n",
+        )
+        .unwrap();
+    let (c, plain) = (
+        set.by_name("c").unwrap().id,
+        set.by_name("plain").unwrap().id,
+    );
+    let mut maps = PinnedMaps::open(dp.pin_dir()).unwrap();
+    let mut rule = maps.rule(c).unwrap();
+    rule.flags |= rule_flags::CLUSTER;
+    maps.set_rule(c, rule).unwrap();
+    assert!(
+        maps.new_pages().take().is_empty(),
+        "flags before any packet"
+    );
+
+    // Sources of the plain rule: buckets created, no page flagged.
+    let plains: Vec<Ipv4Addr> = (1..=40).map(|i| Ipv4Addr::new(198, 19, 1, i)).collect();
+    for &s in &plains {
+        assert_eq!(dp.run(&udp4(s)), XDP_PASS);
+    }
+    for &s in &plains {
+        let _ = record(&maps, plain, s);
+    }
+    assert!(
+        maps.new_pages().take().is_empty(),
+        "a plain rule's buckets flagged pages"
+    );
+
+    // Sources of the cluster-scoped rule: exactly the pages of their buckets.
+    let clustered: Vec<Ipv4Addr> = (1..=40).map(|i| Ipv4Addr::new(198, 18, 1, i)).collect();
+    for &s in &clustered {
+        assert_eq!(dp.run(&udp4(s)), XDP_PASS);
+    }
+    let want: BTreeSet<u32> = clustered
+        .iter()
+        .map(|&s| record(&maps, c, s) / BUCKET_PAGE_RECORDS * BUCKET_PAGE_RECORDS)
+        .collect();
+    let got: BTreeSet<u32> = maps.new_pages().take().into_iter().collect();
+    eprintln!(
+        "{} cluster buckets on {} pages",
+        clustered.len(),
+        want.len()
+    );
+    assert!(want.len() > 1, "the sources' buckets all on one page");
+    assert_eq!(got, want);
+    assert!(maps.new_pages().take().is_empty(), "a flag taken twice");
+
+    // Their next packets find their buckets: nothing new, nothing flagged.
+    for &s in &clustered {
+        assert_eq!(dp.run(&udp4(s)), XDP_PASS);
+    }
+    assert!(
+        !maps.new_pages().any(),
+        "a known source's packet flagged its page"
+    );
+    // A new one flags its page again.
+    let late = Ipv4Addr::new(198, 18, 2, 1);
+    assert_eq!(dp.run(&udp4(late)), XDP_PASS);
+    let page = record(&maps, c, late) / BUCKET_PAGE_RECORDS * BUCKET_PAGE_RECORDS;
+    assert_eq!(maps.new_pages().take(), vec![page]);
+}
