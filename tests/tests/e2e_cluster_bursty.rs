@@ -44,8 +44,9 @@ const SYNC_MS: u64 = 100;
 /// Not measured, at least: the first bursts at every host and the shares settling (see
 /// [`warm_up`]).
 const WARM_SECS: f64 = 3.0;
-/// docs/design.md's lag allowance: 4 sync intervals (a key's demand is known from its second
-/// reading, peers read it a round later, a round more when gossip lost it once).
+/// docs/design.md's lag allowance: 4 sync intervals (a key's demand is known at the first round
+/// after its bucket's creation, peers read it a round later, a round more when gossip lost it
+/// once, and a round to spare for late rounds).
 const MAX_LAG_SECS: f64 = 0.4;
 /// How far a datagram's send time can be from the program's decision on it (queueing between
 /// the socket and the hosts' programs), as `e2e_cluster.rs` allows for its sampling.

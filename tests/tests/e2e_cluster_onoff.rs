@@ -36,8 +36,9 @@ const ON_SECS: f64 = 0.1;
 /// shares to go back to the whole rate first.
 const OFF_SECS: f64 = 1.0;
 const CYCLES: usize = 10;
-/// docs/design.md's lag allowance: 4 sync intervals (a key's demand is known from its second
-/// reading, peers read it a round later, a round more when gossip lost it once).
+/// docs/design.md's lag allowance: 4 sync intervals (a key's demand is known at the first round
+/// after its bucket's creation, peers read it a round later, a round more when gossip lost it
+/// once, and a round to spare for late rounds).
 const MAX_LAG_SECS: f64 = 0.4;
 /// How far the sampling can misplace an admission in time (each sample reads the receivers one
 /// after the other, and delivery lags the program's decision), as in `e2e_cluster.rs`.

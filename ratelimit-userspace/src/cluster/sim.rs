@@ -4,7 +4,9 @@
 //! instant, as the program charges them one by one). Each host publishes its demand every sync
 //! interval, its rounds at its own point of the interval and now and then late ([`Jitter`]);
 //! the others read it at their next round, or keep the older figure when the publication is
-//! lost. Arrivals are what real sources send: smooth, periodic bursts (a TCP
+//! lost. As the agents do, a host reads a key new to it from its first round (its bucket's
+//! counters start at its creation), divides by its fresh figure until it has published one,
+//! and through gossip reads a peer's new key as demand since that peer's sync before. Arrivals are what real sources send: smooth, periodic bursts (a TCP
 //! window, a batch), on/off, Poisson, heavy-tailed bursts, a ramp, a split that moves, a source
 //! that appears at one host only, spoofed one-frame holders.
 //!
@@ -22,10 +24,11 @@ use super::{
 };
 
 const MS: u64 = 1_000_000;
-/// The lag of docs/design.md's bound, in sync intervals: a key's demand is known from its second
-/// reading (a round), published, read by the peers the round after, a round later when gossip
-/// lost it once ([`DEMAND_ROUNDS`](super::remote::DEMAND_ROUNDS) is 2: two rounds for the first
-/// figure at most).
+/// The lag of docs/design.md's bound, in sync intervals: a key's demand is known at the first
+/// round after its bucket's creation (its first reading counts from the creation), published,
+/// read by the peers at their next round (through gossip, as demand since the host's sync
+/// before), a round later when gossip lost it once, and a round to spare for the rounds'
+/// lateness.
 pub const LAG_INTERVALS: f64 = 4.0;
 /// The simulation's step: arrivals within a step come at one instant.
 const STEP: u64 = MS;
@@ -143,6 +146,10 @@ struct Host {
     holders: u64,
     /// Whether this host has a bucket of the key (it saw a packet of it).
     holds: bool,
+    /// When its bucket was created (its first packet).
+    born: u64,
+    /// When its last round ran.
+    last_round: u64,
     demand: u64,
     admitted: u64,
     window: DemandWindow,
@@ -155,6 +162,8 @@ struct Host {
     /// Per host, whether its last publication was lost on the way here (gossip brings the next
     /// one: never two in a row).
     lost: Vec<bool>,
+    /// Per host, when its last round whose publication reached here ran (its sync key's time).
+    synced: Vec<Option<u64>>,
 }
 
 /// A simulated cluster for one key.
@@ -215,6 +224,7 @@ impl Sim {
                 Host {
                     views: vec![None; hosts],
                     lost: vec![false; hosts],
+                    synced: vec![None; hosts],
                     peer_windows: vec![DemandWindow::default(); hosts],
                     ..Host::default()
                 };
@@ -234,9 +244,14 @@ impl Sim {
     /// The same with host `h`'s rounds `phases_ms[h]` into the interval (all at its start
     /// without).
     pub fn with_phases(mut self, phases_ms: &[u64]) -> Self {
-        let start = self.now - self.now % self.sync + self.sync;
+        // The agents' rounds were running before the key came: each host's next one within an
+        // interval.
+        let start = self.now - self.now % self.sync;
         for (p, &ms) in self.next_round.iter_mut().zip(phases_ms) {
             *p = start + (ms * MS) % self.sync;
+            if *p <= self.now {
+                *p += self.sync;
+            }
         }
         self
     }
@@ -252,6 +267,9 @@ impl Sim {
         for (h, &k) in self.hosts.iter_mut().zip(arrivals) {
             if k == 0 {
                 continue;
+            }
+            if !h.holds {
+                h.born = self.now;
             }
             h.holds = true;
             h.demand += k;
@@ -285,8 +303,17 @@ impl Sim {
             .iter_mut()
             .zip(due)
             .map(|(h, &due)| {
-                if !h.holds || !due {
+                if !due {
                     return None;
+                }
+                let last = std::mem::replace(&mut h.last_round, now);
+                if !h.holds {
+                    return None;
+                }
+                // A bucket born since the last round: all it counted is demand since its
+                // creation, known at this first reading (the agent's `local_demand`).
+                if h.window.is_empty() && h.born > last {
+                    h.window.push(h.born, 0);
                 }
                 h.window.push(now, h.demand);
                 (h.window.len() >= 2).then(|| h.window.rate(1e9))
@@ -295,9 +322,12 @@ impl Sim {
         let n = self.hosts.len();
         for i in (0..n).filter(|&i| due[i]) {
             let h = &self.hosts[i];
-            let Some(own) = h.published else { continue };
-            // Its own figure as its peers read it (published last round), theirs as gossip
-            // brought them here: each host's view is its own, as the agents' are.
+            // Its own figure as its peers read it (published last round; a key new here, its
+            // fresh one: the agent's `own_demand`), theirs as gossip brought them here: each
+            // host's view is its own, as the agents' are.
+            let Some(own) = h.published.or(fresh[i]) else {
+                continue;
+            };
             let peers: Vec<f64> = (0..n)
                 .filter(|&o| o != i)
                 .filter_map(|o| h.views[o])
@@ -328,24 +358,35 @@ impl Sim {
         }
         // Gossip: each host's new figure reaches each peer within the interval, or (lost) the
         // round after.
-        let published: Vec<(Option<f64>, u64)> =
-            self.hosts.iter().map(|h| (h.published, h.demand)).collect();
+        // Through gossip a host's sync travels every round, and its counter of the key from the
+        // round it first holds it; a peer reads a key new since it counted the host as demand
+        // since the host's sync before (the agent's `fold_keys`): known at its first reading.
+        let published: Vec<(Option<f64>, u64, bool)> = self
+            .hosts
+            .iter()
+            .map(|h| (h.published, h.demand, h.holds))
+            .collect();
         for (r, h) in self.hosts.iter_mut().enumerate() {
-            for (o, &(p, count)) in published.iter().enumerate() {
-                if o == r || p.is_none() || !due[o] {
+            for (o, &(p, count, holds)) in published.iter().enumerate() {
+                if o == r || !due[o] || (!self.counters && p.is_none()) {
                     continue;
                 }
                 if !h.lost[o] && self.rng.unit() < self.loss {
                     h.lost[o] = true;
-                } else {
-                    h.lost[o] = false;
-                    if self.counters {
-                        let w = &mut h.peer_windows[o];
-                        w.push(now, count);
-                        h.views[o] = (w.len() >= 2).then(|| w.rate(1e9));
-                    } else {
-                        h.views[o] = p;
+                    continue;
+                }
+                h.lost[o] = false;
+                // Before the key, the host's rounds ran an interval apart.
+                let before = h.synced[o].replace(now).or(Some(now - self.sync));
+                if !self.counters {
+                    h.views[o] = p;
+                } else if holds {
+                    let w = &mut h.peer_windows[o];
+                    if let (true, Some(t)) = (w.is_empty(), before) {
+                        w.push(t, 0);
                     }
+                    w.push(now, count);
+                    h.views[o] = (w.len() >= 2).then(|| w.rate(1e9));
                 }
             }
         }
