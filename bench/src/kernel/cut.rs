@@ -43,6 +43,10 @@ impl WithoutCut {
                 map_names::BUCKETS,
                 ratelimit_common::bucket_capacity(max_buckets),
             )
+            .map_max_entries(
+                map_names::NEW_PAGES,
+                ratelimit_common::new_pages_words(ratelimit_common::bucket_capacity(max_buckets)),
+            )
             .load(aligned)
             .with_context(|| format!("loading {}", path.display()))?;
         let prog: &mut Xdp = ebpf
