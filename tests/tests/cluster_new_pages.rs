@@ -97,3 +97,65 @@ fn new_buckets_of_cluster_limits_flag_their_pages_once_and_others_do_not() {
     let page = record(&maps, c, late) / BUCKET_PAGE_RECORDS * BUCKET_PAGE_RECORDS;
     assert_eq!(maps.new_pages().take(), vec![page]);
 }
+
+/// A pass over the flags stopped early goes on where it stopped, and the two parts take every
+/// flagged page once.
+#[test]
+fn a_pass_over_the_flags_stopped_early_goes_on_where_it_stopped() {
+    require_root();
+    // 256 pages: four words of flags.
+    let mut dp = TestDataplane::new("newpages2", 16_384).unwrap();
+    let set = dp
+        .install_toml(
+            "[[rule]]\nname = \"c\"\nsource = \"198.18.0.0/16\"\nrate = 1000\nburst = 1000\n",
+        )
+        .unwrap();
+    let c = set.by_name("c").unwrap().id;
+    let mut maps = PinnedMaps::open(dp.pin_dir()).unwrap();
+    let mut rule = maps.rule(c).unwrap();
+    rule.flags |= rule_flags::CLUSTER;
+    maps.set_rule(c, rule).unwrap();
+    let sources: Vec<Ipv4Addr> = (1..=200).map(|i| Ipv4Addr::new(198, 18, 1, i)).collect();
+    for &s in &sources {
+        assert_eq!(dp.run(&udp4(s)), XDP_PASS);
+    }
+    let want: BTreeSet<u32> = sources
+        .iter()
+        .map(|&s| record(&maps, c, s) / BUCKET_PAGE_RECORDS * BUCKET_PAGE_RECORDS)
+        .collect();
+    let words: BTreeSet<u32> = want.iter().map(|p| p / BUCKET_PAGE_RECORDS / 64).collect();
+    assert!(
+        words.len() > 1,
+        "all the pages in one word of flags: {words:?}"
+    );
+    // One word, then stop.
+    let mut asked = 0;
+    let mut got = BTreeSet::new();
+    let next = maps.new_pages().take_from(
+        0,
+        || {
+            asked += 1;
+            asked == 1
+        },
+        |p| {
+            got.insert(p);
+        },
+    );
+    let first = *words.first().unwrap();
+    assert_eq!(next, words.iter().nth(1).copied(), "where the pass stopped");
+    assert!(got.iter().all(|p| p / BUCKET_PAGE_RECORDS / 64 == first));
+    assert!(
+        maps.new_pages().any(),
+        "the flags after the stop were taken"
+    );
+    let rest = maps.new_pages().take_from(
+        next.unwrap(),
+        || true,
+        |p| {
+            assert!(got.insert(p), "page {p} taken twice");
+        },
+    );
+    assert_eq!(rest, None);
+    assert_eq!(got, want);
+    assert!(!maps.new_pages().any());
+}

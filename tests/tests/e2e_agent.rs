@@ -479,7 +479,7 @@ fn keep_attached_restart_keeps_enforcing_and_the_buckets() {
 fn the_agent_maps_each_memory_mapped_map_once() {
     let bed = bed("maps", &[]);
     let config = format!(
-        "[agent]\ninterfaces = [\"{}\"]\nmax_buckets = 65536\n\n[[rule]]\nname = \"r\"\n\
+        "[agent]\ninterfaces = [\"{}\"]\nmax_buckets = 4194304\n\n[[rule]]\nname = \"r\"\n\
          source = \"198.18.0.0/24\"\nrate = 10\n",
         bed.rx_if
     );
@@ -496,8 +496,11 @@ fn the_agent_maps_each_memory_mapped_map_once() {
         *sizes.entry(len).or_default() += 1;
     }
     println!("the agent's mappings of BPF maps, by length: {sizes:?}");
-    // The store: 65,536 records of 64 bytes.
-    assert_eq!(sizes.get(&(65_536 * 64)), Some(&1), "{maps}");
+    // The store: 4,194,304 records of 64 bytes; its new pages' flags: a bit for each page of
+    // 64 records, 8 KiB (a store this large, so that no other map's mapping has their length:
+    // the log ring's first page is 4 KiB).
+    assert_eq!(sizes.get(&(4_194_304 * 64)), Some(&1), "{maps}");
+    assert_eq!(sizes.get(&(4_194_304 / 64 / 8)), Some(&1), "{maps}");
     assert!(
         sizes.values().all(|&n| n == 1),
         "a map mapped twice: {sizes:?}\n{maps}"

@@ -77,6 +77,8 @@ struct StoreSide {
     next_full_ns: u64,
     /// The walk of the whole store under way, if one is.
     walk: Option<demand::Walk>,
+    /// Where the passes over the new pages' flags are.
+    pages: demand::PagesPass,
     /// Per key read lately, its bucket's life, demand counter and readings, for this host's
     /// demand.
     demand: HashMap<KeyName, LocalDemand>,
@@ -98,6 +100,7 @@ impl StoreSide {
             local: LocalTracker::new(max_keys, start_ns),
             next_full_ns: 0,
             walk: None,
+            pages: demand::PagesPass::new(start_ns),
             demand: HashMap::new(),
             last_observed_ns: start_ns,
             start_ns,

@@ -41,19 +41,35 @@ impl MappedNewPages {
     #[must_use]
     pub fn take(&self) -> Vec<u32> {
         let mut firsts = Vec::new();
-        for w in 0..self.words {
+        let _ = self.take_from(0, || true, |first| firsts.push(first));
+        firsts
+    }
+
+    /// [`MappedNewPages::take`] from word `start` on, handing `f` each flagged page's first
+    /// record as its word is taken, while `go_on()` (asked before each word that has a flag):
+    /// the word to go on from next time if it stopped, `None` once it reached the end.
+    pub fn take_from(
+        &self,
+        start: u32,
+        mut go_on: impl FnMut() -> bool,
+        mut f: impl FnMut(u32),
+    ) -> Option<u32> {
+        for w in start..self.words {
             let word = self.word(w);
             if word.load(Ordering::Relaxed) == 0 {
                 continue;
+            }
+            if !go_on() {
+                return Some(w);
             }
             let mut bits = word.swap(0, Ordering::AcqRel);
             while bits != 0 {
                 let bit = bits.trailing_zeros();
                 bits &= bits - 1;
-                firsts.push((w * 64 + bit) * BUCKET_PAGE_RECORDS);
+                f((w * 64 + bit) * BUCKET_PAGE_RECORDS);
             }
         }
-        firsts
+        None
     }
 
     /// Whether any page is flagged (for tests).

@@ -140,7 +140,7 @@ impl StoreSide {
                 seen.insert(name.clone(), obs(&b));
             }
         }
-        let mut candidates = self.new_keys(rules, now);
+        let mut candidates = self.new_keys(rules, now, timing);
         let walked = self.walk_slice(rules, now, timing);
         // Candidates chosen from, after a walk of the store or on new keys.
         let choose = walked.is_some() || !candidates.is_empty();
@@ -151,8 +151,8 @@ impl StoreSide {
             }
         }
         self.local.update(now, &seen, choose);
-        // A full scan reads every key worth tracking (bounded by `max_keys` twice over); in
-        // between, keys not read keep their readings for a while.
+        // The new pages and the walk read every key worth tracking (bounded by `max_keys`
+        // twice over); keys not read keep their readings for a while.
         let demand = local_demand(
             &mut self.demand,
             now,
@@ -175,22 +175,42 @@ impl StoreSide {
     /// The keys new since the last round, in the pages the program flagged when it created their
     /// buckets: found at the next round, not at the next walk of the whole store (seconds away
     /// for millions of buckets, while every host holding the key refilled it at its whole rate,
-    /// past docs/design.md's bound). At most `max_keys`, the heaviest.
-    fn new_keys(&self, rules: &ClusterRules, now: u64) -> Vec<KeyName> {
+    /// past docs/design.md's bound). At most `max_keys`, the heaviest. The pages are read for a
+    /// quarter of a sync interval a round at most: under a flood of new keys (every page
+    /// flagged every round) the rest wait for the next rounds, in store order, rather than
+    /// holding up this one past the shares' lapse.
+    fn new_keys(&mut self, rules: &ClusterRules, now: u64, timing: Timing) -> Vec<KeyName> {
         let mut heaviest = Heaviest::new(self.local.max_keys());
-        let since = self.last_observed_ns;
-        for first in self.maps.new_pages().take() {
-            let page = first..first.saturating_add(BUCKET_PAGE_RECORDS);
-            let read = self.maps.for_each_bucket_in(page, |_, b| {
-                // The page's other buckets were there for an earlier round or walk to find
-                // (the creation time is kept to 2^22 ns).
-                if b.created_ns().saturating_add(1 << SHARE_FIELD_BITS) >= since {
-                    self.offer(rules, &mut heaviest, now, b);
+        let deadline = monotonic_ns().saturating_add(timing.interval_ns() / 4);
+        if self.pages.next == 0 {
+            self.pages.began = now;
+        }
+        // A bucket created before the last complete pass over the flags began was flagged
+        // before it took them (the program flags right after creating); the page's other
+        // buckets were there for an earlier pass or walk to find (the creation time is kept to
+        // 2^22 ns).
+        let since = self.pages.since;
+        let stopped = self.maps.new_pages().take_from(
+            self.pages.next,
+            || monotonic_ns() < deadline,
+            |first| {
+                let page = first..first.saturating_add(BUCKET_PAGE_RECORDS);
+                let read = self.maps.for_each_bucket_in(page, |_, b| {
+                    if b.created_ns().saturating_add(1 << SHARE_FIELD_BITS) >= since {
+                        self.offer(rules, &mut heaviest, now, b);
+                    }
+                    ControlFlow::Continue(())
+                });
+                if let Err(e) = read {
+                    tracing::warn!(error = %e, "cluster sync: reading the new keys' buckets");
                 }
-                ControlFlow::Continue(())
-            });
-            if let Err(e) = read {
-                tracing::warn!(error = %e, "cluster sync: reading the new keys' buckets");
+            },
+        );
+        match stopped {
+            Some(w) => self.pages.next = w,
+            None => {
+                self.pages.next = 0;
+                self.pages.since = self.pages.began;
             }
         }
         heaviest.into_candidates().map(|(k, _)| k).collect()
@@ -220,8 +240,8 @@ impl StoreSide {
     /// way: a quarter of a sync interval a round at most, so that a long walk (a second and
     /// more for millions of buckets) never holds up a round, whose shares lapse three sync
     /// intervals after the last (every bucket at its whole rate). The keys once the walk is
-    /// done, else `None`. A walk that took `d` in all waits `9 x d` before the next: at most
-    /// about a tenth of a core.
+    /// done, else `None`. A walk whose slices took `d` in all waits `10 x d` after it before
+    /// the next: at most about a tenth of a core.
     fn walk_slice(
         &mut self,
         rules: &ClusterRules,
@@ -266,6 +286,28 @@ impl StoreSide {
                     now.saturating_add(timing.interval_ns().max(walk.busy_ns.saturating_mul(10)));
                 Some(walk.heaviest.into_candidates().map(|(k, _)| k).collect())
             }
+        }
+    }
+}
+
+/// Where the passes over the new pages' flags are (see [`StoreSide::new_keys`]).
+#[derive(Debug)]
+pub(super) struct PagesPass {
+    /// The word the pass goes on from (0: a new pass).
+    next: u32,
+    /// When the pass under way began.
+    began: u64,
+    /// When the last complete pass began: the buckets to read are those created since.
+    since: u64,
+}
+
+impl PagesPass {
+    /// Before the first pass of an agent started at `start_ns`.
+    pub(super) fn new(start_ns: u64) -> Self {
+        Self {
+            next: 0,
+            began: start_ns,
+            since: start_ns,
         }
     }
 }
