@@ -60,7 +60,8 @@ const CLUSTER_PORT: u16 = 7000;
 
 /// The rule of [`ClusterNet::config`] and [`ClusterNet::redis_config`]: one cluster-scoped
 /// limit per source of `198.18.0.0/24`.
-fn flood_rule(rate: u64, burst: u64) -> String {
+#[must_use]
+pub fn flood_rule(rate: u64, burst: u64) -> String {
     format!(
         r#"[[rule]]
 name = "cluster-flood"

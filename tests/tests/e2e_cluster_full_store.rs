@@ -20,7 +20,7 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_testbed::{
-    cluster_net::{stalls, ClusterNet, Samples, Split},
+    cluster_net::{flood_rule, stalls, ClusterNet, Samples, Split},
     fill::fill_store,
     require_root,
 };
@@ -35,22 +35,17 @@ const MAX_LAG_SECS: f64 = 0.4;
 const SKEW_SECS: f64 = 0.05;
 const SECS: f64 = 4.0;
 
+/// The bed's cluster-scoped rule, and a plain one the other sources' buckets are of.
 fn rules() -> String {
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "1000"
+    )]
+    let rate = RATE as u64;
     format!(
-        r#"[[rule]]
-name = "cluster-flood"
-source = "198.18.0.0/24"
-rate = {RATE}
-burst = {BURST}
-per = "source"
-scope = "cluster"
-
-[[rule]]
-name = "others"
-source = "10.0.0.0/8"
-rate = 1000
-burst = 1000
-"#
+        "{}\n[[rule]]\nname = \"others\"\nsource = \"10.0.0.0/8\"\nrate = 1000\nburst = 1000\n",
+        flood_rule(rate, BURST)
     )
 }
 
