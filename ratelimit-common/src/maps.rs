@@ -30,13 +30,16 @@ pub mod map_names {
     /// /16, so that most IPv4 sources are classified with one array read instead of the trie.
     /// Memory-mappable: the agent writes it in place.
     pub const V4_TABLE: &str = "RL_V4_TABLE";
-    /// Array of `u64` words, a bit for each page of the bucket store ([`crate::new_page_bit`]):
-    /// set by the program when it creates a bucket of a cluster-scoped limit in that page,
-    /// taken (swapped to 0) by the agent's cluster sync every round, which then reads those
-    /// pages for new keys. So a new key is found at the next round however large the store
-    /// is, not at the next walk of the whole store (paced to a tenth of a core: seconds apart
-    /// for millions of buckets, while every host refilled the key at its whole rate).
-    /// Memory-mappable; capacity set at load ([`crate::new_pages_words`]).
+    /// Array of `u64` words where the cluster sync finds the keys it has not published: first
+    /// the [`crate::GROWN_SLOTS`], buckets of cluster-scoped limits whose count just passed a
+    /// power of two ([`crate::grown_entry`]); then a bit for each page of the bucket store
+    /// ([`crate::new_page_bit`]), set by the program when it creates a bucket of a
+    /// cluster-scoped limit in that page. The agent's sync takes (swaps to 0) both every round
+    /// and reads those records and pages. So a new key is found at the next round however large
+    /// the store is, not at the next walk of the whole store (paced to a tenth of a core:
+    /// seconds apart for millions of buckets, while every host refilled the key at its whole
+    /// rate), and a heavy one however many new keys a flood makes. Memory-mappable; capacity
+    /// set at load ([`crate::new_pages_words`]).
     pub const NEW_PAGES: &str = "RL_NEW_PAGES";
 }
 

@@ -5,7 +5,8 @@
 use core::intrinsics::{atomic_or, AtomicOrdering};
 
 use ratelimit_common::{
-    bucket_sets, global, new_page_bit, rule_flags, verdict, Bucket, BUCKET_WAYS, MAX_LIMITS,
+    bucket_sets, global, grown_at, grown_entry, grown_slot, new_page_bit, rule_flags, verdict,
+    Bucket, BUCKET_WAYS, MAX_LIMITS,
 };
 
 use crate::{
@@ -38,12 +39,12 @@ pub fn find_and_charge<P: Params, const CALL: bool>(
 ) -> (usize, *mut Bucket) {
     // One charge for both ways of finding a known source's record: every copy of a cluster-
     // scoped charge's BPF call costs the frame what it keeps across it (CONSTRAINTS.md, "Stack").
-    let r = 'found: {
+    let (i, r) = 'found: {
         // The record this CPU found for the source last time, if it still holds the key.
         if cached != NO_RECORD {
             if let Some(r) = BUCKETS.get_ptr_mut(cached) {
                 if store::holds(r, key) {
-                    break 'found r;
+                    break 'found (cached, r);
                 }
             }
         }
@@ -70,7 +71,7 @@ pub fn find_and_charge<P: Params, const CALL: bool>(
         match store::scan(key, sets, scratch::coarse_now(s), s) {
             Scan::Hit(i, r) => {
                 remember(slot, limit, i);
-                r
+                (i, r)
             }
             Scan::Miss {
                 victim,
@@ -83,6 +84,9 @@ pub fn find_and_charge<P: Params, const CALL: bool>(
             Scan::None => return (no_bucket(), core::ptr::null_mut()),
         }
     };
+    if p.flags() & rule_flags::CLUSTER != 0 {
+        mark_grown(i, r);
+    }
     (
         bucket::charge::<_, CALL>(r, p, now, len, until, charge_clock(s)),
         r,
@@ -176,6 +180,32 @@ fn flag_new_page(i: u32) {
         unsafe {
             if core::ptr::read_volatile(w) & bit == 0 {
                 atomic_or::<u64, u64, { AtomicOrdering::Relaxed }>(w, bit);
+            }
+        }
+    }
+}
+
+/// Leaves record `i` (`r`, a bucket of a cluster-scoped limit) in its grown slot of
+/// [`NEW_PAGES`] if its count just passed a power of two (`ratelimit_common::grown_at`), unless
+/// the slot holds a heavier record: so the agent's sync finds a heavy key it has not published at
+/// its next round however many new keys flag pages meanwhile. Before the charge (the count is
+/// the packets before this one), so that nothing is kept live across its BPF call. A plain
+/// store, not a compare-and-swap: a mark lost to another CPU's in the same instant comes again
+/// at the next power.
+#[inline(always)]
+pub fn mark_grown(i: u32, r: *const Bucket) {
+    // SAFETY: `r` is a live record.
+    let n = unsafe { (*r).passed_pkts.wrapping_add((*r).dropped_pkts) };
+    if !grown_at(n) {
+        return;
+    }
+    if let Some(w) = NEW_PAGES.get_ptr_mut(grown_slot(i)) {
+        // SAFETY: an 8-aligned word of a live map value.
+        unsafe {
+            let old = core::ptr::read_volatile(w);
+            let entry = grown_entry(n, i);
+            if old != entry && (old as u32 == i || old < entry) {
+                core::ptr::write_volatile(w, entry);
             }
         }
     }

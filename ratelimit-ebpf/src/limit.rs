@@ -7,7 +7,7 @@ use ratelimit_common::{rule_flags, verdict, Bucket, Config, Rule, MAX_LIMITS};
 
 use crate::{
     bucket, classify,
-    find::{charge_clock, find_and_charge},
+    find::{charge_clock, find_and_charge, mark_grown},
     gate::{gate, gate_slot, open_gate},
     maps::BUCKETS,
     parse::Packet,
@@ -371,6 +371,9 @@ fn cached_limit(
     let key = store::key(pkt, c.id, k as u32 + 1, &l.src_mask, rule.bucket_gen);
     if !store::holds(r, &key) {
         return None;
+    }
+    if l.flags & rule_flags::CLUSTER != 0 {
+        mark_grown(cached, r);
     }
     // The window's end in the scratch record, where a cluster-scoped charge leaves it too: not
     // on the program's frame (CONSTRAINTS.md, "Stack").

@@ -34,6 +34,8 @@ pub const NO_RULE: u32 = u32::MAX;
 /// Dropped packets a CPU decides from [`ClassSlot::drop_until`] before it looks at the bucket
 /// again (which adds those drops to its counter, and sees whether the record still holds it).
 pub const DROP_BATCH: u32 = 64;
+// A charge after a batch still finds a bucket within its grown window (`find::mark_grown`).
+const _: () = assert!(DROP_BATCH < ratelimit_common::GROWN_WINDOW);
 
 /// One cached classification: under rule-set `epoch`, a packet from `src` (with `protocol`,
 /// `dst_port` and TCP flags `tcp_flags` under `tcp_mask`, unless [`SLOT_ANY_L4`]) falls under

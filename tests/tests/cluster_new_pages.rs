@@ -1,13 +1,14 @@
 //! The real XDP program flags the page of every bucket of a cluster-scoped limit it creates
 //! (`RL_NEW_PAGES`), through BPF_PROG_TEST_RUN, so that the agent's cluster sync finds a new key
 //! at its next round without walking the store: only those pages, each flag taken once, and a
-//! known source's packet flags nothing.
+//! known source's packet flags nothing. And it leaves a bucket of such a limit whose count just
+//! passed a power of two in its grown slot, where a lighter record does not push it out.
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 
 use ratelimit::maps::{bucket::monotonic_coarse_ns, store::Slot, PinnedMaps};
-use ratelimit_common::{rule_flags, BUCKET_PAGE_RECORDS};
+use ratelimit_common::{grown_entry, grown_slot, rule_flags, BUCKET_PAGE_RECORDS};
 use ratelimit_testbed::{packet::eth, require_root, xdp::XDP_PASS, TestDataplane};
 
 fn udp4(src: Ipv4Addr) -> Vec<u8> {
@@ -27,16 +28,16 @@ fn record(maps: &PinnedMaps, rid: u32, src: Ipv4Addr) -> u32 {
     }
 }
 
-#[test]
-fn new_buckets_of_cluster_limits_flag_their_pages_once_and_others_do_not() {
-    require_root();
-    // 64 pages of 64 records: one word of flags.
-    let mut dp = TestDataplane::new("newpages", 4096).unwrap();
+/// A test dataplane of `records` records with rule `c` (198.18.0.0/16, made cluster-scoped
+/// here, as the agent does for `scope = "cluster"`) and rule `plain` (198.19.0.0/16), both at
+/// `rate` packets a second and as large a burst: the dataplane, its maps and the two rules' ids.
+fn two_rules(tag: &str, records: u32, rate: u32) -> (TestDataplane, PinnedMaps, u32, u32) {
+    let mut dp = TestDataplane::new(tag, records).unwrap();
     let set = dp
-        .install_toml(
-            "[[rule]]\nname = \"c\"\nsource = \"198.18.0.0/16\"\nrate = 1000\nburst = 1000\n\n\
-             [[rule]]\nname = \"plain\"\nsource = \"198.19.0.0/16\"\nrate = 1000\nburst = 1000\n",
-        )
+        .install_toml(&format!(
+            "[[rule]]\nname = \"c\"\nsource = \"198.18.0.0/16\"\nrate = {rate}\nburst = {rate}\n\n\
+             [[rule]]\nname = \"plain\"\nsource = \"198.19.0.0/16\"\nrate = {rate}\nburst = {rate}\n",
+        ))
         .unwrap();
     let (c, plain) = (
         set.by_name("c").unwrap().id,
@@ -46,6 +47,14 @@ fn new_buckets_of_cluster_limits_flag_their_pages_once_and_others_do_not() {
     let mut rule = maps.rule(c).unwrap();
     rule.flags |= rule_flags::CLUSTER;
     maps.set_rule(c, rule).unwrap();
+    (dp, maps, c, plain)
+}
+
+#[test]
+fn new_buckets_of_cluster_limits_flag_their_pages_once_and_others_do_not() {
+    require_root();
+    // 64 pages of 64 records: one word of flags.
+    let (dp, maps, c, plain) = two_rules("newpages", 4096, 1000);
     assert!(
         maps.new_pages().take().is_empty(),
         "flags before any packet"
@@ -158,4 +167,66 @@ fn a_pass_over_the_flags_stopped_early_goes_on_where_it_stopped() {
     assert_eq!(rest, None);
     assert_eq!(got, want);
     assert!(!maps.new_pages().any());
+}
+
+/// A bucket of a cluster-scoped limit is left in its grown slot from its second packet on, with
+/// its count, every charge up to 65 packets and then around each power of two; a plain rule's
+/// never is; a heavier record in the slot stays, a lighter one is replaced.
+#[test]
+fn a_cluster_key_passing_a_power_of_two_is_left_in_its_grown_slot() {
+    require_root();
+    let (dp, maps, c, plain) = two_rules("grown", 4096, 100_000);
+    let _ = maps.new_pages().take_grown();
+
+    // A plain rule's source: never.
+    let p = Ipv4Addr::new(198, 19, 1, 1);
+    for _ in 0..300 {
+        assert_eq!(dp.run(&udp4(p)), XDP_PASS);
+    }
+    let _ = record(&maps, plain, p);
+    assert_eq!(
+        maps.new_pages().take_grown(),
+        vec![],
+        "a plain rule's bucket"
+    );
+
+    // The cluster-scoped one: not at its first packet (its page is flagged), then its count at
+    // each charge (the packets before it).
+    let s = Ipv4Addr::new(198, 18, 1, 1);
+    assert_eq!(dp.run(&udp4(s)), XDP_PASS);
+    let i = record(&maps, c, s);
+    assert_eq!(maps.new_pages().take_grown(), vec![], "at its first packet");
+    assert_eq!(dp.run(&udp4(s)), XDP_PASS);
+    assert_eq!(maps.new_pages().take_grown(), vec![(i, 1)]);
+    for _ in 0..98 {
+        assert_eq!(dp.run(&udp4(s)), XDP_PASS);
+    }
+    assert_eq!(maps.new_pages().take_grown(), vec![(i, 99)]);
+    // Counts 100..=128 are within 65 of 64 or 128; so are 129..=192 of 128; 193..=255 of
+    // none.
+    for _ in 0..29 {
+        assert_eq!(dp.run(&udp4(s)), XDP_PASS);
+    }
+    assert_eq!(maps.new_pages().take_grown(), vec![(i, 128)]);
+    for _ in 0..64 {
+        assert_eq!(dp.run(&udp4(s)), XDP_PASS);
+    }
+    assert_eq!(maps.new_pages().take_grown(), vec![(i, 192)]);
+    for _ in 0..63 {
+        assert_eq!(dp.run(&udp4(s)), XDP_PASS);
+    }
+    assert_eq!(maps.new_pages().take_grown(), vec![], "counts 193-255");
+    assert_eq!(dp.run(&udp4(s)), XDP_PASS);
+    assert_eq!(maps.new_pages().take_grown(), vec![(i, 256)]);
+
+    // Another record, heavier, holds the slot: it stays. A lighter one: replaced.
+    let other = (i + 1) % 4096;
+    let heavier = grown_entry(100_000, other);
+    maps.new_pages().put_grown(grown_slot(i), heavier);
+    assert_eq!(dp.run(&udp4(s)), XDP_PASS);
+    assert_eq!(maps.new_pages().take_grown(), vec![(other, 100_000)]);
+    maps.new_pages()
+        .put_grown(grown_slot(i), grown_entry(3, other));
+    assert_eq!(dp.run(&udp4(s)), XDP_PASS);
+    assert_eq!(maps.new_pages().take_grown(), vec![(i, 258)]);
 }

@@ -1,24 +1,26 @@
-//! The flags of the bucket store's pages where the program created a bucket of a cluster-scoped
-//! limit (`ratelimit_common::map_names::NEW_PAGES`), mapped: the cluster sync takes them every
-//! round and reads only those pages for new keys.
+//! Where the cluster sync finds keys it has not published (`ratelimit_common::map_names::NEW_PAGES`),
+//! mapped: the grown slots (buckets of cluster-scoped limits whose count just passed a power of
+//! two) and the flags of the bucket store's pages where the program created a bucket of such a
+//! limit. The sync takes both every round and reads only those records and pages.
 
 use std::io;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use ratelimit_common::BUCKET_PAGE_RECORDS;
+use ratelimit_common::{BUCKET_PAGE_RECORDS, GROWN_SLOTS};
 
 use super::store::SharedMapping;
 
-/// The page flags' words, mapped.
+/// The grown slots' and the page flags' words, mapped.
 pub struct MappedNewPages {
     mapping: Arc<SharedMapping>,
     words: u32,
 }
 
 impl MappedNewPages {
-    /// Maps the `words` words behind `fd` (map id `id`; the caller checked the map's shape),
+    /// Maps the `words` words behind `fd` (map id `id`; the caller checked the map's shape: at
+    /// least [`GROWN_SLOTS`] and one),
     /// writable if the descriptor allows (one mapping per process, see `SharedMapping::shared`).
     pub fn map(fd: BorrowedFd<'_>, id: u32, words: u32) -> io::Result<Self> {
         Ok(Self {
@@ -40,22 +42,24 @@ impl MappedNewPages {
     /// its new bucket to a read that follows.
     #[must_use]
     pub fn take(&self) -> Vec<u32> {
+        // (The page flags' words follow the grown slots.)
         let mut firsts = Vec::new();
         let _ = self.take_from(0, || true, |first| firsts.push(first));
         firsts
     }
 
-    /// [`MappedNewPages::take`] from word `start` on, handing `f` each flagged page's first
-    /// record as its word is taken, while `go_on()` (asked before each word that has a flag):
-    /// the word to go on from next time if it stopped, `None` once it reached the end.
+    /// [`MappedNewPages::take`] from flag word `start` on (0: the first page's), handing `f`
+    /// each flagged page's first record as its word is taken, while `go_on()` (asked before
+    /// each word that has a flag): the word to go on from next time if it stopped, `None` once
+    /// it reached the end.
     pub fn take_from(
         &self,
         start: u32,
         mut go_on: impl FnMut() -> bool,
         mut f: impl FnMut(u32),
     ) -> Option<u32> {
-        for w in start..self.words {
-            let word = self.word(w);
+        for w in start..self.words.saturating_sub(GROWN_SLOTS) {
+            let word = self.word(GROWN_SLOTS + w);
             if word.load(Ordering::Relaxed) == 0 {
                 continue;
             }
@@ -72,9 +76,37 @@ impl MappedNewPages {
         None
     }
 
+    /// Leaves `entry` in grown slot `slot` as the program would ([`ratelimit_common::grown_entry`];
+    /// for tests: another record's mark, heavier or lighter).
+    pub fn put_grown(&self, slot: u32, entry: u64) {
+        assert!(slot < GROWN_SLOTS, "grown slot {slot} out of {GROWN_SLOTS}");
+        self.word(slot).store(entry, Ordering::Release);
+    }
+
     /// Whether any page is flagged (for tests).
     #[must_use]
     pub fn any(&self) -> bool {
-        (0..self.words).any(|w| self.word(w).load(Ordering::Relaxed) != 0)
+        (GROWN_SLOTS..self.words).any(|w| self.word(w).load(Ordering::Relaxed) != 0)
+    }
+
+    /// Takes the grown slots: each record left in one ([`ratelimit_common::grown_entry`]) and
+    /// its count then, the slot emptied (one swap per slot that holds one). At most
+    /// [`GROWN_SLOTS`] records, whatever happens meanwhile; a record the program leaves again
+    /// after its slot's swap waits for the next take.
+    #[must_use]
+    pub fn take_grown(&self) -> Vec<(u32, u32)> {
+        let mut grown = Vec::new();
+        for w in 0..GROWN_SLOTS.min(self.words) {
+            let word = self.word(w);
+            if word.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let e = word.swap(0, Ordering::AcqRel);
+            if e != 0 {
+                #[expect(clippy::cast_possible_truncation, reason = "the entry's two halves")]
+                grown.push((e as u32, (e >> 32) as u32));
+            }
+        }
+        grown
     }
 }

@@ -179,8 +179,25 @@ impl StoreSide {
     /// quarter of a sync interval a round at most: under a flood of new keys (every page
     /// flagged every round) the rest wait for the next rounds, in store order, rather than
     /// holding up this one past the shares' lapse.
+    ///
+    /// Before the pages, the records the program left in the grown slots (their count just
+    /// passed a power of two), whatever the pages' pass: a heavy key hidden among a flood's new
+    /// keys is found at the next round all the same (at most [`GROWN_SLOTS`] records a round).
+    ///
+    /// [`GROWN_SLOTS`]: ratelimit_common::GROWN_SLOTS
     fn new_keys(&mut self, rules: &ClusterRules, now: u64, timing: Timing) -> Vec<KeyName> {
         let mut heaviest = Heaviest::new(self.local.max_keys());
+        for (i, _) in self.maps.new_pages().take_grown() {
+            let read = self
+                .maps
+                .for_each_bucket_in(i..i.saturating_add(1), |_, b| {
+                    self.offer(rules, &mut heaviest, now, b);
+                    ControlFlow::Continue(())
+                });
+            if let Err(e) = read {
+                tracing::warn!(error = %e, "cluster sync: reading the grown keys' buckets");
+            }
+        }
         let deadline = monotonic_ns().saturating_add(timing.interval_ns() / 4);
         if self.pages.next == 0 {
             self.pages.began = now;
