@@ -19,9 +19,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context as _, Result};
-use ratelimit::maps::{bucket::monotonic_ns, PinnedMaps};
-use ratelimit_common::{family, Bucket};
+use anyhow::{bail, Result};
+use ratelimit::maps::PinnedMaps;
 use ratelimit_testbed::{veth_pair, AgentProcess, Netns};
 use serde_json::json;
 
@@ -75,40 +74,11 @@ fn rate_of(i: u32) -> u32 {
 }
 
 /// Writes a live bucket of the agent's rule into every record of its store (source 10.x.y.z
-/// for record x.y.z), as the program would for a million sources.
+/// for record x.y.z, no packets counted yet), as the program would for a million sources.
 fn fill(pin: &Path) -> Result<()> {
-    let maps = PinnedMaps::open(pin)?;
-    let (id, gen) = maps
-        .named_rules()?
-        .into_iter()
-        .find(|(_, (name, _, _))| name == RULE)
-        .map(|(id, (_, _, r))| (id, r.bucket_gen))
-        .context("the agent's rule is not installed")?;
-    let store = maps.store();
-    if store.records() < SOURCES {
-        bail!("a store of {} records", store.records());
-    }
-    let now = monotonic_ns();
-    for i in 0..SOURCES {
-        let old = store.get(i);
-        let mut addr = [0u8; 16];
-        addr[..4].copy_from_slice(&(0x0a00_0000 | i).to_be_bytes());
-        let b = Bucket {
-            addr,
-            rule: u16::try_from(id)?,
-            family: family::V4,
-            state: 0,
-            rule_gen: gen,
-            tat_ns: now,
-            byte_tat_ns: 0,
-            created_share: Bucket::created_at(now),
-            passed_bytes: 0,
-            passed_pkts: 0,
-            dropped_pkts: 0,
-        };
-        if !store.install(i, old.header(), &b) {
-            bail!("record {i} busy");
-        }
+    let written = ratelimit_testbed::fill::fill_store(pin, RULE, SOURCES, 0)?;
+    if written < SOURCES {
+        bail!("a store of {written} records");
     }
     Ok(())
 }

@@ -9,10 +9,10 @@ use ratelimit::maps::{bucket::monotonic_ns, PinnedMaps};
 use ratelimit_common::{family, Bucket};
 
 /// Writes `n` live buckets of the agent's rule `rule` into records `0..n` of the store pinned at
-/// `pin` (source 10.x.y.z for record x.y.z, 100 packets passed each; at most the store's
-/// records): a record's place is not the one the program would choose, which only a lookup of
-/// that source would notice. Returns how many were written.
-pub fn fill_store(pin: &Path, rule: &str, n: u32) -> Result<u32> {
+/// `pin` (source 10.x.y.z for record x.y.z, `passed` packets of 64 bytes passed each; at most
+/// the store's records): a record's place is not the one the program would choose, which only a
+/// lookup of that source would notice. Returns how many were written.
+pub fn fill_store(pin: &Path, rule: &str, n: u32, passed: u32) -> Result<u32> {
     let maps = PinnedMaps::open(pin)?;
     let (id, gen) = maps
         .named_rules()?
@@ -36,8 +36,8 @@ pub fn fill_store(pin: &Path, rule: &str, n: u32) -> Result<u32> {
             tat_ns: now,
             byte_tat_ns: 0,
             created_share: Bucket::created_at(now),
-            passed_bytes: 6400,
-            passed_pkts: 100,
+            passed_bytes: u64::from(passed) * 64,
+            passed_pkts: passed,
             dropped_pkts: 0,
         };
         if !store.install(i, old.header(), &b) {

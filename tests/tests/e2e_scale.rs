@@ -84,7 +84,7 @@ fn bed_with(tag: &str, buckets: u32, rules: &str) -> Bed {
 
 /// Writes `n` live buckets of the agent's rule into records `0..n` of its store.
 fn fill(pin: &Path, n: u32) {
-    assert_eq!(fill_store(pin, RULE, n).unwrap(), n);
+    assert_eq!(fill_store(pin, RULE, n, 100).unwrap(), n);
 }
 
 /// One request over the control socket; the answer's JSON and how long it took.
