@@ -61,10 +61,11 @@ pub const fn new_page_bit(i: u32) -> (u32, u64) {
 /// A fixed size whatever the store's (32 KiB).
 pub const GROWN_SLOTS: u32 = 4096;
 
-/// Packets a bucket's count can gain between two of its charges on one CPU, at most: the drop
-/// window's batch (`DROP_BATCH` in the program, 64) and the charge's own packet. A charge that
-/// finds the count within this many past a power of two marks the bucket ([`grown_at`]), so no
-/// power is jumped over.
+/// Packets a bucket's count gains between two consecutive charges of it, at most, on any CPUs:
+/// each charge is followed by adding its own packet and the drop window's batch that came
+/// before it (`DROP_BATCH` in the program, 64), so consecutive charges find counts at most this
+/// far apart. A charge that finds the count within this many past a power of two marks the
+/// bucket ([`grown_at`]), so no power is jumped over (but for two CPUs' charges racing).
 pub const GROWN_WINDOW: u32 = 65;
 
 /// Whether a charge that finds a bucket's count at `n` marks it grown: a power of two lies in
