@@ -15,6 +15,7 @@ mod counters;
 mod flags;
 mod frag;
 mod maps;
+mod new_pages;
 mod records;
 mod store;
 
@@ -45,6 +46,7 @@ pub use counters::*;
 pub use flags::*;
 pub use frag::*;
 pub use maps::*;
+pub use new_pages::*;
 pub use records::*;
 pub use store::*;
 

@@ -25,7 +25,7 @@ pub mod map_names {
     /// [`crate::RuleMeta`] records indexed by rule id. Written and read by user space only, so a
     /// restarted agent can tell which named rule each id holds.
     pub const RULE_META: &str = "RL_RULE_META";
-    /// Array of `u32` words ([`v4_table`]): for each IPv4 /16 and each half of the prefix trie,
+    /// Array of `u32` words ([`crate::v4_table`]): for each IPv4 /16 and each half of the prefix trie,
     /// the outcome of the trie's lookup and candidate walk where one outcome holds for the whole
     /// /16, so that most IPv4 sources are classified with one array read instead of the trie.
     /// Memory-mappable: the agent writes it in place.
