@@ -15,6 +15,11 @@
 //! apart here), and both hosts admitted it at the whole rate until then: 3,780 over `rate x T`
 //! in 4 s against a bound of 750.
 //!
+//! The attacker's answer, a flood of spoofed new keys of a cluster-scoped limit that flags
+//! pages faster than an agent reads them, meets the grown slots: a key whose count passes a
+//! power of two is read at the next round whatever the pages' pass (the two flood tests, the
+//! heavy source in bursts).
+//!
 //! Run with `--nocapture` for the figures.
 
 use std::{
@@ -93,10 +98,9 @@ fn bound() -> f64 {
 /// Starts the agents (bucket stores filled with [`OTHERS`]), then, if `spoofed_pps` is not 0,
 /// a flood of spoofed sources new to every host, each of them a new key of a cluster-scoped
 /// limit sent `copies` frames back to back, at `spoofed_pps` frames a second per host, and
-/// after [`FLOOD_LEAD`] the source at three
-/// times the budget over the two hosts for [`SECS`] (`bursty`: in bursts of [`BURST_SIZE`]
-/// every [`BURST_PERIOD`] to each host; else paced evenly); returns what the cluster admitted
-/// of it.
+/// after [`FLOOD_LEAD`] the source at three times the budget over the two hosts for [`SECS`]
+/// (`bursty`: in bursts of [`BURST_SIZE`] every [`BURST_PERIOD`] to each host; else paced
+/// evenly); returns what the cluster admitted of it.
 fn run(tag: &str, spoofed_pps: u64, copies: u32, bursty: bool) -> Outcome {
     require_root();
     let _alone = ONE_AT_A_TIME

@@ -1,7 +1,8 @@
-//! Where the cluster sync finds keys it has not published (`ratelimit_common::map_names::NEW_PAGES`),
-//! mapped: the grown slots (buckets of cluster-scoped limits whose count just passed a power of
-//! two) and the flags of the bucket store's pages where the program created a bucket of such a
-//! limit. The sync takes both every round and reads only those records and pages.
+//! Where the cluster sync finds keys it has not published
+//! (`ratelimit_common::map_names::NEW_PAGES`), mapped: the grown slots (buckets of
+//! cluster-scoped limits whose count just passed a power of two) and the flags of the bucket
+//! store's pages where the program created a bucket of such a limit. The sync takes both every
+//! round and reads only those records and pages.
 
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -19,9 +20,9 @@ pub struct MappedNewPages {
 }
 
 impl MappedNewPages {
-    /// Maps the `words` words behind `fd` (map id `id`; the caller checked the map's shape: at
-    /// least [`GROWN_SLOTS`] and one),
-    /// writable if the descriptor allows (one mapping per process, see `SharedMapping::shared`).
+    /// Maps the `words` words behind `fd` (map id `id`; the caller checked the map's shape: the
+    /// [`GROWN_SLOTS`] and at least one word of flags), writable if the descriptor allows (one
+    /// mapping per process, see `SharedMapping::shared`).
     pub fn map(fd: BorrowedFd<'_>, id: u32, words: u32) -> io::Result<Self> {
         Ok(Self {
             mapping: SharedMapping::shared(fd, id, words.max(1) as usize * 8)?,
@@ -42,7 +43,6 @@ impl MappedNewPages {
     /// its new bucket to a read that follows.
     #[must_use]
     pub fn take(&self) -> Vec<u32> {
-        // (The page flags' words follow the grown slots.)
         let mut firsts = Vec::new();
         let _ = self.take_from(0, || true, |first| firsts.push(first));
         firsts
