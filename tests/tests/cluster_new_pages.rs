@@ -28,6 +28,15 @@ fn record(maps: &PinnedMaps, rid: u32, src: Ipv4Addr) -> u32 {
     }
 }
 
+/// Runs `n` packets from `src` through the program: each passes.
+fn passes(dp: &TestDataplane, src: Ipv4Addr, n: u32) {
+    assert_eq!(
+        dp.run_repeat(&udp4(src), n).0,
+        XDP_PASS,
+        "{n} packets from {src}"
+    );
+}
+
 /// A test dataplane of `records` records with rule `c` (198.18.0.0/16, made cluster-scoped
 /// here, as the agent does for `scope = "cluster"`) and rule `plain` (198.19.0.0/16), both at
 /// `rate` packets a second and as large a burst: the dataplane, its maps and the two rules' ids.
@@ -113,17 +122,7 @@ fn new_buckets_of_cluster_limits_flag_their_pages_once_and_others_do_not() {
 fn a_pass_over_the_flags_stopped_early_goes_on_where_it_stopped() {
     require_root();
     // 256 pages: four words of flags.
-    let mut dp = TestDataplane::new("newpages2", 16_384).unwrap();
-    let set = dp
-        .install_toml(
-            "[[rule]]\nname = \"c\"\nsource = \"198.18.0.0/16\"\nrate = 1000\nburst = 1000\n",
-        )
-        .unwrap();
-    let c = set.by_name("c").unwrap().id;
-    let mut maps = PinnedMaps::open(dp.pin_dir()).unwrap();
-    let mut rule = maps.rule(c).unwrap();
-    rule.flags |= rule_flags::CLUSTER;
-    maps.set_rule(c, rule).unwrap();
+    let (dp, maps, c, _) = two_rules("newpages2", 16_384, 1000);
     let sources: Vec<Ipv4Addr> = (1..=200).map(|i| Ipv4Addr::new(198, 18, 1, i)).collect();
     for &s in &sources {
         assert_eq!(dp.run(&udp4(s)), XDP_PASS);
@@ -180,9 +179,7 @@ fn a_cluster_key_passing_a_power_of_two_is_left_in_its_grown_slot() {
 
     // A plain rule's source: never.
     let p = Ipv4Addr::new(198, 19, 1, 1);
-    for _ in 0..300 {
-        assert_eq!(dp.run(&udp4(p)), XDP_PASS);
-    }
+    passes(&dp, p, 300);
     let _ = record(&maps, plain, p);
     assert_eq!(
         maps.new_pages().take_grown(),
@@ -198,23 +195,15 @@ fn a_cluster_key_passing_a_power_of_two_is_left_in_its_grown_slot() {
     assert_eq!(maps.new_pages().take_grown(), vec![], "at its first packet");
     assert_eq!(dp.run(&udp4(s)), XDP_PASS);
     assert_eq!(maps.new_pages().take_grown(), vec![(i, 1)]);
-    for _ in 0..98 {
-        assert_eq!(dp.run(&udp4(s)), XDP_PASS);
-    }
+    passes(&dp, s, 98);
     assert_eq!(maps.new_pages().take_grown(), vec![(i, 99)]);
     // Counts 100..=128 are within 65 of 64 or 128; so are 129..=192 of 128; 193..=255 of
     // none.
-    for _ in 0..29 {
-        assert_eq!(dp.run(&udp4(s)), XDP_PASS);
-    }
+    passes(&dp, s, 29);
     assert_eq!(maps.new_pages().take_grown(), vec![(i, 128)]);
-    for _ in 0..64 {
-        assert_eq!(dp.run(&udp4(s)), XDP_PASS);
-    }
+    passes(&dp, s, 64);
     assert_eq!(maps.new_pages().take_grown(), vec![(i, 192)]);
-    for _ in 0..63 {
-        assert_eq!(dp.run(&udp4(s)), XDP_PASS);
-    }
+    passes(&dp, s, 63);
     assert_eq!(maps.new_pages().take_grown(), vec![], "counts 193-255");
     assert_eq!(dp.run(&udp4(s)), XDP_PASS);
     assert_eq!(maps.new_pages().take_grown(), vec![(i, 256)]);

@@ -151,7 +151,8 @@ fn run(tag: &str, spoofed_pps: u64, copies: u32, bursty: bool) -> Outcome {
     };
     let receivers = net.receivers().unwrap();
     let start = Instant::now();
-    let sender = if bursty {
+    // What the sender sent to each host, once it is done.
+    let sender: Box<dyn FnOnce() -> Vec<u64>> = if bursty {
         // Back to back to each host in turn, 1,500 a second each.
         let mut plan = Plan::default();
         for h in 0..HOSTS {
@@ -160,7 +161,7 @@ fn run(tag: &str, spoofed_pps: u64, copies: u32, bursty: bool) -> Outcome {
             plan = plan.periodic(h, BURST_SIZE, BURST_PERIOD, offset, SECS, |_| true);
         }
         let bursts = net.bursts_from(FLOOD, plan, start).unwrap();
-        std::thread::spawn(move || {
+        Box::new(move || {
             let log = bursts.join().unwrap();
             (0..HOSTS)
                 .map(|h| log.sent.iter().filter(|d| d.host == h).count() as u64)
@@ -177,11 +178,11 @@ fn run(tag: &str, spoofed_pps: u64, copies: u32, bursty: bool) -> Outcome {
                 start,
             )
             .unwrap();
-        std::thread::spawn(move || steady.join().unwrap().per_host)
+        Box::new(move || steady.join().unwrap().per_host)
     };
     let mut samples = Samples::default();
     samples.take_until(&receivers, start, SECS, Duration::from_millis(50));
-    let sent: Vec<u64> = sender.join().unwrap();
+    let sent = sender();
     let spoofed_sent: Vec<u64> = flood
         .into_iter()
         .map(|t| t.join().unwrap().unwrap().sent)

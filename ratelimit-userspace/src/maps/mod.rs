@@ -548,6 +548,27 @@ impl PinnedMaps {
         err.map_or(Ok(end), Err)
     }
 
+    /// [`PinnedMaps::for_each_bucket_in`] over the records `records` (each in the store; others
+    /// are skipped), with one look at each rule's generation for all of them: the records of
+    /// the grown slots, scattered over the store.
+    pub fn for_each_bucket_at(
+        &self,
+        records: impl IntoIterator<Item = u32>,
+        mut f: impl FnMut(u32, &Bucket),
+    ) -> Result<()> {
+        let mut gens = HashMap::new();
+        for i in records {
+            if i >= self.store.records() {
+                continue;
+            }
+            let b = self.store.get(i);
+            if self.live(&b, &mut gens)? {
+                f(i, &b);
+            }
+        }
+        Ok(())
+    }
+
     /// Every tracked bucket, all in memory at once (88 bytes each and more): for tests and tools
     /// on small stores only. The agent streams ([`PinnedMaps::for_each_bucket_in`]).
     pub fn buckets(&self) -> Result<Vec<(BucketKey, Bucket)>> {

@@ -187,16 +187,14 @@ impl StoreSide {
     /// [`GROWN_SLOTS`]: ratelimit_common::GROWN_SLOTS
     fn new_keys(&mut self, rules: &ClusterRules, now: u64, timing: Timing) -> Vec<KeyName> {
         let mut heaviest = Heaviest::new(self.local.max_keys());
-        for (i, _) in self.maps.new_pages().take_grown() {
-            let read = self
-                .maps
-                .for_each_bucket_in(i..i.saturating_add(1), |_, b| {
-                    self.offer(rules, &mut heaviest, now, b);
-                    ControlFlow::Continue(())
-                });
-            if let Err(e) = read {
-                tracing::warn!(error = %e, "cluster sync: reading the grown keys' buckets");
-            }
+        let grown = self.maps.new_pages().take_grown();
+        let read = self
+            .maps
+            .for_each_bucket_at(grown.into_iter().map(|(i, _)| i), |_, b| {
+                self.offer(rules, &mut heaviest, now, b);
+            });
+        if let Err(e) = read {
+            tracing::warn!(error = %e, "cluster sync: reading the grown keys' buckets");
         }
         let deadline = monotonic_ns().saturating_add(timing.interval_ns() / 4);
         if self.pages.next == 0 {
