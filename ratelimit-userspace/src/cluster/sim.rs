@@ -6,9 +6,10 @@
 //! the others read it at their next round, or keep the older figure when the publication is
 //! lost. As the agents do, a host reads a key new to it from its first round (its bucket's
 //! counters start at its creation), divides by its fresh figure until it has published one,
-//! and through gossip reads a peer's new key as demand since that peer's sync before. Arrivals are what real sources send: smooth, periodic bursts (a TCP
-//! window, a batch), on/off, Poisson, heavy-tailed bursts, a ramp, a split that moves, a source
-//! that appears at one host only, spoofed one-frame holders.
+//! and through gossip reads a peer's new key as demand since that peer's sync before. Arrivals
+//! are what real sources send: smooth, periodic bursts (a TCP window, a batch), on/off,
+//! Poisson, heavy-tailed bursts, a ramp, a split that moves, a source that appears at one host
+//! only, spoofed one-frame holders.
 //!
 //! The property test draws hosts 2-64, bursts 1-10,000, rates 1-10^6 packets/s and sync
 //! intervals 10-1,000 ms, and checks over every window of the run: the cluster admits at most
@@ -377,13 +378,13 @@ impl Sim {
                 }
                 h.lost[o] = false;
                 // Before the key, the host's rounds ran an interval apart.
-                let before = h.synced[o].replace(now).or(Some(now - self.sync));
+                let before = h.synced[o].replace(now).unwrap_or(now - self.sync);
                 if !self.counters {
                     h.views[o] = p;
                 } else if holds {
                     let w = &mut h.peer_windows[o];
-                    if let (true, Some(t)) = (w.is_empty(), before) {
-                        w.push(t, 0);
+                    if w.is_empty() {
+                        w.push(before, 0);
                     }
                     w.push(now, count);
                     h.views[o] = (w.len() >= 2).then(|| w.rate(1e9));
