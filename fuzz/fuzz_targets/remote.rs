@@ -32,6 +32,8 @@ const LIMITS: Limits = Limits {
 const TIMEOUT_NS: u64 = 3 * S;
 /// Three 100 ms sync intervals of report jitter.
 const LAG_NS: u64 = 300 * MS;
+/// A bursty key's demand read over six 100 ms sync intervals.
+const SPAN_NS: u64 = 600 * MS;
 
 fn key(k: u8) -> KeyName {
     KeyName {
@@ -62,7 +64,7 @@ struct Peer {
 
 fuzz_target!(|data: &[u8]| {
     let limits = ClusterLimits::default().with("flood", 0, LIMITS);
-    let mut tracker = RemoteTracker::<(u8, u8)>::new(TIMEOUT_NS, LAG_NS);
+    let mut tracker = RemoteTracker::<(u8, u8)>::new(TIMEOUT_NS, LAG_NS, SPAN_NS);
     let mut peers: [Peer; 3] = Default::default();
     let mut now = S;
     // Whether each incarnation was counted after the last round.

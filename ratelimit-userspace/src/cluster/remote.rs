@@ -125,6 +125,8 @@ impl PeerTrack {
 pub struct RemoteTracker<P> {
     timeout_ns: u64,
     stale_ns: u64,
+    /// The span a bursty key's demand is read over (ms, the peers' clocks' unit).
+    span_ms: u64,
     /// This host's Unix time (ms) for the round, once set ([`RemoteTracker::set_clock`]).
     unix_ms: Option<u64>,
     peers: HashMap<P, PeerTrack>,
@@ -139,12 +141,14 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
     /// A tracker that stops counting a peer not heard for `timeout_ns`, and stops counting the
     /// demand of a counted peer whose sync key did not move on for `stale_ns` (a stopped or
     /// restarted agent, a peer cut off: until the timeout it is still counted, but what it last
-    /// reported no longer takes a share).
+    /// reported no longer takes a share). A bursty key's demand is read over its last `span_ns`
+    /// ([`DemandWindow::rate`]).
     #[must_use]
-    pub fn new(timeout_ns: u64, stale_ns: u64) -> Self {
+    pub fn new(timeout_ns: u64, stale_ns: u64, span_ns: u64) -> Self {
         Self {
             timeout_ns,
             stale_ns,
+            span_ms: span_ns / 1_000_000,
             unix_ms: None,
             peers: HashMap::new(),
         }
@@ -243,7 +247,7 @@ impl<P: Clone + Eq + Hash + std::fmt::Debug> RemoteTracker<P> {
             // the gain over the window by the peer's clock (see [`DemandWindow`]). The same
             // sync as last round (gossip has not brought a newer one): the demand stands.
             if previous.is_none_or(|p| sync.0 > p.0) {
-                fold_keys(track, view, sync, previous, &mut round);
+                fold_keys(track, view, sync, previous, self.span_ms, &mut round);
             }
             if now.saturating_sub(track.synced_ns) > self.stale_ns {
                 continue;
@@ -325,6 +329,7 @@ fn fold_keys<P>(
     view: &PeerView<P>,
     sync: (u64, u64, u64),
     previous: Option<(u64, u64, u64)>,
+    span_ms: u64,
     round: &mut Round<P>,
 ) {
     let last_ms = previous.map_or(0, |p| p.1);
@@ -380,7 +385,7 @@ fn fold_keys<P>(
         };
         applied.window.push(sync.1, applied.count.demand);
         if applied.window.len() >= 2 {
-            rates.insert(name.clone(), applied.window.rate(1000.0));
+            rates.insert(name.clone(), applied.window.rate(1000.0, span_ms));
         }
         keys.insert(name.clone(), applied);
     }

@@ -40,7 +40,10 @@
 
 use ratelimit_common::{bucket_header, rule_flags, BucketKey, Limit, SHARE_ONE};
 
+pub use self::own::{mean_time, OwnFigures};
 use crate::maps::{store::Slot, MapsError, PinnedMaps};
+
+mod own;
 
 /// This host's share of a key's budget from the demand (packets/s) here (`local`) and at its
 /// counted peers (`peers`), multiplied by `factor` (`heard / known` under `on_partition =

@@ -24,7 +24,7 @@ use chitchat::ChitchatId;
 use tokio::sync::watch;
 
 use self::{
-    demand::{observe_off_thread, own_demand, LocalDemand, OwnFigures},
+    demand::{observe_off_thread, own_demand, LocalDemand},
     peer_status::{count_late, count_sync, log_membership, peer_statuses, show},
     peers::{heard_lately, trim_and_read},
     set_shares::{clear_earlier_shares, count_withheld, set_shares_off_thread},
@@ -39,6 +39,7 @@ use super::{
     partition::Partition,
     publish::{sync_value, KeyName, LocalTracker, KEY_PREFIX, SYNC_KEY},
     remote::RemoteTracker,
+    shares::OwnFigures,
     status::{Counters, HeaviestKeys, Shared},
     timing::Timing,
 };
@@ -130,7 +131,7 @@ impl SyncLoop {
         let timeout_ns = u64::try_from(timing.peer_timeout().as_nanos()).unwrap_or(u64::MAX);
         let lag_ns = timing.lag_ns();
         let mut remote: RemoteTracker<ChitchatId> =
-            RemoteTracker::new(timeout_ns, timing.stale_ns());
+            RemoteTracker::new(timeout_ns, timing.stale_ns(), timing.demand_span_ns());
         let mut last_round_ns: Option<u64> = None;
         // This host's demand as of the last round: the figure its peers divide by now.
         let mut own_figures = OwnFigures::default();

@@ -61,6 +61,18 @@ impl Timing {
         u64::try_from(self.interval.as_nanos()).unwrap_or(u64::MAX)
     }
 
+    /// The time a bursty key's demand is read over, [`DEMAND_HISTORY`] intervals: the same
+    /// span for this host's readings and for a peer's, however many of the peer's syncs gossip
+    /// skipped (see [`DemandWindow::rate`]).
+    ///
+    /// [`DEMAND_HISTORY`]: crate::cluster::remote::DEMAND_HISTORY
+    /// [`DemandWindow::rate`]: crate::cluster::remote::DemandWindow::rate
+    #[must_use]
+    pub fn demand_span_ns(&self) -> u64 {
+        self.interval_ns()
+            .saturating_mul(crate::cluster::remote::DEMAND_HISTORY as u64)
+    }
+
     /// How often chitchat gossips: twice per interval. chitchat sends each round to a few peers
     /// (3 live ones at most), so a value published at one round reaches all 8 hosts of a
     /// cluster only after one or two gossip rounds; at one gossip round per sync, the shares of

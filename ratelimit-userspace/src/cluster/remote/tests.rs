@@ -6,6 +6,8 @@ const S: u64 = 1_000_000_000;
 const MS: u64 = 1_000_000;
 /// Three 100 ms sync intervals.
 const LAG: u64 = 300 * MS;
+/// The span a bursty key is read over, as at a 100 ms sync interval.
+const SPAN: u64 = DEMAND_HISTORY as u64 * 100 * MS;
 
 fn name() -> KeyName {
     KeyName {
@@ -71,7 +73,7 @@ fn per_sync(r: &Round<String>) -> u64 {
 /// (found missed by cargo-mutants: `heard` answering false).
 #[test]
 fn a_peer_is_heard_while_its_heartbeat_moves_or_within_the_timeout() {
-    let mut t = RemoteTracker::new(3 * S, LAG);
+    let mut t = RemoteTracker::new(3 * S, LAG, SPAN);
     let id = "a".to_string();
     assert!(t.heard(&id, 1, 0), "not tracked yet");
     t.round(S, &[view("a", 5, 2, &[(1, 100)])], &limits());
@@ -93,7 +95,7 @@ fn a_peer_is_heard_while_its_heartbeat_moves_or_within_the_timeout() {
 /// older epoch adds nothing (and is a new baseline).
 #[test]
 fn demand_is_the_counters_gain_over_the_peers_own_time() {
-    let mut t = RemoteTracker::new(3 * S, LAG);
+    let mut t = RemoteTracker::new(3 * S, LAG, SPAN);
     let l = limits();
     let rate = |r: &Round<String>| r.peer_demand(&name());
     // First sight: baseline, no demand known yet.
@@ -144,7 +146,7 @@ fn a_bursty_key_is_read_at_its_rate_whatever_the_phase_of_its_bursts() {
             let bursts = (0..10u64).filter(|k| phase + k * 250 < t).count() as u64;
             w.push(t * MS, 150 * bursts);
         }
-        rates.push(w.rate(1e9));
+        rates.push(w.rate(1e9, SPAN));
     }
     let (lo, hi) = rates
         .iter()
@@ -160,14 +162,26 @@ fn a_bursty_key_is_read_at_its_rate_whatever_the_phase_of_its_bursts() {
     for (t, c) in [(0, 0), (100, 150), (200, 150), (300, 300), (400, 300)] {
         w.push(t * MS, c);
     }
-    assert!((w.rate(1e9) - 750.0).abs() < 1e-9, "{}", w.rate(1e9));
+    assert!(
+        (w.rate(1e9, SPAN) - 750.0).abs() < 1e-9,
+        "{}",
+        w.rate(1e9, SPAN)
+    );
     w.push(500 * MS, 300);
-    assert!((w.rate(1e9) - 600.0).abs() < 1e-9, "{}", w.rate(1e9));
+    assert!(
+        (w.rate(1e9, SPAN) - 600.0).abs() < 1e-9,
+        "{}",
+        w.rate(1e9, SPAN)
+    );
     for t in 6..=9 {
         w.push(t * 100 * MS, 300);
     }
     assert_eq!(w.len(), DEMAND_HISTORY + 1);
-    assert_eq!(w.rate(1e9), 0.0, "its packets are out of the readings kept");
+    assert_eq!(
+        w.rate(1e9, SPAN),
+        0.0,
+        "its packets are out of the readings kept"
+    );
     // A key that sent every interval and stops falls off at once: its last 4 packets over the
     // time since they came (100 a reading: 4 over 200 ms and the last 4 ms of the interval).
     let mut w = DemandWindow::default();
@@ -181,7 +195,11 @@ fn a_bursty_key_is_read_at_its_rate_whatever_the_phase_of_its_bursts() {
     ] {
         w.push(t * MS, c);
     }
-    assert!((w.rate(1e9) - 4.0 / 0.204).abs() < 1e-6, "{}", w.rate(1e9));
+    assert!(
+        (w.rate(1e9, SPAN) - 4.0 / 0.204).abs() < 1e-6,
+        "{}",
+        w.rate(1e9, SPAN)
+    );
 }
 
 /// A window reads over its last `DEMAND_ROUNDS` readings, over all it keeps where they hold
@@ -189,9 +207,9 @@ fn a_bursty_key_is_read_at_its_rate_whatever_the_phase_of_its_bursts() {
 #[test]
 fn a_demand_window_spans_its_last_readings() {
     let mut w = DemandWindow::default();
-    assert_eq!(w.rate(1.0), 0.0);
+    assert_eq!(w.rate(1.0, 6), 0.0);
     w.push(10, 5);
-    assert_eq!(w.rate(1.0), 0.0, "one reading");
+    assert_eq!(w.rate(1.0, 6), 0.0, "one reading");
     for i in 1..=10u64 {
         w.push(10 + i, 5 + i * i);
     }
@@ -199,7 +217,7 @@ fn a_demand_window_spans_its_last_readings() {
     let first = 10 - DEMAND_ROUNDS as u64;
     #[expect(clippy::cast_precision_loss, reason = "small numbers")]
     let want = (100 - first * first) as f64 / DEMAND_ROUNDS as f64;
-    assert!((w.rate(1.0) - want).abs() < 1e-9);
+    assert!((w.rate(1.0, 6) - want).abs() < 1e-9);
     // A sparse key (3 packets, none over its last 2 readings): read over all it keeps, not
     // as 0.
     let mut sparse = DemandWindow::default();
@@ -207,20 +225,20 @@ fn a_demand_window_spans_its_last_readings() {
         sparse.push(t, c);
     }
     assert!(
-        (sparse.rate(1.0) - 0.6).abs() < 1e-9,
+        (sparse.rate(1.0, 6) - 0.6).abs() < 1e-9,
         "{}",
-        sparse.rate(1.0)
+        sparse.rate(1.0, 6)
     );
     // A key that stopped: 0 once its packets are out of the readings kept, of which there
     // are at most `DEMAND_HISTORY` + 1.
     for t in 6..20u64 {
         sparse.push(t, 3);
     }
-    assert_eq!(sparse.rate(1.0), 0.0);
+    assert_eq!(sparse.rate(1.0, 6), 0.0);
     assert_eq!(sparse.len(), DEMAND_HISTORY + 1);
     w.push(20, 1_000_000);
     assert!(
-        (w.rate(1.0) - want).abs() < 1e-9,
+        (w.rate(1.0, 6) - want).abs() < 1e-9,
         "the same time again: ignored"
     );
     assert_eq!(w.last_at(), Some(20));
@@ -228,12 +246,12 @@ fn a_demand_window_spans_its_last_readings() {
     // window starts again from it, and later readings count again (a window that ignored
     // them would keep the old rate for ever).
     w.push(15, 1_000_000);
-    assert_eq!((w.len(), w.last_at(), w.rate(1.0)), (1, Some(15), 0.0));
+    assert_eq!((w.len(), w.last_at(), w.rate(1.0, 6)), (1, Some(15), 0.0));
     w.push(16, 1_000_100);
-    assert!((w.rate(1.0) - 100.0).abs() < 1e-9);
+    assert!((w.rate(1.0, 6) - 100.0).abs() < 1e-9);
     // A count that went back likewise.
     w.push(17, 5);
-    assert_eq!((w.len(), w.rate(1.0)), (1, 0.0));
+    assert_eq!((w.len(), w.rate(1.0, 0)), (1, 0.0));
 }
 
 /// A restarted peer is a new incarnation, baselined when first counted; the old one's last
@@ -241,7 +259,7 @@ fn a_demand_window_spans_its_last_readings() {
 /// is forgotten once gone from chitchat.
 #[test]
 fn a_restarted_peer_is_a_new_incarnation_and_the_old_ones_demand_goes_stale() {
-    let mut t = RemoteTracker::new(3 * S, LAG);
+    let mut t = RemoteTracker::new(3 * S, LAG, SPAN);
     let l = limits();
     t.round(0, &[view("a@1", 1, 2, &[(1, 100)])], &l);
     assert_eq!(
@@ -280,7 +298,7 @@ fn a_restarted_peer_is_a_new_incarnation_and_the_old_ones_demand_goes_stale() {
 
 #[test]
 fn a_silent_peer_has_no_demand_and_rejoins_from_a_new_baseline() {
-    let mut t = RemoteTracker::new(3 * S, LAG);
+    let mut t = RemoteTracker::new(3 * S, LAG, SPAN);
     let l = limits();
     t.round(0, &[view("a", 1, 2, &[(1, 0)])], &l);
     assert_eq!(
@@ -315,7 +333,7 @@ fn a_silent_peer_has_no_demand_and_rejoins_from_a_new_baseline() {
 /// limits that are not cluster-scoped here have no demand here.
 #[test]
 fn keys_older_than_counting_are_baselined_and_only_cluster_limits_have_demand() {
-    let mut t = RemoteTracker::new(3 * S, LAG);
+    let mut t = RemoteTracker::new(3 * S, LAG, SPAN);
     let l = limits();
     t.round(0, &[view("a", 1, 5, &[])], &l);
     assert_eq!(
@@ -361,7 +379,7 @@ fn keys_older_than_counting_are_baselined_and_only_cluster_limits_have_demand() 
 /// or no longer counted, and only keys of limits cluster-scoped here.
 #[test]
 fn a_peer_holds_a_key_with_a_known_demand_even_an_idle_one() {
-    let mut t = RemoteTracker::new(3 * S, LAG);
+    let mut t = RemoteTracker::new(3 * S, LAG, SPAN);
     let l = limits();
     let held = |r: &Round<String>| r.hosts_holding(&name());
     // First sight: a baseline, its demand not known yet.
@@ -426,7 +444,7 @@ fn holders_without_demand_never_take_a_polite_source_below_its_demand_and_leave_
             .collect()
     };
     for end in ["unpublished", "cut off", "not counted"] {
-        let mut t = RemoteTracker::new(3 * S, LAG);
+        let mut t = RemoteTracker::new(3 * S, LAG, SPAN);
         t.round(0, &attackers(1, false, true), &l);
         let mut r = Round::default();
         for seq in 2..=20 {
@@ -472,7 +490,7 @@ fn holders_without_demand_never_take_a_polite_source_below_its_demand_and_leave_
 /// exactly the keys read from it ([`PeerView::keys_attested`]).
 #[test]
 fn a_key_relayed_under_another_members_id_is_not_held_by_it_once_the_attacker_stops() {
-    let mut t = RemoteTracker::new(3 * S, LAG);
+    let mut t = RemoteTracker::new(3 * S, LAG, SPAN);
     let l = limits();
     let other = KeyName {
         addr: IpAddr::from([198, 18, 0, 7]),
@@ -507,7 +525,7 @@ fn a_key_relayed_under_another_members_id_is_not_held_by_it_once_the_attacker_st
 /// demand.
 #[test]
 fn a_peer_publishing_no_demand_has_its_admissions_as_demand() {
-    let mut t = RemoteTracker::new(3 * S, LAG);
+    let mut t = RemoteTracker::new(3 * S, LAG, SPAN);
     let l = limits();
     let at = |hb: u64, value: &str| PeerView {
         sync: Some((hb, hb * 100, 2)),
@@ -522,7 +540,7 @@ fn a_peer_publishing_no_demand_has_its_admissions_as_demand() {
 /// Credits add up per peer and show in `info`.
 #[test]
 fn credits_are_the_peers_running_totals() {
-    let mut t = RemoteTracker::new(3 * S, LAG);
+    let mut t = RemoteTracker::new(3 * S, LAG, SPAN);
     t.round(0, &[view("a", 1, 2, &[])], &limits());
     t.credit(&"a".to_string(), 5, 500);
     t.credit(&"a".to_string(), 7, 700);
@@ -569,7 +587,7 @@ fn victim_share(r: &Round<String>) -> f64 {
 /// that round: fail open), and the peer's next real syncs count as before.
 #[test]
 fn a_reading_dated_ahead_is_refused_and_never_freezes_the_peers_demand() {
-    let mut t = RemoteTracker::new(3 * S, LAG);
+    let mut t = RemoteTracker::new(3 * S, LAG, SPAN);
     let l = limits();
     let mut round = |at: u64, hb: u64, sync: String, count: &str| {
         t.set_clock(NOW_MS + at / MS);
@@ -624,7 +642,7 @@ fn a_reading_dated_ahead_is_refused_and_never_freezes_the_peers_demand() {
 /// no demand for that key from the peer while the forged mark stood).
 #[test]
 fn a_forged_epoch_and_count_are_forgotten_once_the_real_ones_are_back() {
-    let mut t = RemoteTracker::new(3 * S, LAG);
+    let mut t = RemoteTracker::new(3 * S, LAG, SPAN);
     let l = limits();
     let mut round = |at: u64, hb: u64, sync: String, count: String| {
         t.set_clock(NOW_MS + at / MS);
@@ -666,7 +684,7 @@ fn a_forged_epoch_and_count_are_forgotten_once_the_real_ones_are_back() {
 /// not heard past the timeout, as before.
 #[test]
 fn a_peer_heard_directly_stays_counted_whatever_its_heartbeat_in_chitchat() {
-    let mut t = RemoteTracker::new(3 * S, LAG);
+    let mut t = RemoteTracker::new(3 * S, LAG, SPAN);
     let l = limits();
     let frozen = |seq: u64, d: u64, direct: bool| PeerView {
         heartbeat: 1 << 40,
@@ -689,4 +707,37 @@ fn a_peer_heard_directly_stays_counted_whatever_its_heartbeat_in_chitchat() {
     );
     let r = t.round(8 * S + 1, &[frozen(51, 5000, false)], &l);
     assert_eq!(r.counted_peers, 0);
+}
+
+/// An on/off source at one host: 100 packets an interval for 3 sync intervals, then 4 silent
+/// (cycle 700 ms at 100 ms), read by the host at every sync and by a peer whose gossip skipped
+/// every third one (never two in a row, as gossip brings the next). Over the same span of
+/// time the two read the same at every reading the peer got, 333-500 pps (the count at the
+/// span's start read between the peer's readings around it). Over the 7 readings it keeps,
+/// 9 intervals, the peer read 333-556 where the host read 333-500, 1.33x on average while the
+/// source sent, and 16 hosts' shares added up to less than 1 while it sent (docs/design.md,
+/// "Accuracy").
+#[test]
+fn a_peer_that_missed_syncs_reads_a_bursty_key_over_the_hosts_span() {
+    let count = |j: u64| (0..j).filter(|i| i % 7 < 3).count() as u64 * 100;
+    let (mut host, mut peer) = (DemandWindow::default(), DemandWindow::default());
+    let mut compared = 0;
+    for j in 0..80u64 {
+        let t = j * 100 * MS;
+        host.push(t, count(j));
+        if j % 3 == 1 {
+            continue;
+        }
+        peer.push(t, count(j));
+        if j < 14 {
+            continue;
+        }
+        let (h, p) = (host.rate(1e9, SPAN), peer.rate(1e9, SPAN));
+        assert!(
+            (h - p).abs() < 1e-6 && (300.0..=500.0 + 1e-6).contains(&h),
+            "at {j}00 ms the host read {h:.1} pps, its peer {p:.1}"
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, 44);
 }

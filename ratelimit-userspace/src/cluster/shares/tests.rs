@@ -212,7 +212,10 @@ impl Cluster {
                     .iter_mut()
                     .map(|h| {
                         h.window.push(self.now, h.demand);
-                        h.window.rate(1e9)
+                        h.window.rate(
+                            1e9,
+                            crate::cluster::remote::DEMAND_HISTORY as u64 * 100 * MS,
+                        )
                     })
                     .collect();
                 let all: f64 = self.published.iter().sum::<f64>() + self.claim;
@@ -392,4 +395,53 @@ fn a_claiming_peer_leaves_no_debt_and_the_source_recovers_a_round_after() {
         "admitted per round after the claims stopped: {:?}",
         &after[..10]
     );
+}
+
+fn named(addr: &str) -> crate::cluster::publish::KeyName {
+    crate::cluster::publish::KeyName {
+        rule: "web".into(),
+        limit: 0,
+        addr: addr.parse().unwrap(),
+    }
+}
+
+/// A host's own figure is taken as of its peers' mean sync time: between its two syncs around
+/// it, in proportion; with the keys of the nearer sync (a key new at the later one is not yet
+/// in an older figure); before its first sync the first, after its last this round's; without
+/// counted peers the one it published last.
+#[test]
+fn a_hosts_own_figure_is_taken_as_of_its_peers_syncs() {
+    let (a, b) = (named("198.18.0.1"), named("198.18.0.2"));
+    let mut own = OwnFigures::default();
+    own.push(1_000, [(a.clone(), 100.0)].into());
+    own.push(1_100, [(a.clone(), 300.0), (b.clone(), 40.0)].into());
+    own.push(1_200, [(a.clone(), 500.0), (b.clone(), 80.0)].into());
+    assert_eq!(mean_time([1_060, 1_080, 1_100]), Some(1_080));
+    assert_eq!(mean_time([]), None);
+    let at = own.as_of(Some(1_080));
+    assert!((at[&a] - 260.0).abs() < 1e-9, "{at:?}");
+    assert!(
+        (at[&b] - 40.0).abs() < 1e-9,
+        "its sync before lacks it: {at:?}"
+    );
+    let at = own.as_of(Some(1_020));
+    assert_eq!(at.len(), 1, "the nearer sync's keys: {at:?}");
+    assert!((at[&a] - 140.0).abs() < 1e-9, "{at:?}");
+    let at = own.as_of(Some(1_150));
+    assert!((at[&a] - 400.0).abs() < 1e-9 && (at[&b] - 60.0).abs() < 1e-9);
+    assert_eq!(
+        own.as_of(Some(900))[&a],
+        100.0,
+        "before the first: the first"
+    );
+    assert_eq!(
+        own.as_of(Some(1_300))[&a],
+        500.0,
+        "after the last: this round's"
+    );
+    assert_eq!(own.as_of(None)[&a], 300.0, "no peers: the last published");
+    for t in 0..10 {
+        own.push(1_300 + t * 100, std::collections::HashMap::new());
+    }
+    assert!(own.as_of(Some(1_080)).is_empty(), "5 syncs kept");
 }

@@ -13,6 +13,7 @@ use crate::{
     cluster::{
         publish::{candidate_rate, BucketObs, Heaviest, KeyName},
         remote::{DemandWindow, RemoteTracker},
+        shares::{mean_time, OwnFigures},
         timing::Timing,
     },
     maps::bucket::{limit_bucket_key, monotonic_ns},
@@ -20,49 +21,6 @@ use crate::{
 
 /// Demand per key, packets per second.
 pub(super) type Demand = HashMap<KeyName, f64>;
-
-/// This host's demand as it published it at its last few syncs (Unix ms of each sync, demand per
-/// key), for dividing by figures as old as the peers' (see `SyncLoop::run`).
-#[derive(Debug, Default)]
-pub(super) struct OwnFigures(std::collections::VecDeque<(u64, Demand)>);
-
-impl OwnFigures {
-    /// Syncs kept (this round's too): the gossip brings a figure within one or two sync
-    /// intervals.
-    const KEPT: usize = 5;
-
-    pub(super) fn push(&mut self, unix_ms: u64, demand: Demand) {
-        self.0.push_back((unix_ms, demand));
-        while self.0.len() > Self::KEPT {
-            self.0.pop_front();
-        }
-    }
-
-    /// Its figures as of `as_of` (the oldest counted peer's sync, Unix ms): the ones read
-    /// nearest that time, before or after it (this round's, at the latest). Every host then
-    /// divides figures that end at about the same time, so the shares add up to about 1 (with
-    /// its last publication against peers that synced since, a host whose round falls late in
-    /// the interval mixed its own old figure with their new ones: it took most of the budget
-    /// for a round at every change of demand). Without counted peers, the last published (the
-    /// one before this round's).
-    pub(super) fn as_of(&self, as_of: Option<u64>) -> Demand {
-        let n = self.0.len();
-        let Some(t) = as_of else {
-            return n
-                .checked_sub(2)
-                .map(|i| self.0[i].1.clone())
-                .unwrap_or_default();
-        };
-        let after = self.0.iter().position(|(at, _)| *at > t).unwrap_or(n - 1);
-        let before = after.saturating_sub(1);
-        let nearest = if t.abs_diff(self.0[before].0) <= t.abs_diff(self.0[after].0) {
-            before
-        } else {
-            after
-        };
-        self.0[nearest].1.clone()
-    }
-}
 
 /// One key's demand here: its bucket's life (`created_ns`), the raw 32-bit counter last read,
 /// the count since it was first read, and the readings' window.
@@ -76,7 +34,7 @@ pub(super) struct LocalDemand {
 
 /// Folds the buckets read at `now_ns` into `known` and returns this host's demand per key
 /// (packets that reached the bucket, admitted or dropped, per second) over its last
-/// [`DEMAND_ROUNDS`] readings. Only keys read at least twice in
+/// [`DEMAND_ROUNDS`] readings, a bursty key's over its last `span_ns`. Only keys read at least twice in
 /// the same life of their bucket, or whose bucket was created since `last_ns` (the readings
 /// before: its counters start at its creation), have one: for the others this host cannot
 /// tell, and their bucket keeps its whole refill (fail open). Keys not read for `forget_ns` are
@@ -89,6 +47,7 @@ fn local_demand(
     last_ns: u64,
     seen: &HashMap<KeyName, BucketObs>,
     forget_ns: u64,
+    span_ns: u64,
 ) -> Demand {
     for (k, b) in seen {
         let d = known.entry(k.clone()).or_default();
@@ -119,7 +78,7 @@ fn local_demand(
     });
     seen.keys()
         .filter_map(|k| {
-            let r = known.get(k)?.window.rate(1e9);
+            let r = known.get(k)?.window.rate(1e9, span_ns);
             Some((k.clone(), r)).filter(|_| known[k].window.len() >= 2)
         })
         .collect()
@@ -159,6 +118,7 @@ impl StoreSide {
             self.last_observed_ns,
             &seen,
             timing.forget_ns(),
+            timing.demand_span_ns(),
         );
         self.last_observed_ns = now;
         let (set, deleted) = self.local.changes();
@@ -366,8 +326,8 @@ pub(super) async fn observe_off_thread(
     Some((b, set, deleted, fresh_demand))
 }
 
-/// This host's demand to divide by this round, as of the oldest counted peer's sync (see
-/// [`OwnFigures::as_of`]), with `fresh_demand` recorded as this round's figures.
+/// This host's demand to divide by this round, as of the mean time of its counted peers' syncs
+/// (see [`OwnFigures::as_of`]), with `fresh_demand` recorded as this round's figures.
 pub(super) fn own_demand(
     own_figures: &mut OwnFigures,
     remote: &RemoteTracker<ChitchatId>,
@@ -375,22 +335,19 @@ pub(super) fn own_demand(
     unix_ms: u64,
     fresh_demand: Demand,
 ) -> Demand {
-    // Every host divides by the same figures: its own demand as its peers read it, no
-    // newer than the figures it reads of them (the oldest counted peer's sync), not its
-    // fresher reading. Shares computed from one vector add up to 1 whatever noise the
-    // figures carry; with a fresher figure for itself than for the others, each host's
-    // error is its own and they add up (1.25 x the budget at 8 hosts, even split, with
-    // its own freshest reading). Rounds of different hosts fall at different times: with
-    // its own last publication against peers' figures of a round before, a source
-    // starting to send at every host found each host taking most of the budget for a
-    // round, every on/off cycle (an on/off source admitted 1.4% over the rate a cycle).
-    let oldest_peer = remote
-        .info(now)
-        .filter(|(_, i)| i.counted)
-        .filter_map(|(_, i)| i.published_unix_ms)
-        .min();
+    // Every host divides by figures of one age: its own as of the peers' figures it reads, not
+    // its fresher reading. Shares computed from one vector add up to 1 whatever noise the
+    // figures carry; with a fresher figure for itself than for the others, each host's error
+    // is its own and they add up (1.25 x the budget at 8 hosts, even split, with its own
+    // freshest reading).
+    let peers_at = mean_time(
+        remote
+            .info(now)
+            .filter(|(_, i)| i.counted)
+            .filter_map(|(_, i)| i.published_unix_ms),
+    );
     own_figures.push(unix_ms, fresh_demand.clone());
-    let mut local_demand = own_figures.as_of(oldest_peer);
+    let mut local_demand = own_figures.as_of(peers_at);
     // A key with no figure published yet (new here) takes its fresh one: its peers have
     // no figure for it from this host either.
     for (k, d) in fresh_demand {
