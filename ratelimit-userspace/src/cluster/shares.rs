@@ -40,7 +40,7 @@
 
 use ratelimit_common::{bucket_header, rule_flags, BucketKey, Limit, SHARE_ONE};
 
-pub use self::own::{mean_time, OwnFigures};
+pub use self::own::OwnFigures;
 use crate::maps::{store::Slot, MapsError, PinnedMaps};
 
 mod own;

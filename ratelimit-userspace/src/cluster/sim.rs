@@ -5,12 +5,15 @@
 //! interval, its rounds at its own point of the interval and now and then late ([`Jitter`]);
 //! the others read it at their next round, or keep the older figure when the publication is
 //! lost. As the agents do, a host reads a key new to it from its first round (its bucket's
-//! counters start at its creation), divides by its own figure as of its peers' syncs
-//! ([`OwnFigures`]; its fresh one until it has one), reads a bursty key over the agent's span
-//! of time, and through gossip reads a peer's new key as demand since that peer's sync before.
-//! Arrivals are what real sources send: smooth, periodic bursts (a TCP window, a batch),
-//! on/off, Poisson, heavy-tailed bursts, a ramp, a split that moves, a source that appears at
-//! one host only, spoofed one-frame holders.
+//! counters start at its creation), divides by its fresh figure until it has published one,
+//! reads a bursty key over the agent's span of time, and through gossip reads a peer's new key
+//! as demand since that peer's sync before. Arrivals are what real sources send: smooth,
+//! periodic bursts (a TCP window, a batch), on/off, Poisson, heavy-tailed bursts, a ramp, a
+//! split that moves, a source that appears at one host only, spoofed one-frame holders. A host
+//! divides by its own figure as it published it last round, where the agents take theirs
+//! nearest the oldest counted peer's sync (`OwnFigures`): about a round old either way at a few
+//! hosts, up to two at many with gossip losses (docs/journal.md, "Bursty keys through lossy
+//! gossip").
 //!
 //! The property test draws hosts 2-64, bursts 1-10,000, rates 1-10^6 packets/s and sync
 //! intervals 10-1,000 ms, and checks over every window of the run: the cluster admits at most
@@ -21,9 +24,8 @@
 use ratelimit_common::share;
 
 use super::{
-    publish::KeyName,
     remote::{DemandWindow, DEMAND_HISTORY},
-    shares::{mean_time, share as share_of, share_word, OwnFigures},
+    shares::{share as share_of, share_word},
 };
 
 const MS: u64 = 1_000_000;
@@ -158,8 +160,6 @@ struct Host {
     window: DemandWindow,
     /// What it published last (its own figure, as its peers read it once gossip brings it).
     published: Option<f64>,
-    /// Its figures of its last rounds, to divide by as of its peers' (the agent's).
-    own: OwnFigures,
     /// Its view of every host's figure: what gossip brought it (each pair on its own).
     views: Vec<Option<f64>>,
     /// Per host, its demand counter's readings as gossip brought them here (`Sim::counters`).
@@ -298,8 +298,8 @@ impl Sim {
         }
     }
 
-    /// A sync round at every host `due`: read the others' published demand (up to a round
-    /// old), set the share word (keeping the bucket's tokens), then publish this round's figure.
+    /// A sync round at every host `due`: read the others' published demand (a round old), set
+    /// the share word (keeping the bucket's tokens), then publish this round's figure.
     fn round(&mut self, due: &[bool]) {
         let now = self.now;
         let record = self.limit.record();
@@ -327,25 +327,17 @@ impl Sim {
             .collect();
         let n = self.hosts.len();
         for i in (0..n).filter(|&i| due[i]) {
-            // Its peers' figures as gossip brought them here (each host's view is its own, as
-            // the agents' are), its own as of their syncs (the agent's `own_demand`; a key new
-            // here, its fresh one).
             let h = &self.hosts[i];
+            // Its own figure as its peers read it (published last round; a key new here, its
+            // fresh one: the agent's `own_demand`), theirs as gossip brought them here: each
+            // host's view is its own, as the agents' are.
+            let Some(own) = h.published.or(fresh[i]) else {
+                continue;
+            };
             let peers: Vec<f64> = (0..n)
                 .filter(|&o| o != i)
                 .filter_map(|o| h.views[o])
                 .collect();
-            let peers_at = mean_time(
-                (0..n)
-                    .filter(|&o| o != i && h.views[o].is_some())
-                    .filter_map(|o| h.synced[o]),
-            );
-            let h = &mut self.hosts[i];
-            h.own
-                .push(now, fresh[i].map(|f| (key(), f)).into_iter().collect());
-            let Some(own) = h.own.as_of(peers_at).get(&key()).copied().or(fresh[i]) else {
-                continue;
-            };
             let holders = 1 + peers.len() as u64;
             #[expect(clippy::cast_precision_loss, reason = "64 hosts at most")]
             let s = share_of(
@@ -446,15 +438,6 @@ impl Sim {
             LAG_INTERVALS * self.sync as f64 / 1e9,
         );
         (2.0 * n - 1.0) * burst + (n - 1.0) * self.limit.rate * lag
-    }
-}
-
-/// The one key the simulation follows, as the agent names it.
-fn key() -> KeyName {
-    KeyName {
-        rule: "sim".into(),
-        limit: 0,
-        addr: std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
     }
 }
 

@@ -405,30 +405,26 @@ fn named(addr: &str) -> crate::cluster::publish::KeyName {
     }
 }
 
-/// A host's own figure is taken as of its peers' mean sync time: between its two syncs around
-/// it, in proportion; with the keys of the nearer sync (a key new at the later one is not yet
-/// in an older figure); before its first sync the first, after its last this round's; without
-/// counted peers the one it published last.
+/// A host's own figure is taken as of its oldest counted peer's sync: the figures of its sync
+/// nearest that time (the earlier on a tie), the first before them and this round's after them;
+/// without counted peers the one it published last.
 #[test]
-fn a_hosts_own_figure_is_taken_as_of_its_peers_syncs() {
+fn a_hosts_own_figure_is_taken_as_of_its_oldest_peers_sync() {
     let (a, b) = (named("198.18.0.1"), named("198.18.0.2"));
     let mut own = OwnFigures::default();
+    assert!(own.as_of(Some(1_000)).is_empty() && own.as_of(None).is_empty());
     own.push(1_000, [(a.clone(), 100.0)].into());
     own.push(1_100, [(a.clone(), 300.0), (b.clone(), 40.0)].into());
     own.push(1_200, [(a.clone(), 500.0), (b.clone(), 80.0)].into());
-    assert_eq!(mean_time([1_060, 1_080, 1_100]), Some(1_080));
-    assert_eq!(mean_time([]), None);
-    let at = own.as_of(Some(1_080));
-    assert!((at[&a] - 260.0).abs() < 1e-9, "{at:?}");
-    assert!(
-        (at[&b] - 40.0).abs() < 1e-9,
-        "its sync before lacks it: {at:?}"
+    let at = own.as_of(Some(1_040));
+    assert_eq!(
+        (at.len(), at[&a]),
+        (1, 100.0),
+        "the nearer sync's keys: {at:?}"
     );
-    let at = own.as_of(Some(1_020));
-    assert_eq!(at.len(), 1, "the nearer sync's keys: {at:?}");
-    assert!((at[&a] - 140.0).abs() < 1e-9, "{at:?}");
-    let at = own.as_of(Some(1_150));
-    assert!((at[&a] - 400.0).abs() < 1e-9 && (at[&b] - 60.0).abs() < 1e-9);
+    assert_eq!(own.as_of(Some(1_050))[&a], 100.0, "a tie: the earlier");
+    let at = own.as_of(Some(1_080));
+    assert_eq!((at[&a], at[&b]), (300.0, 40.0));
     assert_eq!(
         own.as_of(Some(900))[&a],
         100.0,

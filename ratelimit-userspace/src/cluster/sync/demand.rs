@@ -13,7 +13,7 @@ use crate::{
     cluster::{
         publish::{candidate_rate, BucketObs, Heaviest, KeyName},
         remote::{DemandWindow, RemoteTracker},
-        shares::{mean_time, OwnFigures},
+        shares::OwnFigures,
         timing::Timing,
     },
     maps::bucket::{limit_bucket_key, monotonic_ns},
@@ -326,8 +326,8 @@ pub(super) async fn observe_off_thread(
     Some((b, set, deleted, fresh_demand))
 }
 
-/// This host's demand to divide by this round, as of the mean time of its counted peers' syncs
-/// (see [`OwnFigures::as_of`]), with `fresh_demand` recorded as this round's figures.
+/// This host's demand to divide by this round, as of the oldest counted peer's sync (see
+/// [`OwnFigures::as_of`]), with `fresh_demand` recorded as this round's figures.
 pub(super) fn own_demand(
     own_figures: &mut OwnFigures,
     remote: &RemoteTracker<ChitchatId>,
@@ -335,19 +335,19 @@ pub(super) fn own_demand(
     unix_ms: u64,
     fresh_demand: Demand,
 ) -> Demand {
-    // Every host divides by figures of one age: its own as of the peers' figures it reads, not
-    // its fresher reading. Shares computed from one vector add up to 1 whatever noise the
-    // figures carry; with a fresher figure for itself than for the others, each host's error
-    // is its own and they add up (1.25 x the budget at 8 hosts, even split, with its own
-    // freshest reading).
-    let peers_at = mean_time(
-        remote
-            .info(now)
-            .filter(|(_, i)| i.counted)
-            .filter_map(|(_, i)| i.published_unix_ms),
-    );
+    // Every host divides by the same figures: its own demand as its peers read it, no
+    // newer than the figures it reads of them (the oldest counted peer's sync), not its
+    // fresher reading. Shares computed from one vector add up to 1 whatever noise the
+    // figures carry; with a fresher figure for itself than for the others, each host's
+    // error is its own and they add up (1.25 x the budget at 8 hosts, even split, with
+    // its own freshest reading).
+    let oldest_peer = remote
+        .info(now)
+        .filter(|(_, i)| i.counted)
+        .filter_map(|(_, i)| i.published_unix_ms)
+        .min();
     own_figures.push(unix_ms, fresh_demand.clone());
-    let mut local_demand = own_figures.as_of(peers_at);
+    let mut local_demand = own_figures.as_of(oldest_peer);
     // A key with no figure published yet (new here) takes its fresh one: its peers have
     // no figure for it from this host either.
     for (k, d) in fresh_demand {

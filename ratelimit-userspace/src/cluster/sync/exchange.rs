@@ -35,7 +35,7 @@ use crate::{
         publish::KeyName,
         redis::{key_name, Entry, Field, RedisStore},
         remote::{RemoteTracker, Round},
-        shares::{mean_time, OwnFigures},
+        shares::OwnFigures,
         status::{Counters, HeaviestKeys, PeerStatus, Shared, StoreStatus},
         timing::Timing,
     },
@@ -165,17 +165,17 @@ impl ExchangeLoop {
 
             // 3. Demand -> shares, as under gossip.
             let rules_limits = rules.limits();
-            let (round, peers_age) = round_of(&readings, &rules_limits, now, stale_ms);
+            let (round, oldest_age) = round_of(&readings, &rules_limits, now, stale_ms);
             let server_ms = server.map(|(ms, at)| ms + now.saturating_sub(at) / 1_000_000);
-            let peers_at = server_ms.zip(peers_age).map(|(s, a)| s.saturating_sub(a));
+            let oldest_peer = server_ms.zip(oldest_age).map(|(s, a)| s.saturating_sub(a));
             c.keys_synced
                 .store(round.keys_synced, std::sync::atomic::Ordering::Relaxed);
             let elapsed = last_round_ns.map_or(0, |t| now.saturating_sub(t));
             last_round_ns = Some(now);
-            // Every host divides by figures of one age: its own as of its peers' writes (see
-            // `OwnFigures::as_of`), by the store's clock.
+            // Every host divides by the same figures: its own as of the oldest peer's write
+            // (see `OwnFigures::as_of`), by the store's clock.
             own_figures.push(server_ms.unwrap_or(0), fresh_demand.clone());
-            let mut local_demand = own_figures.as_of(peers_at);
+            let mut local_demand = own_figures.as_of(oldest_peer);
             for (k, d) in fresh_demand {
                 local_demand.entry(k).or_insert(d);
             }
@@ -212,8 +212,8 @@ impl ExchangeLoop {
 
 /// The round the shares are computed from: per key this host holds, each other holder whose
 /// field is within the stale limit (as read, plus the time since) holds it, and its demand if
-/// above 0; and the mean age (ms) of the holders' latest writes, for this host's own figure
-/// ([`OwnFigures::as_of`]). Public for the bench's `redis` case, which runs many hosts' rounds in one process
+/// above 0; and the age (ms) of the oldest of the holders' latest writes, for this host's own
+/// figure ([`OwnFigures::as_of`]). Public for the bench's `redis` case, which runs many hosts' rounds in one process
 /// and divides the budget as this loop does.
 pub fn round_of(
     readings: &HashMap<KeyName, Reading>,
@@ -246,9 +246,9 @@ pub fn round_of(
             *e = (*e).min(age);
         }
     }
-    // Each peer's latest write: the smallest of its ages.
+    // The oldest peer's latest write: the largest of their smallest ages.
     round.counted_peers = latest.len() as u64;
-    (round, mean_time(latest.values().copied()))
+    (round, latest.values().copied().max())
 }
 
 /// A peer as the shared code names one: its node id and incarnation, at the address its node id
@@ -362,8 +362,8 @@ mod tests {
     /// A holder's field counts while it is within the stale limit, counting the time since it
     /// was read (a store that cannot be reached leaves the figures read before to go stale as a
     /// silent gossip peer's do); one with no demand holds the key without demand; keys of limits
-    /// not cluster-scoped here are left out; this host's own figure is taken as of the mean age
-    /// of the holders' latest writes.
+    /// not cluster-scoped here are left out; the oldest holder's latest write is what this
+    /// host's own figure is taken as of.
     #[test]
     fn the_stores_fields_are_read_as_gossips_counted_peers_and_go_stale_alike() {
         let key = |addr: &str| KeyName {
@@ -422,8 +422,8 @@ mod tests {
         );
         assert_eq!(
             age,
-            Some(75),
-            "the mean of the fresh holders' ages, 100 and 50 ms"
+            Some(100),
+            "the oldest of the fresh holders' latest writes"
         );
         // 450 ms later (no new reading: the store is down), the 100 ms old field is stale too,
         // the idle one not yet; 50 ms more and this host holds the key alone (the whole rate).
