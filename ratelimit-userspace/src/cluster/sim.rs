@@ -24,8 +24,9 @@
 use ratelimit_common::share;
 
 use super::{
-    remote::{DemandWindow, DEMAND_HISTORY},
+    remote::DemandWindow,
     shares::{share as share_of, share_word},
+    timing::Timing,
 };
 
 const MS: u64 = 1_000_000;
@@ -303,7 +304,7 @@ impl Sim {
     fn round(&mut self, due: &[bool]) {
         let now = self.now;
         let record = self.limit.record();
-        let span = DEMAND_HISTORY as u64 * self.sync;
+        let span = Timing::new(self.sync / MS).demand_span_ns();
         let fresh: Vec<Option<f64>> = self
             .hosts
             .iter_mut()

@@ -251,7 +251,7 @@ fn a_demand_window_spans_its_last_readings() {
     assert!((w.rate(1.0, 6) - 100.0).abs() < 1e-9);
     // A count that went back likewise.
     w.push(17, 5);
-    assert_eq!((w.len(), w.rate(1.0, 0)), (1, 0.0));
+    assert_eq!((w.len(), w.rate(1.0, 6)), (1, 0.0));
 }
 
 /// A restarted peer is a new incarnation, baselined when first counted; the old one's last

@@ -142,7 +142,7 @@ impl DemandWindow {
     /// the host (the count at its start read between the readings around it): over its 7
     /// readings, 8.5 intervals with 30% skipped, a peer read an on/off source (on 3 intervals,
     /// off 5) well above what the host read of itself early in each burst, and 16 hosts' shares
-    /// added up to 0.56-0.88 while it sent (0.73 of one bucket). A gap shows within the
+    /// added up to 0.43-0.89 while it sent (0.73 of one bucket). A gap shows within the
     /// readings kept only at the readings that hold both ends of it, one or two a cycle of such
     /// a source; bursty for 6 readings after, the key fell back to its two-interval reading
     /// for the rest of a cycle of 8, at some readers and not others. For 12, it stays bursty

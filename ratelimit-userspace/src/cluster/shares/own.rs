@@ -7,7 +7,7 @@ use crate::cluster::publish::KeyName;
 /// This host's demand as it read it at its last few syncs (the time of each sync, by the clock
 /// its peers' sync times are read by; demand per key), for dividing by figures as old as the
 /// peers' (see [`OwnFigures::as_of`]).
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub struct OwnFigures(VecDeque<(u64, HashMap<KeyName, f64>)>);
 
 impl OwnFigures {

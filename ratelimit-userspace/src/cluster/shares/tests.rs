@@ -214,7 +214,7 @@ impl Cluster {
                         h.window.push(self.now, h.demand);
                         h.window.rate(
                             1e9,
-                            crate::cluster::remote::DEMAND_HISTORY as u64 * 100 * MS,
+                            crate::cluster::timing::Timing::new(100).demand_span_ns(),
                         )
                     })
                     .collect();

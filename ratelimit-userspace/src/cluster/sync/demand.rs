@@ -34,8 +34,8 @@ pub(super) struct LocalDemand {
 
 /// Folds the buckets read at `now_ns` into `known` and returns this host's demand per key
 /// (packets that reached the bucket, admitted or dropped, per second) over its last
-/// [`DEMAND_ROUNDS`] readings, a bursty key's over its last `span_ns`. Only keys read at least twice in
-/// the same life of their bucket, or whose bucket was created since `last_ns` (the readings
+/// [`DEMAND_ROUNDS`] readings, a bursty key's over its last `span_ns`. Only keys read at least
+/// twice in the same life of their bucket, or whose bucket was created since `last_ns` (the readings
 /// before: its counters start at its creation), have one: for the others this host cannot
 /// tell, and their bucket keeps its whole refill (fail open). Keys not read for `forget_ns` are
 /// forgotten.

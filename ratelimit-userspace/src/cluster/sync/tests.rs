@@ -351,8 +351,11 @@ fn a_key_relayed_under_a_members_id_is_told_apart_by_its_sync_key() {
             byte_tolerance_ns: 0,
         },
     );
-    let mut tracker: RemoteTracker<ChitchatId> =
-        RemoteTracker::new(3_000_000_000, 300_000_000, 600_000_000);
+    let mut tracker: RemoteTracker<ChitchatId> = RemoteTracker::new(
+        3_000_000_000,
+        300_000_000,
+        Timing::new(100).demand_span_ns(),
+    );
     let mut round = |here: &chitchat::Chitchat, seq: u64| {
         let (views, _, _) = read_peers(
             here,
