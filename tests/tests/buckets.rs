@@ -1367,7 +1367,7 @@ fn the_clusters_share_and_a_packet_creating_one_source_at_once_make_one_bucket()
                 // turn the quarter, so that every write changes the word).
                 let word = if i % 2 == 0 { 1 << 15 } else { 1 << 14 };
                 ratelimit::cluster::shares::set_share(
-                    maps,
+                    &ratelimit::maps::locator::Locator::new(maps).unwrap(),
                     &ratelimit::maps::bucket::bucket_key(rid, record, src.into()),
                     (word, 2),
                     &record.limit(0).unwrap(),
@@ -1467,7 +1467,7 @@ fn a_bucket_at_a_share_holds_its_holders_share_of_bursts_and_its_debt_when_the_s
     );
     let set_word = |maps: &PinnedMaps, word: u16, holders: u32| {
         ratelimit::cluster::shares::set_share(
-            maps,
+            &ratelimit::maps::locator::Locator::new(maps).unwrap(),
             &key,
             (word, holders),
             &cluster.limit(0).unwrap(),
@@ -1587,7 +1587,7 @@ fn the_program_charges_a_cluster_bucket_as_the_shared_arithmetic_says() {
                     maps.update_config(|c| c.shares_until_ns = until).unwrap();
                     let _ = passes(&dp, &frame, spent.max(1));
                     ratelimit::cluster::shares::set_share(
-                        &maps,
+                        &ratelimit::maps::locator::Locator::new(&maps).unwrap(),
                         &key,
                         (u16::try_from(word).unwrap(), holders),
                         &limit,
@@ -1683,7 +1683,7 @@ fn a_share_word_sets_a_cluster_buckets_refill_until_the_shares_lapse() {
     let coarse = ratelimit::maps::bucket::monotonic_coarse_ns();
     assert_eq!(
         ratelimit::cluster::shares::set_share(
-            &maps,
+            &ratelimit::maps::locator::Locator::new(&maps).unwrap(),
             &key,
             (quarter, 4),
             &cluster.limit(0).unwrap(),

@@ -724,7 +724,7 @@ burst = 5
     let key = ratelimit::maps::bucket::limit_bucket_key(id, &record, 1, ip("0.0.0.0").into());
     assert_eq!(
         ratelimit::cluster::shares::set_share(
-            &maps,
+            &ratelimit::maps::locator::Locator::new(&maps).unwrap(),
             &key,
             (u16::try_from(SHARE_ONE / 2).unwrap(), 2),
             &record.limit(1).unwrap(),

@@ -41,7 +41,7 @@
 use ratelimit_common::{bucket_header, rule_flags, BucketKey, Limit, SHARE_ONE};
 
 pub use self::own::OwnFigures;
-use crate::maps::{store::Slot, MapsError, PinnedMaps};
+use crate::maps::{locator::Locator, store::Slot, MapsError};
 
 mod own;
 
@@ -140,15 +140,15 @@ pub fn share_word(s: f64) -> u16 {
     }
 }
 
-/// Gives the bucket under `key` share word `share` (see [`share_word`]) among `holders` hosts
-/// in place in the bucket store: the program then runs it on a clock slowed by the share
+/// Gives the bucket under `key` (found with `locator`) share word `share` (see [`share_word`])
+/// among `holders` hosts in place in the bucket store: the program then runs it on a clock slowed by the share
 /// (`ratelimit_common::share`), so it refills at its share of the rate and holds `holders x
 /// share` bursts (at least a packet), while `Config::shares_until_ns` is ahead; a bucket whose
 /// share changes keeps its tokens, at most what it then holds (see `MappedStore::set_share`). A
 /// source without a bucket here
 /// is left alone. `Ok(None)` when there is no bucket, else the word the bucket had.
 pub fn set_share(
-    maps: &PinnedMaps,
+    locator: &Locator<'_>,
     key: &BucketKey,
     (share, holders): (u16, u32),
     limit: &Limit,
@@ -156,7 +156,7 @@ pub fn set_share(
     coarse_now: u64,
 ) -> Result<Option<u16>, MapsError> {
     for _ in 0..3 {
-        let (slot, gen) = maps.locate_bucket(key, coarse_now)?;
+        let (slot, gen) = locator.locate(key, coarse_now)?;
         if gen == 0 {
             return Ok(None);
         }
@@ -164,9 +164,11 @@ pub fn set_share(
             Slot::Found(i) => {
                 let header = bucket_header(key.rule, key.family, gen);
                 let holders = u8::try_from(holders.min(255)).unwrap_or(u8::MAX);
-                if let Some(old) = maps
-                    .store()
-                    .set_share(i, header, (share, holders), limit, now)
+                if let Some(old) =
+                    locator
+                        .maps()
+                        .store()
+                        .set_share(i, header, (share, holders), limit, now)
                 {
                     return Ok(Some(old));
                 }

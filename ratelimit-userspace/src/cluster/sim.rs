@@ -5,7 +5,8 @@
 //! interval, its rounds at its own point of the interval and now and then late ([`Jitter`]);
 //! the others read it at their next round, or keep the older figure when the publication is
 //! lost. As the agents do, a host reads a key new to it from its first round (its bucket's
-//! counters start at its creation), divides by its fresh figure until it has published one,
+//! counters start at its creation; read over the time since its round before, as its peers read
+//! it), divides by its fresh figure until it has published one,
 //! reads a bursty key over the agent's span of time, and through gossip reads a peer's new key
 //! as demand since that peer's sync before. Arrivals are what real sources send: smooth,
 //! periodic bursts (a TCP window, a batch), on/off, Poisson, heavy-tailed bursts, a ramp, a
@@ -317,10 +318,10 @@ impl Sim {
                 if !h.holds {
                     return None;
                 }
-                // A bucket born since the last round: all it counted is demand since its
-                // creation, known at this first reading (the agent's `local_demand`).
+                // A bucket born since the last round: all it counted is demand since then,
+                // known at this first reading (the agent's `local_demand`).
                 if h.window.is_empty() && h.born > last {
-                    h.window.push(h.born, 0);
+                    h.window.push(last, 0);
                 }
                 h.window.push(now, h.demand);
                 (h.window.len() >= 2).then(|| h.window.rate(1e9, span))

@@ -8,9 +8,11 @@
 //! - [`store`]: the bucket store, the memory-mapped array of bucket records, read and charged in
 //!   place.
 //! - [`bucket`]: bucket keys, the clocks bucket times are kept in, and buckets in user terms.
+//! - [`locator`]: finding many keys' buckets with the config and rules read once.
 //! - [`v4`]: the IPv4 table, the memory-mapped index of the trie's outcomes by /16.
 
 pub mod bucket;
+pub mod locator;
 pub mod new_pages;
 pub mod store;
 pub mod v4;
@@ -586,24 +588,10 @@ impl PinnedMaps {
     }
 
     /// Where the bucket under `key` is (or would go) at `now`: see [`MappedStore::locate`].
-    /// With the generation of its rule in force (0 if the id is free: nothing is found).
+    /// With the generation of its rule in force (0 if the id is free: nothing is found). For
+    /// many keys, a [`Locator`](locator::Locator) reads the config and rules once.
     pub fn locate_bucket(&self, key: &BucketKey, now: u64) -> Result<(Slot, u32)> {
-        let config = self.config()?;
-        let (id, _) = ratelimit_common::split_bucket_rule(key.rule);
-        if key.rule > 0xffff || id >= MAX_RULES {
-            return Ok((Slot::Busy, 0));
-        }
-        let gen = self.rule(id)?.bucket_gen;
-        let mut rules = HashMap::new();
-        let slot = self
-            .store
-            .locate(config.seed, config.bucket_sets, key, gen, now, |id| {
-                let id = ratelimit_common::split_bucket_rule(id).0;
-                *rules
-                    .entry(id)
-                    .or_insert_with(|| (id < MAX_RULES).then(|| self.rule(id).ok()).flatten())
-            });
-        Ok((slot, gen))
+        locator::Locator::new(self)?.locate(key, now)
     }
 
     /// Another record than `mine` holding `key`'s bucket of generation `gen`: see
@@ -617,10 +605,7 @@ impl PinnedMaps {
 
     /// The bucket under `key`, if tracked.
     pub fn bucket(&self, key: &BucketKey) -> Result<Option<Bucket>> {
-        match self.locate_bucket(key, 0)? {
-            (Slot::Found(i), gen) if gen != 0 => Ok(Some(self.store.get(i))),
-            _ => Ok(None),
-        }
+        locator::Locator::new(self)?.bucket(key)
     }
 
     /// Capacity of the bucket store (records).

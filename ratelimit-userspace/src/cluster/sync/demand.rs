@@ -16,7 +16,10 @@ use crate::{
         shares::OwnFigures,
         timing::Timing,
     },
-    maps::bucket::{limit_bucket_key, monotonic_ns},
+    maps::{
+        bucket::{limit_bucket_key, monotonic_ns},
+        locator::Locator,
+    },
 };
 
 /// Demand per key, packets per second.
@@ -58,9 +61,11 @@ fn local_demand(
                 ..LocalDemand::default()
             };
             if b.created_ns > last_ns && b.created_ns < now_ns {
-                // Born since the last readings: all it counted is demand since its creation.
+                // Born since the last readings: all it counted is demand since then, read over
+                // the time since those readings, as the peers read it through gossip (since
+                // this host's sync before).
                 d.raw = 0;
-                d.window.push(b.created_ns, 0);
+                d.window.push(last_ns, 0);
             }
         }
         #[expect(clippy::cast_possible_truncation, reason = "32-bit counters")]
@@ -94,19 +99,32 @@ impl StoreSide {
     ) -> (Vec<(String, String)>, Vec<String>, Demand) {
         let now = monotonic_ns();
         let mut seen: HashMap<KeyName, BucketObs> = HashMap::new();
-        for name in self.local.keys() {
-            if let Some(b) = self.read_key(rules, name) {
-                seen.insert(name.clone(), obs(&b));
+        if let Ok(locator) = Locator::new(&self.maps) {
+            for name in self.local.keys() {
+                if let Some(b) = read_key(&locator, rules, name) {
+                    seen.insert(name.clone(), obs(&b));
+                }
             }
         }
-        let mut candidates = self.new_keys(rules, now, timing);
-        let walked = self.walk_slice(rules, now, timing);
+        // The new pages and the walk share one budget, a quarter of a sync interval from the
+        // round's start, half each while a walk is under way, at least a sixteenth each: under
+        // a flood of new keys both always have work, and a round that read both for a quarter
+        // each, then its keys' buckets twice, ran a whole interval and more (debug agents on 2
+        // cores, 20,000 new keys a second at each host: rounds 130-480 ms late).
+        let budget = Budget::new(now, timing.interval_ns());
+        let walking = self.walk.is_some() || now >= self.next_full_ns;
+        let pages_until = budget.pages_until(monotonic_ns(), walking);
+        let mut candidates = self.new_keys(rules, now, pages_until);
+        let walk_until = budget.walk_until(monotonic_ns());
+        let walked = self.walk_slice(rules, now, timing, walk_until);
         // Candidates chosen from, after a walk of the store or on new keys.
         let choose = walked.is_some() || !candidates.is_empty();
         candidates.extend(walked.unwrap_or_default());
-        for name in candidates {
-            if let Some(b) = self.read_key(rules, &name) {
-                seen.insert(name, obs(&b));
+        if let Ok(locator) = Locator::new(&self.maps) {
+            for name in candidates {
+                if let Some(b) = read_key(&locator, rules, &name) {
+                    seen.insert(name, obs(&b));
+                }
             }
         }
         self.local.update(now, &seen, choose);
@@ -125,27 +143,20 @@ impl StoreSide {
         (set, deleted, demand)
     }
 
-    /// The bucket of key `name` now, if it has one.
-    fn read_key(&self, rules: &ClusterRules, name: &KeyName) -> Option<ratelimit_common::Bucket> {
-        let (id, rule, _) = rules.limit_of(name)?;
-        let key = limit_bucket_key(id, rule, usize::from(name.limit), name.addr);
-        self.maps.bucket(&key).ok().flatten()
-    }
-
     /// The keys new since the last round, in the pages the program flagged when it created their
     /// buckets: found at the next round, not at the next walk of the whole store (seconds away
     /// for millions of buckets, while every host holding the key refilled it at its whole rate,
-    /// past docs/design.md's bound). At most `max_keys`, the heaviest. The pages are read for a
-    /// quarter of a sync interval a round at most: under a flood of new keys (every page
-    /// flagged every round) the rest wait for the next rounds, in store order, rather than
-    /// holding up this one past the shares' lapse.
+    /// past docs/design.md's bound). At most `max_keys`, the heaviest. The pages are read until
+    /// `deadline` (the round's [`Budget`]): under a flood of new keys (every page flagged every
+    /// round) the rest wait for the next rounds, in store order, rather than holding up this one
+    /// past the shares' lapse.
     ///
     /// Before the pages, the records the program left in the grown slots (their count just
     /// passed a power of two), whatever the pages' pass: a heavy key hidden among a flood's new
     /// keys is found at the next round all the same (at most [`GROWN_SLOTS`] records a round).
     ///
     /// [`GROWN_SLOTS`]: ratelimit_common::GROWN_SLOTS
-    fn new_keys(&mut self, rules: &ClusterRules, now: u64, timing: Timing) -> Vec<KeyName> {
+    fn new_keys(&mut self, rules: &ClusterRules, now: u64, deadline: u64) -> Vec<KeyName> {
         let mut heaviest = Heaviest::new(self.local.max_keys());
         let grown = self.maps.new_pages().take_grown();
         let read = self
@@ -156,7 +167,6 @@ impl StoreSide {
         if let Err(e) = read {
             tracing::warn!(error = %e, "cluster sync: reading the grown keys' buckets");
         }
-        let deadline = monotonic_ns().saturating_add(timing.interval_ns() / 4);
         if self.pages.next == 0 {
             self.pages.began = now;
         }
@@ -212,9 +222,9 @@ impl StoreSide {
 
     /// The next slice of the walk of the whole store that finds the heaviest keys not published
     /// (at most `max_keys`, streamed, whatever the size of the store), if one is due or under
-    /// way: a quarter of a sync interval a round at most, so that a long walk (a second and
-    /// more for millions of buckets) never holds up a round, whose shares lapse three sync
-    /// intervals after the last (every bucket at its whole rate). The keys once the walk is
+    /// way: until `deadline` (the round's [`Budget`]), so that a long walk (a second and more
+    /// for millions of buckets) never holds up a round, whose shares lapse three sync intervals
+    /// after the last (every bucket at its whole rate). The keys once the walk is
     /// done, else `None`. A walk whose slices took `d` in all waits `10 x d` after it before
     /// the next: at most about a tenth of a core.
     fn walk_slice(
@@ -222,6 +232,7 @@ impl StoreSide {
         rules: &ClusterRules,
         now: u64,
         timing: Timing,
+        deadline: u64,
     ) -> Option<Vec<KeyName>> {
         let mut walk = match self.walk.take() {
             Some(w) => w,
@@ -233,7 +244,6 @@ impl StoreSide {
             None => return None,
         };
         let began = monotonic_ns();
-        let deadline = began.saturating_add(timing.interval_ns() / 4);
         let mut n = 0u32;
         let records = self.maps.store().records();
         let scan = self.maps.for_each_bucket_in(walk.next..records, |_, b| {
@@ -262,6 +272,37 @@ impl StoreSide {
                 Some(walk.heaviest.into_candidates().map(|(k, _)| k).collect())
             }
         }
+    }
+}
+
+/// A round's time for the new pages and the walk of the store (see [`StoreSide::observe`]).
+#[derive(Clone, Copy, Debug)]
+struct Budget {
+    /// A quarter of a sync interval after the round began.
+    end: u64,
+    /// The least each of the two gets, however late it starts: a sixteenth of an interval.
+    least: u64,
+}
+
+impl Budget {
+    fn new(round_began: u64, interval_ns: u64) -> Self {
+        Self {
+            end: round_began.saturating_add(interval_ns / 4),
+            least: interval_ns / 16,
+        }
+    }
+
+    /// When the pass over the new pages, starting at `now`, stops: half of what is left while a
+    /// walk is under way (`walking`), else all of it.
+    fn pages_until(self, now: u64, walking: bool) -> u64 {
+        let left = self.end.saturating_sub(now);
+        let mine = if walking { left / 2 } else { left };
+        now.saturating_add(mine.max(self.least))
+    }
+
+    /// When the walk's slice, starting at `now`, stops.
+    fn walk_until(self, now: u64) -> u64 {
+        self.end.max(now.saturating_add(self.least))
     }
 }
 
@@ -295,6 +336,17 @@ pub(super) struct Walk {
     heaviest: Heaviest,
     /// Its slices' time so far.
     busy_ns: u64,
+}
+
+/// The bucket of key `name` now, if it has one.
+fn read_key(
+    locator: &Locator<'_>,
+    rules: &ClusterRules,
+    name: &KeyName,
+) -> Option<ratelimit_common::Bucket> {
+    let (id, rule, _) = rules.limit_of(name)?;
+    let key = limit_bucket_key(id, rule, usize::from(name.limit), name.addr);
+    locator.bucket(&key).ok().flatten()
 }
 
 /// What a round reads of a bucket.
@@ -354,4 +406,59 @@ pub(super) fn own_demand(
         local_demand.entry(k).or_insert(d);
     }
     local_demand
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::{local_demand, Budget, KeyName};
+    use crate::cluster::publish::BucketObs;
+
+    const MS: u64 = 1_000_000;
+
+    /// A key born between two readings reads over the time since the readings before, as its
+    /// peers read it through gossip (its counter since this host's sync before): over the time
+    /// since its creation instead, a burst that made the bucket just before a round read many
+    /// times what its peers read of it (2,385 packets/s here where they read 814), and the
+    /// hosts' shares added up to 1.2-1.3 until the readings caught up.
+    #[test]
+    fn a_key_born_between_readings_reads_as_its_peers_read_it() {
+        let name = KeyName {
+            rule: "flood".into(),
+            limit: 0,
+            addr: "198.18.0.250".parse().unwrap(),
+        };
+        let (last, now) = (1_000 * MS, 1_100 * MS);
+        let seen = HashMap::from([(
+            name.clone(),
+            BucketObs {
+                created_ns: now - 10 * MS,
+                passed_pkts: 40,
+                passed_bytes: 0,
+                dropped_pkts: 10,
+            },
+        )]);
+        let mut known = HashMap::new();
+        let demand = local_demand(&mut known, now, last, &seen, 3_000 * MS, 600 * MS);
+        let read = demand[&name];
+        assert!(
+            (read - 500.0).abs() < 1e-6,
+            "50 packets since the readings 100 ms before read {read}/s, not 500/s"
+        );
+    }
+
+    /// The new pages and the walk share a quarter of a sync interval from the round's start:
+    /// half each while a walk is under way, and at least a sixteenth each however late they
+    /// start (the keys' own readings before them took the rest).
+    #[test]
+    fn the_pages_and_the_walk_share_a_quarter_interval() {
+        let b = Budget::new(1_000 * MS, 100 * MS);
+        assert_eq!(b.pages_until(1_000 * MS, false), 1_025 * MS);
+        assert_eq!(b.pages_until(1_000 * MS, true), 1_012_500_000);
+        assert_eq!(b.walk_until(1_012_500_000), 1_025 * MS);
+        // The keys' readings took 20 ms, the pages then 10.
+        assert_eq!(b.pages_until(1_020 * MS, true), 1_026_250_000);
+        assert_eq!(b.walk_until(1_030 * MS), 1_036_250_000);
+    }
 }

@@ -1,6 +1,8 @@
 //! The share-setting step: every key this host has a demand figure for gets its share of the
 //! budget in its bucket's share word, and what that withholds is counted, per peer too.
 
+use std::collections::HashMap;
+
 use chitchat::ChitchatId;
 use ratelimit_common::Limit;
 
@@ -14,6 +16,7 @@ use crate::{
     },
     maps::{
         bucket::{limit_bucket_key, monotonic_coarse_ns, monotonic_ns},
+        locator::Locator,
         PinnedMaps,
     },
 };
@@ -45,7 +48,25 @@ impl StoreSide {
         if elapsed > lag_ns {
             w.late = 1;
         }
-        self.release_gone(rules, local, now, coarse, &mut w);
+        // The config and rules read once for all the keys (a failure to read the config
+        // fails every key's share, counted, as it would one by one).
+        let located = Locator::new(&self.maps);
+        let locator = match &located {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::debug!(error = %e, "cluster sync: reading the config to set the shares");
+                None
+            }
+        };
+        Self::release_gone(
+            &mut self.shared_at,
+            locator,
+            rules,
+            local,
+            now,
+            coarse,
+            &mut w,
+        );
         for (name, &d) in local {
             let Some((id, rule, limit)) = rules.limit_of(name) else {
                 continue;
@@ -73,7 +94,11 @@ impl StoreSide {
             let word = shares::share_word(s);
             let holders = round.hosts_holding(name);
             tracing::trace!(key = %name.addr, rule = %name.rule, demand = d, peers, hosts, share = s, word, "cluster sync: a key's share");
-            match shares::set_share(&self.maps, &key, (word, holders), &limit, now, coarse) {
+            let Some(locator) = locator else {
+                w.errors += 1;
+                continue;
+            };
+            match shares::set_share(locator, &key, (word, holders), &limit, now, coarse) {
                 Ok(Some(_)) => {}
                 Ok(None) => continue,
                 Err(e) => {
@@ -113,6 +138,7 @@ impl StoreSide {
             // Each counted peer's part of the rest, by its demand.
             peer_parts(&mut w, round, name, limit, without, peers);
         }
+        drop(located);
         // The shares hold until the end of this round's lag allowance; those written before
         // lapsed (every bucket at the whole rate) if that one's passed first.
         let renewed = monotonic_ns();
@@ -133,24 +159,26 @@ impl StoreSide {
     /// Clears the share word of every key no longer tracked (its bucket refills at the whole
     /// rate).
     fn release_gone(
-        &mut self,
+        shared_at: &mut HashMap<KeyName, u64>,
+        locator: Option<&Locator<'_>>,
         rules: &ClusterRules,
         local: &Demand,
         now: u64,
         coarse: u64,
         w: &mut SharesSet,
     ) {
-        let gone: Vec<KeyName> = self
-            .shared_at
+        let gone: Vec<KeyName> = shared_at
             .keys()
             .filter(|k| !local.contains_key(*k))
             .cloned()
             .collect();
         for name in gone {
-            self.shared_at.remove(&name);
+            shared_at.remove(&name);
             if let Some((id, rule, limit)) = rules.limit_of(&name) {
                 let key = limit_bucket_key(id, rule, usize::from(name.limit), name.addr);
-                if shares::set_share(&self.maps, &key, (0, 0), &limit, now, coarse).is_err() {
+                let cleared =
+                    locator.map(|l| shares::set_share(l, &key, (0, 0), &limit, now, coarse));
+                if !matches!(cleared, Some(Ok(_))) {
                     w.errors += 1;
                 }
             }
