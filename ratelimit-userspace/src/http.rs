@@ -6,8 +6,9 @@
 //!   at the cap, the oldest *idle* connection (no whole request being answered: a connection
 //!   that has not sent its request headers yet, one still sending a request body, or a
 //!   keep-alive one between requests) is closed to make room; if every connection is busy
-//!   answering, the new one is closed instead. So idle or slow connections, however many, never
-//!   keep a real client out, and the agent holds a bounded number of descriptors.
+//!   answering, new ones wait in the listen backlog until one is done. So idle or slow
+//!   connections, however many, never keep a real client out, and the agent holds a bounded
+//!   number of descriptors (the cap, and one accepted while it waits).
 //! - A request whose route takes no body ([`Limits::takes_body`]) but whose headers announce one
 //!   is answered 413 and its connection closed, without reading the body.
 //! - A request's headers must arrive within [`Limits::header_timeout`] (hyper's
@@ -118,8 +119,26 @@ struct Table {
 /// in the log.
 pub async fn serve<L: Accept>(mut listener: L, router: Router, limits: Limits, what: &'static str) {
     let table = Arc::new(Mutex::new(Table::default()));
-    let mut refused_logged = false;
+    let mut waiting_logged = false;
+    let mut wait_logged = |waiting: bool| {
+        if waiting && !waiting_logged {
+            tracing::warn!(
+                server = what,
+                max = limits.max_connections,
+                "every connection is busy answering: new ones wait until one is done"
+            );
+        }
+        waiting_logged = waiting;
+    };
     loop {
+        // At the cap with every connection busy answering, new clients wait in the listen
+        // backlog (no descriptor of ours) until one is done or idle, rather than being closed:
+        // 64 scrapers waiting on one shared encoding are all busy at once, and a real scraper
+        // arriving then was reset.
+        while !has_room(&table, limits.max_connections) {
+            wait_logged(true);
+            tokio::time::sleep(ROOM_POLL).await;
+        }
         let io = match listener.accept().await {
             Ok(io) => io,
             Err(e) => {
@@ -130,48 +149,16 @@ pub async fn serve<L: Accept>(mut listener: L, router: Router, limits: Limits, w
                 continue;
             }
         };
-        let admitted = {
-            let mut t = table
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if t.open.len() >= limits.max_connections {
-                let idle = t
-                    .open
-                    .iter()
-                    .find(|(_, c)| c.busy.load(Ordering::Acquire) == 0)
-                    .map(|(&id, _)| id);
-                if let Some(id) = idle {
-                    if let Some(c) = t.open.remove(&id) {
-                        c.close.notify_one();
-                    }
-                }
+        // The idle connection seen above may have taken a request since: then this one (one
+        // descriptor past the cap) waits for room.
+        let (id, conn) = loop {
+            if let Some(admitted) = admit(&table, limits.max_connections) {
+                break admitted;
             }
-            if t.open.len() < limits.max_connections {
-                let id = t.next;
-                t.next += 1;
-                let conn = Arc::new(Conn {
-                    busy: AtomicUsize::new(0),
-                    close: Notify::new(),
-                });
-                t.open.insert(id, conn.clone());
-                Some((id, conn))
-            } else {
-                None
-            }
+            wait_logged(true);
+            tokio::time::sleep(ROOM_POLL).await;
         };
-        let Some((id, conn)) = admitted else {
-            if !refused_logged {
-                tracing::warn!(
-                    server = what,
-                    max = limits.max_connections,
-                    "every connection is busy: refusing new ones until one is free"
-                );
-                refused_logged = true;
-            }
-            drop(io);
-            continue;
-        };
-        refused_logged = false;
+        wait_logged(false);
         let (router, table) = (router.clone(), table.clone());
         tokio::spawn(async move {
             serve_connection(io, router, limits, &conn).await;
@@ -182,6 +169,45 @@ pub async fn serve<L: Accept>(mut listener: L, router: Router, limits: Limits, w
                 .remove(&id);
         });
     }
+}
+
+/// How often a server at its cap with every connection busy looks for room again.
+const ROOM_POLL: Duration = Duration::from_millis(5);
+
+/// Whether a new connection can be admitted: fewer than `max` open, or an idle one to close.
+fn has_room(table: &Mutex<Table>, max: usize) -> bool {
+    let t = table
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    t.open.len() < max || t.open.values().any(|c| c.busy.load(Ordering::Acquire) == 0)
+}
+
+/// Admits a new connection: at the cap, the oldest idle one is closed to make room; `None` if
+/// every one is busy answering.
+fn admit(table: &Mutex<Table>, max: usize) -> Option<(u64, Arc<Conn>)> {
+    let mut t = table
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if t.open.len() >= max {
+        let idle = t
+            .open
+            .iter()
+            .find(|(_, c)| c.busy.load(Ordering::Acquire) == 0)
+            .map(|(&id, _)| id);
+        if let Some(c) = idle.and_then(|id| t.open.remove(&id)) {
+            c.close.notify_one();
+        }
+    }
+    (t.open.len() < max).then(|| {
+        let id = t.next;
+        t.next += 1;
+        let conn = Arc::new(Conn {
+            busy: AtomicUsize::new(0),
+            close: Notify::new(),
+        });
+        t.open.insert(id, conn.clone());
+        (id, conn)
+    })
 }
 
 /// Counts a request as being answered while it lives.
@@ -267,5 +293,79 @@ where
         // report.
         _ = connection => {}
         () = conn.close.notified() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use axum::{routing::get, Router};
+    use tokio::{
+        io::{AsyncReadExt as _, AsyncWriteExt as _},
+        net::{TcpListener, TcpStream},
+        sync::Semaphore,
+    };
+
+    use super::{no_body, serve, Limits};
+
+    /// At the cap with every connection busy answering, a new client waits until one is done
+    /// and is then served, rather than being closed (a real scraper arriving while 64 others
+    /// waited on one shared encoding was reset).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_arriving_while_every_connection_is_busy_waits_and_is_served() {
+        let gate = Arc::new(Semaphore::new(0));
+        let held = gate.clone();
+        let router = Router::new()
+            .route(
+                "/slow",
+                get(move || {
+                    let gate = held.clone();
+                    async move {
+                        let _pass = gate.acquire().await;
+                        "slow\n"
+                    }
+                }),
+            )
+            .route("/fast", get(|| async { "fast\n" }));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits {
+            max_connections: 2,
+            takes_body: no_body,
+            ..Limits::default()
+        };
+        let server = tokio::spawn(serve(listener, router, limits, "test"));
+        let request =
+            |path: &str| format!("GET {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n");
+        let mut busy = Vec::new();
+        for _ in 0..2 {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            c.write_all(request("/slow").as_bytes()).await.unwrap();
+            busy.push(c);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut late = TcpStream::connect(addr).await.unwrap();
+        late.write_all(request("/fast").as_bytes()).await.unwrap();
+        let mut reply = Vec::new();
+        let early =
+            tokio::time::timeout(Duration::from_millis(300), late.read_to_end(&mut reply)).await;
+        assert!(
+            early.is_err(),
+            "the client arriving at the cap was answered or closed at once: {early:?}, {:?}",
+            String::from_utf8_lossy(&reply)
+        );
+        gate.add_permits(1);
+        tokio::time::timeout(Duration::from_secs(5), late.read_to_end(&mut reply))
+            .await
+            .expect("served once a connection was done")
+            .unwrap();
+        let text = String::from_utf8_lossy(&reply);
+        assert!(
+            text.starts_with("HTTP/1.1 200") && text.ends_with("fast\n"),
+            "{text}"
+        );
+        gate.add_permits(1);
+        server.abort();
     }
 }
