@@ -380,3 +380,16 @@ pub fn variant_object(feature: &str) -> Result<PathBuf> {
     built.push((feature.to_owned(), path.clone()));
     Ok(path)
 }
+
+/// Makes rule `id` cluster-scoped in `maps`, as the compiler does for `scope = "cluster"` (which
+/// the config takes only beside a `[cluster]` table, and a test dataplane runs no cluster), and
+/// returns its record as written.
+///
+/// # Errors
+/// When the rule record cannot be read or written.
+pub fn make_cluster_scoped(maps: &mut PinnedMaps, id: u32) -> Result<ratelimit_common::Rule> {
+    let mut rule = maps.rule(id)?;
+    rule.flags |= ratelimit_common::rule_flags::CLUSTER;
+    maps.set_rule(id, rule)?;
+    Ok(rule)
+}

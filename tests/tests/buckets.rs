@@ -12,7 +12,7 @@ use ratelimit_common::{bucket_header, family, global, verdict, BucketKey};
 use ratelimit_testbed::{
     packet::eth,
     require_root,
-    xdp::{pin_to_cpu, XDP_DROP, XDP_PASS},
+    xdp::{make_cluster_scoped, pin_to_cpu, XDP_DROP, XDP_PASS},
     TestDataplane,
 };
 
@@ -1445,7 +1445,7 @@ fn assert_refill(dp: &TestDataplane, frame: &[u8], ms: u64, per_s: f64, what: &s
 #[test]
 fn a_bucket_at_a_share_holds_its_holders_share_of_bursts_and_its_debt_when_the_shares_lapse() {
     use ratelimit::maps::PinnedMaps;
-    use ratelimit_common::{rule_flags, SHARE_ONE};
+    use ratelimit_common::SHARE_ONE;
     require_root();
     let mut dp = TestDataplane::new("sharecap", 1024).unwrap();
     let set = dp
@@ -1455,9 +1455,7 @@ fn a_bucket_at_a_share_holds_its_holders_share_of_bursts_and_its_debt_when_the_s
         .unwrap();
     let rid = id(&set, "c");
     let mut maps = PinnedMaps::open(dp.pin_dir()).unwrap();
-    let mut cluster = maps.rule(rid).unwrap();
-    cluster.flags |= rule_flags::CLUSTER;
-    maps.set_rule(rid, cluster).unwrap();
+    let cluster = make_cluster_scoped(&mut maps, rid).unwrap();
     let src = ip("198.18.0.2");
     let frame = udp4(src);
     let key = ratelimit::maps::bucket::bucket_key(rid, &cluster, src.into());
@@ -1563,9 +1561,9 @@ fn the_program_charges_a_cluster_bucket_as_the_shared_arithmetic_says() {
         .unwrap();
     let rid = id(&set, "c");
     let mut maps = PinnedMaps::open(dp.pin_dir()).unwrap();
-    let mut cluster = maps.rule(rid).unwrap();
+    let mut cluster = make_cluster_scoped(&mut maps, rid).unwrap();
     // The precise clock: the coarse one lags by up to a few ticks, which the step judges by.
-    cluster.flags = (cluster.flags | rule_flags::CLUSTER) & !rule_flags::COARSE_CLOCK;
+    cluster.flags &= !rule_flags::COARSE_CLOCK;
     maps.set_rule(rid, cluster).unwrap();
     let limit = cluster.limit(0).unwrap();
     let words = [SHARE_ONE / 2, SHARE_ONE / 3, SHARE_ONE / 64, 0xabcd, 1];
@@ -1648,7 +1646,7 @@ fn the_program_charges_a_cluster_bucket_as_the_shared_arithmetic_says() {
 #[test]
 fn a_share_word_sets_a_cluster_buckets_refill_until_the_shares_lapse() {
     use ratelimit::maps::PinnedMaps;
-    use ratelimit_common::{rule_flags, SHARE_ONE};
+    use ratelimit_common::SHARE_ONE;
     require_root();
     let mut dp = TestDataplane::new("share", 1024).unwrap();
     let set = dp
@@ -1659,9 +1657,7 @@ fn a_share_word_sets_a_cluster_buckets_refill_until_the_shares_lapse() {
     let rid = id(&set, "c");
     let mut maps = PinnedMaps::open(dp.pin_dir()).unwrap();
     let plain = maps.rule(rid).unwrap();
-    let mut cluster = plain;
-    cluster.flags |= rule_flags::CLUSTER;
-    maps.set_rule(rid, cluster).unwrap();
+    let cluster = make_cluster_scoped(&mut maps, rid).unwrap();
     let src = ip("198.18.0.1");
     let frame = udp4(src);
     let key = ratelimit::maps::bucket::bucket_key(rid, &cluster, src.into());

@@ -8,8 +8,13 @@ use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 
 use ratelimit::maps::{bucket::monotonic_coarse_ns, store::Slot, PinnedMaps};
-use ratelimit_common::{grown_entry, grown_slot, rule_flags, BUCKET_PAGE_RECORDS};
-use ratelimit_testbed::{packet::eth, require_root, xdp::XDP_PASS, TestDataplane};
+use ratelimit_common::{grown_entry, grown_slot, BUCKET_PAGE_RECORDS};
+use ratelimit_testbed::{
+    packet::eth,
+    require_root,
+    xdp::{make_cluster_scoped, XDP_PASS},
+    TestDataplane,
+};
 
 fn udp4(src: Ipv4Addr) -> Vec<u8> {
     eth()
@@ -53,9 +58,7 @@ fn two_rules(tag: &str, records: u32, rate: u32) -> (TestDataplane, PinnedMaps, 
         set.by_name("plain").unwrap().id,
     );
     let mut maps = PinnedMaps::open(dp.pin_dir()).unwrap();
-    let mut rule = maps.rule(c).unwrap();
-    rule.flags |= rule_flags::CLUSTER;
-    maps.set_rule(c, rule).unwrap();
+    make_cluster_scoped(&mut maps, c).unwrap();
     (dp, maps, c, plain)
 }
 
