@@ -141,12 +141,12 @@ pub fn share_word(s: f64) -> u16 {
 }
 
 /// Gives the bucket under `key` (found with `locator`) share word `share` (see [`share_word`])
-/// among `holders` hosts in place in the bucket store: the program then runs it on a clock slowed by the share
-/// (`ratelimit_common::share`), so it refills at its share of the rate and holds `holders x
-/// share` bursts (at least a packet), while `Config::shares_until_ns` is ahead; a bucket whose
-/// share changes keeps its tokens, at most what it then holds (see `MappedStore::set_share`). A
-/// source without a bucket here
-/// is left alone. `Ok(None)` when there is no bucket, else the word the bucket had.
+/// among `holders` hosts in place in the bucket store: the program then runs it on a clock
+/// slowed by the share (`ratelimit_common::share`), so it refills at its share of the rate and
+/// holds `holders x share` bursts (at least a packet), while `Config::shares_until_ns` is ahead;
+/// a bucket whose share changes keeps its tokens, at most what it then holds (see
+/// `MappedStore::set_share`). A source without a bucket here is left alone. `Ok(None)` when
+/// there is no bucket, else the word the bucket had.
 pub fn set_share(
     locator: &Locator<'_>,
     key: &BucketKey,
