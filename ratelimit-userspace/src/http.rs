@@ -174,12 +174,22 @@ pub async fn serve<L: Accept>(mut listener: L, router: Router, limits: Limits, w
 /// How often a server at its cap with every connection busy looks for room again.
 const ROOM_POLL: Duration = Duration::from_millis(5);
 
+impl Table {
+    /// The oldest idle connection (no whole request being answered), if any.
+    fn oldest_idle(&self) -> Option<u64> {
+        self.open
+            .iter()
+            .find(|(_, c)| c.busy.load(Ordering::Acquire) == 0)
+            .map(|(&id, _)| id)
+    }
+}
+
 /// Whether a new connection can be admitted: fewer than `max` open, or an idle one to close.
 fn has_room(table: &Mutex<Table>, max: usize) -> bool {
     let t = table
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    t.open.len() < max || t.open.values().any(|c| c.busy.load(Ordering::Acquire) == 0)
+    t.open.len() < max || t.oldest_idle().is_some()
 }
 
 /// Admits a new connection: at the cap, the oldest idle one is closed to make room; `None` if
@@ -189,12 +199,7 @@ fn admit(table: &Mutex<Table>, max: usize) -> Option<(u64, Arc<Conn>)> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if t.open.len() >= max {
-        let idle = t
-            .open
-            .iter()
-            .find(|(_, c)| c.busy.load(Ordering::Acquire) == 0)
-            .map(|(&id, _)| id);
-        if let Some(c) = idle.and_then(|id| t.open.remove(&id)) {
+        if let Some(c) = t.oldest_idle().and_then(|id| t.open.remove(&id)) {
             c.close.notify_one();
         }
     }

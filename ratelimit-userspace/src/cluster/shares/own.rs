@@ -23,6 +23,24 @@ impl OwnFigures {
         }
     }
 
+    /// Records `fresh`, this round's figures read at `at`, and returns the figures to divide by
+    /// this round: [`OwnFigures::as_of`] `oldest_peer` (the oldest counted peer's sync or
+    /// write), and for a key with none there (new here) its fresh one: its peers have no
+    /// figure for it from this host either. Gossip's rounds and the store's both divide by it.
+    pub fn to_divide_by(
+        &mut self,
+        at: u64,
+        fresh: HashMap<KeyName, f64>,
+        oldest_peer: Option<u64>,
+    ) -> HashMap<KeyName, f64> {
+        self.push(at, fresh.clone());
+        let mut figures = self.as_of(oldest_peer);
+        for (k, d) in fresh {
+            figures.entry(k).or_insert(d);
+        }
+        figures
+    }
+
     /// Its figures as of `as_of` (the oldest counted peer's sync): the ones read nearest that
     /// time, before or after it (this round's, at the latest). Every host then divides figures
     /// no newer than the oldest it reads of its peers, so a change of demand reaches its own

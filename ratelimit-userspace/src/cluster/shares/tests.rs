@@ -436,6 +436,16 @@ fn a_hosts_own_figure_is_taken_as_of_its_oldest_peers_sync() {
         "after the last: this round's"
     );
     assert_eq!(own.as_of(None)[&a], 300.0, "no peers: the last published");
+    // This round's figures recorded, divided by as of the oldest peer; a key new this round
+    // takes its fresh figure.
+    let c = named("198.18.0.3");
+    let this = own.to_divide_by(
+        1_300,
+        [(a.clone(), 700.0), (c.clone(), 9.0)].into(),
+        Some(1_180),
+    );
+    assert_eq!((this[&a], this[&b], this[&c]), (500.0, 80.0, 9.0));
+    assert_eq!(own.as_of(Some(1_300))[&a], 700.0, "recorded");
     for t in 0..10 {
         own.push(1_300 + t * 100, std::collections::HashMap::new());
     }

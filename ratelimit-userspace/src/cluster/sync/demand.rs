@@ -379,7 +379,7 @@ pub(super) async fn observe_off_thread(
 }
 
 /// This host's demand to divide by this round, as of the oldest counted peer's sync (see
-/// [`OwnFigures::as_of`]), with `fresh_demand` recorded as this round's figures.
+/// [`OwnFigures::to_divide_by`]), with `fresh_demand` recorded as this round's figures.
 pub(super) fn own_demand(
     own_figures: &mut OwnFigures,
     remote: &RemoteTracker<ChitchatId>,
@@ -398,14 +398,7 @@ pub(super) fn own_demand(
         .filter(|(_, i)| i.counted)
         .filter_map(|(_, i)| i.published_unix_ms)
         .min();
-    own_figures.push(unix_ms, fresh_demand.clone());
-    let mut local_demand = own_figures.as_of(oldest_peer);
-    // A key with no figure published yet (new here) takes its fresh one: its peers have
-    // no figure for it from this host either.
-    for (k, d) in fresh_demand {
-        local_demand.entry(k).or_insert(d);
-    }
-    local_demand
+    own_figures.to_divide_by(unix_ms, fresh_demand, oldest_peer)
 }
 
 #[cfg(test)]

@@ -173,12 +173,9 @@ impl ExchangeLoop {
             let elapsed = last_round_ns.map_or(0, |t| now.saturating_sub(t));
             last_round_ns = Some(now);
             // Every host divides by the same figures: its own as of the oldest peer's write
-            // (see `OwnFigures::as_of`), by the store's clock.
-            own_figures.push(server_ms.unwrap_or(0), fresh_demand.clone());
-            let mut local_demand = own_figures.as_of(oldest_peer);
-            for (k, d) in fresh_demand {
-                local_demand.entry(k).or_insert(d);
-            }
+            // (see `OwnFigures::to_divide_by`), by the store's clock.
+            let local_demand =
+                own_figures.to_divide_by(server_ms.unwrap_or(0), fresh_demand, oldest_peer);
             let mut heaviest = HeaviestKeys::default();
             let mut lapsed_ns = 0;
             if elapsed > 0 && !local_demand.is_empty() {
