@@ -150,6 +150,19 @@ pub mod victim {
     pub const DEBT: u64 = 2;
     /// Being written by another CPU: not to be taken.
     pub const BUSY: u64 = u64::MAX;
+
+    /// The kind of a score: [`FREE`], [`FULL`], [`DEBT`] (any debt) or [`BUSY`].
+    #[inline(always)]
+    #[must_use]
+    pub const fn class(score: u64) -> u64 {
+        if score == BUSY {
+            BUSY
+        } else if score > DEBT {
+            DEBT
+        } else {
+            score
+        }
+    }
     /// Debts longer than this (18 minutes) rank alike.
     pub const DEBT_CAP_NS: u64 = 1 << 40;
 }

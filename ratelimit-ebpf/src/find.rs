@@ -117,8 +117,9 @@ fn remember(slot: *mut ClassSlot, limit: u32, i: u32) {
 /// published later always sees the other's record (its look comes after both publications), so
 /// at most one record survives (if both see each other, both give theirs back, and the key's
 /// next packet creates its bucket anew). The packet of a creator that gives its record back
-/// passes uncharged (`bucket_errors`), as one that loses the claim of a record does: at most one
-/// packet per CPU per such race. The record taken is evicted either way: counted.
+/// passes uncharged (`bucket_errors`), as one that loses the claim of a record does, or whose
+/// chosen record another CPU took meanwhile (`store::scan`): at most one packet per CPU per such
+/// race. The record taken is evicted either way: counted.
 #[inline(always)]
 #[expect(
     clippy::too_many_arguments,

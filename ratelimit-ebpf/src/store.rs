@@ -206,9 +206,16 @@ pub fn scan(key: &Key, sets: [u32; 2], now: u64, s: *mut Scratch) -> Scan {
         return Scan::None;
     };
     // Read again rather than kept from the loop (an indexed stack array would defeat the
-    // verifier's pruning); the claim's compare-and-swap checks it is still what was judged.
+    // verifier's pruning); the claim's compare-and-swap checks it is still what it is now. It
+    // must also still be what was judged: another CPU may have taken the record since, for this
+    // very key (taking it again would start the key's bucket full a second time: one more
+    // packet, or burst, uncounted) or for another (whose new bucket would go unjudged). Then no
+    // record is taken: the packet passes uncharged, counted, as when a claim is lost.
     // SAFETY: a live record.
     let header = unsafe { core::ptr::read_volatile(header_ptr(b)) };
+    if holds(b, key) || victim::class(score(b, header, now)) > victim::class(kind) {
+        return Scan::None;
+    }
     Scan::Miss {
         victim,
         header,
