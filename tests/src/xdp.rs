@@ -284,7 +284,10 @@ pub fn pin_to_cpu(cpu: usize) -> std::io::Result<()> {
 /// with `BPF_PROG_TEST_RUN`, issued directly (aya's `test_run` needs the program object).
 pub struct ProgramRunner(aya::programs::ProgramFd);
 
-/// `union bpf_attr`'s `test` member (linux/bpf.h), up to `batch_size`.
+/// `union bpf_attr`'s `test` member (linux/bpf.h), up to `batch_size`, and the 4 bytes that
+/// pad it to 8: the kernel refuses (`EINVAL`) an attribute with any byte past the command's last
+/// field set, and left implicit, those 4 were whatever the stack held (runs failed or not with
+/// the tests that ran before on the thread).
 #[repr(C)]
 #[derive(Default)]
 struct TestRunAttr {
@@ -303,7 +306,9 @@ struct TestRunAttr {
     flags: u32,
     cpu: u32,
     batch_size: u32,
+    _pad: u32,
 }
+const _: () = assert!(std::mem::size_of::<TestRunAttr>() == 80);
 
 impl ProgramRunner {
     /// Runs `frame` `repeat` times on this CPU and returns the last XDP action.
