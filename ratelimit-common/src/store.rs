@@ -708,4 +708,31 @@ mod tests {
         assert!(victim::DEBT < half && half < all, "{half} {all}");
         assert_eq!(half - victim::DEBT, 500);
     }
+
+    /// A creator takes its chosen record only if what it reads back is of no costlier kind than
+    /// judged (`store::scan` in the program): every debt is one kind, however deep, and the
+    /// kinds rank free < full < in debt < busy.
+    #[test]
+    fn a_score_has_one_kind_and_the_kinds_rank_by_what_eviction_loses() {
+        let rule = Rule {
+            bucket_gen: 7,
+            pkt_tolerance_ns: 1000,
+            ..Rule::default()
+        };
+        let h = bucket_header(3, family::V4, 7);
+        let now = 10_000;
+        let score = |header: u64, tat: u64| victim_score(header, tat, 0, Some(&rule), now);
+        assert_eq!(victim::class(score(0, 0)), victim::FREE);
+        assert_eq!(victim::class(score(h, now)), victim::FULL);
+        for debt in [1, 500, 1000, 2 * victim::DEBT_CAP_NS] {
+            let s = score(h, now + debt);
+            assert!(s > victim::DEBT, "debt {debt}: score {s}");
+            assert_eq!(victim::class(s), victim::DEBT, "debt {debt}");
+        }
+        let busy = score(h | u64::from(BUCKET_BUSY) << 24, now + 500);
+        assert_eq!(victim::class(busy), victim::BUSY);
+        assert_eq!(victim::class(victim::DEBT), victim::DEBT);
+        const { assert!(victim::FREE < victim::FULL && victim::FULL < victim::DEBT) };
+        assert!(victim::class(victim::DEBT + victim::DEBT_CAP_NS) < victim::BUSY);
+    }
 }
