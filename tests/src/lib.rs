@@ -15,6 +15,8 @@
 //!   directory, for running frames through it with BPF_PROG_TEST_RUN.
 //! - [`bpf_stack`]: the stack of an eBPF object's call chains, from the object (frames and
 //!   BPF-to-BPF calls), as the verifier sums it.
+//! - [`clock`]: the program's two clocks read from user space (`CLOCK_MONOTONIC` and its coarse
+//!   twin, the coarse tick).
 //! - [`agent`]: where the real `ratelimit` binary is, for tests that run it as an agent.
 //! - [`agent_proc`]: [`AgentProcess`], that binary running as an agent in a test namespace.
 //! - [`cli`]: the `ratelimit` CLI against an agent's socket ([`cli()`], [`AgentProcess::cli`],
@@ -57,6 +59,7 @@ pub mod agent_proc;
 pub mod bpf_stack;
 pub mod bursty;
 pub mod cli;
+pub mod clock;
 pub mod cluster;
 pub mod cluster_net;
 mod cmd;

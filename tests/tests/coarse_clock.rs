@@ -1,0 +1,373 @@
+//! The coarse clock through the real XDP program (BPF_PROG_TEST_RUN): a rule on it admits no more
+//! than `burst + rate x t` however late in a tick a burst comes and however far (within the lag
+//! allowance) the clock lags; and a rule on it alone withholds at most the lag's refill. Some
+//! tests plant this CPU's cached coarse time behind the true time
+//! (`TestDataplane::set_coarse_cache`), as a vCPU held up by its host leaves it.
+
+use std::{net::Ipv4Addr, time::Duration};
+
+use ratelimit_common::verdict;
+use ratelimit_testbed::{
+    clock::{coarse_ns, coarse_tick_ns, monotonic_ns, next_tick},
+    packet::eth,
+    require_root,
+    xdp::{pin_to_cpu, XDP_PASS},
+    TestDataplane,
+};
+
+fn udp4(src: Ipv4Addr) -> Vec<u8> {
+    eth()
+        .ipv4(src, Ipv4Addr::new(198, 18, 0, 254))
+        .udp(1000, 9)
+        .build()
+}
+fn ip(s: &str) -> Ipv4Addr {
+    s.parse().unwrap()
+}
+
+/// Runs `frame` `n` times (one test run each) and counts the passes.
+fn passes(dp: &TestDataplane, frame: &[u8], n: usize) -> usize {
+    (0..n).filter(|_| dp.run(frame) == XDP_PASS).count()
+}
+
+/// One burst of `runs` frames of `frame` at the start of a jiffy, with CPU `cpu`'s cached coarse
+/// clock planted `lag` behind the true time (`warm`, a packet of another rule, first brings the
+/// cache up to the jiffy): what rule `id` admitted and how long the burst took (ns), or `None`
+/// if the jiffy changed during it (the program then read the clock again: not the case looked
+/// for).
+fn burst_under_a_planted_clock(
+    dp: &TestDataplane,
+    (cpu, id): (usize, u32),
+    warm: &[u8],
+    frame: &[u8],
+    runs: usize,
+    lag: u64,
+) -> Option<(u64, u64)> {
+    let began = next_tick(coarse_ns());
+    let _ = dp.run(warm);
+    let (jiffies, _) = dp.coarse_cache(cpu);
+    let planted = monotonic_ns() - lag;
+    dp.set_coarse_cache(cpu, jiffies, planted);
+    let before = dp.rule(id).pkts[verdict::PASSED];
+    let t0 = monotonic_ns();
+    let first = passes(dp, frame, runs) as u64;
+    let t1 = monotonic_ns();
+    if dp.coarse_cache(cpu) != (jiffies, planted) || coarse_ns() != began {
+        return None;
+    }
+    let admitted = dp.rule(id).pkts[verdict::PASSED] - before;
+    assert_eq!(admitted, first);
+    Some((admitted, t1 - t0))
+}
+
+/// Rules on the coarse clock admit no more than `burst + rate x t` over an interval that starts
+/// late in one tick and ends early in a later one, where that clock is furthest from the true
+/// time at the start and nearest at the end: a fresh source's burst from late in a tick, then
+/// more right after a later tick. Two rules on the coarse clock: one whose charges are all within
+/// `ratelimit_common::COARSE_LAG_NS` of a full or an empty bucket (on the precise clock), one
+/// with most of its charges in between (on the coarse clock).
+///
+/// With the bucket charged from the coarse `now` (the time of the last tick), a burst was charged
+/// from a time up to a tick before it was sent: what it spent refilled from then, and the bucket
+/// admitted up to a tick's refill beyond the bound (7 packets at 2,500/s and HZ=250). And the
+/// whole burst must still pass, however late in its tick it comes.
+#[test]
+fn a_tick_of_the_coarse_clock_admits_nothing_beyond_the_bound() {
+    require_root();
+    const RATE: u64 = 2_500;
+    let mut dp = TestDataplane::new("coarse-edge", 1 << 14).unwrap();
+    let set = dp
+        .install_toml(&format!(
+            r#"[[rule]]
+name = "near"
+source = "198.18.0.0/16"
+rate = {RATE}
+burst = 100
+
+[[rule]]
+name = "deep"
+source = "198.19.0.0/16"
+rate = {RATE}
+burst = 500
+"#
+        ))
+        .unwrap();
+    let tick = coarse_tick_ns();
+    for (name, net, burst) in [("near", 18, 100u64), ("deep", 19, 500)] {
+        let rule = set.by_name(name).unwrap();
+        assert_ne!(
+            rule.rule.flags & ratelimit_common::rule_flags::COARSE_CLOCK,
+            0,
+            "{name}: a tolerance of 20 ms or more is on the coarse clock"
+        );
+        let id = rule.id;
+        // The burst's runs, one at a time (a test run with `repeat` waits milliseconds for the
+        // kernel to switch its XDP dispatcher), start `late` into a tick.
+        let runs = usize::try_from(burst).unwrap() + 200;
+        let late = tick * 3 / 4;
+        let mut checked = 0;
+        for attempt in 0..40u8 {
+            if checked == 4 {
+                break;
+            }
+            let frame = udp4(Ipv4Addr::new(198, net, 1, attempt));
+            let began = next_tick(coarse_ns());
+            while monotonic_ns() < began + late {
+                std::hint::spin_loop();
+            }
+            let before = dp.rule(id).pkts[verdict::PASSED];
+            let t0 = monotonic_ns();
+            if coarse_ns() != began {
+                continue; // a stall took the thread past the tick: not the case looked for
+            }
+            let first = passes(&dp, &frame, runs) as u64;
+            // Right after the next tick.
+            let edge = next_tick(coarse_ns());
+            let more = passes(&dp, &frame, 20) as u64;
+            let t1 = monotonic_ns();
+            if coarse_ns() != edge {
+                continue;
+            }
+            let admitted = dp.rule(id).pkts[verdict::PASSED] - before;
+            assert_eq!(admitted, first + more);
+            #[expect(clippy::cast_precision_loss, reason = "small counts")]
+            let bound = burst + ((t1 - t0) as f64 * RATE as f64 / 1e9).floor() as u64;
+            #[expect(clippy::cast_precision_loss, reason = "small counts")]
+            let ms = |ns: u64| ns as f64 / 1e6;
+            println!(
+                "{name} attempt {attempt}: from {:.2} ms into a tick of {:.0} ms: {first} of {runs} \
+                 then {more} of 20 after the next tick, {admitted} in {:.3} ms, bound {bound}",
+                ms(t0 - began),
+                ms(tick),
+                ms(t1 - t0),
+            );
+            assert!(
+                first >= burst,
+                "{name} attempt {attempt}: a fresh bucket admitted {first} of its burst of {burst}"
+            );
+            assert!(
+                admitted <= bound,
+                "{name} attempt {attempt}: admitted {admitted} over {:.3} ms: more than burst + rate x t = {bound}",
+                ms(t1 - t0)
+            );
+            checked += 1;
+        }
+        assert!(
+            checked >= 2,
+            "{name}: only {checked} attempts ran without a stall past a tick"
+        );
+    }
+}
+
+/// The coarse clock can lag the true time by several ticks: the kernel's coarse time is its last
+/// timekeeping update, and when the CPU that does it is held up (a vCPU the host preempted, a
+/// long section with interrupts off), no update comes until another CPU's tick forces one, after
+/// `MAX_STALLED_JIFFIES` (5) of its own ticks (kernel/time/tick-sched.c): up to about 7 ticks
+/// behind in all (the update's own remainder, the stall, the tick that sees it). On this 2-vCPU
+/// machine at HZ=250, `CLOCK_MONOTONIC_COARSE` read right between two `CLOCK_MONOTONIC` reads
+/// 20 us apart was 13.7 ms behind within 30 s of a build running.
+///
+/// A bucket charged on the coarse clock must hold `burst + rate x t` all the same. The test
+/// plants a coarse clock 7 ticks behind in this CPU's scratch record (the program reads it for
+/// every packet until the jiffy changes), on a bucket that is full at the true time but whose TAT
+/// is only a few ms old. With the program's allowance for the lag a fixed 10 ms (before
+/// `ratelimit_common::COARSE_LAG_TICKS`), that TAT looked at least 10 ms past the clock, so the
+/// bucket was charged from its old TAT rather than from the true time, and its burst took the
+/// ms that TAT was behind on top of it: 110 admitted in 0.28 ms against a bound of 100. Now the
+/// allowance is 8 ticks of the running kernel (set by the loader): 100.
+#[test]
+fn a_coarse_clock_lagging_ticks_behind_admits_nothing_beyond_the_bound() {
+    require_root();
+    const CPU: usize = 0;
+    const RATE: u64 = 1_000;
+    const BURST: u64 = 100;
+    pin_to_cpu(CPU).unwrap();
+    let mut dp = TestDataplane::new("coarse-lag", 1 << 12).unwrap();
+    let set = dp
+        .install_toml(&format!(
+            r#"[[rule]]
+name = "lag"
+source = "198.18.0.0/16"
+rate = {RATE}
+burst = {BURST}
+
+[[rule]]
+name = "warm"
+source = "198.19.0.0/16"
+rate = {RATE}
+burst = {BURST}
+"#
+        ))
+        .unwrap();
+    let rule = set.by_name("lag").unwrap();
+    assert_ne!(
+        rule.rule.flags & ratelimit_common::rule_flags::COARSE_CLOCK,
+        0,
+        "a tolerance of 100 ms is on the coarse clock"
+    );
+    let id = rule.id;
+    let tick = coarse_tick_ns();
+    let lag = 7 * tick;
+    let warm = udp4(ip("198.19.0.1"));
+    let mut checked = 0;
+    for attempt in 0..40u8 {
+        if checked == 4 {
+            break;
+        }
+        let frame = udp4(Ipv4Addr::new(198, 18, 1, attempt));
+        // A new bucket (created on the precise clock), one token spent: its TAT is a ms ahead.
+        assert_eq!(dp.run(&frame), XDP_PASS, "a new source's first packet");
+        // Full again a few ms later, its TAT a few ms behind the true time.
+        std::thread::sleep(Duration::from_millis(8));
+        let runs = usize::try_from(BURST).unwrap() + 50;
+        let Some((admitted, took)) =
+            burst_under_a_planted_clock(&dp, (CPU, id), &warm, &frame, runs, lag)
+        else {
+            continue;
+        };
+        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+        let bound = BURST + (took as f64 * RATE as f64 / 1e9).floor() as u64;
+        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+        let ms = |ns: u64| ns as f64 / 1e6;
+        println!(
+            "attempt {attempt}: coarse clock {:.1} ms behind: {admitted} of {runs} admitted in {:.3} ms, bound {bound}",
+            ms(lag),
+            ms(took),
+        );
+        assert!(
+            admitted >= BURST,
+            "attempt {attempt}: a full bucket admitted {admitted} of its burst of {BURST}"
+        );
+        assert!(
+            admitted <= bound,
+            "attempt {attempt}: a coarse clock {:.1} ms behind: admitted {admitted} in {:.3} ms, more than burst + rate x t = {bound}",
+            ms(lag),
+            ms(took)
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= 2,
+        "only {checked} attempts ran their burst within one jiffy"
+    );
+}
+
+/// A limit whose burst is at least 100 times what the coarse clock's lag allowance `L` refills
+/// (in whole packets) runs on the coarse clock alone (`rule_flags::COARSE_ONLY`), and holds both
+/// sides of its contract: a full bucket's burst admits at least `burst - ceil(rate x L)` (at most
+/// 1% withheld), and no interval admits
+/// more than `burst + rate x t`, even with the coarse clock planted 7 ticks behind the true time
+/// (a bucket full at the true time whose TAT is a few ms old, as in the test above). A rule whose
+/// burst is one packet short keeps the precise clock where it matters (no flag).
+#[test]
+fn a_coarse_only_limit_withholds_at_most_the_lag_and_admits_nothing_beyond_the_bound() {
+    use ratelimit_common::{coarse_lag_ns, rule_flags, COARSE_ONLY_FACTOR};
+    require_root();
+    const CPU: usize = 0;
+    const RATE: u64 = 100;
+    pin_to_cpu(CPU).unwrap();
+    let tick = coarse_tick_ns();
+    let lag_allowance = coarse_lag_ns(tick);
+    // 100 times the packets L refills, rounded up: burst 400 at HZ=250 (L = 32 ms, 3.2 packets).
+    let burst = COARSE_ONLY_FACTOR * (lag_allowance * RATE).div_ceil(1_000_000_000);
+    let short = burst - 1;
+    let mut dp = TestDataplane::new("coarse-only", 1 << 12).unwrap();
+    let set = dp
+        .install_toml(&format!(
+            r#"[[rule]]
+name = "only"
+source = "198.18.0.0/16"
+rate = {RATE}
+burst = {burst}
+
+[[rule]]
+name = "short"
+source = "198.20.0.0/16"
+rate = {RATE}
+burst = {short}
+
+[[rule]]
+name = "warm"
+source = "198.19.0.0/16"
+rate = 1000
+burst = 100
+"#
+        ))
+        .unwrap();
+    let flags = |name: &str| set.by_name(name).unwrap().rule.flags;
+    assert_ne!(
+        flags("only") & rule_flags::COARSE_ONLY,
+        0,
+        "tolerance >= 100 x L"
+    );
+    assert_ne!(flags("only") & rule_flags::COARSE_CLOCK, 0);
+    assert_eq!(
+        flags("short") & rule_flags::COARSE_ONLY,
+        0,
+        "a packet short"
+    );
+    assert_ne!(flags("short") & rule_flags::COARSE_CLOCK, 0);
+    let id = set.by_name("only").unwrap().id;
+    let withheld_at_most = (lag_allowance * RATE).div_ceil(1_000_000_000);
+    let runs = usize::try_from(burst).unwrap() + 50;
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let ms = |ns: u64| ns as f64 / 1e6;
+    #[expect(clippy::cast_precision_loss, reason = "small counts")]
+    let refill = |ns: u64| (ns as f64 * RATE as f64 / 1e9).floor() as u64;
+
+    // A new source's bucket: full, charged from `coarse + L`.
+    let fresh = udp4(ip("198.18.2.1"));
+    let t0 = monotonic_ns();
+    let first = passes(&dp, &fresh, runs) as u64;
+    let t1 = monotonic_ns();
+    println!(
+        "a new bucket: {first} of {runs} admitted in {:.3} ms; burst {burst}, at most \
+         {withheld_at_most} withheld, bound {}",
+        ms(t1 - t0),
+        burst + refill(t1 - t0)
+    );
+    assert!(
+        first + withheld_at_most >= burst,
+        "a new bucket admitted {first} of its burst of {burst}: more than rate x L withheld"
+    );
+    assert!(
+        first <= burst + refill(t1 - t0),
+        "a new bucket admitted {first}"
+    );
+
+    // A full bucket whose TAT is a few ms behind the true time, under a coarse clock planted 7
+    // ticks behind it.
+    let warm = udp4(ip("198.19.0.1"));
+    let mut checked = 0;
+    for attempt in 0..40u8 {
+        if checked == 3 {
+            break;
+        }
+        let frame = udp4(Ipv4Addr::new(198, 18, 1, attempt));
+        assert_eq!(dp.run(&frame), XDP_PASS, "a new source's first packet");
+        std::thread::sleep(Duration::from_millis(8) + Duration::from_nanos(1_000_000_000 / RATE));
+        let Some((admitted, took)) =
+            burst_under_a_planted_clock(&dp, (CPU, id), &warm, &frame, runs, 7 * tick)
+        else {
+            continue;
+        };
+        // At most full (a coarse-only bucket starts `L` short of it): burst plus the refill.
+        let bound = burst + refill(took);
+        println!(
+            "attempt {attempt}: coarse clock {:.1} ms behind: {admitted} of {runs} admitted in \
+             {:.3} ms, bound {bound}, at least {}",
+            ms(7 * tick),
+            ms(took),
+            burst - withheld_at_most
+        );
+        assert!(
+            admitted <= bound,
+            "attempt {attempt}: admitted {admitted}, more than burst + rate x t = {bound}"
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= 2,
+        "only {checked} attempts ran their burst within one jiffy"
+    );
+}
