@@ -31,6 +31,15 @@ pub mod rule_flags {
     /// lag, so that what a full bucket withholds is at most 1% of its burst; in the rule's flags
     /// and in each of its limits'.
     pub const COARSE_ONLY: u32 = 1 << 8;
+    /// With [`COARSE_CLOCK`]: a drop window is judged on the coarse clock alone, so it may hold
+    /// up to the lag past its end, where the precise clock would otherwise decide every packet
+    /// of a flood near it (a window at 1,000 packets/s lasts 1 ms, inside the 32 ms lag at
+    /// HZ=250). Nothing is lost: the agent sets it only where every limit's bucket is one
+    /// source's own, not cluster-scoped, with a tolerance of at least the lag plus one packet's
+    /// cost (a byte limit's: a 64 KiB frame's), so a bucket never fills while its source is
+    /// held: the tokens it waits for are in its bucket when the window lets it through.
+    /// Rule flags only: a window is the rule's, in the source's classification slot.
+    pub const HOLD_WINDOW: u32 = 1 << 9;
     /// The rule limits packets per second ([`crate::Rule::pkt_interval_ns`] is valid).
     pub const PKT_LIMIT: u32 = 1 << 2;
     /// The rule limits bytes per second ([`crate::Rule::byte_interval_fp`] is valid).

@@ -1,8 +1,9 @@
 //! The coarse clock through the real XDP program (BPF_PROG_TEST_RUN): a rule on it admits no more
 //! than `burst + rate x t` however late in a tick a burst comes and however far (within the lag
-//! allowance) the clock lags; and a rule on it alone withholds at most the lag's refill. Some
-//! tests plant this CPU's cached coarse time behind the true time
-//! (`TestDataplane::set_coarse_cache`), as a vCPU held up by its host leaves it.
+//! allowance) the clock lags; a rule on it alone withholds at most the lag's refill; and a drop
+//! window held on it past its end loses its source no token. Some tests plant this CPU's cached
+//! coarse time behind the true time (`TestDataplane::set_coarse_cache`), as a vCPU held up by
+//! its host leaves it.
 
 use std::{net::Ipv4Addr, time::Duration};
 
@@ -11,7 +12,7 @@ use ratelimit_testbed::{
     clock::{coarse_ns, coarse_tick_ns, monotonic_ns, next_tick},
     packet::eth,
     require_root,
-    xdp::{pin_to_cpu, XDP_PASS},
+    xdp::{pin_to_cpu, XDP_DROP, XDP_PASS},
     TestDataplane,
 };
 
@@ -369,5 +370,176 @@ burst = 100
     assert!(
         checked >= 2,
         "only {checked} attempts ran their burst within one jiffy"
+    );
+}
+
+/// The end of the drop window that source `addr`'s bucket of rule `rule` opened with its last
+/// drop: when its next packet conforms (`TAT - tolerance + interval`), by the precise clock.
+fn window_end(dp: &TestDataplane, rule: u32, addr: [u8; 4], tolerance: u64, interval: u64) -> u64 {
+    let mut a = [0u8; 16];
+    a[..4].copy_from_slice(&addr);
+    let key = ratelimit_common::BucketKey {
+        rule,
+        family: ratelimit_common::family::V4,
+        _pad: [0; 3],
+        addr: a,
+    };
+    let b = dp
+        .maps()
+        .bucket(&key)
+        .unwrap()
+        .expect("the source's bucket");
+    b.tat_ns - tolerance + interval
+}
+
+/// A drop window held on the coarse clock (`rule_flags::HOLD_WINDOW`: a source's own bucket, a
+/// tolerance of the lag allowance and a packet or more) holds until that clock passes its end,
+/// without a read of the precise clock, and loses its source no token: a packet sent 1-5 ms
+/// after the window's end by the true time, with this CPU's coarse clock planted 1 ms before
+/// it, is dropped (the precise clock would admit it); once the coarse clock is past the end,
+/// the tokens that came meanwhile all pass, and no more. Under the same limit per /24 (a shared
+/// bucket, no flag) the precise clock decides at the window's end: the same packet passes.
+#[test]
+fn a_held_drop_window_loses_its_source_no_token() {
+    use ratelimit_common::{coarse_lag_ns, rule_flags};
+    require_root();
+    const CPU: usize = 0;
+    const RATE: u64 = 100;
+    const INTERVAL: u64 = 1_000_000_000 / RATE;
+    pin_to_cpu(CPU).unwrap();
+    let lag = coarse_lag_ns(coarse_tick_ns());
+    // The lag's refill and two packets more: burst 6 at HZ=250 (L = 32 ms), far under the 400
+    // of the coarse clock alone.
+    let burst = lag.div_ceil(INTERVAL) + 2;
+    let tolerance = burst * INTERVAL;
+    let mut dp = TestDataplane::new("held-window", 1 << 12).unwrap();
+    let set = dp
+        .install_toml(&format!(
+            r#"[[rule]]
+name = "own"
+source = "198.18.0.0/16"
+rate = {RATE}
+burst = {burst}
+
+[[rule]]
+name = "shared"
+source = "198.19.0.0/16"
+per = "/24"
+rate = {RATE}
+burst = {burst}
+
+[[rule]]
+name = "warm"
+source = "198.20.0.0/16"
+rate = 1000
+burst = 100
+"#
+        ))
+        .unwrap();
+    let rule = |name: &str| set.by_name(name).unwrap();
+    let (own, shared) = (rule("own"), rule("shared"));
+    assert_eq!(
+        own.rule.flags
+            & (rule_flags::COARSE_CLOCK | rule_flags::HOLD_WINDOW | rule_flags::COARSE_ONLY),
+        rule_flags::COARSE_CLOCK | rule_flags::HOLD_WINDOW,
+        "a source's own bucket, tolerance {tolerance} ns, lag {lag} ns"
+    );
+    assert_eq!(
+        shared.rule.flags & (rule_flags::COARSE_CLOCK | rule_flags::HOLD_WINDOW),
+        rule_flags::COARSE_CLOCK,
+        "a shared bucket"
+    );
+    let warm = udp4(ip("198.20.0.1"));
+    let mut checked = [0u32; 2];
+    for attempt in 0..30u8 {
+        if checked.iter().all(|&c| c >= 2) {
+            break;
+        }
+        let k = usize::from(attempt % 2);
+        let (name, id, expected) = if k == 0 {
+            ("own", own.id, XDP_DROP)
+        } else {
+            ("shared", shared.id, XDP_PASS)
+        };
+        let addr = [198, 18 + k as u8, attempt, 1];
+        let frame = udp4(Ipv4Addr::from(addr));
+        // Drained, and a window opened by the first drop.
+        let first = monotonic_ns();
+        assert_eq!(
+            passes(&dp, &frame, usize::try_from(burst).unwrap()),
+            usize::try_from(burst).unwrap()
+        );
+        assert_eq!(dp.run(&frame), XDP_DROP, "{name}: the burst spent");
+        let key_addr = if k == 0 {
+            addr
+        } else {
+            [addr[0], addr[1], addr[2], 0]
+        };
+        let end = window_end(&dp, id, key_addr, tolerance, INTERVAL);
+        // Past the end by the true time, then at the start of a tick (so none comes during the
+        // packet), the coarse clock planted 1 ms before the end.
+        while monotonic_ns() < end + 1_000_000 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let began = next_tick(coarse_ns());
+        let _ = dp.run(&warm);
+        let (jiffies, _) = dp.coarse_cache(CPU);
+        let planted = end - 1_000_000;
+        dp.set_coarse_cache(CPU, jiffies, planted);
+        let sent = monotonic_ns();
+        let action = dp.run(&frame);
+        if dp.coarse_cache(CPU) != (jiffies, planted) || coarse_ns() != began {
+            continue;
+        }
+        assert!(sent >= end, "{name}: sent before the window's end");
+        assert_eq!(
+            action,
+            expected,
+            "{name}: a packet {:.1} ms past its window's end, the coarse clock 1 ms before it",
+            (sent - end) as f64 / 1e6
+        );
+        // The coarse clock past the end: every token due since it passes (the one due at the
+        // end, one each interval since), and no more; judged on the coarse clock, up to a tick
+        // late, so one fewer at most.
+        std::thread::sleep(Duration::from_millis(35));
+        let t0 = monotonic_ns();
+        let more = passes(&dp, &frame, 20) as u64;
+        let t1 = monotonic_ns();
+        let already = u64::from(action == XDP_PASS);
+        let due = |t: u64| (t - end) / INTERVAL + 1 - already;
+        println!(
+            "{name}, attempt {attempt}: the packet past the end {}, then {more} of 20 at {:.1} ms \
+             past it (due {}..={})",
+            if action == XDP_PASS {
+                "passed"
+            } else {
+                "dropped"
+            },
+            (t0 - end) as f64 / 1e6,
+            due(t0),
+            due(t1)
+        );
+        assert!(
+            more <= due(t1),
+            "{name}: {more} admitted, more than the {} tokens due",
+            due(t1)
+        );
+        assert!(
+            more + 1 >= due(t0),
+            "{name}: {more} admitted of the {} tokens due: the held window lost some",
+            due(t0)
+        );
+        // And over the whole attempt, within the bound.
+        let admitted = burst + already + more;
+        let bound = burst + (t1 - first) / INTERVAL;
+        assert!(
+            admitted <= bound,
+            "{name}: {admitted} admitted, bound {bound}"
+        );
+        checked[k] += 1;
+    }
+    assert!(
+        checked.iter().all(|&c| c >= 2),
+        "attempts that ran without a tick in the way: {checked:?}"
     );
 }

@@ -74,6 +74,11 @@ pub fn rule_record(r: &RuleConfig) -> Rule {
         for l in &mut rule.extra[..r.limits.len()] {
             l.flags |= clock;
         }
+        let per_source = r.per == Per::Source && r.limits.iter().all(|l| l.per == Per::Source);
+        if per_source && (0..rule.limits()).all(|k| rule.limit(k).is_some_and(|l| holds_window(&l)))
+        {
+            rule.flags |= rule_flags::HOLD_WINDOW;
+        }
     }
     // A `per = "rule"` packet limit gates the others: while its one bucket is empty, the program
     // drops the rule's packets from a per-CPU window before charging any other limit (a flood of
@@ -109,6 +114,21 @@ fn coarse_only(l: &Limit) -> bool {
                 u64::try_from(frame_ns).unwrap_or(u64::MAX),
                 lag,
             ))
+}
+
+/// Whether a drop window of limit `l` (a source's own bucket) may hold up to the coarse clock's
+/// lag past its end and lose nothing (`rule_flags::HOLD_WINDOW`): the window opens when a packet
+/// of cost `c` does not conform, so its bucket is full only `tolerance - c` after its end; a
+/// tolerance of at least the lag plus the largest cost keeps every token its source waits for.
+/// A byte limit's largest cost is a 64 KiB frame's, `byte_interval_fp` ns. Not for a
+/// cluster-scoped limit, whose window is capped so its drops reach the demand the agent reads.
+fn holds_window(l: &Limit) -> bool {
+    let lag = coarse_lag_ns();
+    l.flags & rule_flags::CLUSTER == 0
+        && (l.flags & rule_flags::PKT_LIMIT == 0
+            || l.pkt_tolerance_ns >= lag.saturating_add(l.pkt_interval_ns))
+        && (l.flags & rule_flags::BYTE_LIMIT == 0
+            || l.byte_tolerance_ns >= lag.saturating_add(l.byte_interval_fp))
 }
 
 /// The kernel form of one limit of a valid rule (whose sources include IPv6 ones if `has_v6`),

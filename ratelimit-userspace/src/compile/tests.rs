@@ -89,8 +89,13 @@ fn packet_limit_record() {
     }
     assert_eq!(rec.pkt_tolerance_ns, 20 * 333_333_334);
     assert_eq!((rec.byte_interval_fp, rec.byte_tolerance_ns), (0, 0));
-    // A burst of 20 at 3/s: the lag refills a packet (rounded up), and 20 is not 100 of them.
-    assert_eq!(rec.flags, rule_flags::PKT_LIMIT | rule_flags::COARSE_CLOCK);
+    // A burst of 20 at 3/s: the lag refills a packet (rounded up), and 20 is not 100 of them;
+    // 19 packets' tolerance beyond one is more than the lag, so its windows hold on the coarse
+    // clock (see windows_hold_where_a_sources_own_bucket_keeps_the_tokens).
+    assert_eq!(
+        rec.flags,
+        rule_flags::PKT_LIMIT | rule_flags::COARSE_CLOCK | rule_flags::HOLD_WINDOW
+    );
     assert_eq!(rec.src_mask, [u32::MAX, 0, 0, 0]);
 }
 
@@ -139,6 +144,68 @@ fn coarse_only_from_a_hundred_lags() {
     );
 }
 
+/// A drop window holds on the coarse clock (`HOLD_WINDOW`) only where holding it up to the lag
+/// loses its source nothing: every limit a source's own bucket, none cluster-scoped, each
+/// tolerance at least the lag plus its largest cost (one packet; a 64 KiB frame in bytes). A
+/// shared bucket (`per = "/24"`, `per = "rule"`) keeps the precise clock at a window's end,
+/// where a held source would miss the refill the others of its group take meanwhile.
+#[test]
+fn windows_hold_where_a_sources_own_bucket_keeps_the_tokens() {
+    use crate::config::{LimitConfig, Per, Scope};
+    let lag = super::coarse_lag_ns();
+    let holds = |r: &RuleConfig| rule_record(r).flags & rule_flags::HOLD_WINDOW != 0;
+    // rate 1000: 1 ms a packet. The tolerance beyond one packet must cover the lag.
+    let lag_ms = lag.div_ceil(1_000_000);
+    let at = |burst: u64| RuleConfig {
+        burst: Some(burst),
+        ..limit("a", "10.0.0.0/8", 1000)
+    };
+    assert!(holds(&at(lag_ms + 1)), "burst {}, lag {lag} ns", lag_ms + 1);
+    assert!(!holds(&at(lag_ms)), "burst {lag_ms}, lag {lag} ns");
+    // `burst = 1`: nothing beyond the packet itself, so a held window would lose a token.
+    assert!(!holds(&RuleConfig {
+        burst: Some(1),
+        ..limit("a", "10.0.0.0/8", 10)
+    }));
+    // Shared buckets, cluster scope.
+    let big = at(10 * lag_ms + 1);
+    assert!(holds(&big));
+    for (per, scope, what) in [
+        (Per::Prefix(24), Scope::Local, "per /24"),
+        (Per::Rule, Scope::Local, "per rule"),
+        (Per::Source, Scope::Cluster, "cluster-scoped"),
+    ] {
+        assert!(
+            !holds(&RuleConfig {
+                per,
+                scope,
+                ..big.clone()
+            }),
+            "{what}"
+        );
+        let mut layered = big.clone();
+        layered.limits.push(LimitConfig {
+            per,
+            rate: Some(1000),
+            burst: Some(10 * lag_ms + 1),
+            bytes_rate: None,
+            bytes_burst: None,
+            scope,
+            line: 0,
+        });
+        assert!(!holds(&layered), "a second limit {what}");
+    }
+    // Bytes: a 64 KiB frame's cost beyond the lag. 1 MB/s: 65.536 ms for 64 KiB.
+    let bytes = |burst: u64| RuleConfig {
+        bytes_rate: Some(1_000_000),
+        bytes_burst: Some(burst),
+        ..RuleConfig::new("b", net("10.0.0.0/8"))
+    };
+    let need = (lag + 65_536_000).div_ceil(1_000);
+    assert!(holds(&bytes(need)), "bytes burst {need}");
+    assert!(!holds(&bytes(need - 100)), "bytes burst {}", need - 100);
+}
+
 #[test]
 fn byte_limit_record() {
     let r = RuleConfig {
@@ -150,7 +217,7 @@ fn byte_limit_record() {
     // COARSE_ONLY too on a kernel of 1,000 ticks a second (see coarse_only_from_a_hundred_lags).
     assert_eq!(
         rec.flags & !rule_flags::COARSE_ONLY,
-        rule_flags::BYTE_LIMIT | rule_flags::COARSE_CLOCK
+        rule_flags::BYTE_LIMIT | rule_flags::COARSE_CLOCK | rule_flags::HOLD_WINDOW
     );
     assert_eq!(rec.byte_interval_fp, (1_000_000_000u64 << 16) / 1_000_000);
     // A rate that does not divide it: the interval rounds up (never a byte a second over).
