@@ -40,6 +40,12 @@ pub mod rule_flags {
     /// held: the tokens it waits for are in its bucket when the window lets it through.
     /// Rule flags only: a window is the rule's, in the source's classification slot.
     pub const HOLD_WINDOW: u32 = 1 << 9;
+    /// With [`COARSE_CLOCK`] and [`GATE`]: the per-rule limit's drop window is judged on the
+    /// coarse clock alone, as [`HOLD_WINDOW`] does a source's. The agent sets it where that
+    /// limit's tolerance holds the lag plus one packet and it is not cluster-scoped: its one
+    /// bucket keeps the tokens while every source of the rule is held alike on a CPU, and the
+    /// window's batch ([`GATE`]'s `DROP_BATCH`) ends the hold of a flood after 64 packets.
+    pub const HOLD_GATE: u32 = 1 << 10;
     /// The rule limits packets per second ([`crate::Rule::pkt_interval_ns`] is valid).
     pub const PKT_LIMIT: u32 = 1 << 2;
     /// The rule limits bytes per second ([`crate::Rule::byte_interval_fp`] is valid).

@@ -169,18 +169,19 @@ fn clock(
 /// holds at `now`. On the coarse clock, a window within [`COARSE_LAG_NS`] of its end may be over
 /// at the true time: the precise clock decides (held to the next tick, it kept the source out of
 /// a shared bucket's refill that others took meanwhile; see [`clock`]). Under
-/// [`rule_flags::COARSE_ONLY`] or [`rule_flags::HOLD_WINDOW`] the coarse clock decides: a window
-/// held up to the lag longer drops packets that would conform, never admits one that would not,
-/// and its source's bucket keeps the tokens meanwhile (the agent's conditions for either flag).
+/// [`rule_flags::COARSE_ONLY`] or `hold` (the window's flag: [`rule_flags::HOLD_WINDOW`] for a
+/// source's window, [`rule_flags::HOLD_GATE`] for the per-rule one) the coarse clock decides: a
+/// window held up to the lag longer drops packets that would conform, never admits one that
+/// would not, and its bucket keeps the tokens meanwhile (the agent's conditions for each flag).
 /// At 1,000 packets/s a window lasts 1 ms, inside the lag: without them every dropped packet of
 /// a flood read the precise clock (a hot source end to end: 81-83% of drop-all; held, 88%).
 #[inline(always)]
-pub fn window_holds(flags: u32, now: u64, until: u64, ck: *mut ChargeClock) -> bool {
+pub fn window_holds(flags: u32, hold: u32, now: u64, until: u64, ck: *mut ChargeClock) -> bool {
     if now >= until {
         return false;
     }
     flags & rule_flags::COARSE_CLOCK == 0
-        || flags & (rule_flags::COARSE_ONLY | rule_flags::HOLD_WINDOW) != 0
+        || flags & (rule_flags::COARSE_ONLY | hold) != 0
         || until - now >= COARSE_LAG_NS.load()
         || precise_now(ck) < until
 }

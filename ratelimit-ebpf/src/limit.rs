@@ -70,7 +70,13 @@ pub fn limit(
             let count = (*g).drop_count;
             if open
                 && count < DROP_BATCH
-                && bucket::window_holds(rule.flags, now, (*g).drop_until, charge_clock(s))
+                && bucket::window_holds(
+                    rule.flags,
+                    rule_flags::HOLD_GATE,
+                    now,
+                    (*g).drop_until,
+                    charge_clock(s),
+                )
             {
                 (*g).drop_count = count + 1;
                 let k = rule_flags::gate_limit(rule.flags);
@@ -106,7 +112,14 @@ pub fn limit(
             (*slot).bucket,
         )
     };
-    if drop_count < DROP_BATCH && bucket::window_holds(rule.flags, now, drop_until, charge_clock(s))
+    if drop_count < DROP_BATCH
+        && bucket::window_holds(
+            rule.flags,
+            rule_flags::HOLD_WINDOW,
+            now,
+            drop_until,
+            charge_clock(s),
+        )
     {
         // SAFETY: as above.
         unsafe { (*slot).drop_count = drop_count + 1 };

@@ -89,6 +89,11 @@ pub fn rule_record(r: &RuleConfig) -> Rule {
     });
     if let Some(k) = gate {
         rule.flags |= rule_flags::gate(k as u32);
+        // Its window held on the coarse clock as a source's is (`holds_window`): one bucket for
+        // the whole rule, so every source of it waits alike.
+        if coarse && rule.limit(k).is_some_and(|l| holds_window(&l)) {
+            rule.flags |= rule_flags::HOLD_GATE;
+        }
     }
     rule
 }
@@ -116,12 +121,13 @@ fn coarse_only(l: &Limit) -> bool {
             ))
 }
 
-/// Whether a drop window of limit `l` (a source's own bucket) may hold up to the coarse clock's
-/// lag past its end and lose nothing (`rule_flags::HOLD_WINDOW`): the window opens when a packet
-/// of cost `c` does not conform, so its bucket is full only `tolerance - c` after its end; a
-/// tolerance of at least the lag plus the largest cost keeps every token its source waits for.
-/// A byte limit's largest cost is a 64 KiB frame's, `byte_interval_fp` ns. Not for a
-/// cluster-scoped limit, whose window is capped so its drops reach the demand the agent reads.
+/// Whether a drop window of limit `l` (a source's own bucket, or a per-rule limit's) may hold up
+/// to the coarse clock's lag past its end and lose nothing (`rule_flags::HOLD_WINDOW`,
+/// `HOLD_GATE`): the window opens when a packet of cost `c` does not conform, so its bucket is
+/// full only `tolerance - c` after its end; a tolerance of at least the lag plus the largest cost
+/// keeps every token its sources wait for. A byte limit's largest cost is a 64 KiB frame's,
+/// `byte_interval_fp` ns. Not for a cluster-scoped limit, whose window is capped so its drops
+/// reach the demand the agent reads.
 fn holds_window(l: &Limit) -> bool {
     let lag = coarse_lag_ns();
     l.flags & rule_flags::CLUSTER == 0

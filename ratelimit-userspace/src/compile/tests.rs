@@ -147,28 +147,31 @@ fn coarse_only_from_a_hundred_lags() {
 /// A drop window holds on the coarse clock (`HOLD_WINDOW`) only where holding it up to the lag
 /// loses its source nothing: every limit a source's own bucket, none cluster-scoped, each
 /// tolerance at least the lag plus its largest cost (one packet; a 64 KiB frame in bytes). A
-/// shared bucket (`per = "/24"`, `per = "rule"`) keeps the precise clock at a window's end,
-/// where a held source would miss the refill the others of its group take meanwhile.
+/// shared bucket (`per = "/24"`, `per = "rule"`) keeps the precise clock at a source's window's
+/// end, where a held source would miss the refill the others of its group take meanwhile; a
+/// per-rule limit's own window (the gate's, `HOLD_GATE`), which holds every source of the rule
+/// alike, holds under the same condition on that limit.
 #[test]
 fn windows_hold_where_a_sources_own_bucket_keeps_the_tokens() {
     use crate::config::{LimitConfig, Per, Scope};
     let lag = super::coarse_lag_ns();
     let holds = |r: &RuleConfig| rule_record(r).flags & rule_flags::HOLD_WINDOW != 0;
-    // rate 1000: 1 ms a packet. The tolerance beyond one packet must cover the lag.
-    let lag_ms = lag.div_ceil(1_000_000);
+    // rate 100: 10 ms a packet (so that both sides of the line are on the coarse clock, 20 ms
+    // of tolerance or more, at any tick). The tolerance beyond one packet must cover the lag.
+    let n = lag.div_ceil(10_000_000);
     let at = |burst: u64| RuleConfig {
         burst: Some(burst),
-        ..limit("a", "10.0.0.0/8", 1000)
+        ..limit("a", "10.0.0.0/8", 100)
     };
-    assert!(holds(&at(lag_ms + 1)), "burst {}, lag {lag} ns", lag_ms + 1);
-    assert!(!holds(&at(lag_ms)), "burst {lag_ms}, lag {lag} ns");
+    assert!(holds(&at(n + 1)), "burst {}, lag {lag} ns", n + 1);
+    assert!(!holds(&at(n)), "burst {n}, lag {lag} ns");
     // `burst = 1`: nothing beyond the packet itself, so a held window would lose a token.
     assert!(!holds(&RuleConfig {
         burst: Some(1),
         ..limit("a", "10.0.0.0/8", 10)
     }));
     // Shared buckets, cluster scope.
-    let big = at(10 * lag_ms + 1);
+    let big = at(10 * n + 1);
     assert!(holds(&big));
     for (per, scope, what) in [
         (Per::Prefix(24), Scope::Local, "per /24"),
@@ -186,8 +189,8 @@ fn windows_hold_where_a_sources_own_bucket_keeps_the_tokens() {
         let mut layered = big.clone();
         layered.limits.push(LimitConfig {
             per,
-            rate: Some(1000),
-            burst: Some(10 * lag_ms + 1),
+            rate: Some(100),
+            burst: Some(10 * n + 1),
             bytes_rate: None,
             bytes_burst: None,
             scope,
@@ -195,6 +198,34 @@ fn windows_hold_where_a_sources_own_bucket_keeps_the_tokens() {
         });
         assert!(!holds(&layered), "a second limit {what}");
     }
+    // A per-rule limit (the gate) holds its own window under the same condition, as its one
+    // bucket keeps the tokens for every source of the rule alike; not cluster-scoped.
+    let gate = |r: &RuleConfig| rule_record(r).flags & rule_flags::HOLD_GATE != 0;
+    let per_rule = |burst: u64, scope: Scope| RuleConfig {
+        per: Per::Rule,
+        scope,
+        ..at(burst)
+    };
+    assert!(gate(&per_rule(n + 1, Scope::Local)), "per rule");
+    assert!(
+        !holds(&per_rule(n + 1, Scope::Local)),
+        "not a source's window"
+    );
+    assert!(!gate(&per_rule(n, Scope::Local)), "per rule, burst {n}");
+    assert!(!gate(&per_rule(n + 1, Scope::Cluster)), "per rule, cluster");
+    let mut layered = big.clone();
+    layered.limits.push(LimitConfig {
+        per: Per::Rule,
+        rate: Some(100),
+        burst: Some(10 * n + 1),
+        bytes_rate: None,
+        bytes_burst: None,
+        scope: Scope::Local,
+        line: 0,
+    });
+    assert!(gate(&layered), "a per-rule limit after a source's");
+    assert!(!holds(&layered), "a shared limit in the rule");
+    assert!(!gate(&big), "no per-rule limit, no gate");
     // Bytes: a 64 KiB frame's cost beyond the lag. 1 MB/s: 65.536 ms for 64 KiB.
     let bytes = |burst: u64| RuleConfig {
         bytes_rate: Some(1_000_000),
