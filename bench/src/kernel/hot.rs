@@ -48,9 +48,9 @@ fn measure_hot(
 ) -> Result<()> {
     let floor_frame = v4_frame([198, 18, 0, 1]);
     let (mut floor, mut floor_wall) = (Vec::new(), Vec::new());
-    // Warm up: create the buckets, spend the `drop` rule's one-packet burst.
+    // Warm up: create the buckets, spend the `drop` rules' bursts (2,000 for `drop-1k`).
     for c in cases.iter() {
-        repeat_ns(limiter.program(), &c.frame, 1000)?;
+        repeat_ns(limiter.program(), &c.frame, 3000)?;
     }
     for _ in 0..opts.runs {
         crate::session::check_interrupted()?;
@@ -105,6 +105,16 @@ fn hot_cases() -> Vec<HotCase> {
             "kernel.limiter.dropped",
             "limiter: known source, dropped (drop window)",
             v4_frame([198, 18, 2, 1]),
+        ),
+        HotCase::new(
+            "kernel.limiter.dropped_1k",
+            "limiter: known source, dropped at 1,000/s (1 ms windows, held)",
+            v4_frame([198, 18, 17, 1]),
+        ),
+        HotCase::new(
+            "kernel.limiter.dropped_1k_per24",
+            "limiter: known source, dropped at 1,000/s per /24 (1 ms windows, precise clock)",
+            v4_frame([198, 18, 18, 1]),
         ),
         HotCase::new(
             "kernel.limiter.ipv6",

@@ -65,6 +65,9 @@ const SECTION: &str = "In-kernel cost per packet (BPF_PROG_TEST_RUN)";
 /// `rate = 1e9` never runs dry in a test run (at most a few tens of millions of runs a second);
 /// a tolerance of 1 s selects the coarse clock (see `rule_record`), 1 ms the precise one, 10 s
 /// the coarse clock alone (`COARSE_ONLY`: at least 100 times its lag allowance at any HZ).
+/// `drop` opens 1 s drop windows, far from their end; `drop-1k` the 1 ms windows of the end to
+/// end hot source's limit (held on the coarse clock, `HOLD_WINDOW`), and `drop-1k-per24` the
+/// same on a shared bucket, decided on the precise clock near their end.
 pub const BASE_RULES: &str = r#"
 [[rule]]
 name = "admit"
@@ -89,6 +92,19 @@ name = "drop"
 source = "198.18.2.0/24"
 rate = 1
 burst = 1
+
+[[rule]]
+name = "drop-1k"
+source = "198.18.17.0/24"
+rate = 1000
+burst = 2000
+
+[[rule]]
+name = "drop-1k-per24"
+source = "198.18.18.0/24"
+per = "/24"
+rate = 1000
+burst = 2000
 
 [[rule]]
 name = "allow"
