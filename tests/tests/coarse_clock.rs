@@ -31,11 +31,29 @@ fn passes(dp: &TestDataplane, frame: &[u8], n: usize) -> usize {
     (0..n).filter(|_| dp.run(frame) == XDP_PASS).count()
 }
 
-/// One burst of `runs` frames of `frame` at the start of a jiffy, with CPU `cpu`'s cached coarse
-/// clock planted `lag` behind the true time (`warm`, a packet of another rule, first brings the
-/// cache up to the jiffy): what rule `id` admitted and how long the burst took (ns), or `None`
-/// if the jiffy changed during it (the program then read the clock again: not the case looked
-/// for).
+/// Runs `run` at the start of a jiffy with CPU `cpu`'s cached coarse clock planted at
+/// `planted()` (read once `warm`, a packet of another rule, has brought the cache up to the
+/// jiffy): what `run` returns, or `None` if the jiffy changed during it (the program then read
+/// the clock again: not the case looked for).
+fn under_a_planted_clock<T>(
+    dp: &TestDataplane,
+    cpu: usize,
+    warm: &[u8],
+    planted: impl FnOnce() -> u64,
+    run: impl FnOnce() -> T,
+) -> Option<T> {
+    let began = next_tick(coarse_ns());
+    let _ = dp.run(warm);
+    let (jiffies, _) = dp.coarse_cache(cpu);
+    let planted = planted();
+    dp.set_coarse_cache(cpu, jiffies, planted);
+    let out = run();
+    (dp.coarse_cache(cpu) == (jiffies, planted) && coarse_ns() == began).then_some(out)
+}
+
+/// One burst of `runs` frames of `frame` with CPU `cpu`'s cached coarse clock planted `lag`
+/// behind the true time ([`under_a_planted_clock`]): what rule `id` admitted and how long the
+/// burst took (ns), or `None` if the jiffy changed during it.
 fn burst_under_a_planted_clock(
     dp: &TestDataplane,
     (cpu, id): (usize, u32),
@@ -44,21 +62,21 @@ fn burst_under_a_planted_clock(
     runs: usize,
     lag: u64,
 ) -> Option<(u64, u64)> {
-    let began = next_tick(coarse_ns());
-    let _ = dp.run(warm);
-    let (jiffies, _) = dp.coarse_cache(cpu);
-    let planted = monotonic_ns() - lag;
-    dp.set_coarse_cache(cpu, jiffies, planted);
     let before = dp.rule(id).pkts[verdict::PASSED];
-    let t0 = monotonic_ns();
-    let first = passes(dp, frame, runs) as u64;
-    let t1 = monotonic_ns();
-    if dp.coarse_cache(cpu) != (jiffies, planted) || coarse_ns() != began {
-        return None;
-    }
+    let (first, took) = under_a_planted_clock(
+        dp,
+        cpu,
+        warm,
+        || monotonic_ns() - lag,
+        || {
+            let t0 = monotonic_ns();
+            let first = passes(dp, frame, runs) as u64;
+            (first, monotonic_ns() - t0)
+        },
+    )?;
     let admitted = dp.rule(id).pkts[verdict::PASSED] - before;
     assert_eq!(admitted, first);
-    Some((admitted, t1 - t0))
+    Some((admitted, took))
 }
 
 /// Rules on the coarse clock admit no more than `burst + rate x t` over an interval that starts
@@ -502,16 +520,15 @@ burst = 100
         while monotonic_ns() < end + 1_000_000 {
             std::thread::sleep(Duration::from_micros(200));
         }
-        let began = next_tick(coarse_ns());
-        let _ = dp.run(&warm);
-        let (jiffies, _) = dp.coarse_cache(CPU);
-        let planted = end - 1_000_000;
-        dp.set_coarse_cache(CPU, jiffies, planted);
-        let sent = monotonic_ns();
-        let action = dp.run(&frame);
-        if dp.coarse_cache(CPU) != (jiffies, planted) || coarse_ns() != began {
+        let Some((sent, action)) = under_a_planted_clock(
+            &dp,
+            CPU,
+            &warm,
+            || end - 1_000_000,
+            || (monotonic_ns(), dp.run(&frame)),
+        ) else {
             continue;
-        }
+        };
         assert!(sent >= end, "{name}: sent before the window's end");
         assert_eq!(
             action,
