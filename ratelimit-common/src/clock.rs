@@ -51,6 +51,51 @@ pub const fn coarse_only(tolerance_ns: u64, unit_ns: u64, lag_ns: u64) -> bool {
     tolerance_ns / unit >= COARSE_ONLY_FACTOR.saturating_mul(lag_ns.div_ceil(unit))
 }
 
+/// Bit 63 of a packet TAT ([`crate::Bucket::tat_ns`]) of a limit with
+/// [`crate::rule_flags::BORN_COARSE`]: the bucket was made on the coarse clock and its first
+/// packet's true time is not settled yet. The other bits are the TAT as charged from the coarse
+/// time `birth`, which the bucket's `byte_tat_ns` holds (such a limit has no byte limit); its
+/// next charge settles it ([`settle_birth`]). CLOCK_MONOTONIC reaches bit 63 after 292 years.
+pub const TAT_UNSETTLED: u64 = 1 << 63;
+
+/// A packet TAT marked [`TAT_UNSETTLED`], settled by a charge at `now` (the precise clock) of
+/// its bucket born at coarse time `birth`, where the coarse clock lags the true time by at most
+/// `lag`: the TAT plus `min(lag, now - birth)`.
+///
+/// The first packet came at a true time `t1` in `[birth, birth + lag]`, and no later than `now`:
+/// exact GCRA's TAT is `t1 + c`, the marked one `birth + c`. Settled to
+/// `min(birth + lag, now) + c`, it is never below exact's (no interval admits more than
+/// `burst + rate x t`), and it is at most `now + c`: the bucket then holds at least one token fewer than full, and exact's at
+/// most full, so it admits at most one packet fewer than exact GCRA until it is next full
+/// (`rule_flags::BORN_COARSE` asks for a burst of at least [`COARSE_ONLY_FACTOR`] packets, so
+/// that packet is at most 1% of it). A refund of the first packet (a later limit of its rule
+/// dropped it) leaves `birth` marked, which settles to a full bucket. An unmarked TAT is
+/// returned as it is.
+#[must_use]
+pub const fn settle_birth(tat: u64, birth: u64, now: u64, lag: u64) -> u64 {
+    if tat & TAT_UNSETTLED == 0 {
+        return tat;
+    }
+    let since = now.saturating_sub(birth);
+    (tat & !TAT_UNSETTLED) + if since < lag { since } else { lag }
+}
+
+/// A packet TAT as the readers that do not charge it take it (victim scoring, the agent's
+/// `top` and `explain`): without [`TAT_UNSETTLED`], the TAT as charged from the coarse time, up
+/// to the lag earlier than it will settle.
+#[must_use]
+pub const fn tat_as_charged(tat: u64) -> u64 {
+    tat & !TAT_UNSETTLED
+}
+
+/// Whether a packet limit of tolerance `tolerance_ns` and interval `interval_ns` may make new
+/// buckets on the coarse clock ([`crate::rule_flags::BORN_COARSE`]): one packet, what a bucket
+/// so made may hold less than exact GCRA's ([`settle_birth`]), is then at most 1% of its burst.
+#[must_use]
+pub const fn born_coarse(tolerance_ns: u64, interval_ns: u64) -> bool {
+    interval_ns > 0 && tolerance_ns / interval_ns >= COARSE_ONLY_FACTOR
+}
+
 /// The program's coarse-clock lag allowance where its loader does not set one: 8 ticks of the
 /// slowest tick Linux has (HZ=100).
 pub const COARSE_LAG_DEFAULT_NS: u64 = COARSE_LAG_TICKS * 10_000_000;
@@ -89,5 +134,78 @@ mod tests {
             coarse_only(100_000_000_000, 1_000_000_000, lag),
             "rate 1, burst 100"
         );
+    }
+
+    /// A GCRA charge at `now` of cost `c` under tolerance `tol`: whether it conforms.
+    fn gcra(tat: &mut u64, now: u64, c: u64, tol: u64) -> bool {
+        let new = (*tat).max(now) + c;
+        if new - now > tol {
+            return false;
+        }
+        *tat = new;
+        true
+    }
+
+    /// Bursty arrivals (runs of back-to-back packets, a few ns apart, with gaps from nothing to
+    /// several refills of the burst), each source's bucket made at its first packet from a
+    /// coarse time up to the lag behind: over every prefix of every sequence, the bucket made
+    /// on the coarse clock and settled at its next charge ([`settle_birth`]) admits no more than
+    /// exact GCRA from the true time, and at most one packet fewer. Fails if the settle is left
+    /// out (the coarse-born bucket admits up to the lag's refill more) or takes the lag whole
+    /// (a burst right after the first packet loses the lag's refill).
+    #[test]
+    fn a_bucket_born_on_the_coarse_clock_admits_what_exact_gcra_does_less_at_most_one() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n.max(1)
+        };
+        let mut least = u64::MAX;
+        for case in 0..3_000 {
+            let lag = [8_000_000, 32_000_000, 80_000_000][case % 3];
+            let c = 1_000 + next(20_000_000);
+            let burst = 1 + next(300);
+            let tol = burst * c;
+            let t1 = 1_000_000_000 + next(1_000_000_000);
+            let birth = t1 - next(lag + 1);
+            let (mut exact, mut ours) = (t1 + c, (birth + c) | TAT_UNSETTLED);
+            let (mut n_exact, mut n_ours) = (1u64, 1u64);
+            let mut t = t1;
+            for _ in 0..(1 + next(40)) {
+                t += match next(4) {
+                    0 => next(lag),
+                    1 => next(tol.saturating_mul(3)),
+                    _ => 0,
+                };
+                for _ in 0..(1 + next(burst * 2)) {
+                    t += next(50);
+                    n_exact += u64::from(gcra(&mut exact, t, c, tol));
+                    ours = settle_birth(ours, birth, t, lag);
+                    assert_eq!(ours & TAT_UNSETTLED, 0);
+                    n_ours += u64::from(gcra(&mut ours, t, c, tol));
+                    assert!(
+                        n_ours <= n_exact && n_ours + 1 >= n_exact,
+                        "case {case}: exact {n_exact}, born coarse {n_ours} (c {c}, burst \
+                         {burst}, lag {lag}, born {} ns early, at {} ns)",
+                        t1 - birth,
+                        t - t1
+                    );
+                }
+            }
+            least = least.min(n_exact - n_ours);
+        }
+        assert_eq!(
+            least, 0,
+            "some sequence admits exactly what exact GCRA does"
+        );
+        // Unmarked TATs pass through; a refunded first packet settles to a full bucket.
+        assert_eq!(settle_birth(5_000, 1_000, 9_000, 100), 5_000);
+        let refunded = 1_000 | TAT_UNSETTLED;
+        assert_eq!(settle_birth(refunded, 1_000, 1_050, 100), 1_050);
+        assert_eq!(settle_birth(refunded, 1_000, 9_000, 100), 1_100);
+        assert_eq!(tat_as_charged(refunded), 1_000);
+        assert!(born_coarse(100 * 7, 7) && !born_coarse(99 * 7, 7) && !born_coarse(1, 0));
     }
 }

@@ -46,6 +46,15 @@ pub mod rule_flags {
     /// bucket keeps the tokens while every source of the rule is held alike on a CPU, and the
     /// window's batch ([`GATE`]'s `DROP_BATCH`) ends the hold of a flood after 64 packets.
     pub const HOLD_GATE: u32 = 1 << 10;
+    /// With [`COARSE_CLOCK`] (not [`COARSE_ONLY`]): a new bucket of this packet limit is made
+    /// from the coarse clock, without reading the precise one, its TAT marked unsettled
+    /// ([`crate::TAT_UNSETTLED`]) and its coarse birth time in its `byte_tat_ns`; the next charge,
+    /// which reads the precise clock, settles it ([`crate::settle_birth`]): never fuller than
+    /// exact GCRA's, at most one packet emptier until it is next full. The agent sets it in a
+    /// limit's flags (the first limit's: the rule's) where the limit has no byte limit, is
+    /// neither cluster-scoped nor `per = "rule"` (the per-rule window reads its TAT), and its
+    /// burst holds [`crate::COARSE_ONLY_FACTOR`] packets ([`crate::born_coarse`]).
+    pub const BORN_COARSE: u32 = 1 << 11;
     /// The rule limits packets per second ([`crate::Rule::pkt_interval_ns`] is valid).
     pub const PKT_LIMIT: u32 = 1 << 2;
     /// The rule limits bytes per second ([`crate::Rule::byte_interval_fp`] is valid).

@@ -187,6 +187,8 @@ pub fn victim_score(header: u64, tat: u64, byte_tat: u64, rule: Option<&Rule>, n
     if rule.bucket_gen == 0 || u64::from(rule.bucket_gen) != header >> 32 {
         return victim::FREE;
     }
+    // A TAT not settled yet ([`crate::TAT_UNSETTLED`]) as charged: its bucket is new.
+    let tat = crate::tat_as_charged(tat);
     let later = if tat > byte_tat { tat } else { byte_tat };
     if later <= now {
         return victim::FULL;

@@ -393,8 +393,11 @@ pub fn variant_object(feature: &str) -> Result<PathBuf> {
 /// # Errors
 /// When the rule record cannot be read or written.
 pub fn make_cluster_scoped(maps: &mut PinnedMaps, id: u32) -> Result<ratelimit_common::Rule> {
+    use ratelimit_common::rule_flags::{BORN_COARSE, CLUSTER};
     let mut rule = maps.rule(id)?;
-    rule.flags |= ratelimit_common::rule_flags::CLUSTER;
+    // As the agent compiles `scope = "cluster"`: such a limit's buckets are made on the precise
+    // clock (the share arithmetic keeps TATs of its own).
+    rule.flags = rule.flags & !BORN_COARSE | CLUSTER;
     maps.set_rule(id, rule)?;
     Ok(rule)
 }

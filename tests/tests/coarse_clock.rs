@@ -1,7 +1,8 @@
 //! The coarse clock through the real XDP program (BPF_PROG_TEST_RUN): a rule on it admits no more
 //! than `burst + rate x t` however late in a tick a burst comes and however far (within the lag
-//! allowance) the clock lags; a rule on it alone withholds at most the lag's refill; and a drop
-//! window held on it past its end loses its source no token. Some tests plant this CPU's cached
+//! allowance) the clock lags; a rule on it alone withholds at most the lag's refill; a new
+//! bucket made on it is settled by its next charge; and a drop window held on it past its end
+//! loses its source no token. Some tests plant this CPU's cached
 //! coarse time behind the true time (`TestDataplane::set_coarse_cache`), as a vCPU held up by
 //! its host leaves it.
 
@@ -234,10 +235,11 @@ burst = {BURST}
             break;
         }
         let frame = udp4(Ipv4Addr::new(198, 18, 1, attempt));
-        // A new bucket (created on the precise clock), one token spent: its TAT is a ms ahead.
-        assert_eq!(dp.run(&frame), XDP_PASS, "a new source's first packet");
+        // A new bucket, one token spent (made on the coarse clock, `BORN_COARSE`, and settled
+        // by its second packet: a test of its own below), its TAT a ms or two ahead.
+        assert_eq!(passes(&dp, &frame, 2), 2, "a new source's first packets");
         // Full again a few ms later, its TAT a few ms behind the true time.
-        std::thread::sleep(Duration::from_millis(8));
+        std::thread::sleep(Duration::from_millis(10));
         let runs = usize::try_from(BURST).unwrap() + 50;
         let Some((admitted, took)) =
             burst_under_a_planted_clock(&dp, (CPU, id), &warm, &frame, runs, lag)
@@ -269,6 +271,170 @@ burst = {BURST}
         checked >= 2,
         "only {checked} attempts ran their burst within one jiffy"
     );
+}
+
+/// A new source's bucket of a packet limit whose burst holds 100 packets, on the coarse clock but
+/// not on it alone (`rule_flags::BORN_COARSE`), is made from the coarse time without a read of
+/// the precise clock, its TAT marked and its coarse birth in its byte TAT, and its next charge
+/// settles it (`ratelimit_common::settle_birth`). With this CPU's coarse clock planted most of
+/// the lag allowance behind the true time: a fresh source's first packet leaves the mark and
+/// the planted birth; a burst right after it admits no more than `burst + rate x t` from the
+/// first packet and at most one packet fewer than the burst, and leaves the TAT settled and
+/// no earlier than exact GCRA's. The same burst sent 10 ms after a first packet (the bucket
+/// full again by the true time) loses at most that one packet. A burst of 99 makes its buckets
+/// on the precise clock (no flag).
+///
+/// Fails if the program charges the new bucket from the coarse time unmarked (its second packet
+/// reads the precise clock and finds a TAT behind it, so the first packet's charge is lost and
+/// 201 pass against a bound of 200) or never settles the mark (the burst after the first packet
+/// is dropped whole: 1 of 251).
+#[test]
+fn a_new_bucket_made_on_the_coarse_clock_is_settled_by_its_next_charge() {
+    use ratelimit_common::{coarse_lag_ns, rule_flags, BucketKey, TAT_UNSETTLED};
+    require_root();
+    const CPU: usize = 0;
+    const RATE: u64 = 1_000;
+    const BURST: u64 = 200;
+    const INTERVAL: u64 = 1_000_000_000 / RATE;
+    pin_to_cpu(CPU).unwrap();
+    let mut dp = TestDataplane::new("coarse-born", 1 << 12).unwrap();
+    let set = dp
+        .install_toml(&format!(
+            r#"[[rule]]
+name = "born"
+source = "198.18.0.0/16"
+rate = {RATE}
+burst = {BURST}
+
+[[rule]]
+name = "short"
+source = "198.20.0.0/16"
+rate = {RATE}
+burst = 99
+
+[[rule]]
+name = "warm"
+source = "198.19.0.0/16"
+rate = {RATE}
+burst = {BURST}
+"#
+        ))
+        .unwrap();
+    let rule = set.by_name("born").unwrap();
+    let flags = rule.rule.flags;
+    assert_ne!(flags & rule_flags::BORN_COARSE, 0, "burst 200: born coarse");
+    assert_ne!(flags & rule_flags::COARSE_CLOCK, 0);
+    assert_eq!(flags & rule_flags::COARSE_ONLY, 0);
+    assert_eq!(
+        set.by_name("short").unwrap().rule.flags & rule_flags::BORN_COARSE,
+        0,
+        "burst 99: on the precise clock"
+    );
+    let id = rule.id;
+    let tick = coarse_tick_ns();
+    // Most of the allowance: 7 of the 8 ticks (28 ms at HZ=250).
+    let lag = coarse_lag_ns(tick) - tick;
+    let warm = udp4(ip("198.19.0.1"));
+    let bucket = |addr: Ipv4Addr| {
+        let mut a = [0u8; 16];
+        a[..4].copy_from_slice(&addr.octets());
+        let key = BucketKey {
+            rule: id,
+            family: ratelimit_common::family::V4,
+            _pad: [0; 3],
+            addr: a,
+        };
+        dp.maps()
+            .bucket(&key)
+            .unwrap()
+            .expect("the source's bucket")
+    };
+    let runs = usize::try_from(BURST).unwrap() + 50;
+    let mut checked = 0;
+    for attempt in 0..40u8 {
+        if checked == 4 {
+            break;
+        }
+        let src = Ipv4Addr::new(198, 18, 1, attempt);
+        let frame = udp4(src);
+        let before = dp.rule(id).pkts[verdict::PASSED];
+        let mut born = None;
+        let Some((t0, first, t1)) = under_a_planted_clock(
+            &dp,
+            CPU,
+            &warm,
+            || monotonic_ns() - lag,
+            || {
+                let t0 = monotonic_ns();
+                let first = dp.run(&frame);
+                born = Some(bucket(src));
+                (t0, first, monotonic_ns())
+            },
+        ) else {
+            continue;
+        };
+        let b = born.unwrap();
+        assert_eq!(first, XDP_PASS, "attempt {attempt}: the first packet");
+        assert_ne!(b.tat_ns & TAT_UNSETTLED, 0, "attempt {attempt}: marked");
+        let birth = b.byte_tat_ns;
+        assert!(
+            birth + lag <= t1 && birth + lag + tick >= t0,
+            "attempt {attempt}: born at the planted time ({} ns before the packet)",
+            t0.saturating_sub(birth)
+        );
+        assert_eq!(b.tat_ns & !TAT_UNSETTLED, birth + INTERVAL);
+        // The burst right after, on the true clock's jiffy (the program settles on the precise
+        // clock whatever the coarse one says).
+        let more = passes(&dp, &frame, runs) as u64;
+        let t2 = monotonic_ns();
+        let admitted = dp.rule(id).pkts[verdict::PASSED] - before;
+        assert_eq!(admitted, 1 + more);
+        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+        let bound = BURST + ((t2 - t0) as f64 * RATE as f64 / 1e9).floor() as u64;
+        let settled = bucket(src).tat_ns;
+        println!(
+            "attempt {attempt}: born {:.1} ms behind: {admitted} of {} admitted in {:.3} ms, \
+             bound {bound}; settled TAT {} us past the first packet's send",
+            (t0 - birth) as f64 / 1e6,
+            runs + 1,
+            (t2 - t0) as f64 / 1e6,
+            settled.saturating_sub(t0) / 1_000,
+        );
+        assert_eq!(settled & TAT_UNSETTLED, 0, "attempt {attempt}: settled");
+        assert!(
+            admitted <= bound,
+            "attempt {attempt}: admitted {admitted} in {} ns, more than burst + rate x t = {bound}",
+            t2 - t0
+        );
+        assert!(
+            admitted + 1 >= BURST,
+            "attempt {attempt}: a new bucket admitted {admitted} of its burst of {BURST}"
+        );
+        // No earlier than exact GCRA's TAT from the first packet's send: every admitted packet
+        // charged from it.
+        assert!(
+            settled >= t0 + admitted * INTERVAL,
+            "attempt {attempt}: settled {} ns before exact's",
+            (t0 + admitted * INTERVAL) - settled
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= 2,
+        "only {checked} attempts made their bucket within one jiffy"
+    );
+    // A first packet, then the burst 10 ms later (the bucket full again by the true time): the
+    // settle withholds at most one packet, whatever the coarse clock said at the birth.
+    for attempt in 0..3u8 {
+        let frame = udp4(Ipv4Addr::new(198, 18, 2, attempt));
+        assert_eq!(dp.run(&frame), XDP_PASS);
+        std::thread::sleep(Duration::from_millis(10));
+        let got = passes(&dp, &frame, runs) as u64;
+        assert!(
+            got + 1 >= BURST && got <= BURST + 2,
+            "attempt {attempt}: {got} of a burst of {BURST} 10 ms after the first packet"
+        );
+    }
 }
 
 /// A limit whose burst is at least 100 times what the coarse clock's lag allowance `L` refills

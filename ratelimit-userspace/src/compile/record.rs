@@ -74,6 +74,14 @@ pub fn rule_record(r: &RuleConfig) -> Rule {
         for l in &mut rule.extra[..r.limits.len()] {
             l.flags |= clock;
         }
+        if !only {
+            for k in 0..rule.limits() {
+                if let Some(mut l) = rule.limit(k).filter(born_coarse) {
+                    l.flags |= rule_flags::BORN_COARSE;
+                    rule.set_limit(k, l);
+                }
+            }
+        }
         let per_source = r.per == Per::Source && r.limits.iter().all(|l| l.per == Per::Source);
         if per_source && (0..rule.limits()).all(|k| rule.limit(k).is_some_and(|l| holds_window(&l)))
         {
@@ -119,6 +127,18 @@ fn coarse_only(l: &Limit) -> bool {
                 u64::try_from(frame_ns).unwrap_or(u64::MAX),
                 lag,
             ))
+}
+
+/// Whether limit `l` (of a rule on the coarse clock, not on it alone) may make its new buckets
+/// from the coarse clock, settled at their next charge (`rule_flags::BORN_COARSE`): a packet
+/// limit alone, neither cluster-scoped (the share arithmetic keeps TATs of its own) nor `per =
+/// "rule"` (the per-rule window reads its one bucket's TAT), whose burst holds 100 packets, so
+/// that the one packet a bucket so made may hold less than exact GCRA's is at most 1% of it.
+fn born_coarse(l: &Limit) -> bool {
+    l.flags & (rule_flags::BYTE_LIMIT | rule_flags::CLUSTER) == 0
+        && l.flags & rule_flags::PKT_LIMIT != 0
+        && l.src_mask != [0; 4]
+        && ratelimit_common::born_coarse(l.pkt_tolerance_ns, l.pkt_interval_ns)
 }
 
 /// Whether a drop window of limit `l` (a source's own bucket, or a per-rule limit's) may hold up

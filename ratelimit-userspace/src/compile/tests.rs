@@ -237,6 +237,70 @@ fn windows_hold_where_a_sources_own_bucket_keeps_the_tokens() {
     assert!(!holds(&bytes(need - 100)), "bytes burst {}", need - 100);
 }
 
+/// New buckets are made on the coarse clock (`BORN_COARSE`), settled at their next charge, in
+/// each limit where the one packet that may cost is at most 1% of its burst (100 packets or
+/// more): a packet limit alone, on the coarse clock but not on it alone, neither cluster-scoped
+/// nor per rule; per limit, so a rule's second limit has its own flag.
+#[test]
+fn new_buckets_are_born_coarse_where_one_packet_is_a_hundredth_of_the_burst() {
+    use crate::config::{LimitConfig, Per, Scope};
+    let born = |r: &RuleConfig, k: usize| {
+        let l = rule_record(r).limit(k).unwrap();
+        l.flags & rule_flags::BORN_COARSE != 0
+    };
+    // rate 1,000: 1 ms a packet; 100 ms of tolerance or more is on the coarse clock, and far
+    // from the 100 lags (3.2 s at HZ=250) of the coarse clock alone.
+    let at = |burst: u64| RuleConfig {
+        burst: Some(burst),
+        ..limit("a", "10.0.0.0/8", 1_000)
+    };
+    assert!(born(&at(100), 0), "burst 100");
+    assert!(!born(&at(99), 0), "burst 99");
+    let r = rule_record(&at(100));
+    assert_ne!(r.flags & rule_flags::COARSE_CLOCK, 0);
+    assert_eq!(r.flags & rule_flags::COARSE_ONLY, 0);
+    assert!(!born(&at(1_000_000), 0), "on the coarse clock alone");
+    // Below the coarse clock's 20 ms: precise, whatever the burst.
+    assert!(!born(
+        &RuleConfig {
+            burst: Some(150),
+            ..limit("a", "10.0.0.0/8", 1_000_000)
+        },
+        0
+    ));
+    for (per, scope, what) in [
+        (Per::Prefix(24), Scope::Local, true),
+        (Per::Rule, Scope::Local, false),
+        (Per::Source, Scope::Cluster, false),
+    ] {
+        let r = RuleConfig {
+            per,
+            scope,
+            ..at(200)
+        };
+        assert_eq!(born(&r, 0), what, "{per:?} {scope:?}");
+    }
+    let bytes = RuleConfig {
+        bytes_rate: Some(1_000_000),
+        bytes_burst: Some(1_000_000),
+        ..at(200)
+    };
+    assert!(!born(&bytes, 0), "a byte limit too");
+    let mut layered = at(200);
+    for (per, burst) in [(Per::Prefix(24), 500), (Per::Source, 50)] {
+        layered.limits.push(LimitConfig {
+            per,
+            rate: Some(1_000),
+            burst: Some(burst),
+            bytes_rate: None,
+            bytes_burst: None,
+            scope: Scope::Local,
+            line: 0,
+        });
+    }
+    assert!(born(&layered, 0) && born(&layered, 1) && !born(&layered, 2));
+}
+
 #[test]
 fn byte_limit_record() {
     let r = RuleConfig {
@@ -1643,10 +1707,15 @@ fn limits_compile_in_order_with_their_own_masks() {
         (50_000, 2_000_000_000)
     );
     // The rule's clock is every limit's: its charges read the flag from the limit's own.
-    // (COARSE_ONLY too on a kernel of 1,000 ticks a second.)
+    // (COARSE_ONLY too on a kernel of 1,000 ticks a second; else BORN_COARSE, its burst of
+    // 40,000 packets being far over 100.)
     assert_eq!(
-        l1.flags & !rule_flags::COARSE_ONLY,
+        l1.flags & !(rule_flags::COARSE_ONLY | rule_flags::BORN_COARSE),
         rule_flags::PKT_LIMIT | rule_flags::COARSE_CLOCK
+    );
+    assert_ne!(
+        l1.flags & (rule_flags::COARSE_ONLY | rule_flags::BORN_COARSE),
+        0
     );
     let l2 = rec.limit(2).unwrap();
     assert_eq!(l2.src_mask, [0; 4]);

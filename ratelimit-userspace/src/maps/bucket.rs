@@ -155,8 +155,15 @@ impl BucketView {
         };
         #[expect(clippy::cast_precision_loss, reason = "display only")]
         Self {
-            tokens: (rule.flags & rule_flags::PKT_LIMIT != 0 && rule.pkt_interval_ns > 0)
-                .then(|| level(b.tat_ns, rule.pkt_tolerance_ns, rule.pkt_interval_ns as f64)),
+            tokens: (rule.flags & rule_flags::PKT_LIMIT != 0 && rule.pkt_interval_ns > 0).then(
+                || {
+                    level(
+                        ratelimit_common::tat_as_charged(b.tat_ns),
+                        rule.pkt_tolerance_ns,
+                        rule.pkt_interval_ns as f64,
+                    )
+                },
+            ),
             byte_tokens: (rule.flags & rule_flags::BYTE_LIMIT != 0 && rule.byte_interval_fp > 0)
                 .then(|| {
                     level(
