@@ -55,6 +55,19 @@ pub mod rule_flags {
     /// neither cluster-scoped nor `per = "rule"` (the per-rule window reads its TAT), and its
     /// burst holds [`crate::COARSE_ONLY_FACTOR`] packets ([`crate::born_coarse`]).
     pub const BORN_COARSE: u32 = 1 << 11;
+
+    /// Whether a limit of `flags` makes its new buckets on the coarse clock: [`BORN_COARSE`]
+    /// with the flags the agent sets it beside ([`PKT_LIMIT`], [`COARSE_CLOCK`]) and none of those
+    /// it never sets it with. The XDP program reads this rather than the one bit, so that a rule
+    /// record written otherwise (by hand, or by a faulty writer) cannot mark a TAT that something
+    /// else reads: a byte limit's first packet would go uncharged (its birth takes the byte TAT),
+    /// a cluster-scoped limit's share arithmetic reads its TAT, and a rule on the coarse clock
+    /// alone ([`COARSE_ONLY`]) or on the precise one has no settle to make.
+    #[must_use]
+    pub const fn born_coarse_in_force(flags: u32) -> bool {
+        flags & (BORN_COARSE | COARSE_CLOCK | COARSE_ONLY | CLUSTER | BYTE_LIMIT | PKT_LIMIT)
+            == BORN_COARSE | COARSE_CLOCK | PKT_LIMIT
+    }
     /// The rule limits packets per second ([`crate::Rule::pkt_interval_ns`] is valid).
     pub const PKT_LIMIT: u32 = 1 << 2;
     /// The rule limits bytes per second ([`crate::Rule::byte_interval_fp`] is valid).

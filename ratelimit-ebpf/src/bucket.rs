@@ -514,7 +514,7 @@ pub fn charge_new<P: Params>(rule: &P, now: u64, len: u64) -> (usize, u64, u64) 
             return (verdict::DROPPED_RATE, 0, 0);
         }
         tat = now + rule.pkt_interval_ns();
-        if rule.flags() & rule_flags::BORN_COARSE != 0 {
+        if rule_flags::born_coarse_in_force(rule.flags()) {
             // Born at the coarse time `now` (no byte limit: the word is free).
             return (verdict::PASSED, tat | TAT_UNSETTLED, now);
         }
@@ -542,7 +542,7 @@ pub fn new_bucket_now<P: Params>(rule: &P, now: u64, ck: *mut ChargeClock) -> u6
     let flags = rule.flags();
     if flags & rule_flags::COARSE_ONLY != 0 {
         now + COARSE_LAG_NS.load()
-    } else if flags & rule_flags::BORN_COARSE != 0 {
+    } else if rule_flags::born_coarse_in_force(flags) {
         // The coarse time itself: `charge_new` marks the TAT, the next charge settles it.
         now
     } else if flags & rule_flags::COARSE_CLOCK != 0 {

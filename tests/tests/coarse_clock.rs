@@ -1,10 +1,10 @@
 //! The coarse clock through the real XDP program (BPF_PROG_TEST_RUN): a rule on it admits no more
 //! than `burst + rate x t` however late in a tick a burst comes and however far (within the lag
 //! allowance) the clock lags; a rule on it alone withholds at most the lag's refill; a new
-//! bucket made on it is settled by its next charge; and a drop window held on it past its end
-//! loses its source no token. Some tests plant this CPU's cached
-//! coarse time behind the true time (`TestDataplane::set_coarse_cache`), as a vCPU held up by
-//! its host leaves it.
+//! bucket made on it is settled by its next charge (and only made so where the agent would
+//! make it so); and a drop window held on it past its end loses its source no token. Some tests
+//! plant this CPU's cached coarse time behind the true time (`TestDataplane::set_coarse_cache`),
+//! as a vCPU held up by its host leaves it.
 
 use std::{net::Ipv4Addr, time::Duration};
 
@@ -459,6 +459,85 @@ fn a_new_buckets_burst_after_its_first_packet_loses_at_most_one() {
             "attempt {attempt}: {got} of a burst of {BORN_BURST} 10 ms after the first packet"
         );
     }
+}
+
+/// `BORN_COARSE` is a new bucket's birth on the coarse clock only beside the flags the agent sets
+/// it with (`rule_flags::born_coarse_in_force`): set by hand on a cluster-scoped limit (whose
+/// share arithmetic reads the TAT), a byte limit (whose byte TAT the birth would take: the first
+/// packet's bytes uncharged) or a rule on the coarse clock alone, the program makes the bucket as
+/// without it: the TAT unmarked, the byte TAT charged from no earlier than the packet's send.
+///
+/// Fails if the program trusts the bit alone (each bucket marked, the byte TAT the coarse birth).
+#[test]
+fn born_coarse_where_the_agent_never_sets_it_makes_buckets_as_without_it() {
+    use ratelimit::maps::PinnedMaps;
+    use ratelimit_common::{rule_flags, TAT_UNSETTLED};
+    require_root();
+    let mut dp = TestDataplane::new("coarse-born-misset", 1 << 12).unwrap();
+    let set = dp
+        .install_toml(
+            r#"[[rule]]
+name = "cluster"
+source = "198.18.0.0/16"
+rate = 1000
+burst = 200
+
+[[rule]]
+name = "bytes"
+source = "198.19.0.0/16"
+rate = 1000
+burst = 200
+bytes_rate = 1000000
+bytes_burst = 100000
+
+[[rule]]
+name = "coarse-only"
+source = "198.20.0.0/16"
+rate = 1000
+burst = 1000000
+"#,
+        )
+        .unwrap();
+    let mut maps = PinnedMaps::open(dp.pin_dir()).unwrap();
+    let cases = [
+        ("cluster", [198, 18, 0, 1], rule_flags::CLUSTER),
+        ("bytes", [198, 19, 0, 1], rule_flags::BYTE_LIMIT),
+        ("coarse-only", [198, 20, 0, 1], rule_flags::COARSE_ONLY),
+    ];
+    let mut wrong = Vec::new();
+    for (name, src, beside) in cases {
+        let id = set.by_name(name).unwrap().id;
+        let mut rule = maps.rule(id).unwrap();
+        assert_ne!(
+            rule.flags & rule_flags::COARSE_CLOCK,
+            0,
+            "{name}: on the coarse clock"
+        );
+        rule.flags |= rule_flags::BORN_COARSE | beside;
+        maps.set_rule(id, rule).unwrap();
+        let t0 = monotonic_ns();
+        assert_eq!(
+            dp.run(&udp4(src.into())),
+            XDP_PASS,
+            "{name}: the first packet"
+        );
+        let b = bucket_of(&dp, id, src);
+        println!(
+            "{name}: TAT {} ns past the send, byte TAT {}",
+            b.tat_ns.wrapping_sub(t0),
+            b.byte_tat_ns.wrapping_sub(t0) as i64
+        );
+        if b.tat_ns & TAT_UNSETTLED != 0 {
+            wrong.push(format!("{name}: the new bucket's TAT marked"));
+        }
+        if beside == rule_flags::BYTE_LIMIT && b.byte_tat_ns <= t0 {
+            wrong.push(format!(
+                "{name}: the first packet's bytes charged from {} ns before its send",
+                t0 - b.byte_tat_ns
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
 /// A limit whose burst is at least 100 times what the coarse clock's lag allowance `L` refills

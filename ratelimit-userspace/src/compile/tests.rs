@@ -246,7 +246,17 @@ fn new_buckets_are_born_coarse_where_one_packet_is_a_hundredth_of_the_burst() {
     use crate::config::{LimitConfig, Per, Scope};
     let born = |r: &RuleConfig, k: usize| {
         let l = rule_record(r).limit(k).unwrap();
-        l.flags & rule_flags::BORN_COARSE != 0
+        let set = l.flags & rule_flags::BORN_COARSE != 0;
+        // The program reads the flag only beside the others it expects: wherever the agent
+        // sets it, all of them are there.
+        assert_eq!(
+            rule_flags::born_coarse_in_force(l.flags),
+            set,
+            "limit {k} of {}: flags {:#x}",
+            r.name,
+            l.flags
+        );
+        set
     };
     // rate 1,000: 1 ms a packet; 100 ms of tolerance or more is on the coarse clock, and far
     // from the 100 lags (3.2 s at HZ=250) of the coarse clock alone.
