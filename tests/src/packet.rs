@@ -46,6 +46,25 @@ pub fn eth() -> Frame {
     }
 }
 
+/// The frame most of the program's tests send: UDP (port 1000 to 9) from IPv4 `src` to
+/// 198.18.0.254.
+#[must_use]
+pub fn udp4(src: Ipv4Addr) -> Vec<u8> {
+    eth()
+        .ipv4(src, Ipv4Addr::new(198, 18, 0, 254))
+        .udp(1000, 9)
+        .build()
+}
+
+/// The IPv4 address a test writes as `s`.
+///
+/// # Panics
+/// If `s` is not one.
+#[must_use]
+pub fn ip(s: &str) -> Ipv4Addr {
+    s.parse().expect("an IPv4 address")
+}
+
 impl Frame {
     /// Sets the source and destination MAC addresses (a frame for the wire: the receiving
     /// interface drops a unicast frame that is not addressed to it).

@@ -262,6 +262,11 @@ impl Drop for TestDataplane {
     }
 }
 
+/// Runs `frame` through `dp` `n` times (one test run each) and counts the passes.
+pub fn passes(dp: &TestDataplane, frame: &[u8], n: usize) -> usize {
+    (0..n).filter(|_| dp.run(frame) == XDP_PASS).count()
+}
+
 /// Pins the calling thread to `cpu`.
 ///
 /// # Errors

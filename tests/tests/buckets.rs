@@ -11,34 +11,20 @@ use ratelimit::maps::store::Slot;
 use ratelimit_common::{bucket_header, family, global, verdict, BucketKey};
 use ratelimit_testbed::{
     clock::monotonic_ns,
-    packet::eth,
+    packet::{eth, ip, udp4},
     require_root,
-    xdp::{make_cluster_scoped, pin_to_cpu, XDP_DROP, XDP_PASS},
+    xdp::{make_cluster_scoped, passes, pin_to_cpu, XDP_DROP, XDP_PASS},
     TestDataplane,
 };
 
-fn udp4(src: Ipv4Addr) -> Vec<u8> {
-    eth()
-        .ipv4(src, Ipv4Addr::new(198, 18, 0, 254))
-        .udp(1000, 9)
-        .build()
-}
 fn udp6(src: Ipv6Addr) -> Vec<u8> {
     eth()
         .ipv6(src, "2001:db8::fe".parse().unwrap())
         .udp(1000, 9)
         .build()
 }
-fn ip(s: &str) -> Ipv4Addr {
-    s.parse().unwrap()
-}
 fn ip6(s: &str) -> Ipv6Addr {
     s.parse().unwrap()
-}
-
-/// Runs `frame` `n` times (one test run each) and counts the passes.
-fn passes(dp: &TestDataplane, frame: &[u8], n: usize) -> usize {
-    (0..n).filter(|_| dp.run(frame) == XDP_PASS).count()
 }
 
 fn id(set: &ratelimit::compile::CompiledRuleSet, name: &str) -> u32 {

@@ -10,18 +10,11 @@ use std::net::Ipv4Addr;
 use ratelimit::maps::{bucket::monotonic_coarse_ns, store::Slot, PinnedMaps};
 use ratelimit_common::{grown_entry, grown_slot, BUCKET_PAGE_RECORDS};
 use ratelimit_testbed::{
-    packet::eth,
+    packet::udp4,
     require_root,
     xdp::{make_cluster_scoped, XDP_PASS},
     TestDataplane,
 };
-
-fn udp4(src: Ipv4Addr) -> Vec<u8> {
-    eth()
-        .ipv4(src, Ipv4Addr::new(198, 18, 0, 254))
-        .udp(1000, 9)
-        .build()
-}
 
 /// The record holding `src`'s bucket of rule `rid`.
 fn record(maps: &PinnedMaps, rid: u32, src: Ipv4Addr) -> u32 {

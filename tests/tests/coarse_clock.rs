@@ -11,26 +11,11 @@ use std::{net::Ipv4Addr, time::Duration};
 use ratelimit_common::verdict;
 use ratelimit_testbed::{
     clock::{coarse_ns, coarse_tick_ns, monotonic_ns, next_tick},
-    packet::eth,
+    packet::{ip, udp4},
     require_root,
-    xdp::{pin_to_cpu, XDP_DROP, XDP_PASS},
+    xdp::{passes, pin_to_cpu, XDP_DROP, XDP_PASS},
     TestDataplane,
 };
-
-fn udp4(src: Ipv4Addr) -> Vec<u8> {
-    eth()
-        .ipv4(src, Ipv4Addr::new(198, 18, 0, 254))
-        .udp(1000, 9)
-        .build()
-}
-fn ip(s: &str) -> Ipv4Addr {
-    s.parse().unwrap()
-}
-
-/// Runs `frame` `n` times (one test run each) and counts the passes.
-fn passes(dp: &TestDataplane, frame: &[u8], n: usize) -> usize {
-    (0..n).filter(|_| dp.run(frame) == XDP_PASS).count()
-}
 
 /// Runs `run` at the start of a jiffy with CPU `cpu`'s cached coarse clock planted at
 /// `planted()` (read once `warm`, a packet of another rule, has brought the cache up to the
