@@ -68,6 +68,7 @@ pub mod rule_flags {
         flags & (BORN_COARSE | COARSE_CLOCK | COARSE_ONLY | CLUSTER | BYTE_LIMIT | PKT_LIMIT)
             == BORN_COARSE | COARSE_CLOCK | PKT_LIMIT
     }
+
     /// The rule limits packets per second ([`crate::Rule::pkt_interval_ns`] is valid).
     pub const PKT_LIMIT: u32 = 1 << 2;
     /// The rule limits bytes per second ([`crate::Rule::byte_interval_fp`] is valid).

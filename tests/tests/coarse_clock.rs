@@ -258,20 +258,12 @@ burst = {BURST}
     );
 }
 
-/// The IPv4 source `addr`'s bucket of rule `rule` (a source's own: `per = "source"`).
+/// The IPv4 source `addr`'s bucket of rule `rule`, keyed as the program keys it.
 fn bucket_of(dp: &TestDataplane, rule: u32, addr: [u8; 4]) -> ratelimit_common::Bucket {
-    let mut a = [0u8; 16];
-    a[..4].copy_from_slice(&addr);
-    let key = ratelimit_common::BucketKey {
-        rule,
-        family: ratelimit_common::family::V4,
-        _pad: [0; 3],
-        addr: a,
-    };
-    dp.maps()
-        .bucket(&key)
-        .unwrap()
-        .expect("the source's bucket")
+    let maps = dp.maps();
+    let record = maps.rule(rule).unwrap();
+    let key = ratelimit::maps::bucket::bucket_key(rule, &record, Ipv4Addr::from(addr).into());
+    maps.bucket(&key).unwrap().expect("the source's bucket")
 }
 
 /// Rate and burst of [`born_coarse_rules`]' rule `born`.

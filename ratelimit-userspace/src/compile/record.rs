@@ -134,9 +134,10 @@ fn coarse_only(l: &Limit) -> bool {
 /// limit alone, neither cluster-scoped (the share arithmetic keeps TATs of its own) nor `per =
 /// "rule"` (the per-rule window reads its one bucket's TAT), whose burst holds 100 packets, so
 /// that the one packet a bucket so made may hold less than exact GCRA's is at most 1% of it.
+/// The flags are judged as the XDP program judges them (`rule_flags::born_coarse_in_force`), so
+/// the agent sets the flag exactly where the program takes it; the mask is the agent's to judge.
 fn born_coarse(l: &Limit) -> bool {
-    l.flags & (rule_flags::BYTE_LIMIT | rule_flags::CLUSTER) == 0
-        && l.flags & rule_flags::PKT_LIMIT != 0
+    rule_flags::born_coarse_in_force(l.flags | rule_flags::BORN_COARSE)
         && l.src_mask != [0; 4]
         && ratelimit_common::born_coarse(l.pkt_tolerance_ns, l.pkt_interval_ns)
 }
