@@ -368,6 +368,11 @@ fn targets(r: &Report) -> Vec<Target> {
                 )
             })
             .unwrap_or_default();
+        // A new source's first packet passes without a bucket (the first-packet table): beside
+        // it, what one that makes its bucket costs (`kernel.pop.*.new_made`).
+        let made = over(&format!("{key}_made"), floor)
+            .map(|m| format!("; a new source making its bucket: {} ns over", fmt(Some(m))))
+            .unwrap_or_default();
         t.push(Target {
             goal: goal.into(),
             met: x.map(|x| x <= most),
@@ -380,7 +385,7 @@ fn targets(r: &Report) -> Vec<Target> {
                 tracked(key),
                 fmt(memory),
                 candidates,
-            ),
+            ) + &made,
         });
     }
     // Against F1, one dependent read of a region the size of the store (issue #36, `f1.rs`):

@@ -112,6 +112,10 @@ pub mod global {
     /// its port's limit however many fragments it has). Without it the datagram never completes;
     /// a first fragment that follows is judged by its own ports.
     pub const DROPPED_UNMATCHED_FRAGMENTS: usize = 22;
+    /// A key's packet passed without a bucket: the key had no record and its bucket would have
+    /// been full ([`crate::first_owed`]). Not counted in [`NEW_BUCKETS`]; the key's next packet
+    /// before its bucket would be full again makes the bucket, owing this one's charge.
+    pub const FIRST_PACKETS: usize = 23;
     /// Number of counters.
     pub const COUNT: usize = 24;
     /// Names as printed by the CLI and the metrics, by index (empty: reserved).
@@ -139,7 +143,7 @@ pub mod global {
         "contended_fallbacks",
         "dropped_vlan_chains",
         "dropped_unmatched_fragments",
-        "",
+        "first_packets",
     ];
 }
 

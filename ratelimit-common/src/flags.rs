@@ -69,6 +69,20 @@ pub mod rule_flags {
             == BORN_COARSE | COARSE_CLOCK | PKT_LIMIT
     }
 
+    /// A key of this limit that has no bucket passes without making one while its bucket would
+    /// be full (see [`crate::first_owed`]). The agent sets it where [`crate::first_packet_free`]
+    /// says, in the flags of each limit it applies to (the rule's own for its first).
+    pub const FIRST_FREE: u32 = 1 << 12;
+
+    /// Whether a limit of `flags` lets its keys' first packets pass without a bucket:
+    /// [`FIRST_FREE`] with a packet limit and neither a byte limit nor [`CLUSTER`], the flags the
+    /// agent sets it beside ([`crate::first_packet_free`]). The XDP program reads this rather than
+    /// the one bit, so that a rule record written otherwise cannot hide a cluster-scoped limit's
+    /// sources from the cluster sync or give a byte limit's first packet its bytes free.
+    #[must_use]
+    pub const fn first_free_in_force(flags: u32) -> bool {
+        flags & (FIRST_FREE | PKT_LIMIT | BYTE_LIMIT | CLUSTER) == FIRST_FREE | PKT_LIMIT
+    }
     /// The rule limits packets per second ([`crate::Rule::pkt_interval_ns`] is valid).
     pub const PKT_LIMIT: u32 = 1 << 2;
     /// The rule limits bytes per second ([`crate::Rule::byte_interval_fp`] is valid).

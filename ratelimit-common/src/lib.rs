@@ -12,12 +12,14 @@
 mod clock;
 mod costs;
 mod counters;
+mod first;
 mod flags;
 mod frag;
 mod maps;
 mod new_pages;
 mod records;
 mod store;
+mod tags;
 
 /// The layout of everything pinned, as one number stored in the pins ([`Config::layout`]): a
 /// version of ratelimit adopts pinned state only if it was created with the same stamp.
@@ -43,12 +45,14 @@ pub mod v4_table;
 pub use clock::*;
 pub use costs::*;
 pub use counters::*;
+pub use first::*;
 pub use flags::*;
 pub use frag::*;
 pub use maps::*;
 pub use new_pages::*;
 pub use records::*;
 pub use store::*;
+pub use tags::*;
 
 #[cfg(feature = "user")]
 mod pod {

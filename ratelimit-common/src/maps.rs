@@ -41,6 +41,15 @@ pub mod map_names {
     /// rate), and a heavy one however many new keys a flood makes. Memory-mappable; capacity
     /// set at load ([`crate::new_pages_words`]).
     pub const NEW_PAGES: &str = "RL_NEW_PAGES";
+    /// Array of [`crate::FIRST_PACKET_LINES`] lines of 8 `u64` words ([`crate::first_stamp`],
+    /// [`crate::first_pick`]): for keys
+    /// whose first packet passed without a bucket, when that bucket would be full again, so that
+    /// a second packet before then makes the bucket owing the first's charge.
+    pub const FIRST_PACKETS: &str = "RL_FIRST_PACKETS";
+    /// Array of `u64` words, a tag byte for each record of [`BUCKETS`] ([`crate::bucket_tag`]):
+    /// a record that holds a key has its tag, so a key none of whose candidates' tags is its own
+    /// has no record. Memory-mappable; capacity set at load ([`crate::bucket_tags_words`]).
+    pub const BUCKET_TAGS: &str = "RL_BUCKET_TAGS";
 }
 
 /// Name of the XDP program (the function name in `ratelimit-ebpf`).

@@ -202,7 +202,8 @@ pub const LIMIT_FLAGS: u32 = rule_flags::PKT_LIMIT
     | rule_flags::CLUSTER
     | rule_flags::COARSE_CLOCK
     | rule_flags::COARSE_ONLY
-    | rule_flags::BORN_COARSE;
+    | rule_flags::BORN_COARSE
+    | rule_flags::FIRST_FREE;
 
 impl Rule {
     /// Number of limits: 1 + [`Rule::extra_len`] (capped at [`MAX_LIMITS`]).

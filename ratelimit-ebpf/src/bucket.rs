@@ -496,27 +496,42 @@ fn settle(tat: *mut u64, birth: *const u64, ck: *mut ChargeClock) -> bool {
     false
 }
 
-/// [`charge`] of a new source's full bucket (TATs zero, not yet in the map): the verdict and the
-/// bucket's TATs after it, packets' and bytes' (zero where the packet was dropped or the rule has
-/// no such limit). Scalars, not a bucket in memory: the caller stores them, volatile.
+/// [`charge`] of a new source's bucket (not yet in the map): full, or, where the key's first
+/// packet passed without a bucket (`ratelimit_common::first_owed`), owing that packet's charge
+/// until `owed` (0: nothing owed). The verdict and the bucket's TATs after it, packets' and
+/// bytes' (0: full, where the rule has no such limit or a full bucket's packet was dropped).
+/// Scalars, not a bucket in memory: the caller stores them, volatile.
 ///
-/// `now` must be no earlier than the true time on the coarse clock (see [`new_bucket_now`]), but
-/// under [`rule_flags::BORN_COARSE`], where it is the coarse time and the TAT is marked for
-/// [`settle`] (and the byte TAT is the birth: such a limit has no byte limit).
+/// `now` must be no earlier than the true time and `judge` no later ([`new_bucket_clocks`]): a bucket that owes is judged as [`gcra`] judges, from
+/// `max(owed, now)` against `judge`; one that cannot take the packet keeps what it owes.
+/// Under [`rule_flags::BORN_COARSE`] a full bucket's `now` is the coarse time: its TAT is marked
+/// for [`settle`] and its byte TAT is the birth (such a limit has no byte limit).
 #[inline(always)]
-pub fn charge_new<P: Params>(rule: &P, now: u64, len: u64) -> (usize, u64, u64) {
+pub fn charge_new<P: Params>(
+    rule: &P,
+    (now, judge): (u64, u64),
+    len: u64,
+    owed: u64,
+) -> (usize, u64, u64) {
     // A new bucket has no share, so a cluster-scoped one starts at the whole rate; its TAT is
     // not marked (`ratelimit_common::share`): an odd one reads as at the whole rate all the
     // same, and the first charge under a share brings it into the share's time.
     let mut tat = 0;
     if rule.flags() & rule_flags::PKT_LIMIT != 0 {
-        if rule.pkt_interval_ns() > rule.pkt_tolerance_ns() {
-            return (verdict::DROPPED_RATE, 0, 0);
-        }
-        tat = now + rule.pkt_interval_ns();
-        if rule_flags::born_coarse_in_force(rule.flags()) {
-            // Born at the coarse time `now` (no byte limit: the word is free).
-            return (verdict::PASSED, tat | TAT_UNSETTLED, now);
+        if owed > now {
+            tat = owed + rule.pkt_interval_ns();
+            if tat - judge > rule.pkt_tolerance_ns() {
+                return (verdict::DROPPED_RATE, owed, 0);
+            }
+        } else {
+            if rule.pkt_interval_ns() > rule.pkt_tolerance_ns() {
+                return (verdict::DROPPED_RATE, 0, 0);
+            }
+            tat = now + rule.pkt_interval_ns();
+            if rule_flags::born_coarse_in_force(rule.flags()) {
+                // Born at the coarse time `now` (no byte limit: the word is free).
+                return (verdict::PASSED, tat | TAT_UNSETTLED, now);
+            }
         }
     }
     let mut byte_tat = 0;
@@ -530,25 +545,39 @@ pub fn charge_new<P: Params>(rule: &P, now: u64, len: u64) -> (usize, u64, u64) 
     (verdict::PASSED, tat, byte_tat)
 }
 
-/// The `now` a new bucket of `rule` is charged from ([`charge_new`]): a new bucket is full, so on
-/// the coarse clock it is the precise clock's (see [`clock`]), or under
-/// [`rule_flags::COARSE_ONLY`] the coarse clock plus its lag allowance, no earlier than the true
-/// time (the new bucket then holds up to the lag's refill less than a full one), or under
-/// [`rule_flags::BORN_COARSE`] the coarse clock, the TAT marked for its next charge to settle
-/// ([`settle`]): a spoofed flood's new sources, one packet each, read no precise clock (34 ns
-/// here, about 4% of the flood's rate end to end: docs/journal.md).
+/// The clocks a new bucket of `rule` is charged on ([`charge_new`]), from the packet's `now`: the
+/// time it starts from, no earlier than the true time (a new bucket is full: see [`clock`]), which
+/// is the precise clock's on the coarse clock, or under [`rule_flags::COARSE_ONLY`] the coarse
+/// clock plus its lag allowance (the new bucket then holds up to the lag's refill less than a
+/// full one); and the time it is judged at, no later than the true time (the packet's `now`
+/// under `COARSE_ONLY`, else the same); under [`rule_flags::BORN_COARSE`] both the coarse
+/// time, the TAT of a full bucket marked for its next charge to settle ([`settle`]): a spoofed
+/// flood's new sources, one packet each, read no precise clock (34 ns here).
 #[inline(always)]
-pub fn new_bucket_now<P: Params>(rule: &P, now: u64, ck: *mut ChargeClock) -> u64 {
+pub fn new_bucket_clocks<P: Params>(rule: &P, now: u64, ck: *mut ChargeClock) -> (u64, u64) {
     let flags = rule.flags();
     if flags & rule_flags::COARSE_ONLY != 0 {
-        now + COARSE_LAG_NS.load()
+        (now + COARSE_LAG_NS.load(), now)
     } else if rule_flags::born_coarse_in_force(flags) {
-        // The coarse time itself: `charge_new` marks the TAT, the next charge settles it.
-        now
+        // The coarse time itself: `charge_new` marks a full bucket's TAT, the next charge
+        // settles it; one that owes is judged on it, no later than the true time.
+        (now, now)
     } else if flags & rule_flags::COARSE_CLOCK != 0 {
-        precise_now(ck)
+        let precise = precise_now(ck);
+        (precise, precise)
     } else {
-        now
+        (now, now)
+    }
+}
+
+/// `t` plus the most the clock of a limit with flags `flags` lags the true time: nothing on the
+/// precise clock, [`COARSE_LAG_NS`] on the coarse one.
+#[inline(always)]
+pub fn latest(flags: u32, t: u64) -> u64 {
+    if flags & rule_flags::COARSE_CLOCK != 0 {
+        t + COARSE_LAG_NS.load()
+    } else {
+        t
     }
 }
 

@@ -5,16 +5,18 @@
 use core::intrinsics::{atomic_or, AtomicOrdering};
 
 use ratelimit_common::{
-    bucket_sets, global, grown_at, grown_entry, grown_slot, new_page_bit, rule_flags, verdict,
-    Bucket, BUCKET_WAYS, MAX_LIMITS,
+    bucket_sets, bucket_tag, global, grown_at, grown_entry, grown_slot, new_page_bit, rule_flags,
+    verdict, Bucket, BUCKET_WAYS, MAX_LIMITS,
 };
 
 use crate::{
     bucket::{self, Params},
+    first,
     maps::{BUCKETS, CONFIG, NEW_PAGES},
     scratch::{self, ChargeClock, ClassSlot, Scratch, NO_RECORD},
     stats::bump_global,
-    store::{self, Key, Scan},
+    store::{self, Found, Key, Scan},
+    tags,
 };
 
 /// Finds (or creates) the bucket of `key`, limit `limit` of its rule with parameters `p`, and
@@ -58,30 +60,79 @@ pub fn find_and_charge<P: Params, const CALL: bool>(
         if sets == 0 {
             return (no_bucket(), core::ptr::null_mut());
         }
-        let sets = bucket_sets(
-            // The key's family, not the packet's: a per-rule key is one for both.
-            ratelimit_common::bucket_hash(
-                seed,
-                key.header as u32 & 0xffff,
-                (key.header >> 16) as u8,
-                key.addr,
-            ),
-            sets,
+        // The key's family, not the packet's: a per-rule key is one for both.
+        let hash = ratelimit_common::bucket_hash(
+            seed,
+            key.header as u32 & 0xffff,
+            (key.header >> 16) as u8,
+            key.addr,
         );
-        match store::scan(key, sets, scratch::coarse_now(s), s) {
-            Scan::Hit(i, r) => {
+        let sets = bucket_sets(hash, sets);
+        let tag = bucket_tag(hash);
+        // The rule's own limit only (`CALL`): in `one_limit`'s frame the look at the line of
+        // first-packet slots would take the chain through it past 448 bytes (CONSTRAINTS.md,
+        // "Stack"); the agent sets the flag on no other.
+        let first_free = CALL && rule_flags::first_free_in_force(p.flags());
+        // The key's 8 candidate tags first: one line of a table that stays in the caches, where
+        // its records are a memory miss. None its own says the key has no record
+        // (`ratelimit_common::tags`): its first packet may pass without one, the store untouched.
+        let tagged = !first_free || tags::may_hold(sets, tag);
+        let mut owed = 0;
+        if !tagged {
+            owed = first::owed(hash, p, now, charge_clock(s));
+            if owed == 0 {
+                bump_global(global::FIRST_PACKETS);
+                return (verdict::PASSED, core::ptr::null_mut());
+            }
+        }
+        // A bucket to make (or a tag that matched, a hint): the records decide. One published
+        // after the tags were read is found here (its tag went on before it was published).
+        match store::find(key, sets) {
+            Found::Hit(i, r) => {
                 remember(slot, limit, i);
                 (i, r)
             }
-            Scan::Miss {
-                victim,
-                header,
-                kind,
-            } => {
-                let now = bucket::new_bucket_now(p, now, charge_clock(s));
-                return create(p, len, now, key, sets, victim, header, kind, slot, limit);
+            Found::Unusable => return (no_bucket(), core::ptr::null_mut()),
+            Found::Miss => {
+                if first_free && tagged {
+                    owed = first::owed(hash, p, now, charge_clock(s));
+                    if owed == 0 {
+                        bump_global(global::FIRST_PACKETS);
+                        return (verdict::PASSED, core::ptr::null_mut());
+                    }
+                }
+                let Scan::Miss {
+                    victim,
+                    header,
+                    kind,
+                } = store::choose(key, sets, scratch::coarse_now(s), s)
+                else {
+                    return (no_bucket(), core::ptr::null_mut());
+                };
+                // A bucket owing its first packet is judged as a charge is: on a limit whose
+                // new buckets are born on the coarse clock, on the precise one (read for the
+                // time owed: `first::owed`), not on the coarse, which would judge it up to the lag
+                // early.
+                let clocks = if owed > 1 && rule_flags::born_coarse_in_force(p.flags()) {
+                    let t = scratch::precise_now(charge_clock(s));
+                    (t, t)
+                } else {
+                    bucket::new_bucket_clocks(p, now, charge_clock(s))
+                };
+                return create(
+                    p,
+                    len,
+                    clocks,
+                    owed,
+                    key,
+                    (sets, tag),
+                    victim,
+                    header,
+                    kind,
+                    slot,
+                    limit,
+                );
             }
-            Scan::None => return (no_bucket(), core::ptr::null_mut()),
         }
     };
     if p.flags() & rule_flags::CLUSTER != 0 {
@@ -106,7 +157,9 @@ fn remember(slot: *mut ClassSlot, limit: u32, i: u32) {
     }
 }
 
-/// A new bucket for `key` (a full one, charged for this packet) in record `victim` of its set.
+/// A new bucket for `key` (a full one, or one owing until `owed` for its first packet, which
+/// passed without it: see `first`), charged for this packet, in record `victim` of its `sets`,
+/// which gets the key's `tag`, on `clocks` (`bucket::new_bucket_clocks`).
 /// The packet is counted in it only if dropped (the caller counts a pass, once every limit
 /// passed it).
 ///
@@ -128,21 +181,26 @@ fn remember(slot: *mut ClassSlot, limit: u32, i: u32) {
 fn create<P: Params>(
     p: &P,
     len: u64,
-    now: u64,
+    clocks: (u64, u64),
+    owed: u64,
     key: &Key,
-    sets: [u32; 2],
+    (sets, tag): ([u32; 2], u8),
     victim: u32,
     header: u64,
     kind: u64,
     slot: *mut ClassSlot,
     limit: u32,
 ) -> (usize, *mut Bucket) {
-    let (v, tat, byte_tat) = bucket::charge_new(p, now, len);
+    let (v, tat, byte_tat) = bucket::charge_new(p, clocks, len, owed);
     let Some(b) = store::install(
         victim,
         header,
         key,
-        (tat, byte_tat, Bucket::created_at(now)),
+        (tat, byte_tat, Bucket::created_at(clocks.0)),
+        // The first packet, which passed without the bucket, counted in it (its bytes are not
+        // known here).
+        u32::from(owed > 1),
+        tag,
     ) else {
         // Another CPU took the record in the same instant: this one packet passes uncharged
         // by this limit (fail open), counted.

@@ -37,6 +37,7 @@
 mod bucket;
 mod classify;
 mod find;
+mod first;
 mod frag;
 mod gate;
 mod limit;
@@ -45,6 +46,7 @@ mod parse;
 mod scratch;
 mod stats;
 mod store;
+mod tags;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use aya_log_ebpf::debug;

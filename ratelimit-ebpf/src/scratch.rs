@@ -129,7 +129,7 @@ pub struct Scratch {
     /// See [`launder`].
     pub word: u64,
     /// The bucket store's choice of a record for a new key, kept here rather than on the stack
-    /// for the same reason as [`launder`] (see `store::scan`).
+    /// for the same reason as [`launder`] (see `store::choose`).
     pub chooser: VictimChooser,
     /// What the extra limits' charges (`one_limit`, a BPF call) need of the packet and give
     /// back: here, not on the stack the calls share (CONSTRAINTS.md, "Stack").

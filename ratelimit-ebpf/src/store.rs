@@ -137,12 +137,9 @@ pub fn release(b: *mut Bucket, key: &Key) -> bool {
     ok
 }
 
-/// What a scan of a key's set found.
+/// What [`choose`] found for a key that has no record.
 pub enum Scan {
-    /// The key's record.
-    Hit(u32, *mut Bucket),
-    /// The key has no record; `victim` is the one to take, holding `header` now, of `kind` (a
-    /// [`victim`] score).
+    /// `victim` is the record to take, holding `header` now, of `kind` (a [`victim`] score).
     Miss { victim: u32, header: u64, kind: u64 },
     /// Every record of the set is being rewritten by other CPUs, or the store is unusable.
     None,
@@ -167,17 +164,11 @@ fn score(b: *mut Bucket, header: u64, now: u64) -> u64 {
     )
 }
 
-/// Looks for `key` among the records of its sets and, on a miss, picks the record to take (see
-/// `choose_victim`). `now` is the coarse clock: never ahead of any rule's clock, so a bucket
-/// judged refilled has refilled.
+/// Picks the record of `key`'s sets to take for its new bucket, `key` having none (see the
+/// module's doc for the order). `now` is the coarse clock: never ahead of any rule's clock, so a
+/// bucket judged refilled has refilled.
 #[inline(always)]
-pub fn scan(key: &Key, sets: [u32; 2], now: u64, s: *mut Scratch) -> Scan {
-    // First the key alone: eight independent loads, so a cold set costs about one miss.
-    match find(key, sets) {
-        Found::Hit(i, b) => return Scan::Hit(i, b),
-        Found::Unusable => return Scan::None,
-        Found::Miss => {}
-    }
+pub fn choose(key: &Key, sets: [u32; 2], now: u64, s: *mut Scratch) -> Scan {
     // A miss: what taking each record would lose. The chooser lives in this CPU's scratch record,
     // not on the stack, so its many constant states do not each get verified (see
     // `scratch::launder`).
@@ -225,14 +216,19 @@ pub fn scan(key: &Key, sets: [u32; 2], now: u64, s: *mut Scratch) -> Scan {
 
 /// Takes record `i` (now holding `old_header`) for `key`'s new bucket, already charged for its
 /// first packet (its TATs `tat`, `byte_tat` and its creation word `created`; the counters start
-/// at zero): claims it with a compare-and-swap of the header (marking it busy), writes the
-/// bucket, then publishes the header. `None` if another CPU claimed the record first.
+/// at zero, but for `passed` packets that passed before it had a record): claims it with a
+/// compare-and-swap of the header (marking it busy), gives it the key's tag `tag`
+/// (`ratelimit_common::tags`: a record that holds a key has its tag, so the tag goes on before
+/// the header is published), writes the bucket, then publishes the header. `None` if another CPU
+/// claimed the record first.
 #[inline(always)]
 pub fn install(
     i: u32,
     old_header: u64,
     key: &Key,
     (tat, byte_tat, created): (u64, u64, u64),
+    passed: u32,
+    tag: u8,
 ) -> Option<*mut Bucket> {
     let b = BUCKETS.get_ptr_mut(i)?;
     let busy = key.header | u64::from(BUCKET_BUSY) << 24;
@@ -247,6 +243,7 @@ pub fn install(
     if !ok {
         return None;
     }
+    crate::tags::set(i, tag);
     let w = b as *mut u64;
     // SAFETY: a live record this CPU now owns until the header is published (readers skip busy
     // records; a CPU still charging the record's previous bucket may add to the new TAT, which
@@ -260,7 +257,7 @@ pub fn install(
         core::ptr::write_volatile(&raw mut (*b).byte_tat_ns, byte_tat);
         core::ptr::write_volatile(&raw mut (*b).created_share, created);
         core::ptr::write_volatile(&raw mut (*b).passed_bytes, 0);
-        core::ptr::write_volatile(&raw mut (*b).passed_pkts, 0);
+        core::ptr::write_volatile(&raw mut (*b).passed_pkts, passed);
         core::ptr::write_volatile(&raw mut (*b).dropped_pkts, 0);
         // An atomic write (BPF atomics order the writes before them): the record becomes
         // visible whole.

@@ -7,7 +7,8 @@ use std::{collections::HashMap, net::Ipv4Addr, path::Path};
 use anyhow::{Context, Result};
 use ratelimit::maps::PinnedMaps;
 use ratelimit_common::{
-    addr_words, bucket_candidate, bucket_hash, bucket_sets, family, BUCKET_CANDIDATES,
+    addr_words, bucket_candidate, bucket_hash, bucket_sets, family, first_fingerprint, first_line,
+    BUCKET_CANDIDATES,
 };
 
 /// A fixed seed for tests that need to know where keys go.
@@ -185,4 +186,50 @@ pub fn old_first_seen_pair(
         slots.insert(slot, ip);
     }
     anyhow::bail!("no colliding pair in 2^{span_bits}")
+}
+
+/// The bucket key of rule `rule`'s own (`per = "source"`) limit for IPv4 source `ip`.
+#[must_use]
+pub fn key_v4(rule: u32, ip: Ipv4Addr) -> ratelimit_common::BucketKey {
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&ip.octets());
+    ratelimit_common::BucketKey {
+        rule,
+        family: family::V4,
+        _pad: [0; 3],
+        addr,
+    }
+}
+
+/// The line of `RL_FIRST_PACKETS` and the fingerprint of a `per = "source"` IPv4 key of rule
+/// `rule`, as the program computes them (`ratelimit_common::first_line`).
+#[must_use]
+pub fn first_line_v4(seed: [u64; 2], rule: u32, ip: Ipv4Addr) -> (u32, u64) {
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&ip.octets());
+    let h = bucket_hash(seed, rule, family::V4, addr_words(&addr));
+    (first_line(h), first_fingerprint(h))
+}
+
+/// `n` sources of `rule` from the 2^`span_bits` addresses after `base` whose keys share a line of
+/// `RL_FIRST_PACKETS`, each with a fingerprint of its own: past 8 of them, the line is full.
+pub fn sharing_first_line_v4(
+    seed: [u64; 2],
+    rule: u32,
+    base: Ipv4Addr,
+    span_bits: u32,
+    n: usize,
+) -> Result<Vec<Ipv4Addr>> {
+    let mut lines: HashMap<u32, Vec<(Ipv4Addr, u64)>> = HashMap::new();
+    for ip in span_v4(base, span_bits) {
+        let (line, fp) = first_line_v4(seed, rule, ip);
+        let keys = lines.entry(line).or_default();
+        if keys.iter().all(|&(_, f)| f != fp) {
+            keys.push((ip, fp));
+            if keys.len() == n {
+                return Ok(keys.iter().map(|&(ip, _)| ip).collect());
+            }
+        }
+    }
+    anyhow::bail!("no {n} sources in 2^{span_bits} share a first-packet line")
 }

@@ -31,6 +31,7 @@ pub struct TestDataplane {
     dp: Option<Dataplane>,
     ids: RuleIds,
     pin_dir: PathBuf,
+    buckets_at_first_packet: bool,
 }
 
 impl TestDataplane {
@@ -58,6 +59,7 @@ impl TestDataplane {
             dp: Some(dp),
             ids: RuleIds::new(),
             pin_dir,
+            buckets_at_first_packet: false,
         })
     }
 
@@ -89,9 +91,22 @@ impl TestDataplane {
     /// returns the compiled set (for rule ids by name and the reference classifier).
     pub fn install_toml(&mut self, toml: &str) -> Result<CompiledRuleSet> {
         let config = Config::parse(toml, "test.toml")?;
-        let set = compile(&config.rules, &self.ids)?;
+        let mut set = compile(&config.rules, &self.ids)?;
+        if self.buckets_at_first_packet {
+            for r in &mut set.rules {
+                without_first_free(&mut r.rule);
+            }
+        }
         self.install(&set)?;
         Ok(set)
+    }
+
+    /// From here on, [`TestDataplane::install_toml`] installs its rules with every key making its
+    /// bucket at its first packet (see [`without_first_free`]): for tests of what a bucket's
+    /// first packets do to the store (records, eviction, refunds), which the first-packet table
+    /// would otherwise keep them from.
+    pub fn make_buckets_at_first_packet(&mut self) {
+        self.buckets_at_first_packet = true;
     }
 
     /// The loaded XDP program (shareable between threads: test runs only need `&`).
@@ -398,11 +413,53 @@ pub fn variant_object(feature: &str) -> Result<PathBuf> {
 /// # Errors
 /// When the rule record cannot be read or written.
 pub fn make_cluster_scoped(maps: &mut PinnedMaps, id: u32) -> Result<ratelimit_common::Rule> {
-    use ratelimit_common::rule_flags::{BORN_COARSE, CLUSTER};
+    use ratelimit_common::rule_flags::{BORN_COARSE, CLUSTER, FIRST_FREE};
     let mut rule = maps.rule(id)?;
     // As the agent compiles `scope = "cluster"`: such a limit's buckets are made on the precise
-    // clock (the share arithmetic keeps TATs of its own).
-    rule.flags = rule.flags & !BORN_COARSE | CLUSTER;
+    // clock (the share arithmetic keeps TATs of its own), and its keys' first packets make them.
+    rule.flags = rule.flags & !(BORN_COARSE | FIRST_FREE) | CLUSTER;
     maps.set_rule(id, rule)?;
     Ok(rule)
+}
+
+/// Makes rule `id`'s keys make their buckets at their first packet, clearing
+/// `rule_flags::FIRST_FREE` in its record (and its extra limits'): for tests whose account starts
+/// at a bucket's creation. Returns the record as written.
+///
+/// # Errors
+/// When the rule record cannot be read or written.
+pub fn making_buckets(maps: &mut PinnedMaps, id: u32) -> Result<ratelimit_common::Rule> {
+    let mut rule = maps.rule(id)?;
+    without_first_free(&mut rule);
+    maps.set_rule(id, rule)?;
+    Ok(rule)
+}
+
+/// Clears `rule_flags::FIRST_FREE` in `rule`'s flags and its extra limits': each key of the rule
+/// makes its bucket at its first packet, as before the first-packet table.
+pub fn without_first_free(rule: &mut ratelimit_common::Rule) {
+    use ratelimit_common::rule_flags::FIRST_FREE;
+    rule.flags &= !FIRST_FREE;
+    for l in &mut rule.extra {
+        l.flags &= !FIRST_FREE;
+    }
+}
+
+/// A spin barrier for two threads stepping through the same list: `wait(i)` returns once both
+/// have reached step `i`.
+#[derive(Default)]
+pub struct Lockstep(std::sync::atomic::AtomicU32);
+
+impl Lockstep {
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn wait(&self, i: u32) {
+        use std::sync::atomic::Ordering;
+        self.0.fetch_add(1, Ordering::AcqRel);
+        while self.0.load(Ordering::Acquire) < 2 * (i + 1) {
+            std::hint::spin_loop();
+        }
+    }
 }

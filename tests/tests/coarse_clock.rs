@@ -8,12 +8,13 @@
 
 use std::{net::Ipv4Addr, time::Duration};
 
+use ratelimit::maps::PinnedMaps;
 use ratelimit_common::verdict;
 use ratelimit_testbed::{
     clock::{coarse_ns, coarse_tick_ns, monotonic_ns, next_tick},
     packet::{ip, udp4},
     require_root,
-    xdp::{passes, pin_to_cpu, XDP_DROP, XDP_PASS},
+    xdp::{making_buckets, passes, pin_to_cpu, XDP_DROP, XDP_PASS},
     TestDataplane,
 };
 
@@ -334,6 +335,8 @@ fn a_new_bucket_made_on_the_coarse_clock_is_settled_by_its_next_charge() {
     const INTERVAL: u64 = 1_000_000_000 / BORN_RATE;
     pin_to_cpu(CPU).unwrap();
     let (dp, id) = born_coarse_rules("coarse-born");
+    // The account starts at the bucket's birth: the first packet makes it.
+    making_buckets(&mut PinnedMaps::open(dp.pin_dir()).unwrap(), id).unwrap();
     let tick = coarse_tick_ns();
     // Most of the allowance: 7 of the 8 ticks (28 ms at HZ=250).
     let lag = coarse_lag_ns(tick) - tick;
@@ -417,13 +420,22 @@ fn a_new_bucket_made_on_the_coarse_clock_is_settled_by_its_next_charge() {
 /// The one packet a bucket made on the coarse clock may cost: a source's first packet, then its
 /// whole burst 10 ms later (the bucket full again by the true time, but settled to at most a
 /// packet short of full, as the coarse clock at its birth may have been up to the lag behind).
-/// It gets its burst or one packet fewer, and no more than the refill since allows.
+/// It gets its burst or one packet fewer, and no more than the refill since allows. Both where
+/// the first packet makes the bucket and where it passes without one (the time owed in its slot
+/// capped at the second packet's precise time plus an interval: without the cap, stamped from
+/// the coarse time plus the whole lag allowance, 183 of 200).
 #[test]
 fn a_new_buckets_burst_after_its_first_packet_loses_at_most_one() {
     require_root();
     let (dp, id) = born_coarse_rules("coarse-born-one");
     let runs = usize::try_from(BORN_BURST).unwrap() + 50;
-    for attempt in 0..3u8 {
+    for attempt in 0..6u8 {
+        if attempt == 3 {
+            // The first three with the first packet passing without a bucket (its slot stamped
+            // from the coarse time plus the lag allowance, the time owed capped at the second
+            // packet's precise time plus an interval); these with the first packet making it.
+            making_buckets(&mut PinnedMaps::open(dp.pin_dir()).unwrap(), id).unwrap();
+        }
         let frame = udp4(Ipv4Addr::new(198, 18, 2, attempt));
         let before = dp.rule(id).pkts[verdict::PASSED];
         assert_eq!(dp.run(&frame), XDP_PASS);
@@ -447,7 +459,6 @@ fn a_new_buckets_burst_after_its_first_packet_loses_at_most_one() {
 /// Fails if the program trusts the bit alone (each bucket marked, the byte TAT the coarse birth).
 #[test]
 fn born_coarse_where_the_agent_never_sets_it_makes_buckets_as_without_it() {
-    use ratelimit::maps::PinnedMaps;
     use ratelimit_common::{rule_flags, TAT_UNSETTLED};
     require_root();
     let mut dp = TestDataplane::new("coarse-born-misset", 1 << 12).unwrap();
@@ -476,6 +487,11 @@ burst = 1000000
         )
         .unwrap();
     let mut maps = PinnedMaps::open(dp.pin_dir()).unwrap();
+    // The cluster-scoped and byte limits below keep `FIRST_FREE` as compiled, and make their
+    // bucket at the first packet all the same (`rule_flags::first_free_in_force`): a flag set by
+    // hand beside it hides no cluster-scoped source from the sync, gives no byte limit's first
+    // packet its bytes free. The rule on the coarse clock alone makes its bucket so by request.
+    making_buckets(&mut maps, set.by_name("coarse-only").unwrap().id).unwrap();
     let cases = [
         ("cluster", [198, 18, 0, 1], rule_flags::CLUSTER),
         ("bytes", [198, 19, 0, 1], rule_flags::BYTE_LIMIT),

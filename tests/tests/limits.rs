@@ -55,6 +55,7 @@ fn bucket(dp: &TestDataplane, id: u32, limit: u32, addr: Ipv4Addr) -> Option<Buc
 fn a_packet_passes_only_within_every_limit_and_a_drop_spends_no_token_of_the_others() {
     require_root();
     let mut dp = TestDataplane::new("limits2", 1024).unwrap();
+    dp.make_buckets_at_first_packet();
     let set = dp
         .install_toml(
             r#"
@@ -135,6 +136,7 @@ burst = 8
 fn a_drop_by_the_third_limit_refunds_the_first_two() {
     require_root();
     let mut dp = TestDataplane::new("limits3", 1024).unwrap();
+    dp.make_buckets_at_first_packet();
     let set = dp
         .install_toml(
             r#"
@@ -187,6 +189,7 @@ burst = 7
 fn a_byte_limit_among_the_limits_drops_for_bytes_and_refunds_the_packet_limits() {
     require_root();
     let mut dp = TestDataplane::new("limitsb", 1024).unwrap();
+    dp.make_buckets_at_first_packet();
     // Per source 1 pps burst 100; the whole rule 1 byte/s with a burst of 3,000 bytes.
     let set = dp
         .install_toml(
@@ -224,6 +227,7 @@ bytes_burst = 3000
 fn a_one_limit_rule_keys_its_buckets_by_the_rule_id_alone() {
     require_root();
     let mut dp = TestDataplane::new("limits1", 1024).unwrap();
+    dp.make_buckets_at_first_packet();
     let set = dp
         .install_toml("[[rule]]\nname = \"one\"\nsource = \"198.18.0.0/16\"\nrate = 1\nburst = 2\n")
         .unwrap();
@@ -248,6 +252,7 @@ fn a_one_limit_rule_keys_its_buckets_by_the_rule_id_alone() {
 fn an_extra_limit_charges_its_remembered_record_only_while_it_holds_the_key() {
     require_root();
     let mut dp = TestDataplane::new("limits-recheck", 1024).unwrap();
+    dp.make_buckets_at_first_packet();
     let set = dp
         .install_toml(
             r#"
@@ -404,6 +409,7 @@ burst = 5
         ),
     ] {
         let mut dp = TestDataplane::new("limits-flood", 4096).unwrap();
+        dp.make_buckets_at_first_packet();
         let set = dp.install_toml(toml).unwrap();
         let id = set.by_name("flood").unwrap().id;
         let start = std::time::Instant::now();
@@ -510,6 +516,7 @@ fn a_flood_dropped_by_an_aggregate_leaves_other_sources_slots_alone() {
     require_root();
     pin_to_this_cpu();
     let mut dp = TestDataplane::new("limits-slots", 4096).unwrap();
+    dp.make_buckets_at_first_packet();
     let set = dp
         .install_toml(
             r#"
@@ -605,6 +612,7 @@ fn a_refund_never_reaches_a_record_the_packet_itself_recycled() {
     use ratelimit_testbed::collide::{set_seed, sets_of_v4, store_params, TEST_SEED};
     require_root();
     let mut dp = TestDataplane::new("refund-recycled", 64).unwrap();
+    dp.make_buckets_at_first_packet();
     set_seed(dp.pin_dir(), TEST_SEED).unwrap();
     let set = dp
         .install_toml(
@@ -697,6 +705,7 @@ fn a_random_source_flood_under_an_empty_cluster_aggregate_at_a_share_makes_no_bu
     require_root();
     pin_to_this_cpu();
     let mut dp = TestDataplane::new("limits-share", 4096).unwrap();
+    dp.make_buckets_at_first_packet();
     let set = dp
         .install_toml(
             r#"

@@ -1036,6 +1036,7 @@ fn verdicts_and_counters_match_the_reference_model() {
     let cases = usize::try_from(env_or("RL_PROP_CASES", CASES as u64)).expect("fits");
     let mut rng = Rng(seed);
     let mut dp = TestDataplane::new("prop", 1 << 16).expect("load");
+    dp.make_buckets_at_first_packet();
     let started = Instant::now();
     let (mut checked, mut unparseable, mut drops, mut cut_short) = (0usize, 0usize, 0usize, 0usize);
     let mut verdicts = [0usize; verdict::COUNT];
@@ -1192,6 +1193,7 @@ fn unparseable_frames_pass_even_when_everything_is_denied() {
     let seed = env_or("RL_PROP_SEED", SEED) ^ 0xdead;
     let mut rng = Rng(seed);
     let mut dp = TestDataplane::new("propdeny", 1024).expect("load");
+    dp.make_buckets_at_first_packet();
     dp.install_toml(
         "[[rule]]\nname = \"deny-all\"\nsource = [\"0.0.0.0/0\", \"::/0\"]\naction = \"deny\"\n",
     )

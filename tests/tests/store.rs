@@ -6,11 +6,11 @@
 
 use std::{net::Ipv4Addr, time::Instant};
 
-use ratelimit_common::{family, global, verdict, BucketKey, GlobalStats};
+use ratelimit_common::{global, verdict, GlobalStats};
 use ratelimit_testbed::{
     collide::{
-        colliding_v4, colliding_with_v4, densest_v4, old_first_seen_pair, old_first_seen_slot,
-        set_seed, sets_of_v4, store_params, TEST_SEED,
+        colliding_v4, colliding_with_v4, densest_v4, key_v4 as key, old_first_seen_pair,
+        old_first_seen_slot, set_seed, sets_of_v4, store_params, TEST_SEED,
     },
     packet::eth,
     require_root,
@@ -40,6 +40,7 @@ fn udp4(src: Ipv4Addr) -> Vec<u8> {
 fn setup(name: &str, max_buckets: u32) -> (TestDataplane, u32) {
     require_root();
     let mut dp = TestDataplane::new(name, max_buckets).unwrap();
+    dp.make_buckets_at_first_packet();
     set_seed(dp.pin_dir(), TEST_SEED).unwrap();
     let set = dp.install_toml(&rules()).unwrap();
     let id = set.by_name("l").unwrap().id;
@@ -76,17 +77,6 @@ fn bucket_bound(secs: f64) -> u64 {
 
 fn delta(after: &GlobalStats, before: &GlobalStats, i: usize) -> u64 {
     after.counters[i] - before.counters[i]
-}
-
-fn key(rule: u32, ip: Ipv4Addr) -> BucketKey {
-    let mut addr = [0u8; 16];
-    addr[..4].copy_from_slice(&ip.octets());
-    BucketKey {
-        rule,
-        family: family::V4,
-        _pad: [0; 3],
-        addr,
-    }
 }
 
 /// The attack of issue #10 against the old store: two sources sharing a slot of the old,
@@ -324,6 +314,7 @@ fn a_bucket_evicted_in_debt_restarts_full_and_is_counted_lost() {
 fn one_packet_sources_of_a_burst_1_rule_do_not_push_out_a_source_in_debt() {
     require_root();
     let mut dp = TestDataplane::new("debttime", 64).unwrap();
+    dp.make_buckets_at_first_packet();
     set_seed(dp.pin_dir(), TEST_SEED).unwrap();
     let set = dp
         .install_toml(
@@ -382,6 +373,7 @@ fn one_packet_sources_of_a_burst_1_rule_do_not_push_out_a_source_in_debt() {
 fn a_refilled_bucket_is_evicted_first_counted_full() {
     require_root();
     let mut dp = TestDataplane::new("refilled", 64).unwrap();
+    dp.make_buckets_at_first_packet();
     set_seed(dp.pin_dir(), TEST_SEED).unwrap();
     // Refills in burst / rate = 5 ms.
     let set = dp

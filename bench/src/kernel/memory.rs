@@ -25,33 +25,49 @@ pub fn map_memory(limiter: &Limiter, name: &str) -> Result<(u64, u64)> {
     Ok((field("memlock:")?, field("max_entries:")?))
 }
 
+/// `memlock` of the bucket store and of its tags (a byte a record: `ratelimit_common::tags`),
+/// together, and the store's records.
+fn store_memory(limiter: &Limiter) -> Result<(u64, u64)> {
+    let (store, entries) = map_memory(limiter, map_names::BUCKETS)?;
+    let (tags, _) = map_memory(limiter, map_names::BUCKET_TAGS)?;
+    Ok((store + tags, entries))
+}
+
 /// Records of the second, small bucket store [`memory`] loads to tell the store's fixed part
 /// from what each record costs.
 const SMALL_STORE: u32 = 65_536;
 
-/// Kernel memory of the bucket store: its `memlock` over its records, and over the buckets it
-/// tracks (`tracked`, counted with the store full; `None` when it was not filled in this run).
+/// Kernel memory of the bucket store with its tags: their `memlock` over its records, and over
+/// the buckets it tracks (`tracked`, counted with the store full; `None` when it was not filled in this run).
 ///
 /// `memlock` holds a fixed part (the map's header, rounded to pages) beside the records, so the
 /// per-source figure is the *marginal* cost: a second program is loaded with a store of
 /// [`SMALL_STORE`] records, and the slope between the two stores' `memlock` (bytes per record)
-/// is spread over the sources tracked. The fixed part and `memlock / tracked` are in the detail.
+/// is spread over the sources tracked. The fixed part, the first-packet table's `memlock` (a
+/// fixed 512 KiB whatever the store's size) and `memlock / tracked` are in the detail.
 pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> Result<()> {
-    let (memlock, entries) = map_memory(limiter, map_names::BUCKETS)?;
+    let (memlock, entries) = store_memory(limiter)?;
+    let (first_packets, _) = map_memory(limiter, map_names::FIRST_PACKETS)?;
     #[expect(clippy::cast_precision_loss, reason = "bytes")]
     let per = |n: u64| memlock as f64 / n as f64;
     report.add(Figure {
         key: "memory.kernel_per_record".into(),
         section: "Memory and control plane",
-        label: format!("kernel memory per record of the bucket store ({entries} records)"),
+        label: format!(
+            "kernel memory per record of the bucket store and its tags ({entries} records)"
+        ),
         unit: "bytes",
         runs: vec![per(entries)],
         baseline: None,
-        detail: json!({ "memlock_bytes": memlock, "max_entries": entries }),
+        detail: json!({
+            "memlock_bytes": memlock,
+            "max_entries": entries,
+            "first_packets_memlock_bytes": first_packets,
+        }),
     });
     if let Some(tracked) = tracked.filter(|&t| t > 0) {
         let small = Limiter::new("bench-mem", SMALL_STORE, BASE_RULES)?;
-        let (small_memlock, small_entries) = map_memory(&small, map_names::BUCKETS)?;
+        let (small_memlock, small_entries) = store_memory(&small)?;
         drop(small);
         anyhow::ensure!(
             entries > small_entries && memlock > small_memlock,
@@ -68,8 +84,8 @@ pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> R
             key: "memory.kernel_per_tracked_source".into(),
             section: "Memory and control plane",
             label: format!(
-                "kernel memory per tracked source ({tracked} tracked, store full; the slope \
-                 between stores of {small_entries} and {entries} records)"
+                "kernel memory per tracked source, tags included ({tracked} tracked, store full; \
+                 the slope between stores of {small_entries} and {entries} records)"
             ),
             unit: "bytes",
             runs: vec![marginal],
@@ -83,6 +99,7 @@ pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> R
                 "bytes_per_record": slope,
                 "fixed_bytes": fixed,
                 "memlock_per_tracked": per(tracked),
+                "first_packets_memlock_bytes": first_packets,
             }),
         });
     }

@@ -172,6 +172,27 @@ impl Limiter {
     pub fn program(&self) -> &Xdp {
         self.tdp.program()
     }
+
+    /// Runs `f` with every installed limit making its keys' buckets at their first packet
+    /// (`rule_flags::FIRST_FREE` cleared in the rule records, put back after): the bench grows
+    /// its populations with one packet per source, which would otherwise pass without a bucket.
+    pub fn making_buckets<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let mut maps = ratelimit::maps::PinnedMaps::open(self.tdp.pin_dir())?;
+        let saved = self
+            .set
+            .rules
+            .iter()
+            .map(|r| Ok((r.id, maps.rule(r.id)?)))
+            .collect::<Result<Vec<_>>>()?;
+        for &(id, _) in &saved {
+            ratelimit_testbed::xdp::making_buckets(&mut maps, id)?;
+        }
+        let out = f();
+        for &(id, rule) in &saved {
+            maps.set_rule(id, rule)?;
+        }
+        out
+    }
 }
 
 /// Runs `frame` `repeat` times in one call; returns the kernel's mean ns per run, the wall-clock
@@ -254,20 +275,23 @@ impl Driver {
     }
 }
 
-/// Runs `n` sources from `first` on through the limiter, one packet each (a source's first
-/// packet creates its bucket); returns how many buckets that created.
+/// Runs `n` sources from `first` on through the limiter, one packet each, each making its bucket
+/// ([`Limiter::making_buckets`]); returns how many buckets that created.
 pub fn fill(limiter: &Limiter, refs: &Refs, first: [u8; 4], n: u32) -> Result<u64> {
     let before = limiter.tdp.global().counters[global::NEW_BUCKETS];
     let driver = Driver::new("rlb_fill", Sources::Sequential, limiter.program(), refs)?;
-    let mut left = n;
-    let mut from = first;
-    while left > 0 {
-        crate::session::check_interrupted()?;
-        let chunk = left.min(1 << 20);
-        driver.run(&sequential_from(from), chunk)?;
-        from = (u32::from_be_bytes(from) + chunk).to_be_bytes();
-        left -= chunk;
-    }
+    limiter.making_buckets(|| {
+        let mut left = n;
+        let mut from = first;
+        while left > 0 {
+            crate::session::check_interrupted()?;
+            let chunk = left.min(1 << 20);
+            driver.run(&sequential_from(from), chunk)?;
+            from = (u32::from_be_bytes(from) + chunk).to_be_bytes();
+            left -= chunk;
+        }
+        Ok(())
+    })?;
     Ok(limiter.tdp.global().counters[global::NEW_BUCKETS] - before)
 }
 

@@ -165,7 +165,10 @@ fn restore(limiter: &Limiter, rule: u32, addrs: &[[u8; 4]]) -> Result<u64> {
                 created_share: Bucket::created_at(now),
                 ..Bucket::default()
             };
-            if maps.store().install(index, header, &fresh) {
+            if maps
+                .store()
+                .install_tagged(index, header, &fresh, maps.bucket_tag(&key)?)
+            {
                 restored += 1;
             }
         }
@@ -396,6 +399,7 @@ pub fn populations(
         );
         let (mut known_misses, mut new_created, mut evicted_full, mut evicted_lost, mut resent) =
             (0u64, 0u64, 0u64, 0u64, 0u64);
+        let (mut new_first, mut new_first_created, mut new_made_ns) = (0, 0, Vec::new());
         let mut population_min = population;
         let hot_frame = v4_frame(addrs[addrs.len() / 2]);
         repeat_ns(limiter.program(), &hot_frame, 10)?;
@@ -435,7 +439,17 @@ pub fn populations(
                 counter(global::EVICTED_FULL),
                 counter(global::EVICTED_LOST),
             );
+            let first_packets = counter(global::FIRST_PACKETS);
             new_ns.push(new_lim.run(&fresh, new_repeat)?);
+            new_first += counter(global::FIRST_PACKETS) - first_packets;
+            new_first_created += counter(global::NEW_BUCKETS) - created;
+            fresh_next += opts.new_sources;
+            // The same over the next new sources, each making its bucket: what a new key's
+            // packet costs where its slot of the first-packet table is another's (or its second
+            // packet, owing the first).
+            let fresh_made = sequential_from(tracked_addr(fresh_next, true));
+            let created = counter(global::NEW_BUCKETS);
+            new_made_ns.push(limiter.making_buckets(|| new_lim.run(&fresh_made, new_repeat))?);
             new_created += counter(global::NEW_BUCKETS) - created;
             evicted_full += counter(global::EVICTED_FULL) - full;
             evicted_lost += counter(global::EVICTED_LOST) - lost;
@@ -448,7 +462,7 @@ pub fn populations(
                 resent += restore(limiter, tracked, &addrs)?;
             }
             for c in &mut lru_cases {
-                let fresh_addrs = (first..fresh_next).map(|i| tracked_addr(i, true));
+                let fresh_addrs = (first..first + opts.new_sources).map(|i| tracked_addr(i, true));
                 c.run_new(&fresh, new_repeat, fresh_addrs)?;
             }
         }
@@ -472,17 +486,22 @@ pub fn populations(
             "random_known_among": n,
             "random_known_new_buckets_per_run": known_misses / runs,
             "new_sources_per_run": opts.new_sources,
-            "new_buckets_per_new_run": new_created / runs,
+            "first_packets_per_new_run": new_first / runs,
+            "new_buckets_per_new_run": new_first_created / runs,
+            "new_buckets_per_made_run": new_created / runs,
             "evicted_full_per_new_run": evicted_full / runs,
             "evicted_lost_per_new_run": evicted_lost / runs,
             "population_resent_buckets": resent,
         });
         eprintln!(
             "    {what}: random known: {} of {} runs created a bucket per run (pushed out by the \
-             previous run's new sources); new sources: {} buckets created, {} refilled and {} \
-             in-debt buckets evicted per run",
+             previous run's new sources); new sources: {} of {} first packets passed without a \
+             bucket; making theirs: {} buckets created, {} refilled and {} in-debt buckets \
+             evicted per run",
             known_misses / runs,
             opts.repeat,
+            new_first / runs,
+            opts.new_sources,
             new_created / runs,
             evicted_full / runs,
             evicted_lost / runs
@@ -543,6 +562,12 @@ pub fn populations(
             k("new"),
             format!("limiter: new source, first packet (driver), {what}"),
             new_ns,
+            Some(k("new_floor")),
+        );
+        add(
+            k("new_made"),
+            format!("limiter: new source making its bucket (driver), {what}"),
+            new_made_ns,
             Some(k("new_floor")),
         );
         for (key, driver, runs, floor) in [

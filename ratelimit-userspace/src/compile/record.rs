@@ -55,12 +55,16 @@ pub fn rule_record(r: &RuleConfig) -> Rule {
     let mut only = coarse_only(&first);
     rule.set_limit(0, first);
     for (k, l) in r.limits.iter().enumerate() {
-        let (limit, c) = limit_record(
+        let (mut limit, c) = limit_record(
             (l.per, l.scope),
             (l.rate, l.burst),
             (l.bytes_rate, l.bytes_burst),
             has_v6,
         );
+        // The rule's own limit only: the extra limits' path (`one_limit`, a BPF call of its own)
+        // has no stack left for the first-packet table's look (ratelimit-ebpf/CONSTRAINTS.md,
+        // "Stack"), so their keys make buckets at their first packet.
+        limit.flags &= !rule_flags::FIRST_FREE;
         coarse &= c;
         only &= coarse_only(&limit);
         rule.set_limit(k + 1, limit);
@@ -200,6 +204,9 @@ fn limit_record(
         l.byte_interval_fp = (NS_PER_SEC << 16).div_ceil(u128::from(rate)) as u64;
         l.byte_tolerance_ns = (u128::from(burst) * NS_PER_SEC / u128::from(rate)) as u64;
         coarse &= l.byte_tolerance_ns >= COARSE_CLOCK_MIN_TOLERANCE_NS;
+    }
+    if ratelimit_common::first_packet_free(l.flags, l.pkt_interval_ns) {
+        l.flags |= rule_flags::FIRST_FREE;
     }
     let limits = l.flags & (rule_flags::PKT_LIMIT | rule_flags::BYTE_LIMIT) != 0;
     (l, coarse && limits)

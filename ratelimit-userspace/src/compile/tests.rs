@@ -94,13 +94,51 @@ fn packet_limit_record() {
     // clock (see windows_hold_where_a_sources_own_bucket_keeps_the_tokens).
     assert_eq!(
         rec.flags,
-        rule_flags::PKT_LIMIT | rule_flags::COARSE_CLOCK | rule_flags::HOLD_WINDOW
+        rule_flags::PKT_LIMIT
+            | rule_flags::COARSE_CLOCK
+            | rule_flags::HOLD_WINDOW
+            | rule_flags::FIRST_FREE
     );
     assert_eq!(rec.src_mask, [u32::MAX, 0, 0, 0]);
 }
 
 /// The coarse clock alone from a tolerance of 100 lag allowances, in the rule's flags and every
 /// limit's; one limit under it keeps the whole rule off it.
+/// A limit's keys pass their first packet without a bucket (`FIRST_FREE`) where it limits
+/// packets alone and is not cluster-scoped, and is the rule's own: an extra limit's never do.
+#[test]
+fn first_packets_free_for_local_packet_limits_alone() {
+    let free = |flags: u32| flags & rule_flags::FIRST_FREE != 0;
+    let mut r = limit("a", "10.0.0.0/8", 1000);
+    r.limits.push(crate::config::LimitConfig {
+        per: crate::config::Per::Rule,
+        rate: Some(1000),
+        burst: Some(10),
+        bytes_rate: Some(1_000_000),
+        bytes_burst: Some(100_000),
+        scope: crate::config::Scope::Local,
+        line: 0,
+    });
+    r.limits.push(crate::config::LimitConfig {
+        per: crate::config::Per::Source,
+        rate: Some(100),
+        burst: Some(10),
+        bytes_rate: None,
+        bytes_burst: None,
+        scope: crate::config::Scope::Local,
+        line: 0,
+    });
+    let rec = rule_record(&r);
+    assert!(free(rec.flags), "a packet limit");
+    assert!(!free(rec.extra[0].flags), "a packet and byte limit");
+    assert!(!free(rec.extra[1].flags), "an extra packet limit");
+    let cluster = rule_record(&RuleConfig {
+        scope: crate::config::Scope::Cluster,
+        ..limit("c", "10.0.0.0/8", 1000)
+    });
+    assert!(!free(cluster.flags), "a cluster-scoped limit");
+}
+
 #[test]
 fn coarse_only_from_a_hundred_lags() {
     let lag = super::coarse_lag_ns();

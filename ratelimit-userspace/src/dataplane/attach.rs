@@ -64,6 +64,10 @@ impl Dataplane {
                 map_names::NEW_PAGES,
                 ratelimit_common::new_pages_words(bucket_capacity(opts.max_buckets)),
             )
+            .map_max_entries(
+                map_names::BUCKET_TAGS,
+                ratelimit_common::bucket_tags_words(bucket_capacity(opts.max_buckets)),
+            )
             .override_global(ratelimit_common::COARSE_LAG_GLOBAL, &coarse_lag, false)
             .load(other.as_deref().unwrap_or(OBJECT))
             .map_err(|e| DataplaneError::Load(format!("{e:#}")))?;

@@ -98,6 +98,8 @@ fn expected_shape(name: &str) -> Option<(u32, u32, Option<u32>)> {
         map_names::GLOBAL_STATS => (4, sz(size_of::<GlobalStats>()), Some(1)),
         map_names::V4_TABLE => (4, sz(size_of::<v4_table::Entry>()), Some(v4_table::ENTRIES)),
         map_names::NEW_PAGES => (4, 8, None),
+        map_names::FIRST_PACKETS => (4, 64, Some(ratelimit_common::FIRST_PACKET_LINES)),
+        map_names::BUCKET_TAGS => (4, 8, None),
         _ => return None,
     })
 }
@@ -134,6 +136,16 @@ pub fn check_pinned(dir: &Path, max_buckets: u32) -> Result<()> {
             check_map(dir, map, Some(bucket_capacity(max_buckets)))?;
         }
     }
+    // A store pinned without its tags: a new, empty tag table would say none of its records
+    // holds its key (`ratelimit_common::tags`), and their sources' first packets would pass again.
+    let tags = dir.join(map_names::BUCKET_TAGS);
+    if dir.join(map_names::BUCKETS).exists() && !tags.exists() {
+        return Err(MapsError::Mismatch {
+            path: tags,
+            dir: dir.to_path_buf(),
+            detail: "the bucket store is pinned without its tags".into(),
+        });
+    }
     if dir.join(map_names::CONFIG).exists() {
         check_stamp(dir)?;
     }
@@ -153,10 +165,10 @@ fn check_map(
         reason: format!("{e}"),
     })?;
     let (key, value, max) = expected_shape(name).expect("known map");
-    let max = max.or(if name == map_names::NEW_PAGES {
-        buckets.map(ratelimit_common::new_pages_words)
-    } else {
-        buckets
+    let max = max.or(match name {
+        map_names::NEW_PAGES => buckets.map(ratelimit_common::new_pages_words),
+        map_names::BUCKET_TAGS => buckets.map(ratelimit_common::bucket_tags_words),
+        _ => buckets,
     });
     let actual_kind = info.map_type().map_or(u32::MAX, |t| t as u32);
     let mismatch = |detail: String| MapsError::Mismatch {
@@ -295,11 +307,17 @@ impl PinnedMaps {
             check_map(dir, map, None)?;
         }
         let open = |name: &str| open_pinned(dir, name);
-        let store = open_mapped(
+        let mut store = open_mapped(
             dir,
             map_names::BUCKETS,
             "the bucket store",
             MappedStore::map,
+        )?;
+        open_mapped(
+            dir,
+            map_names::BUCKET_TAGS,
+            "the bucket tags",
+            |fd, id, words| store.map_tags(fd, id, words),
         )?;
         // Its shape (ENTRIES entries of 16 words) was checked above.
         let v4_table = open_mapped(dir, map_names::V4_TABLE, "the IPv4 table", |fd, id, _| {
@@ -601,6 +619,19 @@ impl PinnedMaps {
         Ok(self
             .store
             .other_holder(config.seed, config.bucket_sets, key, gen, mine))
+    }
+
+    /// The tag of `key` (`ratelimit_common::bucket_tag`), for
+    /// [`MappedStore::install_tagged`].
+    pub fn bucket_tag(&self, key: &BucketKey) -> Result<u8> {
+        let config = self.config()?;
+        let hash = ratelimit_common::bucket_hash(
+            config.seed,
+            key.rule,
+            key.family,
+            ratelimit_common::addr_words(&key.addr),
+        );
+        Ok(ratelimit_common::bucket_tag(hash))
     }
 
     /// The bucket under `key`, if tracked.

@@ -12,7 +12,7 @@ use std::{
     ops::ControlFlow,
     os::fd::{AsRawFd as _, BorrowedFd},
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicU8, Ordering},
         Arc, Mutex, OnceLock, PoisonError, Weak,
     },
 };
@@ -27,6 +27,8 @@ use ratelimit_common::{
 pub struct MappedStore {
     mapping: Arc<SharedMapping>,
     records: u32,
+    /// The records' tags (`ratelimit_common::tags`), a byte a record, where mapped.
+    tags: Option<Arc<SharedMapping>>,
 }
 
 /// The first `bytes` of a memory-mappable BPF array, mapped shared into this process (read-write
@@ -152,7 +154,31 @@ impl MappedStore {
         Ok(Self {
             mapping: SharedMapping::shared(fd, id, bytes)?,
             records,
+            tags: None,
         })
+    }
+
+    /// Maps the records' tags behind `fd` (map id `id`, `words` words: a byte a record), for
+    /// [`MappedStore::install_tagged`] and [`MappedStore::tag`].
+    pub fn map_tags(&mut self, fd: BorrowedFd<'_>, id: u32, words: u32) -> io::Result<()> {
+        let bytes = words as usize * 8;
+        if bytes < self.records as usize {
+            return Err(io::Error::other(format!(
+                "{words} words of tags for {} records",
+                self.records
+            )));
+        }
+        self.tags = Some(SharedMapping::shared(fd, id, bytes)?);
+        Ok(())
+    }
+
+    /// Record `i`'s tag, if the tags are mapped.
+    #[must_use]
+    pub fn tag(&self, i: u32) -> Option<u8> {
+        assert!(i < self.records, "record {i} out of {}", self.records);
+        let tags = self.tags.as_ref()?;
+        // SAFETY: byte `i` of a mapping of at least `records` bytes (checked in `map_tags`).
+        Some(unsafe { std::ptr::read_volatile(tags.ptr().add(i as usize)) })
     }
 
     /// The first record.
@@ -349,8 +375,21 @@ impl MappedStore {
 
     /// Writes `fresh` into record `i` (which held `old` when scanned) as the program does: claim
     /// by compare-and-swap of the header (busy), write, publish. `false` if the record changed
-    /// meanwhile (another writer took it).
+    /// meanwhile (another writer took it). The record's tag is left as it is: for a record given
+    /// the bucket of the key it holds, or of no key; one taken for another key needs
+    /// [`MappedStore::install_tagged`].
     pub fn install(&self, i: u32, old: u64, fresh: &Bucket) -> bool {
+        self.install_with(i, old, fresh, None)
+    }
+
+    /// [`MappedStore::install`] of a key's bucket with the key's tag `tag` (`bucket_tag`), given
+    /// after the claim and before the publication, as the program gives it: a record that holds
+    /// a key has its tag (`ratelimit_common::tags`). Panics if the tags are not mapped.
+    pub fn install_tagged(&self, i: u32, old: u64, fresh: &Bucket, tag: u8) -> bool {
+        self.install_with(i, old, fresh, Some(tag))
+    }
+
+    fn install_with(&self, i: u32, old: u64, fresh: &Bucket, tag: Option<u8>) -> bool {
         self.require_writable();
         let header = self.word(i, BUCKET_HEADER_OFFSET);
         let want = fresh.header() & !(u64::from(u8::MAX) << 24);
@@ -360,6 +399,15 @@ impl MappedStore {
             .is_err()
         {
             return false;
+        }
+        if let Some(tag) = tag {
+            let tags = self.tags.as_ref().expect("the bucket tags are mapped");
+            tags.require_writable("the bucket tags");
+            // SAFETY: byte `i` of a mapping of at least `records` bytes (checked in `map_tags`);
+            // an atomic byte store, as the program's (other writers write other bytes).
+            unsafe {
+                (*tags.ptr().add(i as usize).cast::<AtomicU8>()).store(tag, Ordering::Release)
+            };
         }
         let mut rec = *fresh;
         rec.state = BUCKET_BUSY;

@@ -23,7 +23,7 @@
 //! | `ratelimit_limit_dropped_packets_total` | counter | `rule`, `limit` (1: the rule's own, 2..: its `[[rule.limit]]`s), `verdict` (`dropped_rate`, `dropped_bytes`) |
 //! | `ratelimit_packets_total` | counter | |
 //! | `ratelimit_parse_failures_total` | counter | `reason` |
-//! | `ratelimit_non_ip_packets_total`, `ratelimit_fragments_total`, `ratelimit_unmatched_packets_total`, `ratelimit_new_buckets_total`, `ratelimit_bucket_errors_total`, `ratelimit_internal_errors_total` | counter | |
+//! | `ratelimit_non_ip_packets_total`, `ratelimit_fragments_total`, `ratelimit_unmatched_packets_total`, `ratelimit_new_buckets_total`, `ratelimit_first_packets_total`, `ratelimit_bucket_errors_total`, `ratelimit_internal_errors_total` | counter | |
 //! | `ratelimit_buckets_tracked`, `ratelimit_buckets_capacity` | gauge | |
 //! | `ratelimit_bucket_evictions_total` | counter | `state` (`full`, `lost`) |
 //! | `ratelimit_shape_drops_total` | counter | `reason` (`tiny_fragment`, `long_header_chain`, `fragment_conflict`, `vlan_chain`, `unmatched_fragment`) |
@@ -84,7 +84,7 @@ const SHAPE_DROPS: [(usize, &str); 5] = [
 ];
 
 /// Global counters exported as a metric of their own: (index, metric name without `_total`, help).
-const GLOBAL_COUNTERS: [(usize, &str, &str); 10] = [
+const GLOBAL_COUNTERS: [(usize, &str, &str); 11] = [
     (global::PACKETS, "ratelimit_packets", "Packets the XDP program saw, on every attached interface."),
     (global::NON_IP, "ratelimit_non_ip_packets", "Packets that were neither IPv4 nor IPv6 (ARP, LLDP...): passed."),
     (
@@ -106,6 +106,12 @@ const GLOBAL_COUNTERS: [(usize, &str, &str); 10] = [
     ),
     (global::NO_MATCH, "ratelimit_unmatched_packets", "IP packets that matched no rule: passed."),
     (global::NEW_BUCKETS, "ratelimit_new_buckets", "Token buckets created (one per new source and rule)."),
+    (
+        global::FIRST_PACKETS,
+        "ratelimit_first_packets",
+        "Packets of sources without a bucket whose bucket would have been full: passed without making one \
+         (the source's next packet before it would be full again makes it, owing this one).",
+    ),
     (
         global::BUCKET_ERRORS,
         "ratelimit_bucket_errors",
