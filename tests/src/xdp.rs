@@ -445,6 +445,37 @@ pub fn without_first_free(rule: &mut ratelimit_common::Rule) {
     }
 }
 
+/// Runs each of `frames` once on each of two CPUs at the same instant (a spin barrier before
+/// each frame, one thread pinned to each CPU): the XDP action of each frame on CPU 0 and 1.
+///
+/// # Panics
+/// With fewer than two CPUs, or if a thread cannot be pinned.
+pub fn on_two_cpus_at_once(dp: &TestDataplane, frames: &[Vec<u8>]) -> Vec<[u32; 2]> {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    assert!(cpus >= 2, "needs two CPUs");
+    let step = Lockstep::new();
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2)
+            .map(|cpu| {
+                let (step, runner) = (&step, dp.runner());
+                s.spawn(move || {
+                    pin_to_cpu(cpu).unwrap_or_else(|e| panic!("pin to CPU {cpu}: {e}"));
+                    (0u32..)
+                        .zip(frames)
+                        .map(|(i, f)| {
+                            step.wait(i);
+                            runner.run_repeat(f, 1)
+                        })
+                        .collect::<Vec<u32>>()
+                })
+            })
+            .collect();
+        let mut each = workers.into_iter().map(|w| w.join().unwrap());
+        let (c0, c1) = (each.next().unwrap(), each.next().unwrap());
+        c0.into_iter().zip(c1).map(|(a, b)| [a, b]).collect()
+    })
+}
+
 /// A spin barrier for two threads stepping through the same list: `wait(i)` returns once both
 /// have reached step `i`.
 #[derive(Default)]

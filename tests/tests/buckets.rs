@@ -13,7 +13,10 @@ use ratelimit_testbed::{
     clock::monotonic_ns,
     packet::{eth, ip, udp4},
     require_root,
-    xdp::{make_cluster_scoped, making_buckets, passes, pin_to_cpu, Lockstep, XDP_DROP, XDP_PASS},
+    xdp::{
+        make_cluster_scoped, making_buckets, on_two_cpus_at_once, passes, pin_to_cpu, Lockstep,
+        XDP_DROP, XDP_PASS,
+    },
     TestDataplane,
 };
 
@@ -1215,34 +1218,6 @@ fn records_and_keys(dp: &TestDataplane, rid: u32) -> (usize, usize) {
     keys.sort_by_key(|k| k.addr);
     keys.dedup_by(|a, b| a.addr == b.addr);
     (held, keys.len())
-}
-
-/// Runs each of `frames` once on each of two CPUs at the same instant (a spin barrier before
-/// each frame, one thread pinned to each CPU): the XDP action of each frame on CPU 0 and 1.
-fn on_two_cpus_at_once(dp: &TestDataplane, frames: &[Vec<u8>]) -> Vec<[u32; 2]> {
-    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    assert!(cpus >= 2, "needs two CPUs");
-    let step = Lockstep::new();
-    std::thread::scope(|s| {
-        let workers: Vec<_> = (0..2)
-            .map(|cpu| {
-                let (step, runner) = (&step, dp.runner());
-                s.spawn(move || {
-                    pin_to_cpu(cpu).unwrap_or_else(|e| panic!("pin to CPU {cpu}: {e}"));
-                    (0u32..)
-                        .zip(frames)
-                        .map(|(i, f)| {
-                            step.wait(i);
-                            runner.run_repeat(f, 1)
-                        })
-                        .collect::<Vec<u32>>()
-                })
-            })
-            .collect();
-        let mut each = workers.into_iter().map(|w| w.join().unwrap());
-        let (c0, c1) = (each.next().unwrap(), each.next().unwrap());
-        c0.into_iter().zip(c1).map(|(a, b)| [a, b]).collect()
-    })
 }
 
 /// A new source's first packets on two CPUs at the same instant make one bucket, not two (two
