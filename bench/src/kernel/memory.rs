@@ -43,8 +43,9 @@ const SMALL_STORE: u32 = 65_536;
 /// `memlock` holds a fixed part (the map's header, rounded to pages) beside the records, so the
 /// per-source figure is the *marginal* cost: a second program is loaded with a store of
 /// [`SMALL_STORE`] records, and the slope between the two stores' `memlock` (bytes per record)
-/// is spread over the sources tracked. The fixed part, the first-packet table's `memlock` (a
-/// fixed 512 KiB whatever the store's size) and `memlock / tracked` are in the detail.
+/// is spread over the sources tracked, and the first-packet table's `memlock` (fixed whatever the
+/// store's size, there for the store's sake) is spread over them too. The fixed part and
+/// `memlock / tracked` are in the detail.
 pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> Result<()> {
     let (memlock, entries) = store_memory(limiter)?;
     let (first_packets, _) = map_memory(limiter, map_names::FIRST_PACKETS)?;
@@ -80,15 +81,18 @@ pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> R
         let fixed = memlock as f64 - slope * entries as f64;
         #[expect(clippy::cast_precision_loss, reason = "bytes")]
         let marginal = slope * entries as f64 / tracked as f64;
+        #[expect(clippy::cast_precision_loss, reason = "bytes")]
+        let first_per_tracked = first_packets as f64 / tracked as f64;
         report.add(Figure {
             key: "memory.kernel_per_tracked_source".into(),
             section: "Memory and control plane",
             label: format!(
-                "kernel memory per tracked source, tags included ({tracked} tracked, store full; \
-                 the slope between stores of {small_entries} and {entries} records)"
+                "kernel memory per tracked source, tags and first-packet slots included \
+                 ({tracked} tracked, store full; the slope between stores of {small_entries} and \
+                 {entries} records)"
             ),
             unit: "bytes",
-            runs: vec![marginal],
+            runs: vec![marginal + first_per_tracked],
             baseline: None,
             detail: json!({
                 "memlock_bytes": memlock,
@@ -100,6 +104,8 @@ pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> R
                 "fixed_bytes": fixed,
                 "memlock_per_tracked": per(tracked),
                 "first_packets_memlock_bytes": first_packets,
+                "store_per_tracked": marginal,
+                "first_packets_per_tracked": first_per_tracked,
             }),
         });
     }
