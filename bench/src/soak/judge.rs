@@ -431,8 +431,10 @@ pub(super) fn judge(
          is removed during the soak."
             .into(),
         format!(
-            "A source's first packet creates its bucket: 1 frame in {:.1} created one here \
-             (the others came from sources already tracked).",
+            "A new source's first packet passes without a bucket (a slot of `RL_FIRST_PACKETS` \
+             holds when its bucket would be full again); its next one makes the bucket if it \
+             comes before then, or if every slot of its line was held: 1 frame in {:.1} made \
+             one here.",
             fin.frames as f64 / fin.created.max(1) as f64
         ),
     ];
