@@ -279,7 +279,7 @@ pub const fn base(tat: u64, now: u64, dom: Domain) -> u64 {
 ///
 /// The program (`ratelimit-ebpf`'s `gcra`) takes this step inside its compare-and-swap loop in a
 /// copy of its own: calling this function there, inlined, took the verifier from 392k to 490k
-/// instructions (the same source, shaped differently by LLVM). `buckets.rs`'s
+/// instructions (the same source, shaped differently by LLVM). `cluster_shares.rs`'s
 /// `the_program_charges_a_cluster_bucket_as_the_shared_arithmetic_says` holds the two to one
 /// result, through [`admit`].
 #[inline(always)]

@@ -218,7 +218,7 @@ fn normalize(tat: *mut u64, now: u64, dom: Domain) {
 /// never more; only when another CPU converted it in between).
 ///
 /// The step inside the loop is `ratelimit_common::share::step`, copied: called from here, it
-/// took the verifier ~100k instructions more (see its doc); `buckets.rs`'s
+/// took the verifier ~100k instructions more (see its doc); `cluster_shares.rs`'s
 /// `the_program_charges_a_cluster_bucket_as_the_shared_arithmetic_says` holds the copies to one.
 #[inline(always)]
 fn gcra(tat: *mut u64, (now, floor): (u64, u64), cost: u64, tolerance: u64, dom: Domain) -> Charge {

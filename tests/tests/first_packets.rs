@@ -108,7 +108,7 @@ fn nine_keys_sharing_a_line_each_get_their_burst_and_no_more() {
 /// one: the slot is taken by one compare-and-swap, so of two packets that find it free exactly
 /// one passes (free) and the other makes the bucket owing it and is dropped, never both. The
 /// keys are chosen each with a line of its own (a key whose line other keys' times fill makes
-/// its bucket at once: the store's creation race, `buckets.rs`).
+/// its bucket at once: the store's creation race, `buckets_two_cpus.rs`).
 #[test]
 fn a_first_packet_on_two_cpus_at_once_passes_once() {
     const SOURCES: u32 = 5_000;
