@@ -8,7 +8,7 @@ use core::intrinsics::{atomic_cxchg, atomic_xadd, atomic_xsub, AtomicOrdering};
 
 use aya_ebpf::Global;
 use ratelimit_common::{
-    byte_cost_ns, global, rule_flags, settle_birth,
+    byte_cost_ns, full_for_certain, global, rule_flags, settle_birth,
     share::{self, Domain},
     verdict, Bucket, Limit, Rule, COARSE_LAG_DEFAULT_NS, TAT_UNSETTLED,
 };
@@ -439,8 +439,15 @@ fn charge_in<P: Params>(
             pkt_cost,
             dom,
         );
-        if rule.flags() & rule_flags::BORN_COARSE != 0 && !settle(tat, byte_tat, ck) {
-            return verdict::DROPPED_RATE;
+        if rule.flags() & rule_flags::BORN_COARSE != 0 {
+            if rule_flags::born_coarse_in_force(rule.flags())
+                && reborn(tat, byte_tat, now, pkt_cost)
+            {
+                return verdict::PASSED;
+            }
+            if !settle(tat, byte_tat, ck) {
+                return verdict::DROPPED_RATE;
+            }
         }
         normalize(tat, now, dom);
         let clock = clock(tat, rule.flags(), now, (pkt_cost, tolerance), ck);
@@ -463,6 +470,37 @@ fn charge_in<P: Params>(
         }
     }
     verdict::PASSED
+}
+
+/// Makes the bucket whose packet TAT is at `tat` again from the coarse time `now`, as a new
+/// bucket of a limit with [`rule_flags::BORN_COARSE`] is made ([`charge_new`]), if it is full at
+/// the true time for certain (`ratelimit_common::full_for_certain`): its TAT `now + cost`
+/// marked, by compare-and-swap, then `now` its birth (at `birth`, the byte TAT). `true` if so:
+/// the packet conforms (the limit's burst holds 100 packets) and is charged.
+///
+/// The birth is stored after the TAT: a charge on another CPU that pairs the new marked TAT with
+/// the birth before it settles it from an earlier birth, so later (fewer tokens, never more);
+/// one that read the TAT before it fails its compare-and-swap.
+#[inline(always)]
+fn reborn(tat: *mut u64, birth: *mut u64, now: u64, cost: u64) -> bool {
+    // SAFETY: both point into a live map value; a plain read, the CAS validates it.
+    let old = unsafe { core::ptr::read_volatile(tat) };
+    if !full_for_certain(old, now, COARSE_LAG_NS.load()) {
+        return false;
+    }
+    // SAFETY: as above; 8-byte aligned.
+    let (_, ok) = unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(
+            tat,
+            old,
+            (now + cost) | TAT_UNSETTLED,
+        )
+    };
+    if ok {
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile(birth, now) };
+    }
+    ok
 }
 
 /// Settles the packet TAT at `tat` of a bucket made on the coarse clock

@@ -417,6 +417,185 @@ fn a_new_bucket_made_on_the_coarse_clock_is_settled_by_its_next_charge() {
     );
 }
 
+/// A source back once its bucket refilled, under a limit whose buckets are born on the coarse
+/// clock (`rule_flags::BORN_COARSE`): its bucket, full for certain at the coarse time
+/// (`ratelimit_common::full_for_certain`), is made again from it as a new one is, without a read
+/// of the precise clock: its TAT marked, the coarse time its birth, and the next charge settles
+/// it. With this CPU's coarse clock planted most of the lag allowance behind the true time: the
+/// packet leaves the mark and the planted birth; a burst right after it admits no more than
+/// `burst + rate x t` from that packet and at most one packet fewer than the burst, and leaves the
+/// TAT settled and no earlier than exact GCRA's.
+///
+/// Fails if the program makes the bucket again from the coarse time unmarked (nothing settles
+/// it, and the next charge, on the precise clock, finds its TAT behind and charges from the true
+/// time: the packet that made it again is lost, 201 admitted against a bound of 200).
+#[test]
+fn a_full_bucket_is_made_again_on_the_coarse_clock_and_settled_by_its_next_charge() {
+    use ratelimit_common::{coarse_lag_ns, TAT_UNSETTLED};
+    require_root();
+    const CPU: usize = 0;
+    const INTERVAL: u64 = 1_000_000_000 / BORN_RATE;
+    pin_to_cpu(CPU).unwrap();
+    let (dp, id) = born_coarse_rules("coarse-reborn");
+    making_buckets(&mut PinnedMaps::open(dp.pin_dir()).unwrap(), id).unwrap();
+    let tick = coarse_tick_ns();
+    // Most of the allowance: 7 of the 8 ticks (28 ms at HZ=250).
+    let lag = coarse_lag_ns(tick) - tick;
+    let warm = udp4(ip("198.19.0.1"));
+    let runs = usize::try_from(BORN_BURST).unwrap() + 50;
+    let mut checked = 0;
+    for attempt in 0..40u8 {
+        if checked == 4 {
+            break;
+        }
+        let src = [198, 18, 2, attempt];
+        let frame = udp4(src.into());
+        // The bucket made, then left to refill its burst, and the lag on top: full for certain.
+        assert_eq!(
+            dp.run(&frame),
+            XDP_PASS,
+            "attempt {attempt}: the making packet"
+        );
+        std::thread::sleep(Duration::from_nanos(
+            BORN_BURST * INTERVAL + coarse_lag_ns(tick) + 2 * tick,
+        ));
+        let before = dp.rule(id).pkts[verdict::PASSED];
+        let mut made = None;
+        let Some((t0, first, t1)) = under_a_planted_clock(
+            &dp,
+            CPU,
+            &warm,
+            || monotonic_ns() - lag,
+            || {
+                let t0 = monotonic_ns();
+                let first = dp.run(&frame);
+                made = Some(bucket_of(&dp, id, src));
+                (t0, first, monotonic_ns())
+            },
+        ) else {
+            continue;
+        };
+        let b = made.unwrap();
+        assert_eq!(first, XDP_PASS, "attempt {attempt}: the packet back");
+        assert_ne!(
+            b.tat_ns & TAT_UNSETTLED,
+            0,
+            "attempt {attempt}: made again, marked"
+        );
+        let birth = b.byte_tat_ns;
+        assert!(
+            birth + lag <= t1 && birth + lag + tick >= t0,
+            "attempt {attempt}: made again at the planted time ({} ns before the packet)",
+            t0.saturating_sub(birth)
+        );
+        assert_eq!(b.tat_ns & !TAT_UNSETTLED, birth + INTERVAL);
+        let more = passes(&dp, &frame, runs) as u64;
+        let t2 = monotonic_ns();
+        let admitted = dp.rule(id).pkts[verdict::PASSED] - before;
+        assert_eq!(admitted, 1 + more);
+        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+        let bound = BORN_BURST + ((t2 - t0) as f64 * BORN_RATE as f64 / 1e9).floor() as u64;
+        let settled = bucket_of(&dp, id, src).tat_ns;
+        println!(
+            "attempt {attempt}: made again {:.1} ms behind: {admitted} of {} admitted in {:.3} \
+             ms, bound {bound}",
+            (t0 - birth) as f64 / 1e6,
+            runs + 1,
+            (t2 - t0) as f64 / 1e6,
+        );
+        assert_eq!(settled & TAT_UNSETTLED, 0, "attempt {attempt}: settled");
+        assert!(
+            admitted <= bound,
+            "attempt {attempt}: admitted {admitted} in {} ns, more than burst + rate x t = {bound}",
+            t2 - t0
+        );
+        assert!(
+            admitted + 1 >= BORN_BURST,
+            "attempt {attempt}: a bucket made again admitted {admitted} of its burst of {BORN_BURST}"
+        );
+        assert!(
+            settled >= t0 + admitted * INTERVAL,
+            "attempt {attempt}: settled {} ns before exact's",
+            (t0 + admitted * INTERVAL) - settled
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= 2,
+        "only {checked} attempts made their bucket again within one jiffy"
+    );
+}
+
+/// A full bucket made again on two CPUs at once (`rule_flags::BORN_COARSE`): one CPU's
+/// compare-and-swap makes it, the other's fails and its packet is charged to the bucket just made
+/// (settled first). 300 sources, each full for certain, each sent one packet on both CPUs in the
+/// same instant and then a burst on one: both packets pass and are charged, and the whole never
+/// exceeds `burst + rate x t` from before the two. Rate 50 a second (an interval of 20 ms, more
+/// than a tick), burst 100.
+///
+/// Fails if a CPU whose compare-and-swap lost counts its packet as the bucket's making anyway
+/// (that packet uncharged: the burst after gets it on top).
+#[test]
+fn a_full_bucket_made_again_on_two_cpus_at_once_charges_both_packets() {
+    use ratelimit_common::{coarse_lag_ns, rule_flags};
+    use ratelimit_testbed::xdp::on_two_cpus_at_once;
+    const RATE: u64 = 50;
+    const BURST: u64 = 100;
+    require_root();
+    let mut dp = TestDataplane::new("coarse-reborn2", 1 << 12).unwrap();
+    let set = dp
+        .install_toml(&format!(
+            "[[rule]]\nname = \"slow\"\nsource = \"198.18.0.0/16\"\nrate = {RATE}\nburst = {BURST}\n"
+        ))
+        .unwrap();
+    let rule = set.by_name("slow").unwrap();
+    assert_eq!(
+        rule.rule.flags
+            & (rule_flags::BORN_COARSE | rule_flags::COARSE_CLOCK | rule_flags::COARSE_ONLY),
+        rule_flags::BORN_COARSE | rule_flags::COARSE_CLOCK,
+        "rate 50, burst 100: born on the coarse clock, not on it alone"
+    );
+    let id = rule.id;
+    making_buckets(&mut PinnedMaps::open(dp.pin_dir()).unwrap(), id).unwrap();
+    let frames: Vec<Vec<u8>> = (0..300u32)
+        .map(|i| udp4(Ipv4Addr::from([198, 18, (i / 250) as u8, (i % 250) as u8])))
+        .collect();
+    for f in &frames {
+        assert_eq!(dp.run(f), XDP_PASS, "the bucket made");
+    }
+    // Every bucket refilled, and the lag on top: full for certain.
+    std::thread::sleep(Duration::from_nanos(
+        BURST * 1_000_000_000 / RATE + coarse_lag_ns(coarse_tick_ns()) + 10_000_000,
+    ));
+    let runs = usize::try_from(BURST).unwrap() + 20;
+    let mut most = 0;
+    for (i, f) in frames.iter().enumerate() {
+        let before = dp.rule(id).pkts[verdict::PASSED];
+        let t0 = monotonic_ns();
+        let both = on_two_cpus_at_once(&dp, std::slice::from_ref(f));
+        assert_eq!(
+            both,
+            [[XDP_PASS, XDP_PASS]],
+            "source {i}: both packets of a full bucket"
+        );
+        let more = passes(&dp, f, runs) as u64;
+        let t2 = monotonic_ns();
+        let admitted = dp.rule(id).pkts[verdict::PASSED] - before;
+        assert_eq!(admitted, 2 + more, "source {i}");
+        let bound = BURST + (t2 - t0) * RATE / 1_000_000_000;
+        assert!(
+            admitted <= bound,
+            "source {i}: {admitted} admitted in {} ns, more than burst + rate x t = {bound}",
+            t2 - t0
+        );
+        most = most.max(admitted);
+    }
+    assert!(
+        most >= BURST - 1,
+        "the burst admitted whole or one short: {most}"
+    );
+}
+
 /// The one packet a bucket made on the coarse clock may cost: a source's first packet, then its
 /// whole burst 10 ms later (the bucket full again by the true time, but settled to at most a
 /// packet short of full, as the coarse clock at its birth may have been up to the lag behind).
