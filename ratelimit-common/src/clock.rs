@@ -157,6 +157,16 @@ mod tests {
     /// A GCRA charge at `now` of cost `c` under tolerance `tol` on the precise clock, the step
     /// the program and the cluster simulator take (`share::step`, not cluster-scoped): whether it
     /// conforms.
+    /// A xorshift generator from `seed`: each call draws a number below its argument (0 for 0).
+    fn draws(mut seed: u64) -> impl FnMut(u64) -> u64 {
+        move |n| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n.max(1)
+        }
+    }
+
     fn gcra(tat: &mut u64, now: u64, c: u64, tol: u64) -> bool {
         crate::share::step(*tat, (now, now), c, tol, 0)
             .map(|new| *tat = new)
@@ -172,13 +182,7 @@ mod tests {
     /// whole (a burst soon after the first packet loses more: 264 against 266).
     #[test]
     fn a_bucket_born_on_the_coarse_clock_admits_what_exact_gcra_does_less_at_most_one() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n.max(1)
-        };
+        let mut next = draws(0x9e37_79b9_7f4a_7c15);
         let mut least = u64::MAX;
         for case in 0..3_000 {
             let lag = [8_000_000, 32_000_000, 80_000_000][case % 3];
@@ -238,13 +242,7 @@ mod tests {
     /// exact's bucket is not full).
     #[test]
     fn a_bucket_made_again_once_full_admits_what_exact_gcra_does_less_at_most_one() {
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n.max(1)
-        };
+        let mut next = draws(0x2545_f491_4f6c_dd1d);
         let mut remade = 0;
         for case in 0..3_000 {
             let lag = [8_000_000, 32_000_000, 80_000_000][case % 3];
