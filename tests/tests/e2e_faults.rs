@@ -645,7 +645,7 @@ fn without_bpffs_the_agent_mounts_its_own_or_fails_saying_why() {
     let log = agent.log();
     assert!(log.contains("mounted bpffs"), "{log}");
     // (It also warns that the pins are private, where it can tell: it looks for its bpffs among
-    // the mounts pid 1 sees, which some sandboxes do not let it read; see e2e_hardening.rs.)
+    // the mounts pid 1 sees, which some sandboxes do not let it read; see e2e_hardening/planted.rs.)
     assert!(
         !pin.exists(),
         "the private pins showed up on the host's bpffs at {}",
