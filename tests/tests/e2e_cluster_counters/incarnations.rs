@@ -1,0 +1,218 @@
+//! A peer cut off, heard again and restarted: silent, then dead, then counted again, and a new
+//! incarnation that charges nothing twice.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::{
+    cli, cluster, config_on_pins, counter, flood, gossip_addr, metric, net, passed, peer_at,
+    start_agents, wait_for, Net,
+};
+use ratelimit_testbed::cluster::scrape;
+use ratelimit_testbed::AgentProcess;
+use serde_json::Value;
+
+/// The peer entries of h1 at h0 (one per incarnation).
+pub(crate) fn h1_at_h0(h0: &AgentProcess) -> Vec<Value> {
+    peer_at(&cluster(h0), gossip_addr(1))
+}
+
+pub(crate) fn charged_by(h0: &AgentProcess, generation: u64) -> u64 {
+    h1_at_h0(h0)
+        .iter()
+        .find(|p| p["generation"].as_u64() == Some(generation))
+        .and_then(|p| p["charged_pkts"].as_u64())
+        .unwrap_or_else(|| panic!("no peer of generation {generation} at h0: {}", cluster(h0)))
+}
+
+/// A peer cut off stops being counted within max(3 s, 10 x `sync_interval_ms`) (here 10 x 400
+/// ms = 4 s; chitchat's failure detector declares it dead after 2 to 2.4 timeouts, and `peers`,
+/// `status` and the metrics show it dead); while cut off it takes no share (nothing is withheld
+/// for it, then or when it is heard again), and after it is heard again it takes one again. Then its agent is killed and started again (it
+/// adopts the pinned buckets): the new incarnation is a peer of its own, counted, the old one is
+/// shown dead, and what the new one charges is at most what it admitted (its adopted buckets'
+/// past is not published again).
+#[test]
+#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
+fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_new_incarnation() {
+    const SYNC_MS: u64 = 400;
+    const TIMEOUT: f64 = 4.0;
+    let net = net("inc", 2);
+    let mut agents = start_agents(&net, 2, SYNC_MS, 1000);
+    assert_eq!(cluster(&agents[0])["peer_timeout_ms"], 4000);
+    let generation = |a: &AgentProcess| cluster(a)["generation"].as_u64().unwrap();
+    let g1 = generation(&agents[1]);
+
+    // The source at both hosts (300 pps each, all admitted: each host's share is half the
+    // budget): h0 withholds half of its bucket's refill for h1's share while connected.
+    let both = |net: &Net| {
+        thread::scope(|s| {
+            let a = s.spawn(|| flood(net, 0, 300, Duration::from_secs(1)));
+            let b = s.spawn(|| flood(net, 1, 300, Duration::from_secs(1)));
+            a.join().unwrap() + b.join().unwrap()
+        })
+    };
+    both(&net);
+    wait_for("h0 withholding for h1", Duration::from_secs(10), || {
+        (charged_by(&agents[0], g1) > 0).then_some(())
+    });
+    // Once the traffic stopped, h1's demand reads 0 after `DEMAND_HISTORY` of its syncs (its
+    // window reaches that far back for a few packets), and nothing is withheld for it after.
+    // On a busy machine their rounds and gossip run late, so wait until the count has not moved
+    // for as long again: a cut while h0 still reads a demand of h1 freezes that reading, and h0
+    // withholds for it until it goes stale (`STALE_ROUNDS`), after the count taken here.
+    let settled =
+        Duration::from_millis((ratelimit::cluster::remote::DEMAND_HISTORY as u64 + 3) * SYNC_MS);
+    let settle = |what: &str| {
+        thread::sleep(settled);
+        let mut last = charged_by(&agents[0], g1);
+        wait_for(what, Duration::from_secs(10), || {
+            thread::sleep(settled);
+            let now = charged_by(&agents[0], g1);
+            let still = now == last;
+            last = now;
+            still.then_some(now)
+        })
+    };
+    let first = settle("the refill withheld for h1 settling before the cut");
+
+    // Cut: not counted within the timeout (plus a sync round and a poll: when the status is
+    // refreshed), shown dead.
+    net.hosts[1]
+        .ns
+        .ip(&["link", "set", &net.hosts[1].gossip_if, "down"])
+        .unwrap();
+    let cut = Instant::now();
+    let uncounted = wait_for("h1 no longer counted", Duration::from_secs(20), || {
+        let p = h1_at_h0(&agents[0]);
+        p.iter()
+            .all(|p| p["counted"] == false)
+            .then(|| cut.elapsed().as_secs_f64())
+    });
+    let dead = wait_for("h1 shown dead", Duration::from_secs(30), || {
+        h1_at_h0(&agents[0])
+            .iter()
+            .any(|p| p["state"] == "dead")
+            .then(|| cut.elapsed().as_secs_f64())
+    });
+    println!("h1 cut off: uncounted after {uncounted:.2} s, dead after {dead:.2} s (timeout {TIMEOUT} s)");
+    #[expect(clippy::cast_precision_loss, reason = "small numbers")]
+    let bound = TIMEOUT + 2.0 * SYNC_MS as f64 / 1000.0 + 0.1;
+    assert!(
+        uncounted <= bound,
+        "still counted {uncounted:.2} s after the cut (bound {bound:.2} s)"
+    );
+    let table = cli(&agents[0], &["peers"]);
+    assert!(table.contains("dead"), "peers table:\n{table}");
+    let body = scrape(&net.hosts[0].ns);
+    assert_eq!(
+        metric(&body, r#"ratelimit_cluster_peers{state="dead"}"#),
+        1,
+        "{body}"
+    );
+    assert_eq!(
+        metric(&body, r#"ratelimit_cluster_peers{state="alive"}"#),
+        0,
+        "{body}"
+    );
+
+    // While cut off h1 takes no share: nothing is withheld for it, then or when it is heard
+    // again.
+    let during = both(&net);
+    net.hosts[1]
+        .ns
+        .ip(&["link", "set", &net.hosts[1].gossip_if, "up"])
+        .unwrap();
+    wait_for("h1 counted again", Duration::from_secs(30), || {
+        h1_at_h0(&agents[0])
+            .iter()
+            .any(|p| p["counted"] == true && p["state"] == "alive")
+            .then_some(())
+    });
+    thread::sleep(Duration::from_millis(4 * SYNC_MS));
+    if charged_by(&agents[0], g1) != first {
+        eprintln!("H0 LOG:\n{}\nH1 LOG:\n{}", agents[0].log(), agents[1].log());
+    }
+    assert_eq!(
+        charged_by(&agents[0], g1),
+        first,
+        "refill withheld for h1 while it was cut off ({during} packets sent meanwhile)"
+    );
+    assert_eq!(counter(&cluster(&agents[0]), "charged_pkts"), first);
+    both(&net);
+    wait_for(
+        "h0 withholding for h1 after the rejoin",
+        Duration::from_secs(10),
+        || (charged_by(&agents[0], g1) > first).then_some(()),
+    );
+    // As above: once the traffic stopped, nothing more is withheld for h1.
+    let after = settle("the refill withheld for h1 settling after the rejoin") - first;
+
+    // Restart: SIGKILL, and a new agent adopting the pins.
+    let status = agents[1].crash().unwrap();
+    assert!(!status.success());
+    let old = agents.pop().unwrap();
+    let (_, kept) = old.stop_keeping_pins().unwrap();
+    // The restarted agent needs its own pins to adopt: the same config names no pin_path, so
+    // start it on the kept directory.
+    let cfg = config_on_pins(&net, 1, 2, SYNC_MS, 1000, kept.path());
+    let restarted = AgentProcess::start(&net.hosts[1].ns, &cfg, &[]).unwrap();
+    assert!(restarted.log().contains("adopted"), "{}", restarted.log());
+    let g2 = generation(&restarted);
+    assert_ne!(g2, g1, "a restarted agent keeps its incarnation");
+    let entries = wait_for(
+        "the new incarnation counted, the old one dead",
+        Duration::from_secs(30),
+        || {
+            let e = h1_at_h0(&agents[0]);
+            let new = e
+                .iter()
+                .any(|p| p["generation"].as_u64() == Some(g2) && p["counted"] == true);
+            let gone = e
+                .iter()
+                .all(|p| p["generation"].as_u64() != Some(g1) || p["state"] == "dead");
+            (new && gone).then_some(e)
+        },
+    );
+    println!("h1 at h0 after the restart: {entries:#?}");
+    let (passed_before, _) = passed(&restarted);
+    let fourth = thread::scope(|s| {
+        let a = s.spawn(|| flood(&net, 0, 300, Duration::from_secs(2)));
+        let b = s.spawn(|| flood(&net, 1, 300, Duration::from_secs(2)));
+        a.join().unwrap();
+        b.join().unwrap()
+    });
+    let (passed_after, _) = passed(&restarted);
+    assert_eq!(
+        passed_after - passed_before,
+        fourth,
+        "the adopted counters go on"
+    );
+    thread::sleep(Duration::from_millis(
+        (ratelimit::cluster::remote::DEMAND_HISTORY as u64 + 3) * SYNC_MS,
+    ));
+    let charged_new = charged_by(&agents[0], g2);
+    let total = counter(&cluster(&agents[0]), "charged_pkts");
+    println!(
+        "withheld at h0 for h1: {first} connected, 0 while cut off ({during} sent), {after} after \
+         the rejoin, {charged_new} for the new incarnation ({total} in all)"
+    );
+    assert!(charged_new > 0, "nothing withheld for the new incarnation");
+    assert_eq!(
+        charged_by(&agents[0], g1),
+        first + after,
+        "withheld for the old incarnation after the restart"
+    );
+    // Each round's withheld refill goes to the one peer with demand (its part is all of it);
+    // a round in which both incarnations had demand would split it with rounding.
+    let parts = first + after + charged_new;
+    assert!(
+        total.abs_diff(parts) <= 2,
+        "h0's total {total} against its parts per incarnation {parts}"
+    );
+
+    assert!(restarted.stop().unwrap().success());
+    drop(kept);
+    let h0 = agents.pop().unwrap();
+    assert!(h0.stop().unwrap().success());
+}
