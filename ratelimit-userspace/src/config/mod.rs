@@ -34,13 +34,17 @@
 //! - `rule.rs`: one rule ([`RuleConfig`], [`LimitConfig`]) and its serialized form.
 //! - `validate.rs`: the checks of one rule ([`RuleConfig::validate`]) and [`RuleError`].
 //! - `parse.rs`: TOML text to the model, with positions.
+//! - `cluster.rs`: the `[cluster]` table from its raw form; `redis.rs`: its Redis keys.
 //! - `lists.rs`: the files a config names: its own text, `source_file` lists, relative paths.
 //! - `write.rs`: writing a changed rule set back into the file; a rule as TOML.
 //! - `error.rs`: [`ConfigError`], the positions errors name, and locating a TOML error's key.
 //!
 //! `model.rs`, `keywords.rs`, `rule.rs`, `validate.rs` and `error.rs` import no other file of the
 //! folder but each other; `lists.rs` imports those, and `parse.rs` and `write.rs` import them all.
+//! `cluster.rs` and `redis.rs` import some of them and `parse.rs`'s `RawCluster`, which they
+//! convert for `parse.rs`.
 
+mod cluster;
 mod error;
 mod keywords;
 mod lists;

@@ -14,15 +14,13 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{
+    cluster::cluster_from_raw,
     error::{rule_section, schema_error, syntax_error, ConfigError, Source},
     keywords::{Action, AttachMode, Per, Protocol, Scope, TcpFlags},
     lists::{base_dir, list_sources, read_text, SourcesFrom},
-    model::{
-        AgentConfig, ClusterBackend, ClusterConfig, Config, OnPartition,
-        DEFAULT_PARTITION_MEMORY_S, MAX_KEYS, MAX_MAX_BUCKETS, MAX_TOTAL_PREFIXES, MIN_MAX_BUCKETS,
-    },
+    model::{AgentConfig, Config, MAX_MAX_BUCKETS, MAX_TOTAL_PREFIXES, MIN_MAX_BUCKETS},
     rule::{default_bytes_burst, RuleConfig},
-    validate::{no_meaning, parse_source, validate_name, validate_source},
+    validate::{no_meaning, parse_source, validate_source},
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -394,148 +392,8 @@ pub(super) fn validate_ifname(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub(super) fn cluster_from_raw(
-    src: &Source,
-    raw: Spanned<RawCluster>,
-) -> Result<ClusterConfig, ConfigError> {
-    const S: &str = "[cluster]";
-    let table_at = raw.span().start;
-    let raw = raw.into_inner();
-    let backend = match &raw.backend {
-        None => ClusterBackend::Gossip,
-        Some(v) => match v.get_ref().as_str() {
-            "gossip" => ClusterBackend::Gossip,
-            "redis" => ClusterBackend::Redis,
-            other => {
-                return Err(src.invalid(
-                    v.span().start,
-                    S,
-                    "backend",
-                    format!("must be \"gossip\" or \"redis\" (got {other:?})"),
-                ))
-            }
-        },
-    };
-    let redis = super::redis::redis_from_raw(src, &raw, backend)?;
-    let key_file = match (&raw.key_file, backend) {
-        (Some(k), _) if k.get_ref().as_os_str().is_empty() => {
-            return Err(src.invalid(k.span().start, S, "key_file", "must not be empty"));
-        }
-        (Some(k), _) => Some(k.get_ref().clone()),
-        (None, ClusterBackend::Gossip) => {
-            return Err(src.invalid(
-                table_at,
-                S,
-                "key_file",
-                "missing: backend = \"gossip\" (the default) needs the cluster's key file",
-            ));
-        }
-        (None, ClusterBackend::Redis) => None,
-    };
-    if raw.listen.is_none() && backend == ClusterBackend::Gossip {
-        return Err(src.invalid(
-            table_at,
-            S,
-            "listen",
-            "missing: backend = \"gossip\" (the default) needs this host's gossip address",
-        ));
-    }
-    let sync_interval_ms = match raw.sync_interval_ms {
-        None => 100,
-        Some(v) => {
-            let n = *v.get_ref();
-            if !(10..=10_000).contains(&n) {
-                return Err(src.invalid(
-                    v.span().start,
-                    S,
-                    "sync_interval_ms",
-                    format!("must be between 10 and 10000 milliseconds (got {n})"),
-                ));
-            }
-            n as u64
-        }
-    };
-    let cluster_id = match raw.cluster_id {
-        None => "ratelimit".to_owned(),
-        Some(id) => {
-            validate_name(id.get_ref())
-                .map_err(|m| src.invalid(id.span().start, S, "cluster_id", m))?;
-            id.into_inner()
-        }
-    };
-    let max_keys = match raw.max_keys {
-        None => MAX_KEYS,
-        Some(v) => {
-            let n = *v.get_ref();
-            if !(1..=100_000).contains(&n) {
-                return Err(src.invalid(
-                    v.span().start,
-                    S,
-                    "max_keys",
-                    format!("must be between 1 and 100000 (got {n})"),
-                ));
-            }
-            usize::try_from(n).expect("bounded above")
-        }
-    };
-    let on_partition = match &raw.on_partition {
-        None => OnPartition::FailOpen,
-        Some(v) => match v.get_ref().as_str() {
-            "fail_open" => OnPartition::FailOpen,
-            "share" => OnPartition::Share,
-            other => {
-                return Err(src.invalid(
-                    v.span().start,
-                    S,
-                    "on_partition",
-                    format!("must be \"fail_open\" or \"share\" (got {other:?})"),
-                ))
-            }
-        },
-    };
-    let partition_memory_s = match raw.partition_memory_s {
-        None => DEFAULT_PARTITION_MEMORY_S,
-        Some(v) => {
-            let n = *v.get_ref();
-            if !(1..=86_400).contains(&n) {
-                return Err(src.invalid(
-                    v.span().start,
-                    S,
-                    "partition_memory_s",
-                    format!("must be between 1 and 86400 seconds (got {n})"),
-                ));
-            }
-            n as u64
-        }
-    };
-    if backend == ClusterBackend::Redis && on_partition == OnPartition::Share {
-        let at = raw
-            .on_partition
-            .as_ref()
-            .map_or(table_at, |v| v.span().start);
-        return Err(src.invalid(
-            at,
-            S,
-            "on_partition",
-            "\"share\" needs backend = \"gossip\" (under Redis a host that cannot reach the \
-             store enforces alone: fail_open)",
-        ));
-    }
-    Ok(ClusterConfig {
-        backend,
-        listen: raw.listen,
-        seeds: raw.seeds.unwrap_or_default(),
-        key_file,
-        redis,
-        sync_interval_ms,
-        cluster_id,
-        max_keys,
-        on_partition,
-        partition_memory_s,
-    })
-}
-
-// Stays whole: one key of [[rule]] after the other, each with its offset for errors.
+/// One `[[rule]]` table: its sources, its keys, then [`RuleConfig::validate`], each error at the
+/// key it names. Returns the rule and where its sources were written.
 pub(super) fn rule_from_raw(
     src: &Source,
     index: usize,
@@ -545,35 +403,61 @@ pub(super) fn rule_from_raw(
     let table_offset = raw.span().start;
     let mut raw = raw.into_inner();
     let section = rule_section(raw.name.get_ref(), index);
-    let (sources, from) =
-        match (raw.source.take(), raw.source_file.take()) {
-            (Some(_), Some(file)) => return Err(src.invalid(
-                file.span().start,
-                &section,
-                "source_file",
-                "cannot be combined with `source`: give the prefixes inline (`source`) or in a \
-                 file (`source_file`), not both",
-            )),
-            (None, None) => {
-                return Err(src.invalid(
-                    table_offset,
-                    &section,
-                    "source",
-                    "required, but missing: give `source` (a CIDR or an array of CIDRs) or \
-                 `source_file` (a file with one CIDR per line)",
-                ))
-            }
-            (Some(source), None) => inline_sources(src, &section, source)?,
-            (None, Some(file)) => list_sources(src, &section, raw.name.get_ref(), file)?,
-        };
+    let (sources, from) = rule_sources(src, &section, table_offset, &mut raw)?;
     let mut rule = RuleConfig::with_sources(raw.name.get_ref().clone(), sources);
     if let SourcesFrom::List { path, .. } = &from {
         rule.source_file = Some(path.clone());
     }
     rule.line = src.line(table_offset);
     rule.action = raw.action.as_ref().map_or(Action::Limit, |a| *a.get_ref());
+    let offsets = key_offsets(src, &section, &raw, &from, rule.action)?;
+    rule_keys(src, &section, raw, &mut rule, has_cluster)?;
 
-    // Where each key was written, so that errors found on the typed rule point at it.
+    rule.validate().map_err(|e| {
+        // A key that was not written (e.g. the missing `rate`) is reported at the table's line.
+        let offset = offsets.get(e.field).copied().unwrap_or(table_offset);
+        src.invalid(offset, &section, e.field, e.message)
+    })?;
+    Ok((rule, from))
+}
+
+/// A rule's prefixes, from `source` or `source_file` (exactly one of them); takes both out of
+/// `raw`.
+fn rule_sources(
+    src: &Source,
+    section: &str,
+    table_offset: usize,
+    raw: &mut RawRule,
+) -> Result<(Vec<IpNet>, SourcesFrom), ConfigError> {
+    match (raw.source.take(), raw.source_file.take()) {
+        (Some(_), Some(file)) => Err(src.invalid(
+            file.span().start,
+            section,
+            "source_file",
+            "cannot be combined with `source`: give the prefixes inline (`source`) or in a \
+             file (`source_file`), not both",
+        )),
+        (None, None) => Err(src.invalid(
+            table_offset,
+            section,
+            "source",
+            "required, but missing: give `source` (a CIDR or an array of CIDRs) or \
+             `source_file` (a file with one CIDR per line)",
+        )),
+        (Some(source), None) => inline_sources(src, section, source),
+        (None, Some(file)) => list_sources(src, section, raw.name.get_ref(), file),
+    }
+}
+
+/// Where each key of a `[[rule]]` was written, so that errors found on the typed rule point at
+/// it. Refuses the limit keys on a rule whose `action` is not `limit`.
+fn key_offsets(
+    src: &Source,
+    section: &str,
+    raw: &RawRule,
+    from: &SourcesFrom,
+    action: Action,
+) -> Result<HashMap<&'static str, usize>, ConfigError> {
     let mut offsets: HashMap<&'static str, usize> = HashMap::new();
     offsets.insert("name", raw.name.span().start);
     offsets.insert(from.key(), from.key_offset());
@@ -588,9 +472,9 @@ pub(super) fn rule_from_raw(
     for (key, span) in limit_keys {
         if let Some(span) = span {
             // Checked on the raw form: the typed form cannot tell `per = "source"` from no `per`.
-            if rule.action != Action::Limit {
-                let e = no_meaning(key, rule.action);
-                return Err(src.invalid(span.start, &section, key, e.message));
+            if action != Action::Limit {
+                let e = no_meaning(key, action);
+                return Err(src.invalid(span.start, section, key, e.message));
             }
             offsets.insert(key, span.start);
         }
@@ -605,10 +489,21 @@ pub(super) fn rule_from_raw(
             offsets.insert(key, span.start);
         }
     }
+    Ok(offsets)
+}
 
+/// A `[[rule]]`'s keys after its sources and action, onto `rule` with their defaults: the limit
+/// numbers, `per`, the match keys, `scope`, `dry_run` and the `[[rule.limit]]` tables.
+fn rule_keys(
+    src: &Source,
+    section: &str,
+    raw: RawRule,
+    rule: &mut RuleConfig,
+    has_cluster: bool,
+) -> Result<(), ConfigError> {
     let number = |v: &Option<Spanned<i64>>, key| {
         v.as_ref()
-            .map(|v| non_negative(src, v, &section, key))
+            .map(|v| non_negative(src, v, section, key))
             .transpose()
     };
     rule.rate = number(&raw.rate, "rate")?;
@@ -623,7 +518,7 @@ pub(super) fn rule_from_raw(
         let p = u16::try_from(n).ok().filter(|&p| p != 0).ok_or_else(|| {
             src.invalid(
                 port.span().start,
-                &section,
+                section,
                 "dst_port",
                 format!("must be between 1 and 65535 (got {n})"),
             )
@@ -635,7 +530,7 @@ pub(super) fn rule_from_raw(
         if *scope.get_ref() == Scope::Cluster && !has_cluster {
             return Err(src.invalid(
                 scope.span().start,
-                &section,
+                section,
                 "scope",
                 "scope = \"cluster\" needs a [cluster] table (the peers that share the budget); \
                  add one, or use scope = \"local\"",
@@ -644,16 +539,10 @@ pub(super) fn rule_from_raw(
         rule.scope = scope.into_inner();
     }
     rule.dry_run = raw.dry_run.is_some_and(Spanned::into_inner);
-    if let Some(limits) = raw.limit.take() {
-        rule.limits = limits_from_raw(src, &section, &rule, limits, has_cluster)?;
+    if let Some(limits) = raw.limit {
+        rule.limits = limits_from_raw(src, section, rule, limits, has_cluster)?;
     }
-
-    rule.validate().map_err(|e| {
-        // A key that was not written (e.g. the missing `rate`) is reported at the table's line.
-        let offset = offsets.get(e.field).copied().unwrap_or(table_offset);
-        src.invalid(offset, &section, e.field, e.message)
-    })?;
-    Ok((rule, from))
+    Ok(())
 }
 
 /// A rule's `[[rule.limit]]` tables, each checked where it was written.

@@ -1,7 +1,7 @@
 //! `[cluster]`'s Redis keys (`backend = "redis"`): the store's URLs, its ACL user and password
 //! file, and the timeouts, each checked where it was written.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::{
     error::{ConfigError, Source},
@@ -24,41 +24,7 @@ pub(super) fn redis_from_raw(
     backend: ClusterBackend,
 ) -> Result<Option<RedisConfig>, ConfigError> {
     if backend == ClusterBackend::Gossip {
-        let set = [
-            ("redis", raw.redis.as_ref().map(|v| v.span().start)),
-            (
-                "redis_user",
-                raw.redis_user.as_ref().map(|v| v.span().start),
-            ),
-            (
-                "redis_password_file",
-                raw.redis_password_file.as_ref().map(|v| v.span().start),
-            ),
-            (
-                "redis_ca_file",
-                raw.redis_ca_file.as_ref().map(|v| v.span().start),
-            ),
-            (
-                "redis_connect_timeout_ms",
-                raw.redis_connect_timeout_ms
-                    .as_ref()
-                    .map(|v| v.span().start),
-            ),
-            (
-                "redis_command_timeout_ms",
-                raw.redis_command_timeout_ms
-                    .as_ref()
-                    .map(|v| v.span().start),
-            ),
-        ];
-        if let Some((key, Some(at))) = set.into_iter().find(|(_, at)| at.is_some()) {
-            return Err(src.invalid(
-                at,
-                S,
-                key,
-                "is read only under backend = \"redis\" (set backend, or remove the key)",
-            ));
-        }
+        refuse_under_gossip(src, raw)?;
         return Ok(None);
     }
     let Some(urls) = &raw.redis else {
@@ -70,6 +36,76 @@ pub(super) fn redis_from_raw(
             "missing: backend = \"redis\" needs the store's addresses (redis = [\"redis://HOST:PORT\"])",
         ));
     };
+    let tls = check_urls(src, urls)?;
+    let (user, password_file) = auth_from_raw(src, raw)?;
+    let ca_file = ca_file_from_raw(src, raw, tls)?;
+    Ok(Some(RedisConfig {
+        urls: urls.get_ref().iter().map(|u| u.get_ref().clone()).collect(),
+        user,
+        password_file,
+        ca_file,
+        connect_timeout_ms: timeout_from_raw(
+            src,
+            &raw.redis_connect_timeout_ms,
+            "redis_connect_timeout_ms",
+            DEFAULT_REDIS_CONNECT_TIMEOUT_MS,
+        )?,
+        command_timeout_ms: timeout_from_raw(
+            src,
+            &raw.redis_command_timeout_ms,
+            "redis_command_timeout_ms",
+            DEFAULT_REDIS_COMMAND_TIMEOUT_MS,
+        )?,
+    }))
+}
+
+/// Under gossip, refuses the `redis*` keys rather than ignore them: the first set, in the order
+/// listed here, is named.
+fn refuse_under_gossip(src: &Source, raw: &RawCluster) -> Result<(), ConfigError> {
+    let set = [
+        ("redis", raw.redis.as_ref().map(|v| v.span().start)),
+        (
+            "redis_user",
+            raw.redis_user.as_ref().map(|v| v.span().start),
+        ),
+        (
+            "redis_password_file",
+            raw.redis_password_file.as_ref().map(|v| v.span().start),
+        ),
+        (
+            "redis_ca_file",
+            raw.redis_ca_file.as_ref().map(|v| v.span().start),
+        ),
+        (
+            "redis_connect_timeout_ms",
+            raw.redis_connect_timeout_ms
+                .as_ref()
+                .map(|v| v.span().start),
+        ),
+        (
+            "redis_command_timeout_ms",
+            raw.redis_command_timeout_ms
+                .as_ref()
+                .map(|v| v.span().start),
+        ),
+    ];
+    if let Some((key, Some(at))) = set.into_iter().find(|(_, at)| at.is_some()) {
+        return Err(src.invalid(
+            at,
+            S,
+            key,
+            "is read only under backend = \"redis\" (set backend, or remove the key)",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks `redis`: 1 to [`MAX_REDIS_URLS`] valid URLs, all with TLS or all without. Returns
+/// whether they use TLS (`rediss://`).
+fn check_urls(
+    src: &Source,
+    urls: &toml::Spanned<Vec<toml::Spanned<String>>>,
+) -> Result<bool, ConfigError> {
     if urls.get_ref().is_empty() || urls.get_ref().len() > MAX_REDIS_URLS {
         return Err(src.invalid(
             urls.span().start,
@@ -95,6 +131,15 @@ pub(super) fn redis_from_raw(
         }
         tls = Some(is_tls);
     }
+    Ok(tls == Some(true))
+}
+
+/// `redis_user` and `redis_password_file`, each optional: the user name checked, the password
+/// file read and checked.
+fn auth_from_raw(
+    src: &Source,
+    raw: &RawCluster,
+) -> Result<(Option<String>, Option<PathBuf>), ConfigError> {
     let user = match &raw.redis_user {
         None => None,
         Some(u) => {
@@ -110,22 +155,39 @@ pub(super) fn redis_from_raw(
             Some(p.get_ref().clone())
         }
     };
-    let ca_file = match &raw.redis_ca_file {
-        None => None,
-        Some(p) if tls != Some(true) => {
-            return Err(src.invalid(
-                p.span().start,
-                S,
-                "redis_ca_file",
-                "is read only with rediss:// URLs (TLS): the store is reached without TLS",
-            ));
-        }
+    Ok((user, password_file))
+}
+
+/// `redis_ca_file`, optional: refused unless the URLs use TLS (`tls`), else read and checked.
+fn ca_file_from_raw(
+    src: &Source,
+    raw: &RawCluster,
+    tls: bool,
+) -> Result<Option<PathBuf>, ConfigError> {
+    match &raw.redis_ca_file {
+        None => Ok(None),
+        Some(p) if !tls => Err(src.invalid(
+            p.span().start,
+            S,
+            "redis_ca_file",
+            "is read only with rediss:// URLs (TLS): the store is reached without TLS",
+        )),
         Some(p) => {
             read_ca(p.get_ref()).map_err(|m| src.invalid(p.span().start, S, "redis_ca_file", m))?;
-            Some(p.get_ref().clone())
+            Ok(Some(p.get_ref().clone()))
         }
-    };
-    let timeout = |v: &Option<toml::Spanned<i64>>, key: &str, default: u64| match v {
+    }
+}
+
+/// A timeout in milliseconds, `key` of `[cluster]`: `default` when not written, else within
+/// [`REDIS_TIMEOUT_MS`].
+fn timeout_from_raw(
+    src: &Source,
+    v: &Option<toml::Spanned<i64>>,
+    key: &str,
+    default: u64,
+) -> Result<u64, ConfigError> {
+    match v {
         None => Ok(default),
         Some(v) => {
             let n = *v.get_ref();
@@ -143,23 +205,7 @@ pub(super) fn redis_from_raw(
                 )),
             }
         }
-    };
-    Ok(Some(RedisConfig {
-        urls: urls.get_ref().iter().map(|u| u.get_ref().clone()).collect(),
-        user,
-        password_file,
-        ca_file,
-        connect_timeout_ms: timeout(
-            &raw.redis_connect_timeout_ms,
-            "redis_connect_timeout_ms",
-            DEFAULT_REDIS_CONNECT_TIMEOUT_MS,
-        )?,
-        command_timeout_ms: timeout(
-            &raw.redis_command_timeout_ms,
-            "redis_command_timeout_ms",
-            DEFAULT_REDIS_COMMAND_TIMEOUT_MS,
-        )?,
-    }))
+    }
 }
 
 /// Checks a store URL, `redis://HOST[:PORT][/DB]` or `rediss://...` (TLS): `Ok(true)` for TLS.
