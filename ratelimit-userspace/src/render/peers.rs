@@ -86,6 +86,27 @@ pub fn peers(v: &Value) -> String {
         v["sync_interval_ms"],
         v["peer_timeout_ms"],
     );
+    out.push_str(&members(v));
+    out.push_str(&key_shares(v, v["node_id"].as_str().unwrap_or("?")));
+    let s = &v["store"];
+    if s.is_object() {
+        out.push_str(&store(s));
+    }
+    out.push_str(&gossip(v));
+    let _ = writeln!(
+        out,
+        "hosts: {} heard of {} last known alive; on_partition {}: enforcing {:.3} of each cluster budget",
+        v["hosts_heard"],
+        v["hosts_known"],
+        v["on_partition"].as_str().unwrap_or("?"),
+        v["budget_share"].as_f64().unwrap_or(1.0),
+    );
+    out
+}
+
+/// The other members (`peers` of `peers`), a line each under a header, or that none is heard.
+fn members(v: &Value) -> String {
+    let mut out = String::new();
     let peers = v["peers"].as_array().cloned().unwrap_or_default();
     if peers.is_empty() {
         let _ = writeln!(
@@ -121,32 +142,40 @@ pub fn peers(v: &Value) -> String {
             );
         }
     }
-    out.push_str(&key_shares(v, v["node_id"].as_str().unwrap_or("?")));
-    let s = &v["store"];
-    if s.is_object() {
-        let addrs: Vec<&str> = s["addresses"]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        let shards = s["shards"]
-            .as_u64()
-            .map_or_else(String::new, |n| format!(", {n} shards"));
-        let rtt = s["rtt_ms"]
-            .as_f64()
-            .map_or_else(|| "-".to_string(), |m| format!("{m:.1} ms"));
-        let _ = writeln!(
-            out,
-            "store: redis {} ({}{shards}), {}; round trip {rtt}; {} rounds, {} errors{}",
-            addrs.join(" "),
-            s["mode"].as_str().unwrap_or("?"),
-            s["state"].as_str().unwrap_or("?"),
-            s["round_trips"],
-            s["errors"],
-            s["last_error"]
-                .as_str()
-                .map_or_else(String::new, |e| format!("; last error: {e}")),
-        );
-    }
+    out
+}
+
+/// The Redis store's line: its addresses, mode, state, round trip, rounds, errors and last error.
+fn store(s: &Value) -> String {
+    let mut out = String::new();
+    let addrs: Vec<&str> = s["addresses"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let shards = s["shards"]
+        .as_u64()
+        .map_or_else(String::new, |n| format!(", {n} shards"));
+    let rtt = s["rtt_ms"]
+        .as_f64()
+        .map_or_else(|| "-".to_string(), |m| format!("{m:.1} ms"));
+    let _ = writeln!(
+        out,
+        "store: redis {} ({}{shards}), {}; round trip {rtt}; {} rounds, {} errors{}",
+        addrs.join(" "),
+        s["mode"].as_str().unwrap_or("?"),
+        s["state"].as_str().unwrap_or("?"),
+        s["round_trips"],
+        s["errors"],
+        s["last_error"]
+            .as_str()
+            .map_or_else(String::new, |e| format!("; last error: {e}")),
+    );
+    out
+}
+
+/// The gossip counters' line, then the gossip loop's state when it is restarting or has restarted.
+fn gossip(v: &Value) -> String {
+    let mut out = String::new();
     let c = &v["counters"];
     let _ = writeln!(
         out,
@@ -166,14 +195,6 @@ pub fn peers(v: &Value) -> String {
     } else if c["gossip_restarts"].as_u64().unwrap_or(0) > 0 {
         let _ = writeln!(out, "gossip: running; restarts {}", c["gossip_restarts"]);
     }
-    let _ = writeln!(
-        out,
-        "hosts: {} heard of {} last known alive; on_partition {}: enforcing {:.3} of each cluster budget",
-        v["hosts_heard"],
-        v["hosts_known"],
-        v["on_partition"].as_str().unwrap_or("?"),
-        v["budget_share"].as_f64().unwrap_or(1.0),
-    );
     out
 }
 
@@ -183,11 +204,9 @@ mod tests {
 
     use super::*;
 
-    /// `peers --json` carries the heaviest keys with their holders beside the old fields, and
-    /// `peers` prints them after the members: per key its hosts and cluster demand, then each
-    /// holder (this host first) with its demand and share, idle holders on a line of their own.
-    #[test]
-    fn peers_shows_each_holders_demand_and_share() {
+    /// Two hosts, `a` (this one) and its counted peer `b`: a heavy source key both hold and a
+    /// per-rule key only `a` holds, with an idle holder.
+    fn two_holders() -> crate::cluster::ClusterStatus {
         use crate::cluster::{
             status::{HeaviestKeys, KeyRound},
             ClusterStatus, PeerStatus,
@@ -226,7 +245,7 @@ mod tests {
             factor: 1.0,
             rate: Some(1000.0),
         });
-        let status = ClusterStatus {
+        ClusterStatus {
             cluster_id: "c".into(),
             node_id: "a/192.0.2.1:7946".into(),
             generation: 5,
@@ -247,7 +266,15 @@ mod tests {
             }],
             keys: keys.into_status("a/192.0.2.1:7946", 5),
             ..ClusterStatus::default()
-        };
+        }
+    }
+
+    /// `peers --json` carries the heaviest keys with their holders beside the old fields, and
+    /// `peers` prints them after the members: per key its hosts and cluster demand, then each
+    /// holder (this host first) with its demand and share, idle holders on a line of their own.
+    #[test]
+    fn peers_shows_each_holders_demand_and_share() {
+        let status = two_holders();
         let v = serde_json::to_value(&status).unwrap();
         assert_eq!(v["peers"][0]["charged_pkts"], 9, "old fields kept: {v:#}");
         assert_eq!(

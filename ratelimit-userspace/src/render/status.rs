@@ -17,11 +17,33 @@ fn duration(secs: u64) -> String {
     }
 }
 
-/// `ratelimit status`.
-// Stays whole: one section of the status after the other, in the order it prints them.
+/// `ratelimit status`: one section of the status after the other, in the order it prints them.
 #[must_use]
 pub fn status(v: &Value) -> String {
     let mut out = String::new();
+    let r = &v["reloads"];
+    let mut rows = agent_rows(v);
+    if let Some(e) = r["last_error"].as_str() {
+        rows.push(("last refusal", e.to_string()));
+    }
+    let m = &v["metrics"];
+    if m.is_object() {
+        rows.push(("metrics", metrics_endpoint(m)));
+    }
+    rows.extend(cluster_rows(&v["cluster"]));
+    if let Some(list) = r["restart_needed"].as_array().filter(|a| !a.is_empty()) {
+        let keys: Vec<String> = list.iter().map(cell).collect();
+        rows.push(("restart", format!("needed to apply: {}", keys.join(", "))));
+    }
+    for (k, val) in rows {
+        let _ = writeln!(out, "{k:<12} {val}");
+    }
+    out
+}
+
+/// The attached interfaces with their mode (or why missing), comma-separated; `none (detached)`
+/// without any.
+fn interfaces(v: &Value) -> String {
     let ifaces: Vec<String> = v["interfaces"]
         .as_array()
         .map(|a| {
@@ -36,8 +58,17 @@ pub fn status(v: &Value) -> String {
                 .collect()
         })
         .unwrap_or_default();
+    if ifaces.is_empty() {
+        "none (detached)".to_string()
+    } else {
+        ifaces.join(", ")
+    }
+}
+
+/// The rows every status has: the agent, its files, interfaces, rules, buckets and changes.
+fn agent_rows(v: &Value) -> Vec<(&'static str, String)> {
     let r = &v["reloads"];
-    let mut rows = vec![
+    vec![
         (
             "agent",
             format!(
@@ -50,14 +81,7 @@ pub fn status(v: &Value) -> String {
         ("config", text(v, "config").to_string()),
         ("socket", text(v, "socket").to_string()),
         ("pin path", text(v, "pin_path").to_string()),
-        (
-            "interfaces",
-            if ifaces.is_empty() {
-                "none (detached)".to_string()
-            } else {
-                ifaces.join(", ")
-            },
-        ),
+        ("interfaces", interfaces(v)),
         (
             "rules",
             format!(
@@ -82,27 +106,26 @@ pub fn status(v: &Value) -> String {
             "changes",
             format!("{} applied, {} refused", num(r, "ok"), num(r, "failed")),
         ),
-    ];
-    if let Some(e) = r["last_error"].as_str() {
-        rows.push(("last refusal", e.to_string()));
+    ]
+}
+
+/// The metrics endpoint's line: where it serves, or why it does not yet.
+fn metrics_endpoint(m: &Value) -> String {
+    if text(m, "state") == "serving" {
+        format!("serving at http://{}/metrics", text(m, "listen"))
+    } else {
+        format!(
+            "NOT SERVING: {} ({} failed attempts to bind {}; retrying in the background)",
+            m["error"].as_str().unwrap_or("not bound yet"),
+            num(m, "bind_failures"),
+            text(m, "listen"),
+        )
     }
-    let m = &v["metrics"];
-    if m.is_object() {
-        rows.push((
-            "metrics",
-            if text(m, "state") == "serving" {
-                format!("serving at http://{}/metrics", text(m, "listen"))
-            } else {
-                format!(
-                    "NOT SERVING: {} ({} failed attempts to bind {}; retrying in the background)",
-                    m["error"].as_str().unwrap_or("not bound yet"),
-                    num(m, "bind_failures"),
-                    text(m, "listen"),
-                )
-            },
-        ));
-    }
-    let cl = &v["cluster"];
+}
+
+/// The `cluster` row, and the `store` row under a Redis store; none outside a cluster.
+fn cluster_rows(cl: &Value) -> Vec<(&'static str, String)> {
+    let mut rows = Vec::new();
     if cl.is_object() {
         rows.push((
             "cluster",
@@ -130,14 +153,7 @@ pub fn status(v: &Value) -> String {
             ));
         }
     }
-    if let Some(list) = r["restart_needed"].as_array().filter(|a| !a.is_empty()) {
-        let keys: Vec<String> = list.iter().map(cell).collect();
-        rows.push(("restart", format!("needed to apply: {}", keys.join(", "))));
-    }
-    for (k, val) in rows {
-        let _ = writeln!(out, "{k:<12} {val}");
-    }
-    out
+    rows
 }
 
 #[cfg(test)]
