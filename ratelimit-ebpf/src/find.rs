@@ -41,99 +41,12 @@ pub fn find_and_charge<P: Params, const CALL: bool>(
 ) -> (usize, *mut Bucket) {
     // One charge for both ways of finding a known source's record: every copy of a cluster-
     // scoped charge's BPF call costs the frame what it keeps across it (CONSTRAINTS.md, "Stack").
-    let (i, r) = 'found: {
-        // The record this CPU found for the source last time, if it still holds the key.
-        if cached != NO_RECORD {
-            if let Some(r) = BUCKETS.get_ptr_mut(cached) {
-                if store::holds(r, key) {
-                    break 'found (cached, r);
-                }
-            }
-        }
-        // Looked up here, on the path that needs it, rather than passed in and kept live across
-        // the charge (CONSTRAINTS.md, "Stack").
-        let Some(config) = CONFIG.get_ptr(0) else {
-            return (no_bucket(), core::ptr::null_mut());
-        };
-        // SAFETY: a live map value, written whole by the agent before it attaches.
-        let (seed, sets) = unsafe { ((*config).seed, (*config).bucket_sets) };
-        if sets == 0 {
-            return (no_bucket(), core::ptr::null_mut());
-        }
-        // The key's family, not the packet's: a per-rule key is one for both.
-        let hash = ratelimit_common::bucket_hash(
-            seed,
-            key.header as u32 & 0xffff,
-            (key.header >> 16) as u8,
-            key.addr,
-        );
-        let sets = bucket_sets(hash, sets);
-        let tag = bucket_tag(hash);
-        // The rule's own limit only (`CALL`): in `one_limit`'s frame the look at the line of
-        // first-packet slots would take the chain through it past 448 bytes (CONSTRAINTS.md,
-        // "Stack"); the agent sets the flag on no other.
-        let first_free = CALL && rule_flags::first_free_in_force(p.flags());
-        // The key's 8 candidate tags first: one line of a table that stays in the caches, where
-        // its records are a memory miss. None its own says the key has no record
-        // (`ratelimit_common::tags`): its first packet may pass without one, the store untouched.
-        let tagged = !first_free || tags::may_hold(sets, tag);
-        let mut owed = 0;
-        if !tagged {
-            owed = first::owed(hash, p, now, charge_clock(s));
-            if owed == 0 {
-                bump_global(global::FIRST_PACKETS);
-                return (verdict::PASSED, core::ptr::null_mut());
-            }
-        }
-        // A bucket to make (or a tag that matched, a hint): the records decide. One published
-        // after the tags were read is found here (its tag went on before it was published).
-        match store::find(key, sets) {
-            Found::Hit(i, r) => {
-                remember(slot, limit, i);
-                (i, r)
-            }
-            Found::Unusable => return (no_bucket(), core::ptr::null_mut()),
-            Found::Miss => {
-                if first_free && tagged {
-                    owed = first::owed(hash, p, now, charge_clock(s));
-                    if owed == 0 {
-                        bump_global(global::FIRST_PACKETS);
-                        return (verdict::PASSED, core::ptr::null_mut());
-                    }
-                }
-                let Scan::Miss {
-                    victim,
-                    header,
-                    kind,
-                } = store::choose(key, sets, scratch::coarse_now(s), s)
-                else {
-                    return (no_bucket(), core::ptr::null_mut());
-                };
-                // A bucket owing its first packet is judged as a charge is: on a limit whose
-                // new buckets are born on the coarse clock, on the precise one (read for the
-                // time owed: `first::owed`), not on the coarse, which would judge it up to the lag
-                // early.
-                let clocks = if owed > 1 && rule_flags::born_coarse_in_force(p.flags()) {
-                    let t = scratch::precise_now(charge_clock(s));
-                    (t, t)
-                } else {
-                    bucket::new_bucket_clocks(p, now, charge_clock(s))
-                };
-                return create(
-                    p,
-                    len,
-                    clocks,
-                    owed,
-                    key,
-                    (sets, tag),
-                    victim,
-                    header,
-                    kind,
-                    slot,
-                    limit,
-                );
-            }
-        }
+    let (i, r) = match remembered(key, cached) {
+        Some(found) => found,
+        None => match look_up::<P, CALL>(key, p, len, now, s, slot, limit) {
+            Ok(found) => found,
+            Err(done) => return done,
+        },
     };
     if p.flags() & rule_flags::CLUSTER != 0 {
         mark_grown(i, r);
@@ -141,6 +54,136 @@ pub fn find_and_charge<P: Params, const CALL: bool>(
     (
         bucket::charge::<_, CALL>(r, p, now, len, until, charge_clock(s)),
         r,
+    )
+}
+
+/// The record this CPU found for the source last time (`cached`), if it still holds `key`.
+#[inline(always)]
+fn remembered(key: &Key, cached: u32) -> Option<(u32, *mut Bucket)> {
+    if cached == NO_RECORD {
+        return None;
+    }
+    let r = BUCKETS.get_ptr_mut(cached)?;
+    store::holds(r, key).then_some((cached, r))
+}
+
+/// Looks `key` up in the bucket store: `Ok` with its record, to charge; `Err` with the packet's
+/// verdict and record when nothing is left to charge (its first packet passed without a bucket,
+/// a bucket was made and charged for it, or there is none to have: `NO_BUCKET`).
+#[inline(always)]
+fn look_up<P: Params, const CALL: bool>(
+    key: &Key,
+    p: &P,
+    len: u64,
+    now: u64,
+    s: *mut Scratch,
+    slot: *mut ClassSlot,
+    limit: u32,
+) -> Result<(u32, *mut Bucket), (usize, *mut Bucket)> {
+    // Looked up here, on the path that needs it, rather than passed in and kept live across
+    // the charge (CONSTRAINTS.md, "Stack").
+    let Some(config) = CONFIG.get_ptr(0) else {
+        return Err((no_bucket(), core::ptr::null_mut()));
+    };
+    // SAFETY: a live map value, written whole by the agent before it attaches.
+    let (seed, sets) = unsafe { ((*config).seed, (*config).bucket_sets) };
+    if sets == 0 {
+        return Err((no_bucket(), core::ptr::null_mut()));
+    }
+    // The key's family, not the packet's: a per-rule key is one for both.
+    let hash = ratelimit_common::bucket_hash(
+        seed,
+        key.header as u32 & 0xffff,
+        (key.header >> 16) as u8,
+        key.addr,
+    );
+    let sets = bucket_sets(hash, sets);
+    let tag = bucket_tag(hash);
+    // The rule's own limit only (`CALL`): in `one_limit`'s frame the look at the line of
+    // first-packet slots would take the chain through it past 448 bytes (CONSTRAINTS.md,
+    // "Stack"); the agent sets the flag on no other.
+    let first_free = CALL && rule_flags::first_free_in_force(p.flags());
+    // The key's 8 candidate tags first: one line of a table that stays in the caches, where
+    // its records are a memory miss. None its own says the key has no record
+    // (`ratelimit_common::tags`): its first packet may pass without one, the store untouched.
+    let tagged = !first_free || tags::may_hold(sets, tag);
+    let mut owed = 0;
+    if !tagged {
+        owed = first::owed(hash, p, now, charge_clock(s));
+        if owed == 0 {
+            bump_global(global::FIRST_PACKETS);
+            return Err((verdict::PASSED, core::ptr::null_mut()));
+        }
+    }
+    // A bucket to make (or a tag that matched, a hint): the records decide. One published
+    // after the tags were read is found here (its tag went on before it was published).
+    match store::find(key, sets) {
+        Found::Hit(i, r) => {
+            remember(slot, limit, i);
+            Ok((i, r))
+        }
+        Found::Unusable => Err((no_bucket(), core::ptr::null_mut())),
+        Found::Miss => {
+            if first_free && tagged {
+                owed = first::owed(hash, p, now, charge_clock(s));
+                if owed == 0 {
+                    bump_global(global::FIRST_PACKETS);
+                    return Err((verdict::PASSED, core::ptr::null_mut()));
+                }
+            }
+            Err(make(p, len, now, s, owed, key, (sets, tag), slot, limit))
+        }
+    }
+}
+
+/// A bucket made for `key`, which has no record, in the record its sets give up
+/// (`store::choose`), owing `owed` for its first packet if that passed without it: the packet's
+/// verdict and the record, as [`create`] gives them.
+#[inline(always)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the packet's whole context, inlined"
+)]
+fn make<P: Params>(
+    p: &P,
+    len: u64,
+    now: u64,
+    s: *mut Scratch,
+    owed: u64,
+    key: &Key,
+    (sets, tag): ([u32; 2], u8),
+    slot: *mut ClassSlot,
+    limit: u32,
+) -> (usize, *mut Bucket) {
+    let Scan::Miss {
+        victim,
+        header,
+        kind,
+    } = store::choose(key, sets, scratch::coarse_now(s), s)
+    else {
+        return (no_bucket(), core::ptr::null_mut());
+    };
+    // A bucket owing its first packet is judged as a charge is: on a limit whose new buckets
+    // are born on the coarse clock, on the precise one (read for the time owed: `first::owed`),
+    // not on the coarse, which would judge it up to the lag early.
+    let clocks = if owed > 1 && rule_flags::born_coarse_in_force(p.flags()) {
+        let t = scratch::precise_now(charge_clock(s));
+        (t, t)
+    } else {
+        bucket::new_bucket_clocks(p, now, charge_clock(s))
+    };
+    create(
+        p,
+        len,
+        clocks,
+        owed,
+        key,
+        (sets, tag),
+        victim,
+        header,
+        kind,
+        slot,
+        limit,
     )
 }
 
