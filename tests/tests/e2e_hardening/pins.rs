@@ -281,10 +281,6 @@ fn a_pin_directory_of_another_user_is_moved_aside_even_with_pins() {
     drop(kept);
 }
 
-/// A bpffs of the test's own with the kernel's default mode (1777: anyone may create directories
-/// and symlinks in it), mounted in the host's mount namespace on a fresh temp directory, so no
-/// test touches the host's /sys/fs/bpf. Unmounted, with everything pinned in it, on drop.
-
 /// A directory of root's at the pin path that another user opened while its mode let them (an
 /// operator's `mkdir`, mode 0755) and keeps locked after it became 0700 does not block the agent:
 /// the lock's holder runs as another user, so it is no agent, and the directory is moved aside.

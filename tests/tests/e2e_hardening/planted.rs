@@ -13,6 +13,9 @@ use crate::{bed, tempfile_dir, wait_until, Bed, RULE_A};
 use ratelimit_testbed::agent_binary;
 use ratelimit_testbed::agent_proc::xdp_attachment;
 
+/// A bpffs of the test's own with the kernel's default mode (1777: anyone may create directories
+/// and symlinks in it), mounted in the host's mount namespace on a fresh temp directory, so no
+/// test touches the host's /sys/fs/bpf. Unmounted, with everything pinned in it, on drop.
 pub(crate) struct OpenBpffs {
     pub(crate) dir: std::path::PathBuf,
     pub(crate) mnt: std::path::PathBuf,
