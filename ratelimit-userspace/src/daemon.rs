@@ -18,57 +18,40 @@ use std::{
 };
 
 use aya_log::EbpfLogger;
-use tokio::{io::unix::AsyncFd, sync::Mutex, task::JoinHandle};
+use tokio::{
+    io::unix::AsyncFd,
+    net::UnixListener,
+    signal::unix::{signal, Signal, SignalKind},
+    sync::{watch, Mutex},
+    task::JoinHandle,
+};
 
 use crate::{
     agent::{self, Agent, AgentError, AgentOptions, SharedAgent},
     api,
     census::ReadSide,
-    cluster, metrics,
+    cluster::{self, ClusterHandle},
+    compile::CompiledRuleSet,
+    config::Config,
+    learn::LearnHandle,
+    metrics,
 };
 
 /// Runs the agent until SIGINT/SIGTERM: starts it, serves the control API and metrics, runs the
 /// cluster sync, reloads on SIGHUP and when the config file changes, then shuts down.
-// Stays whole: the agent's life in order: start, serve, the signal loop, shut down.
 pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let sig = |kind: SignalKind, name: &str| {
-        signal(kind).map_err(|e| AgentError::Runtime(format!("installing the {name} handler: {e}")))
-    };
-    let (mut int, mut term, mut hup) = (
-        sig(SignalKind::interrupt(), "SIGINT")?,
-        sig(SignalKind::terminate(), "SIGTERM")?,
-        sig(SignalKind::hangup(), "SIGHUP")?,
-    );
-    // SIGUSR2: exit as with --keep-attached, for a package upgrade's restart (see debian/postinst).
-    let mut usr2 = sig(SignalKind::user_defined2(), "SIGUSR2")?;
-
-    let config_path = opts.config_path.clone();
-    // Stamped before it is read: an edit made while the agent starts is seen by the watcher.
-    let config_stamp = file_stamp(&config_path);
-    let prepared = agent::prepare(&opts)?;
-    if let Some(cluster) = &prepared.cluster {
-        cluster::check(cluster).map_err(runtime)?;
-    }
-    // The control socket is bound before anything is loaded: if another agent answers on it,
-    // this one stops here, before it could adopt and then tear down the other's pinned state.
-    let socket = prepared.agent.socket;
-    let listener = api::bind(&socket)?;
-    let agent = match Agent::start(opts) {
-        Ok(agent) => agent,
-        Err(e) => {
-            let _ = std::fs::remove_file(&socket);
-            return Err(e);
-        }
-    };
-    let config = agent.config().clone();
-    let first_stamps: Vec<_> = std::iter::once((config_stamp, config_path.clone()))
-        .chain(stamps(agent.list_files()))
-        .collect();
-    let pin_dir = agent.dataplane().pin_dir().to_path_buf();
-    let rules = agent.rules_in_force();
-    let read_rules = agent.rules_in_force();
-    let agent: SharedAgent = Arc::new(Mutex::new(agent));
+    let mut signals = Signals::install()?;
+    let Started {
+        agent,
+        config,
+        listener,
+        socket,
+        config_path,
+        first_stamps,
+        pin_dir,
+        rules,
+        read_rules,
+    } = start(opts)?;
 
     // Each server gets what it serves: the agent, and the cluster's handle for its status.
     let mut tasks = Vec::new();
@@ -107,6 +90,149 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
         }
         Err(e) => return fail(tasks, agent, e.into()).await,
     };
+    let learn = spawn_servers(&mut tasks, &agent, &config, listener, read, cluster_handle).await;
+    tasks.push(spawn_config_watcher(
+        config_path,
+        first_stamps,
+        agent.clone(),
+    ));
+    tasks.push(spawn_interface_watcher(agent.clone()));
+    tracing::info!(socket = %socket.display(), "running; SIGHUP reloads, SIGINT or SIGTERM exits");
+    crate::notify::ready("enforcing");
+
+    signals.wait_for_exit(&agent).await;
+    stop(tasks, &socket, learn, agent).await
+}
+
+/// The signals the daemon answers.
+struct Signals {
+    int: Signal,
+    term: Signal,
+    hup: Signal,
+    usr2: Signal,
+}
+
+impl Signals {
+    /// Installs the handlers, before the agent starts: from then on these signals reach
+    /// [`Signals::wait_for_exit`] instead of their default action.
+    fn install() -> Result<Self, AgentError> {
+        let sig = |kind: SignalKind, name: &str| {
+            signal(kind)
+                .map_err(|e| AgentError::Runtime(format!("installing the {name} handler: {e}")))
+        };
+        let (int, term, hup) = (
+            sig(SignalKind::interrupt(), "SIGINT")?,
+            sig(SignalKind::terminate(), "SIGTERM")?,
+            sig(SignalKind::hangup(), "SIGHUP")?,
+        );
+        // SIGUSR2: exit as with --keep-attached, for a package upgrade's restart (see
+        // debian/postinst).
+        let usr2 = sig(SignalKind::user_defined2(), "SIGUSR2")?;
+        Ok(Self {
+            int,
+            term,
+            hup,
+            usr2,
+        })
+    }
+
+    /// Reloads on SIGHUP until SIGINT, SIGTERM or SIGUSR2 (which leaves the limiter attached at
+    /// shutdown) comes; each reload holds the agent's lock throughout.
+    async fn wait_for_exit(&mut self, agent: &SharedAgent) {
+        loop {
+            tokio::select! {
+                _ = self.int.recv() => { tracing::info!("SIGINT"); break; }
+                _ = self.term.recv() => { tracing::info!("SIGTERM"); break; }
+                _ = self.usr2.recv() => {
+                    tracing::info!(
+                        "SIGUSR2: exiting, leaving the limiter attached for the next agent"
+                    );
+                    agent.lock().await.keep_attached();
+                    break;
+                }
+                _ = self.hup.recv() => {
+                    tracing::info!("SIGHUP: reloading");
+                    crate::notify::reloading();
+                    let mut guard = agent.lock().await;
+                    // Reading files: off the runtime's worker threads.
+                    let _ = tokio::task::block_in_place(|| guard.reload());
+                    crate::notify::ready("enforcing");
+                }
+            }
+        }
+    }
+}
+
+/// The agent as [`start`] leaves it, shared, and what its servers and watchers are handed.
+struct Started {
+    agent: SharedAgent,
+    /// The config in force at start.
+    config: Config,
+    /// The control socket, bound, and its path (removed at exit).
+    listener: UnixListener,
+    socket: PathBuf,
+    config_path: PathBuf,
+    /// The config and list files' stamps, taken before they were read.
+    first_stamps: Vec<(Stamp, PathBuf)>,
+    pin_dir: PathBuf,
+    /// The rules in force, for the cluster sync and for the servers' read side.
+    rules: watch::Receiver<Arc<CompiledRuleSet>>,
+    read_rules: watch::Receiver<Arc<CompiledRuleSet>>,
+}
+
+/// Checks the config, binds the control socket, then starts the agent (loads, installs,
+/// attaches); the socket file is removed again if the agent does not start.
+fn start(opts: AgentOptions) -> Result<Started, AgentError> {
+    let config_path = opts.config_path.clone();
+    // Stamped before it is read: an edit made while the agent starts is seen by the watcher.
+    let config_stamp = file_stamp(&config_path);
+    let prepared = agent::prepare(&opts)?;
+    if let Some(cluster) = &prepared.cluster {
+        cluster::check(cluster).map_err(runtime)?;
+    }
+    // The control socket is bound before anything is loaded: if another agent answers on it,
+    // this one stops here, before it could adopt and then tear down the other's pinned state.
+    let socket = prepared.agent.socket;
+    let listener = api::bind(&socket)?;
+    let agent = match Agent::start(opts) {
+        Ok(agent) => agent,
+        Err(e) => {
+            let _ = std::fs::remove_file(&socket);
+            return Err(e);
+        }
+    };
+    let config = agent.config().clone();
+    let first_stamps: Vec<_> = std::iter::once((config_stamp, config_path.clone()))
+        .chain(stamps(agent.list_files()))
+        .collect();
+    let pin_dir = agent.dataplane().pin_dir().to_path_buf();
+    let rules = agent.rules_in_force();
+    let read_rules = agent.rules_in_force();
+    let agent: SharedAgent = Arc::new(Mutex::new(agent));
+    Ok(Started {
+        agent,
+        config,
+        listener,
+        socket,
+        config_path,
+        first_stamps,
+        pin_dir,
+        rules,
+        read_rules,
+    })
+}
+
+/// Starts the learner (unless `learn = false`), the metrics endpoint (if configured) and the
+/// control API, each task pushed onto `tasks`; none of them can fail the start. Returns the
+/// learner, whose history is saved at exit.
+async fn spawn_servers(
+    tasks: &mut Vec<JoinHandle<()>>,
+    agent: &SharedAgent,
+    config: &Config,
+    listener: UnixListener,
+    read: ReadSide,
+    cluster_handle: Option<ClusterHandle>,
+) -> Option<LearnHandle> {
     // What the traffic teaches (`suggest`): its own walk of the store, its history kept in the
     // state directory; none with `learn = false` (`suggest` then says the agent is not learning).
     let learn = config.agent.learn.then(|| {
@@ -139,41 +265,25 @@ pub async fn run(opts: AgentOptions) -> Result<(), AgentError> {
             .with_metrics(metrics_handle)
             .with_learner(learn.clone()),
     ));
-    tasks.push(spawn_config_watcher(
-        config_path,
-        first_stamps,
-        agent.clone(),
-    ));
-    tasks.push(spawn_interface_watcher(agent.clone()));
-    tracing::info!(socket = %socket.display(), "running; SIGHUP reloads, SIGINT or SIGTERM exits");
-    crate::notify::ready("enforcing");
+    learn
+}
 
-    loop {
-        tokio::select! {
-            _ = int.recv() => { tracing::info!("SIGINT"); break; }
-            _ = term.recv() => { tracing::info!("SIGTERM"); break; }
-            _ = usr2.recv() => {
-                tracing::info!("SIGUSR2: exiting, leaving the limiter attached for the next agent");
-                agent.lock().await.keep_attached();
-                break;
-            }
-            _ = hup.recv() => {
-                tracing::info!("SIGHUP: reloading");
-                crate::notify::reloading();
-                let mut guard = agent.lock().await;
-                // Reading files: off the runtime's worker threads.
-                let _ = tokio::task::block_in_place(|| guard.reload());
-                crate::notify::ready("enforcing");
-            }
-        }
-    }
+/// Stops every task, removes the socket, saves what was learned, then shuts the agent down
+/// (detaches, or leaves the limiter enforcing with `--keep-attached`). The tasks go first, so
+/// that their references to the agent are dropped before it shuts down.
+async fn stop(
+    tasks: Vec<JoinHandle<()>>,
+    socket: &Path,
+    learn: Option<LearnHandle>,
+    agent: SharedAgent,
+) -> Result<(), AgentError> {
     crate::notify::stopping();
     for task in tasks {
         task.abort();
         // Wait for it to go, so its reference to the agent is dropped before shutdown.
         let _ = task.await;
     }
-    let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(socket);
     // The history learned so far, for the next agent.
     if let Some(learn) = learn {
         let _ = tokio::task::spawn_blocking(move || learn.save()).await;
