@@ -28,7 +28,7 @@ pub use self::report::{
 };
 use crate::{
     compile::{compile, CompileError, CompiledRuleSet, RuleIds},
-    config::{AttachMode, Config, ConfigError, RuleConfig},
+    config::{AgentConfig, AttachMode, Config, ConfigError, RuleConfig},
     dataplane::{Dataplane, DataplaneError, LinkHealth, LoadOptions},
     maps::MapsError,
 };
@@ -384,8 +384,50 @@ impl Agent {
         result
     }
 
-    // Stays whole: validate, then apply with each step undone on a later failure: one sequence.
+    // Validates, then applies with each step undone on a later failure. The steps that change
+    // the host and their undoing stay here, in order, so that each rollback is read beside the
+    // steps it undoes.
     fn reload_inner(&mut self) -> Result<(), AgentError> {
+        let new = self.read_config_for_reload()?;
+        let origin = self.opts.config_path.display().to_string();
+        let old_ifaces = self.config.agent.interfaces.clone();
+        // Only interfaces new to the config must exist: one already configured may be missing
+        // for now (deleted; attached again when it returns), which must not block rule changes.
+        let added: Vec<String> = new
+            .agent
+            .interfaces
+            .iter()
+            .filter(|i| !old_ifaces.contains(i))
+            .cloned()
+            .collect();
+        check_interfaces(&added, &format!("[agent] interfaces in {origin}"))?;
+        // Everything validated. The new interfaces are attached first (running the rules in force
+        // for a moment), then the rules swapped: a failure at any step undoes the earlier ones, so
+        // a refused reload leaves the rules, the interfaces and `config.agent` as they were.
+        let attached = self.attach_added(&added, new.agent.mode)?;
+        let previous = self.config.rules.clone();
+        if let Err(e) = self.install_rules(&new.rules, &origin) {
+            undo_attach(&mut self.dp, &attached);
+            return Err(e);
+        }
+        if let Err(e) = self.dp.set_flags(flags_of(&new)) {
+            if let Err(undo) = self.install_rules(&previous, "restoring the rules in force") {
+                tracing::error!(error = %undo, "restoring the rules after a failed reload");
+            }
+            undo_attach(&mut self.dp, &attached);
+            return Err(e.into());
+        }
+        let interfaces = self.detach_left_out(&old_ifaces, &new.agent.interfaces);
+        let restart = restart_needed(&self.config, &new);
+        self.config.agent = live_settings(&self.config.agent, &new.agent, interfaces);
+        self.reload.restart_needed = restart;
+        tracing::info!(rules = self.set.rules.len(), "reloaded");
+        Ok(())
+    }
+
+    /// The config file as a reload reads it, with the command-line overrides applied; refused
+    /// when it names no interface. Nothing on the host is touched.
+    fn read_config_for_reload(&self) -> Result<Config, AgentError> {
         let mut new = Config::load(&self.opts.config_path)?;
         if !self.opts.interfaces.is_empty() {
             new.agent.interfaces.clone_from(&self.opts.interfaces);
@@ -402,31 +444,19 @@ impl Agent {
         if new.agent.interfaces.is_empty() {
             return Err(AgentError::NoInterfaces(self.opts.config_path.clone()));
         }
-        let origin = self.opts.config_path.display().to_string();
-        let old_ifaces = self.config.agent.interfaces.clone();
-        // Only interfaces new to the config must exist: one already configured may be missing
-        // for now (deleted; attached again when it returns), which must not block rule changes.
-        let added: Vec<String> = new
-            .agent
-            .interfaces
-            .iter()
-            .filter(|i| !old_ifaces.contains(i))
-            .cloned()
-            .collect();
-        check_interfaces(&added, &format!("[agent] interfaces in {origin}"))?;
-        // Everything validated. The new interfaces are attached first (running the rules in force
-        // for a moment), then the rules swapped: a failure at any step undoes the earlier ones, so
-        // a refused reload leaves the rules, the interfaces and `config.agent` as they were.
+        Ok(new)
+    }
+
+    /// Attaches to each of the interfaces a reload `added`, in order. Returns those attached; if
+    /// one fails, detaches those attached before it, so that the interfaces are as they were.
+    fn attach_added(
+        &mut self,
+        added: &[String],
+        mode: AttachMode,
+    ) -> Result<Vec<String>, AgentError> {
         let mut attached: Vec<String> = Vec::new();
-        let undo_attach = |dp: &mut Dataplane, attached: &[String]| {
-            for iface in attached {
-                if let Err(e) = dp.detach(iface) {
-                    tracing::error!(iface = %iface, error = %e, "undoing an attach of a refused reload");
-                }
-            }
-        };
-        for iface in &added {
-            match self.dp.attach(iface, new.agent.mode) {
+        for iface in added {
+            match self.dp.attach(iface, mode) {
                 Ok(att) => {
                     tracing::info!(iface = %att.iface, mode = att.mode, "attached (reload)");
                     attached.push(iface.clone());
@@ -437,25 +467,16 @@ impl Agent {
                 }
             }
         }
-        let previous = self.config.rules.clone();
-        if let Err(e) = self.install_rules(&new.rules, &origin) {
-            undo_attach(&mut self.dp, &attached);
-            return Err(e);
-        }
-        if let Err(e) = self.dp.set_flags(flags_of(&new)) {
-            if let Err(undo) = self.install_rules(&previous, "restoring the rules in force") {
-                tracing::error!(error = %undo, "restoring the rules after a failed reload");
-            }
-            undo_attach(&mut self.dp, &attached);
-            return Err(e.into());
-        }
+        Ok(attached)
+    }
+
+    /// Detaches from the interfaces of `old` that `new` leaves out, once the reload is in force.
+    /// Returns the interfaces configured from now on: `new`, and those whose detach failed.
+    fn detach_left_out(&mut self, old: &[String], new: &[String]) -> Vec<String> {
         // Interfaces left out of the config: a detach that fails keeps the interface configured
         // (and attached), so what the agent reports stays what is on the host.
-        let mut interfaces = new.agent.interfaces.clone();
-        for iface in old_ifaces
-            .iter()
-            .filter(|i| !new.agent.interfaces.contains(i))
-        {
+        let mut interfaces = new.to_vec();
+        for iface in old.iter().filter(|i| !new.contains(i)) {
             match self.dp.detach(iface) {
                 Ok(_) => {
                     self.missing.remove(iface);
@@ -467,50 +488,7 @@ impl Agent {
                 }
             }
         }
-        let mut restart = Vec::new();
-        let (a, b) = (&self.config.agent, &new.agent);
-        if a.mode != b.mode {
-            restart.push("mode".to_string());
-        }
-        if a.socket != b.socket {
-            restart.push("socket".to_string());
-        }
-        if a.metrics != b.metrics {
-            restart.push("metrics".to_string());
-        }
-        if a.max_buckets != b.max_buckets {
-            restart.push("max_buckets".to_string());
-        }
-        if a.pin_path != b.pin_path {
-            restart.push("pin_path".to_string());
-        }
-        if a.log_format != b.log_format {
-            restart.push("log_format".to_string());
-        }
-        if a.state_dir != b.state_dir {
-            restart.push("state_dir".to_string());
-        }
-        if a.learn != b.learn {
-            restart.push("learn".to_string());
-        }
-        if self.config.cluster != new.cluster {
-            restart.push("cluster".to_string());
-        }
-        // Keep the settings in force for what needs a restart, take the rest.
-        let mut agent = new.agent.clone();
-        agent.mode = a.mode;
-        agent.socket.clone_from(&a.socket);
-        agent.metrics = a.metrics;
-        agent.max_buckets = a.max_buckets;
-        agent.pin_path.clone_from(&a.pin_path);
-        agent.log_format = a.log_format;
-        agent.state_dir.clone_from(&a.state_dir);
-        agent.learn = a.learn;
-        agent.interfaces = interfaces;
-        self.config.agent = agent;
-        self.reload.restart_needed = restart;
-        tracing::info!(rules = self.set.rules.len(), "reloaded");
-        Ok(())
+        interfaces
     }
 
     fn count_reload<T>(&mut self, result: &Result<T, AgentError>) {
@@ -720,6 +698,66 @@ fn rules_difference(loaded: &[RuleConfig], on_disk: &[RuleConfig]) -> Option<Str
         }
     }
     (!what.is_empty()).then(|| what.join(", "))
+}
+
+/// Detaches from the interfaces a refused reload had `attached`, so that they are as they were.
+fn undo_attach(dp: &mut Dataplane, attached: &[String]) {
+    for iface in attached {
+        if let Err(e) = dp.detach(iface) {
+            tracing::error!(iface = %iface, error = %e, "undoing an attach of a refused reload");
+        }
+    }
+}
+
+/// The settings of `[agent]` and `[cluster]` that `new` changes but only a restart applies.
+fn restart_needed(old: &Config, new: &Config) -> Vec<String> {
+    let mut restart = Vec::new();
+    let (a, b) = (&old.agent, &new.agent);
+    if a.mode != b.mode {
+        restart.push("mode".to_string());
+    }
+    if a.socket != b.socket {
+        restart.push("socket".to_string());
+    }
+    if a.metrics != b.metrics {
+        restart.push("metrics".to_string());
+    }
+    if a.max_buckets != b.max_buckets {
+        restart.push("max_buckets".to_string());
+    }
+    if a.pin_path != b.pin_path {
+        restart.push("pin_path".to_string());
+    }
+    if a.log_format != b.log_format {
+        restart.push("log_format".to_string());
+    }
+    if a.state_dir != b.state_dir {
+        restart.push("state_dir".to_string());
+    }
+    if a.learn != b.learn {
+        restart.push("learn".to_string());
+    }
+    if old.cluster != new.cluster {
+        restart.push("cluster".to_string());
+    }
+    restart
+}
+
+/// The `[agent]` settings in force after a reload: `new`'s, but those in force (`a`) for what
+/// needs a restart, and `interfaces` as the reload left them.
+fn live_settings(a: &AgentConfig, new: &AgentConfig, interfaces: Vec<String>) -> AgentConfig {
+    // Keep the settings in force for what needs a restart, take the rest.
+    let mut agent = new.clone();
+    agent.mode = a.mode;
+    agent.socket.clone_from(&a.socket);
+    agent.metrics = a.metrics;
+    agent.max_buckets = a.max_buckets;
+    agent.pin_path.clone_from(&a.pin_path);
+    agent.log_format = a.log_format;
+    agent.state_dir.clone_from(&a.state_dir);
+    agent.learn = a.learn;
+    agent.interfaces = interfaces;
+    agent
 }
 
 /// Writes the rules in force back to the config file (atomically, keeping comments).
