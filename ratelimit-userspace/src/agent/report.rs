@@ -12,6 +12,7 @@ use serde::Serialize;
 use super::{Agent, AgentError, ReloadState};
 use crate::{
     census::{CensusAge, Reading},
+    compile::{CompiledPrefix, CompiledRule},
     config::RuleConfig,
     maps::bucket::{bucket_key, key_source, limit_bucket_key, monotonic_ns, BucketView},
 };
@@ -110,7 +111,6 @@ impl Agent {
     /// Which rule a packet from `ip` (with `protocol`/`dst_port`/`tcp_flags`) falls under, why,
     /// and its bucket. Without `tcp_flags`, a TCP packet is taken to carry none (which no flag
     /// rule matches).
-    // Stays whole: one answer built part by part from the same rule, prefix and bucket.
     pub fn explain(
         &self,
         ip: IpAddr,
@@ -119,28 +119,11 @@ impl Agent {
         tcp_flags: Option<u8>,
     ) -> Result<Explain, AgentError> {
         let prefix = self.set.lookup(ip);
-        let candidates: Vec<String> = prefix
-            .map(|p| {
-                p.candidates()
-                    .iter()
-                    .filter_map(|&id| self.set.rule(id))
-                    .map(|r| r.name.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let candidates = self.candidate_names(prefix);
         let cut = self.cut_packets(ip);
         let flags = tcp_flags.unwrap_or(0);
         let Some(rule) = self.set.classify(ip, protocol, dst_port, flags) else {
-            let why = match prefix {
-                None => "no rule's source prefix contains this address: the packet passes".to_string(),
-                Some(p) => format!(
-                    "the longest matching prefix {} has rules [{}], none of which matches protocol {protocol} port {}{}: the packet passes",
-                    p.net(),
-                    candidates.join(", "),
-                    dst_port.map_or_else(|| "-".to_string(), |p| p.to_string()),
-                    if protocol == 6 { format!(" tcp flags {}", flag_names(flags)) } else { String::new() }
-                ),
-            };
+            let why = why_no_rule(prefix, &candidates, protocol, dst_port, flags);
             return Ok(Explain {
                 ip,
                 protocol,
@@ -162,35 +145,8 @@ impl Agent {
             .iter()
             .find(|r| r.name == rule.name)
             .cloned();
-        // The flag rules tried before the one that matched, which this packet's flags did not fit.
-        let passed_over: Vec<&str> = prefix
-            .map(|p| {
-                p.candidates()
-                    .iter()
-                    .filter_map(|&id| self.set.rule(id))
-                    .take_while(|r| r.id != rule.id)
-                    .filter(|r| {
-                        r.rule.tcp_mask != 0
-                            && r.rule.protocol == protocol
-                            && (r.rule.dst_port == 0 || dst_port == Some(r.rule.dst_port))
-                    })
-                    .map(|r| r.name.as_str())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let flags_why = match config.as_ref().and_then(|c| c.tcp_flags) {
-            Some(f) => format!(
-                " ; it matches TCP flags {} ({f}: {}) before the same prefix's rules without flags",
-                flag_names(flags),
-                f.describe()
-            ),
-            None if !passed_over.is_empty() => format!(
-                " ; TCP flags {} do not fit the flag rule(s) [{}] tried before it",
-                flag_names(flags),
-                passed_over.join(", ")
-            ),
-            None => String::new(),
-        };
+        let passed_over = self.passed_over(prefix, rule, protocol, dst_port);
+        let flags_why = flags_why(config.as_ref(), flags, &passed_over);
         let why = format!(
             "longest matching prefix {} ; candidates in order [{}] ; first matching protocol/port/flags: {:?}{flags_why}",
             net.as_deref().unwrap_or("?"),
@@ -203,23 +159,7 @@ impl Agent {
             .maps()
             .bucket(&key)?
             .map(|b| BucketView::new(&b, &rule.rule, monotonic_ns()));
-        let mut limits = Vec::new();
-        if rule.rule.action == ratelimit_common::action::LIMIT {
-            for k in 0..rule.rule.limits() {
-                let mask = rule.rule.limit(k).unwrap_or_default().src_mask;
-                let key = limit_bucket_key(rule.id, &rule.rule, k, ip);
-                limits.push(ExplainLimit {
-                    limit: k + 1,
-                    per: crate::stats::per_of(&mask),
-                    key: key_source(&key, &mask),
-                    bucket: self
-                        .dp
-                        .maps()
-                        .bucket(&key)?
-                        .map(|b| BucketView::new(&b, &rule.rule, monotonic_ns())),
-                });
-            }
-        }
+        let limits = self.explain_limits(rule, ip)?;
         Ok(Explain {
             ip,
             protocol,
@@ -238,6 +178,111 @@ impl Agent {
             limits,
             cut,
         })
+    }
+
+    /// The names of the rules listed for `prefix`, in the order they are tried.
+    fn candidate_names(&self, prefix: Option<&CompiledPrefix>) -> Vec<String> {
+        prefix
+            .map(|p| {
+                p.candidates()
+                    .iter()
+                    .filter_map(|&id| self.set.rule(id))
+                    .map(|r| r.name.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The flag rules of `prefix` tried before `rule`, the one that matched, which this packet's
+    /// flags did not fit.
+    fn passed_over<'a>(
+        &'a self,
+        prefix: Option<&'a CompiledPrefix>,
+        rule: &CompiledRule,
+        protocol: u8,
+        dst_port: Option<u16>,
+    ) -> Vec<&'a str> {
+        prefix
+            .map(|p| {
+                p.candidates()
+                    .iter()
+                    .filter_map(|&id| self.set.rule(id))
+                    .take_while(|r| r.id != rule.id)
+                    .filter(|r| {
+                        r.rule.tcp_mask != 0
+                            && r.rule.protocol == protocol
+                            && (r.rule.dst_port == 0 || dst_port == Some(r.rule.dst_port))
+                    })
+                    .map(|r| r.name.as_str())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every limit of a limit rule, in order, with the bucket the packets from `ip` are charged
+    /// to under it; none for another action.
+    fn explain_limits(
+        &self,
+        rule: &CompiledRule,
+        ip: IpAddr,
+    ) -> Result<Vec<ExplainLimit>, AgentError> {
+        let mut limits = Vec::new();
+        if rule.rule.action == ratelimit_common::action::LIMIT {
+            for k in 0..rule.rule.limits() {
+                let mask = rule.rule.limit(k).unwrap_or_default().src_mask;
+                let key = limit_bucket_key(rule.id, &rule.rule, k, ip);
+                limits.push(ExplainLimit {
+                    limit: k + 1,
+                    per: crate::stats::per_of(&mask),
+                    key: key_source(&key, &mask),
+                    bucket: self
+                        .dp
+                        .maps()
+                        .bucket(&key)?
+                        .map(|b| BucketView::new(&b, &rule.rule, monotonic_ns())),
+                });
+            }
+        }
+        Ok(limits)
+    }
+}
+
+/// Why a packet that no rule matches passes: no rule's prefix holds its source, or none of the
+/// rules of the longest prefix that does (`candidates`) matches its protocol, port and flags.
+fn why_no_rule(
+    prefix: Option<&CompiledPrefix>,
+    candidates: &[String],
+    protocol: u8,
+    dst_port: Option<u16>,
+    flags: u8,
+) -> String {
+    match prefix {
+        None => "no rule's source prefix contains this address: the packet passes".to_string(),
+        Some(p) => format!(
+            "the longest matching prefix {} has rules [{}], none of which matches protocol {protocol} port {}{}: the packet passes",
+            p.net(),
+            candidates.join(", "),
+            dst_port.map_or_else(|| "-".to_string(), |p| p.to_string()),
+            if protocol == 6 { format!(" tcp flags {}", flag_names(flags)) } else { String::new() }
+        ),
+    }
+}
+
+/// The part of `explain`'s answer that says how the packet's TCP `flags` chose the rule: the
+/// flags the rule (`config`) matches, or the flag rules tried before it that they did not fit.
+fn flags_why(config: Option<&RuleConfig>, flags: u8, passed_over: &[&str]) -> String {
+    match config.and_then(|c| c.tcp_flags) {
+        Some(f) => format!(
+            " ; it matches TCP flags {} ({f}: {}) before the same prefix's rules without flags",
+            flag_names(flags),
+            f.describe()
+        ),
+        None if !passed_over.is_empty() => format!(
+            " ; TCP flags {} do not fit the flag rule(s) [{}] tried before it",
+            flag_names(flags),
+            passed_over.join(", ")
+        ),
+        None => String::new(),
     }
 }
 
