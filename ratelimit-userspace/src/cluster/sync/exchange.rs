@@ -25,7 +25,7 @@ use chitchat::ChitchatId;
 use tokio::sync::watch;
 
 use super::{
-    demand::observe_off_thread,
+    demand::{observe_off_thread, Demand},
     peer_status::{count_late, count_sync},
     set_shares::{clear_earlier_shares, count_withheld, set_shares_off_thread},
     ClusterRules, StoreSide,
@@ -73,137 +73,229 @@ pub struct Reading {
 
 impl ExchangeLoop {
     /// Runs until the task is aborted.
-    #[expect(clippy::too_many_lines, reason = "one round, told in order")]
     pub async fn run(self) {
-        let Self {
+        let mut rounds = Rounds::start(self);
+        let mut tick = tokio::time::interval(rounds.timing.interval());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let due = tick.tick().await;
+            if rounds.round(due).await.is_none() {
+                return;
+            }
+        }
+    }
+}
+
+/// The loop's state from round to round, and what every round is handed.
+struct Rounds {
+    in_force: watch::Receiver<Arc<CompiledRuleSet>>,
+    store: RedisStore,
+    shared: Arc<Shared>,
+    timing: Timing,
+    max_keys: usize,
+    cluster_id: String,
+    node: (String, u64),
+    /// The bucket store's side, handed to a blocking thread for each step that reads or writes it.
+    blocking: Option<StoreSide>,
+    lag_ns: u64,
+    stale_ms: u64,
+    ttl_ms: u64,
+    readings: HashMap<KeyName, Reading>,
+    members: Vec<(String, u64)>,
+    members_read_ns: u64,
+    /// The store's clock, as last read, and when (here): this host's figures are kept by it.
+    server: Option<(u64, u64)>,
+    own_figures: OwnFigures,
+    last_round_ns: Option<u64>,
+    was_up: Option<bool>,
+    /// Withheld refill is credited per peer only under gossip; this one stays empty.
+    no_tracker: RemoteTracker<ChitchatId>,
+}
+
+impl Rounds {
+    /// Clears the shares an earlier agent left, then sets up the state of the first round.
+    fn start(l: ExchangeLoop) -> Self {
+        let ExchangeLoop {
             rules: in_force,
-            mut store,
+            store,
             mut maps,
             shared,
             timing,
             max_keys,
             cluster_id,
             node,
-        } = self;
+        } = l;
         let start_ns = monotonic_ns();
         clear_earlier_shares(&mut maps);
-        let mut blocking = Some(StoreSide::new(maps, max_keys, start_ns));
+        let blocking = Some(StoreSide::new(maps, max_keys, start_ns));
         let lag_ns = timing.lag_ns();
         let stale_ms = timing.stale_ns() / 1_000_000;
         // A key's hash outlives its stale limit a little: a field is dropped by the script
         // before the key would expire under a live holder.
         let ttl_ms = stale_ms.saturating_mul(2);
-        let mut readings: HashMap<KeyName, Reading> = HashMap::new();
-        let mut members: Vec<(String, u64)> = Vec::new();
-        let mut members_read_ns = start_ns;
-        // The store's clock, as last read, and when (here): this host's figures are kept by it.
-        let mut server: Option<(u64, u64)> = None;
-        let mut own_figures = OwnFigures::default();
-        let mut last_round_ns: Option<u64> = None;
-        let mut was_up: Option<bool> = None;
-        // Withheld refill is credited per peer only under gossip; this one stays empty.
-        let mut no_tracker: RemoteTracker<ChitchatId> = RemoteTracker::new(0, 0, 0);
-        let mut tick = tokio::time::interval(timing.interval());
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let due = tick.tick().await;
-            let began = Instant::now();
-            let rules = ClusterRules::of(&in_force.borrow());
-
-            // 1. Local buckets -> this host's demand per key.
-            let Some(b) = blocking.take() else { return };
-            let Some((b, _, _, fresh_demand)) = observe_off_thread(b, rules.clone(), timing).await
-            else {
-                return;
-            };
-            let mut held: Vec<(&KeyName, f64)> = b
-                .local
-                .keys()
-                .filter(|k| rules.limit_of(k).is_some())
-                .filter_map(|k| fresh_demand.get(k).map(|&d| (k, d)))
-                .collect();
-            held.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-            held.truncate(max_keys);
-            let names: Vec<KeyName> = held.iter().map(|(k, _)| (*k).clone()).collect();
-            let entries: Vec<Entry> = held
-                .iter()
-                .map(|(k, d)| Entry {
-                    key: key_name(&cluster_id, &k.rule, k.limit, k.addr),
-                    demand: *d,
-                })
-                .collect();
-            let c = &shared.counters;
-            c.keys_published
-                .store(b.local.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            blocking = Some(b);
-
-            // 2. Exchange with the store: this host's demand out, the other holders' in.
-            let exchanged = store.exchange(&entries, stale_ms, ttl_ms).await;
-            let now = monotonic_ns();
-            let up = exchanged.is_ok();
-            match exchanged {
-                Ok(x) => {
-                    Counters::add(&c.readings_refused, x.refused);
-                    server = Some((x.server_ms, now));
-                    readings.clear();
-                    for (name, fields) in names.into_iter().zip(x.fields) {
-                        readings.insert(
-                            name,
-                            Reading {
-                                fields,
-                                read_ns: now,
-                            },
-                        );
-                    }
-                    members = x.members;
-                    members_read_ns = now;
-                    store_round(&shared, &store, Ok(x.rtt_ms));
-                }
-                Err(e) => store_round(&shared, &store, Err(e)),
-            }
-            log_change(&mut was_up, up, &shared);
-
-            // 3. Demand -> shares, as under gossip.
-            let rules_limits = rules.limits();
-            let (round, oldest_age) = round_of(&readings, &rules_limits, now, stale_ms);
-            let server_ms = server.map(|(ms, at)| ms + now.saturating_sub(at) / 1_000_000);
-            let oldest_peer = server_ms.zip(oldest_age).map(|(s, a)| s.saturating_sub(a));
-            c.keys_synced
-                .store(round.keys_synced, std::sync::atomic::Ordering::Relaxed);
-            let elapsed = last_round_ns.map_or(0, |t| now.saturating_sub(t));
-            last_round_ns = Some(now);
-            // Every host divides by the same figures: its own as of the oldest peer's write
-            // (see `OwnFigures::to_divide_by`), by the store's clock.
-            let local_demand =
-                own_figures.to_divide_by(server_ms.unwrap_or(0), fresh_demand, oldest_peer);
-            let mut heaviest = HeaviestKeys::default();
-            let mut lapsed_ns = 0;
-            if elapsed > 0 && !local_demand.is_empty() {
-                let Some(b) = blocking.take() else { return };
-                let Some((b, w)) =
-                    set_shares_off_thread(b, rules, round, local_demand, 1.0, elapsed, lag_ns)
-                        .await
-                else {
-                    return;
-                };
-                blocking = Some(b);
-                lapsed_ns = w.lapsed_ns;
-                heaviest = count_withheld(w, &mut no_tracker, c);
-            }
-            count_late(&shared, due.elapsed(), &timing, lapsed_ns);
-
-            // 4. Status: the members seen lately, the keys, the store.
-            let extra_ms = now.saturating_sub(members_read_ns) / 1_000_000;
-            let peers = peer_statuses(&members, extra_ms, stale_ms, &readings);
-            count_sync(c, &peers, began);
-            let heard = 1 + peers.iter().filter(|p| p.counted).count() as u64;
-            let mut view = shared.view();
-            view.peers = peers;
-            view.keys = heaviest.into_status(&node.0, node.1);
-            view.hosts_heard = heard;
-            view.hosts_known = heard;
-            view.budget_share = 1.0;
+        Self {
+            in_force,
+            store,
+            shared,
+            timing,
+            max_keys,
+            cluster_id,
+            node,
+            blocking,
+            lag_ns,
+            stale_ms,
+            ttl_ms,
+            readings: HashMap::new(),
+            members: Vec::new(),
+            members_read_ns: start_ns,
+            server: None,
+            own_figures: OwnFigures::default(),
+            last_round_ns: None,
+            was_up: None,
+            no_tracker: RemoteTracker::new(0, 0, 0),
         }
+    }
+
+    /// One round, its steps in order; `due` is when its tick fell due. `None` when a step on the
+    /// blocking thread panicked: the loop stops (logged there).
+    async fn round(&mut self, due: tokio::time::Instant) -> Option<()> {
+        let began = Instant::now();
+        let rules = ClusterRules::of(&self.in_force.borrow());
+
+        // 1. Local buckets -> this host's demand per key.
+        let (names, entries, fresh_demand) = self.observe(&rules).await?;
+
+        // 2. Exchange with the store: this host's demand out, the other holders' in.
+        let now = self.exchange(names, &entries).await;
+
+        // 3. Demand -> shares, as under gossip.
+        let (heaviest, lapsed_ns) = self.set_shares(rules, fresh_demand, now).await?;
+        count_late(&self.shared, due.elapsed(), &self.timing, lapsed_ns);
+
+        // 4. Status: the members seen lately, the keys, the store.
+        self.show(now, heaviest, began);
+        Some(())
+    }
+
+    /// Reads the local buckets: this host's demand per key, and the keys it holds (at most
+    /// `max_keys`, the heaviest first) with their demand as the store's entries name them;
+    /// `None` if the blocking thread panicked.
+    async fn observe(
+        &mut self,
+        rules: &ClusterRules,
+    ) -> Option<(Vec<KeyName>, Vec<Entry>, Demand)> {
+        let b = self.blocking.take()?;
+        let (b, _, _, fresh_demand) = observe_off_thread(b, rules.clone(), self.timing).await?;
+        let mut held: Vec<(&KeyName, f64)> = b
+            .local
+            .keys()
+            .filter(|k| rules.limit_of(k).is_some())
+            .filter_map(|k| fresh_demand.get(k).map(|&d| (k, d)))
+            .collect();
+        held.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        held.truncate(self.max_keys);
+        let names: Vec<KeyName> = held.iter().map(|(k, _)| (*k).clone()).collect();
+        let entries: Vec<Entry> = held
+            .iter()
+            .map(|(k, d)| Entry {
+                key: key_name(&self.cluster_id, &k.rule, k.limit, k.addr),
+                demand: *d,
+            })
+            .collect();
+        let c = &self.shared.counters;
+        c.keys_published
+            .store(b.local.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.blocking = Some(b);
+        Some((names, entries, fresh_demand))
+    }
+
+    /// Writes `entries` (the demand of the keys `names`, in order) to the store and takes in what
+    /// it returns; when it cannot be reached, what was read before is kept (to go stale). Shows
+    /// and logs the store's state. Returns when the answer came (`CLOCK_MONOTONIC` ns).
+    async fn exchange(&mut self, names: Vec<KeyName>, entries: &[Entry]) -> u64 {
+        let exchanged = self
+            .store
+            .exchange(entries, self.stale_ms, self.ttl_ms)
+            .await;
+        let now = monotonic_ns();
+        let up = exchanged.is_ok();
+        match exchanged {
+            Ok(x) => {
+                Counters::add(&self.shared.counters.readings_refused, x.refused);
+                self.server = Some((x.server_ms, now));
+                self.readings.clear();
+                for (name, fields) in names.into_iter().zip(x.fields) {
+                    self.readings.insert(
+                        name,
+                        Reading {
+                            fields,
+                            read_ns: now,
+                        },
+                    );
+                }
+                self.members = x.members;
+                self.members_read_ns = now;
+                store_round(&self.shared, &self.store, Ok(x.rtt_ms));
+            }
+            Err(e) => store_round(&self.shared, &self.store, Err(e)),
+        }
+        log_change(&mut self.was_up, up, &self.shared);
+        now
+    }
+
+    /// Sets each held key's share from this host's demand over the holders' (as under gossip),
+    /// and counts what the shares withheld. Returns the heaviest keys whose share was set and
+    /// how long the shares written before had lapsed (ns); `None` if the blocking thread panicked.
+    async fn set_shares(
+        &mut self,
+        rules: ClusterRules,
+        fresh_demand: Demand,
+        now: u64,
+    ) -> Option<(HeaviestKeys, u64)> {
+        let c = &self.shared.counters;
+        let rules_limits = rules.limits();
+        let (round, oldest_age) = round_of(&self.readings, &rules_limits, now, self.stale_ms);
+        let server_ms = self
+            .server
+            .map(|(ms, at)| ms + now.saturating_sub(at) / 1_000_000);
+        let oldest_peer = server_ms.zip(oldest_age).map(|(s, a)| s.saturating_sub(a));
+        c.keys_synced
+            .store(round.keys_synced, std::sync::atomic::Ordering::Relaxed);
+        let elapsed = self.last_round_ns.map_or(0, |t| now.saturating_sub(t));
+        self.last_round_ns = Some(now);
+        // Every host divides by the same figures: its own as of the oldest peer's write
+        // (see `OwnFigures::to_divide_by`), by the store's clock.
+        let local_demand =
+            self.own_figures
+                .to_divide_by(server_ms.unwrap_or(0), fresh_demand, oldest_peer);
+        let mut heaviest = HeaviestKeys::default();
+        let mut lapsed_ns = 0;
+        if elapsed > 0 && !local_demand.is_empty() {
+            let b = self.blocking.take()?;
+            let (b, w) =
+                set_shares_off_thread(b, rules, round, local_demand, 1.0, elapsed, self.lag_ns)
+                    .await?;
+            self.blocking = Some(b);
+            lapsed_ns = w.lapsed_ns;
+            heaviest = count_withheld(w, &mut self.no_tracker, c);
+        }
+        Some((heaviest, lapsed_ns))
+    }
+
+    /// Shows the round in the status: the members seen in the store lately, the heaviest keys,
+    /// the hosts heard; and counts the round.
+    fn show(&self, now: u64, heaviest: HeaviestKeys, began: Instant) {
+        let c = &self.shared.counters;
+        let extra_ms = now.saturating_sub(self.members_read_ns) / 1_000_000;
+        let peers = peer_statuses(&self.members, extra_ms, self.stale_ms, &self.readings);
+        count_sync(c, &peers, began);
+        let heard = 1 + peers.iter().filter(|p| p.counted).count() as u64;
+        let mut view = self.shared.view();
+        view.peers = peers;
+        view.keys = heaviest.into_status(&self.node.0, self.node.1);
+        view.hosts_heard = heard;
+        view.hosts_known = heard;
+        view.budget_share = 1.0;
     }
 }
 
