@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use chitchat::ChitchatId;
-use ratelimit_common::Limit;
+use ratelimit_common::{Limit, Rule};
 
 use super::{demand::Demand, rules::ClusterRules, StoreSide};
 use crate::{
@@ -67,6 +67,14 @@ impl StoreSide {
             coarse,
             &mut w,
         );
+        let this_round = ShareRound {
+            round,
+            locator,
+            factor,
+            lag_ns,
+            now,
+            coarse,
+        };
         for (name, &d) in local {
             let Some((id, rule, limit)) = rules.limit_of(name) else {
                 continue;
@@ -81,64 +89,16 @@ impl StoreSide {
                     .filter(|&c| c >= self.start_ns)
             });
             let elapsed = since.map_or(elapsed, |t| now.saturating_sub(t));
-            let peers = round.peer_demand(name);
-            // The hosts holding the key (this one and the counted peers publishing it): an idle
-            // key keeps an even part at each, not the whole rate at every one.
-            let hosts = f64::from(round.hosts_holding(name));
-            let rate = shares::packet_rate(&limit);
-            let s = shares::share(d, peers, factor, rate, hosts);
-            let key = limit_bucket_key(id, rule, usize::from(name.limit), name.addr);
-            // The refill the share withholds over the time since the last round (counted;
-            // nothing moves the bucket's arrival times: the share word does it all).
-            let advance = shares::advance_ns(s, elapsed, lag_ns);
-            let word = shares::share_word(s);
-            let holders = round.hosts_holding(name);
-            tracing::trace!(key = %name.addr, rule = %name.rule, demand = d, peers, hosts, share = s, word, "cluster sync: a key's share");
-            let Some(locator) = locator else {
-                w.errors += 1;
-                continue;
-            };
-            match shares::set_share(locator, &key, (word, holders), &limit, now, coarse) {
-                Ok(Some(_)) => {}
-                Ok(None) => continue,
-                Err(e) => {
-                    w.errors += 1;
-                    tracing::debug!(error = %e, rule = %name.rule, limit = name.limit, addr = %name.addr, "cluster sync: setting a bucket's share");
-                    continue;
-                }
-            }
-            // For `peers` and the metrics: each holder's demand and share, if among the heaviest.
-            w.keys.offer(&KeyRound {
-                name,
-                limit: &limit,
-                demand: d,
-                share: s,
-                hosts: round.hosts_holding(name),
-                peers: round.demand.get(name).map_or(&[], Vec::as_slice),
-                factor,
-                rate,
-            });
-            // The part of it for hosts missing (`share`): what the factor took.
-            let without =
-                shares::advance_ns(shares::share(d, peers, 1.0, rate, hosts), elapsed, lag_ns);
-            // Counted as withheld for the peers only while some have demand (then each has its
-            // part of the rest, below); an even part of an idle key, or of a key only this host
-            // has demand for, takes nothing for any peer's demand: only what the factor took.
-            let counted = if peers > 0.0 {
-                advance
-            } else {
-                advance.saturating_sub(without)
-            };
-            let (pkts, bytes) = shares::withheld(&limit, counted, counted);
-            w.pkts += pkts;
-            w.bytes += bytes;
-            if advance > without {
-                w.share_pkts += shares::withheld(&limit, advance - without, 0).0;
-            }
-            // Each counted peer's part of the rest, by its demand.
-            peer_parts(&mut w, round, name, limit, without, peers);
+            set_key_share(&this_round, name, d, (id, rule, limit), elapsed, &mut w);
         }
         drop(located);
+        self.renew_shares(lag_ns, &mut w);
+        w
+    }
+
+    /// Moves `Config::shares_until_ns` on to `lag_ns` from now, after this round's shares are
+    /// written: they hold until then. A failure is counted and logged.
+    fn renew_shares(&mut self, lag_ns: u64, w: &mut SharesSet) {
         // The shares hold until the end of this round's lag allowance; those written before
         // lapsed (every bucket at the whole rate) if that one's passed first.
         let renewed = monotonic_ns();
@@ -153,7 +113,6 @@ impl StoreSide {
         } else {
             self.shares_until = until;
         }
-        w
     }
 
     /// Clears the share word of every key no longer tracked (its bucket refills at the whole
@@ -184,6 +143,92 @@ impl StoreSide {
             }
         }
     }
+}
+
+/// What every key's share is set from in one round of [`StoreSide::set_shares`].
+struct ShareRound<'a> {
+    round: &'a Round<ChitchatId>,
+    /// The config and rules, read once for all the keys; `None` if that failed.
+    locator: Option<&'a Locator<'a>>,
+    factor: f64,
+    lag_ns: u64,
+    now: u64,
+    coarse: u64,
+}
+
+/// Sets the share of key `name` (this host's demand `d`, its limit `(id, rule, limit)`, its last
+/// round `elapsed` ago) in its bucket's share word, and counts into `w` what that withholds.
+fn set_key_share(
+    r: &ShareRound<'_>,
+    name: &KeyName,
+    d: f64,
+    (id, rule, limit): (u32, &Rule, Limit),
+    elapsed: u64,
+    w: &mut SharesSet,
+) {
+    let ShareRound {
+        round,
+        locator,
+        factor,
+        lag_ns,
+        now,
+        coarse,
+    } = *r;
+    let peers = round.peer_demand(name);
+    // The hosts holding the key (this one and the counted peers publishing it): an idle
+    // key keeps an even part at each, not the whole rate at every one.
+    let hosts = f64::from(round.hosts_holding(name));
+    let rate = shares::packet_rate(&limit);
+    let s = shares::share(d, peers, factor, rate, hosts);
+    let key = limit_bucket_key(id, rule, usize::from(name.limit), name.addr);
+    // The refill the share withholds over the time since the last round (counted;
+    // nothing moves the bucket's arrival times: the share word does it all).
+    let advance = shares::advance_ns(s, elapsed, lag_ns);
+    let word = shares::share_word(s);
+    let holders = round.hosts_holding(name);
+    tracing::trace!(key = %name.addr, rule = %name.rule, demand = d, peers, hosts, share = s, word, "cluster sync: a key's share");
+    let Some(locator) = locator else {
+        w.errors += 1;
+        return;
+    };
+    match shares::set_share(locator, &key, (word, holders), &limit, now, coarse) {
+        Ok(Some(_)) => {}
+        Ok(None) => return,
+        Err(e) => {
+            w.errors += 1;
+            tracing::debug!(error = %e, rule = %name.rule, limit = name.limit, addr = %name.addr, "cluster sync: setting a bucket's share");
+            return;
+        }
+    }
+    // For `peers` and the metrics: each holder's demand and share, if among the heaviest.
+    w.keys.offer(&KeyRound {
+        name,
+        limit: &limit,
+        demand: d,
+        share: s,
+        hosts: round.hosts_holding(name),
+        peers: round.demand.get(name).map_or(&[], Vec::as_slice),
+        factor,
+        rate,
+    });
+    // The part of it for hosts missing (`share`): what the factor took.
+    let without = shares::advance_ns(shares::share(d, peers, 1.0, rate, hosts), elapsed, lag_ns);
+    // Counted as withheld for the peers only while some have demand (then each has its
+    // part of the rest, below); an even part of an idle key, or of a key only this host
+    // has demand for, takes nothing for any peer's demand: only what the factor took.
+    let counted = if peers > 0.0 {
+        advance
+    } else {
+        advance.saturating_sub(without)
+    };
+    let (pkts, bytes) = shares::withheld(&limit, counted, counted);
+    w.pkts += pkts;
+    w.bytes += bytes;
+    if advance > without {
+        w.share_pkts += shares::withheld(&limit, advance - without, 0).0;
+    }
+    // Each counted peer's part of the rest, by its demand.
+    peer_parts(w, round, name, limit, without, peers);
 }
 
 /// Each counted peer's part (by its demand) of `without`, the advance withheld for the peers'
