@@ -170,7 +170,8 @@ fn kind_of(mode: libc::mode_t) -> &'static str {
 /// following a symlink; `last`: the pin directory itself (mode 0700, locked, holding nothing but
 /// files of `euid`), else a directory on the way to it (not writable by others). What is there
 /// otherwise is moved aside (see [`quarantine`]). Returns whether the directory is new.
-// Stays whole: one retry loop, each `continue` looks at the name afresh after a change.
+// One retry loop: each `continue` (and each `None` of a step it calls) looks at the name afresh
+// after a change.
 fn own_dir(
     parent: &fs::File,
     name: &std::ffi::OsStr,
@@ -178,7 +179,7 @@ fn own_dir(
     euid: u32,
     last: bool,
 ) -> Result<(bool, fs::File)> {
-    use std::os::fd::{AsRawFd as _, FromRawFd as _};
+    use std::os::fd::AsRawFd as _;
     let io_err = |what, source| DataplaneError::Io {
         what,
         path: path.to_path_buf(),
@@ -210,85 +211,23 @@ fn own_dir(
             fresh = true;
             continue;
         }
-        // SAFETY: a descriptor we own and a NUL-terminated name.
-        let fd = unsafe {
-            libc::openat(
-                parent.as_raw_fd(),
-                cname.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            // Replaced since it was looked at: look again.
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR)
-            ) {
-                continue;
-            }
-            return Err(io_err("opening pin directory", e));
-        }
-        // SAFETY: a descriptor just opened, owned by nothing else.
-        let file = unsafe { fs::File::from_raw_fd(fd) };
-        // SAFETY: all-zero is a valid `stat`.
-        let mut now: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: a descriptor we own and a `stat` to write.
-        last_os_error_unless(unsafe { libc::fstat(fd, &mut now) })
-            .map_err(|e| io_err("inspecting pin directory", e))?;
-        if (now.st_dev, now.st_ino, now.st_uid) != (st.st_dev, st.st_ino, euid) {
+        let Some((file, now)) = open_verified(parent, &cname, path, &st, euid)? else {
             continue;
-        }
-        let mode = now.st_mode & 0o7777;
+        };
         if !last {
+            let mode = now.st_mode & 0o7777;
             // Others could otherwise swap the pin directory below it for one of theirs.
             if mode & 0o022 != 0 && mode & libc::S_ISVTX == 0 {
                 // SAFETY: a descriptor we own.
-                last_os_error_unless(unsafe { libc::fchmod(fd, mode & !0o022) })
+                last_os_error_unless(unsafe { libc::fchmod(file.as_raw_fd(), mode & !0o022) })
                     .map_err(|e| io_err("removing others' write access to", e))?;
             }
             return Ok((fresh, file));
         }
-        let loose = mode != 0o700;
-        if loose {
-            // SAFETY: a descriptor we own.
-            last_os_error_unless(unsafe { libc::fchmod(fd, 0o700) })
-                .map_err(|e| io_err("setting mode 0700 on pin directory", e))?;
+        match lock_pin_dir(parent, &cname, path, euid, file, &now)? {
+            Some(file) => return Ok((fresh, file)),
+            None => fresh = true,
         }
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(io_err("locking pin directory", e));
-            }
-            // No agent runs in a directory others could open, nor as another user: whoever
-            // holds the lock then is not one (another user may have opened the directory while
-            // its mode let them, and kept it open).
-            let holder = foreign_lock_holder(&now, euid);
-            if !loose && holder.is_none() {
-                return Err(DataplaneError::PinDirBusy(path.to_path_buf()));
-            }
-            drop(file);
-            let found = format!(
-                "a directory of mode {mode:o} locked by {}",
-                holder.as_deref().unwrap_or("another process")
-            );
-            quarantine(parent, &cname, path, &found)?;
-            fresh = true;
-            continue;
-        }
-        if let Some(found) = foreign_entry(path, euid) {
-            drop(file);
-            quarantine(
-                parent,
-                &cname,
-                path,
-                &format!("a directory holding {found}"),
-            )?;
-            fresh = true;
-            continue;
-        }
-        return Ok((fresh, file));
     }
     Err(io_err(
         "creating pin directory",
@@ -296,6 +235,109 @@ fn own_dir(
             "something else kept taking its place ({PIN_DIR_TRIES} tries)"
         )),
     ))
+}
+
+/// Opens `name` in `parent` (whose path is `path`) as a directory without following a symlink,
+/// and checks that it is the directory of user `euid` that `st` describes. Returns it with its
+/// `fstat`, or `None` when it was replaced since it was looked at (to look again).
+fn open_verified(
+    parent: &fs::File,
+    cname: &std::ffi::CStr,
+    path: &Path,
+    st: &libc::stat,
+    euid: u32,
+) -> Result<Option<(fs::File, libc::stat)>> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _};
+    let io_err = |what, source| DataplaneError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    // SAFETY: a descriptor we own and a NUL-terminated name.
+    let fd = unsafe {
+        libc::openat(
+            parent.as_raw_fd(),
+            cname.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        // Replaced since it was looked at: look again.
+        if matches!(
+            e.raw_os_error(),
+            Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR)
+        ) {
+            return Ok(None);
+        }
+        return Err(io_err("opening pin directory", e));
+    }
+    // SAFETY: a descriptor just opened, owned by nothing else.
+    let file = unsafe { fs::File::from_raw_fd(fd) };
+    // SAFETY: all-zero is a valid `stat`.
+    let mut now: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a descriptor we own and a `stat` to write.
+    last_os_error_unless(unsafe { libc::fstat(fd, &mut now) })
+        .map_err(|e| io_err("inspecting pin directory", e))?;
+    if (now.st_dev, now.st_ino, now.st_uid) != (st.st_dev, st.st_ino, euid) {
+        return Ok(None);
+    }
+    Ok(Some((file, now)))
+}
+
+/// Makes the opened pin directory `file` (`now` its `fstat`) mode 0700 and takes its lock.
+/// Returns it, or `None` when it was moved aside for a fresh one (locked by a process of
+/// another user or while others could open it, or holding entries that are not this user's
+/// pins): the caller looks again. Busy when an agent of this user holds the lock.
+fn lock_pin_dir(
+    parent: &fs::File,
+    cname: &std::ffi::CStr,
+    path: &Path,
+    euid: u32,
+    file: fs::File,
+    now: &libc::stat,
+) -> Result<Option<fs::File>> {
+    use std::os::fd::AsRawFd as _;
+    let io_err = |what, source| DataplaneError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    let fd = file.as_raw_fd();
+    let mode = now.st_mode & 0o7777;
+    let loose = mode != 0o700;
+    if loose {
+        // SAFETY: a descriptor we own.
+        last_os_error_unless(unsafe { libc::fchmod(fd, 0o700) })
+            .map_err(|e| io_err("setting mode 0700 on pin directory", e))?;
+    }
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(io_err("locking pin directory", e));
+        }
+        // No agent runs in a directory others could open, nor as another user: whoever
+        // holds the lock then is not one (another user may have opened the directory while
+        // its mode let them, and kept it open).
+        let holder = foreign_lock_holder(now, euid);
+        if !loose && holder.is_none() {
+            return Err(DataplaneError::PinDirBusy(path.to_path_buf()));
+        }
+        drop(file);
+        let found = format!(
+            "a directory of mode {mode:o} locked by {}",
+            holder.as_deref().unwrap_or("another process")
+        );
+        quarantine(parent, cname, path, &found)?;
+        return Ok(None);
+    }
+    if let Some(found) = foreign_entry(path, euid) {
+        drop(file);
+        quarantine(parent, cname, path, &format!("a directory holding {found}"))?;
+        return Ok(None);
+    }
+    Ok(Some(file))
 }
 
 /// Who holds the `flock` on the directory `st` describes, when that is a process whose
