@@ -29,10 +29,10 @@ impl StoreSide {
     /// stopped agent's lapse, and every bucket refills at its whole rate). `factor` is `heard /
     /// known` under `on_partition = "share"`, else 1. A key no longer tracked gets its share word
     /// cleared (the whole rate). Nothing takes back the refill a new key's bucket got at the whole
-    /// rate before its first round (a first version did, `(1 - share) x` the time since the
-    /// bucket was created: its debt, repaid at the share's rate, dropped 117 of 300 packets of
-    /// a source under the budget at two hosts; the documented bound already allows each host its
-    /// burst and a sync lag of the rate).
+    /// rate before its first round: charged as debt (`(1 - share) x` the time since the bucket was
+    /// created) and repaid at the share's rate, it drops packets of a source under the budget (117
+    /// of 300 at two hosts, measured), and the documented bound already allows each host its burst
+    /// and a sync lag of the rate.
     fn set_shares(
         &mut self,
         rules: &ClusterRules,
