@@ -109,11 +109,7 @@ fn look_up<P: Params, const CALL: bool>(
     let tagged = !first_free || tags::may_hold(sets, tag);
     let mut owed = 0;
     if !tagged {
-        owed = first::owed(hash, p, now, charge_clock(s));
-        if owed == 0 {
-            bump_global(global::FIRST_PACKETS);
-            return Err((verdict::PASSED, core::ptr::null_mut()));
-        }
+        owed = owed_or_pass(hash, p, now, s)?;
     }
     // A bucket to make (or a tag that matched, a hint): the records decide. One published
     // after the tags were read is found here (its tag went on before it was published).
@@ -125,15 +121,29 @@ fn look_up<P: Params, const CALL: bool>(
         Found::Unusable => Err((no_bucket(), core::ptr::null_mut())),
         Found::Miss => {
             if first_free && tagged {
-                owed = first::owed(hash, p, now, charge_clock(s));
-                if owed == 0 {
-                    bump_global(global::FIRST_PACKETS);
-                    return Err((verdict::PASSED, core::ptr::null_mut()));
-                }
+                owed = owed_or_pass(hash, p, now, s)?;
             }
             Err(make(p, len, now, s, owed, key, (sets, tag), slot, limit))
         }
     }
+}
+
+/// What the line of first-packet slots says of a key (hash `hash`) with no record
+/// (`first::owed`): `Err` with the verdict when its packet passes without a bucket (counted),
+/// else what its bucket owes (1: nothing, a bucket made full).
+#[inline(always)]
+fn owed_or_pass<P: Params>(
+    hash: u64,
+    p: &P,
+    now: u64,
+    s: *mut Scratch,
+) -> Result<u64, (usize, *mut Bucket)> {
+    let owed = first::owed(hash, p, now, charge_clock(s));
+    if owed == 0 {
+        bump_global(global::FIRST_PACKETS);
+        return Err((verdict::PASSED, core::ptr::null_mut()));
+    }
+    Ok(owed)
 }
 
 /// A bucket made for `key`, which has no record, in the record its sets give up
