@@ -36,11 +36,7 @@ const PIN_DIR_TRIES: u32 = 64;
 /// lock when the holder exits, crash included, so a stale lock cannot block a restart.
 pub(super) fn prepare_pin_dir(dir: &Path) -> Result<(bool, fs::File)> {
     use std::os::unix::fs::MetadataExt as _;
-    let io_err = |what, source| DataplaneError::Io {
-        what,
-        path: dir.to_path_buf(),
-        source,
-    };
+    let io_err = io_err_at(dir);
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
     let (mut parent, mut parent_path, names) =
@@ -180,11 +176,7 @@ fn own_dir(
     last: bool,
 ) -> Result<(bool, fs::File)> {
     use std::os::fd::AsRawFd as _;
-    let io_err = |what, source| DataplaneError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    };
+    let io_err = io_err_at(path);
     let cname = c_name(name).map_err(|e| io_err("using pin directory", e))?;
     let mut fresh = false;
     for _ in 0..PIN_DIR_TRIES {
@@ -248,11 +240,7 @@ fn open_verified(
     euid: u32,
 ) -> Result<Option<(fs::File, libc::stat)>> {
     use std::os::fd::{AsRawFd as _, FromRawFd as _};
-    let io_err = |what, source| DataplaneError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    };
+    let io_err = io_err_at(path);
     // SAFETY: a descriptor we own and a NUL-terminated name.
     let fd = unsafe {
         libc::openat(
@@ -298,11 +286,7 @@ fn lock_pin_dir(
     now: &libc::stat,
 ) -> Result<Option<fs::File>> {
     use std::os::fd::AsRawFd as _;
-    let io_err = |what, source| DataplaneError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    };
+    let io_err = io_err_at(path);
     let fd = file.as_raw_fd();
     let mode = now.st_mode & 0o7777;
     let loose = mode != 0o700;
@@ -338,6 +322,16 @@ fn lock_pin_dir(
         return Ok(None);
     }
     Ok(Some(file))
+}
+
+/// The error of a step (`what`) on `path` that failed with `source`, as every step of owning
+/// the pin directory reports it.
+fn io_err_at(path: &Path) -> impl Fn(&'static str, std::io::Error) -> DataplaneError + '_ {
+    move |what, source| DataplaneError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Who holds the `flock` on the directory `st` describes, when that is a process whose
@@ -409,11 +403,7 @@ fn foreign_entry(dir: &Path, euid: u32) -> Option<String> {
 /// (`RENAME_EXCHANGE`): the name is never free for someone else to take. Root may rename other users' entries in a sticky directory it owns (a
 /// bpffs root), and a directory within its parent without write access to it.
 fn quarantine(parent: &fs::File, name: &std::ffi::CStr, path: &Path, found: &str) -> Result<()> {
-    let io_err = |what, source| DataplaneError::Io {
-        what,
-        path: path.to_path_buf(),
-        source,
-    };
+    let io_err = io_err_at(path);
     let base = path.file_name().unwrap_or_default().to_string_lossy();
     for _ in 0..PIN_DIR_TRIES {
         let mut random = [0u8; 8];
