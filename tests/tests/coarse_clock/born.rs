@@ -79,11 +79,24 @@ burst = {BORN_BURST}
 /// is dropped whole: 1 of 251).
 #[test]
 fn a_new_bucket_made_on_the_coarse_clock_is_settled_by_its_next_charge() {
+    attempts_under_a_planted_clock("coarse-born", 1, "born", |_, _, _| {});
+}
+
+/// Up to 40 attempts of [`made_under_a_planted_clock`] (this CPU's coarse clock planted 7 of the
+/// 8 ticks of the lag allowance behind), each from a source of its own, `198.18.<octet>.<attempt>`,
+/// that `ready` readies first, under [`born_coarse_rules`]' rule `born` (its first packet makes
+/// its bucket): until 4 of them ran within one jiffy, and at least 2 must.
+fn attempts_under_a_planted_clock(
+    tag: &str,
+    octet: u8,
+    what: &str,
+    ready: impl Fn(&TestDataplane, u8, [u8; 4]),
+) {
     use ratelimit_common::coarse_lag_ns;
     require_root();
     const CPU: usize = 0;
     pin_to_cpu(CPU).unwrap();
-    let (dp, id) = born_coarse_rules("coarse-born");
+    let (dp, id) = born_coarse_rules(tag);
     // The account starts at the bucket's birth: the first packet makes it.
     making_buckets(&mut PinnedMaps::open(dp.pin_dir()).unwrap(), id).unwrap();
     let tick = coarse_tick_ns();
@@ -95,14 +108,15 @@ fn a_new_bucket_made_on_the_coarse_clock_is_settled_by_its_next_charge() {
         if checked == 4 {
             break;
         }
-        let src = [198, 18, 1, attempt];
-        if made_under_a_planted_clock(&dp, (CPU, id), (lag, tick), &warm, src, "born") {
+        let src = [198, 18, octet, attempt];
+        ready(&dp, attempt, src);
+        if made_under_a_planted_clock(&dp, (CPU, id), (lag, tick), &warm, src, what) {
             checked += 1;
         }
     }
     assert!(
         checked >= 2,
-        "only {checked} attempts made their bucket within one jiffy"
+        "only {checked} attempts ({what}) ran within one jiffy"
     );
 }
 
@@ -202,38 +216,18 @@ pub(crate) fn made_under_a_planted_clock(
 #[test]
 fn a_full_bucket_is_made_again_on_the_coarse_clock_and_settled_by_its_next_charge() {
     use ratelimit_common::coarse_lag_ns;
-    require_root();
-    const CPU: usize = 0;
-    pin_to_cpu(CPU).unwrap();
-    let (dp, id) = born_coarse_rules("coarse-reborn");
-    making_buckets(&mut PinnedMaps::open(dp.pin_dir()).unwrap(), id).unwrap();
-    let tick = coarse_tick_ns();
-    // Most of the allowance: 7 of the 8 ticks (28 ms at HZ=250).
-    let lag = coarse_lag_ns(tick) - tick;
-    let warm = udp4(ip("198.19.0.1"));
-    let mut checked = 0;
-    for attempt in 0..40u8 {
-        if checked == 4 {
-            break;
-        }
-        let src = [198, 18, 2, attempt];
+    attempts_under_a_planted_clock("coarse-reborn", 2, "made again", |dp, attempt, src| {
         // The bucket made, then left to refill its burst, and the lag on top: full for certain.
         assert_eq!(
             dp.run(&udp4(src.into())),
             XDP_PASS,
             "attempt {attempt}: the making packet"
         );
+        let tick = coarse_tick_ns();
         std::thread::sleep(Duration::from_nanos(
             BORN_BURST * BORN_INTERVAL + coarse_lag_ns(tick) + 2 * tick,
         ));
-        if made_under_a_planted_clock(&dp, (CPU, id), (lag, tick), &warm, src, "made again") {
-            checked += 1;
-        }
-    }
-    assert!(
-        checked >= 2,
-        "only {checked} attempts made their bucket again within one jiffy"
-    );
+    });
 }
 
 /// A full bucket made again on two CPUs at once (`rule_flags::BORN_COARSE`): one CPU's
