@@ -167,6 +167,59 @@ mod tests {
         }
     }
 
+    /// One drawn source of the clock's property tests: the lag allowance (by `case`: 8, 32 or
+    /// 80 ms), a packet's cost `c`, the burst and its tolerance, the first packet's true time
+    /// `t1` and the coarse time its bucket was made at, up to the lag earlier.
+    struct Case {
+        lag: u64,
+        c: u64,
+        burst: u64,
+        tol: u64,
+        t1: u64,
+        birth: u64,
+    }
+
+    impl Case {
+        fn draw(case: usize, next: &mut impl FnMut(u64) -> u64) -> Self {
+            let lag = [8_000_000, 32_000_000, 80_000_000][case % 3];
+            let c = 1_000 + next(20_000_000);
+            let burst = 1 + next(300);
+            let t1 = 1_000_000_000 + next(1_000_000_000);
+            let birth = t1 - next(lag + 1);
+            Self {
+                lag,
+                c,
+                burst,
+                tol: burst * c,
+                t1,
+                birth,
+            }
+        }
+    }
+
+    /// Bursty arrivals after the first packet at `t1`: 1 to 40 runs of 1 to twice the burst's
+    /// packets a few ns apart, each after a gap of nothing, up to the lag or up to three
+    /// tolerances. `packet(next, t)` at each packet's true time, given the generator.
+    fn arrivals<N: FnMut(u64) -> u64>(
+        next: &mut N,
+        t1: u64,
+        (lag, tol, burst): (u64, u64, u64),
+        mut packet: impl FnMut(&mut N, u64),
+    ) {
+        let mut t = t1;
+        for _ in 0..(1 + next(40)) {
+            t += match next(4) {
+                0 => next(lag),
+                1 => next(tol.saturating_mul(3)),
+                _ => 0,
+            };
+            for _ in 0..(1 + next(burst * 2)) {
+                t += next(50);
+                packet(next, t);
+            }
+        }
+    }
+
     fn gcra(tat: &mut u64, now: u64, c: u64, tol: u64) -> bool {
         crate::share::step(*tat, (now, now), c, tol, 0)
             .map(|new| *tat = new)
@@ -185,36 +238,29 @@ mod tests {
         let mut next = draws(0x9e37_79b9_7f4a_7c15);
         let mut least = u64::MAX;
         for case in 0..3_000 {
-            let lag = [8_000_000, 32_000_000, 80_000_000][case % 3];
-            let c = 1_000 + next(20_000_000);
-            let burst = 1 + next(300);
-            let tol = burst * c;
-            let t1 = 1_000_000_000 + next(1_000_000_000);
-            let birth = t1 - next(lag + 1);
+            let Case {
+                lag,
+                c,
+                burst,
+                tol,
+                t1,
+                birth,
+            } = Case::draw(case, &mut next);
             let (mut exact, mut ours) = (t1 + c, (birth + c) | TAT_UNSETTLED);
             let (mut n_exact, mut n_ours) = (1u64, 1u64);
-            let mut t = t1;
-            for _ in 0..(1 + next(40)) {
-                t += match next(4) {
-                    0 => next(lag),
-                    1 => next(tol.saturating_mul(3)),
-                    _ => 0,
-                };
-                for _ in 0..(1 + next(burst * 2)) {
-                    t += next(50);
-                    n_exact += u64::from(gcra(&mut exact, t, c, tol));
-                    ours = settle_birth(ours, birth, t, lag);
-                    assert_eq!(ours & TAT_UNSETTLED, 0);
-                    n_ours += u64::from(gcra(&mut ours, t, c, tol));
-                    assert!(
-                        n_ours <= n_exact && n_ours + 1 >= n_exact,
-                        "case {case}: exact {n_exact}, born coarse {n_ours} (c {c}, burst \
-                         {burst}, lag {lag}, born {} ns early, at {} ns)",
-                        t1 - birth,
-                        t - t1
-                    );
-                }
-            }
+            arrivals(&mut next, t1, (lag, tol, burst), |_, t| {
+                n_exact += u64::from(gcra(&mut exact, t, c, tol));
+                ours = settle_birth(ours, birth, t, lag);
+                assert_eq!(ours & TAT_UNSETTLED, 0);
+                n_ours += u64::from(gcra(&mut ours, t, c, tol));
+                assert!(
+                    n_ours <= n_exact && n_ours + 1 >= n_exact,
+                    "case {case}: exact {n_exact}, born coarse {n_ours} (c {c}, burst {burst}, \
+                     lag {lag}, born {} ns early, at {} ns)",
+                    t1 - birth,
+                    t - t1
+                );
+            });
             least = least.min(n_exact - n_ours);
         }
         assert_eq!(
@@ -245,43 +291,37 @@ mod tests {
         let mut next = draws(0x2545_f491_4f6c_dd1d);
         let mut remade = 0;
         for case in 0..3_000 {
-            let lag = [8_000_000, 32_000_000, 80_000_000][case % 3];
-            let c = 1_000 + next(20_000_000);
-            let burst = 1 + next(300);
-            let tol = burst * c;
-            let mut t = 1_000_000_000 + next(1_000_000_000);
-            let mut birth = t - next(lag + 1);
-            let (mut exact, mut ours) = (t + c, (birth + c) | TAT_UNSETTLED);
+            let Case {
+                lag,
+                c,
+                burst,
+                tol,
+                t1,
+                mut birth,
+            } = Case::draw(case, &mut next);
+            let (mut exact, mut ours) = (t1 + c, (birth + c) | TAT_UNSETTLED);
             let (mut n_exact, mut n_ours) = (1u64, 1u64);
             let mut base = 0;
-            for _ in 0..(1 + next(40)) {
-                t += match next(4) {
-                    0 => next(lag),
-                    1 => next(tol.saturating_mul(3)),
-                    _ => 0,
-                };
-                for _ in 0..(1 + next(burst * 2)) {
-                    t += next(50);
-                    let coarse = t - next(lag + 1);
-                    n_exact += u64::from(gcra(&mut exact, t, c, tol));
-                    if full_for_certain(ours, coarse, lag) {
-                        assert!(exact <= t + c, "case {case}: made again, exact not full");
-                        base = n_exact - 1 - n_ours;
-                        ours = (coarse + c) | TAT_UNSETTLED;
-                        birth = coarse;
-                        n_ours += 1;
-                        remade += 1;
-                    } else {
-                        ours = settle_birth(ours, birth, t, lag);
-                        n_ours += u64::from(gcra(&mut ours, t, c, tol));
-                    }
-                    assert!(
-                        n_ours <= n_exact && n_ours + base + 1 >= n_exact,
-                        "case {case}: exact {n_exact}, ours {n_ours} ({base} short before the \
-                         last making; c {c}, burst {burst}, lag {lag})"
-                    );
+            arrivals(&mut next, t1, (lag, tol, burst), |next, t| {
+                let coarse = t - next(lag + 1);
+                n_exact += u64::from(gcra(&mut exact, t, c, tol));
+                if full_for_certain(ours, coarse, lag) {
+                    assert!(exact <= t + c, "case {case}: made again, exact not full");
+                    base = n_exact - 1 - n_ours;
+                    ours = (coarse + c) | TAT_UNSETTLED;
+                    birth = coarse;
+                    n_ours += 1;
+                    remade += 1;
+                } else {
+                    ours = settle_birth(ours, birth, t, lag);
+                    n_ours += u64::from(gcra(&mut ours, t, c, tol));
                 }
-            }
+                assert!(
+                    n_ours <= n_exact && n_ours + base + 1 >= n_exact,
+                    "case {case}: exact {n_exact}, ours {n_ours} ({base} short before the last \
+                     making; c {c}, burst {burst}, lag {lag})"
+                );
+            });
         }
         assert!(remade > 10_000, "buckets made again: {remade}");
         assert!(full_for_certain(1_000, 1_000, 50) && !full_for_certain(1_001, 1_000, 50));
