@@ -2,7 +2,7 @@
 //! cluster's name and size, and what a host cut off from the others does, each checked where it
 //! was written. The Redis keys are `redis.rs`'s.
 
-use std::path::PathBuf;
+use std::{ops::RangeInclusive, path::PathBuf};
 
 use toml::Spanned;
 
@@ -106,21 +106,43 @@ fn key_file_from_raw(
 
 /// `sync_interval_ms`: 10 to 10000, 100 when not written.
 fn sync_interval_from_raw(src: &Source, v: Option<Spanned<i64>>) -> Result<u64, ConfigError> {
-    Ok(match v {
-        None => 100,
-        Some(v) => {
-            let n = *v.get_ref();
-            if !(10..=10_000).contains(&n) {
-                return Err(src.invalid(
-                    v.span().start,
-                    S,
-                    "sync_interval_ms",
-                    format!("must be between 10 and 10000 milliseconds (got {n})"),
-                ));
-            }
-            n as u64
-        }
-    })
+    ranged(
+        src,
+        v,
+        "sync_interval_ms",
+        10..=10_000,
+        " milliseconds",
+        100,
+    )
+}
+
+/// An integer key of `[cluster]` (`v`, as written): `default` when not written, else within
+/// `range`, refused otherwise with the range and its `unit` (" seconds", or "" for a count).
+fn ranged(
+    src: &Source,
+    v: Option<Spanned<i64>>,
+    key: &str,
+    range: RangeInclusive<i64>,
+    unit: &str,
+    default: u64,
+) -> Result<u64, ConfigError> {
+    let Some(v) = v else {
+        return Ok(default);
+    };
+    let n = *v.get_ref();
+    if !range.contains(&n) {
+        return Err(src.invalid(
+            v.span().start,
+            S,
+            key,
+            format!(
+                "must be between {} and {}{unit} (got {n})",
+                range.start(),
+                range.end()
+            ),
+        ));
+    }
+    Ok(n.unsigned_abs())
 }
 
 /// `cluster_id`: a valid name, `"ratelimit"` when not written.
@@ -137,21 +159,8 @@ fn cluster_id_from_raw(src: &Source, id: Option<Spanned<String>>) -> Result<Stri
 
 /// `max_keys`: 1 to 100000, [`MAX_KEYS`] when not written.
 fn max_keys_from_raw(src: &Source, v: Option<Spanned<i64>>) -> Result<usize, ConfigError> {
-    Ok(match v {
-        None => MAX_KEYS,
-        Some(v) => {
-            let n = *v.get_ref();
-            if !(1..=100_000).contains(&n) {
-                return Err(src.invalid(
-                    v.span().start,
-                    S,
-                    "max_keys",
-                    format!("must be between 1 and 100000 (got {n})"),
-                ));
-            }
-            usize::try_from(n).expect("bounded above")
-        }
-    })
+    let n = ranged(src, v, "max_keys", 1..=100_000, "", MAX_KEYS as u64)?;
+    Ok(usize::try_from(n).expect("bounded above"))
 }
 
 /// `on_partition` (`"fail_open"`, the default, or `"share"`, which only gossip allows) and
@@ -178,21 +187,14 @@ fn partition_from_raw(
             }
         },
     };
-    let partition_memory_s = match memory_raw {
-        None => DEFAULT_PARTITION_MEMORY_S,
-        Some(v) => {
-            let n = *v.get_ref();
-            if !(1..=86_400).contains(&n) {
-                return Err(src.invalid(
-                    v.span().start,
-                    S,
-                    "partition_memory_s",
-                    format!("must be between 1 and 86400 seconds (got {n})"),
-                ));
-            }
-            n as u64
-        }
-    };
+    let partition_memory_s = ranged(
+        src,
+        memory_raw,
+        "partition_memory_s",
+        1..=86_400,
+        " seconds",
+        DEFAULT_PARTITION_MEMORY_S,
+    )?;
     if backend == ClusterBackend::Redis && on_partition == OnPartition::Share {
         let at = on_partition_raw
             .as_ref()

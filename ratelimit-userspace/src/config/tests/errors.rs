@@ -420,13 +420,13 @@ fn cluster_errors() {
         &format!("{base}sync_interval_ms = 10001\n"),
         4,
         "sync_interval_ms",
-        "between 10 and 10000",
+        "between 10 and 10000 milliseconds (got 10001)",
     );
     assert_error(
         &format!("{base}max_keys = 0\n"),
         4,
         "max_keys",
-        "between 1 and 100000",
+        "between 1 and 100000 (got 0)",
     );
     assert_error(
         &format!("{base}max_keys = 100001\n"),
