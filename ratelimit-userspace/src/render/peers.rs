@@ -137,8 +137,9 @@ fn members(v: &Value) -> String {
                 },
                 ms(&p["last_heard_ms"]),
                 ms(&p["lag_ms"]),
-                p["keys"],
-                p["charged_pkts"],
+                // A JSON value's `Display` ignores the width: print its text.
+                p["keys"].to_string(),
+                p["charged_pkts"].to_string(),
             );
         }
     }
@@ -303,6 +304,18 @@ mod tests {
             lines[at - 1].starts_with("b/192.0.2.2:7946"),
             "after the members:\n{out}"
         );
+        // Every column of the member table ends where its header does, the numbers too.
+        let header = lines[at - 2];
+        assert!(header.starts_with("NODE "), "{out}");
+        assert_eq!(header.len(), lines[at - 1].len(), "{out}");
+        for (name, value) in [("KEYS", "1"), ("CHARGED", "9")] {
+            let end = header.find(name).unwrap() + name.len();
+            assert_eq!(
+                &lines[at - 1][end - value.len()..end],
+                value,
+                "{name}:\n{out}"
+            );
+        }
         assert_eq!(
             lines[at + 1..at + 6],
             [
