@@ -527,22 +527,33 @@ fn rule_keys(
     }
     rule.tcp_flags = raw.tcp_flags.map(Spanned::into_inner);
     if let Some(scope) = raw.scope {
-        if *scope.get_ref() == Scope::Cluster && !has_cluster {
-            return Err(src.invalid(
-                scope.span().start,
-                section,
-                "scope",
-                "scope = \"cluster\" needs a [cluster] table (the peers that share the budget); \
-                 add one, or use scope = \"local\"",
-            ));
-        }
-        rule.scope = scope.into_inner();
+        rule.scope = scope_in(src, scope, section, has_cluster)?;
     }
     rule.dry_run = raw.dry_run.is_some_and(Spanned::into_inner);
     if let Some(limits) = raw.limit {
         rule.limits = limits_from_raw(src, section, rule, limits, has_cluster)?;
     }
     Ok(())
+}
+
+/// A rule's or a limit's `scope` in `section`: `cluster` only where the file has a `[cluster]`
+/// table.
+fn scope_in(
+    src: &Source,
+    scope: Spanned<Scope>,
+    section: &str,
+    has_cluster: bool,
+) -> Result<Scope, ConfigError> {
+    if *scope.get_ref() == Scope::Cluster && !has_cluster {
+        return Err(src.invalid(
+            scope.span().start,
+            section,
+            "scope",
+            "scope = \"cluster\" needs a [cluster] table (the peers that share the budget); \
+             add one, or use scope = \"local\"",
+        ));
+    }
+    Ok(scope.into_inner())
 }
 
 /// A rule's `[[rule.limit]]` tables, each checked where it was written.
@@ -610,16 +621,7 @@ fn limits_from_raw(
             number(&raw.bytes_burst, "bytes_burst")?.or_else(|| default_bytes_burst(l.bytes_rate));
         if let Some(scope) = raw.scope {
             offsets.insert("scope", scope.span().start);
-            if *scope.get_ref() == Scope::Cluster && !has_cluster {
-                return Err(src.invalid(
-                    scope.span().start,
-                    &section,
-                    "scope",
-                    "scope = \"cluster\" needs a [cluster] table (the peers that share the \
-                     budget); add one, or use scope = \"local\"",
-                ));
-            }
-            l.scope = scope.into_inner();
+            l.scope = scope_in(src, scope, &section, has_cluster)?;
         }
         l.validate(rule.families()).map_err(|e| {
             let offset = offsets.get(e.field).copied().unwrap_or(at);
