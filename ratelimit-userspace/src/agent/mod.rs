@@ -711,32 +711,7 @@ fn undo_attach(dp: &mut Dataplane, attached: &[String]) {
 
 /// The settings of `[agent]` and `[cluster]` that `new` changes but only a restart applies.
 fn restart_needed(old: &Config, new: &Config) -> Vec<String> {
-    let mut restart = Vec::new();
-    let (a, b) = (&old.agent, &new.agent);
-    if a.mode != b.mode {
-        restart.push("mode".to_string());
-    }
-    if a.socket != b.socket {
-        restart.push("socket".to_string());
-    }
-    if a.metrics != b.metrics {
-        restart.push("metrics".to_string());
-    }
-    if a.max_buckets != b.max_buckets {
-        restart.push("max_buckets".to_string());
-    }
-    if a.pin_path != b.pin_path {
-        restart.push("pin_path".to_string());
-    }
-    if a.log_format != b.log_format {
-        restart.push("log_format".to_string());
-    }
-    if a.state_dir != b.state_dir {
-        restart.push("state_dir".to_string());
-    }
-    if a.learn != b.learn {
-        restart.push("learn".to_string());
-    }
+    let mut restart = keep_in_force(&old.agent, &mut new.agent.clone());
     if old.cluster != new.cluster {
         restart.push("cluster".to_string());
     }
@@ -746,18 +721,35 @@ fn restart_needed(old: &Config, new: &Config) -> Vec<String> {
 /// The `[agent]` settings in force after a reload: `new`'s, but those in force (`a`) for what
 /// needs a restart, and `interfaces` as the reload left them.
 fn live_settings(a: &AgentConfig, new: &AgentConfig, interfaces: Vec<String>) -> AgentConfig {
-    // Keep the settings in force for what needs a restart, take the rest.
     let mut agent = new.clone();
-    agent.mode = a.mode;
-    agent.socket.clone_from(&a.socket);
-    agent.metrics = a.metrics;
-    agent.max_buckets = a.max_buckets;
-    agent.pin_path.clone_from(&a.pin_path);
-    agent.log_format = a.log_format;
-    agent.state_dir.clone_from(&a.state_dir);
-    agent.learn = a.learn;
+    keep_in_force(a, &mut agent);
     agent.interfaces = interfaces;
     agent
+}
+
+/// Puts back in `new` each `[agent]` setting that only a restart applies where it differs from
+/// `a`'s (the one in force), and names those it put back: the one list of such settings.
+fn keep_in_force(a: &AgentConfig, new: &mut AgentConfig) -> Vec<String> {
+    let mut kept = Vec::new();
+    macro_rules! keep {
+        ($($field:ident),*) => {$(
+            if new.$field != a.$field {
+                kept.push(stringify!($field).to_string());
+                new.$field.clone_from(&a.$field);
+            }
+        )*};
+    }
+    keep!(
+        mode,
+        socket,
+        metrics,
+        max_buckets,
+        pin_path,
+        log_format,
+        state_dir,
+        learn
+    );
+    kept
 }
 
 /// Writes the rules in force back to the config file (atomically, keeping comments).
@@ -801,5 +793,50 @@ mod tests {
         assert_eq!(ids.len(), 3, "every named id stays installed");
         assert_eq!(ids.id_of("b"), Some(3));
         assert_eq!(ids.id_of("b#stale-5"), Some(5));
+    }
+
+    /// Each setting a reload cannot apply is named for a restart and stays as in force; the
+    /// settings it can apply (`dry_run`, `ebpf_log`, `interfaces`) are taken.
+    #[test]
+    fn a_reload_names_each_setting_left_for_a_restart_and_keeps_it() {
+        use crate::config::LogFormat;
+        let old = Config {
+            agent: AgentConfig::default(),
+            rules: Vec::new(),
+            cluster: None,
+        };
+        let mut new = old.clone();
+        let b = &mut new.agent;
+        b.mode = AttachMode::Skb;
+        b.socket = "/run/other.sock".into();
+        b.metrics = Some("127.0.0.1:9999".parse().unwrap());
+        b.max_buckets = old.agent.max_buckets * 2;
+        b.pin_path = "/sys/fs/bpf/other".into();
+        b.log_format = LogFormat::Json;
+        b.state_dir = "/var/lib/other".into();
+        b.learn = !old.agent.learn;
+        b.dry_run = !old.agent.dry_run;
+        b.ebpf_log = !old.agent.ebpf_log;
+        assert_eq!(
+            restart_needed(&old, &new),
+            [
+                "mode",
+                "socket",
+                "metrics",
+                "max_buckets",
+                "pin_path",
+                "log_format",
+                "state_dir",
+                "learn"
+            ]
+        );
+        let live = live_settings(&old.agent, &new.agent, vec!["eth9".into()]);
+        let mut expected = old.agent.clone();
+        expected.dry_run = new.agent.dry_run;
+        expected.ebpf_log = new.agent.ebpf_log;
+        expected.interfaces = vec!["eth9".into()];
+        assert_eq!(live, expected);
+        // Nothing changed: nothing left for a restart.
+        assert!(restart_needed(&old, &old.clone()).is_empty());
     }
 }
