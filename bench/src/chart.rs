@@ -132,12 +132,7 @@ pub fn store(report: &Report, path: &Path) -> Result<()> {
             }
             chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()?;
+        upper_left_legend(&mut chart)?;
         root.draw(&Text::new(
             format!("this run, {date}, git {git}: both over the limiter's driver floors"),
             (16, 540),
@@ -157,109 +152,31 @@ pub const GOSSIP_PUBLISHED: [(usize, f64); 4] =
 /// Writes the Redis backend's chart to `path` (SVG): `runs` (see [`crate::redis`]) and gossip's
 /// bytes per host from `report` (or [`GOSSIP_PUBLISHED`]).
 pub fn redis_scale(report: &Report, runs: &[Scale], path: &Path) -> Result<()> {
-    #[expect(clippy::cast_precision_loss, reason = "host counts")]
-    let x = |n: usize| n as f64;
-    let measured: Vec<(f64, f64)> = [2, 4, 8, 16]
-        .iter()
-        .filter_map(|&n| Some((x(n), report.value(&format!("cluster.n{n}.gossip"))?)))
-        .collect();
-    let (gossip, gossip_from) = if measured.is_empty() {
-        (
-            GOSSIP_PUBLISHED.iter().map(|&(n, b)| (x(n), b)).collect(),
-            "gossip sent per host, real agents (BENCHMARKS.md, 2026-11-28, 292812f)",
-        )
-    } else {
-        (measured, "gossip sent per host, real agents (this run)")
-    };
-    let admitted: Vec<(f64, f64)> = runs.iter().map(|r| (x(r.hosts), r.admitted)).collect();
-    let sent: Vec<(f64, f64)> = runs
-        .iter()
-        .map(|r| (x(r.hosts), r.bytes_in_per_host.max(1.0)))
-        .collect();
-    let got: Vec<(f64, f64)> = runs
-        .iter()
-        .map(|r| (x(r.hosts), r.bytes_out_per_host.max(1.0)))
-        .collect();
-    let top = admitted.iter().map(|p| p.1).fold(2.0, f64::max) * 1.1;
-    let bytes_top = sent
-        .iter()
-        .chain(&got)
-        .chain(&gossip)
-        .map(|p| p.1)
-        .fold(1e5, f64::max)
-        * 2.0;
+    let (gossip, gossip_from) = gossip_sent(report);
+    let per_run =
+        |f: fn(&Scale) -> f64| -> Series { runs.iter().map(|r| (hosts(r.hosts), f(r))).collect() };
+    let admitted = per_run(|r| r.admitted);
+    let sent = per_run(|r| r.bytes_in_per_host.max(1.0));
+    let got = per_run(|r| r.bytes_out_per_host.max(1.0));
     let date = report.machine["date"].as_str().unwrap_or("?");
     let git = report.machine["git"].as_str().unwrap_or("?");
-    let draw = || -> std::result::Result<(), Box<dyn std::error::Error>> {
+    let draw = || -> Drawn {
         let root = SVGBackend::new(path, (900, 820)).into_drawing_area();
         root.fill(&WHITE)?;
         let (upper, lower) = root.split_vertically(390);
-        let blue = RGBColor(31, 90, 180);
-        let red = RGBColor(200, 50, 40);
-        let green = RGBColor(40, 140, 60);
-        let grey = RGBColor(150, 150, 150);
-        let mut chart = ChartBuilder::on(&upper)
-            .caption(
-                "Redis backend: admitted / budget (10 keys shared by all hosts, 95/5, sync 100 ms)",
-                ("sans-serif", 18),
-            )
-            .margin(16)
-            .x_label_area_size(44)
-            .y_label_area_size(64)
-            .build_cartesian_2d((1.5f64..3000f64).log_scale(), 0f64..top)?;
-        chart
-            .configure_mesh()
-            .x_desc("hosts")
-            .y_desc("admitted / budget")
-            .draw()?;
-        chart.draw_series(LineSeries::new(
-            vec![(1.5, 1.0), (3000.0, 1.0)],
-            grey.stroke_width(1),
-        ))?;
-        chart.draw_series(LineSeries::new(
-            admitted.iter().copied(),
-            blue.stroke_width(3),
-        ))?;
-        chart.draw_series(admitted.iter().map(|&p| Circle::new(p, 4, blue.filled())))?;
-        let mut chart = ChartBuilder::on(&lower)
-            .caption(
-                "Bytes per host and second against hosts",
-                ("sans-serif", 18),
-            )
-            .margin(16)
-            .x_label_area_size(44)
-            .y_label_area_size(64)
-            .build_cartesian_2d(
-                (1.5f64..3000f64).log_scale(),
-                (100f64..bytes_top).log_scale(),
-            )?;
-        chart
-            .configure_mesh()
-            .x_desc("hosts")
-            .y_desc("bytes/s per host")
-            .draw()?;
-        for (points, color, label) in [
-            (
-                &sent,
-                blue,
-                "Redis: sent to the store per host (simulated hosts, this run)",
-            ),
-            (&got, green, "Redis: received from the store per host"),
-            (&gossip, red, gossip_from),
-        ] {
-            let style = color.stroke_width(3);
-            chart
-                .draw_series(LineSeries::new(points.iter().copied(), style))?
-                .label(label)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
-            chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()?;
+        admitted_panel(&upper, &admitted)?;
+        bytes_panel(
+            &lower,
+            [
+                (
+                    &sent,
+                    BLUE_LINE,
+                    "Redis: sent to the store per host (simulated hosts, this run)",
+                ),
+                (&got, GREEN_LINE, "Redis: received from the store per host"),
+                (&gossip, RED_LINE, gossip_from),
+            ],
+        )?;
         root.draw(&Text::new(
             format!("{date}, git {git}: a local 3-master Redis Cluster on the same machine"),
             (16, 800),
@@ -269,4 +186,192 @@ pub fn redis_scale(report: &Report, runs: &[Scale], path: &Path) -> Result<()> {
         Ok(())
     };
     draw().map_err(|e| anyhow!("drawing {}: {e}", path.display()))
+}
+
+/// A drawing step's result (plotters' errors are each backend's own type).
+type Drawn = std::result::Result<(), Box<dyn std::error::Error>>;
+
+/// A panel of a chart drawn in SVG.
+type Panel<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+const BLUE_LINE: RGBColor = RGBColor(31, 90, 180);
+const RED_LINE: RGBColor = RGBColor(200, 50, 40);
+const GREEN_LINE: RGBColor = RGBColor(40, 140, 60);
+
+/// Host counts as a chart's x.
+#[expect(clippy::cast_precision_loss, reason = "host counts")]
+fn hosts(n: usize) -> f64 {
+    n as f64
+}
+
+/// Gossip's bytes sent per host at 2-16 agents: this run's (`cluster.n{N}.gossip`) if it has
+/// them, else [`GOSSIP_PUBLISHED`]; and the line's label, which says which.
+fn gossip_sent(report: &Report) -> (Series, &'static str) {
+    let measured: Series = [2, 4, 8, 16]
+        .iter()
+        .filter_map(|&n| Some((hosts(n), report.value(&format!("cluster.n{n}.gossip"))?)))
+        .collect();
+    if measured.is_empty() {
+        (
+            GOSSIP_PUBLISHED
+                .iter()
+                .map(|&(n, b)| (hosts(n), b))
+                .collect(),
+            "gossip sent per host, real agents (BENCHMARKS.md, 2026-11-28, 292812f)",
+        )
+    } else {
+        (measured, "gossip sent per host, real agents (this run)")
+    }
+}
+
+/// The Redis chart's upper panel: admitted / budget against hosts, over the budget's line at 1.
+fn admitted_panel(area: &Panel<'_>, admitted: &Series) -> Drawn {
+    let top = admitted.iter().map(|p| p.1).fold(2.0, f64::max) * 1.1;
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            "Redis backend: admitted / budget (10 keys shared by all hosts, 95/5, sync 100 ms)",
+            ("sans-serif", 18),
+        )
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d((1.5f64..3000f64).log_scale(), 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("hosts")
+        .y_desc("admitted / budget")
+        .draw()?;
+    chart.draw_series(LineSeries::new(
+        vec![(1.5, 1.0), (3000.0, 1.0)],
+        RGBColor(150, 150, 150).stroke_width(1),
+    ))?;
+    chart.draw_series(LineSeries::new(
+        admitted.iter().copied(),
+        BLUE_LINE.stroke_width(3),
+    ))?;
+    chart.draw_series(
+        admitted
+            .iter()
+            .map(|&p| Circle::new(p, 4, BLUE_LINE.filled())),
+    )?;
+    Ok(())
+}
+
+/// The Redis chart's lower panel: bytes per host and second against hosts, each of `lines`
+/// (points, colour, label) with its legend.
+fn bytes_panel(area: &Panel<'_>, lines: [(&Series, RGBColor, &str); 3]) -> Drawn {
+    let top = lines
+        .iter()
+        .flat_map(|(points, ..)| points.iter())
+        .map(|p| p.1)
+        .fold(1e5, f64::max)
+        * 2.0;
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            "Bytes per host and second against hosts",
+            ("sans-serif", 18),
+        )
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d((1.5f64..3000f64).log_scale(), (100f64..top).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("hosts")
+        .y_desc("bytes/s per host")
+        .draw()?;
+    for (points, color, label) in lines {
+        let style = color.stroke_width(3);
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), style))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+    }
+    upper_left_legend(&mut chart)
+}
+
+/// The legend of `chart`'s labelled series, in its upper left corner.
+fn upper_left_legend<'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+) -> Drawn {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::report::Figure;
+
+    /// One host count's figures, `k` scaling them apart.
+    fn scale(hosts: usize, k: f64) -> Scale {
+        Scale {
+            hosts,
+            secs: 5.0,
+            cmds_per_host: 10.0 * k,
+            bytes_in_per_host: 2_000.0 * k,
+            bytes_out_per_host: 1_000.0 * k,
+            redis_cpu: 0.1,
+            client_cpu: 0.1,
+            rtt_p50_ms: 1.0,
+            rtt_p99_ms: 2.0,
+            rounds_per_host: 10.0,
+            errors_per_host: 0.0,
+            admitted: 0.9 + 0.01 * k,
+            admitted_ok: 1.0,
+            holders_seen_max: 8,
+            holders_seen_mean: 8.0,
+            loadavg: "0.5".into(),
+        }
+    }
+
+    /// The Redis chart draws both panels: every host count's point on each of its lines, the
+    /// gossip line measured in this run when the report has it (else the published one), and the
+    /// captions.
+    #[test]
+    fn the_redis_chart_draws_each_runs_points_and_this_runs_gossip() {
+        let dir = std::env::temp_dir().join(format!("rl-chart-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let runs = [scale(2, 1.0), scale(64, 2.0), scale(2048, 3.0)];
+        let mut report = Report {
+            machine: json!({"date": "2026-12-01", "git": "abc1234"}),
+            ..Report::default()
+        };
+        let svg = dir.join("published.svg");
+        redis_scale(&report, &runs, &svg).unwrap();
+        let published = std::fs::read_to_string(&svg).unwrap();
+        report.add(Figure {
+            key: "cluster.n2.gossip".into(),
+            section: "cluster",
+            label: "gossip".into(),
+            unit: "B/s",
+            runs: vec![12_345.0],
+            baseline: None,
+            detail: json!({}),
+        });
+        redis_scale(&report, &runs, &svg).unwrap();
+        let measured = std::fs::read_to_string(&svg).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        for text in [
+            "Redis backend: admitted / budget",
+            "Bytes per host and second against hosts",
+            "Redis: sent to the store per host",
+            "2026-12-01, git abc1234",
+        ] {
+            assert!(published.contains(text), "{text} missing");
+        }
+        assert!(published.contains("(BENCHMARKS.md, 2026-11-28, 292812f)"));
+        assert!(measured.contains("real agents (this run)"));
+        // Points: 3 admitted + 3 sent + 3 received + the gossip line's (4 published, 1 measured).
+        assert_eq!(published.matches("<circle").count(), 13, "{published}");
+        assert_eq!(measured.matches("<circle").count(), 10, "{measured}");
+    }
 }
