@@ -1,0 +1,97 @@
+//! `[cluster] backend = "redis"`, end to end: three real agents ([`ClusterNet`]) share one
+//! `scope = "cluster"` budget by exchanging their demand through a real `redis-server` (run in
+//! the switch namespace, on the gossip bridge: [`ClusterNet::start_redis`]), with no gossip at
+//! all. One source floods at 5x the budget, split 70/20/10 over the hosts. One scenario a file:
+//! - `restarted.rs`: Redis up, killed, started again empty, restarted empty mid-run;
+//! - `acl.rs`: a Redis Cluster as an ACL user, h0's password wrong and then right, then changed;
+//! - `cut_off.rs`: one host cut off from the store, then healed;
+//! - `paused.rs`: Redis paused, and the agents back by themselves.
+//!
+//! Run with `--nocapture` for the figures.
+
+use std::time::Duration;
+
+use ratelimit_testbed::{
+    cluster_net::ClusterNet, leftover_check, redis::RedisServer, AgentProcess, Receiver,
+};
+use serde_json::Value;
+
+mod acl;
+mod cut_off;
+mod paused;
+mod restarted;
+
+const HOSTS: usize = 3;
+const RATE: f64 = 1000.0;
+const BURST: u64 = 500;
+const SYNC_MS: u64 = 100;
+const FLOOD_PPS: f64 = 5000.0;
+const SPLIT: [f64; 3] = [70.0, 20.0, 10.0];
+/// docs/design.md's accuracy of one budget (see `e2e_cluster`).
+const ACCURACY: (f64, f64) = (0.95, 1.05);
+const SAMPLE: Duration = Duration::from_millis(100);
+/// docs/design.md's lag: 4 sync intervals.
+const LAG_SECS: f64 = 0.4;
+/// How far the sampling can misplace an admission in time, at either end of a window.
+const SKEW_SECS: f64 = 0.1;
+
+/// One scenario at a time: two runs of agents, a Redis server and a 4,000-5,000 pps flood on 2
+/// cores would disturb each other's rates (as `e2e_cluster_partition`'s runs).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What a scenario runs, for its phases to share. The fields drop in this order, on a panic
+/// too: the receivers, the agents, Redis, then the network they all run in; a scenario holds
+/// its [`serial`] guard from before its `Bed` is made until after it is dropped, and ends it
+/// with [`teardown`].
+struct Bed {
+    receivers: Vec<Receiver>,
+    agents: Vec<AgentProcess>,
+    redis: RedisServer,
+    net: ClusterNet,
+    /// Redis's address, as the agents are given it.
+    url: String,
+}
+
+fn store(st: &Value) -> &Value {
+    &st["cluster"]["store"]
+}
+
+/// `ratelimit --socket S peers`, as an operator reads it.
+fn peers_text(agent: &AgentProcess) -> String {
+    let out = std::process::Command::new(ratelimit_testbed::agent_binary())
+        .arg("--socket")
+        .arg(agent.socket_path())
+        .arg("peers")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Stops the agents (each must exit cleanly), the receivers, Redis and the network of `tag`, and
+/// asserts that none of this process's namespaces of `tag` is left behind.
+fn teardown(
+    tag: &str,
+    net: ClusterNet,
+    agents: Vec<AgentProcess>,
+    receivers: Vec<Receiver>,
+    redis: RedisServer,
+) {
+    drop(receivers);
+    for (i, a) in agents.into_iter().enumerate() {
+        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+    }
+    drop(redis);
+    drop(net);
+    let ours = format!("-{}-", std::process::id());
+    let left: Vec<String> = leftover_check(&format!("{tag}-"))
+        .into_iter()
+        .filter(|n| n.contains(&ours))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
