@@ -6,7 +6,7 @@
 //!
 //! Over any window T the cluster must admit at most docs/design.md's bound, `rate x T + (2 x
 //! hosts - 1) x burst + (hosts - 1) x rate x lag` (lag 400 ms at this interval, plus 50 ms of
-//! `rate` for the sampling, as `e2e_cluster.rs` allows), however many buckets the hosts track.
+//! `rate` for the sampling, as `e2e_cluster/` allows), however many buckets the hosts track.
 //!
 //! New keys are found in the pages the program flags when it creates their buckets
 //! (`RL_NEW_PAGES`), at the next round, however large the store; a walk of the whole store runs

@@ -11,7 +11,7 @@
 //! The flood reaches h1 only: h0 has no bucket of the source, so h1's demand withholds nothing
 //! there (`charged_pkts` stays 0 throughout). (Until shares followed demand, h0 charged what h1
 //! admitted, and this test checked that exactly, silences and all; admissions are no longer
-//! charged, see `e2e_cluster.rs` and `e2e_cluster_scale.rs` for what the shares do.)
+//! charged, see `e2e_cluster/` and `e2e_cluster_scale.rs` for what the shares do.)
 //!
 //! Run with `--nocapture` for the figures.
 

@@ -4,7 +4,7 @@
 //! silent for its tolerance (0.5 s) and five sync intervals, ten times over. Over any window T of
 //! the run the cluster must admit at most docs/design.md's bound, `rate x T + hosts x burst +
 //! (hosts - 1) x rate x lag` (lag 400 ms, docs/design.md's allowance at this interval, plus 50 ms of
-//! `rate` for the sampling, as `e2e_cluster.rs` allows): the first bursts once, not at every
+//! `rate` for the sampling, as `e2e_cluster/` allows): the first bursts once, not at every
 //! cycle.
 //!
 //! Before the fix an idle key went back to the whole rate at every host a round or two after
@@ -41,7 +41,7 @@ const CYCLES: usize = 10;
 /// once, and a round to spare for late rounds).
 const MAX_LAG_SECS: f64 = 0.4;
 /// How far the sampling can misplace an admission in time (each sample reads the receivers one
-/// after the other, and delivery lags the program's decision), as in `e2e_cluster.rs`.
+/// after the other, and delivery lags the program's decision), as in `e2e_cluster/`.
 const SKEW_SECS: f64 = 0.05;
 const SAMPLE: Duration = Duration::from_millis(50);
 

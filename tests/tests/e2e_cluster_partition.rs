@@ -10,7 +10,7 @@
 //! - `fail_open` (the default): each side enforces the whole budget; the status shows a share
 //!   of 1.
 //!
-//! The admitted rates are asserted within 10% of the formula's (as `e2e_cluster.rs` does for a
+//! The admitted rates are asserted within 10% of the formula's (as `e2e_cluster/` does for a
 //! partition), over windows starting a few seconds after each change (the peer timeout is 3 s).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -37,7 +37,7 @@ const PORT: u16 = 9000;
 /// with the 2 cores shared by other builds).
 const TOLERANCE: f64 = 0.15;
 /// Allowed deviation of one budget for the three (connected, healed): that accuracy is
-/// `e2e_cluster.rs`'s to assert (and is being reworked under issue #15); here it only tells a
+/// `e2e_cluster/`'s to assert (and is being reworked under issue #15); here it only tells a
 /// budget that came back whole (1) from one still cut to a share (0.75 or less). Measured
 /// 0.93-1.17 with the 2 cores shared by other builds (load average 10-16).
 const ONE_BUDGET_TOLERANCE: f64 = 0.20;

@@ -55,7 +55,7 @@ const WARM_SECS: f64 = 3.0;
 /// once, and a round to spare for late rounds).
 const MAX_LAG_SECS: f64 = 0.4;
 /// How far a datagram's send time can be from the program's decision on it (queueing between
-/// the socket and the hosts' programs), as `e2e_cluster.rs` allows for its sampling.
+/// the socket and the hosts' programs), as `e2e_cluster/` allows for its sampling.
 const SKEW_SECS: f64 = 0.05;
 /// Measured after the warm-up.
 const MEASURE_SECS: f64 = 8.0;
