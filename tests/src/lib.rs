@@ -85,7 +85,7 @@ pub use agent::agent_binary;
 pub use agent_proc::AgentProcess;
 pub use cli::{cli, CliOutput};
 pub use link::{add_addr, add_neigh, ifindex, mac, mac_bytes, neigh_to_peer, parse_mac, veth_pair};
-pub use netns::{in_netns, leftover_check, netns_exists, Netns};
+pub use netns::{assert_none_left, in_netns, leftover_check, netns_exists, Netns};
 pub use raw::RawSocket;
 pub use receiver::{ReceiveReport, Receiver, SourceStats};
 pub use traffic::{

@@ -173,6 +173,18 @@ pub fn leftover_check(prefix: &str) -> Vec<String> {
         .collect()
 }
 
+/// Asserts that no namespace of this process whose name starts with `prefix` is left. Names
+/// made per process carry its id (`-PID-`), so another test binary's run with the same prefix,
+/// under way at the same time, is not counted.
+pub fn assert_none_left(prefix: &str) {
+    let ours = format!("-{}-", std::process::id());
+    let left: Vec<String> = leftover_check(prefix)
+        .into_iter()
+        .filter(|n| n.contains(&ours))
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
+
 /// Whether a namespace of exactly this name exists (`ip netns list`).
 pub fn netns_exists(name: &str) -> bool {
     leftover_check(name).iter().any(|n| n == name)

@@ -10,8 +10,9 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_testbed::{
+    assert_none_left,
     cluster_net::{status, ClusterNet, Split},
-    leftover_check, require_root,
+    require_root,
 };
 
 const STOP: Duration = Duration::from_millis(700);
@@ -90,10 +91,5 @@ fn a_stopped_agent_reports_its_late_round_and_how_long_its_shares_lapsed() {
         a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
     }
     drop(net);
-    let ours = format!("-{}-", std::process::id());
-    let left: Vec<String> = leftover_check("rl-clate-")
-        .into_iter()
-        .filter(|n| n.contains(&ours))
-        .collect();
-    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    assert_none_left("rl-clate-");
 }

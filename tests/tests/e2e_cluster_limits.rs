@@ -17,8 +17,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use ratelimit_testbed::{
+    assert_none_left,
     cluster_net::{cluster_counter, counted_peers, status, ClusterNet, Samples, Split, FLOOD},
-    leftover_check, require_root,
+    require_root,
 };
 
 const HOSTS: usize = 3;
@@ -243,10 +244,5 @@ fn a_cluster_scoped_aggregate_limit_is_one_budget_while_per_source_limits_stay_l
         a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
     }
     drop(net);
-    let ours = format!("-{}-", std::process::id());
-    let left: Vec<String> = leftover_check("rl-clim-")
-        .into_iter()
-        .filter(|n| n.contains(&ours))
-        .collect();
-    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    assert_none_left("rl-clim-");
 }

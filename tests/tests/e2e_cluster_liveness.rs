@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 
 use ratelimit::cluster::{DEAD_AFTER, PHI_THRESHOLD};
 use ratelimit_testbed::{
-    agent_binary, bind_udp,
+    agent_binary, assert_none_left, bind_udp,
     cluster_net::{data_ip, gossip_addr, ClusterNet, FLOOD},
-    leftover_check, require_root, send_udp, AgentProcess, Receiver,
+    require_root, send_udp, AgentProcess, Receiver,
 };
 use serde_json::Value;
 
@@ -330,10 +330,5 @@ fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted
         assert!(a.stop().unwrap().success());
     }
     drop(net);
-    let ours = format!("-{}-", std::process::id());
-    let left: Vec<String> = leftover_check("rl-lv-")
-        .into_iter()
-        .filter(|n| n.contains(&ours))
-        .collect();
-    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    assert_none_left("rl-lv-");
 }

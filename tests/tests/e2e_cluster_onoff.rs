@@ -18,8 +18,9 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_testbed::{
+    assert_none_left,
     cluster_net::{stalls, ClusterNet, Samples, Split},
-    leftover_check, require_root,
+    require_root,
 };
 
 const HOSTS: usize = 3;
@@ -164,10 +165,5 @@ fn an_on_off_source_gets_one_budget_not_a_burst_per_host_at_every_cycle() {
         a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
     }
     drop(net);
-    let ours = format!("-{}-", std::process::id());
-    let left: Vec<String> = leftover_check("rl-coo-")
-        .into_iter()
-        .filter(|n| n.contains(&ours))
-        .collect();
-    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    assert_none_left("rl-coo-");
 }

@@ -22,7 +22,7 @@ use ratelimit_testbed::cluster::{
     cli, cluster, counted, counter, data_ip, gossip_addr, metric, paced, scrape, wait_for, Net,
     METRICS,
 };
-use ratelimit_testbed::{bind_udp, leftover_check, AgentProcess, Receiver};
+use ratelimit_testbed::{assert_none_left, bind_udp, AgentProcess, Receiver};
 use serde_json::Value;
 
 const RATE: f64 = 1000.0;
@@ -375,12 +375,7 @@ fn scenario(policy: &str, steps: &[Step]) {
         assert!(a.stop().unwrap().success(), "h{i}");
     }
     drop(net);
-    let ours = format!("-{}-", std::process::id());
-    let left: Vec<String> = leftover_check(tag)
-        .into_iter()
-        .filter(|n| n.contains(&ours))
-        .collect();
-    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    assert_none_left(tag);
 }
 
 #[test]

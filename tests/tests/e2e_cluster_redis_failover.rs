@@ -12,8 +12,9 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_testbed::{
+    assert_none_left,
     cluster_net::{counted_peers, stalls, status, ClusterNet, Samples, Split},
-    leftover_check, require_root,
+    require_root,
 };
 use serde_json::Value;
 
@@ -235,10 +236,5 @@ fn a_shard_failing_over_keeps_one_budget_and_the_agents_follow_the_new_master() 
     }
     drop(cluster);
     drop(net);
-    let ours = format!("-{}-", std::process::id());
-    let left: Vec<String> = leftover_check("rl-credisf-")
-        .into_iter()
-        .filter(|n| n.contains(&ours))
-        .collect();
-    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    assert_none_left("rl-credisf-");
 }

@@ -16,8 +16,9 @@ use std::{
 };
 
 use ratelimit_testbed::{
+    assert_none_left,
     cluster_net::{counted_peers, status, ClusterNet, Samples, Split, REDIS_ADDR},
-    leftover_check, require_root,
+    require_root,
 };
 
 const HOSTS: usize = 3;
@@ -221,10 +222,5 @@ fn agents_share_one_budget_over_tls_with_a_private_ca_and_refuse_a_store_they_ca
     drop(redis);
     drop(net);
     drop(certs);
-    let ours = format!("-{}-", std::process::id());
-    let left: Vec<String> = leftover_check("rl-credtls-")
-        .into_iter()
-        .filter(|n| n.contains(&ours))
-        .collect();
-    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    assert_none_left("rl-credtls-");
 }

@@ -18,9 +18,10 @@
 use std::time::{Duration, Instant};
 
 use ratelimit_testbed::{
+    assert_none_left,
     cluster_net::{cluster_counter, save_agent_logs, stalls, status, ClusterNet, Samples, Split},
     late_rounds::{read_until, unix_ms, Overdue},
-    leftover_check, require_root,
+    require_root,
 };
 
 const RATE: f64 = 1000.0;
@@ -492,10 +493,5 @@ fn agents(tag: &str, store: Store, phases: &[Phase]) {
     }
     drop(redis);
     drop(net);
-    let ours = format!("-{}-", std::process::id());
-    let left: Vec<String> = leftover_check(&format!("{tag}-"))
-        .into_iter()
-        .filter(|n| n.contains(&ours))
-        .collect();
-    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    assert_none_left(&format!("{tag}-"));
 }

@@ -16,8 +16,8 @@ use ratelimit::maps::PinnedMaps;
 use ratelimit_common::{prefix_generation, verdict, MAX_RULES, PREFIX_KEY_HEADER_BITS};
 use ratelimit_testbed::agent_proc::{global_counter, rule_packets};
 use ratelimit_testbed::{
-    add_addr, leftover_check, neigh_to_peer, require_root, send_udp_from, veth_pair, AgentProcess,
-    Netns, Receiver,
+    add_addr, assert_none_left, neigh_to_peer, require_root, send_udp_from, veth_pair,
+    AgentProcess, Netns, Receiver,
 };
 use serde_json::Value;
 
@@ -168,10 +168,5 @@ burst = {BURST}
     drop(maps);
     assert!(agent.stop().unwrap().success());
     drop((tx, rx));
-    let ours = format!("-{}-", std::process::id());
-    let left: Vec<String> = leftover_check("rl-int-")
-        .into_iter()
-        .filter(|n| n.contains(&ours))
-        .collect();
-    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    assert_none_left("rl-int-");
 }

@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use ratelimit_testbed::{
-    add_addr, leftover_check, mac, neigh_to_peer, veth_pair, AgentProcess, Netns, Receiver,
+    add_addr, assert_none_left, mac, neigh_to_peer, veth_pair, AgentProcess, Netns, Receiver,
 };
 
 use crate::{Cluster, BURST, FLOOD, GOSSIP_PORT, POLITE, PORT, RATE, SYNC_MS};
@@ -178,12 +178,7 @@ impl Cluster {
         drop(tx);
         drop(sw);
         drop(keys);
-        let ours = format!("-{}-", std::process::id());
-        let left: Vec<String> = leftover_check("rl-cl-")
-            .into_iter()
-            .filter(|n| n.contains(&ours))
-            .collect();
-        assert!(left.is_empty(), "namespaces left behind: {left:?}");
+        assert_none_left("rl-cl-");
     }
 }
 

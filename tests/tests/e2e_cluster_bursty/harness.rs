@@ -9,10 +9,11 @@ use crate::{
     Outcome, ACCURACY, MAX_LAG_SECS, MEASURE_SECS, ONE_AT_A_TIME, SKEW_SECS, SYNC_MS, WARM_SECS,
 };
 use ratelimit_testbed::{
+    assert_none_left,
     bursty::{one_bucket, worst_excess, Plan},
     cluster_net::{save_agent_logs, ClusterNet, FLOOD, REDIS_ADDR},
     late_rounds::{read_until, unix_ms, Overdue},
-    leftover_check, require_root, AgentProcess, Receiver,
+    require_root, AgentProcess, Receiver,
 };
 
 /// Builds the network, starts the agents with `config(net, i)`, runs `before` (after the
@@ -211,12 +212,7 @@ pub(crate) fn teardown(
     }
     drop(redis);
     drop(net);
-    let ours = format!("-{}-", std::process::id());
-    let left: Vec<String> = leftover_check(&format!("{tag}-"))
-        .into_iter()
-        .filter(|n| n.contains(&ours))
-        .collect();
-    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    assert_none_left(&format!("{tag}-"));
 }
 
 /// The plain cluster config of every host: one rule `cluster-flood` over 198.18.0.0/24.

@@ -1,16 +1,14 @@
 //! One host cut off from the store by an nftables rule, then healed.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ratelimit_testbed::{
-    cluster_net::{status, ClusterNet, Samples, Split},
+    cluster_net::{status, ClusterNet, Samples},
     require_root,
 };
 use serde_json::Value;
 
-use crate::{
-    serial, store, teardown, Bed, ACCURACY, BURST, FLOOD_PPS, HOSTS, RATE, SAMPLE, SPLIT, SYNC_MS,
-};
+use crate::{flood, serial, store, teardown, Bed, ACCURACY, HOSTS, RATE, SAMPLE};
 
 const CUT_AT: f64 = 7.0;
 const HEAL_AT: f64 = 14.0;
@@ -25,39 +23,13 @@ const RUN: f64 = 27.0;
 fn a_host_cut_off_from_the_store_enforces_alone_and_rejoins_when_healed() {
     require_root();
     let _serial = serial();
-    let bed = start();
+    let bed = Bed::start("rl-credisp", "", |_| {});
     let seen = flood_and_cut_h0_off_for_a_while(&bed);
     let fig = figures(&seen);
     assert_h0_alone_and_the_others_one_budget_while_cut(&fig, &seen);
     assert_one_budget_again_once_healed(&fig, &seen);
 
     teardown("rl-credisp", bed.net, bed.agents, bed.receivers, bed.redis);
-}
-
-/// Three agents through one Redis server, each started until it counts the others.
-fn start() -> Bed {
-    let net = ClusterNet::new("rl-credisp", HOSTS).unwrap();
-    let redis = net.start_redis().unwrap();
-    let url = redis.url();
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        reason = "small"
-    )]
-    let agents = net
-        .start_agents_with(
-            |i| net.redis_config(i, RATE as u64, BURST, SYNC_MS, &url),
-            Duration::from_secs(30),
-        )
-        .unwrap();
-    let receivers = net.receivers().unwrap();
-    Bed {
-        receivers,
-        agents,
-        redis,
-        net,
-        url,
-    }
 }
 
 /// Cuts h0 off from the store (`on`) or heals it: an nftables table in h0's namespace whose
@@ -115,16 +87,7 @@ fn flood_and_cut_h0_off_for_a_while(bed: &Bed) -> Seen {
         ..
     } = bed;
     let start = Instant::now();
-    let sender = net
-        .flood(
-            vec![Split {
-                end: RUN,
-                pps: FLOOD_PPS,
-                weights: SPLIT.to_vec(),
-            }],
-            start,
-        )
-        .unwrap();
+    let sender = flood(net, RUN, start);
     let mut samples = Samples::default();
     samples.take_until(receivers, start, CUT_AT, SAMPLE);
     cut(net, true);

@@ -9,10 +9,14 @@
 //!
 //! Run with `--nocapture` for the figures.
 
-use std::time::Duration;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use ratelimit_testbed::{
-    cluster_net::ClusterNet, leftover_check, redis::RedisServer, AgentProcess, Receiver,
+    assert_none_left,
+    cluster_net::{ClusterNet, Sent, Split},
+    redis::RedisServer,
+    AgentProcess, Receiver,
 };
 use serde_json::Value;
 
@@ -58,6 +62,55 @@ struct Bed {
     url: String,
 }
 
+impl Bed {
+    /// The network of `tag` with [`HOSTS`] hosts, one Redis server, and an agent on each host
+    /// sharing the budget through it (`agent_keys` added to its `[agent]` table), each started
+    /// until it counts the others, then the receivers. `check` sees the agents before the
+    /// receivers start.
+    fn start(tag: &str, agent_keys: &str, check: impl Fn(&[AgentProcess])) -> Bed {
+        let net = ClusterNet::new(tag, HOSTS).unwrap();
+        let redis = net.start_redis().unwrap();
+        let url = redis.url();
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "small"
+        )]
+        let agents = net
+            .start_agents_with(
+                |i| {
+                    net.redis_config(i, RATE as u64, BURST, SYNC_MS, &url)
+                        .replacen("[agent]\n", &format!("[agent]\n{agent_keys}"), 1)
+                },
+                Duration::from_secs(30),
+            )
+            .unwrap();
+        check(&agents);
+        let receivers = net.receivers().unwrap();
+        Bed {
+            receivers,
+            agents,
+            redis,
+            net,
+            url,
+        }
+    }
+}
+
+/// The flood of [`FLOOD_PPS`], split [`SPLIT`] over the hosts, from `start` until `end` s
+/// after it.
+fn flood(net: &ClusterNet, end: f64, start: Instant) -> JoinHandle<Sent> {
+    net.flood(
+        vec![Split {
+            end,
+            pps: FLOOD_PPS,
+            weights: SPLIT.to_vec(),
+        }],
+        start,
+    )
+    .unwrap()
+}
+
 fn store(st: &Value) -> &Value {
     &st["cluster"]["store"]
 }
@@ -88,10 +141,5 @@ fn teardown(
     }
     drop(redis);
     drop(net);
-    let ours = format!("-{}-", std::process::id());
-    let left: Vec<String> = leftover_check(&format!("{tag}-"))
-        .into_iter()
-        .filter(|n| n.contains(&ours))
-        .collect();
-    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+    assert_none_left(&format!("{tag}-"));
 }

@@ -1,19 +1,17 @@
 //! Redis paused for 4 s (`CLIENT PAUSE`), under three agents sharing one budget through it.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ratelimit_testbed::{
     cluster::{metric, scrape, METRICS},
-    cluster_net::{
-        cluster_counter, counted_peers, stalls, status, ClusterNet, Samples, Split, Stall,
-    },
+    cluster_net::{cluster_counter, counted_peers, stalls, status, Samples, Stall},
     require_root,
 };
 use serde_json::Value;
 
 use crate::{
-    peers_text, serial, store, teardown, Bed, ACCURACY, BURST, FLOOD_PPS, HOSTS, LAG_SECS, RATE,
-    SAMPLE, SKEW_SECS, SPLIT, SYNC_MS,
+    flood, peers_text, serial, store, teardown, Bed, ACCURACY, BURST, HOSTS, LAG_SECS, RATE,
+    SAMPLE, SKEW_SECS,
 };
 
 const PAUSE_AT: f64 = 7.0;
@@ -44,7 +42,7 @@ const FLOOR: f64 = 0.85;
 fn a_paused_store_fails_open_visibly_and_the_agents_come_back_by_themselves() {
     require_root();
     let _serial = serial();
-    let bed = start_with_metrics();
+    let bed = Bed::start("rl-credisz", &format!("metrics = \"{METRICS}\"\n"), |_| {});
     let seen = flood_and_pause_the_store(&bed);
     let fig = figures(&seen);
     assert_one_budget_before_the_pause(&fig);
@@ -53,40 +51,6 @@ fn a_paused_store_fails_open_visibly_and_the_agents_come_back_by_themselves() {
     assert_back_by_themselves_within_the_bound(&fig);
     assert_connected_and_logged_once(&bed, &seen);
     teardown("rl-credisz", bed.net, bed.agents, bed.receivers, bed.redis);
-}
-
-/// Three agents through one Redis server, each serving its metrics on [`METRICS`] in its
-/// namespace, each started until it counts the others.
-fn start_with_metrics() -> Bed {
-    let net = ClusterNet::new("rl-credisz", HOSTS).unwrap();
-    let redis = net.start_redis().unwrap();
-    let url = redis.url();
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        reason = "small"
-    )]
-    let agents = net
-        .start_agents_with(
-            |i| {
-                net.redis_config(i, RATE as u64, BURST, SYNC_MS, &url)
-                    .replacen(
-                        "[agent]\n",
-                        &format!("[agent]\nmetrics = \"{METRICS}\"\n"),
-                        1,
-                    )
-            },
-            Duration::from_secs(30),
-        )
-        .unwrap();
-    let receivers = net.receivers().unwrap();
-    Bed {
-        receivers,
-        agents,
-        redis,
-        net,
-        url,
-    }
 }
 
 /// What [`flood_and_pause_the_store`] saw.
@@ -117,16 +81,7 @@ fn flood_and_pause_the_store(bed: &Bed) -> Seen {
         ..
     } = bed;
     let start = Instant::now();
-    let sender = net
-        .flood(
-            vec![Split {
-                end: RUN,
-                pps: FLOOD_PPS,
-                weights: SPLIT.to_vec(),
-            }],
-            start,
-        )
-        .unwrap();
+    let sender = flood(net, RUN, start);
     let mut samples = Samples::default();
     samples.take_until(receivers, start, PAUSE_AT, SAMPLE);
     redis

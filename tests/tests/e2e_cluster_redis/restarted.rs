@@ -12,16 +12,16 @@
 //!    burst + (hosts - 1) x rate x lag` (lag 4 sync intervals), and the budget holds again
 //!    from 4 s after.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ratelimit_testbed::{
-    cluster_net::{cluster_counter, counted_peers, status, ClusterNet, Samples, Sent, Split},
+    cluster_net::{cluster_counter, counted_peers, status, Samples, Sent},
     require_root, AgentProcess,
 };
 use serde_json::Value;
 
 use crate::{
-    serial, store, teardown, Bed, ACCURACY, BURST, FLOOD_PPS, HOSTS, LAG_SECS, RATE, SAMPLE,
+    flood, serial, store, teardown, Bed, ACCURACY, BURST, FLOOD_PPS, HOSTS, LAG_SECS, RATE, SAMPLE,
     SKEW_SECS, SPLIT, SYNC_MS,
 };
 
@@ -38,7 +38,14 @@ const END: f64 = 35.0;
 fn hosts_share_one_budget_through_redis_fail_open_without_it_and_recover_when_it_restarts_empty() {
     require_root();
     let _serial = serial();
-    let mut bed = start_connected();
+    let mut bed = Bed::start("rl-credis", "", |agents| {
+        for (i, a) in agents.iter().enumerate() {
+            let st = status(a).unwrap();
+            assert_eq!(st["cluster"]["backend"], "redis", "h{i}: {}", st["cluster"]);
+            assert_eq!(store(&st)["state"], "connected", "h{i}: {}", st["cluster"]);
+            assert_eq!(store(&st)["mode"], "standalone", "h{i}: {}", st["cluster"]);
+        }
+    });
     let seen = flood_while_the_store_goes_and_comes_back(&mut bed);
     let fig = figures(&bed, &seen);
     assert_one_budget_through_redis(&fig, &seen);
@@ -47,40 +54,6 @@ fn hosts_share_one_budget_through_redis_fail_open_without_it_and_recover_when_it
     assert_connected_and_logged_once_per_change(&bed.agents, &seen.after);
 
     teardown("rl-credis", bed.net, bed.agents, bed.receivers, bed.redis);
-}
-
-/// Three agents through one Redis server, each started until it counts the others. Each shows
-/// backend `redis` and the store `connected`, `standalone`, before any traffic: the figures
-/// that follow are of the exchange through this store.
-fn start_connected() -> Bed {
-    let net = ClusterNet::new("rl-credis", HOSTS).unwrap();
-    let redis = net.start_redis().unwrap();
-    let url = redis.url();
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        reason = "small"
-    )]
-    let agents = net
-        .start_agents_with(
-            |i| net.redis_config(i, RATE as u64, BURST, SYNC_MS, &url),
-            Duration::from_secs(30),
-        )
-        .unwrap();
-    for (i, a) in agents.iter().enumerate() {
-        let st = status(a).unwrap();
-        assert_eq!(st["cluster"]["backend"], "redis", "h{i}: {}", st["cluster"]);
-        assert_eq!(store(&st)["state"], "connected", "h{i}: {}", st["cluster"]);
-        assert_eq!(store(&st)["mode"], "standalone", "h{i}: {}", st["cluster"]);
-    }
-    let receivers = net.receivers().unwrap();
-    Bed {
-        receivers,
-        agents,
-        redis,
-        net,
-        url,
-    }
 }
 
 /// What [`flood_while_the_store_goes_and_comes_back`] saw.
@@ -110,16 +83,7 @@ fn flood_while_the_store_goes_and_comes_back(bed: &mut Bed) -> Seen {
         ..
     } = bed;
     let start = Instant::now();
-    let sender = net
-        .flood(
-            vec![Split {
-                end: END,
-                pps: FLOOD_PPS,
-                weights: SPLIT.to_vec(),
-            }],
-            start,
-        )
-        .unwrap();
+    let sender = flood(net, END, start);
     let mut samples = Samples::default();
     let mut down_views: Vec<Value> = Vec::new();
     let mut reconnected: Option<f64> = None;
