@@ -135,7 +135,10 @@ pub fn run(opts: &Options, parts: &[Part], json: &Path) -> Result<()> {
         cluster::run(&mut report, opts, json)?;
     }
     if want(Part::Redis) {
-        redis::run(&mut report, opts, json)?;
+        let runs = redis::run(&mut report, opts)?;
+        let svg = json.with_file_name("redis_scale.svg");
+        chart::redis_scale(&report, &runs, &svg)?;
+        eprintln!("==> bench: chart written to {}", svg.display());
     }
     drop(refs);
 

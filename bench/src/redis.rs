@@ -21,7 +21,6 @@
 use std::{
     collections::HashMap,
     net::{IpAddr, Ipv4Addr},
-    path::Path,
     time::{Duration, Instant},
 };
 
@@ -102,9 +101,9 @@ pub struct Scale {
     pub loadavg: String,
 }
 
-/// Runs the part for each N and adds its figures to `report`; draws `redis_scale.svg` next to
-/// `json`.
-pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
+/// Runs the part for each N and adds its figures to `report`; returns what each N measured, for
+/// the chart ([`crate::chart::redis_scale`]).
+pub fn run(report: &mut Report, opts: &Options) -> Result<Vec<Scale>> {
     let sizes: &[usize] = if opts.quick {
         &[10, 100]
     } else {
@@ -145,10 +144,7 @@ pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
     for s in &runs {
         add_figures(report, s);
     }
-    let svg = json.with_file_name("redis_scale.svg");
-    crate::chart::redis_scale(report, &runs, &svg)?;
-    eprintln!("==> bench: chart written to {}", svg.display());
-    Ok(())
+    Ok(runs)
 }
 
 fn add_figures(report: &mut Report, s: &Scale) {
