@@ -10,12 +10,13 @@ use anyhow::{bail, Context as _, Result};
 use crate::cmd;
 
 /// The files mutated, relative to the workspace root.
-const FILES: [&str; 19] = [
+const FILES: [&str; 20] = [
     "ratelimit-userspace/src/config/model.rs",
     "ratelimit-userspace/src/config/keywords.rs",
     "ratelimit-userspace/src/config/rule.rs",
     "ratelimit-userspace/src/config/validate.rs",
     "ratelimit-userspace/src/config/parse.rs",
+    "ratelimit-userspace/src/config/raw.rs",
     "ratelimit-userspace/src/config/cluster.rs",
     "ratelimit-userspace/src/config/lists.rs",
     "ratelimit-userspace/src/config/write.rs",

@@ -9,7 +9,7 @@ use toml::Spanned;
 use super::{
     error::{ConfigError, Source},
     model::{ClusterBackend, ClusterConfig, OnPartition, DEFAULT_PARTITION_MEMORY_S, MAX_KEYS},
-    parse::RawCluster,
+    raw::RawCluster,
     redis::redis_from_raw,
     validate::validate_name,
 };

@@ -33,7 +33,8 @@
 //!   [`TcpFlags`], [`Scope`], [`Per`]).
 //! - `rule.rs`: one rule ([`RuleConfig`], [`LimitConfig`]) and its serialized form.
 //! - `validate.rs`: the checks of one rule ([`RuleConfig::validate`]) and [`RuleError`].
-//! - `parse.rs`: TOML text to the model, with positions.
+//! - `raw.rs`: the file as written (serde's view, each value with its position); `parse.rs`: TOML
+//!   text to the model through it.
 //! - `cluster.rs`: the `[cluster]` table from its raw form; `redis.rs`: its Redis keys.
 //! - `lists.rs`: the files a config names: its own text, `source_file` lists, relative paths.
 //! - `write.rs`: writing a changed rule set back into the file; a rule as TOML.
@@ -41,8 +42,8 @@
 //!
 //! `model.rs`, `keywords.rs`, `rule.rs`, `validate.rs` and `error.rs` import no other file of the
 //! folder but each other; `lists.rs` imports those, and `parse.rs` and `write.rs` import them all.
-//! `cluster.rs` and `redis.rs` import some of them and `parse.rs`'s `RawCluster`, which they
-//! convert for `parse.rs`.
+//! `raw.rs` imports the keywords; `cluster.rs` and `redis.rs` import some of the model's files and
+//! `raw.rs`'s `RawCluster`, which they convert for `parse.rs`.
 
 mod cluster;
 mod error;
@@ -50,6 +51,7 @@ mod keywords;
 mod lists;
 mod model;
 mod parse;
+mod raw;
 mod redis;
 mod rule;
 mod validate;

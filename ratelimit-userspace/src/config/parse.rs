@@ -4,9 +4,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    fmt,
-    net::SocketAddr,
-    path::{Path, PathBuf},
+    path::Path,
 };
 
 use ipnet::IpNet;
@@ -16,124 +14,13 @@ use toml::Spanned;
 use super::{
     cluster::cluster_from_raw,
     error::{rule_section, schema_error, syntax_error, ConfigError, Source},
-    keywords::{Action, AttachMode, Per, Protocol, Scope, TcpFlags},
+    keywords::{Action, Per, Protocol, Scope, TcpFlags},
     lists::{base_dir, list_sources, read_text, SourcesFrom},
     model::{AgentConfig, Config, MAX_MAX_BUCKETS, MAX_TOTAL_PREFIXES, MIN_MAX_BUCKETS},
+    raw::{RawAgent, RawConfig, RawLimit, RawRule, RawSource},
     rule::{default_bytes_burst, RuleConfig},
     validate::{no_meaning, parse_source, validate_source},
 };
-
-// ---------------------------------------------------------------------------------------------
-// Raw (as written) form.
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawConfig {
-    pub(super) agent: Option<RawAgent>,
-    #[serde(default, rename = "rule")]
-    pub(super) rules: Vec<Spanned<RawRule>>,
-    pub(super) cluster: Option<Spanned<RawCluster>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawAgent {
-    pub(super) interfaces: Option<Vec<Spanned<String>>>,
-    pub(super) mode: Option<AttachMode>,
-    pub(super) socket: Option<Spanned<PathBuf>>,
-    pub(super) metrics: Option<SocketAddr>,
-    pub(super) max_buckets: Option<Spanned<i64>>,
-    pub(super) pin_path: Option<Spanned<PathBuf>>,
-    pub(super) dry_run: Option<bool>,
-    pub(super) ebpf_log: Option<bool>,
-    pub(super) log_format: Option<super::LogFormat>,
-    pub(super) state_dir: Option<Spanned<PathBuf>>,
-    pub(super) learn: Option<bool>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawCluster {
-    pub(super) backend: Option<Spanned<String>>,
-    pub(super) listen: Option<SocketAddr>,
-    pub(super) seeds: Option<Vec<SocketAddr>>,
-    pub(super) key_file: Option<Spanned<PathBuf>>,
-    pub(super) redis: Option<Spanned<Vec<Spanned<String>>>>,
-    pub(super) redis_user: Option<Spanned<String>>,
-    pub(super) redis_password_file: Option<Spanned<PathBuf>>,
-    pub(super) redis_ca_file: Option<Spanned<PathBuf>>,
-    pub(super) redis_connect_timeout_ms: Option<Spanned<i64>>,
-    pub(super) redis_command_timeout_ms: Option<Spanned<i64>>,
-    pub(super) sync_interval_ms: Option<Spanned<i64>>,
-    pub(super) cluster_id: Option<Spanned<String>>,
-    pub(super) max_keys: Option<Spanned<i64>>,
-    pub(super) on_partition: Option<Spanned<String>>,
-    pub(super) partition_memory_s: Option<Spanned<i64>>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawRule {
-    pub(super) name: Spanned<String>,
-    pub(super) source: Option<Spanned<RawSource>>,
-    pub(super) source_file: Option<Spanned<PathBuf>>,
-    pub(super) action: Option<Spanned<Action>>,
-    pub(super) rate: Option<Spanned<i64>>,
-    pub(super) burst: Option<Spanned<i64>>,
-    pub(super) bytes_rate: Option<Spanned<i64>>,
-    pub(super) bytes_burst: Option<Spanned<i64>>,
-    pub(super) per: Option<Spanned<Per>>,
-    pub(super) protocol: Option<Spanned<Protocol>>,
-    pub(super) dst_port: Option<Spanned<i64>>,
-    pub(super) tcp_flags: Option<Spanned<TcpFlags>>,
-    pub(super) scope: Option<Spanned<Scope>>,
-    pub(super) dry_run: Option<Spanned<bool>>,
-    pub(super) limit: Option<Vec<Spanned<RawLimit>>>,
-}
-
-/// One `[[rule.limit]]` as written.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawLimit {
-    pub(super) per: Option<Spanned<Per>>,
-    pub(super) rate: Option<Spanned<i64>>,
-    pub(super) burst: Option<Spanned<i64>>,
-    pub(super) bytes_rate: Option<Spanned<i64>>,
-    pub(super) bytes_burst: Option<Spanned<i64>>,
-    pub(super) scope: Option<Spanned<Scope>>,
-}
-
-/// A rule's `source` as written: one CIDR or an array of them.
-pub(super) enum RawSource {
-    One(String),
-    Many(Vec<Spanned<String>>),
-}
-
-impl<'de> Deserialize<'de> for RawSource {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl<'de> serde::de::Visitor<'de> for Visitor {
-            type Value = RawSource;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a CIDR string or an array of CIDR strings")
-            }
-            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<RawSource, E> {
-                Ok(RawSource::One(s.to_owned()))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<RawSource, A::Error> {
-                let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-                while let Some(item) = seq.next_element::<Spanned<String>>()? {
-                    list.push(item);
-                }
-                Ok(RawSource::Many(list))
-            }
-        }
-        d.deserialize_any(Visitor)
-    }
-}
 
 /// Converts a non-negative TOML integer (TOML integers are i64) to u64.
 pub(super) fn non_negative(

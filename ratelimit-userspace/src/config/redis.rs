@@ -11,7 +11,7 @@ use super::{
         DEFAULT_REDIS_CONNECT_TIMEOUT_MS, MAX_REDIS_CA_FILE, MAX_REDIS_PASSWORD_FILE,
         MAX_REDIS_URLS, REDIS_TIMEOUT_MS,
     },
-    parse::RawCluster,
+    raw::RawCluster,
 };
 
 const S: &str = "[cluster]";
