@@ -3,12 +3,13 @@
 //! and the memory floors (drivers reading records of the store); and the census that grows the
 //! population, frees each run's new sources and puts back what they pushed out.
 
-use std::time::Instant;
+use std::{os::fd::OwnedFd, time::Instant};
 
 use anyhow::{bail, Context as _, Result};
+use aya::maps::MapData;
 use ratelimit::maps::store::Slot;
 use ratelimit_common::{global, map_names, Bucket, BucketKey, BUCKET_WAYS};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::{
     fill, lru::LruCase, pinned, repeat_ns, sequential_from, v4_frame, Driver, Limiter, TRUNCATION,
@@ -219,6 +220,37 @@ fn grow(
 /// another: another path.)
 pub const IN_CACHE_BUCKETS: u32 = 65_536;
 
+/// One population of [`populations`]: the population wanted, the most sources sent to get it,
+/// its tag (in the figures' keys) and its label.
+type Step = (u64, usize, &'static str, &'static str);
+
+/// What every population's measurement shares, loaded once by [`populations`]: the rule and the
+/// store, the records the memory floors read, and the new-source drivers.
+struct Setup<'a> {
+    opts: &'a Options,
+    refs: &'a Refs,
+    limiter: &'a Limiter,
+    in_cache: bool,
+    /// The rule whose sources make the population.
+    tracked: u32,
+    capacity: u32,
+    /// The bucket store, and what the memory floors read of it: one random record, the 8
+    /// records of two sets, the same then a locked add.
+    buckets: &'a MapData,
+    record: Option<Touch<'a>>,
+    candidates: Option<Touch<'a>>,
+    charged: Option<Touch<'a>>,
+    /// The new-source driver tail-calling the limiter, and its floors (see [`populations`]).
+    new_lim: Driver,
+    new_floor: Driver,
+    memory_floor: Driver,
+    candidates_floor: Driver,
+    charged_floor: Driver,
+    paged_floors: Option<(Driver, Driver)>,
+    /// Packets a new-source run sends (`--new-sources`).
+    new_repeat: u32,
+}
+
 /// Tracked-source populations: the hot path, a random known source and a new source, with the
 /// bucket store holding each population in turn (grown by running frames through the program,
 /// one per source, until `bucket_count` says the store holds it).
@@ -231,8 +263,8 @@ pub const IN_CACHE_BUCKETS: u32 = 65_536;
 /// With `in_cache`, one population only (1k), in a store of [`IN_CACHE_BUCKETS`] records (see
 /// there): tagged `cache`.
 ///
+/// Loads the new-source drivers once, then measures each population in turn ([`population`]).
 /// Returns the buckets the store tracked once the last population was grown.
-#[expect(clippy::too_many_lines, reason = "one measurement, step by step")]
 pub fn populations(
     report: &mut Report,
     opts: &Options,
@@ -279,9 +311,41 @@ pub fn populations(
     };
     let mut sent = 0usize;
     let mut fresh_next = 0usize;
+    let steps = steps(opts, in_cache, capacity);
+    let mut last = 0;
+    let new_repeat = u32::try_from(opts.new_sources).context("--new-sources")?;
+    let setup = Setup {
+        opts,
+        refs,
+        limiter,
+        in_cache,
+        tracked,
+        capacity,
+        buckets: &buckets,
+        record,
+        candidates,
+        charged,
+        new_lim,
+        new_floor,
+        memory_floor,
+        candidates_floor,
+        charged_floor,
+        paged_floors,
+        new_repeat,
+    };
+    for step in steps {
+        last = population(report, &setup, &mut sent, &mut fresh_next, step)?;
+    }
+    Ok(last)
+}
+
+/// The populations measured, smallest first: 1k, 100k, 1M and the store full (each with the
+/// most sources sent to grow it, as near capacity most new sources take another's record), or
+/// the 1k in the small store alone with `in_cache`; the first two with `--quick`.
+fn steps(opts: &Options, in_cache: bool, capacity: u32) -> Vec<Step> {
     let cap = capacity as usize;
     // (population wanted, most sources sent to get it, tag, label)
-    let mut steps: Vec<(u64, usize, &str, &str)> = if in_cache {
+    let mut steps: Vec<Step> = if in_cache {
         vec![(
             1_000,
             1_000 * 2,
@@ -302,345 +366,684 @@ pub fn populations(
     if opts.quick {
         steps.truncate(2);
     }
-    let mut last = 0;
-    let new_repeat = u32::try_from(opts.new_sources).context("--new-sources")?;
-    for (target, limit, tag, what) in steps {
-        crate::session::check_interrupted()?;
-        crate::session::announce(&format!(
-            "in-kernel cost with {what} (populating to {target} buckets)"
-        ));
-        let start = Instant::now();
-        let population = grow(limiter, refs, tracked, &mut sent, target, limit)?;
-        let fill_secs = start.elapsed().as_secs_f64();
-        let count = limiter.tdp.maps().bucket_count()?;
-        eprintln!(
-            "    {what}: {population} buckets of the population ({sent} sources sent), \
-             {count} buckets tracked in all, capacity {capacity}"
-        );
-        if tag != "full" && population < target {
-            bail!("{what}: the store holds only {population} of {target} buckets after {sent} sources");
-        }
-        // Random known sources are drawn from the addresses that hold a bucket now.
-        let (addrs, records) = population_addrs(limiter, tracked)?;
-        let (addr_array, n) = progs::turn_array(&addrs)?;
-        // The same addresses with their keys' sets: a driver that reads their records first
-        // (`Sources::InTurnWarm`), so that the limiter's work at this population is measured
-        // apart from its memory.
-        let (warm_array, warm_n) =
-            progs::turn_array_warm(&key_sets(limiter, tracked, &addrs, &records)?)?;
-        let warm_sources = || Sources::InTurnWarm(warm_array.as_fd(), warm_n, buckets.fd().as_fd());
-        // `FEW` of them, every k-th record of the store's order, again and again: the store as
-        // full as the population makes it, the lines of the sources sent in the last-level cache.
-        let few: Vec<[u8; 4]> = addrs
-            .iter()
-            .step_by((addrs.len() / FEW).max(1))
-            .copied()
-            .collect();
-        let (few_array, few_n) = progs::turn_array(&few)?;
-        let known_few = Driver::new(
-            "rlb_knownf_lim",
-            Sources::InTurn(few_array.as_fd(), few_n),
-            limiter.program(),
-            refs,
-        )?;
-        let known_warm = Driver::new("rlb_knownw_lim", warm_sources(), limiter.program(), refs)?;
-        let known_warm_floor = Driver::touching(
-            "rlb_knownw_pass",
-            warm_sources(),
-            None,
-            refs.program(PASS),
-            refs,
-        )?;
-        let known = Driver::new(
-            "rlb_known_lim",
-            Sources::InTurn(addr_array.as_fd(), n),
-            limiter.program(),
-            refs,
-        )?;
-        // Its floors: the same driver tail-calling XDP_PASS, touching the store or not.
-        let known_pass = |name: &str, touch: Option<Touch<'_>>| {
-            let sources = Sources::InTurn(addr_array.as_fd(), n);
-            Driver::touching(name, sources, touch, refs.program(PASS), refs)
-        };
-        let known_floor = known_pass("rlb_known_pass", None)?;
-        let known_memory_floor = known_pass("rlb_known_mem", record)?;
-        let known_candidates_floor = known_pass("rlb_known_mem8", candidates)?;
-        let known_charged_floor = known_pass("rlb_known_mem8a", charged)?;
-        // The LRU contender on the same addresses, in turns with the limiter (see `lru.rs`);
-        // with the store full, all but `SLACK` of them, after as many never-sent ones.
-        let mut lru_cases = Vec::new();
-        if !in_cache {
-            let (held, filler): (&[[u8; 4]], Vec<[u8; 4]>) = if tag == "full" {
-                let keep = addrs.len().min(ENTRIES as usize - SLACK);
-                let want = ENTRIES as usize - keep;
-                let filler = (sent..sent + want).map(|i| tracked_addr(i, false));
-                (&addrs[..keep], filler.collect())
-            } else {
-                (&addrs, Vec::new())
-            };
-            for kind in [Kind::Shared, Kind::PerCpu] {
-                lru_cases.push(LruCase::new(kind, refs, held, &filler)?);
-            }
-        }
+    steps
+}
 
-        let (mut memory_floor_ns, mut candidates_floor_ns) = (Vec::new(), Vec::new());
-        let (mut paged_floor_ns, mut paged_candidates_floor_ns) = (Vec::new(), Vec::new());
-        let (mut known_memory_floor_ns, mut known_candidates_floor_ns) = (Vec::new(), Vec::new());
-        let (mut known_charged_floor_ns, mut charged_floor_ns) = (Vec::new(), Vec::new());
-        let (mut known_warm_ns, mut known_warm_floor_ns) = (Vec::new(), Vec::new());
-        let mut known_few_ns = Vec::new();
-        let (mut hot, mut known_ns, mut known_floor_ns, mut new_ns, mut new_floor_ns, mut floor) = (
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-        );
-        let (mut known_misses, mut new_created, mut evicted_full, mut evicted_lost, mut resent) =
-            (0u64, 0u64, 0u64, 0u64, 0u64);
-        let (mut new_first, mut new_first_created, mut new_made_ns) = (0, 0, Vec::new());
-        let mut population_min = population;
-        let hot_frame = v4_frame(addrs[addrs.len() / 2]);
-        repeat_ns(limiter.program(), &hot_frame, 10)?;
-        let floor_frame = v4_frame([198, 18, 0, 1]);
-        let known_frame = v4_frame(tracked_addr(0, false));
-        let counter = |i: usize| limiter.tdp.global().counters[i];
-        for _ in 0..opts.runs {
-            crate::session::check_interrupted()?;
-            floor.push(repeat_ns(refs.program(PASS), &floor_frame, opts.repeat)?.0 + TRUNCATION);
-            hot.push(repeat_ns(limiter.program(), &hot_frame, opts.repeat)?.0 + TRUNCATION);
-            known_floor_ns.push(known_floor.run(&known_frame, opts.repeat)?);
-            known_memory_floor_ns.push(known_memory_floor.run(&known_frame, opts.repeat)?);
-            known_candidates_floor_ns.push(known_candidates_floor.run(&known_frame, opts.repeat)?);
-            known_charged_floor_ns.push(known_charged_floor.run(&known_frame, opts.repeat)?);
-            let created = counter(global::NEW_BUCKETS);
-            known_ns.push(known.run(&known_frame, opts.repeat)?);
-            known_misses += counter(global::NEW_BUCKETS) - created;
-            known_warm_floor_ns.push(known_warm_floor.run(&known_frame, opts.repeat)?);
-            known_warm_ns.push(known_warm.run(&known_frame, opts.repeat)?);
-            known_few_ns.push(known_few.run(&known_frame, opts.repeat)?);
-            for c in &mut lru_cases {
-                c.run_known(&known_frame, opts.repeat)?;
-            }
-            let first = fresh_next;
-            // The frame every new-source driver of this run starts from.
-            let fresh = sequential_from(tracked_addr(first, true));
-            new_floor_ns.push(new_floor.run(&fresh, new_repeat)?);
-            memory_floor_ns.push(memory_floor.run(&fresh, new_repeat)?);
-            candidates_floor_ns.push(candidates_floor.run(&fresh, new_repeat)?);
-            charged_floor_ns.push(charged_floor.run(&fresh, new_repeat)?);
-            if let Some((one, eight)) = &paged_floors {
-                paged_floor_ns.push(one.run(&fresh, new_repeat)?);
-                paged_candidates_floor_ns.push(eight.run(&fresh, new_repeat)?);
-            }
-            let (created, full, lost) = (
-                counter(global::NEW_BUCKETS),
-                counter(global::EVICTED_FULL),
-                counter(global::EVICTED_LOST),
-            );
-            let first_packets = counter(global::FIRST_PACKETS);
-            new_ns.push(new_lim.run(&fresh, new_repeat)?);
-            new_first += counter(global::FIRST_PACKETS) - first_packets;
-            new_first_created += counter(global::NEW_BUCKETS) - created;
-            fresh_next += opts.new_sources;
-            // The same over the next new sources, each making its bucket: what a new key's
-            // packet costs where its slot of the first-packet table is another's (or its second
-            // packet, owing the first).
-            let fresh_made = sequential_from(tracked_addr(fresh_next, true));
-            let created = counter(global::NEW_BUCKETS);
-            new_made_ns.push(limiter.making_buckets(|| new_lim.run(&fresh_made, new_repeat))?);
-            new_created += counter(global::NEW_BUCKETS) - created;
-            evicted_full += counter(global::EVICTED_FULL) - full;
-            evicted_lost += counter(global::EVICTED_LOST) - lost;
-            fresh_next += opts.new_sources;
-            // Take the new sources out again, and put back the population they pushed out.
-            free_fresh(limiter, tracked, first, fresh_next)?;
-            let (now, _) = census(limiter, tracked)?;
-            population_min = population_min.min(now);
-            if now < population {
-                resent += restore(limiter, tracked, &addrs)?;
-            }
-            for c in &mut lru_cases {
-                let fresh_addrs = (first..first + opts.new_sources).map(|i| tracked_addr(i, true));
-                c.run_new(&fresh, new_repeat, fresh_addrs)?;
-            }
-        }
-        let (population_end, fresh_left) = census(limiter, tracked)?;
-        let count_end = limiter.tdp.maps().bucket_count()?;
-        // What the store tracked once filled (the runs above free their new sources' records
-        // again, so it ends a little below).
-        last = count;
-        let runs = opts.runs as u64;
-        let detail = json!({
-            "target_buckets": target,
-            "sources_sent": sent,
-            "population_buckets": population,
-            "population_buckets_min_between_runs": population_min,
-            "population_buckets_end": population_end,
-            "tracked_buckets": count,
-            "tracked_buckets_end": count_end,
-            "new_sources_left_end": fresh_left,
-            "bucket_capacity": capacity,
-            "populate_seconds": fill_secs,
-            "random_known_among": n,
-            "random_known_new_buckets_per_run": known_misses / runs,
-            "new_sources_per_run": opts.new_sources,
-            "first_packets_per_new_run": new_first / runs,
-            "new_buckets_per_new_run": new_first_created / runs,
-            "new_buckets_per_made_run": new_created / runs,
-            "evicted_full_per_new_run": evicted_full / runs,
-            "evicted_lost_per_new_run": evicted_lost / runs,
-            "population_resent_buckets": resent,
-        });
-        eprintln!(
-            "    {what}: random known: {} of {} runs created a bucket per run (pushed out by the \
-             previous run's new sources); new sources: {} of {} first packets passed without a \
-             bucket; making theirs: {} buckets created, {} refilled and {} in-debt buckets \
-             evicted per run",
-            known_misses / runs,
-            opts.repeat,
-            new_first / runs,
-            opts.new_sources,
-            new_created / runs,
-            evicted_full / runs,
-            evicted_lost / runs
-        );
-        let mut add = |key: String, label: String, runs: Vec<f64>, baseline: Option<String>| {
-            report.add(Figure {
-                key,
-                section: SECTION_POP,
-                label,
-                unit: "ns/pkt",
-                runs,
-                baseline,
-                detail: detail.clone(),
-            });
+/// One population, `step`: grows it, loads the random-known-source drivers and the LRU
+/// contender on its addresses, runs them all `opts.runs` times, and adds the figures. `sent`
+/// (sources of the population sent so far) and `fresh_next` (the next never-seen source) carry
+/// over to the next population. Returns the buckets the store tracked once it was grown.
+fn population(
+    report: &mut Report,
+    setup: &Setup<'_>,
+    sent: &mut usize,
+    fresh_next: &mut usize,
+    step: Step,
+) -> Result<u64> {
+    let (_, _, tag, what) = step;
+    let grown = grow_population(setup, sent, step)?;
+    let drivers = known_drivers(setup)?;
+    let mut lru_cases = lru_cases(setup, tag, &drivers.addrs, *sent)?;
+    let runs = measure(
+        setup,
+        &drivers,
+        &mut lru_cases,
+        fresh_next,
+        grown.population,
+    )?;
+    let detail = detail(setup, step, *sent, &grown, drivers.n, &runs.counts)?;
+    let what = format!("{what}, {count} in store", count = grown.count);
+    let floors = limiter_figures(report, tag, &what, &detail, runs);
+    memory_floor_figures(report, tag, &what, &detail, floors);
+    for c in lru_cases {
+        c.report(report, tag, &what, &detail);
+    }
+    // What the store tracked once filled (the runs free their new sources' records again, so
+    // it ends a little below).
+    Ok(grown.count)
+}
+
+/// A population as grown: its live buckets, the seconds it took, and the buckets the store
+/// tracked in all.
+struct Grown {
+    population: u64,
+    fill_secs: f64,
+    count: u64,
+}
+
+/// Grows the population of `step` (see [`grow`]) and says how far it got: the figures are those
+/// of a store holding it, so a population short of its target fails (but for the full store,
+/// which the last free records keep short).
+fn grow_population(setup: &Setup<'_>, sent: &mut usize, step: Step) -> Result<Grown> {
+    let Setup {
+        refs,
+        limiter,
+        tracked,
+        capacity,
+        ..
+    } = *setup;
+    let (target, limit, tag, what) = step;
+    crate::session::check_interrupted()?;
+    crate::session::announce(&format!(
+        "in-kernel cost with {what} (populating to {target} buckets)"
+    ));
+    let start = Instant::now();
+    let population = grow(limiter, refs, tracked, sent, target, limit)?;
+    let fill_secs = start.elapsed().as_secs_f64();
+    let count = limiter.tdp.maps().bucket_count()?;
+    eprintln!(
+        "    {what}: {population} buckets of the population ({sent} sources sent), \
+         {count} buckets tracked in all, capacity {capacity}"
+    );
+    if tag != "full" && population < target {
+        bail!("{what}: the store holds only {population} of {target} buckets after {sent} sources");
+    }
+    Ok(Grown {
+        population,
+        fill_secs,
+        count,
+    })
+}
+
+/// The random-known-source drivers of one population, with the address arrays they send from
+/// (kept for as long as the drivers).
+struct KnownDrivers {
+    /// The population's addresses that held a bucket once it was grown, and how many.
+    addrs: Vec<[u8; 4]>,
+    n: u32,
+    /// Random known sources, tail-calling the limiter; its floors, tail-calling XDP_PASS.
+    known: Driver,
+    known_floor: Driver,
+    known_memory_floor: Driver,
+    known_candidates_floor: Driver,
+    known_charged_floor: Driver,
+    /// The same sources, their 8 records read first: the limiter, and its floor.
+    known_warm: Driver,
+    known_warm_floor: Driver,
+    /// [`FEW`] of the sources, spread over the store, tail-calling the limiter.
+    known_few: Driver,
+    _arrays: [OwnedFd; 3],
+}
+
+/// Loads the random-known-source drivers of the population the store holds now: drawn from the
+/// addresses that hold a bucket, so that each run's source is a known one; with their keys'
+/// sets read first, to tell the limiter's work from its memory; and [`FEW`] of them, whose
+/// records fit the last-level cache.
+fn known_drivers(setup: &Setup<'_>) -> Result<KnownDrivers> {
+    use std::os::fd::AsFd as _;
+    let Setup {
+        refs,
+        limiter,
+        tracked,
+        buckets,
+        record,
+        candidates,
+        charged,
+        ..
+    } = *setup;
+    // Random known sources are drawn from the addresses that hold a bucket now.
+    let (addrs, records) = population_addrs(limiter, tracked)?;
+    let (addr_array, n) = progs::turn_array(&addrs)?;
+    // The same addresses with their keys' sets: a driver that reads their records first
+    // (`Sources::InTurnWarm`), so that the limiter's work at this population is measured
+    // apart from its memory.
+    let (warm_array, warm_n) =
+        progs::turn_array_warm(&key_sets(limiter, tracked, &addrs, &records)?)?;
+    let warm_sources = || Sources::InTurnWarm(warm_array.as_fd(), warm_n, buckets.fd().as_fd());
+    // `FEW` of them, every k-th record of the store's order, again and again: the store as
+    // full as the population makes it, the lines of the sources sent in the last-level cache.
+    let few: Vec<[u8; 4]> = addrs
+        .iter()
+        .step_by((addrs.len() / FEW).max(1))
+        .copied()
+        .collect();
+    let (few_array, few_n) = progs::turn_array(&few)?;
+    let known_few = Driver::new(
+        "rlb_knownf_lim",
+        Sources::InTurn(few_array.as_fd(), few_n),
+        limiter.program(),
+        refs,
+    )?;
+    let known_warm = Driver::new("rlb_knownw_lim", warm_sources(), limiter.program(), refs)?;
+    let known_warm_floor = Driver::touching(
+        "rlb_knownw_pass",
+        warm_sources(),
+        None,
+        refs.program(PASS),
+        refs,
+    )?;
+    let known = Driver::new(
+        "rlb_known_lim",
+        Sources::InTurn(addr_array.as_fd(), n),
+        limiter.program(),
+        refs,
+    )?;
+    // Its floors: the same driver tail-calling XDP_PASS, touching the store or not.
+    let known_pass = |name: &str, touch: Option<Touch<'_>>| {
+        let sources = Sources::InTurn(addr_array.as_fd(), n);
+        Driver::touching(name, sources, touch, refs.program(PASS), refs)
+    };
+    let known_floor = known_pass("rlb_known_pass", None)?;
+    let known_memory_floor = known_pass("rlb_known_mem", record)?;
+    let known_candidates_floor = known_pass("rlb_known_mem8", candidates)?;
+    let known_charged_floor = known_pass("rlb_known_mem8a", charged)?;
+    Ok(KnownDrivers {
+        addrs,
+        n,
+        known,
+        known_floor,
+        known_memory_floor,
+        known_candidates_floor,
+        known_charged_floor,
+        known_warm,
+        known_warm_floor,
+        known_few,
+        _arrays: [addr_array, warm_array, few_array],
+    })
+}
+
+/// The LRU contender on the same addresses, in turns with the limiter (see `lru.rs`); with the
+/// store full, all but `SLACK` of them, after as many never-sent ones (from `sent` on). None
+/// with the small store (`in_cache`).
+fn lru_cases(setup: &Setup<'_>, tag: &str, addrs: &[[u8; 4]], sent: usize) -> Result<Vec<LruCase>> {
+    let Setup { refs, in_cache, .. } = *setup;
+    let mut lru_cases = Vec::new();
+    if !in_cache {
+        let (held, filler): (&[[u8; 4]], Vec<[u8; 4]>) = if tag == "full" {
+            let keep = addrs.len().min(ENTRIES as usize - SLACK);
+            let want = ENTRIES as usize - keep;
+            let filler = (sent..sent + want).map(|i| tracked_addr(i, false));
+            (&addrs[..keep], filler.collect())
+        } else {
+            (addrs, Vec::new())
         };
-        let what = format!("{what}, {count} in store");
-        let k = |what: &str| format!("kernel.pop.{tag}.{what}");
-        add(k("floor"), format!("floor: XDP_PASS ({what})"), floor, None);
-        add(
-            k("hot"),
-            format!("limiter: hot known source, {what}"),
-            hot,
-            Some(k("floor")),
-        );
-        add(
-            k("known_floor"),
-            format!("floor: random-known driver + XDP_PASS ({what})"),
-            known_floor_ns,
-            None,
-        );
-        add(
-            k("known"),
-            format!("limiter: random known source (driver), {what}"),
-            known_ns,
-            Some(k("known_floor")),
-        );
-        add(
-            k("known_warm"),
-            format!(
-                "limiter: random known source, its 8 records read by the driver first ({what})"
-            ),
-            known_warm_ns,
-            Some(k("known_warm_floor")),
-        );
-        add(
-            k("known_few"),
-            format!("limiter: random known source, {FEW} of the population spread over the store ({what})"),
-            known_few_ns,
-            Some(k("known_floor")),
-        );
-        add(
-            k("new_floor"),
-            format!("floor: new-source driver + XDP_PASS ({what})"),
-            new_floor_ns,
-            None,
-        );
-        add(
-            k("new"),
-            format!("limiter: new source, first packet (driver), {what}"),
-            new_ns,
-            Some(k("new_floor")),
-        );
-        add(
-            k("new_made"),
-            format!("limiter: new source making its bucket (driver), {what}"),
-            new_made_ns,
-            Some(k("new_floor")),
-        );
-        for (key, driver, runs, floor) in [
-            (
-                "known_memory_floor",
-                "random-known driver reading one random record of the store",
-                known_memory_floor_ns,
-                "known_floor",
-            ),
-            (
-                "known_candidates_floor",
-                "random-known driver reading the 8 records of two random sets of a page",
-                known_candidates_floor_ns,
-                "known_floor",
-            ),
-            (
-                "known_charged_floor",
-                "random-known driver reading the 8 records of two random sets of a page, then \
-                 one locked add to one of them",
-                known_charged_floor_ns,
-                "known_floor",
-            ),
-            (
-                "known_warm_floor",
-                "random-known driver reading the source's own 8 records",
-                known_warm_floor_ns,
-                "known_floor",
-            ),
-            (
-                "new_memory_floor",
-                "new-source driver reading one random record of the store",
-                memory_floor_ns,
-                "new_floor",
-            ),
-            (
-                "new_candidates_floor",
-                "new-source driver reading the 8 records of a key's two sets",
-                candidates_floor_ns,
-                "new_floor",
-            ),
-            (
-                "new_charged_floor",
-                "new-source driver reading the 8 records of a key's two sets, then one locked \
-                 add to one of them",
-                charged_floor_ns,
-                "new_floor",
-            ),
-            (
-                "new_paged_memory_floor",
-                "new-source driver reading one random record of a store on kmalloc'ed pages",
-                paged_floor_ns,
-                "new_floor",
-            ),
-            (
-                "new_paged_candidates_floor",
-                "new-source driver reading the 8 records of two sets of a store on kmalloc'ed pages",
-                paged_candidates_floor_ns,
-                "new_floor",
-            ),
-        ] {
-            if runs.is_empty() {
-                continue;
-            }
-            add(
-                k(key),
-                format!("memory: {driver} ({what})"),
-                runs,
-                Some(k(floor)),
-            );
-        }
-        for c in lru_cases {
-            c.report(report, tag, &what, &detail);
+        for kind in [Kind::Shared, Kind::PerCpu] {
+            lru_cases.push(LruCase::new(kind, refs, held, &filler)?);
         }
     }
-    Ok(last)
+    Ok(lru_cases)
+}
+
+/// Every run's ns/pkt of one population (a value a run), and the counters read around the runs.
+#[derive(Default)]
+struct Runs {
+    /// XDP_PASS alone, and the limiter on one known source again and again (the hot path).
+    floor: Vec<f64>,
+    hot: Vec<f64>,
+    /// The random-known-source drivers: their floor, the limiter, the limiter with the source's
+    /// records read first, and the limiter on [`FEW`] sources.
+    known_floor_ns: Vec<f64>,
+    known_ns: Vec<f64>,
+    known_warm_ns: Vec<f64>,
+    known_few_ns: Vec<f64>,
+    /// The new-source drivers: their floor, the limiter on first packets, and the limiter with
+    /// each new source making its bucket.
+    new_floor_ns: Vec<f64>,
+    new_ns: Vec<f64>,
+    new_made_ns: Vec<f64>,
+    /// The memory floors.
+    floors: MemoryFloors,
+    /// See [`Counts`].
+    counts: Counts,
+}
+
+/// The memory floors of one population, every run's ns/pkt: drivers reading records of the
+/// store (or of a store on kmalloc'ed pages, with `--paged-floors`, else empty) before they pass.
+#[derive(Default)]
+struct MemoryFloors {
+    known_memory_floor_ns: Vec<f64>,
+    known_candidates_floor_ns: Vec<f64>,
+    known_charged_floor_ns: Vec<f64>,
+    known_warm_floor_ns: Vec<f64>,
+    memory_floor_ns: Vec<f64>,
+    candidates_floor_ns: Vec<f64>,
+    charged_floor_ns: Vec<f64>,
+    paged_floor_ns: Vec<f64>,
+    paged_candidates_floor_ns: Vec<f64>,
+}
+
+/// The program's counters read around one population's runs (sums over the runs), and what
+/// keeping the population cost: its fewest buckets between runs, and the buckets put back.
+#[derive(Default)]
+struct Counts {
+    /// Buckets the random-known-source runs created (sources pushed out by the previous run).
+    known_misses: u64,
+    /// First packets passed without a bucket, and buckets created, by the new-source runs.
+    new_first: u64,
+    new_first_created: u64,
+    /// Buckets created, and refilled and in-debt buckets evicted, by the making-buckets runs.
+    new_created: u64,
+    evicted_full: u64,
+    evicted_lost: u64,
+    population_min: u64,
+    resent: u64,
+}
+
+/// The frames of one population's runs: the hot source's, the floor's (a source no rule
+/// tracks), and the one the random-known-source drivers rewrite.
+struct Frames {
+    hot_frame: Vec<u8>,
+    floor_frame: Vec<u8>,
+    known_frame: Vec<u8>,
+}
+
+/// Runs one population `opts.runs` times, each run the known sources then the new sources
+/// ([`Runs::known_sources`], [`Runs::new_sources`]), after one warm-up of the hot path.
+fn measure(
+    setup: &Setup<'_>,
+    drivers: &KnownDrivers,
+    lru_cases: &mut Vec<LruCase>,
+    fresh_next: &mut usize,
+    population: u64,
+) -> Result<Runs> {
+    let Setup { opts, limiter, .. } = *setup;
+    let addrs = &drivers.addrs;
+    let mut runs = Runs {
+        counts: Counts {
+            population_min: population,
+            ..Counts::default()
+        },
+        ..Runs::default()
+    };
+    let hot_frame = v4_frame(addrs[addrs.len() / 2]);
+    repeat_ns(limiter.program(), &hot_frame, 10)?;
+    let floor_frame = v4_frame([198, 18, 0, 1]);
+    let known_frame = v4_frame(tracked_addr(0, false));
+    let frames = Frames {
+        hot_frame,
+        floor_frame,
+        known_frame,
+    };
+    for _ in 0..opts.runs {
+        crate::session::check_interrupted()?;
+        runs.known_sources(setup, drivers, lru_cases, &frames)?;
+        runs.new_sources(setup, addrs, lru_cases, fresh_next, population)?;
+    }
+    Ok(runs)
+}
+
+impl Runs {
+    /// One run of the known sources: XDP_PASS, the hot path, the random-known-source floors,
+    /// the limiter on random known sources (counting the buckets it had to make: sources the
+    /// previous run's new sources pushed out), on them warm, on [`FEW`] of them, then the LRU
+    /// contender on the same sources.
+    fn known_sources(
+        &mut self,
+        setup: &Setup<'_>,
+        drivers: &KnownDrivers,
+        lru_cases: &mut Vec<LruCase>,
+        frames: &Frames,
+    ) -> Result<()> {
+        let Setup {
+            opts,
+            refs,
+            limiter,
+            ..
+        } = *setup;
+        let Frames {
+            hot_frame,
+            floor_frame,
+            known_frame,
+        } = frames;
+        let counter = |i: usize| limiter.tdp.global().counters[i];
+        self.floor
+            .push(repeat_ns(refs.program(PASS), floor_frame, opts.repeat)?.0 + TRUNCATION);
+        self.hot
+            .push(repeat_ns(limiter.program(), hot_frame, opts.repeat)?.0 + TRUNCATION);
+        self.known_floor_ns
+            .push(drivers.known_floor.run(known_frame, opts.repeat)?);
+        self.floors
+            .known_memory_floor_ns
+            .push(drivers.known_memory_floor.run(known_frame, opts.repeat)?);
+        self.floors.known_candidates_floor_ns.push(
+            drivers
+                .known_candidates_floor
+                .run(known_frame, opts.repeat)?,
+        );
+        self.floors
+            .known_charged_floor_ns
+            .push(drivers.known_charged_floor.run(known_frame, opts.repeat)?);
+        let created = counter(global::NEW_BUCKETS);
+        self.known_ns
+            .push(drivers.known.run(known_frame, opts.repeat)?);
+        self.counts.known_misses += counter(global::NEW_BUCKETS) - created;
+        self.floors
+            .known_warm_floor_ns
+            .push(drivers.known_warm_floor.run(known_frame, opts.repeat)?);
+        self.known_warm_ns
+            .push(drivers.known_warm.run(known_frame, opts.repeat)?);
+        self.known_few_ns
+            .push(drivers.known_few.run(known_frame, opts.repeat)?);
+        for c in lru_cases {
+            c.run_known(known_frame, opts.repeat)?;
+        }
+        Ok(())
+    }
+
+    /// One run of new sources, from `fresh_next` on: the new-source floors, the limiter on
+    /// their first packets, then on the next as many each making its bucket (counting what that
+    /// created and evicted); then frees them again, puts back the population (`addrs`) they
+    /// pushed out, and runs the LRU contender on the same new sources.
+    fn new_sources(
+        &mut self,
+        setup: &Setup<'_>,
+        addrs: &[[u8; 4]],
+        lru_cases: &mut Vec<LruCase>,
+        fresh_next: &mut usize,
+        population: u64,
+    ) -> Result<()> {
+        let Setup {
+            opts,
+            limiter,
+            tracked,
+            new_repeat,
+            ..
+        } = *setup;
+        let counter = |i: usize| limiter.tdp.global().counters[i];
+        let first = *fresh_next;
+        // The frame every new-source driver of this run starts from.
+        let fresh = sequential_from(tracked_addr(first, true));
+        self.new_floor_ns
+            .push(setup.new_floor.run(&fresh, new_repeat)?);
+        self.floors
+            .memory_floor_ns
+            .push(setup.memory_floor.run(&fresh, new_repeat)?);
+        self.floors
+            .candidates_floor_ns
+            .push(setup.candidates_floor.run(&fresh, new_repeat)?);
+        self.floors
+            .charged_floor_ns
+            .push(setup.charged_floor.run(&fresh, new_repeat)?);
+        if let Some((one, eight)) = &setup.paged_floors {
+            self.floors
+                .paged_floor_ns
+                .push(one.run(&fresh, new_repeat)?);
+            self.floors
+                .paged_candidates_floor_ns
+                .push(eight.run(&fresh, new_repeat)?);
+        }
+        let (created, full, lost) = (
+            counter(global::NEW_BUCKETS),
+            counter(global::EVICTED_FULL),
+            counter(global::EVICTED_LOST),
+        );
+        let first_packets = counter(global::FIRST_PACKETS);
+        self.new_ns.push(setup.new_lim.run(&fresh, new_repeat)?);
+        self.counts.new_first += counter(global::FIRST_PACKETS) - first_packets;
+        self.counts.new_first_created += counter(global::NEW_BUCKETS) - created;
+        *fresh_next += opts.new_sources;
+        // The same over the next new sources, each making its bucket: what a new key's
+        // packet costs where its slot of the first-packet table is another's (or its second
+        // packet, owing the first).
+        let fresh_made = sequential_from(tracked_addr(*fresh_next, true));
+        let created = counter(global::NEW_BUCKETS);
+        self.new_made_ns
+            .push(limiter.making_buckets(|| setup.new_lim.run(&fresh_made, new_repeat))?);
+        self.counts.new_created += counter(global::NEW_BUCKETS) - created;
+        self.counts.evicted_full += counter(global::EVICTED_FULL) - full;
+        self.counts.evicted_lost += counter(global::EVICTED_LOST) - lost;
+        *fresh_next += opts.new_sources;
+        // Take the new sources out again, and put back the population they pushed out.
+        free_fresh(limiter, tracked, first, *fresh_next)?;
+        let (now, _) = census(limiter, tracked)?;
+        self.counts.population_min = self.counts.population_min.min(now);
+        if now < population {
+            self.counts.resent += restore(limiter, tracked, addrs)?;
+        }
+        for c in lru_cases {
+            let fresh_addrs = (first..first + opts.new_sources).map(|i| tracked_addr(i, true));
+            c.run_new(&fresh, new_repeat, fresh_addrs)?;
+        }
+        Ok(())
+    }
+}
+
+/// The facts every figure of one population carries in the JSON (what was sent and held, the
+/// counters per run), read once its runs are done; also printed, as a line for the counters.
+fn detail(
+    setup: &Setup<'_>,
+    step: Step,
+    sent: usize,
+    grown: &Grown,
+    n: u32,
+    counts: &Counts,
+) -> Result<Value> {
+    let Setup {
+        opts,
+        limiter,
+        tracked,
+        capacity,
+        ..
+    } = *setup;
+    let (target, _, _, what) = step;
+    let &Grown {
+        population,
+        fill_secs,
+        count,
+    } = grown;
+    let (population_end, fresh_left) = census(limiter, tracked)?;
+    let count_end = limiter.tdp.maps().bucket_count()?;
+    let runs = opts.runs as u64;
+    let detail = json!({
+        "target_buckets": target,
+        "sources_sent": sent,
+        "population_buckets": population,
+        "population_buckets_min_between_runs": counts.population_min,
+        "population_buckets_end": population_end,
+        "tracked_buckets": count,
+        "tracked_buckets_end": count_end,
+        "new_sources_left_end": fresh_left,
+        "bucket_capacity": capacity,
+        "populate_seconds": fill_secs,
+        "random_known_among": n,
+        "random_known_new_buckets_per_run": counts.known_misses / runs,
+        "new_sources_per_run": opts.new_sources,
+        "first_packets_per_new_run": counts.new_first / runs,
+        "new_buckets_per_new_run": counts.new_first_created / runs,
+        "new_buckets_per_made_run": counts.new_created / runs,
+        "evicted_full_per_new_run": counts.evicted_full / runs,
+        "evicted_lost_per_new_run": counts.evicted_lost / runs,
+        "population_resent_buckets": counts.resent,
+    });
+    eprintln!(
+        "    {what}: random known: {} of {} runs created a bucket per run (pushed out by the \
+         previous run's new sources); new sources: {} of {} first packets passed without a \
+         bucket; making theirs: {} buckets created, {} refilled and {} in-debt buckets \
+         evicted per run",
+        counts.known_misses / runs,
+        opts.repeat,
+        counts.new_first / runs,
+        opts.new_sources,
+        counts.new_created / runs,
+        counts.evicted_full / runs,
+        counts.evicted_lost / runs
+    );
+    Ok(detail)
+}
+
+/// Where one population's figures go: rows of [`SECTION_POP`] in ns/pkt, keyed
+/// `kernel.pop.{tag}.{name}`, each with the population's `detail`.
+struct PopFigures<'a> {
+    report: &'a mut Report,
+    tag: &'a str,
+    detail: &'a Value,
+}
+
+impl PopFigures<'_> {
+    /// The key of this population's figure `what`.
+    fn k(&self, what: &str) -> String {
+        format!("kernel.pop.{}.{what}", self.tag)
+    }
+
+    /// Adds a figure, compared with figure `baseline` if any.
+    fn add(&mut self, key: String, label: String, runs: Vec<f64>, baseline: Option<String>) {
+        self.report.add(Figure {
+            key,
+            section: SECTION_POP,
+            label,
+            unit: "ns/pkt",
+            runs,
+            baseline,
+            detail: self.detail.clone(),
+        });
+    }
+}
+
+/// The limiter's figures at one population (`what`), each beside its floor: the hot path over
+/// XDP_PASS, random known sources (cold, warm, [`FEW`]) over their driver's floor, new sources
+/// (first packet, making the bucket) over theirs. Returns the memory floors, added next.
+fn limiter_figures(
+    report: &mut Report,
+    tag: &str,
+    what: &str,
+    detail: &Value,
+    runs: Runs,
+) -> MemoryFloors {
+    let mut f = PopFigures {
+        report,
+        tag,
+        detail,
+    };
+    f.add(
+        f.k("floor"),
+        format!("floor: XDP_PASS ({what})"),
+        runs.floor,
+        None,
+    );
+    f.add(
+        f.k("hot"),
+        format!("limiter: hot known source, {what}"),
+        runs.hot,
+        Some(f.k("floor")),
+    );
+    f.add(
+        f.k("known_floor"),
+        format!("floor: random-known driver + XDP_PASS ({what})"),
+        runs.known_floor_ns,
+        None,
+    );
+    f.add(
+        f.k("known"),
+        format!("limiter: random known source (driver), {what}"),
+        runs.known_ns,
+        Some(f.k("known_floor")),
+    );
+    f.add(
+        f.k("known_warm"),
+        format!("limiter: random known source, its 8 records read by the driver first ({what})"),
+        runs.known_warm_ns,
+        Some(f.k("known_warm_floor")),
+    );
+    f.add(
+        f.k("known_few"),
+        format!(
+            "limiter: random known source, {FEW} of the population spread over the store ({what})"
+        ),
+        runs.known_few_ns,
+        Some(f.k("known_floor")),
+    );
+    f.add(
+        f.k("new_floor"),
+        format!("floor: new-source driver + XDP_PASS ({what})"),
+        runs.new_floor_ns,
+        None,
+    );
+    f.add(
+        f.k("new"),
+        format!("limiter: new source, first packet (driver), {what}"),
+        runs.new_ns,
+        Some(f.k("new_floor")),
+    );
+    f.add(
+        f.k("new_made"),
+        format!("limiter: new source making its bucket (driver), {what}"),
+        runs.new_made_ns,
+        Some(f.k("new_floor")),
+    );
+    runs.floors
+}
+
+/// The memory floors at one population (`what`): what reading records of the store costs a
+/// driver before it passes, over the same driver's floor, so that the limiter's figures can be
+/// told apart into memory and work. The paged floors only with `--paged-floors`.
+fn memory_floor_figures(
+    report: &mut Report,
+    tag: &str,
+    what: &str,
+    detail: &Value,
+    floors: MemoryFloors,
+) {
+    let mut f = PopFigures {
+        report,
+        tag,
+        detail,
+    };
+    for (key, driver, runs, floor) in [
+        (
+            "known_memory_floor",
+            "random-known driver reading one random record of the store",
+            floors.known_memory_floor_ns,
+            "known_floor",
+        ),
+        (
+            "known_candidates_floor",
+            "random-known driver reading the 8 records of two random sets of a page",
+            floors.known_candidates_floor_ns,
+            "known_floor",
+        ),
+        (
+            "known_charged_floor",
+            "random-known driver reading the 8 records of two random sets of a page, then \
+             one locked add to one of them",
+            floors.known_charged_floor_ns,
+            "known_floor",
+        ),
+        (
+            "known_warm_floor",
+            "random-known driver reading the source's own 8 records",
+            floors.known_warm_floor_ns,
+            "known_floor",
+        ),
+        (
+            "new_memory_floor",
+            "new-source driver reading one random record of the store",
+            floors.memory_floor_ns,
+            "new_floor",
+        ),
+        (
+            "new_candidates_floor",
+            "new-source driver reading the 8 records of a key's two sets",
+            floors.candidates_floor_ns,
+            "new_floor",
+        ),
+        (
+            "new_charged_floor",
+            "new-source driver reading the 8 records of a key's two sets, then one locked \
+             add to one of them",
+            floors.charged_floor_ns,
+            "new_floor",
+        ),
+        (
+            "new_paged_memory_floor",
+            "new-source driver reading one random record of a store on kmalloc'ed pages",
+            floors.paged_floor_ns,
+            "new_floor",
+        ),
+        (
+            "new_paged_candidates_floor",
+            "new-source driver reading the 8 records of two sets of a store on kmalloc'ed pages",
+            floors.paged_candidates_floor_ns,
+            "new_floor",
+        ),
+    ] {
+        if runs.is_empty() {
+            continue;
+        }
+        f.add(
+            f.k(key),
+            format!("memory: {driver} ({what})"),
+            runs,
+            Some(f.k(floor)),
+        );
+    }
 }
