@@ -10,7 +10,7 @@ use std::os::fd::{AsFd as _, OwnedFd};
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
 
-use super::{populations::SECTION_POP, Driver};
+use super::{Driver, SECTION_POP};
 use crate::{
     lru::{Gcra, Kind, Lru, ENTRIES},
     progs::Sources,

@@ -61,6 +61,9 @@ use crate::{
 
 const SECTION: &str = "In-kernel cost per packet (BPF_PROG_TEST_RUN)";
 
+/// The table section of [`populations`] and the LRU contender beside it.
+const SECTION_POP: &str = "In-kernel cost per packet vs tracked sources (BPF_PROG_TEST_RUN)";
+
 /// The limiter's rules for the in-kernel runs: one per case, on prefixes of their own.
 /// `rate = 1e9` never runs dry in a test run (at most a few tens of millions of runs a second);
 /// a tolerance of 1 s selects the coarse clock (see `rule_record`), 1 ms the precise one, 10 s
