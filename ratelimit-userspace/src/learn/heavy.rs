@@ -13,7 +13,7 @@ use std::{fmt, str::FromStr};
 use ipnet::IpNet;
 use serde::{Serialize, Serializer};
 
-use super::history::{Observation, RANGE};
+use super::track::Observation;
 
 /// Most buckets a list names.
 pub const HEAVY_K: usize = 16;
@@ -64,6 +64,10 @@ pub struct Heavy {
     /// Largest burst, packets.
     pub burst: f64,
 }
+
+/// The sketches keep values between these (below: as zero): a range of 10^11, about 640 bins of 2%, so
+/// a sketch holds at most about 5 KiB of bins.
+pub const RANGE: (f64, f64) = (0.01, 1e9);
 
 /// A figure as the sketches keep it: finite, 0 below [`RANGE`]'s low end, capped at its high end.
 #[must_use]

@@ -6,7 +6,10 @@ use std::collections::VecDeque;
 
 use sketches_ddsketch::{Config, DDSketch};
 
-use super::heavy::{clean, Heavy, Source, Top};
+use super::{
+    heavy::{clean, Heavy, Source, Top},
+    track::Observation,
+};
 
 /// Relative accuracy of the sketches: a quantile is within 2% of a value of the data.
 pub const ALPHA: f64 = 0.02;
@@ -14,9 +17,6 @@ pub const ALPHA: f64 = 0.02;
 /// merges with ours).
 const MAX_BINS: u32 = 2048;
 const MIN_VALUE: f64 = 1e-9;
-/// Values are kept between these (below: as zero): a range of 10^11, about 640 bins of 2%, so
-/// a sketch holds at most about 5 KiB of bins.
-pub const RANGE: (f64, f64) = (0.01, 1e9);
 /// Length of a slot of the last hour, seconds.
 pub const SLOT_SECS: u64 = 300;
 /// An hour, seconds.
@@ -28,17 +28,6 @@ pub const DAY_SECS: u64 = 86_400;
 #[must_use]
 pub fn sketch() -> DDSketch {
     DDSketch::new(Config::new(ALPHA, MAX_BINS, MIN_VALUE))
-}
-
-/// What one bucket did over a slot (or its life in the slot, if shorter).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Observation {
-    /// Its highest rate over one walk interval (at least a second), packets/s.
-    pub peak_1s: f64,
-    /// Its highest rate over a 10 s window, packets/s.
-    pub peak_10s: f64,
-    /// Its largest burst: packets of its busiest second beyond its 10 s peak rate.
-    pub burst: f64,
 }
 
 /// The three distributions of a set of observations, and their heaviest buckets.

@@ -41,10 +41,10 @@ use tokio::sync::watch;
 
 use self::{
     heavy::Source,
-    history::{Observation, DAY_SECS, SLOT_SECS},
+    history::{DAY_SECS, SLOT_SECS},
     persist::Histories,
     suggest::{Proposed, Query, Suggestion},
-    track::{rule_of, Tracker},
+    track::{rule_of, Observation, Tracker},
 };
 use crate::{
     compile::CompiledRuleSet,

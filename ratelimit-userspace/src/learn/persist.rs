@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 use sketches_ddsketch::DDSketch;
 
 use super::{
-    heavy::{Heavy, Source, Top, HEAVY_K},
-    history::{sketch, Dist, History, Slot, DAY_SECS, HOUR_SECS, RANGE, SLOT_SECS},
+    heavy::{Heavy, Source, Top, HEAVY_K, RANGE},
+    history::{sketch, Dist, History, Slot, DAY_SECS, HOUR_SECS, SLOT_SECS},
 };
 
 /// The file's format version.

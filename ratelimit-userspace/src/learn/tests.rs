@@ -4,9 +4,10 @@ use ratelimit_common::{bucket_rule, family, Bucket};
 
 use super::{
     heavy::{Heavy, Source, Top, HEAVY_K},
-    history::{History, Observation, DAY_SECS, HOUR_SECS, SLOT_SECS},
+    history::{History, DAY_SECS, HOUR_SECS, SLOT_SECS},
     persist,
     suggest::{parse_since, suggest, Query, TCP_BURST_SECS},
+    track::Observation,
     track::{Tracker, MAX_TRACKED},
     Learner, MAX_LIMITS,
 };

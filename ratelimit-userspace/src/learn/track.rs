@@ -7,7 +7,16 @@ use std::collections::HashMap;
 
 use ratelimit_common::{counter_advance, split_bucket_rule, Bucket, BucketKey};
 
-use super::history::Observation;
+/// What one bucket did over a slot (or its life in the slot, if shorter).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Observation {
+    /// Its highest rate over one walk interval (at least a second), packets/s.
+    pub peak_1s: f64,
+    /// Its highest rate over a 10 s window, packets/s.
+    pub peak_10s: f64,
+    /// Its largest burst: packets of its busiest second beyond its 10 s peak rate.
+    pub burst: f64,
+}
 
 /// Most records followed at once. Beyond, records are sampled by a hash of their index (the
 /// store places keys by a keyed hash, so this is a uniform sample of the buckets), the rate
