@@ -22,6 +22,7 @@ use serde_json::json;
 
 use crate::{
     kernel::{repeat_ns, sequential_from, Driver, TRUNCATION},
+    permutation::cyclic_permutation,
     progs::{
         self, insn, Insn, Sources, Touch, EXIT, F_MMAPABLE, LDX_W, MAP_ARRAY, MOV64_IMM, MOV64_REG,
         STX_W, XDP_PASS,
@@ -39,27 +40,6 @@ const RECORD_BYTES: u32 = 64;
 
 /// Seed of the chain's permutation: the same chain on every run.
 const SEED: u64 = 0x5eed_f100_0000_0001;
-
-/// A random cyclic permutation of `0..n` by Sattolo's algorithm (a splitmix64 stream from
-/// `seed`): `next[i]` is where the walk goes from `i`, and from any start it visits all `n`
-/// before it comes back.
-pub fn cyclic_permutation(n: u32, seed: u64) -> Vec<u32> {
-    let mut next: Vec<u32> = (0..n).collect();
-    let mut state = seed;
-    let mut random = || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    for i in (1..next.len()).rev() {
-        // j < i (never i itself): what makes the permutation one cycle.
-        let j = usize::try_from(random() % (i as u64)).expect("j < i");
-        next.swap(i, j);
-    }
-    next
-}
 
 /// The chase (with `chain`) or its floor (without): reads `cursor[0]`, with `chain` replaces it
 /// by the first u32 of `chain[cursor[0]]`, writes it back to `cursor[0]`, and passes.
@@ -228,44 +208,4 @@ pub fn run(report: &mut Report, opts: &Options, refs: &Refs) -> Result<()> {
         crate::report::median(&independent)
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// From 0, the walk visits every index once and is back at 0 after exactly `n` steps; every
-    /// next index is in range.
-    #[test]
-    fn the_chain_is_one_cycle_through_all() {
-        for n in [1u32, 2, 3, 64, 1000, 4096] {
-            let next = cyclic_permutation(n, SEED);
-            assert_eq!(next.len(), n as usize);
-            assert!(
-                next.iter().all(|&i| i < n),
-                "n = {n}: an index out of range"
-            );
-            let mut seen = vec![false; n as usize];
-            let mut at = 0u32;
-            for step in 0..n {
-                assert!(!seen[at as usize], "n = {n}: {at} again at step {step}");
-                seen[at as usize] = true;
-                at = next[at as usize];
-            }
-            assert_eq!(at, 0, "n = {n}: not back at the start after n steps");
-        }
-    }
-
-    /// The seed fixes the chain.
-    #[test]
-    fn the_chain_is_deterministic() {
-        assert_eq!(
-            cyclic_permutation(1000, SEED),
-            cyclic_permutation(1000, SEED)
-        );
-        assert_ne!(
-            cyclic_permutation(1000, SEED),
-            cyclic_permutation(1000, SEED + 1)
-        );
-    }
 }

@@ -47,6 +47,7 @@ mod generator;
 mod kernel;
 mod learn;
 mod lru;
+mod permutation;
 mod progs;
 mod redis;
 mod refs;

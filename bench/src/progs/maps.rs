@@ -18,12 +18,12 @@ pub const MAP_ARRAY: u32 = 2;
 pub const F_MMAPABLE: u32 = 1 << 10;
 
 /// An array map for [`super::Sources::InTurn`]: `values` in a random order (placed by
-/// [`crate::f1::cyclic_permutation`] under a fixed seed, so runs draw the same order), then the
+/// [`crate::permutation::cyclic_permutation`] under a fixed seed, so runs draw the same order), then the
 /// cursor (0); and the number of values.
 pub fn turn_array(values: &[[u8; 4]]) -> Result<(OwnedFd, u32)> {
     let n = u32::try_from(values.len()).context("array length")?;
     anyhow::ensure!(n > 0, "no addresses to send from");
-    let mut order: Vec<[u8; 4]> = crate::f1::cyclic_permutation(n, TURN_SEED)
+    let mut order: Vec<[u8; 4]> = crate::permutation::cyclic_permutation(n, TURN_SEED)
         .into_iter()
         .map(|i| values[i as usize])
         .collect();
@@ -38,7 +38,7 @@ pub fn turn_array_warm(values: &[([u8; 4], [u32; 2])]) -> Result<(OwnedFd, u32)>
     let n = u32::try_from(values.len()).context("array length")?;
     anyhow::ensure!(n > 0, "no addresses to send from");
     let mut bytes = Vec::with_capacity(16 * (values.len() + 1));
-    for i in crate::f1::cyclic_permutation(n, TURN_SEED) {
+    for i in crate::permutation::cyclic_permutation(n, TURN_SEED) {
         let (addr, [first, second]) = values[i as usize];
         bytes.extend(addr);
         bytes.extend(first.to_ne_bytes());
