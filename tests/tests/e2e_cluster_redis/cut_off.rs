@@ -8,7 +8,7 @@ use ratelimit_testbed::{
 };
 use serde_json::Value;
 
-use crate::{flood, serial, store, teardown, Bed, ACCURACY, HOSTS, RATE, SAMPLE};
+use crate::{flood, serial, store, teardown, within, Bed, ACCURACY, HOSTS, RATE, SAMPLE};
 
 const CUT_AT: f64 = 7.0;
 const HEAL_AT: f64 = 14.0;
@@ -147,9 +147,8 @@ fn figures(seen: &Seen) -> Figures {
 fn assert_h0_alone_and_the_others_one_budget_while_cut(fig: &Figures, seen: &Seen) {
     let (before, h0_cut, others_cut, cut_view) =
         (fig.before, fig.h0_cut, fig.others_cut, &seen.cut_view);
-    let within = |r: f64, lo: f64, hi: f64| r >= lo && r <= hi;
     assert!(
-        within(before, ACCURACY.0, ACCURACY.1),
+        within(before, ACCURACY),
         "before the cut: {before:.3} budgets, want {ACCURACY:?}"
     );
     assert_eq!(store(cut_view)["state"], "down", "{}", store(cut_view));
@@ -161,7 +160,7 @@ fn assert_h0_alone_and_the_others_one_budget_while_cut(fig: &Figures, seen: &See
         store(cut_view)
     );
     assert!(
-        within(h0_cut, 0.9, 1.1) && within(others_cut, 0.9, 1.1),
+        within(h0_cut, (0.9, 1.1)) && within(others_cut, (0.9, 1.1)),
         "cut off, h0 admitted {h0_cut:.3} budgets (want its whole rate, 0.9-1.1) and h1 + h2 \
          {others_cut:.3} (want one budget between them, 0.9-1.1)"
     );
@@ -170,10 +169,9 @@ fn assert_h0_alone_and_the_others_one_budget_while_cut(fig: &Figures, seen: &See
 /// Healed, h0 reconnects by itself and the cluster admits one budget again ([`ACCURACY`]).
 fn assert_one_budget_again_once_healed(fig: &Figures, seen: &Seen) {
     let (healed, end_view) = (fig.healed, &seen.end_view);
-    let within = |r: f64, lo: f64, hi: f64| r >= lo && r <= hi;
     assert_eq!(store(end_view)["state"], "connected", "{}", store(end_view));
     assert!(
-        within(healed, ACCURACY.0, ACCURACY.1),
+        within(healed, ACCURACY),
         "healed: {healed:.3} budgets, want {ACCURACY:?}"
     );
 }

@@ -10,8 +10,8 @@ use ratelimit_testbed::{
 use serde_json::Value;
 
 use crate::{
-    flood, peers_text, serial, store, teardown, Bed, ACCURACY, BURST, HOSTS, LAG_SECS, RATE,
-    SAMPLE, SKEW_SECS,
+    flood, peers_text, serial, store, teardown, within, Bed, ACCURACY, BURST, HOSTS, LAG_SECS,
+    RATE, SAMPLE, SKEW_SECS,
 };
 
 const PAUSE_AT: f64 = 7.0;
@@ -219,9 +219,8 @@ fn figures(seen: &Seen) -> Figures {
 /// One budget ([`ACCURACY`]) before the pause: the agents share it through the store.
 fn assert_one_budget_before_the_pause(fig: &Figures) {
     let up = fig.up;
-    let within = |r: f64| r >= ACCURACY.0 && r <= ACCURACY.1;
     assert!(
-        within(up),
+        within(up, ACCURACY),
         "before the pause: {up:.3} budgets, want {ACCURACY:?}"
     );
 }
@@ -292,14 +291,13 @@ fn assert_back_by_themselves_within_the_bound(fig: &Figures) {
         bound,
         ..
     } = *fig;
-    let within = |r: f64| r >= ACCURACY.0 && r <= ACCURACY.1;
     assert!(
         back - RESUMED_AT <= BACK_WITHIN,
         "the agents were back {:.1} s after the pause ended, want within {BACK_WITHIN} s",
         back - RESUMED_AT
     );
     assert!(
-        within(again),
+        within(again, ACCURACY),
         "after the pause: {again:.3} budgets, want {ACCURACY:?}"
     );
     assert!(

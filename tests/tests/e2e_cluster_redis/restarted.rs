@@ -21,8 +21,8 @@ use ratelimit_testbed::{
 use serde_json::Value;
 
 use crate::{
-    flood, serial, store, teardown, Bed, ACCURACY, BURST, FLOOD_PPS, HOSTS, LAG_SECS, RATE, SAMPLE,
-    SKEW_SECS, SPLIT, SYNC_MS,
+    flood, serial, store, teardown, within, Bed, ACCURACY, BURST, FLOOD_PPS, HOSTS, LAG_SECS, RATE,
+    SAMPLE, SKEW_SECS, SPLIT, SYNC_MS,
 };
 
 /// The phases (seconds after the flood starts).
@@ -239,9 +239,8 @@ fn figures(bed: &Bed, seen: &Seen) -> Figures {
 /// the flood's key.
 fn assert_one_budget_through_redis(fig: &Figures, seen: &Seen) {
     let (up, keys_in_store) = (fig.up, &seen.keys_in_store);
-    let within = |r: f64| r >= ACCURACY.0 && r <= ACCURACY.1;
     assert!(
-        within(up),
+        within(up, ACCURACY),
         "with Redis up the cluster admitted {up:.3} budgets, want {ACCURACY:?}: the agents do not \
          share the budget through Redis"
     );
@@ -299,7 +298,6 @@ fn assert_reconnected_and_one_budget_again(fig: &Figures) {
         again,
         ..
     } = *fig;
-    let within = |r: f64| r >= ACCURACY.0 && r <= ACCURACY.1;
     assert!(
         rec <= RECONNECTED_BY,
         "the agents reconnected only {:.1} s after Redis came back (want within {:.1} s)",
@@ -307,7 +305,7 @@ fn assert_reconnected_and_one_budget_again(fig: &Figures) {
         RECONNECTED_BY - START_AT
     );
     assert!(
-        within(back),
+        within(back, ACCURACY),
         "once Redis was back the cluster admitted {back:.3} budgets, want {ACCURACY:?}"
     );
     assert!(
@@ -316,7 +314,7 @@ fn assert_reconnected_and_one_budget_again(fig: &Figures) {
          bound {bound:.0}"
     );
     assert!(
-        within(again),
+        within(again, ACCURACY),
         "after Redis restarted empty the cluster admitted {again:.3} budgets, want {ACCURACY:?}"
     );
 }
