@@ -50,8 +50,8 @@ impl Agent {
             return Err(e.into());
         }
         let interfaces = self.detach_left_out(&old_ifaces, &new.agent.interfaces);
-        let restart = restart_needed(&self.config, &new);
-        self.config.agent = live_settings(&self.config.agent, &new.agent, interfaces);
+        let (agent, restart) = live_settings(&self.config, &new, interfaces);
+        self.config.agent = agent;
         self.reload.restart_needed = restart;
         tracing::info!(rules = self.set.rules.len(), "reloaded");
         Ok(())
@@ -133,22 +133,21 @@ fn undo_attach(dp: &mut Dataplane, attached: &[String]) {
     }
 }
 
-/// The settings of `[agent]` and `[cluster]` that `new` changes but only a restart applies.
-fn restart_needed(old: &Config, new: &Config) -> Vec<String> {
-    let mut restart = keep_in_force(&old.agent, &mut new.agent.clone());
+/// The `[agent]` settings in force after a reload, and the settings of `[agent]` and `[cluster]`
+/// that `new` changes but only a restart applies: `new`'s, but those in force (`old`'s) for what
+/// needs a restart, and `interfaces` as the reload left them.
+fn live_settings(
+    old: &Config,
+    new: &Config,
+    interfaces: Vec<String>,
+) -> (AgentConfig, Vec<String>) {
+    let mut agent = new.agent.clone();
+    let mut restart = keep_in_force(&old.agent, &mut agent);
     if old.cluster != new.cluster {
         restart.push("cluster".to_string());
     }
-    restart
-}
-
-/// The `[agent]` settings in force after a reload: `new`'s, but those in force (`a`) for what
-/// needs a restart, and `interfaces` as the reload left them.
-fn live_settings(a: &AgentConfig, new: &AgentConfig, interfaces: Vec<String>) -> AgentConfig {
-    let mut agent = new.clone();
-    keep_in_force(a, &mut agent);
     agent.interfaces = interfaces;
-    agent
+    (agent, restart)
 }
 
 /// Puts back in `new` each `[agent]` setting that only a restart applies where it differs from
@@ -202,8 +201,9 @@ mod tests {
         b.learn = !old.agent.learn;
         b.dry_run = !old.agent.dry_run;
         b.ebpf_log = !old.agent.ebpf_log;
+        let (live, restart) = live_settings(&old, &new, vec!["eth9".into()]);
         assert_eq!(
-            restart_needed(&old, &new),
+            restart,
             [
                 "mode",
                 "socket",
@@ -215,13 +215,12 @@ mod tests {
                 "learn"
             ]
         );
-        let live = live_settings(&old.agent, &new.agent, vec!["eth9".into()]);
         let mut expected = old.agent.clone();
         expected.dry_run = new.agent.dry_run;
         expected.ebpf_log = new.agent.ebpf_log;
         expected.interfaces = vec!["eth9".into()];
         assert_eq!(live, expected);
         // Nothing changed: nothing left for a restart.
-        assert!(restart_needed(&old, &old.clone()).is_empty());
+        assert!(live_settings(&old, &old.clone(), Vec::new()).1.is_empty());
     }
 }
