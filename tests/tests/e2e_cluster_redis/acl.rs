@@ -10,7 +10,7 @@ use ratelimit_testbed::{
 };
 use serde_json::Value;
 
-use crate::{serial, store, teardown, Bed, ACCURACY, BURST, RATE, SAMPLE, SYNC_MS};
+use crate::{serial, store, Bed, ACCURACY, BURST, RATE, SAMPLE, SYNC_MS};
 
 const PASSWORD: &str = "e2e-s3cret-not-default";
 const FIX_AT: f64 = 6.0;
@@ -38,7 +38,7 @@ fn hosts_share_one_budget_through_a_redis_cluster_as_an_acl_user() {
     assert_a_password_changed_at_the_server_is_refused(&bed);
 
     let _ = std::fs::remove_dir_all(&dir);
-    teardown("rl-credisc", bed.net, bed.agents, bed.receivers, bed.redis);
+    bed.teardown("rl-credisc");
 }
 
 /// A one-node Redis Cluster with the ACL user `ratelimit`, and two agents logging in as that

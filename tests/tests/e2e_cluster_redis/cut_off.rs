@@ -8,7 +8,7 @@ use ratelimit_testbed::{
 };
 use serde_json::Value;
 
-use crate::{flood, serial, store, teardown, within, Bed, ACCURACY, HOSTS, RATE, SAMPLE};
+use crate::{flood, serial, store, within, Bed, ACCURACY, HOSTS, RATE, SAMPLE};
 
 const CUT_AT: f64 = 7.0;
 const HEAL_AT: f64 = 14.0;
@@ -29,7 +29,7 @@ fn a_host_cut_off_from_the_store_enforces_alone_and_rejoins_when_healed() {
     assert_h0_alone_and_the_others_one_budget_while_cut(&fig, &seen);
     assert_one_budget_again_once_healed(&fig, &seen);
 
-    teardown("rl-credisp", bed.net, bed.agents, bed.receivers, bed.redis);
+    bed.teardown("rl-credisp");
 }
 
 /// Cuts h0 off from the store (`on`) or heals it: an nftables table in h0's namespace whose

@@ -5,7 +5,9 @@
 //! - `restarted.rs`: Redis up, killed, started again empty, restarted empty mid-run;
 //! - `acl.rs`: a Redis Cluster as an ACL user, h0's password wrong and then right, then changed;
 //! - `cut_off.rs`: one host cut off from the store, then healed;
-//! - `paused.rs`: Redis paused, and the agents back by themselves.
+//! - `paused.rs`: Redis paused, and the agents back by themselves;
+//! - `failover.rs`: through a Redis Cluster of 3 masters and 3 replicas, one shard failing over;
+//! - `tls.rs`: over TLS with a private CA, and a host that cannot verify the store.
 //!
 //! Run with `--nocapture` for the figures.
 
@@ -22,8 +24,10 @@ use serde_json::Value;
 
 mod acl;
 mod cut_off;
+mod failover;
 mod paused;
 mod restarted;
+mod tls;
 
 const HOSTS: usize = 3;
 const RATE: f64 = 1000.0;
@@ -54,16 +58,17 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// What a scenario runs, for its phases to share. The fields drop in this order, on a panic
-/// too: the receivers, the agents, Redis, then the network they all run in; a scenario holds
-/// its [`serial`] guard from before its `Bed` is made until after it is dropped, and ends it
-/// with [`teardown`].
-struct Bed {
+/// What a scenario runs, for its phases to share: the store is a [`RedisServer`] but where a
+/// scenario says otherwise (a Redis Cluster, a server with the files it needs). The fields drop
+/// in this order, on a panic too: the receivers, the agents, the store, then the network they
+/// all run in; a scenario holds its [`serial`] guard from before its `Bed` is made until after
+/// it is dropped, and ends it with [`Bed::teardown`].
+struct Bed<S = RedisServer> {
     receivers: Vec<Receiver>,
     agents: Vec<AgentProcess>,
-    redis: RedisServer,
+    redis: S,
     net: ClusterNet,
-    /// Redis's address, as the agents are given it.
+    /// The store's address, as the agents are given it (a cluster's nodes, comma-separated).
     url: String,
 }
 
@@ -131,20 +136,23 @@ fn peers_text(agent: &AgentProcess) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Stops the agents (each must exit cleanly), the receivers, Redis and the network of `tag`, and
-/// asserts that none of this process's namespaces of `tag` is left behind.
-fn teardown(
-    tag: &str,
-    net: ClusterNet,
-    agents: Vec<AgentProcess>,
-    receivers: Vec<Receiver>,
-    redis: RedisServer,
-) {
-    drop(receivers);
-    for (i, a) in agents.into_iter().enumerate() {
-        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+impl<S> Bed<S> {
+    /// Stops the receivers, the agents (each must exit cleanly), the store and the network of
+    /// `tag`, and asserts that none of this process's namespaces of `tag` is left behind.
+    fn teardown(self, tag: &str) {
+        let Bed {
+            receivers,
+            agents,
+            redis,
+            net,
+            ..
+        } = self;
+        drop(receivers);
+        for (i, a) in agents.into_iter().enumerate() {
+            a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+        }
+        drop(redis);
+        drop(net);
+        assert_none_left(&format!("{tag}-"));
     }
-    drop(redis);
-    drop(net);
-    assert_none_left(&format!("{tag}-"));
 }

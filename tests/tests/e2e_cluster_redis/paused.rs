@@ -10,8 +10,8 @@ use ratelimit_testbed::{
 use serde_json::Value;
 
 use crate::{
-    flood, peers_text, serial, store, teardown, within, Bed, ACCURACY, BURST, HOSTS, LAG_SECS,
-    RATE, SAMPLE, SKEW_SECS,
+    flood, peers_text, serial, store, within, Bed, ACCURACY, BURST, HOSTS, LAG_SECS, RATE, SAMPLE,
+    SKEW_SECS,
 };
 
 const PAUSE_AT: f64 = 7.0;
@@ -50,7 +50,7 @@ fn a_paused_store_fails_open_visibly_and_the_agents_come_back_by_themselves() {
     assert_failed_open_and_never_below_the_floor(&fig);
     assert_back_by_themselves_within_the_bound(&fig);
     assert_connected_and_logged_once(&bed, &seen);
-    teardown("rl-credisz", bed.net, bed.agents, bed.receivers, bed.redis);
+    bed.teardown("rl-credisz");
 }
 
 /// What [`flood_and_pause_the_store`] saw.

@@ -21,8 +21,8 @@ use ratelimit_testbed::{
 use serde_json::Value;
 
 use crate::{
-    flood, serial, store, teardown, within, Bed, ACCURACY, BURST, FLOOD_PPS, HOSTS, LAG_SECS, RATE,
-    SAMPLE, SKEW_SECS, SPLIT, SYNC_MS,
+    flood, serial, store, within, Bed, ACCURACY, BURST, FLOOD_PPS, HOSTS, LAG_SECS, RATE, SAMPLE,
+    SKEW_SECS, SPLIT, SYNC_MS,
 };
 
 /// The phases (seconds after the flood starts).
@@ -53,7 +53,7 @@ fn hosts_share_one_budget_through_redis_fail_open_without_it_and_recover_when_it
     assert_reconnected_and_one_budget_again(&fig);
     assert_connected_and_logged_once_per_change(&bed.agents, &seen.after);
 
-    teardown("rl-credis", bed.net, bed.agents, bed.receivers, bed.redis);
+    bed.teardown("rl-credis");
 }
 
 /// What [`flood_while_the_store_goes_and_comes_back`] saw.
