@@ -142,7 +142,6 @@ const ROUTES: [(&str, &[&str]); 10] = [
 const METHODS: [&str; 7] = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE"];
 
 #[test]
-#[expect(clippy::too_many_lines, reason = "one table of attacks, told in order")]
 fn malformed_requests_are_refused_the_agent_keeps_answering_and_nothing_in_force_changes() {
     require_root();
     let tx = Netns::new("rl-http-tx").unwrap();
@@ -158,15 +157,35 @@ fn malformed_requests_are_refused_the_agent_keeps_answering_and_nothing_in_force
     let before = in_force(&socket);
     let attached = xdp_attachment(&rx, &rx_if).unwrap();
     assert!(attached.is_some());
-    let alive = |what: &str| {
-        let (status, text) = exchange(&socket, &request("GET", "/v1/status", b""));
-        assert_eq!(status, Some(200), "after {what}, status answers {text:?}");
-    };
 
-    // 1. Every route with every method it does not take: 405 (404 for no route), JSON error.
+    wrong_methods_are_refused(&socket);
+    bodies_and_queries_that_mean_nothing_are_refused(&socket);
+    broken_http_is_refused(&socket);
+    connections_left_halfway_block_nobody(&socket, &before);
+
+    // Nothing in force changed, the file was not written, the program is still attached.
+    let after = in_force(&socket);
+    assert_eq!(after, before, "what is in force changed");
+    assert_eq!(
+        fs::read(agent.config_path()).unwrap(),
+        file_before,
+        "the config file was written"
+    );
+    assert_eq!(xdp_attachment(&rx, &rx_if).unwrap(), attached);
+    assert!(agent.stop().unwrap().success());
+}
+
+/// The agent still answers a well-formed request, after `what`.
+fn assert_alive(socket: &Path, what: &str) {
+    let (status, text) = exchange(socket, &request("GET", "/v1/status", b""));
+    assert_eq!(status, Some(200), "after {what}, status answers {text:?}");
+}
+
+/// Every route with every method it does not take: 405 (404 for no route), with a JSON error.
+fn wrong_methods_are_refused(socket: &Path) {
     for (path, allowed) in ROUTES {
         for method in METHODS.iter().filter(|m| !allowed.contains(m)) {
-            let (status, text) = exchange(&socket, &request(method, path, b""));
+            let (status, text) = exchange(socket, &request(method, path, b""));
             let want = if allowed.is_empty() { 404 } else { 405 };
             assert_eq!(status, Some(want), "{method} {path}: {text}");
             assert!(
@@ -175,9 +194,13 @@ fn malformed_requests_are_refused_the_agent_keeps_answering_and_nothing_in_force
             );
         }
     }
-    alive("wrong methods");
+    assert_alive(socket, "wrong methods");
+}
 
-    // 2. Bodies that are not a rule: refused with a 4xx and a JSON error, no rule added.
+/// Bodies that are not a rule (empty, not JSON, the wrong shape, 3 MiB, nested 100,000 deep, a
+/// list file): each refused with a 4xx, no rule added; a rule that is not there: 404; queries
+/// that mean nothing: 400.
+fn bodies_and_queries_that_mean_nothing_are_refused(socket: &Path) {
     let big_name = format!(
         "{{\"name\": \"{}\", \"source\": \"198.18.1.0/24\", \"rate\": 1}}",
         "a".repeat(3 << 20)
@@ -217,12 +240,12 @@ fn malformed_requests_are_refused_the_agent_keeps_answering_and_nothing_in_force
         ),
     ];
     for (what, body) in &bodies {
-        let (status, text) = exchange(&socket, &request("POST", "/v1/rules", body));
+        let (status, text) = exchange(socket, &request("POST", "/v1/rules", body));
         let code = status.unwrap_or_else(|| panic!("{what}: closed without a response"));
         assert!((400..500).contains(&code), "{what}: {code} {text}");
-        alive(what);
+        assert_alive(socket, what);
     }
-    let (status, text) = exchange(&socket, &request("DELETE", "/v1/rules/no-such-rule", b""));
+    let (status, text) = exchange(socket, &request("DELETE", "/v1/rules/no-such-rule", b""));
     assert_eq!(status, Some(404), "{text}");
     for path in [
         "/v1/top?n=abc",
@@ -232,13 +255,64 @@ fn malformed_requests_are_refused_the_agent_keeps_answering_and_nothing_in_force
         "/v1/explain?ip=198.18.0.1&dst_port=70000",
         "/v1/explain",
     ] {
-        let (status, text) = exchange(&socket, &request("GET", path, b""));
+        let (status, text) = exchange(socket, &request("GET", path, b""));
         assert_eq!(status, Some(400), "GET {path}: {text}");
     }
-    alive("bad queries");
+    assert_alive(socket, "bad queries");
+}
 
-    // 3. Broken HTTP: each gets a 4xx or the connection closed, never a hang or a crash.
-    let mut broken: Vec<(&str, Vec<u8>)> = vec![
+/// Broken HTTP (hand-made, and 200 seeded random requests): each gets a 4xx or the connection
+/// closed, never a hang or a crash, and nothing a request says is applied.
+fn broken_http_is_refused(socket: &Path) {
+    let mut broken = broken_requests();
+    // Seeded random requests: random bytes, and real requests with random bytes spliced in.
+    let seed = 0x5eed_1234_u64 ^ u64::from(std::process::id());
+    println!("random requests from seed {seed:#x}");
+    let mut rng = Rng(seed | 1);
+    for _ in 0..200 {
+        let mut r = if rng.below(2) == 0 {
+            let n = 1 + rng.below(512);
+            rng.bytes(n)
+        } else {
+            let (path, allowed) = ROUTES[rng.below(ROUTES.len())];
+            let method = allowed.first().copied().unwrap_or("GET");
+            // No rule of that name: a DELETE that parses anyway removes nothing.
+            let path = if method == "DELETE" {
+                "/v1/rules/absent"
+            } else {
+                path
+            };
+            let mut r = request(method, path, b"{\"name\": \"r\"}");
+            let at = rng.below(r.len());
+            let n = 1 + rng.below(16);
+            let junk = rng.bytes(n);
+            r.splice(at..at, junk);
+            r
+        };
+        // Never a POST that could be valid by chance: reload and detach change what is in force.
+        if r.starts_with(b"POST /v1/reload") || r.starts_with(b"POST /v1/detach") {
+            r.insert(0, b'X');
+        }
+        broken.push(("random", r));
+    }
+    for (what, r) in &broken {
+        let (status, text) = exchange_broken(socket, r);
+        if let Some(code) = status {
+            // A spliced request may still parse: then it is answered as any request is, and
+            // must be refused (nothing a random request says may be applied).
+            assert!(
+                (400..500).contains(&code) || (code == 200 && !r.starts_with(b"POST")),
+                "{what}: {code} for {:?}: {text}",
+                String::from_utf8_lossy(&r[..r.len().min(200)])
+            );
+        }
+        assert_alive(socket, what);
+    }
+}
+
+/// Requests that break HTTP by hand: request lines, headers, lengths, chunks, sizes.
+fn broken_requests() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
         ("no version", b"GET /v1/status\r\n\r\n".to_vec()),
         ("bad request line", b"GARBAGE\r\n\r\n".to_vec()),
         ("LF only", b"GET /v1/status HTTP/1.1\nHost: a\n\n".to_vec()),
@@ -286,55 +360,16 @@ fn malformed_requests_are_refused_the_agent_keeps_answering_and_nothing_in_force
             r.extend_from_slice(b" HTTP/1.1\r\nHost: a\r\n\r\n");
             r
         }),
-    ];
-    // Seeded random requests: random bytes, and real requests with random bytes spliced in.
-    let seed = 0x5eed_1234_u64 ^ u64::from(std::process::id());
-    println!("random requests from seed {seed:#x}");
-    let mut rng = Rng(seed | 1);
-    for _ in 0..200 {
-        let mut r = if rng.below(2) == 0 {
-            let n = 1 + rng.below(512);
-            rng.bytes(n)
-        } else {
-            let (path, allowed) = ROUTES[rng.below(ROUTES.len())];
-            let method = allowed.first().copied().unwrap_or("GET");
-            // No rule of that name: a DELETE that parses anyway removes nothing.
-            let path = if method == "DELETE" {
-                "/v1/rules/absent"
-            } else {
-                path
-            };
-            let mut r = request(method, path, b"{\"name\": \"r\"}");
-            let at = rng.below(r.len());
-            let n = 1 + rng.below(16);
-            let junk = rng.bytes(n);
-            r.splice(at..at, junk);
-            r
-        };
-        // Never a POST that could be valid by chance: reload and detach change what is in force.
-        if r.starts_with(b"POST /v1/reload") || r.starts_with(b"POST /v1/detach") {
-            r.insert(0, b'X');
-        }
-        broken.push(("random", r));
-    }
-    for (what, r) in &broken {
-        let (status, text) = exchange_broken(&socket, r);
-        if let Some(code) = status {
-            // A spliced request may still parse: then it is answered as any request is, and
-            // must be refused (nothing a random request says may be applied).
-            assert!(
-                (400..500).contains(&code) || (code == 200 && !r.starts_with(b"POST")),
-                "{what}: {code} for {:?}: {text}",
-                String::from_utf8_lossy(&r[..r.len().min(200)])
-            );
-        }
-        alive(what);
-    }
+    ]
+}
 
-    // 4. Connections that never finish their request do not block the others.
+/// 64 connections that never finish their request do not block the others, nor change what is
+/// in force (`before`); closed all at once, and clients that hang up before their answer (the
+/// agent's writes fail, EPIPE), do not kill the agent (SIGPIPE's default action).
+fn connections_left_halfway_block_nobody(socket: &Path, before: &InForce) {
     let mut held = Vec::new();
     for i in 0..64 {
-        let mut s = UnixStream::connect(&socket).unwrap();
+        let mut s = UnixStream::connect(socket).unwrap();
         let partial: &[u8] = match i % 3 {
             0 => b"GET /v1/sta",
             1 => b"POST /v1/rules HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n{\"name\"",
@@ -343,27 +378,16 @@ fn malformed_requests_are_refused_the_agent_keeps_answering_and_nothing_in_force
         s.write_all(partial).unwrap();
         held.push(s);
     }
-    alive("64 connections left halfway");
-    assert_eq!(in_force(&socket), before, "in force while connections hang");
+    assert_alive(socket, "64 connections left halfway");
+    assert_eq!(in_force(socket), *before, "in force while connections hang");
     // Closed all at once, and clients that hang up before their answer: the agent's writes to
     // them fail (EPIPE); they must not kill it (SIGPIPE's default action).
     drop(held);
     for _ in 0..32 {
-        let mut s = UnixStream::connect(&socket).unwrap();
+        let mut s = UnixStream::connect(socket).unwrap();
         s.write_all(&request("GET", "/v1/stats", b"")).unwrap();
     }
-    alive("clients that hung up early");
-
-    // Nothing in force changed, the file was not written, the program is still attached.
-    let after = in_force(&socket);
-    assert_eq!(after, before, "what is in force changed");
-    assert_eq!(
-        fs::read(agent.config_path()).unwrap(),
-        file_before,
-        "the config file was written"
-    );
-    assert_eq!(xdp_attachment(&rx, &rx_if).unwrap(), attached);
-    assert!(agent.stop().unwrap().success());
+    assert_alive(socket, "clients that hung up early");
 }
 
 /// What an attacker sends on each connection: a request announcing a large body, then a few
