@@ -27,19 +27,17 @@
 //! `burst / rate` loses the rest of each gap's refill, and a share of a burst of 1 holds less
 //! than one packet.
 
-use std::collections::HashSet;
-use std::net::Ipv4Addr;
 use std::thread;
 use std::time::Duration;
 
 use ratelimit_testbed::{
-    agent_proc::global_counter,
-    bursty::{worst_excess, BurstLog, Plan},
+    bursty::{BurstLog, Plan},
     cluster_net::FLOOD,
     late_rounds::Overdue,
 };
 
 mod harness;
+mod onoff;
 
 use crate::harness::{
     plain, plain_on, run, run_on, within_one_bucket, within_one_bucket_on, within_the_bound,
@@ -400,164 +398,5 @@ fn burst_1_with_a_spoofed_second_holder_admits_everything_under_the_budget() {
         "{sent} datagrams at 2 pps under a budget of {RATE} pps: {cluster} arrived (the ones sent \
          at [{}] s did not)",
         missing.join(" ")
-    );
-}
-
-const ONOFF_HOSTS: usize = 3;
-const ONOFF_RATE: f64 = 1000.0;
-const ONOFF_BURST: f64 = 500.0;
-/// Each cycle: bursts for [`ON_SECS`], then silence for [`OFF_SECS`].
-const CYCLES: usize = 10;
-/// 100 back to back to every host every 10 ms (phases a third apart): 30,000 pps, 3,000 a cycle,
-/// far more than a burst and the refill.
-const ON_SECS: f64 = 0.1;
-const ON_BURST: u32 = 100;
-const ON_PERIOD: f64 = 0.01;
-/// The tolerance (`burst / rate`) and five sync intervals: every bucket refills in the silence.
-const OFF_SECS: f64 = 1.0;
-/// The store holds this many buckets (64, the smallest it rounds to) ...
-const MAX_BUCKETS: u64 = 64;
-/// ... against this many spoofed sources, each at every host ...
-const SPOOFED_SOURCES: usize = 4096;
-/// ... at this many frames a second per host: each source comes back every 2 s, long after the
-/// store evicted it, so every frame makes a new bucket and evicts one (a refilled one first: the
-/// victim's, in its silence).
-const SPOOFED_PPS: u64 = 2000;
-/// docs/design.md's bound on what the cluster admits of one source over any window `T`, beyond
-/// `rate x T`: every host's burst once (`hosts x burst`), what the other hosts admit at the
-/// whole rate before they hear of it (`(hosts - 1) x rate x lag`), and the skew's `rate x skew`.
-/// 1,500 + 800 + 50 = 2,350 packets here.
-#[expect(clippy::cast_precision_loss, reason = "3 hosts")]
-const ONOFF_EXCESS_BOUND: f64 = ONOFF_HOSTS as f64 * ONOFF_BURST
-    + (ONOFF_HOSTS - 1) as f64 * ONOFF_RATE * MAX_LAG_SECS
-    + ONOFF_RATE * SKEW_SECS;
-
-/// An on/off source while a spoofed flood of many sources in the same rule churns every host's
-/// bucket store (`max_buckets` 64): an evicted bucket of the victim, back with its next burst,
-/// must not start at every host with a whole burst and the whole rate again. Over any window
-/// `T` the cluster admits of the victim at most `rate x T + ONOFF_EXCESS_BOUND`.
-///
-/// Today a bucket the program creates has no share (the whole rate) until the agent's next
-/// round writes one, so every cycle each host admits its whole burst and 0.1 s of the whole
-/// rate: 1,756-1,958 a cycle against one bucket's 592-660, an excess of 7,670-8,109 over 10 s.
-#[test]
-#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
-fn an_on_off_source_under_a_store_churning_spoofed_flood_gets_one_budget() {
-    let cycle = ON_SECS + OFF_SECS;
-    #[expect(clippy::cast_precision_loss, reason = "a few cycles")]
-    let end = CYCLES as f64 * cycle;
-    let mut plan = Plan::default();
-    for h in 0..ONOFF_HOSTS {
-        #[expect(clippy::cast_precision_loss, reason = "3 hosts")]
-        let offset = ON_PERIOD * h as f64 / ONOFF_HOSTS as f64;
-        plan = plan.periodic(h, ON_BURST, ON_PERIOD, offset, end, |t| {
-            t % cycle < ON_SECS - 1e-9
-        });
-    }
-    // Distinct spoofed sources in 198.18.128.0/17 (inside the rule's /16, outside the links'
-    // subnets), picked by a fixed xorshift.
-    let mut sources = Vec::new();
-    let mut seen = HashSet::new();
-    let mut x: u32 = 0x9e37_79b9;
-    while sources.len() < SPOOFED_SOURCES {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        let low = x & 0x7fff;
-        if low & 0xff != 0 && low & 0xff != 0xff && seen.insert(low) {
-            let [_, _, a, b] = (0x8000 | low).to_be_bytes();
-            sources.push(Ipv4Addr::new(198, 18, a, b));
-        }
-    }
-    let rules = format!(
-        r#"[[rule]]
-name = "cluster-flood"
-source = "198.18.0.0/16"
-rate = {ONOFF_RATE}
-burst = {ONOFF_BURST}
-per = "source"
-scope = "cluster"
-"#
-    );
-    let evictions = std::cell::RefCell::new(Vec::new());
-    let flood_sent = std::cell::RefCell::new(Vec::new());
-    let o = run(
-        "rl-cbo",
-        ONOFF_HOSTS,
-        ONOFF_RATE,
-        ONOFF_BURST,
-        |net, i| net.config_agent_with(i, &format!("max_buckets = {MAX_BUCKETS}"), &rules, SYNC_MS),
-        |_| {},
-        plan,
-        |net, agents, start| {
-            // The flood for as long as the victim's plan, to a port nobody listens on (the
-            // hosts' programs see it all the same).
-            let remaining = Duration::from_secs_f64(end + 0.2).saturating_sub(start.elapsed());
-            let threads = net
-                .spoofed_flood(&sources, 9001, SPOOFED_PPS, remaining)
-                .unwrap();
-            for t in threads {
-                flood_sent
-                    .borrow_mut()
-                    .push(t.join().unwrap().unwrap().sent);
-            }
-            for a in agents {
-                let s = a.stats();
-                evictions.borrow_mut().push((
-                    global_counter(&s, "evicted_full"),
-                    global_counter(&s, "evicted_lost"),
-                ));
-            }
-        },
-    );
-    println!(
-        "spoofed flood: {SPOOFED_SOURCES} sources, {SPOOFED_PPS} pps per host, sent per host {:?}; \
-         evictions per host (full, lost) {:?}",
-        flood_sent.borrow(),
-        evictions.borrow()
-    );
-    let admitted_times = o.log.times(&o.admitted);
-    let reference_times = o.log.times(&o.reference);
-    let per_cycle = |mask: &[bool]| -> Vec<u64> {
-        (0..CYCLES)
-            .map(|c| {
-                #[expect(clippy::cast_precision_loss, reason = "a few cycles")]
-                let t0 = c as f64 * cycle;
-                o.log
-                    .count_per_host(mask, ONOFF_HOSTS, t0, t0 + cycle)
-                    .iter()
-                    .sum()
-            })
-            .collect()
-    };
-    let cluster_cycles = per_cycle(&o.admitted);
-    let reference_cycles = per_cycle(&o.reference);
-    let (excess, a, b) = worst_excess(&admitted_times, ONOFF_RATE);
-    let (ref_excess, _, _) = worst_excess(&reference_times, ONOFF_RATE);
-    o.report("whole run", 0.0, end);
-    println!("admitted per cycle: cluster {cluster_cycles:?}, one bucket {reference_cycles:?}");
-    // As the written bound (`within_the_bound`): a host whose agent ran no round for the lag
-    // allowance fails open, its buckets refilling at the whole rate until its shares are renewed.
-    let lapses: Vec<_> = o.overdue.lapses_within(a, b).collect();
-    let lapsed: f64 = lapses.iter().map(|l| (ONOFF_RATE * l.2).ceil()).sum();
-    let bound = ONOFF_EXCESS_BOUND + lapsed;
-    println!(
-        "largest excess over rate x T: cluster {excess:.0} packets (window {a:.2}-{b:.2} s), one \
-         bucket {ref_excess:.0}; bound {bound:.0} ({ONOFF_EXCESS_BOUND:.0} and {lapsed:.0} for \
-         the shares' lapses (host, renewed at, seconds): {lapses:?})"
-    );
-    assert!(
-        excess <= bound,
-        "the datagrams sent {a:.2}-{b:.2} s: the cluster admitted {excess:.0} more than rate x T, \
-         beyond the bound {bound:.0} (hosts x burst once, the lag, the skew, the lapses): per \
-         cycle {cluster_cycles:?}, one bucket {reference_cycles:?}"
-    );
-    // Not by starving the source: after the first cycle it still admits a good part of what one
-    // bucket would.
-    let later: u64 = cluster_cycles[1..].iter().sum();
-    let want: u64 = reference_cycles[1..].iter().sum::<u64>() / 2;
-    assert!(
-        later >= want,
-        "cycles 2-{CYCLES} admitted {later}, less than half of one bucket's: {cluster_cycles:?}"
     );
 }
