@@ -189,7 +189,8 @@ fn two_hosts_with_interleaved_bursts_through_redis_admit_what_one_bucket_would()
 /// bucket refills 31 tokens between consecutive bursts and admits them: the budget. A host's
 /// bucket gets a burst only every 250 ms, longer than the tolerance (`burst / rate`, 100 ms): a
 /// host that may hold only its share of the burst (12.5 packets at 1/8) loses the refill of the
-/// rest of the period. (Bursts of 25 every 50 ms, within the tolerance, admitted 1.023 x today.)
+/// rest of the period. (Bursts of 25 every 50 ms fall within the tolerance and do not show it:
+/// hosts holding only their share of the burst admitted 1.023 x one bucket's of those.)
 #[test]
 fn eight_hosts_with_even_bursts_admit_what_one_bucket_would() {
     const HOSTS: usize = 8;
@@ -210,9 +211,9 @@ const SMALL_FLOOR: f64 = 0.5;
 
 /// Eight hosts, 4,000 pps in all, 95% to h0 (190 back to back every 50 ms) and the other seven
 /// about 29 pps each (the smallest bursts: one datagram every 35 ms, phases spread; with 2
-/// every 70 ms they admitted 25-44 of 57 and 6-26 in other runs, too close to the floor to fail
-/// every time today). Within 5% of one bucket, and
-/// every small host admits some of its traffic: with shares in proportion to demand each would
+/// every 70 ms, hosts holding only their share of the burst admitted 25-44 of 57 and 6-26 in
+/// other runs, too close to the floor to fail every time). Within 5% of one bucket, and every
+/// small host admits some of its traffic: with shares in proportion to demand each would
 /// get about its demand x budget / total demand (7 pps, 57 over the window); each must get at
 /// least half of that ([`SMALL_FLOOR`]), whatever else a design gives them.
 #[test]
