@@ -1,19 +1,13 @@
-//! Cluster test beds: a switch namespace with a data bridge and a gossip bridge, a sender, hosts
-//! (each with a data link and a gossip link), the cluster key; the agents' status and metrics;
-//! and [`Attacker`], a peer holding the cluster key that speaks the real sealed gossip protocol
-//! (chitchat over the agent's own [`SecureTransport`]) and publishes whatever it is told to.
-//!
-//! ```text
-//!   sw namespace: bridge "rlbd" (data, 198.18.0.0/24), bridge "rlbg" (gossip, 198.18.1.0/24)
-//!   tx --data-- rlbd --data-- h0 h1 ...
-//!               rlbg --gossip-- h0 h1 ... (and extra gossip-only namespaces: attackers)
-//! ```
+//! What the cluster tests read and play beside the network ([`crate::cluster_net::ClusterNet`]):
+//! the agents' cluster status ([`cluster`], [`counter`], [`peers`], [`counted`]) and metrics
+//! ([`scrape`], [`metric`]) through the CLI, [`wait_for`], a paced sender ([`paced`]); and
+//! [`Attacker`], a peer holding the cluster key that speaks the real sealed gossip protocol
+//! (chitchat over the agent's own [`SecureTransport`]) and publishes whatever it is told to, from
+//! a gossip-only namespace ([`ClusterNet::gossip_only`](crate::cluster_net::ClusterNet::gossip_only)).
 
 use std::{
     collections::HashSet,
-    net::{IpAddr, Ipv4Addr, SocketAddr},
-    os::unix::fs::PermissionsExt as _,
-    path::PathBuf,
+    net::{IpAddr, SocketAddr},
     process::Command,
     sync::{Arc, Mutex},
     thread,
@@ -33,163 +27,10 @@ use ratelimit::cluster::{
 };
 use serde_json::Value;
 
-use crate::{
-    add_addr, agent_binary, mac, neigh_to_peer, require_root, veth_pair, AgentProcess, Netns,
-};
+use crate::{agent_binary, cluster_net::SECRET, AgentProcess, Netns};
 
-/// The gossip port of every host.
-pub const GOSSIP_PORT: u16 = 7946;
-/// The cluster key's secret (base64 text, as in a key file).
-pub const SECRET: &str = "k8Qx2v9Lm4Tz7Rb1Nc6Yh3Wd5Gf0Ps8Ju2Ea4Ko7Ui1";
 /// Where the agents' metrics listen, inside each host's namespace.
 pub const METRICS: &str = "127.0.0.1:9477";
-
-/// Host `i`'s address on the data link.
-#[must_use]
-pub fn data_ip(i: usize) -> Ipv4Addr {
-    Ipv4Addr::new(198, 18, 0, 1 + u8::try_from(i).expect("few hosts"))
-}
-
-/// Host `i`'s address on the gossip link.
-#[must_use]
-pub fn gossip_ip(i: usize) -> Ipv4Addr {
-    Ipv4Addr::new(198, 18, 1, 1 + u8::try_from(i).expect("few hosts"))
-}
-
-/// Host `i`'s gossip address.
-#[must_use]
-pub fn gossip_addr(i: usize) -> SocketAddr {
-    SocketAddr::new(IpAddr::V4(gossip_ip(i)), GOSSIP_PORT)
-}
-
-/// One host: its namespace and its two links.
-pub struct Host {
-    /// The namespace.
-    pub ns: Netns,
-    /// Its data link (where XDP attaches).
-    pub data_if: String,
-    /// Its gossip link.
-    pub gossip_if: String,
-}
-
-/// The test network. Drop the agents first.
-pub struct Net {
-    /// Hosts `h0..`.
-    pub hosts: Vec<Host>,
-    /// The sender, with `sources` on its data link.
-    pub tx: Netns,
-    /// The switch.
-    pub sw: Netns,
-    /// Directory of the key file (removed on drop).
-    pub keys: PathBuf,
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.keys);
-    }
-}
-
-impl Net {
-    /// Builds the network: `n` hosts named `{tag}-h{i}`, the sender with addresses `sources`
-    /// (198.18.0.0/24), the key file.
-    ///
-    /// # Panics
-    /// When a namespace, link or address cannot be made.
-    #[must_use]
-    pub fn new(tag: &str, n: usize, sources: &[Ipv4Addr]) -> Self {
-        require_root();
-        let keys = std::env::temp_dir().join(format!("{tag}-keys-{}", std::process::id()));
-        std::fs::create_dir_all(&keys).unwrap();
-        let sw = Netns::new(&format!("{tag}-sw")).unwrap();
-        for br in ["rlbd", "rlbg"] {
-            sw.ip(&["link", "add", "name", br, "type", "bridge"])
-                .unwrap();
-            sw.ip(&["link", "set", br, "up"]).unwrap();
-        }
-        let tx = Netns::new(&format!("{tag}-tx")).unwrap();
-        let (tx_if, _) = plug(&sw, &tx, "at", "rlbd");
-        for s in sources {
-            add_addr(&tx, &tx_if, &format!("{s}/24")).unwrap();
-        }
-        let mut hosts = Vec::new();
-        for i in 0..n {
-            let ns = Netns::new(&format!("{tag}-h{i}")).unwrap();
-            let (data_if, data_port) = plug(&sw, &ns, "ad", "rlbd");
-            let (gossip_if, _) = plug(&sw, &ns, "ag", "rlbg");
-            add_addr(&ns, &data_if, &format!("{}/24", data_ip(i))).unwrap();
-            add_addr(&ns, &gossip_if, &format!("{}/24", gossip_ip(i))).unwrap();
-            // The hosts never send on the data link: pin their MACs in the bridge, or it floods
-            // every frame to every host (whose XDP would count it).
-            sw.run(&[
-                "bridge",
-                "fdb",
-                "replace",
-                &mac(&ns, &data_if).unwrap(),
-                "dev",
-                &data_port,
-                "master",
-                "static",
-            ])
-            .unwrap();
-            neigh_to_peer(&tx, &tx_if, IpAddr::V4(data_ip(i)), &ns, &data_if).unwrap();
-            hosts.push(Host {
-                ns,
-                data_if,
-                gossip_if,
-            });
-        }
-        let key = keys.join("cluster.key");
-        std::fs::write(&key, format!("{SECRET}\n")).unwrap();
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-        Self {
-            hosts,
-            tx,
-            sw,
-            keys,
-        }
-    }
-
-    /// The key file.
-    #[must_use]
-    pub fn key_file(&self) -> PathBuf {
-        self.keys.join("cluster.key")
-    }
-
-    /// A gossip-only namespace `{tag}` on the gossip bridge at `ip`/24 (for an attacker).
-    ///
-    /// # Panics
-    /// When it cannot be made.
-    #[must_use]
-    pub fn gossip_only(&self, tag: &str, ip: Ipv4Addr) -> (Netns, String) {
-        let ns = Netns::new(tag).unwrap();
-        let (inside, _) = plug(&self.sw, &ns, "ax", "rlbg");
-        add_addr(&ns, &inside, &format!("{ip}/24")).unwrap();
-        (ns, inside)
-    }
-
-    /// Cuts (`up = false`) or restores host `i`'s gossip link.
-    ///
-    /// # Panics
-    /// When `ip link` fails.
-    pub fn gossip_link(&self, i: usize, up: bool) {
-        self.hosts[i]
-            .ns
-            .ip(&[
-                "link",
-                "set",
-                &self.hosts[i].gossip_if,
-                if up { "up" } else { "down" },
-            ])
-            .unwrap();
-    }
-}
-
-fn plug(sw: &Netns, ns: &Netns, prefix: &str, bridge: &str) -> (String, String) {
-    let (inside, port) = veth_pair(ns, sw, prefix).unwrap();
-    sw.ip(&["link", "set", &port, "master", bridge]).unwrap();
-    (inside, port)
-}
 
 /// Runs `ratelimit --socket S ARGS` against `agent` and returns its standard output.
 ///

@@ -1,19 +1,25 @@
-//! A cluster of N real agents for end-to-end tests and the bench: a switch namespace with a data
-//! bridge and a gossip bridge, a sender namespace, and N host namespaces, each with the limiter
-//! attached to its data link and gossiping on its own link (so a partition is one
-//! `ip link set down`). One paced sender thread spreads a source's flood over the hosts following
-//! a schedule of splits; [`Sampler`] reads what each host delivered, and [`Samples`] turns that
-//! into the cluster's admitted rate over any window.
+//! The one cluster test network, for every cluster end-to-end test and the bench: [`ClusterNet`],
+//! a switch namespace with a data bridge and a gossip bridge, a sender namespace, and N host
+//! namespaces, each with the limiter attached to its data link and gossiping on its own link (so a
+//! partition is one `ip link set down`), the hosts' MACs pinned in the bridge and static
+//! neighbours from the sender to each host, and the cluster key file. On top of it: more source
+//! addresses for the sender ([`ClusterNet::add_source`]), gossip-only namespaces on the gossip
+//! bridge (an attacker's, [`ClusterNet::gossip_only`]), more key files
+//! ([`ClusterNet::write_key`]), static neighbours between the hosts' gossip links
+//! ([`ClusterNet::pin_gossip_neighbours`]); the hosts' configs and agents, a Redis store on the
+//! gossip bridge, and the floods: one paced sender thread spreads a source's flood over the hosts
+//! following a schedule of splits, and [`Samples`] turns what each host delivered into the
+//! cluster's admitted rate over any window.
 //!
 //! ```text
 //!   sw namespace: bridge "rlbd" (data, 198.18.0.0/24), bridge "rlbg" (gossip, 198.18.1.0/24)
 //!   tx --data-- rlbd --data-- h0 .. hN-1
-//!               rlbg --gossip-- h0 .. hN-1
+//!               rlbg --gossip-- h0 .. hN-1 (and gossip-only namespaces)
 //! ```
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -36,8 +42,8 @@ pub const FLOOD: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 250);
 pub const GOSSIP_PORT: u16 = 7946;
 /// The port the hosts' receivers listen on.
 pub const DATA_PORT: u16 = 9000;
-/// The cluster key's secret.
-const SECRET: &str = "k8Qx2v9Lm4Tz7Rb1Nc6Yh3Wd5Gf0Ps8Ju2Ea4Ko7Ui1";
+/// The cluster key's secret (base64 text, as in a key file).
+pub const SECRET: &str = "k8Qx2v9Lm4Tz7Rb1Nc6Yh3Wd5Gf0Ps8Ju2Ea4Ko7Ui1";
 /// Most hosts (addresses 198.18.{0,1}.1..=200).
 pub const MAX_HOSTS: usize = 200;
 /// The `[agent]` line every agent of the bed gets: no learner. Each learning agent walks its
@@ -102,24 +108,44 @@ pub struct ClusterHost {
     pub gossip_if: String,
 }
 
-/// The network; drop it after the agents and receivers.
+/// The network; drop it after the agents and receivers. Its fields drop in order: the hosts, the
+/// sender, the switch, then the key directory.
 pub struct ClusterNet {
     /// The hosts, h0..hN-1.
     pub hosts: Vec<ClusterHost>,
-    /// The sender's namespace (it owns [`FLOOD`]).
+    /// The sender's namespace (it owns [`FLOOD`], and what [`ClusterNet::add_source`] adds).
     pub tx: Netns,
     /// The sender's data link.
     tx_if: String,
-    _sw: Netns,
-    keys: PathBuf,
-    /// The cluster key file.
+    sw: Netns,
+    /// The cluster key file (with [`SECRET`]).
     pub key_file: PathBuf,
+    keys: KeyDir,
 }
 
-impl Drop for ClusterNet {
+/// The directory of the key files, removed on drop (also when building the network failed).
+struct KeyDir(PathBuf);
+
+impl Drop for KeyDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.keys);
+        let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// Writes `secret` as the key file `dir/name`, mode 0600.
+fn write_key(dir: &Path, name: &str, secret: &str) -> Result<PathBuf> {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("{secret}\n"))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(path)
+}
+
+/// A veth pair from `ns` to the switch `sw`, its switch end a port of `bridge`: the name of the
+/// end in `ns`, and of the port.
+fn plug(sw: &Netns, ns: &Netns, prefix: &str, bridge: &str) -> Result<(String, String)> {
+    let (inside, port) = veth_pair(ns, sw, prefix)?;
+    sw.ip(&["link", "set", &port, "master", bridge])?;
+    Ok((inside, port))
 }
 
 impl ClusterNet {
@@ -129,29 +155,22 @@ impl ClusterNet {
         if n == 0 || n > MAX_HOSTS {
             bail!("{n} hosts: want 1-{MAX_HOSTS}");
         }
-        let keys = std::env::temp_dir().join(format!("{tag}-keys-{}", std::process::id()));
-        std::fs::create_dir_all(&keys)?;
-        let key_file = keys.join("cluster.key");
-        std::fs::write(&key_file, format!("{SECRET}\n"))?;
-        std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600))?;
+        let keys = KeyDir(std::env::temp_dir().join(format!("{tag}-keys-{}", std::process::id())));
+        std::fs::create_dir_all(&keys.0)?;
+        let key_file = write_key(&keys.0, "cluster.key", SECRET)?;
         let sw = Netns::new(&format!("{tag}-sw"))?;
         for br in ["rlbd", "rlbg"] {
             sw.ip(&["link", "add", "name", br, "type", "bridge"])?;
             sw.ip(&["link", "set", br, "up"])?;
         }
-        let plug = |ns: &Netns, prefix: &str, bridge: &str| -> Result<(String, String)> {
-            let (inside, port) = veth_pair(ns, &sw, prefix)?;
-            sw.ip(&["link", "set", &port, "master", bridge])?;
-            Ok((inside, port))
-        };
         let tx = Netns::new(&format!("{tag}-tx"))?;
-        let (tx_if, _) = plug(&tx, "nt", "rlbd")?;
+        let (tx_if, _) = plug(&sw, &tx, "nt", "rlbd")?;
         add_addr(&tx, &tx_if, &format!("{FLOOD}/24"))?;
         let mut hosts = Vec::new();
         for i in 0..n {
             let ns = Netns::new(&format!("{tag}-h{i}"))?;
-            let (data_if, data_port) = plug(&ns, "nd", "rlbd")?;
-            let (gossip_if, _) = plug(&ns, "ng", "rlbg")?;
+            let (data_if, data_port) = plug(&sw, &ns, "nd", "rlbd")?;
+            let (gossip_if, _) = plug(&sw, &ns, "ng", "rlbg")?;
             add_addr(&ns, &data_if, &format!("{}/24", data_ip(i)))?;
             add_addr(&ns, &gossip_if, &format!("{}/24", gossip_ip(i)))?;
             // The hosts never send on the data link, so the bridge would never learn where their
@@ -177,10 +196,45 @@ impl ClusterNet {
             hosts,
             tx,
             tx_if,
-            _sw: sw,
-            keys,
+            sw,
             key_file,
+            keys,
         })
+    }
+
+    /// Another key file `name` in the bed's key directory holding `secret` (mode 0600; removed
+    /// with the network), e.g. a key that is not the cluster's.
+    pub fn write_key(&self, name: &str, secret: &str) -> Result<PathBuf> {
+        write_key(&self.keys.0, name, secret)
+    }
+
+    /// A gossip-only namespace `{tag}` (plus [`Netns`]'s unique suffix) on the gossip bridge at
+    /// `ip`/24 (for an attacker): the namespace and its link.
+    pub fn gossip_only(&self, tag: &str, ip: Ipv4Addr) -> Result<(Netns, String)> {
+        let ns = Netns::new(tag)?;
+        let (inside, _) = plug(&self.sw, &ns, "nx", "rlbg")?;
+        add_addr(&ns, &inside, &format!("{ip}/24"))?;
+        Ok((ns, inside))
+    }
+
+    /// Static neighbours between every pair of hosts on their gossip links: nothing but gossip
+    /// ever leaves a gossip link (no ARP), so its byte counter can be compared with the agent's
+    /// exactly.
+    pub fn pin_gossip_neighbours(&self) -> Result<()> {
+        for (i, a) in self.hosts.iter().enumerate() {
+            for (j, b) in self.hosts.iter().enumerate() {
+                if i != j {
+                    neigh_to_peer(
+                        &a.ns,
+                        &a.gossip_if,
+                        IpAddr::V4(gossip_ip(j)),
+                        &b.ns,
+                        &b.gossip_if,
+                    )?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A host's config: one `scope = "cluster"` rule `cluster-flood` over 198.18.0.0/24 per
@@ -301,15 +355,15 @@ cluster_id = "e2e-cluster-net"
     /// [`RedisServer::start_with`](crate::redis::RedisServer::start_with)).
     pub fn start_redis_with(&self, args: &[&str]) -> Result<crate::redis::RedisServer> {
         self.redis_address()?;
-        crate::redis::RedisServer::start_with(&self._sw, REDIS_ADDR, args)
+        crate::redis::RedisServer::start_with(&self.sw, REDIS_ADDR, args)
     }
 
     /// Gives the switch namespace [`REDIS_ADDR`]'s address on the gossip bridge, once.
     fn redis_address(&self) -> Result<()> {
         let cidr = format!("{}/24", REDIS_ADDR.ip());
-        let have = self._sw.ip(&["-4", "addr", "show", "dev", "rlbg"])?;
+        let have = self.sw.ip(&["-4", "addr", "show", "dev", "rlbg"])?;
         if !have.contains(&format!("{} ", REDIS_ADDR.ip())) && !have.contains(&cidr) {
-            add_addr(&self._sw, "rlbg", &cidr)?;
+            add_addr(&self.sw, "rlbg", &cidr)?;
         }
         Ok(())
     }
@@ -318,7 +372,7 @@ cluster_id = "e2e-cluster-net"
     /// ([`RedisCluster`](crate::redis::RedisCluster)) at [`REDIS_ADDR`]'s address, ports 7000 on.
     pub fn start_redis_cluster(&self, masters: usize) -> Result<crate::redis::RedisCluster> {
         self.redis_address()?;
-        crate::redis::RedisCluster::start(&self._sw, REDIS_ADDR.ip(), CLUSTER_PORT, masters)
+        crate::redis::RedisCluster::start(&self.sw, REDIS_ADDR.ip(), CLUSTER_PORT, masters)
     }
 
     /// The URLs of the masters [`ClusterNet::start_redis_cluster`] starts, known before it
@@ -412,11 +466,18 @@ cluster_id = "e2e-cluster-net"
         self.flood_from(FLOOD, schedule, start)
     }
 
-    /// Gives the sender another source address in the data subnet (198.18.0.201-249: above the
-    /// hosts, below [`FLOOD`]), for [`ClusterNet::flood_from`].
+    /// Gives the sender another source address in the data subnet, for
+    /// [`ClusterNet::flood_from`] (or any socket bound in [`ClusterNet::tx`]): any 198.18.0.x
+    /// above the hosts' addresses (198.18.0.1 to .N) and below [`FLOOD`] (.250), so .N+1 to .249.
     pub fn add_source(&self, source: Ipv4Addr) -> Result<()> {
-        if !(201..250).contains(&source.octets()[3]) || source.octets()[..3] != [198, 18, 0] {
-            bail!("{source}: a source is 198.18.0.201-249");
+        let n = self.hosts.len();
+        let [a, b, c, x] = source.octets();
+        if [a, b, c] != [198, 18, 0] || usize::from(x) <= n || x >= FLOOD.octets()[3] {
+            bail!(
+                "{source}: a source is 198.18.0.{}-249 (not a host's address, 198.18.0.1-{n}, \
+                 nor {FLOOD} or above)",
+                n + 1
+            );
         }
         add_addr(&self.tx, &self.tx_if, &format!("{source}/24"))
     }

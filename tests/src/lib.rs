@@ -29,8 +29,12 @@
 //!   `backend = "redis"`), killed on drop.
 //! - [`redis_local`]: [`redis_local::LocalRedisCluster`], a Redis Cluster of several masters on
 //!   loopback in this namespace (the bench's `redis` case), removed on drop.
-//! - [`cluster`]: cluster test beds (hosts with data and gossip links), the agents' cluster
-//!   status, and [`cluster::Attacker`], a key-holding peer speaking the real sealed protocol.
+//! - [`cluster_net`]: [`cluster_net::ClusterNet`], the one cluster test network (a switch with a
+//!   data bridge and a gossip bridge, a sender, hosts each with a data link and a gossip link, the
+//!   key files), the hosts' configs and agents, paced floods split over the hosts and the
+//!   cluster's admitted rate over any window.
+//! - [`cluster`]: the agents' cluster status and metrics, [`cluster::wait_for`], and
+//!   [`cluster::Attacker`], a key-holding peer speaking the real sealed protocol.
 //!
 //! Only addresses from the benchmarking range 198.18.0.0/15 and 2001:db8::/32 are meant to be used,
 //! and only between namespaces the test created.

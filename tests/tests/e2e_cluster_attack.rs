@@ -34,10 +34,13 @@ use chitchat::ChitchatId;
 use ratelimit::cluster::key::ClusterKey;
 use ratelimit::cluster::wire::Codec;
 use ratelimit_testbed::cluster::{
-    cli, cluster, counted, counter, gossip_addr, metric, peers, scrape, unix_ms, wait_for,
-    Attacker, Identity, Net, GOSSIP_PORT, METRICS, SECRET,
+    cli, cluster, counted, counter, metric, peers, scrape, unix_ms, wait_for, Attacker, Identity,
+    METRICS,
 };
-use ratelimit_testbed::{bind_udp, bind_udp_transparent, send_udp, AgentProcess, Receiver};
+use ratelimit_testbed::cluster_net::{data_ip, gossip_addr, ClusterNet, GOSSIP_PORT, SECRET};
+use ratelimit_testbed::{
+    bind_udp, bind_udp_transparent, require_root, send_udp, AgentProcess, Receiver,
+};
 use serde_json::Value;
 
 const CLUSTER_ID: &str = "e2e-attack";
@@ -55,7 +58,7 @@ const ATTACKER_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 9);
 /// Identities of the attacker's own beyond its first, each at a port of its own.
 const EXTRA_SENDERS: u16 = 4;
 
-fn config(net: &Net, i: usize, extra_seeds: &[SocketAddr]) -> String {
+fn config(net: &ClusterNet, i: usize, extra_seeds: &[SocketAddr]) -> String {
     let mut seeds: Vec<String> = (0..2)
         .filter(|&j| j != i)
         .map(|j| gossip_addr(j).to_string())
@@ -83,11 +86,11 @@ max_keys = {MAX_KEYS}
 "#,
         net.hosts[i].data_if,
         gossip_addr(i),
-        net.key_file().display()
+        net.key_file.display()
     )
 }
 
-fn start(net: &Net, extra_seeds: &[SocketAddr]) -> Vec<AgentProcess> {
+fn start(net: &ClusterNet, extra_seeds: &[SocketAddr]) -> Vec<AgentProcess> {
     let agents: Vec<AgentProcess> = (0..2)
         .map(|i| {
             AgentProcess::start(&net.hosts[i].ns, &config(net, i, extra_seeds), &[])
@@ -104,8 +107,8 @@ fn start(net: &Net, extra_seeds: &[SocketAddr]) -> Vec<AgentProcess> {
 }
 
 /// Sends the victim's traffic to h0 for `secs`: (sent, received).
-fn victim(net: &Net, secs: f64) -> (u64, u64) {
-    let dst = SocketAddr::new(IpAddr::V4(ratelimit_testbed::cluster::data_ip(0)), 9000);
+fn victim(net: &ClusterNet, secs: f64) -> (u64, u64) {
+    let dst = SocketAddr::new(IpAddr::V4(data_ip(0)), 9000);
     let receiver = Receiver::bind(&net.hosts[0].ns, dst).unwrap();
     let sock = bind_udp(&net.tx, SocketAddr::new(IpAddr::V4(VICTIM), 0)).unwrap();
     let sent = send_udp(
@@ -127,6 +130,16 @@ fn victim(net: &Net, secs: f64) -> (u64, u64) {
     (sent.sent, got)
 }
 
+/// The network: two hosts, the victim on the sender, and a gossip-only namespace `{tag}-x` at
+/// [`ATTACKER_IP`] for the attacker.
+fn net(tag: &str) -> (ClusterNet, ratelimit_testbed::Netns) {
+    require_root();
+    let net = ClusterNet::new(tag, 2).unwrap();
+    net.add_source(VICTIM).unwrap();
+    let (ans, _) = net.gossip_only(&format!("{tag}-x"), ATTACKER_IP).unwrap();
+    (net, ans)
+}
+
 fn peer_named<'a>(c: &'a [Value], name: &str) -> Vec<&'a Value> {
     c.iter().filter(|p| p["node_id"] == name).collect()
 }
@@ -134,8 +147,7 @@ fn peer_named<'a>(c: &'a [Value], name: &str) -> Vec<&'a Value> {
 #[test]
 #[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
 fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_max_keys() {
-    let net = Net::new("rl-ca", 2, &[VICTIM]);
-    let (ans, _) = net.gossip_only("rl-ca-x", ATTACKER_IP);
+    let (net, ans) = net("rl-ca");
     // A plain socket at the attacker's, named as a seed by h0: it receives genuine datagrams
     // sealed by h0 for it (chitchat sends Syns to seeds), to replay elsewhere.
     let capture = bind_udp(&ans, SocketAddr::new(IpAddr::V4(ATTACKER_IP), 7999)).unwrap();
@@ -392,8 +404,7 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
 /// full within 1 s of it while the attacker goes on gossiping.
 #[test]
 fn a_forged_reading_dated_ahead_does_not_keep_a_source_blocked() {
-    let net = Net::new("rl-cf", 2, &[VICTIM]);
-    let (ans, _) = net.gossip_only("rl-cf-x", ATTACKER_IP);
+    let (net, ans) = net("rl-cf");
     let agents = start(&net, &[]);
     let h0 = &agents[0];
     let me = SocketAddr::new(IpAddr::V4(ATTACKER_IP), GOSSIP_PORT);
@@ -486,8 +497,7 @@ const CHITCHAT_BAD_CLUSTER: &[u8] = &[0x53, 0xB0, 1, 3];
 
 #[test]
 fn a_gossip_socket_error_is_survived_shown_and_counted() {
-    let net = Net::new("rl-cg", 2, &[VICTIM]);
-    let (ans, _) = net.gossip_only("rl-cg-x", ATTACKER_IP);
+    let (net, ans) = net("rl-cg");
     let agents = start(&net, &[]);
     let (h0, h1) = (&agents[0], &agents[1]);
     let pid = h0.pid().expect("h0's pid");

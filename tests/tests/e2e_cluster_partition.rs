@@ -19,10 +19,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ratelimit_testbed::cluster::{
-    cli, cluster, counted, counter, data_ip, gossip_addr, metric, paced, scrape, wait_for, Net,
-    METRICS,
+    cli, cluster, counted, counter, metric, paced, scrape, wait_for, METRICS,
 };
-use ratelimit_testbed::{assert_none_left, bind_udp, AgentProcess, Receiver};
+use ratelimit_testbed::cluster_net::{data_ip, gossip_addr, ClusterNet};
+use ratelimit_testbed::{assert_none_left, bind_udp, require_root, AgentProcess, Receiver};
 use serde_json::Value;
 
 const RATE: f64 = 1000.0;
@@ -49,7 +49,7 @@ const MEMORY_S: u64 = 12;
 /// each other's rates.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn config(net: &Net, i: usize, policy: &str) -> String {
+fn config(net: &ClusterNet, i: usize, policy: &str) -> String {
     let seeds: Vec<String> = (0..3)
         .filter(|&j| j != i)
         .map(|j| gossip_addr(j).to_string())
@@ -77,7 +77,7 @@ partition_memory_s = {MEMORY_S}
 "#,
         net.hosts[i].data_if,
         gossip_addr(i),
-        net.key_file().display()
+        net.key_file.display()
     )
 }
 
@@ -147,7 +147,9 @@ fn scenario(policy: &str, steps: &[Step]) {
     } else {
         "rl-cpo"
     };
-    let net = Net::new(tag, 3, &[FLOOD]);
+    require_root();
+    let net = ClusterNet::new(tag, 3).unwrap();
+    net.add_source(FLOOD).unwrap();
     let agents: Vec<AgentProcess> = (0..3)
         .map(|i| {
             AgentProcess::start(&net.hosts[i].ns, &config(&net, i, policy), &[])
@@ -202,7 +204,7 @@ fn scenario(policy: &str, steps: &[Step]) {
             samples.push(Sample { t, got });
             if let Some(step) = steps.get(next).filter(|st| t >= st.at) {
                 if let Some(up) = step.h0_link {
-                    net.gossip_link(0, up);
+                    net.set_gossip(0, up).unwrap();
                 }
                 next += 1;
             }

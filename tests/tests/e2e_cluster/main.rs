@@ -30,6 +30,7 @@ use std::net::Ipv4Addr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use ratelimit_testbed::cluster_net::{ClusterNet, GOSSIP_PORT};
 use ratelimit_testbed::{agent_binary, require_root, AgentProcess, Netns, Receiver};
 use serde_json::Value;
 
@@ -37,8 +38,6 @@ mod figures;
 mod net;
 mod phases;
 mod run;
-
-use net::Net;
 
 /// The cluster rule: one source may send this many packets per second cluster-wide...
 const RATE: f64 = 1000.0;
@@ -52,7 +51,6 @@ const POLITE_PPS: u64 = 100;
 const INTRUDER_PPS: u64 = 800;
 const PAYLOAD: usize = 64;
 const PORT: u16 = 9000;
-const GOSSIP_PORT: u16 = 7946;
 const SYNC_MS: u64 = 100;
 /// Allowed deviation of an admitted rate from what is expected where docs/design.md states no
 /// figure (each side of a partition, a host whose agent is down), and what "back within" means
@@ -166,7 +164,7 @@ struct Cluster {
     /// Which agents are down (killed): they are not asked for their status, and their drop,
     /// not a stop, removes their pins.
     down: [bool; 4],
-    net: Net,
+    net: ClusterNet,
 }
 
 /// What the phases recorded, for the figures and the assertions.

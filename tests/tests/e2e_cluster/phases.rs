@@ -4,10 +4,10 @@ use std::net::IpAddr;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use ratelimit_testbed::cluster_net::gossip_ip;
 use ratelimit_testbed::{late_rounds::Overdue, Receiver};
 use serde_json::Value;
 
-use crate::net::gossip_ip;
 use crate::{
     cli, counted_peers, counter, status, Cluster, Figures, Run, Sample, ACCURACY, BURST,
     CONVERGENCE_SECS, FLOOD, GOSSIP_BPS, GOSSIP_PORT, GOSSIP_TOLERANCE, MAX_LAG_SECS, PHASES,

@@ -6,10 +6,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::thread::{self, Scope, ScopedJoinHandle};
 use std::time::{Duration, Instant};
 
+use ratelimit_testbed::cluster_net::{data_ip, ClusterHost};
 use ratelimit_testbed::{bind_udp, late_rounds::unix_ms, AgentProcess, Netns, Receiver};
 use serde_json::Value;
 
-use crate::net::{data_ip, Host};
 use crate::{
     counter, status, tx_bytes, Cluster, Phase, Run, Sample, FLOOD, FLOOD_PPS, INTRUDER_PPS,
     PAYLOAD, PHASES, POLITE, POLITE_PPS, PORT, SAMPLE,
@@ -152,7 +152,7 @@ fn play_phase(
     phase: &Phase,
     end: f64,
     agents: &mut [AgentProcess],
-    hosts: &[Host],
+    hosts: &[ClusterHost],
     down: &mut [bool; 4],
     run: &mut Run,
 ) {

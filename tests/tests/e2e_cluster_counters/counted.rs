@@ -5,12 +5,13 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::{
-    cli, cluster, counter, crafter, flood_over, gossip_addr, metric, net, peer_at, peers,
-    start_agents, tx_bytes, unix_ms, wait_for, CLUSTER_ID, FLOOD, FRAME_OVERHEAD, SECRET,
+    crafter, flood_over, metric, net, peer_at, start_agents, tx_bytes, CLUSTER_ID, FLOOD,
+    FRAME_OVERHEAD,
 };
 use ratelimit::cluster::key::ClusterKey;
 use ratelimit::cluster::wire::Codec;
-use ratelimit_testbed::cluster::scrape;
+use ratelimit_testbed::cluster::{cli, cluster, counter, peers, scrape, unix_ms, wait_for};
+use ratelimit_testbed::cluster_net::{gossip_addr, SECRET};
 use serde_json::{json, Value};
 
 #[test]
@@ -294,10 +295,7 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
     let e0 = counter(&cluster(h0), "send_errors");
     assert_eq!(e0, 0, "send errors on a healthy link");
     assert_eq!(counter(&cluster(h1), "send_errors"), 0);
-    net.hosts[0]
-        .ns
-        .ip(&["link", "set", &net.hosts[0].gossip_if, "down"])
-        .unwrap();
+    net.set_gossip(0, false).unwrap();
     let errors = wait_for(
         "send errors with the link down",
         Duration::from_secs(10),
@@ -306,10 +304,7 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
             (n > 0).then_some(n)
         },
     );
-    net.hosts[0]
-        .ns
-        .ip(&["link", "set", &net.hosts[0].gossip_if, "up"])
-        .unwrap();
+    net.set_gossip(0, true).unwrap();
     let body = scrape(&net.hosts[0].ns);
     assert!(metric(&body, "ratelimit_cluster_send_errors_total") >= errors);
     // The agent carried on: h1 is counted again once the link is back.

@@ -4,11 +4,9 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::{
-    cli, cluster, config_on_pins, counter, flood, gossip_addr, metric, net, passed, peer_at,
-    start_agents, wait_for, Net,
-};
-use ratelimit_testbed::cluster::scrape;
+use crate::{config_on_pins, flood, metric, net, passed, peer_at, start_agents};
+use ratelimit_testbed::cluster::{cli, cluster, counter, scrape, wait_for};
+use ratelimit_testbed::cluster_net::{gossip_addr, ClusterNet};
 use ratelimit_testbed::AgentProcess;
 use serde_json::Value;
 
@@ -45,7 +43,7 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
 
     // The source at both hosts (300 pps each, all admitted: each host's share is half the
     // budget): h0 withholds half of its bucket's refill for h1's share while connected.
-    let both = |net: &Net| {
+    let both = |net: &ClusterNet| {
         thread::scope(|s| {
             let a = s.spawn(|| flood(net, 0, 300, Duration::from_secs(1)));
             let b = s.spawn(|| flood(net, 1, 300, Duration::from_secs(1)));
@@ -78,10 +76,7 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
 
     // Cut: not counted within the timeout (plus a sync round and a poll: when the status is
     // refreshed), shown dead.
-    net.hosts[1]
-        .ns
-        .ip(&["link", "set", &net.hosts[1].gossip_if, "down"])
-        .unwrap();
+    net.set_gossip(1, false).unwrap();
     let cut = Instant::now();
     let uncounted = wait_for("h1 no longer counted", Duration::from_secs(20), || {
         let p = h1_at_h0(&agents[0]);
@@ -119,10 +114,7 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
     // While cut off h1 takes no share: nothing is withheld for it, then or when it is heard
     // again.
     let during = both(&net);
-    net.hosts[1]
-        .ns
-        .ip(&["link", "set", &net.hosts[1].gossip_if, "up"])
-        .unwrap();
+    net.set_gossip(1, true).unwrap();
     wait_for("h1 counted again", Duration::from_secs(30), || {
         h1_at_h0(&agents[0])
             .iter()

@@ -19,24 +19,18 @@
 //! ```
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
-use std::os::unix::fs::PermissionsExt as _;
-use std::path::PathBuf;
-use std::process::Command;
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use ratelimit_testbed::agent_proc::rule_packets;
-use ratelimit_testbed::cluster::scrape;
-use ratelimit_testbed::{
-    add_addr, agent_binary, bind_udp, mac, neigh_to_peer, require_root, send_udp, veth_pair,
-    AgentProcess, Netns, Receiver,
-};
+use ratelimit_testbed::cluster::{cluster, counter, peers, scrape, wait_for};
+use ratelimit_testbed::cluster_net::{data_ip, gossip_addr, gossip_ip, ClusterNet};
+use ratelimit_testbed::{bind_udp, require_root, send_udp, AgentProcess, Netns, Receiver};
 use serde_json::Value;
 
 mod counted;
 mod incarnations;
 
-const GOSSIP_PORT: u16 = 7946;
 const METRICS: &str = "127.0.0.1:9477";
 const PAYLOAD: usize = 64;
 const FLOOD: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
@@ -45,120 +39,25 @@ const FLOOD2: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 101);
 /// A third source.
 const FLOOD3: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 102);
 const CLUSTER_ID: &str = "e2e-counters";
-const SECRET: &str = "k8Qx2v9Lm4Tz7Rb1Nc6Yh3Wd5Gf0Ps8Ju2Ea4Ko7Ui1";
 /// Ethernet (14), IPv4 (20) and UDP (8) headers around every gossip datagram on the link.
 const FRAME_OVERHEAD: u64 = 42;
 
-fn data_ip(i: usize) -> Ipv4Addr {
-    Ipv4Addr::new(198, 18, 0, 1 + u8::try_from(i).unwrap())
-}
-
-fn gossip_ip(i: usize) -> Ipv4Addr {
-    Ipv4Addr::new(198, 18, 1, 1 + u8::try_from(i).unwrap())
-}
-
-fn gossip_addr(i: usize) -> SocketAddr {
-    SocketAddr::new(IpAddr::V4(gossip_ip(i)), GOSSIP_PORT)
-}
-
-struct Host {
-    ns: Netns,
-    data_if: String,
-    gossip_if: String,
-}
-
-/// The test network; dropped last (after the agents).
-struct Net {
-    hosts: Vec<Host>,
-    tx: Netns,
-    _sw: Netns,
-    keys: PathBuf,
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.keys);
-    }
-}
-
-fn net(tag: &str, n: usize) -> Net {
+/// The network of `n` hosts (`rl-cc-{tag}`), the sender with [`FLOOD`], [`FLOOD2`] and
+/// [`FLOOD3`], static neighbours between the hosts' gossip links (nothing but gossip ever leaves
+/// them: their byte counters can be compared with the agents' exactly).
+fn net(tag: &str, n: usize) -> ClusterNet {
     require_root();
-    let keys = std::env::temp_dir().join(format!("rl-cc-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&keys).unwrap();
-    let sw = Netns::new(&format!("rl-cc-{tag}-sw")).unwrap();
-    for br in ["rlbd", "rlbg"] {
-        sw.ip(&["link", "add", "name", br, "type", "bridge"])
-            .unwrap();
-        sw.ip(&["link", "set", br, "up"]).unwrap();
+    let net = ClusterNet::new(&format!("rl-cc-{tag}"), n).unwrap();
+    for source in [FLOOD, FLOOD2, FLOOD3] {
+        net.add_source(source).unwrap();
     }
-    let plug = |ns: &Netns, prefix: &str, bridge: &str| -> (String, String) {
-        let (inside, port) = veth_pair(ns, &sw, prefix).unwrap();
-        sw.ip(&["link", "set", &port, "master", bridge]).unwrap();
-        (inside, port)
-    };
-    let tx = Netns::new(&format!("rl-cc-{tag}-tx")).unwrap();
-    let (tx_if, _) = plug(&tx, "kt", "rlbd");
-    add_addr(&tx, &tx_if, &format!("{FLOOD}/24")).unwrap();
-    add_addr(&tx, &tx_if, &format!("{FLOOD2}/24")).unwrap();
-    add_addr(&tx, &tx_if, &format!("{FLOOD3}/24")).unwrap();
-    let mut hosts = Vec::new();
-    for i in 0..n {
-        let ns = Netns::new(&format!("rl-cc-{tag}-h{i}")).unwrap();
-        let (data_if, data_port) = plug(&ns, "kd", "rlbd");
-        let (gossip_if, _) = plug(&ns, "kg", "rlbg");
-        add_addr(&ns, &data_if, &format!("{}/24", data_ip(i))).unwrap();
-        add_addr(&ns, &gossip_if, &format!("{}/24", gossip_ip(i))).unwrap();
-        // The hosts never send on the data link: pin their MACs in the bridge, or it floods
-        // every frame to every host.
-        sw.run(&[
-            "bridge",
-            "fdb",
-            "replace",
-            &mac(&ns, &data_if).unwrap(),
-            "dev",
-            &data_port,
-            "master",
-            "static",
-        ])
-        .unwrap();
-        neigh_to_peer(&tx, &tx_if, IpAddr::V4(data_ip(i)), &ns, &data_if).unwrap();
-        hosts.push(Host {
-            ns,
-            data_if,
-            gossip_if,
-        });
-    }
-    // Static neighbours on the gossip link: nothing but gossip ever leaves it (no ARP), so its
-    // byte counter can be compared with the agent's exactly.
-    for i in 0..n {
-        for j in 0..n {
-            if i != j {
-                let (a, b) = (&hosts[i], &hosts[j]);
-                neigh_to_peer(
-                    &a.ns,
-                    &a.gossip_if,
-                    IpAddr::V4(gossip_ip(j)),
-                    &b.ns,
-                    &b.gossip_if,
-                )
-                .unwrap();
-            }
-        }
-    }
-    let key = keys.join("cluster.key");
-    std::fs::write(&key, format!("{SECRET}\n")).unwrap();
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    Net {
-        hosts,
-        tx,
-        _sw: sw,
-        keys,
-    }
+    net.pin_gossip_neighbours().unwrap();
+    net
 }
 
 /// A host's config: the cluster rule (rate 1000, burst 1000: the test's floods stay under it, so
 /// every packet is admitted and the charges are known exactly), metrics on loopback.
-fn config(net: &Net, i: usize, n: usize, sync_ms: u64, max_keys: usize) -> String {
+fn config(net: &ClusterNet, i: usize, n: usize, sync_ms: u64, max_keys: usize) -> String {
     let seeds: Vec<String> = (0..n)
         .filter(|&j| j != i)
         .map(|j| gossip_addr(j).to_string())
@@ -185,13 +84,13 @@ max_keys = {max_keys}
 "#,
         net.hosts[i].data_if,
         gossip_addr(i),
-        net.keys.join("cluster.key").display()
+        net.key_file.display()
     )
 }
 
 /// [`config`] for an agent started on the pins `pins` an earlier agent kept (to adopt them).
 fn config_on_pins(
-    net: &Net,
+    net: &ClusterNet,
     i: usize,
     n: usize,
     sync_ms: u64,
@@ -203,38 +102,6 @@ fn config_on_pins(
         &format!("[agent]\npin_path = \"{}\"\n", pins.display()),
         1,
     )
-}
-
-fn cli(agent: &AgentProcess, args: &[&str]) -> String {
-    let out = Command::new(agent_binary())
-        .arg("--socket")
-        .arg(agent.socket_path())
-        .args(args)
-        .output()
-        .expect("running ratelimit");
-    assert!(
-        out.status.success(),
-        "ratelimit {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        agent.log()
-    );
-    String::from_utf8(out.stdout).expect("UTF-8 output")
-}
-
-/// `status --json`'s `cluster` object.
-fn cluster(agent: &AgentProcess) -> Value {
-    let status: Value = serde_json::from_str(&cli(agent, &["status", "--json"])).unwrap();
-    status["cluster"].clone()
-}
-
-fn counter(cluster: &Value, name: &str) -> u64 {
-    cluster["counters"][name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no cluster counter {name}: {cluster}"))
-}
-
-fn peers(cluster: &Value) -> Vec<Value> {
-    cluster["peers"].as_array().cloned().unwrap_or_default()
 }
 
 /// The peer entries with gossip address `addr`.
@@ -261,18 +128,7 @@ fn tx_bytes(ns: &Netns, ifname: &str) -> u64 {
     link[0]["stats64"]["tx"]["bytes"].as_u64().unwrap()
 }
 
-fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn start_agents(net: &Net, n: usize, sync_ms: u64, max_keys: usize) -> Vec<AgentProcess> {
+fn start_agents(net: &ClusterNet, n: usize, sync_ms: u64, max_keys: usize) -> Vec<AgentProcess> {
     let agents: Vec<AgentProcess> = (0..n)
         .map(|i| {
             AgentProcess::start(&net.hosts[i].ns, &config(net, i, n, sync_ms, max_keys), &[])
@@ -293,11 +149,11 @@ fn start_agents(net: &Net, n: usize, sync_ms: u64, max_keys: usize) -> Vec<Agent
 
 /// Sends `pps` x `duration` from the flood source to host `i`; every datagram must arrive (the
 /// floods stay under the rule's budget). Returns the count.
-fn flood(net: &Net, i: usize, pps: u64, duration: Duration) -> u64 {
+fn flood(net: &ClusterNet, i: usize, pps: u64, duration: Duration) -> u64 {
     flood_from(net, FLOOD, i, pps, duration)
 }
 
-fn flood_from(net: &Net, src: Ipv4Addr, i: usize, pps: u64, duration: Duration) -> u64 {
+fn flood_from(net: &ClusterNet, src: Ipv4Addr, i: usize, pps: u64, duration: Duration) -> u64 {
     let receiver =
         Receiver::bind(&net.hosts[i].ns, SocketAddr::new(IpAddr::V4(data_ip(i)), 0)).unwrap();
     let sock = bind_udp(&net.tx, SocketAddr::new(IpAddr::V4(src), 0)).unwrap();
@@ -310,11 +166,17 @@ fn flood_from(net: &Net, src: Ipv4Addr, i: usize, pps: u64, duration: Duration) 
 
 /// Sends `pps` x `duration` from the flood source to host `i`, over the budget: returns what
 /// was sent and what arrived.
-fn flood_over(net: &Net, i: usize, pps: u64, duration: Duration) -> (u64, u64) {
+fn flood_over(net: &ClusterNet, i: usize, pps: u64, duration: Duration) -> (u64, u64) {
     flood_over_from(net, FLOOD, i, pps, duration)
 }
 
-fn flood_over_from(net: &Net, src: Ipv4Addr, i: usize, pps: u64, duration: Duration) -> (u64, u64) {
+fn flood_over_from(
+    net: &ClusterNet,
+    src: Ipv4Addr,
+    i: usize,
+    pps: u64,
+    duration: Duration,
+) -> (u64, u64) {
     let receiver =
         Receiver::bind(&net.hosts[i].ns, SocketAddr::new(IpAddr::V4(data_ip(i)), 0)).unwrap();
     let sock = bind_udp(&net.tx, SocketAddr::new(IpAddr::V4(src), 0)).unwrap();
@@ -346,19 +208,9 @@ fn passed(agent: &AgentProcess) -> (u64, u64) {
     )
 }
 
-fn unix_ms() -> u64 {
-    u64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap()
-}
-
 /// A socket in h1's namespace on h1's gossip address (another port than its agent's), for
 /// datagrams crafted by the test.
-fn crafter(net: &Net) -> UdpSocket {
+fn crafter(net: &ClusterNet) -> UdpSocket {
     bind_udp(
         &net.hosts[1].ns,
         SocketAddr::new(IpAddr::V4(gossip_ip(1)), 0),
