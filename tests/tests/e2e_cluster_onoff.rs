@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use ratelimit_testbed::{
     assert_none_left,
-    cluster_net::{stalls, ClusterNet, Samples, Split},
-    require_root,
+    cluster_net::{stalls, ClusterNet, Samples, Sent, Split, Stall},
+    require_root, Receiver,
 };
 
 const HOSTS: usize = 3;
@@ -37,6 +37,8 @@ const ON_SECS: f64 = 0.1;
 /// shares to go back to the whole rate first.
 const OFF_SECS: f64 = 1.0;
 const CYCLES: usize = 10;
+/// One cycle: a burst and its silence.
+const CYCLE: f64 = ON_SECS + OFF_SECS;
 /// docs/design.md's lag allowance: 4 sync intervals (a key's demand is known at the first round
 /// after its bucket's creation, peers read it a round later, a round more when gossip lost it
 /// once, and a round to spare for late rounds).
@@ -47,7 +49,6 @@ const SKEW_SECS: f64 = 0.05;
 const SAMPLE: Duration = Duration::from_millis(50);
 
 #[test]
-#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
 fn an_on_off_source_gets_one_budget_not_a_burst_per_host_at_every_cycle() {
     require_root();
     let net = ClusterNet::new("rl-coo", HOSTS).unwrap();
@@ -60,33 +61,96 @@ fn an_on_off_source_gets_one_budget_not_a_burst_per_host_at_every_cycle() {
         .start_agents(RATE as u64, BURST, SYNC_MS, Duration::from_secs(60))
         .unwrap();
     let receivers = net.receivers().unwrap();
+    let seen = flood_on_and_off(&net, &receivers);
+    let fig = figures(&seen);
+    assert_the_receivers_missed_nothing(&seen);
+    assert_no_window_beyond_the_bound(&fig);
+    assert_the_later_cycles_not_starved(&fig);
 
-    let cycle = ON_SECS + OFF_SECS;
+    // --- Clean up. ---
+    drop(receivers);
+    for (i, a) in agents.into_iter().enumerate() {
+        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+    }
+    drop(net);
+    assert_none_left("rl-coo-");
+}
+
+/// What [`flood_on_and_off`] saw.
+struct Seen {
+    samples: Samples,
+    sent: Sent,
+    /// When the test's own threads did not run.
+    stalls: Vec<Stall>,
+    /// Each receiver's socket drops at the end.
+    drops: Vec<u64>,
+    /// How long the run was, s.
+    end: f64,
+}
+
+/// The on/off flood, [`CYCLES`] cycles of [`ON_SECS`] at [`ON_PPS`] spread evenly and
+/// [`OFF_SECS`] silent, sampled every [`SAMPLE`] until it ends; then the receivers' socket drops.
+/// Asserts nothing: the figures come first.
+fn flood_on_and_off(net: &ClusterNet, receivers: &[Receiver]) -> Seen {
     let mut schedule = Vec::new();
     for c in 0..CYCLES {
         #[expect(clippy::cast_precision_loss, reason = "a few cycles")]
-        let t0 = c as f64 * cycle;
+        let t0 = c as f64 * CYCLE;
         schedule.push(Split {
             end: t0 + ON_SECS,
             pps: ON_PPS,
             weights: vec![1.0; HOSTS],
         });
         schedule.push(Split {
-            end: t0 + cycle,
+            end: t0 + CYCLE,
             pps: 0.0,
             weights: vec![1.0; HOSTS],
         });
     }
     #[expect(clippy::cast_precision_loss, reason = "a few cycles")]
-    let end = CYCLES as f64 * cycle;
+    let end = CYCLES as f64 * CYCLE;
     let start = Instant::now();
     let sender = net.flood(schedule, start).unwrap();
     let mut samples = Samples::default();
-    samples.take_until(&receivers, start, end, SAMPLE);
+    samples.take_until(receivers, start, end, SAMPLE);
     let sent = sender.join().unwrap();
-    let stalls = stalls(&sent, &receivers, start);
+    let stalls = stalls(&sent, receivers, start);
+    let drops: Vec<u64> = receivers
+        .iter()
+        .map(|r| r.socket_drops().unwrap())
+        .collect();
+    Seen {
+        samples,
+        sent,
+        stalls,
+        drops,
+        end,
+    }
+}
 
-    // --- Figures. ---
+/// What the assertions check.
+struct Figures {
+    /// What the cluster admitted each cycle.
+    per_cycle: Vec<f64>,
+    /// The largest excess over `rate x T` of any window between two samples, and that window.
+    excess: f64,
+    worst: (f64, f64),
+    /// docs/design.md's bound on it, with the rate over the sampling's skew.
+    bound: f64,
+}
+
+/// Prints what each cycle admitted, the largest excess over `rate x T` and its bound, and the
+/// stalls of the test's threads, and returns what the assertions check: all printed before any
+/// assertion, so a failing run shows them.
+fn figures(seen: &Seen) -> Figures {
+    let Seen {
+        samples,
+        sent,
+        stalls,
+        end,
+        ..
+    } = seen;
+    let end = *end;
     let total = |s: &ratelimit_testbed::cluster_net::Sample| s.counts.iter().sum::<u64>();
     // Per cycle: between the samples nearest its start and the next cycle's (both in silence,
     // a sample period before the burst).
@@ -94,8 +158,8 @@ fn an_on_off_source_gets_one_budget_not_a_burst_per_host_at_every_cycle() {
         .map(|c| {
             #[expect(clippy::cast_precision_loss, reason = "a few cycles")]
             let (t1, t2) = (
-                (c as f64 * cycle - 0.05).max(0.0),
-                (c + 1) as f64 * cycle - 0.05,
+                (c as f64 * CYCLE - 0.05).max(0.0),
+                (c + 1) as f64 * CYCLE - 0.05,
             );
             (0..HOSTS).map(|h| samples.packets(h, t1, t2)).sum()
         })
@@ -106,10 +170,6 @@ fn an_on_off_source_gets_one_budget_not_a_burst_per_host_at_every_cycle() {
     #[expect(clippy::cast_precision_loss, reason = "small counts")]
     let bound =
         HOSTS as f64 * BURST as f64 + (HOSTS - 1) as f64 * RATE * MAX_LAG_SECS + RATE * SKEW_SECS;
-    let drops: Vec<u64> = receivers
-        .iter()
-        .map(|r| r.socket_drops().unwrap())
-        .collect();
     println!(
         "\n{HOSTS} hosts, budget {RATE} pps (burst {BURST}) cluster-wide, sync {SYNC_MS} ms; \
          {CYCLES} cycles of {ON_SECS} s at {ON_PPS} pps then {OFF_SECS} s silent; sent {:?}",
@@ -126,7 +186,7 @@ fn an_on_off_source_gets_one_budget_not_a_burst_per_host_at_every_cycle() {
         worst.0,
         worst.1
     );
-    for s in &stalls {
+    for s in stalls {
         println!(
             "stall: {} did not run for {:.0} ms from {:.2} s",
             s.who,
@@ -134,13 +194,35 @@ fn an_on_off_source_gets_one_budget_not_a_burst_per_host_at_every_cycle() {
             s.at
         );
     }
+    Figures {
+        per_cycle,
+        excess,
+        worst,
+        bound,
+    }
+}
 
-    // --- Assertions. ---
+/// No receiver's socket overran: the samples count every packet the hosts admitted, so the
+/// figures below are the cluster's, not the receivers'.
+fn assert_the_receivers_missed_nothing(seen: &Seen) {
     assert_eq!(
-        drops,
+        seen.drops,
         vec![0; HOSTS],
         "receivers overrun: the counts miss what the hosts admitted"
     );
+}
+
+/// No window of the run admits more over `rate x T` than docs/design.md's bound: the hosts'
+/// bursts once and the lag, not a burst per host at every cycle (an idle key keeps its even
+/// part at each host holding it, so the buckets together hold one burst).
+fn assert_no_window_beyond_the_bound(fig: &Figures) {
+    let Figures {
+        per_cycle,
+        excess,
+        worst,
+        bound,
+    } = fig;
+    let (excess, bound) = (*excess, *bound);
     assert!(
         excess <= bound,
         "a window ({:.2}-{:.2} s) admitted {excess:.0} packets over rate x T, more than the \
@@ -148,9 +230,13 @@ fn an_on_off_source_gets_one_budget_not_a_burst_per_host_at_every_cycle() {
         worst.0,
         worst.1
     );
-    // Not by starving the source: after the first cycle, each still admits a good part of one
-    // burst (every host's bucket holds its third of it; a stall of the sender can cut a burst
-    // short, hence only half).
+}
+
+/// Not by starving the source: after the first cycle, each still admits a good part of one
+/// burst (every host's bucket holds its third of it; a stall of the sender can cut a burst
+/// short, hence only half).
+fn assert_the_later_cycles_not_starved(fig: &Figures) {
+    let per_cycle = &fig.per_cycle;
     let later: f64 = per_cycle[1..].iter().sum();
     #[expect(clippy::cast_precision_loss, reason = "small counts")]
     let least = 0.5 * (CYCLES - 1) as f64 * BURST as f64;
@@ -158,12 +244,4 @@ fn an_on_off_source_gets_one_budget_not_a_burst_per_host_at_every_cycle() {
         later >= least,
         "cycles 2-{CYCLES} admitted {later:.0} in all, less than {least:.0}: {per_cycle:?}"
     );
-
-    // --- Clean up. ---
-    drop(receivers);
-    for (i, a) in agents.into_iter().enumerate() {
-        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
-    }
-    drop(net);
-    assert_none_left("rl-coo-");
 }
