@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 use ratelimit_testbed::{
     assert_none_left,
     cluster_net::{cluster_counter, counted_peers, status, ClusterNet, Samples, Split, FLOOD},
-    require_root,
+    require_root, AgentProcess, Receiver,
 };
+use serde_json::Value;
 
 const HOSTS: usize = 3;
 /// Each source, on each host (the rule's own, local limit).
@@ -76,8 +77,10 @@ scope = "cluster"
     )
 }
 
+/// A source: its address, what it offers in all (pps), and how it spreads over h0..h2.
+type Source = (Ipv4Addr, f64, Vec<f64>);
+
 #[test]
-#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
 fn a_cluster_scoped_aggregate_limit_is_one_budget_while_per_source_limits_stay_local() {
     require_root();
     let net = ClusterNet::new("rl-clim", HOSTS).unwrap();
@@ -89,9 +92,27 @@ fn a_cluster_scoped_aggregate_limit_is_one_budget_while_per_source_limits_stay_l
         )
         .unwrap();
     let receivers = net.receivers().unwrap();
+    let sources = add_the_sources(&net);
+    let seen = flood_from_every_source(&net, &agents, &receivers, &sources);
+    let fig = figures(&sources, &seen);
+    assert_one_aggregate_budget(&fig);
+    assert_each_source_within_its_local_bucket(&sources, &seen);
+    assert_the_heavy_source_held_by_its_local_limit(&seen);
+    assert_every_host_shares_the_aggregates_one_key(&seen);
 
-    // The sources and how each spreads over h0..h2.
-    let mut sources: Vec<(Ipv4Addr, f64, Vec<f64>)> = vec![(FLOOD, HEAVY_PPS, vec![1.0, 0.0, 0.0])];
+    // --- Clean up. ---
+    drop(receivers);
+    for (i, a) in agents.into_iter().enumerate() {
+        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+    }
+    drop(net);
+    assert_none_left("rl-clim-");
+}
+
+/// The five sources, the heavy one ([`FLOOD`], all to h0) first, then the four light ones, each
+/// added to the sender's side of the network and spread 50/30/20 or 20/30/50.
+fn add_the_sources(net: &ClusterNet) -> Vec<Source> {
+    let mut sources: Vec<Source> = vec![(FLOOD, HEAVY_PPS, vec![1.0, 0.0, 0.0])];
     for i in 0..4u8 {
         let src = light(i);
         net.add_source(src).unwrap();
@@ -102,6 +123,30 @@ fn a_cluster_scoped_aggregate_limit_is_one_budget_while_per_source_limits_stay_l
         };
         sources.push((src, LIGHT_PPS, weights));
     }
+    sources
+}
+
+/// What [`flood_from_every_source`] saw.
+struct Seen {
+    /// The whole rule, and each source in the order of the sources.
+    total: Samples,
+    each: Vec<Samples>,
+    /// What each source sent to each host.
+    sent: Vec<Vec<u64>>,
+    /// Each agent's status and stats at the end.
+    statuses: Vec<Value>,
+    stats: Vec<Value>,
+}
+
+/// Every source floods for [`RUN_SECS`], sampled every [`SAMPLE`] (the whole rule, and each
+/// source on its own); then each agent's status and stats. Asserts nothing: the figures come
+/// first.
+fn flood_from_every_source(
+    net: &ClusterNet,
+    agents: &[AgentProcess],
+    receivers: &[Receiver],
+    sources: &[Source],
+) -> Seen {
     let all: Vec<IpAddr> = sources.iter().map(|s| IpAddr::V4(s.0)).collect();
     let start = Instant::now();
     let senders: Vec<_> = sources
@@ -123,9 +168,9 @@ fn a_cluster_scoped_aggregate_limit_is_one_budget_while_per_source_limits_stay_l
     let mut total = Samples::default();
     let mut each: Vec<Samples> = sources.iter().map(|_| Samples::default()).collect();
     loop {
-        total.take_of(&receivers, start, &all);
+        total.take_of(receivers, start, &all);
         for (s, src) in each.iter_mut().zip(&all) {
-            s.take_of(&receivers, start, std::slice::from_ref(src));
+            s.take_of(receivers, start, std::slice::from_ref(src));
         }
         let t = start.elapsed().as_secs_f64();
         if t >= RUN_SECS {
@@ -139,8 +184,32 @@ fn a_cluster_scoped_aggregate_limit_is_one_budget_while_per_source_limits_stay_l
         .collect();
     let statuses: Vec<_> = agents.iter().map(|a| status(a).unwrap()).collect();
     let stats: Vec<_> = agents.iter().map(|a| a.stats()).collect();
+    Seen {
+        total,
+        each,
+        sent,
+        statuses,
+        stats,
+    }
+}
 
-    // --- Figures. ---
+/// What the assertions check.
+struct Figures {
+    /// What the cluster admitted of the rule from [`SETTLE_SECS`] to the end, pps.
+    admitted: f64,
+}
+
+/// Prints what the cluster and each host admitted, each source's admissions per host against
+/// its local bound, and each host's cluster counters, and returns what the assertions check:
+/// all printed before any assertion, so a failing run shows them.
+fn figures(sources: &[Source], seen: &Seen) -> Figures {
+    let Seen {
+        total,
+        each,
+        sent,
+        statuses,
+        stats,
+    } = seen;
     let (t1, t2) = (SETTLE_SECS, RUN_SECS);
     let admitted = total.rate(t1, t2);
     println!(
@@ -155,7 +224,7 @@ fn a_cluster_scoped_aggregate_limit_is_one_budget_while_per_source_limits_stay_l
             .collect::<Vec<_>>()
             .join(" ")
     );
-    for ((src, pps, _), (s, sent)) in sources.iter().zip(each.iter().zip(&sent)) {
+    for ((src, pps, _), (s, sent)) in sources.iter().zip(each.iter().zip(sent)) {
         println!(
             "  {src}: offered {pps} pps (sent {sent:?}), admitted per host [{}] pps; at h0 {:.0} packets over the run (local bound {:.0}), {:.0} over {t1:.0}-{t2:.0} s (bound {:.0})",
             (0..HOSTS)
@@ -168,7 +237,7 @@ fn a_cluster_scoped_aggregate_limit_is_one_budget_while_per_source_limits_stay_l
             source_bound(t2 - t1),
         );
     }
-    for (i, (st, s)) in statuses.iter().zip(&stats).enumerate() {
+    for (i, (st, s)) in statuses.iter().zip(stats).enumerate() {
         let web = s["rules"]
             .as_array()
             .and_then(|r| r.iter().find(|r| r["name"] == "web"))
@@ -183,9 +252,15 @@ fn a_cluster_scoped_aggregate_limit_is_one_budget_while_per_source_limits_stay_l
             web["limits"]
         );
     }
+    Figures { admitted }
+}
 
-    // --- Assertions. ---
-    // One aggregate budget for the cluster.
+/// One aggregate budget for the cluster: once the first bursts are paid back, the hosts
+/// together admit the rule's cluster-scoped limit within docs/design.md's accuracy of one
+/// budget ([`ACCURACY`]), where each host alone would admit its own.
+fn assert_one_aggregate_budget(fig: &Figures) {
+    let admitted = fig.admitted;
+    let (t1, t2) = (SETTLE_SECS, RUN_SECS);
     let ratio = admitted / AGGREGATE_RATE;
     assert!(
         ratio >= ACCURACY.0 && ratio <= ACCURACY.1,
@@ -194,9 +269,14 @@ fn a_cluster_scoped_aggregate_limit_is_one_budget_while_per_source_limits_stay_l
         ACCURACY.0,
         ACCURACY.1
     );
-    // Each source within its local bucket on each host, over the whole run and the measured
-    // window alike (a source's bucket: at most burst + rate x t).
-    for ((src, _, _), s) in sources.iter().zip(&each) {
+}
+
+/// Each source stays within its local bucket on each host, over the whole run and the measured
+/// window alike (a source's bucket: at most burst + rate x t): the per-source limit is not
+/// shared with the cluster.
+fn assert_each_source_within_its_local_bucket(sources: &[Source], seen: &Seen) {
+    let (t1, t2) = (SETTLE_SECS, RUN_SECS);
+    for ((src, _, _), s) in sources.iter().zip(&seen.each) {
         for h in 0..HOSTS {
             for (a, b) in [(0.0, RUN_SECS), (t1, t2)] {
                 let got = s.packets(h, a, b);
@@ -209,16 +289,23 @@ fn a_cluster_scoped_aggregate_limit_is_one_budget_while_per_source_limits_stay_l
             }
         }
     }
-    // The heavy source met its local limit at h0 (it offers 15 x that): the per-source limit,
-    // not the aggregate, is what held it.
-    let heavy = each[0].host_rate(0, t1, t2);
+}
+
+/// The heavy source met its local limit at h0 (it offers 15 x that): the per-source limit,
+/// not the aggregate, is what held it.
+fn assert_the_heavy_source_held_by_its_local_limit(seen: &Seen) {
+    let heavy = seen.each[0].host_rate(0, SETTLE_SECS, RUN_SECS);
     assert!(
         heavy >= SOURCE_RATE * 0.5,
         "the heavy source got only {heavy:.0} pps at h0: the per-source limit is not what held it"
     );
-    for (i, st) in statuses.iter().enumerate() {
-        // Every peer still counted; the aggregate's bucket is published (one key, the rule's
-        // only cluster-scoped limit) and charged with the others' admissions.
+}
+
+/// Every peer still counted at each host; the aggregate's bucket is published (one key, the
+/// rule's only cluster-scoped limit: the per-source buckets are local) and charged with the
+/// others' admissions.
+fn assert_every_host_shares_the_aggregates_one_key(seen: &Seen) {
+    for (i, st) in seen.statuses.iter().enumerate() {
         assert_eq!(
             counted_peers(st).len(),
             HOSTS - 1,
@@ -237,12 +324,4 @@ fn a_cluster_scoped_aggregate_limit_is_one_budget_while_per_source_limits_stay_l
              local): {peers:?}"
         );
     }
-
-    // --- Clean up. ---
-    drop(receivers);
-    for (i, a) in agents.into_iter().enumerate() {
-        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
-    }
-    drop(net);
-    assert_none_left("rl-clim-");
 }
