@@ -162,7 +162,6 @@ fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) 
 }
 
 #[test]
-#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
 fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted_again_when_it_resumes(
 ) {
     require_root();
@@ -171,6 +170,43 @@ fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted
         .start_agents(RATE, BURST, SYNC_MS, Duration::from_secs(30))
         .unwrap();
     let (h0, h1) = (&agents[0], &agents[1]);
+    let timeout_ms = assert_the_peer_timeout(h0);
+    // Connected: nothing is withheld at h0, which has no bucket of the source.
+    let charged = flood_h1_until_h0_reads_its_key(&net, h0, "h1's key read at h0");
+    assert_eq!(charged, 0);
+
+    // 1. Stopped for 2 s, a second less than the timeout: counted and alive throughout.
+    let short = TIMEOUT - 1.0;
+    let polls = stop_h1_for(&net, h0, h1, short);
+    assert_counted_alive_throughout(&polls, short);
+    wait_until_h1_heard_again(h0);
+
+    // 2. Stopped for longer: uncounted and silent at the timeout, dead from 2 timeouts on.
+    let (stop, stopped) = stop_h1(h1);
+    let polls = watch(h0, stop, 4.0 * TIMEOUT, |p| !p.counted);
+    assert_uncounted_and_silent_at_the_timeout(&polls);
+    assert_shown_silent(h0, timeout_ms);
+    flood(&net, 1, 1.0);
+    let polls = watch(h0, stop, 4.0 * TIMEOUT, |p| p.state == "dead");
+    assert_silent_until_dead_within_two_timeouts(&polls);
+    assert_shown_dead(h0);
+
+    // Resumed: alive and counted again, its key read again.
+    drop(stopped);
+    wait_until_h1_counted_alive_again(h0);
+    let charged = flood_h1_until_h0_reads_its_key(&net, h0, "h1's key read at h0 again");
+    assert_eq!(charged, 0, "withheld at h0 without a bucket");
+
+    for a in agents {
+        assert!(a.stop().unwrap().success());
+    }
+    drop(net);
+    assert_none_left("rl-lv-");
+}
+
+/// h0's peer timeout is [`TIMEOUT`], max(3 s, 10 x the sync interval), which every bound below
+/// is drawn from. Returns it in ms.
+fn assert_the_peer_timeout(h0: &AgentProcess) -> u64 {
     let status: Value = serde_json::from_str(&cli(h0, &["status", "--json"])).unwrap();
     #[expect(
         clippy::cast_possible_truncation,
@@ -179,25 +215,42 @@ fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted
     )]
     let timeout_ms = (TIMEOUT * 1000.0) as u64;
     assert_eq!(status["cluster"]["peer_timeout_ms"], timeout_ms);
+    timeout_ms
+}
 
-    // Connected: h1 publishes the source's key and h0 reads it; nothing is withheld at h0,
-    // which has no bucket of the source.
-    flood(&net, 1, 1.0);
-    wait_for("h1's key read at h0", Duration::from_secs(10), || {
+/// Floods h1 for 1 s and waits until h0 reads the key h1 publishes for the source (`what` names
+/// the wait); returns what h0 shows h1 charged.
+fn flood_h1_until_h0_reads_its_key(net: &ClusterNet, h0: &AgentProcess, what: &str) -> u64 {
+    flood(net, 1, 1.0);
+    wait_for(what, Duration::from_secs(10), || {
         (h1_at_h0(h0)["keys"].as_u64() >= Some(1)).then_some(())
     });
-    assert_eq!(charged(&h1_at_h0(h0)), 0);
+    charged(&h1_at_h0(h0))
+}
 
-    // 1. Stopped for 2 s, a second less than the timeout: counted and alive throughout.
-    let short = TIMEOUT - 1.0;
+/// Stops h1 (SIGSTOP: its XDP program goes on admitting, its gossip stops) until the guard it
+/// returns is dropped; returns when it stopped too.
+fn stop_h1(h1: &AgentProcess) -> (Instant, Stopped) {
     let stop = Instant::now();
-    let stopped = Stopped::new(h1);
+    (stop, Stopped::new(h1))
+}
+
+/// Stops h1 for `secs` while 1.5 s of the flood reaches it, polling h1's entry at h0
+/// meanwhile, then resumes it.
+fn stop_h1_for(net: &ClusterNet, h0: &AgentProcess, h1: &AgentProcess, secs: f64) -> Vec<Poll> {
+    let (stop, stopped) = stop_h1(h1);
     let (_, polls) = thread::scope(|s| {
-        let sender = s.spawn(|| flood(&net, 1, 1.5));
-        let polls = watch(h0, stop, short, |_| false);
+        let sender = s.spawn(|| flood(net, 1, 1.5));
+        let polls = watch(h0, stop, secs, |_| false);
         (sender.join().unwrap(), polls)
     });
     drop(stopped);
+    polls
+}
+
+/// Stopped for `short` s, less than the timeout, h1 was counted and `alive` at h0 in every poll
+/// (more than 10 of them): a peer is counted until its timeout.
+fn assert_counted_alive_throughout(polls: &[Poll], short: f64) {
     let uncounted: Vec<String> = polls
         .iter()
         .filter(|p| !p.counted || p.state != "alive")
@@ -218,15 +271,19 @@ fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted
         "stopped {short} s: counted alive in all {} polls",
         polls.len()
     );
-    // Heard again (its heartbeat moved on) before the next stop.
+}
+
+/// Waits until h0 has heard h1 again (its heartbeat moved on), so that the next stop starts
+/// from a peer just heard.
+fn wait_until_h1_heard_again(h0: &AgentProcess) {
     wait_for("h1 heard again", Duration::from_secs(10), || {
         (h1_at_h0(h0)["last_heard_ms"].as_u64() < Some(2 * SYNC_MS)).then_some(())
     });
+}
 
-    // 2. Stopped for longer: uncounted and silent at the timeout, dead from 2 timeouts on.
-    let stop = Instant::now();
-    let stopped = Stopped::new(h1);
-    let polls = watch(h0, stop, 4.0 * TIMEOUT, |p| !p.counted);
+/// The last poll that showed h1 counted and the first that did not, printed (there must be
+/// both: h1 counted right after the stop, uncounted by the end of the watch).
+fn when_h1_went_uncounted(polls: &[Poll]) -> (&Poll, &Poll) {
     let first_uncounted = polls.iter().position(|p| !p.counted).unwrap_or_else(|| {
         panic!("h1 still counted {:.1} s after the stop", 4.0 * TIMEOUT);
     });
@@ -236,6 +293,13 @@ fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted
         "stopped: last seen counted at {:.3} s, first seen uncounted ({}) at {:.3} s; timeout {TIMEOUT} s",
         last_counted.start, uncounted.state, uncounted.end
     );
+    (last_counted, uncounted)
+}
+
+/// h0 stops counting h1 at the timeout: not [`EARLY`] or more before it, nor [`LATE`] after
+/// (each derived from the sync round and gossip interval above), and shows it `silent` then.
+fn assert_uncounted_and_silent_at_the_timeout(polls: &[Poll]) {
+    let (last_counted, uncounted) = when_h1_went_uncounted(polls);
     assert!(
         last_counted.start >= TIMEOUT - EARLY,
         "h1 uncounted before {:.3} s, {EARLY} s or more before the timeout",
@@ -250,7 +314,11 @@ fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted
         uncounted.state, "silent",
         "uncounted at the timeout: silent"
     );
-    // What a user sees meanwhile (the dead state is more than 2.5 s away).
+}
+
+/// What a user sees meanwhile (the dead state is more than 2.5 s away): h1 `silent` in h0's
+/// `peers` table, and in `peers --json` silent, uncounted, last heard a timeout or more ago.
+fn assert_shown_silent(h0: &AgentProcess, timeout_ms: u64) {
     let table = cli(h0, &["peers"]);
     let row = table
         .lines()
@@ -267,10 +335,12 @@ fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted
         h1_json["last_heard_ms"].as_u64().unwrap() >= timeout_ms,
         "{h1_json:#}"
     );
+}
 
-    flood(&net, 1, 1.0);
-
-    let polls = watch(h0, stop, 4.0 * TIMEOUT, |p| p.state == "dead");
+/// The last poll that showed h1 not dead and the first that showed it dead, printed with the
+/// span allowed (there must be both: h1 not dead when the silence was checked, dead by the end
+/// of the watch).
+fn when_h1_went_dead(polls: &[Poll]) -> (&Poll, &Poll) {
     let dead = polls
         .iter()
         .position(|p| p.state == "dead")
@@ -285,6 +355,14 @@ fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted
         DEAD_AFTER * TIMEOUT,
         PHI_THRESHOLD * TIMEOUT
     );
+    (last_silent, dead)
+}
+
+/// h1 stays `silent` from the timeout until it is `dead`, which it is from [`DEAD_AFTER`]
+/// timeouts on (less [`EARLY`]) and by [`PHI_THRESHOLD`] timeouts (plus [`LATE`] and a gossip
+/// interval, as chitchat updates liveness every gossip interval).
+fn assert_silent_until_dead_within_two_timeouts(polls: &[Poll]) {
+    let (last_silent, dead) = when_h1_went_dead(polls);
     let states: Vec<&str> = polls.iter().map(|p| p.state.as_str()).collect();
     assert!(
         states[..polls.len() - 1].iter().all(|s| *s == "silent"),
@@ -301,6 +379,10 @@ fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted
         "not dead until {:.3} s",
         dead.end
     );
+}
+
+/// h1 `dead` in h0's `peers` table, as a user sees it.
+fn assert_shown_dead(h0: &AgentProcess) {
     let table = cli(h0, &["peers"]);
     assert!(
         table
@@ -308,9 +390,11 @@ fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted
             .any(|l| l.contains(&gossip_addr(1).to_string()) && l.contains("dead")),
         "peers table:\n{table}"
     );
+}
 
-    // Resumed: alive and counted again, its key read again.
-    drop(stopped);
+/// Waits until h0 shows h1, just resumed, `alive` and counted again, and prints how long that
+/// took.
+fn wait_until_h1_counted_alive_again(h0: &AgentProcess) {
     let resumed = Instant::now();
     wait_for("h1 counted alive again", Duration::from_secs(10), || {
         let h1 = h1_at_h0(h0);
@@ -320,15 +404,4 @@ fn a_stopped_peer_is_counted_until_the_timeout_then_silent_then_dead_and_counted
         "resumed: counted alive again after {:.2} s",
         resumed.elapsed().as_secs_f64()
     );
-    flood(&net, 1, 1.0);
-    wait_for("h1's key read at h0 again", Duration::from_secs(10), || {
-        (h1_at_h0(h0)["keys"].as_u64() >= Some(1)).then_some(())
-    });
-    assert_eq!(charged(&h1_at_h0(h0)), 0, "withheld at h0 without a bucket");
-
-    for a in agents {
-        assert!(a.stop().unwrap().success());
-    }
-    drop(net);
-    assert_none_left("rl-lv-");
 }
