@@ -19,10 +19,14 @@ use std::time::{Duration, Instant};
 
 use ratelimit_testbed::{
     assert_none_left,
-    cluster_net::{cluster_counter, save_agent_logs, stalls, status, ClusterNet, Samples, Split},
+    cluster_net::{
+        cluster_counter, save_agent_logs, stalls, status, ClusterNet, Convergence, Samples, Sent,
+        Split, Stall,
+    },
     late_rounds::{read_until, unix_ms, Overdue},
-    require_root,
+    require_root, AgentProcess, Receiver,
 };
+use serde_json::Value;
 
 const RATE: f64 = 1000.0;
 const BURST: u64 = 500;
@@ -209,7 +213,6 @@ enum Running {
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The scenario on gossip, or through Redis.
-#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
 fn agents(tag: &str, store: Store, phases: &[Phase]) {
     require_root();
     let _alone = ONE_AT_A_TIME
@@ -218,17 +221,44 @@ fn agents(tag: &str, store: Store, phases: &[Phase]) {
     let hosts = phases[0].weights.len();
     let net = ClusterNet::new(tag, hosts).unwrap();
     // Dropped after the agents (declared before them).
-    let redis = match store {
+    let redis = start_the_store(&net, store);
+    let agents = start_the_agents(&net, &redis);
+    let receivers = net.receivers().unwrap();
+    let seen = flood_phase_by_phase(tag, &net, &agents, &receivers, phases);
+    let fig = figures(store, hosts, phases, &seen);
+    assert_each_phase_admits_the_budget_and_converges(phases, &fig);
+    assert_within_the_written_bound(&fig);
+    assert_every_peer_still_counted(hosts, &seen);
+
+    // --- Clean up. ---
+    drop(receivers);
+    for (i, a) in agents.into_iter().enumerate() {
+        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+    }
+    drop(redis);
+    drop(net);
+    assert_none_left(&format!("{tag}-"));
+}
+
+/// The store the agents exchange their demand through, started in `net`: none for gossip, a
+/// standalone `redis-server`, or a Redis Cluster of 3 masters and their replicas.
+fn start_the_store(net: &ClusterNet, store: Store) -> Running {
+    match store {
         Store::Gossip => Running::None,
         Store::Redis => Running::Redis(net.start_redis().unwrap()),
         Store::RedisCluster => Running::Cluster(net.start_redis_cluster(3).unwrap()),
-    };
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        reason = "1000"
-    )]
-    let agents = match &redis {
+    }
+}
+
+/// An agent on each host of `net` sharing the budget through `redis` (gossip where none), each
+/// started until it counts the others.
+#[expect(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "1000"
+)]
+fn start_the_agents(net: &ClusterNet, redis: &Running) -> Vec<AgentProcess> {
+    match redis {
         Running::None => net.start_agents(RATE as u64, BURST, SYNC_MS, Duration::from_secs(60)),
         Running::Redis(r) => net.start_agents_with(
             |i| net.redis_config(i, RATE as u64, BURST, SYNC_MS, &r.url()),
@@ -242,9 +272,40 @@ fn agents(tag: &str, store: Store, phases: &[Phase]) {
             )
         }
     }
-    .unwrap();
-    let receivers = net.receivers().unwrap();
+    .unwrap()
+}
 
+/// What [`flood_phase_by_phase`] saw.
+struct Seen {
+    samples: Samples,
+    sent: Sent,
+    /// Each phase's start and end, s, and the run's end.
+    bounds: Vec<(f64, f64)>,
+    end: f64,
+    /// How long the run took, s.
+    elapsed: f64,
+    /// When the test's own threads did not run (a busy or paused machine): the samples around
+    /// such a stall misstate the rate (see `Stall::skews`), and a window measured from them is
+    /// not held against the convergence if it is outside (printed as excused).
+    stalls: Vec<Stall>,
+    /// Each agent's `bytes_out` before the flood, and its status after.
+    before: Vec<u64>,
+    statuses: Vec<Value>,
+    /// When the agents' own rounds ran late (measured by each agent: `cluster.late_rounds`): a
+    /// change of split reaches the buckets that much later, so the convergence limit moves by it.
+    overdue: Overdue,
+}
+
+/// The flood of [`FLOOD_PPS`], split as each phase says in turn, sampled every [`SAMPLE`] while
+/// the agents' late rounds are read every [`READ_LATE_ROUNDS`]; then each agent's status, and
+/// its log saved where asked. Asserts nothing: the figures come first.
+fn flood_phase_by_phase(
+    tag: &str,
+    net: &ClusterNet,
+    agents: &[AgentProcess],
+    receivers: &[Receiver],
+    phases: &[Phase],
+) -> Seen {
     let mut schedule = Vec::new();
     let mut t = 0.0;
     let mut bounds = Vec::new();
@@ -270,29 +331,113 @@ fn agents(tag: &str, store: Store, phases: &[Phase]) {
     let readings = std::thread::scope(|sc| {
         let reader = sc.spawn(|| {
             read_until(
-                &agents,
+                agents,
                 start + Duration::from_secs_f64(end),
                 READ_LATE_ROUNDS,
             )
         });
-        samples.take_until(&receivers, start, end, SAMPLE);
+        samples.take_until(receivers, start, end, SAMPLE);
         reader.join().unwrap()
     });
     let sent = sender.join().unwrap();
     let elapsed = start.elapsed().as_secs_f64();
-    // When the test's own threads did not run (a busy or paused machine): the samples around
-    // such a stall misstate the rate (see `Stall::skews`), and a window measured from them is
-    // not held against the convergence if it is outside, said below.
-    let stalls = stalls(&sent, &receivers, start);
+    let stalls = stalls(&sent, receivers, start);
     let statuses: Vec<_> = agents.iter().map(|a| status(a).unwrap()).collect();
-    // When the agents' own rounds ran late (measured by each agent: `cluster.late_rounds`): a
-    // change of split reaches the buckets that much later, so the convergence limit moves by it.
     let overdue = Overdue::of(&readings, start_unix_ms);
-    if save_agent_logs(tag, &agents) {
+    if save_agent_logs(tag, agents) {
         println!("start at unix ms {start_unix_ms}");
     }
+    Seen {
+        samples,
+        sent,
+        bounds,
+        end,
+        elapsed,
+        stalls,
+        before,
+        statuses,
+        overdue,
+    }
+}
 
-    // --- Figures. ---
+/// A phase's figures: what it admitted after settling, pps (NaN where not measured), and after
+/// a change of split its convergence and the deadline it is held to, s.
+type PhaseFigures = (f64, Option<(Convergence, f64)>);
+
+/// What the assertions check.
+struct Figures {
+    /// Each phase's, in order.
+    results: Vec<PhaseFigures>,
+    /// The convergence limit: in sync intervals, and in s.
+    rounds: f64,
+    limit: f64,
+    /// The largest excess over `rate x T` between two samples, from and to when, and
+    /// docs/design.md's bound on it.
+    excess: f64,
+    from: f64,
+    to: f64,
+    bound: f64,
+}
+
+/// Prints the run, each phase's figures, the largest excess over `rate x T` and its bound, and
+/// the agents' counters (and the rate every 0.5 s where `RL_CLUSTER_TRACE` is set), and returns
+/// what the assertions check: all printed before any assertion, so a failing run shows them.
+fn figures(store: Store, hosts: usize, phases: &[Phase], seen: &Seen) -> Figures {
+    print_the_run(store, hosts, seen);
+    let rounds = match store {
+        Store::Gossip => CONVERGE_ROUNDS,
+        Store::Redis | Store::RedisCluster => CONVERGE_ROUNDS_REDIS,
+    };
+    let limit = rounds * f64::from(u32::try_from(SYNC_MS).unwrap()) / 1000.0;
+    let results = phase_figures(hosts, phases, seen, limit);
+    let Seen {
+        samples,
+        end,
+        overdue,
+        ..
+    } = seen;
+    // docs/design.md's bound over any interval: `rate x T + (2 x hosts - 1) x burst + (hosts - 1)
+    // x rate x lag`, plus the rate over the sampling's skew at both ends and over each lapse of
+    // an agent's shares (a late round: that host at the whole rate meanwhile).
+    let (excess, from, to) = samples.largest_excess(RATE);
+    let lapses: f64 = overdue
+        .lapses_within(0.0, *end)
+        .fold(0.0, |sum, l| sum + (RATE * l.2).ceil());
+    #[expect(clippy::cast_precision_loss, reason = "small")]
+    let bound = (2.0 * hosts as f64 - 1.0) * BURST as f64
+        + (hosts as f64 - 1.0) * RATE * LAG_SECS
+        + RATE * 2.0 * SKEW_SECS
+        + lapses;
+    println!(
+        "largest excess over rate x T: {excess:.0} ({from:.2}-{to:.2} s), bound {bound:.0} \
+         ({lapses:.0} of it for lapsed shares)"
+    );
+    print_the_agents_counters(seen);
+    if std::env::var_os("RL_CLUSTER_TRACE").is_some() {
+        for (t, r) in samples.trailing_rates(0.0, *end, 0.5) {
+            println!("t {t:6.2} cluster rate over the last 0.5 s {r:6.0}");
+        }
+    }
+    Figures {
+        results,
+        rounds,
+        limit,
+        excess,
+        from,
+        to,
+        bound,
+    }
+}
+
+/// Prints the hosts, the store, the budget and what the flood sent, the stalls of the test's
+/// threads, and the agents' late rounds.
+fn print_the_run(store: Store, hosts: usize, seen: &Seen) {
+    let Seen {
+        sent,
+        stalls,
+        overdue,
+        ..
+    } = seen;
     println!(
         "\n{hosts} hosts{}, budget {RATE} pps (burst {BURST}) cluster-wide, flood {FLOOD_PPS} pps, sync {SYNC_MS} ms; sent {:?}",
         match store {
@@ -302,7 +447,7 @@ fn agents(tag: &str, store: Store, phases: &[Phase]) {
         },
         sent.per_host
     );
-    for s in &stalls {
+    for s in stalls {
         println!(
             "stall: {} did not run for {:.0} ms from {:.2} s",
             s.who,
@@ -319,16 +464,25 @@ fn agents(tag: &str, store: Store, phases: &[Phase]) {
     if !overdue.incomplete.is_empty() {
         println!("late rounds not all kept by h{:?}", overdue.incomplete);
     }
-    let rounds = match store {
-        Store::Gossip => CONVERGE_ROUNDS,
-        Store::Redis | Store::RedisCluster => CONVERGE_ROUNDS_REDIS,
-    };
-    let limit = rounds * f64::from(u32::try_from(SYNC_MS).unwrap()) / 1000.0;
+}
+
+/// Prints each phase's figures (what it admitted after settling, in all, over its 1 s windows
+/// and per host; after a change of split, from when every 1 s window was within 10% and what
+/// was excused; the agents' rounds overdue meanwhile) and returns them, its convergence held
+/// to `limit` s plus those overdue rounds (at most [`MOST_OVERDUE`]).
+fn phase_figures(hosts: usize, phases: &[Phase], seen: &Seen, limit: f64) -> Vec<PhaseFigures> {
+    let Seen {
+        samples,
+        bounds,
+        stalls,
+        overdue,
+        ..
+    } = seen;
     // A host whose agent did not run a round in time refilled at the whole rate until the
     // next (fail open): the windows that hold such a lapse may admit that much more.
     let lapsed: Vec<(f64, f64)> = overdue.lapses.iter().map(|l| (l.1 - l.2, l.1)).collect();
     let mut results = Vec::new();
-    for (i, (p, &(t0, t1))) in phases.iter().zip(&bounds).enumerate() {
+    for (i, (p, &(t0, t1))) in phases.iter().zip(bounds).enumerate() {
         if p.settle.is_nan() {
             println!(
                 "{:<14} {:>4.1}-{:>4.1} s: not measured (the first bursts and their payback)",
@@ -339,7 +493,7 @@ fn agents(tag: &str, store: Store, phases: &[Phase]) {
         }
         let measured = samples.rate(t0 + p.settle, t1);
         let conv =
-            (i > 0).then(|| samples.convergence(t0, t1, WINDOW, RATE, CONVERGED, &stalls, &lapsed));
+            (i > 0).then(|| samples.convergence(t0, t1, WINDOW, RATE, CONVERGED, stalls, &lapsed));
         let per_host: Vec<String> = (0..hosts)
             .map(|h| format!("{:.0}", samples.host_rate(h, t0 + p.settle, t1)))
             .collect();
@@ -385,26 +539,22 @@ fn agents(tag: &str, store: Store, phases: &[Phase]) {
         }
         results.push((measured, conv.map(|c| (c, deadline))));
     }
-    // docs/design.md's bound over any interval: `rate x T + (2 x hosts - 1) x burst + (hosts - 1)
-    // x rate x lag`, plus the rate over the sampling's skew at both ends and over each lapse of
-    // an agent's shares (a late round: that host at the whole rate meanwhile).
-    let (excess, from, to) = samples.largest_excess(RATE);
-    let lapses: f64 = overdue
-        .lapses_within(0.0, end)
-        .fold(0.0, |sum, l| sum + (RATE * l.2).ceil());
-    #[expect(clippy::cast_precision_loss, reason = "small")]
-    let bound = (2.0 * hosts as f64 - 1.0) * BURST as f64
-        + (hosts as f64 - 1.0) * RATE * LAG_SECS
-        + RATE * 2.0 * SKEW_SECS
-        + lapses;
-    println!(
-        "largest excess over rate x T: {excess:.0} ({from:.2}-{to:.2} s), bound {bound:.0} \
-         ({lapses:.0} of it for lapsed shares)"
-    );
+    results
+}
+
+/// Prints what each agent gossiped per second over the run, the gossip it dropped unread for
+/// waiting too long, and its charges clamped and debt capped.
+fn print_the_agents_counters(seen: &Seen) {
+    let Seen {
+        elapsed,
+        before,
+        statuses,
+        ..
+    } = seen;
     #[expect(clippy::cast_precision_loss, reason = "small counts")]
     let gossip: Vec<String> = statuses
         .iter()
-        .zip(&before)
+        .zip(before)
         .map(|(s, b)| {
             format!(
                 "{:.0}",
@@ -431,14 +581,21 @@ fn agents(tag: &str, store: Store, phases: &[Phase]) {
             .map(|s| cluster_counter(s, "debt_capped"))
             .collect::<Vec<_>>()
     );
-    if std::env::var_os("RL_CLUSTER_TRACE").is_some() {
-        for (t, r) in samples.trailing_rates(0.0, end, 0.5) {
-            println!("t {t:6.2} cluster rate over the last 0.5 s {r:6.0}");
-        }
-    }
+}
 
-    // --- Assertions. ---
-    for (p, (measured, conv)) in phases.iter().zip(&results) {
+/// Each measured phase admits the budget within [`ACCURACY`] after settling; after each change
+/// of split, most 1 s windows are within 10% of it by themselves (excusing windows measures
+/// nothing if most of them need it), and every 1 s window is from the convergence limit on,
+/// moved by the agents' own overdue rounds.
+fn assert_each_phase_admits_the_budget_and_converges(phases: &[Phase], fig: &Figures) {
+    let Figures {
+        results,
+        rounds,
+        limit,
+        ..
+    } = fig;
+    let (rounds, limit) = (*rounds, *limit);
+    for (p, (measured, conv)) in phases.iter().zip(results) {
         if measured.is_nan() {
             continue;
         }
@@ -472,12 +629,28 @@ fn agents(tag: &str, store: Store, phases: &[Phase]) {
             );
         }
     }
+}
+
+/// Over the whole run, between any two samples, the cluster admits no more over `rate x T` than
+/// docs/design.md's bound (with the sampling's skew and the agents' lapsed shares).
+fn assert_within_the_written_bound(fig: &Figures) {
+    let Figures {
+        excess,
+        from,
+        to,
+        bound,
+        ..
+    } = *fig;
     assert!(
         excess <= bound,
         "the cluster admitted {excess:.0} over rate x T between {from:.2} and {to:.2} s, over \
          the written bound {bound:.0}"
     );
-    for (i, s) in statuses.iter().enumerate() {
+}
+
+/// At the end every agent still counts every peer: the run measured one cluster throughout.
+fn assert_every_peer_still_counted(hosts: usize, seen: &Seen) {
+    for (i, s) in seen.statuses.iter().enumerate() {
         assert_eq!(
             ratelimit_testbed::cluster_net::counted_peers(s).len(),
             hosts - 1,
@@ -485,13 +658,4 @@ fn agents(tag: &str, store: Store, phases: &[Phase]) {
             s["cluster"]
         );
     }
-
-    // --- Clean up. ---
-    drop(receivers);
-    for (i, a) in agents.into_iter().enumerate() {
-        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
-    }
-    drop(redis);
-    drop(net);
-    assert_none_left(&format!("{tag}-"));
 }
