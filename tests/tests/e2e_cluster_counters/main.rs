@@ -241,9 +241,16 @@ fn keys_beyond_max_keys_are_dropped_counted_and_not_charged() {
             .then_some(())
     });
     assert_eq!(counter(&cluster(h0), "keys_dropped"), 0);
-    // Both keys published by h1; the second one's source also at h0.
+    // Both keys published by h1; the second one's source also at h0. The second only once h1
+    // publishes the first: h0 reads a peer's first `max_keys` keys in key order, so a round of
+    // h1's that published the second key alone would have h0 read it and withhold its refill.
     let (first, second, second0) = thread::scope(|s| {
         let a = s.spawn(|| flood_from(&net, FLOOD, 1, 200, Duration::from_secs(2)));
+        wait_for(
+            "h1 publishing the first key",
+            Duration::from_secs(10),
+            || (counter(&cluster(h1), "keys_published") >= 1).then_some(()),
+        );
         let b = s.spawn(|| flood_from(&net, FLOOD2, 1, 300, Duration::from_secs(2)));
         let c = s.spawn(|| flood_from(&net, FLOOD2, 0, 300, Duration::from_secs(2)));
         (a.join().unwrap(), b.join().unwrap(), c.join().unwrap())
