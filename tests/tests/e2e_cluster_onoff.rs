@@ -7,11 +7,11 @@
 //! `rate` for the sampling, as `e2e_cluster/` allows): the first bursts once, not at every
 //! cycle.
 //!
-//! Before the fix an idle key went back to the whole rate at every host a round or two after
-//! its demand stopped: each host's bucket refilled to its whole burst during the silence, and
-//! every cycle admitted `hosts x burst` (about 1,800 packets a cycle here, against a budget of
-//! 1,100 over the cycle). Now an idle key keeps its even part at each host holding it (a third of
-//! the rate and of the burst here), so the buckets together hold one burst.
+//! An idle key keeps its even part at each host holding it (a third of the rate and of the
+//! burst here), so the buckets together hold one burst. Were it to go back to the whole rate at
+//! every host a round or two after its demand stopped, each host's bucket would refill to its
+//! whole burst in the silence and every cycle would admit `hosts x burst` (measured so: about
+//! 1,800 packets a cycle here, against a budget of 1,100 over the cycle).
 //!
 //! Run with `--nocapture` for the figures.
 
@@ -33,8 +33,8 @@ const ON_PPS: f64 = 27_000.0;
 /// Within one sync interval.
 const ON_SECS: f64 = 0.1;
 /// The silence after each burst: the tolerance (`burst / rate`, 0.5 s) and five sync intervals,
-/// long enough for every bucket to refill whatever its share, and (before the fix) for the
-/// shares to go back to the whole rate first.
+/// long enough for every bucket to refill whatever its share, and for shares that went back to
+/// the whole rate when demand stopped to have done so.
 const OFF_SECS: f64 = 1.0;
 const CYCLES: usize = 10;
 /// One cycle: a burst and its silence.
