@@ -10,7 +10,7 @@ use ratelimit_testbed::{
 };
 use serde_json::Value;
 
-use crate::{serial, store, Bed, ACCURACY, BURST, RATE, SAMPLE, SYNC_MS};
+use crate::{all_connected, serial, store, Bed, ACCURACY, BURST, RATE, SAMPLE, SYNC_MS};
 
 const PASSWORD: &str = "e2e-s3cret-not-default";
 const FIX_AT: f64 = 6.0;
@@ -147,13 +147,7 @@ fn flood_and_write_the_right_password(bed: &Bed, pw: &[std::path::PathBuf]) -> S
         if t >= RUN {
             break;
         }
-        if fixed.is_none()
-            && agents.iter().all(|a| {
-                status(a).is_ok_and(|st| {
-                    store(&st)["state"] == "connected" && counted_peers(&st).len() == 1
-                })
-            })
-        {
+        if fixed.is_none() && all_connected(agents) {
             fixed = Some(t);
         }
         std::thread::sleep(SAMPLE);

@@ -10,15 +10,15 @@
 use std::time::Instant;
 
 use ratelimit_testbed::{
-    cluster_net::{counted_peers, stalls, status, ClusterNet, LowestWindow, Samples},
+    cluster_net::{stalls, status, ClusterNet, LowestWindow, Samples},
     redis::RedisCluster,
     require_root,
 };
 use serde_json::Value;
 
 use crate::{
-    flood, serial, store, within, Bed, ACCURACY, BURST, HOSTS, LAG_SECS, RATE, SAMPLE, SKEW_SECS,
-    SYNC_MS,
+    all_connected, flood, serial, store, within, Bed, ACCURACY, BURST, HOSTS, LAG_SECS, RATE,
+    SAMPLE, SKEW_SECS, SYNC_MS,
 };
 
 const TAG: &str = "rl-credisf";
@@ -149,14 +149,7 @@ fn flood_and_kill_the_keys_master(bed: &mut Bed<RedisCluster>) -> Seen {
         if promoted.is_none() && cluster.is_master(replica) {
             promoted = Some(t);
         }
-        if promoted.is_some()
-            && back.is_none()
-            && agents.iter().all(|a| {
-                status(a).is_ok_and(|st| {
-                    store(&st)["state"] == "connected" && counted_peers(&st).len() == HOSTS - 1
-                })
-            })
-        {
+        if promoted.is_some() && back.is_none() && all_connected(agents) {
             back = Some(t);
         }
         std::thread::sleep(SAMPLE);

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use ratelimit_testbed::{
     assert_none_left,
-    cluster_net::{ClusterNet, Sent, Split},
+    cluster_net::{counted_peers, status, ClusterNet, Sent, Split},
     redis::RedisServer,
     AgentProcess, Receiver,
 };
@@ -123,6 +123,15 @@ fn flood(net: &ClusterNet, end: f64, start: Instant) -> JoinHandle<Sent> {
 
 fn store(st: &Value) -> &Value {
     &st["cluster"]["store"]
+}
+
+/// Whether every agent of `agents` is connected to the store and counts all the others.
+fn all_connected(agents: &[AgentProcess]) -> bool {
+    agents.iter().all(|a| {
+        status(a).is_ok_and(|st| {
+            store(&st)["state"] == "connected" && counted_peers(&st).len() == agents.len() - 1
+        })
+    })
 }
 
 /// `ratelimit --socket S peers`, as an operator reads it.

@@ -4,14 +4,14 @@ use std::time::Instant;
 
 use ratelimit_testbed::{
     cluster::{metric, scrape, METRICS},
-    cluster_net::{cluster_counter, counted_peers, stalls, status, Samples, Stall},
+    cluster_net::{cluster_counter, stalls, status, Samples, Stall},
     require_root,
 };
 use serde_json::Value;
 
 use crate::{
-    flood, peers_text, serial, store, within, Bed, ACCURACY, BURST, HOSTS, LAG_SECS, RATE, SAMPLE,
-    SKEW_SECS,
+    all_connected, flood, peers_text, serial, store, within, Bed, ACCURACY, BURST, HOSTS, LAG_SECS,
+    RATE, SAMPLE, SKEW_SECS,
 };
 
 const PAUSE_AT: f64 = 7.0;
@@ -103,13 +103,7 @@ fn flood_and_pause_the_store(bed: &Bed) -> Seen {
         if t >= RUN {
             break;
         }
-        if back.is_none()
-            && agents.iter().all(|a| {
-                status(a).is_ok_and(|st| {
-                    store(&st)["state"] == "connected" && counted_peers(&st).len() == HOSTS - 1
-                })
-            })
-        {
+        if back.is_none() && all_connected(agents) {
             back = Some(t);
         }
         std::thread::sleep(SAMPLE);

@@ -15,14 +15,14 @@
 use std::time::Instant;
 
 use ratelimit_testbed::{
-    cluster_net::{cluster_counter, counted_peers, status, Samples, Sent},
+    cluster_net::{cluster_counter, status, Samples, Sent},
     require_root, AgentProcess,
 };
 use serde_json::Value;
 
 use crate::{
-    flood, serial, store, within, Bed, ACCURACY, BURST, FLOOD_PPS, HOSTS, LAG_SECS, RATE, SAMPLE,
-    SKEW_SECS, SPLIT, SYNC_MS,
+    all_connected, flood, serial, store, within, Bed, ACCURACY, BURST, FLOOD_PPS, HOSTS, LAG_SECS,
+    RATE, SAMPLE, SKEW_SECS, SPLIT, SYNC_MS,
 };
 
 /// The phases (seconds after the flood starts).
@@ -109,15 +109,8 @@ fn flood_while_the_store_goes_and_comes_back(bed: &mut Bed) -> Seen {
             redis.restart().unwrap();
             started = true;
         }
-        if started && reconnected.is_none() && !restarted {
-            let all = agents.iter().all(|a| {
-                status(a).is_ok_and(|st| {
-                    store(&st)["state"] == "connected" && counted_peers(&st).len() == HOSTS - 1
-                })
-            });
-            if all {
-                reconnected = Some(start.elapsed().as_secs_f64());
-            }
+        if started && reconnected.is_none() && !restarted && all_connected(agents) {
+            reconnected = Some(start.elapsed().as_secs_f64());
         }
         if !restarted && t >= RESTART_AT {
             redis.restart().unwrap();
