@@ -61,18 +61,22 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
     // withholds for it until it goes stale (`STALE_ROUNDS`), after the count taken here.
     let settled =
         Duration::from_millis((ratelimit::cluster::remote::DEMAND_HISTORY as u64 + 3) * SYNC_MS);
-    let settle = |what: &str| {
+    let settle = |h0: &AgentProcess, g: u64, what: &str| {
         thread::sleep(settled);
-        let mut last = charged_by(&agents[0], g1);
+        let mut last = charged_by(h0, g);
         wait_for(what, Duration::from_secs(10), || {
             thread::sleep(settled);
-            let now = charged_by(&agents[0], g1);
+            let now = charged_by(h0, g);
             let still = now == last;
             last = now;
             still.then_some(now)
         })
     };
-    let first = settle("the refill withheld for h1 settling before the cut");
+    let first = settle(
+        &agents[0],
+        g1,
+        "the refill withheld for h1 settling before the cut",
+    );
 
     // Cut: not counted within the timeout (plus a sync round and a poll: when the status is
     // refreshed), shown dead.
@@ -138,7 +142,11 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
         || (charged_by(&agents[0], g1) > first).then_some(()),
     );
     // As above: once the traffic stopped, nothing more is withheld for h1.
-    let after = settle("the refill withheld for h1 settling after the rejoin") - first;
+    let after = settle(
+        &agents[0],
+        g1,
+        "the refill withheld for h1 settling after the rejoin",
+    ) - first;
 
     // Restart: SIGKILL, and a new agent adopting the pins.
     let status = agents[1].crash().unwrap();
@@ -180,18 +188,30 @@ fn a_cut_off_peer_stops_counting_rejoins_without_late_charges_and_restarts_as_a_
         fourth,
         "the adopted counters go on"
     );
-    thread::sleep(Duration::from_millis(
-        (ratelimit::cluster::remote::DEMAND_HISTORY as u64 + 3) * SYNC_MS,
-    ));
-    let charged_new = charged_by(&agents[0], g2);
-    let total = counter(&cluster(&agents[0]), "charged_pkts");
+    // As above: the total and each incarnation's part are compared once nothing more is
+    // withheld, in one reading of h0's status.
+    settle(
+        &agents[0],
+        g2,
+        "the refill withheld for the new incarnation settling",
+    );
+    let status = cluster(&agents[0]);
+    let part = |g: u64| {
+        peer_at(&status, gossip_addr(1))
+            .iter()
+            .find(|p| p["generation"].as_u64() == Some(g))
+            .and_then(|p| p["charged_pkts"].as_u64())
+            .unwrap_or_else(|| panic!("no peer of generation {g} at h0: {status}"))
+    };
+    let charged_new = part(g2);
+    let total = counter(&status, "charged_pkts");
     println!(
         "withheld at h0 for h1: {first} connected, 0 while cut off ({during} sent), {after} after \
          the rejoin, {charged_new} for the new incarnation ({total} in all)"
     );
     assert!(charged_new > 0, "nothing withheld for the new incarnation");
     assert_eq!(
-        charged_by(&agents[0], g1),
+        part(g1),
         first + after,
         "withheld for the old incarnation after the restart"
     );
