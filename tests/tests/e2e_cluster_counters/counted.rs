@@ -11,18 +11,33 @@ use crate::{
 use ratelimit::cluster::key::ClusterKey;
 use ratelimit::cluster::wire::Codec;
 use ratelimit_testbed::cluster::{cli, cluster, counter, peers, scrape, unix_ms, wait_for};
-use ratelimit_testbed::cluster_net::{gossip_addr, SECRET};
+use ratelimit_testbed::cluster_net::{gossip_addr, ClusterNet, SECRET};
+use ratelimit_testbed::AgentProcess;
 use serde_json::{json, Value};
 
+/// Gossip bytes, the refill withheld for a peer's share, crafted datagrams and failed sends,
+/// each counted exactly and alike in `status`, `peers` and the metrics.
 #[test]
-#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
 fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
     let net = net("cnt", 2);
     let agents = start_agents(&net, 2, 100, 1000);
     let (h0, h1) = (&agents[0], &agents[1]);
 
-    // --- cluster_bytes: what h0 says it sent is what left its gossip link. A snapshot of the
-    // agent's counters is taken only if the link counter did not move across it.
+    gossip_bytes_out_are_what_left_the_link(&net, h0);
+    let flooded = flood_both_hosts(&net, h0);
+    holders_show_demand_and_shares(&flooded);
+    let pkts = withheld_agrees_everywhere(&net, h0, h1, &flooded);
+    rejections_are_counted_by_reason(&net, h0, pkts);
+    failed_sends_are_counted(&net, h0, h1);
+
+    for a in agents {
+        assert!(a.stop().unwrap().success());
+    }
+}
+
+/// `cluster_bytes`: what h0 says it sent is what left its gossip link. A snapshot of the
+/// agent's counters is taken only if the link counter did not move across it.
+fn gossip_bytes_out_are_what_left_the_link(net: &ClusterNet, h0: &AgentProcess) {
     let snapshot = || {
         wait_for(
             "a still moment on the gossip link",
@@ -63,18 +78,34 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
         (before..=after).contains(&scraped),
         "metric cluster_bytes out {scraped} not between the status reads {before}..{after}"
     );
+}
 
-    // --- Charges: one source floods both hosts (1,500 pps each, 3 x the budget): h0 gives its
-    // bucket its share and withholds the rest of its refill for h1's; the total, h1's part (its
-    // only peer: all of it), and the metric agree exactly; no byte limit, no bytes withheld.
+/// One source flooding both hosts, and what h0 showed meanwhile.
+struct Flooded {
+    began: Instant,
+    sent: [u64; 2],
+    admitted: [u64; 2],
+    /// h0's `peers --json` once it named both holders of the source's key.
+    shown: Value,
+    /// The source's key in it.
+    key: Value,
+    /// The `peers` table of that moment.
+    table: String,
+    /// The metrics of that moment.
+    body: String,
+}
+
+/// Charges: one source floods both hosts (1,500 pps each, 3 x the budget): h0 gives its
+/// bucket its share and withholds the rest of its refill for h1's.
+fn flood_both_hosts(net: &ClusterNet, h0: &AgentProcess) -> Flooded {
     let c0 = cluster(h0);
     assert_eq!(counter(&c0, "charged_pkts"), 0, "{c0}");
     let began = Instant::now();
     let flood_key = format!("{FLOOD}/32");
     let (((sent0, admitted0), (sent1, admitted1)), (shown, key, table, body)) =
         thread::scope(|s| {
-            let a = s.spawn(|| flood_over(&net, 0, 1500, Duration::from_secs(2)));
-            let b = s.spawn(|| flood_over(&net, 1, 1500, Duration::from_secs(2)));
+            let a = s.spawn(|| flood_over(net, 0, 1500, Duration::from_secs(2)));
+            let b = s.spawn(|| flood_over(net, 1, 1500, Duration::from_secs(2)));
             // While both hosts flood: h0's `peers --json` once it names both holders of the
             // source's key, with the table and the metrics of that moment.
             let shown = wait_for(
@@ -95,12 +126,32 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
             );
             ((a.join().unwrap(), b.join().unwrap()), shown)
         });
-    // Why the source is limited: h0's `peers` shows its key held by both hosts, each with its
-    // demand and share (h0 first), the shares adding up to the whole budget; the table and the
-    // metrics show the same.
+    Flooded {
+        began,
+        sent: [sent0, sent1],
+        admitted: [admitted0, admitted1],
+        shown,
+        key,
+        table,
+        body,
+    }
+}
+
+/// Why the source is limited: h0's `peers` shows its key held by both hosts, each with its
+/// demand and share (h0 first), the shares adding up to the whole budget; the table and the
+/// metrics show the same.
+fn holders_show_demand_and_shares(flooded: &Flooded) {
+    let Flooded {
+        shown,
+        key,
+        table,
+        body,
+        ..
+    } = flooded;
+    let flood_key = format!("{FLOOD}/32");
     println!("h0's peers while the source floods both hosts: {key:#}\n{table}");
     let holders = key["holders"].as_array().unwrap();
-    let h1_id = &peer_at(&shown, gossip_addr(1))[0];
+    let h1_id = &peer_at(shown, gossip_addr(1))[0];
     assert_eq!(
         (
             &key["limit"],
@@ -130,7 +181,7 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
     );
     let demand: f64 = holders.iter().map(|h| figure(h, "demand_pps")).sum();
     assert!(
-        (figure(&key, "demand_pps") - demand).abs() < 1e-6,
+        (figure(key, "demand_pps") - demand).abs() < 1e-6,
         "the cluster's demand is the holders': {key:#}"
     );
     let me = shown["node_id"].as_str().unwrap();
@@ -144,7 +195,23 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
         );
         assert!(body.contains(&series), "no {series} in:\n{body}");
     }
-    // Once neither host has demand, nothing more is withheld.
+}
+
+/// Once neither host has demand, nothing more is withheld; the total, h1's part (h0's only
+/// peer: all of it), the table and the metric agree exactly; no byte limit, no bytes withheld.
+/// Returns the packets withheld.
+fn withheld_agrees_everywhere(
+    net: &ClusterNet,
+    h0: &AgentProcess,
+    h1: &AgentProcess,
+    flooded: &Flooded,
+) -> u64 {
+    let Flooded {
+        began,
+        sent: [sent0, sent1],
+        admitted: [admitted0, admitted1],
+        ..
+    } = *flooded;
     let c = wait_for("h0's withholding to stop", Duration::from_secs(10), || {
         let c = cluster(h0);
         thread::sleep(Duration::from_millis(500));
@@ -203,14 +270,18 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
         table.contains(&pkts.to_string()),
         "peers table does not show the charge:\n{table}"
     );
+    pkts
+}
 
-    // --- Rejections, by reason, exactly: junk (malformed), sealed with the cluster key but a
-    // minute old or ahead, or replayed (stale), sealed with another key, sealed for another host
-    // (h1) or sealed from another source address than it came from (auth).
+/// Rejections, by reason, exactly: junk (malformed), sealed with the cluster key but a
+/// minute old or ahead, or replayed (stale), sealed with another key, sealed for another host
+/// (h1) or sealed from another source address than it came from (auth).
+/// Nothing of it reaches the cluster's state: `pkts` stays what was withheld.
+fn rejections_are_counted_by_reason(net: &ClusterNet, h0: &AgentProcess, pkts: u64) {
     let key = ClusterKey::from_secret(format!("{SECRET}\n").as_bytes(), CLUSTER_ID).unwrap();
     let wrong = ClusterKey::from_secret(b"Zq1Xw2Ce3Rv4Tb5Yn6Um7Ii8Oo9Pp0Aa1Ss2Dd3Ff4G", CLUSTER_ID)
         .unwrap();
-    let sock = crafter(&net);
+    let sock = crafter(net);
     let here = sock.local_addr().unwrap();
     let to = gossip_addr(0);
     let mut codec = Codec::new(&key, CLUSTER_ID, here);
@@ -290,8 +361,10 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
     let c = cluster(h0);
     assert_eq!(peers(&c).len(), 1, "{c}");
     assert_eq!(counter(&c, "charged_pkts"), pkts);
+}
 
-    // --- send_errors: h0's gossip link down, its sends fail (no route) and are counted.
+/// `send_errors`: h0's gossip link down, its sends fail (no route) and are counted.
+fn failed_sends_are_counted(net: &ClusterNet, h0: &AgentProcess, h1: &AgentProcess) {
     let e0 = counter(&cluster(h0), "send_errors");
     assert_eq!(e0, 0, "send errors on a healthy link");
     assert_eq!(counter(&cluster(h1), "send_errors"), 0);
@@ -314,8 +387,4 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
             .any(|p| p["counted"] == true)
             .then_some(())
     });
-
-    for a in agents {
-        assert!(a.stop().unwrap().success());
-    }
 }
