@@ -137,7 +137,8 @@ struct Step {
     status: [(u64, u64, f64); 2],
 }
 
-#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
+/// Three agents on `policy` under the flood, h0's gossip link cut and restored step by step:
+/// each step's admitted rates and what the agents show, then nothing left behind.
 fn scenario(policy: &str, steps: &[Step]) {
     let _serial = SERIAL
         .lock()
@@ -150,9 +151,39 @@ fn scenario(policy: &str, steps: &[Step]) {
     require_root();
     let net = ClusterNet::new(tag, 3).unwrap();
     net.add_source(FLOOD).unwrap();
+    let agents = start_the_three(&net, policy);
+    let (samples, statuses) = flood_through_the_steps(&net, &agents, steps);
+    assert_the_rates(policy, steps, &samples, &statuses);
+    assert_the_statuses(policy, steps, &statuses);
+    if policy == "fail_open" {
+        for a in &agents {
+            assert_eq!(counter(&cluster(a), "share_charged_pkts"), 0);
+        }
+    }
+    for (i, a) in agents.into_iter().enumerate() {
+        assert!(a.stop().unwrap().success(), "h{i}");
+    }
+    drop(net);
+    assert_none_left(tag);
+}
+
+/// What h0 and h1 showed near the end of a step's window.
+struct Shown {
+    /// `status --json`'s cluster part at h0 and at h1.
+    cluster: Vec<Value>,
+    /// h0's metrics.
+    body: String,
+    /// h0's `status` table.
+    status: String,
+    /// h0's `peers` table.
+    peers: String,
+}
+
+/// The three agents on `policy`, once each counts the other two and hears 3 of 3 hosts.
+fn start_the_three(net: &ClusterNet, policy: &str) -> Vec<AgentProcess> {
     let agents: Vec<AgentProcess> = (0..3)
         .map(|i| {
-            AgentProcess::start(&net.hosts[i].ns, &config(&net, i, policy), &[])
+            AgentProcess::start(&net.hosts[i].ns, &config(net, i, policy), &[])
                 .unwrap_or_else(|e| panic!("agent h{i}: {e:#}"))
         })
         .collect();
@@ -169,6 +200,16 @@ fn scenario(policy: &str, steps: &[Step]) {
         });
         assert_eq!(c["on_partition"], policy, "{c:#}");
     }
+    agents
+}
+
+/// The flood through every step (h0's gossip link cut or restored at each step's `at`), its
+/// counts sampled every [`SAMPLE`], and what h0 and h1 showed near the end of each window.
+fn flood_through_the_steps(
+    net: &ClusterNet,
+    agents: &[AgentProcess],
+    steps: &[Step],
+) -> (Vec<Sample>, Vec<Shown>) {
     let receivers: Vec<Receiver> = (0..3)
         .map(|i| {
             Receiver::bind(
@@ -212,12 +253,12 @@ fn scenario(policy: &str, steps: &[Step]) {
             if statuses.len() < steps.len() && t >= steps[statuses.len()].to - 0.5 {
                 let c: Vec<Value> = agents[..2].iter().map(cluster).collect();
                 let body = scrape(&net.hosts[0].ns);
-                statuses.push((
-                    c,
+                statuses.push(Shown {
+                    cluster: c,
                     body,
-                    cli(&agents[0], &["status"]),
-                    cli(&agents[0], &["peers"]),
-                ));
+                    status: cli(&agents[0], &["status"]),
+                    peers: cli(&agents[0], &["peers"]),
+                });
             }
             let t = start.elapsed().as_secs_f64();
             thread::sleep(SAMPLE.min(Duration::from_secs_f64((end - t).max(0.0))));
@@ -226,13 +267,19 @@ fn scenario(policy: &str, steps: &[Step]) {
             let _ = h.join().unwrap();
         }
     });
+    (samples, statuses)
+}
 
+/// Each step's admitted rates against its expectation: h0 alone and h1 + h2 within
+/// [`TOLERANCE`] of their shares, or the three within [`ONE_BUDGET_TOLERANCE`] of one budget.
+/// Every step is printed before any failure is raised.
+fn assert_the_rates(policy: &str, steps: &[Step], samples: &[Sample], statuses: &[Shown]) {
     println!("on_partition = {policy}; budget {RATE} pps, burst {BURST}; flood {FLOOD_PPS} pps split {SPLIT:?}");
     let mut failures = Vec::new();
     for (i, step) in steps.iter().enumerate() {
-        let h0 = rate(&samples, &[0], step.from, step.to);
-        let rest = rate(&samples, &[1, 2], step.from, step.to);
-        let (c, _, _, _) = &statuses[i];
+        let h0 = rate(samples, &[0], step.from, step.to);
+        let rest = rate(samples, &[1, 2], step.from, step.to);
+        let c = &statuses[i].cluster;
         println!(
             "{:<36} {:>4.1}-{:>4.1} s: h0 {:.3} x budget, h1+h2 {:.3}, all {:.3} (want {}); \
              h0 {:?}, h1 {:?} (hosts heard, known, share)",
@@ -249,35 +296,7 @@ fn scenario(policy: &str, steps: &[Step]) {
             hosts(&c[0]),
             hosts(&c[1]),
         );
-        for (h, ch) in c.iter().enumerate() {
-            let by: Vec<String> = ch["peers"]
-                .as_array()
-                .map(|ps| {
-                    ps.iter()
-                        .map(|p| {
-                            format!(
-                                "{}={}{}",
-                                p["addr"],
-                                p["charged_pkts"],
-                                if p["counted"] == true {
-                                    ""
-                                } else {
-                                    "(not counted)"
-                                }
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            println!(
-                "    h{h}: charged {} (by peer {}), for missing hosts {}, debt capped {}, clamped {}",
-                counter(ch, "charged_pkts"),
-                by.join(" "),
-                counter(ch, "share_charged_pkts"),
-                counter(ch, "debt_capped"),
-                counter(ch, "charges_clamped"),
-            );
-        }
+        print_the_charges(c);
         let check = |what: String, got: f64, want: f64, tolerance: f64| {
             std::panic::catch_unwind(|| assert_within(&what, got, want, tolerance)).err()
         };
@@ -304,8 +323,52 @@ fn scenario(policy: &str, steps: &[Step]) {
         "{} rate(s) off, see above",
         failures.len()
     );
+}
+
+/// What each agent withheld, by peer and for missing hosts.
+fn print_the_charges(c: &[Value]) {
+    for (h, ch) in c.iter().enumerate() {
+        let by: Vec<String> = ch["peers"]
+            .as_array()
+            .map(|ps| {
+                ps.iter()
+                    .map(|p| {
+                        format!(
+                            "{}={}{}",
+                            p["addr"],
+                            p["charged_pkts"],
+                            if p["counted"] == true {
+                                ""
+                            } else {
+                                "(not counted)"
+                            }
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        println!(
+            "    h{h}: charged {} (by peer {}), for missing hosts {}, debt capped {}, clamped {}",
+            counter(ch, "charged_pkts"),
+            by.join(" "),
+            counter(ch, "share_charged_pkts"),
+            counter(ch, "debt_capped"),
+            counter(ch, "charges_clamped"),
+        );
+    }
+}
+
+/// Each step's hosts heard, known and share at h0 and h1, and h0's metrics and tables; under
+/// `share` a side missing hosts withholds for them, and nothing is withheld for missing hosts
+/// while none is missing.
+fn assert_the_statuses(policy: &str, steps: &[Step], statuses: &[Shown]) {
     for (i, step) in steps.iter().enumerate() {
-        let (c, body, status, peers) = &statuses[i];
+        let Shown {
+            cluster: c,
+            body,
+            status,
+            peers,
+        } = &statuses[i];
         for (h, want) in step.status.iter().enumerate() {
             let (heard, known, share) = hosts(&c[h]);
             assert_eq!(
@@ -358,7 +421,7 @@ fn scenario(policy: &str, steps: &[Step]) {
                 let now = counter(ch, "share_charged_pkts");
                 let before = i.checked_sub(1).map_or(0, |p| {
                     if steps[p].status.iter().all(|s| s.0 == s.1) {
-                        counter(&statuses[p].0[h], "share_charged_pkts")
+                        counter(&statuses[p].cluster[h], "share_charged_pkts")
                     } else {
                         now
                     }
@@ -367,17 +430,6 @@ fn scenario(policy: &str, steps: &[Step]) {
             }
         }
     }
-    if policy == "fail_open" {
-        for a in &agents {
-            assert_eq!(counter(&cluster(a), "share_charged_pkts"), 0);
-        }
-    }
-    drop(receivers);
-    for (i, a) in agents.into_iter().enumerate() {
-        assert!(a.stop().unwrap().success(), "h{i}");
-    }
-    drop(net);
-    assert_none_left(tag);
 }
 
 #[test]
