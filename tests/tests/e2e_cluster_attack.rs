@@ -144,8 +144,9 @@ fn peer_named<'a>(c: &'a [Value], name: &str) -> Vec<&'a Value> {
     c.iter().filter(|p| p["node_id"] == name).collect()
 }
 
+/// The scenario of the module's documentation, in order: nobody lies, the attack and its
+/// bound, no forged id counted, the victim whole again once the attacker stops, a replay refused.
 #[test]
-#[expect(clippy::too_many_lines, reason = "one scenario, told in order")]
 fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_max_keys() {
     let (net, ans) = net("rl-ca");
     // A plain socket at the attacker's, named as a seed by h0: it receives genuine datagrams
@@ -154,18 +155,51 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
     let agents = start(&net, &[capture.local_addr().unwrap()]);
     let (h0, h1) = (&agents[0], &agents[1]);
 
-    // --- Nobody lies yet: the victim, at half the budget, loses nothing.
+    // Nobody lies yet: the victim, at half the budget, loses nothing.
     let (sent, got) = victim(&net, 2.0);
     println!("before the attack: victim sent {sent}, h0 admitted {got}");
     assert_eq!(got, sent, "the victim lost packets before any attack");
 
-    // --- The attacker's identities.
     let h1_generation = peers(&cluster(h0))
         .iter()
         .find(|p| p["counted"] == true)
         .and_then(|p| p["generation"].as_u64())
         .expect("h1's generation at h0");
-    let me = SocketAddr::new(IpAddr::V4(ATTACKER_IP), GOSSIP_PORT);
+    let attacker = Attacker::start(
+        &ans,
+        CLUSTER_ID,
+        &[gossip_addr(0), gossip_addr(1)],
+        identities(h1_generation),
+    );
+    attacker.claims(|c| {
+        c.keys = vec![(("cl".to_string(), IpAddr::V4(VICTIM)), 0)];
+        c.junk = 5 * MAX_KEYS;
+    });
+    every_identity_known_and_its_own_counted(h0);
+    let during = claims_take_at_most_the_victims_refill(&net, h0, &attacker, h1_generation);
+    no_forged_id_counted_and_max_keys_stored(&agents, &during, h1_generation);
+    the_victim_is_whole_again_once_the_attacker_stops(&net, attacker);
+    a_replayed_datagram_fails_authentication(&net, &ans, &capture, h1);
+
+    drop(ans);
+    for a in agents {
+        assert!(a.stop().unwrap().success());
+    }
+}
+
+/// The attacker's address.
+fn me() -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(ATTACKER_IP), GOSSIP_PORT)
+}
+
+/// Identities named by the forged ones' prefixes.
+const FORGED: [&str; 2] = ["ghost", "impostor"];
+
+/// The attacker's identities: its own, forged ones (at an address nobody sends from, a newer
+/// incarnation of h1 at h1's address, an older one at its own address) and
+/// [`EXTRA_SENDERS`] more of its own.
+fn identities(h1_generation: u64) -> Vec<Identity> {
+    let me = me();
     let at = |port: u16| SocketAddr::new(IpAddr::V4(ATTACKER_IP), port);
     let generation = unix_ms();
     let nobody = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 18, 1, 200)), GOSSIP_PORT);
@@ -205,14 +239,17 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
             bind: a,
         }
     }));
-    let senders = 1 + usize::from(EXTRA_SENDERS);
-    let forged = ["ghost", "impostor"];
-    let attacker = Attacker::start(&ans, CLUSTER_ID, &[gossip_addr(0), gossip_addr(1)], ids);
-    attacker.claims(|c| {
-        c.keys = vec![(("cl".to_string(), IpAddr::V4(VICTIM)), 0)];
-        c.junk = 5 * MAX_KEYS;
-    });
-    // Heard and counted (its claims so far, zero, are its baseline), the identities all known.
+    ids
+}
+
+/// Identities of the attacker's own, each at an address it sends from.
+fn senders() -> usize {
+    1 + usize::from(EXTRA_SENDERS)
+}
+
+/// Heard and counted (its claims so far, zero, are its baseline), the identities all known.
+fn every_identity_known_and_its_own_counted(h0: &AgentProcess) {
+    let (me, senders, forged) = (me(), senders(), FORGED);
     wait_for("h0 to count the attacker", Duration::from_secs(20), || {
         let c = peers(&cluster(h0));
         let named = |prefix: &str| {
@@ -235,15 +272,26 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
             && forged.iter().all(|f| named(f)))
         .then_some(())
     });
+}
 
-    // --- The attack: 100x the rule's rate claimed for the victim, every round, by every
-    // identity, while the victim sends at half the budget.
+/// The attack: 100x the rule's rate claimed for the victim, every round, by every identity,
+/// while the victim sends at half the budget. What the claims can take: the victim's refill at
+/// h0 over the span (and the lag allowance a late round may take back), whatever the number of
+/// identities; the victim can lose that and its burst, and nothing is cut. Returns h0's status
+/// during the attack.
+fn claims_take_at_most_the_victims_refill(
+    net: &ClusterNet,
+    h0: &AgentProcess,
+    attacker: &Attacker,
+    h1_generation: u64,
+) -> Value {
+    let senders = senders();
     let c0 = cluster(h0);
     let charged_before = counter(&c0, "charged_pkts");
     let clamped_before = counter(&c0, "charges_clamped");
     attacker.claims(|c| c.per_round = 100 * RATE / 10);
     let began = Instant::now();
-    let (sent, got) = victim(&net, 4.0);
+    let (sent, got) = victim(net, 4.0);
     let during = cluster(h0);
     attacker.claims(|c| c.per_round = 0);
     let span = began.elapsed().as_secs_f64();
@@ -299,7 +347,16 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
             "the victim lost {lost} packets, more than its refill and burst {lost_bound:.0}"
         );
     }
-    // No forged id counted, at either agent; h1 still counted at h0, as itself.
+    during
+}
+
+/// No forged id counted, at either agent; h1 still counted at h0, as itself.
+fn no_forged_id_counted_and_max_keys_stored(
+    agents: &[AgentProcess],
+    during: &Value,
+    h1_generation: u64,
+) {
+    let forged = FORGED;
     for (i, a) in agents.iter().enumerate() {
         let c = cluster(a);
         for p in peers(&c) {
@@ -317,7 +374,7 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
         }
         assert!(counter(&c, "keys_dropped") > 0, "h{i}: {c}");
     }
-    let h1_at_h0: Vec<Value> = peers(&during)
+    let h1_at_h0: Vec<Value> = peers(during)
         .into_iter()
         .filter(|p| p["generation"].as_u64() == Some(h1_generation))
         .collect();
@@ -325,13 +382,15 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
         h1_at_h0.len() == 1 && h1_at_h0[0]["counted"] == true,
         "h1 is no longer counted at h0: {during:#}"
     );
+}
 
-    // --- The attacker stops: the victim is admitted in full again within 1 s (the claims'
-    // demand leaves the figures within a few rounds, and a bucket owes at most one round).
+/// The attacker stops: the victim is admitted in full again within 1 s (the claims'
+/// demand leaves the figures within a few rounds, and a bucket owes at most one round).
+fn the_victim_is_whole_again_once_the_attacker_stops(net: &ClusterNet, attacker: Attacker) {
     attacker.stop();
     let stopped = Instant::now();
     thread::sleep(Duration::from_secs(1));
-    let (sent, got) = victim(&net, 2.0);
+    let (sent, got) = victim(net, 2.0);
     println!(
         "{:.1} s after the attacker stopped: victim sent {sent}, h0 admitted {got}",
         stopped.elapsed().as_secs_f64()
@@ -340,9 +399,16 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
         got, sent,
         "the victim still loses packets 1 s after the attack"
     );
+}
 
-    // --- Replay: a datagram h0 sealed for the attacker's capture socket, sent to h1 from h0's
-    // gossip address, fails authentication there.
+/// Replay: a datagram h0 sealed for the attacker's capture socket, sent to h1 from h0's
+/// gossip address, fails authentication there.
+fn a_replayed_datagram_fails_authentication(
+    net: &ClusterNet,
+    ans: &ratelimit_testbed::Netns,
+    capture: &std::net::UdpSocket,
+    h1: &AgentProcess,
+) {
     // What queued up since the start may be older than the 30 s a datagram is accepted for:
     // drop it, and take the next one h0 sends.
     let mut buf = vec![0; 65_536];
@@ -369,7 +435,7 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
         matches!(opened, Ok(Some(_))),
         "the captured datagram is genuine and sealed for the capture socket: {opened:?}"
     );
-    let spoof = bind_udp_transparent(&ans, gossip_addr(0)).unwrap();
+    let spoof = bind_udp_transparent(ans, gossip_addr(0)).unwrap();
     let before = counter(&cluster(h1), "rejected_auth");
     spoof.send_to(&buf[..len], gossip_addr(1)).unwrap();
     let after = wait_for("h1 to reject the replay", Duration::from_secs(5), || {
@@ -389,19 +455,16 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
             r#"ratelimit_cluster_rejected_total{reason="auth"}"#
         ) >= (before + 1) as f64
     );
-    drop(ans);
-    for a in agents {
-        assert!(a.stop().unwrap().success());
-    }
 }
 
-/// A key-holding member publishes once (and holds for half a second) a sync key dated 10^12 ms ahead with the largest epoch,
-/// and the victim's key at the largest epoch and demand (`u64::MAX:0:0:u64::MAX`), then goes on
-/// publishing as before (its claims gaining nothing). Before, h0 kept that reading as the
-/// newest: every real one after it looked older, the victim's demand at the attacker read
-/// ~1.8e10 pps for as long as the attacker's sync key moved, and the victim, under its budget at
-/// h0, was starved. Now the reading is refused (`readings_refused`), and the victim is admitted in
-/// full within 1 s of it while the attacker goes on gossiping.
+/// A key-holding member publishes once (and holds for half a second) a sync key dated 10^12 ms
+/// ahead with the largest epoch, and the victim's key at the largest epoch and demand
+/// (`u64::MAX:0:0:u64::MAX`), then goes on publishing as before (its claims gaining nothing).
+/// Were that reading kept as the newest, every real one after it would look older, the
+/// victim's demand at the attacker would read ~1.8e10 pps for as long as the attacker's sync
+/// key moved, and the victim, under its budget at h0, would be starved. The reading is refused
+/// (`readings_refused`), and the victim is admitted in full within 1 s of it while the attacker
+/// goes on gossiping.
 #[test]
 fn a_forged_reading_dated_ahead_does_not_keep_a_source_blocked() {
     let (net, ans) = net("rl-cf");
