@@ -32,6 +32,16 @@ use crate::{agent_binary, cluster_net::SECRET, AgentProcess, Netns};
 /// Where the agents' metrics listen, inside each host's namespace.
 pub const METRICS: &str = "127.0.0.1:9477";
 
+/// Stops each of `agents` in turn ([`AgentProcess::stop`]: SIGTERM, exit 0, pins removed).
+///
+/// # Panics
+/// When one does not stop so, naming it `h{i}` by its place in `agents`.
+pub fn stop_agents(agents: impl IntoIterator<Item = AgentProcess>) {
+    for (i, a) in agents.into_iter().enumerate() {
+        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
+    }
+}
+
 /// Runs `ratelimit --socket S ARGS` against `agent` and returns its standard output.
 ///
 /// # Panics

@@ -34,8 +34,8 @@ use chitchat::ChitchatId;
 use ratelimit::cluster::key::ClusterKey;
 use ratelimit::cluster::wire::Codec;
 use ratelimit_testbed::cluster::{
-    cli, cluster, counted, counter, metric, peers, scrape, unix_ms, wait_for, Attacker, Identity,
-    METRICS,
+    cli, cluster, counted, counter, metric, peers, scrape, stop_agents, unix_ms, wait_for,
+    Attacker, Identity, METRICS,
 };
 use ratelimit_testbed::cluster_net::{data_ip, gossip_addr, ClusterNet, GOSSIP_PORT, SECRET};
 use ratelimit_testbed::{
@@ -182,9 +182,7 @@ fn a_key_holding_attacker_is_bounded_by_its_own_bucket_forges_nobody_and_stores_
     a_replayed_datagram_fails_authentication(&net, &ans, &capture, h1);
 
     drop(ans);
-    for a in agents {
-        assert!(a.stop().unwrap().success());
-    }
+    stop_agents(agents);
 }
 
 /// The attacker's address.
@@ -521,9 +519,7 @@ fn a_forged_reading_dated_ahead_does_not_keep_a_source_blocked() {
     );
     attacker.stop();
     drop(ans);
-    for a in agents {
-        assert!(a.stop().unwrap().success());
-    }
+    stop_agents(agents);
 }
 
 /// The lowest file descriptor number not open in `pid`.
@@ -646,7 +642,5 @@ fn a_gossip_socket_error_is_survived_shown_and_counted() {
         "h0's gossip restarted {restarts} time(s); generation {generation} -> {new_generation}"
     );
     drop(ans);
-    for a in agents {
-        assert!(a.stop().unwrap().success());
-    }
+    stop_agents(agents);
 }

@@ -27,6 +27,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use ratelimit_testbed::cluster::stop_agents;
 use ratelimit_testbed::{
     agent_proc::global_counter,
     bursty::Plan,
@@ -209,9 +210,7 @@ fn run(tag: &str, spoofed_pps: u64, copies: u32, bursty: bool) -> Outcome {
         bound(),
     );
     drop(receivers);
-    for a in agents {
-        a.stop().unwrap();
-    }
+    stop_agents(agents);
     Outcome {
         excess,
         worst,

@@ -9,6 +9,7 @@
 
 use std::time::{Duration, Instant};
 
+use ratelimit_testbed::cluster::stop_agents;
 use ratelimit_testbed::{
     assert_none_left,
     cluster_net::{status, ClusterNet, Split},
@@ -87,9 +88,7 @@ fn a_stopped_agent_reports_its_late_round_and_how_long_its_shares_lapsed() {
     assert!(lapsed_h1.is_empty(), "h1 was never stopped: {lapsed_h1:?}");
 
     drop(_receivers);
-    for (i, a) in agents.into_iter().enumerate() {
-        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
-    }
+    stop_agents(agents);
     drop(net);
     assert_none_left("rl-clate-");
 }

@@ -16,6 +16,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
+use ratelimit_testbed::cluster::stop_agents;
 use ratelimit_testbed::{
     assert_none_left,
     cluster_net::{cluster_counter, counted_peers, status, ClusterNet, Samples, Split, FLOOD},
@@ -102,9 +103,7 @@ fn a_cluster_scoped_aggregate_limit_is_one_budget_while_per_source_limits_stay_l
 
     // --- Clean up. ---
     drop(receivers);
-    for (i, a) in agents.into_iter().enumerate() {
-        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
-    }
+    stop_agents(agents);
     drop(net);
     assert_none_left("rl-clim-");
 }

@@ -17,6 +17,7 @@
 
 use std::time::{Duration, Instant};
 
+use ratelimit_testbed::cluster::stop_agents;
 use ratelimit_testbed::{
     assert_none_left,
     cluster_net::{stalls, ClusterNet, Samples, Sent, Split, Stall},
@@ -69,9 +70,7 @@ fn an_on_off_source_gets_one_budget_not_a_burst_per_host_at_every_cycle() {
 
     // --- Clean up. ---
     drop(receivers);
-    for (i, a) in agents.into_iter().enumerate() {
-        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
-    }
+    stop_agents(agents);
     drop(net);
     assert_none_left("rl-coo-");
 }

@@ -19,7 +19,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ratelimit_testbed::cluster::{
-    cli, cluster, counted, counter, metric, paced, scrape, wait_for, METRICS,
+    cli, cluster, counted, counter, metric, paced, scrape, stop_agents, wait_for, METRICS,
 };
 use ratelimit_testbed::cluster_net::{data_ip, gossip_addr, ClusterNet};
 use ratelimit_testbed::{assert_none_left, bind_udp, require_root, AgentProcess, Receiver};
@@ -160,9 +160,7 @@ fn scenario(policy: &str, steps: &[Step]) {
             assert_eq!(counter(&cluster(a), "share_charged_pkts"), 0);
         }
     }
-    for (i, a) in agents.into_iter().enumerate() {
-        assert!(a.stop().unwrap().success(), "h{i}");
-    }
+    stop_agents(agents);
     drop(net);
     assert_none_left(tag);
 }

@@ -17,6 +17,7 @@
 
 use std::time::{Duration, Instant};
 
+use ratelimit_testbed::cluster::stop_agents;
 use ratelimit_testbed::{
     assert_none_left,
     cluster_net::{
@@ -232,9 +233,7 @@ fn agents(tag: &str, store: Store, phases: &[Phase]) {
 
     // --- Clean up. ---
     drop(receivers);
-    for (i, a) in agents.into_iter().enumerate() {
-        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
-    }
+    stop_agents(agents);
     drop(redis);
     drop(net);
     assert_none_left(&format!("{tag}-"));

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::{
     Outcome, ACCURACY, MAX_LAG_SECS, MEASURE_SECS, ONE_AT_A_TIME, SKEW_SECS, SYNC_MS, WARM_SECS,
 };
+use ratelimit_testbed::cluster::stop_agents;
 use ratelimit_testbed::{
     assert_none_left,
     bursty::{one_bucket, worst_excess, Plan},
@@ -207,9 +208,7 @@ pub(crate) fn teardown(
     redis: Option<Store>,
 ) {
     drop(receivers);
-    for (i, a) in agents.into_iter().enumerate() {
-        a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
-    }
+    stop_agents(agents);
     drop(redis);
     drop(net);
     assert_none_left(&format!("{tag}-"));

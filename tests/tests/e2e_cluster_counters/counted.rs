@@ -10,7 +10,9 @@ use crate::{
 };
 use ratelimit::cluster::key::ClusterKey;
 use ratelimit::cluster::wire::Codec;
-use ratelimit_testbed::cluster::{cli, cluster, counter, peers, scrape, unix_ms, wait_for};
+use ratelimit_testbed::cluster::{
+    cli, cluster, counter, peers, scrape, stop_agents, unix_ms, wait_for,
+};
 use ratelimit_testbed::cluster_net::{gossip_addr, ClusterNet, SECRET};
 use ratelimit_testbed::AgentProcess;
 use serde_json::{json, Value};
@@ -30,9 +32,7 @@ fn charges_gossip_bytes_and_rejections_are_counted_exactly() {
     rejections_are_counted_by_reason(&net, h0, pkts);
     failed_sends_are_counted(&net, h0, h1);
 
-    for a in agents {
-        assert!(a.stop().unwrap().success());
-    }
+    stop_agents(agents);
 }
 
 /// `cluster_bytes`: what h0 says it sent is what left its gossip link. A snapshot of the

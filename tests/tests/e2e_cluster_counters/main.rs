@@ -23,7 +23,7 @@ use std::thread;
 use std::time::Duration;
 
 use ratelimit_testbed::agent_proc::rule_packets;
-use ratelimit_testbed::cluster::{cluster, counter, peers, scrape, wait_for};
+use ratelimit_testbed::cluster::{cluster, counter, peers, scrape, stop_agents, wait_for};
 use ratelimit_testbed::cluster_net::{data_ip, gossip_addr, gossip_ip, ClusterNet};
 use ratelimit_testbed::{bind_udp, require_root, send_udp, AgentProcess, Netns, Receiver};
 use serde_json::Value;
@@ -301,9 +301,7 @@ fn keys_beyond_max_keys_are_dropped_counted_and_not_charged() {
         (dropped..=counter(&cluster(h0), "keys_dropped")).contains(&scraped),
         "metric keys_dropped {scraped}, status {dropped}"
     );
-    for a in agents {
-        assert!(a.stop().unwrap().success());
-    }
+    stop_agents(agents);
 }
 
 /// The share word of `src`'s bucket in the maps pinned at `dir` (0: none, the whole rate).

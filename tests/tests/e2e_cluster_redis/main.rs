@@ -14,6 +14,7 @@
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ratelimit_testbed::cluster::stop_agents;
 use ratelimit_testbed::{
     assert_none_left,
     cluster_net::{counted_peers, status, ClusterNet, Sent, Split},
@@ -157,9 +158,7 @@ impl<S> Bed<S> {
             ..
         } = self;
         drop(receivers);
-        for (i, a) in agents.into_iter().enumerate() {
-            a.stop().unwrap_or_else(|e| panic!("stopping h{i}: {e:#}"));
-        }
+        stop_agents(agents);
         drop(redis);
         drop(net);
         assert_none_left(&format!("{tag}-"));
