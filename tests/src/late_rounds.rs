@@ -43,6 +43,21 @@ pub fn read_until(
     }
 }
 
+/// Runs `work` while another thread reads every agent's `status --json` as [`read_until`]
+/// does; returns what `work` returned and the readings.
+pub fn reading_through<R>(
+    agents: &[AgentProcess],
+    until: Instant,
+    every: Duration,
+    work: impl FnOnce() -> R,
+) -> (R, Vec<(usize, u64, Value)>) {
+    std::thread::scope(|sc| {
+        let reader = sc.spawn(|| read_until(agents, until, every));
+        let r = work();
+        (r, reader.join().unwrap())
+    })
+}
+
 /// The spans (from, to), seconds after a start, during which some agent's round was overdue.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Overdue {
@@ -136,6 +151,15 @@ impl Overdue {
             .filter(move |l| l.1 >= t0 && l.1 - l.2 <= t1)
     }
 
+    /// What a host may admit beyond its share over the lapses that ended within `[t0, t1]`:
+    /// `rate` times each lapse, rounded up (its buckets refilled at the whole rate meanwhile).
+    #[must_use]
+    pub fn lapsed_refill(&self, rate: f64, t0: f64, t1: f64) -> f64 {
+        // Folded from 0.0: an empty `sum` of floats is -0.0, printed "-0".
+        self.lapses_within(t0, t1)
+            .fold(0.0, |sum, l| sum + (rate * l.2).ceil())
+    }
+
     /// Seconds after `t0` by which something promised within `limit` seconds of `t0` must
     /// have happened: `limit`, extended by the overdue time within the extended period (to a
     /// fixed point, as a stall in the extension delays it too).
@@ -202,6 +226,12 @@ mod tests {
         assert_eq!(o.lapses, vec![(0, 2.0, 0.15)]);
         assert_eq!(o.lapses_within(2.1, 3.0).count(), 0);
         assert_eq!(o.lapses_within(1.0, 1.9).count(), 1, "lapsed from 1.85 s");
+        assert!((o.lapsed_refill(1000.0, 1.0, 1.9) - 150.0).abs() < 1e-9);
+        assert!(
+            (o.lapsed_refill(333.0, 1.0, 1.9) - 50.0).abs() < 1e-9,
+            "49.95 rounded up"
+        );
+        assert!(o.lapsed_refill(1000.0, 2.1, 3.0).to_bits() == 0.0f64.to_bits());
     }
 
     #[test]

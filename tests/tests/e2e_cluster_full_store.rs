@@ -29,7 +29,6 @@
 
 use std::{
     net::Ipv4Addr,
-    thread,
     time::{Duration, Instant},
 };
 
@@ -39,7 +38,7 @@ use ratelimit_testbed::{
     cluster::stop_agents,
     cluster_net::{cluster_counter, flood_rule, status, ClusterNet, Samples, Split, FLOOD},
     fill::fill_store,
-    late_rounds::{read_until, unix_ms, Overdue},
+    late_rounds::{reading_through, unix_ms, Overdue},
     require_root,
 };
 
@@ -109,16 +108,10 @@ impl Outcome {
     /// ([`Outcome::lag`]) and the rate over each lapse of a host's shares.
     #[expect(clippy::cast_precision_loss, reason = "small counts")]
     fn bound(&self) -> f64 {
-        let lag = self.lag();
-        let lapses: f64 = self
-            .overdue
-            .lapses_within(0.0, SECS)
-            .map(|l| (RATE * l.2).ceil())
-            .sum();
         (2 * HOSTS - 1) as f64 * BURST as f64
-            + (HOSTS - 1) as f64 * RATE * lag
+            + (HOSTS - 1) as f64 * RATE * self.lag()
             + RATE * SKEW_SECS
-            + lapses
+            + self.overdue.lapsed_refill(RATE, 0.0, SECS)
     }
 
     /// [`LAG_ROUNDS`] of the slowest agent's rounds: a sync interval each, or their mean
@@ -203,13 +196,10 @@ fn run(tag: &str, spoofed_pps: u64, copies: u32, bursty: bool) -> Outcome {
     };
     let receivers = net.receivers().unwrap();
     // Each agent's rounds so far, read before the start so as not to hold up the sampling.
-    let syncs = |agents: &[ratelimit_testbed::AgentProcess]| -> Vec<u64> {
-        agents
-            .iter()
-            .map(|a| cluster_counter(&status(a).unwrap(), "syncs"))
-            .collect()
-    };
-    let syncs_before = syncs(&agents);
+    let syncs_before: Vec<u64> = agents
+        .iter()
+        .map(|a| cluster_counter(&status(a).unwrap(), "syncs"))
+        .collect();
     let start = Instant::now();
     let start_unix_ms = unix_ms();
     // What the sender sent to each host, once it is done.
@@ -243,22 +233,22 @@ fn run(tag: &str, spoofed_pps: u64, copies: u32, bursty: bool) -> Outcome {
     };
     let mut samples = Samples::default();
     // The agents' late rounds, read through the run (each keeps only its last 32).
-    let readings = thread::scope(|sc| {
-        let agents = &agents;
-        let reader = sc.spawn(move || {
-            read_until(
-                agents,
-                start + Duration::from_secs_f64(SECS),
-                Duration::from_secs(1),
-            )
-        });
-        samples.take_until(&receivers, start, SECS, Duration::from_millis(50));
-        reader.join().unwrap()
-    });
-    let rounds: Vec<u64> = syncs(&agents)
+    let ((), readings) = reading_through(
+        &agents,
+        start + Duration::from_secs_f64(SECS),
+        Duration::from_secs(1),
+        || samples.take_until(&receivers, start, SECS, Duration::from_millis(50)),
+    );
+    // Each agent's counters once the source is done: its rounds since the start, its late ones.
+    let after: Vec<serde_json::Value> = agents.iter().map(|a| status(a).unwrap()).collect();
+    let rounds: Vec<u64> = after
         .iter()
         .zip(&syncs_before)
-        .map(|(a, b)| a - b)
+        .map(|(s, b)| cluster_counter(s, "syncs") - b)
+        .collect();
+    let rounds_late: Vec<u64> = after
+        .iter()
+        .map(|s| cluster_counter(s, "rounds_late"))
         .collect();
     let overdue = Overdue::of(&readings, start_unix_ms);
     let sent = sender();
@@ -273,10 +263,6 @@ fn run(tag: &str, spoofed_pps: u64, copies: u32, bursty: bool) -> Outcome {
         .iter()
         .zip(&created_before)
         .map(|(a, b)| a - b)
-        .collect();
-    let rounds_late: Vec<u64> = agents
-        .iter()
-        .map(|a| cluster_counter(&status(a).unwrap(), "rounds_late"))
         .collect();
     drop(receivers);
     stop_agents(agents);

@@ -24,7 +24,7 @@ use ratelimit_testbed::{
         cluster_counter, save_agent_logs, stalls, status, ClusterNet, Convergence, Samples, Sent,
         Split, Stall,
     },
-    late_rounds::{read_until, unix_ms, Overdue},
+    late_rounds::{reading_through, unix_ms, Overdue},
     require_root, AgentProcess, Receiver,
 };
 use serde_json::Value;
@@ -327,17 +327,12 @@ fn flood_phase_by_phase(
     let sender = net.flood(schedule, start).unwrap();
     let mut samples = Samples::default();
     // The agents' late rounds, read through the run (each keeps only its last 32).
-    let readings = std::thread::scope(|sc| {
-        let reader = sc.spawn(|| {
-            read_until(
-                agents,
-                start + Duration::from_secs_f64(end),
-                READ_LATE_ROUNDS,
-            )
-        });
-        samples.take_until(receivers, start, end, SAMPLE);
-        reader.join().unwrap()
-    });
+    let ((), readings) = reading_through(
+        agents,
+        start + Duration::from_secs_f64(end),
+        READ_LATE_ROUNDS,
+        || samples.take_until(receivers, start, end, SAMPLE),
+    );
     let sent = sender.join().unwrap();
     let elapsed = start.elapsed().as_secs_f64();
     let stalls = stalls(&sent, receivers, start);
@@ -399,9 +394,7 @@ fn figures(store: Store, hosts: usize, phases: &[Phase], seen: &Seen) -> Figures
     // x rate x lag`, plus the rate over the sampling's skew at both ends and over each lapse of
     // an agent's shares (a late round: that host at the whole rate meanwhile).
     let (excess, from, to) = samples.largest_excess(RATE);
-    let lapses: f64 = overdue
-        .lapses_within(0.0, *end)
-        .fold(0.0, |sum, l| sum + (RATE * l.2).ceil());
+    let lapses = overdue.lapsed_refill(RATE, 0.0, *end);
     #[expect(clippy::cast_precision_loss, reason = "small")]
     let bound = (2.0 * hosts as f64 - 1.0) * BURST as f64
         + (hosts as f64 - 1.0) * RATE * LAG_SECS

@@ -89,9 +89,7 @@ pub(crate) fn every_window_while_connected_is_within_the_burst_bound(run: &Run) 
         })
         .fold(0.0, f64::max);
     let overdue = Overdue::of(&run.readings, run.start_unix_ms);
-    let lapses: f64 = overdue
-        .lapses_within(0.0, connected_end)
-        .fold(0.0, |sum, l| sum + (RATE * l.2).ceil());
+    let lapses = overdue.lapsed_refill(RATE, 0.0, connected_end);
     if !overdue.incomplete.is_empty() {
         println!("late rounds not all kept by h{:?}", overdue.incomplete);
     }

@@ -2,7 +2,6 @@
 //! and what its outcome is held to: one bucket's admissions over the measured window, the written
 //! bound over the whole run.
 
-use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::{
@@ -13,7 +12,7 @@ use ratelimit_testbed::{
     assert_none_left,
     bursty::{one_bucket, worst_excess, Plan},
     cluster_net::{save_agent_logs, ClusterNet, FLOOD, REDIS_ADDR},
-    late_rounds::{read_until, unix_ms, Overdue},
+    late_rounds::{reading_through, unix_ms, Overdue},
     require_root, AgentProcess, Receiver,
 };
 
@@ -109,18 +108,12 @@ pub(crate) fn run_on(
     let start_unix_ms = unix_ms();
     let sender = net.bursts_from(FLOOD, plan, start).unwrap();
     // The agents' late rounds, read through the run (each keeps only its last 32).
-    let readings = thread::scope(|sc| {
-        let agents = &agents;
-        let reader = sc.spawn(move || {
-            read_until(
-                agents,
-                start + Duration::from_secs_f64(plan_end),
-                Duration::from_secs(2),
-            )
-        });
-        during(&net, agents, start);
-        reader.join().unwrap()
-    });
+    let ((), readings) = reading_through(
+        &agents,
+        start + Duration::from_secs_f64(plan_end),
+        Duration::from_secs(2),
+        || during(&net, &agents, start),
+    );
     let overdue = Overdue::of(&readings, start_unix_ms);
     save_agent_logs(tag, &agents);
     // Each agent's view at the end: why a host admitted what it did.
@@ -279,11 +272,7 @@ pub(crate) fn within_the_bound(o: &Outcome, hosts: usize, burst: f64) {
     let (excess, from, to) = worst_excess(&times, o.rate);
     #[expect(clippy::cast_precision_loss, reason = "a few hosts")]
     let h = hosts as f64;
-    let lapses: f64 = o
-        .overdue
-        .lapses_within(0.0, f64::MAX)
-        .map(|l| (o.rate * l.2).ceil())
-        .sum();
+    let lapses = o.overdue.lapsed_refill(o.rate, 0.0, f64::MAX);
     let bound =
         (2.0 * h - 1.0) * burst + (h - 1.0) * o.rate * MAX_LAG_SECS + o.rate * SKEW_SECS + lapses;
     println!(

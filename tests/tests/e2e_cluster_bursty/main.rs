@@ -111,7 +111,7 @@ impl Outcome {
     /// time.
     fn tolerance(&self, t1: f64, t2: f64, reference: u64) -> f64 {
         let lapses: Vec<_> = self.overdue.lapses_within(t1, t2).collect();
-        let allowed: f64 = lapses.iter().map(|l| (self.rate * l.2).ceil()).sum();
+        let allowed = self.overdue.lapsed_refill(self.rate, t1, t2);
         #[expect(clippy::cast_precision_loss, reason = "small counts")]
         let lag = allowed / reference.max(1) as f64;
         for (h, at, secs) in &lapses {

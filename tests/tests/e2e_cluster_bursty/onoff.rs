@@ -182,10 +182,7 @@ fn figures(o: &Outcome, end: f64) -> Figures {
     // As the written bound (`within_the_bound`): a host whose agent ran no round for the lag
     // allowance fails open, its buckets refilling at the whole rate until its shares are renewed.
     let lapses: Vec<_> = o.overdue.lapses_within(a, b).collect();
-    // Folded from 0.0: an empty `sum` of floats is -0.0, printed "-0".
-    let lapsed = lapses
-        .iter()
-        .fold(0.0, |sum, l| sum + (ONOFF_RATE * l.2).ceil());
+    let lapsed = o.overdue.lapsed_refill(ONOFF_RATE, a, b);
     let bound = ONOFF_EXCESS_BOUND + lapsed;
     println!(
         "largest excess over rate x T: cluster {excess:.0} packets (window {a:.2}-{b:.2} s), one \
