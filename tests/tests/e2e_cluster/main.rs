@@ -284,7 +284,7 @@ fn scenario() {
     let run = run::play_the_phases(&mut cluster);
     let figures = figures::print(&run);
     phases::every_window_while_connected_is_within_the_burst_bound(&run);
-    phases::one_budget_whatever_the_split(&figures);
+    phases::one_budget_whatever_the_split(&run, &figures);
     phases::gossip_is_about_22_kb_a_second_per_host(&run);
     phases::a_partition_fails_open(&run, &figures);
     phases::healed_it_is_one_budget_again(&run, &figures);
