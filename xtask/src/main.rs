@@ -17,6 +17,7 @@ mod bench;
 mod build;
 mod cmd;
 mod demo;
+mod lanes;
 mod lint;
 mod mutants;
 mod package;

@@ -6,14 +6,18 @@ use std::ffi::OsString;
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::{cmd, setup};
+use crate::{cmd, lanes, setup};
 
 /// Run the unit and integration tests; needs root.
 #[derive(Debug, clap::Args)]
 pub struct Options {
     /// Arguments for `cargo test`, after `--`: a test name filter, `-p tests`, `-- --nocapture`.
+    /// With them, plain `cargo test ARGS`, one binary after another.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub args: Vec<OsString>,
+    /// Run the test binaries one after another (`cargo test`), not in two lanes.
+    #[arg(long)]
+    pub one_lane: bool,
 }
 
 pub fn run(opts: &Options) -> Result<()> {
@@ -45,14 +49,25 @@ pub fn run(opts: &Options) -> Result<()> {
         &mut build,
     )?;
 
-    let mut cargo = cmd::cargo();
-    cargo.args(["test", "--no-fail-fast"]).args(&opts.args);
-    let status = cmd::run_step_status(
-        "Running the unit tests and the integration tests (cargo test)",
-        &mut cargo,
-    )?;
-    if !status.success() {
-        bail!("tests failed ({status}): see the `test result:` lines and failures above");
+    if !opts.args.is_empty() || opts.one_lane {
+        let mut cargo = cmd::cargo();
+        cargo.args(["test", "--no-fail-fast"]).args(&opts.args);
+        let status = cmd::run_step_status(
+            "Running the unit tests and the integration tests (cargo test)",
+            &mut cargo,
+        )?;
+        if !status.success() {
+            bail!("tests failed ({status}): see the `test result:` lines and failures above");
+        }
+    } else {
+        let binaries = lanes::build()?;
+        let mut doc = cmd::cargo();
+        doc.args(["test", "--doc"]);
+        let doc_ok = cmd::run_step_status("Running the documentation tests", &mut doc)?.success();
+        lanes::run(&binaries)?;
+        if !doc_ok {
+            bail!("documentation tests failed: see their `test result:` lines above");
+        }
     }
     cmd::announce("test: all passed");
     Ok(())
