@@ -466,14 +466,14 @@ burst = 100
     for name in ["own", "shared", "gated"] {
         assert_ne!(coarse(name), 0, "{name}: on the coarse clock");
     }
-    // (name, its second octet, the key's address from the source's, held); a per-rule bucket
-    // is the same from one attempt to the next, the others fresh.
+    // (name, its second octet, the key's address from the source's, held, its burst); a
+    // per-rule bucket is the same from one attempt to the next, the others fresh.
     type KeyOf = fn([u8; 4]) -> [u8; 4];
-    let cases: [(&str, u8, KeyOf, bool); 4] = [
-        ("own", 18, |a| a, true),
-        ("shared", 19, |a| [a[0], a[1], a[2], 0], false),
-        ("gated", 21, |_| [0; 4], true),
-        ("gated-short", 22, |_| [0; 4], false),
+    let cases: [(&str, u8, KeyOf, bool, u64); 4] = [
+        ("own", 18, |a| a, true, burst),
+        ("shared", 19, |a| [a[0], a[1], a[2], 0], false, burst),
+        ("gated", 21, |_| [0; 4], true, burst),
+        ("gated-short", 22, |_| [0; 4], false, short),
     ];
     let warm = udp4(ip("198.20.0.1"));
     let mut checked = [0u32; 4];
@@ -482,7 +482,7 @@ burst = 100
             break;
         }
         let k = usize::from(attempt) % cases.len();
-        let (name, net, key_addr, held) = cases[k];
+        let (name, net, key_addr, held, holds) = cases[k];
         let rule = set.by_name(name).unwrap();
         let tolerance = rule.rule.pkt_tolerance_ns;
         let addr = [198, net, attempt, 1];
@@ -521,8 +521,9 @@ burst = 100
             (sent - end) as f64 / 1e6
         );
         // The coarse clock past the end: every token due since it passes (the one due at the
-        // end, one each interval since), and no more; judged on the coarse clock, up to a tick
-        // late, so one fewer at most.
+        // end, one each interval since, up to the burst: a sleep that overran on a busy machine
+        // finds the bucket full), and no more; judged on the coarse clock, up to a tick late, so
+        // one fewer at most.
         std::thread::sleep(Duration::from_millis(35));
         let t0 = monotonic_ns();
         let more = passes(&dp, &frame, 20) as u64;
@@ -547,8 +548,9 @@ burst = 100
             due(t1)
         );
         assert!(
-            more + 1 >= due(t0),
-            "{name}: {more} admitted of the {} tokens due: the held window lost some",
+            more + 1 >= due(t0).min(holds),
+            "{name}: {more} admitted of the {} tokens due (a burst of {holds}): the held window \
+             lost some",
             due(t0)
         );
         if key_addr(addr) != [0; 4] {
