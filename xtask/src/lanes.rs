@@ -4,10 +4,9 @@
 //! here one lane runs the binaries whose figures depend on how promptly agents and senders get
 //! the CPU (every `e2e_cluster*`: one after another, as `cargo test` would, with its tests two
 //! at a time), and the other runs the rest beside them, one test at a time, so that they take
-//! about one core of the two. On 2 cores the binaries took 25 minutes one after another, 21 in
-//! two lanes with the two-CPU, scale, noisy-neighbour and fault binaries in the cluster's lane
-//! too (which ran 21, the other 13). A binary's output is printed whole when it ends, under
-//! cargo's own `Running` line.
+//! about one core of the two. On 2 cores the binaries took 25 minutes one after another and 19
+//! in the two lanes (the cluster's 18.7, the other 14.2; docs/journal.md, "CI's test binaries in
+//! two lanes"). A binary's output is printed whole when it ends, under cargo's own `Running` line.
 
 use std::{
     path::{Path, PathBuf},
