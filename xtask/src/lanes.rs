@@ -1,6 +1,6 @@
 //! The test binaries of `cargo xtask test`, run in two lanes at once. Most of the tests' time is
-//! waiting: agents keeping their rounds, floods sent at a rate for seconds, gossip converging
-//! (about 25 of the 27 minutes on 2 cores). `cargo test` runs its binaries one after another;
+//! waiting: agents keeping their rounds, floods sent at a rate for seconds, gossip converging.
+//! `cargo test` runs its binaries one after another;
 //! here one lane runs the binaries whose figures depend on how promptly agents and senders get
 //! the CPU (every `e2e_cluster*`: one after another, as `cargo test` would, with its tests two
 //! at a time), and the other runs the rest beside them, one test at a time, so that they take
@@ -22,7 +22,7 @@ use serde_json::Value;
 use crate::cmd;
 
 /// A test binary, as `cargo test --no-run` built it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Binary {
     /// The target's name (`e2e_cluster`, `ratelimit_common`).
     pub name: String,
