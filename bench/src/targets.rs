@@ -122,7 +122,7 @@ fn store_over_floors(r: &Report, t: &mut Vec<Target>) {
                 )
             })
             .unwrap_or_default();
-        // A new source's first packet passes without a bucket (the first-packet table): beside
+        // A new source's first packet passes without a bucket (a first-packet slot): beside
         // it, what one that makes its bucket costs (`kernel.pop.*.new_made`).
         let made = over(r, &format!("{key}_made"), floor)
             .map(|m| format!("; a new source making its bucket: {} ns over", fmt(Some(m))))
@@ -254,9 +254,9 @@ fn memory_and_control(r: &Report, t: &mut Vec<Target>) {
             .get("memory.kernel_per_tracked_source")
             .map_or_else(String::new, |f| {
                 format!(
-                    "{} bytes: the store and its tags {} bytes a record (memlock {} of {} \
-                     records vs {} of {}; a fixed {} bytes beside them), the first-packet \
-                     slots {} bytes, over {} tracked buckets ({} with the store's fixed part)",
+                    "{} bytes: the store, its tags and first-packet slots {} bytes a record \
+                     (memlock {} of {} records vs {} of {}; a fixed {} bytes beside them), over \
+                     {} tracked buckets ({} with the store's fixed part)",
                     fmt(mem),
                     f.detail["bytes_per_record"],
                     f.detail["memlock_bytes"],
@@ -264,7 +264,6 @@ fn memory_and_control(r: &Report, t: &mut Vec<Target>) {
                     f.detail["small_memlock_bytes"],
                     f.detail["small_max_entries"],
                     f.detail["fixed_bytes"],
-                    f.detail["first_packets_memlock_bytes"],
                     f.detail["tracked_buckets"],
                     f.detail["memlock_per_tracked"],
                 )

@@ -1,44 +1,36 @@
-//! A source's first packet without a bucket ([`map_names::FIRST_PACKETS`]): what the program
-//! writes in a slot of that table, and which limits it does it for.
+//! A source's first packet without a bucket: what the program writes in a first-packet slot
+//! (the words of a line of [`map_names::BUCKET_TAGS`] after its tags: [`crate::tags`]), and
+//! which limits it does it for.
 //!
 //! Making a bucket costs a new key its whole creation (choosing a victim among its 8 candidate
 //! records, claiming and writing one, checking no other CPU made the same key's bucket), and a
 //! spoofed flood sends nothing but new keys, one packet each. Exact GCRA admits a key's packet
 //! whenever its bucket is full, and a key with no bucket (never seen, or evicted once full) has
-//! a full one. So a key that has no record passes without one, and the program writes in the
-//! key's slot (one of [`FIRST_PACKET_SLOTS`], by the same keyed hash as its sets) when its bucket
-//! would be full again: `t + interval`, `t` no earlier than the packet's true time. The key's next
-//! packet, if it comes before then, makes its bucket owing that time ([`first_owed`]): the first
-//! packet is charged, late but in full, so the bucket holds no more than exact GCRA's would. If it
-//! comes later, it makes the bucket full: a key passes free once, and a source that keeps sending
-//! has a bucket from its second packet on.
+//! a full one. So a key that has no record passes without one, and the program writes in a slot
+//! of the key's line (the line of its sets' tags, which it has just read to learn it has no
+//! record) when its bucket would be full again: `t + interval`, `t` no earlier than the packet's
+//! true time. The key's next packet, if it comes before then, makes its bucket owing that time
+//! ([`first_owed`]): the first packet is charged, late but in full, so the bucket holds no more
+//! than exact GCRA's would. If it comes later, it makes the bucket full: a key passes free once,
+//! and a source that keeps sending has a bucket from its second packet on.
 //!
 //! A slot is one word: that time, exact (modulo [`FIRST_TIME_MASK`]), and in the top bits a
 //! fingerprint of the key's hash. Another key may take a slot only once its time has passed (a
-//! compare-and-swap); a key whose slot holds another key's time still ahead makes its bucket as
-//! any new key does (full: it has had no free packet there since its own time passed). A
-//! fingerprint that matches by chance only makes a bucket owe what it did not: fewer tokens,
+//! compare-and-swap); a key whose line's slots all hold other keys' times still ahead makes its
+//! bucket as any new key does (full: it has had no free packet there since its own time passed).
+//! A fingerprint that matches by chance only makes a bucket owe what it did not: fewer tokens,
 //! never more.
+//!
+//! A line has [`FIRST_LINE_WORDS`] slots for the keys of its [`crate::TAG_LINE_RECORDS`]
+//! records' group: 2^17 at the default 2^20 records. A flood of new keys at `n` a second under a
+//! limit whose slot is held `T` (its interval, and on the coarse clock the lag allowance) holds
+//! about `n x T` slots at once: a quarter of them at 0.9 Mpps and 35 ms, and a key finds its
+//! line's 4 slots all held about as often as a quarter to the fourth, 0.4%. Past that, more new
+//! keys find their line full and make buckets as without the slots.
 
 #[cfg(doc)]
 use crate::map_names;
-use crate::rule_flags;
-
-/// Slots of [`map_names::FIRST_PACKETS`]: a fixed size whatever the store's (1 MiB, a byte a
-/// record of the default store), so that it stays in the CPU's caches, in lines of
-/// [`FIRST_LINE_WORDS`]: a key may take any slot of its line ([`first_line`]), so it finds one
-/// free while fewer than all 8 are held. A flood of new keys at `n` a second under a limit whose
-/// slot is held `T` (its interval, and on the coarse clock the lag allowance) holds about
-/// `n x T` slots at once: a quarter of them at 0.9 Mpps and 35 ms (measured end to end: 1.1% of
-/// such a flood's new sources found their line full and made buckets; 6.6% with half as many
-/// slots). Past that, more new keys find their line full and make buckets as without the table.
-pub const FIRST_PACKET_SLOTS: u32 = 1 << 17;
-
-/// Slots of one line of [`map_names::FIRST_PACKETS`] (one 64-byte cache line: the map's value).
-pub const FIRST_LINE_WORDS: u32 = 8;
-
-/// Lines of [`map_names::FIRST_PACKETS`].
-pub const FIRST_PACKET_LINES: u32 = FIRST_PACKET_SLOTS / FIRST_LINE_WORDS;
+use crate::{rule_flags, FIRST_LINE_WORDS};
 
 /// The low bits of a slot: the time, in ns, modulo 2^40 (18 minutes); the top 24 hold the key's
 /// fingerprint. A time is read as the nearest one ahead of the reader's `now` within the
@@ -52,21 +44,13 @@ pub const FIRST_TIME_MASK: u64 = (1 << 40) - 1;
 /// their buckets at once.
 pub const FIRST_MAX_INTERVAL_NS: u64 = 1 << 36;
 
-/// The line of a key whose bucket hash is `hash` (`bucket_hash`): bits 32..46, which its tag
-/// (bits 20..28) and the choice of its sets (bits 0..20) do not depend on, nor much its page
-/// (the top bits, by multiplication).
-#[inline(always)]
-#[must_use]
-pub const fn first_line(hash: u64) -> u32 {
-    ((hash >> 32) as u32) & (FIRST_PACKET_LINES - 1)
-}
-
 /// The fingerprint of a key whose bucket hash is `hash`, in a slot word's top bits: 23 bits
-/// (20..32 and 48..59, beside the line's 32..46), never 0, so an empty slot (0) holds no key's.
+/// (20..43), which the choice of its line (its page, the top bits; its group of sets, bits 0..4)
+/// does not depend on; never 0, so an empty slot (0) holds no key's.
 #[inline(always)]
 #[must_use]
 pub const fn first_fingerprint(hash: u64) -> u64 {
-    ((hash >> 20) & 0xfff | (hash >> 36) & 0x7f_f000 | 1 << 23) << 40
+    ((hash >> 20) & 0x7f_ffff | 1 << 23) << 40
 }
 
 /// The slot word of a key with fingerprint `fp` whose bucket is full again at `until`.
@@ -106,8 +90,7 @@ pub const fn first_owed(word: u64, fp: u64, now: u64, span: u64) -> u64 {
     }
 }
 
-/// What a key with fingerprint `fp` and no record does with its line of
-/// [`map_names::FIRST_PACKETS`] ([`first_pick`]).
+/// What a key with fingerprint `fp` and no record does with its line's slots ([`first_pick`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FirstPick {
     /// Its first packet passed in this line before, and its bucket would not be full yet: a
@@ -199,6 +182,9 @@ mod tests {
 
     const T: u64 = 10_000_000;
 
+    /// A line's slots.
+    type Line = [u64; FIRST_LINE_WORDS as usize];
+
     /// Free once another key's time has passed; owed until exactly the time stamped by its own
     /// key before; another key's time ahead, or its own passed, makes a full bucket.
     #[test]
@@ -278,7 +264,7 @@ mod tests {
     /// its own time there (on a lagging clock, no later than `t` plus an interval); the store's
     /// buckets (in `buckets`) charged by exact GCRA at `t`.
     fn program(
-        (buckets, lines): (&mut [Option<u64>], &mut [[u64; 8]]),
+        (buckets, lines): (&mut [Option<u64>], &mut [Line]),
         (k, line, fp): (usize, usize, u64),
         (t, judge, start, lag): (u64, u64, u64, u64),
         (interval, tolerance): (u64, u64),
@@ -322,7 +308,7 @@ mod tests {
     }
 
     /// Bursty arrivals (back to back runs of 1 to 3 x burst, then gaps of up to 3 intervals) for
-    /// `keys` keys on lines of 8 slots, buckets evicted at random once full (as the store evicts a
+    /// `keys` keys on lines of 4 slots, buckets evicted at random once full (as the store evicts a
     /// refilled one first). On the precise clock with a line for each key, the program admits
     /// exactly what exact GCRA admits, packet for packet; with up to 24 keys sharing one line (so
     /// that it fills), and on a clock that lags the true time by up to its allowance (the line
@@ -335,7 +321,7 @@ mod tests {
             let shared = case % 3 == 1;
             let lagging = case % 3 == 2;
             let keys = if shared {
-                9 + rng.below(16) as usize
+                5 + rng.below(20) as usize
             } else {
                 1 + rng.below(8) as usize
             };
@@ -348,7 +334,7 @@ mod tests {
                 .map(|k| first_fingerprint((k as u64 + 1) << 20))
                 .collect();
             let mut buckets = vec![None; keys];
-            let mut lines = vec![[0u64; 8]; n_lines];
+            let mut lines = vec![[0u64; FIRST_LINE_WORDS as usize]; n_lines];
             let mut exact = vec![0u64; keys];
             let mut admitted: Vec<Vec<u64>> = vec![Vec::new(); keys];
             let mut t = 1_000_000_000 + rng.below(1 << 40);
@@ -409,20 +395,20 @@ mod tests {
         let now = 5_000_000_000;
         let ahead = |fp| first_stamp(now + T / 2, fp);
         let passed = |fp| first_stamp(now - 1, fp);
-        let pick = |l: [u64; 8]| first_pick(|i| l[i as usize], mine, now, T);
-        assert_eq!(pick([0; 8]), FirstPick::Take { k: 0, old: 0 });
-        let mut l = [ahead(other); 8];
+        let pick = |l: Line| first_pick(|i| l[i as usize], mine, now, T);
+        assert_eq!(pick([0; 4]), FirstPick::Take { k: 0, old: 0 });
+        let mut l = [ahead(other); 4];
         assert_eq!(pick(l), FirstPick::Make, "a full line");
-        l[5] = passed(other);
-        assert_eq!(pick(l), FirstPick::Take { k: 5, old: l[5] });
-        l[2] = passed(mine);
+        l[2] = passed(other);
+        assert_eq!(pick(l), FirstPick::Take { k: 2, old: l[2] });
+        l[1] = passed(mine);
         assert_eq!(pick(l), FirstPick::Make, "back: its own time passed");
-        l[7] = ahead(mine);
-        l[3] = first_stamp(now + T / 4, mine);
+        l[3] = ahead(mine);
+        l[0] = first_stamp(now + T / 4, mine);
         assert_eq!(pick(l), FirstPick::Owed(now + T / 2), "the latest own time");
-        assert!(first_owed_elsewhere(|i| l[i as usize], mine, now, T, 7));
-        l[3] = 0;
-        assert!(!first_owed_elsewhere(|i| l[i as usize], mine, now, T, 7));
+        assert!(first_owed_elsewhere(|i| l[i as usize], mine, now, T, 3));
+        l[0] = 0;
+        assert!(!first_owed_elsewhere(|i| l[i as usize], mine, now, T, 3));
     }
 
     #[test]

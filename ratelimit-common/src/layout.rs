@@ -9,7 +9,7 @@ use super::{
 
 /// Bumped by hand when a pinned field, counter or flag changes meaning without changing the
 /// layout.
-pub const EPOCH: u64 = 6;
+pub const EPOCH: u64 = 7;
 
 /// `BPF_MAP_TYPE_ARRAY`.
 pub const MAP_ARRAY: u32 = 2;
@@ -21,7 +21,7 @@ pub const MAP_LPM_TRIE: u32 = 11;
 pub const BPF_F_NO_PREALLOC: u32 = 1;
 
 /// Every pinned map: (name, map type, map flags).
-pub const PINNED_MAPS: [(&str, u32, u32); 11] = [
+pub const PINNED_MAPS: [(&str, u32, u32); 10] = [
     (map_names::CONFIG, MAP_ARRAY, 0),
     (map_names::RULES, MAP_ARRAY, 0),
     (map_names::RULE_META, MAP_ARRAY, 0),
@@ -31,7 +31,6 @@ pub const PINNED_MAPS: [(&str, u32, u32); 11] = [
     (map_names::GLOBAL_STATS, MAP_PERCPU_ARRAY, 0),
     (map_names::V4_TABLE, MAP_ARRAY, BPF_F_MMAPABLE),
     (map_names::NEW_PAGES, MAP_ARRAY, BPF_F_MMAPABLE),
-    (map_names::FIRST_PACKETS, MAP_ARRAY, 0),
     (map_names::BUCKET_TAGS, MAP_ARRAY, BPF_F_MMAPABLE),
 ];
 

@@ -41,14 +41,16 @@ pub mod map_names {
     /// rate), and a heavy one however many new keys a flood makes. Memory-mappable; capacity
     /// set at load ([`crate::new_pages_words`]).
     pub const NEW_PAGES: &str = "RL_NEW_PAGES";
-    /// Array of [`crate::FIRST_PACKET_LINES`] lines of 8 `u64` words ([`crate::first_stamp`],
-    /// [`crate::first_pick`]): for keys
-    /// whose first packet passed without a bucket, when that bucket would be full again, so that
-    /// a second packet before then makes the bucket owing the first's charge.
-    pub const FIRST_PACKETS: &str = "RL_FIRST_PACKETS";
-    /// Array of `u64` words, a tag byte for each record of [`BUCKETS`] ([`crate::bucket_tag`]):
-    /// a record that holds a key has its tag, so a key none of whose candidates' tags is its own
-    /// has no record. Memory-mappable; capacity set at load ([`crate::bucket_tags_words`]).
+    /// The first-packet slots of versions before they moved into the lines of [`BUCKET_TAGS`]:
+    /// no longer created, only removed by `detach` where an older version left it.
+    pub const LEGACY_FIRST_PACKETS: &str = "RL_FIRST_PACKETS";
+    /// Array of 64-byte lines ([`crate::TagLine`]), one for each [`crate::TAG_LINE_RECORDS`]
+    /// records of [`BUCKETS`]: a tag byte for each of them ([`crate::bucket_tag`]; a record that
+    /// holds a key has its tag, so a key none of whose candidates' tags is its own has no
+    /// record), then the group's first-packet slots ([`crate::first_stamp`],
+    /// [`crate::first_pick`]): for keys whose first packet passed without a bucket, when that
+    /// bucket would be full again, so that a second packet before then makes the bucket owing
+    /// the first's charge. Memory-mappable; capacity set at load ([`crate::bucket_tag_lines`]).
     pub const BUCKET_TAGS: &str = "RL_BUCKET_TAGS";
 }
 

@@ -1,7 +1,7 @@
 //! The bucket store: its geometry, a record's header word, the keyed hash that places a key,
 //! the two sets and eight candidate records a key may take, and how a new key picks its victim.
 
-use crate::{family, Bucket, BucketKey, Rule};
+use crate::{family, Bucket, BucketKey, Rule, TAG_LINE_SETS};
 #[cfg(doc)]
 use crate::{global, map_names};
 
@@ -323,32 +323,45 @@ pub fn addr_words(addr: &[u8; 16]) -> [u64; 2] {
 
 /// The two sets (each 0..`sets`) of a key whose [`bucket_hash`] is `hash`: a page of
 /// [`BUCKET_SETS_PER_PAGE`] sets from the high half of the hash (a multiply-shift, no division),
-/// then two different sets of that page from the low bits: the first from bits 0..4, the second
-/// one of the 15 others from bits 4..20 (a multiply-shift again). Set `s` holds records
-/// `s * BUCKET_WAYS .. (s + 1) * BUCKET_WAYS`. Both in one page, so a key that is not in the
-/// CPU's caches costs one TLB miss rather than two (measured: a new source's packet ~100 ns
-/// less); the two choices still even out the sets of a page, and the keyed hash spreads keys
-/// over the pages. Always two different sets, so every key has [`BUCKET_CANDIDATES`] records:
-/// with the second set drawn from all 16, one key in 16 had the same set twice, 4 records, and 5
-/// sources that shared it evicted one another (layout epoch 4).
+/// then a group of [`TAG_LINE_SETS`] sets of that page from bit 3, then two different sets of
+/// that group from the low bits: the first from bits 0..3, the second one of the 7 others from
+/// bits 4..20 (a multiply-shift again). Set `s` holds records `s * BUCKET_WAYS .. (s + 1) *
+/// BUCKET_WAYS`. Both in one page, so a key that is not in the CPU's caches costs one TLB miss
+/// rather than two (measured: a new source's packet ~100 ns less); both in one group, so the
+/// key's 8 tags and its first-packet slots are one line of [`map_names::BUCKET_TAGS`] (see
+/// [`crate::tags`]); the two choices still even out the sets of a group, and the keyed hash
+/// spreads keys over the groups. Always two different sets, so every key has
+/// [`BUCKET_CANDIDATES`] records: with the second set drawn from all of them, one key in 16 had
+/// the same set twice, 4 records, and 5 sources that shared it evicted one another (layout
+/// epoch 4).
 #[inline(always)]
 #[must_use]
 pub const fn bucket_sets(hash: u64, sets: u32) -> [u32; 2] {
     let pages = sets / BUCKET_SETS_PER_PAGE;
     if pages == 0 {
-        // A store smaller than a page (never made by `bucket_capacity`): any two sets.
+        // A store smaller than a page (never made by `bucket_capacity`): any two sets of the
+        // first group.
+        let n = if sets < TAG_LINE_SETS {
+            sets
+        } else {
+            TAG_LINE_SETS
+        } as u64;
         return [
-            (((hash >> 32) * sets as u64) >> 32) as u32,
-            (((hash & 0xffff_ffff) * sets as u64) >> 32) as u32,
+            (((hash >> 32) * n) >> 32) as u32,
+            (((hash & 0xffff_ffff) * n) >> 32) as u32,
         ];
     }
     let page = (((hash >> 32) * pages as u64) >> 32) as u32;
-    let base = page * BUCKET_SETS_PER_PAGE;
-    let first = (hash & 0xf) as u32;
-    let other = ((((hash >> 4) & 0xffff) * (BUCKET_SETS_PER_PAGE as u64 - 1)) >> 16) as u32;
-    let second = (first + 1 + other) & (BUCKET_SETS_PER_PAGE - 1);
+    let group = ((hash >> 3) as u32) & (BUCKET_SETS_PER_PAGE / TAG_LINE_SETS - 1);
+    let base = page * BUCKET_SETS_PER_PAGE + group * TAG_LINE_SETS;
+    let first = (hash as u32) & (TAG_LINE_SETS - 1);
+    let other = ((((hash >> 4) & 0xffff) * (TAG_LINE_SETS as u64 - 1)) >> 16) as u32;
+    let second = (first + 1 + other) & (TAG_LINE_SETS - 1);
     [base + first, base + second]
 }
+
+// The bits `bucket_sets` takes: the first set 0..3, the group 3, the second set 4..20.
+const _: () = assert!(TAG_LINE_SETS == 8 && BUCKET_SETS_PER_PAGE == 2 * TAG_LINE_SETS);
 
 /// Record index of candidate `c` (0..[`BUCKET_CANDIDATES`]) of a key whose sets are `sets`: the
 /// first set's ways, then the second's.
@@ -464,29 +477,36 @@ mod tests {
         assert_eq!(bucket_capacity(1), 64);
         assert_eq!(bucket_capacity(1 << 20), 1 << 20);
         assert_eq!(bucket_capacity(1001), 1024);
-        // Both sets in one page of 16 sets, and never the same set: 8 distinct candidates.
+        // Both sets in one group of 8 sets (one page, one line of tags), and never the same
+        // set: 8 distinct candidates.
         for i in 0..10_000u64 {
             let s = bucket_sets(siphash13([3, 4], [i], 0, 8), 1 << 18);
             assert_eq!(s[0] / BUCKET_SETS_PER_PAGE, s[1] / BUCKET_SETS_PER_PAGE);
+            assert_eq!(s[0] / TAG_LINE_SETS, s[1] / TAG_LINE_SETS);
             assert_ne!(s[0], s[1], "key {i}");
         }
     }
 
-    /// Every pair of different sets of a page is drawn about equally often (120 unordered
-    /// pairs; none from the same set twice), so the two choices even out the page.
+    /// Every pair of different sets of a group is drawn about equally often (28 unordered
+    /// pairs in each of a page's two groups; none from the same set twice, none across groups),
+    /// so the two choices even out the group.
     #[test]
-    fn a_keys_two_sets_are_different_and_spread_over_the_page() {
+    fn a_keys_two_sets_are_different_and_spread_over_the_group() {
         let mut pairs = [[0u32; 16]; 16];
-        let n = 240_000u64;
+        let n = 224_000u64;
         for i in 0..n {
             let [a, b] = bucket_sets(siphash13([5, 6], [i], 0, 8), 16);
             assert_ne!(a, b, "key {i}: the same set twice");
             pairs[a.min(b) as usize][a.max(b) as usize] += 1;
         }
-        let want = n as f64 / 120.0;
+        let want = n as f64 / 56.0;
         for (a, row) in pairs.iter().enumerate() {
             for (b, &count) in row.iter().enumerate().skip(a + 1) {
                 let got = f64::from(count);
+                if a / 8 != b / 8 {
+                    assert_eq!(count, 0, "sets {a} and {b}: two groups");
+                    continue;
+                }
                 assert!(
                     (got / want - 1.0).abs() < 0.1,
                     "sets {a} and {b}: {got} keys, want ~{want:.0}"

@@ -1,8 +1,14 @@
-//! The bucket store's tags ([`map_names::BUCKET_TAGS`]): a byte for each record, the tag of the
-//! key it holds ([`bucket_tag`]), so that a key's 8 candidate tags (two 4-byte words, one cache
-//! line for a whole page of records) say whether any record may hold it, without reading the
-//! records (64 MiB at 2^20 records: a new source's look there is a memory miss; the tags' 1 MiB
-//! stays in the caches).
+//! The bucket store's tags and first-packet slots ([`map_names::BUCKET_TAGS`]): a 64-byte
+//! line for each [`TAG_LINE_RECORDS`] records (a group of [`TAG_LINE_SETS`] sets, where a key's
+//! two sets are: [`crate::bucket_sets`]), holding a byte for each of its records, the tag of the
+//! key it holds ([`bucket_tag`]), and [`FIRST_LINE_WORDS`] first-packet slots for the keys of
+//! the group that have no record ([`crate::first_pick`]). So a key's look before its records is
+//! one line: its 8 candidate tags say whether any record may hold it, without reading the
+//! records (64 MiB at 2^20 records: a new source's look there is a memory miss), and a key with
+//! none stamps a slot of the same line. The table is 2 MiB at 2^20 records, 2 bytes a record.
+//! A line of a table this size is a miss in a core's L2 here whatever its size above 256 KiB
+//! (docs/journal.md, "A first packet's frame end to end"): one line, not a tag line and a slot
+//! line of two tables, is what a new source's first packet costs end to end.
 //!
 //! What holds, and who keeps it so: **every record that holds a key has that key's tag.** The
 //! XDP program writes a new bucket's tag after claiming its record and before publishing it
@@ -17,19 +23,35 @@
 use crate::map_names;
 use crate::{BUCKET_PAGE_RECORDS, BUCKET_WAYS};
 
-/// Tags in one word of [`map_names::BUCKET_TAGS`].
-pub const TAGS_PER_WORD: u32 = 8;
+/// Records whose tags share a line of [`map_names::BUCKET_TAGS`].
+pub const TAG_LINE_RECORDS: u32 = 32;
 
-/// Words of [`map_names::BUCKET_TAGS`] for a store of `capacity` records ([`crate::bucket_capacity`]:
-/// whole pages, so whole words).
+/// Sets whose tags share a line: a key's two sets are among them ([`crate::bucket_sets`]).
+pub const TAG_LINE_SETS: u32 = TAG_LINE_RECORDS / BUCKET_WAYS;
+
+/// `u64` words of a line of [`map_names::BUCKET_TAGS`] (its value).
+pub const TAG_LINE_WORDS: usize = 8;
+
+/// A line of [`map_names::BUCKET_TAGS`]: words `0..TAG_WORDS` hold its records' tags (record
+/// `k` of the group in byte `k`), the rest its first-packet slots.
+pub type TagLine = [u64; TAG_LINE_WORDS];
+
+/// Words of a line that hold tags.
+pub const TAG_WORDS: u32 = TAG_LINE_RECORDS / 8;
+
+/// Slots of a line ([`crate::first_pick`]): the words after its tags.
+pub const FIRST_LINE_WORDS: u32 = TAG_LINE_WORDS as u32 - TAG_WORDS;
+
+/// Lines of [`map_names::BUCKET_TAGS`] for a store of `capacity` records ([`crate::bucket_capacity`]:
+/// whole pages, so whole lines).
 #[inline(always)]
 #[must_use]
-pub const fn bucket_tags_words(capacity: u32) -> u32 {
-    let words = capacity.div_ceil(TAGS_PER_WORD);
-    if words == 0 {
+pub const fn bucket_tag_lines(capacity: u32) -> u32 {
+    let lines = capacity.div_ceil(TAG_LINE_RECORDS);
+    if lines == 0 {
         1
     } else {
-        words
+        lines
     }
 }
 
@@ -47,20 +69,35 @@ pub const fn bucket_tag(hash: u64) -> u8 {
     }
 }
 
-/// Where set `set`'s tags are: the word of [`map_names::BUCKET_TAGS`] and the byte offset in it of
+/// The line of [`map_names::BUCKET_TAGS`] of set `set` (and of a key whose sets these are).
+#[inline(always)]
+#[must_use]
+pub const fn tag_line(set: u32) -> u32 {
+    set / TAG_LINE_SETS
+}
+
+/// Where set `set`'s tags are in its line ([`tag_line`]): the word and the byte offset in it of
 /// its [`BUCKET_WAYS`] tags (a 4-byte half, aligned).
 #[inline(always)]
 #[must_use]
 pub const fn set_tags_at(set: u32) -> (u32, u32) {
-    let first = set * BUCKET_WAYS;
-    (first / TAGS_PER_WORD, first % TAGS_PER_WORD)
+    let first = (set % TAG_LINE_SETS) * BUCKET_WAYS;
+    (first / 8, first % 8)
 }
 
-/// Where record `i`'s tag is: the word of [`map_names::BUCKET_TAGS`] and the byte in it.
+/// Where record `i`'s tag is: the line of [`map_names::BUCKET_TAGS`] and the byte in it.
 #[inline(always)]
 #[must_use]
 pub const fn record_tag_at(i: u32) -> (u32, u32) {
-    (i / TAGS_PER_WORD, i % TAGS_PER_WORD)
+    (i / TAG_LINE_RECORDS, i % TAG_LINE_RECORDS)
+}
+
+/// Record `i`'s tag's byte offset in the whole table (as user space maps it).
+#[inline(always)]
+#[must_use]
+pub const fn record_tag_offset(i: u32) -> usize {
+    let (line, at) = record_tag_at(i);
+    line as usize * TAG_LINE_WORDS * 8 + at as usize
 }
 
 /// Whether one of the four tags in `ways` (a set's, as read: record `set x 4 + k` in byte `k`,
@@ -73,11 +110,14 @@ pub const fn ways_hold(ways: u32, tag: u8) -> bool {
     x.wrapping_sub(0x0101_0101) & !x & 0x8080_8080 != 0
 }
 
-const _: () = assert!(BUCKET_PAGE_RECORDS.is_multiple_of(TAGS_PER_WORD));
-const _: () = assert!(TAGS_PER_WORD.is_multiple_of(BUCKET_WAYS));
+const _: () = assert!(BUCKET_PAGE_RECORDS.is_multiple_of(TAG_LINE_RECORDS));
+const _: () = assert!(TAG_LINE_RECORDS.is_multiple_of(8));
+const _: () = assert!(FIRST_LINE_WORDS >= 2);
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+
     use super::*;
 
     /// Against a byte-by-byte look, over every tag and many words: no false answer either way.
@@ -122,16 +162,25 @@ mod tests {
         assert!(seen[1..].iter().all(|&n| n > 0));
     }
 
-    /// A set's tags are its records' tags, in the order of its ways.
+    /// A set's tags are its records' tags, in the order of its ways, in the tag words of its
+    /// line: never in a slot word, and each record's byte its own.
     #[test]
     fn a_sets_tags_are_its_records() {
+        let mut seen = std::collections::HashSet::new();
         for set in 0..1_000 {
             let (w, at) = set_tags_at(set);
+            assert!(w < TAG_WORDS, "set {set}: word {w} is a slot's");
             for k in 0..BUCKET_WAYS {
-                assert_eq!(record_tag_at(set * BUCKET_WAYS + k), (w, at + k));
+                let i = set * BUCKET_WAYS + k;
+                assert_eq!(record_tag_at(i), (tag_line(set), w * 8 + at + k));
+                let off = record_tag_offset(i);
+                assert_eq!(off, tag_line(set) as usize * 64 + (w * 8 + at + k) as usize);
+                assert!(off % 64 < TAG_WORDS as usize * 8);
+                assert!(seen.insert(off), "record {i}: a byte of another's");
             }
             assert_eq!(at % 4, 0);
         }
-        assert_eq!(bucket_tags_words(1 << 20), 1 << 17);
+        assert_eq!(bucket_tag_lines(1 << 20), 1 << 15);
+        assert_eq!(FIRST_LINE_WORDS, 4);
     }
 }

@@ -106,10 +106,10 @@ fn look_up<P: Params, const CALL: bool>(
     // The key's 8 candidate tags first: one line of a table that stays in the caches, where
     // its records are a memory miss. None its own says the key has no record
     // (`ratelimit_common::tags`): its first packet may pass without one, the store untouched.
-    let tagged = !first_free || tags::may_hold(sets, tag);
+    let tagged = !first_free || tags::may_hold(tags::line_of(sets), sets, tag);
     let mut owed = 0;
     if !tagged {
-        owed = owed_or_pass(hash, p, now, s)?;
+        owed = owed_or_pass(sets, hash, p, now, s)?;
     }
     // A bucket to make (or a tag that matched, a hint): the records decide. One published
     // after the tags were read is found here (its tag went on before it was published).
@@ -121,24 +121,26 @@ fn look_up<P: Params, const CALL: bool>(
         Found::Unusable => Err((no_bucket(), core::ptr::null_mut())),
         Found::Miss => {
             if first_free && tagged {
-                owed = owed_or_pass(hash, p, now, s)?;
+                owed = owed_or_pass(sets, hash, p, now, s)?;
             }
             Err(make(p, len, now, s, owed, key, (sets, tag), slot, limit))
         }
     }
 }
 
-/// What the line of first-packet slots says of a key (hash `hash`) with no record
-/// (`first::owed`): `Err` with the verdict when its packet passes without a bucket (counted),
-/// else what its bucket owes (1: nothing, a bucket made full).
+/// What the first-packet slots of its line say of a key (sets `sets`, hash `hash`) with no
+/// record (`first::owed`): `Err` with the verdict when its packet passes without a bucket
+/// (counted), else what its bucket owes (1: nothing, a bucket made full). The line is looked up
+/// again here rather than kept live from the tags' look (CONSTRAINTS.md, "Stack").
 #[inline(always)]
 fn owed_or_pass<P: Params>(
+    sets: [u32; 2],
     hash: u64,
     p: &P,
     now: u64,
     s: *mut Scratch,
 ) -> Result<u64, (usize, *mut Bucket)> {
-    let owed = first::owed(hash, p, now, charge_clock(s));
+    let owed = first::owed(tags::line_of(sets), hash, p, now, charge_clock(s));
     if owed == 0 {
         bump_global(global::FIRST_PACKETS);
         return Err((verdict::PASSED, core::ptr::null_mut()));

@@ -1,21 +1,21 @@
-//! A key's first packet without a bucket: the line of `RL_FIRST_PACKETS` that says whether it
-//! may pass so (see `ratelimit_common::first_owed` and `first_pick`, where the arithmetic and why
+//! A key's first packet without a bucket: the slots of its line of `RL_BUCKET_TAGS` (after its
+//! tags), which say whether it may pass so (see `ratelimit_common::first_owed` and `first_pick`, where the arithmetic and why
 //! it holds are).
 
 use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 
 use ratelimit_common::{
-    first_fingerprint, first_line, first_owed_elsewhere, first_pick, first_stamp, rule_flags,
-    FirstPick,
+    first_fingerprint, first_owed_elsewhere, first_pick, first_stamp, rule_flags, FirstPick,
+    TagLine, FIRST_LINE_WORDS, TAG_WORDS,
 };
 
 use crate::{
     bucket::{self, Params},
-    maps::FIRST_PACKETS,
     scratch::{self, ChargeClock},
 };
 
-/// For a key with bucket hash `hash` and no record, under limit `p` whose clock reads `now` (the
+/// For a key with bucket hash `hash` and no record, whose line of tags and slots is `line`
+/// (`tags::line_of`, null if it could not be read), under limit `p` whose clock reads `now` (the
 /// precise clock read once a packet in `ck`, where it is needed): 0
 /// if the packet passes without a bucket (a slot of its line now holds when the key's bucket
 /// would be full again); else what the key's new bucket owes until (`bucket::charge_new`'s
@@ -29,13 +29,20 @@ use crate::{
 // A BPF call of its own, not inlined: inlined twice, its code sat in the middle of the known
 // source's path and cost that path 7-10 ns (its instructions spread over more of the cache).
 #[inline(never)]
-pub fn owed<P: Params>(hash: u64, p: &P, now: u64, ck: *mut ChargeClock) -> u64 {
+pub fn owed<P: Params>(
+    line: *mut TagLine,
+    hash: u64,
+    p: &P,
+    now: u64,
+    ck: *mut ChargeClock,
+) -> u64 {
     let interval = p.pkt_interval_ns();
     let flags = p.flags();
-    let Some(line) = FIRST_PACKETS.get_ptr_mut(first_line(hash)) else {
+    if line.is_null() {
         return 1;
-    };
-    let line = line.cast::<u64>();
+    }
+    // SAFETY: a live map value of 8 words; its slots are the words after its tags.
+    let slots = unsafe { line.cast::<u64>().add(TAG_WORDS as usize) };
     let fp = first_fingerprint(hash);
     // The time the line is judged at, no later than the true time (the packet's clock), and the
     // one a slot's key's bucket is full again from, no earlier: the precise clock's time on a
@@ -43,7 +50,7 @@ pub fn owed<P: Params>(hash: u64, p: &P, now: u64, ck: *mut ChargeClock) -> u64 
     // allowance (`bucket::latest`): a limit whose buckets are born on the coarse clock (its
     // burst holds 100 x the lag) owes at most the lag's refill more, under 1% of its burst, and
     // a first packet reads no precise clock (34 ns in the kernel alone; end to end, 1.34x against
-    // 1.48x the LRU contender). The slots it holds longer are what the lines of 8 are for.
+    // 1.48x the LRU contender). The slots it holds longer are what a line's 4 are for.
     let start = if flags & rule_flags::COARSE_CLOCK != 0
         && flags & rule_flags::COARSE_ONLY == 0
         && !rule_flags::born_coarse_in_force(flags)
@@ -53,9 +60,9 @@ pub fn owed<P: Params>(hash: u64, p: &P, now: u64, ck: *mut ChargeClock) -> u64 
         bucket::latest(flags, now)
     };
     let span = bucket::latest(flags, interval);
-    // SAFETY: words 0..8 of a live map value of 8 words; other CPUs write them only by the
-    // compare-and-swap below, which validates what was read.
-    let read = |k: u32| unsafe { core::ptr::read_volatile(line.add((k & 7) as usize)) };
+    // SAFETY: the 4 slot words of a live map value of 8 words; other CPUs write them only by
+    // the compare-and-swap below, which validates what was read.
+    let read = |k: u32| unsafe { core::ptr::read_volatile(slots.add((k & 3) as usize)) };
     let (k, old) = match first_pick(read, fp, now, span) {
         // Stamped from the coarse time plus the whole lag allowance, the time owed may be up to
         // the lag later than exact GCRA's (the first packet came at a true time in `[stamp -
@@ -78,7 +85,7 @@ pub fn owed<P: Params>(hash: u64, p: &P, now: u64, ck: *mut ChargeClock) -> u64 
     // SAFETY: as above; 8-aligned.
     let (_, ok) = unsafe {
         atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(
-            line.add((k & 7) as usize),
+            slots.add((k & 3) as usize),
             old,
             first_stamp(full_at, fp),
         )
@@ -88,3 +95,6 @@ pub fn owed<P: Params>(hash: u64, p: &P, now: u64, ck: *mut ChargeClock) -> u64 
     }
     0
 }
+
+// The masks above: 4 tag words, then 4 slots.
+const _: () = assert!(TAG_WORDS == 4 && FIRST_LINE_WORDS == 4);

@@ -7,9 +7,9 @@ use aya_ebpf::{
     maps::{lpm_trie::LpmTrie, Array, LruHashMap, PerCpuArray},
 };
 use ratelimit_common::{
-    bucket_capacity, bucket_tags_words, new_pages_words, v4_table, Bucket, Config, FragEntry,
-    FragKey, GlobalStats, PrefixKey, Rule, RuleMeta, RuleSet, RuleStats, BPF_F_MMAPABLE,
-    DEFAULT_MAX_BUCKETS, FIRST_PACKET_LINES, MAX_FRAGMENTED, MAX_PREFIXES, MAX_RULES,
+    bucket_capacity, bucket_tag_lines, new_pages_words, v4_table, Bucket, Config, FragEntry,
+    FragKey, GlobalStats, PrefixKey, Rule, RuleMeta, RuleSet, RuleStats, TagLine, BPF_F_MMAPABLE,
+    DEFAULT_MAX_BUCKETS, MAX_FRAGMENTED, MAX_PREFIXES, MAX_RULES,
 };
 
 #[map(name = "RL_CONFIG")]
@@ -41,17 +41,12 @@ pub static NEW_PAGES: Array<u64> = Array::pinned(
     BPF_F_MMAPABLE,
 );
 
-/// When the bucket of each key whose first packet passed without one would be full again (see
-/// `ratelimit_common::first_pick`), in lines of 8 slots (a value a line). Pinned with the store,
-/// whose buckets its words stand for.
-#[map(name = "RL_FIRST_PACKETS")]
-pub static FIRST_PACKETS: Array<[u64; 8]> = Array::pinned(FIRST_PACKET_LINES, 0);
-
-/// The tag of each record's key (see `ratelimit_common::tags`): a byte a record. Capacity
-/// replaced at load time, with the store's; memory-mappable so the agent writes a tag in place.
+/// A line for each group of the store's records (see `ratelimit_common::tags`): their tags,
+/// then the group's first-packet slots (`ratelimit_common::first_pick`). Capacity replaced at
+/// load time, with the store's; memory-mappable so the agent writes a tag in place.
 #[map(name = "RL_BUCKET_TAGS")]
-pub static BUCKET_TAGS: Array<u64> = Array::pinned(
-    bucket_tags_words(bucket_capacity(DEFAULT_MAX_BUCKETS)),
+pub static BUCKET_TAGS: Array<TagLine> = Array::pinned(
+    bucket_tag_lines(bucket_capacity(DEFAULT_MAX_BUCKETS)),
     BPF_F_MMAPABLE,
 );
 

@@ -1,37 +1,57 @@
 //! The bucket store's tags (`ratelimit_common::tags`, where what holds is): read for a key's two
-//! sets before its records, written for a new bucket before it is published.
+//! sets before its records, written for a new bucket before it is published. A key's two sets
+//! share one line, which holds its first-packet slots too (`first`).
 
-use ratelimit_common::{record_tag_at, set_tags_at, ways_hold};
+use ratelimit_common::{
+    record_tag_at, set_tags_at, tag_line, ways_hold, TagLine, TAG_LINE_RECORDS, TAG_WORDS,
+};
 
 use crate::maps::BUCKET_TAGS;
 
-/// Whether a record of `sets` may hold a key of tag `tag`: one of their 8 tags is `tag`, or the
-/// tags cannot be read (then the records decide, as without tags).
+// The masks below: 4 words of tags, 32 tag bytes a line.
+const _: () = assert!(TAG_WORDS == 4 && TAG_LINE_RECORDS == 32);
+
+/// The line of a key's sets (both are in it: `ratelimit_common::bucket_sets`), or null if it
+/// cannot be read.
 #[inline(always)]
-pub fn may_hold(sets: [u32; 2], tag: u8) -> bool {
-    ways(sets[0], tag) || ways(sets[1], tag)
+pub fn line_of(sets: [u32; 2]) -> *mut TagLine {
+    BUCKET_TAGS
+        .get_ptr_mut(tag_line(sets[0]))
+        .unwrap_or_default()
+}
+
+/// Whether a record of `sets` may hold a key of tag `tag`: one of their 8 tags in `line`
+/// ([`line_of`]) is `tag`, or the line cannot be read (then the records decide, as without
+/// tags).
+#[inline(always)]
+pub fn may_hold(line: *mut TagLine, sets: [u32; 2], tag: u8) -> bool {
+    if line.is_null() {
+        return true;
+    }
+    ways(line, sets[0], tag) || ways(line, sets[1], tag)
 }
 
 /// [`may_hold`] for one set.
 #[inline(always)]
-fn ways(set: u32, tag: u8) -> bool {
+fn ways(line: *mut TagLine, set: u32, tag: u8) -> bool {
     let (word, at) = set_tags_at(set);
-    let Some(w) = BUCKET_TAGS.get_ptr(word) else {
-        return true;
+    // SAFETY: a live map value of 8 words; `word` < 4 and `at` is 0 or 4 (a set's 4 tags,
+    // aligned). Racy: a tag written meanwhile is the caller's to settle (see `find`).
+    let ways = unsafe {
+        let w = line.cast::<u64>().add((word & 3) as usize);
+        core::ptr::read_volatile(w.cast::<u32>().add((at / 4) as usize & 1))
     };
-    // SAFETY: a live map value of 8 bytes; `at` is 0 or 4 (a set's 4 tags, aligned). Racy: a
-    // tag written meanwhile is the caller's to settle (see `find`).
-    let ways = unsafe { core::ptr::read_volatile(w.cast::<u32>().add((at / 4) as usize)) };
     ways_hold(ways, tag)
 }
 
 /// Gives record `i` the tag `tag`.
 #[inline(always)]
 pub fn set(i: u32, tag: u8) {
-    let (word, at) = record_tag_at(i);
-    if let Some(w) = BUCKET_TAGS.get_ptr_mut(word) {
-        // SAFETY: a byte of a live map value of 8 bytes (`at` < 8). A plain byte store: other
-        // CPUs write the word's other bytes only, each its own record's.
-        unsafe { core::ptr::write_volatile(w.cast::<u8>().add((at & 7) as usize), tag) };
+    let (line, at) = record_tag_at(i);
+    if let Some(l) = BUCKET_TAGS.get_ptr_mut(line) {
+        // SAFETY: one of the first 32 bytes (the tags) of a live map value of 64 bytes. A plain
+        // byte store: other CPUs write the line's other tag bytes only, each its own record's,
+        // and its slot words by compare-and-swap.
+        unsafe { core::ptr::write_volatile(l.cast::<u8>().add((at & 31) as usize), tag) };
     }
 }

@@ -7,7 +7,7 @@ use std::{collections::HashMap, net::Ipv4Addr, path::Path};
 use anyhow::{Context, Result};
 use ratelimit::maps::PinnedMaps;
 use ratelimit_common::{
-    addr_words, bucket_candidate, bucket_hash, bucket_sets, family, first_fingerprint, first_line,
+    addr_words, bucket_candidate, bucket_hash, bucket_sets, family, first_fingerprint, tag_line,
     BUCKET_CANDIDATES,
 };
 
@@ -201,20 +201,23 @@ pub fn key_v4(rule: u32, ip: Ipv4Addr) -> ratelimit_common::BucketKey {
     }
 }
 
-/// The line of `RL_FIRST_PACKETS` and the fingerprint of a `per = "source"` IPv4 key of rule
-/// `rule`, as the program computes them (`ratelimit_common::first_line`).
+/// The line of `RL_BUCKET_TAGS` (whose words after the tags are its first-packet slots) and the
+/// fingerprint of a `per = "source"` IPv4 key of rule `rule` in a store of `sets` sets, as the
+/// program computes them (`ratelimit_common::tag_line` of its sets).
 #[must_use]
-pub fn first_line_v4(seed: [u64; 2], rule: u32, ip: Ipv4Addr) -> (u32, u64) {
+pub fn first_line_v4(seed: [u64; 2], sets: u32, rule: u32, ip: Ipv4Addr) -> (u32, u64) {
     let mut addr = [0u8; 16];
     addr[..4].copy_from_slice(&ip.octets());
     let h = bucket_hash(seed, rule, family::V4, addr_words(&addr));
-    (first_line(h), first_fingerprint(h))
+    (tag_line(bucket_sets(h, sets)[0]), first_fingerprint(h))
 }
 
 /// `n` sources of `rule` from the 2^`span_bits` addresses after `base` whose keys share a line of
-/// `RL_FIRST_PACKETS`, each with a fingerprint of its own: past 8 of them, the line is full.
+/// first-packet slots in a store of `sets` sets, each with a fingerprint of its own: past
+/// [`ratelimit_common::FIRST_LINE_WORDS`] of them, the line is full.
 pub fn sharing_first_line_v4(
     seed: [u64; 2],
+    sets: u32,
     rule: u32,
     base: Ipv4Addr,
     span_bits: u32,
@@ -222,7 +225,7 @@ pub fn sharing_first_line_v4(
 ) -> Result<Vec<Ipv4Addr>> {
     let mut lines: HashMap<u32, Vec<(Ipv4Addr, u64)>> = HashMap::new();
     for ip in span_v4(base, span_bits) {
-        let (line, fp) = first_line_v4(seed, rule, ip);
+        let (line, fp) = first_line_v4(seed, sets, rule, ip);
         let keys = lines.entry(line).or_default();
         if keys.iter().all(|&(_, f)| f != fp) {
             keys.push((ip, fp));

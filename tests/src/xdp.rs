@@ -103,7 +103,7 @@ impl TestDataplane {
 
     /// From here on, [`TestDataplane::install_toml`] installs its rules with every key making its
     /// bucket at its first packet (see [`without_first_free`]): for tests of what a bucket's
-    /// first packets do to the store (records, eviction, refunds), which the first-packet table
+    /// first packets do to the store (records, eviction, refunds), which the first-packet slots
     /// would otherwise keep them from.
     pub fn make_buckets_at_first_packet(&mut self) {
         self.buckets_at_first_packet = true;
@@ -436,7 +436,7 @@ pub fn making_buckets(maps: &mut PinnedMaps, id: u32) -> Result<ratelimit_common
 }
 
 /// Clears `rule_flags::FIRST_FREE` in `rule`'s flags and its extra limits': each key of the rule
-/// makes its bucket at its first packet, as before the first-packet table.
+/// makes its bucket at its first packet, as before the first-packet slots.
 pub fn without_first_free(rule: &mut ratelimit_common::Rule) {
     use ratelimit_common::rule_flags::FIRST_FREE;
     rule.flags &= !FIRST_FREE;

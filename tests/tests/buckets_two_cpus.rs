@@ -417,7 +417,7 @@ fn the_clusters_share_and_a_packet_creating_one_source_at_once_make_one_bucket()
                     std::hint::spin_loop();
                 }
                 // The second packet makes the bucket: the first passes without one (the
-                // key's slot of `RL_FIRST_PACKETS`), and is run before the step.
+                // key's slot of its line of `RL_BUCKET_TAGS`), and is run before the step.
                 assert_eq!(runner.run_repeat(frame, 1), XDP_PASS);
             }
         });

@@ -1,4 +1,5 @@
-//! A key's first packet without a bucket (`RL_FIRST_PACKETS`, `ratelimit_common::first_owed`),
+//! A key's first packet without a bucket (the slots of `RL_BUCKET_TAGS`' lines,
+//! `ratelimit_common::first_owed`),
 //! through BPF_PROG_TEST_RUN: it passes without one, and the key's next packet before its
 //! bucket would be full again makes the bucket owing it, so a source gets exactly its burst;
 //! under attack (two keys sharing a slot, one key on two CPUs at once, a flood of one-packet
@@ -8,7 +9,9 @@ use std::net::Ipv4Addr;
 
 use ratelimit_common::{global, verdict};
 use ratelimit_testbed::{
-    collide::{first_line_v4, key_v4 as key, set_seed, sharing_first_line_v4, TEST_SEED},
+    collide::{
+        first_line_v4, key_v4 as key, set_seed, sharing_first_line_v4, store_params, TEST_SEED,
+    },
     packet::eth,
     require_root,
     xdp::{on_two_cpus_at_once, XDP_DROP, XDP_PASS},
@@ -35,6 +38,11 @@ fn setup(name: &str, max_buckets: u32, rate: u32, burst: u32) -> (TestDataplane,
         .unwrap();
     let id = set.by_name("l").unwrap().id;
     (dp, id)
+}
+
+/// The sets of `dp`'s store.
+fn sets(dp: &TestDataplane) -> u32 {
+    store_params(dp.pin_dir()).unwrap().1
 }
 
 /// A new source's first packet passes and makes no bucket; its next ones, back to back, make
@@ -73,18 +81,19 @@ fn a_first_packet_passes_without_a_bucket_and_the_next_owe_it() {
     }
 }
 
-/// Nine keys whose line is the same (8 slots, different fingerprints), in turn, back to back:
-/// none takes another's slot while its time is ahead, so the first 8 pass their first packet
-/// free and owe it, the ninth finds the line full and makes its bucket full, and each gets its
+/// Five keys whose line is the same (4 slots, different fingerprints), in turn, back to back:
+/// none takes another's slot while its time is ahead, so the first 4 pass their first packet
+/// free and owe it, the fifth finds the line full and makes its bucket full, and each gets its
 /// burst and no more. (A table that let a key overwrite another's slot would give both a free
 /// packet each time: the first-seen table's hole of issue #10.)
 #[test]
-fn nine_keys_sharing_a_line_each_get_their_burst_and_no_more() {
+fn five_keys_sharing_a_line_each_get_their_burst_and_no_more() {
     const BURST: u32 = 3;
     let (dp, id) = setup("firstline", 4096, 1, BURST);
-    let keys = sharing_first_line_v4(TEST_SEED, id, Ipv4Addr::new(198, 18, 0, 0), 20, 9).unwrap();
+    let base = Ipv4Addr::new(198, 18, 0, 0);
+    let keys = sharing_first_line_v4(TEST_SEED, sets(&dp), id, base, 20, 5).unwrap();
     let frames: Vec<Vec<u8>> = keys.iter().map(|&k| udp4(k)).collect();
-    let mut passed = [0u32; 9];
+    let mut passed = [0u32; 5];
     for _ in 0..20 {
         for (i, f) in frames.iter().enumerate() {
             if dp.run(f) == XDP_PASS {
@@ -92,15 +101,15 @@ fn nine_keys_sharing_a_line_each_get_their_burst_and_no_more() {
             }
         }
     }
-    assert_eq!(passed, [BURST; 9], "{keys:?}, 20 packets each");
+    assert_eq!(passed, [BURST; 5], "{keys:?}, 20 packets each");
     let g = dp.global();
     assert_eq!(
         (
             g.counters[global::FIRST_PACKETS],
             g.counters[global::NEW_BUCKETS]
         ),
-        (8, 9),
-        "eight free first packets, nine buckets"
+        (4, 5),
+        "four free first packets, five buckets"
     );
 }
 
@@ -112,11 +121,12 @@ fn nine_keys_sharing_a_line_each_get_their_burst_and_no_more() {
 #[test]
 fn a_first_packet_on_two_cpus_at_once_passes_once() {
     const SOURCES: u32 = 5_000;
-    let (dp, id) = setup("firstrace", 1 << 16, 1, 1);
+    let (dp, id) = setup("firstrace", 1 << 18, 1, 1);
+    let n = sets(&dp);
     let mut lines = std::collections::HashSet::new();
     let frames: Vec<Vec<u8>> = (0..)
         .map(|i| Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + i))
-        .filter(|&src| lines.insert(first_line_v4(TEST_SEED, id, src).0))
+        .filter(|&src| lines.insert(first_line_v4(TEST_SEED, n, id, src).0))
         .take(SOURCES as usize)
         .map(udp4)
         .collect();
@@ -154,12 +164,14 @@ fn a_first_packet_on_two_cpus_at_once_passes_once() {
 }
 
 /// A flood of one-packet keys (20,000 spoofed sources, one packet each, under a limit of 1,000 a
-/// second, into a store of 4,096 records) passes without making buckets but where a slot's time
-/// was still ahead: the store is not churned, and nothing in it is evicted.
+/// second, into a store of 65,536 records: 8,192 slots, 4 a line) passes without making buckets
+/// but where every slot of a key's line held a time still ahead: the store is not churned, and
+/// nothing in it is evicted. (The slots are in the tags' lines, so a store of 4,096 records has
+/// 512 of them, and one key in eight of the same flood made a bucket there.)
 #[test]
 fn a_flood_of_one_packet_keys_makes_few_buckets() {
     const SOURCES: u32 = 20_000;
-    let (dp, _) = setup("firstflood", 4096, 1000, 10);
+    let (dp, _) = setup("firstflood", 1 << 16, 1000, 10);
     for i in 1..=SOURCES {
         let src = Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + i);
         assert_eq!(dp.run(&udp4(src)), XDP_PASS);
@@ -181,8 +193,8 @@ fn a_flood_of_one_packet_keys_makes_few_buckets() {
     );
 }
 
-/// A source that has a bucket is charged by it for every packet, even when its slot of
-/// `RL_FIRST_PACKETS` is free again for a first packet: the bucket's tag (`RL_BUCKET_TAGS`,
+/// A source that has a bucket is charged by it for every packet, even when its slot of its
+/// line is free again for a first packet: the bucket's tag (`RL_BUCKET_TAGS`,
 /// written before the record is published) says it has a record, and the slot is never read.
 /// The attack: a key `k` spends its burst and is in debt; a key `m` sharing `k`'s slot takes it
 /// once `k`'s time there has passed, and `m`'s time passes too; then `k` sends again. A program
@@ -194,7 +206,9 @@ fn a_source_with_a_bucket_never_passes_free_when_its_slot_frees() {
     const BURST: u32 = 5;
     // 10 packets a second: a slot's time is 100 ms ahead of the packet that took it.
     let (dp, id) = setup("firsttag", 4096, 10, BURST);
-    let pair = sharing_first_line_v4(TEST_SEED, id, Ipv4Addr::new(198, 18, 0, 0), 16, 2).unwrap();
+    let n = sets(&dp);
+    let pair =
+        sharing_first_line_v4(TEST_SEED, n, id, Ipv4Addr::new(198, 18, 0, 0), 16, 2).unwrap();
     let (k, m) = (pair[0], pair[1]);
     let (fk, fm) = (udp4(k), udp4(m));
     let began = std::time::Instant::now();
@@ -210,10 +224,10 @@ fn a_source_with_a_bucket_never_passes_free_when_its_slot_frees() {
     let before = dp.maps().bucket(&key(id, k)).unwrap().expect("k's bucket");
     // Sources that push k out of this CPU's 256 remembered classifications (so its packets look
     // for its record rather than taking the one remembered), none on k's slot.
-    let line = first_line_v4(TEST_SEED, id, k).0;
+    let line = first_line_v4(TEST_SEED, n, id, k).0;
     let fillers: Vec<Vec<u8>> = (1..=4_000u32)
         .map(|i| Ipv4Addr::from(0xc613_0000 | i))
-        .filter(|&a| first_line_v4(TEST_SEED, id, a).0 != line)
+        .filter(|&a| first_line_v4(TEST_SEED, n, id, a).0 != line)
         .take(2_048)
         .map(udp4)
         .collect();

@@ -25,8 +25,8 @@ pub fn map_memory(limiter: &Limiter, name: &str) -> Result<(u64, u64)> {
     Ok((field("memlock:")?, field("max_entries:")?))
 }
 
-/// `memlock` of the bucket store and of its tags (a byte a record: `ratelimit_common::tags`),
-/// together, and the store's records.
+/// `memlock` of the bucket store and of its lines of tags and first-packet slots (two bytes a
+/// record: `ratelimit_common::tags`), together, and the store's records.
 fn store_memory(limiter: &Limiter) -> Result<(u64, u64)> {
     let (store, entries) = map_memory(limiter, map_names::BUCKETS)?;
     let (tags, _) = map_memory(limiter, map_names::BUCKET_TAGS)?;
@@ -43,19 +43,18 @@ const SMALL_STORE: u32 = 65_536;
 /// `memlock` holds a fixed part (the map's header, rounded to pages) beside the records, so the
 /// per-source figure is the *marginal* cost: a second program is loaded with a store of
 /// [`SMALL_STORE`] records, and the slope between the two stores' `memlock` (bytes per record)
-/// is spread over the sources tracked, and the first-packet table's `memlock` (fixed whatever the
-/// store's size, there for the store's sake) is spread over them too. The fixed part and
-/// `memlock / tracked` are in the detail.
+/// is spread over the sources tracked (the first-packet slots are in the tags' lines, so in the
+/// slope). The fixed part and `memlock / tracked` are in the detail.
 pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> Result<()> {
     let (memlock, entries) = store_memory(limiter)?;
-    let (first_packets, _) = map_memory(limiter, map_names::FIRST_PACKETS)?;
     #[expect(clippy::cast_precision_loss, reason = "bytes")]
     let per = |n: u64| memlock as f64 / n as f64;
     report.add(Figure {
         key: "memory.kernel_per_record".into(),
         section: "Memory and control plane",
         label: format!(
-            "kernel memory per record of the bucket store and its tags ({entries} records)"
+            "kernel memory per record of the bucket store, its tags and first-packet slots \
+             ({entries} records)"
         ),
         unit: "bytes",
         runs: vec![per(entries)],
@@ -63,7 +62,6 @@ pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> R
         detail: json!({
             "memlock_bytes": memlock,
             "max_entries": entries,
-            "first_packets_memlock_bytes": first_packets,
         }),
     });
     if let Some(tracked) = tracked.filter(|&t| t > 0) {
@@ -81,8 +79,6 @@ pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> R
         let fixed = memlock as f64 - slope * entries as f64;
         #[expect(clippy::cast_precision_loss, reason = "bytes")]
         let marginal = slope * entries as f64 / tracked as f64;
-        #[expect(clippy::cast_precision_loss, reason = "bytes")]
-        let first_per_tracked = first_packets as f64 / tracked as f64;
         report.add(Figure {
             key: "memory.kernel_per_tracked_source".into(),
             section: "Memory and control plane",
@@ -92,7 +88,7 @@ pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> R
                  {entries} records)"
             ),
             unit: "bytes",
-            runs: vec![marginal + first_per_tracked],
+            runs: vec![marginal],
             baseline: None,
             detail: json!({
                 "memlock_bytes": memlock,
@@ -103,9 +99,6 @@ pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> R
                 "bytes_per_record": slope,
                 "fixed_bytes": fixed,
                 "memlock_per_tracked": per(tracked),
-                "first_packets_memlock_bytes": first_packets,
-                "store_per_tracked": marginal,
-                "first_packets_per_tracked": first_per_tracked,
             }),
         });
     }

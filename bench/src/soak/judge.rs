@@ -647,7 +647,7 @@ fn notes(fin: &Final) -> Vec<String> {
          is removed during the soak."
             .into(),
         format!(
-            "A new source's first packet passes without a bucket (a slot of `RL_FIRST_PACKETS` \
+            "A new source's first packet passes without a bucket (a slot of its line of `RL_BUCKET_TAGS` \
              holds when its bucket would be full again); its next one makes the bucket if it \
              comes before then, or if every slot of its line was held: 1 frame in {:.1} made \
              one here.",

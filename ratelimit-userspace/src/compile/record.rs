@@ -62,7 +62,7 @@ pub fn rule_record(r: &RuleConfig) -> Rule {
             has_v6,
         );
         // The rule's own limit only: the extra limits' path (`one_limit`, a BPF call of its own)
-        // has no stack left for the first-packet table's look (ratelimit-ebpf/CONSTRAINTS.md,
+        // has no stack left for the first-packet slots' look (ratelimit-ebpf/CONSTRAINTS.md,
         // "Stack"), so their keys make buckets at their first packet.
         limit.flags &= !rule_flags::FIRST_FREE;
         coarse &= c;

@@ -66,7 +66,7 @@ impl Dataplane {
             )
             .map_max_entries(
                 map_names::BUCKET_TAGS,
-                ratelimit_common::bucket_tags_words(bucket_capacity(opts.max_buckets)),
+                ratelimit_common::bucket_tag_lines(bucket_capacity(opts.max_buckets)),
             )
             .override_global(ratelimit_common::COARSE_LAG_GLOBAL, &coarse_lag, false)
             .load(other.as_deref().unwrap_or(OBJECT))

@@ -98,8 +98,7 @@ fn expected_shape(name: &str) -> Option<(u32, u32, Option<u32>)> {
         map_names::GLOBAL_STATS => (4, sz(size_of::<GlobalStats>()), Some(1)),
         map_names::V4_TABLE => (4, sz(size_of::<v4_table::Entry>()), Some(v4_table::ENTRIES)),
         map_names::NEW_PAGES => (4, 8, None),
-        map_names::FIRST_PACKETS => (4, 64, Some(ratelimit_common::FIRST_PACKET_LINES)),
-        map_names::BUCKET_TAGS => (4, 8, None),
+        map_names::BUCKET_TAGS => (4, sz(size_of::<ratelimit_common::TagLine>()), None),
         _ => return None,
     })
 }
@@ -167,7 +166,7 @@ fn check_map(
     let (key, value, max) = expected_shape(name).expect("known map");
     let max = max.or(match name {
         map_names::NEW_PAGES => buckets.map(ratelimit_common::new_pages_words),
-        map_names::BUCKET_TAGS => buckets.map(ratelimit_common::bucket_tags_words),
+        map_names::BUCKET_TAGS => buckets.map(ratelimit_common::bucket_tag_lines),
         _ => buckets,
     });
     let actual_kind = info.map_type().map_or(u32::MAX, |t| t as u32);
@@ -226,7 +225,10 @@ fn check_stamp(dir: &Path) -> Result<()> {
 
 /// Removes every pinned map file in `dir`, then `dir` itself if it is left empty.
 pub fn remove_pins(dir: &Path) -> std::io::Result<()> {
-    for name in ALL.into_iter().chain([map_names::LEGACY_FIRST_SEEN]) {
+    for name in ALL.into_iter().chain([
+        map_names::LEGACY_FIRST_SEEN,
+        map_names::LEGACY_FIRST_PACKETS,
+    ]) {
         match std::fs::remove_file(dir.join(name)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -317,7 +319,7 @@ impl PinnedMaps {
             dir,
             map_names::BUCKET_TAGS,
             "the bucket tags",
-            |fd, id, words| store.map_tags(fd, id, words),
+            |fd, id, lines| store.map_tags(fd, id, lines),
         )?;
         // Its shape (ENTRIES entries of 16 words) was checked above.
         let v4_table = open_mapped(dir, map_names::V4_TABLE, "the IPv4 table", |fd, id, _| {

@@ -18,16 +18,17 @@ use std::{
 };
 
 use ratelimit_common::{
-    addr_words, bucket_candidate, bucket_hash, bucket_header, bucket_sets, victim_score, Bucket,
-    BucketKey, Rule, VictimChooser, BUCKET_BUSY, BUCKET_CANDIDATES, BUCKET_HEADER_OFFSET,
-    BUCKET_WAYS,
+    addr_words, bucket_candidate, bucket_hash, bucket_header, bucket_sets, record_tag_offset,
+    victim_score, Bucket, BucketKey, Rule, VictimChooser, BUCKET_BUSY, BUCKET_CANDIDATES,
+    BUCKET_HEADER_OFFSET, BUCKET_WAYS,
 };
 
 /// The bucket store's records, mapped.
 pub struct MappedStore {
     mapping: Arc<SharedMapping>,
     records: u32,
-    /// The records' tags (`ratelimit_common::tags`), a byte a record, where mapped.
+    /// The records' tags (`ratelimit_common::tags`), a byte a record in lines with the
+    /// first-packet slots, where mapped.
     tags: Option<Arc<SharedMapping>>,
 }
 
@@ -158,13 +159,14 @@ impl MappedStore {
         })
     }
 
-    /// Maps the records' tags behind `fd` (map id `id`, `words` words: a byte a record), for
+    /// Maps the records' tags behind `fd` (map id `id`, `lines` lines of
+    /// [`ratelimit_common::TAG_LINE_RECORDS`] tags and their first-packet slots), for
     /// [`MappedStore::install_tagged`] and [`MappedStore::tag`].
-    pub fn map_tags(&mut self, fd: BorrowedFd<'_>, id: u32, words: u32) -> io::Result<()> {
-        let bytes = words as usize * 8;
-        if bytes < self.records as usize {
+    pub fn map_tags(&mut self, fd: BorrowedFd<'_>, id: u32, lines: u32) -> io::Result<()> {
+        let bytes = lines as usize * size_of::<ratelimit_common::TagLine>();
+        if lines < ratelimit_common::bucket_tag_lines(self.records) {
             return Err(io::Error::other(format!(
-                "{words} words of tags for {} records",
+                "{lines} lines of tags for {} records",
                 self.records
             )));
         }
@@ -177,8 +179,9 @@ impl MappedStore {
     pub fn tag(&self, i: u32) -> Option<u8> {
         assert!(i < self.records, "record {i} out of {}", self.records);
         let tags = self.tags.as_ref()?;
-        // SAFETY: byte `i` of a mapping of at least `records` bytes (checked in `map_tags`).
-        Some(unsafe { std::ptr::read_volatile(tags.ptr().add(i as usize)) })
+        // SAFETY: record `i`'s tag byte, in a mapping of a line for each 32 records (checked in
+        // `map_tags`).
+        Some(unsafe { std::ptr::read_volatile(tags.ptr().add(record_tag_offset(i))) })
     }
 
     /// The first record.
@@ -403,10 +406,12 @@ impl MappedStore {
         if let Some(tag) = tag {
             let tags = self.tags.as_ref().expect("the bucket tags are mapped");
             tags.require_writable("the bucket tags");
-            // SAFETY: byte `i` of a mapping of at least `records` bytes (checked in `map_tags`);
-            // an atomic byte store, as the program's (other writers write other bytes).
+            // SAFETY: record `i`'s tag byte, in a mapping of a line for each 32 records (checked
+            // in `map_tags`); an atomic byte store, as the program's (other writers write other
+            // bytes).
             unsafe {
-                (*tags.ptr().add(i as usize).cast::<AtomicU8>()).store(tag, Ordering::Release)
+                (*tags.ptr().add(record_tag_offset(i)).cast::<AtomicU8>())
+                    .store(tag, Ordering::Release)
             };
         }
         let mut rec = *fresh;

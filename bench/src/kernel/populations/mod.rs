@@ -596,7 +596,7 @@ impl Runs {
         self.counts.new_first_created += counter(global::NEW_BUCKETS) - created;
         *fresh_next += opts.new_sources;
         // The same over the next new sources, each making its bucket: what a new key's
-        // packet costs where its slot of the first-packet table is another's (or its second
+        // packet costs where its line's first-packet slots are others' (or its second
         // packet, owing the first).
         let fresh_made = sequential_from(tracked_addr(*fresh_next, true));
         let created = counter(global::NEW_BUCKETS);
