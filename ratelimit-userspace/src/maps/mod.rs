@@ -714,3 +714,36 @@ impl PinnedMaps {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `detach` removes every map this version pins and those earlier versions pinned that it no
+    /// longer does (the first-seen table, the first-packet table), and leaves what is not a pin
+    /// of ours.
+    #[test]
+    fn removing_the_pins_takes_this_versions_maps_and_earlier_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = ALL.into_iter().chain([
+            map_names::LEGACY_FIRST_SEEN,
+            map_names::LEGACY_FIRST_PACKETS,
+        ]);
+        for name in names.clone() {
+            std::fs::write(dir.path().join(name), b"").unwrap();
+        }
+        std::fs::write(dir.path().join("link"), b"").unwrap();
+        remove_pins(dir.path()).unwrap();
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["link"], "left in the directory");
+        std::fs::remove_file(dir.path().join("link")).unwrap();
+        for name in names {
+            std::fs::write(dir.path().join(name), b"").unwrap();
+        }
+        remove_pins(dir.path()).unwrap();
+        assert!(!dir.path().exists(), "the emptied directory is removed");
+    }
+}
