@@ -42,8 +42,8 @@ pub const TAG_WORDS: u32 = TAG_LINE_RECORDS / 8;
 /// Slots of a line ([`crate::first_pick`]): the words after its tags.
 pub const FIRST_LINE_WORDS: u32 = TAG_LINE_WORDS as u32 - TAG_WORDS;
 
-/// Lines of [`map_names::BUCKET_TAGS`] for a store of `capacity` records ([`crate::bucket_capacity`]:
-/// whole pages, so whole lines).
+/// Lines of [`map_names::BUCKET_TAGS`] for a store of `capacity` records
+/// ([`crate::bucket_capacity`]: whole pages, so whole lines).
 #[inline(always)]
 #[must_use]
 pub const fn bucket_tag_lines(capacity: u32) -> u32 {

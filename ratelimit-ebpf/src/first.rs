@@ -1,6 +1,6 @@
 //! A key's first packet without a bucket: the slots of its line of `RL_BUCKET_TAGS` (after its
-//! tags), which say whether it may pass so (see `ratelimit_common::first_owed` and `first_pick`, where the arithmetic and why
-//! it holds are).
+//! tags), which say whether it may pass so (see `ratelimit_common::first_owed` and
+//! `first_pick`, where the arithmetic and why it holds are).
 
 use core::intrinsics::{atomic_cxchg, AtomicOrdering};
 

@@ -647,10 +647,10 @@ fn notes(fin: &Final) -> Vec<String> {
          is removed during the soak."
             .into(),
         format!(
-            "A new source's first packet passes without a bucket (a slot of its line of `RL_BUCKET_TAGS` \
-             holds when its bucket would be full again); its next one makes the bucket if it \
-             comes before then, or if every slot of its line was held: 1 frame in {:.1} made \
-             one here.",
+            "A new source's first packet passes without a bucket (a slot of its line of \
+             `RL_BUCKET_TAGS` holds when its bucket would be full again); its next one makes \
+             the bucket if it comes before then, or if every slot of its line was held: 1 frame \
+             in {:.1} made one here.",
             fin.frames as f64 / fin.created.max(1) as f64
         ),
     ]
