@@ -231,7 +231,7 @@ impl Ops<'_> {
     /// Makes the agent reload its (unchanged) config `way`, and waits (up to 30 s) for its log to
     /// say so.
     pub(super) fn reload(&self, agent: &mut AgentProcess, way: Reload, n: u64) -> Result<Value> {
-        let reloaded = |log: &str| log.matches("ratelimit::agent: reloaded").count();
+        let reloaded = |log: &str| log.lines().filter(|l| logs_a_reload(l)).count();
         let before = reloaded(&agent.log());
         let t0 = Instant::now();
         let mut error = None;
@@ -343,4 +343,32 @@ pub(super) fn cpu_time_ns(pid: u32) -> Result<u64> {
         .filter(|&t| t > 0)
         .unwrap_or(100);
     Ok(fields.iter().sum::<u64>() * 1_000_000_000 / tick)
+}
+
+/// Whether an agent's log line is its reload's (`agent::reload`: "reloaded", under the agent's
+/// own modules, whichever of them logs it).
+fn logs_a_reload(line: &str) -> bool {
+    line.contains(" ratelimit::agent") && line.contains(": reloaded")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::logs_a_reload;
+
+    /// The agent's reload line as its log writes it, and lines that are not it.
+    #[test]
+    fn a_reload_is_read_from_the_agents_log() {
+        assert!(logs_a_reload(
+            "2026-12-02T15:20:47.1Z  INFO ratelimit::agent::reload: reloaded rules=3"
+        ));
+        assert!(logs_a_reload(
+            "2026-12-02T15:20:47.1Z  INFO ratelimit::agent: reloaded rules=3"
+        ));
+        assert!(!logs_a_reload(
+            "2026-12-02T15:20:47.1Z  INFO ratelimit::api: POST /v1/reload"
+        ));
+        assert!(!logs_a_reload(
+            "2026-12-02T15:20:47.1Z  WARN ratelimit::agent::reload: reload failed: bad line 3"
+        ));
+    }
 }
