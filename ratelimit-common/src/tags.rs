@@ -36,8 +36,11 @@ pub const TAG_LINE_WORDS: usize = 8;
 /// `k` of the group in byte `k`), the rest its first-packet slots.
 pub type TagLine = [u64; TAG_LINE_WORDS];
 
+/// Tags in one `u64` word of a line.
+pub const TAGS_PER_WORD: u32 = 8;
+
 /// Words of a line that hold tags.
-pub const TAG_WORDS: u32 = TAG_LINE_RECORDS / 8;
+pub const TAG_WORDS: u32 = TAG_LINE_RECORDS / TAGS_PER_WORD;
 
 /// Slots of a line ([`crate::first_pick`]): the words after its tags.
 pub const FIRST_LINE_WORDS: u32 = TAG_LINE_WORDS as u32 - TAG_WORDS;
@@ -82,7 +85,7 @@ pub const fn tag_line(set: u32) -> u32 {
 #[must_use]
 pub const fn set_tags_at(set: u32) -> (u32, u32) {
     let first = (set % TAG_LINE_SETS) * BUCKET_WAYS;
-    (first / 8, first % 8)
+    (first / TAGS_PER_WORD, first % TAGS_PER_WORD)
 }
 
 /// Where record `i`'s tag is: the line of [`map_names::BUCKET_TAGS`] and the byte in it.
@@ -97,7 +100,7 @@ pub const fn record_tag_at(i: u32) -> (u32, u32) {
 #[must_use]
 pub const fn record_tag_offset(i: u32) -> usize {
     let (line, at) = record_tag_at(i);
-    line as usize * TAG_LINE_WORDS * 8 + at as usize
+    line as usize * core::mem::size_of::<TagLine>() + at as usize
 }
 
 /// Whether one of the four tags in `ways` (a set's, as read: record `set x 4 + k` in byte `k`,
@@ -111,7 +114,7 @@ pub const fn ways_hold(ways: u32, tag: u8) -> bool {
 }
 
 const _: () = assert!(BUCKET_PAGE_RECORDS.is_multiple_of(TAG_LINE_RECORDS));
-const _: () = assert!(TAG_LINE_RECORDS.is_multiple_of(8));
+const _: () = assert!(TAG_LINE_RECORDS.is_multiple_of(TAGS_PER_WORD));
 const _: () = assert!(FIRST_LINE_WORDS >= 2);
 
 #[cfg(test)]
