@@ -22,7 +22,8 @@
 //! never more.
 //!
 //! A line has [`FIRST_LINE_WORDS`] slots for the keys of its [`crate::TAG_LINE_RECORDS`] records'
-//! group: 2^17 at the default 2^20 records. A flood of new keys at `n` a second under a limit whose
+//! group ([`crate::first_line`]): 2^17 at the default 2^20 records, and as many in a smaller
+//! store ([`crate::FIRST_MIN_LINES`]). A flood of new keys at `n` a second under a limit whose
 //! slot is held `T` (its interval, and on the coarse clock the lag allowance) holds about `n x T`
 //! slots at once: a quarter of them at 0.9 Mpps and 35 ms, and a key finds its line's 4 slots all
 //! held about as often as a quarter to the fourth, 0.4% (arithmetic, not measured). Past that, more

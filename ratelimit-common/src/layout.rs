@@ -9,7 +9,7 @@ use super::{
 
 /// Bumped by hand when a pinned field, counter or flag changes meaning without changing the
 /// layout.
-pub const EPOCH: u64 = 7;
+pub const EPOCH: u64 = 8;
 
 /// `BPF_MAP_TYPE_ARRAY`.
 pub const MAP_ARRAY: u32 = 2;

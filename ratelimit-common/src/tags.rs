@@ -5,7 +5,10 @@
 //! the group that have no record ([`crate::first_pick`]). So a key's look before its records is
 //! one line: its 8 candidate tags say whether any record may hold it, without reading the
 //! records (64 MiB at 2^20 records: a new source's look there is a memory miss), and a key with
-//! none stamps a slot of the same line. The table is 2 MiB at 2^20 records, 2 bytes a record.
+//! none stamps a slot of the same line. The table is 2 MiB at 2^20 records, 2 bytes a record;
+//! a smaller store's is 2 MiB too, its lines after its groups' holding slots alone
+//! ([`FIRST_MIN_LINES`], [`first_line`]): a flood's first packets hold as many slots whatever
+//! the store's size.
 //! A line of a table this size is a miss in a core's L2 here whatever its size above 256 KiB
 //! (docs/journal.md, "A first packet's frame end to end"): one line, not a tag line and a slot
 //! line of two tables, is what a new source's first packet costs end to end.
@@ -45,17 +48,58 @@ pub const TAG_WORDS: u32 = TAG_LINE_RECORDS / TAGS_PER_WORD;
 /// Slots of a line ([`crate::first_pick`]): the words after its tags.
 pub const FIRST_LINE_WORDS: u32 = TAG_LINE_WORDS as u32 - TAG_WORDS;
 
+/// Fewest lines of [`map_names::BUCKET_TAGS`], whatever the store's size: 2^15 lines, 2^17
+/// first-packet slots, what a store of 2^20 records has. A flood of one-packet keys holds
+/// slots for its rate times their limit's interval whatever the store's size (the soak's 0.7
+/// Mpps, about 24,000): with a store's own lines alone (4 slots for 32 records), a store of 2^17
+/// records had 16,384 slots, all held, and one frame in two made a bucket; with these, one in 94.
+pub const FIRST_MIN_LINES: u32 = 1 << 15;
+
+/// Lines of [`map_names::BUCKET_TAGS`] for each group of sets ([`TAG_LINE_SETS`]) of a store of
+/// `groups` groups: its own line, whose tags are its records', and then, in a store of fewer
+/// than [`FIRST_MIN_LINES`] groups, lines of slots alone (one every `groups` lines after it) so
+/// that the table has at least that many ([`first_line`]).
+#[inline(always)]
+#[must_use]
+pub const fn first_spread(groups: u32) -> u32 {
+    if groups >= FIRST_MIN_LINES {
+        1
+    } else if groups == 0 {
+        FIRST_MIN_LINES
+    } else {
+        FIRST_MIN_LINES.div_ceil(groups)
+    }
+}
+
 /// Lines of [`map_names::BUCKET_TAGS`] for a store of `capacity` records
-/// ([`crate::bucket_capacity`]: whole pages, so whole lines).
+/// ([`crate::bucket_capacity`]: whole pages, so whole lines): a line for each group of
+/// [`TAG_LINE_RECORDS`] records, times [`first_spread`] (at least [`FIRST_MIN_LINES`]; 2 MiB).
 #[inline(always)]
 #[must_use]
 pub const fn bucket_tag_lines(capacity: u32) -> u32 {
-    let lines = capacity.div_ceil(TAG_LINE_RECORDS);
-    if lines == 0 {
-        1
-    } else {
-        lines
+    let groups = capacity.div_ceil(TAG_LINE_RECORDS);
+    groups * first_spread(groups)
+}
+
+/// The line of [`map_names::BUCKET_TAGS`] whose slots a key with bucket hash `hash` takes for
+/// its first packet, in a store of `sets` sets where the key's first set is `first`
+/// ([`crate::bucket_sets`]): the line of its tags ([`tag_line`]) in a store of
+/// [`FIRST_MIN_LINES`] groups or more (one line for a first packet), else one of its group's
+/// [`first_spread`] lines, `line + groups x j`. `j` is the rest of a multiply-shift that gives
+/// the page (the top half of the hash over `pages x spread`): the bits under the page's, which
+/// the tag and the slot's fingerprint (bits 20..43) do not depend on.
+#[inline(always)]
+#[must_use]
+pub const fn first_line(hash: u64, sets: u32, first: u32) -> u32 {
+    let line = tag_line(first);
+    let groups = sets / TAG_LINE_SETS;
+    let spread = first_spread(groups);
+    if spread <= 1 {
+        return line;
     }
+    let pages = (sets / crate::BUCKET_SETS_PER_PAGE) as u64;
+    let x = ((hash >> 32) * (pages * spread as u64)) >> 32;
+    line + groups * (x % spread as u64) as u32
 }
 
 /// The tag of a key whose bucket hash is `hash` (`bucket_hash`): bits 20..28, which the choice of
@@ -185,5 +229,76 @@ mod tests {
         }
         assert_eq!(bucket_tag_lines(1 << 20), 1 << 15);
         assert_eq!(FIRST_LINE_WORDS, 4);
+    }
+
+    /// Every store has at least [`FIRST_MIN_LINES`] lines of slots; a key's slot line is in the
+    /// table, is its tag line from 2^20 records up, and else one of its group's lines (never
+    /// another group's tag line), chosen evenly and apart from the key's page: the keys of one
+    /// group spread over all its lines.
+    #[test]
+    fn every_store_has_the_fewest_slot_lines_and_a_keys_line_is_its_groups() {
+        use crate::{bucket_sets, BUCKET_WAYS};
+        for records in [1_024u32, 4_096, 65_536, 100_032, 1 << 17, 1 << 20, 1 << 21] {
+            let sets = records / BUCKET_WAYS;
+            let groups = sets / TAG_LINE_SETS;
+            let lines = bucket_tag_lines(records);
+            assert!(lines >= FIRST_MIN_LINES, "{records}: {lines}");
+            assert_eq!(lines % groups, 0);
+            let spread = lines / groups;
+            let mut per_line = std::collections::HashMap::<u32, u32>::new();
+            let mut group0 = std::collections::HashSet::new();
+            let n = 200_000u64;
+            for i in 0..n {
+                // splitmix64's finaliser: every bit of the hash about even.
+                let mut h = i.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                h ^= h >> 31;
+                let s = bucket_sets(h, sets);
+                let line = first_line(h, sets, s[0]);
+                assert!(line < lines, "{records}: line {line} of {lines}");
+                assert_eq!(line % groups, tag_line(s[0]), "{records}: another group's");
+                if records >= 1 << 20 {
+                    assert_eq!(line, tag_line(s[0]));
+                }
+                *per_line.entry(line).or_default() += 1;
+                if tag_line(s[0]) == 0 {
+                    group0.insert(line);
+                }
+            }
+            // Apart from the page: the keys of one group (one page) take about all of its lines,
+            // as many as chance leaves (a `j` that followed the page would give them one).
+            let per_group = n as f64 / f64::from(groups) / f64::from(spread);
+            let expected = f64::from(spread) * (1.0 - 2.0 * (-per_group).exp()) - 1.0;
+            assert!(
+                group0.len() as f64 >= expected,
+                "{records}: group 0's keys take {} of its {spread} lines",
+                group0.len()
+            );
+            // Evenly: about as many lines unused as chance leaves (e^-share of them), none with
+            // three times its share, and each of a group's lines (`j`) taken as often.
+            let share = n as f64 / f64::from(lines);
+            let unused = f64::from(lines) - per_line.len() as f64;
+            assert!(
+                unused <= 2.0 * f64::from(lines) * (-share).exp() + 16.0,
+                "{records}: {unused} lines unused"
+            );
+            let most = *per_line.values().max().unwrap();
+            assert!(
+                f64::from(most) < 3.0 * share + 12.0,
+                "{records}: {most} vs {share}"
+            );
+            let mut per_j = std::vec![0u64; spread as usize];
+            for (&line, &k) in &per_line {
+                per_j[(line / groups) as usize] += u64::from(k);
+            }
+            let want = n as f64 / f64::from(spread);
+            for (j, &k) in per_j.iter().enumerate() {
+                assert!(
+                    (k as f64 - want).abs() < 0.25 * want + 6.0 * want.sqrt(),
+                    "{records}: line {j} of each group taken {k} times, {want} wanted"
+                );
+            }
+        }
     }
 }

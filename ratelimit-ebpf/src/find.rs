@@ -86,8 +86,8 @@ fn look_up<P: Params, const CALL: bool>(
         return Err((no_bucket(), core::ptr::null_mut()));
     };
     // SAFETY: a live map value, written whole by the agent before it attaches.
-    let (seed, sets) = unsafe { ((*config).seed, (*config).bucket_sets) };
-    if sets == 0 {
+    let (seed, n_sets) = unsafe { ((*config).seed, (*config).bucket_sets) };
+    if n_sets == 0 {
         return Err((no_bucket(), core::ptr::null_mut()));
     }
     // The key's family, not the packet's: a per-rule key is one for both.
@@ -97,7 +97,7 @@ fn look_up<P: Params, const CALL: bool>(
         (key.header >> 16) as u8,
         key.addr,
     );
-    let sets = bucket_sets(hash, sets);
+    let sets = bucket_sets(hash, n_sets);
     let tag = bucket_tag(hash);
     // The rule's own limit only (`CALL`): in `one_limit`'s frame the look at the line of
     // first-packet slots would take the chain through it past 448 bytes (CONSTRAINTS.md,
@@ -109,7 +109,7 @@ fn look_up<P: Params, const CALL: bool>(
     let tagged = !first_free || tags::may_hold(tags::line_of(sets), sets, tag);
     let mut owed = 0;
     if !tagged {
-        owed = owed_or_pass(sets, hash, p, now, s)?;
+        owed = owed_or_pass((n_sets, sets), hash, p, now, s)?;
     }
     // A bucket to make (or a tag that matched, a hint): the records decide. One published
     // after the tags were read is found here (its tag went on before it was published).
@@ -121,26 +121,27 @@ fn look_up<P: Params, const CALL: bool>(
         Found::Unusable => Err((no_bucket(), core::ptr::null_mut())),
         Found::Miss => {
             if first_free && tagged {
-                owed = owed_or_pass(sets, hash, p, now, s)?;
+                owed = owed_or_pass((n_sets, sets), hash, p, now, s)?;
             }
             Err(make(p, len, now, s, owed, key, (sets, tag), slot, limit))
         }
     }
 }
 
-/// What the first-packet slots of its line say of a key (sets `sets`, hash `hash`) with no
-/// record (`first::owed`): `Err` with the verdict when its packet passes without a bucket
-/// (counted), else what its bucket owes (1: nothing, a bucket made full). The line is looked up
-/// again here rather than kept live from the tags' look (CONSTRAINTS.md, "Stack").
+/// What the first-packet slots of its line say of a key (sets `sets` of the store's `n_sets`,
+/// hash `hash`) with no record (`first::owed`): `Err` with the verdict when its packet passes
+/// without a bucket (counted), else what its bucket owes (1: nothing, a bucket made full). The
+/// line is looked up here rather than kept live from the tags' look (CONSTRAINTS.md, "Stack").
 #[inline(always)]
 fn owed_or_pass<P: Params>(
-    sets: [u32; 2],
+    (n_sets, sets): (u32, [u32; 2]),
     hash: u64,
     p: &P,
     now: u64,
     s: *mut Scratch,
 ) -> Result<u64, (usize, *mut Bucket)> {
-    let owed = first::owed(tags::line_of(sets), hash, p, now, charge_clock(s));
+    let line = tags::first_line_of(hash, n_sets, sets);
+    let owed = first::owed(line, hash, p, now, charge_clock(s));
     if owed == 0 {
         bump_global(global::FIRST_PACKETS);
         return Err((verdict::PASSED, core::ptr::null_mut()));

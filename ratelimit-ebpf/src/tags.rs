@@ -1,9 +1,11 @@
 //! The bucket store's tags (`ratelimit_common::tags`, where what holds is): read for a key's two
 //! sets before its records, written for a new bucket before it is published. A key's two sets
-//! share one line, which holds its first-packet slots too (`first`).
+//! share one line, which holds its first-packet slots too (`first`) in a store of 2^20 records
+//! or more.
 
 use ratelimit_common::{
-    record_tag_at, set_tags_at, tag_line, ways_hold, TagLine, TAG_LINE_RECORDS, TAG_WORDS,
+    first_line, record_tag_at, set_tags_at, tag_line, ways_hold, TagLine, TAG_LINE_RECORDS,
+    TAG_WORDS,
 };
 
 use crate::maps::BUCKET_TAGS;
@@ -17,6 +19,16 @@ const _: () = assert!(TAG_WORDS == 4 && TAG_LINE_RECORDS == 32);
 pub fn line_of(sets: [u32; 2]) -> *mut TagLine {
     BUCKET_TAGS
         .get_ptr_mut(tag_line(sets[0]))
+        .unwrap_or_default()
+}
+
+/// The line whose first-packet slots a key with bucket hash `hash` and sets `sets` takes, in a
+/// store of `n_sets` sets (`ratelimit_common::first_line`: its tags' line from 2^20 records up),
+/// or null if it cannot be read.
+#[inline(always)]
+pub fn first_line_of(hash: u64, n_sets: u32, sets: [u32; 2]) -> *mut TagLine {
+    BUCKET_TAGS
+        .get_ptr_mut(first_line(hash, n_sets, sets[0]))
         .unwrap_or_default()
 }
 

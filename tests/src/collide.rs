@@ -7,7 +7,7 @@ use std::{collections::HashMap, net::Ipv4Addr, path::Path};
 use anyhow::{Context, Result};
 use ratelimit::maps::PinnedMaps;
 use ratelimit_common::{
-    addr_words, bucket_candidate, bucket_hash, bucket_sets, family, first_fingerprint, tag_line,
+    addr_words, bucket_candidate, bucket_hash, bucket_sets, family, first_fingerprint, first_line,
     BUCKET_CANDIDATES,
 };
 
@@ -201,15 +201,18 @@ pub fn key_v4(rule: u32, ip: Ipv4Addr) -> ratelimit_common::BucketKey {
     }
 }
 
-/// The line of `RL_BUCKET_TAGS` (whose words after the tags are its first-packet slots) and the
-/// fingerprint of a `per = "source"` IPv4 key of rule `rule` in a store of `sets` sets, as the
-/// program computes them (`ratelimit_common::tag_line` of its sets).
+/// The line of `RL_BUCKET_TAGS` whose first-packet slots (its words after the tags) a
+/// `per = "source"` IPv4 key of rule `rule` takes in a store of `sets` sets, and the key's
+/// fingerprint, as the program computes them (`ratelimit_common::first_line`).
 #[must_use]
 pub fn first_line_v4(seed: [u64; 2], sets: u32, rule: u32, ip: Ipv4Addr) -> (u32, u64) {
     let mut addr = [0u8; 16];
     addr[..4].copy_from_slice(&ip.octets());
     let h = bucket_hash(seed, rule, family::V4, addr_words(&addr));
-    (tag_line(bucket_sets(h, sets)[0]), first_fingerprint(h))
+    (
+        first_line(h, sets, bucket_sets(h, sets)[0]),
+        first_fingerprint(h),
+    )
 }
 
 /// `n` sources of `rule` from the 2^`span_bits` addresses after `base` whose keys share a line of
