@@ -323,8 +323,8 @@ pub enum Touch<'a> {
     /// hash puts it.
     Record(BorrowedFd<'a>, u32),
     /// The eight records a new key's packet reads before it knows the key has none: two random
-    /// sets of four records in one random page (as `ratelimit_common::bucket_sets` places a
-    /// key's two sets), eight independent loads.
+    /// sets of four records in one random group of 8 sets of a random page (as
+    /// `ratelimit_common::bucket_sets` places a key's two sets), eight independent loads.
     Candidates(BorrowedFd<'a>, u32),
     /// As `Candidates`, then one locked add (of zero) to the first of the eight records: a
     /// charge's one atomic read-modify-write of its record, which x86 orders after every load
@@ -444,21 +444,31 @@ fn record_word(load_map: &[Insn], base: u8, add: i32) -> Vec<Insn> {
 }
 
 /// With r7 = the first record of a page and r8 = a random number: `read(base, way)` of each of
-/// the 8 records of two random, different sets of the page (as `ratelimit_common::bucket_sets`
-/// places a key's two sets), with `base` the register holding a set's first record (r7, r8).
+/// the 8 records of two random, different sets of one random group of 8 sets of the page (as
+/// `ratelimit_common::bucket_sets` places a key's two sets: a group is the records whose tags
+/// share a line), with `base` the register holding a set's first record (r7, r8).
 fn candidates(read: impl Fn(u8, i32) -> Vec<Insn>) -> Vec<Insn> {
+    const _: () = assert!(
+        ratelimit_common::TAG_LINE_SETS == 8 && ratelimit_common::BUCKET_SETS_PER_PAGE == 16
+    );
     let mut p = vec![
-        insn(MOV64_REG, 1, 8, 0, 0), // first set: (random >> 8) & 15
+        insn(MOV64_REG, 1, 8, 0, 0), // first set of the group: (random >> 8) & 7
         insn(RSH64_IMM, 1, 0, 0, 8),
-        insn(AND64_IMM, 1, 0, 0, 15),
-        // second set: one of the 15 others, (first + 1 + ((random >> 12) & 0xffff) * 15 >> 16) & 15
+        insn(AND64_IMM, 1, 0, 0, 7),
+        insn(MOV64_REG, 2, 8, 0, 0), // the group's first set: ((random >> 11) & 1) x 8
+        insn(RSH64_IMM, 2, 0, 0, 11),
+        insn(AND64_IMM, 2, 0, 0, 1),
+        insn(LSH64_IMM, 2, 0, 0, 3),
+        // second set: one of the 7 others, (first + 1 + ((random >> 12) & 0xffff) * 7 >> 16) & 7
         insn(RSH64_IMM, 8, 0, 0, 12),
         insn(AND64_IMM, 8, 0, 0, 0xffff),
-        insn(MUL64_IMM, 8, 0, 0, 15),
+        insn(MUL64_IMM, 8, 0, 0, 7),
         insn(RSH64_IMM, 8, 0, 0, 16),
         insn(ADD64_IMM, 8, 0, 0, 1),
         insn(ADD64_REG, 8, 1, 0, 0),
-        insn(AND64_IMM, 8, 0, 0, 15),
+        insn(AND64_IMM, 8, 0, 0, 7),
+        insn(ADD64_REG, 1, 2, 0, 0),
+        insn(ADD64_REG, 8, 2, 0, 0),
         insn(LSH64_IMM, 1, 0, 0, 2),
         insn(LSH64_IMM, 8, 0, 0, 2),
         insn(ADD64_REG, 8, 7, 0, 0), // r8 = the second set's first record
