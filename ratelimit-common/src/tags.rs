@@ -50,9 +50,10 @@ pub const FIRST_LINE_WORDS: u32 = TAG_LINE_WORDS as u32 - TAG_WORDS;
 
 /// Fewest lines of [`map_names::BUCKET_TAGS`], whatever the store's size: 2^15 lines, 2^17
 /// first-packet slots, what a store of 2^20 records has. A flood of one-packet keys holds
-/// slots for its rate times their limit's interval whatever the store's size (the soak's 0.7
-/// Mpps, about 24,000): with a store's own lines alone (4 slots for 32 records), a store of 2^17
-/// records had 16,384 slots, all held, and one frame in two made a bucket; with these, one in 94.
+/// slots for its rate times the time a slot is held whatever the store's size (the soak's 0.8
+/// Mpps, about 26,000): with a store's own lines alone (4 slots for 32 records), a store of 2^17
+/// records had 16,384 slots, all held, and one frame in 2.0 made a bucket; with these, one in 42.5
+/// (docs/journal.md, "A small store's first-packet slots").
 pub const FIRST_MIN_LINES: u32 = 1 << 15;
 
 /// Lines of [`map_names::BUCKET_TAGS`] for each group of sets ([`TAG_LINE_SETS`]) of a store of

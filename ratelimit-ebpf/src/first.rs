@@ -15,9 +15,9 @@ use crate::{
 };
 
 /// For a key with bucket hash `hash` and no record, whose line of slots is `line`
-/// (`tags::first_line_of`, null if it could not be read), under limit `p` whose clock reads `now` (the
-/// precise clock read once a packet in `ck`, where it is needed): 0
-/// if the packet passes without a bucket (a slot of its line now holds when the key's bucket
+/// (`tags::first_line_of`, null if it could not be read), under limit `p` whose clock reads
+/// `now` (the precise clock read once a packet in `ck`, where it is needed): 0 if the packet
+/// passes without a bucket (a slot of its line now holds when the key's bucket
 /// would be full again); else what the key's new bucket owes until (`bucket::charge_new`'s
 /// `owed`: 1 or less, nothing).
 ///

@@ -33,18 +33,21 @@ fn store_memory(limiter: &Limiter) -> Result<(u64, u64)> {
     Ok((store + tags, entries))
 }
 
-/// Records of the second, small bucket store [`memory`] loads to tell the store's fixed part
-/// from what each record costs.
-const SMALL_STORE: u32 = 65_536;
+/// How many times the bench's store the second bucket store [`memory`] loads is, to tell the
+/// store's fixed part from what each record costs. Larger, not smaller: the table of tags and
+/// first-packet slots has at least `ratelimit_common::FIRST_MIN_LINES` lines (2 MiB, the default
+/// store's), so a store under 2^20 records pays 2 MiB of it all the same and a slope down to one
+/// would leave the tags out of the per-record cost.
+const SECOND_STORE_TIMES: u64 = 2;
 
 /// Kernel memory of the bucket store with its tags: their `memlock` over its records, and over
 /// the buckets it tracks (`tracked`, counted with the store full; `None` when it was not filled in this run).
 ///
 /// `memlock` holds a fixed part (the map's header, rounded to pages) beside the records, so the
 /// per-source figure is the *marginal* cost: a second program is loaded with a store of
-/// [`SMALL_STORE`] records, and the slope between the two stores' `memlock` (bytes per record)
-/// is spread over the sources tracked (the first-packet slots are in the tags' lines, so in the
-/// slope). The fixed part and `memlock / tracked` are in the detail.
+/// [`SECOND_STORE_TIMES`] as many records, and the slope between the two stores' `memlock`
+/// (bytes per record) is spread over the sources tracked (the first-packet slots are in the
+/// tags' lines, so in the slope). The fixed part and `memlock / tracked` are in the detail.
 pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> Result<()> {
     let (memlock, entries) = store_memory(limiter)?;
     #[expect(clippy::cast_precision_loss, reason = "bytes")]
@@ -65,16 +68,18 @@ pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> R
         }),
     });
     if let Some(tracked) = tracked.filter(|&t| t > 0) {
-        let small = Limiter::new("bench-mem", SMALL_STORE, BASE_RULES)?;
-        let (small_memlock, small_entries) = store_memory(&small)?;
-        drop(small);
+        let records =
+            u32::try_from(entries * SECOND_STORE_TIMES).context("the second store's records")?;
+        let large = Limiter::new("bench-mem", records, BASE_RULES)?;
+        let (large_memlock, large_entries) = store_memory(&large)?;
+        drop(large);
         anyhow::ensure!(
-            entries > small_entries && memlock > small_memlock,
-            "the bucket store of {entries} records ({memlock} B) is not larger than the one of \
-             {small_entries} ({small_memlock} B)"
+            large_entries > entries && large_memlock > memlock,
+            "the bucket store of {large_entries} records ({large_memlock} B) is not larger than \
+             the one of {entries} ({memlock} B)"
         );
         #[expect(clippy::cast_precision_loss, reason = "bytes")]
-        let slope = (memlock - small_memlock) as f64 / (entries - small_entries) as f64;
+        let slope = (large_memlock - memlock) as f64 / (large_entries - entries) as f64;
         #[expect(clippy::cast_precision_loss, reason = "bytes")]
         let fixed = memlock as f64 - slope * entries as f64;
         #[expect(clippy::cast_precision_loss, reason = "bytes")]
@@ -84,8 +89,8 @@ pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> R
             section: "Memory and control plane",
             label: format!(
                 "kernel memory per tracked source, tags and first-packet slots included \
-                 ({tracked} tracked, store full; the slope between stores of {small_entries} and \
-                 {entries} records)"
+                 ({tracked} tracked, store full; the slope between stores of {entries} and \
+                 {large_entries} records)"
             ),
             unit: "bytes",
             runs: vec![marginal],
@@ -94,8 +99,8 @@ pub fn memory(report: &mut Report, limiter: &Limiter, tracked: Option<u64>) -> R
                 "memlock_bytes": memlock,
                 "max_entries": entries,
                 "tracked_buckets": tracked,
-                "small_memlock_bytes": small_memlock,
-                "small_max_entries": small_entries,
+                "second_memlock_bytes": large_memlock,
+                "second_max_entries": large_entries,
                 "bytes_per_record": slope,
                 "fixed_bytes": fixed,
                 "memlock_per_tracked": per(tracked),
