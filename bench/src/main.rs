@@ -57,6 +57,11 @@ struct Cli {
     /// store's own (vmalloc'ed, 4 KiB pages): what a store on huge pages would cost to read.
     #[arg(long)]
     paged_floors: bool,
+    /// Also measure the new-source driver reading a key's 8 records in two stores of the
+    /// bucket store's records packed in groups of 32, one of 64-byte records and one of 56: what
+    /// records trimmed to 56 bytes (under 64 a source with the tags) would cost the key's read.
+    #[arg(long)]
+    layout_floors: bool,
     /// Where to write the results as JSON.
     #[arg(long, default_value = "target/bench/results.json")]
     json: PathBuf,
@@ -86,6 +91,7 @@ fn main() -> ExitCode {
                 e2e_warmup: Duration::from_secs_f64(cli.warmup),
                 quick: cli.quick,
                 paged_floors: cli.paged_floors,
+                layout_floors: cli.layout_floors,
                 contenders: cli.contenders.clone(),
                 patterns: cli.patterns.clone(),
                 cpu: cli.cpu.unwrap_or_else(|| {

@@ -335,7 +335,46 @@ pub enum Touch<'a> {
     PagedRecord(BorrowedFd<'a>, u32),
     /// As `Candidates`, in a [`PagedStore`] (its outer map, its pages).
     PagedCandidates(BorrowedFd<'a>, u32),
+    /// The 8 records of two random sets of one random group of 8 sets ([`TAG_LINE_RECORDS`]
+    /// records) in a [`LayoutStore`] (its array of 8-byte words, its groups, a record's words):
+    /// words 0 and 2 of each (bytes 0..8 and 16..24), the lines a key's compare reads, two where
+    /// a record of 56 bytes crosses a line.
+    Layout(BorrowedFd<'a>, u32, u32),
 }
+
+/// An array of 8-byte words standing for a bucket store of `groups` groups of
+/// [`TAG_LINE_RECORDS`] records of `words` words each, packed, no page boundary kept: what the
+/// key's 8 records would cost to read with records of 56 bytes (7 words) against 64 (8), read by
+/// [`Touch::Layout`] (`--layout-floors`). Zeroed, only read.
+pub struct LayoutStore {
+    pub words: OwnedFd,
+    pub groups: u32,
+    pub record_words: u32,
+}
+
+impl LayoutStore {
+    /// A store of at least `records` records of `record_words` words.
+    pub fn new(records: u32, record_words: u32) -> Result<Self> {
+        let groups = records.div_ceil(TAG_LINE_RECORDS);
+        let entries = groups
+            .checked_mul(TAG_LINE_RECORDS * record_words)
+            .context("a layout store of more than 2^32 words")?;
+        let words = create_map(MAP_ARRAY, 4, 8, entries, 0)?;
+        Ok(Self {
+            words,
+            groups,
+            record_words,
+        })
+    }
+
+    /// Its touch.
+    pub fn touch(&self) -> Touch<'_> {
+        Touch::Layout(self.words.as_fd(), self.groups, self.record_words)
+    }
+}
+
+/// Records of a group of the bucket store: those whose tags share a line.
+const TAG_LINE_RECORDS: u32 = ratelimit_common::TAG_LINE_RECORDS;
 
 /// Pages (of 64 records) per inner map of a [`PagedStore`]: 7 x 4 KiB plus the array's header
 /// is the most that stays at or under 32 KiB, which the kernel allocates with `kmalloc` (memory
@@ -443,6 +482,22 @@ fn record_word(load_map: &[Insn], base: u8, add: i32) -> Vec<Insn> {
     p
 }
 
+/// With r8 = a random number: r1 = a random set of a group of 8, `(random >> 8) & 7`, and r8 =
+/// one of the 7 others, `(r1 + 1 + ((random >> 12) & 0xffff) * 7 >> 16) & 7` (as
+/// `ratelimit_common::bucket_sets` picks a key's two sets in a group).
+const TWO_SETS: [Insn; 10] = [
+    insn(MOV64_REG, 1, 8, 0, 0),
+    insn(RSH64_IMM, 1, 0, 0, 8),
+    insn(AND64_IMM, 1, 0, 0, 7),
+    insn(RSH64_IMM, 8, 0, 0, 12),
+    insn(AND64_IMM, 8, 0, 0, 0xffff),
+    insn(MUL64_IMM, 8, 0, 0, 7),
+    insn(RSH64_IMM, 8, 0, 0, 16),
+    insn(ADD64_IMM, 8, 0, 0, 1),
+    insn(ADD64_REG, 8, 1, 0, 0),
+    insn(AND64_IMM, 8, 0, 0, 7),
+];
+
 /// With r7 = the first record of a page and r8 = a random number: `read(base, way)` of each of
 /// the 8 records of two random, different sets of one random group of 8 sets of the page (as
 /// `ratelimit_common::bucket_sets` places a key's two sets: a group is the records whose tags
@@ -452,32 +507,76 @@ fn candidates(read: impl Fn(u8, i32) -> Vec<Insn>) -> Vec<Insn> {
         ratelimit_common::TAG_LINE_SETS == 8 && ratelimit_common::BUCKET_SETS_PER_PAGE == 16
     );
     let mut p = vec![
-        insn(MOV64_REG, 1, 8, 0, 0), // first set of the group: (random >> 8) & 7
-        insn(RSH64_IMM, 1, 0, 0, 8),
-        insn(AND64_IMM, 1, 0, 0, 7),
         insn(MOV64_REG, 2, 8, 0, 0), // the group's first set: ((random >> 11) & 1) x 8
         insn(RSH64_IMM, 2, 0, 0, 11),
         insn(AND64_IMM, 2, 0, 0, 1),
         insn(LSH64_IMM, 2, 0, 0, 3),
-        // second set: one of the 7 others, (first + 1 + ((random >> 12) & 0xffff) * 7 >> 16) & 7
-        insn(RSH64_IMM, 8, 0, 0, 12),
-        insn(AND64_IMM, 8, 0, 0, 0xffff),
-        insn(MUL64_IMM, 8, 0, 0, 7),
-        insn(RSH64_IMM, 8, 0, 0, 16),
-        insn(ADD64_IMM, 8, 0, 0, 1),
-        insn(ADD64_REG, 8, 1, 0, 0),
-        insn(AND64_IMM, 8, 0, 0, 7),
+    ];
+    p.extend(TWO_SETS);
+    p.extend([
         insn(ADD64_REG, 1, 2, 0, 0),
         insn(ADD64_REG, 8, 2, 0, 0),
         insn(LSH64_IMM, 1, 0, 0, 2),
         insn(LSH64_IMM, 8, 0, 0, 2),
         insn(ADD64_REG, 8, 7, 0, 0), // r8 = the second set's first record
         insn(ADD64_REG, 7, 1, 0, 0), // r7 = the first set's first record
-    ];
+    ]);
     let ways = i32::try_from(ratelimit_common::BUCKET_WAYS).expect("4");
     for base in [7, 8] {
         for way in 0..ways {
             p.extend(read(base, way));
+        }
+    }
+    p
+}
+
+/// `r9 += ` entry `base + add` (an 8-byte word) of `map`, where `base` names a callee-saved
+/// register.
+fn add_word(map: BorrowedFd<'_>, base: u8, add: i32) -> Vec<Insn> {
+    let mut p = vec![
+        insn(MOV64_REG, 1, base, 0, 0),
+        insn(ADD64_IMM, 1, 0, 0, add),
+        insn(STX_W, 10, 1, -4, 0),
+    ];
+    p.extend(entry_at_fp4(map));
+    p.extend([insn(LDX_DW, 1, 0, 0, 0), insn(ADD64_REG, 9, 1, 0, 0)]);
+    p
+}
+
+/// [`Touch::Layout`]: a random group, two different random sets of it (as `candidates`
+/// picks them), words 0 and 2 of each of their 8 records.
+fn layout_candidates(map: BorrowedFd<'_>, groups: u32, words: u32) -> Vec<Insn> {
+    let group = i32::try_from(TAG_LINE_RECORDS * words).expect("a group's words");
+    let set = i32::try_from(ratelimit_common::BUCKET_WAYS * words).expect("a set's words");
+    let mut p = vec![
+        insn(CALL, 0, 0, 0, FUNC_GET_PRANDOM_U32),
+        insn(MOV64_REG, 8, 0, 0, 0), // r8 = random
+        insn(
+            MOD64_IMM,
+            0,
+            0,
+            0,
+            i32::try_from(groups).expect("groups < 2^31"),
+        ),
+        insn(MUL64_IMM, 0, 0, 0, group),
+        insn(MOV64_REG, 7, 0, 0, 0), // r7 = the group's first word
+    ];
+    p.extend(TWO_SETS);
+    p.extend([
+        insn(MUL64_IMM, 1, 0, 0, set),
+        insn(MUL64_IMM, 8, 0, 0, set),
+        insn(ADD64_REG, 8, 7, 0, 0), // r8 = the second set's first word
+        insn(ADD64_REG, 7, 1, 0, 0), // r7 = the first set's first word
+    ]);
+    let (ways, words) = (
+        i32::try_from(ratelimit_common::BUCKET_WAYS).expect("4"),
+        i32::try_from(words).expect("a record's words"),
+    );
+    for base in [7, 8] {
+        for way in 0..ways {
+            for word in [0, 2] {
+                p.extend(add_word(map, base, way * words + word));
+            }
         }
     }
     p
@@ -505,6 +604,7 @@ fn touch_store(touch: Touch<'_>) -> Vec<Insn> {
             p.extend(paged_page(outer, pages));
             p.extend(candidates(paged_entry));
         }
+        Touch::Layout(map, groups, words) => p.extend(layout_candidates(map, groups, words)),
         Touch::Candidates(map, n) | Touch::ChargedCandidates(map, n) => {
             let pages = i32::try_from(n / PAGE_RECORDS).expect("n < 2^31");
             p.extend([

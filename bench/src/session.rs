@@ -30,6 +30,9 @@ pub struct Options {
     pub quick: bool,
     /// Also the memory floors on a store of kmalloc'ed pages (see `progs::PagedStore`).
     pub paged_floors: bool,
+    /// Also the key's 8 records read in stores of 64- and 56-byte records (see
+    /// `progs::LayoutStore`).
+    pub layout_floors: bool,
     /// The end-to-end contenders to measure, by tag (empty: all).
     pub contenders: Vec<String>,
     /// The end-to-end traffic patterns to run, by tag (empty: all).

@@ -37,6 +37,16 @@ fn drivers_hand_on_the_promised_source_whatever_they_touch() {
     let store = create_map(MAP_ARRAY, 4, 64, 4 * 64, F_MMAPABLE).unwrap();
     write_mapped(&store, &[0xff; 4 * 64 * 64]).unwrap();
     let paged = PagedStore::filled(4 * 64, Some(0xff)).unwrap();
+    let (wide, narrow) = (
+        LayoutStore::new(4 * 64, 8).unwrap(),
+        LayoutStore::new(4 * 64, 7).unwrap(),
+    );
+    for s in [&wide, &narrow] {
+        let n = s.groups * TAG_LINE_RECORDS * s.record_words;
+        for i in 0..n {
+            update_elem(s.words.as_fd(), i, &u64::MAX).unwrap();
+        }
+    }
     let (addrs, n) = turn_array(&[[10, 1, 2, 3]]).unwrap();
     let (warm, warm_n) = turn_array_warm(&[([10, 1, 2, 3], [4, 3 * 64 + 8])]).unwrap();
     // One run of a driver on `input`: its return value and the frame it hands on.
@@ -63,6 +73,8 @@ fn drivers_hand_on_the_promised_source_whatever_they_touch() {
         Some(Touch::ChargedCandidates(store.as_fd(), 4 * 64)),
         Some(Touch::PagedRecord(paged.outer.as_fd(), paged.pages)),
         Some(Touch::PagedCandidates(paged.outer.as_fd(), paged.pages)),
+        Some(wide.touch()),
+        Some(narrow.touch()),
     ];
     for (i, touch) in touches.into_iter().enumerate() {
         for (sources, want) in [

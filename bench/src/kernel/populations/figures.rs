@@ -177,7 +177,8 @@ pub(super) fn limiter_figures(
 
 /// The memory floors at one population (`what`): what reading records of the store costs a
 /// driver before it passes, over the same driver's floor, so that the limiter's figures can be
-/// told apart into memory and work. The paged floors only with `--paged-floors`.
+/// told apart into memory and work. The paged floors only with `--paged-floors`, the layout
+/// ones with `--layout-floors`.
 pub(super) fn memory_floor_figures(
     report: &mut Report,
     tag: &str,
@@ -245,6 +246,20 @@ pub(super) fn memory_floor_figures(
             "new_paged_candidates_floor",
             "new-source driver reading the 8 records of two sets of a store on kmalloc'ed pages",
             floors.paged_candidates_floor_ns,
+            "new_floor",
+        ),
+        (
+            "new_layout64_floor",
+            "new-source driver reading words 0 and 2 of the 8 records of two sets of a group, \
+             records of 64 bytes packed",
+            floors.layout64_floor_ns,
+            "new_floor",
+        ),
+        (
+            "new_layout56_floor",
+            "new-source driver reading words 0 and 2 of the 8 records of two sets of a group, \
+             records of 56 bytes packed",
+            floors.layout56_floor_ns,
             "new_floor",
         ),
     ] {

@@ -70,6 +70,8 @@ struct Setup<'a> {
     candidates_floor: Driver,
     charged_floor: Driver,
     paged_floors: Option<(Driver, Driver)>,
+    /// The key's 8 records in stores of 64- and 56-byte records (`--layout-floors`).
+    layout_floors: Option<(Driver, Driver)>,
     /// Packets a new-source run sends (`--new-sources`).
     new_repeat: u32,
 }
@@ -132,6 +134,22 @@ pub fn populations(
         )),
         None => None,
     };
+    // Opt-in (`--layout-floors`): the key's 8 records with records of 64 and of 56 bytes.
+    let layouts = if opts.layout_floors {
+        Some((
+            progs::LayoutStore::new(capacity, 8)?,
+            progs::LayoutStore::new(capacity, 7)?,
+        ))
+    } else {
+        None
+    };
+    let layout_floors = match &layouts {
+        Some((wide, narrow)) => Some((
+            new_pass("rlb_seq_lay64", Some(wide.touch()))?,
+            new_pass("rlb_seq_lay56", Some(narrow.touch()))?,
+        )),
+        None => None,
+    };
     let mut sent = 0usize;
     let mut fresh_next = 0usize;
     let steps = steps(opts, in_cache, capacity);
@@ -154,6 +172,7 @@ pub fn populations(
         candidates_floor,
         charged_floor,
         paged_floors,
+        layout_floors,
         new_repeat,
     };
     for step in steps {
@@ -423,6 +442,8 @@ struct MemoryFloors {
     charged_floor_ns: Vec<f64>,
     paged_floor_ns: Vec<f64>,
     paged_candidates_floor_ns: Vec<f64>,
+    layout64_floor_ns: Vec<f64>,
+    layout56_floor_ns: Vec<f64>,
 }
 
 /// The program's counters read around one population's runs (sums over the runs), and what
@@ -584,6 +605,18 @@ impl Runs {
             self.floors
                 .paged_candidates_floor_ns
                 .push(eight.run(&fresh, new_repeat)?);
+        }
+        if let Some((wide, narrow)) = &setup.layout_floors {
+            // In turns: each first in every other run.
+            let (w, n) = if self.floors.layout64_floor_ns.len().is_multiple_of(2) {
+                let w = wide.run(&fresh, new_repeat)?;
+                (w, narrow.run(&fresh, new_repeat)?)
+            } else {
+                let n = narrow.run(&fresh, new_repeat)?;
+                (wide.run(&fresh, new_repeat)?, n)
+            };
+            self.floors.layout64_floor_ns.push(w);
+            self.floors.layout56_floor_ns.push(n);
         }
         let (created, full, lost) = (
             counter(global::NEW_BUCKETS),
