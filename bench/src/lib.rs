@@ -48,6 +48,7 @@ mod kernel;
 mod learn;
 mod lru;
 mod permutation;
+mod profile;
 mod progs;
 mod redis;
 mod refs;

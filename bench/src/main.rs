@@ -62,6 +62,11 @@ struct Cli {
     /// records trimmed to 56 bytes (under 64 a source with the tags) would cost the key's read.
     #[arg(long)]
     layout_floors: bool,
+    /// Also profile the limiter's program while the populations run (`perf record` of every
+    /// CPU on the software clock, from Debian's linux-perf): its samples by source line, printed
+    /// and written to profile.txt beside the results.
+    #[arg(long)]
+    profile: bool,
     /// Where to write the results as JSON.
     #[arg(long, default_value = "target/bench/results.json")]
     json: PathBuf,
@@ -92,6 +97,7 @@ fn main() -> ExitCode {
                 quick: cli.quick,
                 paged_floors: cli.paged_floors,
                 layout_floors: cli.layout_floors,
+                profile: cli.profile.then(|| cli.json.with_file_name("profile.txt")),
                 contenders: cli.contenders.clone(),
                 patterns: cli.patterns.clone(),
                 cpu: cli.cpu.unwrap_or_else(|| {

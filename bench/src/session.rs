@@ -33,6 +33,9 @@ pub struct Options {
     /// Also the key's 8 records read in stores of 64- and 56-byte records (see
     /// `progs::LayoutStore`).
     pub layout_floors: bool,
+    /// Where to write the limiter's profile by source line over the populations (`--profile`;
+    /// see `profile`), if wanted.
+    pub profile: Option<std::path::PathBuf>,
     /// The end-to-end contenders to measure, by tag (empty: all).
     pub contenders: Vec<String>,
     /// The end-to-end traffic patterns to run, by tag (empty: all).

@@ -175,8 +175,24 @@ pub fn populations(
         layout_floors,
         new_repeat,
     };
+    // `--profile`: the populations of the store at its size only (not the small store's).
+    let recorder = match &opts.profile {
+        Some(path) if !in_cache => Some((
+            crate::profile::Recorder::start(&path.with_extension("data"))?,
+            path,
+        )),
+        _ => None,
+    };
     for step in steps {
         last = population(report, &setup, &mut sent, &mut fresh_next, step)?;
+    }
+    if let Some((recorder, path)) = recorder {
+        let samples = recorder.stop()?;
+        let lines = crate::profile::Lines::of(limiter.program().fd()?.as_fd())?;
+        let (rows, total) = lines.by_line(&samples);
+        let text = crate::profile::table(&rows, total, "over the tracked-source populations");
+        print!("{text}");
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(last)
 }
