@@ -1,8 +1,10 @@
 //! The charts drawn from a whole report:
-//! - the bucket store (`target/bench/store.svg`): ns per packet over its driver floor against
-//!   tracked sources, for a random known source and a new source, this run's store beside the
-//!   LRU contender (`crate::lru`: GCRA in a kernel `LRU_HASH` of 2^20), measured in the same run
-//!   at the same populations, in turns with the store, over the same driver floors;
+//! - the bucket store (`target/bench/store.svg`, a copy in `docs/bench/store.svg` for
+//!   BENCHMARKS.md): ns per packet over its driver floor against tracked sources, for a random
+//!   known source and a new source (its first packet, and its second, which makes the bucket),
+//!   this run's store beside the LRU contender (`crate::lru`: GCRA in a kernel `LRU_HASH` of
+//!   2^20), measured in the same run at the same populations, in turns with the store, over the
+//!   same driver floors, and this run's F1 (`crate::f1`) across them;
 //! - the Redis backend's scale (`target/bench/redis_scale.svg`, [`redis_scale`]): admitted /
 //!   budget and bytes per host against hosts, beside gossip's bytes per host at 2-16 real agents
 //!   (this run's `cluster` part if it ran, else [`GOSSIP_PUBLISHED`]).
@@ -20,45 +22,53 @@ const TAGS: [&str; 4] = ["1k", "100k", "1m", "full"];
 /// One line of the chart: (tracked sources, ns over the floor) per population.
 type Series = Vec<(f64, f64)>;
 
-/// This run's series of the store (`None`) or of the LRU contender `lru` (`kernel.lru.*`):
-/// (random known, new source).
-fn series(report: &Report, lru: Option<&str>) -> (Series, Series) {
-    let (mut known, mut new) = (Vec::new(), Vec::new());
+/// This run's series of figure `what` (`known`, `new`, `new_made`) of the store (`lru` `None`)
+/// or of the LRU contender `lru` (`kernel.lru.*`): ns over the figure's driver floor, at each
+/// population the run measured it.
+fn series(report: &Report, lru: Option<&str>, what: &str) -> Series {
+    let floor_of = if what == "known" {
+        "known_floor"
+    } else {
+        "new_floor"
+    };
+    let mut points = Vec::new();
     for tag in TAGS {
-        let floor = |what: &str| format!("kernel.pop.{tag}.{what}");
-        let k = |what: &str| match lru {
-            Some(lru) if !what.ends_with("floor") => format!("kernel.{lru}.{what}_{tag}"),
-            _ => floor(what),
+        let key = |w: &str| match lru {
+            Some(lru) if !w.ends_with("floor") => format!("kernel.{lru}.{w}_{tag}"),
+            _ => format!("kernel.pop.{tag}.{w}"),
         };
         let Some(tracked) = report
-            .get(&k("known"))
+            .get(&key("known"))
             .and_then(|f| f.detail["tracked_buckets"].as_u64())
         else {
             continue;
         };
         #[expect(clippy::cast_precision_loss, reason = "a chart's x")]
         let x = tracked as f64;
-        let over = |a: &str, b: &str| Some(report.value(&k(a))? - report.value(&k(b))?);
-        if let Some(y) = over("known", "known_floor") {
-            known.push((x, y));
-        }
-        if let Some(y) = over("new", "new_floor") {
-            new.push((x, y));
+        if let (Some(v), Some(floor)) = (report.value(&key(what)), report.value(&key(floor_of))) {
+            points.push((x, v - floor));
         }
     }
-    (known, new)
+    points
 }
 
 /// Writes the chart to `path` (SVG).
 pub fn store(report: &Report, path: &Path) -> Result<()> {
-    let (known, new) = series(report, None);
-    let (lru_known, lru_new) = series(report, Some("lru"));
+    let known = series(report, None, "known");
+    let new = series(report, None, "new");
+    let made = series(report, None, "new_made");
+    let lru_known = series(report, Some("lru"), "known");
+    let lru_new = series(report, Some("lru"), "new");
+    // F1 (one dependent read of a region the store's size), the unit of #36's targets.
+    let f1 = report.value("kernel.f1");
     let top = known
         .iter()
         .chain(&new)
+        .chain(&made)
         .chain(&lru_known)
         .chain(&lru_new)
         .map(|&(_, y)| y)
+        .chain(f1)
         .fold(100.0, f64::max)
         * 1.15;
     let date = report.machine["date"].as_str().unwrap_or("?");
@@ -91,7 +101,23 @@ pub fn store(report: &Report, path: &Path) -> Result<()> {
             .draw()?;
         let blue = RGBColor(31, 90, 180);
         let red = RGBColor(200, 50, 40);
-        let lines: [(&Series, RGBColor, bool, String); 4] = [
+        let orange = RGBColor(230, 140, 20);
+        if let Some(f1) = f1 {
+            let grey = RGBColor(120, 120, 120);
+            let style = grey.stroke_width(1);
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(500.0, f1), (2.0e6, f1)],
+                    3,
+                    4,
+                    style,
+                ))?
+                .label(format!(
+                    "F1: one dependent memory read, {f1:.0} ns (this run)"
+                ))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        }
+        let lines: [(&Series, RGBColor, bool, String); 5] = [
             (
                 &known,
                 blue,
@@ -102,7 +128,14 @@ pub fn store(report: &Report, path: &Path) -> Result<()> {
                 &new,
                 red,
                 false,
-                "new source (creates its bucket), the limiter's store".into(),
+                "new source, its first packet (passes without a bucket), the limiter's store"
+                    .into(),
+            ),
+            (
+                &made,
+                orange,
+                false,
+                "new source, its second packet (makes its bucket), the limiter's store".into(),
             ),
             (
                 &lru_known,
@@ -331,6 +364,75 @@ mod tests {
             holders_seen_mean: 8.0,
             loadavg: "0.5".into(),
         }
+    }
+
+    /// A figure of `runs` (one run each here), its detail `detail`.
+    fn figure(key: &str, ns: f64, detail: serde_json::Value) -> Figure {
+        Figure {
+            key: key.into(),
+            section: "kernel",
+            label: key.into(),
+            unit: "ns",
+            runs: vec![ns],
+            baseline: None,
+            detail,
+        }
+    }
+
+    /// The store chart draws a point for each population the run measured on each of its five
+    /// lines (the store's known, first and second packet; the LRU contender's known and new),
+    /// over each figure's own driver floor, and F1 across them when the run measured it.
+    #[test]
+    fn the_store_chart_draws_each_population_beside_the_lru_contender_and_f1() {
+        let dir = std::env::temp_dir().join(format!("rl-store-chart-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut report = Report {
+            machine: json!({"date": "2026-12-03", "git": "def5678"}),
+            ..Report::default()
+        };
+        for (tag, tracked) in [("1k", 1_000), ("1m", 1_000_000), ("full", 1_048_576)] {
+            let detail = json!({ "tracked_buckets": tracked });
+            for (key, ns) in [
+                (format!("kernel.pop.{tag}.known_floor"), 30.0),
+                (format!("kernel.pop.{tag}.new_floor"), 40.0),
+                (format!("kernel.pop.{tag}.known"), 330.0),
+                (format!("kernel.pop.{tag}.new"), 250.0),
+                (format!("kernel.pop.{tag}.new_made"), 560.0),
+                (format!("kernel.lru.known_{tag}"), 500.0),
+                (format!("kernel.lru.new_{tag}"), 900.0),
+            ] {
+                report.add(figure(&key, ns, detail.clone()));
+            }
+        }
+        // Each over its own driver's floor: known over the known floor, both new over the new.
+        let at = |v: f64| vec![(1e3, v), (1e6, v), (1_048_576.0, v)];
+        assert_eq!(series(&report, None, "known"), at(300.0));
+        assert_eq!(series(&report, None, "new"), at(210.0));
+        assert_eq!(series(&report, None, "new_made"), at(520.0));
+        assert_eq!(series(&report, Some("lru"), "known"), at(470.0));
+        assert_eq!(series(&report, Some("lru"), "new"), at(860.0));
+        assert_eq!(series(&report, Some("lru"), "new_made"), vec![]);
+        let svg = dir.join("store.svg");
+        store(&report, &svg).unwrap();
+        let without_f1 = std::fs::read_to_string(&svg).unwrap();
+        report.add(figure("kernel.f1", 136.0, json!({})));
+        store(&report, &svg).unwrap();
+        let with_f1 = std::fs::read_to_string(&svg).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        for text in [
+            "random known source, the limiter",
+            "(git def5678)",
+            "its second packet (makes its bucket)",
+            "random known source, LRU contender",
+            "2026-12-03, git def5678",
+        ] {
+            assert!(without_f1.contains(text), "{text} missing");
+        }
+        // 5 lines x 3 populations, with the legend's marks none (they are paths).
+        assert_eq!(without_f1.matches("<circle").count(), 15, "{without_f1}");
+        assert_eq!(with_f1.matches("<circle").count(), 15);
+        assert!(!without_f1.contains("F1: one dependent memory read"));
+        assert!(with_f1.contains("F1: one dependent memory read, 136 ns (this run)"));
     }
 
     /// The Redis chart draws both panels: every host count's point on each of its lines, the
