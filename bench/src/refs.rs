@@ -1,5 +1,6 @@
-//! The reference programs of the project's XDP object (`bench_pass`, `bench_drop`, `bench_tx`)
-//! and the hand-assembled random-source generator, loaded once for the whole run.
+//! The reference programs of the project's XDP object (`bench_pass`, `bench_drop`, `bench_tx`),
+//! the hand-assembled read-then-drop floor ([`READ_DROP`]) and random-source generator, loaded
+//! once for the whole run.
 //!
 //! The object's maps are pinned by name, so loading it creates them under a pin directory of its
 //! own (`/sys/fs/bpf/rl-bench-refs-<pid>`), with a bucket map of a few entries since none of these
@@ -19,6 +20,10 @@ use ratelimit_testbed::{in_netns, Netns};
 use crate::{
     generator::{load_known_source, load_random_source},
     lru::{Gcra, Kind, Lru},
+    progs::{
+        self, insn, Insn, ADD64_IMM, EXIT, JEQ_IMM, JGT_REG, JNE_IMM, LDX_W, MOV64_IMM, MOV64_REG,
+        XDP_PASS,
+    },
 };
 
 /// `XDP_PASS` on every frame: the floor of the in-kernel cost, and a receiver that hands every
@@ -28,12 +33,17 @@ pub const PASS: &str = "bench_pass";
 pub const DROP: &str = "bench_drop";
 /// `XDP_TX` on every frame: the hot-source generator.
 pub const TX: &str = "bench_tx";
+/// Reads the frame's Ethernet type and IPv4 source, then `XDP_DROP` (`XDP_PASS` for a frame too
+/// short for them or not IPv4, or from 0.0.0.0, so the read decides): the end-to-end floor of any
+/// program that limits by source, which [`DROP`] is not (it never touches the frame's data).
+pub const READ_DROP: &str = "rlb_read_drop";
 
 /// The loaded reference programs.
 pub struct Refs {
     ebpf: Option<Ebpf>,
     random: Option<Xdp>,
     known: Option<Xdp>,
+    read_drop: Option<Xdp>,
     /// The LRU contenders loaded so far (end to end), at most one of each kind.
     lru: Vec<Lru>,
     dir: PathBuf,
@@ -49,6 +59,7 @@ impl Refs {
             ebpf: None,
             random: None,
             known: None,
+            read_drop: None,
             lru: Vec::new(),
             dir,
         };
@@ -68,6 +79,7 @@ impl Refs {
         refs.ebpf = Some(ebpf);
         refs.random = Some(load_random_source(&refs.dir)?);
         refs.known = Some(load_known_source(&refs.dir)?);
+        refs.read_drop = Some(progs::load(READ_DROP, &read_drop_program(), &refs.dir)?);
         Ok(refs)
     }
 
@@ -99,14 +111,7 @@ impl Refs {
 
     /// Attaches reference program `name` to `iface` of `ns` in native (driver) mode.
     pub fn attach(&mut self, name: &str, ns: &Netns, iface: &str) -> Result<XdpLinkId> {
-        let prog: &mut Xdp = self
-            .ebpf
-            .as_mut()
-            .expect("loaded")
-            .program_mut(name)
-            .expect("loaded in Refs::load")
-            .try_into()
-            .expect("an XDP program");
+        let prog = self.program_mut(name);
         // Attaching looks the interface up in the calling thread's namespace.
         in_netns(ns, || prog.attach(iface, XdpMode::Driver))
             .with_context(|| format!("attaching {name} to {iface} (native XDP)"))
@@ -134,23 +139,54 @@ impl Refs {
 
     /// Detaches what [`Refs::attach`] attached.
     pub fn detach(&mut self, name: &str, link: XdpLinkId) -> Result<()> {
-        let prog: &mut Xdp = self
-            .ebpf
+        self.program_mut(name)
+            .detach(link)
+            .with_context(|| format!("detaching {name}"))
+    }
+
+    /// Reference program `name`, to attach or detach: [`READ_DROP`] or one of the object's.
+    fn program_mut(&mut self, name: &str) -> &mut Xdp {
+        if name == READ_DROP {
+            return self.read_drop.as_mut().expect("loaded in Refs::load");
+        }
+        self.ebpf
             .as_mut()
             .expect("loaded")
             .program_mut(name)
             .expect("loaded in Refs::load")
             .try_into()
-            .expect("an XDP program");
-        prog.detach(link)
-            .with_context(|| format!("detaching {name}"))
+            .expect("an XDP program")
     }
+}
+
+/// [`READ_DROP`]'s instructions: the bounds check, the Ethernet type and the IPv4 source that
+/// every per-source limiter reads first (the LRU contender's opening, `crate::lru`), then the
+/// verdict, with nothing else.
+fn read_drop_program() -> Vec<Insn> {
+    const LDX_H: u8 = 0x69;
+    const XDP_DROP: i32 = 1;
+    vec![
+        insn(LDX_W, 2, 1, 0, 0), // r2 = data
+        insn(LDX_W, 3, 1, 4, 0), // r3 = data_end
+        insn(MOV64_REG, 4, 2, 0, 0),
+        insn(ADD64_IMM, 4, 0, 0, 34),
+        insn(JGT_REG, 4, 3, 6, 0),      // short of Ethernet + IPv4: PASS
+        insn(LDX_H, 4, 2, 12, 0),       // the Ethernet type, as stored
+        insn(JNE_IMM, 4, 0, 4, 0x0008), // not 0x0800 (IPv4, big-endian): PASS
+        insn(LDX_W, 4, 2, progs::IP_SRC, 0),
+        insn(JEQ_IMM, 4, 0, 2, 0), // from 0.0.0.0: PASS
+        insn(MOV64_IMM, 0, 0, 0, XDP_DROP),
+        insn(EXIT, 0, 0, 0, 0),
+        insn(MOV64_IMM, 0, 0, 0, XDP_PASS), // PASS
+        insn(EXIT, 0, 0, 0, 0),
+    ]
 }
 
 impl Drop for Refs {
     fn drop(&mut self) {
         self.random = None;
         self.known = None;
+        self.read_drop = None;
         self.lru.clear();
         self.ebpf = None;
         if let Ok(entries) = fs::read_dir(&self.dir) {
@@ -161,5 +197,58 @@ impl Drop for Refs {
         if let Err(e) = fs::remove_dir(&self.dir) {
             eprintln!("ratelimit-bench: cannot remove {}: {e}", self.dir.display());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aya::programs::{TestRun as _, TestRunOptions};
+    use ratelimit_testbed::{packet::eth, skip_unless_root};
+
+    use super::*;
+    use crate::kernel::v4_frame;
+
+    /// The read-drop floor drops an IPv4 frame and passes what it cannot read a source from (a
+    /// cut frame, IPv6) and a frame from 0.0.0.0: its verdict hangs on the bytes it read, so
+    /// the read is in every run. Would catch a wrong jump or offset.
+    #[test]
+    fn the_read_drop_floor_drops_by_what_it_read() {
+        if skip_unless_root() {
+            return;
+        }
+        struct Dir(PathBuf);
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = fs::remove_dir(&self.0);
+            }
+        }
+        let dir = Dir(PathBuf::from(format!(
+            "/sys/fs/bpf/rlb-read-drop-test-{}",
+            std::process::id()
+        )));
+        fs::create_dir_all(&dir.0).unwrap();
+        let prog = progs::load("rlb_t_read_drop", &read_drop_program(), &dir.0).unwrap();
+        let run = |frame: &[u8]| {
+            prog.test_run(TestRunOptions {
+                data_in: Some(frame),
+                repeat: 1,
+                ..TestRunOptions::new()
+            })
+            .unwrap()
+            .return_value
+        };
+        let pass = XDP_PASS.cast_unsigned();
+        assert_eq!(run(&v4_frame([10, 0, 0, 1])), 1, "an IPv4 frame: XDP_DROP");
+        assert_eq!(run(&v4_frame([0, 0, 0, 0])), pass, "from 0.0.0.0");
+        assert_eq!(run(&v4_frame([10, 0, 0, 1])[..33]), pass, "cut short");
+        let v6 = eth()
+            .ipv6(
+                "2001:db8::1".parse().unwrap(),
+                "2001:db8::2".parse().unwrap(),
+            )
+            .udp(1, 9)
+            .pad_to(80)
+            .build();
+        assert_eq!(run(&v6), pass, "IPv6");
     }
 }

@@ -290,16 +290,13 @@ fn end_to_end(r: &Report, t: &mut Vec<Target>) {
         goal: "end to end, hot source: limiter >= 95% of the drop-all floor (#36: >= 90%)".into(),
         met: x.map(|x| x >= 0.95),
         evidence: format!(
-            "{} Mpps vs {} Mpps: {}%; #36's 90%: {}{}",
+            "{} Mpps vs {} Mpps: {}%; #36's 90%: {}{}{}",
             fmt(r.value("e2e.hot.limiter")),
             fmt(r.value("e2e.hot.drop_all")),
             fmt(x.map(|x| x * 100.0)),
             verdict(x.map(|x| x >= 0.90)),
-            r.value("e2e.hot.lru").map_or(String::new(), |lru| format!(
-                " (LRU_HASH {} Mpps, {}% of the floor)",
-                fmt(Some(lru)),
-                fmt(ratio(r, "e2e.hot.lru", "e2e.hot.drop_all").map(|x| x * 100.0)),
-            )),
+            beside_hot_floor(r, "lru", "LRU_HASH"),
+            beside_hot_floor(r, "read_drop", "reading the frame's source, then dropping"),
         ),
     });
     let x = ratio(r, "e2e.random.limiter", "e2e.random.xdp_pass");
@@ -411,6 +408,18 @@ fn layered_and_polite(r: &Report, t: &mut Vec<Target>) {
             polite.join("; ")
         },
     });
+}
+
+/// `; <what> X Mpps (Y% of the floor)` for the hot group's contender `tag`, if it ran.
+fn beside_hot_floor(r: &Report, tag: &str, what: &str) -> String {
+    let key = format!("e2e.hot.{tag}");
+    r.value(&key).map_or(String::new(), |v| {
+        format!(
+            "; {what} {} Mpps ({}% of the floor)",
+            fmt(Some(v)),
+            fmt(ratio(r, &key, "e2e.hot.drop_all").map(|x| x * 100.0)),
+        )
+    })
 }
 
 /// `a / b` of the medians, if both were measured.

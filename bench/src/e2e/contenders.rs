@@ -14,7 +14,7 @@ use super::{
 use crate::{
     kernel::Limiter,
     lru::{Gcra, Kind},
-    refs::{Refs, DROP, PASS},
+    refs::{Refs, DROP, PASS, READ_DROP},
 };
 
 /// What receives the flood.
@@ -26,6 +26,9 @@ pub(super) enum Contender {
     /// earlier, and this machine's floor moved by up to 10% between measurements a few minutes
     /// apart (1.80 and 1.94 Mpps in one run).
     DropAllLayered,
+    /// An XDP program that reads the frame's source, then drops it ([`READ_DROP`]): what any
+    /// per-source limiter's drop costs at least, beside [`Contender::DropAll`].
+    ReadDrop,
     Limiter,
     Pass,
     Nft,
@@ -50,6 +53,7 @@ impl Contender {
         match self {
             Contender::DropAll => "drop_all",
             Contender::DropAllLayered => "drop_all_layered",
+            Contender::ReadDrop => "read_drop",
             Contender::Limiter => "limiter",
             Contender::Pass => "xdp_pass",
             Contender::Nft => "nftables",
@@ -91,7 +95,10 @@ impl Contender {
 
     /// A drop-all floor.
     pub(super) fn floor(self) -> bool {
-        matches!(self, Contender::DropAll | Contender::DropAllLayered)
+        matches!(
+            self,
+            Contender::DropAll | Contender::DropAllLayered | Contender::ReadDrop
+        )
     }
 
     /// A contender (or the floor) of the aggregate case.
@@ -108,6 +115,9 @@ impl Contender {
             Contender::DropAll => "floor: XDP program dropping everything (bench_drop)",
             Contender::DropAllLayered => {
                 "floor: XDP program dropping everything (bench_drop), re-measured next to these"
+            }
+            Contender::ReadDrop => {
+                "floor: XDP program reading the frame's source, then dropping it (rlb_read_drop)"
             }
             Contender::Limiter => "limiter (XDP, 1000/s burst 2000 per source)",
             Contender::Pass => "XDP_PASS receiver, everything to the stack",
@@ -146,9 +156,10 @@ pub(super) enum Attached {
 }
 
 /// Every contender, for `--contenders`.
-pub(super) const ALL: [Contender; 12] = [
+pub(super) const ALL: [Contender; 13] = [
     Contender::DropAll,
     Contender::DropAllLayered,
+    Contender::ReadDrop,
     Contender::Limiter,
     Contender::Pass,
     Contender::Nft,
@@ -173,6 +184,7 @@ pub(super) fn setup(
         Contender::DropAll | Contender::DropAllLayered => {
             Attached::Ref(DROP, refs.attach(DROP, ns, dev)?)
         }
+        Contender::ReadDrop => Attached::Ref(READ_DROP, refs.attach(READ_DROP, ns, dev)?),
         Contender::Pass => Attached::Ref(PASS, refs.attach(PASS, ns, dev)?),
         Contender::Limiter => {
             let dp = limiter.tdp.dataplane();
@@ -380,6 +392,7 @@ pub(super) fn contender_count(
         }
         Contender::DropAll
         | Contender::DropAllLayered
+        | Contender::ReadDrop
         | Contender::Pass
         | Contender::Lru
         | Contender::LruPerCpu => None,
