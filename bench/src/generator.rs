@@ -174,15 +174,7 @@ mod tests {
         if ratelimit_testbed::skip_unless_root() {
             return;
         }
-        struct Dir(std::path::PathBuf);
-        impl Drop for Dir {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir(&self.0);
-            }
-        }
-        let dir = Dir(std::path::Path::new("/sys/fs/bpf")
-            .join(format!("rlb-known-test-{}", std::process::id())));
-        std::fs::create_dir_all(&dir.0).unwrap();
+        let dir = crate::progs::TestPinDir::new("rlb-known-test");
         let prog = load_known_source(&dir.0).unwrap();
         let frame = udp_frame(
             [2, 0, 0, 0, 0, 2],

@@ -298,15 +298,7 @@ mod tests {
         if skip_unless_root() {
             return;
         }
-        struct Dir(std::path::PathBuf);
-        impl Drop for Dir {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir(&self.0);
-            }
-        }
-        let dir =
-            Dir(Path::new("/sys/fs/bpf").join(format!("rlb-lru-test-{}", std::process::id())));
-        std::fs::create_dir_all(&dir.0).unwrap();
+        let dir = crate::progs::TestPinDir::new("rlb-lru-test");
         // One CPU for every run: the per-CPU map's frames must meet the same CPU's value.
         crate::generator::pin_to_cpu(0).unwrap();
         let run = |prog: &Xdp, frame: &[u8], repeat: u32| {

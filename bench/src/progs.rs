@@ -753,5 +753,26 @@ pub fn probe(probe: Probe<'_>) -> Vec<Insn> {
     p
 }
 
+/// A test's own pin directory under `/sys/fs/bpf` (`<name>-<pid>`, so tests run in parallel),
+/// removed however the test ends.
+#[cfg(test)]
+pub(crate) struct TestPinDir(pub std::path::PathBuf);
+
+#[cfg(test)]
+impl TestPinDir {
+    pub(crate) fn new(name: &str) -> Self {
+        let dir = Path::new("/sys/fs/bpf").join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+#[cfg(test)]
+impl Drop for TestPinDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
 #[cfg(test)]
 mod tests;

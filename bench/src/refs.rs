@@ -216,17 +216,7 @@ mod tests {
         if skip_unless_root() {
             return;
         }
-        struct Dir(PathBuf);
-        impl Drop for Dir {
-            fn drop(&mut self) {
-                let _ = fs::remove_dir(&self.0);
-            }
-        }
-        let dir = Dir(PathBuf::from(format!(
-            "/sys/fs/bpf/rlb-read-drop-test-{}",
-            std::process::id()
-        )));
-        fs::create_dir_all(&dir.0).unwrap();
+        let dir = progs::TestPinDir::new("rlb-read-drop-test");
         let prog = progs::load("rlb_t_read_drop", &read_drop_program(), &dir.0).unwrap();
         let run = |frame: &[u8]| {
             prog.test_run(TestRunOptions {

@@ -15,15 +15,7 @@ fn drivers_hand_on_the_promised_source_whatever_they_touch() {
     if skip_unless_root() {
         return;
     }
-    /// The test's pin directory, removed however the test ends.
-    struct Dir(std::path::PathBuf);
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir(&self.0);
-        }
-    }
-    let dir = Dir(Path::new("/sys/fs/bpf").join(format!("rlb-progs-test-{}", std::process::id())));
-    fs::create_dir_all(&dir.0).unwrap();
+    let dir = super::TestPinDir::new("rlb-progs-test");
     let dir = &dir.0;
     let pass = load(
         "rlb_t_pass",
