@@ -25,14 +25,12 @@ use aya::programs::Xdp;
 
 use crate::progs::{
     self, insn, ld_map_fd, Insn, ADD64_IMM, ADD64_REG, CALL, EXIT, FUNC_KTIME_GET_NS,
-    FUNC_MAP_LOOKUP_ELEM, JEQ_IMM, JGT_REG, JNE_IMM, LDX_DW, LDX_W, LD_IMM64, MOV64_IMM, MOV64_REG,
-    STX_DW, STX_W, XDP_PASS,
+    FUNC_MAP_LOOKUP_ELEM, JEQ_IMM, JGT_REG, JNE_IMM, LDX_DW, LDX_H, LDX_W, LD_IMM64, MOV64_IMM,
+    MOV64_REG, STX_DW, STX_W, XDP_DROP, XDP_PASS,
 };
 
-const LDX_H: u8 = 0x69;
 const SUB64_REG: u8 = 0x1f;
 const FUNC_MAP_UPDATE_ELEM: i32 = 2;
-const XDP_DROP: i32 = 1;
 const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
@@ -97,14 +95,18 @@ fn ld_imm64(dst: u8, imm: u64) -> [Insn; 2] {
 }
 
 /// A jump offset from the instruction at `from` to the one at `to`.
-fn jump(from: usize, to: usize) -> i16 {
+pub(crate) fn jump(from: usize, to: usize) -> i16 {
     i16::try_from(to.cast_signed() - from.cast_signed() - 1).expect("a short program")
 }
 
-/// The contender's instructions over `map` (see the module's doc).
-pub fn program(map: BorrowedFd<'_>, gcra: Gcra) -> Vec<Insn> {
-    // Jumps to PASS, DROP and NEW are patched once their places are known.
-    let mut p = vec![
+/// Where [`source_opening`]'s two jumps to PASS are.
+const OPENING_TO_PASS: [usize; 2] = [5, 7];
+
+/// What every per-source program here reads first: `r6 = ctx`, the bounds check of Ethernet +
+/// IPv4, the Ethernet type, and the IPv4 source in `r4`. A frame too short or not IPv4 goes to
+/// PASS, whose place [`opening_to_pass`] writes into the two jumps once it is known.
+pub(crate) fn source_opening() -> Vec<Insn> {
+    vec![
         insn(MOV64_REG, 6, 1, 0, 0), // r6 = ctx
         insn(LDX_W, 2, 6, 0, 0),     // r2 = data
         insn(LDX_W, 3, 6, 4, 0),     // r3 = data_end
@@ -114,9 +116,21 @@ pub fn program(map: BorrowedFd<'_>, gcra: Gcra) -> Vec<Insn> {
         insn(LDX_H, 4, 2, 12, 0),       // the ethertype, as stored
         insn(JNE_IMM, 4, 0, 0, 0x0008), // not 0x0800 (IPv4, big-endian): PASS
         insn(LDX_W, 4, 2, progs::IP_SRC, 0),
-        insn(STX_W, 10, 4, -4, 0), // key = the source, at r10-4
-    ];
-    let to_pass = [5, 7];
+    ]
+}
+
+/// Points the two jumps of `p`'s [`source_opening`] at instruction `pass`.
+pub(crate) fn opening_to_pass(p: &mut [Insn], pass: usize) {
+    let [short, not_v4] = OPENING_TO_PASS;
+    p[short] = insn(JGT_REG, 4, 3, jump(short, pass), 0);
+    p[not_v4] = insn(JNE_IMM, 4, 0, jump(not_v4, pass), 0x0008);
+}
+
+/// The contender's instructions over `map` (see the module's doc).
+pub fn program(map: BorrowedFd<'_>, gcra: Gcra) -> Vec<Insn> {
+    // Jumps to PASS, DROP and NEW are patched once their places are known.
+    let mut p = source_opening();
+    p.push(insn(STX_W, 10, 4, -4, 0)); // key = the source, at r10-4
     p.extend(ld_map_fd(1, map));
     p.extend([
         insn(MOV64_REG, 2, 10, 0, 0),
@@ -166,8 +180,7 @@ pub fn program(map: BorrowedFd<'_>, gcra: Gcra) -> Vec<Insn> {
         insn(MOV64_IMM, 0, 0, 0, XDP_PASS),
         insn(EXIT, 0, 0, 0, 0),
     ]);
-    p[to_pass[0]] = insn(JGT_REG, 4, 3, jump(to_pass[0], pass), 0);
-    p[to_pass[1]] = insn(JNE_IMM, 4, 0, jump(to_pass[1], pass), 0x0008);
+    opening_to_pass(&mut p, pass);
     p[to_new] = insn(JEQ_IMM, 0, 0, jump(to_new, new), 0);
     p[to_drop] = insn(JGT_REG, 3, 4, jump(to_drop, drop), 0);
     p
@@ -283,7 +296,6 @@ impl Lru {
 
 #[cfg(test)]
 mod tests {
-    use aya::programs::{TestRun as _, TestRunOptions};
     use ratelimit_testbed::{packet::eth, skip_unless_root};
 
     use super::*;
@@ -301,15 +313,7 @@ mod tests {
         let dir = crate::progs::TestPinDir::new("rlb-lru-test");
         // One CPU for every run: the per-CPU map's frames must meet the same CPU's value.
         crate::generator::pin_to_cpu(0).unwrap();
-        let run = |prog: &Xdp, frame: &[u8], repeat: u32| {
-            prog.test_run(TestRunOptions {
-                data_in: Some(frame),
-                repeat,
-                ..TestRunOptions::new()
-            })
-            .unwrap()
-            .return_value
-        };
+        let run = progs::verdict;
         let (pass, drop) = (XDP_PASS.cast_unsigned(), XDP_DROP.cast_unsigned());
         for kind in [Kind::Shared, Kind::PerCpu] {
             let strict = Lru::new("rlb_t_lru", kind, 64, Gcra::new(1, 1), &dir.0).unwrap();

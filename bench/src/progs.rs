@@ -45,6 +45,7 @@ pub const STX_DW: u8 = 0x7b;
 pub const ATOMIC_DW: u8 = 0xdb;
 pub const TO_BE: u8 = 0xdc;
 pub const LDX_W: u8 = 0x61;
+pub const LDX_H: u8 = 0x69;
 pub const LSH64_IMM: u8 = 0x67;
 pub const LDX_DW: u8 = 0x79;
 pub const STX_B: u8 = 0x73;
@@ -67,6 +68,7 @@ pub const FUNC_KTIME_GET_COARSE_NS: i32 = 160;
 pub const FUNC_JIFFIES64: i32 = 118;
 
 pub const XDP_ABORTED: i32 = 0;
+pub const XDP_DROP: i32 = 1;
 pub const XDP_PASS: i32 = 2;
 pub const XDP_TX: i32 = 3;
 
@@ -772,6 +774,19 @@ impl Drop for TestPinDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir(&self.0);
     }
+}
+
+/// `prog`'s verdict on `frame`, run `repeat` times through `BPF_PROG_TEST_RUN` (the last run's).
+#[cfg(test)]
+pub(crate) fn verdict(prog: &Xdp, frame: &[u8], repeat: u32) -> u32 {
+    use aya::programs::{TestRun as _, TestRunOptions};
+    prog.test_run(TestRunOptions {
+        data_in: Some(frame),
+        repeat,
+        ..TestRunOptions::new()
+    })
+    .unwrap()
+    .return_value
 }
 
 #[cfg(test)]

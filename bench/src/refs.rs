@@ -19,11 +19,8 @@ use ratelimit_testbed::{in_netns, Netns};
 
 use crate::{
     generator::{load_known_source, load_random_source},
-    lru::{Gcra, Kind, Lru},
-    progs::{
-        self, insn, Insn, ADD64_IMM, EXIT, JEQ_IMM, JGT_REG, JNE_IMM, LDX_W, MOV64_IMM, MOV64_REG,
-        XDP_PASS,
-    },
+    lru::{self, Gcra, Kind, Lru},
+    progs::{self, insn, Insn, EXIT, JEQ_IMM, MOV64_IMM, XDP_DROP, XDP_PASS},
 };
 
 /// `XDP_PASS` on every frame: the floor of the in-kernel cost, and a receiver that hands every
@@ -159,27 +156,21 @@ impl Refs {
     }
 }
 
-/// [`READ_DROP`]'s instructions: the bounds check, the Ethernet type and the IPv4 source that
-/// every per-source limiter reads first (the LRU contender's opening, `crate::lru`), then the
-/// verdict, with nothing else.
+/// [`READ_DROP`]'s instructions: the LRU contender's opening (`lru::source_opening`, what
+/// every per-source limiter reads first), then the verdict, with nothing else.
 fn read_drop_program() -> Vec<Insn> {
-    const LDX_H: u8 = 0x69;
-    const XDP_DROP: i32 = 1;
-    vec![
-        insn(LDX_W, 2, 1, 0, 0), // r2 = data
-        insn(LDX_W, 3, 1, 4, 0), // r3 = data_end
-        insn(MOV64_REG, 4, 2, 0, 0),
-        insn(ADD64_IMM, 4, 0, 0, 34),
-        insn(JGT_REG, 4, 3, 6, 0),      // short of Ethernet + IPv4: PASS
-        insn(LDX_H, 4, 2, 12, 0),       // the Ethernet type, as stored
-        insn(JNE_IMM, 4, 0, 4, 0x0008), // not 0x0800 (IPv4, big-endian): PASS
-        insn(LDX_W, 4, 2, progs::IP_SRC, 0),
-        insn(JEQ_IMM, 4, 0, 2, 0), // from 0.0.0.0: PASS
+    let mut p = lru::source_opening();
+    let to_pass = p.len();
+    p.extend([
+        insn(JEQ_IMM, 4, 0, 0, 0), // from 0.0.0.0: PASS
         insn(MOV64_IMM, 0, 0, 0, XDP_DROP),
         insn(EXIT, 0, 0, 0, 0),
-        insn(MOV64_IMM, 0, 0, 0, XDP_PASS), // PASS
-        insn(EXIT, 0, 0, 0, 0),
-    ]
+    ]);
+    let pass = p.len();
+    p.extend([insn(MOV64_IMM, 0, 0, 0, XDP_PASS), insn(EXIT, 0, 0, 0, 0)]);
+    p[to_pass] = insn(JEQ_IMM, 4, 0, lru::jump(to_pass, pass), 0);
+    lru::opening_to_pass(&mut p, pass);
+    p
 }
 
 impl Drop for Refs {
@@ -202,7 +193,6 @@ impl Drop for Refs {
 
 #[cfg(test)]
 mod tests {
-    use aya::programs::{TestRun as _, TestRunOptions};
     use ratelimit_testbed::{packet::eth, skip_unless_root};
 
     use super::*;
@@ -218,17 +208,9 @@ mod tests {
         }
         let dir = progs::TestPinDir::new("rlb-read-drop-test");
         let prog = progs::load("rlb_t_read_drop", &read_drop_program(), &dir.0).unwrap();
-        let run = |frame: &[u8]| {
-            prog.test_run(TestRunOptions {
-                data_in: Some(frame),
-                repeat: 1,
-                ..TestRunOptions::new()
-            })
-            .unwrap()
-            .return_value
-        };
-        let pass = XDP_PASS.cast_unsigned();
-        assert_eq!(run(&v4_frame([10, 0, 0, 1])), 1, "an IPv4 frame: XDP_DROP");
+        let run = |frame: &[u8]| progs::verdict(&prog, frame, 1);
+        let (pass, drop) = (XDP_PASS.cast_unsigned(), XDP_DROP.cast_unsigned());
+        assert_eq!(run(&v4_frame([10, 0, 0, 1])), drop, "an IPv4 frame");
         assert_eq!(run(&v4_frame([0, 0, 0, 0])), pass, "from 0.0.0.0");
         assert_eq!(run(&v4_frame([10, 0, 0, 1])[..33]), pass, "cut short");
         let v6 = eth()
