@@ -5,6 +5,7 @@
 use std::{net::SocketAddr, thread, time::Duration};
 
 use anyhow::Result;
+use aya::programs::Xdp;
 use ratelimit_common::{global, BucketKey};
 use ratelimit_testbed::{send_udp_from, Receiver};
 use serde_json::{json, Value};
@@ -149,7 +150,8 @@ fn measure(
     Ok(figure)
 }
 
-// Stays whole: one turn in order (fill, warm up, runs beside the polite and fresh sources, counts).
+/// One turn of `contender` attached: the limiter's store filled, the flood warmed up, the runs
+/// beside the polite and the fresh source, and what the contender and the limiter counted.
 fn measure_attached(
     opts: &Options,
     refs: &Refs,
@@ -164,7 +166,6 @@ fn measure_attached(
         Pattern::Random => (refs.random(), &bed.random_frame),
         Pattern::Known => (refs.known(), &bed.random_frame),
     };
-    let run_time = opts.e2e_run;
     // Fill the limiter's store with other sources first (one packet each), so that it is measured
     // with its table full from the first run, as nftables' set is after its warm-up.
     let limiting = contender == Contender::Limiter || contender.layered();
@@ -174,16 +175,100 @@ fn measure_attached(
     } else {
         0
     };
-    // Warm up. A random flood runs until the contender has seen 1.25 times as many sources as it
-    // can track, so that the runs measure the steady state of a flood (every table full); how
-    // fast it went while the tables were filling is kept apart. Known sources run until 7 frames
-    // a source have gone by: all but e^-7 (0.1%) of the 2^19 sources then have their entry. A
-    // later turn (see `Turn`) warms up for one `--warmup` only.
+    let warm = warm_up(opts, bed, (generator, frame), pattern, turn)?;
+
+    let receiver = Receiver::bind(&bed.rx, SocketAddr::new(SERVER.into(), 0))?;
+    let global_before = limiter.tdp.global();
+    let drops_before = contender_count(bed, limiter, contender)?;
+    let runs = run_beside_polite(opts, bed, (generator, frame), &receiver, turn)?;
+    let drops_after = contender_count(bed, limiter, contender)?;
+    let global_after = limiter.tdp.global();
+
+    let mut detail = json!({
+        "generator_mpps": runs.sent_mpps,
+        "ring_full_drops": runs.ring_drops,
+        "run_seconds": opts.e2e_run.as_secs_f64(),
+        "warmup_seconds": warm.secs,
+        "warmup_frames": warm.frames,
+        "warmup_mpps": warm.mpps,
+        "handled_packets": runs.handled,
+        "limiter_buckets_prefilled": prefilled,
+        "limiter_buckets_tracked_after": if limiting {
+            Some(limiter.tdp.maps().bucket_count()?)
+        } else {
+            None
+        },
+    });
+    let dropped = match (drops_before, drops_after) {
+        (Some(Count::Dropped(a)), Some(Count::Dropped(b))) => Some(b.saturating_sub(a)),
+        (Some(Count::Passed(a)), Some(Count::Passed(b))) => {
+            Some(runs.handled.saturating_sub(b.saturating_sub(a)))
+        }
+        _ => None,
+    };
+    if let Some(dropped) = dropped {
+        detail["contender_dropped"] = json!(dropped);
+        #[expect(clippy::cast_precision_loss, reason = "packet counts")]
+        let share = if runs.handled > 0 {
+            dropped as f64 / runs.handled as f64
+        } else {
+            0.0
+        };
+        detail["contender_dropped_share"] = json!(share);
+    }
+    let counts = receiver.stop()?.counts();
+    let received = counts.get(&POLITE.into()).copied().unwrap_or(0);
+    detail["fresh_abuser"] = json!({
+        "pps": ABUSER_PPS,
+        "sent": runs.abuser_sent,
+        "received": counts.get(&ABUSER.into()).copied().unwrap_or(0),
+        "limit_allows": BURST + RATE * u64::try_from(ABUSER_SPAN.as_millis()).unwrap_or(0) / 1000,
+    });
+    detail["polite"] = json!({ "pps": POLITE_PPS, "sent": runs.polite_sent, "received": received });
+    if limiting {
+        let d = |i: usize| global_after.counters[i] - global_before.counters[i];
+        detail["limiter_new_buckets"] = json!(d(global::NEW_BUCKETS));
+        detail["limiter_bucket_errors"] = json!(d(global::BUCKET_ERRORS));
+        detail["limiter_evicted_full"] = json!(d(global::EVICTED_FULL));
+        detail["limiter_evicted_lost"] = json!(d(global::EVICTED_LOST));
+        limiter_detail(limiter, contender, &mut detail)?;
+    }
+    Ok(Figure {
+        key: format!("e2e.{}.{}", pattern.tag(), contender.tag()),
+        section: section(pattern, contender),
+        label: contender.label().into(),
+        unit: "Mpps",
+        runs: runs.handled_mpps,
+        baseline: baseline(pattern, contender),
+        detail,
+    })
+}
+
+/// How a turn's warm-up went.
+struct Warmup {
+    secs: f64,
+    frames: u64,
+    /// Frames the receiver handled a second, in millions.
+    mpps: f64,
+}
+
+/// Warms the flood up. A random flood runs until the contender has seen 1.25 times as many
+/// sources as it can track, so that the runs measure the steady state of a flood (every table
+/// full); how fast it went while the tables were filling is kept apart. Known sources run until
+/// 7 frames a source have gone by: all but e^-7 (0.1%) of the 2^19 sources then have their
+/// entry. A later turn (see `Turn`) warms up for one `--warmup` only.
+fn warm_up(
+    opts: &Options,
+    bed: &Testbed,
+    (generator, frame): (&Xdp, &[u8]),
+    pattern: Pattern,
+    turn: Turn,
+) -> Result<Warmup> {
     let (w0, _) = bed.rx_stats()?;
     let warm_start = std::time::Instant::now();
-    let mut warm_frames = 0;
+    let mut frames = 0;
     loop {
-        warm_frames += blast(
+        frames += blast(
             generator,
             &bed.gen,
             bed.tx_ifindex,
@@ -193,8 +278,8 @@ fn measure_attached(
         )?
         .frames;
         let full = match pattern {
-            Pattern::Known => warm_frames >= 7 << crate::generator::KNOWN_BITS,
-            _ => warm_frames >= u64::from(TRACKED) * 5 / 4,
+            Pattern::Known => frames >= 7 << crate::generator::KNOWN_BITS,
+            _ => frames >= u64::from(TRACKED) * 5 / 4,
         };
         let limit = if pattern == Pattern::Known {
             KNOWN_WARMUP_LIMIT
@@ -207,17 +292,48 @@ fn measure_attached(
         crate::session::check_interrupted()?;
     }
     let (w1, _) = bed.rx_stats()?;
-    let warm_secs = warm_start.elapsed().as_secs_f64();
+    let secs = warm_start.elapsed().as_secs_f64();
     #[expect(clippy::cast_precision_loss, reason = "packet counts")]
-    let warmup_mpps = (w1 - w0) as f64 / warm_secs / 1e6;
+    let mpps = (w1 - w0) as f64 / secs / 1e6;
+    Ok(Warmup { secs, frames, mpps })
+}
 
-    // The polite source sends during every contender's runs, so that all carry the same load.
-    let receiver = Receiver::bind(&bed.rx, SocketAddr::new(SERVER.into(), 0))?;
-    let global_before = limiter.tdp.global();
-    let drops_before = contender_count(bed, limiter, contender)?;
-    let (mut pps, mut sent_pps, mut ring_drops) = (Vec::new(), Vec::new(), Vec::new());
-    let mut handled_total = 0u64;
-    let polite_report = thread::scope(|s| -> Result<_> {
+/// What a turn's runs measured.
+struct Runs {
+    /// Frames the receiver handled a second, in millions, each run.
+    handled_mpps: Vec<f64>,
+    /// Frames the generator sent a second, in millions, each run.
+    sent_mpps: Vec<f64>,
+    /// Frames the receiving ring had no room for, each run.
+    ring_drops: Vec<f64>,
+    /// Frames handled in all the runs.
+    handled: u64,
+    /// Datagrams the polite source sent.
+    polite_sent: u64,
+    /// Datagrams the fresh flooding source sent, if it sent in this turn.
+    abuser_sent: Option<u64>,
+}
+
+/// The turn's runs of the generator, with the polite source sending to `receiver` during every
+/// contender's runs (so that all carry the same load) and, in the turn's last run if it is the
+/// turn for it, a fresh source flooding over its limit: is it limited?
+fn run_beside_polite(
+    opts: &Options,
+    bed: &Testbed,
+    (generator, frame): (&Xdp, &[u8]),
+    receiver: &Receiver,
+    turn: Turn,
+) -> Result<Runs> {
+    let run_time = opts.e2e_run;
+    let mut runs = Runs {
+        handled_mpps: Vec::new(),
+        sent_mpps: Vec::new(),
+        ring_drops: Vec::new(),
+        handled: 0,
+        polite_sent: 0,
+        abuser_sent: None,
+    };
+    thread::scope(|s| -> Result<()> {
         let dst = receiver.local_addr();
         #[expect(clippy::cast_possible_truncation, reason = "seconds of a benchmark")]
         let span = run_time * (turn.runs as u32) + Duration::from_millis(200);
@@ -236,7 +352,6 @@ fn measure_attached(
         for run in 0..turn.runs {
             crate::session::check_interrupted()?;
             if turn.abuser && run + 1 == turn.runs {
-                // A fresh source floods (over its limit) while the flood runs: is it limited?
                 abuser = Some(s.spawn(move || {
                     pin_to_cpu(opts.cpu)?;
                     thread::sleep(run_time / 5);
@@ -263,117 +378,73 @@ fn measure_attached(
             let secs = b.elapsed.as_secs_f64();
             #[expect(clippy::cast_precision_loss, reason = "packet counts")]
             {
-                pps.push((p1 - p0) as f64 / secs / 1e6);
-                sent_pps.push(b.frames as f64 / secs / 1e6);
-                ring_drops.push((d1 - d0) as f64);
+                runs.handled_mpps.push((p1 - p0) as f64 / secs / 1e6);
+                runs.sent_mpps.push(b.frames as f64 / secs / 1e6);
+                runs.ring_drops.push((d1 - d0) as f64);
             }
-            handled_total += p1 - p0;
+            runs.handled += p1 - p0;
         }
-        let abuser = abuser
+        runs.abuser_sent = abuser
             .map(|h| h.join().expect("abuser thread"))
-            .transpose()?;
-        Ok((sender.join().expect("polite sender thread")?, abuser))
+            .transpose()?
+            .map(|r| r.sent);
+        runs.polite_sent = sender.join().expect("polite sender thread")?.sent;
+        Ok(())
     })?;
-    let (polite_report, abuser_report) = polite_report;
-    let drops_after = contender_count(bed, limiter, contender)?;
-    let global_after = limiter.tdp.global();
+    Ok(runs)
+}
 
-    let mut detail = json!({
-        "generator_mpps": sent_pps,
-        "ring_full_drops": ring_drops,
-        "run_seconds": run_time.as_secs_f64(),
-        "warmup_seconds": warm_secs,
-        "warmup_frames": warm_frames,
-        "warmup_mpps": warmup_mpps,
-        "handled_packets": handled_total,
-        "limiter_buckets_prefilled": prefilled,
-        "limiter_buckets_tracked_after": if limiting {
-            Some(limiter.tdp.maps().bucket_count()?)
-        } else {
-            None
-        },
-    });
-    let dropped = match (drops_before, drops_after) {
-        (Some(Count::Dropped(a)), Some(Count::Dropped(b))) => Some(b.saturating_sub(a)),
-        (Some(Count::Passed(a)), Some(Count::Passed(b))) => {
-            Some(handled_total.saturating_sub(b.saturating_sub(a)))
-        }
-        _ => None,
-    };
-    if let Some(dropped) = dropped {
-        detail["contender_dropped"] = json!(dropped);
-        #[expect(clippy::cast_precision_loss, reason = "packet counts")]
-        let share = if handled_total > 0 {
-            dropped as f64 / handled_total as f64
-        } else {
-            0.0
-        };
-        detail["contender_dropped_share"] = json!(share);
+/// What the limiter counted beyond its global counters: which limit dropped a layered flood,
+/// and the polite source's bucket.
+fn limiter_detail(limiter: &Limiter, contender: Contender, detail: &mut Value) -> Result<()> {
+    if contender.layered() {
+        // Which limit dropped the flood (since the rules were installed, warm-up included):
+        // the aggregate, not the per-source one.
+        let s = limiter.tdp.rule(limiter.id("layered")?);
+        detail["limiter_dropped_by_limit"] = json!(s.limit_dropped_rate);
     }
-    let counts = receiver.stop()?.counts();
-    let received = counts.get(&POLITE.into()).copied().unwrap_or(0);
-    detail["fresh_abuser"] = json!({
-        "pps": ABUSER_PPS,
-        "sent": abuser_report.map(|r| r.sent),
-        "received": counts.get(&ABUSER.into()).copied().unwrap_or(0),
-        "limit_allows": BURST + RATE * u64::try_from(ABUSER_SPAN.as_millis()).unwrap_or(0) / 1000,
-    });
-    detail["polite"] =
-        json!({ "pps": POLITE_PPS, "sent": polite_report.sent, "received": received });
-    if limiting {
-        let d = |i: usize| global_after.counters[i] - global_before.counters[i];
-        detail["limiter_new_buckets"] = json!(d(global::NEW_BUCKETS));
-        detail["limiter_bucket_errors"] = json!(d(global::BUCKET_ERRORS));
-        detail["limiter_evicted_full"] = json!(d(global::EVICTED_FULL));
-        detail["limiter_evicted_lost"] = json!(d(global::EVICTED_LOST));
-        if contender.layered() {
-            // Which limit dropped the flood (since the rules were installed, warm-up included):
-            // the aggregate, not the per-source one.
-            let s = limiter.tdp.rule(limiter.id("layered")?);
-            detail["limiter_dropped_by_limit"] = json!(s.limit_dropped_rate);
-        }
-        let id = limiter.id(contender.polite_rule())?;
-        let mut addr = [0u8; 16];
-        addr[..4].copy_from_slice(&POLITE.octets());
-        let bucket = limiter.tdp.maps().bucket(&BucketKey {
-            rule: id,
-            family: 4,
-            _pad: [0; 3],
-            addr,
-        })?;
-        detail["polite"]["bucket_passed"] = json!(bucket.map(|b| b.passed_pkts));
-        detail["polite"]["bucket_dropped"] = json!(bucket.map(|b| b.dropped_pkts));
-    }
-    let baseline = match (pattern, contender) {
+    let id = limiter.id(contender.polite_rule())?;
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&POLITE.octets());
+    let bucket = limiter.tdp.maps().bucket(&BucketKey {
+        rule: id,
+        family: 4,
+        _pad: [0; 3],
+        addr,
+    })?;
+    detail["polite"]["bucket_passed"] = json!(bucket.map(|b| b.passed_pkts));
+    detail["polite"]["bucket_dropped"] = json!(bucket.map(|b| b.dropped_pkts));
+    Ok(())
+}
+
+/// The figure a contender's rate is a ratio of.
+fn baseline(pattern: Pattern, contender: Contender) -> Option<String> {
+    match (pattern, contender) {
         (_, Contender::DropAll | Contender::DropAllLayered) => None,
         (Pattern::Random, c) if c.aggregate() => Some("e2e.random.drop_all_layered".into()),
         (Pattern::Hot, _) | (Pattern::Random | Pattern::Known, Contender::Pass) => {
             Some(format!("e2e.{}.drop_all", pattern.tag()))
         }
         (Pattern::Random | Pattern::Known, _) => Some(format!("e2e.{}.xdp_pass", pattern.tag())),
-    };
-    Ok(Figure {
-        key: format!("e2e.{}.{}", pattern.tag(), contender.tag()),
-        section: match (pattern, contender) {
-            (Pattern::Random, c) if c.aggregate() => {
-                "End to end, random spoofed sources against a per-source and a per-rule \
-                 (aggregate) limit: the excess dropped (veth, live-frames generator; Mpps handled)"
-            }
-            (Pattern::Hot, _) => {
-                "End to end, one hot source (veth, live-frames generator; Mpps handled)"
-            }
-            (Pattern::Random, _) => {
-                "End to end, random spoofed sources (veth, live-frames generator; Mpps handled)"
-            }
-            (Pattern::Known, _) => {
-                "End to end, known sources: 2^19 of them, every table half full, each source back \
-                 again and again (veth, live-frames generator; Mpps handled)"
-            }
-        },
-        label: contender.label().into(),
-        unit: "Mpps",
-        runs: pps,
-        baseline,
-        detail,
-    })
+    }
+}
+
+/// The report's section of a pattern (the layered cases have their own).
+fn section(pattern: Pattern, contender: Contender) -> &'static str {
+    match (pattern, contender) {
+        (Pattern::Random, c) if c.aggregate() => {
+            "End to end, random spoofed sources against a per-source and a per-rule \
+             (aggregate) limit: the excess dropped (veth, live-frames generator; Mpps handled)"
+        }
+        (Pattern::Hot, _) => {
+            "End to end, one hot source (veth, live-frames generator; Mpps handled)"
+        }
+        (Pattern::Random, _) => {
+            "End to end, random spoofed sources (veth, live-frames generator; Mpps handled)"
+        }
+        (Pattern::Known, _) => {
+            "End to end, known sources: 2^19 of them, every table half full, each source back \
+             again and again (veth, live-frames generator; Mpps handled)"
+        }
+    }
 }

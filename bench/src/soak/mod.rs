@@ -41,7 +41,7 @@ mod tests;
 use std::{
     fs,
     net::SocketAddr,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::atomic::{AtomicBool, AtomicU64, Ordering},
     thread,
     time::{Duration, Instant},
@@ -188,161 +188,51 @@ struct Traffic {
     polite_errors: AtomicU64,
 }
 
-// Stays whole: the soak in order; its traffic threads and sampling loop share its locals.
+/// The soak: the agent started on a fresh testbed, the flood and the polite source run for
+/// `--minutes` while [`Soak::sample_loop`] samples and reloads, then the final reads and the
+/// verdicts.
 pub fn run(args: &Args) -> Result<()> {
-    if !ratelimit_testbed::is_root() {
-        bail!("the soak needs root (network namespaces, XDP, BPF_PROG_TEST_RUN)");
-    }
-    if args.minutes <= 0.0 || args.interval <= 0.0 || args.reload_every <= 0.0 {
-        bail!("--minutes, --interval and --reload-every must be positive");
-    }
-    let cpu = args
-        .cpu
-        .unwrap_or_else(|| thread::available_parallelism().map_or(1, std::num::NonZero::get) - 1);
-    let duration = Duration::from_secs_f64(args.minutes * 60.0);
-    let interval = Duration::from_secs_f64(args.interval);
-    let reload_every = Duration::from_secs_f64(args.reload_every);
+    let cpu = args.checked_cpu()?;
     let mut machine = crate::session::machine();
 
     crate::session::announce("loading the random-source generator; creating namespaces");
     let refs = Refs::load()?;
     let bed = Testbed::new()?;
-    let config = format!(
-        "[agent]\ninterfaces = [\"{}\"]\nmode = \"native\"\nmetrics = \"{METRICS}\"\n\
-         max_buckets = {}\n\n[[rule]]\nname = \"{RULE}\"\nsource = \"0.0.0.0/0\"\nrate = {RATE}\n\
-         burst = {BURST}\nper = \"source\"\n",
-        bed.rx_if(),
-        args.max_buckets
-    );
-    crate::session::announce(&format!(
-        "starting the release agent on {} (native XDP, max_buckets {})",
-        bed.rx_if(),
-        args.max_buckets
-    ));
-    let mut agent = AgentProcess::start(bed.rx(), &config, &[])?;
+    let mut agent = start_agent(&bed, args)?;
     let pid = agent_pid(agent.config_path())?;
     let ops = Ops {
         socket: agent.socket_path().to_path_buf(),
         bed: &bed,
     };
     let (before, _) = ops.cli(&["stats", "--json"])?;
-    let created0 = counter(&before["global"]["new_buckets"]);
-    let tracked0 = counter(&before["buckets"]["tracked"]);
-    let evicted0 = (
-        counter(&before["global"]["evicted_full"]),
-        counter(&before["global"]["evicted_lost"]),
-    );
     let receiver = Receiver::bind(bed.rx(), SocketAddr::new(SERVER.into(), 0))?;
-    let dst = receiver.local_addr();
-
-    crate::session::announce(&format!(
-        "soak: {:.1} min of random-source flood on CPU {cpu}, polite source {POLITE} at \
-         {POLITE_PPS} pps; a sample every {:.0} s, a reload every {:.0} s (Ctrl-C stops it and \
-         cleans up)",
-        args.minutes,
-        interval.as_secs_f64(),
-        reload_every.as_secs_f64()
-    ));
+    let soak = Soak {
+        refs: &refs,
+        bed: &bed,
+        ops: &ops,
+        receiver: &receiver,
+        traffic: Traffic::default(),
+        stop: AtomicBool::new(false),
+        pid,
+        cpu,
+        duration: Duration::from_secs_f64(args.minutes * 60.0),
+        interval: Duration::from_secs_f64(args.interval),
+        reload_every: Duration::from_secs_f64(args.reload_every),
+        evicted0: (
+            counter(&before["global"]["evicted_full"]),
+            counter(&before["global"]["evicted_lost"]),
+        ),
+    };
+    soak.announce(args.minutes);
     println!("{}", Sample::header());
-    let traffic = Traffic::default();
-    let stop = AtomicBool::new(false);
     let mut samples: Vec<Sample> = Vec::new();
     let mut reloads: Vec<Value> = Vec::new();
     let started = Instant::now();
-    let sampled = thread::scope(|s| -> Result<()> {
-        let flood = s.spawn(|| -> Result<()> {
-            let result = (|| {
-                while !stop.load(Ordering::Relaxed) {
-                    crate::session::check_interrupted()?;
-                    let b = bed.blast_random(&refs, CHUNK, cpu)?;
-                    traffic.frames.fetch_add(b.frames, Ordering::Relaxed);
-                }
-                Ok(())
-            })();
-            stop.store(true, Ordering::Relaxed);
-            result
-        });
-        let polite = s.spawn(|| -> Result<()> {
-            let result = (|| {
-                pin_to_cpu(cpu)?;
-                let socket = bind_udp(bed.gen(), SocketAddr::new(POLITE.into(), 0))?;
-                while !stop.load(Ordering::Relaxed) {
-                    let r = send_udp(&socket, dst, POLITE_PPS, CHUNK, 64)?;
-                    traffic.polite_sent.fetch_add(r.sent, Ordering::Relaxed);
-                    traffic
-                        .polite_skipped
-                        .fetch_add(r.skipped, Ordering::Relaxed);
-                    traffic.polite_errors.fetch_add(r.errors, Ordering::Relaxed);
-                }
-                Ok(())
-            })();
-            stop.store(true, Ordering::Relaxed);
-            result
-        });
-        let result = (|| -> Result<()> {
-            let mut last = (
-                Instant::now(),
-                traffic.frames.load(Ordering::Relaxed),
-                bed.rx_stats()?,
-                cpu_time_ns(pid)?,
-            );
-            let mut next_sample = started + interval;
-            let mut next_reload = started + reload_every;
-            let mut reload_no = 0u64;
-            let mut at_rest: Vec<u64> = Vec::new();
-            let mut next_reading = Instant::now();
-            loop {
-                // Wait for the next sample, watching for Ctrl-C, a traffic thread that failed and
-                // the agent exiting.
-                let end = started + duration;
-                while Instant::now() < next_sample.min(end) {
-                    crate::session::check_interrupted()?;
-                    if stop.load(Ordering::Relaxed) {
-                        bail!("a traffic thread stopped early (see its error below)");
-                    }
-                    if !agent.is_running() {
-                        bail!("the agent exited during the soak. Log:\n{}", agent.log());
-                    }
-                    if Instant::now() >= next_reading {
-                        at_rest.push(rss_kib(pid)?);
-                        next_reading += Duration::from_secs(1);
-                    }
-                    thread::sleep(Duration::from_millis(100));
-                }
-                let now = Instant::now();
-                let mut sample = ops.sample(pid, &traffic, &receiver, &mut last)?;
-                at_rest.push(sample.rss_kib);
-                sample.rss_min_kib = at_rest.iter().copied().min().unwrap_or(0);
-                sample.rss_max_kib = at_rest.iter().copied().max().unwrap_or(0);
-                at_rest.clear();
-                sample.t = (now - started).as_secs_f64();
-                // (Without an answer from `stats`, capacity is 0 and the sample has no count.)
-                if sample.capacity > 0 {
-                    sample.evicted = evictions(evicted0, sample.evicted_full, sample.evicted_lost);
-                }
-                println!("{}", sample.row());
-                samples.push(sample);
-                if now >= end {
-                    break;
-                }
-                if Instant::now() >= next_reload {
-                    let way = Reload::ALL[usize::try_from(reload_no).unwrap_or(0) % 3];
-                    reload_no += 1;
-                    reloads.push(ops.reload(&mut agent, way, reload_no)?);
-                    next_reload += reload_every;
-                }
-                next_sample += interval;
-                next_reading = Instant::now();
-            }
-            Ok(())
-        })();
-        stop.store(true, Ordering::Relaxed);
-        let flood = flood.join().expect("flood thread");
-        let polite = polite.join().expect("polite sender thread");
-        result.and(flood).and(polite)
-    });
+    soak.drive(&mut agent, started, &mut samples, &mut reloads)?;
     let traffic_secs = started.elapsed().as_secs_f64();
-    sampled?;
+    let Soak {
+        traffic, duration, ..
+    } = soak;
 
     crate::session::announce("flood stopped: final reads, then stopping the agent");
     receiver.wait_idle(Duration::from_millis(300), Duration::from_secs(3));
@@ -350,7 +240,7 @@ pub fn run(args: &Args) -> Result<()> {
     let (after, _) = ops.cli(&["stats", "--json"])?;
     let (explain, _) = ops.cli(&["explain", &POLITE.to_string(), "--json"])?;
     let (status, _) = ops.cli(&["status", "--json"])?;
-    let hwm = vm_field(pid, "VmHWM:")?;
+    let hwm_kib = vm_field(pid, "VmHWM:")?;
     let log = agent.log();
     let exit = agent.stop()?;
     let received = receiver.stop()?;
@@ -361,12 +251,13 @@ pub fn run(args: &Args) -> Result<()> {
         .get(&std::net::IpAddr::from(POLITE))
         .copied()
         .unwrap_or_default();
+    let since = |v: &Value, name: &str| counter(&v[name]).saturating_sub(counter(&before[name]));
     let fin = Final {
-        created: counter(&after["global"]["new_buckets"]).saturating_sub(created0),
-        evicted_full: counter(&after["global"]["evicted_full"]).saturating_sub(evicted0.0),
-        evicted_lost: counter(&after["global"]["evicted_lost"]).saturating_sub(evicted0.1),
+        created: since(&after["global"], "new_buckets"),
+        evicted_full: since(&after["global"], "evicted_full"),
+        evicted_lost: since(&after["global"], "evicted_lost"),
         tracked: counter(&after["buckets"]["tracked"]),
-        tracked0,
+        tracked0: counter(&before["buckets"]["tracked"]),
         capacity: counter(&after["buckets"]["capacity"]),
         frames: traffic.frames.load(Ordering::Relaxed),
         traffic_secs,
@@ -380,7 +271,7 @@ pub fn run(args: &Args) -> Result<()> {
         reloads_ok: counter(&status["reloads"]["ok"]),
         reloads_failed: counter(&status["reloads"]["failed"]),
         reloads_done: reloads.len() as u64,
-        hwm_kib: hwm,
+        hwm_kib,
         log_warnings: log
             .lines()
             .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
@@ -396,13 +287,203 @@ pub fn run(args: &Args) -> Result<()> {
     doc["samples"] = samples.iter().map(Sample::json).collect();
     doc["reloads"] = json!(reloads);
     doc["final"] = json!({ "stats": after, "status": status, "explain_polite": explain });
-    if let Some(dir) = args.json.parent() {
+    write_json(&args.json, &doc)
+}
+
+/// Writes the soak's results to `path`.
+fn write_json(path: &Path, doc: &Value) -> Result<()> {
+    if let Some(dir) = path.parent() {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    fs::write(&args.json, serde_json::to_string_pretty(&doc)? + "\n")
-        .with_context(|| format!("writing {}", args.json.display()))?;
-    eprintln!("==> soak: results written to {}", args.json.display());
+    fs::write(path, serde_json::to_string_pretty(doc)? + "\n")
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("==> soak: results written to {}", path.display());
     Ok(())
+}
+
+impl Args {
+    /// The CPU the traffic runs on, once the arguments are checked (and the caller is root).
+    fn checked_cpu(&self) -> Result<usize> {
+        if !ratelimit_testbed::is_root() {
+            bail!("the soak needs root (network namespaces, XDP, BPF_PROG_TEST_RUN)");
+        }
+        if self.minutes <= 0.0 || self.interval <= 0.0 || self.reload_every <= 0.0 {
+            bail!("--minutes, --interval and --reload-every must be positive");
+        }
+        Ok(self.cpu.unwrap_or_else(|| {
+            thread::available_parallelism().map_or(1, std::num::NonZero::get) - 1
+        }))
+    }
+}
+
+/// The release agent on the testbed's receiving veth, with the soak's one rule.
+fn start_agent(bed: &Testbed, args: &Args) -> Result<AgentProcess> {
+    let config = format!(
+        "[agent]\ninterfaces = [\"{}\"]\nmode = \"native\"\nmetrics = \"{METRICS}\"\n\
+         max_buckets = {}\n\n[[rule]]\nname = \"{RULE}\"\nsource = \"0.0.0.0/0\"\nrate = {RATE}\n\
+         burst = {BURST}\nper = \"source\"\n",
+        bed.rx_if(),
+        args.max_buckets
+    );
+    crate::session::announce(&format!(
+        "starting the release agent on {} (native XDP, max_buckets {})",
+        bed.rx_if(),
+        args.max_buckets
+    ));
+    AgentProcess::start(bed.rx(), &config, &[])
+}
+
+/// What the soak's threads share while the traffic runs.
+struct Soak<'a> {
+    refs: &'a Refs,
+    bed: &'a Testbed,
+    ops: &'a Ops<'a>,
+    receiver: &'a Receiver,
+    traffic: Traffic,
+    /// Set when the soak ends or a thread fails: the others stop.
+    stop: AtomicBool,
+    /// The agent's process id.
+    pid: u32,
+    /// The CPU of the generator and the polite sender.
+    cpu: usize,
+    duration: Duration,
+    interval: Duration,
+    reload_every: Duration,
+    /// `evicted_full` and `evicted_lost` before the flood.
+    evicted0: (u64, u64),
+}
+
+impl Soak<'_> {
+    /// Says what the soak is about to do.
+    fn announce(&self, minutes: f64) {
+        crate::session::announce(&format!(
+            "soak: {minutes:.1} min of random-source flood on CPU {}, polite source {POLITE} at \
+             {POLITE_PPS} pps; a sample every {:.0} s, a reload every {:.0} s (Ctrl-C stops it \
+             and cleans up)",
+            self.cpu,
+            self.interval.as_secs_f64(),
+            self.reload_every.as_secs_f64()
+        ));
+    }
+
+    /// Runs the flood and the polite source on threads of their own while this one samples
+    /// (into `samples`) and reloads (into `reloads`), from `started` to the soak's end; the
+    /// first error of any of them.
+    fn drive(
+        &self,
+        agent: &mut AgentProcess,
+        started: Instant,
+        samples: &mut Vec<Sample>,
+        reloads: &mut Vec<Value>,
+    ) -> Result<()> {
+        thread::scope(|s| -> Result<()> {
+            let flood = s.spawn(|| self.until_stopped(|| self.flood()));
+            let polite = s.spawn(|| self.until_stopped(|| self.polite()));
+            let result = self.sample_loop(agent, started, samples, reloads);
+            self.stop.store(true, Ordering::Relaxed);
+            let flood = flood.join().expect("flood thread");
+            let polite = polite.join().expect("polite sender thread");
+            result.and(flood).and(polite)
+        })
+    }
+
+    /// Runs `body`, then tells the other threads to stop (it ended, or failed).
+    fn until_stopped(&self, body: impl FnOnce() -> Result<()>) -> Result<()> {
+        let result = body();
+        self.stop.store(true, Ordering::Relaxed);
+        result
+    }
+
+    /// The random-source flood, in chunks of [`CHUNK`], until told to stop.
+    fn flood(&self) -> Result<()> {
+        while !self.stop.load(Ordering::Relaxed) {
+            crate::session::check_interrupted()?;
+            let b = self.bed.blast_random(self.refs, CHUNK, self.cpu)?;
+            self.traffic.frames.fetch_add(b.frames, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// The polite source, [`POLITE_PPS`] through the stack to the receiver, until told to stop.
+    fn polite(&self) -> Result<()> {
+        pin_to_cpu(self.cpu)?;
+        let socket = bind_udp(self.bed.gen(), SocketAddr::new(POLITE.into(), 0))?;
+        let dst = self.receiver.local_addr();
+        let t = &self.traffic;
+        while !self.stop.load(Ordering::Relaxed) {
+            let r = send_udp(&socket, dst, POLITE_PPS, CHUNK, 64)?;
+            t.polite_sent.fetch_add(r.sent, Ordering::Relaxed);
+            t.polite_skipped.fetch_add(r.skipped, Ordering::Relaxed);
+            t.polite_errors.fetch_add(r.errors, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// A sample every `interval` (the resident memory at rest read every second between them),
+    /// a reload every `reload_every`, until the soak's end; stops at Ctrl-C, at a traffic thread
+    /// that failed and at the agent exiting.
+    fn sample_loop(
+        &self,
+        agent: &mut AgentProcess,
+        started: Instant,
+        samples: &mut Vec<Sample>,
+        reloads: &mut Vec<Value>,
+    ) -> Result<()> {
+        let mut last = (
+            Instant::now(),
+            self.traffic.frames.load(Ordering::Relaxed),
+            self.bed.rx_stats()?,
+            cpu_time_ns(self.pid)?,
+        );
+        let end = started + self.duration;
+        let mut next_sample = started + self.interval;
+        let mut next_reload = started + self.reload_every;
+        let mut reload_no = 0u64;
+        let mut at_rest: Vec<u64> = Vec::new();
+        let mut next_reading = Instant::now();
+        loop {
+            while Instant::now() < next_sample.min(end) {
+                crate::session::check_interrupted()?;
+                if self.stop.load(Ordering::Relaxed) {
+                    bail!("a traffic thread stopped early (see its error below)");
+                }
+                if !agent.is_running() {
+                    bail!("the agent exited during the soak. Log:\n{}", agent.log());
+                }
+                if Instant::now() >= next_reading {
+                    at_rest.push(rss_kib(self.pid)?);
+                    next_reading += Duration::from_secs(1);
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+            let now = Instant::now();
+            let mut sample = self
+                .ops
+                .sample(self.pid, &self.traffic, self.receiver, &mut last)?;
+            at_rest.push(sample.rss_kib);
+            sample.rss_min_kib = at_rest.iter().copied().min().unwrap_or(0);
+            sample.rss_max_kib = at_rest.iter().copied().max().unwrap_or(0);
+            at_rest.clear();
+            sample.t = (now - started).as_secs_f64();
+            // (Without an answer from `stats`, capacity is 0 and the sample has no count.)
+            if sample.capacity > 0 {
+                sample.evicted = evictions(self.evicted0, sample.evicted_full, sample.evicted_lost);
+            }
+            println!("{}", sample.row());
+            samples.push(sample);
+            if now >= end {
+                return Ok(());
+            }
+            if Instant::now() >= next_reload {
+                let way = Reload::ALL[usize::try_from(reload_no).unwrap_or(0) % 3];
+                reload_no += 1;
+                reloads.push(self.ops.reload(agent, way, reload_no)?);
+                next_reload += self.reload_every;
+            }
+            next_sample += self.interval;
+            next_reading = Instant::now();
+        }
+    }
 }
 
 /// What the soak ended with.
