@@ -17,6 +17,7 @@
 use std::os::fd::{AsFd as _, BorrowedFd, OwnedFd};
 
 use anyhow::{bail, Context as _, Result};
+use aya::programs::Xdp;
 use ratelimit_common::{bucket_capacity, DEFAULT_MAX_BUCKETS};
 use serde_json::json;
 
@@ -70,7 +71,6 @@ fn cursor_of(cursor: &OwnedFd) -> Result<u32> {
 }
 
 /// Measures F1 and its floor in turns, and the independent read beside them.
-// Stays whole: one measurement: the chain built, its runs in turns with its floor, the figures.
 pub fn run(report: &mut Report, opts: &Options, refs: &Refs) -> Result<()> {
     let n = bucket_capacity(DEFAULT_MAX_BUCKETS);
     let mib = f64::from(n) * f64::from(RECORD_BYTES) / f64::from(1u32 << 20);
@@ -79,13 +79,7 @@ pub fn run(report: &mut Report, opts: &Options, refs: &Refs) -> Result<()> {
          independent reads"
     ));
     let next = cyclic_permutation(n, SEED);
-    let chain = progs::create_map(MAP_ARRAY, 4, RECORD_BYTES, n, F_MMAPABLE)?;
-    let mut bytes = vec![0u8; next.len() * RECORD_BYTES as usize];
-    for (line, &to) in bytes.chunks_exact_mut(RECORD_BYTES as usize).zip(&next) {
-        line[..4].copy_from_slice(&to.to_ne_bytes());
-    }
-    progs::write_mapped(&chain, &bytes).context("writing the chain")?;
-    drop(bytes);
+    let chain = chain_map(&next)?;
     let cursor = progs::create_map(MAP_ARRAY, 4, 4, 1, F_MMAPABLE)?;
     let chase_prog = progs::load(
         "rlb_f1_chase",
@@ -103,50 +97,33 @@ pub fn run(report: &mut Report, opts: &Options, refs: &Refs) -> Result<()> {
     let frame = crate::kernel::v4_frame([198, 18, 0, 1]);
     let driver_frame = sequential_from([10, 128, 0, 0]);
 
-    // Where the walk must be after `runs` more runs from `at`.
-    let walk = |mut at: u32, runs: u32| {
-        for _ in 0..runs {
-            at = next[at as usize];
-        }
-        at
-    };
     repeat_ns(&chase_prog, &frame, 1000)?;
     repeat_ns(&floor_prog, &frame, 1000)?;
-    let (mut chase_ns, mut floor_ns, mut ind_ns, mut ind_floor_ns) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut runs = Runs::default();
     for run in 0..opts.runs {
         crate::session::check_interrupted()?;
         // Which of the chase and its floor goes first alternates from run to run.
         for first in [run % 2 == 0, run % 2 != 0] {
             if first {
-                let at = cursor_of(&cursor)?;
-                let (k, _, action) = repeat_ns(&chase_prog, &frame, opts.repeat)?;
-                if action != XDP_PASS.cast_unsigned() {
-                    bail!("the chase returned action {action}, not XDP_PASS");
-                }
-                let now = cursor_of(&cursor)?;
-                if now != walk(at, opts.repeat) {
-                    bail!(
-                        "the chase left the cursor at {now}, not where {} steps from {at} lead",
-                        opts.repeat
-                    );
-                }
-                chase_ns.push(k + TRUNCATION);
+                runs.chase.push(chase_once(
+                    &chase_prog,
+                    &cursor,
+                    &next,
+                    &frame,
+                    opts.repeat,
+                )?);
             } else {
                 let (k, _, action) = repeat_ns(&floor_prog, &frame, opts.repeat)?;
                 if action != XDP_PASS.cast_unsigned() {
                     bail!("the chase's floor returned action {action}, not XDP_PASS");
                 }
-                floor_ns.push(k + TRUNCATION);
+                runs.floor.push(k + TRUNCATION);
             }
         }
-        ind_floor_ns.push(ind_floor.run(&driver_frame, opts.repeat)?);
-        ind_ns.push(ind_read.run(&driver_frame, opts.repeat)?);
+        runs.ind_floor
+            .push(ind_floor.run(&driver_frame, opts.repeat)?);
+        runs.ind.push(ind_read.run(&driver_frame, opts.repeat)?);
     }
-    let diff = |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(a, b)| a - b).collect() };
-    let f1 = diff(&chase_ns, &floor_ns);
-    let independent = diff(&ind_ns, &ind_floor_ns);
-    let region = format!("{mib} MiB, 4 KiB pages");
     let detail = json!({
         "repeat": opts.repeat,
         "lines": n,
@@ -154,58 +131,115 @@ pub fn run(report: &mut Report, opts: &Options, refs: &Refs) -> Result<()> {
         "region_bytes": u64::from(n) * u64::from(RECORD_BYTES),
         "seed": SEED,
     });
-    let mut add = |key: &str, label: String, runs: Vec<f64>, baseline: Option<&str>| {
-        report.add(Figure {
-            key: key.into(),
-            section: SECTION,
-            label,
-            unit: "ns/pkt",
-            runs,
-            baseline: baseline.map(Into::into),
-            detail: detail.clone(),
-        });
-    };
-    add(
-        "kernel.f1.floor",
-        "floor: F1 without the chain (cursor read, written back)".into(),
-        floor_ns,
-        None,
-    );
-    add(
-        "kernel.f1.chase",
-        format!("F1 chase: cursor -> chain[cursor], {region}"),
-        chase_ns,
-        Some("kernel.f1.floor"),
-    );
-    add(
-        "kernel.f1",
-        "F1: one dependent read, chase - floor (paired by run)".into(),
-        f1.clone(),
-        None,
-    );
-    add(
-        "kernel.f1.independent_floor",
-        "floor: new-source driver + XDP_PASS (rlb_seq_pass)".into(),
-        ind_floor_ns,
-        None,
-    );
-    add(
-        "kernel.f1.independent_read",
-        format!("rlb_seq_mem: a random line, then XDP_PASS, {region}"),
-        ind_ns,
-        Some("kernel.f1.independent_floor"),
-    );
-    add(
-        "kernel.f1.independent",
-        "one independent read, rlb_seq_mem - floor (paired by run)".into(),
-        independent.clone(),
-        None,
-    );
-    eprintln!(
-        "    F1, one dependent read: {:.1} ns over its floor; one independent read: {:.1} ns over \
-         its floor",
-        crate::report::median(&f1),
-        crate::report::median(&independent)
-    );
+    runs.report(report, &format!("{mib} MiB, 4 KiB pages"), &detail);
     Ok(())
+}
+
+/// The chain: an array of `next.len()` lines of [`RECORD_BYTES`], line `i` beginning with
+/// `next[i]`.
+fn chain_map(next: &[u32]) -> Result<OwnedFd> {
+    let n = u32::try_from(next.len()).context("a chain of more than 2^32 lines")?;
+    let chain = progs::create_map(MAP_ARRAY, 4, RECORD_BYTES, n, F_MMAPABLE)?;
+    let mut bytes = vec![0u8; next.len() * RECORD_BYTES as usize];
+    for (line, &to) in bytes.chunks_exact_mut(RECORD_BYTES as usize).zip(next) {
+        line[..4].copy_from_slice(&to.to_ne_bytes());
+    }
+    progs::write_mapped(&chain, &bytes).context("writing the chain")?;
+    Ok(chain)
+}
+
+/// One run of the chase, `repeat` steps: ns a step, checked to have walked the chain (the
+/// cursor is where `repeat` steps of `next` from where it was lead).
+fn chase_once(
+    prog: &Xdp,
+    cursor: &OwnedFd,
+    next: &[u32],
+    frame: &[u8],
+    repeat: u32,
+) -> Result<f64> {
+    let at = cursor_of(cursor)?;
+    let (k, _, action) = repeat_ns(prog, frame, repeat)?;
+    if action != XDP_PASS.cast_unsigned() {
+        bail!("the chase returned action {action}, not XDP_PASS");
+    }
+    let now = cursor_of(cursor)?;
+    let walked = (0..repeat).fold(at, |at, _| next[at as usize]);
+    if now != walked {
+        bail!("the chase left the cursor at {now}, not where {repeat} steps from {at} lead");
+    }
+    Ok(k + TRUNCATION)
+}
+
+/// The runs of the chase, its floor, and the independent read and its floor, ns each.
+#[derive(Default)]
+struct Runs {
+    chase: Vec<f64>,
+    floor: Vec<f64>,
+    ind: Vec<f64>,
+    ind_floor: Vec<f64>,
+}
+
+impl Runs {
+    /// The figures, F1 and the independent read each over its floor, paired by run.
+    fn report(self, report: &mut Report, region: &str, detail: &serde_json::Value) {
+        let diff =
+            |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(a, b)| a - b).collect() };
+        let f1 = diff(&self.chase, &self.floor);
+        let independent = diff(&self.ind, &self.ind_floor);
+        eprintln!(
+            "    F1, one dependent read: {:.1} ns over its floor; one independent read: {:.1} ns \
+             over its floor",
+            crate::report::median(&f1),
+            crate::report::median(&independent)
+        );
+        let figures = [
+            (
+                "kernel.f1.floor",
+                "floor: F1 without the chain (cursor read, written back)".to_owned(),
+                self.floor,
+                None,
+            ),
+            (
+                "kernel.f1.chase",
+                format!("F1 chase: cursor -> chain[cursor], {region}"),
+                self.chase,
+                Some("kernel.f1.floor"),
+            ),
+            (
+                "kernel.f1",
+                "F1: one dependent read, chase - floor (paired by run)".to_owned(),
+                f1,
+                None,
+            ),
+            (
+                "kernel.f1.independent_floor",
+                "floor: new-source driver + XDP_PASS (rlb_seq_pass)".to_owned(),
+                self.ind_floor,
+                None,
+            ),
+            (
+                "kernel.f1.independent_read",
+                format!("rlb_seq_mem: a random line, then XDP_PASS, {region}"),
+                self.ind,
+                Some("kernel.f1.independent_floor"),
+            ),
+            (
+                "kernel.f1.independent",
+                "one independent read, rlb_seq_mem - floor (paired by run)".to_owned(),
+                independent,
+                None,
+            ),
+        ];
+        for (key, label, runs, baseline) in figures {
+            report.add(Figure {
+                key: key.into(),
+                section: SECTION,
+                label,
+                unit: "ns/pkt",
+                runs,
+                baseline: baseline.map(Into::into),
+                detail: detail.clone(),
+            });
+        }
+    }
 }

@@ -73,7 +73,6 @@ impl WithoutCut {
 /// (floor, then each case with and without), in one run of the bench. Each `.diff` figure's runs
 /// are the paired differences (with - without) of one run. Skipped, saying so, when
 /// [`WITHOUT_CUT_ENV`] is not set (the runner started by hand).
-// Stays whole: one A/B: the variant loaded, its runs alternated with the limiter's, the figures.
 pub fn cut_ab(
     report: &mut Report,
     opts: &Options,
@@ -81,12 +80,70 @@ pub fn cut_ab(
     limiter: &Limiter,
     max_buckets: u32,
 ) -> Result<()> {
+    let Some((path, without)) = variant(limiter, max_buckets) else {
+        return Ok(());
+    };
+    let cases = cases();
+    let floor_frame = v4_frame([198, 18, 0, 1]);
+    for (_, _, frame) in &cases {
+        repeat_ns(limiter.program(), frame, 1000)?;
+        repeat_ns(without.program(), frame, 1000)?;
+    }
+    let mut floor = Vec::new();
+    let mut runs = vec![AbRuns::default(); cases.len()];
+    for run in 0..opts.runs {
+        crate::session::check_interrupted()?;
+        floor.push(repeat_ns(refs.program(PASS), &floor_frame, opts.repeat)?.0 + TRUNCATION);
+        for ((_, _, frame), ab) in cases.iter().zip(&mut runs) {
+            // Which goes first alternates from run to run.
+            let order = if run % 2 == 0 {
+                [true, false]
+            } else {
+                [false, true]
+            };
+            for real in order {
+                let prog = if real {
+                    limiter.program()
+                } else {
+                    without.program()
+                };
+                let (k, _, action) = repeat_ns(prog, frame, opts.repeat)?;
+                let (ns, at) = if real {
+                    (&mut ab.with, &mut ab.with_action)
+                } else {
+                    (&mut ab.without, &mut ab.without_action)
+                };
+                ns.push(k + TRUNCATION);
+                *at = action;
+            }
+        }
+    }
+    const FLOOR: &str = "kernel.cut_ab.floor";
+    report.add(Figure {
+        key: FLOOR.into(),
+        section: SECTION_CUT,
+        label: "floor: XDP_PASS, re-measured next to the A/B".into(),
+        unit: "ns/pkt",
+        runs: floor,
+        baseline: None,
+        detail: json!({ "repeat": opts.repeat }),
+    });
+    for ((name, what, _), ab) in cases.iter().zip(runs) {
+        ab.report(report, opts, (name, what), FLOOR, &path.to_string_lossy());
+    }
+    Ok(())
+}
+
+/// The program without the handling of cut packets, loaded beside the limiter's maps, and where
+/// it was built; `None`, said, where there is none to measure: [`WITHOUT_CUT_ENV`] not set, or
+/// the variant does not load.
+fn variant(limiter: &Limiter, max_buckets: u32) -> Option<(std::ffi::OsString, WithoutCut)> {
     let Some(path) = std::env::var_os(WITHOUT_CUT_ENV) else {
         eprintln!(
             "==> bench: {WITHOUT_CUT_ENV} not set (cargo xtask bench sets it): no A/B of the \
              handling of cut packets"
         );
-        return Ok(());
+        return None;
     };
     crate::session::announce(
         "in-kernel cost: whole packets with and without the handling of cut packets",
@@ -94,18 +151,22 @@ pub fn cut_ab(
     // The variant is another build of the program: the compiler lays it out on its own, and it
     // can fail the verifier where the agent's program passes (at e220dd3: "combined stack size of
     // 3 calls is 544"). The A/B is then not measured, said, and the rest of the bench runs.
-    let without = match WithoutCut::load(std::path::Path::new(&path), limiter, max_buckets) {
-        Ok(w) => w,
+    match WithoutCut::load(std::path::Path::new(&path), limiter, max_buckets) {
+        Ok(w) => Some((path, w)),
         Err(e) => {
             eprintln!(
                 "==> bench: no A/B of the handling of cut packets: the variant without it does \
                  not load: {}",
                 format!("{e:#}").lines().next().unwrap_or_default()
             );
-            return Ok(());
+            None
         }
-    };
-    let cases: [(&str, &str, Vec<u8>); 4] = [
+    }
+}
+
+/// The A/B's cases: name (in the keys), what it is (in the labels), the frame.
+fn cases() -> [(&'static str, &'static str, Vec<u8>); 4] {
+    [
         (
             "admitted",
             "known source, admitted",
@@ -125,73 +186,54 @@ pub fn cut_ab(
         ),
         ("allow_rule", "allow rule", v4_frame([198, 18, 3, 1])),
         ("no_match", "no rule matches", v4_frame([198, 19, 0, 1])),
-    ];
-    let floor_frame = v4_frame([198, 18, 0, 1]);
-    for (_, _, frame) in &cases {
-        repeat_ns(limiter.program(), frame, 1000)?;
-        repeat_ns(without.program(), frame, 1000)?;
-    }
-    let mut floor = Vec::new();
-    let mut with = vec![Vec::new(); cases.len()];
-    let mut wo = vec![Vec::new(); cases.len()];
-    let mut actions = vec![(0, 0); cases.len()];
-    for run in 0..opts.runs {
-        crate::session::check_interrupted()?;
-        floor.push(repeat_ns(refs.program(PASS), &floor_frame, opts.repeat)?.0 + TRUNCATION);
-        for (i, (_, _, frame)) in cases.iter().enumerate() {
-            // Which goes first alternates from run to run.
-            let order = if run % 2 == 0 {
-                [true, false]
-            } else {
-                [false, true]
-            };
-            for real in order {
-                let prog = if real {
-                    limiter.program()
-                } else {
-                    without.program()
-                };
-                let (k, _, action) = repeat_ns(prog, frame, opts.repeat)?;
-                if real {
-                    with[i].push(k + TRUNCATION);
-                    actions[i].0 = action;
-                } else {
-                    wo[i].push(k + TRUNCATION);
-                    actions[i].1 = action;
-                }
-            }
-        }
-    }
-    const FLOOR: &str = "kernel.cut_ab.floor";
-    report.add(Figure {
-        key: FLOOR.into(),
-        section: SECTION_CUT,
-        label: "floor: XDP_PASS, re-measured next to the A/B".into(),
-        unit: "ns/pkt",
-        runs: floor,
-        baseline: None,
-        detail: json!({ "repeat": opts.repeat }),
-    });
-    for (i, (name, what, _)) in cases.iter().enumerate() {
+    ]
+}
+
+/// One case's runs: ns with the handling (the agent's program) and without, and the action each
+/// returned last.
+#[derive(Clone, Default)]
+struct AbRuns {
+    with: Vec<f64>,
+    without: Vec<f64>,
+    with_action: u32,
+    without_action: u32,
+}
+
+impl AbRuns {
+    /// The case's three figures: without (over the floor), with (over without), and the paired
+    /// difference.
+    fn report(
+        self,
+        report: &mut Report,
+        opts: &Options,
+        (name, what): (&str, &str),
+        floor: &str,
+        object: &str,
+    ) {
         let (k_with, k_without, k_diff) = cut_ab_keys(name);
-        let diff: Vec<f64> = with[i].iter().zip(&wo[i]).map(|(a, b)| a - b).collect();
+        let diff: Vec<f64> = self
+            .with
+            .iter()
+            .zip(&self.without)
+            .map(|(a, b)| a - b)
+            .collect();
         report.add(Figure {
             key: k_without.clone(),
             section: SECTION_CUT,
             label: format!("without the handling of cut packets: {what}"),
             unit: "ns/pkt",
-            runs: wo[i].clone(),
-            baseline: Some(FLOOR.into()),
-            detail: json!({ "repeat": opts.repeat, "object": path.to_string_lossy(), "xdp_action": action_name(actions[i].1) }),
+            runs: self.without,
+            baseline: Some(floor.into()),
+            detail: json!({ "repeat": opts.repeat, "object": object, "xdp_action": action_name(self.without_action) }),
         });
         report.add(Figure {
-            key: k_with.clone(),
+            key: k_with,
             section: SECTION_CUT,
             label: format!("with it (the agent's program): {what}"),
             unit: "ns/pkt",
-            runs: with[i].clone(),
+            runs: self.with,
             baseline: Some(k_without),
-            detail: json!({ "repeat": opts.repeat, "xdp_action": action_name(actions[i].0) }),
+            detail: json!({ "repeat": opts.repeat, "xdp_action": action_name(self.with_action) }),
         });
         report.add(Figure {
             key: k_diff,
@@ -203,7 +245,6 @@ pub fn cut_ab(
             detail: json!({}),
         });
     }
-    Ok(())
 }
 
 /// The keys of one [`cut_ab`] case: with, without, the paired difference.
