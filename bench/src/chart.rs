@@ -59,122 +59,127 @@ pub fn store(report: &Report, path: &Path) -> Result<()> {
     let made = series(report, None, "new_made");
     let lru_known = series(report, Some("lru"), "known");
     let lru_new = series(report, Some("lru"), "new");
+    let date = report.machine["date"].as_str().unwrap_or("?");
+    let git = report.machine["git"].as_str().unwrap_or("?");
+    let blue = RGBColor(31, 90, 180);
+    let red = RGBColor(200, 50, 40);
+    let orange = RGBColor(230, 140, 20);
+    let lines: [Line<'_>; 5] = [
+        (
+            &known,
+            blue,
+            false,
+            format!("random known source, the limiter's store (git {git})"),
+        ),
+        (
+            &new,
+            red,
+            false,
+            "new source, its first packet (passes without a bucket), the limiter's store".into(),
+        ),
+        (
+            &made,
+            orange,
+            false,
+            "new source, its second packet (makes its bucket), the limiter's store".into(),
+        ),
+        (
+            &lru_known,
+            blue,
+            true,
+            "random known source, LRU contender (LRU_HASH, this run)".into(),
+        ),
+        (
+            &lru_new,
+            red,
+            true,
+            "new source, LRU contender (inserts, evicting when full)".into(),
+        ),
+    ];
     // F1 (one dependent read of a region the store's size), the unit of #36's targets.
     let f1 = report.value("kernel.f1");
-    let top = known
+    let footer = format!("this run, {date}, git {git}: both over the limiter's driver floors");
+    draw_store(path, &lines, f1, &footer).map_err(|e| anyhow!("drawing {}: {e}", path.display()))
+}
+
+/// A line of the store's chart: its points, colour, whether dashed (the LRU contender's), label.
+type Line<'a> = (&'a Series, RGBColor, bool, String);
+
+/// Draws the store's chart: `lines` over tracked sources, F1 across them if measured.
+fn draw_store(
+    path: &Path,
+    lines: &[Line<'_>],
+    f1: Option<f64>,
+    footer: &str,
+) -> std::result::Result<(), Box<dyn std::error::Error>> {
+    let top = lines
         .iter()
-        .chain(&new)
-        .chain(&made)
-        .chain(&lru_known)
-        .chain(&lru_new)
-        .map(|&(_, y)| y)
+        .flat_map(|(points, ..)| points.iter().map(|&(_, y)| y))
         .chain(f1)
         .fold(100.0, f64::max)
         * 1.15;
-    let date = report.machine["date"].as_str().unwrap_or("?");
-    let git = report.machine["git"].as_str().unwrap_or("?");
-    let draw = || -> std::result::Result<(), Box<dyn std::error::Error>> {
-        let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(
-                "Bucket store: in-kernel ns per packet over its floor vs tracked sources",
-                ("sans-serif", 20),
-            )
-            .margin(16)
-            .x_label_area_size(48)
-            .y_label_area_size(64)
-            .build_cartesian_2d((500f64..2.0e6f64).log_scale(), 0f64..top)?;
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Bucket store: in-kernel ns per packet over its floor vs tracked sources",
+            ("sans-serif", 20),
+        )
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(64)
+        .build_cartesian_2d((500f64..2.0e6f64).log_scale(), 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("tracked sources (buckets in the store)")
+        .y_desc("ns per packet minus the driver floor")
+        .x_label_formatter(&|x| tracked_label(*x))
+        .draw()?;
+    if let Some(f1) = f1 {
+        let style = RGBColor(120, 120, 120).stroke_width(1);
         chart
-            .configure_mesh()
-            .x_desc("tracked sources (buckets in the store)")
-            .y_desc("ns per packet minus the driver floor")
-            .x_label_formatter(&|x| {
-                if *x >= 1e6 {
-                    format!("{:.0}M", x / 1e6)
-                } else if *x >= 1e3 {
-                    format!("{:.0}k", x / 1e3)
-                } else {
-                    format!("{x:.0}")
-                }
-            })
-            .draw()?;
-        let blue = RGBColor(31, 90, 180);
-        let red = RGBColor(200, 50, 40);
-        let orange = RGBColor(230, 140, 20);
-        if let Some(f1) = f1 {
-            let grey = RGBColor(120, 120, 120);
-            let style = grey.stroke_width(1);
+            .draw_series(DashedLineSeries::new(
+                [(500.0, f1), (2.0e6, f1)],
+                3,
+                4,
+                style,
+            ))?
+            .label(format!(
+                "F1: one dependent memory read, {f1:.0} ns (this run)"
+            ))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+    }
+    for (points, color, dashed, label) in lines {
+        let (color, dashed) = (*color, *dashed);
+        let style = color.stroke_width(if dashed { 2 } else { 3 });
+        if dashed {
             chart
-                .draw_series(DashedLineSeries::new(
-                    [(500.0, f1), (2.0e6, f1)],
-                    3,
-                    4,
-                    style,
-                ))?
-                .label(format!(
-                    "F1: one dependent memory read, {f1:.0} ns (this run)"
-                ))
+                .draw_series(DashedLineSeries::new(points.iter().copied(), 8, 6, style))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 8, y)], style));
+        } else {
+            chart
+                .draw_series(LineSeries::new(points.iter().copied(), style))?
+                .label(label)
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
         }
-        let lines: [(&Series, RGBColor, bool, String); 5] = [
-            (
-                &known,
-                blue,
-                false,
-                format!("random known source, the limiter's store (git {git})"),
-            ),
-            (
-                &new,
-                red,
-                false,
-                "new source, its first packet (passes without a bucket), the limiter's store"
-                    .into(),
-            ),
-            (
-                &made,
-                orange,
-                false,
-                "new source, its second packet (makes its bucket), the limiter's store".into(),
-            ),
-            (
-                &lru_known,
-                blue,
-                true,
-                "random known source, LRU contender (LRU_HASH, this run)".into(),
-            ),
-            (
-                &lru_new,
-                red,
-                true,
-                "new source, LRU contender (inserts, evicting when full)".into(),
-            ),
-        ];
-        for (points, color, dashed, label) in lines {
-            let style = color.stroke_width(if dashed { 2 } else { 3 });
-            if dashed {
-                chart
-                    .draw_series(DashedLineSeries::new(points.iter().copied(), 8, 6, style))?
-                    .label(label)
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 8, y)], style));
-            } else {
-                chart
-                    .draw_series(LineSeries::new(points.iter().copied(), style))?
-                    .label(label)
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
-            }
-            chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
-        }
-        upper_left_legend(&mut chart)?;
-        root.draw(&Text::new(
-            format!("this run, {date}, git {git}: both over the limiter's driver floors"),
-            (16, 540),
-            ("sans-serif", 12),
-        ))?;
-        root.present()?;
-        Ok(())
-    };
-    draw().map_err(|e| anyhow!("drawing {}: {e}", path.display()))
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+    }
+    upper_left_legend(&mut chart)?;
+    root.draw(&Text::new(footer, (16, 540), ("sans-serif", 12)))?;
+    root.present()?;
+    Ok(())
+}
+
+/// A tracked-source count as the x axis shows it: 1k, 100k, 1M.
+fn tracked_label(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{:.0}M", x / 1e6)
+    } else if x >= 1e3 {
+        format!("{:.0}k", x / 1e3)
+    } else {
+        format!("{x:.0}")
+    }
 }
 
 /// Gossip sent per host (B/s) at 2, 4, 8 and 16 real agents as BENCHMARKS.md's cluster table
