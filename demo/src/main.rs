@@ -195,7 +195,8 @@ fn announce(what: &str) {
     eprintln!("==> {what}");
 }
 
-// Stays whole: the demo told in order: the namespaces, the agent, each step of traffic.
+/// The demo, told in order: the namespaces, the agent, the traffic with its live table and the
+/// summary, the agent stopped. What it makes is recorded in `made` as it goes, for the cleanup.
 fn run(cli: &Cli, interrupted: &AtomicBool, made: &mut Made) -> Result<()> {
     let check = || {
         if interrupted.load(Ordering::SeqCst) {
@@ -204,7 +205,21 @@ fn run(cli: &Cli, interrupted: &AtomicBool, made: &mut Made) -> Result<()> {
             Ok(())
         }
     };
+    let (client, server, server_if) = namespaces(made)?;
+    check()?;
+    let (agent, limit) = start_agent(&server, &server_if, made)?;
+    check()?;
+    send_and_watch(cli, interrupted, (&client, &server), &agent, &limit)?;
 
+    announce("Stopping the agent (SIGTERM)");
+    let status = agent.stop()?;
+    eprintln!("    agent exited ({status}), detached and removed its pin directory");
+    Ok(())
+}
+
+/// The throwaway namespaces `client` and `server`, joined by a veth pair, addressed, with
+/// static neighbours both ways; and the server's end of the pair, where the agent attaches.
+fn namespaces(made: &mut Made) -> Result<(Netns, Netns, String)> {
     announce("Creating the throwaway namespaces `client` and `server`, joined by a veth pair");
     let client = Netns::new("rl-demo-client")?;
     made.namespaces.push(client.name().to_owned());
@@ -225,11 +240,15 @@ fn run(cli: &Cli, interrupted: &AtomicBool, made: &mut Made) -> Result<()> {
         client.name(),
         server.name()
     );
-    check()?;
+    Ok((client, server, server_if))
+}
 
+/// The agent started in `server` on `server_if` with the demo's config, once it has attached;
+/// its config printed as it read it; and the limit in force, for the summary.
+fn start_agent(server: &Netns, server_if: &str, made: &mut Made) -> Result<(AgentProcess, Limit)> {
     let pin_path = PathBuf::from(format!("/sys/fs/bpf/rl-demo-{}", std::process::id()));
     let config_text = CONFIG
-        .replace("{interface}", &server_if)
+        .replace("{interface}", server_if)
         .replace("{pin_path}", &pin_path.display().to_string());
     // The agent parses it again; parsing here gives the summary the rate and burst in force.
     let config = Config::parse(&config_text, "the demo's config")?;
@@ -243,8 +262,8 @@ fn run(cli: &Cli, interrupted: &AtomicBool, made: &mut Made) -> Result<()> {
         burst: rule.burst.context("the demo's rule has no burst")?,
     };
     announce("Starting the agent in the server namespace and waiting until it has attached");
-    made.pin_path = Some(pin_path.clone());
-    let agent = AgentProcess::start(&server, &config_text, &[])?;
+    made.pin_path = Some(pin_path);
+    let agent = AgentProcess::start(server, &config_text, &[])?;
     made.agent_dir = agent.config_path().parent().map(PathBuf::from);
     for line in agent.log().lines() {
         eprintln!("    agent | {line}");
@@ -257,12 +276,22 @@ fn run(cli: &Cli, interrupted: &AtomicBool, made: &mut Made) -> Result<()> {
         println!("{}", format!("    {line}").trim_end());
     }
     println!();
-    check()?;
+    Ok((agent, limit))
+}
 
-    let receiver = Receiver::bind(&server, SocketAddr::new(SERVER, 0))?;
+/// The flood and the polite source send from `client` to a receiver in `server` for the demo's
+/// seconds while the live table shows what the agent does; then the summary.
+fn send_and_watch(
+    cli: &Cli,
+    interrupted: &AtomicBool,
+    (client, server): (&Netns, &Netns),
+    agent: &AgentProcess,
+    limit: &Limit,
+) -> Result<()> {
+    let receiver = Receiver::bind(server, SocketAddr::new(SERVER, 0))?;
     let dst = receiver.local_addr();
-    let flood = Client::bind(&client, "flood", FLOOD, cli.flood_pps)?;
-    let polite = Client::bind(&client, "polite", POLITE, cli.polite_pps)?;
+    let flood = Client::bind(client, "flood", FLOOD, cli.flood_pps)?;
+    let polite = Client::bind(client, "polite", POLITE, cli.polite_pps)?;
     let duration = Duration::from_secs(cli.seconds);
     announce(&format!(
         "Sending UDP to {dst} for {} s: {} pps from {FLOOD}, {} pps from {POLITE} (Ctrl-C stops)",
@@ -301,13 +330,10 @@ fn run(cli: &Cli, interrupted: &AtomicBool, made: &mut Made) -> Result<()> {
         &clients,
         &totals,
         &end,
-        &limit,
+        limit,
         socket_drops,
         interrupted.load(Ordering::SeqCst),
     );
 
-    announce("Stopping the agent (SIGTERM)");
-    let status = agent.stop()?;
-    eprintln!("    agent exited ({status}), detached and removed its pin directory");
     Ok(())
 }
