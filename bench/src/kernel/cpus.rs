@@ -1,9 +1,10 @@
 //! One hot source charged from every CPU at once: the admitted and the dropped hot frames on
 //! one CPU alone, then on every CPU together (the same bucket from each).
 
-use std::time::Instant;
+use std::{sync::Barrier, time::Instant};
 
 use anyhow::{Context as _, Result};
+use aya::programs::Xdp;
 use serde_json::json;
 
 use super::{repeat_ns, v4_frame, Limiter, TRUNCATION};
@@ -19,7 +20,6 @@ const SECTION_CPUS: &str =
 /// on one CPU alone, then on every CPU at once (a thread pinned to each, started together, each
 /// a BPF_PROG_TEST_RUN of `repeat` runs of the same frame: the same bucket from every CPU).
 /// Reports the kernel's ns per packet on each CPU (the mean of the CPUs) against one CPU alone.
-// Stays whole: one measurement: each frame on one CPU, then on all at once, then its figures.
 pub fn cpus(report: &mut Report, opts: &Options, limiter: &Limiter) -> Result<()> {
     let n = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     if n < 2 {
@@ -30,16 +30,6 @@ pub fn cpus(report: &mut Report, opts: &Options, limiter: &Limiter) -> Result<()
         "in-kernel cost of one hot source on {n} CPUs at once"
     ));
     let prog = limiter.program();
-    // The kernel's ns per run, and when the call started and ended.
-    let run_on =
-        |cpu: usize, frame: &[u8], start: &std::sync::Barrier| -> Result<(f64, Instant, Instant)> {
-            ratelimit_testbed::xdp::pin_to_cpu(cpu)
-                .with_context(|| format!("pinning to CPU {cpu}"))?;
-            start.wait();
-            let t0 = Instant::now();
-            let ns = repeat_ns(prog, frame, opts.repeat)?.0 + TRUNCATION;
-            Ok((ns, t0, Instant::now()))
-        };
     for (tag, what, frame) in [
         (
             "admitted",
@@ -57,43 +47,10 @@ pub fn cpus(report: &mut Report, opts: &Options, limiter: &Limiter) -> Result<()
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..opts.runs {
             crate::session::check_interrupted()?;
-            let alone = std::sync::Barrier::new(1);
-            one.push(
-                std::thread::scope(|s| {
-                    s.spawn(|| run_on(0, &frame, &alone))
-                        .join()
-                        .map_err(|_| anyhow::anyhow!("a test-run thread panicked"))?
-                })?
-                .0,
-            );
-            let together = std::sync::Barrier::new(n);
-            let per_cpu = std::thread::scope(|s| {
-                let threads: Vec<_> = (0..n)
-                    .map(|cpu| {
-                        let (frame, together) = (&frame, &together);
-                        s.spawn(move || run_on(cpu, frame, together))
-                    })
-                    .collect();
-                threads
-                    .into_iter()
-                    .map(|t| {
-                        t.join()
-                            .map_err(|_| anyhow::anyhow!("a test-run thread panicked"))?
-                    })
-                    .collect::<Result<Vec<(f64, Instant, Instant)>>>()
-            })?;
-            // How much of the longest call ran while every call ran (1: fully at once).
-            let first_end = per_cpu.iter().map(|r| r.2).min().expect("threads");
-            let last_start = per_cpu.iter().map(|r| r.1).max().expect("threads");
-            let longest = per_cpu
-                .iter()
-                .map(|r| (r.2 - r.1).as_secs_f64())
-                .fold(0.0, f64::max);
-            overlaps.push(
-                first_end
-                    .checked_duration_since(last_start)
-                    .map_or(0.0, |d| d.as_secs_f64() / longest.max(1e-9)),
-            );
+            one.push(on_cpus(prog, &[0], &frame, opts.repeat)?[0].0);
+            let cpus: Vec<usize> = (0..n).collect();
+            let per_cpu = on_cpus(prog, &cpus, &frame, opts.repeat)?;
+            overlaps.push(overlap(&per_cpu));
             let per_cpu: Vec<f64> = per_cpu.iter().map(|r| r.0).collect();
             #[expect(clippy::cast_precision_loss, reason = "a few CPUs")]
             all.push(per_cpu.iter().sum::<f64>() / n as f64);
@@ -129,4 +86,51 @@ pub fn cpus(report: &mut Report, opts: &Options, limiter: &Limiter) -> Result<()
         });
     }
     Ok(())
+}
+
+/// `repeat` runs of `frame` through `prog` on each of `cpus` at once (a thread pinned to each,
+/// started together): for each, the kernel's ns per run, and when its call started and ended.
+fn on_cpus(
+    prog: &Xdp,
+    cpus: &[usize],
+    frame: &[u8],
+    repeat: u32,
+) -> Result<Vec<(f64, Instant, Instant)>> {
+    let start = Barrier::new(cpus.len());
+    let run_on = |cpu: usize| -> Result<(f64, Instant, Instant)> {
+        ratelimit_testbed::xdp::pin_to_cpu(cpu).with_context(|| format!("pinning to CPU {cpu}"))?;
+        start.wait();
+        let t0 = Instant::now();
+        let ns = repeat_ns(prog, frame, repeat)?.0 + TRUNCATION;
+        Ok((ns, t0, Instant::now()))
+    };
+    std::thread::scope(|s| {
+        let threads: Vec<_> = cpus
+            .iter()
+            .map(|&cpu| {
+                let run_on = &run_on;
+                s.spawn(move || run_on(cpu))
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .map_err(|_| anyhow::anyhow!("a test-run thread panicked"))?
+            })
+            .collect()
+    })
+}
+
+/// How much of the longest call ran while every call ran (1: fully at once).
+fn overlap(per_cpu: &[(f64, Instant, Instant)]) -> f64 {
+    let first_end = per_cpu.iter().map(|r| r.2).min().expect("threads");
+    let last_start = per_cpu.iter().map(|r| r.1).max().expect("threads");
+    let longest = per_cpu
+        .iter()
+        .map(|r| (r.2 - r.1).as_secs_f64())
+        .fold(0.0, f64::max);
+    first_end
+        .checked_duration_since(last_start)
+        .map_or(0.0, |d| d.as_secs_f64() / longest.max(1e-9))
 }

@@ -48,7 +48,6 @@ fn prefix_key(generation: u32, src: [u8; 4]) -> Vec<u8> {
 /// Probes: programs that do one operation of the limiter's fast path and pass, each measured
 /// against the floor in the same run. `tag`/`what` say which rule set and population are in the
 /// maps; `clocks` adds the two clock probes.
-// Stays whole: one measurement: the probes built, run beside the floor, the figures.
 pub fn probes(
     report: &mut Report,
     opts: &Options,
@@ -58,80 +57,9 @@ pub fn probes(
     what: &str,
     clocks: bool,
 ) -> Result<()> {
-    use std::os::fd::AsFd as _;
     crate::session::announce(&format!("probes of the fast path's parts ({what})"));
-    let generation = limiter.tdp.maps().config()?.generation;
-    let admit = limiter.id("admit")?;
-    let prefixes = pinned(limiter, map_names::PREFIXES)?;
-    let buckets = pinned(limiter, map_names::BUCKETS)?;
-    let stats = pinned(limiter, map_names::GLOBAL_STATS)?;
-    let rules = pinned(limiter, map_names::RULES)?;
     let hot_src = [198, 18, 0, 1];
-    // Make sure the hot source's bucket exists, and find its record.
-    repeat_ns(limiter.program(), &v4_frame(hot_src), 10)?;
-    let mut addr = [0u8; 16];
-    addr[..4].copy_from_slice(&hot_src);
-    let key = BucketKey {
-        rule: admit,
-        family: 4,
-        _pad: [0; 3],
-        addr,
-    };
-    let (Slot::Found(record), _) = limiter.tdp.maps().locate_bucket(&key, 0)? else {
-        bail!("the hot source has no bucket in the store");
-    };
-    let record_key = record.to_ne_bytes();
-    let prefix_key = prefix_key(generation, hot_src);
-    let zero = 0u32.to_ne_bytes();
-    let admit_key = admit.to_ne_bytes();
-    let mut list: Vec<(String, String, Vec<progs::Insn>)> = Vec::new();
-    if clocks {
-        list.push((
-            "clock".into(),
-            "bpf_ktime_get_ns()".into(),
-            progs::probe(Probe::Clock),
-        ));
-        list.push((
-            "coarse_clock".into(),
-            "bpf_ktime_get_coarse_ns()".into(),
-            progs::probe(Probe::CoarseClock),
-        ));
-        list.push((
-            "jiffies".into(),
-            "bpf_jiffies64()".into(),
-            progs::probe(Probe::Jiffies),
-        ));
-        list.push((
-            "stats_lookup".into(),
-            "per-CPU array lookup (global counters)".into(),
-            progs::probe(Probe::Lookup(stats.fd().as_fd(), &zero)),
-        ));
-        list.push((
-            "rule_lookup".into(),
-            "array lookup (rule record)".into(),
-            progs::probe(Probe::Lookup(rules.fd().as_fd(), &admit_key)),
-        ));
-    }
-    list.push((
-        format!("prefix_lookup.{tag}"),
-        format!("prefix trie lookup, hit ({what})"),
-        progs::probe(Probe::Lookup(prefixes.fd().as_fd(), &prefix_key)),
-    ));
-    list.push((
-        format!("bucket_record.{tag}"),
-        format!("bucket store: array lookup of the record ({what})"),
-        progs::probe(Probe::Lookup(buckets.fd().as_fd(), &record_key)),
-    ));
-    let programs: Vec<(String, String, Xdp)> = list
-        .into_iter()
-        .map(|(k, l, insns)| {
-            Ok((
-                k.clone(),
-                l,
-                progs::load(&format!("rlb_{}", k.replace('.', "_")), &insns, refs.dir())?,
-            ))
-        })
-        .collect::<Result<_>>()?;
+    let programs = load_probes(limiter, refs, hot_src, (tag, what), clocks)?;
     let frame = v4_frame(hot_src);
     let floor_key = format!("kernel.probe_floor.{tag}");
     let mut floor = Vec::new();
@@ -168,4 +96,80 @@ pub fn probes(
         });
     }
     Ok(())
+}
+
+/// The probes to run, loaded, as (key, label, program): the clocks and the lookups of the global
+/// counters and of a rule if `clocks`, and always the prefix trie's and the bucket store's
+/// lookups of the hot source `hot_src` (its bucket made first if it has none). Loaded here,
+/// while the maps whose descriptors their instructions hold are open.
+fn load_probes(
+    limiter: &Limiter,
+    refs: &Refs,
+    hot_src: [u8; 4],
+    (tag, what): (&str, &str),
+    clocks: bool,
+) -> Result<Vec<(String, String, Xdp)>> {
+    use std::os::fd::AsFd as _;
+    let generation = limiter.tdp.maps().config()?.generation;
+    let admit = limiter.id("admit")?;
+    let prefixes = pinned(limiter, map_names::PREFIXES)?;
+    let buckets = pinned(limiter, map_names::BUCKETS)?;
+    let stats = pinned(limiter, map_names::GLOBAL_STATS)?;
+    let rules = pinned(limiter, map_names::RULES)?;
+    // Make sure the hot source's bucket exists, and find its record.
+    repeat_ns(limiter.program(), &v4_frame(hot_src), 10)?;
+    let mut addr = [0u8; 16];
+    addr[..4].copy_from_slice(&hot_src);
+    let key = BucketKey {
+        rule: admit,
+        family: 4,
+        _pad: [0; 3],
+        addr,
+    };
+    let (Slot::Found(record), _) = limiter.tdp.maps().locate_bucket(&key, 0)? else {
+        bail!("the hot source has no bucket in the store");
+    };
+    let record_key = record.to_ne_bytes();
+    let prefix_key = prefix_key(generation, hot_src);
+    let zero = 0u32.to_ne_bytes();
+    let admit_key = admit.to_ne_bytes();
+    let mut list: Vec<(String, String, Vec<progs::Insn>)> = Vec::new();
+    if clocks {
+        let lookups = [
+            ("clock", "bpf_ktime_get_ns()", progs::probe(Probe::Clock)),
+            (
+                "coarse_clock",
+                "bpf_ktime_get_coarse_ns()",
+                progs::probe(Probe::CoarseClock),
+            ),
+            ("jiffies", "bpf_jiffies64()", progs::probe(Probe::Jiffies)),
+            (
+                "stats_lookup",
+                "per-CPU array lookup (global counters)",
+                progs::probe(Probe::Lookup(stats.fd().as_fd(), &zero)),
+            ),
+            (
+                "rule_lookup",
+                "array lookup (rule record)",
+                progs::probe(Probe::Lookup(rules.fd().as_fd(), &admit_key)),
+            ),
+        ];
+        list.extend(lookups.map(|(k, l, insns)| (k.to_owned(), l.to_owned(), insns)));
+    }
+    list.push((
+        format!("prefix_lookup.{tag}"),
+        format!("prefix trie lookup, hit ({what})"),
+        progs::probe(Probe::Lookup(prefixes.fd().as_fd(), &prefix_key)),
+    ));
+    list.push((
+        format!("bucket_record.{tag}"),
+        format!("bucket store: array lookup of the record ({what})"),
+        progs::probe(Probe::Lookup(buckets.fd().as_fd(), &record_key)),
+    ));
+    list.into_iter()
+        .map(|(k, l, insns)| {
+            let prog = progs::load(&format!("rlb_{}", k.replace('.', "_")), &insns, refs.dir())?;
+            Ok((k, l, prog))
+        })
+        .collect()
 }

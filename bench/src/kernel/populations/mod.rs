@@ -187,14 +187,25 @@ pub fn populations(
         last = population(report, &setup, &mut sent, &mut fresh_next, step)?;
     }
     if let Some((recorder, path)) = recorder {
-        let samples = recorder.stop()?;
-        let lines = crate::profile::Lines::of(limiter.program().fd()?.as_fd())?;
-        let (rows, total) = lines.by_line(&samples);
-        let text = crate::profile::table(&rows, total, "over the tracked-source populations");
-        print!("{text}");
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        write_profile(recorder, limiter, path)?;
     }
     Ok(last)
+}
+
+/// Stops `recorder` and prints, and writes to `path`, where the limiter's program spent the
+/// samples it took, by source line.
+fn write_profile(
+    recorder: crate::profile::Recorder,
+    limiter: &Limiter,
+    path: &std::path::Path,
+) -> Result<()> {
+    use std::os::fd::AsFd as _;
+    let samples = recorder.stop()?;
+    let lines = crate::profile::Lines::of(limiter.program().fd()?.as_fd())?;
+    let (rows, total) = lines.by_line(&samples);
+    let text = crate::profile::table(&rows, total, "over the tracked-source populations");
+    print!("{text}");
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 /// The populations measured, smallest first: 1k, 100k, 1M and the store full (each with the
