@@ -116,7 +116,6 @@ struct Run {
 }
 
 /// Runs the part and adds its figures to `report`; writes the charts next to `json`.
-// Stays whole: the sizes measured, then their figures against 2 hosts, in the table's order.
 pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
     let sizes: &[usize] = if opts.quick { &[2, 4] } else { &[2, 4, 8, 16] };
     let mut runs = Vec::new();
@@ -126,17 +125,44 @@ pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
         runs.push(one(n).with_context(|| format!("cluster of {n}"))?);
     }
     for r in &runs {
-        let n = r.hosts;
-        let base = |what: &str| (n != 2).then(|| format!("cluster.n2.{what}"));
-        for (name, t0, t1, admitted, conv) in &r.phases {
+        r.phase_figures(report);
+        r.bursty_figures(report);
+        r.host_figures(report);
+    }
+    if let Some(r) = runs.iter().find(|r| r.hosts == CHART_HOSTS) {
+        let svg = json.with_file_name("cluster.svg");
+        timeline_chart(r, &svg)?;
+        eprintln!("==> bench: chart written to {}", svg.display());
+    }
+    let svg = json.with_file_name("cluster_gossip.svg");
+    gossip_chart(&runs, &svg)?;
+    eprintln!("==> bench: chart written to {}", svg.display());
+    Ok(())
+}
+
+/// The budget, packets a second.
+fn budget() -> f64 {
+    f64::from(u32::try_from(RATE).unwrap_or(1000))
+}
+
+impl Run {
+    /// The key of this figure at 2 hosts, against which it is shown (none for 2 hosts).
+    fn base(&self, what: &str) -> Option<String> {
+        (self.hosts != 2).then(|| format!("cluster.n2.{what}"))
+    }
+
+    /// Each phase's admitted rate against the budget and how soon it converged.
+    fn phase_figures(&self, report: &mut Report) {
+        let n = self.hosts;
+        for (name, t0, t1, admitted, conv) in &self.phases {
             let tag = name.replace(['/', ' '], "_");
             report.add(Figure {
                 key: format!("cluster.n{n}.{tag}.admitted"),
                 section: "cluster",
                 label: format!("{n} hosts, {name}: admitted / budget"),
                 unit: "x",
-                runs: vec![admitted / f64::from(u32::try_from(RATE).unwrap_or(1000))],
-                baseline: base(&format!("{tag}.admitted")),
+                runs: vec![admitted / budget()],
+                baseline: self.base(&format!("{tag}.admitted")),
                 detail: json!({ "phase_s": [t0, t1], "measured_from_s": t0 + SETTLE }),
             });
             report.add(Figure {
@@ -155,12 +181,18 @@ pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
                     // Windows outside 10% read from a sample taken in a stall of the bench's
                     // own threads (see `Samples::convergence`), not held against it.
                     "excused_windows": conv.excused,
-                    "stalls": r.stalls.iter().map(|s| json!({ "who": s.who.to_string(), "at_s": s.at, "s": s.secs })).collect::<Vec<_>>(),
+                    "stalls": self.stalls.iter().map(|s| json!({ "who": s.who.to_string(), "at_s": s.at, "s": s.secs })).collect::<Vec<_>>(),
                 }),
             });
         }
-        let budget = f64::from(u32::try_from(RATE).unwrap_or(1000));
-        for b in &r.bursty.phases {
+    }
+
+    /// Each bursty phase's admitted datagrams against one bucket's of the same datagrams and
+    /// against the budget.
+    fn bursty_figures(&self, report: &mut Report) {
+        let n = self.hosts;
+        let r = &self.bursty;
+        for b in &r.phases {
             let tag = format!("bursty_{}", b.name.replace(['/', ' '], "_"));
             #[expect(clippy::cast_precision_loss, reason = "small counts")]
             let (cluster, reference) = (b.admitted_total() as f64, b.reference_total() as f64);
@@ -170,12 +202,12 @@ pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
                 "sent_per_host": b.sent,
                 "admitted_per_host": b.admitted,
                 "one_bucket_per_host": b.reference,
-                "receiver_socket_drops": r.bursty.socket_drops,
-                "send_errors": r.bursty.send_errors,
-                "sent_per_host_both_phases": r.bursty.sent_all,
-                "seen_by_the_programs_both_phases": r.bursty.seen,
-                "bursts_late_30ms": r.bursty.late,
-                "longest_burst_ms": r.bursty.longest_burst_ms,
+                "receiver_socket_drops": r.socket_drops,
+                "send_errors": r.send_errors,
+                "sent_per_host_both_phases": r.sent_all,
+                "seen_by_the_programs_both_phases": r.seen,
+                "bursts_late_30ms": r.late,
+                "longest_burst_ms": r.longest_burst_ms,
             });
             report.add(Figure {
                 key: format!("cluster.n{n}.{tag}.vs_one_bucket"),
@@ -186,7 +218,7 @@ pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
                 ),
                 unit: "x",
                 runs: vec![cluster / reference.max(1.0)],
-                baseline: base(&format!("{tag}.vs_one_bucket")),
+                baseline: self.base(&format!("{tag}.vs_one_bucket")),
                 detail: detail.clone(),
             });
             report.add(Figure {
@@ -194,18 +226,23 @@ pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
                 section: "cluster",
                 label: format!("{n} hosts, bursty {}: admitted / budget", b.name),
                 unit: "x",
-                runs: vec![cluster / (budget * (b.t1 - b.from))],
-                baseline: base(&format!("{tag}.admitted")),
+                runs: vec![cluster / (budget() * (b.t1 - b.from))],
+                baseline: self.base(&format!("{tag}.admitted")),
                 detail,
             });
         }
+    }
+
+    /// Gossip sent and agent CPU, per host.
+    fn host_figures(&self, report: &mut Report) {
+        let n = self.hosts;
         report.add(Figure {
             key: format!("cluster.n{n}.gossip"),
             section: "cluster",
             label: format!("{n} hosts: gossip sent per host"),
             unit: "B/s",
-            runs: vec![r.gossip_bps],
-            baseline: base("gossip"),
+            runs: vec![self.gossip_bps],
+            baseline: self.base("gossip"),
             detail: json!({}),
         });
         report.add(Figure {
@@ -213,60 +250,22 @@ pub fn run(report: &mut Report, opts: &Options, json: &Path) -> Result<()> {
             section: "cluster",
             label: format!("{n} hosts: agent CPU per host"),
             unit: "%",
-            runs: vec![r.cpu_pct],
-            baseline: base("cpu"),
+            runs: vec![self.cpu_pct],
+            baseline: self.base("cpu"),
             detail: json!({ "binary": ratelimit_testbed::agent_binary().display().to_string() }),
         });
     }
-    if let Some(r) = runs.iter().find(|r| r.hosts == CHART_HOSTS) {
-        let svg = json.with_file_name("cluster.svg");
-        timeline_chart(r, &svg)?;
-        eprintln!("==> bench: chart written to {}", svg.display());
-    }
-    let svg = json.with_file_name("cluster_gossip.svg");
-    gossip_chart(&runs, &svg)?;
-    eprintln!("==> bench: chart written to {}", svg.display());
-    Ok(())
 }
 
-// Stays whole: one cluster size: its phases planned, sent and counted in order.
+/// One cluster size: its phases planned, sent and counted in order, then the bursty phases on
+/// the same agents.
 fn one(n: usize) -> Result<Run> {
     let net = ClusterNet::new(&format!("rl-bc{n}"), n)?;
     let agents = net.start_agents(RATE, BURST, SYNC_MS, Duration::from_secs(60 + 5 * n as u64))?;
     let receivers = net.receivers()?;
-    let even = vec![1.0; n];
-    let mut skew = vec![0.0; n];
-    skew[0] = 95.0;
-    skew[1] = 5.0;
-    // (name, weights, h0's gossip link up or down at its start)
-    let mut phases: Vec<(&str, Vec<f64>, Option<bool>)> = vec![
-        ("warm-up (even)", even.clone(), None),
-        ("95/5", skew.clone(), None),
-        ("even", even.clone(), None),
-    ];
-    if n == CHART_HOSTS {
-        phases.push(("h0 cut off (95/5)", skew.clone(), Some(false)));
-        phases.push(("healed (95/5)", skew, Some(true)));
-    }
-    let mut schedule = Vec::new();
-    let mut bounds = Vec::new();
-    let mut t = 0.0;
-    for (i, (_, w, _)) in phases.iter().enumerate() {
-        #[expect(clippy::cast_precision_loss, reason = "small counts")]
-        let payback = (n as u64 * BURST) as f64 / RATE as f64;
-        let secs = if i == 0 {
-            WARMUP.max(2.0 * payback + 4.0)
-        } else {
-            PHASE
-        };
-        bounds.push((t, t + secs));
-        t += secs;
-        schedule.push(Split {
-            end: t,
-            pps: FLOOD_PPS,
-            weights: w.clone(),
-        });
-    }
+    let phases = phases(n);
+    let (bounds, schedule) = timed(n, &phases);
+    let t = bounds.last().map_or(0.0, |b| b.1);
     let start = Instant::now();
     let sender = net.flood(schedule, start)?;
     let mut samples = Samples::default();
@@ -289,26 +288,11 @@ fn one(n: usize) -> Result<Run> {
         .join()
         .map_err(|_| anyhow!("the flood sender panicked"))?;
     let stalls = stalls(&sent, &receivers, start);
-    let (b, a) = (before.expect("phase 1 ran"), after.expect("phase 2 ran"));
-    let secs = a.0.duration_since(b.0).as_secs_f64();
-    #[expect(clippy::cast_precision_loss, reason = "byte counts")]
-    let gossip_bps =
-        a.1.iter()
-            .zip(&b.1)
-            .map(|(x, y)| (x - y) as f64)
-            .sum::<f64>()
-            / secs
-            / n as f64;
-    #[expect(clippy::cast_precision_loss, reason = "host count")]
-    let cpu_pct =
-        a.2.iter()
-            .zip(&b.2)
-            .map(|(x, y)| x.saturating_sub(*y).as_secs_f64())
-            .sum::<f64>()
-            / secs
-            / n as f64
-            * 100.0;
-    let budget = f64::from(u32::try_from(RATE).unwrap_or(1000));
+    let (gossip_bps, cpu_pct) = per_host(
+        n,
+        &before.expect("phase 1 ran"),
+        &after.expect("phase 2 ran"),
+    );
     let mut measured = Vec::new();
     for (i, ((name, _, _), &(t0, t1))) in phases.iter().zip(&bounds).enumerate() {
         if i == 0 {
@@ -317,9 +301,9 @@ fn one(n: usize) -> Result<Run> {
         let want = if *name == "h0 cut off (95/5)" {
             // Each side of the partition enforces the whole budget (fail open): h0 admits the
             // budget, the others what h1 is sent (5% of the flood), under theirs.
-            budget + budget.min(0.05 * FLOOD_PPS)
+            budget() + budget().min(0.05 * FLOOD_PPS)
         } else {
-            budget
+            budget()
         };
         measured.push((
             (*name).to_string(),
@@ -348,10 +332,85 @@ fn one(n: usize) -> Result<Run> {
     })
 }
 
+/// A phase of the flood: its name, the weights of the hosts' shares, and h0's gossip link up or
+/// down at its start (`None`: as it was).
+type Phase = (&'static str, Vec<f64>, Option<bool>);
+
+/// The phases of `n` hosts: a warm-up, 95/5, even; for [`CHART_HOSTS`] also h0 cut off and
+/// healed, both 95/5.
+fn phases(n: usize) -> Vec<Phase> {
+    let even = vec![1.0; n];
+    let mut skew = vec![0.0; n];
+    skew[0] = 95.0;
+    skew[1] = 5.0;
+    let mut phases: Vec<Phase> = vec![
+        ("warm-up (even)", even.clone(), None),
+        ("95/5", skew.clone(), None),
+        ("even", even, None),
+    ];
+    if n == CHART_HOSTS {
+        phases.push(("h0 cut off (95/5)", skew.clone(), Some(false)));
+        phases.push(("healed (95/5)", skew, Some(true)));
+    }
+    phases
+}
+
+/// Each phase's (start, end) in seconds from the flood's start, and the flood's schedule: the
+/// warm-up long enough to pay back `n` bursts twice over, the others [`PHASE`] each.
+fn timed(n: usize, phases: &[Phase]) -> (Vec<(f64, f64)>, Vec<Split>) {
+    let mut schedule = Vec::new();
+    let mut bounds = Vec::new();
+    let mut t = 0.0;
+    for (i, (_, w, _)) in phases.iter().enumerate() {
+        #[expect(clippy::cast_precision_loss, reason = "small counts")]
+        let payback = (n as u64 * BURST) as f64 / RATE as f64;
+        let secs = if i == 0 {
+            WARMUP.max(2.0 * payback + 4.0)
+        } else {
+            PHASE
+        };
+        bounds.push((t, t + secs));
+        t += secs;
+        schedule.push(Split {
+            end: t,
+            pps: FLOOD_PPS,
+            weights: w.clone(),
+        });
+    }
+    (bounds, schedule)
+}
+
+/// Gossip bytes a second and agent CPU (% of a core), per host, between two [`usage`] reads.
+fn per_host(
+    n: usize,
+    before: &(Instant, Vec<u64>, Vec<Duration>),
+    after: &(Instant, Vec<u64>, Vec<Duration>),
+) -> (f64, f64) {
+    let (b, a) = (before, after);
+    let secs = a.0.duration_since(b.0).as_secs_f64();
+    #[expect(clippy::cast_precision_loss, reason = "byte counts")]
+    let gossip_bps =
+        a.1.iter()
+            .zip(&b.1)
+            .map(|(x, y)| (x - y) as f64)
+            .sum::<f64>()
+            / secs
+            / n as f64;
+    #[expect(clippy::cast_precision_loss, reason = "host count")]
+    let cpu_pct =
+        a.2.iter()
+            .zip(&b.2)
+            .map(|(x, y)| x.saturating_sub(*y).as_secs_f64())
+            .sum::<f64>()
+            / secs
+            / n as f64
+            * 100.0;
+    (gossip_bps, cpu_pct)
+}
+
 /// The bursty phases on `net`'s running agents: sends the plan (see the module's doc), waits for
 /// the last datagrams, and counts what the cluster and one bucket admitted of each phase's
 /// measured window.
-// Stays whole: the bursty plan built, sent and counted in order, on one set of receivers.
 fn bursty(
     net: &ClusterNet,
     agents: &[ratelimit_testbed::AgentProcess],
@@ -359,69 +418,24 @@ fn bursty(
     n: usize,
 ) -> Result<BurstyRun> {
     let len = BURSTY_SETTLE + BURSTY_MEASURE;
-    #[expect(clippy::cast_precision_loss, reason = "host count")]
-    let nf = n as f64;
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        reason = "bursts of at most a few hundred"
-    )]
-    let size = |share: f64| (FLOOD_PPS * BURST_PERIOD * share).round() as u32;
-    // Even: every host its share, phases spread over the period.
-    let mut plan = Plan::default();
-    for h in 0..n {
-        #[expect(clippy::cast_precision_loss, reason = "host count")]
-        let offset = BURST_PERIOD * h as f64 / nf;
-        plan = plan.periodic(h, size(1.0 / nf), BURST_PERIOD, offset, len, |_| true);
-    }
-    // 95/5: h0 and h1, half a period apart.
-    plan = plan
-        .periodic(0, size(0.95), BURST_PERIOD, len, 2.0 * len, |_| true)
-        .periodic(
-            1,
-            size(0.05),
-            BURST_PERIOD,
-            len + BURST_PERIOD / 2.0,
-            2.0 * len,
-            |_| true,
-        );
-    let drops = |rs: &[ratelimit_testbed::Receiver]| -> Result<Vec<u64>> {
-        rs.iter()
-            .map(ratelimit_testbed::Receiver::socket_drops)
-            .collect()
-    };
-    let seen = || -> Vec<u64> {
-        agents
-            .iter()
-            .map(|a| {
-                let s = a.stats();
-                ["passed", "dropped_rate"]
-                    .iter()
-                    .map(|v| rule_packets(&s, "cluster-flood", v))
-                    .sum()
-            })
-            .collect()
-    };
-    let drops_before = drops(receivers)?;
-    let seen_before = seen();
+    let drops_before = socket_drops(receivers)?;
+    let seen_before = seen(agents);
     let start = Instant::now();
     let log = net
-        .bursts_from(FLOOD, plan, start)?
+        .bursts_from(FLOOD, bursty_plan(n, len), start)?
         .join()
         .map_err(|_| anyhow!("the burst sender panicked"))?;
     for r in receivers {
         r.wait_idle(Duration::from_millis(200), Duration::from_secs(3));
     }
-    let socket_drops = drops(receivers)?
-        .iter()
-        .zip(&drops_before)
-        .map(|(a, b)| a.saturating_sub(*b))
-        .collect();
-    let seen = seen()
-        .iter()
-        .zip(&seen_before)
-        .map(|(a, b)| a.saturating_sub(*b))
-        .collect();
+    let since = |now: Vec<u64>, before: &[u64]| -> Vec<u64> {
+        now.iter()
+            .zip(before)
+            .map(|(a, b)| a.saturating_sub(*b))
+            .collect()
+    };
+    let socket_drops = since(socket_drops(receivers)?, &drops_before);
+    let seen = since(seen(agents), &seen_before);
     let admitted = log.admitted(receivers);
     let times: Vec<f64> = log.sent.iter().map(|d| d.t).collect();
     #[expect(clippy::cast_precision_loss, reason = "small settings")]
@@ -464,6 +478,56 @@ fn bursty(
         late: log.late.len(),
         longest_burst_ms: log.longest_burst * 1000.0,
     })
+}
+
+/// The bursts of `n` hosts, phases of `len` seconds: even (every host its share, the hosts'
+/// bursts spread over the period), then 95/5 (h0 and h1, half a period apart).
+fn bursty_plan(n: usize, len: f64) -> Plan {
+    #[expect(clippy::cast_precision_loss, reason = "host count")]
+    let nf = n as f64;
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "bursts of at most a few hundred"
+    )]
+    let size = |share: f64| (FLOOD_PPS * BURST_PERIOD * share).round() as u32;
+    let mut plan = Plan::default();
+    for h in 0..n {
+        #[expect(clippy::cast_precision_loss, reason = "host count")]
+        let offset = BURST_PERIOD * h as f64 / nf;
+        plan = plan.periodic(h, size(1.0 / nf), BURST_PERIOD, offset, len, |_| true);
+    }
+    plan.periodic(0, size(0.95), BURST_PERIOD, len, 2.0 * len, |_| true)
+        .periodic(
+            1,
+            size(0.05),
+            BURST_PERIOD,
+            len + BURST_PERIOD / 2.0,
+            2.0 * len,
+            |_| true,
+        )
+}
+
+/// Datagrams each receiver's socket dropped so far.
+fn socket_drops(receivers: &[ratelimit_testbed::Receiver]) -> Result<Vec<u64>> {
+    receivers
+        .iter()
+        .map(ratelimit_testbed::Receiver::socket_drops)
+        .collect()
+}
+
+/// Packets of the flood's rule each agent's program has seen so far (passed or dropped).
+fn seen(agents: &[ratelimit_testbed::AgentProcess]) -> Vec<u64> {
+    agents
+        .iter()
+        .map(|a| {
+            let s = a.stats();
+            ["passed", "dropped_rate"]
+                .iter()
+                .map(|v| rule_packets(&s, "cluster-flood", v))
+                .sum()
+        })
+        .collect()
 }
 
 /// (when, bytes sent by each agent's gossip, CPU time of each agent).
