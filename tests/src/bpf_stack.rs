@@ -165,18 +165,17 @@ impl Frames {
     }
 }
 
-/// The deepest `r10` offset addressed by `code` (whole instructions) and the functions it calls
-/// (`target(pc, imm)` resolves a BPF-to-BPF call at instruction `pc`).
-fn scan(
-    code: &[u8],
-    mut target: impl FnMut(u64, i32) -> Result<usize>,
-) -> Result<(u32, Vec<usize>)> {
-    const LD_IMM64: u8 = 0x18;
-    const CALL: u8 = 0x85;
-    const EXIT: u8 = 0x95;
-    const PSEUDO_CALL: u8 = 1;
-    let insns: Vec<(u8, u8, u8, i16, i32)> = code
-        .chunks_exact(8)
+const LD_IMM64: u8 = 0x18;
+const CALL: u8 = 0x85;
+const EXIT: u8 = 0x95;
+const PSEUDO_CALL: u8 = 1;
+
+/// An instruction's fields: opcode, dst, src, offset, immediate.
+type Insn = (u8, u8, u8, i16, i32);
+
+/// `code`'s instructions (whole 8-byte ones; the second half of a 64-bit load is one too).
+fn decode(code: &[u8]) -> Vec<Insn> {
+    code.chunks_exact(8)
         .map(|i| {
             (
                 i[0],
@@ -186,8 +185,12 @@ fn scan(
                 i32::from_le_bytes([i[4], i[5], i[6], i[7]]),
             )
         })
-        .collect();
-    // Where straight runs start: a register's `r10 + k` is followed only within one.
+        .collect()
+}
+
+/// Where straight runs start (a jump lands there): a register's `r10 + k` is followed only
+/// within one.
+fn joins(insns: &[Insn]) -> Vec<bool> {
     let mut joins = vec![false; insns.len() + 1];
     for (pc, &(code, _, _, off, imm)) in insns.iter().enumerate() {
         let class = code & 7;
@@ -204,6 +207,17 @@ fn scan(
             }
         }
     }
+    joins
+}
+
+/// The deepest `r10` offset addressed by `code` (whole instructions) and the functions it calls
+/// (`target(pc, imm)` resolves a BPF-to-BPF call at instruction `pc`).
+fn scan(
+    code: &[u8],
+    mut target: impl FnMut(u64, i32) -> Result<usize>,
+) -> Result<(u32, Vec<usize>)> {
+    let insns = decode(code);
+    let joins = joins(&insns);
     let mut depth: i64 = 0;
     let mut calls = Vec::new();
     // Registers known to hold r10 + k.

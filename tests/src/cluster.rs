@@ -293,7 +293,8 @@ impl Drop for Attacker {
     }
 }
 
-// Stays whole: the attacker's chitchat servers started, then one loop publishing its claims.
+/// The attacker's chitchat servers started, then one loop publishing its claims every 100 ms
+/// until told to stop.
 async fn run(
     cluster_id: String,
     seeds: Vec<SocketAddr>,
@@ -304,37 +305,7 @@ async fn run(
 ) {
     let mut handles: Vec<ChitchatHandle> = Vec::new();
     for ident in &ids {
-        let interval = Duration::from_millis(100);
-        let config = ChitchatConfig {
-            chitchat_id: ident.id.clone(),
-            cluster_id: cluster_id.clone(),
-            gossip_interval: interval,
-            listen_addr: ident.bind,
-            seed_nodes: seeds.iter().map(ToString::to_string).collect(),
-            failure_detector_config: FailureDetectorConfig {
-                initial_interval: interval,
-                ..FailureDetectorConfig::default()
-            },
-            marked_for_deletion_grace_period: Duration::from_secs(60),
-            catchup_callback: None,
-            extra_liveness_predicate: None,
-            protocol_version: ProtocolVersion::V1,
-        };
-        // Sealed as the identity it claims, from the address it sends from: what the agent's own
-        // gossip does.
-        let shared = Arc::new(Shared::default());
-        set_self_tag(&shared, &ident.id);
-        let transport = SecureTransport::new(
-            ClusterKey::from_secret(format!("{SECRET}\n").as_bytes(), &cluster_id).unwrap(),
-            cluster_id.clone(),
-            shared,
-        )
-        .with_advertise(ident.bind);
-        handles.push(
-            spawn_chitchat(config, Vec::new(), &transport)
-                .await
-                .expect("an attacker's chitchat server"),
-        );
+        handles.push(serve(&cluster_id, &seeds, ident).await);
     }
     let _ = ready.send(());
     let mut seq = 0u64;
@@ -346,53 +317,8 @@ async fn run(
         if *stop.lock().unwrap() {
             break;
         }
-        let sync_value;
-        let kvs: Vec<(String, String)> = {
-            let mut c = claims.lock().unwrap();
-            let forge = c.forge_future > 0 && !forging;
-            if c.forge_future > 0 {
-                c.forge_future -= 1;
-                forging = c.forge_future > 0;
-                if !forge {
-                    continue;
-                }
-            } else {
-                forging = false;
-            }
-            seq += 1;
-            sync_value = if forge {
-                format!("{seq}:{}:{}", unix_ms() + 1_000_000_000_000, u64::MAX)
-            } else {
-                format!("{seq}:{}:1", unix_ms())
-            };
-            let per_round = c.per_round;
-            for (_, n) in &mut c.keys {
-                *n += per_round;
-            }
-            let mut kvs: Vec<(String, String)> = c
-                .keys
-                .iter()
-                .map(|((rule, addr), n)| {
-                    let value = if forge {
-                        format!("{}:0:0:{}", u64::MAX, u64::MAX)
-                    } else {
-                        format!("1:{n}:{}", n * 64)
-                    };
-                    (format!("{KEY_PREFIX}{rule}/{addr}"), value)
-                })
-                .collect();
-            let rule = c
-                .keys
-                .first()
-                .map_or("r", |((r, _), _)| r.as_str())
-                .to_string();
-            kvs.extend((0..c.junk).map(|i| {
-                (
-                    format!("{KEY_PREFIX}{rule}/203.0.{}.{}", i / 256, i % 256),
-                    "1:1:64".to_string(),
-                )
-            }));
-            kvs
+        let Some((sync_value, kvs)) = next_round(&claims, &mut seq, &mut forging) else {
+            continue;
         };
         for h in &handles {
             let kvs = kvs.clone();
@@ -416,4 +342,90 @@ async fn run(
     for h in handles {
         let _ = h.shutdown().await;
     }
+}
+
+/// A chitchat server of identity `ident`, sealed as the identity it claims, from the address it
+/// sends from: what the agent's own gossip does.
+async fn serve(cluster_id: &str, seeds: &[SocketAddr], ident: &Identity) -> ChitchatHandle {
+    let interval = Duration::from_millis(100);
+    let config = ChitchatConfig {
+        chitchat_id: ident.id.clone(),
+        cluster_id: cluster_id.to_owned(),
+        gossip_interval: interval,
+        listen_addr: ident.bind,
+        seed_nodes: seeds.iter().map(ToString::to_string).collect(),
+        failure_detector_config: FailureDetectorConfig {
+            initial_interval: interval,
+            ..FailureDetectorConfig::default()
+        },
+        marked_for_deletion_grace_period: Duration::from_secs(60),
+        catchup_callback: None,
+        extra_liveness_predicate: None,
+        protocol_version: ProtocolVersion::V1,
+    };
+    let shared = Arc::new(Shared::default());
+    set_self_tag(&shared, &ident.id);
+    let transport = SecureTransport::new(
+        ClusterKey::from_secret(format!("{SECRET}\n").as_bytes(), cluster_id).unwrap(),
+        cluster_id.to_owned(),
+        shared,
+    )
+    .with_advertise(ident.bind);
+    spawn_chitchat(config, Vec::new(), &transport)
+        .await
+        .expect("an attacker's chitchat server")
+}
+
+/// This round's sync value and keys, with the claims' counts advanced by a round; `None` for a
+/// round that publishes nothing (after a forged reading, see [`Claims::forge_future`]).
+fn next_round(
+    claims: &Mutex<Claims>,
+    seq: &mut u64,
+    forging: &mut bool,
+) -> Option<(String, Vec<(String, String)>)> {
+    let mut c = claims.lock().unwrap();
+    let forge = c.forge_future > 0 && !*forging;
+    if c.forge_future > 0 {
+        c.forge_future -= 1;
+        *forging = c.forge_future > 0;
+        if !forge {
+            return None;
+        }
+    } else {
+        *forging = false;
+    }
+    *seq += 1;
+    let sync_value = if forge {
+        format!("{seq}:{}:{}", unix_ms() + 1_000_000_000_000, u64::MAX)
+    } else {
+        format!("{seq}:{}:1", unix_ms())
+    };
+    let per_round = c.per_round;
+    for (_, n) in &mut c.keys {
+        *n += per_round;
+    }
+    let mut kvs: Vec<(String, String)> = c
+        .keys
+        .iter()
+        .map(|((rule, addr), n)| {
+            let value = if forge {
+                format!("{}:0:0:{}", u64::MAX, u64::MAX)
+            } else {
+                format!("1:{n}:{}", n * 64)
+            };
+            (format!("{KEY_PREFIX}{rule}/{addr}"), value)
+        })
+        .collect();
+    let rule = c
+        .keys
+        .first()
+        .map_or("r", |((r, _), _)| r.as_str())
+        .to_string();
+    kvs.extend((0..c.junk).map(|i| {
+        (
+            format!("{KEY_PREFIX}{rule}/203.0.{}.{}", i / 256, i % 256),
+            "1:1:64".to_string(),
+        )
+    }));
+    Some((sync_value, kvs))
 }
