@@ -31,6 +31,9 @@ use crate::{
 /// and a dropped one spends none), but a flood of new sources makes no bucket per source, and
 /// the drop is blamed on the per-rule limit even where an earlier limit would have dropped it too.
 // Stays whole: inlined into the entry; its shape is what the verifier passes (CONSTRAINTS.md).
+// Split into inlined steps, the same statements compile to an entry the verifier rejects (the
+// bound of the dropping limit's index is lost before `open_gate`: docs/journal.md, "Two tries
+// on the known path and the entry that were not kept").
 #[inline(always)]
 #[expect(
     clippy::too_many_arguments,
