@@ -4,10 +4,9 @@
 use anyhow::{Context as _, Result};
 use aya::programs::Xdp;
 use ratelimit_common::map_names;
-use ratelimit_testbed::packet::eth;
 use serde_json::json;
 
-use super::{action_name, repeat_ns, v4_frame, Limiter, TRUNCATION};
+use super::{action_name, repeat_ns, v4_frame, v6_frame, Limiter, TRUNCATION};
 use crate::{
     refs::{Refs, PASS},
     report::{Figure, Report},
@@ -172,18 +171,7 @@ fn cases() -> [(&'static str, &'static str, Vec<u8>); 4] {
             "known source, admitted",
             v4_frame([198, 18, 0, 1]),
         ),
-        (
-            "ipv6",
-            "IPv6 known source, admitted",
-            eth()
-                .ipv6(
-                    "2001:db8::1".parse().expect("address"),
-                    "2001:db8::2".parse().expect("address"),
-                )
-                .udp(40_000, 9)
-                .pad_to(78)
-                .build(),
-        ),
+        ("ipv6", "IPv6 known source, admitted", v6_frame()),
         ("allow_rule", "allow rule", v4_frame([198, 18, 3, 1])),
         ("no_match", "no rule matches", v4_frame([198, 19, 0, 1])),
     ]

@@ -7,7 +7,7 @@ use ratelimit_common::rule_flags;
 use ratelimit_testbed::packet::eth;
 use serde_json::json;
 
-use super::{action_name, repeat_ns, v4_frame, Limiter, SECTION, TRUNCATION};
+use super::{action_name, repeat_ns, v4_frame, v6_frame, Limiter, SECTION, TRUNCATION};
 use crate::{
     refs::{Refs, PASS},
     report::{Figure, Report},
@@ -119,14 +119,7 @@ fn hot_cases() -> Vec<HotCase> {
         HotCase::new(
             "kernel.limiter.ipv6",
             "limiter: IPv6 known source, admitted",
-            eth()
-                .ipv6(
-                    "2001:db8::1".parse().expect("address"),
-                    "2001:db8::2".parse().expect("address"),
-                )
-                .udp(40_000, 9)
-                .pad_to(78)
-                .build(),
+            v6_frame(),
         ),
         HotCase::new(
             "kernel.limiter.ipv6_3ext",

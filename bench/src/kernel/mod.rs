@@ -221,6 +221,18 @@ pub(crate) fn v4_frame(src: [u8; 4]) -> Vec<u8> {
         .build()
 }
 
+/// A frame of the bench's IPv6 known source (2001:db8::1, UDP to port 9 of 2001:db8::2).
+pub(crate) fn v6_frame() -> Vec<u8> {
+    eth()
+        .ipv6(
+            "2001:db8::1".parse().expect("address"),
+            "2001:db8::2".parse().expect("address"),
+        )
+        .udp(40_000, 9)
+        .pad_to(78)
+        .build()
+}
+
 /// The kernel reports whole nanoseconds, truncated: half a nanosecond is added back so that a
 /// floor of "7" (7.0 to 7.99) is not taken for less than it is.
 pub(crate) const TRUNCATION: f64 = 0.5;
