@@ -251,11 +251,13 @@ pub fn run(args: &Args) -> Result<()> {
         .get(&std::net::IpAddr::from(POLITE))
         .copied()
         .unwrap_or_default();
-    let since = |v: &Value, name: &str| counter(&v[name]).saturating_sub(counter(&before[name]));
+    let since = |name: &str| {
+        counter(&after["global"][name]).saturating_sub(counter(&before["global"][name]))
+    };
     let fin = Final {
-        created: since(&after["global"], "new_buckets"),
-        evicted_full: since(&after["global"], "evicted_full"),
-        evicted_lost: since(&after["global"], "evicted_lost"),
+        created: since("new_buckets"),
+        evicted_full: since("evicted_full"),
+        evicted_lost: since("evicted_lost"),
         tracked: counter(&after["buckets"]["tracked"]),
         tracked0: counter(&before["buckets"]["tracked"]),
         capacity: counter(&after["buckets"]["capacity"]),
