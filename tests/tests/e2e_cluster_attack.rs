@@ -8,7 +8,7 @@
 //!   incarnation at its own address;
 //! - publishes five times `max_keys` keys.
 //!
-//! What must hold (docs/design.md, "What a peer with the key can do", "Which members count", "What a
+//! What must hold (docs/cluster.md, "What a peer with the key can do", "Which members count", "What a
 //! peer can store here"): the claims take at most the victim's refill at h0, `rate x (T + 3 x
 //! sync_interval_ms)` over the attack's span T whatever the number of identities, nothing is cut
 //! (`charges_clamped` does not move: demand is not bounded, its effect is), and the victim,
@@ -47,7 +47,7 @@ const CLUSTER_ID: &str = "e2e-attack";
 const RATE: u64 = 1000;
 const BURST: u64 = 500;
 const SYNC_MS: u64 = 100;
-/// docs/design.md's lag allowance: 3 sync intervals.
+/// docs/cluster.md's lag allowance: 3 sync intervals.
 const LAG_SECS: f64 = 3.0 * SYNC_MS as f64 / 1000.0;
 const MAX_KEYS: usize = 20;
 const VICTIM: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
@@ -227,7 +227,7 @@ fn identities(h1_generation: u64) -> Vec<Identity> {
         },
     ];
     // And more identities of its own, each at an address it sends from (another port): these
-    // are members like any other (docs/design.md says so), each with an allowance of its own, and
+    // are members like any other (docs/cluster.md says so), each with an allowance of its own, and
     // the debt cap must hold whatever their number.
     let mut ids = ids;
     ids.extend((0..EXTRA_SENDERS).map(|k| {

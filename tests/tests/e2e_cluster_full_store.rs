@@ -4,7 +4,7 @@
 //! would for a million sources of another rule: a busy server, or a spoofed flood). A source
 //! new to both then sends at three times the budget, evenly over the two hosts.
 //!
-//! Over any window T the cluster must admit at most docs/design.md's bound, `rate x T + (2 x
+//! Over any window T the cluster must admit at most docs/cluster.md's bound, `rate x T + (2 x
 //! hosts - 1) x burst + (hosts - 1) x rate x lag` (lag 400 ms at this interval, plus 50 ms of
 //! `rate` for the sampling, as `e2e_cluster/` allows), however many buckets the hosts track.
 //! The lag is 4 of the agents' own rounds: 4 sync intervals, or 4 of the slowest agent's
@@ -104,7 +104,7 @@ struct Outcome {
 }
 
 impl Outcome {
-    /// Bound of docs/design.md's written promise over any window, past `rate x T`: the lag
+    /// Bound of docs/cluster.md's written promise over any window, past `rate x T`: the lag
     /// ([`Outcome::lag`]) and the rate over each lapse of a host's shares.
     #[expect(clippy::cast_precision_loss, reason = "small counts")]
     fn bound(&self) -> f64 {

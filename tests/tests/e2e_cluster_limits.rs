@@ -4,7 +4,7 @@
 //! all hosts together, 1,000 pps). Five sources flood, split unevenly over the hosts: a heavy one
 //! at 3,000 pps, all of it to h0, and four light ones at 360 pps each, spread 50/30/20 or
 //! 20/30/50. After the first bursts have been paid back, the cluster together admits the
-//! aggregate budget within docs/design.md's accuracy of one budget (0.95-1.05 x over 5-6 s or longer
+//! aggregate budget within docs/cluster.md's accuracy of one budget (0.95-1.05 x over 5-6 s or longer
 //! windows, as `e2e_cluster`), while on each host each source stays within its own local bucket
 //! (`burst + rate x t`): the heavy source, which alone would take most of the aggregate, gets no
 //! more than its 200 pps at h0. Without the aggregate's cluster scope each host would admit its
@@ -36,7 +36,7 @@ const SYNC_MS: u64 = 100;
 const HEAVY_PPS: f64 = 3000.0;
 /// Each light source, in total.
 const LIGHT_PPS: f64 = 360.0;
-/// docs/design.md's accuracy of one budget (see `e2e_cluster`).
+/// docs/cluster.md's accuracy of one budget (see `e2e_cluster`).
 const ACCURACY: (f64, f64) = (0.95, 1.05);
 /// The run, and when its measurement starts: every host admits the aggregate's burst at once at
 /// the start (3 x 500 packets), which the cluster then pays back (as in `e2e_cluster_scale`).
@@ -255,7 +255,7 @@ fn figures(sources: &[Source], seen: &Seen) -> Figures {
 }
 
 /// One aggregate budget for the cluster: once the first bursts are paid back, the hosts
-/// together admit the rule's cluster-scoped limit within docs/design.md's accuracy of one
+/// together admit the rule's cluster-scoped limit within docs/cluster.md's accuracy of one
 /// budget ([`ACCURACY`]), where each host alone would admit its own.
 fn assert_one_aggregate_budget(fig: &Figures) {
     let admitted = fig.admitted;

@@ -2,8 +2,8 @@
 //! `scope = "cluster"` budget (1,000 pps, burst 500, sync 100 ms). One source sends `hosts x
 //! burst` and more, spread evenly over the three hosts within one sync interval, then stays
 //! silent for its tolerance (0.5 s) and five sync intervals, ten times over. Over any window T of
-//! the run the cluster must admit at most docs/design.md's bound, `rate x T + hosts x burst +
-//! (hosts - 1) x rate x lag` (lag 400 ms, docs/design.md's allowance at this interval, plus 50 ms of
+//! the run the cluster must admit at most docs/cluster.md's bound, `rate x T + hosts x burst +
+//! (hosts - 1) x rate x lag` (lag 400 ms, docs/cluster.md's allowance at this interval, plus 50 ms of
 //! `rate` for the sampling, as `e2e_cluster/` allows): the first bursts once, not at every
 //! cycle.
 //!
@@ -40,7 +40,7 @@ const OFF_SECS: f64 = 1.0;
 const CYCLES: usize = 10;
 /// One cycle: a burst and its silence.
 const CYCLE: f64 = ON_SECS + OFF_SECS;
-/// docs/design.md's lag allowance: 4 sync intervals (a key's demand is known at the first round
+/// docs/cluster.md's lag allowance: 4 sync intervals (a key's demand is known at the first round
 /// after its bucket's creation, peers read it a round later, a round more when gossip lost it
 /// once, and a round to spare for late rounds).
 const MAX_LAG_SECS: f64 = 0.4;
@@ -134,7 +134,7 @@ struct Figures {
     /// The largest excess over `rate x T` of any window between two samples, and that window.
     excess: f64,
     worst: (f64, f64),
-    /// docs/design.md's bound on it, with the rate over the sampling's skew.
+    /// docs/cluster.md's bound on it, with the rate over the sampling's skew.
     bound: f64,
 }
 
@@ -211,7 +211,7 @@ fn assert_the_receivers_missed_nothing(seen: &Seen) {
     );
 }
 
-/// No window of the run admits more over `rate x T` than docs/design.md's bound: the hosts'
+/// No window of the run admits more over `rate x T` than docs/cluster.md's bound: the hosts'
 /// bursts once and the lag, not a burst per host at every cycle (an idle key keeps its even
 /// part at each host holding it, so the buckets together hold one burst).
 fn assert_no_window_beyond_the_bound(fig: &Figures) {
@@ -225,7 +225,7 @@ fn assert_no_window_beyond_the_bound(fig: &Figures) {
     assert!(
         excess <= bound,
         "a window ({:.2}-{:.2} s) admitted {excess:.0} packets over rate x T, more than the \
-         docs/design.md's bound {bound:.0} (hosts x burst once, and the lag): per cycle {per_cycle:?}",
+         docs/cluster.md's bound {bound:.0} (hosts x burst once, and the lag): per cycle {per_cycle:?}",
         worst.0,
         worst.1
     );

@@ -6,11 +6,11 @@
 //! admits the budget within 5%; after each change of split, every 1 s window that starts 8 sync
 //! intervals (gossip, [`CONVERGE_ROUNDS`]) or 2 (Redis, [`CONVERGE_ROUNDS_REDIS`]) or more after
 //! the change admits within 10% of the budget; and over the whole run, between any two samples,
-//! within docs/design.md's bound.
+//! within docs/cluster.md's bound.
 //!
 //! The first phase starts with fresh buckets: every host admits its burst at once (8 x 500
 //! packets), which the cluster then pays back (one budget: `burst + rate x t` from the start,
-//! see docs/design.md's burst bound), so that phase is not measured (the issue's "0.925 x the budget
+//! see docs/cluster.md's burst bound), so that phase is not measured (the issue's "0.925 x the budget
 //! with an even split" was a window that held part of that payback).
 //!
 //! Run with `--nocapture` for the figures, and `RL_CLUSTER_TRACE=1` for the rate every 100 ms.
@@ -50,7 +50,7 @@ const WINDOW: f64 = 1.0;
 /// 95/5 to even, about 30 packets at each of 6 hosts at once, then the hosts still at their old
 /// shares under the budget for 2-3 rounds; and the host whose demand fell stays at its old share
 /// until gossip brings the others' new demand (1-3 gossip rounds after their next round). All
-/// are inside docs/design.md's bound; together they put the last 1 s window outside 10% at
+/// are inside docs/cluster.md's bound; together they put the last 1 s window outside 10% at
 /// 0.03-0.23 s after a change in quiet runs, 0.34-0.40 s on a loaded machine, and 0.67 s with
 /// 0.17 s of rounds overdue in a clean-clone CI run (which failed a limit of 5 intervals).
 const CONVERGE_ROUNDS: f64 = 8.0;
@@ -67,7 +67,7 @@ const READ_LATE_ROUNDS: Duration = Duration::from_secs(2);
 /// limiter measured, not only the machine). A clean-clone CI run saw 1.06 s of overdue rounds
 /// within one convergence (at 8 debug agents on 2 cores) that converged 0.16 s past the limit.
 const MOST_OVERDUE: f64 = 1.0;
-/// docs/design.md's lag: 4 sync intervals.
+/// docs/cluster.md's lag: 4 sync intervals.
 const LAG_SECS: f64 = 0.4;
 /// How far a sample's time can be off what it counted, at either end of an interval.
 const SKEW_SECS: f64 = 0.1;
@@ -154,7 +154,7 @@ const PHASES_3: [Phase; 4] = [
 /// What holds it steady: the program refills each bucket at its share (a share word in the
 /// bucket scales each packet's cost), so a host whose round runs late keeps its last share, not
 /// its whole demand; a cluster-scoped limit's drops are counted at once; and the agents gossip
-/// twice per sync interval. Runs and their figures: tests/README.md and docs/design.md, Accuracy.
+/// twice per sync interval. Runs and their figures: tests/README.md and docs/cluster.md, Accuracy.
 #[test]
 fn eight_agents_admit_the_budget_for_even_and_95_5_splits_and_converge_within_8_sync_intervals() {
     agents("rl-cs", Store::Gossip, &PHASES);
@@ -366,7 +366,7 @@ struct Figures {
     rounds: f64,
     limit: f64,
     /// The largest excess over `rate x T` between two samples, from and to when, and
-    /// docs/design.md's bound on it.
+    /// docs/cluster.md's bound on it.
     excess: f64,
     from: f64,
     to: f64,
@@ -390,7 +390,7 @@ fn figures(store: Store, hosts: usize, phases: &[Phase], seen: &Seen) -> Figures
         overdue,
         ..
     } = seen;
-    // docs/design.md's bound over any interval: `rate x T + (2 x hosts - 1) x burst + (hosts - 1)
+    // docs/cluster.md's bound over any interval: `rate x T + (2 x hosts - 1) x burst + (hosts - 1)
     // x rate x lag`, plus the rate over the sampling's skew at both ends and over each lapse of
     // an agent's shares (a late round: that host at the whole rate meanwhile).
     let (excess, from, to) = samples.largest_excess(RATE);
@@ -624,7 +624,7 @@ fn assert_each_phase_admits_the_budget_and_converges(phases: &[Phase], fig: &Fig
 }
 
 /// Over the whole run, between any two samples, the cluster admits no more over `rate x T` than
-/// docs/design.md's bound (with the sampling's skew and the agents' lapsed shares).
+/// docs/cluster.md's bound (with the sampling's skew and the agents' lapsed shares).
 fn assert_within_the_written_bound(fig: &Figures) {
     let Figures {
         excess,

@@ -22,7 +22,7 @@
 //! - [`redis`]: under `backend = "redis"`, the Redis store the agents exchange their demand
 //!   through instead of gossip (`sync::ExchangeLoop` runs the same round over it).
 //! - `sim` (tests only): a simulated cluster running the real share arithmetic against bursty,
-//!   uneven and spoofed arrivals, and the property test of docs/design.md's bound.
+//!   uneven and spoofed arrivals, and the property test of docs/cluster.md's bound.
 //!
 //! # Accuracy and failures
 //! Counters are cumulative and per epoch, so lost, repeated or reordered gossip counts nothing
@@ -30,7 +30,7 @@
 //! to what the others admit, so the cluster settles within a few sync intervals of a change of
 //! demand. Over any interval the cluster admits at most `rate x T + (2 x hosts - 1) x burst +
 //! (hosts - 1) x rate x lag` (each host's bucket holds the burst, or `hosts x share` bursts if
-//! more; shares follow figures a lag old): see docs/design.md, "Accuracy". A peer not heard for the peer timeout ([`timing::Timing::peer_timeout`]) stops being counted (its demand takes no
+//! more; shares follow figures a lag old): see docs/cluster.md, "Accuracy". A peer not heard for the peer timeout ([`timing::Timing::peer_timeout`]) stops being counted (its demand takes no
 //! share): in a partition each side enforces the budget on its own (fail open). The XDP program
 //! enforces the local bucket whether or not the agent runs.
 //!

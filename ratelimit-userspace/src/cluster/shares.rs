@@ -26,7 +26,7 @@
 //! share` bursts if that is 1.5 or more (`ratelimit_common::share`), so after a silence long enough for every
 //! holder to refill, an on/off source finds up to `min((2 x hosts - 1) x burst, rate x silence)`
 //! across the hosts, where one bucket would hold `burst`: the price of letting each host bank
-//! its own refill (see docs/design.md's per-cycle bound). Over any longer interval the refill,
+//! its own refill (see docs/cluster.md's per-cycle bound). Over any longer interval the refill,
 //! the rate, is what bounds it.
 //!
 //! A claim of any size takes a key's share on this host down to the smallest word (1 / 65,536 of

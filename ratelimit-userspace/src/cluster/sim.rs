@@ -18,7 +18,7 @@
 //!
 //! The property test draws hosts 2-64, bursts 1-10,000, rates 1-10^6 packets/s and sync
 //! intervals 10-1,000 ms, and checks over every window of the run: the cluster admits at most
-//! docs/design.md's bound; over 7 s, at least 95% of what one bucket of the same rate and burst
+//! docs/cluster.md's bound; over 7 s, at least 95% of what one bucket of the same rate and burst
 //! admits of the same arrivals; and under the budget (the arrivals conform to half the rate and
 //! burst), no host drops a packet.
 
@@ -31,7 +31,7 @@ use super::{
 };
 
 const MS: u64 = 1_000_000;
-/// The lag of docs/design.md's bound, in sync intervals: a key's demand is known at the first
+/// The lag of docs/cluster.md's bound, in sync intervals: a key's demand is known at the first
 /// round after its bucket's creation (its first reading counts from the creation), published,
 /// read by the peers at their next round (through gossip, as demand since the host's sync
 /// before), a round later when gossip lost it once, and a round to spare for the rounds'
@@ -426,7 +426,7 @@ impl Sim {
         worst
     }
 
-    /// docs/design.md's bound on the excess over `rate x T` in any window: `(2 x hosts - 1) x
+    /// docs/cluster.md's bound on the excess over `rate x T` in any window: `(2 x hosts - 1) x
     /// burst` (each host's bucket holds the whole burst, or `holders x share` bursts if that is 1.5 or more:
     /// with shares adding up to 1, at most `2 x hosts - 1` bursts together) plus `(hosts - 1) x
     /// rate x lag` (a new key refills at the whole rate at every host until its first shares, and

@@ -314,7 +314,7 @@ pub struct PeerStatus {
     /// The same in bytes.
     pub charged_bytes: u64,
     /// Always 0 since shares follow demand (nothing a peer reports is cut: a claim of any size
-    /// takes at most this host's refill, see docs/design.md); kept so `peers --json` keeps its
+    /// takes at most this host's refill, see docs/cluster.md); kept so `peers --json` keeps its
     /// fields.
     pub clamped: u64,
 }

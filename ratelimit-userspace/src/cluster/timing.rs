@@ -2,7 +2,7 @@
 //! chitchat gossips, how long a round's shares hold, when a peer's demand goes stale, when a
 //! round counts as late, when a silent peer stops being counted, when a key not read is
 //! forgotten. Each is a multiple of the sync interval chosen for the reason given beside it;
-//! change one here and the docs' figures (docs/design.md, "Accuracy" and "Failures fail open")
+//! change one here and the docs' figures (docs/cluster.md, "Accuracy" and "Failures fail open")
 //! with it.
 
 use std::time::Duration;

@@ -253,7 +253,7 @@ impl Samples {
     /// A window above `tolerance` is excused too by the `lapses` in it: spans `(from, to)`
     /// (seconds after the start) during which one host's shares had lapsed because its agent
     /// did not run a round in time (fail open: that host's buckets refilled at the whole rate,
-    /// `want`), as docs/design.md's bound counts them: its excess beyond `tolerance` must be at
+    /// `want`), as docs/cluster.md's bound counts them: its excess beyond `tolerance` must be at
     /// most `want` times the lapsed seconds inside it.
     #[must_use]
     #[expect(
@@ -322,7 +322,7 @@ impl Samples {
     }
 
     /// The most the cluster admitted over `rate x T` between any two samples (`T` the time
-    /// between them), as `(excess, from, to)`: what docs/design.md's bound over any interval
+    /// between them), as `(excess, from, to)`: what docs/cluster.md's bound over any interval
     /// holds. 0 if it never admitted more than the rate.
     #[must_use]
     pub fn largest_excess(&self, rate: f64) -> (f64, f64, f64) {

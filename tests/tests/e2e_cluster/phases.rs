@@ -52,7 +52,7 @@ pub(crate) fn the_cluster_forms(cluster: &Cluster) {
     }
 }
 
-/// docs/design.md's burst bound: over any window T while the three hosts hear each other (from
+/// docs/cluster.md's burst bound: over any window T while the three hosts hear each other (from
 /// the start, fresh buckets, to the end of phase 2), the cluster admits at most
 /// `rate x T + (what the hosts' buckets hold) + (hosts - 1) x rate x lag`, lag at most 200 ms
 /// (50-200 ms at the default sync in this test), plus `rate x SKEW` for the sampling (each
@@ -102,11 +102,11 @@ pub(crate) fn every_window_while_connected_is_within_the_burst_bound(run: &Run) 
     );
     assert!(
         excess <= burst_bound,
-        "a window admitted {excess:.0} packets over rate x T, more than docs/design.md's bound {burst_bound:.0}"
+        "a window admitted {excess:.0} packets over rate x T, more than docs/cluster.md's bound {burst_bound:.0}"
     );
 }
 
-/// One budget for the cluster, whatever the split: docs/design.md's 0.95-1.05 x the budget over
+/// One budget for the cluster, whatever the split: docs/cluster.md's 0.95-1.05 x the budget over
 /// the phases' 5-6 s windows (phases 1 and 2), back within 10% within 3 s of the change of
 /// split; after the cut, the heal and the kill, only that the rate gets there. A host whose
 /// shares lapsed within a window (its agent starved past the lag allowance) refilled at the
@@ -124,7 +124,7 @@ pub(crate) fn one_budget_whatever_the_split(run: &Run, figures: &Figures) {
             lapsed / (t1 - m0),
         );
     }
-    // docs/design.md's 3 s is stated for the change of split; the cut, the heal and the
+    // docs/cluster.md's 3 s is stated for the change of split; the cut, the heal and the
     // kill change the budget itself (and wait for the failure detector), so for them only that
     // the rate gets there.
     let conv = figures.results[1]
@@ -132,7 +132,7 @@ pub(crate) fn one_budget_whatever_the_split(run: &Run, figures: &Figures) {
         .expect("never back within 10% after the split changed");
     assert!(
         conv <= CONVERGENCE_SECS,
-        "back within 10% only {conv:.2} s after the split changed (docs/design.md: within \
+        "back within 10% only {conv:.2} s after the split changed (docs/cluster.md: within \
          {CONVERGENCE_SECS} s)"
     );
     assert!(
@@ -143,7 +143,7 @@ pub(crate) fn one_budget_whatever_the_split(run: &Run, figures: &Figures) {
     );
 }
 
-/// Gossip: about 22 KB/s per host for 3 hosts at 100 ms (docs/design.md, +-30%), in the phases
+/// Gossip: about 22 KB/s per host for 3 hosts at 100 ms (docs/cluster.md, +-30%), in the phases
 /// in which all three gossip (1, 2 and the healed 4).
 pub(crate) fn gossip_is_about_22_kb_a_second_per_host(run: &Run) {
     for &p in &[0, 1, 3] {
@@ -151,7 +151,7 @@ pub(crate) fn gossip_is_about_22_kb_a_second_per_host(run: &Run) {
             assert!(
                 (GOSSIP_BPS * (1.0 - GOSSIP_TOLERANCE)..=GOSSIP_BPS * (1.0 + GOSSIP_TOLERANCE))
                     .contains(sent),
-                "{}: h{h} sent {sent:.0} B/s of gossip, docs/design.md says about {GOSSIP_BPS:.0}",
+                "{}: h{h} sent {sent:.0} B/s of gossip, docs/cluster.md says about {GOSSIP_BPS:.0}",
                 PHASES[p].name
             );
         }
@@ -188,7 +188,7 @@ pub(crate) fn a_partition_fails_open(run: &Run, figures: &Figures) {
 }
 
 /// Healed: one budget again, without a blackout from the backlog, and h0..h2 count both their
-/// peers. docs/design.md's 0.95-1.05 is stated for the two splits (phases 1 and 2); after a heal,
+/// peers. docs/cluster.md's 0.95-1.05 is stated for the two splits (phases 1 and 2); after a heal,
 /// the debt of the partition is still being settled: +-10% (measured 0.97-1.03).
 pub(crate) fn healed_it_is_one_budget_again(run: &Run, figures: &Figures) {
     assert_within(
@@ -308,14 +308,14 @@ pub(crate) fn trace_the_agents(cluster: &Cluster, run: &Run) {
     }
 }
 
-/// docs/design.md's accuracy of one budget over a phase's 5-6 s window: 0.95-1.05 x the budget,
+/// docs/cluster.md's accuracy of one budget over a phase's 5-6 s window: 0.95-1.05 x the budget,
 /// and above it `lapsed` packets a second for lapsed shares.
 fn assert_accuracy(what: &str, got: f64, lapsed: f64) {
     let ratio = got / RATE;
     let most = ACCURACY.1 + lapsed / RATE;
     assert!(
         (ACCURACY.0..=most).contains(&ratio),
-        "{what}: {got:.0} pps = {ratio:.3} x the budget, docs/design.md says {}-{} \
+        "{what}: {got:.0} pps = {ratio:.3} x the budget, docs/cluster.md says {}-{} \
          ({most:.3} with {lapsed:.0} pps for lapsed shares)",
         ACCURACY.0,
         ACCURACY.1

@@ -244,7 +244,7 @@ pub(crate) fn plain_on(
 
 /// How long a scenario runs before its measured window: until what the design lets the cluster
 /// hold beyond one bucket is spent. Every host's bucket starts full at the whole burst
-/// (docs/design.md, Accuracy: the holders hold `hosts` bursts with an even split), so the
+/// (docs/cluster.md, Accuracy: the holders hold `hosts` bursts with an even split), so the
 /// cluster holds `hosts x burst` where one bucket holds one, and spends it at the excess of what
 /// is sent over the rate; then the convergence allowance (5 sync intervals). At least
 /// [`WARM_SECS`]. (2 hosts, burst 500, 1,200 pps sent: 5.5 s; measured from 3 s, the row read
@@ -257,7 +257,7 @@ pub(crate) fn warm_up(hosts: usize, rate: f64, burst: f64, sent_pps: f64) -> f64
 }
 
 /// Asserts that the datagrams `o` admitted, over every interval of the run, stay within
-/// docs/design.md's bound for `hosts` hosts: `rate x T + (2 x hosts - 1) x burst + (hosts - 1)
+/// docs/cluster.md's bound for `hosts` hosts: `rate x T + (2 x hosts - 1) x burst + (hosts - 1)
 /// x rate x lag`, plus the rate over the skew ([`SKEW_SECS`]) and over each lapse an agent
 /// reported.
 pub(crate) fn within_the_bound(o: &Outcome, hosts: usize, burst: f64) {

@@ -7,7 +7,7 @@
 //! spreads and times its traffic.
 //!
 //! The comparison is over a measured window after a warm-up (`warm_up`: at least [`WARM_SECS`]):
-//! at the start every host holds its own full burst (docs/design.md's `hosts x burst` once),
+//! at the start every host holds its own full burst (docs/cluster.md's `hosts x burst` once),
 //! which one bucket would not, and spends it at the excess of what is sent over the rate; the
 //! whole run is held to the written bound instead (`within_the_bound`). Each datagram carries
 //! its sequence number, so both counts are over the datagrams *sent* in the window, exactly,
@@ -48,7 +48,7 @@ const SYNC_MS: u64 = 100;
 /// Not measured, at least: the first bursts at every host and the shares settling (see
 /// [`warm_up`]).
 const WARM_SECS: f64 = 3.0;
-/// docs/design.md's lag allowance: 4 sync intervals (a key's demand is known at the first round
+/// docs/cluster.md's lag allowance: 4 sync intervals (a key's demand is known at the first round
 /// after its bucket's creation, peers read it a round later, a round more when gossip lost it
 /// once, and a round to spare for late rounds).
 const MAX_LAG_SECS: f64 = 0.4;
@@ -107,7 +107,7 @@ impl Outcome {
     /// [`ACCURACY`], and for every lapse of an agent's shares within the window (its round ran
     /// more than the lag allowance after the one before: the machine stalled it) `rate` times
     /// the lapse: meanwhile that host's bucket refilled at the whole rate (fail open, within
-    /// docs/design.md's written bound), its debt kept. 0 on a machine that runs the agents on
+    /// docs/cluster.md's written bound), its debt kept. 0 on a machine that runs the agents on
     /// time.
     fn tolerance(&self, t1: f64, t2: f64, reference: u64) -> f64 {
         let lapses: Vec<_> = self.overdue.lapses_within(t1, t2).collect();
@@ -240,7 +240,7 @@ fn eight_hosts_95_5(backend: Backend, tag: &str) {
     const HOSTS: usize = 8;
     // Longer than the others' warm-up: each small host starts full at the whole burst (100) and
     // sends only ~22 pps more than its share refills (7), so it spends that first burst over
-    // ~4.5 s (docs/design.md's `hosts x burst`, once: 1,150 admitted a second for the first 4 s,
+    // ~4.5 s (docs/cluster.md's `hosts x burst`, once: 1,150 admitted a second for the first 4 s,
     // then 1,000).
     let warm = 6.0;
     let end = warm + MEASURE_SECS;

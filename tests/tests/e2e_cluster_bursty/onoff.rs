@@ -36,7 +36,7 @@ const SPOOFED_SOURCES: usize = 4096;
 /// store evicted it, so every frame makes a new bucket and evicts one (a refilled one first: the
 /// victim's, in its silence).
 const SPOOFED_PPS: u64 = 2000;
-/// docs/design.md's bound on what the cluster admits of one source over any window `T`, beyond
+/// docs/cluster.md's bound on what the cluster admits of one source over any window `T`, beyond
 /// `rate x T`: every host's burst once (`hosts x burst`), what the other hosts admit at the
 /// whole rate before they hear of it (`(hosts - 1) x rate x lag`), and the skew's `rate x skew`.
 /// 1,500 + 800 + 50 = 2,350 packets here.
@@ -52,7 +52,7 @@ const ONOFF_EXCESS_BOUND: f64 = ONOFF_HOSTS as f64 * ONOFF_BURST
 /// it (`RL_NEW_PAGES`) and writes one; the churned store makes the victim's buckets again at
 /// every host every cycle, and a design in which each host then admitted its whole burst and
 /// 0.1 s of the whole rate every cycle measured 1,756-1,958 a cycle here against one bucket's
-/// 592-660, 7,670-8,109 over `rate x T` in 10 s (docs/design.md's table).
+/// 592-660, 7,670-8,109 over `rate x T` in 10 s (docs/cluster.md's table).
 #[test]
 fn an_on_off_source_under_a_store_churning_spoofed_flood_gets_one_budget() {
     #[expect(clippy::cast_precision_loss, reason = "a few cycles")]

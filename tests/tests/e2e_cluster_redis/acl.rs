@@ -22,7 +22,7 @@ const RUN: f64 = 20.0;
 /// (0.95-1.05 x over 6 s or more; 2 hosts, 4,000 pps split 75/25).
 ///
 /// h0's password file is wrong from the start: it runs, shows the store down with the server's
-/// refusal and enforces alone at its whole rate (fail open, docs/design.md's "a host that
+/// refusal and enforces alone at its whole rate (fail open, docs/cluster.md's "a host that
 /// cannot reach the store enforces alone"), as h1 does. The right password written into the
 /// file, h0 logs in by itself at its next attempt (the file is read at each one), within the
 /// longest backoff, with no restart; then the two share one budget.

@@ -5,7 +5,7 @@
 //! rounds fail; they fail open (no 1 s window of the run below [`FLOOR`] budgets but those a
 //! stall of the test's own threads explains), pick up the new topology by themselves (each
 //! connects again and reads the slot map afresh), and share one budget again, within
-//! docs/design.md's bound from then on.
+//! docs/cluster.md's bound from then on.
 
 use std::time::Instant;
 
@@ -190,7 +190,7 @@ struct Figures {
     again: f64,
     /// The lowest 1 s window no stall explains, pps, and its start.
     lowest: (f64, f64),
-    /// Packets over `rate x T` from the agents' return to the end, and docs/design.md's bound.
+    /// Packets over `rate x T` from the agents' return to the end, and docs/cluster.md's bound.
     excess: f64,
     bound: f64,
 }
@@ -302,7 +302,7 @@ fn assert_failed_open_until_the_agents_came_back(fig: &Figures) {
 }
 
 /// From the agents' return the cluster admits one budget again ([`ACCURACY`]) and no more over
-/// `rate x T` than docs/design.md's bound; every agent ends connected to the 3 shards, having
+/// `rate x T` than docs/cluster.md's bound; every agent ends connected to the 3 shards, having
 /// seen its rounds fail (fail open meanwhile).
 fn assert_one_budget_again_within_the_bound(fig: &Figures, seen: &Seen) {
     assert!(

@@ -36,7 +36,7 @@ const BURST: u64 = 500;
 const SYNC_MS: u64 = 100;
 const FLOOD_PPS: f64 = 5000.0;
 const SPLIT: [f64; 3] = [70.0, 20.0, 10.0];
-/// docs/design.md's accuracy of one budget (see `e2e_cluster`).
+/// docs/cluster.md's accuracy of one budget (see `e2e_cluster`).
 const ACCURACY: (f64, f64) = (0.95, 1.05);
 
 /// Whether `r` (admitted over a window, in budgets) is within `range`, ends included.
@@ -44,7 +44,7 @@ fn within(r: f64, range: (f64, f64)) -> bool {
     r >= range.0 && r <= range.1
 }
 const SAMPLE: Duration = Duration::from_millis(100);
-/// docs/design.md's lag: 4 sync intervals.
+/// docs/cluster.md's lag: 4 sync intervals.
 const LAG_SECS: f64 = 0.4;
 /// How far the sampling can misplace an admission in time, at either end of a window.
 const SKEW_SECS: f64 = 0.1;

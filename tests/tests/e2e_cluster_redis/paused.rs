@@ -37,7 +37,7 @@ const FLOOR: f64 = 0.85;
 /// stale figures keep shares that add up to 1 until then; a window a stall of the test's own
 /// threads explains is excused, [`Samples::lowest_window`]). After the pause they reconnect by
 /// themselves, within the longest backoff (5 s), an attempt and a round or two, and the cluster is
-/// back to one budget (0.95-1.05 x), within docs/design.md's bound from the reconnection on.
+/// back to one budget (0.95-1.05 x), within docs/cluster.md's bound from the reconnection on.
 #[test]
 fn a_paused_store_fails_open_visibly_and_the_agents_come_back_by_themselves() {
     require_root();
@@ -276,7 +276,7 @@ fn assert_failed_open_and_never_below_the_floor(fig: &Figures) {
 
 /// After the pause every agent is back by itself within [`BACK_WITHIN`] of its end, the cluster
 /// admits one budget again ([`ACCURACY`]), and from the reconnection on no more than
-/// docs/design.md's bound over `rate x T`.
+/// docs/cluster.md's bound over `rate x T`.
 fn assert_back_by_themselves_within_the_bound(fig: &Figures) {
     let Figures {
         back,

@@ -1,6 +1,6 @@
 //! Redis killed, started again empty, and restarted empty mid-run, under three agents sharing
 //! one budget through it:
-//! 1. Redis up: the cluster admits one budget (docs/design.md's accuracy of one budget, 0.95-1.05
+//! 1. Redis up: the cluster admits one budget (docs/cluster.md's accuracy of one budget, 0.95-1.05
 //!    x over a 5 s window, as `e2e_cluster`). Without the exchange each host would admit its own
 //!    rate: 2,500 pps here.
 //! 2. Redis killed: every agent shows the store `down` with the error, and fails open: each host
@@ -8,7 +8,7 @@
 //! 3. Redis started again (empty): every agent reconnects by itself (within its backoff, 5 s at
 //!    most) and the budget holds again (0.95-1.05 x).
 //! 4. Redis restarted empty mid-run (killed and started at once): what the cluster admits over
-//!    the 10 s around it stays within docs/design.md's bound, `rate x T + (2 x hosts - 1) x
+//!    the 10 s around it stays within docs/cluster.md's bound, `rate x T + (2 x hosts - 1) x
 //!    burst + (hosts - 1) x rate x lag` (lag 4 sync intervals), and the budget holds again
 //!    from 4 s after.
 
@@ -141,7 +141,7 @@ struct Figures {
     w1: f64,
     w2: f64,
     around: f64,
-    /// docs/design.md's bound over that window.
+    /// docs/cluster.md's bound over that window.
     bound: f64,
     again: f64,
 }
@@ -278,7 +278,7 @@ fn assert_failed_open_visibly(fig: &Figures, seen: &Seen) {
 
 /// Redis started again, empty: every agent reconnects by itself by [`RECONNECTED_BY`] (the
 /// longest backoff and a round) and the budget holds again. Redis restarted empty mid-run: the
-/// cluster admits no more than docs/design.md's bound over the 10 s around it, and one budget
+/// cluster admits no more than docs/cluster.md's bound over the 10 s around it, and one budget
 /// again from 4 s after.
 fn assert_reconnected_and_one_budget_again(fig: &Figures) {
     let Figures {
@@ -303,7 +303,7 @@ fn assert_reconnected_and_one_budget_again(fig: &Figures) {
     );
     assert!(
         around <= bound,
-        "Redis restarting empty: {around:.0} packets over {w1}-{w2} s, above docs/design.md's \
+        "Redis restarting empty: {around:.0} packets over {w1}-{w2} s, above docs/cluster.md's \
          bound {bound:.0}"
     );
     assert!(

@@ -486,7 +486,7 @@ fn holders_without_demand_never_take_a_polite_source_below_its_demand_and_leave_
 /// have), beside its real keys and its sync key, which keeps moving. Read as a key the
 /// member holds, it kept the victim at `1 / 2` of the rate and of the burst here long after
 /// the attacker had stopped (or been removed): for the member's whole life, past every bound
-/// docs/design.md documents. A member's idle keys count as held only while its sync key names
+/// docs/cluster.md documents. A member's idle keys count as held only while its sync key names
 /// exactly the keys read from it ([`PeerView::keys_attested`]).
 #[test]
 fn a_key_relayed_under_another_members_id_is_not_held_by_it_once_the_attacker_stops() {
@@ -715,7 +715,7 @@ fn a_peer_heard_directly_stays_counted_whatever_its_heartbeat_in_chitchat() {
 /// time the two read the same at every reading the peer got, 333-500 pps (the count at the
 /// span's start read between the peer's readings around it). Over the 7 readings it keeps,
 /// 9 intervals, the peer read 333-556 where the host read 333-500, 1.33x on average while the
-/// source sent, and 16 hosts' shares added up to less than 1 while it sent (docs/design.md,
+/// source sent, and 16 hosts' shares added up to less than 1 while it sent (docs/cluster.md,
 /// "Accuracy").
 #[test]
 fn a_peer_that_missed_syncs_reads_a_bursty_key_over_the_hosts_span() {

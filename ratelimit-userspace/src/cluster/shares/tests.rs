@@ -302,12 +302,12 @@ fn eight_hosts_admit_the_budget_and_converge_within_three_rounds_of_a_change() {
 
 /// A source that sends `hosts x burst` spread evenly over three hosts within one sync interval,
 /// then idles for its tolerance and four intervals, eight times over: the cluster admits at most
-/// the tighter of docs/design.md's bounds for an even split over the whole run, `rate x T + hosts
+/// the tighter of docs/cluster.md's bounds for an even split over the whole run, `rate x T + hosts
 /// x burst + (hosts - 1) x rate x lag` (each host at a third holds one burst), and each cycle
 /// after the first what the buckets refilled at their shares over the silence: `min(hosts x
 /// burst, rate x off)` and the rate while on (each host refills at its third of the rate): 1,797 then 999 a cycle, 8,790 against a bound of 9,900.
 /// One bucket would admit 500 a cycle: the price of letting each host bank its own share's
-/// refill over its gaps (see docs/design.md's per-cycle bound). Before idle keys kept their even
+/// refill over its gaps (see docs/cluster.md's per-cycle bound). Before idle keys kept their even
 /// part, an idle key went back to the whole rate at every host: 1,797 every cycle, 14,376 in
 /// all, over the bound.
 #[test]

@@ -152,7 +152,7 @@ fn run(c: &Case, mode: Mode) -> Found {
 /// over every window and nobody limited under the budget, `short` under 95% of one bucket
 /// over 7 s where the design claims it: at least 20 packets, and no host holding the key sees
 /// its bursts more than [`DEMAND_HISTORY`] sync intervals apart (such a host reads about 0
-/// between them, docs/design.md, "How the budget is shared").
+/// between them, docs/cluster.md, "How the budget is shared").
 fn failures(cases: u64, mode: Mode) -> (Vec<String>, Vec<String>) {
     let (mut broken, mut short) = (Vec::new(), Vec::new());
     for seed in 0..cases {
@@ -222,7 +222,7 @@ fn cases() -> u64 {
 
 /// The whole property of issue #34, over every drawn configuration and arrival process, the
 /// hosts' rounds at their own times and now and then late, reading one another through the
-/// store: no window of the run admits more than docs/design.md's bound
+/// store: no window of the run admits more than docs/cluster.md's bound
 /// (`rate x T + (2 x hosts - 1) x burst + (hosts - 1) x rate x lag`), nobody is limited under
 /// the budget, and the cluster admits 95% of one bucket over 7 s. Of 4,000 drawn cases none
 /// breaks the bound and, besides those where a host sees its bursts more than 6 sync intervals

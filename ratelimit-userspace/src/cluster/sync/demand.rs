@@ -146,7 +146,7 @@ impl StoreSide {
     /// The keys new since the last round, in the pages the program flagged when it created their
     /// buckets: found at the next round, not at the next walk of the whole store (seconds away
     /// for millions of buckets, while every host holding the key refilled it at its whole rate,
-    /// past docs/design.md's bound). At most `max_keys`, the heaviest. The pages are read until
+    /// past docs/cluster.md's bound). At most `max_keys`, the heaviest. The pages are read until
     /// `deadline` (the round's [`Budget`]): under a flood of new keys (every page flagged every
     /// round) the rest wait for the next rounds, in store order, rather than holding up this one
     /// past the shares' lapse.

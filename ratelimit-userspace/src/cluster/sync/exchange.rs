@@ -3,7 +3,7 @@
 //! peers' demand exchanged through the Redis store ([`RedisStore`]) instead of gossip. Every
 //! round writes this host's demand for each key it holds and reads the other holders' in the
 //! same call; the shares are then computed exactly as with gossip ([`shares::share`] through
-//! `StoreSide::set_shares`), so the arithmetic, the simulator and docs/design.md's bound are
+//! `StoreSide::set_shares`), so the arithmetic, the simulator and docs/cluster.md's bound are
 //! the same.
 //!
 //! When the store cannot be reached, the figures read before are kept and go stale as a silent
