@@ -3,7 +3,8 @@
 //! `cargo test` runs its binaries one after another;
 //! here one lane runs the binaries whose figures depend on how promptly agents and senders get
 //! the CPU (every `e2e_cluster*`: one after another, as `cargo test` would, with its tests two
-//! at a time), and the other runs the rest beside them, one test at a time, so that they take
+//! at a time; and `buckets_two_cpus`, which keeps both cores busy), and the other runs the rest
+//! beside them, one test at a time, so that they take
 //! about one core of the two. On 2 cores the binaries took 25 minutes one after another and 19
 //! in the two lanes (the cluster's 18.7, the other 14.2; docs/journal.md, "CI's test binaries in
 //! two lanes"). A binary's output is printed whole when it ends, under cargo's own `Running` line.
@@ -36,9 +37,12 @@ pub struct Binary {
 
 /// Binaries that run in the lane of their own: the cluster's, whose bounds rest on several
 /// agents' rounds and the senders' pacing (each reckons its own lag, and was tuned with at most
-/// a busy loop beside it). Two of them at once would be two such loads on two cores.
+/// a busy loop beside it). Two of them at once would be two such loads on two cores. And
+/// `buckets_two_cpus`, whose tests keep both cores busy for seconds (a thread pinned to each,
+/// running the program in a loop): more than the busy loop the cluster's were tuned beside
+/// (docs/journal.md, "A cluster scenario beside two busy cores").
 fn runs_alone(name: &str) -> bool {
-    name.starts_with("e2e_cluster")
+    name.starts_with("e2e_cluster") || name == "buckets_two_cpus"
 }
 
 /// Builds every test binary of the workspace's default members (`cargo test --no-run`) and
@@ -246,7 +250,8 @@ mod tests {
         assert_eq!(got[1].src, "tests/e2e_cluster/main.rs");
         assert_eq!(got[1].package_dir, PathBuf::from("/w/tests"));
         assert!(runs_alone("e2e_cluster_bursty") && runs_alone("e2e_cluster"));
-        assert!(!runs_alone("e2e_api") && !runs_alone("buckets_two_cpus"));
+        assert!(runs_alone("buckets_two_cpus"));
+        assert!(!runs_alone("e2e_api") && !runs_alone("buckets"));
         assert!(parse_artifacts(lines[3]).is_err());
     }
 }
