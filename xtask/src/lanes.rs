@@ -1,13 +1,13 @@
 //! The test binaries of `cargo xtask test`, run in two lanes at once. Most of the tests' time is
 //! waiting: agents keeping their rounds, floods sent at a rate for seconds, gossip converging.
-//! `cargo test` runs its binaries one after another;
-//! here one lane runs the binaries whose figures depend on how promptly agents and senders get
-//! the CPU (every `e2e_cluster*`: one after another, as `cargo test` would, with its tests two
-//! at a time; and `buckets_two_cpus`, which keeps both cores busy), and the other runs the rest
-//! beside them, one test at a time, so that they take
-//! about one core of the two. On 2 cores the binaries took 25 minutes one after another and 19
-//! in the two lanes (the cluster's 18.7, the other 14.2; docs/journal.md, "CI's test binaries in
-//! two lanes"). A binary's output is printed whole when it ends, under cargo's own `Running` line.
+//! `cargo test` runs its binaries one after another; here one lane runs the binaries whose
+//! figures depend on how promptly agents and senders get the CPU (every `e2e_cluster*`: one
+//! after another, as `cargo test` would, with its tests two at a time; and `buckets_two_cpus`,
+//! which keeps both cores busy), and the other runs the rest beside them, one test at a time, so
+//! that they take about one core of the two. On 2 cores the binaries took 25 minutes one after
+//! another and 19 in the two lanes (the cluster's 18.7, the other 14.2; docs/journal.md, "CI's
+//! test binaries in two lanes"). A binary's output is printed whole when it ends, under cargo's
+//! own `Running` line.
 
 use std::{
     path::{Path, PathBuf},
