@@ -684,7 +684,6 @@ fn refusal_origin(r: &Response) -> Result<&'static str, String> {
 ///
 /// # Errors
 /// The property that does not hold, and where.
-// Stays whole: one property after the other over one walk of the exchange.
 pub fn check(x: &Exchange) -> Result<Vec<Response>, String> {
     if x.stalled {
         return Err(format!(
@@ -700,46 +699,19 @@ pub fn check(x: &Exchange) -> Result<Vec<Response>, String> {
     let mut answers = x.calls.iter().map(|(_, a)| a).peekable();
     for (i, r) in responses.iter().enumerate() {
         let at = |m: String| format!("response {i} ({}): {m}", r.status);
-        if !STATUSES.contains(&r.status) {
-            return Err(at(format!(
-                "status {} is not one of {STATUSES:?}",
-                r.status
-            )));
-        }
         if i > 0 && responses[i - 1].closes() {
             return Err(at("follows a response with connection: close".into()));
         }
-        if r.status == 100 {
+        let Some((body, hyper)) = final_body(r).map_err(at)? else {
             continue;
-        }
-        finals += 1;
-        let body: Option<Value> = match &r.body {
-            None => None,
-            Some(b) if r.status < 300 => Some(serde_json::from_slice(b).map_err(|e| {
-                at(format!(
-                    "a success that is not JSON ({e}): {:?}",
-                    String::from_utf8_lossy(b)
-                ))
-            })?),
-            Some(b) => serde_json::from_slice(b).ok(),
         };
-        if r.status < 300 {
-            if !r
-                .header("content-type")
-                .is_some_and(|t| t.starts_with("application/json"))
-                || body.as_ref().is_some_and(|b| !b.is_object())
-            {
-                return Err(at(format!("a success that is not a JSON object: {body:?}")));
-            }
-        } else {
-            let origin = refusal_origin(r).map_err(at)?;
-            if origin == "hyper" {
-                from_hyper += 1;
-                if i + 1 != responses.len() {
-                    return Err(at(
-                        "hyper's answer to an unparseable request is not the last".into(),
-                    ));
-                }
+        finals += 1;
+        if hyper {
+            from_hyper += 1;
+            if i + 1 != responses.len() {
+                return Err(at(
+                    "hyper's answer to an unparseable request is not the last".into(),
+                ));
             }
         }
         // The backend's next answer, if this is it.
@@ -785,4 +757,39 @@ pub fn check(x: &Exchange) -> Result<Vec<Response>, String> {
         ));
     }
     Ok(responses)
+}
+
+/// What [`check`] reads of one response by itself: `None` for an interim `100`; else its body
+/// as JSON where it is JSON, and whether it is hyper's own answer to a request it could not
+/// parse. A status outside [`STATUSES`], a 2xx that is not a JSON object, and a 4xx that is not
+/// one of the refusals [`refusal_origin`] knows are errors.
+fn final_body(r: &Response) -> Result<Option<(Option<Value>, bool)>, String> {
+    if !STATUSES.contains(&r.status) {
+        return Err(format!("status {} is not one of {STATUSES:?}", r.status));
+    }
+    if r.status == 100 {
+        return Ok(None);
+    }
+    let body: Option<Value> = match &r.body {
+        None => None,
+        Some(b) if r.status < 300 => Some(serde_json::from_slice(b).map_err(|e| {
+            format!(
+                "a success that is not JSON ({e}): {:?}",
+                String::from_utf8_lossy(b)
+            )
+        })?),
+        Some(b) => serde_json::from_slice(b).ok(),
+    };
+    if r.status < 300 {
+        if !r
+            .header("content-type")
+            .is_some_and(|t| t.starts_with("application/json"))
+            || body.as_ref().is_some_and(|b| !b.is_object())
+        {
+            return Err(format!("a success that is not a JSON object: {body:?}"));
+        }
+        return Ok(Some((body, false)));
+    }
+    let hyper = refusal_origin(r)? == "hyper";
+    Ok(Some((body, hyper)))
 }

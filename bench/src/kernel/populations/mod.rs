@@ -150,10 +150,6 @@ pub fn populations(
         )),
         None => None,
     };
-    let mut sent = 0usize;
-    let mut fresh_next = 0usize;
-    let steps = steps(opts, in_cache, capacity);
-    let mut last = 0;
     let new_repeat = u32::try_from(opts.new_sources).context("--new-sources")?;
     let setup = Setup {
         opts,
@@ -175,7 +171,14 @@ pub fn populations(
         layout_floors,
         new_repeat,
     };
-    // `--profile`: the populations of the store at its size only (not the small store's).
+    grow_and_measure(report, &setup)
+}
+
+/// Grows the store to each population of [`steps`] in turn and measures it ([`population`]),
+/// under the profiler where `--profile` asks (the store at its size only, not the small
+/// store's). Returns the buckets the store tracked once the last population was grown.
+fn grow_and_measure(report: &mut Report, setup: &Setup<'_>) -> Result<u64> {
+    let (opts, in_cache) = (setup.opts, setup.in_cache);
     let recorder = match &opts.profile {
         Some(path) if !in_cache => Some((
             crate::profile::Recorder::start(&path.with_extension("data"))?,
@@ -183,11 +186,12 @@ pub fn populations(
         )),
         _ => None,
     };
-    for step in steps {
-        last = population(report, &setup, &mut sent, &mut fresh_next, step)?;
+    let (mut sent, mut fresh_next, mut last) = (0usize, 0usize, 0);
+    for step in steps(opts, in_cache, setup.capacity) {
+        last = population(report, setup, &mut sent, &mut fresh_next, step)?;
     }
     if let Some((recorder, path)) = recorder {
-        write_profile(recorder, limiter, path)?;
+        write_profile(recorder, setup.limiter, path)?;
     }
     Ok(last)
 }
