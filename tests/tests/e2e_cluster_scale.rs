@@ -149,7 +149,7 @@ const PHASES_3: [Phase; 4] = [
 ];
 
 /// Eight real agents (debug builds, as the suite runs them) on the 2-core VM: within 5% of the
-/// budget over each phase's 7 s, and within 10% over every 1 s window from [`CONVERGE_ROUNDS`]
+/// budget over each phase's 7 s (above it, the rate over each lapse of an agent's shares), and within 10% over every 1 s window from [`CONVERGE_ROUNDS`]
 /// sync intervals after each change of split, plus the time the agents' own rounds were overdue.
 /// What holds it steady: the program refills each bucket at its share (a share word in the
 /// bucket scales each packet's cost), so a host whose round runs late keeps its last share, not
@@ -354,9 +354,11 @@ fn flood_phase_by_phase(
     }
 }
 
-/// A phase's figures: what it admitted after settling, pps (NaN where not measured), and after
-/// a change of split its convergence and the deadline it is held to, s.
-type PhaseFigures = (f64, Option<(Convergence, f64)>);
+/// A phase's figures: what it admitted after settling, pps (NaN where not measured); what the
+/// lapses of the agents' shares that ended within that span allow above the budget, pps (the
+/// whole rate over each: that host's buckets refilled at it, failing open); and after a change
+/// of split its convergence and the deadline it is held to, s.
+type PhaseFigures = (f64, f64, Option<(Convergence, f64)>);
 
 /// What the assertions check.
 struct Figures {
@@ -480,10 +482,11 @@ fn phase_figures(hosts: usize, phases: &[Phase], seen: &Seen, limit: f64) -> Vec
                 "{:<14} {:>4.1}-{:>4.1} s: not measured (the first bursts and their payback)",
                 p.name, t0, t1
             );
-            results.push((f64::NAN, None));
+            results.push((f64::NAN, 0.0, None));
             continue;
         }
         let measured = samples.rate(t0 + p.settle, t1);
+        let lapsed_pps = overdue.lapsed_refill(RATE, t0 + p.settle, t1) / (t1 - t0 - p.settle);
         let conv =
             (i > 0).then(|| samples.convergence(t0, t1, WINDOW, RATE, CONVERGED, stalls, &lapsed));
         let per_host: Vec<String> = (0..hosts)
@@ -514,6 +517,11 @@ fn phase_figures(hosts: usize, phases: &[Phase], seen: &Seen, limit: f64) -> Vec
                 ),
             }
         );
+        if lapsed_pps > 0.0 {
+            println!(
+                "  agents' shares lapsed within the measured span: up to {lapsed_pps:.0} pps more allowed"
+            );
+        }
         if let Some(c) = &conv {
             for (u, r) in &c.excused {
                 println!(
@@ -529,7 +537,7 @@ fn phase_figures(hosts: usize, phases: &[Phase], seen: &Seen, limit: f64) -> Vec
                 deadline - limit
             );
         }
-        results.push((measured, conv.map(|c| (c, deadline))));
+        results.push((measured, lapsed_pps, conv.map(|c| (c, deadline))));
     }
     results
 }
@@ -575,7 +583,9 @@ fn print_the_agents_counters(seen: &Seen) {
     );
 }
 
-/// Each measured phase admits the budget within [`ACCURACY`] after settling; after each change
+/// Each measured phase admits the budget within [`ACCURACY`] after settling (above it, also the
+/// whole rate over each lapse of an agent's shares that ended within the span, as the written
+/// bound counts it); after each change
 /// of split, most 1 s windows are within 10% of it by themselves (excusing windows measures
 /// nothing if most of them need it), and every 1 s window is from the convergence limit on,
 /// moved by the agents' own overdue rounds.
@@ -587,16 +597,18 @@ fn assert_each_phase_admits_the_budget_and_converges(phases: &[Phase], fig: &Fig
         ..
     } = fig;
     let (rounds, limit) = (*rounds, *limit);
-    for (p, (measured, conv)) in phases.iter().zip(results) {
+    for (p, (measured, lapsed, conv)) in phases.iter().zip(results) {
         if measured.is_nan() {
             continue;
         }
         let ratio = measured / RATE;
+        let over = lapsed / RATE;
         assert!(
-            (ratio - 1.0).abs() <= ACCURACY,
-            "{}: the cluster admitted {measured:.0} pps = {ratio:.3} x the budget after settling, want within {:.0}%",
+            1.0 - ratio <= ACCURACY && ratio - 1.0 <= ACCURACY + over,
+            "{}: the cluster admitted {measured:.0} pps = {ratio:.3} x the budget after settling, want within {:.0}% (above it, {:.1}% more for the agents' lapsed shares)",
             p.name,
-            ACCURACY * 100.0
+            ACCURACY * 100.0,
+            over * 100.0
         );
         if let Some((conv, deadline)) = conv {
             let deadline = *deadline;

@@ -116,6 +116,7 @@ pub(crate) fn run_on(
     );
     let overdue = Overdue::of(&readings, start_unix_ms);
     save_agent_logs(tag, &agents);
+    print_views(&readings, hosts, start_unix_ms);
     // Each agent's view at the end: why a host admitted what it did.
     for (i, _, v) in readings.iter().rev().take(hosts).rev() {
         let c = &v["cluster"]["counters"];
@@ -190,6 +191,34 @@ pub(crate) fn run_on(
         hosts,
         overdue,
         rate,
+    }
+}
+
+/// Prints each host's view of the heaviest key at each reading through the run: its own share,
+/// the hosts it counted as holding the key, and the cluster's demand it read (pps). A share far
+/// above the host's part of the demand, or fewer holders than hosts sending, says why a host
+/// admitted more than its part (a peer not counted fails open at that host).
+fn print_views(readings: &[(usize, u64, serde_json::Value)], hosts: usize, start_unix_ms: u64) {
+    for h in 0..hosts {
+        let views: Vec<String> = readings
+            .iter()
+            .filter(|(i, _, _)| *i == h)
+            .map(|(_, at, v)| {
+                let key = &v["cluster"]["keys"][0];
+                #[expect(clippy::cast_precision_loss, reason = "ms since the start")]
+                let t = at.saturating_sub(start_unix_ms) as f64 / 1000.0;
+                format!(
+                    "{t:.1}: {:.3}/{}/{:.0}",
+                    key["holders"][0]["share"].as_f64().unwrap_or(0.0),
+                    key["hosts"].as_u64().unwrap_or(0),
+                    key["demand_pps"].as_f64().unwrap_or(0.0)
+                )
+            })
+            .collect();
+        println!(
+            "  h{h} through the run (s: own share/holders counted/cluster demand pps): {}",
+            views.join(" ")
+        );
     }
 }
 
