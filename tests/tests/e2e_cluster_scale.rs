@@ -149,8 +149,9 @@ const PHASES_3: [Phase; 4] = [
 ];
 
 /// Eight real agents (debug builds, as the suite runs them) on the 2-core VM: within 5% of the
-/// budget over each phase's 7 s (above it, the rate over each lapse of an agent's shares), and within 10% over every 1 s window from [`CONVERGE_ROUNDS`]
-/// sync intervals after each change of split, plus the time the agents' own rounds were overdue.
+/// budget over each phase's 7 s (above it, the rate over each lapse of an agent's shares), and
+/// within 10% over every 1 s window from [`CONVERGE_ROUNDS`] sync intervals after each change of
+/// split, plus the time the agents' own rounds were overdue.
 /// What holds it steady: the program refills each bucket at its share (a share word in the
 /// bucket scales each packet's cost), so a host whose round runs late keeps its last share, not
 /// its whole demand; a cluster-scoped limit's drops are counted at once; and the agents gossip
@@ -585,10 +586,9 @@ fn print_the_agents_counters(seen: &Seen) {
 
 /// Each measured phase admits the budget within [`ACCURACY`] after settling (above it, also the
 /// whole rate over each lapse of an agent's shares that ended within the span, as the written
-/// bound counts it); after each change
-/// of split, most 1 s windows are within 10% of it by themselves (excusing windows measures
-/// nothing if most of them need it), and every 1 s window is from the convergence limit on,
-/// moved by the agents' own overdue rounds.
+/// bound counts it); after each change of split, most 1 s windows are within 10% of it by
+/// themselves (excusing windows measures nothing if most of them need it), and every 1 s window
+/// is from the convergence limit on, moved by the agents' own overdue rounds.
 fn assert_each_phase_admits_the_budget_and_converges(phases: &[Phase], fig: &Figures) {
     let Figures {
         results,
